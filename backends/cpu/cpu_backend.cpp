@@ -1,0 +1,148 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+
+namespace tandem::cpu {
+
+namespace {
+constexpr size_t kAlign = 64;
+size_t roundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+class CpuStorage final : public Storage {
+ public:
+  CpuStorage(CpuBackend* owner, size_t bytes)
+      : Storage(owner, bytes), owner_(owner), data_(owner->takeBlock(bytes)) {}
+  ~CpuStorage() override { owner_->returnBlock(data_, bytes()); }
+  void* data() const { return data_; }
+
+ private:
+  CpuBackend* owner_;
+  void* data_;
+};
+
+CpuBackend::CpuBackend(const CpuOptions& options)
+    : pool_(options.threads), pool_limit_(options.pool_bytes) {
+  // OpenBLAS keeps one process-wide thread count; the last backend created sets it.
+  openblas_set_num_threads(options.threads);
+}
+
+CpuBackend::~CpuBackend() {
+  for (auto& [bytes, p] : free_blocks_) std::free(p);
+}
+
+DeviceInfo CpuBackend::info() const { return hostInfo(pool_.threads()); }
+
+DeviceInfo CpuBackend::hostInfo(int threads) {
+  DeviceInfo d;
+  d.name = "cpu";
+  d.kind = "cpu";
+  d.description = "host CPU, " + std::to_string(threads) + " thread(s), OpenBLAS " +
+                  std::string(openblas_get_config());
+  d.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  d.compute_units = static_cast<int>(std::thread::hardware_concurrency());
+  return d;
+}
+
+void* CpuBackend::takeBlock(size_t bytes) {
+  const size_t size = roundUp(std::max<size_t>(bytes, 1));
+  {
+    std::lock_guard<std::mutex> lock(blocks_mutex_);
+    auto it = free_blocks_.find(size);
+    if (it != free_blocks_.end()) {
+      void* p = it->second;
+      free_blocks_.erase(it);
+      free_bytes_ -= size;
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(kAlign, size);
+  TANDEM_CHECK_MSG(p != nullptr, DeviceError,
+                   "cpu: out of memory allocating " << bytes << " bytes");
+  return p;
+}
+
+void CpuBackend::returnBlock(void* p, size_t bytes) {
+  const size_t size = roundUp(std::max<size_t>(bytes, 1));
+  std::lock_guard<std::mutex> lock(blocks_mutex_);
+  if (free_bytes_ + size > pool_limit_) {
+    std::free(p);
+    return;
+  }
+  free_blocks_.emplace(size, p);
+  free_bytes_ += size;
+}
+
+std::shared_ptr<Storage> CpuBackend::allocate(size_t bytes) {
+  return std::make_shared<CpuStorage>(this, bytes);
+}
+
+void* CpuBackend::data(const Tensor& t) const {
+  TANDEM_CHECK_MSG(t.defined(), InvalidArgument, "cpu: undefined tensor passed to an op");
+  TANDEM_CHECK_MSG(&t.storage()->backend() == this, InvalidArgument,
+                   "cpu: tensor " << t.shape() << " belongs to another backend");
+  auto* s = static_cast<CpuStorage*>(t.storage());
+  return static_cast<char*>(s->data()) + static_cast<size_t>(t.offset()) * dtypeSize(t.dtype());
+}
+
+float* CpuBackend::f32(const Tensor& t) const {
+  TANDEM_CHECK_MSG(t.dtype() == DType::kF32, InvalidArgument,
+                   "cpu: expected an f32 tensor, got " << dtypeName(t.dtype()) << " " << t.shape());
+  return static_cast<float*>(data(t));
+}
+
+int32_t* CpuBackend::i32(const Tensor& t) const {
+  TANDEM_CHECK_MSG(t.dtype() == DType::kI32, InvalidArgument,
+                   "cpu: expected an i32 tensor, got " << dtypeName(t.dtype()) << " " << t.shape());
+  return static_cast<int32_t*>(data(t));
+}
+
+void CpuBackend::upload(const Tensor& dst, const void* src) {
+  if (dst.bytes()) std::memcpy(data(dst), src, dst.bytes());
+}
+
+void CpuBackend::download(const Tensor& src, void* dst) {
+  if (src.bytes()) std::memcpy(dst, data(src), src.bytes());
+}
+
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
+  TANDEM_CHECK_MSG(src.bytes() == dst.bytes() && src.dtype() == dst.dtype(), InvalidArgument,
+                   "cpu: copy between " << src.shape() << " " << dtypeName(src.dtype()) << " and "
+                                        << dst.shape() << " " << dtypeName(dst.dtype()));
+  if (src.bytes()) std::memmove(data(dst), data(src), src.bytes());
+}
+
+void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                      float beta, const Tensor& c) {
+  TANDEM_CHECK_MSG(a.shape().rank() == 2 && b.shape().rank() == 2 && c.shape().rank() == 2,
+                   InvalidArgument,
+                   "gemm needs 2-D tensors, got " << a.shape() << ", " << b.shape() << ", "
+                                                  << c.shape());
+  const int64_t m = trans_a ? a.shape()[1] : a.shape()[0];
+  const int64_t k = trans_a ? a.shape()[0] : a.shape()[1];
+  const int64_t kb = trans_b ? b.shape()[1] : b.shape()[0];
+  const int64_t n = trans_b ? b.shape()[0] : b.shape()[1];
+  TANDEM_CHECK_MSG(k == kb && c.shape()[0] == m && c.shape()[1] == n, InvalidArgument,
+                   "gemm shapes do not agree: op(a) " << m << "x" << k << ", op(b) " << kb << "x"
+                                                      << n << ", c " << c.shape());
+  if (m == 0 || n == 0) return;
+  float* cp = f32(c);
+  if (k == 0) {
+    for (int64_t i = 0; i < m * n; ++i) cp[i] = beta == 0.0f ? 0.0f : beta * cp[i];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, f32(a),
+              static_cast<blasint>(a.shape()[1]), f32(b), static_cast<blasint>(b.shape()[1]), beta,
+              cp, static_cast<blasint>(n));
+}
+
+}  // namespace tandem::cpu

@@ -1,0 +1,99 @@
+// The CPU backend: OpenBLAS sgemm for matrix products, hand-written kernels on a
+// thread pool for everything else. It is the reference every other backend is tested
+// against, so kernels favour clarity and determinism: every reduction runs in a fixed
+// order that does not depend on the thread count.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backends/cpu/thread_pool.h"
+#include "core/backend.h"
+
+namespace tandem::cpu {
+
+struct CpuOptions {
+  int threads = 1;  // kernel threads and OpenBLAS threads
+  // Freed buffers up to this many bytes are kept for reuse, so a steady training step
+  // does not go back to the system allocator.
+  size_t pool_bytes = size_t{256} << 20;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuOptions& options = {});
+  ~CpuBackend() override;
+
+  DeviceInfo info() const override;
+  int threads() const { return pool_.threads(); }
+  // The host's facts, without creating a backend (which would reset BLAS threads).
+  static DeviceInfo hostInfo(int threads);
+
+  std::shared_ptr<Storage> allocate(size_t bytes) override;
+  void upload(const Tensor& dst, const void* src) override;
+  void download(const Tensor& src, void* dst) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, float value) override;
+  void convert(const Tensor& src, const Tensor& dst) override;
+  void synchronize() override {}
+
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+            float beta, const Tensor& c) override;
+  void axpby(float alpha, const Tensor& x, float beta, const Tensor& y) override;
+  void mul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  double dot(const Tensor& a, const Tensor& b) override;
+  void addBias(const Tensor& y, const Tensor& bias) override;
+  void biasGrad(const Tensor& dy, const Tensor& db) override;
+
+  void activation(Activation kind, const Tensor& x, const Tensor& y) override;
+  void activationBackward(Activation kind, const Tensor& x, const Tensor& y, const Tensor& dy,
+                          const Tensor& dx) override;
+  void dropout(const Tensor& x, float p, uint64_t seed, const Tensor& mask,
+               const Tensor& y) override;
+
+  void im2col(const Tensor& x, const Window2d& g, const Tensor& col) override;
+  void col2im(const Tensor& col, const Window2d& g, const Tensor& dx) override;
+  void transpose01(const Tensor& src, const Tensor& dst) override;
+  void maxPool(const Tensor& x, const Window2d& g, const Tensor& y, const Tensor& argmax) override;
+  void maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
+                       const Tensor& dx) override;
+  void avgPool(const Tensor& x, const Window2d& g, const Tensor& y) override;
+  void avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) override;
+
+  void layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                 const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                         const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                         const Tensor& dgamma, const Tensor& dbeta) override;
+  void embedding(const Tensor& ids, const Tensor& table, const Tensor& y) override;
+  void embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) override;
+  void softmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                           const Tensor& losses, const Tensor& dlogits) override;
+
+  void sgdStep(const Tensor& param, const Tensor& grad, const Tensor& velocity,
+               const SgdStep& s) override;
+  void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                 const AdamWStep& s) override;
+
+  // Host address of a tensor's first element; checks it belongs to this backend.
+  void* data(const Tensor& t) const;
+  float* f32(const Tensor& t) const;
+  int32_t* i32(const Tensor& t) const;
+  ThreadPool& pool() { return pool_; }
+
+ private:
+  friend class CpuStorage;
+  void* takeBlock(size_t bytes);
+  void returnBlock(void* p, size_t bytes);
+
+  ThreadPool pool_;
+  size_t pool_limit_;
+  std::mutex blocks_mutex_;
+  std::multimap<size_t, void*> free_blocks_;  // guarded by blocks_mutex_
+  size_t free_bytes_ = 0;                     // guarded by blocks_mutex_
+};
+
+}  // namespace tandem::cpu

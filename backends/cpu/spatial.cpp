@@ -1,0 +1,258 @@
+// Spatial kernels of the CPU backend: im2col/col2im for convolution, the [A,B,R]
+// transpose that moves between sample-major and channel-major layouts, and pooling.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace tandem::cpu {
+
+namespace {
+
+void checkInput(const Tensor& x, const Window2d& g, const char* op) {
+  const Shape& s = x.shape();
+  TANDEM_CHECK_MSG(s.rank() == 4 && s[1] == g.channels && s[2] == g.height && s[3] == g.width,
+                   InvalidArgument,
+                   "cpu " << op << ": input " << s << " does not match the window's [N, "
+                          << g.channels << ", " << g.height << ", " << g.width << "]");
+  TANDEM_CHECK_MSG(g.stride_h > 0 && g.stride_w > 0 && g.outHeight() > 0 && g.outWidth() > 0,
+                   InvalidArgument, "cpu " << op << ": window leaves no output");
+}
+
+void checkOutput(const Tensor& y, int64_t n, const Window2d& g, const char* op) {
+  const Shape want{n, g.channels, g.outHeight(), g.outWidth()};
+  TANDEM_CHECK_MSG(y.shape() == want, InvalidArgument,
+                   "cpu " << op << ": output " << y.shape() << ", expected " << want);
+}
+
+// The output columns [lo, hi) whose input column ox*stride - pad + k lies inside [0, w).
+void validRange(int64_t k, int64_t stride, int64_t pad, int64_t w, int64_t out, int64_t& lo,
+                int64_t& hi) {
+  lo = 0;
+  while (lo < out && lo * stride - pad + k < 0) ++lo;
+  hi = lo;
+  while (hi < out && hi * stride - pad + k < w) ++hi;
+}
+
+}  // namespace
+
+void CpuBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& col) {
+  checkInput(x, g, "im2col");
+  const int64_t n = x.shape()[0];
+  const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
+  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
+  TANDEM_CHECK_MSG(col.shape() == (Shape{rows, n * ohw}), InvalidArgument,
+                   "cpu im2col: col " << col.shape() << ", expected [" << rows << ", " << n * ohw
+                                      << "]");
+  const float* xp = f32(x);
+  float* cp = f32(col);
+  const int64_t plane = g.height * g.width;
+  pool_.parallelFor(rows * n, std::max<int64_t>(1, 4096 / std::max<int64_t>(ohw, 1)),
+                    [&](int64_t b, int64_t e) {
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t row = idx / n, s = idx % n;
+      const int64_t c = row / (g.kernel_h * g.kernel_w);
+      const int64_t ki = (row / g.kernel_w) % g.kernel_h, kj = row % g.kernel_w;
+      const float* src = xp + (s * g.channels + c) * plane;
+      float* dst = cp + row * (n * ohw) + s * ohw;
+      int64_t lo, hi;
+      validRange(kj, g.stride_w, g.pad_w, g.width, ow, lo, hi);
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+        float* out = dst + oy * ow;
+        if (iy < 0 || iy >= g.height) {
+          std::fill(out, out + ow, 0.0f);
+          continue;
+        }
+        const float* in = src + iy * g.width - g.pad_w + kj;
+        std::fill(out, out + lo, 0.0f);
+        if (g.stride_w == 1) {
+          std::memcpy(out + lo, in + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+        } else {
+          for (int64_t ox = lo; ox < hi; ++ox) out[ox] = in[ox * g.stride_w];
+        }
+        std::fill(out + hi, out + ow, 0.0f);
+      }
+    }
+  });
+}
+
+void CpuBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) {
+  checkInput(dx, g, "col2im");
+  const int64_t n = dx.shape()[0];
+  const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
+  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
+  TANDEM_CHECK_MSG(col.shape() == (Shape{rows, n * ohw}), InvalidArgument,
+                   "cpu col2im: col " << col.shape() << ", expected [" << rows << ", " << n * ohw
+                                      << "]");
+  const float* cp = f32(col);
+  float* xp = f32(dx);
+  const int64_t plane = g.height * g.width;
+  // Each (channel, sample) plane is written by one range only, in a fixed order.
+  pool_.parallelFor(g.channels * n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t c = idx / n, s = idx % n;
+      float* dst = xp + (s * g.channels + c) * plane;
+      std::fill(dst, dst + plane, 0.0f);
+      for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+        for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+          const int64_t row = (c * g.kernel_h + ki) * g.kernel_w + kj;
+          const float* src = cp + row * (n * ohw) + s * ohw;
+          int64_t lo, hi;
+          validRange(kj, g.stride_w, g.pad_w, g.width, ow, lo, hi);
+          for (int64_t oy = 0; oy < oh; ++oy) {
+            const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+            if (iy < 0 || iy >= g.height) continue;
+            float* out = dst + iy * g.width - g.pad_w + kj;
+            const float* in = src + oy * ow;
+            for (int64_t ox = lo; ox < hi; ++ox) out[ox * g.stride_w] += in[ox];
+          }
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::transpose01(const Tensor& src, const Tensor& dst) {
+  const Shape& s = src.shape();
+  TANDEM_CHECK_MSG(s.rank() >= 2, InvalidArgument, "cpu transpose01: rank of " << s << " < 2");
+  const int64_t a = s[0], b = s[1], r = a * b == 0 ? 0 : src.numel() / (a * b);
+  TANDEM_CHECK_MSG(dst.numel() == src.numel() && dst.shape().rank() >= 2 &&
+                       dst.shape()[0] == b && dst.shape()[1] == a,
+                   InvalidArgument,
+                   "cpu transpose01: " << s << " cannot be written as " << dst.shape());
+  const float* sp = f32(src);
+  float* dp = f32(dst);
+  pool_.parallelFor(a * b, std::max<int64_t>(1, 4096 / std::max<int64_t>(r, 1)),
+                    [&](int64_t lo, int64_t hi) {
+    for (int64_t idx = lo; idx < hi; ++idx) {
+      const int64_t j = idx / a, i = idx % a;  // destination row (j, i) <- source (i, j)
+      std::memcpy(dp + idx * r, sp + (i * b + j) * r, static_cast<size_t>(r) * sizeof(float));
+    }
+  });
+}
+
+void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
+                         const Tensor& argmax) {
+  checkInput(x, g, "maxPool");
+  const int64_t n = x.shape()[0];
+  checkOutput(y, n, g, "maxPool");
+  TANDEM_CHECK_MSG(argmax.shape() == y.shape(), InvalidArgument,
+                   "cpu maxPool: argmax " << argmax.shape() << " vs output " << y.shape());
+  const float* xp = f32(x);
+  float* yp = f32(y);
+  int32_t* ap = i32(argmax);
+  const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
+  pool_.parallelFor(n * g.channels, 8, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const float* in = xp + p * plane;
+      float* out = yp + p * oh * ow;
+      int32_t* arg = ap + p * oh * ow;
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        const int64_t y0 = std::max<int64_t>(0, oy * g.stride_h - g.pad_h);
+        const int64_t y1 = std::min(g.height, oy * g.stride_h - g.pad_h + g.kernel_h);
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          const int64_t x0 = std::max<int64_t>(0, ox * g.stride_w - g.pad_w);
+          const int64_t x1 = std::min(g.width, ox * g.stride_w - g.pad_w + g.kernel_w);
+          // Padding never covers a whole window (pad <= kernel / 2), so (y0, x0) exists.
+          // Selects instead of branches: the winner of random data is unpredictable.
+          float best = in[y0 * g.width + x0];
+          int64_t best_at = y0 * g.width + x0;
+          for (int64_t iy = y0; iy < y1; ++iy) {
+            for (int64_t ix = x0; ix < x1; ++ix) {
+              const float v = in[iy * g.width + ix];
+              const bool better = v > best;  // the first maximum wins
+              best_at = better ? iy * g.width + ix : best_at;
+              best = better ? v : best;
+            }
+          }
+          out[oy * ow + ox] = best;
+          arg[oy * ow + ox] = static_cast<int32_t>(best_at);
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
+                                 const Tensor& dx) {
+  checkInput(dx, g, "maxPoolBackward");
+  const int64_t n = dx.shape()[0];
+  checkOutput(dy, n, g, "maxPoolBackward");
+  const float* gy = f32(dy);
+  const int32_t* ap = i32(argmax);
+  float* gx = f32(dx);
+  const int64_t ohw = g.outHeight() * g.outWidth(), plane = g.height * g.width;
+  pool_.parallelFor(n * g.channels, 8, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      float* out = gx + p * plane;
+      std::fill(out, out + plane, 0.0f);
+      for (int64_t i = 0; i < ohw; ++i) {
+        const int32_t at = ap[p * ohw + i];
+        if (at >= 0 && at < plane) out[at] += gy[p * ohw + i];
+      }
+    }
+  });
+}
+
+void CpuBackend::avgPool(const Tensor& x, const Window2d& g, const Tensor& y) {
+  checkInput(x, g, "avgPool");
+  const int64_t n = x.shape()[0];
+  checkOutput(y, n, g, "avgPool");
+  const float* xp = f32(x);
+  float* yp = f32(y);
+  const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
+  const float inv = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
+  pool_.parallelFor(n * g.channels, 8, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const float* in = xp + p * plane;
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          float s = 0;
+          for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+            const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+            if (iy < 0 || iy >= g.height) continue;
+            for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+              const int64_t ix = ox * g.stride_w - g.pad_w + kj;
+              if (ix >= 0 && ix < g.width) s += in[iy * g.width + ix];
+            }
+          }
+          yp[p * oh * ow + oy * ow + ox] = s * inv;
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) {
+  checkInput(dx, g, "avgPoolBackward");
+  const int64_t n = dx.shape()[0];
+  checkOutput(dy, n, g, "avgPoolBackward");
+  const float* gy = f32(dy);
+  float* gx = f32(dx);
+  const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
+  const float inv = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
+  pool_.parallelFor(n * g.channels, 8, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      float* out = gx + p * plane;
+      std::fill(out, out + plane, 0.0f);
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          const float v = gy[p * oh * ow + oy * ow + ox] * inv;
+          for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+            const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+            if (iy < 0 || iy >= g.height) continue;
+            for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+              const int64_t ix = ox * g.stride_w - g.pad_w + kj;
+              if (ix >= 0 && ix < g.width) out[iy * g.width + ix] += v;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace tandem::cpu

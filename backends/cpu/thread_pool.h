@@ -1,0 +1,51 @@
+// A fixed pool of worker threads for the CPU kernels.
+//
+// parallelFor splits [0, n) into at most threads() contiguous ranges, the same ranges
+// for the same (n, grain), so kernels that reduce within a range stay deterministic.
+// The calling thread runs the first range itself. One parallelFor at a time per pool:
+// calls are serialised by a mutex; a nested call from inside a task runs serially.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tandem::cpu {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int threads() const { return threads_; }
+
+  // Runs fn(begin, end) over a partition of [0, n) into ranges of at least `grain`
+  // items. Exceptions from any range are rethrown here (the first one wins).
+  void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void workerLoop(int index);
+
+  int threads_;
+  std::vector<std::thread> workers_;
+  std::mutex call_mutex_;  // serialises parallelFor calls
+
+  std::mutex mutex_;  // guards everything below
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  int active_ranges_ = 0;
+  int64_t n_ = 0, chunk_ = 0;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  std::exception_ptr error_;
+  bool stop_ = false;
+};
+
+}  // namespace tandem::cpu

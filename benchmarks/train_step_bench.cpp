@@ -1,0 +1,59 @@
+// Samples/s of one training step (forward, backward, SGD with momentum) on the CPU
+// backend, for the models and batches that benchmarks/compare_torch.py also runs in
+// PyTorch. Inputs are random and fixed; the step includes uploading the batch.
+#include <benchmark/benchmark.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "backends/cpu/cpu_backend.h"
+#include "benchmarks/train_step_cases.h"
+#include "core/model_spec.h"
+#include "core/random.h"
+#include "core/train/trainer.h"
+
+namespace tandem::bench {
+namespace {
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void runStep(benchmark::State& state, const std::string& yaml, int64_t batch) {
+  const int threads = static_cast<int>(state.range(0));
+  cpu::CpuBackend backend(cpu::CpuOptions{threads});
+  Model model(parseModelSpec(yaml, "benchmark"));
+  model.build(backend, 1);
+  Optimizer opt(backend, OptimizerOptions{});
+  Trainer trainer(model, opt, TrainOptions{batch, 1, false});
+  Rng rng(7);
+  std::vector<float> x(static_cast<size_t>(batch * model.inputShape().numel()));
+  for (float& v : x) v = rng.normal();
+  std::vector<int32_t> y(static_cast<size_t>(batch));
+  for (auto& v : y) v = static_cast<int32_t>(rng.below(10));
+  for (int i = 0; i < 3; ++i) trainer.step(x.data(), y.data(), batch);  // warm-up
+  for (auto _ : state) benchmark::DoNotOptimize(trainer.step(x.data(), y.data(), batch));
+  state.counters["samples_per_s"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = threads;
+}
+
+void BM_TrainStep_MlpWide_b256(benchmark::State& state) { runStep(state, kMlpWideYaml, 256); }
+void BM_TrainStep_Cnn_b128(benchmark::State& state) {
+  runStep(state, readFile(TANDEM_SOURCE_DIR "/examples/models/cnn.yaml"), 128);
+}
+void BM_TrainStep_Mlp_b128(benchmark::State& state) {
+  runStep(state, readFile(TANDEM_SOURCE_DIR "/examples/models/mlp.yaml"), 128);
+}
+
+BENCHMARK(BM_TrainStep_MlpWide_b256)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TrainStep_Cnn_b128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TrainStep_Mlp_b128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace tandem::bench
+
+BENCHMARK_MAIN();

@@ -1,0 +1,49 @@
+#include "core/backend.h"
+
+#include "core/error.h"
+
+namespace tandem {
+
+Tensor Backend::empty(const Shape& shape, DType dtype) {
+  return Tensor(allocate(static_cast<size_t>(shape.numel()) * dtypeSize(dtype)), shape, dtype);
+}
+
+Tensor Backend::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  fill(t, 0.0f);
+  return t;
+}
+
+Tensor toDevice(Backend& backend, const Shape& shape, const std::vector<float>& values) {
+  TANDEM_CHECK_MSG(static_cast<int64_t>(values.size()) == shape.numel(), InvalidArgument,
+                   values.size() << " values for a tensor of shape " << shape);
+  Tensor t = backend.empty(shape, DType::kF32);
+  backend.upload(t, values.data());
+  return t;
+}
+
+Tensor toDeviceI32(Backend& backend, const Shape& shape, const std::vector<int32_t>& values) {
+  TANDEM_CHECK_MSG(static_cast<int64_t>(values.size()) == shape.numel(), InvalidArgument,
+                   values.size() << " values for a tensor of shape " << shape);
+  Tensor t = backend.empty(shape, DType::kI32);
+  backend.upload(t, values.data());
+  return t;
+}
+
+std::vector<float> toHost(const Tensor& t) {
+  TANDEM_CHECK_MSG(t.dtype() == DType::kF32, InvalidArgument,
+                   "toHost expects f32, got " << dtypeName(t.dtype()));
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  t.backend().download(t, out.data());
+  return out;
+}
+
+std::vector<int32_t> toHostI32(const Tensor& t) {
+  TANDEM_CHECK_MSG(t.dtype() == DType::kI32, InvalidArgument,
+                   "toHostI32 expects i32, got " << dtypeName(t.dtype()));
+  std::vector<int32_t> out(static_cast<size_t>(t.numel()));
+  t.backend().download(t, out.data());
+  return out;
+}
+
+}  // namespace tandem

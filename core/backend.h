@@ -1,0 +1,153 @@
+// Backend: the narrow, op-level device interface that layers are written against.
+//
+// Three jobs, kept apart: device facts (info), buffers (allocate, upload, download,
+// copy), and the primitive ops layers need. Compute is f32 unless an argument says
+// otherwise. The CPU backend is the reference for every op; other backends are tested
+// against it. Ops may run asynchronously; download() and synchronize() wait.
+//
+// Conventions: "dst" arguments are overwritten unless the op says it accumulates;
+// gradient-of-parameter ops accumulate (+=) so microbatches can sum into one buffer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tandem {
+
+struct DeviceInfo {
+  std::string name;      // "cpu", "opencl:0"
+  std::string kind;      // "cpu" or "opencl"
+  std::string description;  // human-readable model/vendor
+  int64_t memory_bytes = 0;
+  int compute_units = 0;
+};
+
+enum class Activation { kReLU, kGELU, kTanh, kSigmoid };
+
+// Geometry of a 2-D sliding window over [N, C, H, W] input (convolution and pooling).
+struct Window2d {
+  int64_t channels = 0, height = 0, width = 0;
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t outHeight() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
+  int64_t outWidth() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+};
+
+struct SgdStep {
+  float lr = 0.01f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;  // L2 added to the gradient
+  bool nesterov = false;
+};
+
+struct AdamWStep {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.01f;  // decoupled: param -= lr * wd * param
+  int64_t step = 1;            // 1-based, for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // --- device facts ---
+  virtual DeviceInfo info() const = 0;
+
+  // --- buffers ---
+  virtual std::shared_ptr<Storage> allocate(size_t bytes) = 0;
+  Tensor empty(const Shape& shape, DType dtype = DType::kF32);
+  Tensor zeros(const Shape& shape, DType dtype = DType::kF32);
+  // Copies dst.bytes() bytes from host memory into dst.
+  virtual void upload(const Tensor& dst, const void* src) = 0;
+  // Copies src.bytes() bytes of src into host memory; waits for pending work.
+  virtual void download(const Tensor& src, void* dst) = 0;
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // Sets every element (f32 or i32 tensors) to value.
+  virtual void fill(const Tensor& dst, float value) = 0;
+  // Element-wise dtype conversion between f32 and f16, bf16 or i32 (either way).
+  virtual void convert(const Tensor& src, const Tensor& dst) = 0;
+  virtual void synchronize() = 0;
+
+  // --- dense math ---
+  // c = alpha * op(a) * op(b) + beta * c, all 2-D row-major.
+  virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                    float beta, const Tensor& c) = 0;
+  // y = alpha * x + beta * y
+  virtual void axpby(float alpha, const Tensor& x, float beta, const Tensor& y) = 0;
+  // out = a * b element-wise (out may alias a or b)
+  virtual void mul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // sum(a * b), accumulated in double; waits for the result.
+  virtual double dot(const Tensor& a, const Tensor& b) = 0;
+  // y[n, c, r] += bias[c] for y viewed as [N, C, R] with C = bias.numel().
+  virtual void addBias(const Tensor& y, const Tensor& bias) = 0;
+  // db[c] += sum over n, r of dy[n, c, r].
+  virtual void biasGrad(const Tensor& dy, const Tensor& db) = 0;
+
+  // --- activations ---
+  virtual void activation(Activation kind, const Tensor& x, const Tensor& y) = 0;
+  // dx = dy * f'(x); kinds whose derivative is cheaper from y (tanh, sigmoid) read y.
+  virtual void activationBackward(Activation kind, const Tensor& x, const Tensor& y,
+                                  const Tensor& dy, const Tensor& dx) = 0;
+  // mask[i] = 0 with probability p, else 1/(1-p), from a counter-based hash of (seed, i),
+  // so every backend draws the same mask; y = x * mask.
+  virtual void dropout(const Tensor& x, float p, uint64_t seed, const Tensor& mask,
+                       const Tensor& y) = 0;
+
+  // --- convolution support ---
+  // x [n, C, H, W] -> col [C*kh*kw, n*OH*OW] (column index = sample * OH*OW + pixel).
+  virtual void im2col(const Tensor& x, const Window2d& g, const Tensor& col) = 0;
+  // The adjoint of im2col: dx [n, C, H, W] = sum of col's entries into their pixels.
+  virtual void col2im(const Tensor& col, const Window2d& g, const Tensor& dx) = 0;
+  // src viewed as [A, B, R] (A = dim 0, B = dim 1) -> dst [B, A, R].
+  virtual void transpose01(const Tensor& src, const Tensor& dst) = 0;
+
+  // --- pooling over [N, C, H, W] ---
+  // argmax (i32) holds, per output, the flat index inside its input plane.
+  virtual void maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
+                       const Tensor& argmax) = 0;
+  virtual void maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
+                               const Tensor& dx) = 0;
+  // Average over the window, padding counted as zeros (divisor kh*kw).
+  virtual void avgPool(const Tensor& x, const Window2d& g, const Tensor& y) = 0;
+  virtual void avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) = 0;
+
+  // --- normalisation: rows of x [M, D] ---
+  virtual void layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd) = 0;
+  // Writes dx; accumulates into dgamma and dbeta.
+  virtual void layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                 const Tensor& dgamma, const Tensor& dbeta) = 0;
+
+  // --- embedding: ids i32 [M], table [V, D] ---
+  // Ids outside [0, V) raise InvalidArgument naming the id.
+  virtual void embedding(const Tensor& ids, const Tensor& table, const Tensor& y) = 0;
+  virtual void embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) = 0;
+
+  // --- loss ---
+  // Per row of logits [N, C] with label i32 [N]: losses[n] = -log softmax(logits)[label],
+  // dlogits = (softmax - onehot) * grad_scale. Labels outside [0, C) raise InvalidArgument.
+  virtual void softmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
+                                   float grad_scale, const Tensor& losses,
+                                   const Tensor& dlogits) = 0;
+
+  // --- optimizers (in place on param and state) ---
+  virtual void sgdStep(const Tensor& param, const Tensor& grad, const Tensor& velocity,
+                       const SgdStep& s) = 0;
+  virtual void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m,
+                         const Tensor& v, const AdamWStep& s) = 0;
+};
+
+// Host helpers built on upload/download.
+Tensor toDevice(Backend& backend, const Shape& shape, const std::vector<float>& values);
+Tensor toDeviceI32(Backend& backend, const Shape& shape, const std::vector<int32_t>& values);
+std::vector<float> toHost(const Tensor& t);
+std::vector<int32_t> toHostI32(const Tensor& t);
+
+}  // namespace tandem

@@ -1,0 +1,86 @@
+#include "core/data/dataset.h"
+
+#include <filesystem>
+#include <numeric>
+
+#include "core/data/idx.h"
+#include "core/error.h"
+#include "core/random.h"
+
+namespace tandem {
+
+Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit) {
+  const std::string prefix = dir + "/" + (train ? "train" : "t10k");
+  const std::string image_path = prefix + "-images-idx3-ubyte.gz";
+  const std::string label_path = prefix + "-labels-idx1-ubyte.gz";
+  for (const std::string& p : {image_path, label_path}) {
+    if (!std::filesystem::exists(p))
+      throw IoError("Fashion-MNIST file not found: '" + p + "' (install the Debian package " +
+                    kFashionMnistPackage + ", or pass the directory that holds it)");
+  }
+  IdxArray images = readIdx(image_path);
+  IdxArray labels = readIdx(label_path);
+  if (images.dims.size() != 3)
+    throw FormatError("'" + image_path + "': expected a rank-3 image array, got rank " +
+                      std::to_string(images.dims.size()));
+  if (labels.dims.size() != 1 || labels.dims[0] != images.dims[0])
+    throw FormatError("'" + label_path + "': " + std::to_string(labels.dims.empty() ? 0 : labels.dims[0]) +
+                      " labels for " + std::to_string(images.dims[0]) + " images");
+  Dataset d;
+  d.name = "fashion-mnist";
+  d.sample_shape = Shape{1, images.dims[1], images.dims[2]};
+  d.classes = 10;
+  d.mean = 0.2860f;  // the Fashion-MNIST training set's pixel statistics
+  d.stddev = 0.3530f;
+  int64_t n = images.dims[0];
+  if (limit > 0 && limit < n) n = limit;
+  const int64_t sample = d.sample_shape.numel();
+  images.data.resize(static_cast<size_t>(n * sample));
+  d.images = std::move(images.data);
+  d.labels.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t l = labels.data[static_cast<size_t>(i)];
+    if (l >= d.classes)
+      throw FormatError("'" + label_path + "': label " + std::to_string(l) + " of sample " +
+                        std::to_string(i) + " is outside [0, 10)");
+    d.labels[static_cast<size_t>(i)] = l;
+  }
+  return d;
+}
+
+Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit) {
+  if (name == "fashion-mnist") return loadFashionMnist(dir.empty() ? kFashionMnistDir : dir, train, limit);
+  throw InvalidArgument("unknown dataset '" + name + "' (known: fashion-mnist)");
+}
+
+std::vector<int64_t> epochOrder(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  if (!shuffle) return order;
+  Rng rng(combineSeeds(seed, static_cast<uint64_t>(epoch)));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
+}
+
+void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count,
+                 std::vector<float>& x, std::vector<int32_t>& y) {
+  TANDEM_CHECK_MSG(begin >= 0 && count >= 0 && begin + count <= static_cast<int64_t>(order.size()),
+                   InvalidArgument, "batch [" << begin << ", " << begin + count << ") out of range");
+  const int64_t sample = d.sample_shape.numel();
+  x.resize(static_cast<size_t>(count * sample));
+  y.resize(static_cast<size_t>(count));
+  const float scale = 1.0f / (255.0f * d.stddev);
+  const float shift = d.mean / d.stddev;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t idx = order[static_cast<size_t>(begin + i)];
+    const uint8_t* src = d.images.data() + idx * sample;
+    float* dst = x.data() + i * sample;
+    for (int64_t j = 0; j < sample; ++j) dst[j] = static_cast<float>(src[j]) * scale - shift;
+    y[static_cast<size_t>(i)] = d.labels[static_cast<size_t>(idx)];
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,36 @@
+// Conv2d over [C, H, W] samples by im2col + GEMM, a chunk of samples at a time so the
+// column buffer stays bounded while each GEMM stays large enough to run at BLAS speed.
+#pragma once
+
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+class Conv2d final : public Layer {
+ public:
+  explicit Conv2d(const LayerSpec& spec);
+  std::string type() const override { return "conv2d"; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override;
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t paramCount() const override;
+  int64_t flops() const override;
+  int64_t stashBytes() const override { return inputShape().numel() * 4; }
+  LayerSpec spec() const override;
+  const Window2d& window() const { return g_; }
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  // Samples per im2col chunk for a batch of n.
+  int64_t chunk(int64_t n) const;
+
+  int64_t out_channels_, in_channels_ = 0;
+  Window2d g_;
+  bool bias_;
+  Param weight_, b_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,88 @@
+#include "core/layers/elementwise.h"
+
+#include "core/error.h"
+
+namespace tandem {
+
+ActivationLayer::ActivationLayer(Activation kind, const LayerSpec& spec) : kind_(kind) {
+  SpecReader(spec).finish();
+}
+
+std::string ActivationLayer::type() const {
+  switch (kind_) {
+    case Activation::kReLU: return "relu";
+    case Activation::kGELU: return "gelu";
+    case Activation::kTanh: return "tanh";
+    case Activation::kSigmoid: return "sigmoid";
+  }
+  return "activation";
+}
+
+Tensor ActivationLayer::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
+  Tensor y = backend_->empty(x.shape());
+  backend_->activation(kind_, x, y);
+  // ReLU and GELU differentiate from x; tanh and sigmoid from y.
+  stash.saved = {kind_ == Activation::kReLU || kind_ == Activation::kGELU ? x : y};
+  return y;
+}
+
+Tensor ActivationLayer::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  if (!need_dx) return {};
+  Tensor dx = backend_->empty(dy.shape());
+  const Tensor& saved = stash.saved.at(0);
+  backend_->activationBackward(kind_, saved, saved, dy, dx);
+  return dx;
+}
+
+int64_t ActivationLayer::flops() const {
+  const int64_t n = inputShape().numel();
+  return kind_ == Activation::kReLU ? n : 8 * n;  // transcendental ones counted as ~8
+}
+
+Dropout::Dropout(const LayerSpec& spec) {
+  SpecReader r(spec);
+  p_ = static_cast<float>(r.number("p", 0.5));
+  r.finish();
+  TANDEM_CHECK_MSG(p_ >= 0.0f && p_ < 1.0f, InvalidArgument,
+                   "dropout: 'p' must be in [0, 1), got " << p_);
+}
+
+Tensor Dropout::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) {
+  if (!ctx.training || p_ == 0.0f) {
+    stash.saved.clear();
+    return x;
+  }
+  Tensor mask = backend_->empty(x.shape());
+  Tensor y = backend_->empty(x.shape());
+  backend_->dropout(x, p_, ctx.seed, mask, y);
+  stash.saved = {mask};
+  return y;
+}
+
+Tensor Dropout::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  if (!need_dx) return {};
+  if (stash.saved.empty()) return dy;  // forward was the identity
+  Tensor dx = backend_->empty(dy.shape());
+  backend_->mul(dy, stash.saved[0], dx);
+  return dx;
+}
+
+LayerSpec Dropout::spec() const {
+  LayerSpec s;
+  s.type = type();
+  s.attrs["p"] = static_cast<double>(p_);
+  return s;
+}
+
+Flatten::Flatten(const LayerSpec& spec) { SpecReader(spec).finish(); }
+
+Tensor Flatten::forward(const Tensor& x, Stash&, const ForwardContext&) {
+  return x.reshape(outputShape().withBatch(x.shape()[0]));
+}
+
+Tensor Flatten::backward(const Tensor& dy, Stash&, bool need_dx) {
+  if (!need_dx) return {};
+  return dy.reshape(inputShape().withBatch(dy.shape()[0]));
+}
+
+}  // namespace tandem

@@ -1,0 +1,60 @@
+// Layers that act element by element: activations (ReLU, GELU, Tanh, Sigmoid),
+// Dropout, and Flatten (a reshape to [features]).
+#pragma once
+
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+class ActivationLayer final : public Layer {
+ public:
+  ActivationLayer(Activation kind, const LayerSpec& spec);
+  std::string type() const override;
+  void build(Backend& backend, Rng&) override { backend_ = &backend; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t flops() const override;
+  int64_t stashBytes() const override { return inputShape().numel() * 4; }
+  LayerSpec spec() const override { return {type(), {}, {}, {}}; }
+
+ protected:
+  Shape infer(const Shape& input) override { return input; }
+
+ private:
+  Activation kind_;
+};
+
+// Zeroes each element with probability p while training and scales the rest by
+// 1/(1-p); the identity in evaluation. The mask comes from the forward context's seed.
+class Dropout final : public Layer {
+ public:
+  explicit Dropout(const LayerSpec& spec);
+  std::string type() const override { return "dropout"; }
+  void build(Backend& backend, Rng&) override { backend_ = &backend; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t flops() const override { return inputShape().numel(); }
+  int64_t stashBytes() const override { return inputShape().numel() * 4; }
+  LayerSpec spec() const override;
+
+ protected:
+  Shape infer(const Shape& input) override { return input; }
+
+ private:
+  float p_;
+};
+
+class Flatten final : public Layer {
+ public:
+  explicit Flatten(const LayerSpec& spec);
+  std::string type() const override { return "flatten"; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t flops() const override { return 0; }
+  LayerSpec spec() const override { return {type(), {}, {}, {}}; }
+
+ protected:
+  Shape infer(const Shape& input) override { return {input.numel()}; }
+};
+
+}  // namespace tandem

@@ -1,0 +1,94 @@
+// Layer: forward and backward written once against Backend, plus the cost facts
+// (parameters, FLOPs, stashed activation bytes) that inspection and the partitioner read.
+//
+// Life cycle: construct from a LayerSpec -> setup(per-sample input shape) infers and
+// checks shapes -> build(backend, rng) allocates and initialises parameters -> forward /
+// backward any number of times. What forward keeps for backward lives in a Stash owned
+// by the caller, so several microbatches can be in flight at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/layers/spec.h"
+#include "core/random.h"
+
+namespace tandem {
+
+struct Param {
+  std::string name;  // unique within its model, e.g. "3.weight"
+  Tensor value;
+  Tensor grad;  // same shape; accumulated by backward, cleared by the optimizer's caller
+};
+
+struct ForwardContext {
+  bool training = true;
+  uint64_t seed = 0;  // per-microbatch seed; containers mix in the layer's position
+};
+
+// What one layer's forward saved for its backward. Blocks nest their children's.
+struct Stash {
+  std::vector<Tensor> saved;
+  std::vector<Stash> children;
+  void clear() {
+    saved.clear();
+    children.clear();
+  }
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  virtual std::string type() const = 0;
+  // Infers the per-sample output shape from the per-sample input shape; throws
+  // InvalidArgument describing the expected and the received shape.
+  Shape setup(const Shape& input) {
+    input_ = input;
+    output_ = infer(input);
+    return output_;
+  }
+  const Shape& inputShape() const { return input_; }
+  const Shape& outputShape() const { return output_; }
+  virtual DType inputDType() const { return DType::kF32; }
+
+  // Allocates parameters on `backend` and initialises them from `rng` (after setup).
+  virtual void build(Backend& backend, Rng& rng) {
+    (void)backend;
+    (void)rng;
+  }
+  // Parameters with names relative to this layer ("weight", "body.0.bias").
+  virtual std::vector<Param*> params() { return {}; }
+
+  virtual Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) = 0;
+  // Accumulates parameter gradients; returns dx when need_dx, else an undefined tensor.
+  virtual Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) = 0;
+
+  // Cost facts, per sample, valid after setup.
+  virtual int64_t paramCount() const { return 0; }
+  virtual int64_t flops() const = 0;                    // forward; a multiply-add is 2
+  virtual int64_t stashBytes() const { return 0; }      // kept from forward for backward
+  int64_t outputBytes() const { return output_.numel() * 4; }
+
+  // The spec this layer was made from, for model files.
+  virtual LayerSpec spec() const = 0;
+
+ protected:
+  virtual Shape infer(const Shape& input) = 0;
+  // Backend that params live on; set by build().
+  Backend* backend_ = nullptr;
+
+ private:
+  Shape input_, output_;
+};
+
+// Allocates a parameter and its zeroed gradient.
+Param makeParam(Backend& backend, std::string name, const Shape& shape,
+                const std::vector<float>& init);
+// n values uniform in [-bound, bound].
+std::vector<float> uniformInit(Rng& rng, int64_t n, float bound);
+
+}  // namespace tandem

@@ -1,0 +1,85 @@
+#include "core/layers/linear.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tandem {
+
+Linear::Linear(const LayerSpec& spec) {
+  SpecReader r(spec);
+  out_ = r.integer("out");
+  in_ = r.integer("in", 0);
+  bias_ = r.flag("bias", true);
+  r.finish();
+  TANDEM_CHECK_MSG(out_ > 0, InvalidArgument, "linear: 'out' must be positive, got " << out_);
+  TANDEM_CHECK_MSG(in_ >= 0, InvalidArgument, "linear: 'in' must be positive, got " << in_);
+}
+
+Shape Linear::infer(const Shape& input) {
+  TANDEM_CHECK_MSG(input.rank() >= 1, InvalidArgument,
+                   "expected input [..., features], got " << input);
+  const int64_t features = input[input.rank() - 1];
+  TANDEM_CHECK_MSG(in_ == 0 || in_ == features, InvalidArgument,
+                   "expected input [" << in_ << "], got " << input);
+  in_ = features;
+  Shape out = input;
+  out[out.rank() - 1] = out_;
+  return out;
+}
+
+void Linear::build(Backend& backend, Rng& rng) {
+  backend_ = &backend;
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+  weight_ = makeParam(backend, "weight", {out_, in_}, uniformInit(rng, out_ * in_, bound));
+  if (bias_) b_ = makeParam(backend, "bias", {out_}, uniformInit(rng, out_, bound));
+}
+
+std::vector<Param*> Linear::params() {
+  if (bias_) return {&weight_, &b_};
+  return {&weight_};
+}
+
+Tensor Linear::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
+  const int64_t rows = x.numel() / in_;
+  const Tensor x2 = x.reshape({rows, in_});
+  Tensor y = backend_->empty({rows, out_});
+  backend_->gemm(false, true, 1.0f, x2, weight_.value, 0.0f, y);
+  if (bias_) backend_->addBias(y, b_.value);
+  stash.saved = {x2};
+  Shape ys = x.shape();
+  ys[ys.rank() - 1] = out_;
+  return y.reshape(ys);
+}
+
+Tensor Linear::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  const Tensor& x2 = stash.saved.at(0);
+  const int64_t rows = x2.shape()[0];
+  const Tensor dy2 = dy.reshape({rows, out_});
+  backend_->gemm(true, false, 1.0f, dy2, x2, 1.0f, weight_.grad);
+  if (bias_) backend_->biasGrad(dy2, b_.grad);
+  if (!need_dx) return {};
+  Tensor dx = backend_->empty({rows, in_});
+  backend_->gemm(false, false, 1.0f, dy2, weight_.value, 0.0f, dx);
+  Shape xs = dy.shape();
+  xs[xs.rank() - 1] = in_;
+  return dx.reshape(xs);
+}
+
+int64_t Linear::paramCount() const { return out_ * in_ + (bias_ ? out_ : 0); }
+
+int64_t Linear::flops() const {
+  const int64_t rows = inputShape().numel() / in_;
+  return rows * (2 * in_ * out_ + (bias_ ? out_ : 0));
+}
+
+LayerSpec Linear::spec() const {
+  LayerSpec s;
+  s.type = type();
+  s.attrs["out"] = out_;
+  if (in_) s.attrs["in"] = in_;
+  if (!bias_) s.attrs["bias"] = std::string("false");
+  return s;
+}
+
+}  // namespace tandem

@@ -1,0 +1,31 @@
+// Linear: y = x W^T + b over the last dimension (W is [out, in], PyTorch's layout).
+#pragma once
+
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+class Linear final : public Layer {
+ public:
+  explicit Linear(const LayerSpec& spec);
+  std::string type() const override { return "linear"; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override;
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t paramCount() const override;
+  int64_t flops() const override;
+  int64_t stashBytes() const override { return inputShape().numel() * 4; }
+  LayerSpec spec() const override;
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  int64_t in_ = 0;  // 0 until setup unless the spec names it
+  int64_t out_;
+  bool bias_;
+  Param weight_, b_;
+};
+
+}  // namespace tandem

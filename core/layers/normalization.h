@@ -1,0 +1,54 @@
+// LayerNorm over the last dimension, and Embedding (integer ids -> learned vectors).
+#pragma once
+
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+class LayerNorm final : public Layer {
+ public:
+  explicit LayerNorm(const LayerSpec& spec);
+  std::string type() const override { return "layernorm"; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override { return {&gamma_, &beta_}; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t paramCount() const override { return 2 * dim_; }
+  int64_t flops() const override { return 8 * inputShape().numel(); }
+  int64_t stashBytes() const override;
+  LayerSpec spec() const override;
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  int64_t dim_ = 0;
+  float eps_;
+  Param gamma_, beta_;
+};
+
+// Input: per-sample [T] of i32 ids in [0, vocab); output [T, dim].
+class Embedding final : public Layer {
+ public:
+  explicit Embedding(const LayerSpec& spec);
+  std::string type() const override { return "embedding"; }
+  DType inputDType() const override { return DType::kI32; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override { return {&table_}; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  // Ids have no gradient: dx is never produced.
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t paramCount() const override { return vocab_ * dim_; }
+  int64_t flops() const override { return 0; }
+  int64_t stashBytes() const override { return inputShape().numel() * 4; }
+  LayerSpec spec() const override;
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  int64_t vocab_, dim_;
+  Param table_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,44 @@
+#include "core/layers/registry.h"
+
+#include "core/error.h"
+#include "core/layers/conv2d.h"
+#include "core/layers/elementwise.h"
+#include "core/layers/linear.h"
+#include "core/layers/normalization.h"
+#include "core/layers/pooling.h"
+#include "core/layers/residual.h"
+
+namespace tandem {
+
+const std::vector<std::string>& layerTypes() {
+  static const std::vector<std::string> kTypes = {
+      "linear", "conv2d",  "maxpool2d", "avgpool2d", "globalavgpool", "relu",      "gelu",
+      "tanh",   "sigmoid", "flatten",   "dropout",   "layernorm",     "embedding", "residual"};
+  return kTypes;
+}
+
+std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
+  const std::string& t = spec.type;
+  if (spec.type != "residual" && !spec.children.empty())
+    throw InvalidArgument("layer '" + t + "' does not take a 'layers' list");
+  if (t == "linear") return std::make_unique<Linear>(spec);
+  if (t == "conv2d") return std::make_unique<Conv2d>(spec);
+  if (t == "maxpool2d") return std::make_unique<Pool2d>(Pool2d::Kind::kMax, spec);
+  if (t == "avgpool2d") return std::make_unique<Pool2d>(Pool2d::Kind::kAvg, spec);
+  if (t == "globalavgpool") return std::make_unique<GlobalAvgPool>(spec);
+  if (t == "relu") return std::make_unique<ActivationLayer>(Activation::kReLU, spec);
+  if (t == "gelu") return std::make_unique<ActivationLayer>(Activation::kGELU, spec);
+  if (t == "tanh") return std::make_unique<ActivationLayer>(Activation::kTanh, spec);
+  if (t == "sigmoid") return std::make_unique<ActivationLayer>(Activation::kSigmoid, spec);
+  if (t == "flatten") return std::make_unique<Flatten>(spec);
+  if (t == "dropout") return std::make_unique<Dropout>(spec);
+  if (t == "layernorm") return std::make_unique<LayerNorm>(spec);
+  if (t == "embedding") return std::make_unique<Embedding>(spec);
+  if (t == "residual") return std::make_unique<Residual>(spec);
+  std::string known;
+  for (const auto& k : layerTypes()) known += (known.empty() ? "" : ", ") + k;
+  std::string where = spec.where.empty() ? "" : " at " + spec.where;
+  throw InvalidArgument("unknown layer type '" + t + "'" + where + " (known: " + known + ")");
+}
+
+}  // namespace tandem

@@ -1,0 +1,107 @@
+#include "core/layers/residual.h"
+
+#include "core/error.h"
+#include "core/layers/conv2d.h"
+#include "core/layers/linear.h"
+
+namespace tandem {
+
+Residual::Residual(const LayerSpec& spec) : body_(spec.children) {
+  SpecReader(spec).finish();
+  TANDEM_CHECK_MSG(body_.size() > 0, InvalidArgument, "residual: 'layers' must not be empty");
+}
+
+Shape Residual::infer(const Shape& input) {
+  const Shape out = body_.setup(input);
+  projection_.reset();
+  if (out == input) return out;
+  if (input.rank() == 3 && out.rank() == 3 && out[1] > 0 && out[2] > 0 &&
+      input[1] % out[1] == 0 && input[2] % out[2] == 0 && input[1] / out[1] == input[2] / out[2]) {
+    LayerSpec p{"conv2d", {}, {}, {}};
+    p.attrs["out"] = out[0];
+    p.attrs["kernel"] = int64_t{1};
+    p.attrs["stride"] = input[1] / out[1];
+    p.attrs["bias"] = std::string("false");
+    projection_ = std::make_unique<Conv2d>(p);
+  } else if (input.rank() == 1 && out.rank() == 1) {
+    LayerSpec p{"linear", {}, {}, {}};
+    p.attrs["out"] = out[0];
+    p.attrs["bias"] = std::string("false");
+    projection_ = std::make_unique<Linear>(p);
+  } else {
+    throw InvalidArgument("body maps " + input.str() + " to " + out.str() +
+                          ", which no 1x1 convolution or linear projection can match");
+  }
+  const Shape projected = projection_->setup(input);
+  TANDEM_CHECK_MSG(projected == out, InvalidArgument,
+                   "projection gives " << projected << " but the body gives " << out);
+  return out;
+}
+
+void Residual::build(Backend& backend, Rng& rng) {
+  backend_ = &backend;
+  body_.build(backend, rng, "body.");
+  if (projection_) {
+    projection_->build(backend, rng);
+    for (Param* p : projection_->params()) p->name = "proj." + p->name;
+  }
+}
+
+std::vector<Param*> Residual::params() {
+  std::vector<Param*> out = body_.params();
+  if (projection_)
+    for (Param* p : projection_->params()) out.push_back(p);
+  return out;
+}
+
+Tensor Residual::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) {
+  stash.children.resize(2);
+  Tensor y = body_.forward(x, stash.children[0], ctx, 0, body_.size());
+  Tensor out = backend_->empty(y.shape());
+  backend_->copy(y, out);  // never add into a tensor a body layer may have stashed
+  if (projection_) {
+    const Tensor p = projection_->forward(x, stash.children[1], ctx);
+    backend_->axpby(1.0f, p, 1.0f, out);
+  } else {
+    backend_->axpby(1.0f, x, 1.0f, out);
+  }
+  return out;
+}
+
+Tensor Residual::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  Tensor dx = body_.backward(dy, stash.children.at(0), need_dx, 0, body_.size());
+  if (projection_) {
+    Tensor dp = projection_->backward(dy, stash.children.at(1), need_dx);
+    if (need_dx) backend_->axpby(1.0f, dp, 1.0f, dx);
+  } else if (need_dx) {
+    backend_->axpby(1.0f, dy, 1.0f, dx);
+  }
+  return dx;
+}
+
+int64_t Residual::paramCount() const {
+  int64_t n = projection_ ? projection_->paramCount() : 0;
+  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramCount();
+  return n;
+}
+
+int64_t Residual::flops() const {
+  int64_t n = outputShape().numel() + (projection_ ? projection_->flops() : 0);
+  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).flops();
+  return n;
+}
+
+int64_t Residual::stashBytes() const {
+  int64_t n = projection_ ? projection_->stashBytes() : 0;
+  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).stashBytes();
+  return n;
+}
+
+LayerSpec Residual::spec() const {
+  LayerSpec s;
+  s.type = type();
+  s.children = body_.specs();
+  return s;
+}
+
+}  // namespace tandem

@@ -1,0 +1,36 @@
+// Residual block: y = body(x) + shortcut(x). The shortcut is the identity when the body
+// keeps the shape, otherwise a projection made at setup: a 1x1 convolution (with the
+// stride that maps H to H') for [C, H, W] samples, a linear layer for [D] samples.
+#pragma once
+
+#include <memory>
+
+#include "core/layers/layer.h"
+#include "core/layers/sequence.h"
+
+namespace tandem {
+
+class Residual final : public Layer {
+ public:
+  explicit Residual(const LayerSpec& spec);
+  std::string type() const override { return "residual"; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override;
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t paramCount() const override;
+  int64_t flops() const override;
+  int64_t stashBytes() const override;
+  LayerSpec spec() const override;
+  const Sequence& body() const { return body_; }
+  bool hasProjection() const { return projection_ != nullptr; }
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  Sequence body_;
+  std::unique_ptr<Layer> projection_;  // null for the identity shortcut
+};
+
+}  // namespace tandem

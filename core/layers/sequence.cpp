@@ -1,0 +1,85 @@
+#include "core/layers/sequence.h"
+
+#include "core/error.h"
+#include "core/layers/registry.h"
+
+namespace tandem {
+
+Sequence::Sequence(const std::vector<LayerSpec>& specs) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    try {
+      layers_.push_back(makeLayer(specs[i]));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("layer " + std::to_string(i) + ": " + e.what());
+    }
+    where_.push_back(specs[i].where);
+  }
+}
+
+Shape Sequence::setup(const Shape& input) {
+  Shape shape = input;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    try {
+      shape = layers_[i]->setup(shape);
+    } catch (const InvalidArgument& e) {
+      const std::string where = where_[i].empty() ? "" : " at " + where_[i];
+      throw InvalidArgument("layer " + std::to_string(i) + " (" + layers_[i]->type() + where +
+                            "): " + e.what());
+    }
+  }
+  return shape;
+}
+
+void Sequence::build(Backend& backend, Rng& rng, const std::string& prefix) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    layers_[i]->build(backend, rng);
+    for (Param* p : layers_[i]->params()) p->name = prefix + std::to_string(i) + "." + p->name;
+  }
+}
+
+std::vector<Param*> Sequence::params() {
+  std::vector<Param*> out;
+  for (auto& l : layers_)
+    for (Param* p : l->params()) out.push_back(p);
+  return out;
+}
+
+Tensor Sequence::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,
+                         size_t end) {
+  TANDEM_CHECK_MSG(begin <= end && end <= layers_.size(), InvalidArgument,
+                   "layer range [" << begin << ", " << end << ") outside a sequence of "
+                                   << layers_.size());
+  stash.children.assign(end - begin, Stash{});
+  Tensor h = x;
+  for (size_t i = begin; i < end; ++i) {
+    ForwardContext c = ctx;
+    c.seed = combineSeeds(ctx.seed, i);
+    h = layers_[i]->forward(h, stash.children[i - begin], c);
+  }
+  return h;
+}
+
+Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin,
+                          size_t end) {
+  TANDEM_CHECK_MSG(stash.children.size() == end - begin, InvalidArgument,
+                   "backward over " << end - begin << " layers with a stash of "
+                                    << stash.children.size() << " (was forward run?)");
+  Tensor g = dy;
+  for (size_t i = end; i-- > begin;) {
+    const bool want_dx = need_dx || i > begin;
+    g = layers_[i]->backward(g, stash.children[i - begin], want_dx);
+    stash.children[i - begin].clear();  // free what backward no longer needs
+  }
+  return g;
+}
+
+std::vector<LayerSpec> Sequence::specs() const {
+  std::vector<LayerSpec> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    out.push_back(layers_[i]->spec());
+    out.back().where = where_[i];
+  }
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,42 @@
+// Sequence: an ordered list of layers run one after another. It is the body of a
+// Model and of block layers (residual); a stage of a pipeline is a range of it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+class Sequence {
+ public:
+  Sequence() = default;
+  // Builds each layer from its spec through the layer registry.
+  explicit Sequence(const std::vector<LayerSpec>& specs);
+
+  size_t size() const { return layers_.size(); }
+  Layer& layer(size_t i) { return *layers_.at(i); }
+  const Layer& layer(size_t i) const { return *layers_.at(i); }
+
+  // Infers shapes through every layer; errors name the layer index, its type, where it
+  // was declared and both shapes, e.g. "layer 3 (linear at cnn.yaml:9:5): ...".
+  Shape setup(const Shape& input);
+  // Builds every layer, then names each parameter "<prefix><index>.<local name>".
+  void build(Backend& backend, Rng& rng, const std::string& prefix = "");
+  std::vector<Param*> params();
+
+  // Runs layers [begin, end); stash.children holds one Stash per layer of the range.
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,
+                 size_t end);
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end);
+
+  std::vector<LayerSpec> specs() const;
+
+ private:
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::string> where_;
+};
+
+}  // namespace tandem

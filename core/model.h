@@ -1,0 +1,61 @@
+// Model: a named, ordered list of layers with inferred per-sample shapes. A pipeline
+// stage is a contiguous range [begin, end) of its layers.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/layers/sequence.h"
+
+namespace tandem {
+
+struct ModelSpec {
+  std::string name;
+  Shape input;  // per sample, e.g. [1, 28, 28]
+  std::vector<LayerSpec> layers;
+};
+
+class Model {
+ public:
+  static constexpr size_t kEnd = std::numeric_limits<size_t>::max();
+
+  // Makes the layers and infers every shape; errors name the layer index, type,
+  // source location and both shapes.
+  explicit Model(const ModelSpec& spec);
+
+  const std::string& name() const { return name_; }
+  const Shape& inputShape() const { return input_; }
+  const Shape& outputShape() const { return output_; }
+  DType inputDType() const;
+  size_t size() const { return layers_.size(); }
+  Layer& layer(size_t i) { return layers_.layer(i); }
+  const Layer& layer(size_t i) const { return layers_.layer(i); }
+
+  // Allocates and initialises parameters; the same seed gives bitwise the same weights.
+  void build(Backend& backend, uint64_t seed);
+  bool built() const { return backend_ != nullptr; }
+  Backend& backend() const;
+  const std::vector<Param*>& params() const { return params_; }
+  Param& param(const std::string& name) const;
+  void zeroGrad();
+
+  // x is a batch [N, ...inputShape]; runs layers [begin, end).
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin = 0,
+                 size_t end = kEnd);
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx = false, size_t begin = 0,
+                  size_t end = kEnd);
+
+  int64_t paramCount() const;
+  ModelSpec spec() const;
+
+ private:
+  std::string name_;
+  Shape input_, output_;
+  Sequence layers_;
+  Backend* backend_ = nullptr;
+  std::vector<Param*> params_;
+};
+
+}  // namespace tandem

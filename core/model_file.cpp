@@ -1,0 +1,278 @@
+#include "core/model_file.h"
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/schema/model_generated.h"
+
+namespace tandem {
+
+namespace {
+
+using flatbuffers::FlatBufferBuilder;
+using flatbuffers::Offset;
+
+// ---- writing ----
+
+Offset<fb::Attr> writeAttr(FlatBufferBuilder& b, const std::string& key, const AttrValue& v) {
+  auto k = b.CreateString(key);
+  if (const auto* i = std::get_if<int64_t>(&v)) return fb::CreateAttr(b, k, fb::AttrKind_Int, *i);
+  if (const auto* d = std::get_if<double>(&v))
+    return fb::CreateAttr(b, k, fb::AttrKind_Float, 0, *d);
+  if (const auto* s = std::get_if<std::string>(&v))
+    return fb::CreateAttr(b, k, fb::AttrKind_String, 0, 0.0, b.CreateString(*s));
+  const auto& list = std::get<std::vector<int64_t>>(v);
+  return fb::CreateAttr(b, k, fb::AttrKind_Ints, 0, 0.0, 0, b.CreateVector(list));
+}
+
+Offset<flatbuffers::Vector<Offset<fb::Attr>>> writeAttrs(
+    FlatBufferBuilder& b, const std::map<std::string, AttrValue>& attrs) {
+  std::vector<Offset<fb::Attr>> out;
+  for (const auto& [k, v] : attrs) out.push_back(writeAttr(b, k, v));
+  return b.CreateVector(out);
+}
+
+Offset<fb::Layer> writeLayer(FlatBufferBuilder& b, const LayerSpec& spec) {
+  std::vector<Offset<fb::Layer>> children;
+  for (const auto& c : spec.children) children.push_back(writeLayer(b, c));
+  auto type = b.CreateString(spec.type);
+  auto attrs = writeAttrs(b, spec.attrs);
+  return fb::CreateLayer(b, type, attrs, b.CreateVector(children));
+}
+
+Offset<fb::TensorData> writeTensor(FlatBufferBuilder& b, const std::string& name, const Tensor& t) {
+  const std::vector<float> host = toHost(t);
+  auto n = b.CreateString(name);
+  auto shape = b.CreateVector(t.shape().dims());
+  auto data = b.CreateVector(reinterpret_cast<const uint8_t*>(host.data()), host.size() * 4);
+  return fb::CreateTensorData(b, n, shape, fb::DType_F32, data);
+}
+
+// ---- reading ----
+
+[[noreturn]] void bad(const std::string& source, const std::string& what) {
+  throw FormatError("model file '" + source + "': " + what);
+}
+
+AttrValue readAttr(const std::string& source, const fb::Attr& a) {
+  switch (a.kind()) {
+    case fb::AttrKind_Int: return a.int_value();
+    case fb::AttrKind_Float: return a.float_value();
+    case fb::AttrKind_String:
+      if (!a.string_value()) bad(source, "attribute '" + a.key()->str() + "' has no string value");
+      return a.string_value()->str();
+    case fb::AttrKind_Ints:
+      if (!a.ints()) bad(source, "attribute '" + a.key()->str() + "' has no list value");
+      return std::vector<int64_t>(a.ints()->begin(), a.ints()->end());
+  }
+  bad(source, "attribute '" + a.key()->str() + "' has unknown kind " +
+                  std::to_string(static_cast<int>(a.kind())));
+}
+
+std::map<std::string, AttrValue> readAttrs(const std::string& source,
+                                           const flatbuffers::Vector<Offset<fb::Attr>>* attrs) {
+  std::map<std::string, AttrValue> out;
+  if (attrs)
+    for (const fb::Attr* a : *attrs) out[a->key()->str()] = readAttr(source, *a);
+  return out;
+}
+
+LayerSpec readLayer(const std::string& source, const fb::Layer& l, const std::string& path) {
+  LayerSpec spec;
+  spec.type = l.type()->str();
+  spec.where = source + " layer " + path;
+  spec.attrs = readAttrs(source, l.attrs());
+  if (l.children()) {
+    int i = 0;
+    for (const fb::Layer* c : *l.children())
+      spec.children.push_back(readLayer(source, *c, path + "." + std::to_string(i++)));
+  }
+  return spec;
+}
+
+Shape readShape(const std::string& source, const flatbuffers::Vector<int64_t>* dims,
+                const std::string& what) {
+  if (!dims) return Shape{};
+  if (dims->size() > static_cast<size_t>(Shape::kMaxRank))
+    bad(source, what + " has rank " + std::to_string(dims->size()));
+  std::vector<int64_t> v(dims->begin(), dims->end());
+  for (int64_t d : v)
+    if (d < 0 || d > (int64_t{1} << 40)) bad(source, what + " has dimension " + std::to_string(d));
+  return Shape(std::span<const int64_t>(v));
+}
+
+HostTensor readTensor(const std::string& source, const fb::TensorData& t) {
+  HostTensor h;
+  h.name = t.name()->str();
+  h.shape = readShape(source, t.shape(), "tensor '" + h.name + "'");
+  if (t.dtype() != fb::DType_F32)
+    bad(source, "tensor '" + h.name + "' has dtype " + std::to_string(static_cast<int>(t.dtype())) +
+                    "; this version reads f32 weights only");
+  const size_t want = static_cast<size_t>(h.shape.numel()) * 4;
+  const size_t have = t.data() ? t.data()->size() : 0;
+  if (want != have)
+    bad(source, "tensor '" + h.name + "' " + h.shape.str() + " needs " + std::to_string(want) +
+                    " bytes, the file has " + std::to_string(have));
+  h.data.resize(static_cast<size_t>(h.shape.numel()));
+  if (have) std::memcpy(h.data.data(), t.data()->data(), have);
+  return h;
+}
+
+OptimizerOptions optionsFrom(const std::string& kind, const std::map<std::string, AttrValue>& h) {
+  OptimizerOptions o;
+  o.kind = kind;
+  auto num = [&](const char* key, float& dst) {
+    auto it = h.find(key);
+    if (it == h.end()) return;
+    if (const auto* d = std::get_if<double>(&it->second)) dst = static_cast<float>(*d);
+  };
+  num("lr", o.lr);
+  num("momentum", o.momentum);
+  num("weight_decay", o.weight_decay);
+  num("beta1", o.beta1);
+  num("beta2", o.beta2);
+  num("eps", o.eps);
+  if (auto it = h.find("nesterov"); it != h.end())
+    if (const auto* i = std::get_if<int64_t>(&it->second)) o.nesterov = *i != 0;
+  return o;
+}
+
+}  // namespace
+
+std::vector<uint8_t> serializeModel(const Model& model, const Optimizer* optimizer,
+                                    const std::map<std::string, AttrValue>& metadata) {
+  FlatBufferBuilder b(1 << 16);
+  const ModelSpec spec = model.spec();
+  std::vector<Offset<fb::Layer>> layers;
+  for (const auto& l : spec.layers) layers.push_back(writeLayer(b, l));
+  std::vector<Offset<fb::TensorData>> params;
+  for (const Param* p : model.params()) params.push_back(writeTensor(b, p->name, p->value));
+  Offset<fb::OptimizerState> opt = 0;
+  if (optimizer) {
+    const OptimizerOptions& o = optimizer->options();
+    std::map<std::string, AttrValue> hyper = {
+        {"lr", double{o.lr}},          {"momentum", double{o.momentum}},
+        {"weight_decay", double{o.weight_decay}}, {"beta1", double{o.beta1}},
+        {"beta2", double{o.beta2}},    {"eps", double{o.eps}},
+        {"nesterov", int64_t{o.nesterov ? 1 : 0}}};
+    std::vector<Offset<fb::TensorData>> tensors;
+    for (const auto& [name, t] : optimizer->state()) tensors.push_back(writeTensor(b, name, t));
+    auto kind = b.CreateString(o.kind);
+    auto h = writeAttrs(b, hyper);
+    opt = fb::CreateOptimizerState(b, kind, h, optimizer->steps(), b.CreateVector(tensors));
+  }
+  auto name = b.CreateString(spec.name);
+  auto input = b.CreateVector(spec.input.dims());
+  auto layer_vec = b.CreateVector(layers);
+  auto param_vec = b.CreateVector(params);
+  auto meta = writeAttrs(b, metadata);
+  auto root = fb::CreateModel(b, kModelFormatVersion, name, input, layer_vec, param_vec, opt, meta);
+  fb::FinishModelBuffer(b, root);
+  return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
+}
+
+void saveModel(const std::string& path, const Model& model, const Optimizer* optimizer,
+               const std::map<std::string, AttrValue>& metadata) {
+  const std::vector<uint8_t> bytes = serializeModel(model, optimizer, metadata);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw IoError("cannot write model file '" + tmp + "'");
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) throw IoError("writing model file '" + tmp + "' failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw IoError("cannot rename '" + tmp + "' to '" + path + "'");
+  }
+}
+
+ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source) {
+  if (bytes.size() < 8) bad(source, "only " + std::to_string(bytes.size()) + " bytes long");
+  if (!fb::ModelBufferHasIdentifier(bytes.data()))
+    bad(source, "not a tandem model file (missing the 'TDM1' identifier)");
+  flatbuffers::Verifier verifier(bytes.data(), bytes.size(), /*max_depth=*/64,
+                                 /*max_tables=*/1000000);
+  if (!fb::VerifyModelBuffer(verifier))
+    bad(source, "failed FlatBuffers verification (truncated or corrupted)");
+  const fb::Model* m = fb::GetModel(bytes.data());
+  if (m->format_version() != kModelFormatVersion)
+    bad(source, "format version " + std::to_string(m->format_version()) + ", this build reads " +
+                    std::to_string(kModelFormatVersion));
+  ModelFile f;
+  f.spec.name = m->name() ? m->name()->str() : "model";
+  f.spec.input = readShape(source, m->input_shape(), "input shape");
+  if (!m->layers() || m->layers()->size() == 0) bad(source, "has no layers");
+  int i = 0;
+  for (const fb::Layer* l : *m->layers())
+    f.spec.layers.push_back(readLayer(source, *l, std::to_string(i++)));
+  if (m->params())
+    for (const fb::TensorData* t : *m->params()) f.params.push_back(readTensor(source, *t));
+  if (const fb::OptimizerState* o = m->optimizer()) {
+    OptimizerSnapshot snap;
+    snap.options = optionsFrom(o->kind()->str(), readAttrs(source, o->hyper()));
+    try {
+      validate(snap.options);
+    } catch (const InvalidArgument& e) {
+      bad(source, std::string("optimizer: ") + e.what());
+    }
+    snap.steps = o->steps();
+    if (snap.steps < 0) bad(source, "optimizer step count is negative");
+    if (o->tensors())
+      for (const fb::TensorData* t : *o->tensors()) snap.tensors.push_back(readTensor(source, *t));
+    f.optimizer = std::move(snap);
+  }
+  f.metadata = readAttrs(source, m->metadata());
+  return f;
+}
+
+ModelFile readModelFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError("cannot open model file '" + path + "'");
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parseModelFile(bytes, path);
+}
+
+std::unique_ptr<Model> loadModel(const ModelFile& file, Backend& backend) {
+  std::unique_ptr<Model> model;
+  try {
+    model = std::make_unique<Model>(file.spec);
+  } catch (const InvalidArgument& e) {
+    throw FormatError(std::string("model file describes an invalid model: ") + e.what());
+  }
+  model->build(backend, 0);
+  std::map<std::string, const HostTensor*> by_name;
+  for (const HostTensor& h : file.params) {
+    if (!by_name.emplace(h.name, &h).second)
+      throw FormatError("model file has parameter '" + h.name + "' twice");
+  }
+  for (Param* p : model->params()) {
+    auto it = by_name.find(p->name);
+    if (it == by_name.end()) throw FormatError("model file lacks parameter '" + p->name + "'");
+    if (it->second->shape != p->value.shape())
+      throw FormatError("parameter '" + p->name + "' is " + it->second->shape.str() +
+                        " in the file but " + p->value.shape().str() + " in the model");
+    backend.upload(p->value, it->second->data.data());
+    by_name.erase(it);
+  }
+  if (!by_name.empty())
+    throw FormatError("model file has parameter '" + by_name.begin()->first +
+                      "' that the model does not");
+  return model;
+}
+
+std::unique_ptr<Optimizer> loadOptimizer(const ModelFile& file, Backend& backend) {
+  TANDEM_CHECK_MSG(file.optimizer.has_value(), InvalidArgument,
+                   "model file holds no optimizer state");
+  auto opt = std::make_unique<Optimizer>(backend, file.optimizer->options);
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (const HostTensor& h : file.optimizer->tensors)
+    state.emplace_back(h.name, toDevice(backend, h.shape, h.data));
+  opt->restore(state, file.optimizer->steps);
+  return opt;
+}
+
+}  // namespace tandem

@@ -1,0 +1,60 @@
+// Model files (.tdm, FlatBuffers, core/schema/model.fbs): the layer list with its
+// hyper-parameters, the weights, optionally the optimizer state, and metadata.
+//
+// Reading is two steps: readModelFile() verifies the buffer and copies it into host
+// structures (no backend needed, so `tandem inspect` can read a file); loadModel() then
+// makes the Model on a backend and checks every weight's name and shape.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+#include "core/optimizer.h"
+
+namespace tandem {
+
+constexpr uint32_t kModelFormatVersion = 1;
+
+struct HostTensor {
+  std::string name;
+  Shape shape;
+  std::vector<float> data;
+};
+
+struct OptimizerSnapshot {
+  OptimizerOptions options;
+  int64_t steps = 0;
+  std::vector<HostTensor> tensors;
+};
+
+struct ModelFile {
+  ModelSpec spec;
+  std::vector<HostTensor> params;
+  std::optional<OptimizerSnapshot> optimizer;
+  std::map<std::string, AttrValue> metadata;
+};
+
+// Serialises a built model (and the optimizer's state, if given).
+std::vector<uint8_t> serializeModel(const Model& model, const Optimizer* optimizer,
+                                    const std::map<std::string, AttrValue>& metadata);
+// Writes atomically: a temporary file renamed over `path`, so a crash never leaves a
+// half-written model behind.
+void saveModel(const std::string& path, const Model& model, const Optimizer* optimizer,
+               const std::map<std::string, AttrValue>& metadata = {});
+
+// Verifies and decodes; every defect raises FormatError naming `source` and the defect.
+ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source);
+ModelFile readModelFile(const std::string& path);
+
+// Makes the model on `backend` with the file's weights.
+std::unique_ptr<Model> loadModel(const ModelFile& file, Backend& backend);
+// The optimizer as saved; InvalidArgument if the file holds no optimizer state.
+std::unique_ptr<Optimizer> loadOptimizer(const ModelFile& file, Backend& backend);
+
+}  // namespace tandem

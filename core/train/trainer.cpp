@@ -1,0 +1,106 @@
+#include "core/train/trainer.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/loss.h"
+
+namespace tandem {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void checkClassifier(const Model& model, const Dataset& data) {
+  TANDEM_CHECK_MSG(model.inputShape() == data.sample_shape, InvalidArgument,
+                   "model '" << model.name() << "' takes " << model.inputShape() << " but "
+                             << data.name << " samples are " << data.sample_shape);
+  TANDEM_CHECK_MSG(model.outputShape() == Shape{data.classes}, InvalidArgument,
+                   "model '" << model.name() << "' outputs " << model.outputShape() << " but "
+                             << data.name << " has " << data.classes << " classes");
+}
+}  // namespace
+
+Trainer::Trainer(Model& model, Optimizer& optimizer, const TrainOptions& options)
+    : model_(model), optimizer_(optimizer), options_(options) {
+  TANDEM_CHECK_MSG(options.batch > 0, InvalidArgument, "batch size " << options.batch << " must be positive");
+}
+
+double Trainer::step(const float* x, const int32_t* labels, int64_t n) {
+  Backend& be = model_.backend();
+  Tensor xt = be.empty(model_.inputShape().withBatch(n));
+  be.upload(xt, x);
+  Tensor yt = be.empty({n}, DType::kI32);
+  be.upload(yt, labels);
+  model_.zeroGrad();
+  Stash stash;
+  ForwardContext ctx{true, combineSeeds(options_.seed, static_cast<uint64_t>(global_step_))};
+  Tensor logits = model_.forward(xt, stash, ctx);
+  Tensor grad = be.empty(logits.shape());
+  const double loss_sum = softmaxCrossEntropy(be, logits, yt, 1.0f / static_cast<float>(n), grad);
+  model_.backward(grad, stash);
+  optimizer_.step(model_.params());
+  ++global_step_;
+  return loss_sum / static_cast<double>(n);
+}
+
+EpochReport Trainer::trainEpoch(const Dataset& data, int64_t epoch,
+                                const std::function<void(const StepReport&)>& progress) {
+  checkClassifier(model_, data);
+  const auto t0 = Clock::now();
+  const std::vector<int64_t> order = epochOrder(data.size(), options_.shuffle, options_.seed, epoch);
+  const int64_t steps = (data.size() + options_.batch - 1) / options_.batch;
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  double loss_sum = 0;
+  int64_t seen = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t begin = s * options_.batch;
+    const int64_t n = std::min(options_.batch, data.size() - begin);
+    gatherBatch(data, order, begin, n, x, y);
+    loss_sum += step(x.data(), y.data(), n) * static_cast<double>(n);
+    seen += n;
+    if (progress) {
+      const double el = since(t0);
+      progress({epoch, s + 1, steps, loss_sum / static_cast<double>(seen),
+                el > 0 ? static_cast<double>(seen) / el : 0.0, el});
+    }
+  }
+  const double el = since(t0);
+  return {epoch, seen ? loss_sum / static_cast<double>(seen) : 0.0, el,
+          el > 0 ? static_cast<double>(seen) / el : 0.0};
+}
+
+EvalResult evaluate(Model& model, const Dataset& data, int64_t batch) {
+  checkClassifier(model, data);
+  TANDEM_CHECK_MSG(batch > 0, InvalidArgument, "batch size " << batch << " must be positive");
+  Backend& be = model.backend();
+  const std::vector<int64_t> order = epochOrder(data.size(), false, 0, 0);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t begin = 0; begin < data.size(); begin += batch) {
+    const int64_t n = std::min(batch, data.size() - begin);
+    gatherBatch(data, order, begin, n, x, y);
+    Tensor xt = be.empty(model.inputShape().withBatch(n));
+    be.upload(xt, x.data());
+    Tensor yt = be.empty({n}, DType::kI32);
+    be.upload(yt, y.data());
+    Stash stash;
+    Tensor logits = model.forward(xt, stash, ForwardContext{false, 0});
+    loss_sum += softmaxCrossEntropy(be, logits, yt, 1.0f, Tensor());
+    correct += countCorrect(toHost(logits), y, data.classes);
+  }
+  EvalResult r;
+  r.samples = data.size();
+  if (r.samples) {
+    r.loss = loss_sum / static_cast<double>(r.samples);
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
+  }
+  return r;
+}
+
+}  // namespace tandem

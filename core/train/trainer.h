@@ -1,0 +1,65 @@
+// Single-device training and evaluation of a classifier on a Dataset.
+//
+// A step: upload the batch, clear gradients, forward, softmax cross-entropy (mean over
+// the batch), backward, optimizer step. Dropout draws from (seed, global step), so two
+// runs with the same seed produce bitwise the same weights.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "core/data/dataset.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+
+namespace tandem {
+
+struct TrainOptions {
+  int64_t batch = 64;
+  uint64_t seed = 1;
+  bool shuffle = true;
+};
+
+struct StepReport {
+  int64_t epoch = 0;
+  int64_t step = 0, steps = 0;  // within the epoch, 1-based
+  double loss = 0;              // running mean over the epoch so far
+  double samples_per_s = 0;
+  double elapsed_s = 0;
+};
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+  int64_t samples = 0;
+};
+
+struct EpochReport {
+  int64_t epoch = 0;
+  double train_loss = 0;
+  double seconds = 0;
+  double samples_per_s = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(Model& model, Optimizer& optimizer, const TrainOptions& options);
+
+  // One step on a host batch of n samples; returns the batch's mean loss.
+  double step(const float* x, const int32_t* labels, int64_t n);
+  // One pass over `data`; `progress` (may be empty) is called after every step.
+  EpochReport trainEpoch(const Dataset& data, int64_t epoch,
+                         const std::function<void(const StepReport&)>& progress);
+  int64_t globalStep() const { return global_step_; }
+
+ private:
+  Model& model_;
+  Optimizer& optimizer_;
+  TrainOptions options_;
+  int64_t global_step_ = 0;
+};
+
+// Forward-only pass over `data` in batches: mean loss and accuracy.
+EvalResult evaluate(Model& model, const Dataset& data, int64_t batch);
+
+}  // namespace tandem

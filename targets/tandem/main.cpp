@@ -1,0 +1,35 @@
+// tandem: train, evaluate and inspect models split across heterogeneous devices.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "core/error.h"
+#include "targets/tandem/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem: train and serve neural networks across heterogeneous devices"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tandem 0.1.0");
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "Log debug details");
+  tandem::cli::addTrain(app);
+  tandem::cli::addEval(app);
+  tandem::cli::addInspect(app);
+  tandem::cli::addDevices(app);
+  spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tandem::Error& e) {
+    std::fflush(stdout);
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::cerr << "error (internal): " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}
