@@ -91,7 +91,8 @@ class Backend {
 
   // --- activations ---
   virtual void activation(Activation kind, const Tensor& x, const Tensor& y) = 0;
-  // dx = dy * f'(x); kinds whose derivative is cheaper from y (tanh, sigmoid) read y.
+  // dx = dy * f'(x). GELU reads x; ReLU, tanh and sigmoid read y (ReLU's y > 0 exactly
+  // where x > 0). The other may be undefined. Inputs and outputs must not overlap.
   virtual void activationBackward(Activation kind, const Tensor& x, const Tensor& y,
                                   const Tensor& dy, const Tensor& dx) = 0;
   // mask[i] = 0 with probability p, else 1/(1-p), from a counter-based hash of (seed, i),

@@ -16,16 +16,19 @@ constexpr size_t kAlign = 64;
 size_t roundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
+// A block from the backend's pool; it may be larger than requested (see takeBlock).
 class CpuStorage final : public Storage {
  public:
-  CpuStorage(CpuBackend* owner, size_t bytes)
-      : Storage(owner, bytes), owner_(owner), data_(owner->takeBlock(bytes)) {}
-  ~CpuStorage() override { owner_->returnBlock(data_, bytes()); }
+  CpuStorage(CpuBackend* owner, size_t bytes) : Storage(owner, bytes), owner_(owner) {
+    data_ = owner->takeBlock(bytes, capacity_);
+  }
+  ~CpuStorage() override { owner_->returnBlock(data_, capacity_); }
   void* data() const { return data_; }
 
  private:
   CpuBackend* owner_;
   void* data_;
+  size_t capacity_ = 0;
 };
 
 CpuBackend::CpuBackend(const CpuOptions& options)
@@ -51,33 +54,36 @@ DeviceInfo CpuBackend::hostInfo(int threads) {
   return d;
 }
 
-void* CpuBackend::takeBlock(size_t bytes) {
+void* CpuBackend::takeBlock(size_t bytes, size_t& capacity) {
   const size_t size = roundUp(std::max<size_t>(bytes, 1));
   {
+    // Best fit among cached blocks of at most twice the size: a smaller last batch reuses
+    // the full batch's blocks instead of adding resident memory of its own.
     std::lock_guard<std::mutex> lock(blocks_mutex_);
-    auto it = free_blocks_.find(size);
-    if (it != free_blocks_.end()) {
+    auto it = free_blocks_.lower_bound(size);
+    if (it != free_blocks_.end() && it->first <= 2 * size) {
       void* p = it->second;
+      capacity = it->first;
+      free_bytes_ -= it->first;
       free_blocks_.erase(it);
-      free_bytes_ -= size;
       return p;
     }
   }
   void* p = std::aligned_alloc(kAlign, size);
   TANDEM_CHECK_MSG(p != nullptr, DeviceError,
                    "cpu: out of memory allocating " << bytes << " bytes");
+  capacity = size;
   return p;
 }
 
-void CpuBackend::returnBlock(void* p, size_t bytes) {
-  const size_t size = roundUp(std::max<size_t>(bytes, 1));
+void CpuBackend::returnBlock(void* p, size_t capacity) {
   std::lock_guard<std::mutex> lock(blocks_mutex_);
-  if (free_bytes_ + size > pool_limit_) {
+  if (free_bytes_ + capacity > pool_limit_) {
     std::free(p);
     return;
   }
-  free_blocks_.emplace(size, p);
-  free_bytes_ += size;
+  free_blocks_.emplace(capacity, p);
+  free_bytes_ += capacity;
 }
 
 std::shared_ptr<Storage> CpuBackend::allocate(size_t bytes) {

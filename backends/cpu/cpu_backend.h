@@ -19,7 +19,7 @@ struct CpuOptions {
   int threads = 1;  // kernel threads and OpenBLAS threads
   // Freed buffers up to this many bytes are kept for reuse, so a steady training step
   // does not go back to the system allocator.
-  size_t pool_bytes = size_t{256} << 20;
+  size_t pool_bytes = size_t{64} << 20;
 };
 
 class CpuBackend final : public Backend {
@@ -86,8 +86,9 @@ class CpuBackend final : public Backend {
 
  private:
   friend class CpuStorage;
-  void* takeBlock(size_t bytes);
-  void returnBlock(void* p, size_t bytes);
+  // A block of at least `bytes`; its real size goes to `capacity`.
+  void* takeBlock(size_t bytes, size_t& capacity);
+  void returnBlock(void* p, size_t capacity);
 
   ThreadPool pool_;
   size_t pool_limit_;

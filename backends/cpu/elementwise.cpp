@@ -212,7 +212,7 @@ void activationRange(Activation kind, const float* __restrict x, float* __restri
   }
 }
 
-// `s` is x for ReLU and GELU, y for tanh and sigmoid.
+// `s` is x for GELU, y for ReLU, tanh and sigmoid.
 void activationBackwardRange(Activation kind, const float* __restrict s,
                              const float* __restrict dy, float* __restrict dx, int64_t n) {
   switch (kind) {
@@ -250,7 +250,7 @@ void CpuBackend::activationBackward(Activation kind, const Tensor& x, const Tens
   checkSameCount(dy, dx, "activationBackward");
   float* gx = f32(dx);
   const float* gy = f32(dy);
-  const float* sp = kind == Activation::kReLU || kind == Activation::kGELU ? f32(x) : f32(y);
+  const float* sp = kind == Activation::kGELU ? f32(x) : f32(y);
   pool_.parallelFor(dx.numel(), kGrain, [=](int64_t b, int64_t e) {
     activationBackwardRange(kind, sp + b, gy + b, gx + b, e - b);
   });

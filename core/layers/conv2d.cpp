@@ -59,7 +59,9 @@ std::vector<Param*> Conv2d::params() {
 }
 
 int64_t Conv2d::chunk(int64_t n) const {
-  const int64_t per_sample = in_channels_ * g_.kernel_h * g_.kernel_w * g_.outHeight() * g_.outWidth();
+  // Both the column buffer and the channel-major output buffer stay within the budget.
+  const int64_t ohw = g_.outHeight() * g_.outWidth();
+  const int64_t per_sample = std::max(in_channels_ * g_.kernel_h * g_.kernel_w, out_channels_) * ohw;
   return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(per_sample, 1), 1, std::max<int64_t>(n, 1));
 }
 

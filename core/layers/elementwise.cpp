@@ -21,8 +21,9 @@ std::string ActivationLayer::type() const {
 Tensor ActivationLayer::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   Tensor y = backend_->empty(x.shape());
   backend_->activation(kind_, x, y);
-  // ReLU and GELU differentiate from x; tanh and sigmoid from y.
-  stash.saved = {kind_ == Activation::kReLU || kind_ == Activation::kGELU ? x : y};
+  // GELU differentiates from x; ReLU, tanh and sigmoid from y. (ReLU keeps y, since
+  // y > 0 exactly where x > 0: then x, often a big convolution output, can be freed.)
+  stash.saved = {kind_ == Activation::kGELU ? x : y};
   return y;
 }
 

@@ -37,8 +37,7 @@ std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
   if (t == "residual") return std::make_unique<Residual>(spec);
   std::string known;
   for (const auto& k : layerTypes()) known += (known.empty() ? "" : ", ") + k;
-  std::string where = spec.where.empty() ? "" : " at " + spec.where;
-  throw InvalidArgument("unknown layer type '" + t + "'" + where + " (known: " + known + ")");
+  throw InvalidArgument("unknown layer type '" + t + "' (known: " + known + ")");
 }
 
 }  // namespace tandem

@@ -10,7 +10,9 @@ Sequence::Sequence(const std::vector<LayerSpec>& specs) {
     try {
       layers_.push_back(makeLayer(specs[i]));
     } catch (const InvalidArgument& e) {
-      throw InvalidArgument("layer " + std::to_string(i) + ": " + e.what());
+      const std::string where = specs[i].where.empty() ? "" : " at " + specs[i].where;
+      throw InvalidArgument("layer " + std::to_string(i) + " (" + specs[i].type + where +
+                            "): " + e.what());
     }
     where_.push_back(specs[i].where);
   }

@@ -7,8 +7,7 @@
 namespace tandem {
 
 void SpecReader::fail(const std::string& key, const std::string& problem) const {
-  std::string where = spec_.where.empty() ? "" : " at " + spec_.where;
-  throw InvalidArgument("layer '" + spec_.type + "'" + where + ": field '" + key + "' " + problem);
+  throw InvalidArgument("field '" + key + "' " + problem);
 }
 
 const AttrValue* SpecReader::find(const std::string& key) {
@@ -65,9 +64,8 @@ void SpecReader::finish() const {
     if (!used_.count(key)) {
       std::string known;
       for (const auto& k : used_) known += (known.empty() ? "" : ", ") + k;
-      std::string where = spec_.where.empty() ? "" : " at " + spec_.where;
-      throw InvalidArgument("layer '" + spec_.type + "'" + where + ": unknown field '" + key +
-                            "' (known: " + (known.empty() ? "none" : known) + ")");
+      throw InvalidArgument("unknown field '" + key + "' (known: " +
+                            (known.empty() ? "none" : known) + ")");
     }
   }
 }

@@ -21,8 +21,8 @@ struct LayerSpec {
 };
 
 // Reads a spec's attributes with type checks, remembering which keys were used so that
-// finish() can reject unknown keys. Errors are InvalidArgument naming the key, the layer
-// type and spec.where.
+// finish() can reject unknown keys. Errors are InvalidArgument naming the key; the
+// Sequence that builds the layer adds its index, type and spec.where.
 class SpecReader {
  public:
   explicit SpecReader(const LayerSpec& spec) : spec_(spec) {}

@@ -12,7 +12,7 @@ namespace tandem::cli {
 void addEval(CLI::App& app) {
   struct Args {
     std::string file, data = "fashion-mnist", data_dir, device = "cpu";
-    int64_t batch = 1000, limit = 0;
+    int64_t batch = 256, limit = 0;
     int threads = 1;
   };
   auto a = std::make_shared<Args>();

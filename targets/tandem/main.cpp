@@ -18,6 +18,16 @@ int main(int argc, char** argv) {
   tandem::cli::addInspect(app);
   tandem::cli::addDevices(app);
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
+  // CLI11 would only say "a subcommand is required"; name the word it did not know.
+  if (argc > 1 && argv[1][0] != '-') {
+    try {
+      app.get_subcommand(argv[1]);
+    } catch (const CLI::OptionNotFound&) {
+      std::cerr << "error: unknown command '" << argv[1]
+                << "' (commands: train, eval, inspect, devices; see --help)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -29,10 +29,11 @@ void runTrain(const TrainArgs& a) {
   validate(a.opt);
   TANDEM_CHECK_MSG(a.epochs > 0, InvalidArgument, "--epochs must be positive, got " << a.epochs);
   TANDEM_CHECK_MSG(a.batch > 0, InvalidArgument, "--batch must be positive, got " << a.batch);
+  // The backend outlives everything that holds its memory (declared first).
+  auto backend = makeBackend(a.device, BackendOptions{a.threads});
   Model model(loadModelSpec(a.model));
   const Dataset train = loadDataset(a.data, a.data_dir, true, a.train_limit);
   const Dataset test = loadDataset(a.data, a.data_dir, false, a.test_limit);
-  auto backend = makeBackend(a.device, BackendOptions{a.threads});
   model.build(*backend, a.seed);
   Optimizer optimizer(*backend, a.opt);
   Trainer trainer(model, optimizer, TrainOptions{a.batch, a.seed, true});
@@ -46,7 +47,7 @@ void runTrain(const TrainArgs& a) {
         train, e, a.no_progress ? std::function<void(const StepReport&)>() :
                                   [&](const StepReport& s) { progress.update(s); });
     progress.finishEpoch();
-    last = evaluate(model, test, 1000);
+    last = evaluate(model, test, a.batch);  // the training batch bounds memory
     std::printf("epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f, "
                 "%.2f s (%.0f samples/s)\n",
                 static_cast<long long>(e + 1), static_cast<long long>(a.epochs), r.train_loss,

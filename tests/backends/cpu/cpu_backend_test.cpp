@@ -1,0 +1,290 @@
+// Known-answer tests of the CPU backend's dense, element-wise, row-wise and optimizer
+// ops against naive loops, at sizes that hit vector tails (1, 7, 13, 127), and with 1 and
+// 3 threads (results must be bitwise equal: every reduction has a fixed order).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+using testing::randomVector;
+
+class CpuOpsTest : public ::testing::TestWithParam<int64_t> {
+ protected:
+  cpu::CpuBackend one_{cpu::CpuOptions{1}};
+  cpu::CpuBackend three_{cpu::CpuOptions{3}};
+};
+
+INSTANTIATE_TEST_SUITE_P(OddSizes, CpuOpsTest, ::testing::Values(1, 7, 13, 127));
+
+TEST_P(CpuOpsTest, GemmAllTransposesMatchNaive) {
+  const int64_t n = GetParam();
+  const int64_t m = n + 2, k = 2 * n + 1;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const auto a = randomVector(1, m * k), b = randomVector(2, k * n), c0 = randomVector(3, m * n);
+      Tensor at = toDevice(one_, ta ? Shape{k, m} : Shape{m, k}, a);
+      Tensor bt = toDevice(one_, tb ? Shape{n, k} : Shape{k, n}, b);
+      Tensor ct = toDevice(one_, {m, n}, c0);
+      one_.gemm(ta, tb, 0.5f, at, bt, 2.0f, ct);
+      const auto got = toHost(ct);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s += static_cast<double>(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+          const double want = 0.5 * s + 2.0 * c0[i * n + j];
+          EXPECT_NEAR(got[i * n + j], want, 1e-4 * (1 + std::abs(want))) << ta << tb << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuOpsTest, GemmRejectsMismatchedShapes) {
+  const int64_t n = GetParam();
+  Tensor a = one_.zeros({n, n + 1}), b = one_.zeros({n, n}), c = one_.zeros({n, n});
+  testing::expectThrowWith<InvalidArgument>([&] { one_.gemm(false, false, 1, a, b, 0, c); },
+                                            {"gemm shapes do not agree"});
+}
+
+TEST_P(CpuOpsTest, ElementwiseOpsMatchNaive) {
+  const int64_t n = GetParam() * 1000 + 3;  // big enough to split across threads
+  const auto x = randomVector(4, n), y = randomVector(5, n);
+  for (cpu::CpuBackend* be : {&one_, &three_}) {
+    Tensor xt = toDevice(*be, {n}, x), yt = toDevice(*be, {n}, y);
+    be->axpby(2.0f, xt, -0.5f, yt);
+    const auto r = toHost(yt);
+    for (int64_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(r[i], 2.0f * x[i] - 0.5f * y[i]);
+    Tensor out = be->empty({n});
+    be->mul(xt, xt, out);
+    const auto sq = toHost(out);
+    double dot = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(sq[i], x[i] * x[i]);
+      dot += static_cast<double>(x[i]) * x[i];
+    }
+    EXPECT_NEAR(be->dot(xt, xt), dot, 1e-9 * dot);
+  }
+  Tensor a1 = toDevice(one_, {n}, x), a3 = toDevice(three_, {n}, x);
+  EXPECT_EQ(one_.dot(a1, a1), three_.dot(a3, a3));  // fixed-order reduction
+}
+
+TEST_P(CpuOpsTest, BiasForwardAndGradient) {
+  const int64_t c = GetParam(), n = 3, r = 5;
+  const auto y = randomVector(6, n * c * r), b = randomVector(7, c);
+  Tensor yt = toDevice(one_, {n, c, r}, y), bt = toDevice(one_, {c}, b);
+  one_.addBias(yt, bt);
+  const auto got = toHost(yt);
+  for (int64_t i = 0; i < n * c * r; ++i) ASSERT_FLOAT_EQ(got[i], y[i] + b[(i / r) % c]);
+  Tensor db = toDevice(one_, {c}, b);  // accumulates onto the existing values
+  one_.biasGrad(toDevice(one_, {n, c, r}, y), db);
+  const auto g = toHost(db);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double s = b[ch];
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < r; ++j) s += y[(i * c + ch) * r + j];
+    EXPECT_NEAR(g[ch], s, 1e-5);
+  }
+  Tensor db2 = one_.zeros({c});
+  one_.biasGrad(toDevice(one_, {n, c}, randomVector(8, n * c)), db2);  // the [N, C] path
+  const auto rows = randomVector(8, n * c);
+  const auto g2 = toHost(db2);
+  for (int64_t ch = 0; ch < c; ++ch) EXPECT_NEAR(g2[ch], rows[ch] + rows[c + ch] + rows[2 * c + ch], 1e-5);
+}
+
+TEST_P(CpuOpsTest, ActivationsAndDerivativesMatchFormulas) {
+  const int64_t n = GetParam();
+  const auto x = randomVector(9, n, -3, 3), dy = randomVector(10, n);
+  struct Ref {
+    Activation kind;
+    double (*f)(double);
+    double (*df)(double);
+  };
+  const Ref refs[] = {
+      {Activation::kReLU, [](double v) { return v > 0 ? v : 0.0; }, [](double v) { return v > 0 ? 1.0 : 0.0; }},
+      {Activation::kGELU, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); },
+       [](double v) { return 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-v * v / 2) / std::sqrt(2 * M_PI); }},
+      {Activation::kTanh, [](double v) { return std::tanh(v); }, [](double v) { return 1 - std::tanh(v) * std::tanh(v); }},
+      {Activation::kSigmoid, [](double v) { return 1 / (1 + std::exp(-v)); },
+       [](double v) { const double s = 1 / (1 + std::exp(-v)); return s * (1 - s); }},
+  };
+  for (const Ref& ref : refs) {
+    Tensor xt = toDevice(one_, {n}, x), yt = one_.empty({n}), dx = one_.empty({n});
+    one_.activation(ref.kind, xt, yt);
+    one_.activationBackward(ref.kind, xt, yt, toDevice(one_, {n}, dy), dx);
+    const auto y = toHost(yt), g = toHost(dx);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(y[i], ref.f(x[i]), 2e-6) << static_cast<int>(ref.kind);
+      EXPECT_NEAR(g[i], dy[i] * ref.df(x[i]), 2e-6) << static_cast<int>(ref.kind);
+    }
+  }
+}
+
+TEST_P(CpuOpsTest, DropoutMaskIsSeededScaledAndThreadIndependent) {
+  const int64_t n = GetParam() * 997;
+  const auto x = randomVector(11, n);
+  std::vector<float> masks[2];
+  int which = 0;
+  for (cpu::CpuBackend* be : {&one_, &three_}) {
+    Tensor m = be->empty({n}), y = be->empty({n});
+    be->dropout(toDevice(*be, {n}, x), 0.25f, 1234, m, y);
+    masks[which] = toHost(m);
+    const auto yv = toHost(y);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(masks[which][i] == 0.0f || masks[which][i] == 1.0f / 0.75f);
+      ASSERT_EQ(yv[i], x[i] * masks[which][i]);
+    }
+    ++which;
+  }
+  EXPECT_EQ(masks[0], masks[1]);
+  if (n > 10000) {
+    int64_t dropped = 0;
+    for (float v : masks[0]) dropped += v == 0.0f;
+    EXPECT_NEAR(static_cast<double>(dropped) / n, 0.25, 0.02);
+  }
+  Tensor m = one_.empty({n}), y = one_.empty({n});
+  EXPECT_THROW(one_.dropout(toDevice(one_, {n}, x), 1.0f, 1, m, y), InvalidArgument);
+}
+
+TEST_P(CpuOpsTest, SoftmaxCrossEntropyMatchesNaive) {
+  const int64_t c = GetParam() + 1, n = 5;
+  const auto logits = randomVector(12, n * c, -4, 4);
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>((i * 3) % c));
+  Tensor loss = one_.empty({n}), grad = one_.empty({n, c});
+  one_.softmaxCrossEntropy(toDevice(one_, {n, c}, logits), toDeviceI32(one_, {n}, labels), 0.5f, loss, grad);
+  const auto l = toHost(loss), g = toHost(grad);
+  for (int64_t i = 0; i < n; ++i) {
+    double z = 0;
+    for (int64_t j = 0; j < c; ++j) z += std::exp(static_cast<double>(logits[i * c + j]));
+    EXPECT_NEAR(l[i], std::log(z) - logits[i * c + labels[i]], 1e-5);
+    for (int64_t j = 0; j < c; ++j) {
+      const double p = std::exp(static_cast<double>(logits[i * c + j])) / z;
+      EXPECT_NEAR(g[i * c + j], 0.5 * (p - (j == labels[i])), 1e-6);
+    }
+  }
+  labels[2] = static_cast<int32_t>(c);
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { one_.softmaxCrossEntropy(toDevice(one_, {n, c}, logits), toDeviceI32(one_, {n}, labels), 1, loss, grad); },
+      {"label " + std::to_string(c), "sample 2"});
+}
+
+TEST_P(CpuOpsTest, LayerNormMatchesNaive) {
+  const int64_t d = GetParam(), m = 4;
+  const auto x = randomVector(13, m * d, -2, 2), gamma = randomVector(14, d), beta = randomVector(15, d);
+  Tensor y = one_.empty({m, d}), mean = one_.empty({m}), rstd = one_.empty({m});
+  one_.layerNorm(toDevice(one_, {m, d}, x), toDevice(one_, {d}, gamma), toDevice(one_, {d}, beta), 1e-5f, y, mean, rstd);
+  const auto yv = toHost(y);
+  for (int64_t r = 0; r < m; ++r) {
+    double mu = 0, var = 0;
+    for (int64_t i = 0; i < d; ++i) mu += x[r * d + i];
+    mu /= d;
+    for (int64_t i = 0; i < d; ++i) var += (x[r * d + i] - mu) * (x[r * d + i] - mu);
+    var /= d;
+    for (int64_t i = 0; i < d; ++i)
+      EXPECT_NEAR(yv[r * d + i], (x[r * d + i] - mu) / std::sqrt(var + 1e-5) * gamma[i] + beta[i], 1e-4);
+  }
+}
+
+TEST_P(CpuOpsTest, EmbeddingGathersAndScatters) {
+  const int64_t d = GetParam(), vocab = 5;
+  const auto table = randomVector(16, vocab * d);
+  const std::vector<int32_t> ids = {3, 0, 3, 4};
+  Tensor idt = toDeviceI32(one_, {4}, ids), y = one_.empty({4, d});
+  one_.embedding(idt, toDevice(one_, {vocab, d}, table), y);
+  const auto yv = toHost(y);
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int64_t j = 0; j < d; ++j) ASSERT_EQ(yv[i * d + j], table[ids[i] * d + j]);
+  Tensor dt = one_.zeros({vocab, d});
+  const auto dy = randomVector(17, 4 * d);
+  one_.embeddingBackward(idt, toDevice(one_, {4, d}, dy), dt);
+  const auto g = toHost(dt);
+  for (int64_t j = 0; j < d; ++j) {
+    EXPECT_FLOAT_EQ(g[3 * d + j], dy[0 * d + j] + dy[2 * d + j]);
+    EXPECT_FLOAT_EQ(g[0 * d + j], dy[1 * d + j]);
+    EXPECT_FLOAT_EQ(g[1 * d + j], 0.0f);
+  }
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { one_.embedding(toDeviceI32(one_, {1}, {5}), toDevice(one_, {vocab, d}, table), one_.empty({1, d})); },
+      {"embedding id 5", "[0, 5)"});
+}
+
+TEST_P(CpuOpsTest, SgdAndAdamWMatchScalarFormulas) {
+  const int64_t n = GetParam();
+  const auto w0 = randomVector(18, n), g = randomVector(19, n);
+  // SGD, Nesterov, weight decay: two steps.
+  Tensor w = toDevice(one_, {n}, w0), gt = toDevice(one_, {n}, g), v = one_.zeros({n});
+  const SgdStep s{0.1f, 0.9f, 0.01f, true};
+  one_.sgdStep(w, gt, v, s);
+  one_.sgdStep(w, gt, v, s);
+  const auto wv = toHost(w);
+  for (int64_t i = 0; i < n; ++i) {
+    float wi = w0[i], vi = 0;
+    for (int k = 0; k < 2; ++k) {
+      const float d = g[i] + 0.01f * wi;
+      vi = 0.9f * vi + d;
+      wi -= 0.1f * (d + 0.9f * vi);
+    }
+    EXPECT_NEAR(wv[i], wi, 1e-6);
+  }
+  // AdamW: three steps.
+  Tensor w2 = toDevice(one_, {n}, w0), m = one_.zeros({n}), vv = one_.zeros({n});
+  for (int64_t step = 1; step <= 3; ++step)
+    one_.adamwStep(w2, gt, m, vv, AdamWStep{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, step});
+  const auto a = toHost(w2);
+  for (int64_t i = 0; i < n; ++i) {
+    double wi = w0[i], mi = 0, vi = 0;
+    for (int step = 1; step <= 3; ++step) {
+      wi -= 0.01 * 0.1 * wi;
+      mi = 0.9 * mi + 0.1 * g[i];
+      vi = 0.999 * vi + 0.001 * g[i] * g[i];
+      wi -= 0.01 * (mi / (1 - std::pow(0.9, step))) / (std::sqrt(vi / (1 - std::pow(0.999, step))) + 1e-8);
+    }
+    EXPECT_NEAR(a[i], wi, 1e-5);
+  }
+}
+
+TEST_P(CpuOpsTest, ConvertRoundTripsThroughHalfBFloatAndInt) {
+  const int64_t n = GetParam();
+  const auto x = randomVector(20, n, -100, 100);
+  Tensor xt = toDevice(one_, {n}, x);
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    Tensor h = one_.empty({n}, t), back = one_.empty({n});
+    one_.convert(xt, h);
+    one_.convert(h, back);
+    const auto b = toHost(back);
+    const float rel = t == DType::kF16 ? 1.0f / 2048 : 1.0f / 256;  // half an ulp
+    for (int64_t i = 0; i < n; ++i) EXPECT_LE(std::abs(b[i] - x[i]), rel * std::abs(x[i])) << i;
+  }
+  Tensor it = one_.empty({n}, DType::kI32);
+  one_.convert(xt, it);
+  const auto iv = toHostI32(it);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(iv[i], static_cast<int32_t>(std::lrint(x[i])));
+  EXPECT_THROW(one_.convert(xt, one_.empty({n}, DType::kI8)), Unsupported);
+}
+
+TEST(CpuBackendTest, InfoDescribesTheHost) {
+  cpu::CpuBackend be(cpu::CpuOptions{2});
+  const DeviceInfo d = be.info();
+  EXPECT_EQ(d.name, "cpu");
+  EXPECT_GT(d.memory_bytes, 0);
+  EXPECT_GT(d.compute_units, 0);
+  EXPECT_EQ(be.threads(), 2);
+  EXPECT_THROW(cpu::CpuBackend(cpu::CpuOptions{0}), InvalidArgument);
+}
+
+TEST(CpuBackendTest, FreedBuffersAreReused) {
+  cpu::CpuBackend be;
+  const void* first = be.data(be.empty({1000}));
+  const void* second = be.data(be.empty({1000}));
+  EXPECT_EQ(first, second);
+}
+
+}  // namespace
+}  // namespace tandem

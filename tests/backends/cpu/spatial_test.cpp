@@ -1,0 +1,141 @@
+// im2col/col2im, transpose01 and pooling against naive loops, over odd sizes, strides and
+// paddings.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+using testing::randomVector;
+
+struct WindowCase {
+  int64_t n, c, h, w, kh, kw, stride, pad;
+};
+
+class SpatialTest : public ::testing::TestWithParam<WindowCase> {
+ protected:
+  Window2d window() const {
+    const WindowCase& p = GetParam();
+    return Window2d{p.c, p.h, p.w, p.kh, p.kw, p.stride, p.stride, p.pad, p.pad};
+  }
+  cpu::CpuBackend be_{cpu::CpuOptions{3}};
+};
+
+INSTANTIATE_TEST_SUITE_P(Windows, SpatialTest,
+                         ::testing::Values(WindowCase{1, 1, 1, 1, 1, 1, 1, 0},
+                                           WindowCase{2, 3, 7, 7, 3, 3, 1, 1},
+                                           WindowCase{3, 2, 13, 7, 3, 2, 2, 1},
+                                           WindowCase{1, 5, 13, 13, 2, 2, 2, 0},
+                                           WindowCase{2, 1, 127, 3, 3, 3, 1, 1}));
+
+TEST_P(SpatialTest, Im2colMatchesNaiveGather) {
+  const Window2d g = window();
+  const int64_t n = GetParam().n, oh = g.outHeight(), ow = g.outWidth();
+  const auto x = randomVector(1, n * g.channels * g.height * g.width);
+  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
+  Tensor col = be_.empty({rows, n * oh * ow});
+  be_.im2col(toDevice(be_, {n, g.channels, g.height, g.width}, x), g, col);
+  const auto c = toHost(col);
+  for (int64_t ch = 0; ch < g.channels; ++ch)
+    for (int64_t ki = 0; ki < g.kernel_h; ++ki)
+      for (int64_t kj = 0; kj < g.kernel_w; ++kj)
+        for (int64_t s = 0; s < n; ++s)
+          for (int64_t oy = 0; oy < oh; ++oy)
+            for (int64_t ox = 0; ox < ow; ++ox) {
+              const int64_t iy = oy * g.stride_h - g.pad_h + ki, ix = ox * g.stride_w - g.pad_w + kj;
+              const float want = iy < 0 || iy >= g.height || ix < 0 || ix >= g.width
+                                     ? 0.0f : x[((s * g.channels + ch) * g.height + iy) * g.width + ix];
+              const int64_t row = (ch * g.kernel_h + ki) * g.kernel_w + kj;
+              ASSERT_EQ(c[row * n * oh * ow + s * oh * ow + oy * ow + ox], want);
+            }
+}
+
+TEST_P(SpatialTest, Col2imIsTheAdjointOfIm2col) {
+  // <im2col(x), c> == <x, col2im(c)> for random x and c.
+  const Window2d g = window();
+  const int64_t n = GetParam().n, cols = n * g.outHeight() * g.outWidth();
+  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
+  const Shape xs{n, g.channels, g.height, g.width};
+  Tensor x = toDevice(be_, xs, randomVector(2, xs.numel()));
+  Tensor c = toDevice(be_, {rows, cols}, randomVector(3, rows * cols));
+  Tensor ix = be_.empty({rows, cols}), cx = be_.empty(xs);
+  be_.im2col(x, g, ix);
+  be_.col2im(c, g, cx);
+  const double lhs = be_.dot(ix, c), rhs = be_.dot(x, cx);
+  EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(lhs)));
+}
+
+TEST_P(SpatialTest, PoolingMatchesNaive) {
+  const Window2d g = window();
+  ASSERT_TRUE(2 * g.pad_h <= g.kernel_h && 2 * g.pad_w <= g.kernel_w) << "pooling needs pad <= kernel / 2";
+  const int64_t n = GetParam().n, oh = g.outHeight(), ow = g.outWidth();
+  const Shape xs{n, g.channels, g.height, g.width}, ys{n, g.channels, oh, ow};
+  const auto x = randomVector(4, xs.numel());
+  Tensor xt = toDevice(be_, xs, x), ymax = be_.empty(ys), arg = be_.empty(ys, DType::kI32), yavg = be_.empty(ys);
+  be_.maxPool(xt, g, ymax, arg);
+  be_.avgPool(xt, g, yavg);
+  const auto mx = toHost(ymax), av = toHost(yavg);
+  const auto dy = randomVector(5, ys.numel());
+  Tensor dmax = be_.empty(xs), davg = be_.empty(xs);
+  be_.maxPoolBackward(toDevice(be_, ys, dy), arg, g, dmax);
+  be_.avgPoolBackward(toDevice(be_, ys, dy), g, davg);
+  std::vector<double> want_dmax(x.size(), 0.0), want_davg(x.size(), 0.0);
+  for (int64_t p = 0; p < n * g.channels; ++p)
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t at = -1;
+        double sum = 0;
+        const int64_t out = (p * oh + oy) * ow + ox;
+        for (int64_t ki = 0; ki < g.kernel_h; ++ki)
+          for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+            const int64_t iy = oy * g.stride_h - g.pad_h + ki, ix = ox * g.stride_w - g.pad_w + kj;
+            if (iy < 0 || iy >= g.height || ix < 0 || ix >= g.width) continue;
+            const int64_t idx = (p * g.height + iy) * g.width + ix;
+            if (x[idx] > best) best = x[idx], at = idx;
+            sum += x[idx];
+            want_davg[idx] += dy[out] / static_cast<double>(g.kernel_h * g.kernel_w);
+          }
+        ASSERT_EQ(mx[out], best);
+        want_dmax[at] += dy[out];
+        EXPECT_NEAR(av[out], sum / (g.kernel_h * g.kernel_w), 1e-6);
+      }
+  const auto gm = toHost(dmax), ga = toHost(davg);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(gm[i], want_dmax[i], 1e-6);
+    EXPECT_NEAR(ga[i], want_davg[i], 1e-6);
+  }
+}
+
+TEST(SpatialOpsTest, Transpose01SwapsTheFirstTwoDimensions) {
+  cpu::CpuBackend be(cpu::CpuOptions{2});
+  for (int64_t a : {1, 7, 13}) {
+    const int64_t b = 5, r = 3;
+    const auto x = randomVector(6, a * b * r);
+    Tensor dst = be.empty({b, a, r});
+    be.transpose01(toDevice(be, {a, b, r}, x), dst);
+    const auto y = toHost(dst);
+    for (int64_t i = 0; i < a; ++i)
+      for (int64_t j = 0; j < b; ++j)
+        for (int64_t k = 0; k < r; ++k) ASSERT_EQ(y[(j * a + i) * r + k], x[(i * b + j) * r + k]);
+  }
+  EXPECT_THROW(be.transpose01(be.zeros({2, 3, 4}), be.zeros({2, 3, 4})), InvalidArgument);
+}
+
+TEST(SpatialOpsTest, ShapeMismatchesAreErrors) {
+  cpu::CpuBackend be;
+  const Window2d g{2, 5, 5, 3, 3, 1, 1, 0, 0};
+  testing::expectThrowWith<InvalidArgument>([&] { be.im2col(be.zeros({1, 3, 5, 5}), g, be.zeros({18, 9})); },
+                                            {"im2col", "[1, 3, 5, 5]"});
+  testing::expectThrowWith<InvalidArgument>([&] { be.im2col(be.zeros({1, 2, 5, 5}), g, be.zeros({18, 10})); },
+                                            {"col [18, 10]", "expected [18, 9]"});
+}
+
+}  // namespace
+}  // namespace tandem

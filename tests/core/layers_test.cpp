@@ -1,0 +1,252 @@
+// Finite-difference gradient checks of every layer: the input gradient and every
+// parameter gradient.
+//
+// Method: L = sum_i w_i * y_i with fixed random w, accumulated in double from the f32
+// forward output; the numerical derivative is (L(v + h) - L(v - h)) / 2h in double with
+// h = 1e-2. Bound: |analytic - numeric| <= 2e-3 * max(1, |numeric|). The f32 forward
+// rounding contributes about 1e-6 / h = 1e-4 and the O(h^2) truncation about 1e-4 for
+// these smooth, O(1) inputs, so the bound has ~10x headroom while any real mistake in a
+// backward (a missing term, a wrong index) is off by O(1).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/layers/registry.h"
+#include "core/model.h"
+#include "core/model_spec.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+constexpr double kStep = 1e-2;
+constexpr double kTolerance = 2e-3;
+
+class GradCheck {
+ public:
+  GradCheck(const std::string& yaml_layer, const Shape& input, uint64_t seed = 1)
+      : be_(cpu::CpuOptions{2}) {
+    LayerSpec spec = parseModelSpec("input: [1]\nlayers:\n  - " + yaml_layer + "\n").layers.at(0);
+    layer_ = makeLayer(spec);
+    layer_->setup(input.dropFirst());
+    Rng rng(seed);
+    layer_->build(be_, rng);
+    input_shape_ = input;
+  }
+
+  // Checks d L / d input (inputs from `x`) and d L / d every parameter.
+  void run(const std::vector<float>& x, bool check_input = true) {
+    const Shape out = layer_->outputShape().withBatch(input_shape_[0]);
+    weights_ = testing::randomVector(99, out.numel());
+    // Analytic gradients.
+    for (Param* p : layer_->params()) be_.fill(p->grad, 0.0f);
+    Stash stash;
+    Tensor y = layer_->forward(toDevice(be_, input_shape_, x), stash, ctx_);
+    ASSERT_EQ(y.shape(), out);
+    Tensor dx = layer_->backward(toDevice(be_, out, weights_), stash, check_input);
+    if (check_input) {
+      const auto analytic = toHost(dx);
+      std::vector<float> probe = x;
+      compare("input", analytic, [&](size_t i, double delta) {
+        probe[i] = static_cast<float>(x[i] + delta);
+        const double l = loss(toDevice(be_, input_shape_, probe));
+        probe[i] = x[i];
+        return l;
+      });
+    }
+    for (Param* p : layer_->params()) {
+      const auto analytic = toHost(p->grad);
+      const auto original = toHost(p->value);
+      std::vector<float> probe = original;
+      compare(p->name, analytic, [&](size_t i, double delta) {
+        probe[i] = static_cast<float>(original[i] + delta);
+        be_.upload(p->value, probe.data());
+        const double l = loss(toDevice(be_, input_shape_, x));
+        probe[i] = original[i];
+        be_.upload(p->value, probe.data());
+        return l;
+      });
+    }
+  }
+
+  Layer& layer() { return *layer_; }
+  cpu::CpuBackend& backend() { return be_; }
+
+ private:
+  double loss(const Tensor& x) {
+    Stash stash;
+    const auto y = toHost(layer_->forward(x, stash, ctx_));
+    double l = 0;
+    for (size_t i = 0; i < y.size(); ++i) l += static_cast<double>(weights_[i]) * y[i];
+    return l;
+  }
+
+  // Checks up to ~40 evenly spread elements so large parameters stay fast.
+  void compare(const std::string& what, const std::vector<float>& analytic,
+               const std::function<double(size_t, double)>& loss_at) {
+    ASSERT_FALSE(analytic.empty()) << what;
+    const size_t stride = std::max<size_t>(1, analytic.size() / 40);
+    for (size_t i = 0; i < analytic.size(); i += stride) {
+      const double numeric = (loss_at(i, kStep) - loss_at(i, -kStep)) / (2 * kStep);
+      EXPECT_NEAR(analytic[i], numeric, kTolerance * std::max(1.0, std::abs(numeric)))
+          << layer_->type() << " d/d " << what << "[" << i << "]";
+    }
+  }
+
+  cpu::CpuBackend be_;
+  std::unique_ptr<Layer> layer_;
+  Shape input_shape_;
+  std::vector<float> weights_;
+  ForwardContext ctx_{true, 77};
+};
+
+// Values whose magnitude stays >= 0.1 (> h) so kinks at zero are never straddled.
+std::vector<float> awayFromZero(uint64_t seed, int64_t n) {
+  auto v = testing::randomVector(seed, n, 0.1f, 1.0f);
+  Rng rng(seed + 1);
+  for (float& x : v)
+    if (rng.below(2)) x = -x;
+  return v;
+}
+
+// Distinct values spaced 0.05 apart (> 2h) in random order, so a max never changes winner.
+std::vector<float> distinctValues(uint64_t seed, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = -1.0f + 0.05f * static_cast<float>(i);
+  Rng rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(v[static_cast<size_t>(i)], v[rng.below(static_cast<uint64_t>(i + 1))]);
+  return v;
+}
+
+TEST(LayerGradTest, Linear) {
+  GradCheck g("linear: {out: 7}", {3, 13});
+  g.run(testing::randomVector(1, 3 * 13));
+}
+
+TEST(LayerGradTest, LinearOnSequences) {
+  GradCheck g("linear: {out: 5, bias: false}", {2, 3, 4});
+  g.run(testing::randomVector(2, 24));
+  EXPECT_EQ(g.layer().outputShape(), (Shape{3, 5}));
+}
+
+TEST(LayerGradTest, Conv2dWithStrideAndPadding) {
+  GradCheck g("conv2d: {out: 3, kernel: 3, stride: 2, padding: 1}", {2, 2, 7, 5});
+  g.run(testing::randomVector(3, 2 * 2 * 7 * 5));
+}
+
+TEST(LayerGradTest, Conv2dRectangularKernelManySamples) {
+  // Large enough planes that the batch runs in im2col chunks of 3, 3 and 1 samples.
+  GradCheck g("conv2d: {out: 4, kernel: [3, 2], padding: [1, 0]}", {7, 8, 64, 65});
+  g.run(testing::randomVector(4, 7 * 8 * 64 * 65));
+}
+
+TEST(LayerGradTest, MaxPool) {
+  GradCheck g("maxpool2d: {kernel: 3, stride: 2, padding: 1}", {2, 2, 7, 7});
+  g.run(distinctValues(5, 2 * 2 * 7 * 7));
+}
+
+TEST(LayerGradTest, AvgPool) {
+  GradCheck g("avgpool2d: {kernel: 2}", {2, 3, 7, 6});
+  g.run(testing::randomVector(6, 2 * 3 * 7 * 6));
+}
+
+TEST(LayerGradTest, GlobalAvgPool) {
+  GradCheck g("globalavgpool", {2, 3, 5, 7});
+  g.run(testing::randomVector(7, 2 * 3 * 5 * 7));
+}
+
+TEST(LayerGradTest, Activations) {
+  for (const char* kind : {"relu", "gelu", "tanh", "sigmoid"}) {
+    SCOPED_TRACE(kind);
+    GradCheck g(kind, {3, 13});
+    g.run(awayFromZero(8, 39));
+  }
+}
+
+TEST(LayerGradTest, FlattenAndDropout) {
+  GradCheck f("flatten", {2, 3, 2, 2});
+  f.run(testing::randomVector(9, 24));
+  EXPECT_EQ(f.layer().outputShape(), (Shape{12}));
+  GradCheck d("dropout: {p: 0.3}", {4, 31});  // the mask is fixed by the context's seed
+  d.run(testing::randomVector(10, 124));
+}
+
+TEST(LayerGradTest, LayerNorm) {
+  GradCheck g("layernorm", {3, 13});
+  // Perturb gamma and beta away from 1 and 0 so their gradients are exercised generally.
+  for (Param* p : g.layer().params())
+    g.backend().upload(p->value, testing::randomVector(11, 13, 0.5f, 1.5f).data());
+  g.run(testing::randomVector(12, 39, -2, 2));
+}
+
+TEST(LayerGradTest, EmbeddingTable) {
+  GradCheck g("embedding: {vocab: 11, dim: 4}", {2, 3});
+  // Ids as floats cannot be perturbed; check the table only.
+  Stash stash;
+  auto& be = g.backend();
+  Tensor ids = toDeviceI32(be, {2, 3}, {1, 4, 1, 10, 0, 4});
+  Param* table = g.layer().params().at(0);
+  be.fill(table->grad, 0.0f);
+  Tensor y = g.layer().forward(ids, stash, {});
+  const auto w = testing::randomVector(13, y.numel());
+  EXPECT_FALSE(g.layer().backward(toDevice(be, y.shape(), w), stash, true).defined());
+  const auto grad = toHost(table->grad);
+  const int32_t id_list[] = {1, 4, 1, 10, 0, 4};
+  std::vector<double> want(44, 0.0);
+  for (int p = 0; p < 6; ++p)
+    for (int j = 0; j < 4; ++j) want[id_list[p] * 4 + j] += w[p * 4 + j];
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(grad[i], want[i], 1e-6);
+}
+
+TEST(LayerGradTest, ResidualIdentity) {
+  GradCheck g("residual: {layers: [{linear: {out: 6}}, tanh, {linear: {out: 6}}]}", {3, 6});
+  g.run(testing::randomVector(14, 18));
+}
+
+TEST(LayerGradTest, ResidualWithConvProjection) {
+  GradCheck g("residual: {layers: [{conv2d: {out: 4, kernel: 3, stride: 2, padding: 1}}, tanh]}",
+              {2, 2, 6, 6});
+  g.run(testing::randomVector(15, 2 * 2 * 6 * 6));
+  EXPECT_EQ(g.layer().params().size(), 3u);  // conv weight + bias + projection weight
+}
+
+TEST(LayerGradTest, ResidualWithLinearProjection) {
+  GradCheck g("residual: {layers: [{linear: {out: 3}}, sigmoid]}", {2, 5});
+  g.run(testing::randomVector(16, 10));
+}
+
+TEST(LayerTest, CostFactsOfKnownLayers) {
+  auto facts = [](const std::string& yaml, const Shape& in) {
+    auto l = makeLayer(parseModelSpec("input: [1]\nlayers:\n  - " + yaml + "\n").layers.at(0));
+    l->setup(in);
+    return std::tuple{l->paramCount(), l->flops(), l->outputShape()};
+  };
+  EXPECT_EQ(facts("linear: {out: 10}", {784}), std::tuple(int64_t{7850}, int64_t{2 * 784 * 10 + 10}, Shape{10}));
+  EXPECT_EQ(facts("conv2d: {out: 8, kernel: 3}", {3, 10, 10}),
+            std::tuple(int64_t{8 * 27 + 8}, int64_t{64 * 8 * (2 * 27 + 1)}, Shape{8, 8, 8}));
+  EXPECT_EQ(facts("maxpool2d: {kernel: 2}", {4, 9, 9}), std::tuple(int64_t{0}, int64_t{4 * 16 * 4}, Shape{4, 4, 4}));
+  EXPECT_EQ(std::get<0>(facts("embedding: {vocab: 100, dim: 8}", {5})), 800);
+  EXPECT_EQ(std::get<0>(facts("layernorm", {3, 16})), 32);
+}
+
+TEST(LayerTest, SameSeedGivesBitwiseSameWeights) {
+  const ModelSpec spec = loadModelSpec(TANDEM_SOURCE_DIR "/examples/models/resnet-mini.yaml");
+  cpu::CpuBackend be;
+  Model a(spec), b(spec), c(spec);
+  a.build(be, 42);
+  b.build(be, 42);
+  c.build(be, 43);
+  bool any_differs = false;
+  for (size_t i = 0; i < a.params().size(); ++i) {
+    EXPECT_EQ(toHost(a.params()[i]->value), toHost(b.params()[i]->value)) << a.params()[i]->name;
+    any_differs |= toHost(a.params()[i]->value) != toHost(c.params()[i]->value);
+  }
+  EXPECT_TRUE(any_differs);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,125 @@
+// The training loop: determinism (same seed, bitwise the same weights), learning on a
+// synthetic problem, and shape checks between model and data.
+#include "core/train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/loss.h"
+#include "core/model_spec.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+// A synthetic 4-class problem: the class is the brightest quadrant of an 8x8 image.
+Dataset quadrants(int64_t n, uint64_t seed) {
+  Dataset d;
+  d.name = "quadrants";
+  d.sample_shape = Shape{1, 8, 8};
+  d.classes = 4;
+  d.mean = 0.5f;
+  d.stddev = 0.3f;
+  Rng rng(seed);
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = static_cast<int>(rng.below(4));
+    for (int y = 0; y < 8; ++y)
+      for (int x = 0; x < 8; ++x) {
+        const bool hot = (y / 4) * 2 + (x / 4) == c;
+        d.images.push_back(static_cast<uint8_t>(rng.below(128) + (hot ? 110 : 0)));
+      }
+    d.labels.push_back(c);
+  }
+  return d;
+}
+
+const char* kNet = R"(name: tiny
+input: [1, 8, 8]
+layers:
+  - conv2d: {out: 4, kernel: 3, padding: 1}
+  - relu
+  - maxpool2d: {kernel: 2}
+  - flatten
+  - dropout: {p: 0.2}
+  - linear: {out: 16}
+  - gelu
+  - layernorm
+  - linear: {out: 4}
+)";
+
+std::vector<std::vector<float>> trainAndDump(uint64_t seed, int threads, const std::string& opt_kind) {
+  cpu::CpuBackend be(cpu::CpuOptions{threads});
+  Model m(parseModelSpec(kNet));
+  m.build(be, seed);
+  OptimizerOptions o;
+  o.kind = opt_kind;
+  o.lr = opt_kind == "adamw" ? 0.01f : 0.05f;
+  Optimizer opt(be, o);
+  Trainer t(m, opt, TrainOptions{16, seed, true});
+  const Dataset d = quadrants(200, 1);
+  for (int e = 0; e < 2; ++e) t.trainEpoch(d, e, {});
+  std::vector<std::vector<float>> out;
+  for (Param* p : m.params()) out.push_back(toHost(p->value));
+  return out;
+}
+
+TEST(TrainerTest, SameSeedGivesBitwiseIdenticalWeights) {
+  for (const char* kind : {"sgd", "adamw"}) {
+    const auto a = trainAndDump(3, 2, kind);
+    EXPECT_EQ(a, trainAndDump(3, 2, kind)) << kind;
+    EXPECT_NE(a, trainAndDump(4, 2, kind)) << kind;
+  }
+}
+
+TEST(TrainerTest, LearnsASyntheticProblem) {
+  cpu::CpuBackend be;
+  Model m(parseModelSpec(kNet));
+  m.build(be, 1);
+  Optimizer opt(be, OptimizerOptions{});
+  Trainer t(m, opt, TrainOptions{16, 1, true});
+  const Dataset train = quadrants(800, 1), test = quadrants(200, 2);
+  const double before = evaluate(m, test, 64).accuracy;
+  EpochReport r{};
+  for (int e = 0; e < 3; ++e) r = t.trainEpoch(train, e, {});
+  const EvalResult after = evaluate(m, test, 64);
+  EXPECT_GT(after.accuracy, 0.9) << "before training: " << before;
+  EXPECT_LT(r.train_loss, 0.5);
+  EXPECT_EQ(after.samples, 200);
+}
+
+TEST(TrainerTest, ProgressReportsEveryStep) {
+  cpu::CpuBackend be;
+  Model m(parseModelSpec(kNet));
+  m.build(be, 1);
+  Optimizer opt(be, OptimizerOptions{});
+  Trainer t(m, opt, TrainOptions{30, 1, false});
+  std::vector<StepReport> reports;
+  t.trainEpoch(quadrants(100, 1), 0, [&](const StepReport& r) { reports.push_back(r); });
+  ASSERT_EQ(reports.size(), 4u);  // 30 + 30 + 30 + 10
+  EXPECT_EQ(reports.back().step, 4);
+  EXPECT_EQ(reports.back().steps, 4);
+  EXPECT_EQ(t.globalStep(), 4);
+}
+
+TEST(TrainerTest, ModelAndDataMustAgree) {
+  cpu::CpuBackend be;
+  Model m(loadModelSpec(TANDEM_SOURCE_DIR "/examples/models/mlp.yaml"));
+  m.build(be, 1);
+  Optimizer opt(be, OptimizerOptions{});
+  Trainer t(m, opt, TrainOptions{});
+  testing::expectThrowWith<InvalidArgument>([&] { t.trainEpoch(quadrants(10, 1), 0, {}); },
+                                            {"takes [1, 28, 28]", "quadrants samples are [1, 8, 8]"});
+}
+
+TEST(LossTest, MseAndAccuracy) {
+  cpu::CpuBackend be;
+  Tensor pred = toDevice(be, {2, 2}, {1, 2, 3, 4}), target = toDevice(be, {2, 2}, {1, 0, 0, 4});
+  Tensor grad = be.empty({2, 2});
+  EXPECT_DOUBLE_EQ(mseLoss(be, pred, target, 0.25f, grad), 13.0);
+  EXPECT_EQ(toHost(grad), (std::vector<float>{0, 1, 1.5f, 0}));
+  EXPECT_EQ(countCorrect({0, 1, 5, 2, 3, 3}, {1, 0, 0}, 2), 3);  // ties go to the first
+}
+
+}  // namespace
+}  // namespace tandem

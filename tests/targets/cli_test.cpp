@@ -1,0 +1,94 @@
+// The tandem CLI end to end: train on a Fashion-MNIST subset, save, eval, inspect; and bad
+// arguments or files exit non-zero with a message that names the problem.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CliRun run(const std::string& args) {
+  const std::string cmd = std::string(TANDEM_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+const std::string kModels = std::string(TANDEM_SOURCE_DIR) + "/examples/models/";
+
+TEST(CliTest, TrainSaveEvalInspect) {
+  const std::string model = ::testing::TempDir() + "/cli_mlp.tdm";
+  const CliRun t = run("train --model " + kModels + "mlp.yaml --epochs 1 --batch 32 --threads 2 "
+                    "--train-limit 2000 --test-limit 500 --seed 3 --save " + model);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("epoch 1/1: train loss"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("samples/s"), std::string::npos) << t.out;
+  const auto pos = t.out.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << t.out;
+  const std::string acc = t.out.substr(pos + 15, 6);
+  EXPECT_GT(std::stod(acc), 0.5) << t.out;
+
+  const CliRun e = run("eval " + model + " --test-limit 500");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("test accuracy: " + acc), std::string::npos) << "train said " << acc << "\n" << e.out;
+
+  const CliRun i = run("inspect " + model);
+  ASSERT_EQ(i.code, 0) << i.out;
+  EXPECT_NE(i.out.find("optimizer: sgd after 63 steps"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("parameters: 235146"), std::string::npos) << i.out;
+}
+
+TEST(CliTest, InspectPrintsAPerLayerTable) {
+  const CliRun r = run("inspect " + kModels + "cnn.yaml --batch 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"conv2d", "[64, 7, 7]", "maxpool2d", "total", "parameters: 421642",
+                        "forward FLOPs per sample: 8595466"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+TEST(CliTest, DevicesListsTheCpu) {
+  const CliRun r = run("devices");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cpu"), std::string::npos);
+}
+
+TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
+  const std::string bad_yaml = ::testing::TempDir() + "/cli_bad.yaml";
+  std::ofstream(bad_yaml) << "input: [1, 28, 28]\nlayers:\n  - flatten\n  - linear: {out: ten}\n";
+  const std::string junk = ::testing::TempDir() + "/cli_junk.tdm";
+  std::ofstream(junk) << "this is not a model";
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {"train --model " + bad_yaml, "field 'out' must be an integer"},
+      {"train --model " + kModels + "mlp.yaml --optimizer rmsprop", "rmsprop"},
+      {"train --model " + kModels + "mlp.yaml --batch 0", "--batch must be positive"},
+      {"train --model " + kModels + "mlp.yaml --threads 0", "--threads"},
+      {"train --model " + kModels + "mlp.yaml --data-dir /nonexistent", "dataset-fashion-mnist"},
+      {"train --model " + kModels + "mlp.yaml --device opencl:7", "unknown device 'opencl:7'"},
+      {"train --model /nonexistent.yaml", "nonexistent.yaml"},
+      {"eval " + junk, "not a tandem model file"},
+      {"inspect " + bad_yaml, "layer 1 (linear"},
+      {"frobnicate", "unknown command 'frobnicate'"},
+  };
+  for (const Case& c : cases) {
+    const CliRun r = run(c.args);
+    EXPECT_NE(r.code, 0) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace
