@@ -33,8 +33,11 @@ class CpuStorage final : public Storage {
 
 CpuBackend::CpuBackend(const CpuOptions& options)
     : pool_(options.threads), pool_limit_(options.pool_bytes) {
-  // OpenBLAS keeps one process-wide thread count; the last backend created sets it.
-  openblas_set_num_threads(options.threads);
+  // OpenBLAS runs single-threaded and gemm() splits large products over our own pool:
+  // with both thread sets alive, OpenBLAS's idle workers spin (sched_yield) while our
+  // kernels run and starve them on small machines. One pool also keeps OpenBLAS's
+  // process-wide thread count out of per-backend state.
+  openblas_set_num_threads(1);
 }
 
 CpuBackend::~CpuBackend() {
@@ -144,11 +147,37 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
     for (int64_t i = 0; i < m * n; ++i) cp[i] = beta == 0.0f ? 0.0f : beta * cp[i];
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, f32(a),
-              static_cast<blasint>(a.shape()[1]), f32(b), static_cast<blasint>(b.shape()[1]), beta,
-              cp, static_cast<blasint>(n));
+  const float* ap = f32(a);
+  const float* bp = f32(b);
+  const auto lda = static_cast<blasint>(a.shape()[1]);
+  const auto ldb = static_cast<blasint>(b.shape()[1]);
+  const auto ldc = static_cast<blasint>(n);
+  auto product = [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    // Sub-blocks of C: rows [i0, i0+rows) need rows of op(a), columns [j0, j0+cols) of op(b).
+    const float* as = trans_a ? ap + i0 : ap + i0 * lda;
+    const float* bs = trans_b ? bp + j0 * ldb : bp + j0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(rows),
+                static_cast<blasint>(cols), static_cast<blasint>(k), alpha, as, lda, bs, ldb, beta,
+                cp + i0 * ldc + j0, ldc);
+  };
+  // OpenBLAS runs single-threaded (see the constructor); a large product is split into
+  // one block of C per pool thread along its longer side, in multiples of 16.
+  const int parts = static_cast<int>(std::min<int64_t>(
+      pool_.threads(), std::max<int64_t>(1, m * n * k / (int64_t{1} << 18))));
+  const bool by_cols = n >= m;
+  const int64_t side = by_cols ? n : m;
+  const int64_t block = (side + parts * 16 - 1) / (parts * 16) * 16;
+  pool_.parallelFor((side + block - 1) / block, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t start = p * block, len = std::min(block, side - start);
+      if (by_cols) {
+        product(0, m, start, len);
+      } else {
+        product(start, len, 0, n);
+      }
+    }
+  });
 }
 
 }  // namespace tandem::cpu

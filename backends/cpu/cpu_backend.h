@@ -16,7 +16,7 @@
 namespace tandem::cpu {
 
 struct CpuOptions {
-  int threads = 1;  // kernel threads and OpenBLAS threads
+  int threads = 1;  // pool threads for every kernel, GEMM included
   // Freed buffers up to this many bytes are kept for reuse, so a steady training step
   // does not go back to the system allocator.
   size_t pool_bytes = size_t{64} << 20;

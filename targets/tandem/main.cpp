@@ -1,4 +1,5 @@
 // tandem: train, evaluate and inspect models split across heterogeneous devices.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -11,12 +12,12 @@ int main(int argc, char** argv) {
   CLI::App app{"tandem: train and serve neural networks across heterogeneous devices"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
-  bool verbose = false;
-  app.add_flag("-v,--verbose", verbose, "Log debug details");
   tandem::cli::addTrain(app);
   tandem::cli::addEval(app);
   tandem::cli::addInspect(app);
   tandem::cli::addDevices(app);
+  // Logs go to stderr; stdout carries only results (epoch summaries, accuracy, tables).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tandem"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
   // CLI11 would only say "a subcommand is required"; name the word it did not know.
   if (argc > 1 && argv[1][0] != '-') {
