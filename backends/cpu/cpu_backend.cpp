@@ -1,6 +1,7 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <cblas.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,7 +15,29 @@ namespace tandem::cpu {
 namespace {
 constexpr size_t kAlign = 64;
 size_t roundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+// Blocks of at least this size are mapped directly, so freeing them really returns the
+// memory to the system (glibc keeps freed heap memory resident as fragmentation).
+constexpr size_t kMapThreshold = size_t{1} << 20;
+
+void* systemAlloc(size_t size) {
+  if (size >= kMapThreshold) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  return std::aligned_alloc(kAlign, size);
+}
+
+void systemFree(void* p, size_t size) {
+  if (size >= kMapThreshold) {
+    munmap(p, size);
+  } else {
+    std::free(p);
+  }
+}
+
 }  // namespace
+
+
 
 // A block from the backend's pool; it may be larger than requested (see takeBlock).
 class CpuStorage final : public Storage {
@@ -41,7 +64,7 @@ CpuBackend::CpuBackend(const CpuOptions& options)
 }
 
 CpuBackend::~CpuBackend() {
-  for (auto& [bytes, p] : free_blocks_) std::free(p);
+  for (auto& [bytes, p] : free_blocks_) systemFree(p, bytes);
 }
 
 DeviceInfo CpuBackend::info() const { return hostInfo(pool_.threads()); }
@@ -60,8 +83,9 @@ DeviceInfo CpuBackend::hostInfo(int threads) {
 void* CpuBackend::takeBlock(size_t bytes, size_t& capacity) {
   const size_t size = roundUp(std::max<size_t>(bytes, 1));
   {
-    // Best fit among cached blocks of at most twice the size: a smaller last batch reuses
-    // the full batch's blocks instead of adding resident memory of its own.
+    // Best fit among cached blocks of at most twice the size. A repeating step converges
+    // to a set of blocks that serves every request without allocating, and a smaller
+    // last batch reuses the full batch's blocks instead of adding memory of its own.
     std::lock_guard<std::mutex> lock(blocks_mutex_);
     auto it = free_blocks_.lower_bound(size);
     if (it != free_blocks_.end() && it->first <= 2 * size) {
@@ -72,21 +96,22 @@ void* CpuBackend::takeBlock(size_t bytes, size_t& capacity) {
       return p;
     }
   }
-  void* p = std::aligned_alloc(kAlign, size);
-  TANDEM_CHECK_MSG(p != nullptr, DeviceError,
-                   "cpu: out of memory allocating " << bytes << " bytes");
+  void* p = systemAlloc(size);
+  TANDEM_CHECK_MSG(p != nullptr, DeviceError, "cpu: out of memory allocating " << bytes << " bytes");
   capacity = size;
   return p;
 }
 
 void CpuBackend::returnBlock(void* p, size_t capacity) {
-  std::lock_guard<std::mutex> lock(blocks_mutex_);
-  if (free_bytes_ + capacity > pool_limit_) {
-    std::free(p);
-    return;
+  {
+    std::lock_guard<std::mutex> lock(blocks_mutex_);
+    if (free_bytes_ + capacity <= pool_limit_) {
+      free_blocks_.emplace(capacity, p);
+      free_bytes_ += capacity;
+      return;
+    }
   }
-  free_blocks_.emplace(capacity, p);
-  free_bytes_ += capacity;
+  systemFree(p, capacity);
 }
 
 std::shared_ptr<Storage> CpuBackend::allocate(size_t bytes) {

@@ -18,8 +18,9 @@ namespace tandem::cpu {
 struct CpuOptions {
   int threads = 1;  // pool threads for every kernel, GEMM included
   // Freed buffers up to this many bytes are kept for reuse, so a steady training step
-  // does not go back to the system allocator.
-  size_t pool_bytes = size_t{64} << 20;
+  // does not go back to the system allocator. Blocks of 1 MiB and more are mapped
+  // directly, so what the pool does not keep really returns to the system.
+  size_t pool_bytes = size_t{256} << 20;
 };
 
 class CpuBackend final : public Backend {
