@@ -33,6 +33,31 @@ ChannelView channelView(const Tensor& y, int64_t channels, const char* op) {
   return {s[0], channels, s[0] * channels == 0 ? 0 : y.numel() / (s[0] * channels)};
 }
 
+void addRow(const float* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+// One range of an SGD update; v is null without momentum.
+void sgdRange(float* __restrict w, const float* __restrict g, float* __restrict v, int64_t n,
+              const SgdStep& s) {
+  const float lr = s.lr, wd = s.weight_decay, mom = s.momentum;
+  if (!v) {
+    for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+  } else if (s.nesterov) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * w[i];
+      v[i] = mom * v[i] + d;
+      w[i] -= lr * (d + mom * v[i]);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {  // PyTorch's order: d = g + wd w; v = mom v + d
+      const float d = g[i] + wd * w[i];
+      v[i] = mom * v[i] + d;
+      w[i] -= lr * v[i];
+    }
+  }
+}
+
 }  // namespace
 
 void CpuBackend::fill(const Tensor& dst, float value) {
@@ -143,6 +168,13 @@ void CpuBackend::addBias(const Tensor& y, const Tensor& bias) {
   const ChannelView v = channelView(y, bias.numel(), "addBias");
   float* yp = f32(y);
   const float* bp = f32(bias);
+  if (v.r == 1) {  // [N, C], a linear layer's output: add the bias vector to each row
+    pool_.parallelFor(v.n, std::max<int64_t>(1, kGrain / std::max<int64_t>(v.c, 1)),
+                      [=](int64_t b, int64_t e) {
+                        for (int64_t row = b; row < e; ++row) addRow(bp, yp + row * v.c, v.c);
+                      });
+    return;
+  }
   pool_.parallelFor(v.n * v.c, std::max<int64_t>(1, kGrain / std::max<int64_t>(v.r, 1)),
                     [=](int64_t b, int64_t e) {
                       for (int64_t row = b; row < e; ++row) {
@@ -283,14 +315,7 @@ void CpuBackend::sgdStep(const Tensor& param, const Tensor& grad, const Tensor& 
   float* v = s.momentum != 0.0f ? f32(velocity) : nullptr;
   if (v) checkSameCount(param, velocity, "sgdStep");
   pool_.parallelFor(param.numel(), kGrain, [=](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float d = g[i] + s.weight_decay * w[i];
-      if (v) {
-        v[i] = s.momentum * v[i] + d;
-        d = s.nesterov ? d + s.momentum * v[i] : v[i];
-      }
-      w[i] -= s.lr * d;
-    }
+    sgdRange(w + b, g + b, v ? v + b : nullptr, e - b, s);
   });
 }
 

@@ -233,6 +233,16 @@ TEST_P(CpuOpsTest, SgdAndAdamWMatchScalarFormulas) {
     }
     EXPECT_NEAR(wv[i], wi, 1e-6);
   }
+  // Plain momentum, no decay: v = 0.9 v + g; w -= 0.1 v.
+  Tensor wm = toDevice(one_, {n}, w0), vm = one_.zeros({n});
+  for (int k = 0; k < 2; ++k) one_.sgdStep(wm, gt, vm, SgdStep{0.1f, 0.9f, 0.0f, false});
+  const auto wmv = toHost(wm);
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(wmv[i], w0[i] - 0.1f * g[i] - 0.1f * 1.9f * g[i], 1e-6);
+  // No momentum: no velocity tensor needed.
+  Tensor wp = toDevice(one_, {n}, w0);
+  one_.sgdStep(wp, gt, Tensor(), SgdStep{0.5f, 0.0f, 0.0f, false});
+  const auto wpv = toHost(wp);
+  for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(wpv[i], w0[i] - 0.5f * g[i]);
   // AdamW: three steps.
   Tensor w2 = toDevice(one_, {n}, w0), m = one_.zeros({n}), vv = one_.zeros({n});
   for (int64_t step = 1; step <= 3; ++step)
