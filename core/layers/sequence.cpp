@@ -66,13 +66,20 @@ Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t b
   TANDEM_CHECK_MSG(stash.children.size() == end - begin, InvalidArgument,
                    "backward over " << end - begin << " layers with a stash of "
                                     << stash.children.size() << " (was forward run?)");
+  // Below the first layer with parameters nothing needs a gradient unless the caller
+  // asked for the range's input gradient: e.g. a linear layer after a flatten must not
+  // spend a GEMM on a dx that only the parameter-free flatten would consume.
+  size_t first_param = end;
+  for (size_t i = begin; i < end && first_param == end; ++i)
+    if (layers_[i]->paramCount() > 0) first_param = i;
+  const size_t stop = need_dx ? begin : first_param;
   Tensor g = dy;
-  for (size_t i = end; i-- > begin;) {
-    const bool want_dx = need_dx || i > begin;
-    g = layers_[i]->backward(g, stash.children[i - begin], want_dx);
+  for (size_t i = end; i-- > stop;) {
+    g = layers_[i]->backward(g, stash.children[i - begin], need_dx || i > first_param);
     stash.children[i - begin].clear();  // free what backward no longer needs
   }
-  return g;
+  for (size_t i = begin; i < stop; ++i) stash.children[i - begin].clear();
+  return need_dx ? g : Tensor();
 }
 
 std::vector<LayerSpec> Sequence::specs() const {

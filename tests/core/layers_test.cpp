@@ -219,6 +219,25 @@ TEST(LayerGradTest, ResidualWithLinearProjection) {
   g.run(testing::randomVector(16, 10));
 }
 
+TEST(LayerTest, BackwardComputesInputGradientsOnlyWhenSomethingNeedsThem) {
+  cpu::CpuBackend be;
+  Model m(parseModelSpec("input: [2, 3]\nlayers: [flatten, {linear: {out: 4}}, relu, {linear: {out: 2}}]\n"));
+  m.build(be, 1);
+  const Tensor x = toDevice(be, {5, 2, 3}, testing::randomVector(1, 30));
+  for (bool need_dx : {false, true}) {
+    m.zeroGrad();
+    Stash stash;
+    const Tensor y = m.forward(x, stash, {});
+    const Tensor dx = m.backward(toDevice(be, y.shape(), testing::randomVector(2, 10)), stash, need_dx);
+    EXPECT_EQ(dx.defined(), need_dx);
+    if (need_dx) {
+      EXPECT_EQ(dx.shape(), x.shape());
+    }
+    // The first linear layer's weight gradient is computed either way.
+    EXPECT_NE(be.dot(m.param("1.weight").grad, m.param("1.weight").grad), 0.0);
+  }
+}
+
 TEST(LayerTest, CostFactsOfKnownLayers) {
   auto facts = [](const std::string& yaml, const Shape& in) {
     auto l = makeLayer(parseModelSpec("input: [1]\nlayers:\n  - " + yaml + "\n").layers.at(0));
