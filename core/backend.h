@@ -19,8 +19,8 @@
 namespace tandem {
 
 struct DeviceInfo {
-  std::string name;      // "cpu", "opencl:0"
-  std::string kind;      // "cpu" or "opencl"
+  std::string name;         // "cpu", "opencl:0"
+  std::string kind;         // "cpu" or "opencl"
   std::string description;  // human-readable model/vendor
   int64_t memory_bytes = 0;
   int compute_units = 0;
@@ -134,15 +134,14 @@ class Backend {
   // --- loss ---
   // Per row of logits [N, C] with label i32 [N]: losses[n] = -log softmax(logits)[label],
   // dlogits = (softmax - onehot) * grad_scale. Labels outside [0, C) raise InvalidArgument.
-  virtual void softmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
-                                   float grad_scale, const Tensor& losses,
-                                   const Tensor& dlogits) = 0;
+  virtual void softmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                   const Tensor& losses, const Tensor& dlogits) = 0;
 
   // --- optimizers (in place on param and state) ---
   virtual void sgdStep(const Tensor& param, const Tensor& grad, const Tensor& velocity,
                        const SgdStep& s) = 0;
-  virtual void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m,
-                         const Tensor& v, const AdamWStep& s) = 0;
+  virtual void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                         const AdamWStep& s) = 0;
 };
 
 // Host helpers built on upload/download.

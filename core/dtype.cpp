@@ -23,11 +23,16 @@ size_t dtypeSize(DType t) {
 
 std::string_view dtypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI8: return "i8";
-    case DType::kI32: return "i32";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI8:
+      return "i8";
+    case DType::kI32:
+      return "i32";
   }
   return "invalid";
 }
@@ -52,7 +57,7 @@ uint16_t floatToHalf(float f) {
   if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
   if (e <= 0) {
     if (e < -10) return static_cast<uint16_t>(sign);  // underflows to zero
-    mant |= 0x800000u;                                   // implicit leading one
+    mant |= 0x800000u;                                // implicit leading one
     const int shift = 14 - e;
     uint32_t half = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1u);

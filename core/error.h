@@ -67,26 +67,26 @@ std::string checkMessage(const char* expr, const char* file, int line);
 }  // namespace tandem
 
 // TANDEM_CHECK(cond) << nothing; use TANDEM_CHECK_MSG to add context.
-#define TANDEM_CHECK(cond)                                                              \
-  do {                                                                                  \
+#define TANDEM_CHECK(cond)                                                                         \
+  do {                                                                                             \
     if (!(cond)) throw ::tandem::Error(::tandem::detail::checkMessage(#cond, __FILE__, __LINE__)); \
   } while (0)
 
-#define TANDEM_CHECK_MSG(cond, ErrorType, msg)                                          \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::ostringstream tandem_check_os_;                                              \
-      tandem_check_os_ << msg;                                                          \
-      throw ErrorType(tandem_check_os_.str());                                          \
-    }                                                                                   \
+#define TANDEM_CHECK_MSG(cond, ErrorType, msg) \
+  do {                                         \
+    if (!(cond)) {                             \
+      std::ostringstream tandem_check_os_;     \
+      tandem_check_os_ << msg;                 \
+      throw ErrorType(tandem_check_os_.str()); \
+    }                                          \
   } while (0)
 
-#define TANDEM_CHECK_OP_(a, b, op)                                                       \
-  do {                                                                                   \
-    const auto& tandem_a_ = (a);                                                         \
-    const auto& tandem_b_ = (b);                                                         \
-    if (!(tandem_a_ op tandem_b_))                                                       \
-      throw ::tandem::Error(::tandem::detail::checkMessage(#a " " #op " " #b, tandem_a_,  \
+#define TANDEM_CHECK_OP_(a, b, op)                                                          \
+  do {                                                                                      \
+    const auto& tandem_a_ = (a);                                                            \
+    const auto& tandem_b_ = (b);                                                            \
+    if (!(tandem_a_ op tandem_b_))                                                          \
+      throw ::tandem::Error(::tandem::detail::checkMessage(#a " " #op " " #b, tandem_a_,    \
                                                            tandem_b_, __FILE__, __LINE__)); \
   } while (0)
 

@@ -29,10 +29,9 @@ double mseLoss(Backend& backend, const Tensor& pred, const Tensor& target, float
 
 int64_t countCorrect(const std::vector<float>& logits, const std::vector<int32_t>& labels,
                      int64_t classes) {
-  TANDEM_CHECK_MSG(classes > 0 && logits.size() == labels.size() * static_cast<size_t>(classes),
-                   InvalidArgument,
-                   logits.size() << " logits for " << labels.size() << " labels of " << classes
-                                 << " classes");
+  TANDEM_CHECK_MSG(
+      classes > 0 && logits.size() == labels.size() * static_cast<size_t>(classes), InvalidArgument,
+      logits.size() << " logits for " << labels.size() << " labels of " << classes << " classes");
   int64_t correct = 0;
   for (size_t i = 0; i < labels.size(); ++i) {
     const float* row = logits.data() + i * static_cast<size_t>(classes);

@@ -58,8 +58,10 @@ Offset<fb::TensorData> writeTensor(FlatBufferBuilder& b, const std::string& name
 
 AttrValue readAttr(const std::string& source, const fb::Attr& a) {
   switch (a.kind()) {
-    case fb::AttrKind_Int: return a.int_value();
-    case fb::AttrKind_Float: return a.float_value();
+    case fb::AttrKind_Int:
+      return a.int_value();
+    case fb::AttrKind_Float:
+      return a.float_value();
     case fb::AttrKind_String:
       if (!a.string_value()) bad(source, "attribute '" + a.key()->str() + "' has no string value");
       return a.string_value()->str();
@@ -152,11 +154,13 @@ std::vector<uint8_t> serializeModel(const Model& model, const Optimizer* optimiz
   Offset<fb::OptimizerState> opt = 0;
   if (optimizer) {
     const OptimizerOptions& o = optimizer->options();
-    std::map<std::string, AttrValue> hyper = {
-        {"lr", double{o.lr}},          {"momentum", double{o.momentum}},
-        {"weight_decay", double{o.weight_decay}}, {"beta1", double{o.beta1}},
-        {"beta2", double{o.beta2}},    {"eps", double{o.eps}},
-        {"nesterov", int64_t{o.nesterov ? 1 : 0}}};
+    std::map<std::string, AttrValue> hyper = {{"lr", double{o.lr}},
+                                              {"momentum", double{o.momentum}},
+                                              {"weight_decay", double{o.weight_decay}},
+                                              {"beta1", double{o.beta1}},
+                                              {"beta2", double{o.beta2}},
+                                              {"eps", double{o.eps}},
+                                              {"nesterov", int64_t{o.nesterov ? 1 : 0}}};
     std::vector<Offset<fb::TensorData>> tensors;
     for (const auto& [name, t] : optimizer->state()) tensors.push_back(writeTensor(b, name, t));
     auto kind = b.CreateString(o.kind);
@@ -180,7 +184,8 @@ void saveModel(const std::string& path, const Model& model, const Optimizer* opt
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw IoError("cannot write model file '" + tmp + "'");
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     out.flush();
     if (!out) throw IoError("writing model file '" + tmp + "' failed");
   }
@@ -232,7 +237,8 @@ ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& sour
 ModelFile readModelFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError("cannot open model file '" + path + "'");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
   return parseModelFile(bytes, path);
 }
 

@@ -106,7 +106,8 @@ ModelSpec parseModelSpec(const std::string& yaml_text, const std::string& source
           dims.push_back(v);
         }
         if (dims.empty() || dims.size() >= Shape::kMaxRank)
-          fail(source, kv.second, "'input' needs 1 to " + std::to_string(Shape::kMaxRank - 1) + " sizes");
+          fail(source, kv.second,
+               "'input' needs 1 to " + std::to_string(Shape::kMaxRank - 1) + " sizes");
         spec.input = Shape(std::span<const int64_t>(dims));
         have_input = true;
       } else if (key == "layers") {

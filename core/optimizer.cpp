@@ -38,8 +38,8 @@ void Optimizer::step(const std::vector<Param*>& params) {
   for (Param* p : params) {
     auto& s = slots(*p);
     if (options_.kind == "adamw") {
-      AdamWStep a{options_.lr, options_.beta1, options_.beta2, options_.eps,
-                  options_.weight_decay, steps_};
+      AdamWStep a{options_.lr,  options_.beta1,        options_.beta2,
+                  options_.eps, options_.weight_decay, steps_};
       backend_.adamwStep(p->value, p->grad, s[0], s[1], a);
     } else {
       SgdStep g{options_.lr, options_.momentum, options_.weight_decay, options_.nesterov};
@@ -64,23 +64,24 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
 void Optimizer::restore(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps) {
   TANDEM_CHECK_MSG(steps >= 0, InvalidArgument, "optimizer step count " << steps << " < 0");
   state_.clear();
-  const std::vector<std::string> names =
-      options_.kind == "adamw" ? std::vector<std::string>{".m", ".v"}
-                               : std::vector<std::string>{".velocity"};
+  const std::vector<std::string> names = options_.kind == "adamw"
+                                             ? std::vector<std::string>{".m", ".v"}
+                                             : std::vector<std::string>{".velocity"};
   for (const auto& [key, tensor] : state) {
     bool matched = false;
     for (size_t i = 0; i < names.size(); ++i) {
       const std::string& suffix = names[i];
-      if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      if (key.size() > suffix.size() &&
+          key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
         auto& s = state_[key.substr(0, key.size() - suffix.size())];
         if (s.size() <= i) s.resize(names.size());
         s[i] = tensor;
         matched = true;
       }
     }
-    TANDEM_CHECK_MSG(matched, FormatError,
-                     "optimizer state '" << key << "' does not belong to a " << options_.kind
-                                         << " optimizer");
+    TANDEM_CHECK_MSG(
+        matched, FormatError,
+        "optimizer state '" << key << "' does not belong to a " << options_.kind << " optimizer");
   }
   for (const auto& [name, s] : state_)
     for (const Tensor& t : s)

@@ -15,9 +15,9 @@ namespace tandem {
 struct OptimizerOptions {
   std::string kind = "sgd";  // "sgd" or "adamw"
   float lr = 0.01f;
-  float momentum = 0.9f;       // sgd
-  bool nesterov = false;       // sgd
-  float weight_decay = 0.0f;   // sgd: L2; adamw: decoupled
+  float momentum = 0.9f;                            // sgd
+  bool nesterov = false;                            // sgd
+  float weight_decay = 0.0f;                        // sgd: L2; adamw: decoupled
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
 };
 

@@ -24,7 +24,9 @@ inline float hashUniform(uint64_t seed, uint64_t counter) {
 }
 
 // Combines seeds, e.g. (run seed, step, microbatch) -> one seed.
-inline uint64_t combineSeeds(uint64_t a, uint64_t b) { return mix64(a ^ (mix64(b) + 0x632be59bd9b4e019ull)); }
+inline uint64_t combineSeeds(uint64_t a, uint64_t b) {
+  return mix64(a ^ (mix64(b) + 0x632be59bd9b4e019ull));
+}
 
 // Sequential generator (a SplitMix64 stream), enough for initialisation and shuffling.
 class Rng {

@@ -10,8 +10,8 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, DType dtype, int64
     : storage_(std::move(storage)), shape_(shape), dtype_(dtype), offset_(offset) {
   TANDEM_CHECK_MSG(storage_ != nullptr, InvalidArgument, "tensor " << shape << " without storage");
   TANDEM_CHECK_MSG(offset >= 0, InvalidArgument, "negative tensor offset " << offset);
-  const size_t end = (static_cast<size_t>(offset) + static_cast<size_t>(shape.numel())) *
-                     dtypeSize(dtype);
+  const size_t end =
+      (static_cast<size_t>(offset) + static_cast<size_t>(shape.numel())) * dtypeSize(dtype);
   TANDEM_CHECK_MSG(end <= storage_->bytes(), InvalidArgument,
                    "tensor " << shape << " " << dtypeName(dtype) << " at offset " << offset
                              << " needs " << end << " bytes but its storage has "

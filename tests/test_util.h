@@ -11,7 +11,8 @@
 
 namespace tandem::testing {
 
-inline std::vector<float> randomVector(uint64_t seed, int64_t n, float lo = -1.0f, float hi = 1.0f) {
+inline std::vector<float> randomVector(uint64_t seed, int64_t n, float lo = -1.0f,
+                                       float hi = 1.0f) {
   Rng rng(seed);
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = rng.uniform(lo, hi);
@@ -34,7 +35,8 @@ void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {
     ADD_FAILURE() << "expected an exception";
   } catch (const ErrorType& e) {
     const std::string what = e.what();
-    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+    for (const auto& p : parts)
+      EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
   }
 }
 

@@ -37,8 +37,6 @@ void systemFree(void* p, size_t size) {
 
 }  // namespace
 
-
-
 // A block from the backend's pool; it may be larger than requested (see takeBlock).
 class CpuStorage final : public Storage {
  public:
@@ -97,7 +95,8 @@ void* CpuBackend::takeBlock(size_t bytes, size_t& capacity) {
     }
   }
   void* p = systemAlloc(size);
-  TANDEM_CHECK_MSG(p != nullptr, DeviceError, "cpu: out of memory allocating " << bytes << " bytes");
+  TANDEM_CHECK_MSG(p != nullptr, DeviceError,
+                   "cpu: out of memory allocating " << bytes << " bytes");
   capacity = size;
   return p;
 }
@@ -155,10 +154,9 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
 
 void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                       float beta, const Tensor& c) {
-  TANDEM_CHECK_MSG(a.shape().rank() == 2 && b.shape().rank() == 2 && c.shape().rank() == 2,
-                   InvalidArgument,
-                   "gemm needs 2-D tensors, got " << a.shape() << ", " << b.shape() << ", "
-                                                  << c.shape());
+  TANDEM_CHECK_MSG(
+      a.shape().rank() == 2 && b.shape().rank() == 2 && c.shape().rank() == 2, InvalidArgument,
+      "gemm needs 2-D tensors, got " << a.shape() << ", " << b.shape() << ", " << c.shape());
   const int64_t m = trans_a ? a.shape()[1] : a.shape()[0];
   const int64_t k = trans_a ? a.shape()[0] : a.shape()[1];
   const int64_t kb = trans_b ? b.shape()[1] : b.shape()[0];
@@ -188,8 +186,8 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
   };
   // OpenBLAS runs single-threaded (see the constructor); a large product is split into
   // one block of C per pool thread along its longer side, in multiples of 16.
-  const int parts = static_cast<int>(std::min<int64_t>(
-      pool_.threads(), std::max<int64_t>(1, m * n * k / (int64_t{1} << 18))));
+  const int parts = static_cast<int>(
+      std::min<int64_t>(pool_.threads(), std::max<int64_t>(1, m * n * k / (int64_t{1} << 18))));
   const bool by_cols = n >= m;
   const int64_t side = by_cols ? n : m;
   const int64_t block = (side + parts * 16 - 1) / (parts * 16) * 16;

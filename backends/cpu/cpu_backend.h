@@ -41,8 +41,8 @@ class CpuBackend final : public Backend {
   void convert(const Tensor& src, const Tensor& dst) override;
   void synchronize() override {}
 
-  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-            float beta, const Tensor& c) override;
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+            const Tensor& c) override;
   void axpby(float alpha, const Tensor& x, float beta, const Tensor& y) override;
   void mul(const Tensor& a, const Tensor& b, const Tensor& out) override;
   double dot(const Tensor& a, const Tensor& b) override;
@@ -66,9 +66,9 @@ class CpuBackend final : public Backend {
 
   void layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                  const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
-  void layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                         const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                         const Tensor& dgamma, const Tensor& dbeta) override;
+  void layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                         const Tensor& dbeta) override;
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& y) override;
   void embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) override;
   void softmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float grad_scale,

@@ -16,8 +16,7 @@ constexpr int64_t kGrain = 1 << 15;  // elements per range: enough work to beat 
 
 void checkSameCount(const Tensor& a, const Tensor& b, const char* op) {
   TANDEM_CHECK_MSG(a.numel() == b.numel(), InvalidArgument,
-                   "cpu " << op << ": element counts differ, " << a.shape() << " vs "
-                          << b.shape());
+                   "cpu " << op << ": element counts differ, " << a.shape() << " vs " << b.shape());
 }
 
 // [N, C, R] view of a tensor whose second dimension matches a per-channel vector.
@@ -245,8 +244,8 @@ void activationRange(Activation kind, const float* __restrict x, float* __restri
 }
 
 // `s` is x for GELU, y for ReLU, tanh and sigmoid.
-void activationBackwardRange(Activation kind, const float* __restrict s,
-                             const float* __restrict dy, float* __restrict dx, int64_t n) {
+void activationBackwardRange(Activation kind, const float* __restrict s, const float* __restrict dy,
+                             float* __restrict dx, int64_t n) {
   switch (kind) {
     case Activation::kReLU:  // branch-free: the signs of real data defeat prediction
       for (int64_t i = 0; i < n; ++i) {
@@ -272,9 +271,8 @@ void CpuBackend::activation(Activation kind, const Tensor& x, const Tensor& y) {
   checkSameCount(x, y, "activation");
   const float* xp = f32(x);
   float* yp = f32(y);
-  pool_.parallelFor(x.numel(), kGrain, [=](int64_t b, int64_t e) {
-    activationRange(kind, xp + b, yp + b, e - b);
-  });
+  pool_.parallelFor(x.numel(), kGrain,
+                    [=](int64_t b, int64_t e) { activationRange(kind, xp + b, yp + b, e - b); });
 }
 
 void CpuBackend::activationBackward(Activation kind, const Tensor& x, const Tensor& y,

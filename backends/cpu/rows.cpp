@@ -24,9 +24,9 @@ void CpuBackend::layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& b
                            const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const int64_t d = gamma.numel();
   const int64_t m = rowsOf(x, d, "layerNorm");
-  TANDEM_CHECK_MSG(beta.numel() == d && y.numel() == x.numel() && mean.numel() == m &&
-                       rstd.numel() == m,
-                   InvalidArgument, "cpu layerNorm: argument sizes disagree with x " << x.shape());
+  TANDEM_CHECK_MSG(
+      beta.numel() == d && y.numel() == x.numel() && mean.numel() == m && rstd.numel() == m,
+      InvalidArgument, "cpu layerNorm: argument sizes disagree with x " << x.shape());
   const float* xp = f32(x);
   const float* gp = f32(gamma);
   const float* bp = f32(beta);
@@ -111,9 +111,9 @@ void CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor&
                    "cpu embedding: output " << y.shape() << " does not hold " << m << " x " << d);
   const int32_t* ip = i32(ids);
   for (int64_t i = 0; i < m; ++i) {
-    TANDEM_CHECK_MSG(ip[i] >= 0 && ip[i] < vocab, InvalidArgument,
-                     "embedding id " << ip[i] << " at position " << i << " is outside [0, "
-                                     << vocab << ")");
+    TANDEM_CHECK_MSG(
+        ip[i] >= 0 && ip[i] < vocab, InvalidArgument,
+        "embedding id " << ip[i] << " at position " << i << " is outside [0, " << vocab << ")");
   }
   const float* tp = f32(table);
   float* yp = f32(y);
@@ -126,14 +126,14 @@ void CpuBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const Te
   TANDEM_CHECK_MSG(dtable.shape().rank() == 2, InvalidArgument,
                    "cpu embeddingBackward: table gradient " << dtable.shape() << " is not [V, D]");
   const int64_t vocab = dtable.shape()[0], d = dtable.shape()[1], m = ids.numel();
-  TANDEM_CHECK_MSG(dy.numel() == m * d, InvalidArgument,
-                   "cpu embeddingBackward: gradient " << dy.shape() << " does not hold " << m
-                                                       << " x " << d);
+  TANDEM_CHECK_MSG(
+      dy.numel() == m * d, InvalidArgument,
+      "cpu embeddingBackward: gradient " << dy.shape() << " does not hold " << m << " x " << d);
   const int32_t* ip = i32(ids);
   for (int64_t i = 0; i < m; ++i) {
-    TANDEM_CHECK_MSG(ip[i] >= 0 && ip[i] < vocab, InvalidArgument,
-                     "embedding id " << ip[i] << " at position " << i << " is outside [0, "
-                                     << vocab << ")");
+    TANDEM_CHECK_MSG(
+        ip[i] >= 0 && ip[i] < vocab, InvalidArgument,
+        "embedding id " << ip[i] << " at position " << i << " is outside [0, " << vocab << ")");
   }
   const float* gp = f32(dy);
   float* tp = f32(dtable);
@@ -147,9 +147,8 @@ void CpuBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const Te
   });
 }
 
-void CpuBackend::softmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
-                                     float grad_scale, const Tensor& losses,
-                                     const Tensor& dlogits) {
+void CpuBackend::softmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                     const Tensor& losses, const Tensor& dlogits) {
   TANDEM_CHECK_MSG(logits.shape().rank() == 2, InvalidArgument,
                    "cpu softmaxCrossEntropy: logits " << logits.shape() << " are not [N, C]");
   const int64_t n = logits.shape()[0], c = logits.shape()[1];

@@ -43,40 +43,40 @@ void CpuBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& col) {
   const int64_t n = x.shape()[0];
   const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
   const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
-  TANDEM_CHECK_MSG(col.shape() == (Shape{rows, n * ohw}), InvalidArgument,
-                   "cpu im2col: col " << col.shape() << ", expected [" << rows << ", " << n * ohw
-                                      << "]");
+  TANDEM_CHECK_MSG(
+      col.shape() == (Shape{rows, n * ohw}), InvalidArgument,
+      "cpu im2col: col " << col.shape() << ", expected [" << rows << ", " << n * ohw << "]");
   const float* xp = f32(x);
   float* cp = f32(col);
   const int64_t plane = g.height * g.width;
-  pool_.parallelFor(rows * n, std::max<int64_t>(1, 4096 / std::max<int64_t>(ohw, 1)),
-                    [&](int64_t b, int64_t e) {
-    for (int64_t idx = b; idx < e; ++idx) {
-      const int64_t row = idx / n, s = idx % n;
-      const int64_t c = row / (g.kernel_h * g.kernel_w);
-      const int64_t ki = (row / g.kernel_w) % g.kernel_h, kj = row % g.kernel_w;
-      const float* src = xp + (s * g.channels + c) * plane;
-      float* dst = cp + row * (n * ohw) + s * ohw;
-      int64_t lo, hi;
-      validRange(kj, g.stride_w, g.pad_w, g.width, ow, lo, hi);
-      for (int64_t oy = 0; oy < oh; ++oy) {
-        const int64_t iy = oy * g.stride_h - g.pad_h + ki;
-        float* out = dst + oy * ow;
-        if (iy < 0 || iy >= g.height) {
-          std::fill(out, out + ow, 0.0f);
-          continue;
+  pool_.parallelFor(
+      rows * n, std::max<int64_t>(1, 4096 / std::max<int64_t>(ohw, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t idx = b; idx < e; ++idx) {
+          const int64_t row = idx / n, s = idx % n;
+          const int64_t c = row / (g.kernel_h * g.kernel_w);
+          const int64_t ki = (row / g.kernel_w) % g.kernel_h, kj = row % g.kernel_w;
+          const float* src = xp + (s * g.channels + c) * plane;
+          float* dst = cp + row * (n * ohw) + s * ohw;
+          int64_t lo, hi;
+          validRange(kj, g.stride_w, g.pad_w, g.width, ow, lo, hi);
+          for (int64_t oy = 0; oy < oh; ++oy) {
+            const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+            float* out = dst + oy * ow;
+            if (iy < 0 || iy >= g.height) {
+              std::fill(out, out + ow, 0.0f);
+              continue;
+            }
+            const float* in = src + iy * g.width - g.pad_w + kj;
+            std::fill(out, out + lo, 0.0f);
+            if (g.stride_w == 1) {
+              std::memcpy(out + lo, in + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+            } else {
+              for (int64_t ox = lo; ox < hi; ++ox) out[ox] = in[ox * g.stride_w];
+            }
+            std::fill(out + hi, out + ow, 0.0f);
+          }
         }
-        const float* in = src + iy * g.width - g.pad_w + kj;
-        std::fill(out, out + lo, 0.0f);
-        if (g.stride_w == 1) {
-          std::memcpy(out + lo, in + lo, static_cast<size_t>(hi - lo) * sizeof(float));
-        } else {
-          for (int64_t ox = lo; ox < hi; ++ox) out[ox] = in[ox * g.stride_w];
-        }
-        std::fill(out + hi, out + ow, 0.0f);
-      }
-    }
-  });
+      });
 }
 
 void CpuBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) {
@@ -84,9 +84,9 @@ void CpuBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) 
   const int64_t n = dx.shape()[0];
   const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
   const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
-  TANDEM_CHECK_MSG(col.shape() == (Shape{rows, n * ohw}), InvalidArgument,
-                   "cpu col2im: col " << col.shape() << ", expected [" << rows << ", " << n * ohw
-                                      << "]");
+  TANDEM_CHECK_MSG(
+      col.shape() == (Shape{rows, n * ohw}), InvalidArgument,
+      "cpu col2im: col " << col.shape() << ", expected [" << rows << ", " << n * ohw << "]");
   const float* cp = f32(col);
   float* xp = f32(dx);
   const int64_t plane = g.height * g.width;
@@ -119,19 +119,19 @@ void CpuBackend::transpose01(const Tensor& src, const Tensor& dst) {
   const Shape& s = src.shape();
   TANDEM_CHECK_MSG(s.rank() >= 2, InvalidArgument, "cpu transpose01: rank of " << s << " < 2");
   const int64_t a = s[0], b = s[1], r = a * b == 0 ? 0 : src.numel() / (a * b);
-  TANDEM_CHECK_MSG(dst.numel() == src.numel() && dst.shape().rank() >= 2 &&
-                       dst.shape()[0] == b && dst.shape()[1] == a,
+  TANDEM_CHECK_MSG(dst.numel() == src.numel() && dst.shape().rank() >= 2 && dst.shape()[0] == b &&
+                       dst.shape()[1] == a,
                    InvalidArgument,
                    "cpu transpose01: " << s << " cannot be written as " << dst.shape());
   const float* sp = f32(src);
   float* dp = f32(dst);
-  pool_.parallelFor(a * b, std::max<int64_t>(1, 4096 / std::max<int64_t>(r, 1)),
-                    [&](int64_t lo, int64_t hi) {
-    for (int64_t idx = lo; idx < hi; ++idx) {
-      const int64_t j = idx / a, i = idx % a;  // destination row (j, i) <- source (i, j)
-      std::memcpy(dp + idx * r, sp + (i * b + j) * r, static_cast<size_t>(r) * sizeof(float));
-    }
-  });
+  pool_.parallelFor(
+      a * b, std::max<int64_t>(1, 4096 / std::max<int64_t>(r, 1)), [&](int64_t lo, int64_t hi) {
+        for (int64_t idx = lo; idx < hi; ++idx) {
+          const int64_t j = idx / a, i = idx % a;  // destination row (j, i) <- source (i, j)
+          std::memcpy(dp + idx * r, sp + (i * b + j) * r, static_cast<size_t>(r) * sizeof(float));
+        }
+      });
 }
 
 void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,

@@ -24,7 +24,8 @@ Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit) {
     throw FormatError("'" + image_path + "': expected a rank-3 image array, got rank " +
                       std::to_string(images.dims.size()));
   if (labels.dims.size() != 1 || labels.dims[0] != images.dims[0])
-    throw FormatError("'" + label_path + "': " + std::to_string(labels.dims.empty() ? 0 : labels.dims[0]) +
+    throw FormatError("'" + label_path +
+                      "': " + std::to_string(labels.dims.empty() ? 0 : labels.dims[0]) +
                       " labels for " + std::to_string(images.dims[0]) + " images");
   Dataset d;
   d.name = "fashion-mnist";
@@ -49,7 +50,8 @@ Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit) {
 }
 
 Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit) {
-  if (name == "fashion-mnist") return loadFashionMnist(dir.empty() ? kFashionMnistDir : dir, train, limit);
+  if (name == "fashion-mnist")
+    return loadFashionMnist(dir.empty() ? kFashionMnistDir : dir, train, limit);
   throw InvalidArgument("unknown dataset '" + name + "' (known: fashion-mnist)");
 }
 
@@ -68,7 +70,8 @@ std::vector<int64_t> epochOrder(int64_t n, bool shuffle, uint64_t seed, int64_t 
 void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count,
                  std::vector<float>& x, std::vector<int32_t>& y) {
   TANDEM_CHECK_MSG(begin >= 0 && count >= 0 && begin + count <= static_cast<int64_t>(order.size()),
-                   InvalidArgument, "batch [" << begin << ", " << begin + count << ") out of range");
+                   InvalidArgument,
+                   "batch [" << begin << ", " << begin + count << ") out of range");
   const int64_t sample = d.sample_shape.numel();
   x.resize(static_cast<size_t>(count * sample));
   y.resize(static_cast<size_t>(count));

@@ -14,9 +14,9 @@ namespace tandem {
 
 struct Dataset {
   std::string name;
-  Shape sample_shape;            // e.g. [1, 28, 28]
-  std::vector<uint8_t> images;   // size() * sample_shape.numel() bytes
-  std::vector<int32_t> labels;   // size() labels in [0, classes)
+  Shape sample_shape;           // e.g. [1, 28, 28]
+  std::vector<uint8_t> images;  // size() * sample_shape.numel() bytes
+  std::vector<int32_t> labels;  // size() labels in [0, classes)
   int64_t classes = 0;
   float mean = 0.0f, stddev = 1.0f;
   int64_t size() const { return static_cast<int64_t>(labels.size()); }

@@ -55,7 +55,8 @@ IdxArray readIdx(const std::string& path) {
   for (int i = 0; i < rank; ++i) {
     uint8_t b[4];
     readExact(f.get(), b, 4, path, "dimension sizes");
-    const uint32_t d = (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
+    const uint32_t d =
+        (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
     a.dims.push_back(d);
     total *= d;
     if (total > (uint64_t{1} << 32))

@@ -39,8 +39,8 @@ Shape Conv2d::infer(const Shape& input) {
   g_.width = input[2];
   TANDEM_CHECK_MSG(input[1] + 2 * g_.pad_h >= g_.kernel_h && input[2] + 2 * g_.pad_w >= g_.kernel_w,
                    InvalidArgument,
-                   "kernel " << g_.kernel_h << "x" << g_.kernel_w << " does not fit input "
-                             << input << " with padding " << g_.pad_h << "x" << g_.pad_w);
+                   "kernel " << g_.kernel_h << "x" << g_.kernel_w << " does not fit input " << input
+                             << " with padding " << g_.pad_h << "x" << g_.pad_w);
   return {out_channels_, g_.outHeight(), g_.outWidth()};
 }
 
@@ -50,7 +50,8 @@ void Conv2d::build(Backend& backend, Rng& rng) {
   const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
   weight_ = makeParam(backend, "weight", {out_channels_, in_channels_, g_.kernel_h, g_.kernel_w},
                       uniformInit(rng, out_channels_ * fan_in, bound));
-  if (bias_) b_ = makeParam(backend, "bias", {out_channels_}, uniformInit(rng, out_channels_, bound));
+  if (bias_)
+    b_ = makeParam(backend, "bias", {out_channels_}, uniformInit(rng, out_channels_, bound));
 }
 
 std::vector<Param*> Conv2d::params() {
@@ -61,8 +62,10 @@ std::vector<Param*> Conv2d::params() {
 int64_t Conv2d::chunk(int64_t n) const {
   // Both the column buffer and the channel-major output buffer stay within the budget.
   const int64_t ohw = g_.outHeight() * g_.outWidth();
-  const int64_t per_sample = std::max(in_channels_ * g_.kernel_h * g_.kernel_w, out_channels_) * ohw;
-  return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(per_sample, 1), 1, std::max<int64_t>(n, 1));
+  const int64_t per_sample =
+      std::max(in_channels_ * g_.kernel_h * g_.kernel_w, out_channels_) * ohw;
+  return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(per_sample, 1), 1,
+                             std::max<int64_t>(n, 1));
 }
 
 Tensor Conv2d::forward(const Tensor& x, Stash& stash, const ForwardContext&) {

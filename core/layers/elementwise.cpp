@@ -10,10 +10,14 @@ ActivationLayer::ActivationLayer(Activation kind, const LayerSpec& spec) : kind_
 
 std::string ActivationLayer::type() const {
   switch (kind_) {
-    case Activation::kReLU: return "relu";
-    case Activation::kGELU: return "gelu";
-    case Activation::kTanh: return "tanh";
-    case Activation::kSigmoid: return "sigmoid";
+    case Activation::kReLU:
+      return "relu";
+    case Activation::kGELU:
+      return "gelu";
+    case Activation::kTanh:
+      return "tanh";
+    case Activation::kSigmoid:
+      return "sigmoid";
   }
   return "activation";
 }

@@ -69,8 +69,8 @@ class Layer {
 
   // Cost facts, per sample, valid after setup.
   virtual int64_t paramCount() const { return 0; }
-  virtual int64_t flops() const = 0;                    // forward; a multiply-add is 2
-  virtual int64_t stashBytes() const { return 0; }      // kept from forward for backward
+  virtual int64_t flops() const = 0;                // forward; a multiply-add is 2
+  virtual int64_t stashBytes() const { return 0; }  // kept from forward for backward
   int64_t outputBytes() const { return output_.numel() * 4; }
 
   // The spec this layer was made from, for model files.

@@ -24,7 +24,9 @@ void LayerNorm::build(Backend& backend, Rng&) {
   beta_ = makeParam(backend, "beta", {dim_}, std::vector<float>(static_cast<size_t>(dim_), 0.0f));
 }
 
-int64_t LayerNorm::stashBytes() const { return (inputShape().numel() + 2 * (inputShape().numel() / dim_)) * 4; }
+int64_t LayerNorm::stashBytes() const {
+  return (inputShape().numel() + 2 * (inputShape().numel() / dim_)) * 4;
+}
 
 Tensor LayerNorm::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   const int64_t rows = x.numel() / dim_;

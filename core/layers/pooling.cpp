@@ -8,14 +8,15 @@ Pool2d::Pool2d(Kind kind, const LayerSpec& spec) : kind_(kind) {
   SpecReader r(spec);
   std::tie(g_.kernel_h, g_.kernel_w) = r.pair("kernel");
   // PyTorch's convention: the stride defaults to the kernel size.
-  std::tie(g_.stride_h, g_.stride_w) = r.has("stride") ? r.pair("stride") : std::pair{g_.kernel_h, g_.kernel_w};
+  std::tie(g_.stride_h, g_.stride_w) =
+      r.has("stride") ? r.pair("stride") : std::pair{g_.kernel_h, g_.kernel_w};
   std::tie(g_.pad_h, g_.pad_w) = r.pair("padding", 0);
   r.finish();
   TANDEM_CHECK_MSG(g_.kernel_h > 0 && g_.kernel_w > 0 && g_.stride_h > 0 && g_.stride_w > 0,
                    InvalidArgument, type() << ": kernel and stride must be positive");
-  TANDEM_CHECK_MSG(g_.pad_h >= 0 && 2 * g_.pad_h <= g_.kernel_h && g_.pad_w >= 0 &&
-                       2 * g_.pad_w <= g_.kernel_w,
-                   InvalidArgument, type() << ": padding must be in [0, kernel / 2]");
+  TANDEM_CHECK_MSG(
+      g_.pad_h >= 0 && 2 * g_.pad_h <= g_.kernel_h && g_.pad_w >= 0 && 2 * g_.pad_w <= g_.kernel_w,
+      InvalidArgument, type() << ": padding must be in [0, kernel / 2]");
 }
 
 Shape Pool2d::infer(const Shape& input) {
@@ -23,9 +24,10 @@ Shape Pool2d::infer(const Shape& input) {
   g_.channels = input[0];
   g_.height = input[1];
   g_.width = input[2];
-  TANDEM_CHECK_MSG(input[1] + 2 * g_.pad_h >= g_.kernel_h && input[2] + 2 * g_.pad_w >= g_.kernel_w,
-                   InvalidArgument,
-                   "window " << g_.kernel_h << "x" << g_.kernel_w << " does not fit input " << input);
+  TANDEM_CHECK_MSG(
+      input[1] + 2 * g_.pad_h >= g_.kernel_h && input[2] + 2 * g_.pad_w >= g_.kernel_w,
+      InvalidArgument,
+      "window " << g_.kernel_h << "x" << g_.kernel_w << " does not fit input " << input);
   return {input[0], g_.outHeight(), g_.outWidth()};
 }
 

@@ -15,8 +15,8 @@ Shape Residual::infer(const Shape& input) {
   const Shape out = body_.setup(input);
   projection_.reset();
   if (out == input) return out;
-  if (input.rank() == 3 && out.rank() == 3 && out[1] > 0 && out[2] > 0 &&
-      input[1] % out[1] == 0 && input[2] % out[2] == 0 && input[1] / out[1] == input[2] / out[2]) {
+  if (input.rank() == 3 && out.rank() == 3 && out[1] > 0 && out[2] > 0 && input[1] % out[1] == 0 &&
+      input[2] % out[2] == 0 && input[1] / out[1] == input[2] / out[2]) {
     LayerSpec p{"conv2d", {}, {}, {}};
     p.attrs["out"] = out[0];
     p.attrs["kernel"] = int64_t{1};

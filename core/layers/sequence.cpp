@@ -48,9 +48,9 @@ std::vector<Param*> Sequence::params() {
 
 Tensor Sequence::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,
                          size_t end) {
-  TANDEM_CHECK_MSG(begin <= end && end <= layers_.size(), InvalidArgument,
-                   "layer range [" << begin << ", " << end << ") outside a sequence of "
-                                   << layers_.size());
+  TANDEM_CHECK_MSG(
+      begin <= end && end <= layers_.size(), InvalidArgument,
+      "layer range [" << begin << ", " << end << ") outside a sequence of " << layers_.size());
   stash.children.assign(end - begin, Stash{});
   Tensor h = x;
   for (size_t i = begin; i < end; ++i) {
@@ -61,8 +61,7 @@ Tensor Sequence::forward(const Tensor& x, Stash& stash, const ForwardContext& ct
   return h;
 }
 
-Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin,
-                          size_t end) {
+Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end) {
   TANDEM_CHECK_MSG(stash.children.size() == end - begin, InvalidArgument,
                    "backward over " << end - begin << " layers with a stash of "
                                     << stash.children.size() << " (was forward run?)");

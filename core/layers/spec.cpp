@@ -64,8 +64,8 @@ void SpecReader::finish() const {
     if (!used_.count(key)) {
       std::string known;
       for (const auto& k : used_) known += (known.empty() ? "" : ", ") + k;
-      throw InvalidArgument("unknown field '" + key + "' (known: " +
-                            (known.empty() ? "none" : known) + ")");
+      throw InvalidArgument("unknown field '" + key +
+                            "' (known: " + (known.empty() ? "none" : known) + ")");
     }
   }
 }

@@ -25,7 +25,8 @@ void checkClassifier(const Model& model, const Dataset& data) {
 
 Trainer::Trainer(Model& model, Optimizer& optimizer, const TrainOptions& options)
     : model_(model), optimizer_(optimizer), options_(options) {
-  TANDEM_CHECK_MSG(options.batch > 0, InvalidArgument, "batch size " << options.batch << " must be positive");
+  TANDEM_CHECK_MSG(options.batch > 0, InvalidArgument,
+                   "batch size " << options.batch << " must be positive");
 }
 
 double Trainer::step(const float* x, const int32_t* labels, int64_t n) {
@@ -50,7 +51,8 @@ EpochReport Trainer::trainEpoch(const Dataset& data, int64_t epoch,
                                 const std::function<void(const StepReport&)>& progress) {
   checkClassifier(model_, data);
   const auto t0 = Clock::now();
-  const std::vector<int64_t> order = epochOrder(data.size(), options_.shuffle, options_.seed, epoch);
+  const std::vector<int64_t> order =
+      epochOrder(data.size(), options_.shuffle, options_.seed, epoch);
   const int64_t steps = (data.size() + options_.batch - 1) / options_.batch;
   std::vector<float> x;
   std::vector<int32_t> y;

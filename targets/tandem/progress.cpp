@@ -22,9 +22,9 @@ Progress::Progress(int64_t epochs)
 
 void Progress::update(const StepReport& r) {
   const auto now = std::chrono::steady_clock::now();
-  const double eta = r.step > 0 ? r.elapsed_s / static_cast<double>(r.step) *
-                                      static_cast<double>(r.steps - r.step)
-                                : 0.0;
+  const double eta =
+      r.step > 0 ? r.elapsed_s / static_cast<double>(r.step) * static_cast<double>(r.steps - r.step)
+                 : 0.0;
   if (tty_) {
     if (r.step != r.steps && now - last_ < std::chrono::milliseconds(100)) return;
     constexpr int kWidth = 30;

@@ -44,17 +44,20 @@ void runTrain(const TrainArgs& a) {
   EvalResult last;
   for (int64_t e = 0; e < a.epochs; ++e) {
     const EpochReport r = trainer.trainEpoch(
-        train, e, a.no_progress ? std::function<void(const StepReport&)>() :
-                                  [&](const StepReport& s) { progress.update(s); });
+        train, e,
+        a.no_progress ? std::function<void(const StepReport&)>()
+                      : [&](const StepReport& s) { progress.update(s); });
     progress.finishEpoch();
     last = evaluate(model, test, a.batch);  // the training batch bounds memory
-    std::printf("epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f, "
-                "%.2f s (%.0f samples/s)\n",
-                static_cast<long long>(e + 1), static_cast<long long>(a.epochs), r.train_loss,
-                last.loss, last.accuracy, r.seconds, r.samples_per_s);
+    std::printf(
+        "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f, "
+        "%.2f s (%.0f samples/s)\n",
+        static_cast<long long>(e + 1), static_cast<long long>(a.epochs), r.train_loss, last.loss,
+        last.accuracy, r.seconds, r.samples_per_s);
     std::fflush(stdout);
   }
   std::printf("test accuracy: %.4f\n", last.accuracy);
+  std::fflush(stdout);
   if (!a.save.empty()) {
     saveModel(a.save, model, &optimizer,
               {{"seed", static_cast<int64_t>(a.seed)},
@@ -75,7 +78,8 @@ void addTrain(CLI::App& app) {
   c->add_option("--data-dir", args->data_dir, "Directory holding the dataset files");
   c->add_option("--epochs", args->epochs, "Passes over the training set");
   c->add_option("--batch", args->batch, "Samples per step");
-  c->add_option("--optimizer", args->opt.kind, "sgd or adamw")->check(CLI::IsMember({"sgd", "adamw"}));
+  c->add_option("--optimizer", args->opt.kind, "sgd or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
   c->add_option("--lr", args->opt.lr, "Learning rate");
   c->add_option("--momentum", args->opt.momentum, "SGD momentum");
   c->add_flag("--nesterov", args->opt.nesterov, "SGD with Nesterov momentum");

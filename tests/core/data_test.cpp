@@ -32,8 +32,9 @@ std::string writeFile(const std::string& name, const std::vector<uint8_t>& bytes
     gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
     gzclose(f);
   } else {
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
   }
   return path;
 }
@@ -48,21 +49,40 @@ TEST(IdxTest, ReadsPlainAndGzipFiles) {
 }
 
 TEST(IdxTest, DefectsAreNamed) {
-  expectThrowWith<FormatError>([] { readIdx(writeFile("t.gz", idxBytes({2, 3}, {1, 2, 3}), true)); },
-                               {"t.gz", "truncated data", "expected 6 bytes, got 3"});
-  expectThrowWith<FormatError>([] { readIdx(writeFile("m", {1, 0, 8, 1, 0, 0, 0, 0}, false)); }, {"bad magic"});
-  expectThrowWith<FormatError>([] { readIdx(writeFile("f", idxBytes({1}, {0, 0, 0, 0}, 0x0d), false)); },
-                               {"not unsigned byte"});
-  expectThrowWith<FormatError>([] { readIdx(writeFile("h", {0, 0, 8}, false)); }, {"truncated header"});
-  expectThrowWith<FormatError>([] { readIdx(writeFile("big", idxBytes({65536, 65536, 2}, {}), false)); },
-                               {"more than 2^32"});
+  expectThrowWith<FormatError>(
+      [] {
+        readIdx(writeFile("t.gz", idxBytes({2, 3}, {1, 2, 3}), true));
+      },
+      {"t.gz", "truncated data", "expected 6 bytes, got 3"});
+  expectThrowWith<FormatError>(
+      [] {
+        readIdx(writeFile("m", {1, 0, 8, 1, 0, 0, 0, 0}, false));
+      },
+      {"bad magic"});
+  expectThrowWith<FormatError>(
+      [] {
+        readIdx(writeFile("f", idxBytes({1}, {0, 0, 0, 0}, 0x0d), false));
+      },
+      {"not unsigned byte"});
+  expectThrowWith<FormatError>(
+      [] {
+        readIdx(writeFile("h", {0, 0, 8}, false));
+      },
+      {"truncated header"});
+  expectThrowWith<FormatError>(
+      [] {
+        readIdx(writeFile("big", idxBytes({65536, 65536, 2}, {}), false));
+      },
+      {"more than 2^32"});
   EXPECT_THROW(readIdx("/nonexistent.idx"), IoError);
 }
 
 TEST(DatasetTest, MissingFashionMnistNamesThePathAndThePackage) {
-  expectThrowWith<IoError>([] { loadFashionMnist("/nonexistent-dir", true); },
-                           {"/nonexistent-dir/train-images-idx3-ubyte.gz", "dataset-fashion-mnist"});
-  expectThrowWith<InvalidArgument>([] { loadDataset("cifar", "", true); }, {"unknown dataset 'cifar'"});
+  expectThrowWith<IoError>(
+      [] { loadFashionMnist("/nonexistent-dir", true); },
+      {"/nonexistent-dir/train-images-idx3-ubyte.gz", "dataset-fashion-mnist"});
+  expectThrowWith<InvalidArgument>([] { loadDataset("cifar", "", true); },
+                                   {"unknown dataset 'cifar'"});
 }
 
 TEST(DatasetTest, SmallFashionMnistLayoutLoadsWithLabelChecks) {

@@ -35,11 +35,11 @@ TEST(DTypeTest, HalfKnownBitPatterns) {
   EXPECT_EQ(floatToHalf(-0.0f), 0x8000);
   EXPECT_EQ(floatToHalf(1.0f), 0x3c00);
   EXPECT_EQ(floatToHalf(-2.0f), 0xc000);
-  EXPECT_EQ(floatToHalf(65504.0f), 0x7bff);                   // largest finite
-  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00);                   // rounds to +inf
-  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -24)), 0x0001);      // smallest subnormal
-  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -14)), 0x0400);      // smallest normal
-  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -26)), 0x0000);      // underflows
+  EXPECT_EQ(floatToHalf(65504.0f), 0x7bff);               // largest finite
+  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00);               // rounds to +inf
+  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -26)), 0x0000);  // underflows
   EXPECT_EQ(floatToHalf(std::numeric_limits<float>::infinity()), 0x7c00);
   EXPECT_EQ(floatToHalf(-std::numeric_limits<float>::infinity()), 0xfc00);
   const uint16_t nan = floatToHalf(std::numeric_limits<float>::quiet_NaN());
@@ -77,7 +77,8 @@ TEST(DTypeTest, BFloat16KnownPatternsAndRounding) {
   // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
   EXPECT_EQ(floatToBFloat16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
   EXPECT_EQ(floatToBFloat16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
-  EXPECT_TRUE(std::isnan(bfloat16ToFloat(floatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(
+      std::isnan(bfloat16ToFloat(floatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
   // Subnormal floats keep their top bits.
   const float sub = std::bit_cast<float>(0x00400000u);
   EXPECT_EQ(floatToBFloat16(sub), 0x0040);

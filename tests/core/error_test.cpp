@@ -22,7 +22,10 @@ TEST(ErrorTest, CheckEqSaysWhatFailedWithBothValuesAndWhere) {
 TEST(ErrorTest, CheckMsgThrowsTheRequestedType) {
   EXPECT_THROW(TANDEM_CHECK_MSG(false, FormatError, "bad " << 7), FormatError);
   try {
-    TANDEM_CHECK_MSG(1 > 2, Timeout, "peer " << "tcp://x" << " silent");
+    TANDEM_CHECK_MSG(1 > 2, Timeout,
+                     "peer "
+                         << "tcp://x"
+                         << " silent");
   } catch (const Timeout& e) {
     EXPECT_STREQ(e.what(), "peer tcp://x silent");
   }

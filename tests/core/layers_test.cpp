@@ -118,7 +118,8 @@ std::vector<float> distinctValues(uint64_t seed, int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = -1.0f + 0.05f * static_cast<float>(i);
   Rng rng(seed);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(v[static_cast<size_t>(i)], v[rng.below(static_cast<uint64_t>(i + 1))]);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(v[static_cast<size_t>(i)], v[rng.below(static_cast<uint64_t>(i + 1))]);
   return v;
 }
 
@@ -221,14 +222,16 @@ TEST(LayerGradTest, ResidualWithLinearProjection) {
 
 TEST(LayerTest, BackwardComputesInputGradientsOnlyWhenSomethingNeedsThem) {
   cpu::CpuBackend be;
-  Model m(parseModelSpec("input: [2, 3]\nlayers: [flatten, {linear: {out: 4}}, relu, {linear: {out: 2}}]\n"));
+  Model m(parseModelSpec(
+      "input: [2, 3]\nlayers: [flatten, {linear: {out: 4}}, relu, {linear: {out: 2}}]\n"));
   m.build(be, 1);
   const Tensor x = toDevice(be, {5, 2, 3}, testing::randomVector(1, 30));
   for (bool need_dx : {false, true}) {
     m.zeroGrad();
     Stash stash;
     const Tensor y = m.forward(x, stash, {});
-    const Tensor dx = m.backward(toDevice(be, y.shape(), testing::randomVector(2, 10)), stash, need_dx);
+    const Tensor dx =
+        m.backward(toDevice(be, y.shape(), testing::randomVector(2, 10)), stash, need_dx);
     EXPECT_EQ(dx.defined(), need_dx);
     if (need_dx) {
       EXPECT_EQ(dx.shape(), x.shape());
@@ -244,10 +247,12 @@ TEST(LayerTest, CostFactsOfKnownLayers) {
     l->setup(in);
     return std::tuple{l->paramCount(), l->flops(), l->outputShape()};
   };
-  EXPECT_EQ(facts("linear: {out: 10}", {784}), std::tuple(int64_t{7850}, int64_t{2 * 784 * 10 + 10}, Shape{10}));
+  EXPECT_EQ(facts("linear: {out: 10}", {784}),
+            std::tuple(int64_t{7850}, int64_t{2 * 784 * 10 + 10}, Shape{10}));
   EXPECT_EQ(facts("conv2d: {out: 8, kernel: 3}", {3, 10, 10}),
             std::tuple(int64_t{8 * 27 + 8}, int64_t{64 * 8 * (2 * 27 + 1)}, Shape{8, 8, 8}));
-  EXPECT_EQ(facts("maxpool2d: {kernel: 2}", {4, 9, 9}), std::tuple(int64_t{0}, int64_t{4 * 16 * 4}, Shape{4, 4, 4}));
+  EXPECT_EQ(facts("maxpool2d: {kernel: 2}", {4, 9, 9}),
+            std::tuple(int64_t{0}, int64_t{4 * 16 * 4}, Shape{4, 4, 4}));
   EXPECT_EQ(std::get<0>(facts("embedding: {vocab: 100, dim: 8}", {5})), 800);
   EXPECT_EQ(std::get<0>(facts("layernorm", {3, 16})), 32);
 }

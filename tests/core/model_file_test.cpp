@@ -21,7 +21,8 @@ using testing::expectThrowWith;
 class ModelFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model_ = std::make_unique<Model>(loadModelSpec(TANDEM_SOURCE_DIR "/examples/models/resnet-mini.yaml"));
+    model_ = std::make_unique<Model>(
+        loadModelSpec(TANDEM_SOURCE_DIR "/examples/models/resnet-mini.yaml"));
     model_->build(be_, 5);
     OptimizerOptions o;
     o.kind = "adamw";
@@ -91,7 +92,8 @@ TEST_F(ModelFileTest, CorruptedBytesNeverCrash) {
   int rejected = 0;
   for (int trial = 0; trial < 400; ++trial) {
     std::vector<uint8_t> bad = bytes_;
-    for (int k = 0; k < 4; ++k) bad[rng.below(bad.size())] ^= static_cast<uint8_t>(1 + rng.below(255));
+    for (int k = 0; k < 4; ++k)
+      bad[rng.below(bad.size())] ^= static_cast<uint8_t>(1 + rng.below(255));
     try {
       const ModelFile f = parseModelFile(bad, "flipped");
       auto m = loadModel(f, be_);
@@ -109,7 +111,8 @@ TEST_F(ModelFileTest, RandomBytesAreRejected) {
   for (int trial = 0; trial < 200; ++trial) {
     std::vector<uint8_t> junk(1 + rng.below(4096));
     for (auto& b : junk) b = static_cast<uint8_t>(rng.below(256));
-    if (trial % 2 && junk.size() >= 8) std::copy_n("TDM1", 4, junk.begin() + 4);  // pass the identifier check
+    if (trial % 2 && junk.size() >= 8)
+      std::copy_n("TDM1", 4, junk.begin() + 4);  // pass the identifier check
     EXPECT_THROW(parseModelFile(junk, "junk"), FormatError);
   }
   expectThrowWith<FormatError>([] { parseModelFile(std::vector<uint8_t>(100, 0), "zeros"); },

@@ -41,28 +41,34 @@ TEST(ModelSpecTest, MissingFieldIsNamed) {
                                    {"layer 0", "linear", "m.yaml:3:5", "field 'out' is required"});
   expectThrowWith<InvalidArgument>([] { parse("name: x\nlayers:\n  - relu\n"); },
                                    {"m.yaml", "missing required key 'input'"});
-  expectThrowWith<InvalidArgument>([] { parse("input: [4]\n"); }, {"missing required key 'layers'"});
+  expectThrowWith<InvalidArgument>([] { parse("input: [4]\n"); },
+                                   {"missing required key 'layers'"});
 }
 
 TEST(ModelSpecTest, WrongTypeIsNamed) {
   expectThrowWith<InvalidArgument>([] { parse("input: [4]\nlayers:\n  - linear: {out: many}\n"); },
                                    {"field 'out' must be an integer", "m.yaml:3:5"});
-  expectThrowWith<InvalidArgument>([] { parse("input: [1, 8, 8]\nlayers:\n  - conv2d: {out: 2, kernel: [1, 2, 3]}\n"); },
-                                   {"field 'kernel' must be an integer or a list of two integers"});
-  expectThrowWith<InvalidArgument>([] { parse("input: [4]\nlayers:\n  - linear: {out: 2, bias: maybe}\n"); },
-                                   {"field 'bias' must be true or false"});
+  expectThrowWith<InvalidArgument>(
+      [] { parse("input: [1, 8, 8]\nlayers:\n  - conv2d: {out: 2, kernel: [1, 2, 3]}\n"); },
+      {"field 'kernel' must be an integer or a list of two integers"});
+  expectThrowWith<InvalidArgument>(
+      [] { parse("input: [4]\nlayers:\n  - linear: {out: 2, bias: maybe}\n"); },
+      {"field 'bias' must be true or false"});
   expectThrowWith<InvalidArgument>([] { parse("input: [4, -1]\nlayers: [relu]\n"); },
                                    {"m.yaml:1:", "'input' sizes must be positive integers"});
-  expectThrowWith<InvalidArgument>([] { parse("input: [4]\nlayers: relu\n"); }, {"'layers' must be a list"});
+  expectThrowWith<InvalidArgument>([] { parse("input: [4]\nlayers: relu\n"); },
+                                   {"'layers' must be a list"});
 }
 
 TEST(ModelSpecTest, UnknownFieldAndUnknownKeyAreNamed) {
-  expectThrowWith<InvalidArgument>([] { parse("input: [4]\nlayers:\n  - linear: {out: 2, outs: 3}\n"); },
-                                   {"unknown field 'outs'", "known:", "out"});
+  expectThrowWith<InvalidArgument>(
+      [] { parse("input: [4]\nlayers:\n  - linear: {out: 2, outs: 3}\n"); },
+      {"unknown field 'outs'", "known:", "out"});
   expectThrowWith<InvalidArgument>([] { parse("input: [4]\nlayer:\n  - relu\n"); },
                                    {"m.yaml:2:1", "unknown key 'layer'"});
-  expectThrowWith<InvalidArgument>([] { parse("input: [4]\nlayers:\n  - relu: {layers: [tanh]}\n"); },
-                                   {"'relu' does not take a 'layers' list"});
+  expectThrowWith<InvalidArgument>(
+      [] { parse("input: [4]\nlayers:\n  - relu: {layers: [tanh]}\n"); },
+      {"'relu' does not take a 'layers' list"});
 }
 
 TEST(ModelSpecTest, ShapeMismatchNamesLayerIndexTypeAndBothShapes) {
@@ -81,7 +87,8 @@ TEST(ModelSpecTest, ShapeMismatchNamesLayerIndexTypeAndBothShapes) {
 }
 
 TEST(ModelSpecTest, SyntaxErrorsAreFormatErrorsWithAPosition) {
-  expectThrowWith<FormatError>([] { parse("input: [4\nlayers:\n  - relu\n"); }, {"m.yaml:", "YAML syntax error"});
+  expectThrowWith<FormatError>([] { parse("input: [4\nlayers:\n  - relu\n"); },
+                               {"m.yaml:", "YAML syntax error"});
   expectThrowWith<InvalidArgument>([] { parse("- just\n- a list\n"); }, {"must be a map"});
   EXPECT_THROW(loadModelSpec("/nonexistent/model.yaml"), IoError);
 }

@@ -9,7 +9,8 @@
 namespace tandem {
 namespace {
 
-Param param(Backend& be, const std::string& name, const std::vector<float>& v, const std::vector<float>& g) {
+Param param(Backend& be, const std::string& name, const std::vector<float>& v,
+            const std::vector<float>& g) {
   Param p = makeParam(be, name, {static_cast<int64_t>(v.size())}, v);
   be.upload(p.grad, g.data());
   return p;

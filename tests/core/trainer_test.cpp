@@ -48,7 +48,8 @@ layers:
   - linear: {out: 4}
 )";
 
-std::vector<std::vector<float>> trainAndDump(uint64_t seed, int threads, const std::string& opt_kind) {
+std::vector<std::vector<float>> trainAndDump(uint64_t seed, int threads,
+                                             const std::string& opt_kind) {
   cpu::CpuBackend be(cpu::CpuOptions{threads});
   Model m(parseModelSpec(kNet));
   m.build(be, seed);
@@ -108,8 +109,9 @@ TEST(TrainerTest, ModelAndDataMustAgree) {
   m.build(be, 1);
   Optimizer opt(be, OptimizerOptions{});
   Trainer t(m, opt, TrainOptions{});
-  testing::expectThrowWith<InvalidArgument>([&] { t.trainEpoch(quadrants(10, 1), 0, {}); },
-                                            {"takes [1, 28, 28]", "quadrants samples are [1, 8, 8]"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { t.trainEpoch(quadrants(10, 1), 0, {}); },
+      {"takes [1, 28, 28]", "quadrants samples are [1, 8, 8]"});
 }
 
 TEST(LossTest, MseAndAccuracy) {

@@ -30,8 +30,10 @@ const std::string kModels = std::string(TANDEM_SOURCE_DIR) + "/examples/models/"
 
 TEST(CliTest, TrainSaveEvalInspect) {
   const std::string model = ::testing::TempDir() + "/cli_mlp.tdm";
-  const CliRun t = run("train --model " + kModels + "mlp.yaml --epochs 1 --batch 32 --threads 2 "
-                    "--train-limit 2000 --test-limit 500 --seed 3 --save " + model);
+  const CliRun t = run("train --model " + kModels +
+                       "mlp.yaml --epochs 1 --batch 32 --threads 2 "
+                       "--train-limit 2000 --test-limit 500 --seed 3 --save " +
+                       model);
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_NE(t.out.find("epoch 1/1: train loss"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("samples/s"), std::string::npos) << t.out;
@@ -42,7 +44,8 @@ TEST(CliTest, TrainSaveEvalInspect) {
 
   const CliRun e = run("eval " + model + " --test-limit 500");
   ASSERT_EQ(e.code, 0) << e.out;
-  EXPECT_NE(e.out.find("test accuracy: " + acc), std::string::npos) << "train said " << acc << "\n" << e.out;
+  EXPECT_NE(e.out.find("test accuracy: " + acc), std::string::npos) << "train said " << acc << "\n"
+                                                                    << e.out;
 
   const CliRun i = run("inspect " + model);
   ASSERT_EQ(i.code, 0) << i.out;

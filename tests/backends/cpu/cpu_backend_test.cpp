@@ -27,7 +27,8 @@ TEST_P(CpuOpsTest, GemmAllTransposesMatchNaive) {
   const int64_t m = n + 2, k = 2 * n + 1;
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
-      const auto a = randomVector(1, m * k), b = randomVector(2, k * n), c0 = randomVector(3, m * n);
+      const auto a = randomVector(1, m * k), b = randomVector(2, k * n),
+                 c0 = randomVector(3, m * n);
       Tensor at = toDevice(one_, ta ? Shape{k, m} : Shape{m, k}, a);
       Tensor bt = toDevice(one_, tb ? Shape{n, k} : Shape{k, n}, b);
       Tensor ct = toDevice(one_, {m, n}, c0);
@@ -37,9 +38,11 @@ TEST_P(CpuOpsTest, GemmAllTransposesMatchNaive) {
         for (int64_t j = 0; j < n; ++j) {
           double s = 0;
           for (int64_t p = 0; p < k; ++p)
-            s += static_cast<double>(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+            s += static_cast<double>(ta ? a[p * m + i] : a[i * k + p]) *
+                 (tb ? b[j * k + p] : b[p * n + j]);
           const double want = 0.5 * s + 2.0 * c0[i * n + j];
-          EXPECT_NEAR(got[i * n + j], want, 1e-4 * (1 + std::abs(want))) << ta << tb << i << "," << j;
+          EXPECT_NEAR(got[i * n + j], want, 1e-4 * (1 + std::abs(want)))
+              << ta << tb << i << "," << j;
         }
       }
     }
@@ -95,7 +98,8 @@ TEST_P(CpuOpsTest, BiasForwardAndGradient) {
   one_.biasGrad(toDevice(one_, {n, c}, randomVector(8, n * c)), db2);  // the [N, C] path
   const auto rows = randomVector(8, n * c);
   const auto g2 = toHost(db2);
-  for (int64_t ch = 0; ch < c; ++ch) EXPECT_NEAR(g2[ch], rows[ch] + rows[c + ch] + rows[2 * c + ch], 1e-5);
+  for (int64_t ch = 0; ch < c; ++ch)
+    EXPECT_NEAR(g2[ch], rows[ch] + rows[c + ch] + rows[2 * c + ch], 1e-5);
 }
 
 TEST_P(CpuOpsTest, ActivationsAndDerivativesMatchFormulas) {
@@ -107,12 +111,20 @@ TEST_P(CpuOpsTest, ActivationsAndDerivativesMatchFormulas) {
     double (*df)(double);
   };
   const Ref refs[] = {
-      {Activation::kReLU, [](double v) { return v > 0 ? v : 0.0; }, [](double v) { return v > 0 ? 1.0 : 0.0; }},
+      {Activation::kReLU, [](double v) { return v > 0 ? v : 0.0; },
+       [](double v) { return v > 0 ? 1.0 : 0.0; }},
       {Activation::kGELU, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); },
-       [](double v) { return 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-v * v / 2) / std::sqrt(2 * M_PI); }},
-      {Activation::kTanh, [](double v) { return std::tanh(v); }, [](double v) { return 1 - std::tanh(v) * std::tanh(v); }},
+       [](double v) {
+         return 0.5 * (1 + std::erf(v / std::sqrt(2.0))) +
+                v * std::exp(-v * v / 2) / std::sqrt(2 * M_PI);
+       }},
+      {Activation::kTanh, [](double v) { return std::tanh(v); },
+       [](double v) { return 1 - std::tanh(v) * std::tanh(v); }},
       {Activation::kSigmoid, [](double v) { return 1 / (1 + std::exp(-v)); },
-       [](double v) { const double s = 1 / (1 + std::exp(-v)); return s * (1 - s); }},
+       [](double v) {
+         const double s = 1 / (1 + std::exp(-v));
+         return s * (1 - s);
+       }},
   };
   for (const Ref& ref : refs) {
     Tensor xt = toDevice(one_, {n}, x), yt = one_.empty({n}), dx = one_.empty({n});
@@ -158,7 +170,8 @@ TEST_P(CpuOpsTest, SoftmaxCrossEntropyMatchesNaive) {
   std::vector<int32_t> labels;
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>((i * 3) % c));
   Tensor loss = one_.empty({n}), grad = one_.empty({n, c});
-  one_.softmaxCrossEntropy(toDevice(one_, {n, c}, logits), toDeviceI32(one_, {n}, labels), 0.5f, loss, grad);
+  one_.softmaxCrossEntropy(toDevice(one_, {n, c}, logits), toDeviceI32(one_, {n}, labels), 0.5f,
+                           loss, grad);
   const auto l = toHost(loss), g = toHost(grad);
   for (int64_t i = 0; i < n; ++i) {
     double z = 0;
@@ -171,15 +184,20 @@ TEST_P(CpuOpsTest, SoftmaxCrossEntropyMatchesNaive) {
   }
   labels[2] = static_cast<int32_t>(c);
   testing::expectThrowWith<InvalidArgument>(
-      [&] { one_.softmaxCrossEntropy(toDevice(one_, {n, c}, logits), toDeviceI32(one_, {n}, labels), 1, loss, grad); },
+      [&] {
+        one_.softmaxCrossEntropy(toDevice(one_, {n, c}, logits), toDeviceI32(one_, {n}, labels), 1,
+                                 loss, grad);
+      },
       {"label " + std::to_string(c), "sample 2"});
 }
 
 TEST_P(CpuOpsTest, LayerNormMatchesNaive) {
   const int64_t d = GetParam(), m = 4;
-  const auto x = randomVector(13, m * d, -2, 2), gamma = randomVector(14, d), beta = randomVector(15, d);
+  const auto x = randomVector(13, m * d, -2, 2), gamma = randomVector(14, d),
+             beta = randomVector(15, d);
   Tensor y = one_.empty({m, d}), mean = one_.empty({m}), rstd = one_.empty({m});
-  one_.layerNorm(toDevice(one_, {m, d}, x), toDevice(one_, {d}, gamma), toDevice(one_, {d}, beta), 1e-5f, y, mean, rstd);
+  one_.layerNorm(toDevice(one_, {m, d}, x), toDevice(one_, {d}, gamma), toDevice(one_, {d}, beta),
+                 1e-5f, y, mean, rstd);
   const auto yv = toHost(y);
   for (int64_t r = 0; r < m; ++r) {
     double mu = 0, var = 0;
@@ -188,7 +206,8 @@ TEST_P(CpuOpsTest, LayerNormMatchesNaive) {
     for (int64_t i = 0; i < d; ++i) var += (x[r * d + i] - mu) * (x[r * d + i] - mu);
     var /= d;
     for (int64_t i = 0; i < d; ++i)
-      EXPECT_NEAR(yv[r * d + i], (x[r * d + i] - mu) / std::sqrt(var + 1e-5) * gamma[i] + beta[i], 1e-4);
+      EXPECT_NEAR(yv[r * d + i], (x[r * d + i] - mu) / std::sqrt(var + 1e-5) * gamma[i] + beta[i],
+                  1e-4);
   }
 }
 
@@ -211,7 +230,10 @@ TEST_P(CpuOpsTest, EmbeddingGathersAndScatters) {
     EXPECT_FLOAT_EQ(g[1 * d + j], 0.0f);
   }
   testing::expectThrowWith<InvalidArgument>(
-      [&] { one_.embedding(toDeviceI32(one_, {1}, {5}), toDevice(one_, {vocab, d}, table), one_.empty({1, d})); },
+      [&] {
+        one_.embedding(toDeviceI32(one_, {1}, {5}), toDevice(one_, {vocab, d}, table),
+                       one_.empty({1, d}));
+      },
       {"embedding id 5", "[0, 5)"});
 }
 
@@ -237,7 +259,8 @@ TEST_P(CpuOpsTest, SgdAndAdamWMatchScalarFormulas) {
   Tensor wm = toDevice(one_, {n}, w0), vm = one_.zeros({n});
   for (int k = 0; k < 2; ++k) one_.sgdStep(wm, gt, vm, SgdStep{0.1f, 0.9f, 0.0f, false});
   const auto wmv = toHost(wm);
-  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(wmv[i], w0[i] - 0.1f * g[i] - 0.1f * 1.9f * g[i], 1e-6);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(wmv[i], w0[i] - 0.1f * g[i] - 0.1f * 1.9f * g[i], 1e-6);
   // No momentum: no velocity tensor needed.
   Tensor wp = toDevice(one_, {n}, w0);
   one_.sgdStep(wp, gt, Tensor(), SgdStep{0.5f, 0.0f, 0.0f, false});
@@ -254,7 +277,8 @@ TEST_P(CpuOpsTest, SgdAndAdamWMatchScalarFormulas) {
       wi -= 0.01 * 0.1 * wi;
       mi = 0.9 * mi + 0.1 * g[i];
       vi = 0.999 * vi + 0.001 * g[i] * g[i];
-      wi -= 0.01 * (mi / (1 - std::pow(0.9, step))) / (std::sqrt(vi / (1 - std::pow(0.999, step))) + 1e-8);
+      wi -= 0.01 * (mi / (1 - std::pow(0.9, step))) /
+            (std::sqrt(vi / (1 - std::pow(0.999, step))) + 1e-8);
     }
     EXPECT_NEAR(a[i], wi, 1e-5);
   }

@@ -48,9 +48,11 @@ TEST_P(SpatialTest, Im2colMatchesNaiveGather) {
         for (int64_t s = 0; s < n; ++s)
           for (int64_t oy = 0; oy < oh; ++oy)
             for (int64_t ox = 0; ox < ow; ++ox) {
-              const int64_t iy = oy * g.stride_h - g.pad_h + ki, ix = ox * g.stride_w - g.pad_w + kj;
+              const int64_t iy = oy * g.stride_h - g.pad_h + ki,
+                            ix = ox * g.stride_w - g.pad_w + kj;
               const float want = iy < 0 || iy >= g.height || ix < 0 || ix >= g.width
-                                     ? 0.0f : x[((s * g.channels + ch) * g.height + iy) * g.width + ix];
+                                     ? 0.0f
+                                     : x[((s * g.channels + ch) * g.height + iy) * g.width + ix];
               const int64_t row = (ch * g.kernel_h + ki) * g.kernel_w + kj;
               ASSERT_EQ(c[row * n * oh * ow + s * oh * ow + oy * ow + ox], want);
             }
@@ -73,11 +75,13 @@ TEST_P(SpatialTest, Col2imIsTheAdjointOfIm2col) {
 
 TEST_P(SpatialTest, PoolingMatchesNaive) {
   const Window2d g = window();
-  ASSERT_TRUE(2 * g.pad_h <= g.kernel_h && 2 * g.pad_w <= g.kernel_w) << "pooling needs pad <= kernel / 2";
+  ASSERT_TRUE(2 * g.pad_h <= g.kernel_h && 2 * g.pad_w <= g.kernel_w)
+      << "pooling needs pad <= kernel / 2";
   const int64_t n = GetParam().n, oh = g.outHeight(), ow = g.outWidth();
   const Shape xs{n, g.channels, g.height, g.width}, ys{n, g.channels, oh, ow};
   const auto x = randomVector(4, xs.numel());
-  Tensor xt = toDevice(be_, xs, x), ymax = be_.empty(ys), arg = be_.empty(ys, DType::kI32), yavg = be_.empty(ys);
+  Tensor xt = toDevice(be_, xs, x), ymax = be_.empty(ys), arg = be_.empty(ys, DType::kI32),
+         yavg = be_.empty(ys);
   be_.maxPool(xt, g, ymax, arg);
   be_.avgPool(xt, g, yavg);
   const auto mx = toHost(ymax), av = toHost(yavg);
@@ -131,10 +135,16 @@ TEST(SpatialOpsTest, Transpose01SwapsTheFirstTwoDimensions) {
 TEST(SpatialOpsTest, ShapeMismatchesAreErrors) {
   cpu::CpuBackend be;
   const Window2d g{2, 5, 5, 3, 3, 1, 1, 0, 0};
-  testing::expectThrowWith<InvalidArgument>([&] { be.im2col(be.zeros({1, 3, 5, 5}), g, be.zeros({18, 9})); },
-                                            {"im2col", "[1, 3, 5, 5]"});
-  testing::expectThrowWith<InvalidArgument>([&] { be.im2col(be.zeros({1, 2, 5, 5}), g, be.zeros({18, 10})); },
-                                            {"col [18, 10]", "expected [18, 9]"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        be.im2col(be.zeros({1, 3, 5, 5}), g, be.zeros({18, 9}));
+      },
+      {"im2col", "[1, 3, 5, 5]"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        be.im2col(be.zeros({1, 2, 5, 5}), g, be.zeros({18, 10}));
+      },
+      {"col [18, 10]", "expected [18, 9]"});
 }
 
 }  // namespace

@@ -34,9 +34,10 @@ TEST(ThreadPoolTest, RangesAreTheSameEveryCall) {
 
 TEST(ThreadPoolTest, ExceptionsReachTheCallerAndThePoolSurvives) {
   ThreadPool pool(3);
-  EXPECT_THROW(pool.parallelFor(300, 1, [](int64_t b, int64_t) {
-                 if (b > 0) throw std::runtime_error("range failed");
-               }),
+  EXPECT_THROW(pool.parallelFor(300, 1,
+                                [](int64_t b, int64_t) {
+                                  if (b > 0) throw std::runtime_error("range failed");
+                                }),
                std::runtime_error);
   std::atomic<int64_t> sum{0};
   pool.parallelFor(10, 1, [&](int64_t b, int64_t e) { sum += e - b; });
