@@ -14,6 +14,13 @@ Model::Model(const ModelSpec& spec) : name_(spec.name), input_(spec.input), laye
 DType Model::inputDType() const { return layers_.layer(0).inputDType(); }
 
 void Model::build(Backend& backend, uint64_t seed) {
+  // Parameters, their gradients and up to two optimizer slots must fit on the device.
+  const DeviceInfo device = backend.info();
+  const double need = static_cast<double>(paramCount()) * 4.0 * 4.0;
+  TANDEM_CHECK_MSG(need <= static_cast<double>(device.memory_bytes), InvalidArgument,
+                   "model '" << name_ << "' has " << paramCount() << " parameters, needing "
+                             << need << " bytes with gradients and optimizer state; "
+                             << device.name << " has " << device.memory_bytes);
   Rng rng(seed);
   layers_.build(backend, rng);
   backend_ = &backend;

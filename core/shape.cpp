@@ -32,7 +32,10 @@ int64_t& Shape::operator[](int i) {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= dims_[i];
+  for (int i = 0; i < rank_; ++i) {
+    TANDEM_CHECK_MSG(!__builtin_mul_overflow(n, dims_[i], &n), InvalidArgument,
+                     "shape " << str() << " has more elements than fit in 64 bits");
+  }
   return n;
 }
 

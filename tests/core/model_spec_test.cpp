@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+
+#include "backends/cpu/cpu_backend.h"
+
 #include "core/error.h"
 #include "core/layers/residual.h"
 #include "tests/test_util.h"
@@ -99,6 +104,40 @@ TEST(ModelSpecTest, DeepNestingIsRejectedNotOverflowed) {
   yaml += "relu";
   for (int i = 0; i < 40; ++i) yaml += "]}";
   expectThrowWith<InvalidArgument>([&] { parse(yaml + "\n"); }, {"nested more than 32 deep"});
+}
+
+TEST(ModelSpecTest, AbsurdSizesAreErrorsNotOverflows) {
+  expectThrowWith<InvalidArgument>([] { parse("input: [4000000000, 4000000000, 4000000000]\nlayers: [relu]\n"); },
+                                   {"more elements than fit in 64 bits"});
+  cpu::CpuBackend be;
+  Model huge = parse("input: [100000]\nlayers:\n  - linear: {out: 100000000}\n");
+  expectThrowWith<InvalidArgument>([&] { huge.build(be, 1); }, {"parameters, needing", "cpu has"});
+}
+
+// Random edits of the example specs: every outcome is a model or a tandem::Error.
+TEST(ModelSpecTest, MutatedSpecsNeverEscapeTheErrorHierarchy) {
+  const char* files[] = {"mlp.yaml", "cnn.yaml", "resnet-mini.yaml"};
+  const std::string alphabet = "{}[]:,- \n#abcxyz0123456789.";
+  Rng rng(11);
+  int errors = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    std::ifstream in(std::string(TANDEM_SOURCE_DIR "/examples/models/") + files[trial % 3]);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (int k = 0; k < 1 + static_cast<int>(rng.below(4)); ++k) {
+      const size_t at = rng.below(text.size());
+      switch (rng.below(3)) {
+        case 0: text[at] = alphabet[rng.below(alphabet.size())]; break;
+        case 1: text.erase(at, 1 + rng.below(8)); break;
+        default: text.insert(at, 1, alphabet[rng.below(alphabet.size())]); break;
+      }
+    }
+    try {
+      Model m(parseModelSpec(text, "mutated.yaml"));
+    } catch (const Error&) {
+      ++errors;
+    }
+  }
+  EXPECT_GT(errors, 100);
 }
 
 }  // namespace
