@@ -1,0 +1,27 @@
+// What travels between pipeline stages: the kind of a message and the tag (kind,
+// microbatch) by which a receiver asks for it. Shared by core's Link interface (with the
+// pipeline issue) and the transport that implements it.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace tandem {
+
+enum class MessageKind : uint8_t { kActivation = 0, kGradient = 1, kLabel = 2, kControl = 3 };
+
+inline std::string_view messageKindName(MessageKind k) {
+  switch (k) {
+    case MessageKind::kActivation:
+      return "activation";
+    case MessageKind::kGradient:
+      return "gradient";
+    case MessageKind::kLabel:
+      return "label";
+    case MessageKind::kControl:
+      return "control";
+  }
+  return "invalid";
+}
+
+}  // namespace tandem

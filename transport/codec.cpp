@@ -1,0 +1,314 @@
+#include "transport/codec.h"
+
+#include <immintrin.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace tandem::transport {
+
+namespace {
+
+// Branch-free bfloat16 rounding (round-to-nearest-even; NaN stays a quiet NaN) so the
+// loops below vectorise.
+inline uint16_t toBf16(uint32_t x) {
+  const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(nan ? ((x >> 16) | 0x40u) : rounded);
+}
+
+bool hasAvx2() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+}
+
+void encodeBf16Portable(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = toBf16(std::bit_cast<uint32_t>(in[i]));
+}
+
+// toBf16 on 8 values, as 32-bit lanes.
+__attribute__((target("avx2"))) inline __m256i bf16Round8(const float* p) {
+  const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(p));
+  const __m256i hi = _mm256_srli_epi32(x, 16);
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)),
+                                         _mm256_and_si256(hi, _mm256_set1_epi32(1))),
+                        16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+
+__attribute__((target("avx2"))) void encodeBf16Avx2(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    // packus interleaves 128-bit lanes; the permute restores element order.
+    const __m256i packed = _mm256_packus_epi32(bf16Round8(in + i), bf16Round8(in + i + 8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm256_permute4x64_epi64(packed, 0xd8));
+  }
+  encodeBf16Portable(in + i, out + i, n - i);
+}
+
+void encodeBf16(const float* in, uint16_t* out, size_t n) {
+  if (hasAvx2()) {
+    encodeBf16Avx2(in, out, n);
+  } else {
+    encodeBf16Portable(in, out, n);
+  }
+}
+
+// int8: per block, scale = absmax / 127 and q = round-to-nearest-even(x * 127 / absmax).
+// Both paths round the same way, so they agree bit for bit. Returns false if a value is
+// not finite (the caller names it).
+bool encodeInt8Portable(const float* in, int8_t* q, float* scales, size_t n, size_t block) {
+  for (size_t b = 0, k = 0; b < n; b += block, ++k) {
+    const size_t len = std::min(block, n - b);
+    float m = 0.0f;
+    for (size_t i = 0; i < len; ++i) m = std::max(m, std::fabs(in[b + i]));
+    if (!(m <= std::numeric_limits<float>::max())) return false;
+    scales[k] = m / 127.0f;
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    for (size_t i = 0; i < len; ++i)
+      q[b + i] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(in[b + i] * inv)));
+  }
+  return true;
+}
+
+__attribute__((target("avx2"))) bool encodeInt8Avx2(const float* in, int8_t* q, float* scales,
+                                                    size_t n, size_t block) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (size_t b = 0, k = 0; b < n; b += block, ++k) {
+    const size_t len = std::min(block, n - b);
+    const float* x = in + b;
+    __m256 vm = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      const __m256 ax = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+      vm = _mm256_max_ps(vm, ax);
+      // max_ps drops NaN lanes, so flag inf and NaN separately (unordered compare).
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(ax, largest, _CMP_NLE_UQ));
+    }
+    if (_mm256_movemask_ps(bad) != 0) return false;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vm);
+    float m = 0.0f;
+    for (float l : lanes) m = std::max(m, l);
+    for (; i < len; ++i) {
+      if (!std::isfinite(x[i])) return false;
+      m = std::max(m, std::fabs(x[i]));
+    }
+    scales[k] = m / 127.0f;
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    int8_t* out = q + b;
+    i = 0;
+    for (; i + 32 <= len; i += 32) {
+      __m256i r[4];
+      for (int j = 0; j < 4; ++j)
+        r[j] =
+            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vinv),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const __m256i w =
+          _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm256_permutevar8x32_epi32(w, order));
+    }
+    for (; i < len; ++i)
+      out[i] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(x[i] * inv)));
+  }
+  return true;
+}
+
+__attribute__((target_clones("avx2", "default"))) void decodeBf16(const uint16_t* __restrict in,
+                                                                  float* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+}
+
+__attribute__((target_clones("avx2", "default"))) void dequantise(const int8_t* __restrict in,
+                                                                  float* __restrict out, size_t n,
+                                                                  float scale) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]) * scale;
+}
+
+__attribute__((target("avx,f16c"))) void toHalfF16C(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  floatsToHalfPortable(in + i, out + i, n - i);
+}
+
+__attribute__((target("avx,f16c"))) void fromHalfF16C(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  halfsToFloatPortable(in + i, out + i, n - i);
+}
+
+}  // namespace
+
+bool hasF16C() {
+  static const bool has = [] {
+    __builtin_cpu_init();  // may run before the CPU model is initialised otherwise
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  }();
+  return has;
+}
+
+void floatsToHalfPortable(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = floatToHalf(in[i]);
+}
+
+void halfsToFloatPortable(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float f = halfToFloat(in[i]);
+    // F16C quietens signalling NaNs; do the same so both paths agree bit for bit.
+    if ((in[i] & 0x7c00u) == 0x7c00u && (in[i] & 0x3ffu))
+      f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 0x00400000u);
+    out[i] = f;
+  }
+}
+
+void floatsToHalf(const float* in, uint16_t* out, size_t n) {
+  if (hasF16C()) {
+    toHalfF16C(in, out, n);
+  } else {
+    floatsToHalfPortable(in, out, n);
+  }
+}
+
+void halfsToFloat(const uint16_t* in, float* out, size_t n) {
+  if (hasF16C()) {
+    fromHalfF16C(in, out, n);
+  } else {
+    halfsToFloatPortable(in, out, n);
+  }
+}
+
+std::string_view codecName(Codec c) {
+  switch (c) {
+    case Codec::kRaw:
+      return "raw";
+    case Codec::kF16:
+      return "fp16";
+    case Codec::kBF16:
+      return "bf16";
+    case Codec::kI8:
+      return "int8";
+  }
+  return "invalid";
+}
+
+Codec parseCodec(std::string_view name) {
+  if (name == "raw" || name == "fp32") return Codec::kRaw;
+  if (name == "fp16") return Codec::kF16;
+  if (name == "bf16") return Codec::kBF16;
+  if (name == "int8") return Codec::kI8;
+  throw InvalidArgument("unknown codec '" + std::string(name) +
+                        "' (expected fp32, fp16, bf16 or int8)");
+}
+
+uint64_t encodedBytes(Codec c, DType dtype, uint64_t numel) {
+  if (c == Codec::kRaw) return numel * dtypeSize(dtype);
+  TANDEM_CHECK_MSG(dtype == DType::kF32, InvalidArgument,
+                   "codec " << codecName(c) << " applies to f32 tensors, not " << dtypeName(dtype));
+  switch (c) {
+    case Codec::kF16:
+    case Codec::kBF16:
+      return numel * 2;
+    case Codec::kI8:
+      return numel;
+    case Codec::kRaw:
+      break;
+  }
+  throw InvalidArgument("unknown codec " + std::to_string(static_cast<int>(c)));
+}
+
+void encode(Codec c, std::span<const float> in, Encoded& out, uint32_t block) {
+  const size_t n = in.size();
+  out.scales.clear();
+  out.block = 0;
+  out.payload.resize(static_cast<size_t>(encodedBytes(c, DType::kF32, n)));
+  switch (c) {
+    case Codec::kRaw:
+      if (n) std::memcpy(out.payload.data(), in.data(), n * 4);
+      return;
+    case Codec::kF16:
+      floatsToHalf(in.data(), reinterpret_cast<uint16_t*>(out.payload.data()), n);
+      return;
+    case Codec::kBF16:
+      encodeBf16(in.data(), reinterpret_cast<uint16_t*>(out.payload.data()), n);
+      return;
+    case Codec::kI8: {
+      TANDEM_CHECK_MSG(block > 0, InvalidArgument, "int8 codec: block size must be positive");
+      out.block = block;
+      out.scales.resize((n + block - 1) / block);
+      auto* q = reinterpret_cast<int8_t*>(out.payload.data());
+      const bool ok = hasAvx2() ? encodeInt8Avx2(in.data(), q, out.scales.data(), n, block)
+                                : encodeInt8Portable(in.data(), q, out.scales.data(), n, block);
+      if (!ok) {
+        for (size_t i = 0; i < n; ++i)
+          TANDEM_CHECK_MSG(std::isfinite(in[i]), InvalidArgument,
+                           "int8 codec: value " << in[i] << " at index " << i << " is not finite");
+      }
+      return;
+    }
+  }
+  throw InvalidArgument("unknown codec " + std::to_string(static_cast<int>(c)));
+}
+
+void decode(Codec c, std::span<const uint8_t> payload, std::span<const float> scales,
+            uint32_t block, std::span<float> out) {
+  const size_t n = out.size();
+  const uint64_t want = encodedBytes(c, DType::kF32, n);
+  TANDEM_CHECK_MSG(payload.size() == want, FormatError,
+                   codecName(c) << " payload of " << payload.size() << " bytes for " << n
+                                << " values (expected " << want << ")");
+  switch (c) {
+    case Codec::kRaw:
+      if (n) std::memcpy(out.data(), payload.data(), n * 4);
+      return;
+    case Codec::kF16:
+      halfsToFloat(reinterpret_cast<const uint16_t*>(payload.data()), out.data(), n);
+      return;
+    case Codec::kBF16:
+      decodeBf16(reinterpret_cast<const uint16_t*>(payload.data()), out.data(), n);
+      return;
+    case Codec::kI8: {
+      const size_t blocks = block ? (n + block - 1) / block : 0;
+      TANDEM_CHECK_MSG(block > 0 && scales.size() == blocks, FormatError,
+                       "int8 payload of " << n << " values in blocks of " << block << " has "
+                                          << scales.size() << " scales");
+      const auto* q = reinterpret_cast<const int8_t*>(payload.data());
+      for (size_t b = 0, k = 0; b < n; b += block, ++k)
+        dequantise(q + b, out.data() + b, std::min<size_t>(block, n - b), scales[k]);
+      return;
+    }
+  }
+  throw FormatError("unknown codec " + std::to_string(static_cast<int>(c)));
+}
+
+void ErrorFeedback::encode(Codec c, std::span<const float> values, Encoded& out, uint32_t block) {
+  const size_t n = values.size();
+  if (residual_.size() != n) residual_.assign(n, 0.0f);
+  corrected_.resize(n);
+  for (size_t i = 0; i < n; ++i) corrected_[i] = values[i] + residual_[i];
+  transport::encode(c, corrected_, out, block);
+  decoded_.resize(n);
+  decode(c, out.payload, out.scales, out.block, decoded_);
+  for (size_t i = 0; i < n; ++i) residual_[i] = corrected_[i] - decoded_[i];
+}
+
+}  // namespace tandem::transport
