@@ -1,0 +1,261 @@
+// ZmqLink over inproc, ipc and tcp: round trips of every dtype x codec x shape, matching
+// out of order, bounded buffering under a fast sender, hostile messages rejected and
+// counted while the link keeps working, and timeouts that name the peer.
+#include "transport/zmq_link.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace tandem::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::expectThrowWith;
+
+std::string bindFor(const std::string& kind, const std::string& name) {
+  if (kind == "inproc") return "inproc://" + name;
+  if (kind == "ipc")
+    return "ipc://" + ::testing::TempDir() + "/tandem-" + name + "-" + std::to_string(getpid());
+  return "tcp://127.0.0.1:*";
+}
+
+struct Pair {
+  std::unique_ptr<ZmqLink> a, b;
+};
+
+Pair makePair(Context& ctx, const std::string& kind, LinkOptions base = {}) {
+  static int counter = 0;
+  const std::string id = std::to_string(counter++);
+  LinkOptions oa = base, ob = base;
+  oa.bind = bindFor(kind, "a" + id);
+  ob.bind = bindFor(kind, "b" + id);
+  Pair p;
+  p.a = std::make_unique<ZmqLink>(ctx, oa);
+  p.b = std::make_unique<ZmqLink>(ctx, ob);
+  p.a->connect(p.b->endpoint());
+  p.b->connect(p.a->endpoint());
+  return p;
+}
+
+class LinkTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  Context ctx_;
+  cpu::CpuBackend be_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Endpoints, LinkTest, ::testing::Values("inproc", "ipc", "tcp"));
+
+TEST_P(LinkTest, EveryDtypeCodecAndShapeRoundTrips) {
+  for (Codec codec : {Codec::kRaw, Codec::kF16, Codec::kBF16, Codec::kI8}) {
+    LinkOptions o;
+    o.codec = codec;
+    o.checksum = codec == Codec::kBF16;
+    o.timeout = 5s;
+    Pair p = makePair(ctx_, GetParam(), o);
+    int64_t mb = 0;
+    for (const Shape& s : {Shape{0}, Shape{1}, Shape{7, 13}, Shape{127, 3}, Shape{2, 3, 4, 5}}) {
+      const auto v = testing::randomVector(static_cast<uint64_t>(mb) + 1, s.numel(), -3, 3);
+      p.a->send({MessageKind::kActivation, mb}, toDevice(be_, s, v));
+      std::vector<int32_t> ids(static_cast<size_t>(s.numel()));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 7 - 3);
+      p.a->send({MessageKind::kLabel, mb}, toDeviceI32(be_, s, ids));
+
+      const Tensor got = p.b->recv({MessageKind::kActivation, mb}, be_);
+      ASSERT_EQ(got.shape(), s);
+      const auto g = toHost(got);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const float tol = codec == Codec::kRaw    ? 0.0f
+                          : codec == Codec::kF16  ? 3 * std::ldexp(1.0f, -11)
+                          : codec == Codec::kBF16 ? 3 * std::ldexp(1.0f, -8)
+                                                  : 3.0f / 254 * 1.001f;
+        ASSERT_NEAR(g[i], v[i], tol) << codecName(codec) << " " << s;
+      }
+      EXPECT_EQ(toHostI32(p.b->recv({MessageKind::kLabel, mb}, be_)), ids);  // i32 always raw
+      ++mb;
+    }
+    EXPECT_EQ(p.a->stats().messages_sent, 10u);
+    EXPECT_EQ(p.b->stats().messages_received, 10u);
+    EXPECT_EQ(p.b->stats().rejects, 0u);
+    // 593 f32 values and 593 i32 labels were sent; labels always travel raw.
+    const uint64_t f32_wire = encodedBytes(codec, DType::kF32, 593);
+    EXPECT_EQ(p.a->stats().bytes_sent_raw, 2u * 593 * 4);
+    EXPECT_EQ(p.a->stats().bytes_sent_wire, f32_wire + 593 * 4);
+    EXPECT_EQ(p.b->stats().bytes_received_wire, p.a->stats().bytes_sent_wire);
+  }
+}
+
+TEST_P(LinkTest, MessagesAreMatchedByTagWhateverTheirOrder) {
+  LinkOptions o;
+  o.timeout = 5s;
+  Pair p = makePair(ctx_, GetParam(), o);
+  std::vector<MessageTag> tags;
+  for (int64_t mb = 0; mb < 6; ++mb)
+    for (MessageKind k : {MessageKind::kActivation, MessageKind::kGradient})
+      tags.push_back({k, mb});
+  std::vector<MessageTag> shuffled = tags;
+  Rng rng(3);
+  for (size_t i = shuffled.size() - 1; i > 0; --i)
+    std::swap(shuffled[i], shuffled[rng.below(i + 1)]);
+  for (const MessageTag& t : shuffled)
+    p.b->send(t,
+              toDevice(be_, {2}, {static_cast<float>(t.microbatch), static_cast<float>(t.kind)}));
+  for (const MessageTag& t : tags) {
+    const auto v = toHost(p.a->recv(t, be_));
+    EXPECT_EQ(v,
+              (std::vector<float>{static_cast<float>(t.microbatch), static_cast<float>(t.kind)}));
+  }
+  EXPECT_EQ(p.a->buffered(), 0u);
+  // The other direction works on the same pair.
+  p.a->send({MessageKind::kGradient, 9}, toDevice(be_, {1}, {4.5f}));
+  EXPECT_EQ(toHost(p.b->recv({MessageKind::kGradient, 9}, be_)), std::vector<float>{4.5f});
+}
+
+TEST_P(LinkTest, RecvTimesOutNamingThePeer) {
+  LinkOptions o;
+  o.timeout = 200ms;
+  Pair p = makePair(ctx_, GetParam(), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  expectThrowWith<Timeout>(
+      [&] {
+        p.a->recv({MessageKind::kGradient, 3}, be_);
+      },
+      {"no (gradient, microbatch 3)", p.b->endpoint(), "200 ms"});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST(LinkBoundsTest, AFastSenderBlocksWithinTheHighWaterMarks) {
+  // Nobody receives: the sender may queue at most send_hwm + recv_hwm messages (inproc
+  // has no kernel buffers), then its send times out instead of growing memory.
+  Context ctx;
+  cpu::CpuBackend be;
+  LinkOptions o;
+  o.timeout = 100ms;
+  o.send_hwm = 4;
+  o.recv_hwm = 4;
+  Pair p = makePair(ctx, "inproc", o);
+  const Tensor t = be.zeros({1024});
+  int sent = 0;
+  try {
+    for (; sent < 1000; ++sent) p.a->send({MessageKind::kActivation, sent}, t);
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find(p.b->endpoint()), std::string::npos) << e.what();
+  }
+  EXPECT_LE(sent, 8 + 2);
+  EXPECT_GE(sent, 4);
+  // What was queued is still delivered.
+  for (int i = 0; i < sent; ++i)
+    EXPECT_EQ(p.b->recv({MessageKind::kActivation, i}, be).numel(), 1024);
+}
+
+TEST(LinkBoundsTest, TheOutOfOrderBufferIsBounded) {
+  Context ctx;
+  cpu::CpuBackend be;
+  LinkOptions o;
+  o.timeout = 2s;
+  o.max_buffered_messages = 5;
+  Pair p = makePair(ctx, "inproc", o);
+  for (int i = 0; i < 8; ++i) p.a->send({MessageKind::kActivation, i}, be.zeros({4}));
+  expectThrowWith<Error>(
+      [&] {
+        p.b->recv({MessageKind::kGradient, 0}, be);
+      },
+      {"receive buffer full (5 messages", "not asked for"});
+  EXPECT_LE(p.b->buffered(), 5u);
+}
+
+TEST(LinkHostileTest, BadMessagesAreRejectedCountedAndTheLinkLivesOn) {
+  Context ctx;
+  cpu::CpuBackend be;
+  LinkOptions o;
+  o.timeout = 2s;
+  o.limits.max_payload_bytes = 1 << 20;
+  Pair p = makePair(ctx, "inproc", o);
+  zmq::socket_t raw(ctx.zmq(), zmq::socket_type::push);
+  raw.connect(p.b->endpoint());
+  auto sendFrames = [&](const std::vector<std::vector<uint8_t>>& frames) {
+    for (size_t i = 0; i < frames.size(); ++i)
+      raw.send(zmq::buffer(frames[i]),
+               i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  };
+  WireHeader good;
+  good.shape = Shape{4};
+  good.payload_bytes = 16;
+  const std::vector<uint8_t> good_header = encodeHeader(good);
+  WireHeader mismatched = good;
+  mismatched.shape = Shape{5};  // payload_bytes says 16, shape says 20
+  WireHeader unknown_codec = good;
+  unknown_codec.codec = static_cast<Codec>(7);
+  WireHeader oversize = good;
+  oversize.shape = Shape{1 << 20};
+  oversize.payload_bytes = uint64_t{4} << 20;
+  WireHeader bad_sum = good;
+  bad_sum.checksum = 1;
+  Rng rng(1);
+  std::vector<uint8_t> junk(200);
+  for (auto& b : junk) b = static_cast<uint8_t>(rng.below(256));
+  const std::vector<uint8_t> payload(16, 0);
+  sendFrames({junk, payload});  // random bytes
+  sendFrames(
+      {std::vector<uint8_t>(good_header.begin(), good_header.begin() + 10), payload});  // truncated
+  sendFrames({encodeHeader(mismatched), payload});      // shape vs payload
+  sendFrames({encodeHeader(unknown_codec), payload});   // unknown codec
+  sendFrames({encodeHeader(oversize), payload});        // over the cap
+  sendFrames({encodeHeader(bad_sum), payload});         // wrong checksum
+  sendFrames({good_header});                            // one frame
+  sendFrames({good_header, payload, payload});          // three frames
+  sendFrames({good_header, std::vector<uint8_t>(12)});  // short payload
+  // A valid message right after, on the same pipe (PULL fair-queues between peers, so
+  // order is only kept within one sender), is still received.
+  const std::vector<float> values = {1, 2, 3, 4};
+  std::vector<uint8_t> value_bytes(16);
+  std::memcpy(value_bytes.data(), values.data(), 16);
+  sendFrames({good_header, value_bytes});
+  EXPECT_EQ(toHost(p.b->recv({MessageKind::kActivation, 0}, be)), values);
+  EXPECT_EQ(p.b->stats().rejects, 9u) << p.b->stats().last_reject;
+  EXPECT_NE(p.b->stats().last_reject.find("12 bytes, the header announced 16"), std::string::npos)
+      << p.b->stats().last_reject;
+  EXPECT_EQ(p.b->buffered(), 0u);
+}
+
+TEST(LinkErrorFeedbackTest, GradientsCarryTheirResidualAcrossMessages) {
+  Context ctx;
+  cpu::CpuBackend be;
+  LinkOptions o;
+  o.codec = Codec::kI8;
+  o.error_feedback = true;
+  o.int8_block = 8;
+  o.timeout = 2s;
+  Pair p = makePair(ctx, "inproc", o);
+  std::vector<float> g(8, 0.001f);
+  g[0] = 1.0f;
+  double sum_true = 0, sum_got = 0;
+  for (int m = 0; m < 200; ++m) {
+    p.a->send({MessageKind::kGradient, m}, toDevice(be, {8}, g));
+    sum_true += g[1];
+    sum_got += toHost(p.b->recv({MessageKind::kGradient, m}, be))[1];
+  }
+  EXPECT_NEAR(sum_got, sum_true, 0.5 / 127 * 1.01);  // plain int8 would lose all 0.2
+}
+
+TEST(LinkOptionsTest, BadOptionsAreNamed) {
+  Context ctx;
+  LinkOptions o;
+  expectThrowWith<InvalidArgument>([&] { ZmqLink(ctx, o); }, {"no endpoint to bind"});
+  o.bind = "bogus://x";
+  expectThrowWith<IoError>([&] { ZmqLink(ctx, o); }, {"cannot bind 'bogus://x'"});
+  o.bind = "inproc://options-test";
+  ZmqLink l(ctx, o);
+  cpu::CpuBackend be;
+  expectThrowWith<InvalidArgument>([&] { l.send({}, be.zeros({1})); }, {"no peer to send to"});
+}
+
+}  // namespace
+}  // namespace tandem::transport

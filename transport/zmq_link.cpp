@@ -1,0 +1,208 @@
+#include "transport/zmq_link.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tandem::transport {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int millisLeft(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::max<int64_t>(0, left.count()));
+}
+
+// Frees a payload ZeroMQ has finished sending.
+void freeBytes(void*, void* hint) { delete static_cast<std::vector<uint8_t>*>(hint); }
+
+}  // namespace
+
+ZmqLink::ZmqLink(Context& context, LinkOptions options)
+    : options_(std::move(options)),
+      push_(context.zmq(), zmq::socket_type::push),
+      pull_(context.zmq(), zmq::socket_type::pull) {
+  TANDEM_CHECK_MSG(!options_.bind.empty(), InvalidArgument, "link: no endpoint to bind");
+  TANDEM_CHECK_MSG(options_.timeout.count() > 0, InvalidArgument, "link: timeout must be positive");
+  TANDEM_CHECK_MSG(options_.send_hwm > 0 && options_.recv_hwm > 0, InvalidArgument,
+                   "link: high-water marks must be positive");
+  for (zmq::socket_t* s : {&push_, &pull_})
+    s->set(zmq::sockopt::linger, static_cast<int>(options_.linger.count()));
+  push_.set(zmq::sockopt::sndhwm, options_.send_hwm);
+  pull_.set(zmq::sockopt::rcvhwm, options_.recv_hwm);
+  // ZeroMQ itself refuses messages beyond the caps before they are buffered.
+  pull_.set(zmq::sockopt::maxmsgsize,
+            static_cast<int64_t>(
+                std::max(options_.limits.max_payload_bytes, options_.limits.max_header_bytes)));
+  try {
+    pull_.bind(options_.bind);
+  } catch (const zmq::error_t& e) {
+    throw IoError("link: cannot bind '" + options_.bind + "': " + e.what());
+  }
+  endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
+  if (!options_.connect.empty()) {
+    const std::string peer = options_.connect;
+    options_.connect.clear();
+    connect(peer);
+  }
+}
+
+ZmqLink::~ZmqLink() = default;
+
+void ZmqLink::connect(const std::string& endpoint) {
+  TANDEM_CHECK_MSG(options_.connect.empty(), InvalidArgument,
+                   "link: already connected to '" << options_.connect << "'");
+  try {
+    push_.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw IoError("link: cannot connect to '" + endpoint + "': " + e.what());
+  }
+  options_.connect = endpoint;
+}
+
+std::string ZmqLink::describe(const MessageTag& tag) const {
+  return "(" + std::string(messageKindName(tag.kind)) + ", microbatch " +
+         std::to_string(tag.microbatch) + ")";
+}
+
+void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
+  TANDEM_CHECK_MSG(!options_.connect.empty(), InvalidArgument,
+                   "link bound at '" << endpoint_ << "' has no peer to send to");
+  WireHeader h;
+  h.job = options_.job;
+  h.src_stage = options_.stage;
+  h.dst_stage = options_.peer_stage;
+  h.microbatch = tag.microbatch;
+  h.kind = tag.kind;
+  h.dtype = t.dtype();
+  h.shape = t.shape();
+  auto payload = std::make_unique<std::vector<uint8_t>>();
+  if (t.dtype() == DType::kF32 && options_.codec != Codec::kRaw) {
+    const std::vector<float> values = toHost(t);
+    Encoded e;
+    if (options_.error_feedback && tag.kind == MessageKind::kGradient) {
+      feedback_[tag.kind].encode(options_.codec, values, e, options_.int8_block);
+    } else {
+      encode(options_.codec, values, e, options_.int8_block);
+    }
+    h.codec = options_.codec;
+    h.block = e.block;
+    h.scales = std::move(e.scales);
+    *payload = std::move(e.payload);
+  } else {
+    payload->resize(t.bytes());
+    if (t.bytes()) t.backend().download(t, payload->data());
+  }
+  h.payload_bytes = payload->size();
+  if (options_.checksum) h.checksum = payloadChecksum(*payload);
+  const std::vector<uint8_t> header = encodeHeader(h);
+
+  zmq::message_t head(header.data(), header.size());
+  const size_t wire_bytes = payload->size();
+  zmq::message_t body(payload->data(), payload->size(), freeBytes, payload.get());
+  payload.release();  // owned by ZeroMQ now; freeBytes deletes it
+
+  const auto t0 = Clock::now();
+  push_.set(zmq::sockopt::sndtimeo, static_cast<int>(options_.timeout.count()));
+  const bool sent = push_.send(head, zmq::send_flags::sndmore).has_value() &&
+                    push_.send(body, zmq::send_flags::none).has_value();
+  stats_.send_blocked_s += seconds(Clock::now() - t0);
+  if (!sent)
+    throw Timeout("link: sending " + describe(tag) + " to '" + options_.connect + "' blocked for " +
+                  std::to_string(options_.timeout.count()) + " ms (is the peer receiving?)");
+  ++stats_.messages_sent;
+  stats_.bytes_sent_raw += t.bytes();
+  stats_.bytes_sent_wire += wire_bytes;
+}
+
+void ZmqLink::reject(const std::string& why) {
+  ++stats_.rejects;
+  stats_.last_reject = "message to '" + endpoint_ + "' (peer '" + options_.connect + "'): " + why;
+}
+
+bool ZmqLink::receiveOne(Clock::time_point deadline) {
+  zmq::message_t head;
+  pull_.set(zmq::sockopt::rcvtimeo, millisLeft(deadline));
+  const auto t0 = Clock::now();
+  const bool got = pull_.recv(head, zmq::recv_flags::none).has_value();
+  stats_.recv_blocked_s += seconds(Clock::now() - t0);
+  if (!got) return false;
+  if (!head.more()) {
+    reject("a message of 1 frame (expected header and payload)");
+    return true;
+  }
+  zmq::message_t body;
+  pull_.set(zmq::sockopt::rcvtimeo, 1000);  // the rest of a multipart message is already here
+  if (!pull_.recv(body, zmq::recv_flags::none).has_value()) {
+    reject("the payload frame did not follow its header");
+    return true;
+  }
+  if (body.more()) {  // drain the rest of the message, then refuse it
+    while (body.more() && pull_.recv(body, zmq::recv_flags::none).has_value()) {
+    }
+    reject("a message of more than 2 frames");
+    return true;
+  }
+  Pending p;
+  try {
+    p.header =
+        decodeHeader({static_cast<const uint8_t*>(head.data()), head.size()}, options_.limits);
+    checkPayload(p.header, {static_cast<const uint8_t*>(body.data()), body.size()});
+  } catch (const FormatError& e) {
+    reject(e.what());
+    return true;
+  }
+  const MessageTag tag{p.header.kind, p.header.microbatch};
+  if (stash_.size() >= options_.max_buffered_messages ||
+      stash_bytes_ + body.size() > options_.max_buffered_bytes) {
+    throw Error("link '" + endpoint_ + "': receive buffer full (" + std::to_string(stash_.size()) +
+                " messages, " + std::to_string(stash_bytes_) + " bytes) with " + describe(tag) +
+                " arriving from '" + options_.connect +
+                "'; the peer sends messages that are not asked for");
+  }
+  stash_bytes_ += body.size();
+  p.payload = std::move(body);
+  stash_.emplace(tag, std::move(p));
+  return true;
+}
+
+Tensor ZmqLink::decodeInto(Pending& p, Backend& backend) {
+  const WireHeader& h = p.header;
+  Tensor t = backend.empty(h.shape, h.dtype);
+  const std::span<const uint8_t> bytes(static_cast<const uint8_t*>(p.payload.data()),
+                                       p.payload.size());
+  if (h.codec == Codec::kRaw) {
+    if (t.bytes()) backend.upload(t, bytes.data());
+  } else {
+    std::vector<float> values(static_cast<size_t>(h.shape.numel()));
+    decode(h.codec, bytes, h.scales, h.block, values);
+    backend.upload(t, values.data());
+  }
+  ++stats_.messages_received;
+  stats_.bytes_received_raw += t.bytes();
+  stats_.bytes_received_wire += bytes.size();
+  return t;
+}
+
+Tensor ZmqLink::recv(const MessageTag& tag, Backend& backend) {
+  const auto deadline = Clock::now() + options_.timeout;
+  for (;;) {
+    auto it = stash_.find(tag);
+    if (it != stash_.end()) {
+      Pending p = std::move(it->second);
+      stash_.erase(it);
+      stash_bytes_ -= p.payload.size();
+      return decodeInto(p, backend);
+    }
+    if (!receiveOne(deadline))
+      throw Timeout("link '" + endpoint_ + "': no " + describe(tag) + " from '" + options_.connect +
+                    "' within " + std::to_string(options_.timeout.count()) + " ms");
+  }
+}
+
+}  // namespace tandem::transport

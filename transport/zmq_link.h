@@ -1,0 +1,101 @@
+// ZmqLink: core's Link over ZeroMQ for tcp://, ipc:// and inproc:// endpoints.
+//
+// Each side binds a PULL socket on its own endpoint and connects a PUSH socket to the
+// peer's: ZeroMQ reconnects a restarted peer without the link object changing, and the
+// high-water marks bound what is queued in each direction, so a fast sender blocks
+// (until its timeout) instead of growing memory. A message is two frames: the wire
+// header, then the payload, handed to ZeroMQ without a copy and freed by its callback.
+//
+// recv(tag) keeps messages that arrive for other tags in a bounded buffer. A message
+// that fails any check (frames, header verification, sizes, checksum) is rejected,
+// counted in stats() with the reason, and skipped: the link keeps working.
+//
+// Threading: one thread drives a link; the Context must outlive its links.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <zmq.hpp>
+
+#include "core/pipeline/link.h"
+#include "transport/codec.h"
+#include "transport/wire.h"
+
+namespace tandem::transport {
+
+// One per process: ZeroMQ's I/O threads and the inproc namespace.
+class Context {
+ public:
+  explicit Context(int io_threads = 1) : ctx_(io_threads) {}
+  zmq::context_t& zmq() { return ctx_; }
+
+ private:
+  zmq::context_t ctx_;
+};
+
+struct LinkOptions {
+  std::string bind;             // where this side receives, e.g. "tcp://127.0.0.1:*" (any port)
+  std::string connect;          // the peer's receive endpoint; may be given later with connect()
+  Codec codec = Codec::kRaw;    // for f32 tensors sent; other dtypes always go raw
+  bool error_feedback = false;  // for gradients under a lossy codec
+  uint32_t int8_block = kDefaultInt8Block;
+  bool checksum = false;
+  std::chrono::milliseconds timeout{30000};  // every blocking send and recv
+  std::chrono::milliseconds linger{2000};    // how long close waits to deliver queued sends
+  int send_hwm = 16, recv_hwm = 16;          // messages ZeroMQ queues per direction
+  size_t max_buffered_messages = 64;         // held by recv for other tags
+  uint64_t max_buffered_bytes = uint64_t{1} << 30;
+  WireLimits limits;
+  uint64_t job = 0;
+  int32_t stage = 0, peer_stage = 0;
+};
+
+struct LinkStats {
+  uint64_t messages_sent = 0, messages_received = 0;
+  uint64_t bytes_sent_raw = 0, bytes_sent_wire = 0;  // tensor bytes / payload bytes
+  uint64_t bytes_received_raw = 0, bytes_received_wire = 0;
+  uint64_t rejects = 0;
+  std::string last_reject;  // why the latest rejected message was refused
+  double send_blocked_s = 0, recv_blocked_s = 0;
+};
+
+class ZmqLink final : public Link {
+ public:
+  ZmqLink(Context& context, LinkOptions options);
+  ~ZmqLink() override;
+
+  void send(const MessageTag& tag, const Tensor& t) override;
+  Tensor recv(const MessageTag& tag, Backend& backend) override;
+  const std::string& peer() const override { return options_.connect; }
+
+  // Connects the sending side to the peer's receive endpoint.
+  void connect(const std::string& endpoint);
+  // The endpoint this side actually bound (resolves "tcp://host:*" to its port).
+  const std::string& endpoint() const { return endpoint_; }
+  const LinkStats& stats() const { return stats_; }
+  size_t buffered() const { return stash_.size(); }
+
+ private:
+  struct Pending {
+    WireHeader header;
+    zmq::message_t payload;
+  };
+
+  // Reads one message (or times out: false) and stashes it, or rejects it.
+  bool receiveOne(std::chrono::steady_clock::time_point deadline);
+  void reject(const std::string& why);
+  Tensor decodeInto(Pending& p, Backend& backend);
+  std::string describe(const MessageTag& tag) const;
+
+  LinkOptions options_;
+  zmq::socket_t push_, pull_;
+  std::string endpoint_;
+  std::multimap<MessageTag, Pending> stash_;  // equal tags stay in arrival order
+  uint64_t stash_bytes_ = 0;
+  std::map<MessageKind, ErrorFeedback> feedback_;
+  LinkStats stats_;
+};
+
+}  // namespace tandem::transport
