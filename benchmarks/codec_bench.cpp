@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/ratio_reporter.h"
 #include "core/random.h"
 #include "transport/codec.h"
 
@@ -76,38 +77,15 @@ BENCHMARK_CAPTURE(BM_Decode, fp16, Codec::kF16) SIZES;
 BENCHMARK_CAPTURE(BM_Decode, bf16, Codec::kBF16) SIZES;
 BENCHMARK_CAPTURE(BM_Decode, int8, Codec::kI8) SIZES;
 
-// Collects bytes/s per run so main() can print ratios to the reference loop.
-class RatioReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& r : runs) rates_[r.benchmark_name()] = r.counters.at("bytes_per_second");
-    ConsoleReporter::ReportRuns(runs);
-  }
-  void printRatios() const {
-    std::printf("\n%-14s %10s %14s %14s %8s\n", "codec", "size", "GB/s", "F16C loop GB/s", "ratio");
-    for (const auto& [name, rate] : rates_) {
-      if (name.rfind("BM_PlainF16cLoop", 0) == 0) continue;
-      const std::string size = name.substr(name.rfind('/') + 1);
-      const auto ref = rates_.find("BM_PlainF16cLoop/" + size);
-      if (ref == rates_.end()) continue;
-      std::printf("%-14s %10s %14.2f %14.2f %8.2f\n", name.substr(3, name.rfind('/') - 3).c_str(),
-                  size.c_str(), rate / 1e9, ref->second / 1e9, rate / ref->second);
-    }
-  }
-
- private:
-  std::map<std::string, double> rates_;
-};
-
 }  // namespace
 }  // namespace tandem::transport
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  tandem::transport::RatioReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  reporter.printRatios();
   std::printf("fp16 path: %s\n", tandem::transport::hasF16C() ? "F16C" : "portable");
-  benchmark::Shutdown();
-  return 0;
+  std::vector<tandem::bench::RatioRule> rules;
+  for (const char* dir : {"Encode", "Decode"})
+    for (const char* codec : {"fp16", "bf16", "int8"})
+      rules.push_back({std::string("BM_") + dir + "/" + codec, "BM_PlainF16cLoop",
+                       std::string(dir) + " " + codec + " vs F16C loop"});
+  return tandem::bench::runWithRatios(argc, argv, rules);
 }

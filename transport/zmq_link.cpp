@@ -18,8 +18,13 @@ int millisLeft(Clock::time_point deadline) {
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 
-// Frees a payload ZeroMQ has finished sending.
-void freeBytes(void*, void* hint) { delete static_cast<std::vector<uint8_t>*>(hint); }
+// A payload in flight: its bytes, and the pool to return them to.
+struct InFlight {
+  std::unique_ptr<std::vector<uint8_t>> bytes;
+  std::weak_ptr<void> pool;
+};
+
+constexpr size_t kPooledBuffers = 8;
 
 }  // namespace
 
@@ -65,9 +70,22 @@ void ZmqLink::connect(const std::string& endpoint) {
   options_.connect = endpoint;
 }
 
+std::unique_ptr<std::vector<uint8_t>> ZmqLink::takeBuffer() {
+  std::lock_guard<std::mutex> lock(buffers_->mutex);
+  if (buffers_->free.empty()) return std::make_unique<std::vector<uint8_t>>();
+  auto b = std::move(buffers_->free.back());
+  buffers_->free.pop_back();
+  return b;
+}
+
 std::string ZmqLink::describe(const MessageTag& tag) const {
-  return "(" + std::string(messageKindName(tag.kind)) + ", microbatch " +
-         std::to_string(tag.microbatch) + ")";
+  // Appends rather than "(" + std::string(...): GCC 12 at -O3 warns falsely (-Wrestrict)
+  // on a literal plus a temporary string.
+  std::string s(1, '(');
+  s.append(messageKindName(tag.kind))
+      .append(", microbatch ")
+      .append(std::to_string(tag.microbatch));
+  return s.append(1, ')');
 }
 
 void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
@@ -81,7 +99,7 @@ void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
   h.kind = tag.kind;
   h.dtype = t.dtype();
   h.shape = t.shape();
-  auto payload = std::make_unique<std::vector<uint8_t>>();
+  auto payload = takeBuffer();
   if (t.dtype() == DType::kF32 && options_.codec != Codec::kRaw) {
     const std::vector<float> values = toHost(t);
     Encoded e;
@@ -104,8 +122,17 @@ void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
 
   zmq::message_t head(header.data(), header.size());
   const size_t wire_bytes = payload->size();
-  zmq::message_t body(payload->data(), payload->size(), freeBytes, payload.get());
-  payload.release();  // owned by ZeroMQ now; freeBytes deletes it
+  // Zero copy: ZeroMQ sends from the buffer and calls back when done, from its I/O
+  // thread, possibly after this link is gone (then the buffer is simply freed).
+  auto* flight = new InFlight{std::move(payload), buffers_};
+  auto done = [](void*, void* hint) {
+    std::unique_ptr<InFlight> f(static_cast<InFlight*>(hint));
+    if (auto pool = std::static_pointer_cast<BufferPool>(f->pool.lock())) {
+      std::lock_guard<std::mutex> lock(pool->mutex);
+      if (pool->free.size() < kPooledBuffers) pool->free.push_back(std::move(f->bytes));
+    }
+  };
+  zmq::message_t body(flight->bytes->data(), flight->bytes->size(), done, flight);
 
   const auto t0 = Clock::now();
   push_.set(zmq::sockopt::sndtimeo, static_cast<int>(options_.timeout.count()));

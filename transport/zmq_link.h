@@ -16,7 +16,9 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 #include <zmq.hpp>
 
 #include "core/pipeline/link.h"
@@ -89,7 +91,17 @@ class ZmqLink final : public Link {
   Tensor decodeInto(Pending& p, Backend& backend);
   std::string describe(const MessageTag& tag) const;
 
+  // Payload buffers ZeroMQ has finished with, kept for the next sends so large messages
+  // do not fault in fresh pages every time. Returned from ZeroMQ's I/O thread.
+  struct BufferPool {
+    std::mutex mutex;
+    std::vector<std::unique_ptr<std::vector<uint8_t>>> free;  // guarded by mutex
+  };
+  std::unique_ptr<std::vector<uint8_t>> takeBuffer();
+
   LinkOptions options_;
+  // Shared with the free callbacks of messages still in flight, which may outlive the link.
+  std::shared_ptr<BufferPool> buffers_ = std::make_shared<BufferPool>();
   zmq::socket_t push_, pull_;
   std::string endpoint_;
   std::multimap<MessageTag, Pending> stash_;  // equal tags stay in arrival order

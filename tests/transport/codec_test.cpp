@@ -143,7 +143,9 @@ TEST_P(CodecRoundTripTest, ErrorWithinTheStatedBound) {
       }
     }
   }
-  if (codec == Codec::kI8) EXPECT_EQ(e.scales.size(), static_cast<size_t>((n + 63) / 64));
+  if (codec == Codec::kI8) {
+    EXPECT_EQ(e.scales.size(), static_cast<size_t>((n + 63) / 64));
+  }
 }
 
 TEST(CodecTest, Int8EdgeCases) {

@@ -1,0 +1,220 @@
+// Link throughput and latency beside what the medium allows, measured in the same run:
+//   tcp link        vs a plain POSIX TCP socket pair over loopback moving the same bytes
+//   inproc link     vs memcpy of the same bytes
+//   64-byte round trip over a tcp link vs a bare ZeroMQ REQ/REP round trip
+// Throughput runs send a batch of messages per iteration and wait for the receiver's
+// acknowledgement, so bytes still queued are never counted. The ratio table at the end
+// divides our rate by the reference's (> 1: faster).
+#include <arpa/inet.h>
+#include <benchmark/benchmark.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "benchmarks/ratio_reporter.h"
+#include "transport/zmq_link.h"
+
+namespace tandem::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+int64_t batchFor(int64_t bytes) { return std::max<int64_t>(4, (int64_t{8} << 20) / bytes); }
+
+struct LinkPair {
+  std::unique_ptr<ZmqLink> a, b;
+};
+
+LinkPair makeLinks(Context& ctx, const std::string& kind) {
+  static int id = 0;
+  LinkOptions o;
+  o.timeout = 60s;
+  o.send_hwm = 4;
+  o.recv_hwm = 4;
+  LinkOptions oa = o, ob = o;
+  oa.bind = kind == "tcp" ? "tcp://127.0.0.1:*" : "inproc://bench-a" + std::to_string(id);
+  ob.bind = kind == "tcp" ? "tcp://127.0.0.1:*" : "inproc://bench-b" + std::to_string(id);
+  ++id;
+  LinkPair p{std::make_unique<ZmqLink>(ctx, oa), std::make_unique<ZmqLink>(ctx, ob)};
+  p.a->connect(p.b->endpoint());
+  p.b->connect(p.a->endpoint());
+  return p;
+}
+
+void linkThroughput(benchmark::State& state, const std::string& kind) {
+  const int64_t bytes = state.range(0), batch = batchFor(bytes);
+  Context ctx;
+  cpu::CpuBackend be;
+  LinkPair p = makeLinks(ctx, kind);
+  const Tensor t = be.zeros({bytes / 4});
+  std::thread receiver([&] {  // receives batches and acknowledges each; a 1-value message stops it
+    cpu::CpuBackend rbe;
+    for (int64_t mb = 0;; ++mb) {
+      const Tensor r = p.b->recv({MessageKind::kActivation, mb}, rbe);
+      if (r.numel() == 1) break;
+      if ((mb + 1) % batch == 0) p.b->send({MessageKind::kControl, mb}, rbe.zeros({1}));
+    }
+  });
+  int64_t mb = 0;
+  for (auto _ : state) {
+    for (int64_t i = 0; i < batch; ++i) p.a->send({MessageKind::kActivation, mb++}, t);
+    p.a->recv({MessageKind::kControl, mb - 1}, be);
+  }
+  p.a->send({MessageKind::kActivation, mb}, be.zeros({1}));
+  receiver.join();
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * batch * bytes);
+}
+
+void BM_TcpLink(benchmark::State& state) { linkThroughput(state, "tcp"); }
+void BM_InprocLink(benchmark::State& state) { linkThroughput(state, "inproc"); }
+
+// A loopback TCP connection: {sender fd, receiver fd}.
+std::pair<int, int> tcpPair() {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  listen(listener, 1);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int out = socket(AF_INET, SOCK_STREAM, 0);
+  connect(out, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  const int in = accept(listener, nullptr, nullptr);
+  close(listener);
+  const int one = 1;
+  setsockopt(out, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(in, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return {out, in};
+}
+
+void writeAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n) {
+    const ssize_t w = write(fd, c, n);
+    if (w <= 0) return;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void readAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n) {
+    const ssize_t r = read(fd, c, n);
+    if (r <= 0) return;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+void BM_PlainTcpSocket(benchmark::State& state) {
+  const int64_t bytes = state.range(0), batch = batchFor(bytes);
+  auto [out, in] = tcpPair();
+  std::vector<char> send_buf(static_cast<size_t>(bytes)), recv_buf(static_cast<size_t>(bytes));
+  std::thread receiver([&, in = in] {
+    for (int64_t m = 0;; ++m) {
+      uint64_t size = 0;
+      readAll(in, &size, sizeof size);
+      if (size == 0) break;
+      readAll(in, recv_buf.data(), size);
+      if ((m + 1) % batch == 0) writeAll(in, "k", 1);
+    }
+  });
+  for (auto _ : state) {
+    for (int64_t i = 0; i < batch; ++i) {
+      const uint64_t size = static_cast<uint64_t>(bytes);
+      writeAll(out, &size, sizeof size);  // a length prefix, as any framing needs
+      writeAll(out, send_buf.data(), static_cast<size_t>(bytes));
+    }
+    char ack;
+    readAll(out, &ack, 1);
+  }
+  const uint64_t stop = 0;
+  writeAll(out, &stop, sizeof stop);
+  receiver.join();
+  close(out);
+  close(in);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * batch * bytes);
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  const int64_t bytes = state.range(0), batch = batchFor(bytes);
+  std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes));
+  for (auto _ : state) {
+    for (int64_t i = 0; i < batch; ++i) {
+      std::memcpy(dst.data(), src.data(), static_cast<size_t>(bytes));
+      benchmark::DoNotOptimize(dst.data());
+    }
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * batch * bytes);
+}
+
+void BM_TcpLinkRoundTrip(benchmark::State& state) {
+  Context ctx;
+  cpu::CpuBackend be;
+  LinkPair p = makeLinks(ctx, "tcp");
+  const Tensor t = be.zeros({16});  // 64 bytes
+  std::thread echo([&] {
+    cpu::CpuBackend ebe;
+    for (int64_t mb = 0;; ++mb) {
+      const Tensor r = p.b->recv({MessageKind::kActivation, mb}, ebe);
+      if (r.numel() != 16) break;
+      p.b->send({MessageKind::kGradient, mb}, r);
+    }
+  });
+  int64_t mb = 0;
+  for (auto _ : state) {
+    p.a->send({MessageKind::kActivation, mb}, t);
+    p.a->recv({MessageKind::kGradient, mb}, be);
+    ++mb;
+  }
+  p.a->send({MessageKind::kActivation, mb}, be.zeros({1}));
+  echo.join();
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+
+void BM_ZmqReqRepRoundTrip(benchmark::State& state) {
+  zmq::context_t ctx;
+  zmq::socket_t rep(ctx, zmq::socket_type::rep), req(ctx, zmq::socket_type::req);
+  rep.bind("tcp://127.0.0.1:*");
+  req.connect(rep.get(zmq::sockopt::last_endpoint));
+  std::thread echo([&] {
+    zmq::message_t m;
+    while (rep.recv(m, zmq::recv_flags::none) && m.size() == 64) rep.send(m, zmq::send_flags::none);
+  });
+  std::vector<char> payload(64);
+  zmq::message_t reply;
+  for (auto _ : state) {
+    req.send(zmq::buffer(payload), zmq::send_flags::none);
+    (void)req.recv(reply, zmq::recv_flags::none);
+  }
+  req.send(zmq::str_buffer("x"), zmq::send_flags::none);
+  echo.join();
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+
+#define SIZES ->Arg(64 << 10)->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()
+BENCHMARK(BM_TcpLink) SIZES;
+BENCHMARK(BM_PlainTcpSocket) SIZES;
+BENCHMARK(BM_InprocLink) SIZES;
+BENCHMARK(BM_Memcpy) SIZES;
+BENCHMARK(BM_TcpLinkRoundTrip)->UseRealTime();
+BENCHMARK(BM_ZmqReqRepRoundTrip)->UseRealTime();
+
+}  // namespace
+}  // namespace tandem::transport
+
+int main(int argc, char** argv) {
+  return tandem::bench::runWithRatios(
+      argc, argv,
+      {{"BM_TcpLink/", "BM_PlainTcpSocket/", "tcp link vs plain TCP socket"},
+       {"BM_InprocLink/", "BM_Memcpy/", "inproc link vs memcpy"},
+       {"BM_TcpLinkRoundTrip", "BM_ZmqReqRepRoundTrip", "64 B round trip vs ZMQ REQ/REP"}});
+}

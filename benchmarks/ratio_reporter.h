@@ -1,0 +1,71 @@
+// A Google Benchmark reporter that, after the usual console output, prints each of our
+// results next to its reference from the same run and their ratio. Rules map a prefix of
+// our benchmark names to the reference's prefix; the rest of the name (the size
+// arguments) must match. Ratios compare rates (bytes or items per second), so > 1 means
+// we are faster than the reference.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tandem::bench {
+
+struct RatioRule {
+  std::string ours, reference, label;
+};
+
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  explicit RatioReporter(std::vector<RatioRule> rules) : rules_(std::move(rules)) {}
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      for (const char* key : {"bytes_per_second", "items_per_second"}) {
+        auto it = r.counters.find(key);
+        if (it != r.counters.end()) rates_[r.benchmark_name()] = {it->second, key[0] == 'b'};
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+
+  void printRatios() const {
+    std::printf("\n%-34s %-12s %14s %14s %8s\n", "ours vs reference", "args", "ours", "reference",
+                "ratio");
+    for (const RatioRule& rule : rules_) {
+      for (const auto& [name, rate] : rates_) {
+        if (name.rfind(rule.ours, 0) != 0) continue;
+        const std::string args = name.substr(rule.ours.size());
+        const auto ref = rates_.find(rule.reference + args);
+        if (ref == rates_.end()) continue;
+        const double scale = rate.bytes ? 1e9 : 1e3;
+        std::printf("%-34s %-12s %11.2f %s %11.2f %s %8.2f\n", rule.label.c_str(), args.c_str(),
+                    rate.value / scale, rate.bytes ? "GB/s" : "k/s ", ref->second.value / scale,
+                    rate.bytes ? "GB/s" : "k/s ", rate.value / ref->second.value);
+      }
+    }
+  }
+
+ private:
+  struct Rate {
+    double value;
+    bool bytes;
+  };
+  std::vector<RatioRule> rules_;
+  std::map<std::string, Rate> rates_;
+};
+
+// Runs the registered benchmarks with a RatioReporter and prints the table.
+inline int runWithRatios(int argc, char** argv, std::vector<RatioRule> rules) {
+  benchmark::Initialize(&argc, argv);
+  RatioReporter reporter(std::move(rules));
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  reporter.printRatios();
+  benchmark::Shutdown();
+  return 0;
+}
+
+}  // namespace tandem::bench
