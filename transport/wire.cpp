@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -48,6 +49,14 @@ WireHeader decodeHeader(std::span<const uint8_t> bytes, const WireLimits& limits
   if (bytes.size() > limits.max_header_bytes)
     bad(std::to_string(bytes.size()) + " bytes exceeds the cap of " +
         std::to_string(limits.max_header_bytes));
+  // FlatBuffers reads fields in place and needs them aligned; ZeroMQ hands small frames
+  // at arbitrary offsets inside its receive buffer. Copy those (headers are small).
+  std::vector<uint64_t> aligned;
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint64_t) != 0) {
+    aligned.resize((bytes.size() + 7) / 8);
+    std::memcpy(aligned.data(), bytes.data(), bytes.size());
+    bytes = {reinterpret_cast<const uint8_t*>(aligned.data()), bytes.size()};
+  }
   if (!wire::HeaderBufferHasIdentifier(bytes.data())) bad("missing the 'TDW1' identifier");
   flatbuffers::Verifier verifier(bytes.data(), bytes.size(), /*max_depth=*/8, /*max_tables=*/16);
   if (!wire::VerifyHeaderBuffer(verifier)) bad("failed FlatBuffers verification");

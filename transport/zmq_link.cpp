@@ -206,8 +206,16 @@ Tensor ZmqLink::decodeInto(Pending& p, Backend& backend) {
   if (h.codec == Codec::kRaw) {
     if (t.bytes()) backend.upload(t, bytes.data());
   } else {
+    // Codecs read 2-byte values in place; a frame ZeroMQ placed at an odd offset is
+    // copied to aligned memory first.
+    std::vector<uint8_t> aligned;
+    std::span<const uint8_t> in = bytes;
+    if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) != 0) {
+      aligned.assign(bytes.begin(), bytes.end());
+      in = aligned;
+    }
     std::vector<float> values(static_cast<size_t>(h.shape.numel()));
-    decode(h.codec, bytes, h.scales, h.block, values);
+    decode(h.codec, in, h.scales, h.block, values);
     backend.upload(t, values.data());
   }
   ++stats_.messages_received;

@@ -50,6 +50,17 @@ TEST(WireTest, RoundTripKeepsEveryField) {
   EXPECT_FALSE(decodeHeader(encodeHeader(raw)).checksum.has_value());
 }
 
+TEST(WireTest, DecodesHeadersAtAnyAlignment) {
+  // ZeroMQ may deliver a frame at any offset; decoding must not depend on it.
+  const auto good = encodeHeader(sample());
+  std::vector<uint8_t> shifted(good.size() + 8);
+  for (size_t offset = 0; offset < 8; ++offset) {
+    std::copy(good.begin(), good.end(), shifted.begin() + static_cast<std::ptrdiff_t>(offset));
+    EXPECT_EQ(decodeHeader(std::span(shifted).subspan(offset, good.size())).microbatch, 7)
+        << offset;
+  }
+}
+
 TEST(WireTest, RandomBytesAndTruncationsAreRejected) {
   const auto good = encodeHeader(sample());
   for (size_t len = 0; len < good.size(); ++len)

@@ -1,0 +1,108 @@
+// A peer in another process that dies mid-transfer: the waiting side gets what was sent
+// before, then a Timeout naming the peer; nothing hangs. And a peer process that restarts
+// on the same endpoint is reached again without making a new link.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "tests/test_util.h"
+#include "transport/zmq_link.h"
+
+namespace tandem::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs `body` in a child process with its own ZeroMQ context; returns its pid.
+template <typename Body>
+pid_t spawn(Body body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      body();
+    } catch (...) {
+      _exit(2);
+    }
+    _exit(0);
+  }
+  return pid;
+}
+
+std::string ipcEndpoint(const std::string& name) {
+  return "ipc://" + ::testing::TempDir() + "/tandem-proc-" + name + "-" + std::to_string(getpid());
+}
+
+TEST(LinkProcessTest, APeerThatDiesMidTransferLeavesATimeoutNotAHang) {
+  const std::string parent_ep = ipcEndpoint("parent"), child_ep = ipcEndpoint("child");
+  const pid_t child = spawn([&] {
+    Context ctx;
+    cpu::CpuBackend be;
+    LinkOptions o;
+    o.bind = child_ep;
+    o.connect = parent_ep;
+    ZmqLink link(ctx, o);
+    link.send({MessageKind::kActivation, 0}, toDevice(be, {3}, {1, 2, 3}));
+    // Die with a large message in flight (microbatch 2) and microbatch 1 never sent.
+    // Whether the large message arrives whole or not, the wait for 1 must end.
+    link.send({MessageKind::kActivation, 2}, be.zeros({16 << 20}));
+    kill(getpid(), SIGKILL);
+  });
+  ASSERT_GT(child, 0);
+  Context ctx;
+  cpu::CpuBackend be;
+  LinkOptions o;
+  o.bind = parent_ep;
+  o.connect = child_ep;
+  o.timeout = 3s;
+  ZmqLink link(ctx, o);
+  EXPECT_EQ(toHost(link.recv({MessageKind::kActivation, 0}, be)), (std::vector<float>{1, 2, 3}));
+  const auto t0 = std::chrono::steady_clock::now();
+  testing::expectThrowWith<Timeout>(
+      [&] {
+        link.recv({MessageKind::kActivation, 1}, be);
+      },
+      {"no (activation, microbatch 1)", child_ep});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status));
+}
+
+TEST(LinkProcessTest, ARestartedPeerIsReachedByTheSameLink) {
+  const std::string parent_ep = ipcEndpoint("p2"), child_ep = ipcEndpoint("c2");
+  Context ctx;
+  cpu::CpuBackend be;
+  LinkOptions o;
+  o.bind = parent_ep;
+  o.connect = child_ep;
+  o.timeout = 5s;
+  ZmqLink link(ctx, o);
+  for (int run = 0; run < 2; ++run) {
+    // Each incarnation of the peer echoes one message back, plus its run number.
+    const pid_t child = spawn([&] {
+      Context cctx;
+      cpu::CpuBackend cbe;
+      LinkOptions co;
+      co.bind = child_ep;
+      co.connect = parent_ep;
+      co.timeout = 5s;
+      ZmqLink peer(cctx, co);
+      Tensor t = peer.recv({MessageKind::kActivation, run}, cbe);
+      std::vector<float> v = toHost(t);
+      v.push_back(static_cast<float>(run));
+      peer.send({MessageKind::kGradient, run}, toDevice(cbe, {static_cast<int64_t>(v.size())}, v));
+    });
+    link.send({MessageKind::kActivation, run}, toDevice(be, {1}, {7.0f}));
+    EXPECT_EQ(toHost(link.recv({MessageKind::kGradient, run}, be)),
+              (std::vector<float>{7.0f, static_cast<float>(run)}));
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::transport
