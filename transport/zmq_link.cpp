@@ -38,6 +38,29 @@ ZmqLink::ZmqLink(Context& context, LinkOptions options)
                    "link: high-water marks must be positive");
   for (zmq::socket_t* s : {&push_, &pull_})
     s->set(zmq::sockopt::linger, static_cast<int>(options_.linger.count()));
+  const bool curve =
+      !options_.curve_secret_key_file.empty() || !options_.curve_peer_public_key_file.empty();
+  if (curve) {
+    TANDEM_CHECK_MSG(
+        !options_.curve_secret_key_file.empty() && !options_.curve_peer_public_key_file.empty(),
+        InvalidArgument,
+        "link: CurveZMQ needs both a secret key file and the peer's public key file");
+    if (!curveSupported())
+      throw Unsupported("link: CurveZMQ requested but the installed libzmq has no CURVE support");
+    const std::string secret = readCurveKey(options_.curve_secret_key_file);
+    const std::string peer_public = readCurveKey(options_.curve_peer_public_key_file);
+    char own_public[41];
+    TANDEM_CHECK_MSG(zmq_curve_public(own_public, secret.c_str()) == 0, InvalidArgument,
+                     "link: '" << options_.curve_secret_key_file << "' is not a valid secret key");
+    // The receiving side is the CURVE server; the context's ZAP handler admits the peer only.
+    context.allowCurveKey(peer_public);
+    pull_.set(zmq::sockopt::zap_domain, "tandem");
+    pull_.set(zmq::sockopt::curve_server, 1);
+    pull_.set(zmq::sockopt::curve_secretkey, secret);
+    push_.set(zmq::sockopt::curve_serverkey, peer_public);
+    push_.set(zmq::sockopt::curve_publickey, std::string(own_public));
+    push_.set(zmq::sockopt::curve_secretkey, secret);
+  }
   push_.set(zmq::sockopt::sndhwm, options_.send_hwm);
   pull_.set(zmq::sockopt::rcvhwm, options_.recv_hwm);
   // ZeroMQ itself refuses messages beyond the caps before they are buffered.

@@ -13,11 +13,14 @@
 // Threading: one thread drives a link; the Context must outlive its links.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
@@ -27,15 +30,38 @@
 
 namespace tandem::transport {
 
-// One per process: ZeroMQ's I/O threads and the inproc namespace.
+// One per process: ZeroMQ's I/O threads, the inproc namespace, and the ZAP handler that
+// authenticates CurveZMQ peers (started when the first encrypted link registers a key).
 class Context {
  public:
   explicit Context(int io_threads = 1) : ctx_(io_threads) {}
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
   zmq::context_t& zmq() { return ctx_; }
 
+  // Lets a CurveZMQ client with this public key (Z85) connect to this process's links.
+  void allowCurveKey(const std::string& public_key_z85);
+
  private:
+  void serveZap();
+
   zmq::context_t ctx_;
+  std::mutex mutex_;
+  std::set<std::string> allowed_;  // 32-byte binary keys; guarded by mutex_
+  std::thread zap_;
+  std::atomic<bool> stop_{false};
 };
+
+// A CurveZMQ key pair in Z85 text (40 characters each).
+struct CurveKeyPair {
+  std::string public_key, secret_key;
+};
+CurveKeyPair generateCurveKeyPair();
+// Reads a Z85 key file (40 characters, surrounding whitespace ignored); InvalidArgument
+// names the file otherwise.
+std::string readCurveKey(const std::string& path);
+bool curveSupported();
 
 struct LinkOptions {
   std::string bind;             // where this side receives, e.g. "tcp://127.0.0.1:*" (any port)
@@ -50,6 +76,10 @@ struct LinkOptions {
   size_t max_buffered_messages = 64;         // held by recv for other tags
   uint64_t max_buffered_bytes = uint64_t{1} << 30;
   WireLimits limits;
+  // CurveZMQ: both set = the link is encrypted and only the peer's key may connect.
+  // Unsupported is raised if this libzmq has no CURVE.
+  std::string curve_secret_key_file;       // this side's secret key (Z85)
+  std::string curve_peer_public_key_file;  // the peer's public key (Z85)
   uint64_t job = 0;
   int32_t stage = 0, peer_stage = 0;
 };

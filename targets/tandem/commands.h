@@ -10,5 +10,6 @@ void addTrain(CLI::App& app);
 void addEval(CLI::App& app);
 void addInspect(CLI::App& app);
 void addDevices(CLI::App& app);
+void addKeygen(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tandem::cli::addEval(app);
   tandem::cli::addInspect(app);
   tandem::cli::addDevices(app);
+  tandem::cli::addKeygen(app);
   // Logs go to stderr; stdout carries only results (epoch summaries, accuracy, tables).
   spdlog::set_default_logger(spdlog::stderr_color_mt("tandem"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
       app.get_subcommand(argv[1]);
     } catch (const CLI::OptionNotFound&) {
       std::cerr << "error: unknown command '" << argv[1]
-                << "' (commands: train, eval, inspect, devices; see --help)\n";
+                << "' (commands: train, eval, inspect, devices, keygen; see --help)\n";
       return 2;
     }
   }
