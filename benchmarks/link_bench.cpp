@@ -63,7 +63,7 @@ void linkThroughput(benchmark::State& state, const std::string& kind) {
   });
   int64_t mb = 0;
   for (auto _ : state) {
-    for (int64_t i = 0; i < batch; ++i) p.a->send({MessageKind::kActivation, mb++}, t);
+    for (int64_t i = 0; i < batch; ++i) p.a->sendInPlace({MessageKind::kActivation, mb++}, t);
     p.a->recv({MessageKind::kControl, mb - 1}, be);
   }
   p.a->send({MessageKind::kActivation, mb}, be.zeros({1}));

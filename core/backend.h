@@ -73,6 +73,12 @@ class Backend {
   // Element-wise dtype conversion between f32 and f16, bf16 or i32 (either way).
   virtual void convert(const Tensor& src, const Tensor& dst) = 0;
   virtual void synchronize() = 0;
+  // The tensor's bytes if they are ordinary host memory (a CPU backend), else nullptr
+  // (device memory: use download). Valid while the tensor's storage lives.
+  virtual const void* hostData(const Tensor& t) const {
+    (void)t;
+    return nullptr;
+  }
 
   // --- dense math ---
   // c = alpha * op(a) * op(b) + beta * c, all 2-D row-major.

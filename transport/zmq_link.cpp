@@ -115,13 +115,6 @@ void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
   TANDEM_CHECK_MSG(!options_.connect.empty(), InvalidArgument,
                    "link bound at '" << endpoint_ << "' has no peer to send to");
   WireHeader h;
-  h.job = options_.job;
-  h.src_stage = options_.stage;
-  h.dst_stage = options_.peer_stage;
-  h.microbatch = tag.microbatch;
-  h.kind = tag.kind;
-  h.dtype = t.dtype();
-  h.shape = t.shape();
   auto payload = takeBuffer();
   if (t.dtype() == DType::kF32 && options_.codec != Codec::kRaw) {
     const std::vector<float> values = toHost(t);
@@ -139,14 +132,8 @@ void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
     payload->resize(t.bytes());
     if (t.bytes()) t.backend().download(t, payload->data());
   }
-  h.payload_bytes = payload->size();
-  if (options_.checksum) h.checksum = payloadChecksum(*payload);
-  const std::vector<uint8_t> header = encodeHeader(h);
-
-  zmq::message_t head(header.data(), header.size());
-  const size_t wire_bytes = payload->size();
-  // Zero copy: ZeroMQ sends from the buffer and calls back when done, from its I/O
-  // thread, possibly after this link is gone (then the buffer is simply freed).
+  // Zero copy of the payload buffer: ZeroMQ sends from it and calls back when done, from
+  // its I/O thread, possibly after this link is gone (then the buffer is simply freed).
   auto* flight = new InFlight{std::move(payload), buffers_};
   auto done = [](void*, void* hint) {
     std::unique_ptr<InFlight> f(static_cast<InFlight*>(hint));
@@ -156,6 +143,38 @@ void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
     }
   };
   zmq::message_t body(flight->bytes->data(), flight->bytes->size(), done, flight);
+  sendFrames(tag, t, h, body);
+}
+
+void ZmqLink::sendInPlace(const MessageTag& tag, const Tensor& t) {
+  const void* host = t.defined() ? t.backend().hostData(t) : nullptr;
+  const bool raw = t.dtype() != DType::kF32 || options_.codec == Codec::kRaw;
+  if (!host || !raw || t.bytes() == 0 || options_.connect.empty()) return send(tag, t);
+  // ZeroMQ reads the tensor's memory directly; the copy of the handle keeps its storage
+  // alive until ZeroMQ's callback drops it.
+  auto* keep = new Tensor(t);
+  zmq::message_t body(
+      const_cast<void*>(host), t.bytes(),
+      [](void*, void* hint) { delete static_cast<Tensor*>(hint); }, keep);
+  WireHeader h;
+  sendFrames(tag, t, h, body);
+}
+
+void ZmqLink::sendFrames(const MessageTag& tag, const Tensor& t, WireHeader& h,
+                         zmq::message_t& body) {
+  h.job = options_.job;
+  h.src_stage = options_.stage;
+  h.dst_stage = options_.peer_stage;
+  h.microbatch = tag.microbatch;
+  h.kind = tag.kind;
+  h.dtype = t.dtype();
+  h.shape = t.shape();
+  h.payload_bytes = body.size();
+  if (options_.checksum)
+    h.checksum = payloadChecksum({static_cast<const uint8_t*>(body.data()), body.size()});
+  const std::vector<uint8_t> header = encodeHeader(h);
+  zmq::message_t head(header.data(), header.size());
+  const size_t wire_bytes = body.size();
 
   const auto t0 = Clock::now();
   push_.set(zmq::sockopt::sndtimeo, static_cast<int>(options_.timeout.count()));

@@ -102,6 +102,13 @@ class ZmqLink final : public Link {
   Tensor recv(const MessageTag& tag, Backend& backend) override;
   const std::string& peer() const override { return options_.connect; }
 
+  // Like send(), but for a host-memory tensor of a raw-coded message, ZeroMQ sends
+  // straight from the tensor's memory, holding its storage until done: no copy. The
+  // caller must not modify `t` afterwards (the pipeline's activations are never
+  // modified), and the Context must be destroyed before t's backend. Other tensors take
+  // send()'s path.
+  void sendInPlace(const MessageTag& tag, const Tensor& t);
+
   // Connects the sending side to the peer's receive endpoint.
   void connect(const std::string& endpoint);
   // The endpoint this side actually bound (resolves "tcp://host:*" to its port).
@@ -115,6 +122,9 @@ class ZmqLink final : public Link {
     zmq::message_t payload;
   };
 
+  // Completes `h` (codec fields already set) for tensor `t` and the payload frame `body`,
+  // then queues header and payload; Timeout if ZeroMQ refuses them within the timeout.
+  void sendFrames(const MessageTag& tag, const Tensor& t, WireHeader& h, zmq::message_t& body);
   // Reads one message (or times out: false) and stashes it, or rejects it.
   bool receiveOne(std::chrono::steady_clock::time_point deadline);
   void reject(const std::string& why);

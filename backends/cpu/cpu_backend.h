@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
   void fill(const Tensor& dst, float value) override;
   void convert(const Tensor& src, const Tensor& dst) override;
   void synchronize() override {}
+  const void* hostData(const Tensor& t) const override { return data(t); }
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             const Tensor& c) override;

@@ -118,6 +118,25 @@ TEST_P(LinkTest, MessagesAreMatchedByTagWhateverTheirOrder) {
   EXPECT_EQ(toHost(p.b->recv({MessageKind::kGradient, 9}, be_)), std::vector<float>{4.5f});
 }
 
+TEST_P(LinkTest, InPlaceSendsKeepTheTensorAliveUntilSent) {
+  LinkOptions o;
+  o.timeout = 5s;
+  o.checksum = true;
+  Pair p = makePair(ctx_, GetParam(), o);
+  const auto v = testing::randomVector(4, 100000);
+  {
+    // The only handle goes out of scope right after the send: the in-flight message must
+    // keep the storage, or the receiver would read freed (and reused) memory.
+    const Tensor t = toDevice(be_, {100000}, v);
+    p.a->sendInPlace({MessageKind::kActivation, 0}, t);
+  }
+  const Tensor reuse = be_.zeros({100000});  // would take the freed block if it were freed
+  EXPECT_EQ(toHost(p.b->recv({MessageKind::kActivation, 0}, be_)), v);
+  EXPECT_EQ(p.b->stats().rejects, 0u);  // the checksum over the in-place bytes matched
+  p.a->sendInPlace({MessageKind::kLabel, 1}, toDeviceI32(be_, {2}, {4, 5}));
+  EXPECT_EQ(toHostI32(p.b->recv({MessageKind::kLabel, 1}, be_)), (std::vector<int32_t>{4, 5}));
+}
+
 TEST_P(LinkTest, RecvTimesOutNamingThePeer) {
   LinkOptions o;
   o.timeout = 200ms;
