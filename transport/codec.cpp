@@ -1,6 +1,12 @@
 #include "transport/codec.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#define TANDEM_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
+#else
+#define TANDEM_X86 0
+#endif
 
 #include <bit>
 #include <cmath>
@@ -12,6 +18,14 @@ namespace tandem::transport {
 
 namespace {
 
+// The x86 loops are compiled for AVX2 and the baseline and the loader picks one (GCC and
+// clang's target_clones); elsewhere (ARM boards) the portable code is all there is.
+#if TANDEM_X86
+#define TANDEM_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TANDEM_CLONES
+#endif
+
 // Branch-free bfloat16 rounding (round-to-nearest-even; NaN stays a quiet NaN) so the
 // loops below vectorise.
 inline uint16_t toBf16(uint32_t x) {
@@ -21,17 +35,22 @@ inline uint16_t toBf16(uint32_t x) {
 }
 
 bool hasAvx2() {
+#if TANDEM_X86
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") != 0;
   }();
   return has;
+#else
+  return false;
+#endif
 }
 
 void encodeBf16Portable(const float* in, uint16_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = toBf16(std::bit_cast<uint32_t>(in[i]));
 }
 
+#if TANDEM_X86
 // toBf16 on 8 values, as 32-bit lanes.
 __attribute__((target("avx2"))) inline __m256i bf16Round8(const float* p) {
   const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(p));
@@ -56,12 +75,13 @@ __attribute__((target("avx2"))) void encodeBf16Avx2(const float* in, uint16_t* o
   encodeBf16Portable(in + i, out + i, n - i);
 }
 
+#endif
+
 void encodeBf16(const float* in, uint16_t* out, size_t n) {
-  if (hasAvx2()) {
-    encodeBf16Avx2(in, out, n);
-  } else {
-    encodeBf16Portable(in, out, n);
-  }
+#if TANDEM_X86
+  if (hasAvx2()) return encodeBf16Avx2(in, out, n);
+#endif
+  encodeBf16Portable(in, out, n);
 }
 
 // int8: per block, scale = absmax / 127 and q = round-to-nearest-even(x * 127 / absmax).
@@ -81,6 +101,7 @@ bool encodeInt8Portable(const float* in, int8_t* q, float* scales, size_t n, siz
   return true;
 }
 
+#if TANDEM_X86
 __attribute__((target("avx2"))) bool encodeInt8Avx2(const float* in, int8_t* q, float* scales,
                                                     size_t n, size_t block) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -127,18 +148,18 @@ __attribute__((target("avx2"))) bool encodeInt8Avx2(const float* in, int8_t* q, 
   }
   return true;
 }
+#endif
 
-__attribute__((target_clones("avx2", "default"))) void decodeBf16(const uint16_t* __restrict in,
-                                                                  float* __restrict out, size_t n) {
+TANDEM_CLONES void decodeBf16(const uint16_t* __restrict in, float* __restrict out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
 }
 
-__attribute__((target_clones("avx2", "default"))) void dequantise(const int8_t* __restrict in,
-                                                                  float* __restrict out, size_t n,
-                                                                  float scale) {
+TANDEM_CLONES void dequantise(const int8_t* __restrict in, float* __restrict out, size_t n,
+                              float scale) {
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]) * scale;
 }
 
+#if TANDEM_X86
 __attribute__((target("avx,f16c"))) void toHalfF16C(const float* in, uint16_t* out, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -156,15 +177,27 @@ __attribute__((target("avx,f16c"))) void fromHalfF16C(const uint16_t* in, float*
   }
   halfsToFloatPortable(in + i, out + i, n - i);
 }
+#endif
 
 }  // namespace
 
 bool hasF16C() {
+#if TANDEM_X86
+  // CPUID leaf 1: F16C (ecx bit 29), AVX (28), OSXSAVE (27); then XGETBV: the OS saves
+  // the YMM registers. (clang's __builtin_cpu_supports does not know "f16c".)
   static const bool has = [] {
-    __builtin_cpu_init();  // may run before the CPU model is initialised otherwise
-    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned need = (1u << 27) | (1u << 28) | (1u << 29);
+    if ((c & need) != need) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
   }();
   return has;
+#else
+  return false;
+#endif
 }
 
 void floatsToHalfPortable(const float* in, uint16_t* out, size_t n) {
@@ -182,19 +215,17 @@ void halfsToFloatPortable(const uint16_t* in, float* out, size_t n) {
 }
 
 void floatsToHalf(const float* in, uint16_t* out, size_t n) {
-  if (hasF16C()) {
-    toHalfF16C(in, out, n);
-  } else {
-    floatsToHalfPortable(in, out, n);
-  }
+#if TANDEM_X86
+  if (hasF16C()) return toHalfF16C(in, out, n);
+#endif
+  floatsToHalfPortable(in, out, n);
 }
 
 void halfsToFloat(const uint16_t* in, float* out, size_t n) {
-  if (hasF16C()) {
-    fromHalfF16C(in, out, n);
-  } else {
-    halfsToFloatPortable(in, out, n);
-  }
+#if TANDEM_X86
+  if (hasF16C()) return fromHalfF16C(in, out, n);
+#endif
+  halfsToFloatPortable(in, out, n);
 }
 
 std::string_view codecName(Codec c) {
@@ -256,8 +287,12 @@ void encode(Codec c, std::span<const float> in, Encoded& out, uint32_t block) {
       out.block = block;
       out.scales.resize((n + block - 1) / block);
       auto* q = reinterpret_cast<int8_t*>(out.payload.data());
+#if TANDEM_X86
       const bool ok = hasAvx2() ? encodeInt8Avx2(in.data(), q, out.scales.data(), n, block)
                                 : encodeInt8Portable(in.data(), q, out.scales.data(), n, block);
+#else
+      const bool ok = encodeInt8Portable(in.data(), q, out.scales.data(), n, block);
+#endif
       if (!ok) {
         for (size_t i = 0; i < n; ++i)
           TANDEM_CHECK_MSG(std::isfinite(in[i]), InvalidArgument,

@@ -86,10 +86,13 @@ WireHeader decodeHeader(std::span<const uint8_t> bytes, const WireLimits& limits
   for (int64_t v : d)
     if (v < 0) bad("negative dimension " + std::to_string(v));
   h.shape = Shape(std::span<const int64_t>(d));
-  uint64_t numel = 1;
+  // The same signed, left-to-right product Shape::numel computes, so nothing downstream
+  // can overflow on a shape that passed here (found by the fuzzer: [2^32, 2^32, 0] has
+  // zero elements but overflows on the way).
+  int64_t count = 1;
   for (int64_t v : d)
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(v), &numel))
-      bad("shape " + h.shape.str() + " overflows");
+    if (__builtin_mul_overflow(count, v, &count)) bad("shape " + h.shape.str() + " overflows");
+  const auto numel = static_cast<uint64_t>(count);
 
   if (h.codec != Codec::kRaw && h.dtype != DType::kF32)
     bad("codec " + std::string(codecName(h.codec)) + " with dtype " +
@@ -113,7 +116,7 @@ WireHeader decodeHeader(std::span<const uint8_t> bytes, const WireLimits& limits
     const uint64_t blocks = (numel + h.block - 1) / h.block;
     if (n_scales != blocks)
       bad(std::to_string(n_scales) + " int8 scales for " + std::to_string(blocks) + " blocks");
-    h.scales.assign(scales->begin(), scales->end());
+    if (scales) h.scales.assign(scales->begin(), scales->end());  // absent when 0 blocks
     for (float s : h.scales)
       if (!(s >= 0.0f && s <= std::numeric_limits<float>::max()))
         bad("int8 scale " + std::to_string(s) + " is not a finite, non-negative number");
