@@ -27,8 +27,12 @@ void Model::build(Backend& backend, uint64_t seed) {
   params_ = layers_.params();
 }
 
-Backend& Model::backend() const {
+void Model::requireBuilt() const {
   TANDEM_CHECK_MSG(backend_ != nullptr, InvalidArgument, "model '" << name_ << "' is not built");
+}
+
+Backend& Model::backend() const {
+  requireBuilt();
   return *backend_;
 }
 
@@ -44,7 +48,7 @@ void Model::zeroGrad() {
 
 Tensor Model::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,
                       size_t end) {
-  backend();
+  requireBuilt();
   if (end == kEnd) end = size();
   const Shape& want = begin == 0 ? input_ : layers_.layer(begin - 1).outputShape();
   TANDEM_CHECK_MSG(x.shape().rank() == want.rank() + 1 && x.shape().dropFirst() == want,
@@ -55,7 +59,7 @@ Tensor Model::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, 
 }
 
 Tensor Model::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end) {
-  backend();
+  requireBuilt();
   if (end == kEnd) end = size();
   return layers_.backward(dy, stash, need_dx, begin, end);
 }

@@ -51,6 +51,9 @@ class Model {
   ModelSpec spec() const;
 
  private:
+  // Throws InvalidArgument naming the model unless build() has run.
+  void requireBuilt() const;
+
   std::string name_;
   Shape input_, output_;
   Sequence layers_;

@@ -19,14 +19,6 @@ inline std::vector<float> randomVector(uint64_t seed, int64_t n, float lo = -1.0
   return v;
 }
 
-// Integer-valued floats in [-k, k]: sums and products stay exact in f32.
-inline std::vector<float> integerVector(uint64_t seed, int64_t n, int k = 4) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = static_cast<float>(static_cast<int>(rng.below(2 * k + 1)) - k);
-  return v;
-}
-
 // Expects that `fn` throws ErrorType whose message contains every one of `parts`.
 template <typename ErrorType, typename Fn>
 void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {

@@ -66,7 +66,6 @@ class ErrorFeedback {
   void encode(Codec c, std::span<const float> values, Encoded& out,
               uint32_t block = kDefaultInt8Block);
   std::span<const float> residual() const { return residual_; }
-  void reset() { residual_.clear(); }
 
  private:
   std::vector<float> residual_;
