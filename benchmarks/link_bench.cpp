@@ -31,7 +31,10 @@ struct LinkPair {
   std::unique_ptr<ZmqLink> a, b;
 };
 
-LinkPair makeLinks(Context& ctx, const std::string& kind) {
+// Each side has its own Context (ZeroMQ I/O thread), as two stage processes would; tcp
+// links between contexts of one process behave as between processes. inproc needs one
+// shared context, as it only works within one.
+LinkPair makeLinks(Context& ctx_a, Context& ctx_b, const std::string& kind) {
   static int id = 0;
   LinkOptions o;
   o.timeout = 60s;
@@ -41,7 +44,7 @@ LinkPair makeLinks(Context& ctx, const std::string& kind) {
   oa.bind = kind == "tcp" ? "tcp://127.0.0.1:*" : "inproc://bench-a" + std::to_string(id);
   ob.bind = kind == "tcp" ? "tcp://127.0.0.1:*" : "inproc://bench-b" + std::to_string(id);
   ++id;
-  LinkPair p{std::make_unique<ZmqLink>(ctx, oa), std::make_unique<ZmqLink>(ctx, ob)};
+  LinkPair p{std::make_unique<ZmqLink>(ctx_a, oa), std::make_unique<ZmqLink>(ctx_b, ob)};
   p.a->connect(p.b->endpoint());
   p.b->connect(p.a->endpoint());
   return p;
@@ -49,9 +52,9 @@ LinkPair makeLinks(Context& ctx, const std::string& kind) {
 
 void linkThroughput(benchmark::State& state, const std::string& kind) {
   const int64_t bytes = state.range(0), batch = batchFor(bytes);
-  Context ctx;
+  Context ctx_a, ctx_b;
   cpu::CpuBackend be;
-  LinkPair p = makeLinks(ctx, kind);
+  LinkPair p = makeLinks(ctx_a, kind == "inproc" ? ctx_a : ctx_b, kind);
   const Tensor t = be.zeros({bytes / 4});
   std::thread receiver([&] {  // receives batches and acknowledges each; a 1-value message stops it
     cpu::CpuBackend rbe;
@@ -157,9 +160,9 @@ void BM_Memcpy(benchmark::State& state) {
 }
 
 void BM_TcpLinkRoundTrip(benchmark::State& state) {
-  Context ctx;
+  Context ctx_a, ctx_b;
   cpu::CpuBackend be;
-  LinkPair p = makeLinks(ctx, "tcp");
+  LinkPair p = makeLinks(ctx_a, ctx_b, "tcp");
   const Tensor t = be.zeros({16});  // 64 bytes
   std::thread echo([&] {
     cpu::CpuBackend ebe;

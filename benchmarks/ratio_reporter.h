@@ -22,11 +22,17 @@ class RatioReporter : public benchmark::ConsoleReporter {
  public:
   explicit RatioReporter(std::vector<RatioRule> rules) : rules_(std::move(rules)) {}
 
+  // With --benchmark_repetitions the ratio uses each benchmark's median (noisy shared
+  // machines); otherwise its single run.
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
+      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
+      if (r.run_type == Run::RT_Aggregate && !median) continue;
       for (const char* key : {"bytes_per_second", "items_per_second"}) {
         auto it = r.counters.find(key);
-        if (it != r.counters.end()) rates_[r.benchmark_name()] = {it->second, key[0] == 'b'};
+        if (it == r.counters.end()) continue;
+        Rate& rate = rates_[r.run_name.str()];
+        if (median || !rate.median) rate = {it->second, key[0] == 'b', median};
       }
     }
     ConsoleReporter::ReportRuns(runs);
@@ -51,8 +57,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
  private:
   struct Rate {
-    double value;
-    bool bytes;
+    double value = 0;
+    bool bytes = false;
+    bool median = false;
   };
   std::vector<RatioRule> rules_;
   std::map<std::string, Rate> rates_;

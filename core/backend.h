@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,15 @@ class Backend {
   // (device memory: use download). Valid while the tensor's storage lives.
   virtual const void* hostData(const Tensor& t) const {
     (void)t;
+    return nullptr;
+  }
+  // Storage over `bytes` of host memory this backend can compute on in place (a CPU
+  // backend), taking ownership: `release` runs when the storage dies. nullptr if the
+  // backend cannot (device memory), and `release` is then not kept. Lets a receiver use
+  // a message's buffer as a tensor without copying it.
+  virtual std::shared_ptr<Storage> adoptHost(void* data, size_t bytes,
+                                             std::function<void()> release) {
+    (void)data, (void)bytes, (void)release;
     return nullptr;
   }
 

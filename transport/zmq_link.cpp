@@ -25,6 +25,8 @@ struct InFlight {
 };
 
 constexpr size_t kPooledBuffers = 8;
+// Raw payloads at least this large become the received tensor's memory without a copy.
+constexpr size_t kAdoptMinBytes = 16384;
 
 }  // namespace
 
@@ -240,29 +242,58 @@ bool ZmqLink::receiveOne(Clock::time_point deadline) {
   return true;
 }
 
+Tensor ZmqLink::adoptPayload(Pending& p, Backend& backend) {
+  const WireHeader& h = p.header;
+  // Small payloads are copied: cheap, and they may sit inside the zmq_msg_t itself or at
+  // any offset of ZeroMQ's shared 8 KiB receive buffer, which they would pin.
+  if (h.codec != Codec::kRaw || p.payload.size() < kAdoptMinBytes ||
+      reinterpret_cast<uintptr_t>(p.payload.data()) % dtypeSize(h.dtype) != 0)
+    return {};
+  // A message of this size lives outside the zmq_msg_t: moving it keeps its address.
+  auto* message = new zmq::message_t(std::move(p.payload));
+  auto storage = backend.adoptHost(message->data(), message->size(), [message] { delete message; });
+  if (!storage) {
+    p.payload = std::move(*message);
+    delete message;
+    return {};
+  }
+  ++stats_.received_in_place;
+  return Tensor(std::move(storage), h.shape, h.dtype);
+}
+
 Tensor ZmqLink::decodeInto(Pending& p, Backend& backend) {
   const WireHeader& h = p.header;
-  Tensor t = backend.empty(h.shape, h.dtype);
-  const std::span<const uint8_t> bytes(static_cast<const uint8_t*>(p.payload.data()),
-                                       p.payload.size());
-  if (h.codec == Codec::kRaw) {
-    if (t.bytes()) backend.upload(t, bytes.data());
-  } else {
-    // Codecs read 2-byte values in place; a frame ZeroMQ placed at an odd offset is
-    // copied to aligned memory first.
-    std::vector<uint8_t> aligned;
-    std::span<const uint8_t> in = bytes;
-    if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) != 0) {
-      aligned.assign(bytes.begin(), bytes.end());
-      in = aligned;
+  const size_t wire_bytes = p.payload.size();
+  Tensor t = adoptPayload(p, backend);
+  if (!t.defined()) {
+    t = backend.empty(h.shape, h.dtype);
+    const std::span<const uint8_t> bytes(static_cast<const uint8_t*>(p.payload.data()),
+                                         p.payload.size());
+    if (h.codec == Codec::kRaw) {
+      if (t.bytes()) backend.upload(t, bytes.data());
+    } else {
+      // Codecs read 2-byte values in place; a frame ZeroMQ placed at an odd offset is
+      // copied to aligned memory first.
+      std::vector<uint8_t> aligned;
+      std::span<const uint8_t> in = bytes;
+      if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) != 0) {
+        aligned.assign(bytes.begin(), bytes.end());
+        in = aligned;
+      }
+      const auto n = static_cast<size_t>(h.shape.numel());
+      // A fresh host tensor is decoded into directly; device memory via a host copy.
+      if (auto* host = static_cast<float*>(const_cast<void*>(backend.hostData(t)))) {
+        decode(h.codec, in, h.scales, h.block, {host, n});
+      } else {
+        std::vector<float> values(n);
+        decode(h.codec, in, h.scales, h.block, values);
+        backend.upload(t, values.data());
+      }
     }
-    std::vector<float> values(static_cast<size_t>(h.shape.numel()));
-    decode(h.codec, in, h.scales, h.block, values);
-    backend.upload(t, values.data());
   }
   ++stats_.messages_received;
   stats_.bytes_received_raw += t.bytes();
-  stats_.bytes_received_wire += bytes.size();
+  stats_.bytes_received_wire += wire_bytes;
   return t;
 }
 

@@ -5,6 +5,9 @@
 // high-water marks bound what is queued in each direction, so a fast sender blocks
 // (until its timeout) instead of growing memory. A message is two frames: the wire
 // header, then the payload, handed to ZeroMQ without a copy and freed by its callback.
+// On the receiving side a large raw payload becomes the tensor's memory (a backend that
+// adopts host memory, i.e. the CPU) without a copy; other payloads are decoded or copied
+// into a buffer from the backend's pool.
 //
 // recv(tag) keeps messages that arrive for other tags in a bounded buffer. A message
 // that fails any check (frames, header verification, sizes, checksum) is rejected,
@@ -13,55 +16,21 @@
 // Threading: one thread drives a link; the Context must outlive its links.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
 #include "core/pipeline/link.h"
 #include "transport/codec.h"
+#include "transport/context.h"
+#include "transport/curve.h"
 #include "transport/wire.h"
 
 namespace tandem::transport {
-
-// One per process: ZeroMQ's I/O threads, the inproc namespace, and the ZAP handler that
-// authenticates CurveZMQ peers (started when the first encrypted link registers a key).
-class Context {
- public:
-  explicit Context(int io_threads = 1) : ctx_(io_threads) {}
-  ~Context();
-  Context(const Context&) = delete;
-  Context& operator=(const Context&) = delete;
-  zmq::context_t& zmq() { return ctx_; }
-
-  // Lets a CurveZMQ client with this public key (Z85) connect to this process's links.
-  void allowCurveKey(const std::string& public_key_z85);
-
- private:
-  void serveZap();
-
-  zmq::context_t ctx_;
-  std::mutex mutex_;
-  std::set<std::string> allowed_;  // 32-byte binary keys; guarded by mutex_
-  std::thread zap_;
-  std::atomic<bool> stop_{false};
-};
-
-// A CurveZMQ key pair in Z85 text (40 characters each).
-struct CurveKeyPair {
-  std::string public_key, secret_key;
-};
-CurveKeyPair generateCurveKeyPair();
-// Reads a Z85 key file (40 characters, surrounding whitespace ignored); InvalidArgument
-// names the file otherwise.
-std::string readCurveKey(const std::string& path);
-bool curveSupported();
 
 struct LinkOptions {
   std::string bind;             // where this side receives, e.g. "tcp://127.0.0.1:*" (any port)
@@ -88,6 +57,7 @@ struct LinkStats {
   uint64_t messages_sent = 0, messages_received = 0;
   uint64_t bytes_sent_raw = 0, bytes_sent_wire = 0;  // tensor bytes / payload bytes
   uint64_t bytes_received_raw = 0, bytes_received_wire = 0;
+  uint64_t received_in_place = 0;  // messages whose buffer became the tensor, uncopied
   uint64_t rejects = 0;
   std::string last_reject;  // why the latest rejected message was refused
   double send_blocked_s = 0, recv_blocked_s = 0;
@@ -105,8 +75,9 @@ class ZmqLink final : public Link {
   // Like send(), but for a host-memory tensor of a raw-coded message, ZeroMQ sends
   // straight from the tensor's memory, holding its storage until done: no copy. The
   // caller must not modify `t` afterwards (the pipeline's activations are never
-  // modified), and the Context must be destroyed before t's backend. Other tensors take
-  // send()'s path.
+  // modified). Over inproc the receiver's tensor is then this very memory, so neither
+  // side may modify it, and it must be released before t's backend is destroyed, as must
+  // the Context. Other tensors take send()'s path.
   void sendInPlace(const MessageTag& tag, const Tensor& t);
 
   // Connects the sending side to the peer's receive endpoint.
@@ -129,6 +100,9 @@ class ZmqLink final : public Link {
   bool receiveOne(std::chrono::steady_clock::time_point deadline);
   void reject(const std::string& why);
   Tensor decodeInto(Pending& p, Backend& backend);
+  // The payload as a tensor without a copy, if the backend can adopt host memory and the
+  // message is raw and aligned; otherwise undefined, leaving `p` as it was.
+  Tensor adoptPayload(Pending& p, Backend& backend);
   std::string describe(const MessageTag& tag) const;
 
   // Payload buffers ZeroMQ has finished with, kept for the next sends so large messages

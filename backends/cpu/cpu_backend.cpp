@@ -37,19 +37,29 @@ void systemFree(void* p, size_t size) {
 
 }  // namespace
 
-// A block from the backend's pool; it may be larger than requested (see takeBlock).
+// A block from the backend's pool (it may be larger than requested, see takeBlock), or
+// adopted host memory that `release_` gives back.
 class CpuStorage final : public Storage {
  public:
   CpuStorage(CpuBackend* owner, size_t bytes) : Storage(owner, bytes), owner_(owner) {
     data_ = owner->takeBlock(bytes, capacity_);
   }
-  ~CpuStorage() override { owner_->returnBlock(data_, capacity_); }
+  CpuStorage(CpuBackend* owner, void* data, size_t bytes, std::function<void()> release)
+      : Storage(owner, bytes), owner_(owner), data_(data), release_(std::move(release)) {}
+  ~CpuStorage() override {
+    if (release_) {
+      release_();
+    } else {
+      owner_->returnBlock(data_, capacity_);
+    }
+  }
   void* data() const { return data_; }
 
  private:
   CpuBackend* owner_;
   void* data_;
   size_t capacity_ = 0;
+  std::function<void()> release_;
 };
 
 CpuBackend::CpuBackend(const CpuOptions& options)
@@ -115,6 +125,14 @@ void CpuBackend::returnBlock(void* p, size_t capacity) {
 
 std::shared_ptr<Storage> CpuBackend::allocate(size_t bytes) {
   return std::make_shared<CpuStorage>(this, bytes);
+}
+
+std::shared_ptr<Storage> CpuBackend::adoptHost(void* data, size_t bytes,
+                                               std::function<void()> release) {
+  TANDEM_CHECK_MSG(data != nullptr || bytes == 0, InvalidArgument,
+                   "cpu: adopting a null buffer of " << bytes << " bytes");
+  TANDEM_CHECK_MSG(release != nullptr, InvalidArgument, "cpu: adopted memory needs a release");
+  return std::make_shared<CpuStorage>(this, data, bytes, std::move(release));
 }
 
 void* CpuBackend::data(const Tensor& t) const {

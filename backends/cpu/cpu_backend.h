@@ -41,6 +41,8 @@ class CpuBackend final : public Backend {
   void convert(const Tensor& src, const Tensor& dst) override;
   void synchronize() override {}
   const void* hostData(const Tensor& t) const override { return data(t); }
+  std::shared_ptr<Storage> adoptHost(void* data, size_t bytes,
+                                     std::function<void()> release) override;
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             const Tensor& c) override;

@@ -61,7 +61,9 @@ TEST_P(LinkTest, EveryDtypeCodecAndShapeRoundTrips) {
     o.timeout = 5s;
     Pair p = makePair(ctx_, GetParam(), o);
     int64_t mb = 0;
-    for (const Shape& s : {Shape{0}, Shape{1}, Shape{7, 13}, Shape{127, 3}, Shape{2, 3, 4, 5}}) {
+    // {80, 100} is large enough to be received in place when raw.
+    for (const Shape& s :
+         {Shape{0}, Shape{1}, Shape{7, 13}, Shape{127, 3}, Shape{2, 3, 4, 5}, Shape{80, 100}}) {
       const auto v = testing::randomVector(static_cast<uint64_t>(mb) + 1, s.numel(), -3, 3);
       p.a->send({MessageKind::kActivation, mb}, toDevice(be_, s, v));
       std::vector<int32_t> ids(static_cast<size_t>(s.numel()));
@@ -81,13 +83,15 @@ TEST_P(LinkTest, EveryDtypeCodecAndShapeRoundTrips) {
       EXPECT_EQ(toHostI32(p.b->recv({MessageKind::kLabel, mb}, be_)), ids);  // i32 always raw
       ++mb;
     }
-    EXPECT_EQ(p.a->stats().messages_sent, 10u);
-    EXPECT_EQ(p.b->stats().messages_received, 10u);
+    EXPECT_EQ(p.a->stats().messages_sent, 12u);
+    EXPECT_EQ(p.b->stats().messages_received, 12u);
     EXPECT_EQ(p.b->stats().rejects, 0u);
-    // 593 f32 values and 593 i32 labels were sent; labels always travel raw.
-    const uint64_t f32_wire = encodedBytes(codec, DType::kF32, 593);
-    EXPECT_EQ(p.a->stats().bytes_sent_raw, 2u * 593 * 4);
-    EXPECT_EQ(p.a->stats().bytes_sent_wire, f32_wire + 593 * 4);
+    // The 8000-value labels always, the activations when raw.
+    EXPECT_EQ(p.b->stats().received_in_place, codec == Codec::kRaw ? 2u : 1u);
+    // 8593 f32 values and 8593 i32 labels were sent; labels always travel raw.
+    const uint64_t f32_wire = encodedBytes(codec, DType::kF32, 8593);
+    EXPECT_EQ(p.a->stats().bytes_sent_raw, 2u * 8593 * 4);
+    EXPECT_EQ(p.a->stats().bytes_sent_wire, f32_wire + 8593 * 4);
     EXPECT_EQ(p.b->stats().bytes_received_wire, p.a->stats().bytes_sent_wire);
   }
 }
@@ -135,6 +139,27 @@ TEST_P(LinkTest, InPlaceSendsKeepTheTensorAliveUntilSent) {
   EXPECT_EQ(p.b->stats().rejects, 0u);  // the checksum over the in-place bytes matched
   p.a->sendInPlace({MessageKind::kLabel, 1}, toDeviceI32(be_, {2}, {4, 5}));
   EXPECT_EQ(toHostI32(p.b->recv({MessageKind::kLabel, 1}, be_)), (std::vector<int32_t>{4, 5}));
+}
+
+TEST_P(LinkTest, AReceivedBufferOutlivesItsLinkAndContext) {
+  // A large raw message becomes the tensor's memory without a copy; the tensor then owns
+  // it and stays valid after the link and the context are gone.
+  const auto v = testing::randomVector(8, 50000);
+  Tensor got;
+  {
+    Context ctx;
+    LinkOptions o;
+    o.timeout = 5s;
+    Pair p = makePair(ctx, GetParam(), o);
+    p.a->send({MessageKind::kActivation, 0}, toDevice(be_, {50000}, v));
+    got = p.b->recv({MessageKind::kActivation, 0}, be_);
+    EXPECT_EQ(p.b->stats().received_in_place, 1u);
+    const Tensor reuse = be_.zeros({50000});  // must not land on the received memory
+  }
+  EXPECT_EQ(toHost(got), v);
+  // It is an ordinary tensor of the backend: ops write into it.
+  be_.fill(got, 2.0f);
+  EXPECT_EQ(toHost(got), std::vector<float>(50000, 2.0f));
 }
 
 TEST_P(LinkTest, RecvTimesOutNamingThePeer) {
