@@ -59,8 +59,8 @@ __attribute__((target("avx2"))) inline __m256i bf16Round8(const float* p) {
       _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)),
                                          _mm256_and_si256(hi, _mm256_set1_epi32(1))),
                         16);
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
+  const __m256 xf = _mm256_castsi256_ps(x);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
   return _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
 }
 
@@ -104,40 +104,36 @@ bool encodeInt8Portable(const float* in, int8_t* q, float* scales, size_t n, siz
 #if TANDEM_X86
 __attribute__((target("avx2"))) bool encodeInt8Avx2(const float* in, int8_t* q, float* scales,
                                                     size_t n, size_t block) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (size_t b = 0, k = 0; b < n; b += block, ++k) {
     const size_t len = std::min(block, n - b);
     const float* x = in + b;
-    __m256 vm = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
+    // |x| as integers orders like the floats, and inf and NaN above every finite value:
+    // one integer max finds the absmax and flags a non-finite value at once.
+    __m256i vm = _mm256_setzero_si256();
     size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-      const __m256 ax = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
-      vm = _mm256_max_ps(vm, ax);
-      // max_ps drops NaN lanes, so flag inf and NaN separately (unordered compare).
-      bad = _mm256_or_ps(bad, _mm256_cmp_ps(ax, largest, _CMP_NLE_UQ));
-    }
-    if (_mm256_movemask_ps(bad) != 0) return false;
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vm);
-    float m = 0.0f;
-    for (float l : lanes) m = std::max(m, l);
-    for (; i < len; ++i) {
-      if (!std::isfinite(x[i])) return false;
-      m = std::max(m, std::fabs(x[i]));
-    }
+    for (; i + 8 <= len; i += 8)
+      vm = _mm256_max_epi32(
+          vm, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)),
+                               abs_mask));
+    alignas(32) uint32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vm);
+    uint32_t bits = 0;
+    for (uint32_t l : lanes) bits = std::max(bits, l);
+    for (; i < len; ++i) bits = std::max(bits, std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu);
+    if (bits >= 0x7f800000u) return false;
+    const float m = std::bit_cast<float>(bits);
     scales[k] = m / 127.0f;
     const float inv = m > 0.0f ? 127.0f / m : 0.0f;
     const __m256 vinv = _mm256_set1_ps(inv);
     int8_t* out = q + b;
     i = 0;
     for (; i + 32 <= len; i += 32) {
+      // cvtps_epi32 rounds in the current mode (nearest-even by default), as nearbyint does.
       __m256i r[4];
       for (int j = 0; j < 4; ++j)
-        r[j] =
-            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vinv),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        r[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vinv));
       const __m256i w =
           _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
