@@ -39,7 +39,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
   void printRatios() const {
-    std::printf("\n%-34s %-12s %14s %14s %8s\n", "ours vs reference", "args", "ours", "reference",
+    std::printf("\n%-34s %-12s %16s %16s %8s\n", "ours vs reference", "args", "ours", "reference",
                 "ratio");
     for (const RatioRule& rule : rules_) {
       for (const auto& [name, rate] : rates_) {
@@ -47,10 +47,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
         const std::string args = name.substr(rule.ours.size());
         const auto ref = rates_.find(rule.reference + args);
         if (ref == rates_.end()) continue;
-        const double scale = rate.bytes ? 1e9 : 1e3;
-        std::printf("%-34s %-12s %11.2f %s %11.2f %s %8.2f\n", rule.label.c_str(), args.c_str(),
-                    rate.value / scale, rate.bytes ? "GB/s" : "k/s ", ref->second.value / scale,
-                    rate.bytes ? "GB/s" : "k/s ", rate.value / ref->second.value);
+        std::printf("%-34s %-12s %16s %16s %8.2f\n", rule.label.c_str(), args.c_str(),
+                    format(rate).c_str(), format(ref->second).c_str(),
+                    rate.value / ref->second.value);
       }
     }
   }
@@ -61,6 +60,18 @@ class RatioReporter : public benchmark::ConsoleReporter {
     bool bytes = false;
     bool median = false;
   };
+
+  static std::string format(const Rate& r) {
+    char text[32];
+    if (r.bytes) {
+      std::snprintf(text, sizeof text, "%.2f GB/s", r.value / 1e9);
+    } else if (r.value >= 1e3) {
+      std::snprintf(text, sizeof text, "%.2f k/s", r.value / 1e3);
+    } else {
+      std::snprintf(text, sizeof text, "%.2f /s", r.value);
+    }
+    return text;
+  }
   std::vector<RatioRule> rules_;
   std::map<std::string, Rate> rates_;
 };
