@@ -11,5 +11,6 @@ void addEval(CLI::App& app);
 void addInspect(CLI::App& app);
 void addDevices(CLI::App& app);
 void addKeygen(CLI::App& app);
+void addSchedule(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   tandem::cli::addInspect(app);
   tandem::cli::addDevices(app);
   tandem::cli::addKeygen(app);
+  tandem::cli::addSchedule(app);
   // Logs go to stderr; stdout carries only results (epoch summaries, accuracy, tables).
   spdlog::set_default_logger(spdlog::stderr_color_mt("tandem"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");

@@ -67,6 +67,16 @@ TEST(CliTest, DevicesListsTheCpu) {
   EXPECT_NE(r.out.find("cpu"), std::string::npos);
 }
 
+TEST(CliTest, SchedulePrintsListsAndDiagram) {
+  const CliRun r = run("schedule --kind 1f1b -p 4 -m 8");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"stage 3: receive activation 0, forward 0, backward 0, send gradient 0",
+                        "stage 0 |F0|F1|F2|F3|..|..|..|B0|F4|B1|",
+                        "bubble: 0.272727 of stage time (formula (p-1)/(m+p-1): 0.272727)",
+                        "peak stashed microbatches per stage: 4 3 2 1"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
 TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   const std::string bad_yaml = ::testing::TempDir() + "/cli_bad.yaml";
   std::ofstream(bad_yaml) << "input: [1, 28, 28]\nlayers:\n  - flatten\n  - linear: {out: ten}\n";
@@ -85,6 +95,8 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"eval " + junk, "not a tandem model file"},
       {"inspect " + bad_yaml, "layer 1 (linear"},
       {"frobnicate", "unknown command 'frobnicate'"},
+      {"schedule --kind zb", "unknown schedule 'zb'"},
+      {"schedule -p 0", "--stages"},
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);

@@ -1,0 +1,82 @@
+// Pipeline schedules as data: for stage s of p with m microbatches, the ordered list of
+// actions that stage runs in one step (one batch). A stage executor interprets the list;
+// validateSchedule proves a set of lists complete and deadlock-free before anything runs.
+//
+// Conventions: microbatch numbers are 0..m-1 within a step. Sends never block (the
+// transport buffers them, bounded by its high-water marks); receives wait for the
+// matching send. Backwards run in ascending microbatch order in every schedule, so each
+// parameter accumulates its gradient in the same order as single-device accumulation,
+// which makes a pipeline bitwise equal to it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem {
+
+enum class ActionType : uint8_t {
+  kForward,
+  kBackward,
+  kSendActivation,  // to stage s + 1 (with the microbatch's labels)
+  kRecvActivation,  // from stage s - 1
+  kSendGradient,    // to stage s - 1
+  kRecvGradient,    // from stage s + 1
+  kStep,            // the optimizer step, after every backward
+};
+
+struct Action {
+  ActionType type;
+  int64_t microbatch = 0;  // unused by kStep
+  bool operator==(const Action&) const = default;
+};
+
+enum class ScheduleKind : uint8_t {
+  kGPipe,        // all forwards, then all backwards: stashes m microbatches
+  k1F1B,         // PipeDream-Flush: p - s warm-up forwards, then alternate: stashes <= p - s
+  kForwardOnly,  // inference and evaluation: forwards streamed through
+};
+
+std::string_view scheduleName(ScheduleKind kind);
+// "gpipe", "1f1b", "forward"; InvalidArgument naming the choices otherwise.
+ScheduleKind parseSchedule(std::string_view name);
+bool isTraining(ScheduleKind kind);
+
+// Stage `stage`'s actions (0-based, of `stages`) for `microbatches` microbatches.
+std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64_t microbatches);
+// Every stage's list, index = stage.
+std::vector<std::vector<Action>> scheduleActions(ScheduleKind kind, int stages,
+                                                 int64_t microbatches);
+
+std::string describe(const Action& a);  // "forward 3", "send gradient 0", "step"
+
+struct ScheduleReport {
+  std::vector<int64_t> peak_stash;  // per stage: most microbatches forwarded, not yet backward
+  // Unit-time simulation (a forward takes 1 tick, a backward `backward_ticks`, transfers
+  // are instant): per stage, per tick, the compute action running (or none).
+  struct Cell {
+    bool busy = false;
+    ActionType type = ActionType::kForward;
+    int64_t microbatch = 0;
+  };
+  std::vector<std::vector<Cell>> ticks;
+  int64_t makespan = 0;    // ticks until the last stage finishes
+  double bubble = 0;       // idle share of stages x makespan
+};
+
+// Runs the lists against each other. Throws InvalidArgument naming the stage and action
+// if a list is incomplete (a microbatch never forwarded or backward, no step or two, a
+// send without its receive or the reverse), out of order (a backward before its forward,
+// a send before what it sends exists, a step before the last backward), or if the stages
+// deadlock (naming each stuck stage and what it waits for). `training` says whether
+// backwards and the step are required.
+ScheduleReport validateSchedule(const std::vector<std::vector<Action>>& lists, int64_t microbatches,
+                                bool training, int backward_ticks = 1);
+
+// Text: each stage's action list, then a diagram with stages as rows and ticks as
+// columns ("F3" forward of microbatch 3, "B3" its backward, ".." idle), then the bubble
+// fraction beside the formula (p-1)/(m+p-1).
+std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches);
+
+}  // namespace tandem

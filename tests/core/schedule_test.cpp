@@ -1,0 +1,130 @@
+// Schedules as data: every generated list for p <= 8, m <= 32 validates, with the peak
+// stash each schedule promises; the validator catches incomplete, out-of-order and
+// deadlocking lists, naming the stage and action.
+#include "core/pipeline/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+using testing::expectThrowWith;
+
+TEST(ScheduleTest, EveryGeneratedListValidatesWithItsPeakStash) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int64_t m = 1; m <= 32; ++m) {
+      for (ScheduleKind kind :
+           {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kForwardOnly}) {
+        const auto lists = scheduleActions(kind, p, m);
+        ScheduleReport r;
+        ASSERT_NO_THROW(r = validateSchedule(lists, m, isTraining(kind)))
+            << scheduleName(kind) << " p=" << p << " m=" << m;
+        ASSERT_EQ(r.peak_stash.size(), static_cast<size_t>(p));
+        for (int s = 0; s < p; ++s) {
+          const int64_t peak = r.peak_stash[static_cast<size_t>(s)];
+          if (kind == ScheduleKind::kGPipe) {
+            ASSERT_EQ(peak, m) << "p=" << p << " m=" << m;
+          }
+          if (kind == ScheduleKind::k1F1B) {
+            ASSERT_LE(peak, p - s) << "p=" << p << " m=" << m << " s=" << s;
+            ASSERT_EQ(peak, std::min<int64_t>(p - s, m));
+          }
+        }
+        // With uniform forward and backward costs both training schedules reach exactly
+        // the bubble formula; forward-only streaming too (one pass).
+        const double formula = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
+        ASSERT_NEAR(r.bubble, formula, 1e-12) << scheduleName(kind) << " p=" << p << " m=" << m;
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, OneFOneBInterleavesAfterItsWarmUp) {
+  using A = ActionType;
+  const std::vector<Action> want = {
+      {A::kRecvActivation, 0}, {A::kForward, 0},       {A::kSendActivation, 0},
+      {A::kRecvActivation, 1}, {A::kForward, 1},       {A::kSendActivation, 1},
+      {A::kRecvGradient, 0},   {A::kBackward, 0},      {A::kSendGradient, 0},
+      {A::kRecvActivation, 2}, {A::kForward, 2},       {A::kSendActivation, 2},
+      {A::kRecvGradient, 1},   {A::kBackward, 1},      {A::kSendGradient, 1},
+      {A::kRecvGradient, 2},   {A::kBackward, 2},      {A::kSendGradient, 2},
+      {A::kStep, 0}};
+  EXPECT_EQ(stageActions(ScheduleKind::k1F1B, 1, 3, 3), want);  // stage 1 of 3: 1 warm-up
+}
+
+TEST(ScheduleTest, TheValidatorNamesWhatIsWrong) {
+  using A = ActionType;
+  const int64_t m = 2;
+  auto lists = scheduleActions(ScheduleKind::k1F1B, 2, m);
+
+  auto broken = lists;  // stage 1 never receives activation 1
+  std::erase(broken[1], Action{A::kRecvActivation, 1});
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
+                                   {"stage 1", "forward 1", "before its activation"});
+
+  broken = lists;  // stage 0 waits for gradient 0 before sending activation 0: deadlock
+  broken[0] = {{A::kForward, 0}, {A::kRecvGradient, 0}, {A::kSendActivation, 0},
+               {A::kForward, 1}, {A::kSendActivation, 1}, {A::kBackward, 0},
+               {A::kRecvGradient, 1}, {A::kBackward, 1}, {A::kStep, 0}};
+  expectThrowWith<InvalidArgument>(
+      [&] { validateSchedule(broken, m, true); },
+      {"deadlock", "stage 0 waits at action 1 (receive gradient 0)", "stage 1 waits"});
+
+  broken = lists;  // a backward twice
+  broken[1].insert(broken[1].end() - 1, Action{A::kBackward, 0});
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
+                                   {"stage 1", "backward twice"});
+
+  broken = lists;  // no step
+  broken[0].pop_back();
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
+                                   {"stage 0 never steps"});
+
+  broken = lists;  // a gradient sent that nobody receives
+  std::erase(broken[0], Action{A::kRecvGradient, 1});
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
+                                   {"stage 0", "backward 1", "before its gradient"});
+
+  broken = lists;  // stage 1 never sends gradient 1: stage 0 waits forever
+  std::erase(broken[1], Action{A::kSendGradient, 1});
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
+                                   {"deadlock", "receive gradient 1"});
+
+  broken = lists;  // a step before the last backward
+  std::swap(broken[1][broken[1].size() - 1], broken[1][broken[1].size() - 3]);
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
+                                   {"stage 1", "a step before the backward of microbatch 1"});
+
+  expectThrowWith<InvalidArgument>(
+      [&] { validateSchedule(scheduleActions(ScheduleKind::k1F1B, 2, 2), 2, false); },
+      {"not allowed in a forward-only schedule"});
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(lists, 3, true); },
+                                   {"a step before the backward of microbatch 2"});
+  auto forward_only = scheduleActions(ScheduleKind::kForwardOnly, 2, 2);
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(forward_only, 3, false); },
+                                   {"stage 0 never forwards microbatch 2"});
+}
+
+TEST(ScheduleTest, NamesAndBadArguments) {
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kForwardOnly})
+    EXPECT_EQ(parseSchedule(scheduleName(k)), k);
+  expectThrowWith<InvalidArgument>([] { parseSchedule("zb-h1"); },
+                                   {"'zb-h1'", "gpipe, 1f1b or forward"});
+  EXPECT_THROW(stageActions(ScheduleKind::kGPipe, 3, 3, 4), InvalidArgument);
+  EXPECT_THROW(stageActions(ScheduleKind::kGPipe, 0, 3, 0), InvalidArgument);
+}
+
+TEST(ScheduleTest, TheDiagramShowsEveryCellAndTheBubble) {
+  const std::string text = renderSchedule(ScheduleKind::kGPipe, 2, 2);
+  // 2 stages x (m + p - 1) x 2 = 6 ticks; stage 1 starts one tick late.
+  EXPECT_NE(text.find("stage 0 |F0|F1|..|..|B0|B1|"), std::string::npos) << text;
+  EXPECT_NE(text.find("stage 1 |..|F0|F1|B0|B1|..|"), std::string::npos) << text;
+  EXPECT_NE(text.find("bubble: 0.333333"), std::string::npos) << text;
+  EXPECT_NE(text.find("stage 1: receive activation 0, forward 0"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace tandem
