@@ -1,5 +1,7 @@
 #include "core/model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace tandem {
@@ -13,26 +15,37 @@ Model::Model(const ModelSpec& spec) : name_(spec.name), input_(spec.input), laye
 
 DType Model::inputDType() const { return layers_.layer(0).inputDType(); }
 
-void Model::build(Backend& backend, uint64_t seed) {
+void Model::build(Backend& backend, uint64_t seed, size_t begin, size_t end) {
+  if (end == kEnd) end = size();
+  TANDEM_CHECK_MSG(begin < end && end <= size(), InvalidArgument,
+                   "model '" << name_ << "': layer range [" << begin << ", " << end
+                             << ") is empty or outside its " << size() << " layers");
   // Parameters, their gradients and up to two optimizer slots must fit on the device.
   const DeviceInfo device = backend.info();
-  const double need = static_cast<double>(paramCount()) * 4.0 * 4.0;
+  const int64_t count = paramCount(begin, end);
+  const double need = static_cast<double>(count) * 4.0 * 4.0;
   TANDEM_CHECK_MSG(need <= static_cast<double>(device.memory_bytes), InvalidArgument,
-                   "model '" << name_ << "' has " << paramCount() << " parameters, needing "
-                             << need << " bytes with gradients and optimizer state; "
-                             << device.name << " has " << device.memory_bytes);
-  Rng rng(seed);
-  layers_.build(backend, rng);
+                   "model '" << name_ << "' has " << count << " parameters in layers [" << begin
+                             << ", " << end << "), needing " << need
+                             << " bytes with gradients and optimizer state; " << device.name
+                             << " has " << device.memory_bytes);
+  layers_.build(backend, seed, begin, end);
   backend_ = &backend;
-  params_ = layers_.params();
+  built_begin_ = begin;
+  built_end_ = end;
+  params_ = layers_.params(begin, end);
 }
 
-void Model::requireBuilt() const {
+void Model::requireBuilt(size_t begin, size_t end) const {
   TANDEM_CHECK_MSG(backend_ != nullptr, InvalidArgument, "model '" << name_ << "' is not built");
+  TANDEM_CHECK_MSG(begin >= built_begin_ && end <= built_end_, InvalidArgument,
+                   "model '" << name_ << "': layers [" << begin << ", " << end
+                             << ") run, but only [" << built_begin_ << ", " << built_end_
+                             << ") are built");
 }
 
 Backend& Model::backend() const {
-  requireBuilt();
+  TANDEM_CHECK_MSG(backend_ != nullptr, InvalidArgument, "model '" << name_ << "' is not built");
   return *backend_;
 }
 
@@ -48,8 +61,8 @@ void Model::zeroGrad() {
 
 Tensor Model::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,
                       size_t end) {
-  requireBuilt();
   if (end == kEnd) end = size();
+  requireBuilt(begin, end);
   const Shape& want = begin == 0 ? input_ : layers_.layer(begin - 1).outputShape();
   TANDEM_CHECK_MSG(x.shape().rank() == want.rank() + 1 && x.shape().dropFirst() == want,
                    InvalidArgument,
@@ -59,14 +72,14 @@ Tensor Model::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, 
 }
 
 Tensor Model::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end) {
-  requireBuilt();
   if (end == kEnd) end = size();
+  requireBuilt(begin, end);
   return layers_.backward(dy, stash, need_dx, begin, end);
 }
 
-int64_t Model::paramCount() const {
+int64_t Model::paramCount(size_t begin, size_t end) const {
   int64_t n = 0;
-  for (size_t i = 0; i < size(); ++i) n += layers_.layer(i).paramCount();
+  for (size_t i = begin; i < std::min(end, size()); ++i) n += layers_.layer(i).paramCount();
   return n;
 }
 

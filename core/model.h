@@ -33,10 +33,16 @@ class Model {
   Layer& layer(size_t i) { return layers_.layer(i); }
   const Layer& layer(size_t i) const { return layers_.layer(i); }
 
-  // Allocates and initialises parameters; the same seed gives bitwise the same weights.
-  void build(Backend& backend, uint64_t seed);
+  // Allocates and initialises the parameters of layers [begin, end) (a pipeline stage
+  // builds only its own). Layer i draws from its own stream (seed, i), so a layer's
+  // initial weights do not depend on which other layers are built.
+  void build(Backend& backend, uint64_t seed, size_t begin = 0, size_t end = kEnd);
   bool built() const { return backend_ != nullptr; }
+  // The built layer range.
+  size_t builtBegin() const { return built_begin_; }
+  size_t builtEnd() const { return built_end_; }
   Backend& backend() const;
+  // The built layers' parameters.
   const std::vector<Param*>& params() const { return params_; }
   Param& param(const std::string& name) const;
   void zeroGrad();
@@ -47,17 +53,18 @@ class Model {
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx = false, size_t begin = 0,
                   size_t end = kEnd);
 
-  int64_t paramCount() const;
+  int64_t paramCount(size_t begin = 0, size_t end = kEnd) const;
   ModelSpec spec() const;
 
  private:
-  // Throws InvalidArgument naming the model unless build() has run.
-  void requireBuilt() const;
+  // Throws InvalidArgument naming the model unless layers [begin, end) are built.
+  void requireBuilt(size_t begin, size_t end) const;
 
   std::string name_;
   Shape input_, output_;
   Sequence layers_;
   Backend* backend_ = nullptr;
+  size_t built_begin_ = 0, built_end_ = 0;
   std::vector<Param*> params_;
 };
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/data/dataset.h"
 #include "core/random.h"
 
 namespace tandem::testing {
@@ -30,6 +31,27 @@ void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {
     for (const auto& p : parts)
       EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
   }
+}
+
+// A synthetic 4-class problem: the class is the brightest quadrant of an 8x8 image.
+inline Dataset quadrants(int64_t n, uint64_t seed) {
+  Dataset d;
+  d.name = "quadrants";
+  d.sample_shape = Shape{1, 8, 8};
+  d.classes = 4;
+  d.mean = 0.5f;
+  d.stddev = 0.3f;
+  Rng rng(seed);
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = static_cast<int>(rng.below(4));
+    for (int y = 0; y < 8; ++y)
+      for (int x = 0; x < 8; ++x) {
+        const bool hot = (y / 4) * 2 + (x / 4) == c;
+        d.images.push_back(static_cast<uint8_t>(rng.below(128) + (hot ? 110 : 0)));
+      }
+    d.labels.push_back(c);
+  }
+  return d;
 }
 
 }  // namespace tandem::testing

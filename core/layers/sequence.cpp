@@ -1,5 +1,7 @@
 #include "core/layers/sequence.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/layers/registry.h"
 
@@ -39,10 +41,18 @@ void Sequence::build(Backend& backend, Rng& rng, const std::string& prefix) {
   }
 }
 
-std::vector<Param*> Sequence::params() {
+void Sequence::build(Backend& backend, uint64_t seed, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    Rng rng(combineSeeds(seed, i));
+    layers_.at(i)->build(backend, rng);
+    for (Param* p : layers_[i]->params()) p->name = std::to_string(i) + "." + p->name;
+  }
+}
+
+std::vector<Param*> Sequence::params(size_t begin, size_t end) {
   std::vector<Param*> out;
-  for (auto& l : layers_)
-    for (Param* p : l->params()) out.push_back(p);
+  for (size_t i = begin; i < std::min(end, layers_.size()); ++i)
+    for (Param* p : layers_[i]->params()) out.push_back(p);
   return out;
 }
 

@@ -2,6 +2,7 @@
 // Model and of block layers (residual); a stage of a pipeline is a range of it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +26,10 @@ class Sequence {
   Shape setup(const Shape& input);
   // Builds every layer, then names each parameter "<prefix><index>.<local name>".
   void build(Backend& backend, Rng& rng, const std::string& prefix = "");
-  std::vector<Param*> params();
+  // Builds layers [begin, end) only, layer i from its own stream Rng(seed, i); names as
+  // above with no prefix.
+  void build(Backend& backend, uint64_t seed, size_t begin, size_t end);
+  std::vector<Param*> params(size_t begin = 0, size_t end = SIZE_MAX);
 
   // Runs layers [begin, end); stash.children holds one Stash per layer of the range.
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/loss.h"
+#include "core/train/microbatch.h"
 
 namespace tandem {
 
@@ -27,21 +28,30 @@ Trainer::Trainer(Model& model, Optimizer& optimizer, const TrainOptions& options
     : model_(model), optimizer_(optimizer), options_(options) {
   TANDEM_CHECK_MSG(options.batch > 0, InvalidArgument,
                    "batch size " << options.batch << " must be positive");
+  TANDEM_CHECK_MSG(options.microbatches > 0, InvalidArgument,
+                   "microbatches " << options.microbatches << " must be positive");
 }
 
 double Trainer::step(const float* x, const int32_t* labels, int64_t n) {
   Backend& be = model_.backend();
-  Tensor xt = be.empty(model_.inputShape().withBatch(n));
-  be.upload(xt, x);
-  Tensor yt = be.empty({n}, DType::kI32);
-  be.upload(yt, labels);
   model_.zeroGrad();
-  Stash stash;
-  ForwardContext ctx{true, combineSeeds(options_.seed, static_cast<uint64_t>(global_step_))};
-  Tensor logits = model_.forward(xt, stash, ctx);
-  Tensor grad = be.empty(logits.shape());
-  const double loss_sum = softmaxCrossEntropy(be, logits, yt, 1.0f / static_cast<float>(n), grad);
-  model_.backward(grad, stash);
+  const int64_t per_sample = model_.inputShape().numel();
+  const std::vector<MicrobatchSlice> slices = splitBatch(n, options_.microbatches);
+  double loss_sum = 0;
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const MicrobatchSlice& mb = slices[k];
+    Tensor xt = be.empty(model_.inputShape().withBatch(mb.count));
+    be.upload(xt, x + mb.offset * per_sample);
+    Tensor yt = be.empty({mb.count}, DType::kI32);
+    be.upload(yt, labels + mb.offset);
+    Stash stash;
+    const ForwardContext ctx{true,
+                             microbatchSeed(options_.seed, global_step_, static_cast<int64_t>(k))};
+    Tensor logits = model_.forward(xt, stash, ctx);
+    Tensor grad = be.empty(logits.shape());
+    loss_sum += softmaxCrossEntropy(be, logits, yt, 1.0f / static_cast<float>(n), grad);
+    model_.backward(grad, stash);
+  }
   optimizer_.step(model_.params());
   ++global_step_;
   return loss_sum / static_cast<double>(n);

@@ -1,8 +1,9 @@
 // Single-device training and evaluation of a classifier on a Dataset.
 //
-// A step: upload the batch, clear gradients, forward, softmax cross-entropy (mean over
-// the batch), backward, optimizer step. Dropout draws from (seed, global step), so two
-// runs with the same seed produce bitwise the same weights.
+// A step: clear gradients; per microbatch (one unless TrainOptions::microbatches): upload,
+// forward, softmax cross-entropy (scaled to the whole batch's mean), backward
+// (accumulating); then one optimizer step. Dropout draws from (seed, global step,
+// microbatch), so two runs with the same seed produce bitwise the same weights.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,9 @@ struct TrainOptions {
   int64_t batch = 64;
   uint64_t seed = 1;
   bool shuffle = true;
+  // Gradient accumulation: each batch runs as this many microbatches (splitBatch), their
+  // gradients summed before one optimizer step — what a pipeline computes.
+  int64_t microbatches = 1;
 };
 
 struct StepReport {

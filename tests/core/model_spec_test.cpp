@@ -111,7 +111,7 @@ TEST(ModelSpecTest, AbsurdSizesAreErrorsNotOverflows) {
                                    {"more elements than fit in 64 bits"});
   cpu::CpuBackend be;
   Model huge = parse("input: [100000]\nlayers:\n  - linear: {out: 100000000}\n");
-  expectThrowWith<InvalidArgument>([&] { huge.build(be, 1); }, {"parameters, needing", "cpu has"});
+  expectThrowWith<InvalidArgument>([&] { huge.build(be, 1); }, {"parameters in layers [0, 1), needing", "cpu has"});
 }
 
 // Random edits of the example specs: every outcome is a model or a tandem::Error.

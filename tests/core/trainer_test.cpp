@@ -13,27 +13,6 @@
 namespace tandem {
 namespace {
 
-// A synthetic 4-class problem: the class is the brightest quadrant of an 8x8 image.
-Dataset quadrants(int64_t n, uint64_t seed) {
-  Dataset d;
-  d.name = "quadrants";
-  d.sample_shape = Shape{1, 8, 8};
-  d.classes = 4;
-  d.mean = 0.5f;
-  d.stddev = 0.3f;
-  Rng rng(seed);
-  for (int64_t i = 0; i < n; ++i) {
-    const int c = static_cast<int>(rng.below(4));
-    for (int y = 0; y < 8; ++y)
-      for (int x = 0; x < 8; ++x) {
-        const bool hot = (y / 4) * 2 + (x / 4) == c;
-        d.images.push_back(static_cast<uint8_t>(rng.below(128) + (hot ? 110 : 0)));
-      }
-    d.labels.push_back(c);
-  }
-  return d;
-}
-
 const char* kNet = R"(name: tiny
 input: [1, 8, 8]
 layers:
@@ -58,7 +37,7 @@ std::vector<std::vector<float>> trainAndDump(uint64_t seed, int threads,
   o.lr = opt_kind == "adamw" ? 0.01f : 0.05f;
   Optimizer opt(be, o);
   Trainer t(m, opt, TrainOptions{16, seed, true});
-  const Dataset d = quadrants(200, 1);
+  const Dataset d = testing::quadrants(200, 1);
   for (int e = 0; e < 2; ++e) t.trainEpoch(d, e, {});
   std::vector<std::vector<float>> out;
   for (Param* p : m.params()) out.push_back(toHost(p->value));
@@ -79,7 +58,7 @@ TEST(TrainerTest, LearnsASyntheticProblem) {
   m.build(be, 1);
   Optimizer opt(be, OptimizerOptions{});
   Trainer t(m, opt, TrainOptions{16, 1, true});
-  const Dataset train = quadrants(800, 1), test = quadrants(200, 2);
+  const Dataset train = testing::quadrants(800, 1), test = testing::quadrants(200, 2);
   const double before = evaluate(m, test, 64).accuracy;
   EpochReport r{};
   for (int e = 0; e < 3; ++e) r = t.trainEpoch(train, e, {});
@@ -96,7 +75,7 @@ TEST(TrainerTest, ProgressReportsEveryStep) {
   Optimizer opt(be, OptimizerOptions{});
   Trainer t(m, opt, TrainOptions{30, 1, false});
   std::vector<StepReport> reports;
-  t.trainEpoch(quadrants(100, 1), 0, [&](const StepReport& r) { reports.push_back(r); });
+  t.trainEpoch(testing::quadrants(100, 1), 0, [&](const StepReport& r) { reports.push_back(r); });
   ASSERT_EQ(reports.size(), 4u);  // 30 + 30 + 30 + 10
   EXPECT_EQ(reports.back().step, 4);
   EXPECT_EQ(reports.back().steps, 4);
@@ -110,7 +89,7 @@ TEST(TrainerTest, ModelAndDataMustAgree) {
   Optimizer opt(be, OptimizerOptions{});
   Trainer t(m, opt, TrainOptions{});
   testing::expectThrowWith<InvalidArgument>(
-      [&] { t.trainEpoch(quadrants(10, 1), 0, {}); },
+      [&] { t.trainEpoch(testing::quadrants(10, 1), 0, {}); },
       {"takes [1, 28, 28]", "quadrants samples are [1, 8, 8]"});
 }
 

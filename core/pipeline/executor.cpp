@@ -1,0 +1,170 @@
+#include "core/pipeline/executor.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/loss.h"
+#include "core/train/microbatch.h"
+
+namespace tandem {
+
+namespace {
+double seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+}  // namespace
+
+StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* next,
+                             Optimizer* optimizer, ExecutorOptions options)
+    : model_(model),
+      backend_(model.backend()),
+      range_(range),
+      prev_(prev),
+      next_(next),
+      optimizer_(optimizer),
+      options_(options) {
+  TANDEM_CHECK_MSG(range.stages > 0 && range.stage >= 0 && range.stage < range.stages,
+                   InvalidArgument, "stage " << range.stage << " of " << range.stages);
+  TANDEM_CHECK_MSG(range.begin < range.end && range.end <= model.size(), InvalidArgument,
+                   "stage " << range.stage << ": layers [" << range.begin << ", " << range.end
+                            << ") of a model with " << model.size());
+  TANDEM_CHECK_MSG(range.first() == (prev == nullptr), InvalidArgument,
+                   "stage " << range.stage << ": a link to the previous stage is needed exactly "
+                            << "when the stage is not the first");
+  TANDEM_CHECK_MSG(range.last() == (next == nullptr), InvalidArgument,
+                   "stage " << range.stage << ": a link to the next stage is needed exactly "
+                            << "when the stage is not the last");
+}
+
+void StageExecutor::record(ActionType type, int64_t k, Clock::time_point t0, double& counter) {
+  const auto t1 = Clock::now();
+  counter += seconds(t1 - t0);
+  if (options_.record_spans)
+    spans_.push_back({type, tag_base_ + k, seconds(t0 - epoch_), seconds(t1 - epoch_)});
+}
+
+StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo& info,
+                              const std::function<MicrobatchInput(int64_t)>& input) {
+  int64_t m = 0;
+  for (const Action& a : actions)
+    if (a.type != ActionType::kStep) m = std::max(m, a.microbatch + 1);
+  TANDEM_CHECK_MSG(!info.training || info.batch_samples > 0, InvalidArgument,
+                   "stage " << range_.stage << ": a training step needs its batch size");
+  TANDEM_CHECK_MSG(!info.training || info.labels, InvalidArgument,
+                   "stage " << range_.stage << ": training needs labels");
+  if (info.training) model_.zeroGrad();
+  StepResult result;
+  int64_t stashed = 0;
+  for (const Action& a : actions) {
+    const int64_t k = a.microbatch;
+    const auto t0 = Clock::now();
+    switch (a.type) {
+      case ActionType::kRecvActivation: {
+        InFlight& f = inflight_[k];
+        f.x = prev_->recv(tag(MessageKind::kActivation, k), backend_);
+        if (info.labels) f.labels = prev_->recv(tag(MessageKind::kLabel, k), backend_);
+        record(a.type, k, t0, counters_.recv_wait_s);
+        break;
+      }
+      case ActionType::kForward:
+        forward(k, info, result, input);
+        if (info.training) counters_.peak_stash = std::max(counters_.peak_stash, ++stashed);
+        ++counters_.microbatches;
+        record(a.type, k, t0, counters_.busy_s);
+        break;
+      case ActionType::kSendActivation: {
+        InFlight& f = inflight_.at(k);
+        next_->send(tag(MessageKind::kActivation, k), f.y);
+        if (info.labels) next_->send(tag(MessageKind::kLabel, k), f.labels);
+        f.y = Tensor();
+        if (!info.training) inflight_.erase(k);  // nothing more to do for it here
+        record(a.type, k, t0, counters_.send_s);
+        break;
+      }
+      case ActionType::kRecvGradient:
+        inflight_.at(k).dy = next_->recv(tag(MessageKind::kGradient, k), backend_);
+        record(a.type, k, t0, counters_.recv_wait_s);
+        break;
+      case ActionType::kBackward:
+        backward(k, info);
+        --stashed;
+        if (range_.first()) inflight_.erase(k);
+        record(a.type, k, t0, counters_.busy_s);
+        break;
+      case ActionType::kSendGradient:
+        prev_->send(tag(MessageKind::kGradient, k), inflight_.at(k).dx);
+        inflight_.erase(k);
+        record(a.type, k, t0, counters_.send_s);
+        break;
+      case ActionType::kStep:
+        TANDEM_CHECK_MSG(optimizer_ != nullptr, InvalidArgument,
+                         "stage " << range_.stage << ": a step without an optimizer");
+        optimizer_->step(model_.params());
+        record(a.type, 0, t0, counters_.busy_s);
+        break;
+    }
+  }
+  // The last stage keeps nothing after its forward (evaluation) or backward (training).
+  inflight_.clear();
+  tag_base_ += m;
+  ++counters_.steps;
+  return result;
+}
+
+void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
+                            const std::function<MicrobatchInput(int64_t)>& input) {
+  InFlight& f = inflight_[k];
+  if (range_.first()) {
+    MicrobatchInput in = input(k);
+    f.x = std::move(in.x);
+    f.labels = std::move(in.labels);
+  }
+  TANDEM_CHECK_MSG(f.x.defined(), InvalidArgument,
+                   "stage " << range_.stage << ": forward " << k << " has no input");
+  const ForwardContext ctx{info.training, info.training
+                                              ? microbatchSeed(options_.seed, info.step, k)
+                                              : 0};
+  Tensor y;
+  if (info.training && options_.recompute) {
+    Stash scratch;  // dropped: backward recomputes it from f.x
+    y = model_.forward(f.x, scratch, ctx, range_.begin, range_.end);
+  } else {
+    y = model_.forward(f.x, f.stash, ctx, range_.begin, range_.end);
+    if (!info.training) f.stash.clear();
+  }
+  if (!(info.training && options_.recompute)) f.x = Tensor();  // the stash has what it needs
+  if (!range_.last()) {
+    f.y = std::move(y);
+    return;
+  }
+  const int64_t n = y.shape()[0];
+  result.samples += n;
+  if (!info.labels) {
+    result.outputs.push_back(std::move(y));
+    return;
+  }
+  if (info.training) {
+    f.dy = backend_.empty(y.shape());
+    result.loss_sum += softmaxCrossEntropy(backend_, y, f.labels,
+                                           1.0f / static_cast<float>(info.batch_samples), f.dy);
+  } else {
+    result.loss_sum += softmaxCrossEntropy(backend_, y, f.labels, 1.0f, Tensor());
+    result.correct += countCorrect(toHost(y), toHostI32(f.labels), y.shape()[1]);
+  }
+  f.labels = Tensor();
+}
+
+void StageExecutor::backward(int64_t k, const StepInfo& info) {
+  InFlight& f = inflight_.at(k);
+  TANDEM_CHECK_MSG(f.dy.defined(), InvalidArgument,
+                   "stage " << range_.stage << ": backward " << k << " has no output gradient");
+  if (options_.recompute) {
+    const ForwardContext ctx{true, microbatchSeed(options_.seed, info.step, k)};
+    model_.forward(f.x, f.stash, ctx, range_.begin, range_.end);
+  }
+  f.dx = model_.backward(f.dy, f.stash, !range_.first(), range_.begin, range_.end);
+  f.stash.clear();
+  f.x = f.dy = Tensor();
+}
+
+}  // namespace tandem

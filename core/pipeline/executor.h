@@ -1,0 +1,126 @@
+// StageExecutor: runs one pipeline stage's action list (schedule.h) for a step, with the
+// stage's layers of a Model on its Backend and Links to the neighbouring stages.
+//
+// Training: gradients of the stage's parameters are cleared at the start of a step and
+// accumulate over its microbatches; the optimizer steps at the flush. With recomputation
+// a forward keeps only the stage's input, and the backward re-runs the forward (same
+// dropout seed, so the same result) before differentiating. The first stage takes
+// microbatches from a callback; labels travel with the activations to the last stage,
+// which computes the loss (scaled to the step's whole batch) and its gradient.
+//
+// Sends go through Link::send, which queues the message and returns while the
+// transport moves it, so the next computation overlaps the transfer.
+//
+// Message tags are global microbatch numbers (a running count over the executor's
+// steps), so a stage that runs ahead into the next step never confuses its messages.
+//
+// Threading: one thread drives an executor.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "core/model.h"
+#include "core/optimizer.h"
+#include "core/pipeline/link.h"
+#include "core/pipeline/schedule.h"
+
+namespace tandem {
+
+struct StageRange {
+  int stage = 0, stages = 1;
+  size_t begin = 0, end = 0;  // the stage's layers of the model
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
+struct ExecutorOptions {
+  bool recompute = false;
+  uint64_t seed = 1;          // dropout seeds: microbatchSeed(seed, step, k)
+  bool record_spans = false;  // keep a Span per action for the timeline
+};
+
+// A microbatch as the first stage feeds it in.
+struct MicrobatchInput {
+  Tensor x;       // [n, ...model input]
+  Tensor labels;  // i32 [n]; undefined when serving (no loss)
+};
+
+struct StepInfo {
+  int64_t step = 0;           // global step: dropout seeds
+  int64_t batch_samples = 0;  // the whole step's samples: the loss is their mean
+  bool training = true;
+  bool labels = true;  // labels travel to the last stage (training and evaluation)
+};
+
+// The last stage's sums over a step's microbatches (zero elsewhere).
+struct StepResult {
+  double loss_sum = 0;  // sum of per-sample losses
+  int64_t correct = 0;  // evaluation only: rows whose largest logit is the label
+  int64_t samples = 0;
+  std::vector<Tensor> outputs;  // serving (no labels): each microbatch's output, in order
+};
+
+struct StageCounters {
+  double busy_s = 0;       // forward, backward and the optimizer
+  double recv_wait_s = 0;  // blocked in Link::recv
+  double send_s = 0;       // in Link::send (copy or encode, then queue)
+  int64_t peak_stash = 0;  // most microbatches forwarded and not yet backward
+  int64_t microbatches = 0, steps = 0;
+};
+
+struct Span {
+  ActionType type;
+  int64_t microbatch;  // global
+  double start_s, end_s;  // since the executor was made
+};
+
+class StageExecutor {
+ public:
+  // `prev` is null on the first stage, `next` on the last; `optimizer` may be null when
+  // only evaluating or serving. The model must have the stage's layers built.
+  StageExecutor(Model& model, StageRange range, Link* prev, Link* next, Optimizer* optimizer,
+                ExecutorOptions options);
+
+  // Runs one step's actions; `input(k)` gives microbatch k of this step on the first
+  // stage (not called elsewhere).
+  StepResult run(const std::vector<Action>& actions, const StepInfo& info,
+                 const std::function<MicrobatchInput(int64_t)>& input);
+
+  const StageCounters& counters() const { return counters_; }
+  const std::vector<Span>& spans() const { return spans_; }
+  const StageRange& range() const { return range_; }
+
+ private:
+  // What a microbatch holds on this stage between its actions.
+  struct InFlight {
+    Tensor x, labels;  // the stage's input (kept for recomputation) and the labels
+    Tensor y;          // the output, until sent
+    Tensor dy, dx;     // the output's gradient (received or from the loss); the input's
+    Stash stash;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  void forward(int64_t k, const StepInfo& info, StepResult& result,
+               const std::function<MicrobatchInput(int64_t)>& input);
+  void backward(int64_t k, const StepInfo& info);
+  MessageTag tag(MessageKind kind, int64_t k) const { return {kind, tag_base_ + k}; }
+  void record(ActionType type, int64_t k, Clock::time_point t0, double& counter);
+
+  Model& model_;
+  Backend& backend_;
+  StageRange range_;
+  Link *prev_, *next_;
+  Optimizer* optimizer_;
+  ExecutorOptions options_;
+  std::map<int64_t, InFlight> inflight_;  // by microbatch of the current step
+  int64_t tag_base_ = 0;                  // global number of this step's microbatch 0
+  StageCounters counters_;
+  std::vector<Span> spans_;
+  Clock::time_point epoch_ = Clock::now();
+};
+
+}  // namespace tandem
