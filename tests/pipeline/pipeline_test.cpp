@@ -9,6 +9,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/model_spec.h"
+#include "core/pipeline/job.h"
 #include "core/pipeline/stage_trainer.h"
 #include "tests/test_util.h"
 #include "transport/zmq_link.h"
@@ -34,18 +35,6 @@ layers:
 )";
 
 using Weights = std::map<std::string, std::vector<float>>;
-
-// Layer ranges splitting `layers` into `p` nearly equal contiguous stages.
-std::vector<std::pair<size_t, size_t>> equalRanges(size_t layers, int p) {
-  std::vector<std::pair<size_t, size_t>> out;
-  size_t begin = 0;
-  for (int s = 0; s < p; ++s) {
-    const size_t count = layers / p + (static_cast<size_t>(s) < layers % p ? 1 : 0);
-    out.push_back({begin, begin + count});
-    begin += count;
-  }
-  return out;
-}
 
 Weights reference(const PipelineOptions& o, const Dataset& d, int epochs) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
@@ -73,7 +62,7 @@ PipelineRun pipeline(int p, const PipelineOptions& o, const Dataset& d, int epoc
   static int run_id = 0;
   const std::string id = std::to_string(run_id++);
   transport::Context ctx;
-  const auto ranges = equalRanges(Model(parseModelSpec(kNet)).size(), p);
+  const auto ranges = equalStageRanges(Model(parseModelSpec(kNet)).size(), p);
   // Link s joins stage s (its `next`) and stage s + 1 (its `prev`).
   std::vector<std::unique_ptr<transport::ZmqLink>> down, up;
   for (int s = 0; s + 1 < p; ++s) {

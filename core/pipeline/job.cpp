@@ -1,0 +1,273 @@
+#include "core/pipeline/job.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tandem {
+
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  std::string at(const YAML::Node& node) const {
+    const YAML::Mark m = node.Mark();
+    if (m.line < 0) return source_;
+    std::ostringstream os;
+    os << source_ << ":" << m.line + 1 << ":" << m.column + 1;
+    return os.str();
+  }
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& what) const {
+    throw InvalidArgument(at(node) + ": " + what);
+  }
+
+  template <typename T>
+  T get(const YAML::Node& node, const std::string& key, const char* kind) const {
+    T value;
+    if (!node.IsScalar() || !YAML::convert<T>::decode(node, value))
+      fail(node, "'" + key + "' must be " + kind);
+    return value;
+  }
+
+  int64_t positive(const YAML::Node& node, const std::string& key) const {
+    const auto v = get<long long>(node, key, "an integer");
+    if (v <= 0) fail(node, "'" + key + "' must be positive, got " + std::to_string(v));
+    return v;
+  }
+
+ private:
+  std::string source_;
+};
+
+std::string resolve(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || std::filesystem::path(path).is_absolute() || base_dir.empty()) return path;
+  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
+}
+
+void parseOptimizer(const Reader& r, const YAML::Node& node, OptimizerOptions& o) {
+  if (!node.IsMap()) r.fail(node, "'optimizer' must be a map, e.g. {kind: sgd, lr: 0.01}");
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    if (key == "kind") {
+      o.kind = r.get<std::string>(v, key, "sgd or adamw");
+    } else if (key == "lr") {
+      o.lr = r.get<float>(v, key, "a number");
+    } else if (key == "momentum") {
+      o.momentum = r.get<float>(v, key, "a number");
+    } else if (key == "nesterov") {
+      o.nesterov = r.get<bool>(v, key, "true or false");
+    } else if (key == "weight_decay") {
+      o.weight_decay = r.get<float>(v, key, "a number");
+    } else if (key == "beta1") {
+      o.beta1 = r.get<float>(v, key, "a number");
+    } else if (key == "beta2") {
+      o.beta2 = r.get<float>(v, key, "a number");
+    } else if (key == "eps") {
+      o.eps = r.get<float>(v, key, "a number");
+    } else {
+      r.fail(kv.first, "unknown optimizer key '" + key +
+                           "' (expected kind, lr, momentum, nesterov, weight_decay, beta1, "
+                           "beta2 or eps)");
+    }
+  }
+  try {
+    validate(o);
+  } catch (const InvalidArgument& e) {
+    r.fail(node, e.what());
+  }
+}
+
+void parseCodec(const Reader& r, const YAML::Node& node, JobSpec& job) {
+  if (!node.IsMap()) r.fail(node, "'codec' must be a map {activations: ..., gradients: ...}");
+  const std::set<std::string> names = {"fp32", "fp16", "bf16", "int8"};
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const auto value = r.get<std::string>(kv.second, key, "fp32, fp16, bf16 or int8");
+    if (!names.count(value))
+      r.fail(kv.second, "unknown codec '" + value + "' (expected fp32, fp16, bf16 or int8)");
+    if (key == "activations") {
+      job.activation_codec = value;
+    } else if (key == "gradients") {
+      job.gradient_codec = value;
+    } else {
+      r.fail(kv.first, "unknown codec key '" + key + "' (expected activations or gradients)");
+    }
+  }
+}
+
+void parsePartition(const Reader& r, const YAML::Node& node, JobSpec& job) {
+  if (node.IsScalar()) {
+    if (node.Scalar() != "equal")
+      r.fail(node, "'partition' must be 'equal' or a list of layer ranges [begin, end]");
+    return;
+  }
+  if (!node.IsSequence() || node.size() == 0)
+    r.fail(node, "'partition' must be 'equal' or a list of layer ranges [begin, end]");
+  for (const auto& range : node) {
+    if (!range.IsSequence() || range.size() != 2)
+      r.fail(range, "a stage's layers are a range [begin, end]");
+    const auto begin = r.get<long long>(range[0], "begin", "a layer index");
+    const auto end = r.get<long long>(range[1], "end", "a layer index");
+    if (begin < 0 || end <= begin)
+      r.fail(range, "layer range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                        ") is empty or negative");
+    job.ranges.push_back({static_cast<size_t>(begin), static_cast<size_t>(end)});
+    job.range_where.push_back(r.at(range));
+  }
+}
+
+}  // namespace
+
+JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
+  const Reader r(source);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    std::ostringstream os;
+    os << source << ":" << e.mark.line + 1 << ":" << e.mark.column + 1 << ": " << e.msg;
+    throw InvalidArgument(os.str());
+  }
+  if (!root.IsMap()) throw InvalidArgument(source + ": a job file is a map of settings");
+  JobSpec job;
+  job.source = source;
+  const std::string dir = std::filesystem::path(source).parent_path().string();
+  // Where 'partition' and 'stages' were given, if they were.
+  std::optional<YAML::Node> partition, stages;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    if (key == "model") {
+      job.model = resolve(dir, r.get<std::string>(v, key, "a path"));
+    } else if (key == "data") {
+      job.data = r.get<std::string>(v, key, "a dataset name");
+      if (job.data != "fashion-mnist")
+        r.fail(v, "unknown dataset '" + job.data + "' (expected fashion-mnist)");
+    } else if (key == "data_dir") {
+      job.data_dir = r.get<std::string>(v, key, "a directory");
+    } else if (key == "train_limit") {
+      job.train_limit = r.positive(v, key);
+    } else if (key == "test_limit") {
+      job.test_limit = r.positive(v, key);
+    } else if (key == "epochs") {
+      job.epochs = r.positive(v, key);
+    } else if (key == "batch") {
+      job.batch = r.positive(v, key);
+    } else if (key == "microbatches") {
+      job.microbatches = r.positive(v, key);
+    } else if (key == "schedule") {
+      const auto name = r.get<std::string>(v, key, "gpipe or 1f1b");
+      try {
+        job.schedule = parseSchedule(name);
+      } catch (const InvalidArgument& e) {
+        r.fail(v, e.what());
+      }
+      if (!isTraining(job.schedule))
+        r.fail(v, "schedule '" + name + "' cannot train (expected gpipe or 1f1b)");
+    } else if (key == "recompute") {
+      job.recompute = r.get<bool>(v, key, "true or false");
+    } else if (key == "seed") {
+      job.seed = r.get<unsigned long long>(v, key, "a non-negative integer");
+    } else if (key == "threads") {
+      job.threads = static_cast<int>(r.positive(v, key));
+    } else if (key == "optimizer") {
+      parseOptimizer(r, v, job.optimizer);
+    } else if (key == "codec") {
+      parseCodec(r, v, job);
+    } else if (key == "transport") {
+      job.transport = r.get<std::string>(v, key, "tcp or ipc");
+      if (job.transport != "tcp" && job.transport != "ipc")
+        r.fail(v, "unknown transport '" + job.transport + "' (expected tcp or ipc)");
+    } else if (key == "timeout_s") {
+      job.timeout_s = r.positive(v, key);
+    } else if (key == "partition") {
+      partition = v;
+      parsePartition(r, v, job);
+    } else if (key == "stages") {
+      stages = v;
+      job.stages = static_cast<int>(r.positive(v, key));
+    } else if (key == "save") {
+      job.save = resolve(dir, r.get<std::string>(v, key, "a path"));
+    } else {
+      r.fail(kv.first, "unknown key '" + key +
+                           "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
+                           "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
+                           "codec, transport, timeout_s, partition, stages or save)");
+    }
+  }
+  if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");
+  if (!partition) throw InvalidArgument(source + ": 'partition' is required ('equal' or ranges)");
+  if (job.ranges.empty() && job.stages == 0)
+    r.fail(*partition, "'partition: equal' needs 'stages: N'");
+  if (!job.ranges.empty() && stages && static_cast<size_t>(job.stages) != job.ranges.size())
+    r.fail(*stages, "'stages' is " + std::to_string(job.stages) + " but the partition lists " +
+                       std::to_string(job.ranges.size()) + " ranges");
+  if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size());
+  return job;
+}
+
+JobSpec loadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw IoError("cannot open job file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseJobSpec(ss.str(), path);
+}
+
+std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages) {
+  TANDEM_CHECK_MSG(stages >= 1, InvalidArgument, "stages must be positive, got " << stages);
+  std::vector<std::pair<size_t, size_t>> out;
+  const auto p = static_cast<size_t>(stages);
+  size_t begin = 0;
+  for (size_t s = 0; s < p; ++s) {
+    const size_t count = layers / p + (s < layers % p ? 1 : 0);
+    out.push_back({begin, begin + count});
+    begin += count;
+  }
+  return out;
+}
+
+std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Model& model) {
+  const size_t layers = model.size();
+  if (job.ranges.empty()) {
+    TANDEM_CHECK_MSG(job.stages >= 1 && static_cast<size_t>(job.stages) <= layers,
+                     InvalidArgument,
+                     job.source << ": " << job.stages << " stages for a model of " << layers
+                                << " layers (each stage needs at least one)");
+    return equalStageRanges(layers, job.stages);
+  }
+  size_t expect = 0;
+  for (size_t s = 0; s < job.ranges.size(); ++s) {
+    const auto [begin, end] = job.ranges[s];
+    const std::string& where = job.range_where[s];
+    std::ostringstream range;
+    range << "stage " << s << "'s layers [" << begin << ", " << end << ")";
+    TANDEM_CHECK_MSG(begin >= expect, InvalidArgument,
+                     where << ": " << range.str() << " overlap the previous stage's, which end at "
+                           << expect);
+    TANDEM_CHECK_MSG(begin == expect, InvalidArgument,
+                     where << ": " << range.str() << " leave layers [" << expect << ", " << begin
+                           << ") on no stage");
+    TANDEM_CHECK_MSG(end <= layers, InvalidArgument,
+                     where << ": " << range.str() << " go past the model's " << layers
+                           << " layers");
+    expect = end;
+  }
+  TANDEM_CHECK_MSG(expect == layers, InvalidArgument,
+                   job.range_where.back() << ": the stages end at layer " << expect
+                                          << " but the model has " << layers
+                                          << " layers: the rest are on no stage");
+  return job.ranges;
+}
+
+}  // namespace tandem

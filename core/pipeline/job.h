@@ -1,0 +1,65 @@
+// Job files (examples/jobs/*.yaml): what `tandem run` trains or serves and how it is
+// cut into stages.
+//
+//   model: ../models/cnn.yaml      # relative to the job file
+//   data: fashion-mnist
+//   epochs: 2
+//   batch: 32
+//   microbatches: 4
+//   schedule: 1f1b                 # gpipe | 1f1b
+//   recompute: false
+//   optimizer: {kind: sgd, lr: 0.01, momentum: 0.9}
+//   codec: {activations: fp32, gradients: fp32}
+//   transport: tcp                 # tcp | ipc (loopback)
+//   partition: equal               # or a list of layer ranges: [[0, 4], [4, 9], [9, 11]]
+//   stages: 3                      # with `equal`
+//
+// Every error names the file, line and column of the offending key or value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/model.h"
+#include "core/optimizer.h"
+#include "core/pipeline/schedule.h"
+
+namespace tandem {
+
+struct JobSpec {
+  std::string source;  // the job file, for messages
+  std::string model;   // model spec path, resolved against the job file's directory
+  std::string data = "fashion-mnist";
+  std::string data_dir;  // empty: the Debian package's directory
+  int64_t train_limit = 0, test_limit = 0;  // > 0: use only the first so many samples
+  int64_t epochs = 1;
+  int64_t batch = 64;
+  int64_t microbatches = 4;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  bool recompute = false;
+  uint64_t seed = 1;
+  int threads = 1;  // CPU threads per stage
+  OptimizerOptions optimizer;
+  std::string activation_codec = "fp32", gradient_codec = "fp32";
+  std::string transport = "tcp";
+  int64_t timeout_s = 60;  // every link's blocking calls
+  // Either explicit layer ranges [begin, end) or, when empty, `stages` equal parts.
+  std::vector<std::pair<size_t, size_t>> ranges;
+  std::vector<std::string> range_where;  // "job.yaml:12:5" per range, for messages
+  int stages = 0;
+  std::string save;  // a model file to write at the end (resolved like `model`)
+};
+
+JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source = "<string>");
+JobSpec loadJobSpec(const std::string& path);
+
+// The stages' layer ranges for `model`: the explicit ranges, checked to cover every
+// layer once, in order (InvalidArgument names the job file and the range at fault), or
+// `stages` parts of nearly equal layer counts.
+std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Model& model);
+// `layers` split into `stages` contiguous ranges whose sizes differ by at most one.
+std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages);
+
+}  // namespace tandem

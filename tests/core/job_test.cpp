@@ -1,0 +1,108 @@
+// Job files: every setting read, and every malformed file named by key and line.
+#include "core/pipeline/job.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/model_spec.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+using testing::expectThrowWith;
+
+const char* kJob = R"(model: ../models/cnn.yaml
+epochs: 2
+batch: 32
+microbatches: 8
+schedule: gpipe
+recompute: true
+seed: 7
+threads: 2
+optimizer: {kind: adamw, lr: 0.001, weight_decay: 0.01}
+codec: {activations: fp16, gradients: int8}
+transport: ipc
+timeout_s: 5
+partition: [[0, 4], [4, 9], [9, 11]]
+save: ../../out/cnn.tdm
+)";
+
+TEST(JobTest, ReadsEverySetting) {
+  const JobSpec j = parseJobSpec(kJob, "examples/jobs/x.yaml");
+  EXPECT_EQ(j.model, "examples/models/cnn.yaml");
+  EXPECT_EQ(j.save, "out/cnn.tdm");
+  EXPECT_EQ(j.epochs, 2);
+  EXPECT_EQ(j.batch, 32);
+  EXPECT_EQ(j.microbatches, 8);
+  EXPECT_EQ(j.schedule, ScheduleKind::kGPipe);
+  EXPECT_TRUE(j.recompute);
+  EXPECT_EQ(j.seed, 7u);
+  EXPECT_EQ(j.threads, 2);
+  EXPECT_EQ(j.optimizer.kind, "adamw");
+  EXPECT_FLOAT_EQ(j.optimizer.lr, 0.001f);
+  EXPECT_EQ(j.activation_codec, "fp16");
+  EXPECT_EQ(j.gradient_codec, "int8");
+  EXPECT_EQ(j.transport, "ipc");
+  EXPECT_EQ(j.timeout_s, 5);
+  EXPECT_EQ(j.stages, 3);
+  EXPECT_EQ(j.ranges, (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 9}, {9, 11}}));
+}
+
+TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
+  struct Case {
+    std::string yaml;
+    std::vector<std::string> expect;
+  } cases[] = {
+      {"model: m.yaml\npartition: equal\nstages: 2\nepoch: 3\n",
+       {"j.yaml:4:1", "unknown key 'epoch'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nschedule: zb-h1\n",
+       {"j.yaml:4:11", "unknown schedule 'zb-h1'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nschedule: forward\n",
+       {"j.yaml:4:11", "cannot train"}},
+      {"model: m.yaml\npartition: equal\n", {"j.yaml:2:12", "needs 'stages: N'"}},
+      {"model: m.yaml\npartition: [[0, 2], [2, 2]]\n", {"j.yaml:2:21", "[2, 2) is empty"}},
+      {"model: m.yaml\npartition: [[0, 2], 5]\n", {"j.yaml:2:21", "range [begin, end]"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nbatch: 0\n", {"j.yaml:4:8", "positive"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nbatch: many\n",
+       {"j.yaml:4:8", "'batch' must be an integer"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\ncodec: {activations: fp8}\n",
+       {"j.yaml:4:22", "unknown codec 'fp8'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\noptimizer: {kind: sgd, lr: -1}\n",
+       {"j.yaml:4:12", "learning rate -1"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\ntransport: udp\n",
+       {"j.yaml:4:12", "unknown transport 'udp'"}},
+      {"partition: equal\nstages: 2\n", {"'model' is required"}},
+      {"model: m.yaml\n", {"'partition' is required"}},
+      {"model: m.yaml\npartition: [[0, 2]]\nstages: 3\n", {"j.yaml:3:9", "lists 1 ranges"}},
+      {"model: [unclosed\n", {"j.yaml:"}},
+  };
+  for (const Case& c : cases)
+    expectThrowWith<InvalidArgument>([&] { parseJobSpec(c.yaml, "j.yaml"); }, c.expect);
+}
+
+TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {
+  const Model m(parseModelSpec(
+      "input: [4]\nlayers:\n  - linear: {out: 4}\n  - relu\n  - linear: {out: 4}\n  - relu\n"));
+  auto ranges = [&](const std::string& partition) {
+    return stageRanges(parseJobSpec("model: m.yaml\npartition: " + partition + "\n", "j.yaml"), m);
+  };
+  EXPECT_EQ(ranges("[[0, 1], [1, 4]]"), (std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 4}}));
+  expectThrowWith<InvalidArgument>([&] { ranges("[[0, 2], [1, 4]]"); },
+                                   {"j.yaml:2:21", "stage 1's layers [1, 4) overlap", "end at 2"});
+  expectThrowWith<InvalidArgument>([&] { ranges("[[0, 1], [2, 4]]"); },
+                                   {"j.yaml:2:21", "leave layers [1, 2) on no stage"});
+  expectThrowWith<InvalidArgument>([&] { ranges("[[0, 2], [2, 5]]"); },
+                                   {"j.yaml:2:21", "go past the model's 4 layers"});
+  expectThrowWith<InvalidArgument>([&] { ranges("[[0, 2], [2, 3]]"); },
+                                   {"end at layer 3", "the rest are on no stage"});
+  const JobSpec equal = parseJobSpec("model: m.yaml\npartition: equal\nstages: 3\n", "j.yaml");
+  EXPECT_EQ(stageRanges(equal, m),
+            (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 3}, {3, 4}}));
+  const JobSpec too_many = parseJobSpec("model: m.yaml\npartition: equal\nstages: 5\n", "j.yaml");
+  expectThrowWith<InvalidArgument>([&] { stageRanges(too_many, m); },
+                                   {"5 stages for a model of 4 layers"});
+}
+
+}  // namespace
+}  // namespace tandem
