@@ -23,9 +23,9 @@ namespace {
 // mistaken for a difference between them.
 struct Buffers {
   std::vector<float> in;
-  Encoded encoded;             // the encoders' output; its payload doubles as the loop's
+  Encoded encoded;                 // the encoders' output; its payload doubles as the loop's
   std::map<Codec, Encoded> coded;  // each codec's encoding of `in`, for the decoders
-  std::vector<float> out;      // the decoders' output
+  std::vector<float> out;          // the decoders' output
 };
 
 Buffers& buffers(int64_t bytes) {

@@ -78,8 +78,8 @@ int receiver(int to_parent, int from_parent, const std::string& veth, const std:
     std::perror("shaped_link_bench: unshare(CLONE_NEWNET)");
     return 1;
   }
-  writeByte(to_parent);                   // the namespace exists: move the veth end in
-  if (!readByte(from_parent)) return 1;   // moved
+  writeByte(to_parent);                  // the namespace exists: move the veth end in
+  if (!readByte(from_parent)) return 1;  // moved
   if (!run({"ip", "link", "set", "lo", "up"}) ||
       !run({"ip", "addr", "add", std::string(kReceiverAddress) + "/30", "dev", veth}) ||
       !run({"ip", "link", "set", veth, "up"}) || !shape(veth, rate))
@@ -140,21 +140,22 @@ void BM_ShapedLink(benchmark::State& state, Codec c) {
   for (auto _ : state) {
     const int64_t first = sender->next;
     for (int64_t i = 0; i < count; ++i) {
-      if (i >= kWindow) sender->acks->recv({MessageKind::kControl, sender->next - kWindow}, sender->be);
+      if (i >= kWindow)
+        sender->acks->recv({MessageKind::kControl, sender->next - kWindow}, sender->be);
       link.sendInPlace({MessageKind::kActivation, sender->next++}, t);
     }
     for (int64_t mb = std::max(first, sender->next - kWindow); mb < sender->next; ++mb)
       sender->acks->recv({MessageKind::kControl, mb}, sender->be);
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * count);
-  state.counters["wire_MB/s"] =
-      benchmark::Counter(static_cast<double>(link.stats().bytes_sent_wire - wire0) / 1e6,
-                         benchmark::Counter::kIsRate);
+  state.counters["wire_MB/s"] = benchmark::Counter(
+      static_cast<double>(link.stats().bytes_sent_wire - wire0) / 1e6, benchmark::Counter::kIsRate);
   state.counters["tensor_MB/s"] = benchmark::Counter(
       static_cast<double>(state.iterations() * count * bytes) / 1e6, benchmark::Counter::kIsRate);
 }
 
-#define SIZES ->Arg(64 << 10)->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()->Unit(benchmark::kMillisecond)
+#define SIZES \
+  ->Arg(64 << 10)->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()->Unit(benchmark::kMillisecond)
 BENCHMARK_CAPTURE(BM_ShapedLink, fp32, Codec::kRaw) SIZES;
 BENCHMARK_CAPTURE(BM_ShapedLink, fp16, Codec::kF16) SIZES;
 BENCHMARK_CAPTURE(BM_ShapedLink, bf16, Codec::kBF16) SIZES;

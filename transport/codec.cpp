@@ -115,8 +115,8 @@ __attribute__((target("avx2"))) bool encodeInt8Avx2(const float* in, int8_t* q, 
     size_t i = 0;
     for (; i + 8 <= len; i += 8)
       vm = _mm256_max_epi32(
-          vm, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)),
-                               abs_mask));
+          vm,
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask));
     alignas(32) uint32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vm);
     uint32_t bits = 0;

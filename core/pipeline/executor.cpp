@@ -121,9 +121,8 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
   }
   TANDEM_CHECK_MSG(f.x.defined(), InvalidArgument,
                    "stage " << range_.stage << ": forward " << k << " has no input");
-  const ForwardContext ctx{info.training, info.training
-                                              ? microbatchSeed(options_.seed, info.step, k)
-                                              : 0};
+  const ForwardContext ctx{info.training,
+                           info.training ? microbatchSeed(options_.seed, info.step, k) : 0};
   Tensor y;
   if (info.training && options_.recompute) {
     Stash scratch;  // dropped: backward recomputes it from f.x

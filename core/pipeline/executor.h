@@ -74,7 +74,7 @@ struct StageCounters {
 
 struct Span {
   ActionType type;
-  int64_t microbatch;  // global
+  int64_t microbatch;     // global
   double start_s, end_s;  // since the executor was made
 };
 

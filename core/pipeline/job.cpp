@@ -211,7 +211,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     r.fail(*partition, "'partition: equal' needs 'stages: N'");
   if (!job.ranges.empty() && stages && static_cast<size_t>(job.stages) != job.ranges.size())
     r.fail(*stages, "'stages' is " + std::to_string(job.stages) + " but the partition lists " +
-                       std::to_string(job.ranges.size()) + " ranges");
+                        std::to_string(job.ranges.size()) + " ranges");
   if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size());
   return job;
 }
@@ -240,8 +240,7 @@ std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stage
 std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Model& model) {
   const size_t layers = model.size();
   if (job.ranges.empty()) {
-    TANDEM_CHECK_MSG(job.stages >= 1 && static_cast<size_t>(job.stages) <= layers,
-                     InvalidArgument,
+    TANDEM_CHECK_MSG(job.stages >= 1 && static_cast<size_t>(job.stages) <= layers, InvalidArgument,
                      job.source << ": " << job.stages << " stages for a model of " << layers
                                 << " layers (each stage needs at least one)");
     return equalStageRanges(layers, job.stages);
@@ -252,21 +251,21 @@ std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Mod
     const std::string& where = job.range_where[s];
     std::ostringstream range;
     range << "stage " << s << "'s layers [" << begin << ", " << end << ")";
-    TANDEM_CHECK_MSG(begin >= expect, InvalidArgument,
-                     where << ": " << range.str() << " overlap the previous stage's, which end at "
-                           << expect);
+    TANDEM_CHECK_MSG(
+        begin >= expect, InvalidArgument,
+        where << ": " << range.str() << " overlap the previous stage's, which end at " << expect);
     TANDEM_CHECK_MSG(begin == expect, InvalidArgument,
                      where << ": " << range.str() << " leave layers [" << expect << ", " << begin
                            << ") on no stage");
-    TANDEM_CHECK_MSG(end <= layers, InvalidArgument,
-                     where << ": " << range.str() << " go past the model's " << layers
-                           << " layers");
+    TANDEM_CHECK_MSG(
+        end <= layers, InvalidArgument,
+        where << ": " << range.str() << " go past the model's " << layers << " layers");
     expect = end;
   }
   TANDEM_CHECK_MSG(expect == layers, InvalidArgument,
-                   job.range_where.back() << ": the stages end at layer " << expect
-                                          << " but the model has " << layers
-                                          << " layers: the rest are on no stage");
+                   job.range_where.back()
+                       << ": the stages end at layer " << expect << " but the model has " << layers
+                       << " layers: the rest are on no stage");
   return job.ranges;
 }
 

@@ -32,7 +32,7 @@ struct JobSpec {
   std::string source;  // the job file, for messages
   std::string model;   // model spec path, resolved against the job file's directory
   std::string data = "fashion-mnist";
-  std::string data_dir;  // empty: the Debian package's directory
+  std::string data_dir;                     // empty: the Debian package's directory
   int64_t train_limit = 0, test_limit = 0;  // > 0: use only the first so many samples
   int64_t epochs = 1;
   int64_t batch = 64;

@@ -61,8 +61,8 @@ struct ScheduleReport {
     int64_t microbatch = 0;
   };
   std::vector<std::vector<Cell>> ticks;
-  int64_t makespan = 0;    // ticks until the last stage finishes
-  double bubble = 0;       // idle share of stages x makespan
+  int64_t makespan = 0;  // ticks until the last stage finishes
+  double bubble = 0;     // idle share of stages x makespan
 };
 
 // Runs the lists against each other. Throws InvalidArgument naming the stage and action

@@ -50,12 +50,12 @@ EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64
                                      const std::function<void(const StepReport&)>& progress) {
   TANDEM_CHECK_MSG(range_.first() == (data != nullptr), InvalidArgument,
                    "stage " << range_.stage << ": the dataset goes to the first stage only");
-  TANDEM_CHECK_MSG(!data || data->size() == samples, InvalidArgument,
-                   "stage 0: dataset of " << data->size() << " samples, " << samples
-                                          << " expected");
-  TANDEM_CHECK_MSG(isTraining(options_.schedule), InvalidArgument,
-                   "training needs a training schedule, not '"
-                       << scheduleName(options_.schedule) << "'");
+  TANDEM_CHECK_MSG(
+      !data || data->size() == samples, InvalidArgument,
+      "stage 0: dataset of " << data->size() << " samples, " << samples << " expected");
+  TANDEM_CHECK_MSG(
+      isTraining(options_.schedule), InvalidArgument,
+      "training needs a training schedule, not '" << scheduleName(options_.schedule) << "'");
   const auto t0 = Clock::now();
   const std::vector<int64_t> order =
       range_.first() ? epochOrder(samples, options_.shuffle, options_.seed, epoch)

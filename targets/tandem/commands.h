@@ -12,5 +12,7 @@ void addInspect(CLI::App& app);
 void addDevices(CLI::App& app);
 void addKeygen(CLI::App& app);
 void addSchedule(CLI::App& app);
+void addRun(CLI::App& app);
+void addStage(CLI::App& app);
 
 }  // namespace tandem::cli

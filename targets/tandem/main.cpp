@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   tandem::cli::addDevices(app);
   tandem::cli::addKeygen(app);
   tandem::cli::addSchedule(app);
+  tandem::cli::addRun(app);
+  tandem::cli::addStage(app);
   // Logs go to stderr; stdout carries only results (epoch summaries, accuracy, tables).
   spdlog::set_default_logger(spdlog::stderr_color_mt("tandem"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
@@ -26,8 +28,9 @@ int main(int argc, char** argv) {
     try {
       app.get_subcommand(argv[1]);
     } catch (const CLI::OptionNotFound&) {
-      std::cerr << "error: unknown command '" << argv[1]
-                << "' (commands: train, eval, inspect, devices, keygen; see --help)\n";
+      std::cerr
+          << "error: unknown command '" << argv[1]
+          << "' (commands: train, run, eval, inspect, devices, schedule, keygen; see --help)\n";
       return 2;
     }
   }

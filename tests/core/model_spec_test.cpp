@@ -107,11 +107,13 @@ TEST(ModelSpecTest, DeepNestingIsRejectedNotOverflowed) {
 }
 
 TEST(ModelSpecTest, AbsurdSizesAreErrorsNotOverflows) {
-  expectThrowWith<InvalidArgument>([] { parse("input: [4000000000, 4000000000, 4000000000]\nlayers: [relu]\n"); },
-                                   {"more elements than fit in 64 bits"});
+  expectThrowWith<InvalidArgument>(
+      [] { parse("input: [4000000000, 4000000000, 4000000000]\nlayers: [relu]\n"); },
+      {"more elements than fit in 64 bits"});
   cpu::CpuBackend be;
   Model huge = parse("input: [100000]\nlayers:\n  - linear: {out: 100000000}\n");
-  expectThrowWith<InvalidArgument>([&] { huge.build(be, 1); }, {"parameters in layers [0, 1), needing", "cpu has"});
+  expectThrowWith<InvalidArgument>([&] { huge.build(be, 1); },
+                                   {"parameters in layers [0, 1), needing", "cpu has"});
 }
 
 // Random edits of the example specs: every outcome is a model or a tandem::Error.
@@ -126,9 +128,15 @@ TEST(ModelSpecTest, MutatedSpecsNeverEscapeTheErrorHierarchy) {
     for (int k = 0; k < 1 + static_cast<int>(rng.below(4)); ++k) {
       const size_t at = rng.below(text.size());
       switch (rng.below(3)) {
-        case 0: text[at] = alphabet[rng.below(alphabet.size())]; break;
-        case 1: text.erase(at, 1 + rng.below(8)); break;
-        default: text.insert(at, 1, alphabet[rng.below(alphabet.size())]); break;
+        case 0:
+          text[at] = alphabet[rng.below(alphabet.size())];
+          break;
+        case 1:
+          text.erase(at, 1 + rng.below(8));
+          break;
+        default:
+          text.insert(at, 1, alphabet[rng.below(alphabet.size())]);
+          break;
       }
     }
     try {

@@ -44,14 +44,25 @@ TEST(ScheduleTest, EveryGeneratedListValidatesWithItsPeakStash) {
 
 TEST(ScheduleTest, OneFOneBInterleavesAfterItsWarmUp) {
   using A = ActionType;
-  const std::vector<Action> want = {
-      {A::kRecvActivation, 0}, {A::kForward, 0},       {A::kSendActivation, 0},
-      {A::kRecvActivation, 1}, {A::kForward, 1},       {A::kSendActivation, 1},
-      {A::kRecvGradient, 0},   {A::kBackward, 0},      {A::kSendGradient, 0},
-      {A::kRecvActivation, 2}, {A::kForward, 2},       {A::kSendActivation, 2},
-      {A::kRecvGradient, 1},   {A::kBackward, 1},      {A::kSendGradient, 1},
-      {A::kRecvGradient, 2},   {A::kBackward, 2},      {A::kSendGradient, 2},
-      {A::kStep, 0}};
+  const std::vector<Action> want = {{A::kRecvActivation, 0},
+                                    {A::kForward, 0},
+                                    {A::kSendActivation, 0},
+                                    {A::kRecvActivation, 1},
+                                    {A::kForward, 1},
+                                    {A::kSendActivation, 1},
+                                    {A::kRecvGradient, 0},
+                                    {A::kBackward, 0},
+                                    {A::kSendGradient, 0},
+                                    {A::kRecvActivation, 2},
+                                    {A::kForward, 2},
+                                    {A::kSendActivation, 2},
+                                    {A::kRecvGradient, 1},
+                                    {A::kBackward, 1},
+                                    {A::kSendGradient, 1},
+                                    {A::kRecvGradient, 2},
+                                    {A::kBackward, 2},
+                                    {A::kSendGradient, 2},
+                                    {A::kStep, 0}};
   EXPECT_EQ(stageActions(ScheduleKind::k1F1B, 1, 3, 3), want);  // stage 1 of 3: 1 warm-up
 }
 
@@ -66,9 +77,9 @@ TEST(ScheduleTest, TheValidatorNamesWhatIsWrong) {
                                    {"stage 1", "forward 1", "before its activation"});
 
   broken = lists;  // stage 0 waits for gradient 0 before sending activation 0: deadlock
-  broken[0] = {{A::kForward, 0}, {A::kRecvGradient, 0}, {A::kSendActivation, 0},
-               {A::kForward, 1}, {A::kSendActivation, 1}, {A::kBackward, 0},
-               {A::kRecvGradient, 1}, {A::kBackward, 1}, {A::kStep, 0}};
+  broken[0] = {{A::kForward, 0},      {A::kRecvGradient, 0},   {A::kSendActivation, 0},
+               {A::kForward, 1},      {A::kSendActivation, 1}, {A::kBackward, 0},
+               {A::kRecvGradient, 1}, {A::kBackward, 1},       {A::kStep, 0}};
   expectThrowWith<InvalidArgument>(
       [&] { validateSchedule(broken, m, true); },
       {"deadlock", "stage 0 waits at action 1 (receive gradient 0)", "stage 1 waits"});

@@ -101,7 +101,8 @@ PipelineRun pipeline(int p, const PipelineOptions& o, const Dataset& d, int epoc
           const EvalResult r = st.evaluate(s == 0 ? test : nullptr, test->size(), 50);
           if (s == p - 1) run.eval = r;
         }
-        for (Param* param : m.params()) parts[static_cast<size_t>(s)][param->name] = toHost(param->value);
+        for (Param* param : m.params())
+          parts[static_cast<size_t>(s)][param->name] = toHost(param->value);
         run.counters[static_cast<size_t>(s)] = st.executor().counters();
       } catch (...) {
         errors[static_cast<size_t>(s)] = std::current_exception();
@@ -131,9 +132,8 @@ TEST(PipelineTest, BitwiseEqualToSingleDeviceAccumulation) {
           const PipelineRun got = pipeline(p, o, d, 1);
           ASSERT_EQ(got.weights.size(), want.size());
           for (const auto& [name, w] : want)
-            ASSERT_EQ(got.weights.at(name), w)
-                << name << ": " << scheduleName(kind) << " p=" << p << " m=" << m
-                << " recompute=" << recompute;
+            ASSERT_EQ(got.weights.at(name), w) << name << ": " << scheduleName(kind) << " p=" << p
+                                               << " m=" << m << " recompute=" << recompute;
           // 1F1B keeps at most p - s microbatches stashed; GPipe all of them.
           for (int s = 0; s < p; ++s) {
             const int64_t peak = got.counters[static_cast<size_t>(s)].peak_stash;
@@ -183,7 +183,9 @@ TEST(PipelineTest, MisconfiguredStagesAreNamed) {
   Model m(parseModelSpec(kNet));
   m.build(be, 1, 0, 3);
   testing::expectThrowWith<InvalidArgument>(
-      [&] { StageExecutor(m, StageRange{0, 2, 0, 3}, nullptr, nullptr, nullptr, {}); },
+      [&] {
+        StageExecutor(m, StageRange{0, 2, 0, 3}, nullptr, nullptr, nullptr, {});
+      },
       {"stage 0", "link to the next stage"});
   testing::expectThrowWith<InvalidArgument>(
       [&] {

@@ -1,0 +1,65 @@
+#include "targets/tandem/control.h"
+
+#include "core/error.h"
+
+namespace tandem::cli {
+
+ControlIn::ControlIn(transport::Context& ctx, const std::string& bind)
+    : socket_(ctx.zmq(), zmq::socket_type::pull) {
+  socket_.set(zmq::sockopt::linger, 0);
+  socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // control messages are small
+  try {
+    socket_.bind(bind);
+  } catch (const zmq::error_t& e) {
+    throw IoError("control: cannot bind '" + bind + "': " + e.what());
+  }
+  endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+}
+
+std::optional<Json> ControlIn::recv(std::chrono::milliseconds timeout) {
+  socket_.set(zmq::sockopt::rcvtimeo, static_cast<int>(timeout.count()));
+  zmq::message_t m;
+  if (!socket_.recv(m, zmq::recv_flags::none)) return std::nullopt;
+  Json j = Json::parse(m.to_string_view(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("type") || !j["type"].is_string())
+    throw FormatError("control message on '" + endpoint_ +
+                      "' is not a JSON object with a \"type\" string");
+  return j;
+}
+
+ControlOut::ControlOut(transport::Context& ctx, const std::string& connect)
+    : socket_(ctx.zmq(), zmq::socket_type::push), peer_(connect) {
+  socket_.set(zmq::sockopt::linger, 2000);  // an error report must get out before exit
+  try {
+    socket_.connect(connect);
+  } catch (const zmq::error_t& e) {
+    throw IoError("control: cannot connect to '" + connect + "': " + e.what());
+  }
+}
+
+void ControlOut::send(const Json& message, std::chrono::milliseconds timeout) {
+  socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(timeout.count()));
+  const std::string text = message.dump();
+  if (!socket_.send(zmq::buffer(text), zmq::send_flags::none))
+    throw Timeout("control: '" + peer_ + "' did not take a message within " +
+                  std::to_string(timeout.count()) + " ms");
+}
+
+template <typename T>
+T field(const Json& message, const char* key) {
+  const std::string type = message.value("type", std::string("?"));
+  auto it = message.find(key);
+  if (it == message.end())
+    throw FormatError("control message '" + type + "' lacks \"" + key + "\"");
+  try {
+    return it->get<T>();
+  } catch (const Json::exception&) {
+    throw FormatError("control message '" + type + "': \"" + key + "\" has the wrong type");
+  }
+}
+
+template int64_t field<int64_t>(const Json&, const char*);
+template double field<double>(const Json&, const char*);
+template std::string field<std::string>(const Json&, const char*);
+
+}  // namespace tandem::cli

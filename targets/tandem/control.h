@@ -1,0 +1,52 @@
+// The control channel between `tandem run` and its stage workers: JSON messages over
+// ZeroMQ (a PULL each side binds, a PUSH to the other's). Messages from a peer are
+// hostile input: a malformed one raises FormatError naming the field.
+//
+//   worker -> run:  hello {stage, pid, prev, next, control, train_samples, test_samples}
+//                   progress {epoch, step, steps, loss, samples_per_s, elapsed_s}
+//                   epoch {epoch, loss, seconds, samples_per_s, test_loss, test_accuracy}
+//                   done {stage, counters...}   error {stage, message}
+//   run -> worker:  peers {prev, next, train_samples, test_samples}
+#pragma once
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "transport/context.h"
+
+namespace tandem::cli {
+
+using Json = nlohmann::json;
+
+class ControlIn {
+ public:
+  // Binds a PULL socket on `bind` ("tcp://127.0.0.1:*").
+  ControlIn(transport::Context& ctx, const std::string& bind);
+  const std::string& endpoint() const { return endpoint_; }
+  // The next message, or nullopt after `timeout`. FormatError if it is not a JSON object
+  // with a string "type".
+  std::optional<Json> recv(std::chrono::milliseconds timeout);
+
+ private:
+  zmq::socket_t socket_;
+  std::string endpoint_;
+};
+
+class ControlOut {
+ public:
+  ControlOut(transport::Context& ctx, const std::string& connect);
+  // Queues `message`; Timeout if the peer does not take it within `timeout`.
+  void send(const Json& message, std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+ private:
+  zmq::socket_t socket_;
+  std::string peer_;
+};
+
+// message[key] as T, or FormatError naming the message type and the key.
+template <typename T>
+T field(const Json& message, const char* key);
+
+}  // namespace tandem::cli

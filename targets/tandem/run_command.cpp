@@ -1,0 +1,267 @@
+// tandem run: a pipeline job on this machine — one `tandem stage` worker process per
+// stage, wired over tcp or ipc loopback. Prints the last stage's progress and per-epoch
+// summary, then a table per stage and the measured bubble beside (p-1)/(m+p-1). A worker
+// that fails or dies ends the run: the others are stopped, the failure is named, and the
+// exit code is non-zero.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/model_file.h"
+#include "core/model_spec.h"
+#include "core/pipeline/job.h"
+#include "targets/tandem/commands.h"
+#include "targets/tandem/control.h"
+#include "targets/tandem/progress.h"
+
+namespace tandem::cli {
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Worker {
+  pid_t pid = -1;
+  bool exited = false, done = false;
+  Json hello, report;
+};
+
+// Stops every worker still running: SIGTERM, then SIGKILL after a grace period.
+void stopAll(std::vector<Worker>& workers) {
+  for (Worker& w : workers)
+    if (!w.exited) kill(w.pid, SIGTERM);
+  const auto deadline = Clock::now() + 3s;
+  for (Worker& w : workers) {
+    while (!w.exited) {
+      int status = 0;
+      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
+        w.exited = true;
+      } else if (Clock::now() > deadline) {
+        kill(w.pid, SIGKILL);
+        waitpid(w.pid, &status, 0);
+        w.exited = true;
+      } else {
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+  }
+}
+
+std::string describeExit(int status) {
+  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+// Combines the stages' saved slices into one model file.
+void mergeSaved(const JobSpec& job, int stages) {
+  cpu::CpuBackend be;
+  Model model(loadModelSpec(job.model));
+  model.build(be, job.seed);
+  std::vector<std::pair<std::string, Tensor>> state;
+  int64_t steps = 0;
+  for (int s = 0; s < stages; ++s) {
+    const std::string part = job.save + ".stage" + std::to_string(s);
+    const ModelFile f = readModelFile(part);
+    for (const HostTensor& t : f.params) be.upload(model.param(t.name).value, t.data.data());
+    if (f.optimizer) {
+      steps = f.optimizer->steps;
+      for (const HostTensor& t : f.optimizer->tensors)
+        state.push_back({t.name, toDevice(be, t.shape, t.data)});
+    }
+    std::filesystem::remove(part);
+  }
+  Optimizer optimizer(be, job.optimizer);
+  optimizer.restore(state, steps);
+  saveModel(job.save, model, &optimizer, {{"seed", static_cast<int64_t>(job.seed)}});
+}
+
+int runJob(const std::string& path) {
+  const JobSpec job = loadJobSpec(path);
+  const auto ranges = stageRanges(job, Model(loadModelSpec(job.model)));  // fail before forking
+  const int p = static_cast<int>(ranges.size());
+  const std::string run_dir =
+      (std::filesystem::temp_directory_path() / ("tandem-run-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(run_dir);
+  transport::Context ctx;
+  ControlIn in(ctx, "tcp://127.0.0.1:*");
+  std::vector<Worker> workers(static_cast<size_t>(p));
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  for (int s = 0; s < p; ++s) {
+    const std::string stage = std::to_string(s);
+    const pid_t pid = fork();
+    if (pid < 0) throw Error("cannot start a worker: fork failed");
+    if (pid == 0) {
+      execl(self.c_str(), self.c_str(), "stage", path.c_str(), "--stage", stage.c_str(),
+            "--control", in.endpoint().c_str(), "--run-dir", run_dir.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    workers[static_cast<size_t>(s)].pid = pid;
+    spdlog::info("stage {}: layers [{}, {}), pid {}", s, ranges[static_cast<size_t>(s)].first,
+                 ranges[static_cast<size_t>(s)].second, pid);
+  }
+  std::vector<std::unique_ptr<ControlOut>> out;
+  Progress progress(job.epochs);
+  double accuracy = -1;
+  int hellos = 0, done = 0;
+  auto fail = [&](const std::string& why) {
+    progress.finishEpoch();
+    spdlog::error("{}", why);
+    stopAll(workers);
+    std::filesystem::remove_all(run_dir);
+    return 1;
+  };
+  auto last_message = Clock::now();
+  while (done < p) {
+    // A worker that exits before reporting done has failed, whatever its code.
+    for (size_t s = 0; s < workers.size(); ++s) {
+      int status = 0;
+      Worker& w = workers[s];
+      if (!w.exited && waitpid(w.pid, &status, WNOHANG) == w.pid) {
+        w.exited = true;
+        if (!w.done && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+          // Its error report, if it sent one, says more than the exit status.
+          while (auto m = in.recv(100ms))
+            if (m->value("type", "") == "error")
+              return fail("stage " + std::to_string(field<int64_t>(*m, "stage")) +
+                          " failed: " + field<std::string>(*m, "message"));
+          return fail("stage " + std::to_string(s) + " (pid " + std::to_string(w.pid) + ") " +
+                      describeExit(status) + " before finishing");
+        }
+      }
+    }
+    std::optional<Json> m;
+    try {
+      m = in.recv(200ms);
+    } catch (const FormatError& e) {
+      return fail(e.what());
+    }
+    if (!m) {
+      if (Clock::now() - last_message > std::chrono::seconds(2 * job.timeout_s + 30))
+        return fail("no word from any stage for " + std::to_string(2 * job.timeout_s + 30) + " s");
+      continue;
+    }
+    last_message = Clock::now();
+    const std::string type = field<std::string>(*m, "type");
+    if (type == "error")
+      return fail("stage " + std::to_string(field<int64_t>(*m, "stage")) +
+                  " failed: " + field<std::string>(*m, "message"));
+    const int64_t stage =
+        type == "progress" || type == "epoch" ? p - 1 : field<int64_t>(*m, "stage");
+    if (stage < 0 || stage >= p)
+      return fail("a control message names stage " + std::to_string(stage));
+    Worker& w = workers[static_cast<size_t>(stage)];
+    if (type == "hello") {
+      w.hello = *m;
+      if (++hellos < p) continue;
+      // Every stage is up: tell each its neighbours' receive endpoints.
+      const int64_t train_samples = field<int64_t>(workers[0].hello, "train_samples");
+      const int64_t test_samples = field<int64_t>(workers[0].hello, "test_samples");
+      for (int s = 0; s < p; ++s) {
+        const auto i = static_cast<size_t>(s);
+        out.push_back(
+            std::make_unique<ControlOut>(ctx, field<std::string>(workers[i].hello, "control")));
+        out.back()->send(
+            {{"type", "peers"},
+             {"prev", s > 0 ? field<std::string>(workers[i - 1].hello, "next") : ""},
+             {"next", s < p - 1 ? field<std::string>(workers[i + 1].hello, "prev") : ""},
+             {"train_samples", train_samples},
+             {"test_samples", test_samples}});
+      }
+      spdlog::info("{} stages up: {} schedule, {} microbatches of a {}-sample batch, {} over {}", p,
+                   scheduleName(job.schedule), job.microbatches, job.batch,
+                   job.activation_codec == job.gradient_codec
+                       ? job.activation_codec
+                       : job.activation_codec + "/" + job.gradient_codec,
+                   job.transport);
+    } else if (type == "progress") {
+      progress.update({field<int64_t>(*m, "epoch"), field<int64_t>(*m, "step"),
+                       field<int64_t>(*m, "steps"), field<double>(*m, "loss"),
+                       field<double>(*m, "samples_per_s"), field<double>(*m, "elapsed_s")});
+    } else if (type == "epoch") {
+      progress.finishEpoch();
+      accuracy = field<double>(*m, "test_accuracy");
+      std::printf(
+          "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f, "
+          "%.2f s (%.0f samples/s)\n",
+          static_cast<long long>(field<int64_t>(*m, "epoch") + 1),
+          static_cast<long long>(job.epochs), field<double>(*m, "loss"),
+          field<double>(*m, "test_loss"), accuracy, field<double>(*m, "seconds"),
+          field<double>(*m, "samples_per_s"));
+      std::fflush(stdout);
+    } else if (type == "done") {
+      w.report = *m;
+      w.done = true;
+      ++done;
+    } else {
+      return fail("unknown control message '" + type + "'");
+    }
+  }
+  for (size_t s = 0; s < workers.size(); ++s) {
+    Worker& w = workers[s];
+    int status = 0;
+    if (w.exited) continue;
+    waitpid(w.pid, &status, 0);
+    w.exited = true;
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      return fail("stage " + std::to_string(s) + " (pid " + std::to_string(w.pid) + ") " +
+                  describeExit(status) + " after finishing");
+  }
+  std::filesystem::remove_all(run_dir);
+
+  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s\n", "stage", "layers", "device",
+              "busy %", "waiting %", "sending %", "stash", "MB sent", "MB received");
+  double busy = 0, span = 0;
+  for (int s = 0; s < p; ++s) {
+    const Json& r = workers[static_cast<size_t>(s)].report;
+    const Json& h = workers[static_cast<size_t>(s)].hello;
+    const double t = std::max(field<double>(r, "train_s"), 1e-9);
+    const auto layers = h.at("layers");
+    const std::string range = "[" + std::to_string(layers.at(0).get<int64_t>()) + ", " +
+                              std::to_string(layers.at(1).get<int64_t>()) + ")";
+    std::printf("%-6d %-10s %-8s %7.1f %9.1f %9.1f %6lld %11.2f %11.2f\n", s, range.c_str(),
+                field<std::string>(h, "device").c_str(), 100 * field<double>(r, "busy_s") / t,
+                100 * field<double>(r, "recv_wait_s") / t, 100 * field<double>(r, "send_s") / t,
+                static_cast<long long>(field<int64_t>(r, "peak_stash")),
+                static_cast<double>(field<int64_t>(r, "bytes_sent")) / 1e6,
+                static_cast<double>(field<int64_t>(r, "bytes_received")) / 1e6);
+    busy += field<double>(r, "busy_s");
+    span = std::max(span, t);
+  }
+  const double m = static_cast<double>(job.microbatches);
+  std::printf("bubble: measured %.3f (idle share of stage time), formula (p-1)/(m+p-1) = %.3f\n",
+              1.0 - busy / (p * span), (p - 1) / (m + p - 1));
+  if (accuracy >= 0) std::printf("test accuracy: %.4f\n", accuracy);
+  std::fflush(stdout);
+  if (!job.save.empty()) {
+    mergeSaved(job, p);
+    spdlog::info("saved {}", job.save);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void addRun(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  CLI::App* c =
+      app.add_subcommand("run", "Run a pipeline job: one worker process per stage on this machine");
+  c->add_option("job", *path, "Job file (examples/jobs/*.yaml)")->required();
+  c->callback([path] {
+    if (runJob(*path) != 0) throw Error("the run failed (see above)");
+  });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,197 @@
+// tandem stage: one pipeline stage's worker process, started by `tandem run`. It builds
+// its slice of the model, binds its links, says hello on the control channel, waits to
+// be told its neighbours' endpoints, then trains and evaluates in step with the other
+// stages and reports (the last stage: progress, losses and accuracy; every stage: its
+// counters). Any error is reported on the control channel before the process exits 1.
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <memory>
+
+#include "backends/registry.h"
+#include "core/error.h"
+#include "core/model_file.h"
+#include "core/model_spec.h"
+#include "core/pipeline/job.h"
+#include "core/pipeline/stage_trainer.h"
+#include "targets/tandem/commands.h"
+#include "targets/tandem/control.h"
+#include "transport/zmq_link.h"
+
+namespace tandem::cli {
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct StageArgs {
+  std::string job, control, run_dir;
+  int stage = 0;
+};
+
+Json countersJson(const StageCounters& c) {
+  return {{"busy_s", c.busy_s},
+          {"recv_wait_s", c.recv_wait_s},
+          {"send_s", c.send_s},
+          {"peak_stash", c.peak_stash},
+          {"microbatches", c.microbatches}};
+}
+
+StageCounters minus(StageCounters a, const StageCounters& b) {
+  a.busy_s -= b.busy_s;
+  a.recv_wait_s -= b.recv_wait_s;
+  a.send_s -= b.send_s;
+  a.microbatches -= b.microbatches;
+  return a;
+}
+
+void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
+  const JobSpec job = loadJobSpec(a.job);
+  // The backend outlives everything that holds its memory (declared first).
+  auto backend = makeBackend("cpu", BackendOptions{job.threads});
+  Model model(loadModelSpec(job.model));
+  const auto ranges = stageRanges(job, model);
+  const int p = static_cast<int>(ranges.size()), s = a.stage;
+  TANDEM_CHECK_MSG(s >= 0 && s < p, InvalidArgument,
+                   "--stage " << s << " but the job has " << p << " stages");
+  const auto [begin, end] = ranges[static_cast<size_t>(s)];
+  model.build(*backend, job.seed, begin, end);
+  Optimizer optimizer(*backend, job.optimizer);
+
+  auto bindFor = [&](const char* side) {
+    if (job.transport == "ipc") return "ipc://" + a.run_dir + "/s" + std::to_string(s) + side;
+    return std::string("tcp://127.0.0.1:*");
+  };
+  auto linkOptions = [&](const char* side, const std::string& codec, int peer) {
+    transport::LinkOptions o;
+    o.bind = bindFor(side);
+    o.codec = transport::parseCodec(codec);
+    o.timeout = std::chrono::seconds(job.timeout_s);
+    o.stage = s;
+    o.peer_stage = peer;
+    return o;
+  };
+  // The previous stage's link carries gradients out; the next stage's, activations.
+  std::unique_ptr<transport::ZmqLink> prev, next;
+  if (s > 0)
+    prev =
+        std::make_unique<transport::ZmqLink>(ctx, linkOptions("-prev", job.gradient_codec, s - 1));
+  if (s < p - 1)
+    next = std::make_unique<transport::ZmqLink>(ctx,
+                                                linkOptions("-next", job.activation_codec, s + 1));
+  ControlIn in(ctx, "tcp://127.0.0.1:*");
+
+  Dataset train, test;
+  if (s == 0) {
+    train = loadDataset(job.data, job.data_dir, true, job.train_limit);
+    test = loadDataset(job.data, job.data_dir, false, job.test_limit);
+  }
+  report.send({{"type", "hello"},
+               {"stage", s},
+               {"pid", static_cast<int64_t>(getpid())},
+               {"prev", prev ? prev->endpoint() : ""},
+               {"next", next ? next->endpoint() : ""},
+               {"control", in.endpoint()},
+               {"layers", Json::array({begin, end})},
+               {"device", backend->info().name},
+               {"train_samples", s == 0 ? train.size() : int64_t{-1}},
+               {"test_samples", s == 0 ? test.size() : int64_t{-1}}});
+  const auto peers = in.recv(std::chrono::seconds(job.timeout_s));
+  if (!peers) throw Timeout("stage " + std::to_string(s) + ": no peers from `tandem run`");
+  if (field<std::string>(*peers, "type") != "peers")
+    throw FormatError("stage " + std::to_string(s) + ": expected a peers message");
+  if (prev) prev->connect(field<std::string>(*peers, "prev"));
+  if (next) next->connect(field<std::string>(*peers, "next"));
+  const int64_t train_samples = field<int64_t>(*peers, "train_samples");
+  const int64_t test_samples = field<int64_t>(*peers, "test_samples");
+
+  PipelineOptions po;
+  po.schedule = job.schedule;
+  po.microbatches = job.microbatches;
+  po.batch = job.batch;
+  po.seed = job.seed;
+  po.recompute = job.recompute;
+  StageTrainer trainer(model, StageRange{s, p, begin, end}, prev.get(), next.get(), &optimizer, po);
+  const bool last = s == p - 1;
+  StageCounters train_counters;
+  double train_s = 0;
+  for (int64_t e = 0; e < job.epochs; ++e) {
+    auto sent = Clock::now() - 1h;
+    auto progress = [&](const StepReport& r) {
+      if (!last || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
+      sent = Clock::now();
+      report.send({{"type", "progress"},
+                   {"epoch", r.epoch},
+                   {"step", r.step},
+                   {"steps", r.steps},
+                   {"loss", r.loss},
+                   {"samples_per_s", r.samples_per_s},
+                   {"elapsed_s", r.elapsed_s}});
+    };
+    const StageCounters before = trainer.executor().counters();
+    const EpochReport r = trainer.trainEpoch(s == 0 ? &train : nullptr, train_samples, e, progress);
+    const StageCounters delta = minus(trainer.executor().counters(), before);
+    train_counters.busy_s += delta.busy_s;
+    train_counters.recv_wait_s += delta.recv_wait_s;
+    train_counters.send_s += delta.send_s;
+    train_counters.microbatches += delta.microbatches;
+    train_s += r.seconds;
+    const EvalResult ev = trainer.evaluate(s == 0 ? &test : nullptr, test_samples, job.batch);
+    if (last)
+      report.send({{"type", "epoch"},
+                   {"epoch", e},
+                   {"loss", r.train_loss},
+                   {"seconds", r.seconds},
+                   {"samples_per_s", r.samples_per_s},
+                   {"test_loss", ev.loss},
+                   {"test_accuracy", ev.accuracy}});
+  }
+  train_counters.peak_stash = trainer.executor().counters().peak_stash;
+  if (!job.save.empty()) saveModel(job.save + ".stage" + std::to_string(s), model, &optimizer);
+  Json done = countersJson(train_counters);
+  done["type"] = "done";
+  done["stage"] = s;
+  done["train_s"] = train_s;
+  uint64_t sent_bytes = 0, received_bytes = 0;
+  for (const auto* l : {prev.get(), next.get()}) {
+    if (!l) continue;
+    sent_bytes += l->stats().bytes_sent_wire;
+    received_bytes += l->stats().bytes_received_wire;
+  }
+  done["bytes_sent"] = sent_bytes;
+  done["bytes_received"] = received_bytes;
+  report.send(done);
+}
+
+}  // namespace
+
+void addStage(CLI::App& app) {
+  auto a = std::make_shared<StageArgs>();
+  CLI::App* c = app.add_subcommand("stage", "Run one pipeline stage (started by `tandem run`)");
+  c->group("");  // internal: not listed in --help
+  c->add_option("job", a->job, "Job file")->required();
+  c->add_option("--stage", a->stage, "This worker's stage")->required();
+  c->add_option("--control", a->control, "`tandem run`'s control endpoint")->required();
+  c->add_option("--run-dir", a->run_dir, "Directory for ipc endpoints")->required();
+  c->callback([a] {
+    // Dies with `tandem run`: no stage outlives the run that started it.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    transport::Context ctx;
+    ControlOut report(ctx, a->control);
+    try {
+      runStage(*a, report, ctx);
+    } catch (const std::exception& e) {
+      try {
+        report.send({{"type", "error"}, {"stage", a->stage}, {"message", e.what()}}, 2s);
+      } catch (const std::exception&) {
+        // `tandem run` is gone too; the exit code still says it.
+      }
+      throw;
+    }
+  });
+}
+
+}  // namespace tandem::cli

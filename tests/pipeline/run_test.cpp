@@ -1,0 +1,194 @@
+// `tandem run` across processes: one worker process per stage over tcp or ipc loopback
+// gives bitwise the weights of single-device gradient accumulation; a killed stage ends
+// the whole run promptly, named, with a non-zero exit and no process left behind; bad
+// job files are refused before anything starts.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/data/dataset.h"
+#include "core/model_file.h"
+#include "core/model_spec.h"
+#include "core/train/trainer.h"
+
+extern char** environ;
+
+namespace tandem {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kMlp = std::string(TANDEM_SOURCE_DIR) + "/examples/models/mlp.yaml";
+
+// A running `tandem run`, its stdout and stderr read through one pipe.
+class RunProcess {
+ public:
+  explicit RunProcess(const std::string& job) {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    const char* argv[] = {TANDEM_CLI, "run", job.c_str(), nullptr};
+    EXPECT_EQ(posix_spawn(&pid_, TANDEM_CLI, &actions, nullptr, const_cast<char**>(argv), environ),
+              0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_fd_ = fds[0];
+  }
+  ~RunProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    close(out_fd_);
+  }
+
+  // Reads output until `pattern` matches it or `limit` passes; the match or "".
+  std::smatch waitFor(const std::regex& pattern, std::chrono::seconds limit) {
+    const auto deadline = Clock::now() + limit;
+    std::smatch m;
+    while (!std::regex_search(text_, m, pattern) && Clock::now() < deadline) readSome(100);
+    return m;
+  }
+
+  // Waits for the exit (bounded) and returns the exit code, -1 on a signal or timeout.
+  int wait(std::chrono::seconds limit) {
+    const auto deadline = Clock::now() + limit;
+    int status = 0;
+    while (Clock::now() < deadline) {
+      readSome(50);
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        while (readSome(0)) {
+        }
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+    }
+    return -1;
+  }
+
+  const std::string& output() const { return text_; }
+
+ private:
+  bool readSome(int timeout_ms) {
+    pollfd p{out_fd_, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) return false;
+    char buf[4096];
+    const ssize_t n = read(out_fd_, buf, sizeof buf);
+    if (n <= 0) return false;
+    text_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  bool exited_ = false;
+  std::string text_;
+};
+
+std::string writeJob(const std::string& name, const std::string& body) {
+  const std::string path = ::testing::TempDir() + "/" + name + ".yaml";
+  std::ofstream(path) << "model: " << kMlp << "\n" << body;
+  return path;
+}
+
+bool gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const auto close_paren = line.rfind(')');
+  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
+         line[close_paren + 2] == 'Z';  // a zombie has finished
+}
+
+TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
+  struct Case {
+    std::string schedule, transport;
+    int stages;
+    bool recompute;
+  } cases[] = {{"1f1b", "tcp", 3, false}, {"gpipe", "ipc", 2, true}};
+  const int64_t train_limit = 300, batch = 32, m = 4;
+  for (const Case& c : cases) {
+    const std::string model = ::testing::TempDir() + "/run_equal.tdm";
+    std::ostringstream body;
+    body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
+         << "\nmicrobatches: " << m << "\nschedule: " << c.schedule
+         << "\ntransport: " << c.transport << "\nrecompute: " << (c.recompute ? "true" : "false")
+         << "\npartition: equal\nstages: " << c.stages << "\nseed: 3\nsave: " << model << "\n";
+    RunProcess run(writeJob("run_equal", body.str()));
+    ASSERT_EQ(run.wait(120s), 0) << run.output();
+    EXPECT_NE(run.output().find("bubble: measured"), std::string::npos) << run.output();
+
+    cpu::CpuBackend be(cpu::CpuOptions{1});
+    Model ref(loadModelSpec(kMlp));
+    ref.build(be, 3);
+    Optimizer opt(be, OptimizerOptions{});
+    Trainer trainer(ref, opt, TrainOptions{batch, 3, true, m});
+    trainer.trainEpoch(loadFashionMnist(kFashionMnistDir, true, train_limit), 0, {});
+    const ModelFile saved = readModelFile(model);
+    ASSERT_EQ(saved.params.size(), ref.params().size());
+    for (const HostTensor& t : saved.params)
+      ASSERT_EQ(t.data, toHost(ref.param(t.name).value)) << t.name << " " << c.schedule;
+    ASSERT_TRUE(saved.optimizer.has_value());
+    EXPECT_EQ(saved.optimizer->steps, opt.steps());
+  }
+}
+
+TEST(RunTest, AKilledStageEndsTheRunNamedWithNothingLeftBehind) {
+  RunProcess run(writeJob("run_kill",
+                          "epochs: 100\nbatch: 16\nmicrobatches: 4\npartition: equal\nstages: 3\n"
+                          "timeout_s: 10\n"));
+  std::vector<pid_t> pids;
+  for (int s = 0; s < 3; ++s) {
+    const std::smatch m = run.waitFor(
+        std::regex("stage " + std::to_string(s) + ": layers \\S+ \\S+, pid (\\d+)"), 60s);
+    ASSERT_FALSE(m.empty()) << run.output();
+    pids.push_back(static_cast<pid_t>(std::stol(m[1])));
+  }
+  ASSERT_FALSE(run.waitFor(std::regex("epoch 1/100 step"), 60s).empty()) << run.output();
+  const auto t0 = Clock::now();
+  kill(pids[1], SIGKILL);
+  const int code = run.wait(30s);
+  EXPECT_LT(Clock::now() - t0, 30s);
+  EXPECT_NE(code, 0) << run.output();
+  EXPECT_NE(
+      run.output().find("stage 1 (pid " + std::to_string(pids[1]) + ") was killed by signal 9"),
+      std::string::npos)
+      << run.output();
+  for (pid_t pid : pids) {
+    for (int i = 0; i < 100 && !gone(pid); ++i) std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(gone(pid)) << "stage process " << pid << " is still running";
+  }
+}
+
+TEST(RunTest, BadJobsAreRefusedBeforeAnythingStarts) {
+  RunProcess overlap(writeJob("run_overlap", "partition: [[0, 3], [2, 6]]\n"));
+  EXPECT_EQ(overlap.wait(30s), 1);
+  EXPECT_NE(overlap.output().find("run_overlap.yaml:2:21: stage 1's layers [2, 6) overlap"),
+            std::string::npos)
+      << overlap.output();
+  RunProcess typo(writeJob("run_typo", "partition: equal\nstages: 2\nmicrobatch: 4\n"));
+  EXPECT_EQ(typo.wait(30s), 1);
+  EXPECT_NE(typo.output().find("run_typo.yaml:4:1: unknown key 'microbatch'"), std::string::npos)
+      << typo.output();
+  EXPECT_EQ(typo.output().find("pid"), std::string::npos) << "a worker was started";
+}
+
+}  // namespace
+}  // namespace tandem
