@@ -40,7 +40,8 @@ void StageExecutor::record(ActionType type, int64_t k, Clock::time_point t0, dou
   const auto t1 = Clock::now();
   counter += seconds(t1 - t0);
   if (options_.record_spans)
-    spans_.push_back({type, tag_base_ + k, seconds(t0 - epoch_), seconds(t1 - epoch_)});
+    spans_.push_back(
+        {type, tag_base_ + k, seconds(t0.time_since_epoch()), seconds(t1.time_since_epoch())});
 }
 
 StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo& info,

@@ -74,8 +74,10 @@ struct StageCounters {
 
 struct Span {
   ActionType type;
-  int64_t microbatch;     // global
-  double start_s, end_s;  // since the executor was made
+  int64_t microbatch;  // global
+  // Seconds on the steady clock (CLOCK_MONOTONIC on Linux: one clock for every process
+  // of the machine, so stage processes' spans line up).
+  double start_s, end_s;
 };
 
 class StageExecutor {
@@ -120,7 +122,6 @@ class StageExecutor {
   int64_t tag_base_ = 0;                  // global number of this step's microbatch 0
   StageCounters counters_;
   std::vector<Span> spans_;
-  Clock::time_point epoch_ = Clock::now();
 };
 
 }  // namespace tandem

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <thread>
@@ -20,6 +22,7 @@
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/pipeline/job.h"
+#include "core/pipeline/timeline.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/control.h"
 #include "targets/tandem/progress.h"
@@ -86,7 +89,43 @@ void mergeSaved(const JobSpec& job, int stages) {
   saveModel(job.save, model, &optimizer, {{"seed", static_cast<int64_t>(job.seed)}});
 }
 
-int runJob(const std::string& path) {
+// Reads the stages' span files and writes DIR/trace.json and DIR/timeline.svg (three
+// training steps from the middle of the run).
+void writeTimeline(const std::string& dir, const std::string& run_dir, int stages) {
+  std::vector<StageSpans> all;
+  for (int s = 0; s < stages; ++s) {
+    const std::string path = run_dir + "/spans-" + std::to_string(s) + ".json";
+    std::ifstream in(path);
+    const Json list = Json::parse(in, nullptr, false);
+    if (list.is_discarded() || !list.is_array()) throw FormatError("bad span file '" + path + "'");
+    StageSpans st{s, {}};
+    for (const Json& e : list)
+      st.spans.push_back({static_cast<ActionType>(e.at(0).get<int>()), e.at(1).get<int64_t>(),
+                          e.at(2).get<double>(), e.at(3).get<double>()});
+    all.push_back(std::move(st));
+  }
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/trace.json") << chromeTrace(all);
+  std::vector<double> steps;  // the first stage's optimizer steps end each training step
+  for (const Span& s : all.front().spans)
+    if (s.type == ActionType::kStep) steps.push_back(s.end_s);
+  double begin = std::numeric_limits<double>::max(), end = 0;
+  for (const StageSpans& st : all)
+    for (const Span& s : st.spans) {
+      begin = std::min(begin, s.start_s);
+      end = std::max(end, s.end_s);
+    }
+  if (steps.size() >= 5) {
+    const size_t i = steps.size() / 2;
+    begin = steps[i - 1];
+    end = steps[std::min(i + 2, steps.size() - 1)];
+  }
+  std::ofstream(dir + "/timeline.svg") << timelineSvg(all, begin, end);
+  spdlog::info("timeline: {}/trace.json (Perfetto, chrome://tracing) and {}/timeline.svg", dir,
+               dir);
+}
+
+int runJob(const std::string& path, const std::string& timeline) {
   const JobSpec job = loadJobSpec(path);
   const auto ranges = stageRanges(job, Model(loadModelSpec(job.model)));  // fail before forking
   const int p = static_cast<int>(ranges.size());
@@ -103,8 +142,10 @@ int runJob(const std::string& path) {
     const pid_t pid = fork();
     if (pid < 0) throw Error("cannot start a worker: fork failed");
     if (pid == 0) {
+      const std::string spans = run_dir + "/spans-" + stage + ".json";
       execl(self.c_str(), self.c_str(), "stage", path.c_str(), "--stage", stage.c_str(),
             "--control", in.endpoint().c_str(), "--run-dir", run_dir.c_str(),
+            timeline.empty() ? static_cast<char*>(nullptr) : "--spans", spans.c_str(),
             static_cast<char*>(nullptr));
       _exit(127);
     }
@@ -219,6 +260,7 @@ int runJob(const std::string& path) {
       return fail("stage " + std::to_string(s) + " (pid " + std::to_string(w.pid) + ") " +
                   describeExit(status) + " after finishing");
   }
+  if (!timeline.empty()) writeTimeline(timeline, run_dir, p);
   std::filesystem::remove_all(run_dir);
 
   std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s\n", "stage", "layers", "device",
@@ -256,11 +298,14 @@ int runJob(const std::string& path) {
 
 void addRun(CLI::App& app) {
   auto path = std::make_shared<std::string>();
+  auto timeline = std::make_shared<std::string>();
   CLI::App* c =
       app.add_subcommand("run", "Run a pipeline job: one worker process per stage on this machine");
   c->add_option("job", *path, "Job file (examples/jobs/*.yaml)")->required();
-  c->callback([path] {
-    if (runJob(*path) != 0) throw Error("the run failed (see above)");
+  c->add_option("--timeline", *timeline,
+                "Write DIR/trace.json (Chrome trace) and DIR/timeline.svg of the run");
+  c->callback([path, timeline] {
+    if (runJob(*path, *timeline) != 0) throw Error("the run failed (see above)");
   });
 }
 

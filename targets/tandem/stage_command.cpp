@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <fstream>
 #include <memory>
 
 #include "backends/registry.h"
@@ -29,8 +30,18 @@ using Clock = std::chrono::steady_clock;
 
 struct StageArgs {
   std::string job, control, run_dir;
+  std::string spans;  // if set: record a span per action and write them here (JSON)
   int stage = 0;
 };
+
+void writeSpans(const std::string& path, const std::vector<Span>& spans) {
+  Json list = Json::array();
+  for (const Span& s : spans)
+    list.push_back({static_cast<int>(s.type), s.microbatch, s.start_s, s.end_s});
+  std::ofstream out(path);
+  if (!out) throw IoError("cannot write spans to '" + path + "'");
+  out << list.dump();
+}
 
 Json countersJson(const StageCounters& c) {
   return {{"busy_s", c.busy_s},
@@ -114,6 +125,7 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   po.batch = job.batch;
   po.seed = job.seed;
   po.recompute = job.recompute;
+  po.record_spans = !a.spans.empty();
   StageTrainer trainer(model, StageRange{s, p, begin, end}, prev.get(), next.get(), &optimizer, po);
   const bool last = s == p - 1;
   StageCounters train_counters;
@@ -151,6 +163,7 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   }
   train_counters.peak_stash = trainer.executor().counters().peak_stash;
   if (!job.save.empty()) saveModel(job.save + ".stage" + std::to_string(s), model, &optimizer);
+  if (!a.spans.empty()) writeSpans(a.spans, trainer.executor().spans());
   Json done = countersJson(train_counters);
   done["type"] = "done";
   done["stage"] = s;
@@ -176,6 +189,7 @@ void addStage(CLI::App& app) {
   c->add_option("--stage", a->stage, "This worker's stage")->required();
   c->add_option("--control", a->control, "`tandem run`'s control endpoint")->required();
   c->add_option("--run-dir", a->run_dir, "Directory for ipc endpoints")->required();
+  c->add_option("--spans", a->spans, "Record the timeline's spans into this file");
   c->callback([a] {
     // Dies with `tandem run`: no stage outlives the run that started it.
     prctl(PR_SET_PDEATHSIG, SIGKILL);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -35,7 +36,7 @@ const std::string kMlp = std::string(TANDEM_SOURCE_DIR) + "/examples/models/mlp.
 // A running `tandem run`, its stdout and stderr read through one pipe.
 class RunProcess {
  public:
-  explicit RunProcess(const std::string& job) {
+  explicit RunProcess(const std::string& job, std::vector<std::string> extra = {}) {
     int fds[2];
     EXPECT_EQ(pipe(fds), 0);
     posix_spawn_file_actions_t actions;
@@ -43,9 +44,12 @@ class RunProcess {
     posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
     posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
     posix_spawn_file_actions_addclose(&actions, fds[0]);
-    const char* argv[] = {TANDEM_CLI, "run", job.c_str(), nullptr};
-    EXPECT_EQ(posix_spawn(&pid_, TANDEM_CLI, &actions, nullptr, const_cast<char**>(argv), environ),
-              0);
+    std::vector<const char*> argv = {TANDEM_CLI, "run", job.c_str()};
+    for (const std::string& e : extra) argv.push_back(e.c_str());
+    argv.push_back(nullptr);
+    EXPECT_EQ(
+        posix_spawn(&pid_, TANDEM_CLI, &actions, nullptr, const_cast<char**>(argv.data()), environ),
+        0);
     posix_spawn_file_actions_destroy(&actions);
     close(fds[1]);
     out_fd_ = fds[0];
@@ -148,6 +152,28 @@ TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
     ASSERT_TRUE(saved.optimizer.has_value());
     EXPECT_EQ(saved.optimizer->steps, opt.steps());
   }
+}
+
+TEST(RunTest, TheTimelineOptionWritesATraceAndAnSvg) {
+  const std::string dir = ::testing::TempDir() + "/run_timeline";
+  std::filesystem::remove_all(dir);
+  RunProcess run(writeJob("run_timeline",
+                          "train_limit: 256\ntest_limit: 64\nbatch: 32\nmicrobatches: 4\n"
+                          "partition: equal\nstages: 2\n"),
+                 {"--timeline", dir});
+  ASSERT_EQ(run.wait(120s), 0) << run.output();
+  std::ifstream trace(dir + "/trace.json");
+  std::stringstream text;
+  text << trace.rdbuf();
+  // 8 steps x 4 microbatches: each stage forwards 32 microbatches in training and 8 in
+  // the evaluation (64 samples in microbatches of 8), so "forward 39" is there, twice.
+  EXPECT_NE(text.str().find("\"name\":\"forward 39\""), std::string::npos);
+  EXPECT_NE(text.str().find("\"args\":{\"name\":\"stage 1\"}"), std::string::npos);
+  std::ifstream svg(dir + "/timeline.svg");
+  std::stringstream picture;
+  picture << svg.rdbuf();
+  EXPECT_NE(picture.str().find("<svg"), std::string::npos);
+  EXPECT_NE(picture.str().find("<title>backward"), std::string::npos);
 }
 
 TEST(RunTest, AKilledStageEndsTheRunNamedWithNothingLeftBehind) {
