@@ -250,24 +250,28 @@ std::unique_ptr<Model> loadModel(const ModelFile& file, Backend& backend) {
     throw FormatError(std::string("model file describes an invalid model: ") + e.what());
   }
   model->build(backend, 0);
+  loadWeights(*model, file, true);
+  return model;
+}
+
+void loadWeights(Model& model, const ModelFile& file, bool exact) {
   std::map<std::string, const HostTensor*> by_name;
   for (const HostTensor& h : file.params) {
     if (!by_name.emplace(h.name, &h).second)
       throw FormatError("model file has parameter '" + h.name + "' twice");
   }
-  for (Param* p : model->params()) {
+  for (Param* p : model.params()) {
     auto it = by_name.find(p->name);
     if (it == by_name.end()) throw FormatError("model file lacks parameter '" + p->name + "'");
     if (it->second->shape != p->value.shape())
       throw FormatError("parameter '" + p->name + "' is " + it->second->shape.str() +
                         " in the file but " + p->value.shape().str() + " in the model");
-    backend.upload(p->value, it->second->data.data());
+    model.backend().upload(p->value, it->second->data.data());
     by_name.erase(it);
   }
-  if (!by_name.empty())
+  if (exact && !by_name.empty())
     throw FormatError("model file has parameter '" + by_name.begin()->first +
                       "' that the model does not");
-  return model;
 }
 
 std::unique_ptr<Optimizer> loadOptimizer(const ModelFile& file, Backend& backend) {

@@ -54,6 +54,10 @@ ModelFile readModelFile(const std::string& path);
 
 // Makes the model on `backend` with the file's weights.
 std::unique_ptr<Model> loadModel(const ModelFile& file, Backend& backend);
+// Uploads the file's weights into the model's built parameters (a pipeline stage's slice
+// takes its own from a whole model's file). FormatError if one is missing or has another
+// shape, or, when `exact`, if the file has parameters the built layers do not.
+void loadWeights(Model& model, const ModelFile& file, bool exact);
 // The optimizer as saved; InvalidArgument if the file holds no optimizer state.
 std::unique_ptr<Optimizer> loadOptimizer(const ModelFile& file, Backend& backend);
 

@@ -198,11 +198,13 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.stages = static_cast<int>(r.positive(v, key));
     } else if (key == "save") {
       job.save = resolve(dir, r.get<std::string>(v, key, "a path"));
+    } else if (key == "weights") {
+      job.weights = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else {
       r.fail(kv.first, "unknown key '" + key +
                            "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
                            "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
-                           "codec, transport, timeout_s, partition, stages or save)");
+                           "codec, transport, timeout_s, partition, stages, save or weights)");
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");

@@ -13,6 +13,8 @@
 //   transport: tcp                 # tcp | ipc (loopback)
 //   partition: equal               # or a list of layer ranges: [[0, 4], [4, 9], [9, 11]]
 //   stages: 3                      # with `equal`
+//   save: ../../out/cnn.tdm        # the trained model, merged from the stages
+//   weights: ../../out/cnn.tdm     # start from these parameters (serving, resuming)
 //
 // Every error names the file, line and column of the offending key or value.
 #pragma once
@@ -49,7 +51,8 @@ struct JobSpec {
   std::vector<std::pair<size_t, size_t>> ranges;
   std::vector<std::string> range_where;  // "job.yaml:12:5" per range, for messages
   int stages = 0;
-  std::string save;  // a model file to write at the end (resolved like `model`)
+  std::string save;     // a model file to write at the end (resolved like `model`)
+  std::string weights;  // a model file to start from (its parameters), e.g. to serve
 };
 
 JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source = "<string>");

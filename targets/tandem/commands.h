@@ -13,6 +13,7 @@ void addDevices(CLI::App& app);
 void addKeygen(CLI::App& app);
 void addSchedule(CLI::App& app);
 void addRun(CLI::App& app);
+void addInfer(CLI::App& app);
 void addStage(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   tandem::cli::addKeygen(app);
   tandem::cli::addSchedule(app);
   tandem::cli::addRun(app);
+  tandem::cli::addInfer(app);
   tandem::cli::addStage(app);
   // Logs go to stderr; stdout carries only results (epoch summaries, accuracy, tables).
   spdlog::set_default_logger(spdlog::stderr_color_mt("tandem"));
@@ -30,7 +31,7 @@ int main(int argc, char** argv) {
     } catch (const CLI::OptionNotFound&) {
       std::cerr
           << "error: unknown command '" << argv[1]
-          << "' (commands: train, run, eval, inspect, devices, schedule, keygen; see --help)\n";
+          << "' (commands: train, run, infer, eval, inspect, devices, schedule, keygen; see --help)\n";
       return 2;
     }
   }

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <thread>
@@ -73,10 +74,11 @@ void mergeSaved(const JobSpec& job, int stages) {
   model.build(be, job.seed);
   std::vector<std::pair<std::string, Tensor>> state;
   int64_t steps = 0;
+  ModelFile all;
   for (int s = 0; s < stages; ++s) {
     const std::string part = job.save + ".stage" + std::to_string(s);
     const ModelFile f = readModelFile(part);
-    for (const HostTensor& t : f.params) be.upload(model.param(t.name).value, t.data.data());
+    all.params.insert(all.params.end(), f.params.begin(), f.params.end());
     if (f.optimizer) {
       steps = f.optimizer->steps;
       for (const HostTensor& t : f.optimizer->tensors)
@@ -84,14 +86,13 @@ void mergeSaved(const JobSpec& job, int stages) {
     }
     std::filesystem::remove(part);
   }
+  loadWeights(model, all, true);  // every parameter, from exactly one stage
   Optimizer optimizer(be, job.optimizer);
   optimizer.restore(state, steps);
   saveModel(job.save, model, &optimizer, {{"seed", static_cast<int64_t>(job.seed)}});
 }
 
-// Reads the stages' span files and writes DIR/trace.json and DIR/timeline.svg (three
-// training steps from the middle of the run).
-void writeTimeline(const std::string& dir, const std::string& run_dir, int stages) {
+std::vector<StageSpans> readSpans(const std::string& run_dir, int stages) {
   std::vector<StageSpans> all;
   for (int s = 0; s < stages; ++s) {
     const std::string path = run_dir + "/spans-" + std::to_string(s) + ".json";
@@ -104,6 +105,12 @@ void writeTimeline(const std::string& dir, const std::string& run_dir, int stage
                           e.at(2).get<double>(), e.at(3).get<double>()});
     all.push_back(std::move(st));
   }
+  return all;
+}
+
+// Writes DIR/trace.json and DIR/timeline.svg (three training steps from the middle of
+// the run, or all of it when shorter).
+void writeTimeline(const std::string& dir, const std::vector<StageSpans>& all) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/trace.json") << chromeTrace(all);
   std::vector<double> steps;  // the first stage's optimizer steps end each training step
@@ -121,11 +128,53 @@ void writeTimeline(const std::string& dir, const std::string& run_dir, int stage
     end = steps[std::min(i + 2, steps.size() - 1)];
   }
   std::ofstream(dir + "/timeline.svg") << timelineSvg(all, begin, end);
-  spdlog::info("timeline: {}/trace.json (Perfetto, chrome://tracing) and {}/timeline.svg", dir,
-               dir);
+  spdlog::info("timeline: {}/trace.json (Perfetto, chrome://tracing) and {}/timeline.svg", dir, dir);
 }
 
-int runJob(const std::string& path, const std::string& timeline) {
+// Inference figures from the spans: each request (microbatch) from the start of its
+// first-stage forward (which takes the input) to the end of its last-stage forward.
+void printInference(const std::vector<StageSpans>& all, const Json& result, int64_t batch,
+                    int64_t microbatches) {
+  std::map<int64_t, double> start;
+  for (const Span& s : all.front().spans)
+    if (s.type == ActionType::kForward) start[s.microbatch] = s.start_s;
+  std::vector<double> latency;
+  double first = std::numeric_limits<double>::max(), last = 0;
+  for (const Span& s : all.back().spans) {
+    if (s.type != ActionType::kForward) continue;
+    auto it = start.find(s.microbatch);
+    if (it == start.end()) continue;
+    latency.push_back(s.end_s - it->second);
+    first = std::min(first, it->second);
+    last = std::max(last, s.end_s);
+  }
+  if (latency.empty()) throw Error("inference: no request went through every stage");
+  std::sort(latency.begin(), latency.end());
+  auto pct = [&](double q) {
+    const auto i = static_cast<size_t>(q * static_cast<double>(latency.size() - 1) + 0.5);
+    return latency[std::min(i, latency.size() - 1)] * 1e3;
+  };
+  const auto samples = field<int64_t>(result, "samples");
+  const double wall = std::max(last - first, 1e-9);
+  std::printf("inference: %lld samples as %zu requests (microbatches of ~%lld)\n",
+              static_cast<long long>(samples), latency.size(),
+              static_cast<long long>((batch + microbatches - 1) / microbatches));
+  std::printf("throughput: %.0f samples/s, %.1f requests/s\n",
+              static_cast<double>(samples) / wall, static_cast<double>(latency.size()) / wall);
+  std::printf("latency per request: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms\n", pct(0.5),
+              pct(0.95), pct(0.99));
+  std::printf("test accuracy: %.4f\n", field<double>(result, "accuracy"));
+}
+
+struct RunArgs {
+  std::string job, timeline;
+  bool infer = false;
+};
+
+int runJob(const RunArgs& args) {
+  const std::string& path = args.job;
+  const std::string& timeline = args.timeline;
+  const bool spans_wanted = args.infer || !timeline.empty();
   const JobSpec job = loadJobSpec(path);
   const auto ranges = stageRanges(job, Model(loadModelSpec(job.model)));  // fail before forking
   const int p = static_cast<int>(ranges.size());
@@ -144,9 +193,9 @@ int runJob(const std::string& path, const std::string& timeline) {
     if (pid == 0) {
       const std::string spans = run_dir + "/spans-" + stage + ".json";
       execl(self.c_str(), self.c_str(), "stage", path.c_str(), "--stage", stage.c_str(),
-            "--control", in.endpoint().c_str(), "--run-dir", run_dir.c_str(),
-            timeline.empty() ? static_cast<char*>(nullptr) : "--spans", spans.c_str(),
-            static_cast<char*>(nullptr));
+            "--control", in.endpoint().c_str(), "--run-dir", run_dir.c_str(), "--mode",
+            args.infer ? "infer" : "train", spans_wanted ? "--spans" : static_cast<char*>(nullptr),
+            spans.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     workers[static_cast<size_t>(s)].pid = pid;
@@ -156,6 +205,7 @@ int runJob(const std::string& path, const std::string& timeline) {
   std::vector<std::unique_ptr<ControlOut>> out;
   Progress progress(job.epochs);
   double accuracy = -1;
+  Json infer_result;
   int hellos = 0, done = 0;
   auto fail = [&](const std::string& why) {
     progress.finishEpoch();
@@ -200,7 +250,7 @@ int runJob(const std::string& path, const std::string& timeline) {
       return fail("stage " + std::to_string(field<int64_t>(*m, "stage")) +
                   " failed: " + field<std::string>(*m, "message"));
     const int64_t stage =
-        type == "progress" || type == "epoch" ? p - 1 : field<int64_t>(*m, "stage");
+        type == "progress" || type == "epoch" || type == "infer" ? p - 1 : field<int64_t>(*m, "stage");
     if (stage < 0 || stage >= p)
       return fail("a control message names stage " + std::to_string(stage));
     Worker& w = workers[static_cast<size_t>(stage)];
@@ -222,7 +272,7 @@ int runJob(const std::string& path, const std::string& timeline) {
              {"test_samples", test_samples}});
       }
       spdlog::info("{} stages up: {} schedule, {} microbatches of a {}-sample batch, {} over {}", p,
-                   scheduleName(job.schedule), job.microbatches, job.batch,
+                   args.infer ? "forward" : scheduleName(job.schedule), job.microbatches, job.batch,
                    job.activation_codec == job.gradient_codec
                        ? job.activation_codec
                        : job.activation_codec + "/" + job.gradient_codec,
@@ -242,6 +292,8 @@ int runJob(const std::string& path, const std::string& timeline) {
           field<double>(*m, "test_loss"), accuracy, field<double>(*m, "seconds"),
           field<double>(*m, "samples_per_s"));
       std::fflush(stdout);
+    } else if (type == "infer") {
+      infer_result = *m;
     } else if (type == "done") {
       w.report = *m;
       w.done = true;
@@ -260,7 +312,14 @@ int runJob(const std::string& path, const std::string& timeline) {
       return fail("stage " + std::to_string(s) + " (pid " + std::to_string(w.pid) + ") " +
                   describeExit(status) + " after finishing");
   }
-  if (!timeline.empty()) writeTimeline(timeline, run_dir, p);
+  if (spans_wanted) {
+    const std::vector<StageSpans> spans = readSpans(run_dir, p);
+    if (!timeline.empty()) writeTimeline(timeline, spans);
+    if (args.infer) {
+      if (infer_result.is_null()) return fail("the last stage reported no inference result");
+      printInference(spans, infer_result, job.batch, job.microbatches);
+    }
+  }
   std::filesystem::remove_all(run_dir);
 
   std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s\n", "stage", "layers", "device",
@@ -269,7 +328,7 @@ int runJob(const std::string& path, const std::string& timeline) {
   for (int s = 0; s < p; ++s) {
     const Json& r = workers[static_cast<size_t>(s)].report;
     const Json& h = workers[static_cast<size_t>(s)].hello;
-    const double t = std::max(field<double>(r, "train_s"), 1e-9);
+    const double t = std::max(field<double>(r, "run_s"), 1e-9);
     const auto layers = h.at("layers");
     const std::string range = "[" + std::to_string(layers.at(0).get<int64_t>()) + ", " +
                               std::to_string(layers.at(1).get<int64_t>()) + ")";
@@ -283,11 +342,12 @@ int runJob(const std::string& path, const std::string& timeline) {
     span = std::max(span, t);
   }
   const double m = static_cast<double>(job.microbatches);
-  std::printf("bubble: measured %.3f (idle share of stage time), formula (p-1)/(m+p-1) = %.3f\n",
-              1.0 - busy / (p * span), (p - 1) / (m + p - 1));
+  if (!args.infer)
+    std::printf("bubble: measured %.3f (idle share of stage time), formula (p-1)/(m+p-1) = %.3f\n",
+                1.0 - busy / (p * span), (p - 1) / (m + p - 1));
   if (accuracy >= 0) std::printf("test accuracy: %.4f\n", accuracy);
   std::fflush(stdout);
-  if (!job.save.empty()) {
+  if (!args.infer && !job.save.empty()) {
     mergeSaved(job, p);
     spdlog::info("saved {}", job.save);
   }
@@ -297,15 +357,28 @@ int runJob(const std::string& path, const std::string& timeline) {
 }  // namespace
 
 void addRun(CLI::App& app) {
-  auto path = std::make_shared<std::string>();
-  auto timeline = std::make_shared<std::string>();
-  CLI::App* c =
-      app.add_subcommand("run", "Run a pipeline job: one worker process per stage on this machine");
-  c->add_option("job", *path, "Job file (examples/jobs/*.yaml)")->required();
-  c->add_option("--timeline", *timeline,
+  auto a = std::make_shared<RunArgs>();
+  CLI::App* c = app.add_subcommand(
+      "run", "Train a pipeline job: one worker process per stage on this machine");
+  c->add_option("job", a->job, "Job file (examples/jobs/*.yaml)")->required();
+  c->add_option("--timeline", a->timeline,
                 "Write DIR/trace.json (Chrome trace) and DIR/timeline.svg of the run");
-  c->callback([path, timeline] {
-    if (runJob(*path, *timeline) != 0) throw Error("the run failed (see above)");
+  c->callback([a] {
+    if (runJob(*a) != 0) throw Error("the run failed (see above)");
+  });
+}
+
+void addInfer(CLI::App& app) {
+  auto a = std::make_shared<RunArgs>();
+  a->infer = true;
+  CLI::App* c = app.add_subcommand(
+      "infer", "Stream the test set through a pipeline job's stages: throughput, latency");
+  c->add_option("job", a->job, "Job file; its `weights` are served (else fresh ones)")
+      ->required();
+  c->add_option("--timeline", a->timeline,
+                "Write DIR/trace.json (Chrome trace) and DIR/timeline.svg of the run");
+  c->callback([a] {
+    if (runJob(*a) != 0) throw Error("the run failed (see above)");
   });
 }
 

@@ -30,6 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 struct StageArgs {
   std::string job, control, run_dir;
+  std::string mode = "train";  // or "infer": stream the test set forward-only
   std::string spans;  // if set: record a span per action and write them here (JSON)
   int stage = 0;
 };
@@ -70,6 +71,7 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
                    "--stage " << s << " but the job has " << p << " stages");
   const auto [begin, end] = ranges[static_cast<size_t>(s)];
   model.build(*backend, job.seed, begin, end);
+  if (!job.weights.empty()) loadWeights(model, readModelFile(job.weights), false);
   Optimizer optimizer(*backend, job.optimizer);
 
   auto bindFor = [&](const char* side) {
@@ -97,7 +99,7 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
 
   Dataset train, test;
   if (s == 0) {
-    train = loadDataset(job.data, job.data_dir, true, job.train_limit);
+    if (a.mode == "train") train = loadDataset(job.data, job.data_dir, true, job.train_limit);
     test = loadDataset(job.data, job.data_dir, false, job.test_limit);
   }
   report.send({{"type", "hello"},
@@ -128,9 +130,21 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   po.record_spans = !a.spans.empty();
   StageTrainer trainer(model, StageRange{s, p, begin, end}, prev.get(), next.get(), &optimizer, po);
   const bool last = s == p - 1;
-  StageCounters train_counters;
-  double train_s = 0;
-  for (int64_t e = 0; e < job.epochs; ++e) {
+  StageCounters counters;  // over training (train) or the stream (infer)
+  double run_s = 0;
+  if (a.mode == "infer") {
+    const auto t0 = Clock::now();
+    const EvalResult ev = trainer.evaluate(s == 0 ? &test : nullptr, test_samples, job.batch);
+    run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    counters = trainer.executor().counters();
+    if (last)
+      report.send({{"type", "infer"},
+                   {"samples", ev.samples},
+                   {"loss", ev.loss},
+                   {"accuracy", ev.accuracy},
+                   {"seconds", run_s}});
+  }
+  for (int64_t e = 0; a.mode == "train" && e < job.epochs; ++e) {
     auto sent = Clock::now() - 1h;
     auto progress = [&](const StepReport& r) {
       if (!last || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
@@ -146,11 +160,11 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
     const StageCounters before = trainer.executor().counters();
     const EpochReport r = trainer.trainEpoch(s == 0 ? &train : nullptr, train_samples, e, progress);
     const StageCounters delta = minus(trainer.executor().counters(), before);
-    train_counters.busy_s += delta.busy_s;
-    train_counters.recv_wait_s += delta.recv_wait_s;
-    train_counters.send_s += delta.send_s;
-    train_counters.microbatches += delta.microbatches;
-    train_s += r.seconds;
+    counters.busy_s += delta.busy_s;
+    counters.recv_wait_s += delta.recv_wait_s;
+    counters.send_s += delta.send_s;
+    counters.microbatches += delta.microbatches;
+    run_s += r.seconds;
     const EvalResult ev = trainer.evaluate(s == 0 ? &test : nullptr, test_samples, job.batch);
     if (last)
       report.send({{"type", "epoch"},
@@ -161,13 +175,14 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
                    {"test_loss", ev.loss},
                    {"test_accuracy", ev.accuracy}});
   }
-  train_counters.peak_stash = trainer.executor().counters().peak_stash;
-  if (!job.save.empty()) saveModel(job.save + ".stage" + std::to_string(s), model, &optimizer);
+  counters.peak_stash = trainer.executor().counters().peak_stash;
+  if (a.mode == "train" && !job.save.empty())
+    saveModel(job.save + ".stage" + std::to_string(s), model, &optimizer);
   if (!a.spans.empty()) writeSpans(a.spans, trainer.executor().spans());
-  Json done = countersJson(train_counters);
+  Json done = countersJson(counters);
   done["type"] = "done";
   done["stage"] = s;
-  done["train_s"] = train_s;
+  done["run_s"] = run_s;
   uint64_t sent_bytes = 0, received_bytes = 0;
   for (const auto* l : {prev.get(), next.get()}) {
     if (!l) continue;
@@ -190,6 +205,7 @@ void addStage(CLI::App& app) {
   c->add_option("--control", a->control, "`tandem run`'s control endpoint")->required();
   c->add_option("--run-dir", a->run_dir, "Directory for ipc endpoints")->required();
   c->add_option("--spans", a->spans, "Record the timeline's spans into this file");
+  c->add_option("--mode", a->mode, "train or infer")->check(CLI::IsMember({"train", "infer"}));
   c->callback([a] {
     // Dies with `tandem run`: no stage outlives the run that started it.
     prctl(PR_SET_PDEATHSIG, SIGKILL);

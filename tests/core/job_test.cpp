@@ -26,12 +26,14 @@ transport: ipc
 timeout_s: 5
 partition: [[0, 4], [4, 9], [9, 11]]
 save: ../../out/cnn.tdm
+weights: /models/start.tdm
 )";
 
 TEST(JobTest, ReadsEverySetting) {
   const JobSpec j = parseJobSpec(kJob, "examples/jobs/x.yaml");
   EXPECT_EQ(j.model, "examples/models/cnn.yaml");
   EXPECT_EQ(j.save, "out/cnn.tdm");
+  EXPECT_EQ(j.weights, "/models/start.tdm");
   EXPECT_EQ(j.epochs, 2);
   EXPECT_EQ(j.batch, 32);
   EXPECT_EQ(j.microbatches, 8);
