@@ -12,13 +12,13 @@
 // Rounds alternate between the single-process reference and the pipelines; each figure
 // is the best of its rounds (noisy shared machine).
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/model_spec.h"
-#include "core/pipeline/job.h"
 #include "core/pipeline/stage_trainer.h"
 #include "transport/zmq_link.h"
 
@@ -72,9 +72,14 @@ struct PipelineResult {
   std::vector<double> busy_s;  // per stage
 };
 
-PipelineResult pipelined(const Dataset& d, int p, int64_t batch, int64_t m) {
-  const Model whole(parseModelSpec(kMlp));
-  const auto ranges = equalStageRanges(whole.size(), p);
+PipelineResult pipelined(const Dataset& d, int p, int64_t batch, int64_t m, bool verbose) {
+  // Whole hidden layers (linear + relu) per stage, the 10-way output with the last:
+  // equal compute, as equal layer counts would not give.
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (int s = 0; s < p; ++s) {
+    const auto per = static_cast<size_t>(8 / p);
+    ranges.push_back({s * per, s == p - 1 ? size_t{9} : (s + 1) * per});
+  }
   std::vector<std::unique_ptr<transport::Context>> contexts;
   for (int s = 0; s < p; ++s) contexts.push_back(std::make_unique<transport::Context>());
   std::vector<std::unique_ptr<transport::ZmqLink>> next(static_cast<size_t>(p)),
@@ -110,6 +115,10 @@ PipelineResult pipelined(const Dataset& d, int p, int64_t batch, int64_t m) {
       st.trainEpoch(s == 0 ? &d : nullptr, d.size(), 0, {});
       wall[i] = seconds(Clock::now() - t0);
       r.busy_s[i] = st.executor().counters().busy_s;
+      const auto& c = st.executor().counters();
+      if (verbose)
+        std::fprintf(stderr, "p=%d m=%lld stage %d: wall %.3f busy %.3f wait %.3f send %.3f\n", p,
+                     static_cast<long long>(m), s, wall[i], c.busy_s, c.recv_wait_s, c.send_s);
     });
   }
   for (auto& t : threads) t.join();
@@ -119,7 +128,8 @@ PipelineResult pipelined(const Dataset& d, int p, int64_t batch, int64_t m) {
     slowest = std::max(slowest, r.busy_s[static_cast<size_t>(s)]);
   }
   const double steps = static_cast<double>((d.size() + batch - 1) / batch);
-  const double mb_time = slowest / (steps * static_cast<double>(m));  // slowest stage, per microbatch
+  const double mb_time =
+      slowest / (steps * static_cast<double>(m));  // slowest stage, per microbatch
   const double ideal_step = static_cast<double>(m + p - 1) * mb_time;
   r.samples_per_s = static_cast<double>(d.size()) / longest;
   r.ideal_samples_per_s = static_cast<double>(d.size()) / (steps * ideal_step);
@@ -132,13 +142,20 @@ PipelineResult pipelined(const Dataset& d, int p, int64_t batch, int64_t m) {
 int main(int argc, char** argv) {
   using namespace tandem;
   int rounds = 3;
-  int64_t steps = 24, batch = 256;
+  int64_t steps = 8, batch = 1024;
+  bool verbose = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--rounds=", 9) == 0) rounds = std::atoi(argv[i] + 9);
-    else if (std::strncmp(argv[i], "--steps=", 8) == 0) steps = std::atoll(argv[i] + 8);
-    else if (std::strncmp(argv[i], "--batch=", 8) == 0) batch = std::atoll(argv[i] + 8);
+    if (std::strncmp(argv[i], "--rounds=", 9) == 0)
+      rounds = std::atoi(argv[i] + 9);
+    else if (std::strncmp(argv[i], "--steps=", 8) == 0)
+      steps = std::atoll(argv[i] + 8);
+    else if (std::strncmp(argv[i], "--batch=", 8) == 0)
+      batch = std::atoll(argv[i] + 8);
+    else if (std::strcmp(argv[i], "--verbose") == 0)
+      verbose = true;
     else {
-      std::fprintf(stderr, "usage: pipeline_bench [--rounds=N] [--steps=N] [--batch=N]\n");
+      std::fprintf(stderr,
+                   "usage: pipeline_bench [--rounds=N] [--steps=N] [--batch=N] [--verbose]\n");
       return 2;
     }
   }
@@ -157,14 +174,15 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r) {
     single = std::max(single, singleProcess(d, batch));
     for (size_t c = 0; c < std::size(configs); ++c) {
-      const PipelineResult got = pipelined(d, configs[c].p, batch, configs[c].m);
+      const PipelineResult got = pipelined(d, configs[c].p, batch, configs[c].m, verbose);
       if (got.samples_per_s > best[c].samples_per_s) best[c] = got;
     }
   }
-  std::printf("MLP 4x1024, batch %lld, %lld steps, 1 thread per stage, fp32 tcp loopback, "
-              "1F1B; best of %d rounds (%u hardware threads)\n\n",
-              static_cast<long long>(batch), static_cast<long long>(steps), rounds,
-              std::thread::hardware_concurrency());
+  std::printf(
+      "MLP 4x1024, batch %lld, %lld steps, 1 thread per stage, fp32 tcp loopback, "
+      "1F1B; best of %d rounds (%u hardware threads)\n\n",
+      static_cast<long long>(batch), static_cast<long long>(steps), rounds,
+      std::thread::hardware_concurrency());
   std::printf("%-22s %12s %12s %10s %10s %9s\n", "run", "samples/s", "ideal", "efficiency",
               "speed-up", "(ideal)");
   std::printf("%-22s %12.0f %12s %10s %10s %9s\n", "single process", single, "-", "-", "1.00", "-");
@@ -178,8 +196,9 @@ int main(int argc, char** argv) {
                 r.ideal_samples_per_s, r.samples_per_s / r.ideal_samples_per_s,
                 r.samples_per_s / single, ideal_speedup);
   }
-  std::printf("\nefficiency: measured / ideal, ideal = (m+p-1) x slowest stage's busy time per "
-              "microbatch;\nspeed-up: over the single process; (ideal): p x m/(m+p-1) for "
-              "equal stages and free links.\n");
+  std::printf(
+      "\nefficiency: measured / ideal, ideal = (m+p-1) x slowest stage's busy time per "
+      "microbatch;\nspeed-up: over the single process; (ideal): p x m/(m+p-1) for "
+      "equal stages and free links.\n");
   return 0;
 }
