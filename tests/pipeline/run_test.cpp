@@ -136,10 +136,15 @@ TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
   struct Case {
     std::string schedule, transport;
     int stages;
+    int64_t m;
     bool recompute;
-  } cases[] = {{"1f1b", "tcp", 3, false}, {"gpipe", "ipc", 2, true}};
-  const int64_t train_limit = 300, batch = 32, m = 4;
+  } cases[] = {{"1f1b", "tcp", 3, 4, false},
+               {"gpipe", "ipc", 2, 4, true},
+               {"1f1b", "tcp", 4, 8, true},
+               {"gpipe", "tcp", 2, 1, false}};
+  const int64_t train_limit = 300, batch = 32;
   for (const Case& c : cases) {
+    const int64_t m = c.m;
     const std::string model = ::testing::TempDir() + "/run_equal.tdm";
     std::ostringstream body;
     body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
@@ -159,7 +164,8 @@ TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
     const ModelFile saved = readModelFile(model);
     ASSERT_EQ(saved.params.size(), ref.params().size());
     for (const HostTensor& t : saved.params)
-      ASSERT_EQ(t.data, toHost(ref.param(t.name).value)) << t.name << " " << c.schedule;
+      ASSERT_EQ(t.data, toHost(ref.param(t.name).value))
+          << t.name << ": " << c.schedule << " p=" << c.stages << " m=" << m;
     ASSERT_TRUE(saved.optimizer.has_value());
     EXPECT_EQ(saved.optimizer->steps, opt.steps());
   }
