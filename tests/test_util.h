@@ -33,6 +33,22 @@ void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {
   }
 }
 
+// A small classifier for quadrants(): conv, pooling, dropout, GELU and LayerNorm, so
+// every kind of stashed state is exercised (and crosses a pipeline cut).
+inline constexpr const char* kTinyNet = R"(name: tiny
+input: [1, 8, 8]
+layers:
+  - conv2d: {out: 4, kernel: 3, padding: 1}
+  - relu
+  - maxpool2d: {kernel: 2}
+  - flatten
+  - dropout: {p: 0.2}
+  - linear: {out: 16}
+  - gelu
+  - layernorm
+  - linear: {out: 4}
+)";
+
 // A synthetic 4-class problem: the class is the brightest quadrant of an 8x8 image.
 inline Dataset quadrants(int64_t n, uint64_t seed) {
   Dataset d;

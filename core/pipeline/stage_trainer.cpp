@@ -1,18 +1,9 @@
 #include "core/pipeline/stage_trainer.h"
 
-#include <chrono>
-
 #include "core/error.h"
 #include "core/train/microbatch.h"
 
 namespace tandem {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-}  // namespace
 
 StageTrainer::StageTrainer(Model& model, StageRange range, Link* prev, Link* next,
                            Optimizer* optimizer, const PipelineOptions& options)
@@ -56,28 +47,17 @@ EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64
   TANDEM_CHECK_MSG(
       isTraining(options_.schedule), InvalidArgument,
       "training needs a training schedule, not '" << scheduleName(options_.schedule) << "'");
-  const auto t0 = Clock::now();
   const std::vector<int64_t> order =
       range_.first() ? epochOrder(samples, options_.shuffle, options_.seed, epoch)
                      : std::vector<int64_t>{};
-  const int64_t steps = (samples + options_.batch - 1) / options_.batch;
-  double loss_sum = 0;
-  int64_t seen = 0;
-  for (int64_t s = 0; s < steps; ++s) {
-    const int64_t begin = s * options_.batch;
-    const int64_t n = std::min(options_.batch, samples - begin);
-    loss_sum += step(data, order, begin, n, options_.schedule, true).loss_sum;
-    ++global_step_;
-    seen += n;
-    if (progress) {
-      const double el = since(t0);
-      progress({epoch, s + 1, steps, loss_sum / static_cast<double>(seen),
-                el > 0 ? static_cast<double>(seen) / el : 0.0, el});
-    }
-  }
-  const double el = since(t0);
-  return {epoch, seen ? loss_sum / static_cast<double>(seen) : 0.0, el,
-          el > 0 ? static_cast<double>(seen) / el : 0.0};
+  return runEpoch(
+      epoch, samples, options_.batch,
+      [&](int64_t begin, int64_t n) {
+        const double loss = step(data, order, begin, n, options_.schedule, true).loss_sum;
+        ++global_step_;
+        return loss;
+      },
+      progress);
 }
 
 EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t batch) {

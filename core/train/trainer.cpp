@@ -57,22 +57,17 @@ double Trainer::step(const float* x, const int32_t* labels, int64_t n) {
   return loss_sum / static_cast<double>(n);
 }
 
-EpochReport Trainer::trainEpoch(const Dataset& data, int64_t epoch,
-                                const std::function<void(const StepReport&)>& progress) {
-  checkClassifier(model_, data);
+EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
+                     const std::function<double(int64_t begin, int64_t n)>& step,
+                     const std::function<void(const StepReport&)>& progress) {
   const auto t0 = Clock::now();
-  const std::vector<int64_t> order =
-      epochOrder(data.size(), options_.shuffle, options_.seed, epoch);
-  const int64_t steps = (data.size() + options_.batch - 1) / options_.batch;
-  std::vector<float> x;
-  std::vector<int32_t> y;
+  const int64_t steps = (samples + batch - 1) / batch;
   double loss_sum = 0;
   int64_t seen = 0;
   for (int64_t s = 0; s < steps; ++s) {
-    const int64_t begin = s * options_.batch;
-    const int64_t n = std::min(options_.batch, data.size() - begin);
-    gatherBatch(data, order, begin, n, x, y);
-    loss_sum += step(x.data(), y.data(), n) * static_cast<double>(n);
+    const int64_t begin = s * batch;
+    const int64_t n = std::min(batch, samples - begin);
+    loss_sum += step(begin, n);
     seen += n;
     if (progress) {
       const double el = since(t0);
@@ -83,6 +78,22 @@ EpochReport Trainer::trainEpoch(const Dataset& data, int64_t epoch,
   const double el = since(t0);
   return {epoch, seen ? loss_sum / static_cast<double>(seen) : 0.0, el,
           el > 0 ? static_cast<double>(seen) / el : 0.0};
+}
+
+EpochReport Trainer::trainEpoch(const Dataset& data, int64_t epoch,
+                                const std::function<void(const StepReport&)>& progress) {
+  checkClassifier(model_, data);
+  const std::vector<int64_t> order =
+      epochOrder(data.size(), options_.shuffle, options_.seed, epoch);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  return runEpoch(
+      epoch, data.size(), options_.batch,
+      [&](int64_t begin, int64_t n) {
+        gatherBatch(data, order, begin, n, x, y);
+        return step(x.data(), y.data(), n) * static_cast<double>(n);
+      },
+      progress);
 }
 
 EvalResult evaluate(Model& model, const Dataset& data, int64_t batch) {

@@ -63,6 +63,14 @@ class Trainer {
   int64_t global_step_ = 0;
 };
 
+// One epoch's loop over `samples` samples in batches of `batch`: `step(begin, n)` trains
+// samples [begin, begin + n) of the epoch's order and returns their summed loss;
+// `progress` (may be empty) hears after every step. Shared by Trainer and a pipeline's
+// stages.
+EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
+                     const std::function<double(int64_t begin, int64_t n)>& step,
+                     const std::function<void(const StepReport&)>& progress);
+
 // Forward-only pass over `data` in batches: mean loss and accuracy.
 EvalResult evaluate(Model& model, const Dataset& data, int64_t batch);
 

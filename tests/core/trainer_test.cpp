@@ -13,24 +13,10 @@
 namespace tandem {
 namespace {
 
-const char* kNet = R"(name: tiny
-input: [1, 8, 8]
-layers:
-  - conv2d: {out: 4, kernel: 3, padding: 1}
-  - relu
-  - maxpool2d: {kernel: 2}
-  - flatten
-  - dropout: {p: 0.2}
-  - linear: {out: 16}
-  - gelu
-  - layernorm
-  - linear: {out: 4}
-)";
-
 std::vector<std::vector<float>> trainAndDump(uint64_t seed, int threads,
                                              const std::string& opt_kind) {
   cpu::CpuBackend be(cpu::CpuOptions{threads});
-  Model m(parseModelSpec(kNet));
+  Model m(parseModelSpec(testing::kTinyNet));
   m.build(be, seed);
   OptimizerOptions o;
   o.kind = opt_kind;
@@ -54,7 +40,7 @@ TEST(TrainerTest, SameSeedGivesBitwiseIdenticalWeights) {
 
 TEST(TrainerTest, LearnsASyntheticProblem) {
   cpu::CpuBackend be;
-  Model m(parseModelSpec(kNet));
+  Model m(parseModelSpec(testing::kTinyNet));
   m.build(be, 1);
   Optimizer opt(be, OptimizerOptions{});
   Trainer t(m, opt, TrainOptions{16, 1, true});
@@ -70,7 +56,7 @@ TEST(TrainerTest, LearnsASyntheticProblem) {
 
 TEST(TrainerTest, ProgressReportsEveryStep) {
   cpu::CpuBackend be;
-  Model m(parseModelSpec(kNet));
+  Model m(parseModelSpec(testing::kTinyNet));
   m.build(be, 1);
   Optimizer opt(be, OptimizerOptions{});
   Trainer t(m, opt, TrainOptions{30, 1, false});

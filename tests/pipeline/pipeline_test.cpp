@@ -19,26 +19,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Conv, pooling, dropout, GELU and LayerNorm: every kind of stashed state crosses a cut.
-const char* kNet = R"(name: tiny
-input: [1, 8, 8]
-layers:
-  - conv2d: {out: 4, kernel: 3, padding: 1}
-  - relu
-  - maxpool2d: {kernel: 2}
-  - flatten
-  - dropout: {p: 0.2}
-  - linear: {out: 16}
-  - gelu
-  - layernorm
-  - linear: {out: 4}
-)";
-
 using Weights = std::map<std::string, std::vector<float>>;
 
 Weights reference(const PipelineOptions& o, const Dataset& d, int epochs) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
-  Model m(parseModelSpec(kNet));
+  Model m(parseModelSpec(testing::kTinyNet));
   m.build(be, o.seed);
   Optimizer opt(be, OptimizerOptions{});
   TrainOptions t{o.batch, o.seed, o.shuffle, o.microbatches};
@@ -62,7 +47,7 @@ PipelineRun pipeline(int p, const PipelineOptions& o, const Dataset& d, int epoc
   static int run_id = 0;
   const std::string id = std::to_string(run_id++);
   transport::Context ctx;
-  const auto ranges = equalStageRanges(Model(parseModelSpec(kNet)).size(), p);
+  const auto ranges = equalStageRanges(Model(parseModelSpec(testing::kTinyNet)).size(), p);
   // Link s joins stage s (its `next`) and stage s + 1 (its `prev`).
   std::vector<std::unique_ptr<transport::ZmqLink>> down, up;
   for (int s = 0; s + 1 < p; ++s) {
@@ -85,7 +70,7 @@ PipelineRun pipeline(int p, const PipelineOptions& o, const Dataset& d, int epoc
     threads.emplace_back([&, s] {
       try {
         cpu::CpuBackend be(cpu::CpuOptions{1});
-        Model m(parseModelSpec(kNet));
+        Model m(parseModelSpec(testing::kTinyNet));
         const auto [begin, end] = ranges[static_cast<size_t>(s)];
         m.build(be, o.seed, begin, end);
         Optimizer opt(be, OptimizerOptions{});
@@ -155,7 +140,7 @@ TEST(PipelineTest, TrainsAndEvaluatesLikeOneDevice) {
   EXPECT_LT(got.losses[1], got.losses[0]);
   // The evaluation runs through the stages forward-only; one device gives the same.
   cpu::CpuBackend be(cpu::CpuOptions{1});
-  Model m(parseModelSpec(kNet));
+  Model m(parseModelSpec(testing::kTinyNet));
   m.build(be, o.seed);
   for (Param* p : m.params()) be.upload(p->value, got.weights.at(p->name).data());
   const EvalResult want = evaluate(m, test, 50);
@@ -180,7 +165,7 @@ TEST(PipelineTest, Fp16ActivationsStayCloseToFp32) {
 
 TEST(PipelineTest, MisconfiguredStagesAreNamed) {
   cpu::CpuBackend be;
-  Model m(parseModelSpec(kNet));
+  Model m(parseModelSpec(testing::kTinyNet));
   m.build(be, 1, 0, 3);
   testing::expectThrowWith<InvalidArgument>(
       [&] {
