@@ -38,9 +38,6 @@ class Model {
   // initial weights do not depend on which other layers are built.
   void build(Backend& backend, uint64_t seed, size_t begin = 0, size_t end = kEnd);
   bool built() const { return backend_ != nullptr; }
-  // The built layer range.
-  size_t builtBegin() const { return built_begin_; }
-  size_t builtEnd() const { return built_end_; }
   Backend& backend() const;
   // The built layers' parameters.
   const std::vector<Param*>& params() const { return params_; }

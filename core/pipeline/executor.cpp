@@ -108,7 +108,6 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   // The last stage keeps nothing after its forward (evaluation) or backward (training).
   inflight_.clear();
   tag_base_ += m;
-  ++counters_.steps;
   return result;
 }
 

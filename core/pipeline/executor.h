@@ -69,7 +69,7 @@ struct StageCounters {
   double recv_wait_s = 0;  // blocked in Link::recv
   double send_s = 0;       // in Link::send (copy or encode, then queue)
   int64_t peak_stash = 0;  // most microbatches forwarded and not yet backward
-  int64_t microbatches = 0, steps = 0;
+  int64_t microbatches = 0;
 };
 
 struct Span {
@@ -94,7 +94,6 @@ class StageExecutor {
 
   const StageCounters& counters() const { return counters_; }
   const std::vector<Span>& spans() const { return spans_; }
-  const StageRange& range() const { return range_; }
 
  private:
   // What a microbatch holds on this stage between its actions.

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/train/microbatch.h"
 
 namespace tandem {
 
@@ -227,15 +228,14 @@ JobSpec loadJobSpec(const std::string& path) {
 }
 
 std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages) {
-  TANDEM_CHECK_MSG(stages >= 1, InvalidArgument, "stages must be positive, got " << stages);
+  TANDEM_CHECK_MSG(stages >= 1 && static_cast<size_t>(stages) <= layers, InvalidArgument,
+                   stages << " stages for " << layers << " layers (each stage needs at least one)");
+  // The same cut as a batch into microbatches: sizes differ by at most one, larger first.
   std::vector<std::pair<size_t, size_t>> out;
-  const auto p = static_cast<size_t>(stages);
-  size_t begin = 0;
-  for (size_t s = 0; s < p; ++s) {
-    const size_t count = layers / p + (s < layers % p ? 1 : 0);
-    out.push_back({begin, begin + count});
-    begin += count;
-  }
+  for (const MicrobatchSlice& part :
+       splitBatch(static_cast<int64_t>(layers), static_cast<int64_t>(stages)))
+    out.push_back(
+        {static_cast<size_t>(part.offset), static_cast<size_t>(part.offset + part.count)});
   return out;
 }
 

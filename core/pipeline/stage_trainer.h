@@ -40,7 +40,6 @@ class StageTrainer {
   EvalResult evaluate(const Dataset* data, int64_t samples, int64_t batch);
 
   StageExecutor& executor() { return executor_; }
-  int64_t globalStep() const { return global_step_; }
 
  private:
   // Runs one step of `n` samples starting at `begin` of `order`.

@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "core/pipeline/executor.h"
 #include "transport/context.h"
 
 namespace tandem::cli {
@@ -48,5 +50,12 @@ class ControlOut {
 // message[key] as T, or FormatError naming the message type and the key.
 template <typename T>
 T field(const Json& message, const char* key);
+
+// Span files: a stage worker writes its timeline spans to spanFile(run_dir, stage) as
+// JSON [[type, microbatch, start_s, end_s], ...]; `tandem run` reads them back
+// (FormatError naming the file if one is malformed).
+std::string spanFile(const std::string& run_dir, int stage);
+void writeSpans(const std::string& path, const std::vector<Span>& spans);
+std::vector<Span> readSpans(const std::string& path);
 
 }  // namespace tandem::cli

@@ -8,12 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <thread>
@@ -92,22 +92,6 @@ void mergeSaved(const JobSpec& job, int stages) {
   saveModel(job.save, model, &optimizer, {{"seed", static_cast<int64_t>(job.seed)}});
 }
 
-std::vector<StageSpans> readSpans(const std::string& run_dir, int stages) {
-  std::vector<StageSpans> all;
-  for (int s = 0; s < stages; ++s) {
-    const std::string path = run_dir + "/spans-" + std::to_string(s) + ".json";
-    std::ifstream in(path);
-    const Json list = Json::parse(in, nullptr, false);
-    if (list.is_discarded() || !list.is_array()) throw FormatError("bad span file '" + path + "'");
-    StageSpans st{s, {}};
-    for (const Json& e : list)
-      st.spans.push_back({static_cast<ActionType>(e.at(0).get<int>()), e.at(1).get<int64_t>(),
-                          e.at(2).get<double>(), e.at(3).get<double>()});
-    all.push_back(std::move(st));
-  }
-  return all;
-}
-
 // Writes DIR/trace.json and DIR/timeline.svg (three training steps from the middle of
 // the run, or all of it when shorter).
 void writeTimeline(const std::string& dir, const std::vector<StageSpans>& all) {
@@ -128,7 +112,8 @@ void writeTimeline(const std::string& dir, const std::vector<StageSpans>& all) {
     end = steps[std::min(i + 2, steps.size() - 1)];
   }
   std::ofstream(dir + "/timeline.svg") << timelineSvg(all, begin, end);
-  spdlog::info("timeline: {}/trace.json (Perfetto, chrome://tracing) and {}/timeline.svg", dir, dir);
+  spdlog::info("timeline: {}/trace.json (Perfetto, chrome://tracing) and {}/timeline.svg", dir,
+               dir);
 }
 
 // Inference figures from the spans: each request (microbatch) from the start of its
@@ -159,10 +144,10 @@ void printInference(const std::vector<StageSpans>& all, const Json& result, int6
   std::printf("inference: %lld samples as %zu requests (microbatches of ~%lld)\n",
               static_cast<long long>(samples), latency.size(),
               static_cast<long long>((batch + microbatches - 1) / microbatches));
-  std::printf("throughput: %.0f samples/s, %.1f requests/s\n",
-              static_cast<double>(samples) / wall, static_cast<double>(latency.size()) / wall);
-  std::printf("latency per request: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms\n", pct(0.5),
-              pct(0.95), pct(0.99));
+  std::printf("throughput: %.0f samples/s, %.1f requests/s\n", static_cast<double>(samples) / wall,
+              static_cast<double>(latency.size()) / wall);
+  std::printf("latency per request: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms\n", pct(0.5), pct(0.95),
+              pct(0.99));
   std::printf("test accuracy: %.4f\n", field<double>(result, "accuracy"));
 }
 
@@ -191,7 +176,7 @@ int runJob(const RunArgs& args) {
     const pid_t pid = fork();
     if (pid < 0) throw Error("cannot start a worker: fork failed");
     if (pid == 0) {
-      const std::string spans = run_dir + "/spans-" + stage + ".json";
+      const std::string spans = spanFile(run_dir, s);
       execl(self.c_str(), self.c_str(), "stage", path.c_str(), "--stage", stage.c_str(),
             "--control", in.endpoint().c_str(), "--run-dir", run_dir.c_str(), "--mode",
             args.infer ? "infer" : "train", spans_wanted ? "--spans" : static_cast<char*>(nullptr),
@@ -249,8 +234,9 @@ int runJob(const RunArgs& args) {
     if (type == "error")
       return fail("stage " + std::to_string(field<int64_t>(*m, "stage")) +
                   " failed: " + field<std::string>(*m, "message"));
-    const int64_t stage =
-        type == "progress" || type == "epoch" || type == "infer" ? p - 1 : field<int64_t>(*m, "stage");
+    const int64_t stage = type == "progress" || type == "epoch" || type == "infer"
+                              ? p - 1
+                              : field<int64_t>(*m, "stage");
     if (stage < 0 || stage >= p)
       return fail("a control message names stage " + std::to_string(stage));
     Worker& w = workers[static_cast<size_t>(stage)];
@@ -313,7 +299,8 @@ int runJob(const RunArgs& args) {
                   describeExit(status) + " after finishing");
   }
   if (spans_wanted) {
-    const std::vector<StageSpans> spans = readSpans(run_dir, p);
+    std::vector<StageSpans> spans;
+    for (int s = 0; s < p; ++s) spans.push_back({s, readSpans(spanFile(run_dir, s))});
     if (!timeline.empty()) writeTimeline(timeline, spans);
     if (args.infer) {
       if (infer_result.is_null()) return fail("the last stage reported no inference result");
@@ -373,8 +360,7 @@ void addInfer(CLI::App& app) {
   a->infer = true;
   CLI::App* c = app.add_subcommand(
       "infer", "Stream the test set through a pipeline job's stages: throughput, latency");
-  c->add_option("job", a->job, "Job file; its `weights` are served (else fresh ones)")
-      ->required();
+  c->add_option("job", a->job, "Job file; its `weights` are served (else fresh ones)")->required();
   c->add_option("--timeline", a->timeline,
                 "Write DIR/trace.json (Chrome trace) and DIR/timeline.svg of the run");
   c->callback([a] {

@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <csignal>
-#include <fstream>
 #include <memory>
 
 #include "backends/registry.h"
@@ -31,18 +30,9 @@ using Clock = std::chrono::steady_clock;
 struct StageArgs {
   std::string job, control, run_dir;
   std::string mode = "train";  // or "infer": stream the test set forward-only
-  std::string spans;  // if set: record a span per action and write them here (JSON)
+  std::string spans;           // if set: record a span per action and write them here (JSON)
   int stage = 0;
 };
-
-void writeSpans(const std::string& path, const std::vector<Span>& spans) {
-  Json list = Json::array();
-  for (const Span& s : spans)
-    list.push_back({static_cast<int>(s.type), s.microbatch, s.start_s, s.end_s});
-  std::ofstream out(path);
-  if (!out) throw IoError("cannot write spans to '" + path + "'");
-  out << list.dump();
-}
 
 Json countersJson(const StageCounters& c) {
   return {{"busy_s", c.busy_s},
