@@ -119,8 +119,16 @@ void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
   WireHeader h;
   auto payload = takeBuffer();
   if (t.dtype() == DType::kF32 && options_.codec != Codec::kRaw) {
-    const std::vector<float> values = toHost(t);
+    // A host tensor is encoded where it lies; device memory is staged on the host first.
+    std::vector<float> staged;
+    const auto* host = static_cast<const float*>(t.backend().hostData(t));
+    if (!host) {
+      staged = toHost(t);
+      host = staged.data();
+    }
+    const std::span<const float> values(host, static_cast<size_t>(t.numel()));
     Encoded e;
+    e.payload = std::move(*payload);  // encode into the pooled buffer's memory
     if (options_.error_feedback && tag.kind == MessageKind::kGradient) {
       feedback_[tag.kind].encode(options_.codec, values, e, options_.int8_block);
     } else {
