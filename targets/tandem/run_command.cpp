@@ -62,9 +62,19 @@ void stopAll(std::vector<Worker>& workers) {
   }
 }
 
-std::string describeExit(int status) {
-  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
-  return "exited with code " + std::to_string(WEXITSTATUS(status));
+// "stage 1 (pid 42) was killed by signal 9 before finishing"
+std::string describeExit(size_t stage, pid_t pid, int status, const char* when) {
+  std::string what = WIFSIGNALED(status)
+                         ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                         : "exited with code " + std::to_string(WEXITSTATUS(status));
+  return "stage " + std::to_string(stage) + " (pid " + std::to_string(pid) + ") " + what + " " +
+         when;
+}
+
+// A worker's error report: "stage 1 failed: <its message>".
+std::string describeError(const Json& report) {
+  return "stage " + std::to_string(field<int64_t>(report, "stage")) +
+         " failed: " + field<std::string>(report, "message");
 }
 
 // Combines the stages' saved slices into one model file.
@@ -209,83 +219,84 @@ int runJob(const RunArgs& args) {
         w.exited = true;
         if (!w.done && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
           // Its error report, if it sent one, says more than the exit status.
-          while (auto m = in.recv(100ms))
-            if (m->value("type", "") == "error")
-              return fail("stage " + std::to_string(field<int64_t>(*m, "stage")) +
-                          " failed: " + field<std::string>(*m, "message"));
-          return fail("stage " + std::to_string(s) + " (pid " + std::to_string(w.pid) + ") " +
-                      describeExit(status) + " before finishing");
+          try {
+            while (auto m = in.recv(100ms))
+              if (m->value("type", "") == "error") return fail(describeError(*m));
+          } catch (const FormatError& e) {
+            return fail(e.what());
+          }
+          return fail(describeExit(s, w.pid, status, "before finishing"));
         }
       }
     }
-    std::optional<Json> m;
+    // Control messages come from other processes: a malformed one ends the run, named.
     try {
-      m = in.recv(200ms);
+      const std::optional<Json> m = in.recv(200ms);
+      if (!m) {
+        if (Clock::now() - last_message > std::chrono::seconds(2 * job.timeout_s + 30))
+          return fail("no word from any stage for " + std::to_string(2 * job.timeout_s + 30) +
+                      " s");
+        continue;
+      }
+      last_message = Clock::now();
+      const std::string type = field<std::string>(*m, "type");
+      if (type == "error") return fail(describeError(*m));
+      const int64_t stage = type == "progress" || type == "epoch" || type == "infer"
+                                ? p - 1
+                                : field<int64_t>(*m, "stage");
+      if (stage < 0 || stage >= p)
+        return fail("a control message names stage " + std::to_string(stage));
+      Worker& w = workers[static_cast<size_t>(stage)];
+      if (type == "hello") {
+        w.hello = *m;
+        if (++hellos < p) continue;
+        // Every stage is up: tell each its neighbours' receive endpoints.
+        const int64_t train_samples = field<int64_t>(workers[0].hello, "train_samples");
+        const int64_t test_samples = field<int64_t>(workers[0].hello, "test_samples");
+        for (int s = 0; s < p; ++s) {
+          const auto i = static_cast<size_t>(s);
+          out.push_back(
+              std::make_unique<ControlOut>(ctx, field<std::string>(workers[i].hello, "control")));
+          out.back()->send(
+              {{"type", "peers"},
+               {"prev", s > 0 ? field<std::string>(workers[i - 1].hello, "next") : ""},
+               {"next", s < p - 1 ? field<std::string>(workers[i + 1].hello, "prev") : ""},
+               {"train_samples", train_samples},
+               {"test_samples", test_samples}});
+        }
+        spdlog::info("{} stages up: {} schedule, {} microbatches of a {}-sample batch, {} over {}",
+                     p, args.infer ? "forward" : scheduleName(job.schedule), job.microbatches,
+                     job.batch,
+                     job.activation_codec == job.gradient_codec
+                         ? job.activation_codec
+                         : job.activation_codec + "/" + job.gradient_codec,
+                     job.transport);
+      } else if (type == "progress") {
+        progress.update({field<int64_t>(*m, "epoch"), field<int64_t>(*m, "step"),
+                         field<int64_t>(*m, "steps"), field<double>(*m, "loss"),
+                         field<double>(*m, "samples_per_s"), field<double>(*m, "elapsed_s")});
+      } else if (type == "epoch") {
+        progress.finishEpoch();
+        accuracy = field<double>(*m, "test_accuracy");
+        std::printf(
+            "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f, "
+            "%.2f s (%.0f samples/s)\n",
+            static_cast<long long>(field<int64_t>(*m, "epoch") + 1),
+            static_cast<long long>(job.epochs), field<double>(*m, "loss"),
+            field<double>(*m, "test_loss"), accuracy, field<double>(*m, "seconds"),
+            field<double>(*m, "samples_per_s"));
+        std::fflush(stdout);
+      } else if (type == "infer") {
+        infer_result = *m;
+      } else if (type == "done") {
+        w.report = *m;
+        w.done = true;
+        ++done;
+      } else {
+        return fail("unknown control message '" + type + "'");
+      }
     } catch (const FormatError& e) {
       return fail(e.what());
-    }
-    if (!m) {
-      if (Clock::now() - last_message > std::chrono::seconds(2 * job.timeout_s + 30))
-        return fail("no word from any stage for " + std::to_string(2 * job.timeout_s + 30) + " s");
-      continue;
-    }
-    last_message = Clock::now();
-    const std::string type = field<std::string>(*m, "type");
-    if (type == "error")
-      return fail("stage " + std::to_string(field<int64_t>(*m, "stage")) +
-                  " failed: " + field<std::string>(*m, "message"));
-    const int64_t stage = type == "progress" || type == "epoch" || type == "infer"
-                              ? p - 1
-                              : field<int64_t>(*m, "stage");
-    if (stage < 0 || stage >= p)
-      return fail("a control message names stage " + std::to_string(stage));
-    Worker& w = workers[static_cast<size_t>(stage)];
-    if (type == "hello") {
-      w.hello = *m;
-      if (++hellos < p) continue;
-      // Every stage is up: tell each its neighbours' receive endpoints.
-      const int64_t train_samples = field<int64_t>(workers[0].hello, "train_samples");
-      const int64_t test_samples = field<int64_t>(workers[0].hello, "test_samples");
-      for (int s = 0; s < p; ++s) {
-        const auto i = static_cast<size_t>(s);
-        out.push_back(
-            std::make_unique<ControlOut>(ctx, field<std::string>(workers[i].hello, "control")));
-        out.back()->send(
-            {{"type", "peers"},
-             {"prev", s > 0 ? field<std::string>(workers[i - 1].hello, "next") : ""},
-             {"next", s < p - 1 ? field<std::string>(workers[i + 1].hello, "prev") : ""},
-             {"train_samples", train_samples},
-             {"test_samples", test_samples}});
-      }
-      spdlog::info("{} stages up: {} schedule, {} microbatches of a {}-sample batch, {} over {}", p,
-                   args.infer ? "forward" : scheduleName(job.schedule), job.microbatches, job.batch,
-                   job.activation_codec == job.gradient_codec
-                       ? job.activation_codec
-                       : job.activation_codec + "/" + job.gradient_codec,
-                   job.transport);
-    } else if (type == "progress") {
-      progress.update({field<int64_t>(*m, "epoch"), field<int64_t>(*m, "step"),
-                       field<int64_t>(*m, "steps"), field<double>(*m, "loss"),
-                       field<double>(*m, "samples_per_s"), field<double>(*m, "elapsed_s")});
-    } else if (type == "epoch") {
-      progress.finishEpoch();
-      accuracy = field<double>(*m, "test_accuracy");
-      std::printf(
-          "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f, "
-          "%.2f s (%.0f samples/s)\n",
-          static_cast<long long>(field<int64_t>(*m, "epoch") + 1),
-          static_cast<long long>(job.epochs), field<double>(*m, "loss"),
-          field<double>(*m, "test_loss"), accuracy, field<double>(*m, "seconds"),
-          field<double>(*m, "samples_per_s"));
-      std::fflush(stdout);
-    } else if (type == "infer") {
-      infer_result = *m;
-    } else if (type == "done") {
-      w.report = *m;
-      w.done = true;
-      ++done;
-    } else {
-      return fail("unknown control message '" + type + "'");
     }
   }
   for (size_t s = 0; s < workers.size(); ++s) {
@@ -295,8 +306,7 @@ int runJob(const RunArgs& args) {
     waitpid(w.pid, &status, 0);
     w.exited = true;
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-      return fail("stage " + std::to_string(s) + " (pid " + std::to_string(w.pid) + ") " +
-                  describeExit(status) + " after finishing");
+      return fail(describeExit(s, w.pid, status, "after finishing"));
   }
   if (spans_wanted) {
     std::vector<StageSpans> spans;
