@@ -7,10 +7,10 @@
 //     compute thread per process (stage), on the same model and batches.
 //
 // Model: an MLP of four 1024-wide hidden layers (ReLU) and a 10-way output on synthetic
-// 1024-value samples. Stages are threads with their own backend, model slice and ZeroMQ
-// context (as separate processes would have), joined by fp32 tcp loopback links.
-// Rounds alternate between the single-process reference and the pipelines; each figure
-// is the best of its rounds (noisy shared machine).
+// samples, 1536 values by default (--input, see mlpSpec). Stages are threads with their own
+// backend, model slice and ZeroMQ context (as separate processes would have), joined by fp32 tcp
+// loopback links. Rounds alternate between the single-process reference and the pipelines; each
+// figure is the best of its rounds (noisy shared machine).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,9 +28,12 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-const char* kMlp = R"(name: mlp4x1024
-input: [1024]
-layers:
+// The input width sets the first stage's share: its first layer computes y and dW but
+// no dx (2 GEMMs of input x 1024), the other hidden layers 3 GEMMs of 1024 x 1024. At
+// 1536 the two halves are equal (6 : 6 GEMM units), as the ideal p*m/(m+p-1) assumes;
+// at 1024 they are 5 : 6 and 2 stages can reach at most 88/53 = 1.66 at m = 8.
+std::string mlpSpec(int64_t input) {
+  return "name: mlp4x1024\ninput: [" + std::to_string(input) + "]\n" + R"(layers:
   - linear: {out: 1024}
   - relu
   - linear: {out: 1024}
@@ -41,16 +44,17 @@ layers:
   - relu
   - linear: {out: 10}
 )";
+}
 
-Dataset synthetic(int64_t n) {
+Dataset synthetic(int64_t n, int64_t input) {
   Dataset d;
   d.name = "synthetic";
-  d.sample_shape = Shape{1024};
+  d.sample_shape = Shape{input};
   d.classes = 10;
   d.mean = 0.5f;
   d.stddev = 0.3f;
   Rng rng(9);
-  d.images.resize(static_cast<size_t>(n * 1024));
+  d.images.resize(static_cast<size_t>(n * input));
   for (uint8_t& b : d.images) b = static_cast<uint8_t>(rng.below(256));
   for (int64_t i = 0; i < n; ++i) d.labels.push_back(static_cast<int32_t>(rng.below(10)));
   return d;
@@ -59,13 +63,29 @@ Dataset synthetic(int64_t n) {
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // `microbatches` > 1: the same gradient accumulation the pipeline does, in one process.
-double singleProcess(const Dataset& d, int64_t batch, int64_t microbatches) {
+double singleProcess(const std::string& spec, const Dataset& d, int64_t batch,
+                     int64_t microbatches) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
-  Model m(parseModelSpec(kMlp));
+  Model m(parseModelSpec(spec));
   m.build(be, 1);
   Optimizer opt(be, OptimizerOptions{});
   Trainer t(m, opt, TrainOptions{batch, 1, false, microbatches});
   return t.trainEpoch(d, 0, {}).samples_per_s;
+}
+
+// `copies` independent single-process trainings at once, one per thread: what this
+// machine's cores deliver together when all compute (shared caches, memory, clocks).
+double concurrent(const std::string& spec, const Dataset& d, int64_t batch, int64_t microbatches,
+                  int copies) {
+  std::vector<double> rate(static_cast<size_t>(copies));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < copies; ++c)
+    threads.emplace_back(
+        [&, c] { rate[static_cast<size_t>(c)] = singleProcess(spec, d, batch, microbatches); });
+  for (auto& t : threads) t.join();
+  double sum = 0;
+  for (double r : rate) sum += r;
+  return sum;
 }
 
 struct PipelineResult {
@@ -73,7 +93,8 @@ struct PipelineResult {
   std::vector<double> busy_s;  // per stage
 };
 
-PipelineResult pipelined(const Dataset& d, int p, int64_t batch, int64_t m, bool verbose) {
+PipelineResult pipelined(const std::string& spec, const Dataset& d, int p, int64_t batch, int64_t m,
+                         bool verbose) {
   // Whole hidden layers (linear + relu) per stage, the 10-way output with the last:
   // equal compute, as equal layer counts would not give.
   std::vector<std::pair<size_t, size_t>> ranges;
@@ -107,7 +128,7 @@ PipelineResult pipelined(const Dataset& d, int p, int64_t batch, int64_t m, bool
     threads.emplace_back([&, s] {
       const auto i = static_cast<size_t>(s);
       cpu::CpuBackend be(cpu::CpuOptions{1});
-      Model model(parseModelSpec(kMlp));
+      Model model(parseModelSpec(spec));
       model.build(be, 1, ranges[i].first, ranges[i].second);
       Optimizer opt(be, OptimizerOptions{});
       StageTrainer st(model, StageRange{s, p, ranges[i].first, ranges[i].second}, prev[i].get(),
@@ -143,7 +164,7 @@ PipelineResult pipelined(const Dataset& d, int p, int64_t batch, int64_t m, bool
 int main(int argc, char** argv) {
   using namespace tandem;
   int rounds = 3;
-  int64_t steps = 8, batch = 1024;
+  int64_t steps = 4, batch = 2048, input = 1536;
   bool verbose = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--rounds=", 9) == 0)
@@ -152,44 +173,52 @@ int main(int argc, char** argv) {
       steps = std::atoll(argv[i] + 8);
     else if (std::strncmp(argv[i], "--batch=", 8) == 0)
       batch = std::atoll(argv[i] + 8);
+    else if (std::strncmp(argv[i], "--input=", 8) == 0)
+      input = std::atoll(argv[i] + 8);
     else if (std::strcmp(argv[i], "--verbose") == 0)
       verbose = true;
     else {
       std::fprintf(stderr,
-                   "usage: pipeline_bench [--rounds=N] [--steps=N] [--batch=N] [--verbose]\n");
+                   "usage: pipeline_bench [--rounds=N] [--steps=N] [--batch=N] [--input=N] "
+                   "[--verbose]\n");
       return 2;
     }
   }
-  if (rounds < 1 || steps < 1 || batch < 1) {
-    std::fprintf(stderr, "pipeline_bench: --rounds, --steps and --batch must be positive\n");
+  if (rounds < 1 || steps < 1 || batch < 1 || input < 1) {
+    std::fprintf(stderr,
+                 "pipeline_bench: --rounds, --steps, --batch and --input must be positive\n");
     return 2;
   }
-  const Dataset d = synthetic(steps * batch);
+  const std::string spec = mlpSpec(input);
+  const Dataset d = synthetic(steps * batch, input);
   struct Config {
     int p;
     int64_t m;
   };
   const Config configs[] = {{2, 8}, {2, 16}, {4, 16}};
-  double single = 0, accumulating = 0;
+  double single = 0, accumulating = 0, two = 0;
   std::vector<PipelineResult> best(std::size(configs));
   for (int r = 0; r < rounds; ++r) {
-    single = std::max(single, singleProcess(d, batch, 1));
-    accumulating = std::max(accumulating, singleProcess(d, batch, 8));
+    single = std::max(single, singleProcess(spec, d, batch, 1));
+    accumulating = std::max(accumulating, singleProcess(spec, d, batch, 8));
+    two = std::max(two, concurrent(spec, d, batch, 8, 2));
     for (size_t c = 0; c < std::size(configs); ++c) {
-      const PipelineResult got = pipelined(d, configs[c].p, batch, configs[c].m, verbose);
+      const PipelineResult got = pipelined(spec, d, configs[c].p, batch, configs[c].m, verbose);
       if (got.samples_per_s > best[c].samples_per_s) best[c] = got;
     }
   }
   std::printf(
-      "MLP 4x1024, batch %lld, %lld steps, 1 thread per stage, fp32 tcp loopback, "
-      "1F1B; best of %d rounds (%u hardware threads)\n\n",
-      static_cast<long long>(batch), static_cast<long long>(steps), rounds,
-      std::thread::hardware_concurrency());
+      "MLP %lld-1024-1024-1024-1024-10, batch %lld, %lld steps, 1 thread per stage, fp32 "
+      "tcp loopback, 1F1B; best of %d rounds (%u hardware threads)\n\n",
+      static_cast<long long>(input), static_cast<long long>(batch), static_cast<long long>(steps),
+      rounds, std::thread::hardware_concurrency());
   std::printf("%-22s %12s %12s %10s %10s %9s\n", "run", "samples/s", "ideal", "efficiency",
               "speed-up", "(ideal)");
   std::printf("%-22s %12.0f %12s %10s %10s %9s\n", "single process", single, "-", "-", "1.00", "-");
   std::printf("%-22s %12.0f %12s %10s %10.2f %9s\n", "single process m=8", accumulating, "-", "-",
               accumulating / single, "-");
+  std::printf("%-22s %12.0f %12s %10s %10.2f %9s\n", "2 at once m=8", two, "-", "-", two / single,
+              "-");
   for (size_t c = 0; c < std::size(configs); ++c) {
     const auto& cf = configs[c];
     const PipelineResult& r = best[c];
