@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -132,43 +133,55 @@ bool gone(pid_t pid) {
          line[close_paren + 2] == 'Z';  // a zombie has finished
 }
 
+// The whole matrix of the issue: p = 2, 3, 4; m = 1, 2, 4, 8; GPipe and 1F1B; with and
+// without recomputation; tcp loopback (one configuration also over ipc).
 TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
-  struct Case {
-    std::string schedule, transport;
-    int stages;
-    int64_t m;
-    bool recompute;
-  } cases[] = {{"1f1b", "tcp", 3, 4, false},
-               {"gpipe", "ipc", 2, 4, true},
-               {"1f1b", "tcp", 4, 8, true},
-               {"gpipe", "tcp", 2, 1, false}};
   const int64_t train_limit = 300, batch = 32;
-  for (const Case& c : cases) {
-    const int64_t m = c.m;
-    const std::string model = ::testing::TempDir() + "/run_equal.tdm";
-    std::ostringstream body;
-    body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
-         << "\nmicrobatches: " << m << "\nschedule: " << c.schedule
-         << "\ntransport: " << c.transport << "\nrecompute: " << (c.recompute ? "true" : "false")
-         << "\npartition: equal\nstages: " << c.stages << "\nseed: 3\nsave: " << model << "\n";
-    RunProcess run(writeJob("run_equal", body.str()));
-    ASSERT_EQ(run.wait(120s), 0) << run.output();
-    EXPECT_NE(run.output().find("bubble: measured"), std::string::npos) << run.output();
-
+  const Dataset train = loadFashionMnist(kFashionMnistDir, true, train_limit);
+  // Single-device accumulation over m microbatches: the weights every pipeline must give.
+  std::map<int64_t, std::pair<std::map<std::string, std::vector<float>>, int64_t>> reference;
+  for (const int64_t m : {1, 2, 4, 8}) {
     cpu::CpuBackend be(cpu::CpuOptions{1});
     Model ref(loadModelSpec(kMlp));
     ref.build(be, 3);
     Optimizer opt(be, OptimizerOptions{});
     Trainer trainer(ref, opt, TrainOptions{batch, 3, true, m});
-    trainer.trainEpoch(loadFashionMnist(kFashionMnistDir, true, train_limit), 0, {});
-    const ModelFile saved = readModelFile(model);
-    ASSERT_EQ(saved.params.size(), ref.params().size());
-    for (const HostTensor& t : saved.params)
-      ASSERT_EQ(t.data, toHost(ref.param(t.name).value))
-          << t.name << ": " << c.schedule << " p=" << c.stages << " m=" << m;
-    ASSERT_TRUE(saved.optimizer.has_value());
-    EXPECT_EQ(saved.optimizer->steps, opt.steps());
+    trainer.trainEpoch(train, 0, {});
+    std::map<std::string, std::vector<float>> weights;
+    for (const Param* p : ref.params()) weights[p->name] = toHost(p->value);
+    reference[m] = {std::move(weights), opt.steps()};
   }
+  const std::string model = ::testing::TempDir() + "/run_equal.tdm";
+  int runs = 0;
+  for (const int stages : {2, 3, 4})
+    for (const int64_t m : {1, 2, 4, 8})
+      for (const char* schedule : {"gpipe", "1f1b"})
+        for (const bool recompute : {false, true}) {
+          const char* transport = stages == 2 && m == 4 && recompute ? "ipc" : "tcp";
+          const std::string config = std::string(schedule) + " p=" + std::to_string(stages) +
+                                     " m=" + std::to_string(m) + (recompute ? " recompute " : " ") +
+                                     transport;
+          std::ostringstream body;
+          body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
+               << "\nmicrobatches: " << m << "\nschedule: " << schedule
+               << "\ntransport: " << transport << "\nrecompute: " << (recompute ? "true" : "false")
+               << "\npartition: equal\nstages: " << stages << "\nseed: 3\nsave: " << model << "\n";
+          std::filesystem::remove(model);
+          RunProcess run(writeJob("run_equal", body.str()));
+          ASSERT_EQ(run.wait(120s), 0) << config << "\n" << run.output();
+          EXPECT_NE(run.output().find("bubble: measured"), std::string::npos) << run.output();
+          const ModelFile saved = readModelFile(model);
+          const auto& [weights, steps] = reference.at(m);
+          ASSERT_EQ(saved.params.size(), weights.size()) << config;
+          for (const HostTensor& t : saved.params) {
+            ASSERT_EQ(weights.count(t.name), 1u) << t.name << ": " << config;
+            ASSERT_EQ(t.data, weights.at(t.name)) << t.name << ": " << config;
+          }
+          ASSERT_TRUE(saved.optimizer.has_value()) << config;
+          EXPECT_EQ(saved.optimizer->steps, steps) << config;
+          ++runs;
+        }
+  EXPECT_EQ(runs, 48);
 }
 
 TEST(RunTest, TheTimelineOptionWritesATraceAndAnSvg) {
