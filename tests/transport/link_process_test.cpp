@@ -45,6 +45,9 @@ TEST(LinkProcessTest, APeerThatDiesMidTransferLeavesATimeoutNotAHang) {
     o.connect = parent_ep;
     ZmqLink link(ctx, o);
     link.send({MessageKind::kActivation, 0}, toDevice(be, {3}, {1, 2, 3}));
+    // Sends are queued: wait for the parent to confirm 0 before dying, or a loaded
+    // machine may kill this process before its I/O thread has written 0 at all.
+    link.recv({MessageKind::kGradient, 0}, be);
     // Die with a large message in flight (microbatch 2) and microbatch 1 never sent.
     // Whether the large message arrives whole or not, the wait for 1 must end.
     link.send({MessageKind::kActivation, 2}, be.zeros({16 << 20}));
@@ -59,6 +62,7 @@ TEST(LinkProcessTest, APeerThatDiesMidTransferLeavesATimeoutNotAHang) {
   o.timeout = 3s;
   ZmqLink link(ctx, o);
   EXPECT_EQ(toHost(link.recv({MessageKind::kActivation, 0}, be)), (std::vector<float>{1, 2, 3}));
+  link.send({MessageKind::kGradient, 0}, toDevice(be, {1}, {0}));
   const auto t0 = std::chrono::steady_clock::now();
   testing::expectThrowWith<Timeout>(
       [&] {
