@@ -77,6 +77,18 @@ Tensor Model::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begi
   return layers_.backward(dy, stash, need_dx, begin, end);
 }
 
+Tensor Model::backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end) {
+  if (end == kEnd) end = size();
+  requireBuilt(begin, end);
+  return layers_.backwardInput(dy, stash, begin, end);
+}
+
+void Model::backwardWeights(Stash& stash, size_t begin, size_t end) {
+  if (end == kEnd) end = size();
+  requireBuilt(begin, end);
+  layers_.backwardWeights(stash, begin, end);
+}
+
 int64_t Model::paramCount(size_t begin, size_t end) const {
   int64_t n = 0;
   for (size_t i = begin; i < std::min(end, size()); ++i) n += layers_.layer(i).paramCount();

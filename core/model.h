@@ -49,6 +49,10 @@ class Model {
                  size_t end = kEnd);
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx = false, size_t begin = 0,
                   size_t end = kEnd);
+  // backward(dy, stash, true, begin, end) in two halves (Layer::backwardInput): the
+  // input's gradient first, the parameter gradients after; bitwise the same result.
+  Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin = 0, size_t end = kEnd);
+  void backwardWeights(Stash& stash, size_t begin = 0, size_t end = kEnd);
 
   int64_t paramCount(size_t begin = 0, size_t end = kEnd) const;
   ModelSpec spec() const;

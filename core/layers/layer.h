@@ -66,6 +66,14 @@ class Layer {
   virtual Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) = 0;
   // Accumulates parameter gradients; returns dx when need_dx, else an undefined tensor.
   virtual Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) = 0;
+  // The same backward in two halves, so a pipeline stage can send dx upstream before it
+  // spends time on weight gradients: backwardInput returns dx and leaves in the stash
+  // what backwardWeights needs; backwardWeights then accumulates the parameter gradients.
+  // Together they compute bitwise what backward(dy, stash, true) does. By default the
+  // whole backward runs in the first half; layers whose weight gradients cost as much as
+  // their dx (linear) split.
+  virtual Tensor backwardInput(const Tensor& dy, Stash& stash) { return backward(dy, stash, true); }
+  virtual void backwardWeights(Stash& stash) { (void)stash; }
 
   // Cost facts, per sample, valid after setup.
   virtual int64_t paramCount() const { return 0; }

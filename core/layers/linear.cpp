@@ -53,17 +53,35 @@ Tensor Linear::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
 }
 
 Tensor Linear::backward(const Tensor& dy, Stash& stash, bool need_dx) {
-  const Tensor& x2 = stash.saved.at(0);
-  const int64_t rows = x2.shape()[0];
+  if (!need_dx) {
+    stash.saved.push_back(dy.reshape({stash.saved.at(0).shape()[0], out_}));
+    backwardWeights(stash);
+    return {};
+  }
+  Tensor dx = backwardInput(dy, stash);
+  backwardWeights(stash);
+  return dx;
+}
+
+Tensor Linear::backwardInput(const Tensor& dy, Stash& stash) {
+  const int64_t rows = stash.saved.at(0).shape()[0];
   const Tensor dy2 = dy.reshape({rows, out_});
-  backend_->gemm(true, false, 1.0f, dy2, x2, 1.0f, weight_.grad);
-  if (bias_) backend_->biasGrad(dy2, b_.grad);
-  if (!need_dx) return {};
   Tensor dx = backend_->empty({rows, in_});
   backend_->gemm(false, false, 1.0f, dy2, weight_.value, 0.0f, dx);
+  stash.saved.push_back(dy2);  // for backwardWeights
   Shape xs = dy.shape();
   xs[xs.rank() - 1] = in_;
   return dx.reshape(xs);
+}
+
+void Linear::backwardWeights(Stash& stash) {
+  TANDEM_CHECK_MSG(stash.saved.size() == 2, InvalidArgument,
+                   "linear: backwardWeights without backwardInput");
+  const Tensor& x2 = stash.saved[0];
+  const Tensor& dy2 = stash.saved[1];
+  backend_->gemm(true, false, 1.0f, dy2, x2, 1.0f, weight_.grad);
+  if (bias_) backend_->biasGrad(dy2, b_.grad);
+  stash.saved.pop_back();
 }
 
 int64_t Linear::paramCount() const { return out_ * in_ + (bias_ ? out_ : 0); }

@@ -13,6 +13,8 @@ class Linear final : public Layer {
   std::vector<Param*> params() override;
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  Tensor backwardInput(const Tensor& dy, Stash& stash) override;
+  void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override;
   int64_t flops() const override;
   int64_t stashBytes() const override { return inputShape().numel() * 4; }

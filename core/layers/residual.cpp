@@ -79,6 +79,18 @@ Tensor Residual::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   return dx;
 }
 
+Tensor Residual::backwardInput(const Tensor& dy, Stash& stash) {
+  Tensor dx = body_.backwardInput(dy, stash.children.at(0), 0, body_.size());
+  const Tensor& skip = projection_ ? projection_->backwardInput(dy, stash.children.at(1)) : dy;
+  backend_->axpby(1.0f, skip, 1.0f, dx);
+  return dx;
+}
+
+void Residual::backwardWeights(Stash& stash) {
+  body_.backwardWeights(stash.children.at(0), 0, body_.size());
+  if (projection_) projection_->backwardWeights(stash.children.at(1));
+}
+
 int64_t Residual::paramCount() const {
   int64_t n = projection_ ? projection_->paramCount() : 0;
   for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramCount();

@@ -71,10 +71,18 @@ Tensor Sequence::forward(const Tensor& x, Stash& stash, const ForwardContext& ct
   return h;
 }
 
-Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end) {
+namespace {
+
+void checkStash(const Stash& stash, size_t begin, size_t end) {
   TANDEM_CHECK_MSG(stash.children.size() == end - begin, InvalidArgument,
                    "backward over " << end - begin << " layers with a stash of "
                                     << stash.children.size() << " (was forward run?)");
+}
+
+}  // namespace
+
+Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end) {
+  checkStash(stash, begin, end);
   // Below the first layer with parameters nothing needs a gradient unless the caller
   // asked for the range's input gradient: e.g. a linear layer after a flatten must not
   // spend a GEMM on a dx that only the parameter-free flatten would consume.
@@ -89,6 +97,21 @@ Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t b
   }
   for (size_t i = begin; i < stop; ++i) stash.children[i - begin].clear();
   return need_dx ? g : Tensor();
+}
+
+Tensor Sequence::backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end) {
+  checkStash(stash, begin, end);
+  Tensor g = dy;
+  for (size_t i = end; i-- > begin;) g = layers_[i]->backwardInput(g, stash.children[i - begin]);
+  return g;
+}
+
+void Sequence::backwardWeights(Stash& stash, size_t begin, size_t end) {
+  checkStash(stash, begin, end);
+  for (size_t i = end; i-- > begin;) {
+    layers_[i]->backwardWeights(stash.children[i - begin]);
+    stash.children[i - begin].clear();
+  }
 }
 
 std::vector<LayerSpec> Sequence::specs() const {

@@ -38,6 +38,10 @@ class Sequence {
   // range's input when need_dx, else an undefined tensor. Layers below the first one with
   // parameters are skipped unless need_dx.
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end);
+  // backward(dy, stash, true, begin, end) in the two halves of Layer::backwardInput and
+  // backwardWeights, layer by layer; backwardWeights frees the stash.
+  Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end);
+  void backwardWeights(Stash& stash, size_t begin, size_t end);
 
   std::vector<LayerSpec> specs() const;
 

@@ -47,8 +47,11 @@ void StageExecutor::record(ActionType type, int64_t k, Clock::time_point t0, dou
 StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo& info,
                               const std::function<MicrobatchInput(int64_t)>& input) {
   int64_t m = 0;
-  for (const Action& a : actions)
+  bool split = false;  // backwards leave the weight gradients to their own action
+  for (const Action& a : actions) {
     if (a.type != ActionType::kStep) m = std::max(m, a.microbatch + 1);
+    split = split || a.type == ActionType::kWeightGradient;
+  }
   TANDEM_CHECK_MSG(!info.training || info.batch_samples > 0, InvalidArgument,
                    "stage " << range_.stage << ": a training step needs its batch size");
   TANDEM_CHECK_MSG(!info.training || info.labels, InvalidArgument,
@@ -87,16 +90,29 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
         record(a.type, k, t0, counters_.recv_wait_s);
         break;
       case ActionType::kBackward:
-        backward(k, info);
+        backward(k, info, split);
         --stashed;
         if (range_.first()) inflight_.erase(k);
         record(a.type, k, t0, counters_.busy_s);
         break;
-      case ActionType::kSendGradient:
-        prev_->send(tag(MessageKind::kGradient, k), inflight_.at(k).dx);
+      case ActionType::kWeightGradient: {
+        InFlight& f = inflight_.at(k);
+        TANDEM_CHECK_MSG(
+            f.split, InvalidArgument,
+            "stage " << range_.stage << ": weight gradient " << k << " without its backward");
+        model_.backwardWeights(f.stash, range_.begin, range_.end);
         inflight_.erase(k);
+        record(a.type, k, t0, counters_.busy_s);
+        break;
+      }
+      case ActionType::kSendGradient: {
+        InFlight& f = inflight_.at(k);
+        prev_->send(tag(MessageKind::kGradient, k), f.dx);
+        f.dx = Tensor();
+        if (!f.split) inflight_.erase(k);
         record(a.type, k, t0, counters_.send_s);
         break;
+      }
       case ActionType::kStep:
         TANDEM_CHECK_MSG(optimizer_ != nullptr, InvalidArgument,
                          "stage " << range_.stage << ": a step without an optimizer");
@@ -153,7 +169,7 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
   f.labels = Tensor();
 }
 
-void StageExecutor::backward(int64_t k, const StepInfo& info) {
+void StageExecutor::backward(int64_t k, const StepInfo& info, bool split) {
   InFlight& f = inflight_.at(k);
   TANDEM_CHECK_MSG(f.dy.defined(), InvalidArgument,
                    "stage " << range_.stage << ": backward " << k << " has no output gradient");
@@ -161,8 +177,15 @@ void StageExecutor::backward(int64_t k, const StepInfo& info) {
     const ForwardContext ctx{true, microbatchSeed(options_.seed, info.step, k)};
     model_.forward(f.x, f.stash, ctx, range_.begin, range_.end);
   }
-  f.dx = model_.backward(f.dy, f.stash, !range_.first(), range_.begin, range_.end);
-  f.stash.clear();
+  if (split) {
+    TANDEM_CHECK_MSG(!range_.first(), InvalidArgument,
+                     "stage 0: a split backward has no input gradient to send");
+    f.dx = model_.backwardInput(f.dy, f.stash, range_.begin, range_.end);
+    f.split = true;  // the stash stays for the weight gradient
+  } else {
+    f.dx = model_.backward(f.dy, f.stash, !range_.first(), range_.begin, range_.end);
+    f.stash.clear();
+  }
   f.x = f.dy = Tensor();
 }
 

@@ -102,12 +102,13 @@ class StageExecutor {
     Tensor y;          // the output, until sent
     Tensor dy, dx;     // the output's gradient (received or from the loss); the input's
     Stash stash;
+    bool split = false;  // backward ran its input half; the weight gradient is pending
   };
   using Clock = std::chrono::steady_clock;
 
   void forward(int64_t k, const StepInfo& info, StepResult& result,
                const std::function<MicrobatchInput(int64_t)>& input);
-  void backward(int64_t k, const StepInfo& info);
+  void backward(int64_t k, const StepInfo& info, bool split);
   MessageTag tag(MessageKind kind, int64_t k) const { return {kind, tag_base_ + k}; }
   void record(ActionType type, int64_t k, Clock::time_point t0, double& counter);
 

@@ -41,7 +41,10 @@ void addForward(std::vector<Action>& out, int s, int p, int64_t k) {
 void addBackward(std::vector<Action>& out, int s, int p, int64_t k) {
   if (s < p - 1) out.push_back({ActionType::kRecvGradient, k});
   out.push_back({ActionType::kBackward, k});
-  if (s > 0) out.push_back({ActionType::kSendGradient, k});
+  if (s > 0) {
+    out.push_back({ActionType::kSendGradient, k});
+    out.push_back({ActionType::kWeightGradient, k});
+  }
 }
 
 }  // namespace
@@ -95,6 +98,9 @@ std::string describe(const Action& a) {
     case ActionType::kBackward:
       name = "backward ";
       break;
+    case ActionType::kWeightGradient:
+      name = "weight gradient ";
+      break;
     case ActionType::kSendActivation:
       name = "send activation ";
       break;
@@ -120,7 +126,8 @@ namespace {
 struct StageState {
   size_t pc = 0;
   int64_t clock = 0;
-  std::vector<char> forwarded, backwarded, act_in, grad_in;
+  std::vector<char> forwarded, backwarded, weighted, act_in, grad_in;
+  bool splits = false;                     // any weight gradient: then every backward must have one
   std::vector<int64_t> act_out, grad_out;  // tick the message was sent; -1: not sent
   int64_t stash = 0, peak = 0, steps = 0;
 };
@@ -131,7 +138,7 @@ class Simulation {
       : lists_(lists), m_(m), training_(training), bticks_(bticks), st_(lists.size()) {
     for (StageState& s : st_) {
       s.forwarded.assign(static_cast<size_t>(m), 0);
-      s.backwarded = s.act_in = s.grad_in = s.forwarded;
+      s.backwarded = s.weighted = s.act_in = s.grad_in = s.forwarded;
       s.act_out.assign(static_cast<size_t>(m), -1);
       s.grad_out = s.act_out;
     }
@@ -187,8 +194,9 @@ class Simulation {
     const auto k = static_cast<size_t>(a.microbatch);
     if (a.type != ActionType::kStep && (a.microbatch < 0 || a.microbatch >= m_))
       fail(s, std::string("microbatch outside 0..").append(std::to_string(m_ - 1)));
-    if (!training_ && (a.type == ActionType::kBackward || a.type == ActionType::kSendGradient ||
-                       a.type == ActionType::kRecvGradient || a.type == ActionType::kStep))
+    if (!training_ && (a.type == ActionType::kBackward || a.type == ActionType::kWeightGradient ||
+                       a.type == ActionType::kSendGradient || a.type == ActionType::kRecvGradient ||
+                       a.type == ActionType::kStep))
       fail(s, "not allowed in a forward-only schedule");
     switch (a.type) {
       case ActionType::kRecvActivation:
@@ -226,6 +234,12 @@ class Simulation {
         compute(s, a, bticks_);
         --st.stash;
         break;
+      case ActionType::kWeightGradient:
+        if (st.weighted[k]) fail(s, "weight gradient twice");
+        if (!st.backwarded[k]) fail(s, "runs before its backward");
+        st.weighted[k] = 1;
+        st.splits = true;
+        break;
       case ActionType::kSendGradient:
         if (s == 0) fail(s, "the first stage has no previous stage");
         if (!st.backwarded[k]) fail(s, "sends a gradient not yet computed");
@@ -238,6 +252,12 @@ class Simulation {
             it != st.backwarded.end()) {
           std::ostringstream os;
           os << "a step before the backward of microbatch " << it - st.backwarded.begin();
+          fail(s, os.str());
+        }
+        if (auto it = std::find(st.weighted.begin(), st.weighted.end(), 0);
+            st.splits && it != st.weighted.end()) {
+          std::ostringstream os;
+          os << "a step before the weight gradient of microbatch " << it - st.weighted.begin();
           fail(s, os.str());
         }
         if (st.pc + 1 != lists_[s].size()) fail(s, "the step must be the stage's last action");

@@ -7,6 +7,13 @@
 // matching send. Backwards run in ascending microbatch order in every schedule, so each
 // parameter accumulates its gradient in the same order as single-device accumulation,
 // which makes a pipeline bitwise equal to it.
+//
+// Training stages after the first split each backward: "backward k" computes the input
+// gradient, "send gradient k" passes it upstream at once, and "weight gradient k" then
+// accumulates the parameter gradients while the previous stage already works on it
+// (the B/W split of zero-bubble pipelines, Qi et al. 2023). The first stage sends no
+// gradient and runs whole backwards. In the unit-time model a weight gradient takes no
+// time (its cost is counted in its backward).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +25,8 @@ namespace tandem {
 
 enum class ActionType : uint8_t {
   kForward,
-  kBackward,
+  kBackward,        // the input's gradient; with a kWeightGradient later, only that
+  kWeightGradient,  // the parameter gradients of a backward already run (zero-bubble "W")
   kSendActivation,  // to stage s + 1 (with the microbatch's labels)
   kRecvActivation,  // from stage s - 1
   kSendGradient,    // to stage s - 1

@@ -15,6 +15,8 @@ const char* spanName(ActionType t) {
       return "forward";
     case ActionType::kBackward:
       return "backward";
+    case ActionType::kWeightGradient:
+      return "weight gradient";
     case ActionType::kSendActivation:
       return "send activation";
     case ActionType::kRecvActivation:
@@ -30,7 +32,8 @@ const char* spanName(ActionType t) {
 }
 
 bool isCompute(ActionType t) {
-  return t == ActionType::kForward || t == ActionType::kBackward || t == ActionType::kStep;
+  return t == ActionType::kForward || t == ActionType::kBackward ||
+         t == ActionType::kWeightGradient || t == ActionType::kStep;
 }
 
 }  // namespace
@@ -92,9 +95,10 @@ std::string timelineSvg(const std::vector<StageSpans>& stages, double begin_s, d
       if (!isCompute(s.type) || s.end_s <= begin_s || s.start_s >= end_s) continue;
       const double x0 = label + (std::max(s.start_s, begin_s) - begin_s) * scale;
       const double x1 = label + (std::min(s.end_s, end_s) - begin_s) * scale;
-      const char* fill = s.type == ActionType::kForward    ? "#4e79a7"
-                         : s.type == ActionType::kBackward ? "#f28e2b"
-                                                           : "#999999";
+      const char* fill = s.type == ActionType::kForward          ? "#4e79a7"
+                         : s.type == ActionType::kBackward       ? "#f28e2b"
+                         : s.type == ActionType::kWeightGradient ? "#edc948"
+                                                                 : "#999999";
       std::snprintf(buf, sizeof buf,
                     "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" "
                     "stroke=\"white\" stroke-width=\"0.5\"><title>%s %lld</title></rect>\n",

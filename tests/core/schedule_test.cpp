@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "tests/test_util.h"
 
@@ -24,6 +26,12 @@ TEST(ScheduleTest, EveryGeneratedListValidatesWithItsPeakStash) {
             << scheduleName(kind) << " p=" << p << " m=" << m;
         ASSERT_EQ(r.peak_stash.size(), static_cast<size_t>(p));
         for (int s = 0; s < p; ++s) {
+          // Stages after the first split every backward; the first sends no gradient.
+          const auto& list = lists[static_cast<size_t>(s)];
+          const auto weight_grads = std::count_if(list.begin(), list.end(), [](const Action& a) {
+            return a.type == ActionType::kWeightGradient;
+          });
+          ASSERT_EQ(weight_grads, isTraining(kind) && s > 0 ? m : 0) << "p=" << p << " s=" << s;
           const int64_t peak = r.peak_stash[static_cast<size_t>(s)];
           if (kind == ScheduleKind::kGPipe) {
             ASSERT_EQ(peak, m) << "p=" << p << " m=" << m;
@@ -44,25 +52,17 @@ TEST(ScheduleTest, EveryGeneratedListValidatesWithItsPeakStash) {
 
 TEST(ScheduleTest, OneFOneBInterleavesAfterItsWarmUp) {
   using A = ActionType;
-  const std::vector<Action> want = {{A::kRecvActivation, 0},
-                                    {A::kForward, 0},
-                                    {A::kSendActivation, 0},
-                                    {A::kRecvActivation, 1},
-                                    {A::kForward, 1},
-                                    {A::kSendActivation, 1},
-                                    {A::kRecvGradient, 0},
-                                    {A::kBackward, 0},
-                                    {A::kSendGradient, 0},
-                                    {A::kRecvActivation, 2},
-                                    {A::kForward, 2},
-                                    {A::kSendActivation, 2},
-                                    {A::kRecvGradient, 1},
-                                    {A::kBackward, 1},
-                                    {A::kSendGradient, 1},
-                                    {A::kRecvGradient, 2},
-                                    {A::kBackward, 2},
-                                    {A::kSendGradient, 2},
-                                    {A::kStep, 0}};
+  const std::vector<Action> want = {{A::kRecvActivation, 0}, {A::kForward, 0},
+                                    {A::kSendActivation, 0}, {A::kRecvActivation, 1},
+                                    {A::kForward, 1},        {A::kSendActivation, 1},
+                                    {A::kRecvGradient, 0},   {A::kBackward, 0},
+                                    {A::kSendGradient, 0},   {A::kWeightGradient, 0},
+                                    {A::kRecvActivation, 2}, {A::kForward, 2},
+                                    {A::kSendActivation, 2}, {A::kRecvGradient, 1},
+                                    {A::kBackward, 1},       {A::kSendGradient, 1},
+                                    {A::kWeightGradient, 1}, {A::kRecvGradient, 2},
+                                    {A::kBackward, 2},       {A::kSendGradient, 2},
+                                    {A::kWeightGradient, 2}, {A::kStep, 0}};
   EXPECT_EQ(stageActions(ScheduleKind::k1F1B, 1, 3, 3), want);  // stage 1 of 3: 1 warm-up
 }
 
@@ -105,9 +105,27 @@ TEST(ScheduleTest, TheValidatorNamesWhatIsWrong) {
                                    {"deadlock", "receive gradient 1"});
 
   broken = lists;  // a step before the last backward
-  std::swap(broken[1][broken[1].size() - 1], broken[1][broken[1].size() - 3]);
+  broken[1].pop_back();
+  broken[1].insert(broken[1].end() - 3, Action{A::kStep, 0});
   expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
                                    {"stage 1", "a step before the backward of microbatch 1"});
+
+  broken = lists;  // a weight gradient before its backward
+  std::erase(broken[1], Action{A::kWeightGradient, 0});
+  broken[1].insert(broken[1].begin() + 2, Action{A::kWeightGradient, 0});
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
+                                   {"stage 1", "weight gradient 0", "runs before its backward"});
+
+  broken = lists;  // a weight gradient twice
+  broken[1].insert(broken[1].end() - 1, Action{A::kWeightGradient, 1});
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(broken, m, true); },
+                                   {"stage 1", "weight gradient twice"});
+
+  broken = lists;  // a split backward whose weight gradient never runs
+  std::erase(broken[1], Action{A::kWeightGradient, 1});
+  expectThrowWith<InvalidArgument>(
+      [&] { validateSchedule(broken, m, true); },
+      {"stage 1", "a step before the weight gradient of microbatch 1"});
 
   expectThrowWith<InvalidArgument>(
       [&] { validateSchedule(scheduleActions(ScheduleKind::k1F1B, 2, 2), 2, false); },
