@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "core/schema/model_generated.h"
 
 namespace tandem {
@@ -235,11 +236,8 @@ ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& sour
 }
 
 ModelFile readModelFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot open model file '" + path + "'");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-  return parseModelFile(bytes, path);
+  const std::string bytes = readFile(path, "model file");
+  return parseModelFile({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, path);
 }
 
 std::unique_ptr<Model> loadModel(const ModelFile& file, Backend& backend) {

@@ -2,10 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
+#include "core/file.h"
 
 namespace tandem {
 
@@ -127,11 +125,7 @@ ModelSpec parseModelSpec(const std::string& yaml_text, const std::string& source
 }
 
 ModelSpec loadModelSpec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw IoError("cannot open model spec '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseModelSpec(ss.str(), path);
+  return parseModelSpec(readFile(path, "model spec"), path);
 }
 
 }  // namespace tandem

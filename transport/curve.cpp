@@ -3,10 +3,8 @@
 
 #include <zmq.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
+#include "core/file.h"
 
 namespace tandem::transport {
 
@@ -20,11 +18,7 @@ CurveKeyPair generateCurveKeyPair() {
 }
 
 std::string readCurveKey(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw IoError("cannot open CurveZMQ key file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string key = ss.str();
+  std::string key = readFile(path, "CurveZMQ key file");
   const auto first = key.find_first_not_of(" \t\r\n");
   const auto last = key.find_last_not_of(" \t\r\n");
   key = first == std::string::npos ? "" : key.substr(first, last - first + 1);

@@ -3,12 +3,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "core/train/microbatch.h"
 
 namespace tandem {
@@ -220,11 +220,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
 }
 
 JobSpec loadJobSpec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw IoError("cannot open job file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseJobSpec(ss.str(), path);
+  return parseJobSpec(readFile(path, "job file"), path);
 }
 
 std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages) {
