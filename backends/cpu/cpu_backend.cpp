@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "backends/op_checks.h"
 #include "core/error.h"
 
 namespace tandem::cpu {
@@ -172,16 +173,8 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
 
 void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                       float beta, const Tensor& c) {
-  TANDEM_CHECK_MSG(
-      a.shape().rank() == 2 && b.shape().rank() == 2 && c.shape().rank() == 2, InvalidArgument,
-      "gemm needs 2-D tensors, got " << a.shape() << ", " << b.shape() << ", " << c.shape());
-  const int64_t m = trans_a ? a.shape()[1] : a.shape()[0];
-  const int64_t k = trans_a ? a.shape()[0] : a.shape()[1];
-  const int64_t kb = trans_b ? b.shape()[1] : b.shape()[0];
-  const int64_t n = trans_b ? b.shape()[0] : b.shape()[1];
-  TANDEM_CHECK_MSG(k == kb && c.shape()[0] == m && c.shape()[1] == n, InvalidArgument,
-                   "gemm shapes do not agree: op(a) " << m << "x" << k << ", op(b) " << kb << "x"
-                                                      << n << ", c " << c.shape());
+  const backends::GemmDims dims = backends::gemmDims(trans_a, trans_b, a, b, c);
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   if (m == 0 || n == 0) return;
   float* cp = f32(c);
   if (k == 0) {

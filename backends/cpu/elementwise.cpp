@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/op_checks.h"
 #include "core/error.h"
 #include "core/random.h"
 
@@ -13,24 +14,6 @@ namespace tandem::cpu {
 namespace {
 
 constexpr int64_t kGrain = 1 << 15;  // elements per range: enough work to beat a wake-up
-
-void checkSameCount(const Tensor& a, const Tensor& b, const char* op) {
-  TANDEM_CHECK_MSG(a.numel() == b.numel(), InvalidArgument,
-                   "cpu " << op << ": element counts differ, " << a.shape() << " vs " << b.shape());
-}
-
-// [N, C, R] view of a tensor whose second dimension matches a per-channel vector.
-struct ChannelView {
-  int64_t n, c, r;
-};
-
-ChannelView channelView(const Tensor& y, int64_t channels, const char* op) {
-  const Shape& s = y.shape();
-  TANDEM_CHECK_MSG(s.rank() >= 2 && s[1] == channels, InvalidArgument,
-                   "cpu " << op << ": tensor " << s << " does not have " << channels
-                          << " channels in dimension 1");
-  return {s[0], channels, s[0] * channels == 0 ? 0 : y.numel() / (s[0] * channels)};
-}
 
 void addRow(const float* __restrict src, float* __restrict dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -75,7 +58,7 @@ void CpuBackend::fill(const Tensor& dst, float value) {
 }
 
 void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
-  checkSameCount(src, dst, "convert");
+  backends::checkSameCount(src, dst, "cpu", "convert");
   const DType from = src.dtype(), to = dst.dtype();
   const int64_t n = src.numel();
   auto run = [&](auto body) {
@@ -116,7 +99,7 @@ void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
 }
 
 void CpuBackend::axpby(float alpha, const Tensor& x, float beta, const Tensor& y) {
-  checkSameCount(x, y, "axpby");
+  backends::checkSameCount(x, y, "cpu", "axpby");
   const float* xp = f32(x);
   float* yp = f32(y);
   pool_.parallelFor(x.numel(), kGrain, [=](int64_t b, int64_t e) {
@@ -131,8 +114,8 @@ void CpuBackend::axpby(float alpha, const Tensor& x, float beta, const Tensor& y
 }
 
 void CpuBackend::mul(const Tensor& a, const Tensor& b, const Tensor& out) {
-  checkSameCount(a, b, "mul");
-  checkSameCount(a, out, "mul");
+  backends::checkSameCount(a, b, "cpu", "mul");
+  backends::checkSameCount(a, out, "cpu", "mul");
   const float* ap = f32(a);
   const float* bp = f32(b);
   float* op = f32(out);
@@ -142,7 +125,7 @@ void CpuBackend::mul(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 double CpuBackend::dot(const Tensor& a, const Tensor& b) {
-  checkSameCount(a, b, "dot");
+  backends::checkSameCount(a, b, "cpu", "dot");
   const float* ap = f32(a);
   const float* bp = f32(b);
   // Fixed-size blocks summed in block order: the result does not depend on threads.
@@ -164,7 +147,7 @@ double CpuBackend::dot(const Tensor& a, const Tensor& b) {
 }
 
 void CpuBackend::addBias(const Tensor& y, const Tensor& bias) {
-  const ChannelView v = channelView(y, bias.numel(), "addBias");
+  const backends::ChannelView v = backends::channelView(y, bias.numel(), "cpu", "addBias");
   float* yp = f32(y);
   const float* bp = f32(bias);
   if (v.r == 1) {  // [N, C], a linear layer's output: add the bias vector to each row
@@ -185,7 +168,7 @@ void CpuBackend::addBias(const Tensor& y, const Tensor& bias) {
 }
 
 void CpuBackend::biasGrad(const Tensor& dy, const Tensor& db) {
-  const ChannelView v = channelView(dy, db.numel(), "biasGrad");
+  const backends::ChannelView v = backends::channelView(dy, db.numel(), "cpu", "biasGrad");
   const float* dp = f32(dy);
   float* gp = f32(db);
   if (v.r == 1) {  // [N, C]: sum down the columns, rows in order
@@ -268,7 +251,7 @@ void activationBackwardRange(Activation kind, const float* __restrict s, const f
 }  // namespace
 
 void CpuBackend::activation(Activation kind, const Tensor& x, const Tensor& y) {
-  checkSameCount(x, y, "activation");
+  backends::checkSameCount(x, y, "cpu", "activation");
   const float* xp = f32(x);
   float* yp = f32(y);
   pool_.parallelFor(x.numel(), kGrain,
@@ -277,7 +260,7 @@ void CpuBackend::activation(Activation kind, const Tensor& x, const Tensor& y) {
 
 void CpuBackend::activationBackward(Activation kind, const Tensor& x, const Tensor& y,
                                     const Tensor& dy, const Tensor& dx) {
-  checkSameCount(dy, dx, "activationBackward");
+  backends::checkSameCount(dy, dx, "cpu", "activationBackward");
   float* gx = f32(dx);
   const float* gy = f32(dy);
   const float* sp = kind == Activation::kGELU ? f32(x) : f32(y);
@@ -288,8 +271,8 @@ void CpuBackend::activationBackward(Activation kind, const Tensor& x, const Tens
 
 void CpuBackend::dropout(const Tensor& x, float p, uint64_t seed, const Tensor& mask,
                          const Tensor& y) {
-  checkSameCount(x, y, "dropout");
-  checkSameCount(x, mask, "dropout");
+  backends::checkSameCount(x, y, "cpu", "dropout");
+  backends::checkSameCount(x, mask, "cpu", "dropout");
   TANDEM_CHECK_MSG(p >= 0.0f && p < 1.0f, InvalidArgument,
                    "dropout probability " << p << " is not in [0, 1)");
   const float keep_scale = 1.0f / (1.0f - p);
@@ -307,11 +290,11 @@ void CpuBackend::dropout(const Tensor& x, float p, uint64_t seed, const Tensor& 
 
 void CpuBackend::sgdStep(const Tensor& param, const Tensor& grad, const Tensor& velocity,
                          const SgdStep& s) {
-  checkSameCount(param, grad, "sgdStep");
+  backends::checkSameCount(param, grad, "cpu", "sgdStep");
   float* w = f32(param);
   const float* g = f32(grad);
   float* v = s.momentum != 0.0f ? f32(velocity) : nullptr;
-  if (v) checkSameCount(param, velocity, "sgdStep");
+  if (v) backends::checkSameCount(param, velocity, "cpu", "sgdStep");
   pool_.parallelFor(param.numel(), kGrain, [=](int64_t b, int64_t e) {
     sgdRange(w + b, g + b, v ? v + b : nullptr, e - b, s);
   });
@@ -319,9 +302,9 @@ void CpuBackend::sgdStep(const Tensor& param, const Tensor& grad, const Tensor& 
 
 void CpuBackend::adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m,
                            const Tensor& v, const AdamWStep& s) {
-  checkSameCount(param, grad, "adamwStep");
-  checkSameCount(param, m, "adamwStep");
-  checkSameCount(param, v, "adamwStep");
+  backends::checkSameCount(param, grad, "cpu", "adamwStep");
+  backends::checkSameCount(param, m, "cpu", "adamwStep");
+  backends::checkSameCount(param, v, "cpu", "adamwStep");
   TANDEM_CHECK_MSG(s.step >= 1, InvalidArgument, "adamw step count " << s.step << " must be >= 1");
   float* w = f32(param);
   const float* g = f32(grad);

@@ -5,25 +5,15 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/op_checks.h"
 #include "core/error.h"
 
 namespace tandem::cpu {
 
-namespace {
-
-int64_t rowsOf(const Tensor& x, int64_t d, const char* op) {
-  TANDEM_CHECK_MSG(d > 0 && x.shape().rank() >= 1 && x.shape()[x.shape().rank() - 1] == d,
-                   InvalidArgument,
-                   "cpu " << op << ": last dimension of " << x.shape() << " is not " << d);
-  return x.numel() / d;
-}
-
-}  // namespace
-
 void CpuBackend::layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                            const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const int64_t d = gamma.numel();
-  const int64_t m = rowsOf(x, d, "layerNorm");
+  const int64_t m = backends::rowsOf(x, d, "cpu", "layerNorm");
   TANDEM_CHECK_MSG(
       beta.numel() == d && y.numel() == x.numel() && mean.numel() == m && rstd.numel() == m,
       InvalidArgument, "cpu layerNorm: argument sizes disagree with x " << x.shape());
@@ -55,7 +45,7 @@ void CpuBackend::layerNormBackward(const Tensor& dy, const Tensor& x, const Tens
                                    const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                    const Tensor& dgamma, const Tensor& dbeta) {
   const int64_t d = gamma.numel();
-  const int64_t m = rowsOf(x, d, "layerNormBackward");
+  const int64_t m = backends::rowsOf(x, d, "cpu", "layerNormBackward");
   TANDEM_CHECK_MSG(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == m &&
                        rstd.numel() == m && dgamma.numel() == d && dbeta.numel() == d,
                    InvalidArgument,
@@ -110,11 +100,7 @@ void CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor&
   TANDEM_CHECK_MSG(y.numel() == m * d, InvalidArgument,
                    "cpu embedding: output " << y.shape() << " does not hold " << m << " x " << d);
   const int32_t* ip = i32(ids);
-  for (int64_t i = 0; i < m; ++i) {
-    TANDEM_CHECK_MSG(
-        ip[i] >= 0 && ip[i] < vocab, InvalidArgument,
-        "embedding id " << ip[i] << " at position " << i << " is outside [0, " << vocab << ")");
-  }
+  backends::checkIds(ip, m, vocab, "embedding id", "at position");
   const float* tp = f32(table);
   float* yp = f32(y);
   pool_.parallelFor(m, 64, [&](int64_t b, int64_t e) {
@@ -130,11 +116,7 @@ void CpuBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const Te
       dy.numel() == m * d, InvalidArgument,
       "cpu embeddingBackward: gradient " << dy.shape() << " does not hold " << m << " x " << d);
   const int32_t* ip = i32(ids);
-  for (int64_t i = 0; i < m; ++i) {
-    TANDEM_CHECK_MSG(
-        ip[i] >= 0 && ip[i] < vocab, InvalidArgument,
-        "embedding id " << ip[i] << " at position " << i << " is outside [0, " << vocab << ")");
-  }
+  backends::checkIds(ip, m, vocab, "embedding id", "at position");
   const float* gp = f32(dy);
   float* tp = f32(dtable);
   // Split by column so repeated ids accumulate in position order without races.
@@ -159,10 +141,7 @@ void CpuBackend::softmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
                                                       << losses.shape() << " do not match logits "
                                                       << logits.shape());
   const int32_t* lp = i32(labels);
-  for (int64_t i = 0; i < n; ++i) {
-    TANDEM_CHECK_MSG(lp[i] >= 0 && lp[i] < c, InvalidArgument,
-                     "label " << lp[i] << " of sample " << i << " is outside [0, " << c << ")");
-  }
+  backends::checkIds(lp, n, c, "label", "of sample");
   const float* xp = f32(logits);
   float* loss = f32(losses);
   float* gp = dlogits.defined() ? f32(dlogits) : nullptr;

@@ -5,27 +5,12 @@
 #include <limits>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/op_checks.h"
 #include "core/error.h"
 
 namespace tandem::cpu {
 
 namespace {
-
-void checkInput(const Tensor& x, const Window2d& g, const char* op) {
-  const Shape& s = x.shape();
-  TANDEM_CHECK_MSG(s.rank() == 4 && s[1] == g.channels && s[2] == g.height && s[3] == g.width,
-                   InvalidArgument,
-                   "cpu " << op << ": input " << s << " does not match the window's [N, "
-                          << g.channels << ", " << g.height << ", " << g.width << "]");
-  TANDEM_CHECK_MSG(g.stride_h > 0 && g.stride_w > 0 && g.outHeight() > 0 && g.outWidth() > 0,
-                   InvalidArgument, "cpu " << op << ": window leaves no output");
-}
-
-void checkOutput(const Tensor& y, int64_t n, const Window2d& g, const char* op) {
-  const Shape want{n, g.channels, g.outHeight(), g.outWidth()};
-  TANDEM_CHECK_MSG(y.shape() == want, InvalidArgument,
-                   "cpu " << op << ": output " << y.shape() << ", expected " << want);
-}
 
 // The output columns [lo, hi) whose input column ox*stride - pad + k lies inside [0, w).
 void validRange(int64_t k, int64_t stride, int64_t pad, int64_t w, int64_t out, int64_t& lo,
@@ -39,7 +24,7 @@ void validRange(int64_t k, int64_t stride, int64_t pad, int64_t w, int64_t out, 
 }  // namespace
 
 void CpuBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& col) {
-  checkInput(x, g, "im2col");
+  backends::checkWindowInput(x, g, "cpu", "im2col");
   const int64_t n = x.shape()[0];
   const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
   const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
@@ -80,7 +65,7 @@ void CpuBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& col) {
 }
 
 void CpuBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) {
-  checkInput(dx, g, "col2im");
+  backends::checkWindowInput(dx, g, "cpu", "col2im");
   const int64_t n = dx.shape()[0];
   const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
   const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
@@ -136,9 +121,9 @@ void CpuBackend::transpose01(const Tensor& src, const Tensor& dst) {
 
 void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
                          const Tensor& argmax) {
-  checkInput(x, g, "maxPool");
+  backends::checkWindowInput(x, g, "cpu", "maxPool");
   const int64_t n = x.shape()[0];
-  checkOutput(y, n, g, "maxPool");
+  backends::checkWindowOutput(y, n, g, "cpu", "maxPool");
   TANDEM_CHECK_MSG(argmax.shape() == y.shape(), InvalidArgument,
                    "cpu maxPool: argmax " << argmax.shape() << " vs output " << y.shape());
   const float* xp = f32(x);
@@ -178,9 +163,9 @@ void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
 
 void CpuBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
                                  const Tensor& dx) {
-  checkInput(dx, g, "maxPoolBackward");
+  backends::checkWindowInput(dx, g, "cpu", "maxPoolBackward");
   const int64_t n = dx.shape()[0];
-  checkOutput(dy, n, g, "maxPoolBackward");
+  backends::checkWindowOutput(dy, n, g, "cpu", "maxPoolBackward");
   const float* gy = f32(dy);
   const int32_t* ap = i32(argmax);
   float* gx = f32(dx);
@@ -198,9 +183,9 @@ void CpuBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, const W
 }
 
 void CpuBackend::avgPool(const Tensor& x, const Window2d& g, const Tensor& y) {
-  checkInput(x, g, "avgPool");
+  backends::checkWindowInput(x, g, "cpu", "avgPool");
   const int64_t n = x.shape()[0];
-  checkOutput(y, n, g, "avgPool");
+  backends::checkWindowOutput(y, n, g, "cpu", "avgPool");
   const float* xp = f32(x);
   float* yp = f32(y);
   const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
@@ -227,9 +212,9 @@ void CpuBackend::avgPool(const Tensor& x, const Window2d& g, const Tensor& y) {
 }
 
 void CpuBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) {
-  checkInput(dx, g, "avgPoolBackward");
+  backends::checkWindowInput(dx, g, "cpu", "avgPoolBackward");
   const int64_t n = dx.shape()[0];
-  checkOutput(dy, n, g, "avgPoolBackward");
+  backends::checkWindowOutput(dy, n, g, "cpu", "avgPoolBackward");
   const float* gy = f32(dy);
   float* gx = f32(dx);
   const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
