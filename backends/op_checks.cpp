@@ -5,9 +5,9 @@
 namespace tandem::backends {
 
 void checkSameCount(const Tensor& a, const Tensor& b, std::string_view device, const char* op) {
-  TANDEM_CHECK_MSG(a.numel() == b.numel(), InvalidArgument,
-                   device << " " << op << ": element counts differ, " << a.shape() << " vs "
-                          << b.shape());
+  TANDEM_CHECK_MSG(
+      a.numel() == b.numel(), InvalidArgument,
+      device << " " << op << ": element counts differ, " << a.shape() << " vs " << b.shape());
 }
 
 ChannelView channelView(const Tensor& y, int64_t channels, std::string_view device,
@@ -26,8 +26,7 @@ int64_t rowsOf(const Tensor& x, int64_t d, std::string_view device, const char* 
   return x.numel() / d;
 }
 
-void checkWindowInput(const Tensor& x, const Window2d& g, std::string_view device,
-                      const char* op) {
+void checkWindowInput(const Tensor& x, const Window2d& g, std::string_view device, const char* op) {
   const Shape& s = x.shape();
   TANDEM_CHECK_MSG(s.rank() == 4 && s[1] == g.channels && s[2] == g.height && s[3] == g.width,
                    InvalidArgument,
@@ -61,9 +60,9 @@ GemmDims gemmDims(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, 
 void checkIds(const int32_t* ids, int64_t count, int64_t limit, const char* what,
               const char* where) {
   for (int64_t i = 0; i < count; ++i) {
-    TANDEM_CHECK_MSG(ids[i] >= 0 && ids[i] < limit, InvalidArgument,
-                     what << " " << ids[i] << " " << where << " " << i << " is outside [0, " << limit
-                          << ")");
+    TANDEM_CHECK_MSG(
+        ids[i] >= 0 && ids[i] < limit, InvalidArgument,
+        what << " " << ids[i] << " " << where << " " << i << " is outside [0, " << limit << ")");
   }
 }
 

@@ -17,8 +17,7 @@ void checkSameCount(const Tensor& a, const Tensor& b, std::string_view device, c
 struct ChannelView {
   int64_t n, c, r;
 };
-ChannelView channelView(const Tensor& y, int64_t channels, std::string_view device,
-                        const char* op);
+ChannelView channelView(const Tensor& y, int64_t channels, std::string_view device, const char* op);
 
 // Rows of x viewed as [M, d]: its last dimension must be d > 0.
 int64_t rowsOf(const Tensor& x, int64_t d, std::string_view device, const char* op);

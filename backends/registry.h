@@ -13,8 +13,8 @@ struct BackendOptions {
   int threads = 1;  // CPU kernel and BLAS threads
 };
 
-// "cpu" today; "opencl:N" joins with the OpenCL backend. Unknown names raise
-// InvalidArgument listing the devices there are.
+// "cpu" or "opencl:N" (the N-th OpenCL device, see opencl/devices.h). Unknown names
+// raise InvalidArgument listing the devices there are.
 std::unique_ptr<Backend> makeBackend(const std::string& name, const BackendOptions& options = {});
 
 // Every device this build can drive, with its facts.

@@ -1,11 +1,19 @@
 #include "core/backend.h"
 
+#include <sstream>
+
 #include "core/error.h"
 
 namespace tandem {
 
 Tensor Backend::empty(const Shape& shape, DType dtype) {
-  return Tensor(allocate(static_cast<size_t>(shape.numel()) * dtypeSize(dtype)), shape, dtype);
+  try {
+    return Tensor(allocate(static_cast<size_t>(shape.numel()) * dtypeSize(dtype)), shape, dtype);
+  } catch (const DeviceError& e) {  // out of device memory: say which tensor asked
+    std::ostringstream os;
+    os << "tensor " << shape << " " << dtypeName(dtype) << ": " << e.what();
+    throw DeviceError(os.str());
+  }
 }
 
 Tensor Backend::zeros(const Shape& shape, DType dtype) {

@@ -23,12 +23,12 @@ void Model::build(Backend& backend, uint64_t seed, size_t begin, size_t end) {
   // Parameters, their gradients and up to two optimizer slots must fit on the device.
   const DeviceInfo device = backend.info();
   const int64_t count = paramCount(begin, end);
-  const double need = static_cast<double>(count) * 4.0 * 4.0;
-  TANDEM_CHECK_MSG(need <= static_cast<double>(device.memory_bytes), InvalidArgument,
+  const int64_t need = count * 4 * 4;
+  TANDEM_CHECK_MSG(need <= device.memory_bytes, InvalidArgument,
                    "model '" << name_ << "' has " << count << " parameters in layers [" << begin
                              << ", " << end << "), needing " << need
                              << " bytes with gradients and optimizer state; " << device.name
-                             << " has " << device.memory_bytes);
+                             << " has " << device.memory_bytes << " bytes");
   layers_.build(backend, seed, begin, end);
   backend_ = &backend;
   built_begin_ = begin;

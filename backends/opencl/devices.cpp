@@ -44,7 +44,9 @@ std::vector<ClDevice> listClDevices() {
         c.compute_units = static_cast<int>(d.getInfo<CL_DEVICE_MAX_COMPUTE_UNITS>());
         c.global_memory = static_cast<int64_t>(d.getInfo<CL_DEVICE_GLOBAL_MEM_SIZE>());
         c.max_allocation = static_cast<int64_t>(d.getInfo<CL_DEVICE_MAX_MEM_ALLOC_SIZE>());
-        c.fp16 = d.getInfo<CL_DEVICE_EXTENSIONS>().find("cl_khr_fp16") != std::string::npos;
+        const std::string extensions = d.getInfo<CL_DEVICE_EXTENSIONS>();
+        c.fp16 = extensions.find("cl_khr_fp16") != std::string::npos;
+        c.fp64 = extensions.find("cl_khr_fp64") != std::string::npos;
       });
       out.push_back(std::move(c));
     }

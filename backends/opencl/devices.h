@@ -20,6 +20,7 @@ struct ClDevice {
   int64_t global_memory = 0;   // bytes
   int64_t max_allocation = 0;  // largest single buffer, bytes
   bool fp16 = false;           // cl_khr_fp16
+  bool fp64 = false;           // cl_khr_fp64: kernels accumulate in double
 
   std::string label() const { return "opencl:" + std::to_string(index); }
 };

@@ -24,6 +24,10 @@ std::string_view embeddedSource(std::string_view name) {
   throw InvalidArgument(os.str());
 }
 
+std::string programSource(std::string_view name) {
+  return std::string(embeddedSource("common")).append("\n").append(embeddedSource(name));
+}
+
 ProgramCache::ProgramCache(std::filesystem::path dir) : dir_(std::move(dir)) {}
 
 std::filesystem::path ProgramCache::defaultDir() {

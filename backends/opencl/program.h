@@ -25,6 +25,9 @@ struct KernelSource {
 std::span<const KernelSource> embeddedSources();
 // The embedded source called `name`; InvalidArgument naming the ones there are.
 std::string_view embeddedSource(std::string_view name);
+// What a program of kernel file `name` compiles: common.cl (shared types and pragmas),
+// then the file.
+std::string programSource(std::string_view name);
 
 struct BuildReport {
   bool from_cache = false;

@@ -123,7 +123,7 @@ std::vector<float> runFill(Device0& d, const cl::Program& program, float value) 
 TEST(OpenClRuntimeTest, TheSecondBuildComesFromTheDiskCache) {
   REQUIRE_DEVICE(d);
   const ProgramCache cache(freshDir("cl_cache"));
-  const std::string_view src = embeddedSource("elementwise");
+  const std::string src = programSource("elementwise");
   BuildReport first, second;
   const cl::Program p1 = cache.build(d.context, d.device, "elementwise", src, "", &first);
   EXPECT_FALSE(first.from_cache);
@@ -148,7 +148,7 @@ TEST(OpenClRuntimeTest, TheSecondBuildComesFromTheDiskCache) {
 TEST(OpenClRuntimeTest, ACorruptCacheFileIsRebuiltAndReplaced) {
   REQUIRE_DEVICE(d);
   const ProgramCache cache(freshDir("cl_cache_corrupt"));
-  const std::string_view src = embeddedSource("elementwise");
+  const std::string src = programSource("elementwise");
   BuildReport r;
   cache.build(d.context, d.device, "elementwise", src, "", &r);
   std::ofstream(r.cache_file, std::ios::binary | std::ios::trunc) << "not a program binary";

@@ -1,0 +1,117 @@
+// Row-wise kernels: layer normalisation, embedding lookup and softmax cross-entropy.
+// One item per row (or per column for the sums over rows), accumulating in acc_t in
+// the CPU reference's order.
+
+// x, y [m, d]; mean, rstd [m].
+__kernel void layer_norm_f32(__global const float* x, ulong x_off, __global const float* gamma,
+                             ulong g_off, __global const float* beta, ulong b_off, float eps,
+                             __global float* y, ulong y_off, __global float* mean, ulong mean_off,
+                             __global float* rstd, ulong rstd_off, ulong m, ulong d) {
+  const size_t r = get_global_id(0);
+  if (r >= m) return;
+  __global const float* row = x + x_off + r * d;
+  acc_t s = 0;
+  for (ulong i = 0; i < d; ++i) s += row[i];
+  const acc_t mu = s / (acc_t)d;
+  acc_t v = 0;
+  for (ulong i = 0; i < d; ++i) v += (row[i] - mu) * (row[i] - mu);
+  const float inv = (float)((acc_t)1 / sqrt(v / (acc_t)d + eps));
+  const float muf = (float)mu;
+  mean[mean_off + r] = muf;
+  rstd[rstd_off + r] = inv;
+  __global float* out = y + y_off + r * d;
+  for (ulong i = 0; i < d; ++i)
+    out[i] = (row[i] - muf) * inv * gamma[g_off + i] + beta[b_off + i];
+}
+
+// dx for each row.
+__kernel void layer_norm_backward_dx_f32(__global const float* dy, ulong dy_off,
+                                         __global const float* x, ulong x_off,
+                                         __global const float* gamma, ulong g_off,
+                                         __global const float* mean, ulong mean_off,
+                                         __global const float* rstd, ulong rstd_off,
+                                         __global float* dx, ulong dx_off, ulong m, ulong d) {
+  const size_t r = get_global_id(0);
+  if (r >= m) return;
+  __global const float* row = x + x_off + r * d;
+  __global const float* grow = dy + dy_off + r * d;
+  const float mu = mean[mean_off + r], rs = rstd[rstd_off + r];
+  acc_t sum_g = 0, sum_gx = 0;
+  for (ulong i = 0; i < d; ++i) {
+    const acc_t xhat = (row[i] - mu) * rs;
+    const acc_t g = (acc_t)grow[i] * gamma[g_off + i];
+    sum_g += g;
+    sum_gx += g * xhat;
+  }
+  const acc_t mean_g = sum_g / (acc_t)d, mean_gx = sum_gx / (acc_t)d;
+  for (ulong i = 0; i < d; ++i) {
+    const acc_t xhat = (row[i] - mu) * rs;
+    const acc_t g = (acc_t)grow[i] * gamma[g_off + i];
+    dx[dx_off + r * d + i] = (float)(rs * (g - mean_g - xhat * mean_gx));
+  }
+}
+
+// dgamma, dbeta accumulate column sums over the rows, in row order.
+__kernel void layer_norm_backward_params_f32(__global const float* dy, ulong dy_off,
+                                             __global const float* x, ulong x_off,
+                                             __global const float* mean, ulong mean_off,
+                                             __global const float* rstd, ulong rstd_off,
+                                             __global float* dgamma, ulong dg_off,
+                                             __global float* dbeta, ulong db_off, ulong m,
+                                             ulong d) {
+  const size_t i = get_global_id(0);
+  if (i >= d) return;
+  acc_t sg = 0, sb = 0;
+  for (ulong r = 0; r < m; ++r) {
+    const acc_t xhat = (x[x_off + r * d + i] - mean[mean_off + r]) * rstd[rstd_off + r];
+    const float g = dy[dy_off + r * d + i];
+    sg += (acc_t)g * xhat;
+    sb += g;
+  }
+  dgamma[dg_off + i] += (float)sg;
+  dbeta[db_off + i] += (float)sb;
+}
+
+// y[i, j] = table[ids[i], j]; the host has checked every id.
+__kernel void embedding_f32(__global const int* ids, ulong ids_off, __global const float* table,
+                            ulong t_off, __global float* y, ulong y_off, ulong m, ulong d) {
+  const size_t k = get_global_id(0);
+  if (k >= m * d) return;
+  const ulong i = k / d, j = k % d;
+  y[y_off + k] = table[t_off + (ulong)ids[ids_off + i] * d + j];
+}
+
+// dtable[ids[i], j] += dy[i, j], one item per column j, positions in order, so repeated
+// ids accumulate without races and in the reference's order.
+__kernel void embedding_backward_f32(__global const int* ids, ulong ids_off,
+                                     __global const float* dy, ulong dy_off,
+                                     __global float* dtable, ulong t_off, ulong m, ulong d) {
+  const size_t j = get_global_id(0);
+  if (j >= d) return;
+  for (ulong i = 0; i < m; ++i)
+    dtable[t_off + (ulong)ids[ids_off + i] * d + j] += dy[dy_off + i * d + j];
+}
+
+// Per row of logits [n, c]: loss = log sum exp - (x[label] - max); with_grad writes
+// dlogits = (softmax - onehot) * grad_scale. The host has checked every label.
+__kernel void softmax_xent_f32(__global const float* logits, ulong l_off,
+                               __global const int* labels, ulong lab_off, float grad_scale,
+                               __global float* losses, ulong loss_off, __global float* dlogits,
+                               ulong dl_off, int with_grad, ulong n, ulong c) {
+  const size_t r = get_global_id(0);
+  if (r >= n) return;
+  __global const float* row = logits + l_off + r * c;
+  float mx = row[0];
+  for (ulong j = 1; j < c; ++j) mx = fmax(mx, row[j]);
+  acc_t sum = 0;
+  for (ulong j = 0; j < c; ++j) sum += exp((acc_t)(row[j] - mx));
+  const acc_t log_sum = log(sum);
+  const int label = labels[lab_off + r];
+  losses[loss_off + r] = (float)(log_sum - (row[label] - mx));
+  if (!with_grad) return;
+  __global float* g = dlogits + dl_off + r * c;
+  for (ulong j = 0; j < c; ++j) {
+    const acc_t p = exp((acc_t)(row[j] - mx) - log_sum);
+    g[j] = (float)((p - (j == (ulong)label ? (acc_t)1 : (acc_t)0)) * grad_scale);
+  }
+}

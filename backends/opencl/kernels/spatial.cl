@@ -1,0 +1,137 @@
+// Spatial kernels: im2col/col2im for convolution, the [A, B, R] -> [B, A, R] transpose,
+// and pooling over [N, C, H, W]. A window is passed as (channels, height, width, kh, kw,
+// stride_h, stride_w, pad_h, pad_w, out_h, out_w).
+
+#define WINDOW                                                                            \
+  long channels, long height, long width, long kh, long kw, long stride_h, long stride_w, \
+      long pad_h, long pad_w, long out_h, long out_w
+
+// col [C*kh*kw, n*OH*OW], one item per entry.
+__kernel void im2col_f32(__global const float* x, ulong x_off, __global float* col,
+                         ulong col_off, long n, WINDOW) {
+  const long ohw = out_h * out_w, cols = n * ohw;
+  const long k = get_global_id(0);
+  if (k >= channels * kh * kw * cols) return;
+  const long row = k / cols, rest = k % cols;
+  const long s = rest / ohw, pix = rest % ohw, oy = pix / out_w, ox = pix % out_w;
+  const long c = row / (kh * kw), ki = (row / kw) % kh, kj = row % kw;
+  const long iy = oy * stride_h - pad_h + ki, ix = ox * stride_w - pad_w + kj;
+  float v = 0.0f;
+  if (iy >= 0 && iy < height && ix >= 0 && ix < width)
+    v = x[x_off + ((s * channels + c) * height + iy) * width + ix];
+  col[col_off + k] = v;
+}
+
+// dx [n, C, H, W] = the sum of col's entries that read each pixel, one item per pixel,
+// gathered in the reference's order (kernel row, then kernel column).
+__kernel void col2im_f32(__global const float* col, ulong col_off, __global float* dx,
+                         ulong dx_off, long n, WINDOW) {
+  const long k = get_global_id(0);
+  if (k >= n * channels * height * width) return;
+  const long ix = k % width, iy = (k / width) % height;
+  const long c = (k / (width * height)) % channels, s = k / (width * height * channels);
+  const long ohw = out_h * out_w, cols = n * ohw;
+  float sum = 0.0f;
+  for (long ki = 0; ki < kh; ++ki) {
+    const long ty = iy + pad_h - ki;
+    if (ty < 0 || ty % stride_h != 0 || ty / stride_h >= out_h) continue;
+    const long oy = ty / stride_h;
+    for (long kj = 0; kj < kw; ++kj) {
+      const long tx = ix + pad_w - kj;
+      if (tx < 0 || tx % stride_w != 0 || tx / stride_w >= out_w) continue;
+      const long row = (c * kh + ki) * kw + kj;
+      sum += col[col_off + row * cols + s * ohw + oy * out_w + tx / stride_w];
+    }
+  }
+  dx[dx_off + k] = sum;
+}
+
+// src [a, b, r] -> dst [b, a, r], one item per element.
+__kernel void transpose01_f32(__global const float* src, ulong src_off, __global float* dst,
+                              ulong dst_off, ulong a, ulong b, ulong r) {
+  const size_t k = get_global_id(0);
+  if (k >= a * b * r) return;
+  const ulong e = k % r, idx = k / r, j = idx / a, i = idx % a;
+  dst[dst_off + k] = src[src_off + (i * b + j) * r + e];
+}
+
+// One item per output; argmax is the flat index inside the input plane, the first
+// maximum winning.
+__kernel void max_pool_f32(__global const float* x, ulong x_off, __global float* y, ulong y_off,
+                           __global int* argmax, ulong a_off, long n, WINDOW) {
+  const long k = get_global_id(0);
+  if (k >= n * channels * out_h * out_w) return;
+  const long ox = k % out_w, oy = (k / out_w) % out_h, plane_idx = k / (out_w * out_h);
+  __global const float* in = x + x_off + plane_idx * height * width;
+  const long y0 = max(0L, oy * stride_h - pad_h), y1 = min(height, oy * stride_h - pad_h + kh);
+  const long x0 = max(0L, ox * stride_w - pad_w), x1 = min(width, ox * stride_w - pad_w + kw);
+  float best = in[y0 * width + x0];
+  long best_at = y0 * width + x0;
+  for (long iy = y0; iy < y1; ++iy) {
+    for (long ix = x0; ix < x1; ++ix) {
+      const float v = in[iy * width + ix];
+      if (v > best) {
+        best = v;
+        best_at = iy * width + ix;
+      }
+    }
+  }
+  y[y_off + k] = best;
+  argmax[a_off + k] = (int)best_at;
+}
+
+// One item per input plane, scattering in output order as the reference does; indices
+// outside the plane are ignored.
+__kernel void max_pool_backward_f32(__global const float* dy, ulong dy_off,
+                                    __global const int* argmax, ulong a_off, __global float* dx,
+                                    ulong dx_off, long n, WINDOW) {
+  const long p = get_global_id(0);
+  if (p >= n * channels) return;
+  const long plane = height * width, ohw = out_h * out_w;
+  __global float* out = dx + dx_off + p * plane;
+  for (long i = 0; i < plane; ++i) out[i] = 0.0f;
+  for (long i = 0; i < ohw; ++i) {
+    const int at = argmax[a_off + p * ohw + i];
+    if (at >= 0 && at < plane) out[at] += dy[dy_off + p * ohw + i];
+  }
+}
+
+// Average with padding counted as zeros (divisor kh * kw), one item per output.
+__kernel void avg_pool_f32(__global const float* x, ulong x_off, __global float* y, ulong y_off,
+                           long n, WINDOW) {
+  const long k = get_global_id(0);
+  if (k >= n * channels * out_h * out_w) return;
+  const long ox = k % out_w, oy = (k / out_w) % out_h, plane_idx = k / (out_w * out_h);
+  __global const float* in = x + x_off + plane_idx * height * width;
+  float s = 0.0f;
+  for (long ki = 0; ki < kh; ++ki) {
+    const long iy = oy * stride_h - pad_h + ki;
+    if (iy < 0 || iy >= height) continue;
+    for (long kj = 0; kj < kw; ++kj) {
+      const long ix = ox * stride_w - pad_w + kj;
+      if (ix >= 0 && ix < width) s += in[iy * width + ix];
+    }
+  }
+  y[y_off + k] = s * (1.0f / (float)(kh * kw));
+}
+
+// One item per input pixel, gathering the outputs whose windows cover it in output
+// order (the order in which the reference scatters them).
+__kernel void avg_pool_backward_f32(__global const float* dy, ulong dy_off, __global float* dx,
+                                    ulong dx_off, long n, WINDOW) {
+  const long k = get_global_id(0);
+  if (k >= n * channels * height * width) return;
+  const long ix = k % width, iy = (k / width) % height, plane_idx = k / (width * height);
+  __global const float* g = dy + dy_off + plane_idx * out_h * out_w;
+  const float inv = 1.0f / (float)(kh * kw);
+  float s = 0.0f;
+  // Outputs oy with oy * stride_h - pad_h <= iy < oy * stride_h - pad_h + kh.
+  const long ty = iy + pad_h - kh + 1, tx = ix + pad_w - kw + 1;
+  const long oy0 = ty <= 0 ? 0 : (ty + stride_h - 1) / stride_h;
+  const long ox0 = tx <= 0 ? 0 : (tx + stride_w - 1) / stride_w;
+  const long oy1 = min(out_h - 1, (iy + pad_h) / stride_h);
+  const long ox1 = min(out_w - 1, (ix + pad_w) / stride_w);
+  for (long oy = oy0; oy <= oy1; ++oy)
+    for (long ox = ox0; ox <= ox1; ++ox) s += g[oy * out_w + ox] * inv;
+  dx[dx_off + k] = s;
+}

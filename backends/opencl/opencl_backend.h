@@ -1,0 +1,142 @@
+// The OpenCL backend: CLBlast for GEMM, our own kernels (kernels/*.cl, embedded) for
+// everything else, on one device with one in-order command queue.
+//
+// Ordering: every op is enqueued on the one in-order queue, so ops see each other's
+// results without events, and a buffer freed by one op can be handed to the next
+// (its pending kernels run before anything enqueued later). upload() and download()
+// block until their copy is done; dot() waits for its result.
+//
+// Threads: one thread at a time per backend (as for the CPU backend); kernel argument
+// setting and enqueueing are serialised by a mutex anyway, since cl::Kernel objects
+// are shared.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "backends/opencl/devices.h"
+#include "backends/opencl/program.h"
+#include "core/backend.h"
+
+namespace tandem::opencl {
+
+struct OpenClOptions {
+  int device = 0;  // N of "opencl:N"
+  // Program binary cache; empty: compile every start.
+  std::filesystem::path cache_dir = ProgramCache::defaultDir();
+  // Freed buffers up to this many bytes are kept for reuse, so a steady training step
+  // does not allocate.
+  size_t pool_bytes = size_t{256} << 20;
+};
+
+// What building the kernels took at start-up.
+struct KernelSetup {
+  double seconds = 0;  // all programs, created and built
+  int programs = 0;    // built
+  int from_cache = 0;  // of which loaded from the binary cache
+};
+
+class OpenClBackend final : public Backend {
+ public:
+  explicit OpenClBackend(const OpenClOptions& options = {});
+  ~OpenClBackend() override;
+
+  DeviceInfo info() const override;
+  static DeviceInfo deviceInfo(const ClDevice& d);
+
+  std::shared_ptr<Storage> allocate(size_t bytes) override;
+  void upload(const Tensor& dst, const void* src) override;
+  void download(const Tensor& src, void* dst) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, float value) override;
+  void convert(const Tensor& src, const Tensor& dst) override;
+  void synchronize() override;
+
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+            const Tensor& c) override;
+  void axpby(float alpha, const Tensor& x, float beta, const Tensor& y) override;
+  void mul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  double dot(const Tensor& a, const Tensor& b) override;
+  void addBias(const Tensor& y, const Tensor& bias) override;
+  void biasGrad(const Tensor& dy, const Tensor& db) override;
+
+  void activation(Activation kind, const Tensor& x, const Tensor& y) override;
+  void activationBackward(Activation kind, const Tensor& x, const Tensor& y, const Tensor& dy,
+                          const Tensor& dx) override;
+  void dropout(const Tensor& x, float p, uint64_t seed, const Tensor& mask,
+               const Tensor& y) override;
+
+  void im2col(const Tensor& x, const Window2d& g, const Tensor& col) override;
+  void col2im(const Tensor& col, const Window2d& g, const Tensor& dx) override;
+  void transpose01(const Tensor& src, const Tensor& dst) override;
+  void maxPool(const Tensor& x, const Window2d& g, const Tensor& y, const Tensor& argmax) override;
+  void maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
+                       const Tensor& dx) override;
+  void avgPool(const Tensor& x, const Window2d& g, const Tensor& y) override;
+  void avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) override;
+
+  void layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                 const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                         const Tensor& dbeta) override;
+  void embedding(const Tensor& ids, const Tensor& table, const Tensor& y) override;
+  void embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) override;
+  void softmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                           const Tensor& losses, const Tensor& dlogits) override;
+
+  void sgdStep(const Tensor& param, const Tensor& grad, const Tensor& velocity,
+               const SgdStep& s) override;
+  void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                 const AdamWStep& s) override;
+
+  // For benchmarks and tests that drive the device directly.
+  const ClDevice& device() const { return device_; }
+  const cl::Context& context() const { return context_; }
+  cl::CommandQueue& queue() { return queue_; }
+  const KernelSetup& kernelSetup() const { return setup_; }
+  // The buffer under a tensor of this backend (InvalidArgument otherwise).
+  const cl::Buffer& buffer(const Tensor& t) const;
+  // Bytes of device memory held: live tensors and the pool's spare buffers.
+  size_t allocatedBytes() const;
+
+  // Runs kernel `name` over `items` work-items (rounded up to its work-group size);
+  // defined in launch.h, which maps tensors to (buffer, offset) argument pairs.
+  template <typename... Args>
+  void launch(const char* name, size_t items, const Args&... args);
+
+ private:
+  friend class ClStorage;
+  struct Kernel {
+    cl::Kernel kernel;
+    size_t local = 1;  // work-group size used for launches
+  };
+  Kernel& kernel(const char* name);
+  void requireF32(const Tensor& t, const char* op) const;
+  void requireI32(const Tensor& t, const char* op) const;
+  // Host copy of an i32 tensor (ids and labels are checked on the host).
+  std::vector<int32_t> hostIds(const Tensor& t);
+
+  cl::Buffer takeBuffer(size_t bytes, size_t& capacity);
+  void returnBuffer(cl::Buffer buffer, size_t capacity);
+
+  ClDevice device_;
+  std::string label_;  // "opencl:N"
+  cl::Context context_;
+  cl::CommandQueue queue_;
+  KernelSetup setup_;
+  std::unordered_map<std::string, Kernel> kernels_;
+  std::mutex launch_mutex_;  // kernel arguments and enqueueing
+
+  size_t pool_limit_;
+  mutable std::mutex buffers_mutex_;
+  std::multimap<size_t, cl::Buffer> free_buffers_;  // guarded by buffers_mutex_
+  size_t free_bytes_ = 0;                           // guarded by buffers_mutex_
+  size_t allocated_bytes_ = 0;                      // guarded by buffers_mutex_
+};
+
+}  // namespace tandem::opencl

@@ -1,0 +1,277 @@
+// The OpenCL backend's single-kernel ops: argument checks (shared with every backend),
+// then one launch of a kernel from kernels/*.cl. Kernel semantics follow the CPU
+// reference op for op; the comments in the .cl files say where order matters.
+#include <cmath>
+
+#include "backends/op_checks.h"
+#include "backends/opencl/launch.h"
+
+namespace tandem::opencl {
+
+namespace {
+
+cl_ulong u(int64_t v) { return static_cast<cl_ulong>(v); }
+size_t items(int64_t v) { return static_cast<size_t>(v); }
+
+}  // namespace
+
+void OpenClBackend::axpby(float alpha, const Tensor& x, float beta, const Tensor& y) {
+  backends::checkSameCount(x, y, label_, "axpby");
+  requireF32(x, "axpby");
+  requireF32(y, "axpby");
+  launch("axpby_f32", items(x.numel()), alpha, x, beta, y, u(x.numel()));
+}
+
+void OpenClBackend::mul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  backends::checkSameCount(a, b, label_, "mul");
+  backends::checkSameCount(a, out, label_, "mul");
+  for (const Tensor* t : {&a, &b, &out}) requireF32(*t, "mul");
+  launch("mul_f32", items(a.numel()), a, b, out, u(a.numel()));
+}
+
+void OpenClBackend::addBias(const Tensor& y, const Tensor& bias) {
+  const backends::ChannelView v = backends::channelView(y, bias.numel(), label_, "addBias");
+  requireF32(y, "addBias");
+  requireF32(bias, "addBias");
+  launch("add_bias_f32", items(y.numel()), y, bias, u(y.numel()), u(v.c),
+         u(std::max<int64_t>(v.r, 1)));
+}
+
+void OpenClBackend::biasGrad(const Tensor& dy, const Tensor& db) {
+  const backends::ChannelView v = backends::channelView(dy, db.numel(), label_, "biasGrad");
+  requireF32(dy, "biasGrad");
+  requireF32(db, "biasGrad");
+  launch("bias_grad_f32", items(v.c), dy, db, u(v.n), u(v.c), u(v.r));
+}
+
+void OpenClBackend::activation(Activation kind, const Tensor& x, const Tensor& y) {
+  backends::checkSameCount(x, y, label_, "activation");
+  requireF32(x, "activation");
+  requireF32(y, "activation");
+  launch("activation_f32", items(x.numel()), static_cast<cl_int>(kind), x, y, u(x.numel()));
+}
+
+void OpenClBackend::activationBackward(Activation kind, const Tensor& x, const Tensor& y,
+                                       const Tensor& dy, const Tensor& dx) {
+  backends::checkSameCount(dy, dx, label_, "activationBackward");
+  const Tensor& s = kind == Activation::kGELU ? x : y;
+  backends::checkSameCount(s, dx, label_, "activationBackward");
+  for (const Tensor* t : {&s, &dy, &dx}) requireF32(*t, "activationBackward");
+  launch("activation_backward_f32", items(dx.numel()), static_cast<cl_int>(kind), s, dy, dx,
+         u(dx.numel()));
+}
+
+void OpenClBackend::dropout(const Tensor& x, float p, uint64_t seed, const Tensor& mask,
+                            const Tensor& y) {
+  backends::checkSameCount(x, y, label_, "dropout");
+  backends::checkSameCount(x, mask, label_, "dropout");
+  TANDEM_CHECK_MSG(p >= 0.0f && p < 1.0f, InvalidArgument,
+                   "dropout probability " << p << " is not in [0, 1)");
+  for (const Tensor* t : {&x, &mask, &y}) requireF32(*t, "dropout");
+  launch("dropout_f32", items(x.numel()), x, p, static_cast<cl_ulong>(seed), 1.0f / (1.0f - p),
+         mask, y, u(x.numel()));
+}
+
+void OpenClBackend::sgdStep(const Tensor& param, const Tensor& grad, const Tensor& velocity,
+                            const SgdStep& s) {
+  backends::checkSameCount(param, grad, label_, "sgdStep");
+  requireF32(param, "sgdStep");
+  requireF32(grad, "sgdStep");
+  const bool momentum = s.momentum != 0.0f;
+  if (momentum) {
+    backends::checkSameCount(param, velocity, label_, "sgdStep");
+    requireF32(velocity, "sgdStep");
+  }
+  // Without momentum the kernel never reads v: param stands in for the absent tensor.
+  const cl_int mode = !momentum ? 0 : s.nesterov ? 2 : 1;
+  launch("sgd_f32", items(param.numel()), param, grad, momentum ? velocity : param,
+         u(param.numel()), s.lr, s.momentum, s.weight_decay, mode);
+}
+
+void OpenClBackend::adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m,
+                              const Tensor& v, const AdamWStep& s) {
+  backends::checkSameCount(param, grad, label_, "adamwStep");
+  backends::checkSameCount(param, m, label_, "adamwStep");
+  backends::checkSameCount(param, v, label_, "adamwStep");
+  TANDEM_CHECK_MSG(s.step >= 1, InvalidArgument, "adamw step count " << s.step << " must be >= 1");
+  for (const Tensor* t : {&param, &grad, &m, &v}) requireF32(*t, "adamwStep");
+  // The bias corrections as the CPU reference computes them (std::pow in double).
+  const float c1 = 1.0f / (1.0f - static_cast<float>(std::pow(s.beta1, s.step)));
+  const float c2 = 1.0f / (1.0f - static_cast<float>(std::pow(s.beta2, s.step)));
+  launch("adamw_f32", items(param.numel()), param, grad, m, v, u(param.numel()), s.lr, s.beta1,
+         s.beta2, s.eps, s.weight_decay, c1, c2);
+}
+
+// --- spatial ---
+
+void OpenClBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& col) {
+  backends::checkWindowInput(x, g, label_, "im2col");
+  const int64_t n = x.shape()[0];
+  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
+  const int64_t cols = n * g.outHeight() * g.outWidth();
+  TANDEM_CHECK_MSG(
+      col.shape() == (Shape{rows, cols}), InvalidArgument,
+      label_ << " im2col: col " << col.shape() << ", expected [" << rows << ", " << cols << "]");
+  requireF32(x, "im2col");
+  requireF32(col, "im2col");
+  launch("im2col_f32", items(rows * cols), x, col, static_cast<cl_long>(n), g);
+}
+
+void OpenClBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) {
+  backends::checkWindowInput(dx, g, label_, "col2im");
+  const int64_t n = dx.shape()[0];
+  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
+  const int64_t cols = n * g.outHeight() * g.outWidth();
+  TANDEM_CHECK_MSG(
+      col.shape() == (Shape{rows, cols}), InvalidArgument,
+      label_ << " col2im: col " << col.shape() << ", expected [" << rows << ", " << cols << "]");
+  requireF32(col, "col2im");
+  requireF32(dx, "col2im");
+  launch("col2im_f32", items(dx.numel()), col, dx, static_cast<cl_long>(n), g);
+}
+
+void OpenClBackend::transpose01(const Tensor& src, const Tensor& dst) {
+  const Shape& s = src.shape();
+  TANDEM_CHECK_MSG(s.rank() >= 2, InvalidArgument,
+                   label_ << " transpose01: rank of " << s << " < 2");
+  const int64_t a = s[0], b = s[1], r = a * b == 0 ? 0 : src.numel() / (a * b);
+  TANDEM_CHECK_MSG(dst.numel() == src.numel() && dst.shape().rank() >= 2 && dst.shape()[0] == b &&
+                       dst.shape()[1] == a,
+                   InvalidArgument,
+                   label_ << " transpose01: " << s << " cannot be written as " << dst.shape());
+  requireF32(src, "transpose01");
+  requireF32(dst, "transpose01");
+  launch("transpose01_f32", items(src.numel()), src, dst, u(a), u(b), u(r));
+}
+
+void OpenClBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
+                            const Tensor& argmax) {
+  backends::checkWindowInput(x, g, label_, "maxPool");
+  const int64_t n = x.shape()[0];
+  backends::checkWindowOutput(y, n, g, label_, "maxPool");
+  TANDEM_CHECK_MSG(argmax.shape() == y.shape(), InvalidArgument,
+                   label_ << " maxPool: argmax " << argmax.shape() << " vs output " << y.shape());
+  requireF32(x, "maxPool");
+  requireF32(y, "maxPool");
+  requireI32(argmax, "maxPool");
+  launch("max_pool_f32", items(y.numel()), x, y, argmax, static_cast<cl_long>(n), g);
+}
+
+void OpenClBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
+                                    const Tensor& dx) {
+  backends::checkWindowInput(dx, g, label_, "maxPoolBackward");
+  const int64_t n = dx.shape()[0];
+  backends::checkWindowOutput(dy, n, g, label_, "maxPoolBackward");
+  TANDEM_CHECK_MSG(
+      argmax.shape() == dy.shape(), InvalidArgument,
+      label_ << " maxPoolBackward: argmax " << argmax.shape() << " vs gradient " << dy.shape());
+  requireF32(dy, "maxPoolBackward");
+  requireI32(argmax, "maxPoolBackward");
+  requireF32(dx, "maxPoolBackward");
+  launch("max_pool_backward_f32", items(n * g.channels), dy, argmax, dx, static_cast<cl_long>(n),
+         g);
+}
+
+void OpenClBackend::avgPool(const Tensor& x, const Window2d& g, const Tensor& y) {
+  backends::checkWindowInput(x, g, label_, "avgPool");
+  const int64_t n = x.shape()[0];
+  backends::checkWindowOutput(y, n, g, label_, "avgPool");
+  requireF32(x, "avgPool");
+  requireF32(y, "avgPool");
+  launch("avg_pool_f32", items(y.numel()), x, y, static_cast<cl_long>(n), g);
+}
+
+void OpenClBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) {
+  backends::checkWindowInput(dx, g, label_, "avgPoolBackward");
+  const int64_t n = dx.shape()[0];
+  backends::checkWindowOutput(dy, n, g, label_, "avgPoolBackward");
+  requireF32(dy, "avgPoolBackward");
+  requireF32(dx, "avgPoolBackward");
+  launch("avg_pool_backward_f32", items(dx.numel()), dy, dx, static_cast<cl_long>(n), g);
+}
+
+// --- rows ---
+
+void OpenClBackend::layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                              const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const int64_t d = gamma.numel();
+  const int64_t m = backends::rowsOf(x, d, label_, "layerNorm");
+  TANDEM_CHECK_MSG(
+      beta.numel() == d && y.numel() == x.numel() && mean.numel() == m && rstd.numel() == m,
+      InvalidArgument, label_ << " layerNorm: argument sizes disagree with x " << x.shape());
+  for (const Tensor* t : {&x, &gamma, &beta, &y, &mean, &rstd}) requireF32(*t, "layerNorm");
+  launch("layer_norm_f32", items(m), x, gamma, beta, eps, y, mean, rstd, u(m), u(d));
+}
+
+void OpenClBackend::layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                      const Tensor& dgamma, const Tensor& dbeta) {
+  const int64_t d = gamma.numel();
+  const int64_t m = backends::rowsOf(x, d, label_, "layerNormBackward");
+  TANDEM_CHECK_MSG(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == m &&
+                       rstd.numel() == m && dgamma.numel() == d && dbeta.numel() == d,
+                   InvalidArgument,
+                   label_ << " layerNormBackward: argument sizes disagree with x " << x.shape());
+  for (const Tensor* t : {&dy, &x, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta})
+    requireF32(*t, "layerNormBackward");
+  launch("layer_norm_backward_dx_f32", items(m), dy, x, gamma, mean, rstd, dx, u(m), u(d));
+  launch("layer_norm_backward_params_f32", items(d), dy, x, mean, rstd, dgamma, dbeta, u(m), u(d));
+}
+
+void OpenClBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& y) {
+  TANDEM_CHECK_MSG(table.shape().rank() == 2, InvalidArgument,
+                   label_ << " embedding: table " << table.shape() << " is not [V, D]");
+  const int64_t vocab = table.shape()[0], d = table.shape()[1], m = ids.numel();
+  TANDEM_CHECK_MSG(
+      y.numel() == m * d, InvalidArgument,
+      label_ << " embedding: output " << y.shape() << " does not hold " << m << " x " << d);
+  requireI32(ids, "embedding");
+  requireF32(table, "embedding");
+  requireF32(y, "embedding");
+  // Checked on the host: a kernel cannot raise an error that names the id.
+  const std::vector<int32_t> host = hostIds(ids);
+  backends::checkIds(host.data(), m, vocab, "embedding id", "at position");
+  launch("embedding_f32", items(m * d), ids, table, y, u(m), u(d));
+}
+
+void OpenClBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) {
+  TANDEM_CHECK_MSG(
+      dtable.shape().rank() == 2, InvalidArgument,
+      label_ << " embeddingBackward: table gradient " << dtable.shape() << " is not [V, D]");
+  const int64_t vocab = dtable.shape()[0], d = dtable.shape()[1], m = ids.numel();
+  TANDEM_CHECK_MSG(dy.numel() == m * d, InvalidArgument,
+                   label_ << " embeddingBackward: gradient " << dy.shape() << " does not hold " << m
+                          << " x " << d);
+  requireI32(ids, "embeddingBackward");
+  requireF32(dy, "embeddingBackward");
+  requireF32(dtable, "embeddingBackward");
+  const std::vector<int32_t> host = hostIds(ids);
+  backends::checkIds(host.data(), m, vocab, "embedding id", "at position");
+  launch("embedding_backward_f32", items(d), ids, dy, dtable, u(m), u(d));
+}
+
+void OpenClBackend::softmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
+                                        float grad_scale, const Tensor& losses,
+                                        const Tensor& dlogits) {
+  TANDEM_CHECK_MSG(
+      logits.shape().rank() == 2, InvalidArgument,
+      label_ << " softmaxCrossEntropy: logits " << logits.shape() << " are not [N, C]");
+  const int64_t n = logits.shape()[0], c = logits.shape()[1];
+  TANDEM_CHECK_MSG(labels.numel() == n && losses.numel() == n &&
+                       (!dlogits.defined() || dlogits.numel() == n * c),
+                   InvalidArgument,
+                   label_ << " softmaxCrossEntropy: labels " << labels.shape() << " / losses "
+                          << losses.shape() << " do not match logits " << logits.shape());
+  requireF32(logits, "softmaxCrossEntropy");
+  requireI32(labels, "softmaxCrossEntropy");
+  requireF32(losses, "softmaxCrossEntropy");
+  if (dlogits.defined()) requireF32(dlogits, "softmaxCrossEntropy");
+  const std::vector<int32_t> host = hostIds(labels);
+  backends::checkIds(host.data(), n, c, "label", "of sample");
+  // Without a gradient the kernel never writes it: losses stand in for the absent tensor.
+  const bool with_grad = dlogits.defined();
+  launch("softmax_xent_f32", items(n), logits, labels, grad_scale, losses,
+         with_grad ? dlogits : losses, static_cast<cl_int>(with_grad), u(n), u(c));
+}
+
+}  // namespace tandem::opencl
