@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "backends/op_checks.h"
@@ -34,6 +36,22 @@ void systemFree(void* p, size_t size) {
   } else {
     std::free(p);
   }
+}
+
+// The value of the first "key<tabs>: value" line of /proc/cpuinfo; "" when there is none.
+std::string cpuinfoField(const std::string& key) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t end = line.find_last_not_of(" \t", colon == 0 ? 0 : colon - 1);
+    if (end == std::string::npos || line.compare(0, end + 1, key) != 0 || end + 1 != key.size())
+      continue;
+    const size_t start = line.find_first_not_of(' ', colon + 1);
+    return start == std::string::npos ? "" : line.substr(start);
+  }
+  return "";
 }
 
 }  // namespace
@@ -86,6 +104,14 @@ DeviceInfo CpuBackend::hostInfo(int threads) {
                   std::string(openblas_get_config());
   d.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   d.compute_units = static_cast<int>(std::thread::hardware_concurrency());
+  d.platform = "host";
+  // x86 names its model and vendor; ARM boards often only a "Model" or "Hardware" line.
+  d.model = cpuinfoField("model name");
+  if (d.model.empty()) d.model = cpuinfoField("Model");
+  if (d.model.empty()) d.model = cpuinfoField("Hardware");
+  if (d.model.empty()) d.model = "host CPU";
+  d.vendor = cpuinfoField("vendor_id");
+  d.max_allocation_bytes = d.memory_bytes;
   return d;
 }
 

@@ -96,6 +96,11 @@ DeviceInfo OpenClBackend::deviceInfo(const ClDevice& d) {
       d.name + " (" + d.platform_name + ", " + d.vendor + ", driver " + d.driver + ")";
   info.memory_bytes = d.global_memory;
   info.compute_units = d.compute_units;
+  info.platform = d.platform_name;
+  info.model = d.name;
+  info.vendor = d.vendor;
+  info.max_allocation_bytes = d.max_allocation;
+  info.fp16 = d.fp16;
   return info;
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/opencl/devices.h"
 #include "backends/registry.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
@@ -89,11 +90,17 @@ void addInspect(CLI::App& app) {
 void addDevices(CLI::App& app) {
   CLI::App* c = app.add_subcommand("devices", "List the devices this build can use");
   c->callback([] {
-    std::printf("%-10s %-8s %8s %12s  %s\n", "device", "kind", "units", "memory", "description");
+    std::printf("%-9s %-6s %5s %9s %9s %-4s  %-27s %-28s %s\n", "device", "kind", "units", "memory",
+                "max alloc", "fp16", "platform", "name", "vendor");
+    auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); };
     for (const DeviceInfo& d : listDevices()) {
-      std::printf("%-10s %-8s %8d %10.1f G  %s\n", d.name.c_str(), d.kind.c_str(), d.compute_units,
-                  static_cast<double>(d.memory_bytes) / (1 << 30), d.description.c_str());
+      std::printf("%-9s %-6s %5d %7.1f G %7.1f G %-4s  %-27s %-28s %s\n", d.name.c_str(),
+                  d.kind.c_str(), d.compute_units, gib(d.memory_bytes), gib(d.max_allocation_bytes),
+                  d.fp16 ? "yes" : "no", d.platform.c_str(), d.model.c_str(),
+                  d.vendor.empty() ? "-" : d.vendor.c_str());
     }
+    if (opencl::listClDevices().empty())
+      std::printf("(no OpenCL devices: %s)\n", opencl::noDevicesReason().c_str());
   });
 }
 

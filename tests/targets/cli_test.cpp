@@ -8,6 +8,8 @@
 #include <fstream>
 #include <string>
 
+#include "backends/opencl/devices.h"
+
 namespace {
 
 struct CliRun {
@@ -61,10 +63,21 @@ TEST(CliTest, InspectPrintsAPerLayerTable) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }
 
-TEST(CliTest, DevicesListsTheCpu) {
+TEST(CliTest, DevicesListsTheCpuAndEveryOpenClDevice) {
   const CliRun r = run("devices");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("cpu"), std::string::npos);
+  for (const char* s :
+       {"device", "units", "memory", "max alloc", "fp16", "platform", "vendor", "\ncpu ", " host "})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  const auto cl = tandem::opencl::listClDevices();
+  for (const auto& d : cl) {
+    EXPECT_NE(r.out.find(std::string("\n").append(d.label()).append(" ")), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(d.name), std::string::npos) << r.out;
+  }
+  if (cl.empty()) {
+    EXPECT_NE(r.out.find("no OpenCL devices: "), std::string::npos) << r.out;
+  }
 }
 
 TEST(CliTest, SchedulePrintsListsAndDiagram) {
