@@ -65,6 +65,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
     char text[32];
     if (r.bytes) {
       std::snprintf(text, sizeof text, "%.2f GB/s", r.value / 1e9);
+    } else if (r.value >= 1e9) {  // GEMMs count FLOPs as items
+      std::snprintf(text, sizeof text, "%.2f G/s", r.value / 1e9);
     } else if (r.value >= 1e3) {
       std::snprintf(text, sizeof text, "%.2f k/s", r.value / 1e3);
     } else {

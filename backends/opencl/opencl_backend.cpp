@@ -16,7 +16,10 @@ namespace {
 
 // Programs built at start, one per kernel file (each compiled with common.cl first).
 constexpr const char* kPrograms[] = {"elementwise", "rows", "spatial"};
-constexpr size_t kMaxLocal = 256;
+// Work-group size cap: 256 suits GPUs; CPU devices (POCL) run each work-group as one
+// task, so fewer, larger groups cost less scheduling (measured: axpby on 1M floats
+// 0.39 -> 0.64 of copy bandwidth going from 256 to 4096).
+constexpr size_t kMaxLocalGpu = 256, kMaxLocalCpu = 4096;
 constexpr size_t kAlign = 256;  // allocation granularity, bytes
 
 size_t roundUp(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
@@ -61,6 +64,10 @@ OpenClBackend::OpenClBackend(const OpenClOptions& options)
   const ProgramCache cache(options.cache_dir);
   const std::string build_options =
       std::string("-cl-std=CL1.2") + (device_.fp64 ? " -DTANDEM_FP64" : "");
+  const bool cpu_device =
+      clCall("querying " + label_, [&] { return device_.device.getInfo<CL_DEVICE_TYPE>(); }) &
+      CL_DEVICE_TYPE_CPU;
+  const size_t cap = cpu_device ? kMaxLocalCpu : kMaxLocalGpu;
   for (const char* name : kPrograms) {
     BuildReport report;
     cl::Program program =
@@ -74,7 +81,7 @@ OpenClBackend::OpenClBackend(const OpenClOptions& options)
         std::string kname = k.getInfo<CL_KERNEL_FUNCTION_NAME>();
         while (!kname.empty() && kname.back() == '\0') kname.pop_back();
         const size_t most = k.getWorkGroupInfo<CL_KERNEL_WORK_GROUP_SIZE>(device_.device);
-        kernels_[kname] = Kernel{std::move(k), powerOfTwoAtMost(std::min(kMaxLocal, most))};
+        kernels_[kname] = Kernel{std::move(k), powerOfTwoAtMost(std::min(cap, most))};
       }
     });
   }

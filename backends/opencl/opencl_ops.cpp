@@ -11,6 +11,35 @@ namespace tandem::opencl {
 namespace {
 
 cl_ulong u(int64_t v) { return static_cast<cl_ulong>(v); }
+
+// The kernels of an activation (elementwise.cl's ACTIVATION).
+const char* forwardKernel(Activation kind) {
+  switch (kind) {
+    case Activation::kReLU:
+      return "relu_f32";
+    case Activation::kGELU:
+      return "gelu_f32";
+    case Activation::kTanh:
+      return "tanh_f32";
+    case Activation::kSigmoid:
+      return "sigmoid_f32";
+  }
+  throw InvalidArgument("unknown activation " + std::to_string(static_cast<int>(kind)));
+}
+
+const char* backwardKernel(Activation kind) {
+  switch (kind) {
+    case Activation::kReLU:
+      return "relu_backward_f32";
+    case Activation::kGELU:
+      return "gelu_backward_f32";
+    case Activation::kTanh:
+      return "tanh_backward_f32";
+    case Activation::kSigmoid:
+      return "sigmoid_backward_f32";
+  }
+  throw InvalidArgument("unknown activation " + std::to_string(static_cast<int>(kind)));
+}
 size_t items(int64_t v) { return static_cast<size_t>(v); }
 
 }  // namespace
@@ -48,7 +77,7 @@ void OpenClBackend::activation(Activation kind, const Tensor& x, const Tensor& y
   backends::checkSameCount(x, y, label_, "activation");
   requireF32(x, "activation");
   requireF32(y, "activation");
-  launch("activation_f32", items(x.numel()), static_cast<cl_int>(kind), x, y, u(x.numel()));
+  launch(forwardKernel(kind), items(x.numel()), x, y, u(x.numel()));
 }
 
 void OpenClBackend::activationBackward(Activation kind, const Tensor& x, const Tensor& y,
@@ -57,8 +86,7 @@ void OpenClBackend::activationBackward(Activation kind, const Tensor& x, const T
   const Tensor& s = kind == Activation::kGELU ? x : y;
   backends::checkSameCount(s, dx, label_, "activationBackward");
   for (const Tensor* t : {&s, &dy, &dx}) requireF32(*t, "activationBackward");
-  launch("activation_backward_f32", items(dx.numel()), static_cast<cl_int>(kind), s, dy, dx,
-         u(dx.numel()));
+  launch(backwardKernel(kind), items(dx.numel()), s, dy, dx, u(dx.numel()));
 }
 
 void OpenClBackend::dropout(const Tensor& x, float p, uint64_t seed, const Tensor& mask,

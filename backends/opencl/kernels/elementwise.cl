@@ -104,7 +104,7 @@ __kernel void i32_to_f32(__global const int* src, ulong src_off, __global float*
   if (i < n) dst[dst_off + i] = (float)src[src_off + i];
 }
 
-// --- activations: kind 0 ReLU, 1 GELU, 2 tanh, 3 sigmoid (core's Activation order) ---
+// --- activations: one kernel per function (a per-element switch defeats vectorisers) ---
 
 float gelu(float x) { return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f)); }
 
@@ -114,37 +114,30 @@ float gelu_grad(float x) {
   return cdf + x * pdf;
 }
 
-__kernel void activation_f32(int kind, __global const float* x, ulong x_off, __global float* y,
-                             ulong y_off, ulong n) {
-  const size_t i = get_global_id(0);
-  if (i >= n) return;
-  const float v = x[x_off + i];
-  float r;
-  switch (kind) {
-    case 0: r = fmax(v, 0.0f); break;
-    case 1: r = gelu(v); break;
-    case 2: r = tanh(v); break;
-    default: r = 1.0f / (1.0f + exp(-v)); break;
+// NAME_f32: y = F(x); NAME_backward_f32: dx = dy * F'(s), where s is x for GELU and y
+// for the others (Backend::activationBackward).
+#define ACTIVATION(NAME, F, DF)                                                             \
+  __kernel void NAME##_f32(__global const float* x, ulong x_off, __global float* y,        \
+                           ulong y_off, ulong n) {                                          \
+    const size_t i = get_global_id(0);                                                      \
+    if (i >= n) return;                                                                     \
+    const float v = x[x_off + i];                                                           \
+    y[y_off + i] = F;                                                                       \
+  }                                                                                         \
+  __kernel void NAME##_backward_f32(__global const float* s, ulong s_off,                   \
+                                    __global const float* dy, ulong dy_off,                 \
+                                    __global float* dx, ulong dx_off, ulong n) {            \
+    const size_t i = get_global_id(0);                                                      \
+    if (i >= n) return;                                                                     \
+    const float v = s[s_off + i], g = dy[dy_off + i];                                       \
+    dx[dx_off + i] = DF;                                                                    \
   }
-  y[y_off + i] = r;
-}
 
-// dx = dy * f'(s): s is x for GELU, y for the others.
-__kernel void activation_backward_f32(int kind, __global const float* s, ulong s_off,
-                                      __global const float* dy, ulong dy_off,
-                                      __global float* dx, ulong dx_off, ulong n) {
-  const size_t i = get_global_id(0);
-  if (i >= n) return;
-  const float v = s[s_off + i], g = dy[dy_off + i];
-  float r;
-  switch (kind) {
-    case 0: r = v > 0.0f ? g : 0.0f; break;
-    case 1: r = g * gelu_grad(v); break;
-    case 2: r = g * (1.0f - v * v); break;
-    default: r = g * v * (1.0f - v); break;
-  }
-  dx[dx_off + i] = r;
-}
+// ReLU as the reference's std::max(x, 0): NaN and -0 pass through.
+ACTIVATION(relu, v < 0.0f ? 0.0f : v, v > 0.0f ? g : 0.0f)
+ACTIVATION(gelu, gelu(v), g * gelu_grad(v))
+ACTIVATION(tanh, tanh(v), g * (1.0f - v * v))
+ACTIVATION(sigmoid, 1.0f / (1.0f + exp(-v)), g * v * (1.0f - v))
 
 // core/random.h's mix64 and hashUniform, bit for bit, so masks match every backend.
 ulong mix64(ulong x) {

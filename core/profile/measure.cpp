@@ -1,0 +1,90 @@
+#include "core/profile/measure.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/random.h"
+
+namespace tandem {
+
+Spread timeRepeated(const std::function<void()>& f, int warmup, int repeats) {
+  TANDEM_CHECK_MSG(
+      repeats >= 1 && warmup >= 0, InvalidArgument,
+      "timing needs repeats >= 1 and warm-up >= 0, got " << repeats << " and " << warmup);
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  const size_t n = t.size();
+  const double median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+  return {median, t.front(), t.back(), repeats};
+}
+
+namespace {
+
+std::vector<float> randomValues(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
+  return v;
+}
+
+}  // namespace
+
+LayerRunner::LayerRunner(Model& model, int64_t batch, uint64_t seed) : model_(model) {
+  Backend& be = model.backend();
+  const Shape xs = model.inputShape().withBatch(batch);
+  Tensor x;
+  if (model.inputDType() == DType::kI32) {  // token ids: any valid id will do
+    std::vector<int32_t> ids(static_cast<size_t>(xs.numel()), 0);
+    x = toDeviceI32(be, xs, ids);
+  } else {
+    x = toDevice(be, xs, randomValues(xs.numel(), seed));
+  }
+  const ForwardContext ctx{true, seed};
+  for (size_t i = 0; i < model.size(); ++i) {
+    inputs_.push_back(x);
+    stashes_.emplace_back();
+    x = model.layer(i).forward(x, stashes_.back(), ctx);
+    grads_.push_back(toDevice(be, x.shape(), randomValues(x.numel(), seed + i + 1)));
+  }
+  be.synchronize();
+}
+
+void LayerRunner::forward(size_t i) {
+  Stash stash;
+  model_.layer(i).forward(inputs_.at(i), stash, ForwardContext{true, 1});
+  model_.backend().synchronize();
+}
+
+void LayerRunner::backward(size_t i) {
+  Stash stash = stashes_.at(i);  // backward may consume its stash; keep the original
+  model_.layer(i).backward(grads_.at(i), stash, i > 0);
+  model_.backend().synchronize();
+}
+
+int64_t LayerRunner::activationBytes(size_t i) const {
+  return static_cast<int64_t>(grads_.at(i).bytes());
+}
+
+int64_t LayerRunner::paramBytes(size_t i) const {
+  return model_.layer(i).paramCount() * static_cast<int64_t>(sizeof(float));
+}
+
+GemmRunner::GemmRunner(Backend& backend, int64_t n) : backend_(backend), n_(n) {
+  a_ = toDevice(backend, {n, n}, randomValues(n * n, 1));
+  b_ = toDevice(backend, {n, n}, randomValues(n * n, 2));
+  c_ = backend.zeros({n, n});
+}
+
+void GemmRunner::run() {
+  backend_.gemm(false, false, 1.0f, a_, b_, 0.0f, c_);
+  backend_.synchronize();
+}
+
+}  // namespace tandem

@@ -1,0 +1,60 @@
+// Measurement shared by `tandem profile` and benchmarks/device_bench: what is run (a
+// layer's forward or backward on a prepared input, a square GEMM) and how a time is
+// taken (warm-up, repeats, median and spread). Every run ends with
+// Backend::synchronize(), so a time covers the device's work, not only its enqueueing.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/model.h"
+
+namespace tandem {
+
+// Seconds over repeated runs.
+struct Spread {
+  double median = 0, min = 0, max = 0;
+  int repeats = 0;
+};
+
+// Runs f `warmup` times untimed, then `repeats` times timed.
+Spread timeRepeated(const std::function<void()>& f, int warmup, int repeats);
+
+// Every layer of a built model with its own input: one forward pass from a random
+// batch (fixed seed) stores each layer's input, stash and an output-shaped gradient,
+// so any layer can then be run alone, any number of times.
+class LayerRunner {
+ public:
+  LayerRunner(Model& model, int64_t batch, uint64_t seed = 1);
+
+  size_t size() const { return inputs_.size(); }
+  // Layer i's forward on its stored input (training mode: dropout draws its mask).
+  void forward(size_t i);
+  // Layer i's backward from its stored stash, with the input gradient unless it is the
+  // first layer; gradients accumulate into the parameters' grad buffers.
+  void backward(size_t i);
+  // Bytes of layer i's output (the activation it passes on) and of its parameters.
+  int64_t activationBytes(size_t i) const;
+  int64_t paramBytes(size_t i) const;
+
+ private:
+  Model& model_;
+  std::vector<Tensor> inputs_, grads_;
+  std::vector<Stash> stashes_;
+};
+
+// A square n x n x n sgemm with its operands, on one backend.
+class GemmRunner {
+ public:
+  GemmRunner(Backend& backend, int64_t n);
+  void run();  // c = a * b, then synchronize
+  double flops() const { return 2.0 * static_cast<double>(n_) * n_ * n_; }
+
+ private:
+  Backend& backend_;
+  int64_t n_;
+  Tensor a_, b_, c_;
+};
+
+}  // namespace tandem
