@@ -48,10 +48,9 @@ Backend& device(const std::string& name) {
   return *slot;
 }
 
+// FLOPs as items: the items_per_second column reads as FLOP/s.
 void setFlops(benchmark::State& state, double flops_per_iteration) {
   state.SetItemsProcessed(static_cast<int64_t>(flops_per_iteration) * state.iterations());
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops_per_iteration * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // --- sgemm ---

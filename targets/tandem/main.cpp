@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tandem::cli::addEval(app);
   tandem::cli::addInspect(app);
   tandem::cli::addDevices(app);
+  tandem::cli::addProfile(app);
   tandem::cli::addKeygen(app);
   tandem::cli::addSchedule(app);
   tandem::cli::addRun(app);
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
     } catch (const CLI::OptionNotFound&) {
       std::cerr
           << "error: unknown command '" << argv[1]
-          << "' (commands: train, run, infer, eval, inspect, devices, schedule, keygen; see --help)\n";
+          << "' (commands: train, run, infer, eval, inspect, devices, profile, schedule, keygen; see --help)\n";
       return 2;
     }
   }

@@ -80,6 +80,44 @@ TEST(CliTest, DevicesListsTheCpuAndEveryOpenClDevice) {
   }
 }
 
+// tandem profile on every device there is: a table per device, a JSON file that
+// validates against docs/profile.schema.json (python3-jsonschema, which setup installs)
+// and, against itself, every median within a factor 1.
+TEST(CliTest, ProfileWritesASchemaValidProfileForEveryDevice) {
+  std::string devices = "cpu";
+  for (const auto& d : tandem::opencl::listClDevices()) devices.append(",").append(d.label());
+  const std::string out = ::testing::TempDir() + "cli_profile.json";
+  const CliRun r = run("profile --model " TANDEM_SOURCE_DIR
+                       "/examples/models/mlp.yaml --batch 8 --repeats 2 --warmup 1 --devices " +
+                       devices + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"cpu (", "sgemm 1024:", "forward ms", "backward ms", "linear", "wrote"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  const std::string check =
+      "python3 -c \"import json, jsonschema; jsonschema.validate(json.load("
+      "open('" +
+      out + "')), json.load(open('" TANDEM_SOURCE_DIR "/docs/profile.schema.json')))\" 2>&1";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  const CliRun again = run("profile --model " TANDEM_SOURCE_DIR
+                           "/examples/models/mlp.yaml --batch 8 --repeats 2 --warmup 1 "
+                           "--devices cpu --against " +
+                           out);
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("cpu: layers of 1 ms or more within a factor"), std::string::npos)
+      << again.out;
+  const CliRun other = run("profile --model " TANDEM_SOURCE_DIR
+                           "/examples/models/mlp.yaml --batch 4 --repeats 1 --against " +
+                           out);
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.out.find("profiles model 'mlp' at batch 8, not 'mlp' at batch 4"),
+            std::string::npos)
+      << other.out;
+  const CliRun bad =
+      run("profile --model " TANDEM_SOURCE_DIR "/examples/models/mlp.yaml --devices cpu,opencl:99");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("no OpenCL device 99"), std::string::npos) << bad.out;
+}
+
 TEST(CliTest, SchedulePrintsListsAndDiagram) {
   const CliRun r = run("schedule --kind 1f1b -p 4 -m 8");
   ASSERT_EQ(r.code, 0) << r.out;

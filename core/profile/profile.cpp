@@ -1,0 +1,202 @@
+#include "core/profile/profile.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tandem {
+
+DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const ProfileOptions& o) {
+  DeviceProfile out;
+  out.device = backend.info();
+  for (int64_t n : o.gemm_sizes) {
+    GemmRunner g(backend, n);
+    const Spread s = timeRepeated([&] { g.run(); }, 1, std::max(3, o.repeats / 3));
+    out.gemm.push_back({n, g.flops() / s.median * 1e-9});
+  }
+  Model model(spec);
+  model.build(backend, o.seed);
+  LayerRunner runner(model, o.batch, o.seed);
+  for (size_t i = 0; i < model.size(); ++i) {
+    LayerProfile l;
+    l.index = static_cast<int64_t>(i);
+    l.type = model.layer(i).type();
+    l.output = model.layer(i).outputShape().withBatch(o.batch);
+    l.forward = timeRepeated([&] { runner.forward(i); }, o.warmup, o.repeats);
+    l.backward = timeRepeated([&] { runner.backward(i); }, o.warmup, o.repeats);
+    l.activation_bytes = runner.activationBytes(i);
+    l.param_bytes = runner.paramBytes(i);
+    l.flops = model.layer(i).flops();
+    out.layers.push_back(std::move(l));
+  }
+  return out;
+}
+
+namespace {
+
+using nlohmann::json;
+
+json spreadJson(const Spread& s) {
+  return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"repeats", s.repeats}};
+}
+
+json shapeJson(const Shape& s) {
+  json a = json::array();
+  for (int64_t d : s.dims()) a.push_back(d);
+  return a;
+}
+
+// Reads fields of one JSON object, naming the path of anything missing or mistyped.
+class Reader {
+ public:
+  Reader(const json& j, std::string path, const std::string& where)
+      : j_(j), path_(std::move(path)), where_(where) {
+    if (!j_.is_object()) fail("", "is not an object");
+  }
+  const json& at(const char* key, json::value_t type) const {
+    auto it = j_.find(key);
+    if (it == j_.end()) fail(key, "is missing");
+    const bool number_ok = type == json::value_t::number_float && it->is_number();
+    const bool int_ok = type == json::value_t::number_integer && it->is_number_integer();
+    if (it->type() != type && !number_ok && !int_ok) fail(key, "has the wrong type");
+    return *it;
+  }
+  std::string str(const char* key) const { return at(key, json::value_t::string); }
+  double num(const char* key) const { return at(key, json::value_t::number_float); }
+  int64_t integer(const char* key) const {
+    const int64_t v = at(key, json::value_t::number_integer).get<int64_t>();
+    if (v < 0) fail(key, "is negative");
+    return v;
+  }
+  bool boolean(const char* key) const { return at(key, json::value_t::boolean); }
+  const json& array(const char* key) const { return at(key, json::value_t::array); }
+  Reader child(const json& j, const std::string& name) const {
+    return Reader(j, path_ + name, where_);
+  }
+  Shape shape(const char* key) const {
+    std::vector<int64_t> dims;
+    for (const json& d : array(key)) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(key, "holds a non-dimension");
+      dims.push_back(d.get<int64_t>());
+    }
+    try {
+      return Shape(dims);
+    } catch (const InvalidArgument& e) {
+      fail(key, e.what());
+    }
+  }
+  Spread spread(const char* key) const {
+    const Reader r = child(at(key, json::value_t::object), std::string(".") + key);
+    Spread s{r.num("median"), r.num("min"), r.num("max"), static_cast<int>(r.integer("repeats"))};
+    if (!(s.min <= s.median && s.median <= s.max)) fail(key, "is not min <= median <= max");
+    return s;
+  }
+  [[noreturn]] void fail(const std::string& key, const char* what) const {
+    const std::string field = path_.empty() ? key : key.empty() ? path_ : path_ + "." + key;
+    throw FormatError(where_ + ": profile field " + field + " " + what);
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+  const std::string& where_;
+};
+
+}  // namespace
+
+std::string profileToJson(const Profile& p) {
+  json devices = json::array();
+  for (const DeviceProfile& d : p.devices) {
+    json gemm = json::array();
+    for (const GemmPoint& g : d.gemm) gemm.push_back({{"n", g.n}, {"gflops", g.gflops}});
+    json layers = json::array();
+    for (const LayerProfile& l : d.layers) {
+      layers.push_back({{"index", l.index},
+                        {"type", l.type},
+                        {"output", shapeJson(l.output)},
+                        {"forward_s", spreadJson(l.forward)},
+                        {"backward_s", spreadJson(l.backward)},
+                        {"activation_bytes", l.activation_bytes},
+                        {"param_bytes", l.param_bytes},
+                        {"flops_per_sample", l.flops}});
+    }
+    const DeviceInfo& i = d.device;
+    devices.push_back({{"name", i.name},
+                       {"kind", i.kind},
+                       {"model", i.model},
+                       {"platform", i.platform},
+                       {"vendor", i.vendor},
+                       {"description", i.description},
+                       {"compute_units", i.compute_units},
+                       {"memory_bytes", i.memory_bytes},
+                       {"max_allocation_bytes", i.max_allocation_bytes},
+                       {"fp16", i.fp16},
+                       {"gemm", gemm},
+                       {"layers", layers}});
+  }
+  const json j = {{"schema", "tandem-profile"},  {"version", kProfileVersion}, {"model", p.model},
+                  {"input", shapeJson(p.input)}, {"batch", p.batch},           {"warmup", p.warmup},
+                  {"repeats", p.repeats},        {"devices", devices}};
+  return j.dump(2) + "\n";
+}
+
+Profile parseProfile(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw FormatError(where + ": not JSON: " + e.what());
+  }
+  const Reader top(j, "", where);
+  if (top.str("schema") != "tandem-profile") top.fail("schema", "is not \"tandem-profile\"");
+  const int64_t version = top.integer("version");
+  if (version != kProfileVersion)
+    throw FormatError(where + ": profile version " + std::to_string(version) +
+                      " is not supported (this build reads version " +
+                      std::to_string(kProfileVersion) + ")");
+  Profile p;
+  p.model = top.str("model");
+  p.input = top.shape("input");
+  p.batch = top.integer("batch");
+  p.warmup = static_cast<int>(top.integer("warmup"));
+  p.repeats = static_cast<int>(top.integer("repeats"));
+  const json& devices = top.array("devices");
+  for (size_t di = 0; di < devices.size(); ++di) {
+    const Reader r = top.child(devices[di], "devices[" + std::to_string(di) + "]");
+    DeviceProfile d;
+    d.device.name = r.str("name");
+    d.device.kind = r.str("kind");
+    d.device.model = r.str("model");
+    d.device.platform = r.str("platform");
+    d.device.vendor = r.str("vendor");
+    d.device.description = r.str("description");
+    d.device.compute_units = static_cast<int>(r.integer("compute_units"));
+    d.device.memory_bytes = r.integer("memory_bytes");
+    d.device.max_allocation_bytes = r.integer("max_allocation_bytes");
+    d.device.fp16 = r.boolean("fp16");
+    const json& gemm = r.array("gemm");
+    for (size_t gi = 0; gi < gemm.size(); ++gi) {
+      const Reader g = r.child(gemm[gi], ".gemm[" + std::to_string(gi) + "]");
+      d.gemm.push_back({g.integer("n"), g.num("gflops")});
+    }
+    const json& layers = r.array("layers");
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const Reader l = r.child(layers[li], ".layers[" + std::to_string(li) + "]");
+      LayerProfile lp;
+      lp.index = l.integer("index");
+      if (lp.index != static_cast<int64_t>(li)) l.fail("index", "is out of order");
+      lp.type = l.str("type");
+      lp.output = l.shape("output");
+      lp.forward = l.spread("forward_s");
+      lp.backward = l.spread("backward_s");
+      lp.activation_bytes = l.integer("activation_bytes");
+      lp.param_bytes = l.integer("param_bytes");
+      lp.flops = l.integer("flops_per_sample");
+      d.layers.push_back(std::move(lp));
+    }
+    p.devices.push_back(std::move(d));
+  }
+  return p;
+}
+
+}  // namespace tandem

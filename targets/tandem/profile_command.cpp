@@ -1,0 +1,130 @@
+// tandem profile: per device, each layer's forward and backward time, its activation
+// and parameter bytes, the device's memory and a GEMM summary, as the JSON profile the
+// partitioner reads (docs/profile.md).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "backends/registry.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "core/model_spec.h"
+#include "core/profile/profile.h"
+#include "targets/tandem/commands.h"
+
+namespace tandem::cli {
+
+namespace {
+
+std::vector<std::string> splitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+void printDevice(const DeviceProfile& d) {
+  std::printf("\n%s (%s): %d units, %.1f GiB\n", d.device.name.c_str(), d.device.model.c_str(),
+              d.device.compute_units, static_cast<double>(d.device.memory_bytes) / (1 << 30));
+  for (const GemmPoint& g : d.gemm)
+    std::printf("  sgemm %lld: %.1f GFLOP/s\n", static_cast<long long>(g.n), g.gflops);
+  std::printf("  %-5s %-14s %12s %8s %12s %8s %12s %10s\n", "layer", "type", "forward ms", "spread",
+              "backward ms", "spread", "activation", "params");
+  for (const LayerProfile& l : d.layers) {
+    auto spread = [](const Spread& s) { return s.median > 0 ? (s.max - s.min) / s.median : 0; };
+    std::printf("  %-5lld %-14s %12.4f %7.0f%% %12.4f %7.0f%% %12lld %10lld\n",
+                static_cast<long long>(l.index), l.type.c_str(), l.forward.median * 1e3,
+                100 * spread(l.forward), l.backward.median * 1e3, 100 * spread(l.backward),
+                static_cast<long long>(l.activation_bytes), static_cast<long long>(l.param_bytes));
+  }
+}
+
+// Per device and layer, this profile's medians over the earlier one's; the largest
+// deviation tells how repeatable the measurement is on this machine.
+void compare(const Profile& now, const Profile& before, const std::string& before_path) {
+  TANDEM_CHECK_MSG(now.model == before.model && now.batch == before.batch, InvalidArgument,
+                   before_path << " profiles model '" << before.model << "' at batch "
+                               << before.batch << ", not '" << now.model << "' at batch "
+                               << now.batch);
+  std::printf("\nagainst %s (median now / median then):\n", before_path.c_str());
+  for (const DeviceProfile& d : now.devices) {
+    const DeviceProfile* old = nullptr;
+    for (const DeviceProfile& o : before.devices)
+      if (o.device.name == d.device.name) old = &o;
+    if (!old || old->layers.size() != d.layers.size()) {
+      std::printf("  %s: not in %s\n", d.device.name.c_str(), before_path.c_str());
+      continue;
+    }
+    // Over all layers, and over those taking 1 ms or more (sub-millisecond layers are
+    // dominated by launch and timer noise).
+    double worst = 1, worst_big = 1;
+    std::string worst_at = "-", worst_big_at = "-";
+    for (size_t i = 0; i < d.layers.size(); ++i) {
+      const LayerProfile &a = d.layers[i], &b = old->layers[i];
+      for (auto [x, y, what] : {std::tuple{a.forward.median, b.forward.median, "forward"},
+                                {a.backward.median, b.backward.median, "backward"}}) {
+        const double off = y > 0 && x > 0 ? std::max(x / y, y / x) : 1;
+        const std::string at = "layer " + std::to_string(i) + " " + what;
+        if (off > worst) worst = off, worst_at = at;
+        if (std::min(x, y) >= 1e-3 && off > worst_big) worst_big = off, worst_big_at = at;
+      }
+    }
+    std::printf(
+        "  %s: layers of 1 ms or more within a factor %.2f (largest: %s); all layers "
+        "within %.2f (%s)\n",
+        d.device.name.c_str(), worst_big, worst_big_at.c_str(), worst, worst_at.c_str());
+  }
+}
+
+}  // namespace
+
+void addProfile(CLI::App& app) {
+  struct Args {
+    std::string model, devices = "cpu", out, against;
+    ProfileOptions options;
+    int threads = 1;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = app.add_subcommand(
+      "profile", "Measure each layer of a model on each device (the partitioner's input)");
+  c->add_option("--model", a->model, "Model spec (YAML)")->required()->check(CLI::ExistingFile);
+  c->add_option("--devices", a->devices, "Comma-separated devices, e.g. cpu,opencl:0");
+  c->add_option("--batch", a->options.batch, "Samples per forward pass")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--repeats", a->options.repeats, "Timed runs per layer and direction")
+      ->check(CLI::Range(1, 100000));
+  c->add_option("--warmup", a->options.warmup, "Untimed runs first")->check(CLI::Range(0, 1000));
+  c->add_option("--threads", a->threads, "CPU threads")->check(CLI::Range(1, 1024));
+  c->add_option("--out", a->out, "Write the profile (JSON) here");
+  c->add_option("--against", a->against, "An earlier profile to compare medians with")
+      ->check(CLI::ExistingFile);
+  c->callback([a] {
+    const ModelSpec spec = loadModelSpec(a->model);
+    const std::vector<std::string> devices = splitList(a->devices);
+    TANDEM_CHECK_MSG(!devices.empty(), InvalidArgument, "--devices names no device");
+    Profile p;
+    p.model = spec.name;
+    p.input = spec.input;
+    p.batch = a->options.batch;
+    p.warmup = a->options.warmup;
+    p.repeats = a->options.repeats;
+    for (const std::string& name : devices) {
+      auto backend = makeBackend(name, BackendOptions{a->threads});
+      p.devices.push_back(profileDevice(spec, *backend, a->options));
+      printDevice(p.devices.back());
+    }
+    if (!a->out.empty()) {
+      std::ofstream out(a->out, std::ios::trunc);
+      out << profileToJson(p);
+      TANDEM_CHECK_MSG(out.good(), IoError, "cannot write the profile to '" << a->out << "'");
+      std::printf("\nwrote %s\n", a->out.c_str());
+    }
+    if (!a->against.empty())
+      compare(p, parseProfile(readFile(a->against, "profile"), a->against), a->against);
+  });
+}
+
+}  // namespace tandem::cli
