@@ -43,6 +43,82 @@ void checkWindowOutput(const Tensor& y, int64_t n, const Window2d& g, std::strin
                    device << " " << op << ": output " << y.shape() << ", expected " << want);
 }
 
+void checkColumns(const Tensor& col, const Tensor& images, const Window2d& g,
+                  std::string_view device, const char* op) {
+  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
+  const int64_t cols = images.shape()[0] * g.outHeight() * g.outWidth();
+  TANDEM_CHECK_MSG(col.shape() == (Shape{rows, cols}), InvalidArgument,
+                   device << " " << op << ": col " << col.shape() << ", expected [" << rows << ", "
+                          << cols << "]");
+}
+
+void checkArgmax(const Tensor& argmax, const Tensor& y, std::string_view device, const char* op) {
+  TANDEM_CHECK_MSG(
+      argmax.shape() == y.shape(), InvalidArgument,
+      device << " " << op << ": argmax " << argmax.shape() << " vs pooled " << y.shape());
+}
+
+Transpose01 checkTranspose01(const Tensor& src, const Tensor& dst, std::string_view device) {
+  const Shape& s = src.shape();
+  TANDEM_CHECK_MSG(s.rank() >= 2, InvalidArgument,
+                   device << " transpose01: rank of " << s << " < 2");
+  const int64_t a = s[0], b = s[1], r = a * b == 0 ? 0 : src.numel() / (a * b);
+  TANDEM_CHECK_MSG(dst.numel() == src.numel() && dst.shape().rank() >= 2 && dst.shape()[0] == b &&
+                       dst.shape()[1] == a,
+                   InvalidArgument,
+                   device << " transpose01: " << s << " cannot be written as " << dst.shape());
+  return {a, b, r};
+}
+
+RowsView checkLayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd, std::string_view device) {
+  const int64_t d = gamma.numel();
+  const int64_t m = rowsOf(x, d, device, "layerNorm");
+  TANDEM_CHECK_MSG(
+      beta.numel() == d && y.numel() == x.numel() && mean.numel() == m && rstd.numel() == m,
+      InvalidArgument, device << " layerNorm: argument sizes disagree with x " << x.shape());
+  return {m, d};
+}
+
+RowsView checkLayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                const Tensor& dgamma, const Tensor& dbeta,
+                                std::string_view device) {
+  const int64_t d = gamma.numel();
+  const int64_t m = rowsOf(x, d, device, "layerNormBackward");
+  TANDEM_CHECK_MSG(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == m &&
+                       rstd.numel() == m && dgamma.numel() == d && dbeta.numel() == d,
+                   InvalidArgument,
+                   device << " layerNormBackward: argument sizes disagree with x " << x.shape());
+  return {m, d};
+}
+
+EmbeddingView checkEmbedding(const Tensor& ids, const Tensor& table, const Tensor& rows,
+                             std::string_view device, const char* op) {
+  TANDEM_CHECK_MSG(table.shape().rank() == 2, InvalidArgument,
+                   device << " " << op << ": table " << table.shape() << " is not [V, D]");
+  const int64_t vocab = table.shape()[0], d = table.shape()[1], m = ids.numel();
+  TANDEM_CHECK_MSG(
+      rows.numel() == m * d, InvalidArgument,
+      device << " " << op << ": rows " << rows.shape() << " do not hold " << m << " x " << d);
+  return {vocab, d, m};
+}
+
+LogitsView checkSoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
+                                    const Tensor& losses, const Tensor& dlogits,
+                                    std::string_view device) {
+  TANDEM_CHECK_MSG(
+      logits.shape().rank() == 2, InvalidArgument,
+      device << " softmaxCrossEntropy: logits " << logits.shape() << " are not [N, C]");
+  const int64_t n = logits.shape()[0], c = logits.shape()[1];
+  TANDEM_CHECK_MSG(labels.numel() == n && losses.numel() == n &&
+                       (!dlogits.defined() || dlogits.numel() == n * c),
+                   InvalidArgument,
+                   device << " softmaxCrossEntropy: labels " << labels.shape() << " / losses "
+                          << losses.shape() << " do not match logits " << logits.shape());
+  return {n, c};
+}
+
 GemmDims gemmDims(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& c) {
   TANDEM_CHECK_MSG(
       a.shape().rank() == 2 && b.shape().rank() == 2 && c.shape().rank() == 2, InvalidArgument,

@@ -28,6 +28,44 @@ void checkWindowInput(const Tensor& x, const Window2d& g, std::string_view devic
 void checkWindowOutput(const Tensor& y, int64_t n, const Window2d& g, std::string_view device,
                        const char* op);
 
+// col is [C*kh*kw, n*OH*OW] for images [n, C, H, W] (im2col's output, col2im's input).
+void checkColumns(const Tensor& col, const Tensor& images, const Window2d& g,
+                  std::string_view device, const char* op);
+// argmax has the shape of the pooled tensor y (max pooling and its backward).
+void checkArgmax(const Tensor& argmax, const Tensor& y, std::string_view device, const char* op);
+
+// src viewed as [a, b, r] can be written to dst as [b, a, r].
+struct Transpose01 {
+  int64_t a, b, r;
+};
+Transpose01 checkTranspose01(const Tensor& src, const Tensor& dst, std::string_view device);
+
+// Layer norm over rows [m, d] of x, d = gamma.numel(); every argument sized to match.
+struct RowsView {
+  int64_t m, d;
+};
+RowsView checkLayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd, std::string_view device);
+RowsView checkLayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                const Tensor& dgamma, const Tensor& dbeta, std::string_view device);
+
+// An embedding table [vocab, d] (or its gradient) and rows [m, d] for m ids (the lookup's
+// output or the gradient flowing back). Ids themselves: checkIds.
+struct EmbeddingView {
+  int64_t vocab, d, m;
+};
+EmbeddingView checkEmbedding(const Tensor& ids, const Tensor& table, const Tensor& rows,
+                             std::string_view device, const char* op);
+
+// logits [n, c], labels and losses [n], dlogits [n, c] when defined.
+struct LogitsView {
+  int64_t n, c;
+};
+LogitsView checkSoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
+                                    const Tensor& losses, const Tensor& dlogits,
+                                    std::string_view device);
+
 // c = op(a) * op(b): m x k times k x n; InvalidArgument when the shapes disagree.
 struct GemmDims {
   int64_t m, n, k;

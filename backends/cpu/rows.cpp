@@ -12,11 +12,8 @@ namespace tandem::cpu {
 
 void CpuBackend::layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                            const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  const int64_t d = gamma.numel();
-  const int64_t m = backends::rowsOf(x, d, "cpu", "layerNorm");
-  TANDEM_CHECK_MSG(
-      beta.numel() == d && y.numel() == x.numel() && mean.numel() == m && rstd.numel() == m,
-      InvalidArgument, "cpu layerNorm: argument sizes disagree with x " << x.shape());
+  const backends::RowsView v = backends::checkLayerNorm(x, gamma, beta, y, mean, rstd, "cpu");
+  const int64_t m = v.m, d = v.d;
   const float* xp = f32(x);
   const float* gp = f32(gamma);
   const float* bp = f32(beta);
@@ -44,12 +41,9 @@ void CpuBackend::layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& b
 void CpuBackend::layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                    const Tensor& dgamma, const Tensor& dbeta) {
-  const int64_t d = gamma.numel();
-  const int64_t m = backends::rowsOf(x, d, "cpu", "layerNormBackward");
-  TANDEM_CHECK_MSG(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == m &&
-                       rstd.numel() == m && dgamma.numel() == d && dbeta.numel() == d,
-                   InvalidArgument,
-                   "cpu layerNormBackward: argument sizes disagree with x " << x.shape());
+  const backends::RowsView v =
+      backends::checkLayerNormBackward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, "cpu");
+  const int64_t m = v.m, d = v.d;
   const float* gy = f32(dy);
   const float* xp = f32(x);
   const float* gp = f32(gamma);
@@ -94,11 +88,8 @@ void CpuBackend::layerNormBackward(const Tensor& dy, const Tensor& x, const Tens
 }
 
 void CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& y) {
-  TANDEM_CHECK_MSG(table.shape().rank() == 2, InvalidArgument,
-                   "cpu embedding: table " << table.shape() << " is not [V, D]");
-  const int64_t vocab = table.shape()[0], d = table.shape()[1], m = ids.numel();
-  TANDEM_CHECK_MSG(y.numel() == m * d, InvalidArgument,
-                   "cpu embedding: output " << y.shape() << " does not hold " << m << " x " << d);
+  const backends::EmbeddingView v = backends::checkEmbedding(ids, table, y, "cpu", "embedding");
+  const int64_t vocab = v.vocab, d = v.d, m = v.m;
   const int32_t* ip = i32(ids);
   backends::checkIds(ip, m, vocab, "embedding id", "at position");
   const float* tp = f32(table);
@@ -109,12 +100,9 @@ void CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor&
 }
 
 void CpuBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) {
-  TANDEM_CHECK_MSG(dtable.shape().rank() == 2, InvalidArgument,
-                   "cpu embeddingBackward: table gradient " << dtable.shape() << " is not [V, D]");
-  const int64_t vocab = dtable.shape()[0], d = dtable.shape()[1], m = ids.numel();
-  TANDEM_CHECK_MSG(
-      dy.numel() == m * d, InvalidArgument,
-      "cpu embeddingBackward: gradient " << dy.shape() << " does not hold " << m << " x " << d);
+  const backends::EmbeddingView v =
+      backends::checkEmbedding(ids, dtable, dy, "cpu", "embeddingBackward");
+  const int64_t vocab = v.vocab, d = v.d, m = v.m;
   const int32_t* ip = i32(ids);
   backends::checkIds(ip, m, vocab, "embedding id", "at position");
   const float* gp = f32(dy);
@@ -131,15 +119,9 @@ void CpuBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const Te
 
 void CpuBackend::softmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float grad_scale,
                                      const Tensor& losses, const Tensor& dlogits) {
-  TANDEM_CHECK_MSG(logits.shape().rank() == 2, InvalidArgument,
-                   "cpu softmaxCrossEntropy: logits " << logits.shape() << " are not [N, C]");
-  const int64_t n = logits.shape()[0], c = logits.shape()[1];
-  TANDEM_CHECK_MSG(labels.numel() == n && losses.numel() == n &&
-                       (!dlogits.defined() || dlogits.numel() == n * c),
-                   InvalidArgument,
-                   "cpu softmaxCrossEntropy: labels " << labels.shape() << " / losses "
-                                                      << losses.shape() << " do not match logits "
-                                                      << logits.shape());
+  const backends::LogitsView v =
+      backends::checkSoftmaxCrossEntropy(logits, labels, losses, dlogits, "cpu");
+  const int64_t n = v.n, c = v.c;
   const int32_t* lp = i32(labels);
   backends::checkIds(lp, n, c, "label", "of sample");
   const float* xp = f32(logits);

@@ -28,9 +28,7 @@ void CpuBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& col) {
   const int64_t n = x.shape()[0];
   const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
   const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
-  TANDEM_CHECK_MSG(
-      col.shape() == (Shape{rows, n * ohw}), InvalidArgument,
-      "cpu im2col: col " << col.shape() << ", expected [" << rows << ", " << n * ohw << "]");
+  backends::checkColumns(col, x, g, "cpu", "im2col");
   const float* xp = f32(x);
   float* cp = f32(col);
   const int64_t plane = g.height * g.width;
@@ -68,10 +66,7 @@ void CpuBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) 
   backends::checkWindowInput(dx, g, "cpu", "col2im");
   const int64_t n = dx.shape()[0];
   const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
-  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
-  TANDEM_CHECK_MSG(
-      col.shape() == (Shape{rows, n * ohw}), InvalidArgument,
-      "cpu col2im: col " << col.shape() << ", expected [" << rows << ", " << n * ohw << "]");
+  backends::checkColumns(col, dx, g, "cpu", "col2im");
   const float* cp = f32(col);
   float* xp = f32(dx);
   const int64_t plane = g.height * g.width;
@@ -101,13 +96,8 @@ void CpuBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) 
 }
 
 void CpuBackend::transpose01(const Tensor& src, const Tensor& dst) {
-  const Shape& s = src.shape();
-  TANDEM_CHECK_MSG(s.rank() >= 2, InvalidArgument, "cpu transpose01: rank of " << s << " < 2");
-  const int64_t a = s[0], b = s[1], r = a * b == 0 ? 0 : src.numel() / (a * b);
-  TANDEM_CHECK_MSG(dst.numel() == src.numel() && dst.shape().rank() >= 2 && dst.shape()[0] == b &&
-                       dst.shape()[1] == a,
-                   InvalidArgument,
-                   "cpu transpose01: " << s << " cannot be written as " << dst.shape());
+  const backends::Transpose01 t = backends::checkTranspose01(src, dst, "cpu");
+  const int64_t a = t.a, b = t.b, r = t.r;
   const float* sp = f32(src);
   float* dp = f32(dst);
   pool_.parallelFor(
@@ -124,8 +114,7 @@ void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
   backends::checkWindowInput(x, g, "cpu", "maxPool");
   const int64_t n = x.shape()[0];
   backends::checkWindowOutput(y, n, g, "cpu", "maxPool");
-  TANDEM_CHECK_MSG(argmax.shape() == y.shape(), InvalidArgument,
-                   "cpu maxPool: argmax " << argmax.shape() << " vs output " << y.shape());
+  backends::checkArgmax(argmax, y, "cpu", "maxPool");
   const float* xp = f32(x);
   float* yp = f32(y);
   int32_t* ap = i32(argmax);
@@ -166,6 +155,7 @@ void CpuBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, const W
   backends::checkWindowInput(dx, g, "cpu", "maxPoolBackward");
   const int64_t n = dx.shape()[0];
   backends::checkWindowOutput(dy, n, g, "cpu", "maxPoolBackward");
+  backends::checkArgmax(argmax, dy, "cpu", "maxPoolBackward");
   const float* gy = f32(dy);
   const int32_t* ap = i32(argmax);
   float* gx = f32(dx);

@@ -11,36 +11,26 @@ namespace tandem::opencl {
 namespace {
 
 cl_ulong u(int64_t v) { return static_cast<cl_ulong>(v); }
-
-// The kernels of an activation (elementwise.cl's ACTIVATION).
-const char* forwardKernel(Activation kind) {
-  switch (kind) {
-    case Activation::kReLU:
-      return "relu_f32";
-    case Activation::kGELU:
-      return "gelu_f32";
-    case Activation::kTanh:
-      return "tanh_f32";
-    case Activation::kSigmoid:
-      return "sigmoid_f32";
-  }
-  throw InvalidArgument("unknown activation " + std::to_string(static_cast<int>(kind)));
-}
-
-const char* backwardKernel(Activation kind) {
-  switch (kind) {
-    case Activation::kReLU:
-      return "relu_backward_f32";
-    case Activation::kGELU:
-      return "gelu_backward_f32";
-    case Activation::kTanh:
-      return "tanh_backward_f32";
-    case Activation::kSigmoid:
-      return "sigmoid_backward_f32";
-  }
-  throw InvalidArgument("unknown activation " + std::to_string(static_cast<int>(kind)));
-}
 size_t items(int64_t v) { return static_cast<size_t>(v); }
+
+// The two kernels of an activation (elementwise.cl's ACTIVATION).
+struct ActivationKernels {
+  const char *forward, *backward;
+};
+
+ActivationKernels activationKernels(Activation kind) {
+  switch (kind) {
+    case Activation::kReLU:
+      return {"relu_f32", "relu_backward_f32"};
+    case Activation::kGELU:
+      return {"gelu_f32", "gelu_backward_f32"};
+    case Activation::kTanh:
+      return {"tanh_f32", "tanh_backward_f32"};
+    case Activation::kSigmoid:
+      return {"sigmoid_f32", "sigmoid_backward_f32"};
+  }
+  throw InvalidArgument("unknown activation " + std::to_string(static_cast<int>(kind)));
+}
 
 }  // namespace
 
@@ -77,7 +67,7 @@ void OpenClBackend::activation(Activation kind, const Tensor& x, const Tensor& y
   backends::checkSameCount(x, y, label_, "activation");
   requireF32(x, "activation");
   requireF32(y, "activation");
-  launch(forwardKernel(kind), items(x.numel()), x, y, u(x.numel()));
+  launch(activationKernels(kind).forward, items(x.numel()), x, y, u(x.numel()));
 }
 
 void OpenClBackend::activationBackward(Activation kind, const Tensor& x, const Tensor& y,
@@ -86,7 +76,7 @@ void OpenClBackend::activationBackward(Activation kind, const Tensor& x, const T
   const Tensor& s = kind == Activation::kGELU ? x : y;
   backends::checkSameCount(s, dx, label_, "activationBackward");
   for (const Tensor* t : {&s, &dy, &dx}) requireF32(*t, "activationBackward");
-  launch(backwardKernel(kind), items(dx.numel()), s, dy, dx, u(dx.numel()));
+  launch(activationKernels(kind).backward, items(dx.numel()), s, dy, dx, u(dx.numel()));
 }
 
 void OpenClBackend::dropout(const Tensor& x, float p, uint64_t seed, const Tensor& mask,
@@ -134,42 +124,27 @@ void OpenClBackend::adamwStep(const Tensor& param, const Tensor& grad, const Ten
 
 void OpenClBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& col) {
   backends::checkWindowInput(x, g, label_, "im2col");
+  backends::checkColumns(col, x, g, label_, "im2col");
   const int64_t n = x.shape()[0];
-  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
-  const int64_t cols = n * g.outHeight() * g.outWidth();
-  TANDEM_CHECK_MSG(
-      col.shape() == (Shape{rows, cols}), InvalidArgument,
-      label_ << " im2col: col " << col.shape() << ", expected [" << rows << ", " << cols << "]");
   requireF32(x, "im2col");
   requireF32(col, "im2col");
-  launch("im2col_f32", items(rows * cols), x, col, static_cast<cl_long>(n), g);
+  launch("im2col_f32", items(col.numel()), x, col, static_cast<cl_long>(n), g);
 }
 
 void OpenClBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) {
   backends::checkWindowInput(dx, g, label_, "col2im");
+  backends::checkColumns(col, dx, g, label_, "col2im");
   const int64_t n = dx.shape()[0];
-  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
-  const int64_t cols = n * g.outHeight() * g.outWidth();
-  TANDEM_CHECK_MSG(
-      col.shape() == (Shape{rows, cols}), InvalidArgument,
-      label_ << " col2im: col " << col.shape() << ", expected [" << rows << ", " << cols << "]");
   requireF32(col, "col2im");
   requireF32(dx, "col2im");
   launch("col2im_f32", items(dx.numel()), col, dx, static_cast<cl_long>(n), g);
 }
 
 void OpenClBackend::transpose01(const Tensor& src, const Tensor& dst) {
-  const Shape& s = src.shape();
-  TANDEM_CHECK_MSG(s.rank() >= 2, InvalidArgument,
-                   label_ << " transpose01: rank of " << s << " < 2");
-  const int64_t a = s[0], b = s[1], r = a * b == 0 ? 0 : src.numel() / (a * b);
-  TANDEM_CHECK_MSG(dst.numel() == src.numel() && dst.shape().rank() >= 2 && dst.shape()[0] == b &&
-                       dst.shape()[1] == a,
-                   InvalidArgument,
-                   label_ << " transpose01: " << s << " cannot be written as " << dst.shape());
+  const backends::Transpose01 t = backends::checkTranspose01(src, dst, label_);
   requireF32(src, "transpose01");
   requireF32(dst, "transpose01");
-  launch("transpose01_f32", items(src.numel()), src, dst, u(a), u(b), u(r));
+  launch("transpose01_f32", items(src.numel()), src, dst, u(t.a), u(t.b), u(t.r));
 }
 
 void OpenClBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
@@ -177,8 +152,7 @@ void OpenClBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
   backends::checkWindowInput(x, g, label_, "maxPool");
   const int64_t n = x.shape()[0];
   backends::checkWindowOutput(y, n, g, label_, "maxPool");
-  TANDEM_CHECK_MSG(argmax.shape() == y.shape(), InvalidArgument,
-                   label_ << " maxPool: argmax " << argmax.shape() << " vs output " << y.shape());
+  backends::checkArgmax(argmax, y, label_, "maxPool");
   requireF32(x, "maxPool");
   requireF32(y, "maxPool");
   requireI32(argmax, "maxPool");
@@ -190,9 +164,7 @@ void OpenClBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, cons
   backends::checkWindowInput(dx, g, label_, "maxPoolBackward");
   const int64_t n = dx.shape()[0];
   backends::checkWindowOutput(dy, n, g, label_, "maxPoolBackward");
-  TANDEM_CHECK_MSG(
-      argmax.shape() == dy.shape(), InvalidArgument,
-      label_ << " maxPoolBackward: argmax " << argmax.shape() << " vs gradient " << dy.shape());
+  backends::checkArgmax(argmax, dy, label_, "maxPoolBackward");
   requireF32(dy, "maxPoolBackward");
   requireI32(argmax, "maxPoolBackward");
   requireF32(dx, "maxPoolBackward");
@@ -222,84 +194,60 @@ void OpenClBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const T
 
 void OpenClBackend::layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                               const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  const int64_t d = gamma.numel();
-  const int64_t m = backends::rowsOf(x, d, label_, "layerNorm");
-  TANDEM_CHECK_MSG(
-      beta.numel() == d && y.numel() == x.numel() && mean.numel() == m && rstd.numel() == m,
-      InvalidArgument, label_ << " layerNorm: argument sizes disagree with x " << x.shape());
+  const backends::RowsView v = backends::checkLayerNorm(x, gamma, beta, y, mean, rstd, label_);
   for (const Tensor* t : {&x, &gamma, &beta, &y, &mean, &rstd}) requireF32(*t, "layerNorm");
-  launch("layer_norm_f32", items(m), x, gamma, beta, eps, y, mean, rstd, u(m), u(d));
+  launch("layer_norm_f32", items(v.m), x, gamma, beta, eps, y, mean, rstd, u(v.m), u(v.d));
 }
 
 void OpenClBackend::layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                       const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                       const Tensor& dgamma, const Tensor& dbeta) {
-  const int64_t d = gamma.numel();
-  const int64_t m = backends::rowsOf(x, d, label_, "layerNormBackward");
-  TANDEM_CHECK_MSG(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == m &&
-                       rstd.numel() == m && dgamma.numel() == d && dbeta.numel() == d,
-                   InvalidArgument,
-                   label_ << " layerNormBackward: argument sizes disagree with x " << x.shape());
+  const backends::RowsView v =
+      backends::checkLayerNormBackward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, label_);
   for (const Tensor* t : {&dy, &x, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta})
     requireF32(*t, "layerNormBackward");
-  launch("layer_norm_backward_dx_f32", items(m), dy, x, gamma, mean, rstd, dx, u(m), u(d));
-  launch("layer_norm_backward_params_f32", items(d), dy, x, mean, rstd, dgamma, dbeta, u(m), u(d));
+  launch("layer_norm_backward_dx_f32", items(v.m), dy, x, gamma, mean, rstd, dx, u(v.m), u(v.d));
+  launch("layer_norm_backward_params_f32", items(v.d), dy, x, mean, rstd, dgamma, dbeta, u(v.m),
+         u(v.d));
 }
 
 void OpenClBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& y) {
-  TANDEM_CHECK_MSG(table.shape().rank() == 2, InvalidArgument,
-                   label_ << " embedding: table " << table.shape() << " is not [V, D]");
-  const int64_t vocab = table.shape()[0], d = table.shape()[1], m = ids.numel();
-  TANDEM_CHECK_MSG(
-      y.numel() == m * d, InvalidArgument,
-      label_ << " embedding: output " << y.shape() << " does not hold " << m << " x " << d);
+  const backends::EmbeddingView v = backends::checkEmbedding(ids, table, y, label_, "embedding");
   requireI32(ids, "embedding");
   requireF32(table, "embedding");
   requireF32(y, "embedding");
   // Checked on the host: a kernel cannot raise an error that names the id.
   const std::vector<int32_t> host = hostIds(ids);
-  backends::checkIds(host.data(), m, vocab, "embedding id", "at position");
-  launch("embedding_f32", items(m * d), ids, table, y, u(m), u(d));
+  backends::checkIds(host.data(), v.m, v.vocab, "embedding id", "at position");
+  launch("embedding_f32", items(v.m * v.d), ids, table, y, u(v.m), u(v.d));
 }
 
 void OpenClBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) {
-  TANDEM_CHECK_MSG(
-      dtable.shape().rank() == 2, InvalidArgument,
-      label_ << " embeddingBackward: table gradient " << dtable.shape() << " is not [V, D]");
-  const int64_t vocab = dtable.shape()[0], d = dtable.shape()[1], m = ids.numel();
-  TANDEM_CHECK_MSG(dy.numel() == m * d, InvalidArgument,
-                   label_ << " embeddingBackward: gradient " << dy.shape() << " does not hold " << m
-                          << " x " << d);
+  const backends::EmbeddingView v =
+      backends::checkEmbedding(ids, dtable, dy, label_, "embeddingBackward");
   requireI32(ids, "embeddingBackward");
   requireF32(dy, "embeddingBackward");
   requireF32(dtable, "embeddingBackward");
   const std::vector<int32_t> host = hostIds(ids);
-  backends::checkIds(host.data(), m, vocab, "embedding id", "at position");
-  launch("embedding_backward_f32", items(d), ids, dy, dtable, u(m), u(d));
+  backends::checkIds(host.data(), v.m, v.vocab, "embedding id", "at position");
+  launch("embedding_backward_f32", items(v.d), ids, dy, dtable, u(v.m), u(v.d));
 }
 
 void OpenClBackend::softmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
                                         float grad_scale, const Tensor& losses,
                                         const Tensor& dlogits) {
-  TANDEM_CHECK_MSG(
-      logits.shape().rank() == 2, InvalidArgument,
-      label_ << " softmaxCrossEntropy: logits " << logits.shape() << " are not [N, C]");
-  const int64_t n = logits.shape()[0], c = logits.shape()[1];
-  TANDEM_CHECK_MSG(labels.numel() == n && losses.numel() == n &&
-                       (!dlogits.defined() || dlogits.numel() == n * c),
-                   InvalidArgument,
-                   label_ << " softmaxCrossEntropy: labels " << labels.shape() << " / losses "
-                          << losses.shape() << " do not match logits " << logits.shape());
+  const backends::LogitsView v =
+      backends::checkSoftmaxCrossEntropy(logits, labels, losses, dlogits, label_);
   requireF32(logits, "softmaxCrossEntropy");
   requireI32(labels, "softmaxCrossEntropy");
   requireF32(losses, "softmaxCrossEntropy");
   if (dlogits.defined()) requireF32(dlogits, "softmaxCrossEntropy");
   const std::vector<int32_t> host = hostIds(labels);
-  backends::checkIds(host.data(), n, c, "label", "of sample");
+  backends::checkIds(host.data(), v.n, v.c, "label", "of sample");
   // Without a gradient the kernel never writes it: losses stand in for the absent tensor.
   const bool with_grad = dlogits.defined();
-  launch("softmax_xent_f32", items(n), logits, labels, grad_scale, losses,
-         with_grad ? dlogits : losses, static_cast<cl_int>(with_grad), u(n), u(c));
+  launch("softmax_xent_f32", items(v.n), logits, labels, grad_scale, losses,
+         with_grad ? dlogits : losses, static_cast<cl_int>(with_grad), u(v.n), u(v.c));
 }
 
 }  // namespace tandem::opencl

@@ -145,6 +145,14 @@ TEST(SpatialOpsTest, ShapeMismatchesAreErrors) {
         be.im2col(be.zeros({1, 2, 5, 5}), g, be.zeros({18, 10}));
       },
       {"col [18, 10]", "expected [18, 9]"});
+  // An argmax that is not the pooled shape would be read past its end.
+  const Window2d pool{2, 4, 4, 2, 2, 2, 2, 0, 0};
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        be.maxPoolBackward(be.zeros({1, 2, 2, 2}), be.zeros({1, 2, 2, 1}, DType::kI32), pool,
+                           be.zeros({1, 2, 4, 4}));
+      },
+      {"cpu maxPoolBackward: argmax [1, 2, 2, 1] vs pooled [1, 2, 2, 2]"});
 }
 
 }  // namespace
