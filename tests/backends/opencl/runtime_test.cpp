@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "backends/opencl/program.h"
+#include "backends/registry.h"
 #include "tests/test_util.h"
 
 namespace tandem::opencl {
@@ -75,9 +76,9 @@ TEST(OpenClRuntimeTest, DevicesAreNumberedWithTheirFacts) {
   expectThrowWith<InvalidArgument>([] { clDevice(-1); }, {"no OpenCL device -1"});
 }
 
-// With no ICD to load (OCL_ICD_VENDORS pointing at an empty folder) the list is empty
-// and the reason says what to install; nothing throws. Runs in a fresh process: the
-// loader reads its vendors once.
+// With no ICD to load (OCL_ICD_VENDORS pointing at an empty folder) the list is empty,
+// asking for opencl:0 says what to install, and the CPU backend works as ever. Runs in a fresh
+// process: the loader reads its vendors once.
 TEST(OpenClRuntimeTest, NoPlatformIsAnEmptyListWithAReason) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const auto empty = freshDir("no_icds");
@@ -89,11 +90,18 @@ TEST(OpenClRuntimeTest, NoPlatformIsAnEmptyListWithAReason) {
                         noDevicesReason().find("no OpenCL platform is installed") == 0;
         bool named = false;
         try {
-          clDevice(0);
+          makeBackend("opencl:0");
         } catch (const InvalidArgument& e) {
           named = std::string(e.what()).find("pocl-opencl-icd") != std::string::npos;
         }
-        std::exit(ok && named ? 0 : 1);
+        // The CPU backend is unaffected: listed alone, and it computes.
+        const auto devices = listDevices();
+        const auto cpu = makeBackend("cpu");
+        const Tensor t = cpu->zeros({3});
+        cpu->fill(t, 2.0f);
+        const bool cpu_works = devices.size() == 1 && devices[0].name == "cpu" &&
+                               toHost(t) == std::vector<float>(3, 2.0f);
+        std::exit(ok && named && cpu_works ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "");
 }
