@@ -114,7 +114,7 @@ DeviceInfo OpenClBackend::deviceInfo(const ClDevice& d) {
 DeviceInfo OpenClBackend::info() const { return deviceInfo(device_); }
 
 OpenClBackend::Kernel& OpenClBackend::kernel(const char* name) {
-  auto it = kernels_.find(name);
+  auto it = kernels_.find(std::string_view(name));
   TANDEM_CHECK_MSG(it != kernels_.end(), Error,
                    label_ << ": no kernel '" << name << "' in the embedded programs");
   return it->second;

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "backends/opencl/devices.h"
@@ -129,7 +130,13 @@ class OpenClBackend final : public Backend {
   cl::Context context_;
   cl::CommandQueue queue_;
   KernelSetup setup_;
-  std::unordered_map<std::string, Kernel> kernels_;
+  // Looked up by const char* on every launch: the transparent hash and equality find a
+  // name without building a std::string.
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, Kernel, NameHash, std::equal_to<>> kernels_;
   std::mutex launch_mutex_;  // kernel arguments and enqueueing
 
   size_t pool_limit_;

@@ -27,11 +27,10 @@ Spread timeRepeated(const std::function<void()>& f, int warmup, int repeats) {
 
 namespace {
 
+// Uniform in [-1, 1) from its own stream.
 std::vector<float> randomValues(int64_t n, uint64_t seed) {
   Rng rng(seed);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
-  return v;
+  return uniformInit(rng, n, 1.0f);
 }
 
 }  // namespace

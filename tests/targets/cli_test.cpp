@@ -141,7 +141,7 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"train --model " + kModels + "mlp.yaml --batch 0", "--batch must be positive"},
       {"train --model " + kModels + "mlp.yaml --threads 0", "--threads"},
       {"train --model " + kModels + "mlp.yaml --data-dir /nonexistent", "dataset-fashion-mnist"},
-      {"train --model " + kModels + "mlp.yaml --device opencl:7", "unknown device 'opencl:7'"},
+      {"train --model " + kModels + "mlp.yaml --device opencl:7", "no OpenCL device 7"},
       {"train --model /nonexistent.yaml", "nonexistent.yaml"},
       {"eval " + junk, "not a tandem model file"},
       {"inspect " + bad_yaml, "layer 1 (linear"},
