@@ -36,11 +36,14 @@ void checkWindowInput(const Tensor& x, const Window2d& g, std::string_view devic
                    InvalidArgument, device << " " << op << ": window leaves no output");
 }
 
-void checkWindowOutput(const Tensor& y, int64_t n, const Window2d& g, std::string_view device,
-                       const char* op) {
+int64_t checkPool(const Tensor& input, const Tensor& pooled, const Window2d& g,
+                  std::string_view device, const char* op) {
+  checkWindowInput(input, g, device, op);
+  const int64_t n = input.shape()[0];
   const Shape want{n, g.channels, g.outHeight(), g.outWidth()};
-  TANDEM_CHECK_MSG(y.shape() == want, InvalidArgument,
-                   device << " " << op << ": output " << y.shape() << ", expected " << want);
+  TANDEM_CHECK_MSG(pooled.shape() == want, InvalidArgument,
+                   device << " " << op << ": output " << pooled.shape() << ", expected " << want);
+  return n;
 }
 
 void checkColumns(const Tensor& col, const Tensor& images, const Window2d& g,

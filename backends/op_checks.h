@@ -24,9 +24,10 @@ int64_t rowsOf(const Tensor& x, int64_t d, std::string_view device, const char* 
 
 // x is [N, C, H, W] for the window, and the window leaves an output.
 void checkWindowInput(const Tensor& x, const Window2d& g, std::string_view device, const char* op);
-// y is the window's [n, C, OH, OW] output.
-void checkWindowOutput(const Tensor& y, int64_t n, const Window2d& g, std::string_view device,
-                       const char* op);
+// Pooling: input [n, C, H, W] fits the window and pooled is its [n, C, OH, OW] output
+// (x and y forward, dx and dy backward); returns n.
+int64_t checkPool(const Tensor& input, const Tensor& pooled, const Window2d& g,
+                  std::string_view device, const char* op);
 
 // col is [C*kh*kw, n*OH*OW] for images [n, C, H, W] (im2col's output, col2im's input).
 void checkColumns(const Tensor& col, const Tensor& images, const Window2d& g,

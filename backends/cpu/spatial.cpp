@@ -111,9 +111,7 @@ void CpuBackend::transpose01(const Tensor& src, const Tensor& dst) {
 
 void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
                          const Tensor& argmax) {
-  backends::checkWindowInput(x, g, "cpu", "maxPool");
-  const int64_t n = x.shape()[0];
-  backends::checkWindowOutput(y, n, g, "cpu", "maxPool");
+  const int64_t n = backends::checkPool(x, y, g, "cpu", "maxPool");
   backends::checkArgmax(argmax, y, "cpu", "maxPool");
   const float* xp = f32(x);
   float* yp = f32(y);
@@ -152,9 +150,7 @@ void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
 
 void CpuBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
                                  const Tensor& dx) {
-  backends::checkWindowInput(dx, g, "cpu", "maxPoolBackward");
-  const int64_t n = dx.shape()[0];
-  backends::checkWindowOutput(dy, n, g, "cpu", "maxPoolBackward");
+  const int64_t n = backends::checkPool(dx, dy, g, "cpu", "maxPoolBackward");
   backends::checkArgmax(argmax, dy, "cpu", "maxPoolBackward");
   const float* gy = f32(dy);
   const int32_t* ap = i32(argmax);
@@ -173,9 +169,7 @@ void CpuBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, const W
 }
 
 void CpuBackend::avgPool(const Tensor& x, const Window2d& g, const Tensor& y) {
-  backends::checkWindowInput(x, g, "cpu", "avgPool");
-  const int64_t n = x.shape()[0];
-  backends::checkWindowOutput(y, n, g, "cpu", "avgPool");
+  const int64_t n = backends::checkPool(x, y, g, "cpu", "avgPool");
   const float* xp = f32(x);
   float* yp = f32(y);
   const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
@@ -202,9 +196,7 @@ void CpuBackend::avgPool(const Tensor& x, const Window2d& g, const Tensor& y) {
 }
 
 void CpuBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) {
-  backends::checkWindowInput(dx, g, "cpu", "avgPoolBackward");
-  const int64_t n = dx.shape()[0];
-  backends::checkWindowOutput(dy, n, g, "cpu", "avgPoolBackward");
+  const int64_t n = backends::checkPool(dx, dy, g, "cpu", "avgPoolBackward");
   const float* gy = f32(dy);
   float* gx = f32(dx);
   const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;

@@ -262,28 +262,26 @@ void OpenClBackend::fill(const Tensor& dst, float value) {
 void OpenClBackend::convert(const Tensor& src, const Tensor& dst) {
   backends::checkSameCount(src, dst, label_, "convert");
   const DType from = src.dtype(), to = dst.dtype();
-  const auto n = static_cast<cl_ulong>(src.numel());
-  const char* kernel = nullptr;
   if (from == to) {
     copy(src, dst);
     return;
-  } else if (from == DType::kF32 && to == DType::kF16) {
-    kernel = "f32_to_f16";
-  } else if (from == DType::kF16 && to == DType::kF32) {
-    kernel = "f16_to_f32";
-  } else if (from == DType::kF32 && to == DType::kBF16) {
-    kernel = "f32_to_bf16";
-  } else if (from == DType::kBF16 && to == DType::kF32) {
-    kernel = "bf16_to_f32";
-  } else if (from == DType::kF32 && to == DType::kI32) {
-    kernel = "f32_to_i32";
-  } else if (from == DType::kI32 && to == DType::kF32) {
-    kernel = "i32_to_f32";
-  } else {
-    throw Unsupported(label_ + " convert: " + std::string(dtypeName(from)) + " -> " +
-                      std::string(dtypeName(to)) + " (i8 needs scales; see the transport codecs)");
   }
-  launch(kernel, n, src, dst, n);
+  struct Conversion {
+    DType from, to;
+    const char* kernel;
+  };
+  static constexpr Conversion kConversions[] = {
+      {DType::kF32, DType::kF16, "f32_to_f16"},   {DType::kF16, DType::kF32, "f16_to_f32"},
+      {DType::kF32, DType::kBF16, "f32_to_bf16"}, {DType::kBF16, DType::kF32, "bf16_to_f32"},
+      {DType::kF32, DType::kI32, "f32_to_i32"},   {DType::kI32, DType::kF32, "i32_to_f32"}};
+  for (const Conversion& c : kConversions) {
+    if (c.from != from || c.to != to) continue;
+    const auto n = static_cast<cl_ulong>(src.numel());
+    launch(c.kernel, n, src, dst, n);
+    return;
+  }
+  throw Unsupported(label_ + " convert: " + std::string(dtypeName(from)) + " -> " +
+                    std::string(dtypeName(to)) + " (i8 needs scales; see the transport codecs)");
 }
 
 // --- GEMM through CLBlast ---

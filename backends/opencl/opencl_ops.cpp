@@ -149,9 +149,7 @@ void OpenClBackend::transpose01(const Tensor& src, const Tensor& dst) {
 
 void OpenClBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
                             const Tensor& argmax) {
-  backends::checkWindowInput(x, g, label_, "maxPool");
-  const int64_t n = x.shape()[0];
-  backends::checkWindowOutput(y, n, g, label_, "maxPool");
+  const int64_t n = backends::checkPool(x, y, g, label_, "maxPool");
   backends::checkArgmax(argmax, y, label_, "maxPool");
   requireF32(x, "maxPool");
   requireF32(y, "maxPool");
@@ -161,9 +159,7 @@ void OpenClBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
 
 void OpenClBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
                                     const Tensor& dx) {
-  backends::checkWindowInput(dx, g, label_, "maxPoolBackward");
-  const int64_t n = dx.shape()[0];
-  backends::checkWindowOutput(dy, n, g, label_, "maxPoolBackward");
+  const int64_t n = backends::checkPool(dx, dy, g, label_, "maxPoolBackward");
   backends::checkArgmax(argmax, dy, label_, "maxPoolBackward");
   requireF32(dy, "maxPoolBackward");
   requireI32(argmax, "maxPoolBackward");
@@ -173,18 +169,14 @@ void OpenClBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, cons
 }
 
 void OpenClBackend::avgPool(const Tensor& x, const Window2d& g, const Tensor& y) {
-  backends::checkWindowInput(x, g, label_, "avgPool");
-  const int64_t n = x.shape()[0];
-  backends::checkWindowOutput(y, n, g, label_, "avgPool");
+  const int64_t n = backends::checkPool(x, y, g, label_, "avgPool");
   requireF32(x, "avgPool");
   requireF32(y, "avgPool");
   launch("avg_pool_f32", items(y.numel()), x, y, static_cast<cl_long>(n), g);
 }
 
 void OpenClBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) {
-  backends::checkWindowInput(dx, g, label_, "avgPoolBackward");
-  const int64_t n = dx.shape()[0];
-  backends::checkWindowOutput(dy, n, g, label_, "avgPoolBackward");
+  const int64_t n = backends::checkPool(dx, dy, g, label_, "avgPoolBackward");
   requireF32(dy, "avgPoolBackward");
   requireF32(dx, "avgPoolBackward");
   launch("avg_pool_backward_f32", items(dx.numel()), dy, dx, static_cast<cl_long>(n), g);

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "backends/registry.h"
 #include "core/error.h"
@@ -17,14 +16,6 @@
 namespace tandem::cli {
 
 namespace {
-
-std::vector<std::string> splitList(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 void printDevice(const DeviceProfile& d) {
   std::printf("\n%s (%s): %d units, %.1f GiB\n", d.device.name.c_str(), d.device.model.c_str(),
@@ -83,7 +74,8 @@ void compare(const Profile& now, const Profile& before, const std::string& befor
 
 void addProfile(CLI::App& app) {
   struct Args {
-    std::string model, devices = "cpu", out, against;
+    std::string model, out, against;
+    std::vector<std::string> devices{"cpu"};
     ProfileOptions options;
     int threads = 1;
   };
@@ -91,7 +83,8 @@ void addProfile(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "profile", "Measure each layer of a model on each device (the partitioner's input)");
   c->add_option("--model", a->model, "Model spec (YAML)")->required()->check(CLI::ExistingFile);
-  c->add_option("--devices", a->devices, "Comma-separated devices, e.g. cpu,opencl:0");
+  c->add_option("--devices", a->devices, "Comma-separated devices, e.g. cpu,opencl:0")
+      ->delimiter(',');
   c->add_option("--batch", a->options.batch, "Samples per forward pass")
       ->check(CLI::PositiveNumber);
   c->add_option("--repeats", a->options.repeats, "Timed runs per layer and direction")
@@ -103,15 +96,13 @@ void addProfile(CLI::App& app) {
       ->check(CLI::ExistingFile);
   c->callback([a] {
     const ModelSpec spec = loadModelSpec(a->model);
-    const std::vector<std::string> devices = splitList(a->devices);
-    TANDEM_CHECK_MSG(!devices.empty(), InvalidArgument, "--devices names no device");
     Profile p;
     p.model = spec.name;
     p.input = spec.input;
     p.batch = a->options.batch;
     p.warmup = a->options.warmup;
     p.repeats = a->options.repeats;
-    for (const std::string& name : devices) {
+    for (const std::string& name : a->devices) {
       auto backend = makeBackend(name, BackendOptions{a->threads});
       p.devices.push_back(profileDevice(spec, *backend, a->options));
       printDevice(p.devices.back());
