@@ -115,7 +115,8 @@ void elementwise(benchmark::State& state, std::string dev, Op op) {
   const int64_t n = state.range(0);
   Tensor x = be.zeros({n}), y = be.zeros({n});
   be.fill(x, 0.5f);
-  int streams = 3;  // arrays read or written per element
+  // Arrays read or written per element.
+  const int streams = op == Op::kRelu || op == Op::kCopy ? 2 : 3;
   for (auto _ : state) {
     switch (op) {
       case Op::kAxpby:
@@ -126,11 +127,9 @@ void elementwise(benchmark::State& state, std::string dev, Op op) {
         break;
       case Op::kRelu:
         be.activation(Activation::kReLU, x, y);
-        streams = 2;
         break;
       case Op::kCopy:  // the device's own copy: the bandwidth reference
         be.copy(x, y);
-        streams = 2;
         break;
     }
     be.synchronize();
