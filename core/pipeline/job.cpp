@@ -1,7 +1,5 @@
 #include "core/pipeline/job.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -10,51 +8,18 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "core/train/microbatch.h"
+#include "core/yaml_reader.h"
 
 namespace tandem {
 
 namespace {
-
-class Reader {
- public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
-
-  std::string at(const YAML::Node& node) const {
-    const YAML::Mark m = node.Mark();
-    if (m.line < 0) return source_;
-    std::ostringstream os;
-    os << source_ << ":" << m.line + 1 << ":" << m.column + 1;
-    return os.str();
-  }
-
-  [[noreturn]] void fail(const YAML::Node& node, const std::string& what) const {
-    throw InvalidArgument(at(node) + ": " + what);
-  }
-
-  template <typename T>
-  T get(const YAML::Node& node, const std::string& key, const char* kind) const {
-    T value;
-    if (!node.IsScalar() || !YAML::convert<T>::decode(node, value))
-      fail(node, "'" + key + "' must be " + kind);
-    return value;
-  }
-
-  int64_t positive(const YAML::Node& node, const std::string& key) const {
-    const auto v = get<long long>(node, key, "an integer");
-    if (v <= 0) fail(node, "'" + key + "' must be positive, got " + std::to_string(v));
-    return v;
-  }
-
- private:
-  std::string source_;
-};
 
 std::string resolve(const std::string& base_dir, const std::string& path) {
   if (path.empty() || std::filesystem::path(path).is_absolute() || base_dir.empty()) return path;
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
 
-void parseOptimizer(const Reader& r, const YAML::Node& node, OptimizerOptions& o) {
+void parseOptimizer(const YamlReader& r, const YAML::Node& node, OptimizerOptions& o) {
   if (!node.IsMap()) r.fail(node, "'optimizer' must be a map, e.g. {kind: sgd, lr: 0.01}");
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
@@ -88,7 +53,7 @@ void parseOptimizer(const Reader& r, const YAML::Node& node, OptimizerOptions& o
   }
 }
 
-void parseCodec(const Reader& r, const YAML::Node& node, JobSpec& job) {
+void parseCodec(const YamlReader& r, const YAML::Node& node, JobSpec& job) {
   if (!node.IsMap()) r.fail(node, "'codec' must be a map {activations: ..., gradients: ...}");
   const std::set<std::string> names = {"fp32", "fp16", "bf16", "int8"};
   for (const auto& kv : node) {
@@ -106,7 +71,7 @@ void parseCodec(const Reader& r, const YAML::Node& node, JobSpec& job) {
   }
 }
 
-void parsePartition(const Reader& r, const YAML::Node& node, JobSpec& job) {
+void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job) {
   if (node.IsScalar()) {
     if (node.Scalar() != "equal")
       r.fail(node, "'partition' must be 'equal' or a list of layer ranges [begin, end]");
@@ -130,15 +95,8 @@ void parsePartition(const Reader& r, const YAML::Node& node, JobSpec& job) {
 }  // namespace
 
 JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
-  const Reader r(source);
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    std::ostringstream os;
-    os << source << ":" << e.mark.line + 1 << ":" << e.mark.column + 1 << ": " << e.msg;
-    throw InvalidArgument(os.str());
-  }
+  const YamlReader r(source);
+  const YAML::Node root = r.load(yaml_text);
   if (!root.IsMap()) throw InvalidArgument(source + ": a job file is a map of settings");
   JobSpec job;
   job.source = source;

@@ -77,10 +77,11 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"partition: equal\nstages: 2\n", {"'model' is required"}},
       {"model: m.yaml\n", {"'partition' is required"}},
       {"model: m.yaml\npartition: [[0, 2]]\nstages: 3\n", {"j.yaml:3:9", "lists 1 ranges"}},
-      {"model: [unclosed\n", {"j.yaml:"}},
   };
   for (const Case& c : cases)
     expectThrowWith<InvalidArgument>([&] { parseJobSpec(c.yaml, "j.yaml"); }, c.expect);
+  expectThrowWith<FormatError>([&] { parseJobSpec("model: [unclosed\n", "j.yaml"); },
+                               {"j.yaml:", "YAML syntax error"});
 }
 
 TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {

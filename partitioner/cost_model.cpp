@@ -1,0 +1,191 @@
+#include "partitioner/cost_model.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "core/error.h"
+
+namespace tandem::partitioner {
+
+const char* objectiveName(Objective o) {
+  switch (o) {
+    case Objective::kTrainThroughput:
+      return "train";
+    case Objective::kInferThroughput:
+      return "infer";
+    case Objective::kInferLatency:
+      return "latency";
+  }
+  return "?";
+}
+
+Objective parseObjective(const std::string& name) {
+  if (name == "train") return Objective::kTrainThroughput;
+  if (name == "infer") return Objective::kInferThroughput;
+  if (name == "latency") return Objective::kInferLatency;
+  throw InvalidArgument("unknown objective '" + name + "' (expected train, infer or latency)");
+}
+
+void validate(const Problem& p) {
+  const size_t layers = p.layers.size(), nodes = p.node_names.size();
+  TANDEM_CHECK_MSG(layers > 0, InvalidArgument, "the model has no layers to place");
+  TANDEM_CHECK_MSG(!p.devices.empty(), InvalidArgument, "the cluster has no devices");
+  TANDEM_CHECK_MSG(p.links.size() == nodes, InvalidArgument,
+                   "the link matrix has " << p.links.size() << " rows for " << nodes << " nodes");
+  for (size_t a = 0; a < nodes; ++a) {
+    TANDEM_CHECK_MSG(p.links[a].size() == nodes, InvalidArgument,
+                     "link matrix row " << a << " has " << p.links[a].size() << " entries for "
+                                        << nodes << " nodes");
+    for (size_t b = 0; b < nodes; ++b)
+      TANDEM_CHECK_MSG(p.links[a][b].bandwidth > 0 && p.links[a][b].latency_s >= 0, InvalidArgument,
+                       "link " << p.node_names[a] << " -> " << p.node_names[b] << " has bandwidth "
+                               << p.links[a][b].bandwidth << " B/s and latency "
+                               << p.links[a][b].latency_s << " s");
+  }
+  for (const Device& d : p.devices) {
+    TANDEM_CHECK_MSG(d.node >= 0 && static_cast<size_t>(d.node) < nodes, InvalidArgument,
+                     "device " << d.name << " is on node " << d.node << " of " << nodes);
+    TANDEM_CHECK_MSG(d.memory_bytes > 0, InvalidArgument,
+                     "device " << d.name << " has " << d.memory_bytes << " bytes of memory");
+    TANDEM_CHECK_MSG(d.forward_s.size() == layers && d.backward_s.size() == layers, InvalidArgument,
+                     "device " << d.name << " has times for " << d.forward_s.size()
+                               << " layers, the model has " << layers);
+    for (size_t l = 0; l < layers; ++l)
+      TANDEM_CHECK_MSG(d.forward_s[l] >= 0 && d.backward_s[l] >= 0, InvalidArgument,
+                       "device " << d.name << " has a negative time for layer " << l);
+  }
+  const CostOptions& o = p.options;
+  TANDEM_CHECK_MSG(o.microbatches >= 1 && o.microbatch_size >= 1, InvalidArgument,
+                   o.microbatches << " microbatches of " << o.microbatch_size << " samples");
+  TANDEM_CHECK_MSG(o.max_replicas >= 1, InvalidArgument, "max_replicas is " << o.max_replicas);
+  TANDEM_CHECK_MSG(
+      o.source < static_cast<int>(p.devices.size()), InvalidArgument,
+      "the source device " << o.source << " is not one of the " << p.devices.size() << " devices");
+}
+
+CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
+  validate(problem_);
+  const auto& devs = problem_.devices;
+  const size_t n = layers();
+  type_of_.assign(devs.size(), -1);
+  for (size_t d = 0; d < devs.size(); ++d) {
+    for (size_t t = 0; t < types_.size(); ++t) {
+      const Device& r = devs[static_cast<size_t>(types_[t].devices.front())];
+      if (r.node == devs[d].node && r.memory_bytes == devs[d].memory_bytes &&
+          r.forward_s == devs[d].forward_s && r.backward_s == devs[d].backward_s) {
+        types_[t].devices.push_back(static_cast<int>(d));
+        type_of_[d] = static_cast<int>(t);
+        break;
+      }
+    }
+    if (type_of_[d] < 0) {
+      type_of_[d] = static_cast<int>(types_.size());
+      types_.push_back({{static_cast<int>(d)}, devs[d].node, devs[d].memory_bytes});
+    }
+  }
+  for (const DeviceType& t : types_) {
+    const Device& d = devs[static_cast<size_t>(t.devices.front())];
+    std::vector<double> prefix(n + 1, 0);
+    for (size_t l = 0; l < n; ++l)
+      prefix[l + 1] = prefix[l] + d.forward_s[l] + (training() ? d.backward_s[l] : 0);
+    time_prefix_.push_back(std::move(prefix));
+  }
+  param_prefix_.assign(n + 1, 0);
+  output_prefix_.assign(n + 1, 0);
+  for (size_t l = 0; l < n; ++l) {
+    param_prefix_[l + 1] = param_prefix_[l] + problem_.layers[l].param_bytes;
+    output_prefix_[l + 1] = output_prefix_[l] + problem_.layers[l].output_bytes;
+  }
+  working_max_.emplace_back();
+  for (size_t l = 0; l < n; ++l)
+    working_max_[0].push_back(inputBytes(l) + problem_.layers[l].output_bytes);
+  for (size_t w = 1; (size_t{1} << w) <= n; ++w) {
+    const auto& prev = working_max_[w - 1];
+    std::vector<int64_t> level;
+    for (size_t l = 0; l + (size_t{1} << w) <= n; ++l)
+      level.push_back(std::max(prev[l], prev[l + (size_t{1} << (w - 1))]));
+    working_max_.push_back(std::move(level));
+  }
+}
+
+int64_t CostModel::inputBytes(size_t layer) const {
+  return layer == 0 ? problem_.input_bytes : problem_.layers[layer - 1].output_bytes;
+}
+
+int64_t CostModel::paramBytes(size_t begin, size_t end) const {
+  return param_prefix_[end] - param_prefix_[begin];
+}
+
+int64_t CostModel::stateBytes(size_t begin, size_t end) const {
+  const int64_t w = paramBytes(begin, end);
+  if (!training()) return w;
+  return 2 * w + static_cast<int64_t>(static_cast<double>(w) * options().optimizer_state_per_param);
+}
+
+double CostModel::compute(int type, size_t begin, size_t end) const {
+  const auto& p = time_prefix_[static_cast<size_t>(type)];
+  return p[end] - p[begin];
+}
+
+double CostModel::allreduce(int type, size_t begin, size_t end, int replicas) const {
+  if (replicas <= 1 || !training()) return 0;
+  const int node = types_[static_cast<size_t>(type)].node;
+  const Link& l = problem_.links[static_cast<size_t>(node)][static_cast<size_t>(node)];
+  const double k = replicas;
+  return 2 * (k - 1) / k * static_cast<double>(paramBytes(begin, end)) / l.bandwidth +
+         2 * (k - 1) * l.latency_s;
+}
+
+double CostModel::stage(int type, size_t begin, size_t end, int replicas) const {
+  return compute(type, begin, end) / replicas +
+         allreduce(type, begin, end, replicas) / static_cast<double>(options().microbatches);
+}
+
+double CostModel::linkTime(int64_t bytes, double ratio, int from_node, int to_node) const {
+  const Link& l = problem_.links[static_cast<size_t>(from_node)][static_cast<size_t>(to_node)];
+  return static_cast<double>(bytes) * ratio / l.bandwidth + l.latency_s;
+}
+
+double CostModel::link(size_t end, int from, int to) const {
+  const int a = types_[static_cast<size_t>(from)].node, b = types_[static_cast<size_t>(to)].node;
+  const int64_t bytes = problem_.layers[end - 1].output_bytes;
+  double t = linkTime(bytes, options().activation_ratio, a, b);
+  if (training()) t += linkTime(bytes, options().gradient_ratio, b, a);
+  return t;
+}
+
+double CostModel::sourceLink(int to) const {
+  const int src = options().source;
+  if (src < 0 || typeOf(src) == to) return 0;
+  return linkTime(problem_.input_bytes, options().activation_ratio,
+                  problem_.devices[static_cast<size_t>(src)].node,
+                  types_[static_cast<size_t>(to)].node);
+}
+
+int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int replicas) const {
+  const CostOptions& o = options();
+  const int64_t in = inputBytes(begin);
+  const int64_t out = problem_.layers[end - 1].output_bytes;
+  const int64_t directions = training() ? 2 : 1;
+  int64_t transport = 0;
+  if (begin > 0) transport += in;
+  if (end < layers()) transport += out;
+  transport *= o.transport_buffers * directions;
+  const int64_t weights = paramBytes(begin, end);
+  if (!training()) {
+    const size_t w = static_cast<size_t>(std::bit_width(end - begin) - 1);
+    const int64_t working =
+        std::max(working_max_[w][begin], working_max_[w][end - (size_t{1} << w)]);
+    return weights + working + transport;
+  }
+  const int64_t activations = in + output_prefix_[end] - output_prefix_[begin];
+  const int64_t state = stateBytes(begin, end);
+  const int64_t depth = o.schedule == Schedule::kGPipe
+                            ? o.microbatches
+                            : std::min<int64_t>(o.microbatches, stages_to_end);
+  const int64_t per_replica = (depth + replicas - 1) / replicas;
+  const int64_t stash = o.recompute ? per_replica * in + activations : per_replica * activations;
+  return state + stash + transport;
+}
+
+}  // namespace tandem::partitioner

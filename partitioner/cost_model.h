@@ -1,0 +1,83 @@
+// The cost model: what a stage (a contiguous layer range on one device type, maybe
+// replicated) costs in time per microbatch and in memory per device, and what a link
+// between two stages costs. Every algorithm (exact, heuristic, baselines, brute force
+// in the tests) prices plans through this one class, so their objectives compare exactly.
+//
+// Devices that are interchangeable — same node, same memory, same per-layer times — form
+// a type; the exact search counts devices per type instead of naming them (PipeEdge).
+//
+// Time per microbatch (seconds):
+//   compute(t, [b, e))   = sum of forward (+ backward when training) times on type t
+//   stage(t, [b, e), k)  = compute / k + allreduce / m      (k replicas, m microbatches)
+//   allreduce            = ring over the k replicas' node link:
+//                          2(k-1)/k * gradient bytes / bandwidth + 2(k-1) * latency
+//   link(e, u -> v)      = out bytes * activation ratio / bandwidth + latency
+//                          (+ the same for the gradient coming back when training)
+// The pipeline's pace is its slowest stage or link (they run concurrently); latency is
+// the sum along the chain instead.
+//
+// Memory per device (bytes), training:
+//   weights + gradients + optimizer state (a multiple of the weights)
+//   + in-flight microbatches' stash: m for GPipe, min(m, r) for 1F1B where r counts the
+//     stages from this one to the last; each is the stage input plus every layer's output
+//     (with recompute: the stage input only, plus one microbatch's activations while
+//     recomputing); a replica holds ceil(in-flight / k) of them
+//   + transport buffers: `transport_buffers` messages per direction on each link.
+// Serving: weights + the largest layer input + output + transport buffers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "partitioner/problem.h"
+
+namespace tandem::partitioner {
+
+struct DeviceType {
+  std::vector<int> devices;  // indices into Problem::devices, ascending
+  int node = 0;
+  int64_t memory_bytes = 0;
+};
+
+class CostModel {
+ public:
+  explicit CostModel(Problem problem);  // validates it
+
+  const Problem& problem() const { return problem_; }
+  const CostOptions& options() const { return problem_.options; }
+  size_t layers() const { return problem_.layers.size(); }
+  const std::vector<DeviceType>& types() const { return types_; }
+  int typeOf(int device) const { return type_of_[static_cast<size_t>(device)]; }
+  bool training() const { return options().objective == Objective::kTrainThroughput; }
+
+  double compute(int type, size_t begin, size_t end) const;
+  double allreduce(int type, size_t begin, size_t end, int replicas) const;
+  double stage(int type, size_t begin, size_t end, int replicas) const;
+  // The link carrying layer end-1's output from type `from` to type `to`.
+  double link(size_t end, int from, int to) const;
+  // Latency objective: the input's trip from the source device to type `to` (0 when
+  // there is no source or `to` is the source's type).
+  double sourceLink(int to) const;
+  // `stages_to_end` counts this stage and those after it (1F1B stash depth).
+  int64_t memory(size_t begin, size_t end, int stages_to_end, int replicas) const;
+  int64_t paramBytes(size_t begin, size_t end) const;
+  // What layers [begin, end) hold whatever the split: weights, and when training their
+  // gradients and optimizer state. A lower bound on any stage's memory that holds them.
+  int64_t stateBytes(size_t begin, size_t end) const;
+  // Bytes entering layer `layer` (the model input for layer 0).
+  int64_t inputBytes(size_t layer) const;
+
+ private:
+  double linkTime(int64_t bytes, double ratio, int from_node, int to_node) const;
+
+  Problem problem_;
+  std::vector<DeviceType> types_;
+  std::vector<int> type_of_;
+  // Per type, prefix sums over layers of the time a stage spends per microbatch.
+  std::vector<std::vector<double>> time_prefix_;
+  std::vector<int64_t> param_prefix_, output_prefix_;
+  // Sparse table of max(input + output bytes) over layer ranges (serving memory).
+  std::vector<std::vector<int64_t>> working_max_;
+};
+
+}  // namespace tandem::partitioner

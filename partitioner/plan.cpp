@@ -1,0 +1,178 @@
+#include "partitioner/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/yaml_reader.h"
+
+namespace tandem::partitioner {
+
+Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
+              const std::string& algorithm) {
+  const Problem& problem = cost.problem();
+  Plan plan;
+  plan.algorithm = algorithm;
+  plan.objective = problem.options.objective;
+  TANDEM_CHECK_MSG(!stages.empty(), InvalidArgument, algorithm << ": a plan with no stages");
+  size_t expect = 0;
+  std::set<int> used;
+  const int p = static_cast<int>(stages.size());
+  for (int s = 0; s < p; ++s) {
+    const Assignment& a = stages[static_cast<size_t>(s)];
+    TANDEM_CHECK_MSG(
+        a.begin == expect && a.end > a.begin && a.end <= cost.layers(), InvalidArgument,
+        algorithm << ": stage " << s << " has layers [" << a.begin << ", " << a.end
+                  << ") but should start at layer " << expect << " of " << cost.layers());
+    TANDEM_CHECK_MSG(!a.devices.empty(), InvalidArgument,
+                     algorithm << ": stage " << s << " has no device");
+    for (int d : a.devices) {
+      TANDEM_CHECK_MSG(d >= 0 && static_cast<size_t>(d) < problem.devices.size(), InvalidArgument,
+                       algorithm << ": stage " << s << " names device " << d);
+      TANDEM_CHECK_MSG(used.insert(d).second, InvalidArgument,
+                       algorithm << ": device " << problem.devices[static_cast<size_t>(d)].name
+                                 << " is used twice");
+      TANDEM_CHECK_MSG(cost.typeOf(d) == cost.typeOf(a.devices.front()), InvalidArgument,
+                       algorithm << ": stage " << s << " replicates over devices of different "
+                                 << "kinds (" << problem.devices[static_cast<size_t>(d)].name
+                                 << ", " << problem.devices[static_cast<size_t>(a.devices[0])].name
+                                 << ")");
+    }
+    expect = a.end;
+  }
+  TANDEM_CHECK_MSG(expect == cost.layers(), InvalidArgument,
+                   algorithm << ": the stages end at layer " << expect << " of " << cost.layers());
+
+  const bool latency = plan.objective == Objective::kInferLatency;
+  plan.seconds = latency ? cost.sourceLink(cost.typeOf(stages[0].devices[0])) : 0;
+  plan.bottleneck = latency ? "sum" : "";
+  for (int s = 0; s < p; ++s) {
+    const Assignment& a = stages[static_cast<size_t>(s)];
+    const int t = cost.typeOf(a.devices.front());
+    const int k = static_cast<int>(a.devices.size());
+    PlanStage st;
+    st.at = a;
+    st.compute_s = cost.stage(t, a.begin, a.end, k);
+    st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
+    if (s + 1 < p) st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()));
+    st.memory_bytes = cost.memory(a.begin, a.end, p - s, k);
+    const int64_t have = cost.types()[static_cast<size_t>(t)].memory_bytes;
+    if (st.memory_bytes > have && plan.infeasible.empty()) {
+      std::ostringstream os;
+      os << "stage " << s << " (layers [" << a.begin << ", " << a.end << ")) needs "
+         << st.memory_bytes << " bytes on "
+         << problem.devices[static_cast<size_t>(a.devices.front())].name << ", which has " << have;
+      plan.infeasible = os.str();
+    }
+    if (latency) {
+      plan.seconds += st.compute_s + st.link_s;
+    } else {
+      if (st.compute_s > plan.seconds || plan.bottleneck.empty()) {
+        plan.seconds = st.compute_s;
+        plan.bottleneck = "stage " + std::to_string(s) + " compute";
+      }
+      if (st.link_s > plan.seconds) {
+        plan.seconds = st.link_s;
+        plan.bottleneck = "link " + std::to_string(s) + " -> " + std::to_string(s + 1);
+      }
+    }
+    plan.stages.push_back(std::move(st));
+  }
+  plan.samples_per_s =
+      plan.seconds > 0 ? static_cast<double>(cost.options().microbatch_size) / plan.seconds : 0;
+  return plan;
+}
+
+double stepSeconds(const CostModel& cost, const Plan& plan) {
+  const double m = static_cast<double>(cost.options().microbatches);
+  return (m + static_cast<double>(plan.stages.size()) - 1) * plan.seconds;
+}
+
+namespace {
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string planToYaml(const CostModel& cost, const Plan& plan) {
+  const Problem& problem = cost.problem();
+  std::ostringstream os;
+  os << "# A tandem plan (docs/partitioner.md). `partition: <this file>` in a job runs it.\n"
+     << "objective: " << objectiveName(plan.objective) << "\n"
+     << "algorithm: " << plan.algorithm << "\n"
+     << "microbatch_size: " << cost.options().microbatch_size << "\n"
+     << "microbatches: " << cost.options().microbatches << "\n"
+     << "predicted: {bottleneck: " << plan.bottleneck << ", seconds: " << number(plan.seconds)
+     << ", samples_per_s: " << number(plan.samples_per_s) << "}\n"
+     << "stages:\n";
+  for (const PlanStage& st : plan.stages) {
+    const Device& first = problem.devices[static_cast<size_t>(st.at.devices.front())];
+    os << "  - layers: [" << st.at.begin << ", " << st.at.end << "]\n    devices: [";
+    for (size_t i = 0; i < st.at.devices.size(); ++i)
+      os << (i ? ", " : "") << problem.devices[static_cast<size_t>(st.at.devices[i])].name;
+    os << "]\n    backend: " << first.backend << "\n    threads: " << first.threads
+       << "\n    compute_s: " << number(st.compute_s)
+       << "\n    allreduce_s: " << number(st.allreduce_s) << "\n    link_s: " << number(st.link_s)
+       << "\n    memory_bytes: " << st.memory_bytes << "\n";
+  }
+  return os.str();
+}
+
+std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::string& source) {
+  const YamlReader r(source);
+  const YAML::Node root = r.load(yaml_text);
+  if (!root.IsMap()) throw InvalidArgument(source + ": a plan is a map with 'stages'");
+  const YAML::Node stages = root["stages"];
+  if (!stages) throw InvalidArgument(source + ": a plan needs 'stages'");
+  if (!stages.IsSequence() || stages.size() == 0)
+    r.fail(stages, "'stages' must be a list of {layers, devices, backend, threads}");
+  std::vector<PlanStageSpec> out;
+  for (const YAML::Node& st : stages) {
+    if (!st.IsMap()) r.fail(st, "a stage is a map {layers: [begin, end], devices, backend}");
+    PlanStageSpec spec;
+    spec.where = r.at(st);
+    bool have_layers = false;
+    for (const auto& kv : st) {
+      const std::string key = kv.first.as<std::string>();
+      const YAML::Node& v = kv.second;
+      if (key == "layers") {
+        if (!v.IsSequence() || v.size() != 2) r.fail(v, "'layers' is a range [begin, end]");
+        const auto b = r.get<long long>(v[0], "begin", "a layer index");
+        const auto e = r.get<long long>(v[1], "end", "a layer index");
+        if (b < 0 || e <= b)
+          r.fail(v, "layer range [" + std::to_string(b) + ", " + std::to_string(e) +
+                        ") is empty or negative");
+        spec.begin = static_cast<size_t>(b);
+        spec.end = static_cast<size_t>(e);
+        have_layers = true;
+      } else if (key == "devices") {
+        if (!v.IsSequence() || v.size() == 0) r.fail(v, "'devices' is a list of device names");
+        for (const YAML::Node& d : v) spec.devices.push_back(r.get<std::string>(d, key, "a name"));
+      } else if (key == "backend") {
+        spec.backend = r.get<std::string>(v, key, "a device such as cpu or opencl:0");
+      } else if (key == "threads") {
+        spec.threads = static_cast<int>(r.positive(v, key));
+      } else if (key == "compute_s" || key == "allreduce_s" || key == "link_s" ||
+                 key == "memory_bytes") {
+        r.nonNegative(v, key);
+      } else {
+        r.fail(kv.first, "unknown stage key '" + key +
+                             "' (expected layers, devices, backend, threads, compute_s, "
+                             "allreduce_s, link_s or memory_bytes)");
+      }
+    }
+    if (!have_layers) r.fail(st, "the stage has no 'layers'");
+    if (spec.devices.empty()) r.fail(st, "the stage has no 'devices'");
+    if (spec.backend.empty()) r.fail(st, "the stage has no 'backend'");
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+}  // namespace tandem::partitioner

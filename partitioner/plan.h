@@ -1,0 +1,75 @@
+// A plan: the stages (layer range, device or replicas) with their predicted costs, the
+// predicted bottleneck and samples/s. Every plan, from any algorithm or file, is priced
+// by evaluate(), which refuses one that does not cover the model exactly once, uses a
+// device twice or mixes device types in a replicated stage; a plan that does not fit in
+// memory is returned with `infeasible` saying which device is short and by how much.
+//
+// On disk (`tandem partition --out`, `partition: PLAN.yaml` in a job):
+//   objective: train
+//   algorithm: exact
+//   microbatch_size: 8
+//   microbatches: 4
+//   predicted: {bottleneck: stage 1 compute, seconds: 0.0123, samples_per_s: 650.4}
+//   stages:
+//     - {layers: [0, 3], devices: [local/cpu0], backend: cpu, threads: 1,
+//        compute_s: 0.0034, allreduce_s: 0, link_s: 0.0001, memory_bytes: 1234567}
+// Reading takes the layer ranges, device names, backends and threads; the predicted
+// figures are informational.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "partitioner/cost_model.h"
+
+namespace tandem::partitioner {
+
+// One stage as the algorithms choose it: layers [begin, end) on `devices` (one, or the
+// replicas of the stage).
+struct Assignment {
+  size_t begin = 0, end = 0;
+  std::vector<int> devices;  // indices into Problem::devices
+};
+
+struct PlanStage {
+  Assignment at;
+  double compute_s = 0;      // per microbatch, with the replicas' allreduce share
+  double allreduce_s = 0;    // per step
+  double link_s = 0;         // to the next stage, per microbatch (0 for the last)
+  int64_t memory_bytes = 0;  // per device
+};
+
+struct Plan {
+  std::string algorithm;
+  Objective objective = Objective::kTrainThroughput;
+  std::vector<PlanStage> stages;
+  double seconds = 0;        // the slowest stage or link per microbatch; for latency, the sum
+  std::string bottleneck;    // "stage 1 compute", "link 0 -> 1", or "sum" for latency
+  double samples_per_s = 0;  // steady state: microbatch size / seconds
+  std::string infeasible;    // empty when every device's memory suffices
+};
+
+// Prices `stages`; InvalidArgument if they do not cover the layers exactly once in order,
+// repeat a device, or replicate over devices of different types.
+Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
+              const std::string& algorithm);
+
+// Training: the time of one step with the pipeline's fill and drain,
+// (m + p - 1) * seconds, and the samples/s that gives for a whole batch.
+double stepSeconds(const CostModel& cost, const Plan& plan);
+
+std::string planToYaml(const CostModel& cost, const Plan& plan);
+
+// A plan file as `tandem run` needs it.
+struct PlanStageSpec {
+  size_t begin = 0, end = 0;
+  std::vector<std::string> devices;
+  std::string backend;
+  int threads = 1;
+  std::string where;  // "plan.yaml:7:5", for messages
+};
+std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::string& source);
+
+}  // namespace tandem::partitioner

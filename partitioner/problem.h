@@ -1,0 +1,72 @@
+// What the partitioner decides from, as plain numbers: per-layer times on each device
+// (one microbatch), per-layer bytes, device memories and the links between nodes.
+// Built from a model, a profile and a cluster file by makeProblem (cluster.h), or by
+// hand in tests and benchmarks. Units: seconds, bytes, bytes per second.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem::partitioner {
+
+enum class Objective {
+  kTrainThroughput,  // training: minimise the slowest stage or link per microbatch
+  kInferThroughput,  // serving a stream: the same, forward only
+  kInferLatency,     // one request: minimise the sum of forward compute and link times
+};
+const char* objectiveName(Objective o);
+Objective parseObjective(const std::string& name);  // "train", "infer", "latency"
+
+struct LayerBytes {
+  std::string type;          // for plans and messages: "conv2d", "linear", ...
+  int64_t param_bytes = 0;   // weights and biases
+  int64_t output_bytes = 0;  // the activation it passes on, one microbatch
+};
+
+struct Device {
+  std::string name;  // "node/device", e.g. "jetson/opencl:0"
+  int node = 0;      // index into Problem::node_names; links are per node pair
+  int64_t memory_bytes = 0;
+  // Per layer, one microbatch: forward and backward seconds on this device.
+  std::vector<double> forward_s, backward_s;
+  // How `tandem run` starts a stage on it (carried into plans, not used for costs).
+  std::string backend = "cpu";
+  int threads = 1;
+};
+
+struct Link {
+  double bandwidth = 0;  // bytes per second
+  double latency_s = 0;  // per message
+};
+
+enum class Schedule { kGPipe, k1F1B };
+
+struct CostOptions {
+  Objective objective = Objective::kTrainThroughput;
+  Schedule schedule = Schedule::k1F1B;
+  int64_t microbatches = 4;              // per training step (m)
+  int64_t microbatch_size = 16;          // samples in one microbatch
+  bool recompute = false;                // stash only each stage's input, recompute in backward
+  double optimizer_state_per_param = 1;  // bytes of optimizer state per parameter byte
+  // Bytes on the wire per fp32 byte, after the link's codec (fp16: 0.5).
+  double activation_ratio = 1, gradient_ratio = 1;
+  int transport_buffers = 2;  // messages each link may queue per direction
+  int max_replicas = 1;       // > 1: a stage may be replicated over devices of one type
+  int source = -1;            // latency: the device the input arrives at (-1: any)
+};
+
+struct Problem {
+  std::vector<LayerBytes> layers;
+  int64_t input_bytes = 0;  // the model's input, one microbatch
+  std::vector<std::string> node_names;
+  std::vector<Device> devices;
+  std::vector<std::vector<Link>> links;  // [from node][to node]; the diagonal: within a node
+  CostOptions options;
+};
+
+// InvalidArgument naming what is inconsistent (sizes, a device without times for every
+// layer, a non-positive bandwidth, a node index out of range).
+void validate(const Problem& p);
+
+}  // namespace tandem::partitioner

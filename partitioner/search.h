@@ -1,0 +1,55 @@
+// The split algorithms. Each returns a plan priced by evaluate() (plan.h).
+//
+// exactPlan — dynamic programming over (first layer of the rest, devices the rest uses
+//   counted per type, the type of the rest's first stage, stages in the rest), choosing
+//   the next stage's end, replica count and the type after it. Devices of one type are
+//   interchangeable, so counting them per type loses nothing (PipeEdge); knowing how many
+//   stages remain gives each stage its 1F1B stash depth. Every contiguous split, device
+//   order and replication is covered, so the result is optimal under the cost model.
+//   Time O(L^2 * T^2 * C * R * K) with L layers, T types, C = prod(n_t + 1) count
+//   vectors, R = D (devices) when replicating else 1, K = max replicas; memory
+//   O(L * T * C * R). A heuristic plan's objective bounds the search: a stage already
+//   as slow as the best known plan ends the scan over longer stages.
+//
+// heuristicPlan — for a fixed sequence of (type, replicas) the best split is a smaller
+//   DP over (stage, first layer), O(p * L * span). A local search over sequences
+//   (swap neighbours, change a stage's type, drop or insert a stage, add or remove a
+//   replica), started from the fastest devices in speed and in node order, keeps the
+//   first improvement until none is left or `max_passes` is reached.
+//
+// The throughput objectives minimise the slowest stage or link; kInferLatency minimises
+// the sum of forward compute and link times along the chain (Neurosurgeon for k
+// devices), plus the input's trip from the source device when one is named.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "partitioner/plan.h"
+
+namespace tandem::partitioner {
+
+struct SearchOptions {
+  std::string algorithm = "auto";  // "exact", "heuristic" or "auto"
+  // auto: exact when its state count L * T * C * R is at most this.
+  double exact_state_limit = 4e6;
+  int max_passes = 200;  // heuristic local-search passes
+};
+
+// The exact DP's state count for `cost`, for choosing between the two.
+double exactStates(const CostModel& cost);
+
+Plan exactPlan(const CostModel& cost, const Plan* bound = nullptr);
+Plan heuristicPlan(const CostModel& cost, const SearchOptions& o = {});
+// The heuristic, then (within exact_state_limit, or when asked) the exact search.
+Plan bestPlan(const CostModel& cost, const SearchOptions& o = {});
+
+// Equal layers, equal parameters and memory-proportional (exo's) splits over every
+// device in the cluster's order (the first min(devices, layers) of them).
+std::vector<Plan> baselinePlans(const CostModel& cost);
+
+// InvalidArgument naming the layer, its bytes and the largest device memory when some
+// layer fits on no device even alone.
+void checkEveryLayerFits(const CostModel& cost);
+
+}  // namespace tandem::partitioner
