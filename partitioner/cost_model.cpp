@@ -91,10 +91,10 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
     time_prefix_.push_back(std::move(prefix));
   }
   param_prefix_.assign(n + 1, 0);
-  output_prefix_.assign(n + 1, 0);
+  stash_prefix_.assign(n + 1, 0);
   for (size_t l = 0; l < n; ++l) {
     param_prefix_[l + 1] = param_prefix_[l] + problem_.layers[l].param_bytes;
-    output_prefix_[l + 1] = output_prefix_[l] + problem_.layers[l].output_bytes;
+    stash_prefix_[l + 1] = stash_prefix_[l] + problem_.layers[l].stash_bytes;
   }
   working_max_.emplace_back();
   for (size_t l = 0; l < n; ++l)
@@ -178,7 +178,7 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
         std::max(working_max_[w][begin], working_max_[w][end - (size_t{1} << w)]);
     return weights + working + transport;
   }
-  const int64_t activations = in + output_prefix_[end] - output_prefix_[begin];
+  const int64_t activations = stash_prefix_[end] - stash_prefix_[begin];
   const int64_t state = stateBytes(begin, end);
   const int64_t depth = o.schedule == Schedule::kGPipe
                             ? o.microbatches

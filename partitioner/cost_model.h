@@ -19,9 +19,9 @@
 // Memory per device (bytes), training:
 //   weights + gradients + optimizer state (a multiple of the weights)
 //   + in-flight microbatches' stash: m for GPipe, min(m, r) for 1F1B where r counts the
-//     stages from this one to the last; each is the stage input plus every layer's output
-//     (with recompute: the stage input only, plus one microbatch's activations while
-//     recomputing); a replica holds ceil(in-flight / k) of them
+//     stages from this one to the last; each is what the layers keep for backward (with
+//     recompute: the stage input only, plus one microbatch's stash while recomputing);
+//     a replica holds ceil(in-flight / k) of them
 //   + transport buffers: `transport_buffers` messages per direction on each link.
 // Serving: weights + the largest layer input + output + transport buffers.
 #pragma once
@@ -75,7 +75,7 @@ class CostModel {
   std::vector<int> type_of_;
   // Per type, prefix sums over layers of the time a stage spends per microbatch.
   std::vector<std::vector<double>> time_prefix_;
-  std::vector<int64_t> param_prefix_, output_prefix_;
+  std::vector<int64_t> param_prefix_, stash_prefix_;
   // Sparse table of max(input + output bytes) over layer ranges (serving memory).
   std::vector<std::vector<int64_t>> working_max_;
 };

@@ -22,6 +22,7 @@ struct LayerBytes {
   std::string type;          // for plans and messages: "conv2d", "linear", ...
   int64_t param_bytes = 0;   // weights and biases
   int64_t output_bytes = 0;  // the activation it passes on, one microbatch
+  int64_t stash_bytes = 0;   // what its forward keeps for its backward, one microbatch
 };
 
 struct Device {

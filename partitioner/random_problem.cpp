@@ -15,6 +15,7 @@ Problem randomProblem(const RandomProblemOptions& o) {
   Problem p;
   p.options = o.cost;
   const auto L = static_cast<size_t>(o.layers);
+  p.input_bytes = static_cast<int64_t>(uniform(1e3, 1e6));
   std::vector<double> work(L);  // forward seconds on a unit-speed device
   for (size_t l = 0; l < L; ++l) {
     LayerBytes b;
@@ -22,10 +23,11 @@ Problem randomProblem(const RandomProblemOptions& o) {
     // Some layers are all weights (classifiers), some all activations (convolutions).
     b.param_bytes = static_cast<int64_t>(uniform(0, 1) < 0.3 ? 0 : uniform(1e3, 4e6));
     b.output_bytes = static_cast<int64_t>(uniform(1e3, 2e6));
+    b.stash_bytes =
+        l == 0 ? p.input_bytes : p.layers[l - 1].output_bytes;  // its input, as a linear layer
     work[l] = uniform(1e-4, 5e-3);
     p.layers.push_back(b);
   }
-  p.input_bytes = static_cast<int64_t>(uniform(1e3, 1e6));
 
   struct Kind {
     double speed, memory;

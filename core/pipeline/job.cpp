@@ -71,14 +71,27 @@ void parseCodec(const YamlReader& r, const YAML::Node& node, JobSpec& job) {
   }
 }
 
-void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job) {
+void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
+                    const std::string& dir) {
+  const char* expected =
+      "'partition' must be 'equal', 'auto', a plan file (.yaml) or a list of layer ranges "
+      "[begin, end]";
+  job.partition_where = r.at(node);
   if (node.IsScalar()) {
-    if (node.Scalar() != "equal")
-      r.fail(node, "'partition' must be 'equal' or a list of layer ranges [begin, end]");
+    const std::string& v = node.Scalar();
+    const auto ends = [&](const char* ext) {
+      return v.size() > std::string(ext).size() && v.ends_with(ext);
+    };
+    if (v == "auto") {
+      job.auto_partition = true;
+    } else if (ends(".yaml") || ends(".yml")) {
+      job.plan = resolve(dir, v);
+    } else if (v != "equal") {
+      r.fail(node, expected);
+    }
     return;
   }
-  if (!node.IsSequence() || node.size() == 0)
-    r.fail(node, "'partition' must be 'equal' or a list of layer ranges [begin, end]");
+  if (!node.IsSequence() || node.size() == 0) r.fail(node, expected);
   for (const auto& range : node) {
     if (!range.IsSequence() || range.size() != 2)
       r.fail(range, "a stage's layers are a range [begin, end]");
@@ -151,24 +164,36 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.timeout_s = r.positive(v, key);
     } else if (key == "partition") {
       partition = v;
-      parsePartition(r, v, job);
+      parsePartition(r, v, job, dir);
     } else if (key == "stages") {
       stages = v;
       job.stages = static_cast<int>(r.positive(v, key));
+    } else if (key == "cluster") {
+      job.cluster = resolve(dir, r.get<std::string>(v, key, "a path"));
+    } else if (key == "profile") {
+      job.profile = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else if (key == "save") {
       job.save = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else if (key == "weights") {
       job.weights = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else {
-      r.fail(kv.first, "unknown key '" + key +
-                           "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
-                           "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
-                           "codec, transport, timeout_s, partition, stages, save or weights)");
+      r.fail(kv.first,
+             "unknown key '" + key +
+                 "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
+                 "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
+                 "codec, transport, timeout_s, partition, stages, cluster, profile, save or "
+                 "weights)");
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");
   if (!partition) throw InvalidArgument(source + ": 'partition' is required ('equal' or ranges)");
-  if (job.ranges.empty() && job.stages == 0)
+  const bool planned = job.auto_partition || !job.plan.empty();
+  if (job.auto_partition && job.cluster.empty())
+    r.fail(*partition,
+           "'partition: auto' needs 'cluster: FILE' (and 'profile: FILE' unless the "
+           "cluster names its profiles)");
+  if (planned && stages) r.fail(*stages, "'stages' comes from the plan; leave it out");
+  if (!planned && job.ranges.empty() && job.stages == 0)
     r.fail(*partition, "'partition: equal' needs 'stages: N'");
   if (!job.ranges.empty() && stages && static_cast<size_t>(job.stages) != job.ranges.size())
     r.fail(*stages, "'stages' is " + std::to_string(job.stages) + " but the partition lists " +

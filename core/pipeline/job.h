@@ -11,8 +11,11 @@
 //   optimizer: {kind: sgd, lr: 0.01, momentum: 0.9}
 //   codec: {activations: fp32, gradients: fp32}
 //   transport: tcp                 # tcp | ipc (loopback)
-//   partition: equal               # or a list of layer ranges: [[0, 4], [4, 9], [9, 11]]
+//   partition: equal               # or a list of layer ranges: [[0, 4], [4, 9], [9, 11]],
+//                                  # or a plan file (`tandem partition --out`), or auto
 //   stages: 3                      # with `equal`
+//   cluster: ../clusters/local.yaml   # with `auto`: the devices to plan over
+//   profile: ../../out/profile.json   # with `auto`: their measured profile
 //   save: ../../out/cnn.tdm        # the trained model, merged from the stages
 //   weights: ../../out/cnn.tdm     # start from these parameters (serving, resuming)
 //
@@ -51,8 +54,15 @@ struct JobSpec {
   std::vector<std::pair<size_t, size_t>> ranges;
   std::vector<std::string> range_where;  // "job.yaml:12:5" per range, for messages
   int stages = 0;
-  std::string save;     // a model file to write at the end (resolved like `model`)
-  std::string weights;  // a model file to start from (its parameters), e.g. to serve
+  // `partition: PLAN.yaml` (its path) or `partition: auto` (plan with the partitioner from
+  // `cluster` and `profile` when the run starts); the stages' devices come from the plan.
+  // Resolved outside core, which does not know the partitioner (targets/tandem/planning.h).
+  std::string plan;
+  bool auto_partition = false;
+  std::string cluster, profile;
+  std::string partition_where;  // "job.yaml:12:12", for messages
+  std::string save;             // a model file to write at the end (resolved like `model`)
+  std::string weights;          // a model file to start from (its parameters), e.g. to serve
 };
 
 JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source = "<string>");
@@ -60,7 +70,7 @@ JobSpec loadJobSpec(const std::string& path);
 
 // The stages' layer ranges for `model`: the explicit ranges, checked to cover every
 // layer once, in order (InvalidArgument names the job file and the range at fault), or
-// `stages` parts of nearly equal layer counts.
+// `stages` parts of nearly equal layer counts. Not for plans (job.plan, auto_partition).
 std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Model& model);
 // `layers` split into `stages` contiguous ranges whose sizes differ by at most one.
 std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages);

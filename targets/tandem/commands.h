@@ -11,6 +11,7 @@ void addEval(CLI::App& app);
 void addInspect(CLI::App& app);
 void addDevices(CLI::App& app);
 void addProfile(CLI::App& app);
+void addPartition(CLI::App& app);
 void addKeygen(CLI::App& app);
 void addSchedule(CLI::App& app);
 void addRun(CLI::App& app);

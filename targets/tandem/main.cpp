@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   tandem::cli::addInspect(app);
   tandem::cli::addDevices(app);
   tandem::cli::addProfile(app);
+  tandem::cli::addPartition(app);
   tandem::cli::addKeygen(app);
   tandem::cli::addSchedule(app);
   tandem::cli::addRun(app);
@@ -30,9 +31,9 @@ int main(int argc, char** argv) {
     try {
       app.get_subcommand(argv[1]);
     } catch (const CLI::OptionNotFound&) {
-      std::cerr
-          << "error: unknown command '" << argv[1]
-          << "' (commands: train, run, infer, eval, inspect, devices, profile, schedule, keygen; see --help)\n";
+      std::cerr << "error: unknown command '" << argv[1]
+                << "' (commands: train, run, infer, eval, inspect, devices, profile, schedule, "
+                   "keygen; see --help)\n";
       return 2;
     }
   }

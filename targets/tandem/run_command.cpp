@@ -26,6 +26,7 @@
 #include "core/pipeline/timeline.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/control.h"
+#include "targets/tandem/planning.h"
 #include "targets/tandem/progress.h"
 
 namespace tandem::cli {
@@ -171,31 +172,62 @@ int runJob(const RunArgs& args) {
   const std::string& timeline = args.timeline;
   const bool spans_wanted = args.infer || !timeline.empty();
   const JobSpec job = loadJobSpec(path);
-  const auto ranges = stageRanges(job, Model(loadModelSpec(job.model)));  // fail before forking
-  const int p = static_cast<int>(ranges.size());
+  const Model model(loadModelSpec(job.model));
   const std::string run_dir =
       (std::filesystem::temp_directory_path() / ("tandem-run-" + std::to_string(getpid())))
           .string();
   std::filesystem::create_directories(run_dir);
+  // Plan (partition: auto) and check the stages before forking.
+  std::string plan_file;
+  std::vector<StagePlacement> stages;
+  try {
+    if (job.auto_partition) {
+      plan_file = run_dir + "/plan.yaml";
+      const partitioner::Plan plan = planJob(job, model, plan_file);
+      spdlog::info(
+          "partition: auto: {} stages by the {} search, predicted {:.3f} ms per "
+          "microbatch ({}), {:.0f} samples/s",
+          plan.stages.size(), plan.algorithm, plan.seconds * 1e3, plan.bottleneck,
+          plan.samples_per_s);
+    }
+    stages = jobStages(job, model, plan_file);
+  } catch (...) {
+    std::filesystem::remove_all(run_dir);
+    throw;
+  }
+  const int p = static_cast<int>(stages.size());
   transport::Context ctx;
   ControlIn in(ctx, "tcp://127.0.0.1:*");
   std::vector<Worker> workers(static_cast<size_t>(p));
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   for (int s = 0; s < p; ++s) {
     const std::string stage = std::to_string(s);
+    std::vector<std::string> argv = {self,
+                                     "stage",
+                                     path,
+                                     "--stage",
+                                     stage,
+                                     "--control",
+                                     in.endpoint(),
+                                     "--run-dir",
+                                     run_dir,
+                                     "--mode",
+                                     args.infer ? "infer" : "train"};
+    if (spans_wanted) argv.insert(argv.end(), {"--spans", spanFile(run_dir, s)});
+    if (!plan_file.empty()) argv.insert(argv.end(), {"--plan", plan_file});
+    std::vector<char*> cargv;
+    for (std::string& arg : argv) cargv.push_back(arg.data());
+    cargv.push_back(nullptr);
     const pid_t pid = fork();
     if (pid < 0) throw Error("cannot start a worker: fork failed");
     if (pid == 0) {
-      const std::string spans = spanFile(run_dir, s);
-      execl(self.c_str(), self.c_str(), "stage", path.c_str(), "--stage", stage.c_str(),
-            "--control", in.endpoint().c_str(), "--run-dir", run_dir.c_str(), "--mode",
-            args.infer ? "infer" : "train", spans_wanted ? "--spans" : static_cast<char*>(nullptr),
-            spans.c_str(), static_cast<char*>(nullptr));
+      execv(self.c_str(), cargv.data());
       _exit(127);
     }
     workers[static_cast<size_t>(s)].pid = pid;
-    spdlog::info("stage {}: layers [{}, {}), pid {}", s, ranges[static_cast<size_t>(s)].first,
-                 ranges[static_cast<size_t>(s)].second, pid);
+    const StagePlacement& place = stages[static_cast<size_t>(s)];
+    spdlog::info("stage {}: layers [{}, {}) on {} ({} threads), pid {}", s, place.begin, place.end,
+                 place.backend, place.threads, pid);
   }
   std::vector<std::unique_ptr<ControlOut>> out;
   Progress progress(job.epochs);
@@ -319,8 +351,11 @@ int runJob(const RunArgs& args) {
   }
   std::filesystem::remove_all(run_dir);
 
-  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s\n", "stage", "layers", "device",
-              "busy %", "waiting %", "sending %", "stash", "MB sent", "MB received");
+  // Compute per microbatch: what the stage was busy for (forward, backward, optimizer)
+  // over the microbatches it ran, beside the plan's prediction when there is one.
+  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s %10s %10s\n", "stage", "layers",
+              "device", "busy %", "waiting %", "sending %", "stash", "MB sent", "MB received",
+              "ms/micro", "predicted");
   double busy = 0, span = 0;
   for (int s = 0; s < p; ++s) {
     const Json& r = workers[static_cast<size_t>(s)].report;
@@ -329,12 +364,20 @@ int runJob(const RunArgs& args) {
     const auto layers = h.at("layers");
     const std::string range = "[" + std::to_string(layers.at(0).get<int64_t>()) + ", " +
                               std::to_string(layers.at(1).get<int64_t>()) + ")";
-    std::printf("%-6d %-10s %-8s %7.1f %9.1f %9.1f %6lld %11.2f %11.2f\n", s, range.c_str(),
-                field<std::string>(h, "device").c_str(), 100 * field<double>(r, "busy_s") / t,
-                100 * field<double>(r, "recv_wait_s") / t, 100 * field<double>(r, "send_s") / t,
+    const double per_micro =
+        field<double>(r, "busy_s") /
+        static_cast<double>(std::max<int64_t>(1, field<int64_t>(r, "microbatches")));
+    const double predicted = stages[static_cast<size_t>(s)].predicted_compute_s;
+    const std::string predicted_text =
+        predicted >= 0 ? std::to_string(predicted * 1e3).substr(0, 6) : "-";
+    std::printf("%-6d %-10s %-8s %7.1f %9.1f %9.1f %6lld %11.2f %11.2f %10.3f %10s\n", s,
+                range.c_str(), field<std::string>(h, "device").c_str(),
+                100 * field<double>(r, "busy_s") / t, 100 * field<double>(r, "recv_wait_s") / t,
+                100 * field<double>(r, "send_s") / t,
                 static_cast<long long>(field<int64_t>(r, "peak_stash")),
                 static_cast<double>(field<int64_t>(r, "bytes_sent")) / 1e6,
-                static_cast<double>(field<int64_t>(r, "bytes_received")) / 1e6);
+                static_cast<double>(field<int64_t>(r, "bytes_received")) / 1e6, per_micro * 1e3,
+                predicted_text.c_str());
     busy += field<double>(r, "busy_s");
     span = std::max(span, t);
   }

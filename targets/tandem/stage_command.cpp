@@ -18,6 +18,7 @@
 #include "core/pipeline/stage_trainer.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/control.h"
+#include "targets/tandem/planning.h"
 #include "transport/zmq_link.h"
 
 namespace tandem::cli {
@@ -31,6 +32,7 @@ struct StageArgs {
   std::string job, control, run_dir;
   std::string mode = "train";  // or "infer": stream the test set forward-only
   std::string spans;           // if set: record a span per action and write them here (JSON)
+  std::string plan;            // the plan `tandem run` made for `partition: auto`
   int stage = 0;
 };
 
@@ -52,14 +54,16 @@ StageCounters minus(StageCounters a, const StageCounters& b) {
 
 void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   const JobSpec job = loadJobSpec(a.job);
-  // The backend outlives everything that holds its memory (declared first).
-  auto backend = makeBackend("cpu", BackendOptions{job.threads});
-  Model model(loadModelSpec(job.model));
-  const auto ranges = stageRanges(job, model);
-  const int p = static_cast<int>(ranges.size()), s = a.stage;
+  const ModelSpec spec = loadModelSpec(job.model);
+  const auto stages = jobStages(job, Model(spec), a.plan);
+  const int p = static_cast<int>(stages.size()), s = a.stage;
   TANDEM_CHECK_MSG(s >= 0 && s < p, InvalidArgument,
                    "--stage " << s << " but the job has " << p << " stages");
-  const auto [begin, end] = ranges[static_cast<size_t>(s)];
+  const StagePlacement& place = stages[static_cast<size_t>(s)];
+  const size_t begin = place.begin, end = place.end;
+  // The backend outlives everything that holds its memory (declared first).
+  auto backend = makeBackend(place.backend, BackendOptions{place.threads});
+  Model model(spec);
   model.build(*backend, job.seed, begin, end);
   if (!job.weights.empty()) loadWeights(model, readModelFile(job.weights), false);
   Optimizer optimizer(*backend, job.optimizer);
@@ -195,6 +199,7 @@ void addStage(CLI::App& app) {
   c->add_option("--control", a->control, "`tandem run`'s control endpoint")->required();
   c->add_option("--run-dir", a->run_dir, "Directory for ipc endpoints")->required();
   c->add_option("--spans", a->spans, "Record the timeline's spans into this file");
+  c->add_option("--plan", a->plan, "The plan to run (instead of the job's partition)");
   c->add_option("--mode", a->mode, "train or infer")->check(CLI::IsMember({"train", "infer"}));
   c->callback([a] {
     // Dies with `tandem run`: no stage outlives the run that started it.

@@ -1,0 +1,253 @@
+#include "partitioner/cluster.h"
+
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "core/file.h"
+#include "core/yaml_reader.h"
+
+namespace tandem::partitioner {
+
+namespace {
+
+std::string resolve(const std::string& source, const std::string& path) {
+  const std::filesystem::path dir = std::filesystem::path(source).parent_path();
+  if (path.empty() || std::filesystem::path(path).is_absolute() || dir.empty()) return path;
+  return (dir / path).lexically_normal().string();
+}
+
+Link parseLink(const YamlReader& r, const YAML::Node& node, const std::string& what) {
+  if (!node.IsMap()) r.fail(node, what + " must be a map {bandwidth: ..., latency: ...}");
+  Link l;
+  bool have_bandwidth = false;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (key == "bandwidth") {
+      l.bandwidth = r.rate(kv.second, key);
+      have_bandwidth = true;
+    } else if (key == "latency") {
+      l.latency_s = r.seconds(kv.second, key);
+    } else if (key != "from" && key != "to") {
+      r.fail(kv.first, "unknown link key '" + key + "' (expected bandwidth, latency)");
+    }
+  }
+  if (!have_bandwidth) r.fail(node, what + " needs a 'bandwidth'");
+  return l;
+}
+
+ClusterDevice parseDevice(const YamlReader& r, const YAML::Node& node) {
+  if (!node.IsMap()) r.fail(node, "a device is a map {name, backend, threads, memory}");
+  ClusterDevice d;
+  d.where = r.at(node);
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    if (key == "name") {
+      d.name = r.get<std::string>(v, key, "a name");
+    } else if (key == "backend") {
+      d.backend = r.get<std::string>(v, key, "cpu or opencl:N");
+      if (d.backend != "cpu" && d.backend.rfind("opencl:", 0) != 0)
+        r.fail(v, "unknown backend '" + d.backend + "' (expected cpu or opencl:N)");
+    } else if (key == "threads") {
+      d.threads = static_cast<int>(r.positive(v, key));
+    } else if (key == "memory") {
+      d.memory_bytes = r.bytes(v, key);
+    } else if (key == "profile") {
+      d.profile = resolve(r.source(), r.get<std::string>(v, key, "a profile file"));
+    } else if (key == "profile_device") {
+      d.profile_device = r.get<std::string>(v, key, "a device name in the profile");
+    } else {
+      r.fail(kv.first, "unknown device key '" + key +
+                           "' (expected name, backend, threads, memory, profile, profile_device)");
+    }
+  }
+  if (d.name.empty()) d.name = d.backend;
+  if (d.profile_device.empty()) d.profile_device = d.backend;
+  return d;
+}
+
+}  // namespace
+
+Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
+  const YamlReader r(source);
+  const YAML::Node root = r.load(yaml_text);
+  if (!root.IsMap()) throw InvalidArgument(source + ": a cluster file is a map with 'nodes'");
+  Cluster c;
+  c.source = source;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    if (key == "nodes") {
+      if (!v.IsSequence() || v.size() == 0) r.fail(v, "'nodes' must be a non-empty list");
+      for (const YAML::Node& n : v) {
+        if (!n.IsMap()) r.fail(n, "a node is a map {name, devices, profile}");
+        ClusterNode node;
+        node.where = r.at(n);
+        for (const auto& nkv : n) {
+          const std::string nkey = nkv.first.as<std::string>();
+          if (nkey == "name") {
+            node.name = r.get<std::string>(nkv.second, nkey, "a name");
+          } else if (nkey == "profile") {
+            node.profile = resolve(source, r.get<std::string>(nkv.second, nkey, "a file"));
+          } else if (nkey == "devices") {
+            if (!nkv.second.IsSequence() || nkv.second.size() == 0)
+              r.fail(nkv.second, "'devices' must be a non-empty list");
+            for (const YAML::Node& d : nkv.second) node.devices.push_back(parseDevice(r, d));
+          } else {
+            r.fail(nkv.first, "unknown node key '" + nkey + "' (expected name, profile, devices)");
+          }
+        }
+        if (node.name.empty()) r.fail(n, "the node has no 'name'");
+        if (node.devices.empty()) r.fail(n, "node '" + node.name + "' has no 'devices'");
+        for (const ClusterNode& other : c.nodes)
+          if (other.name == node.name) r.fail(n, "a second node named '" + node.name + "'");
+        std::set<std::string> names;
+        for (const ClusterDevice& d : node.devices)
+          if (!names.insert(d.name).second)
+            throw InvalidArgument(d.where + ": a second device named '" + d.name + "' on node '" +
+                                  node.name + "'");
+        c.nodes.push_back(std::move(node));
+      }
+    } else if (key == "links") {
+      if (!v.IsMap()) r.fail(v, "'links' must be a map {local, default, between}");
+      for (const auto& lkv : v) {
+        const std::string lkey = lkv.first.as<std::string>();
+        if (lkey == "local") {
+          c.local = parseLink(r, lkv.second, "'local'");
+        } else if (lkey == "default") {
+          c.fallback = parseLink(r, lkv.second, "'default'");
+        } else if (lkey == "between") {
+          if (!lkv.second.IsSequence()) r.fail(lkv.second, "'between' must be a list of links");
+          for (const YAML::Node& l : lkv.second) {
+            if (!l.IsMap() || !l["from"] || !l["to"])
+              r.fail(l, "a link is a map {from, to, bandwidth, latency}");
+            c.between.push_back({r.get<std::string>(l["from"], "from", "a node name"),
+                                 r.get<std::string>(l["to"], "to", "a node name"),
+                                 parseLink(r, l, "a link"), r.at(l)});
+          }
+        } else {
+          r.fail(lkv.first, "unknown links key '" + lkey + "' (expected local, default, between)");
+        }
+      }
+    } else {
+      r.fail(kv.first, "unknown key '" + key + "' (expected nodes, links)");
+    }
+  }
+  if (c.nodes.empty()) throw InvalidArgument(source + ": the cluster has no 'nodes'");
+  for (const ClusterLink& l : c.between)
+    for (const std::string& end : {l.from, l.to}) {
+      bool known = false;
+      for (const ClusterNode& n : c.nodes) known = known || n.name == end;
+      TANDEM_CHECK_MSG(known, InvalidArgument,
+                       l.where << ": link names node '" << end << "', which the cluster lacks");
+    }
+  return c;
+}
+
+Cluster loadCluster(const std::string& path) {
+  return parseCluster(readFile(path, "cluster file"), path);
+}
+
+std::vector<std::string> profilePaths(const Cluster& c, const std::string& default_profile) {
+  std::set<std::string> paths;
+  if (!default_profile.empty()) paths.insert(default_profile);
+  for (const ClusterNode& n : c.nodes) {
+    if (!n.profile.empty()) paths.insert(n.profile);
+    for (const ClusterDevice& d : n.devices)
+      if (!d.profile.empty()) paths.insert(d.profile);
+  }
+  return {paths.begin(), paths.end()};
+}
+
+Problem makeProblem(const Model& model, const Cluster& cluster,
+                    const std::map<std::string, Profile>& profiles,
+                    const std::string& default_profile, const CostOptions& options) {
+  Problem p;
+  p.options = options;
+  const int64_t b = options.microbatch_size;
+  for (size_t l = 0; l < model.size(); ++l) {
+    const Layer& layer = model.layer(l);
+    p.layers.push_back(
+        {layer.type(), layer.paramCount() * 4, layer.outputBytes() * b, layer.stashBytes() * b});
+  }
+  p.input_bytes = model.inputShape().numel() * 4 * b;
+
+  for (const ClusterNode& n : cluster.nodes) p.node_names.push_back(n.name);
+  const size_t nodes = cluster.nodes.size();
+  // `local` within a node, `default` between nodes, then `between` over both.
+  std::vector<std::vector<std::optional<Link>>> links(nodes);
+  for (size_t a = 0; a < nodes; ++a)
+    for (size_t z = 0; z < nodes; ++z)
+      links[a].push_back(a == z ? cluster.local : cluster.fallback);
+  auto nodeIndex = [&](const std::string& name) {
+    for (size_t i = 0; i < nodes; ++i)
+      if (cluster.nodes[i].name == name) return i;
+    return nodes;  // parseCluster checked the names
+  };
+  for (const ClusterLink& l : cluster.between) {
+    const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);
+    links[a][z] = links[z][a] = l.link;
+  }
+  p.links.assign(nodes, std::vector<Link>(nodes));
+  for (size_t a = 0; a < nodes; ++a)
+    for (size_t z = 0; z < nodes; ++z) {
+      TANDEM_CHECK_MSG(links[a][z].has_value(), InvalidArgument,
+                       cluster.source << ": no link " << (a == z ? "within" : "between")
+                                      << " node '" << cluster.nodes[a].name << "'"
+                                      << (a == z ? "" : " and '" + cluster.nodes[z].name + "'")
+                                      << ": give links." << (a == z ? "local" : "default")
+                                      << " or list it under links.between");
+      p.links[a][z] = *links[a][z];
+    }
+
+  for (size_t ni = 0; ni < nodes; ++ni) {
+    const ClusterNode& n = cluster.nodes[ni];
+    for (const ClusterDevice& cd : n.devices) {
+      const std::string path = !cd.profile.empty()  ? cd.profile
+                               : !n.profile.empty() ? n.profile
+                                                    : default_profile;
+      TANDEM_CHECK_MSG(!path.empty(), InvalidArgument,
+                       cd.where << ": device '" << cd.name
+                                << "' has no profile (give --profile or 'profile:' in the "
+                                   "cluster file)");
+      const auto it = profiles.find(path);
+      TANDEM_CHECK_MSG(it != profiles.end(), InvalidArgument,
+                       cd.where << ": profile " << path << " was not loaded");
+      const Profile& prof = it->second;
+      const DeviceProfile* dp = nullptr;
+      for (const DeviceProfile& d : prof.devices)
+        if (d.device.name == cd.profile_device) dp = &d;
+      TANDEM_CHECK_MSG(
+          dp, InvalidArgument,
+          cd.where << ": profile " << path << " has no device '" << cd.profile_device << "'");
+      TANDEM_CHECK_MSG(prof.model == model.name() && dp->layers.size() == model.size(),
+                       InvalidArgument,
+                       path << " profiles model '" << prof.model << "' with " << dp->layers.size()
+                            << " layers, not '" << model.name() << "' with " << model.size());
+      for (size_t l = 0; l < model.size(); ++l)
+        TANDEM_CHECK_MSG(dp->layers[l].type == model.layer(l).type(), InvalidArgument,
+                         path << ": layer " << l << " is a " << dp->layers[l].type
+                              << " in the profile but a " << model.layer(l).type()
+                              << " in the model");
+      Device d;
+      d.name = n.name + "/" + cd.name;
+      d.node = static_cast<int>(ni);
+      d.memory_bytes = cd.memory_bytes > 0 ? cd.memory_bytes : dp->device.memory_bytes;
+      d.backend = cd.backend;
+      d.threads = cd.threads;
+      // Times grow in proportion to the batch: profile at the microbatch size for the
+      // best prediction.
+      const double scale = static_cast<double>(b) / static_cast<double>(prof.batch);
+      for (const LayerProfile& lp : dp->layers) {
+        d.forward_s.push_back(lp.forward.median * scale);
+        d.backward_s.push_back(lp.backward.median * scale);
+      }
+      p.devices.push_back(std::move(d));
+    }
+  }
+  validate(p);
+  return p;
+}
+
+}  // namespace tandem::partitioner

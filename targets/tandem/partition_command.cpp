@@ -1,0 +1,154 @@
+// tandem partition: the partitioner's plan for a model on a cluster, from measured
+// profiles, printed as a table beside the equal-layer, equal-parameter and
+// memory-proportional splits (their predicted speed under the same cost model), and
+// optionally written as a plan file that a job can name as its partition.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/model_spec.h"
+#include "core/pipeline/schedule.h"
+#include "partitioner/search.h"
+#include "targets/tandem/commands.h"
+#include "targets/tandem/planning.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct PartitionArgs {
+  std::string model, cluster, profile, out;
+  std::string objective = "train", schedule = "1f1b", algorithm = "auto";
+  std::string codec = "fp32", gradient_codec = "fp32", optimizer = "sgd", source;
+  int64_t batch = 64, microbatches = 4;
+  float momentum = 0.9f;
+  bool recompute = false;
+  int max_replicas = 1;
+};
+
+void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan) {
+  const auto& devices = cost.problem().devices;
+  std::printf("%-6s %-10s %-24s %11s %12s %9s %14s %12s\n", "stage", "layers", "devices",
+              "compute ms", "allreduce ms", "link ms", "memory MiB", "device MiB");
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const partitioner::PlanStage& st = plan.stages[s];
+    std::string names;
+    for (int d : st.at.devices)
+      names += (names.empty() ? "" : ",") + devices[static_cast<size_t>(d)].name;
+    const std::string range =
+        "[" + std::to_string(st.at.begin) + ", " + std::to_string(st.at.end) + ")";
+    std::printf("%-6zu %-10s %-24s %11.3f %12.3f %9.3f %14.1f %12.1f\n", s, range.c_str(),
+                names.c_str(), st.compute_s * 1e3, st.allreduce_s * 1e3, st.link_s * 1e3,
+                static_cast<double>(st.memory_bytes) / (1 << 20),
+                static_cast<double>(devices[static_cast<size_t>(st.at.devices[0])].memory_bytes) /
+                    (1 << 20));
+  }
+}
+
+void runPartition(const PartitionArgs& a) {
+  const Model model(loadModelSpec(a.model));
+  partitioner::CostOptions o;
+  o.objective = partitioner::parseObjective(a.objective);
+  const ScheduleKind kind = parseSchedule(a.schedule);
+  TANDEM_CHECK_MSG(kind == ScheduleKind::kGPipe || kind == ScheduleKind::k1F1B, InvalidArgument,
+                   "--schedule " << a.schedule << ": the partitioner costs gpipe or 1f1b");
+  o.schedule =
+      kind == ScheduleKind::kGPipe ? partitioner::Schedule::kGPipe : partitioner::Schedule::k1F1B;
+  TANDEM_CHECK_MSG(
+      a.batch % a.microbatches == 0, InvalidArgument,
+      "--batch " << a.batch << " is not a multiple of --microbatches " << a.microbatches);
+  o.microbatches = a.microbatches;
+  o.microbatch_size = a.batch / a.microbatches;
+  o.recompute = a.recompute;
+  o.optimizer_state_per_param = optimizerStatePerParam(a.optimizer, a.momentum);
+  o.activation_ratio = codecRatio(a.codec);
+  o.gradient_ratio = codecRatio(a.gradient_codec);
+  o.max_replicas = a.max_replicas;
+  partitioner::CostModel cost = loadCostModel(model, a.cluster, a.profile, o);
+  if (!a.source.empty()) {
+    const auto& devs = cost.problem().devices;
+    int source = -1;
+    for (size_t d = 0; d < devs.size(); ++d)
+      if (devs[d].name == a.source) source = static_cast<int>(d);
+    TANDEM_CHECK_MSG(source >= 0, InvalidArgument,
+                     "--source " << a.source << " is not a device of " << a.cluster
+                                 << " (devices are named node/device)");
+    partitioner::Problem p = cost.problem();
+    p.options.source = source;
+    cost = partitioner::CostModel(std::move(p));
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  partitioner::SearchOptions so;
+  so.algorithm = a.algorithm;
+  const partitioner::Plan plan = partitioner::bestPlan(cost, so);
+  const double planning_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  const bool latency = o.objective == partitioner::Objective::kInferLatency;
+  std::printf("plan for %s on %s (%s, %s search, %zu of %zu devices, %lld microbatches of %lld)\n",
+              model.name().c_str(), a.cluster.c_str(), a.objective.c_str(), plan.algorithm.c_str(),
+              plan.stages.size(), cost.problem().devices.size(),
+              static_cast<long long>(o.microbatches), static_cast<long long>(o.microbatch_size));
+  printPlan(cost, plan);
+  std::printf("predicted: %s%.3f ms per microbatch (%s), %.0f samples/s", latency ? "latency " : "",
+              plan.seconds * 1e3, plan.bottleneck.c_str(), plan.samples_per_s);
+  if (o.objective == partitioner::Objective::kTrainThroughput)
+    std::printf(", a training step %.3f ms with the pipeline's fill and drain",
+                partitioner::stepSeconds(cost, plan) * 1e3);
+  std::printf("\nplanning took %.1f ms\n\n", planning_s * 1e3);
+  std::printf("%-20s %14s %12s %16s\n", "baseline", "ms/microbatch", "samples/s", "plan's speedup");
+  for (const partitioner::Plan& b : partitioner::baselinePlans(cost)) {
+    if (!b.infeasible.empty()) {
+      std::printf("%-20s does not fit: %s\n", b.algorithm.c_str(), b.infeasible.c_str());
+      continue;
+    }
+    std::printf("%-20s %14.3f %12.0f %15.2fx\n", b.algorithm.c_str(), b.seconds * 1e3,
+                b.samples_per_s, b.seconds / plan.seconds);
+  }
+  if (!a.out.empty()) {
+    std::ofstream out(a.out, std::ios::trunc);
+    out << partitioner::planToYaml(cost, plan);
+    TANDEM_CHECK_MSG(out.good(), IoError, "cannot write the plan to '" << a.out << "'");
+    std::printf("\nwrote %s\n", a.out.c_str());
+  }
+}
+
+}  // namespace
+
+void addPartition(CLI::App& app) {
+  auto a = std::make_shared<PartitionArgs>();
+  CLI::App* c = app.add_subcommand(
+      "partition", "Split a model's layers over a cluster's devices from measured profiles");
+  c->add_option("--model", a->model, "Model spec (YAML)")->required()->check(CLI::ExistingFile);
+  c->add_option("--cluster", a->cluster, "Cluster file (YAML): nodes, devices, links")
+      ->required()
+      ->check(CLI::ExistingFile);
+  c->add_option("--profile", a->profile, "Profile (tandem profile --out) for devices without one")
+      ->check(CLI::ExistingFile);
+  c->add_option("--objective", a->objective, "train, infer (throughput) or latency")
+      ->check(CLI::IsMember({"train", "infer", "latency"}));
+  c->add_option("--batch", a->batch, "Samples per training step")->check(CLI::PositiveNumber);
+  c->add_option("--microbatches", a->microbatches, "Microbatches per step")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--schedule", a->schedule, "gpipe or 1f1b (the stash each stage holds)")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  c->add_flag("--recompute", a->recompute, "Stash stage inputs only, recompute in backward");
+  c->add_option("--optimizer", a->optimizer, "sgd or adamw (the state each parameter has)")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
+  c->add_option("--momentum", a->momentum, "SGD momentum (0: no state)");
+  c->add_option("--codec", a->codec, "Activations on the wire: fp32, fp16, bf16, int8")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8"}));
+  c->add_option("--gradient-codec", a->gradient_codec, "Gradients on the wire")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8"}));
+  c->add_option("--max-replicas", a->max_replicas, "Replicas a stage may have (data parallel)")
+      ->check(CLI::Range(1, 64));
+  c->add_option("--source", a->source, "latency: the device (node/device) the input arrives at");
+  c->add_option("--algorithm", a->algorithm, "auto, exact or heuristic")
+      ->check(CLI::IsMember({"auto", "exact", "heuristic"}));
+  c->add_option("--out", a->out, "Write the plan (YAML) here");
+  c->callback([a] { runPartition(*a); });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,93 @@
+#include "targets/tandem/planning.h"
+
+#include <map>
+#include <vector>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "core/file.h"
+#include "core/profile/profile.h"
+#include "partitioner/cluster.h"
+#include "partitioner/search.h"
+#include "transport/codec.h"
+
+namespace tandem::cli {
+
+double codecRatio(const std::string& codec) {
+  const std::vector<float> block(4096, 1.0f);
+  transport::Encoded e;
+  transport::encode(transport::parseCodec(codec), block, e);
+  return static_cast<double>(e.payload.size() + e.scales.size() * sizeof(float)) /
+         static_cast<double>(block.size() * sizeof(float));
+}
+
+double optimizerStatePerParam(const std::string& kind, float momentum) {
+  if (kind == "adamw") return 2;
+  return momentum != 0 ? 1 : 0;
+}
+
+partitioner::CostModel loadCostModel(const Model& model, const std::string& cluster_path,
+                                     const std::string& profile,
+                                     const partitioner::CostOptions& options) {
+  const partitioner::Cluster cluster = partitioner::loadCluster(cluster_path);
+  std::map<std::string, Profile> profiles;
+  for (const std::string& path : partitioner::profilePaths(cluster, profile))
+    profiles.emplace(path, parseProfile(readFile(path, "profile"), path));
+  return partitioner::CostModel(
+      partitioner::makeProblem(model, cluster, profiles, profile, options));
+}
+
+partitioner::CostOptions jobCostOptions(const JobSpec& job) {
+  partitioner::CostOptions o;
+  o.objective = partitioner::Objective::kTrainThroughput;
+  o.schedule = job.schedule == ScheduleKind::kGPipe ? partitioner::Schedule::kGPipe
+                                                    : partitioner::Schedule::k1F1B;
+  o.microbatches = job.microbatches;
+  o.microbatch_size = std::max<int64_t>(1, job.batch / job.microbatches);
+  o.recompute = job.recompute;
+  o.optimizer_state_per_param = optimizerStatePerParam(job.optimizer.kind, job.optimizer.momentum);
+  o.activation_ratio = codecRatio(job.activation_codec);
+  o.gradient_ratio = codecRatio(job.gradient_codec);
+  return o;
+}
+
+partitioner::Plan planJob(const JobSpec& job, const Model& model, const std::string& out) {
+  const partitioner::CostModel cost =
+      loadCostModel(model, job.cluster, job.profile, jobCostOptions(job));
+  partitioner::Plan plan = partitioner::bestPlan(cost);
+  std::ofstream f(out, std::ios::trunc);
+  f << partitioner::planToYaml(cost, plan);
+  TANDEM_CHECK_MSG(f.good(), IoError, "cannot write the plan to '" << out << "'");
+  return plan;
+}
+
+std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
+                                      const std::string& plan_file) {
+  const std::string path = !plan_file.empty() ? plan_file : job.plan;
+  std::vector<StagePlacement> out;
+  if (path.empty()) {
+    TANDEM_CHECK_MSG(!job.auto_partition, InvalidArgument,
+                     job.source << ": 'partition: auto' is planned by `tandem run`");
+    for (const auto& [begin, end] : stageRanges(job, model))
+      out.push_back({begin, end, "cpu", job.threads, -1});
+    return out;
+  }
+  const auto specs = partitioner::parsePlan(readFile(path, "plan file"), path);
+  JobSpec ranges = job;  // the job's own coverage checks, naming the plan's lines
+  ranges.ranges.clear();
+  ranges.range_where.clear();
+  for (const partitioner::PlanStageSpec& s : specs) {
+    TANDEM_CHECK_MSG(s.devices.size() == 1, Unsupported,
+                     s.where << ": a stage with " << s.devices.size()
+                             << " replicas; `tandem run` runs one device per stage so far");
+    ranges.ranges.push_back({s.begin, s.end});
+    ranges.range_where.push_back(s.where);
+  }
+  stageRanges(ranges, model);
+  for (const partitioner::PlanStageSpec& s : specs)
+    out.push_back({s.begin, s.end, s.backend, s.threads, s.compute_s});
+  return out;
+}
+
+}  // namespace tandem::cli

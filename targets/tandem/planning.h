@@ -1,0 +1,50 @@
+// From files to a plan: what `tandem partition` and `partition: auto` in a job share.
+#pragma once
+
+#include <string>
+
+#include <vector>
+
+#include "core/model.h"
+#include "core/pipeline/job.h"
+#include "partitioner/plan.h"
+
+namespace tandem::cli {
+
+// Wire bytes per fp32 byte under a codec ("fp32", "fp16", "bf16", "int8"), measured by
+// encoding a block with the transport's own codec (int8 carries its scales).
+double codecRatio(const std::string& codec);
+
+// Optimizer state bytes per parameter byte: SGD without momentum 0, with momentum 1,
+// AdamW 2.
+double optimizerStatePerParam(const std::string& kind, float momentum);
+
+// The cost model for `model` on the cluster file with the profiles it names (and
+// `profile`, the default for its devices).
+partitioner::CostModel loadCostModel(const Model& model, const std::string& cluster,
+                                     const std::string& profile,
+                                     const partitioner::CostOptions& options);
+
+// The cost options a job implies (schedule, microbatches, optimizer, codecs).
+partitioner::CostOptions jobCostOptions(const JobSpec& job);
+
+// `partition: auto`: plans the job with the partitioner over its cluster and profile,
+// writes the plan to `out` and returns it (priced) for the run to print.
+partitioner::Plan planJob(const JobSpec& job, const Model& model, const std::string& out);
+
+// One stage of a job as `tandem run` starts it.
+struct StagePlacement {
+  size_t begin = 0, end = 0;
+  std::string backend = "cpu";
+  int threads = 1;
+  double predicted_compute_s = -1;  // from the plan, per microbatch (-1: no plan)
+};
+
+// The job's stages: from `plan_file` when given (what `tandem run` hands its workers
+// after planning once), else the job's plan file, else its ranges or equal split on the
+// CPU with the job's threads. Plans are checked to cover the model exactly once, and a
+// replicated stage is refused (Unsupported) until the executor can run replicas.
+std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
+                                      const std::string& plan_file = "");
+
+}  // namespace tandem::cli
