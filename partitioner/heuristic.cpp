@@ -171,7 +171,7 @@ class LocalSearch {
     const int T = static_cast<int>(available_.size());
     // Swap two stages' devices, or move one stage elsewhere, within `window` positions
     // (all of them for short pipelines).
-    const size_t window = p <= 16 ? p : 6;
+    const size_t window = p <= 16 ? p : 2;
     for (size_t a = 0; a < p; ++a)
       for (size_t b = a + 1; b < std::min(p, a + window + 1); ++b) {
         if (base[a] == base[b]) continue;

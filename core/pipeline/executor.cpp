@@ -117,7 +117,11 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
         TANDEM_CHECK_MSG(optimizer_ != nullptr, InvalidArgument,
                          "stage " << range_.stage << ": a step without an optimizer");
         optimizer_->step(model_.params());
-        record(a.type, 0, t0, counters_.busy_s);
+        {
+          const double before = counters_.busy_s;
+          record(a.type, 0, t0, counters_.busy_s);
+          counters_.step_s += counters_.busy_s - before;
+        }
         break;
     }
   }

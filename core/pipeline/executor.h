@@ -66,6 +66,7 @@ struct StepResult {
 
 struct StageCounters {
   double busy_s = 0;       // forward, backward and the optimizer
+  double step_s = 0;       // the optimizer's share of busy_s
   double recv_wait_s = 0;  // blocked in Link::recv
   double send_s = 0;       // in Link::send (copy or encode, then queue)
   int64_t peak_stash = 0;  // most microbatches forwarded and not yet backward

@@ -351,8 +351,8 @@ int runJob(const RunArgs& args) {
   }
   std::filesystem::remove_all(run_dir);
 
-  // Compute per microbatch: what the stage was busy for (forward, backward, optimizer)
-  // over the microbatches it ran, beside the plan's prediction when there is one.
+  // Compute per microbatch: the stage's forward and backward time (busy less the
+  // optimizer) over the microbatches it ran, beside the plan's prediction if there is one.
   std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s %10s %10s\n", "stage", "layers",
               "device", "busy %", "waiting %", "sending %", "stash", "MB sent", "MB received",
               "ms/micro", "predicted");
@@ -365,7 +365,7 @@ int runJob(const RunArgs& args) {
     const std::string range = "[" + std::to_string(layers.at(0).get<int64_t>()) + ", " +
                               std::to_string(layers.at(1).get<int64_t>()) + ")";
     const double per_micro =
-        field<double>(r, "busy_s") /
+        (field<double>(r, "busy_s") - field<double>(r, "step_s")) /
         static_cast<double>(std::max<int64_t>(1, field<int64_t>(r, "microbatches")));
     const double predicted = stages[static_cast<size_t>(s)].predicted_compute_s;
     const std::string predicted_text =

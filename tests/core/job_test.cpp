@@ -77,11 +77,26 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"partition: equal\nstages: 2\n", {"'model' is required"}},
       {"model: m.yaml\n", {"'partition' is required"}},
       {"model: m.yaml\npartition: [[0, 2]]\nstages: 3\n", {"j.yaml:3:9", "lists 1 ranges"}},
+      {"model: m.yaml\npartition: auto\n", {"j.yaml:2:12", "needs 'cluster: FILE'"}},
+      {"model: m.yaml\npartition: p.yaml\nstages: 2\n", {"j.yaml:3:9", "comes from the plan"}},
+      {"model: m.yaml\npartition: best\n", {"j.yaml:2:12", "'auto', a plan file"}},
   };
   for (const Case& c : cases)
     expectThrowWith<InvalidArgument>([&] { parseJobSpec(c.yaml, "j.yaml"); }, c.expect);
   expectThrowWith<FormatError>([&] { parseJobSpec("model: [unclosed\n", "j.yaml"); },
                                {"j.yaml:", "YAML syntax error"});
+}
+
+TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
+  const JobSpec plan = parseJobSpec("model: m.yaml\npartition: plans/p.yaml\n", "jobs/j.yaml");
+  EXPECT_EQ(plan.plan, "jobs/plans/p.yaml");
+  EXPECT_FALSE(plan.auto_partition);
+  const JobSpec a = parseJobSpec(
+      "model: m.yaml\npartition: auto\ncluster: c.yaml\nprofile: p.json\n", "jobs/j.yaml");
+  EXPECT_TRUE(a.auto_partition);
+  EXPECT_EQ(a.cluster, "jobs/c.yaml");
+  EXPECT_EQ(a.profile, "jobs/p.json");
+  EXPECT_TRUE(a.ranges.empty());
 }
 
 TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {

@@ -128,6 +128,46 @@ TEST(CliTest, SchedulePrintsListsAndDiagram) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }
 
+// profile -> partition -> a job that runs the written plan, and one that plans itself
+// (partition: auto): the stages are the plan's, and the run shows the prediction.
+TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
+  const std::string dir = ::testing::TempDir();
+  const std::string profile = dir + "cli_partition_profile.json", plan = dir + "cli_plan.yaml";
+  const std::string cluster = std::string(TANDEM_SOURCE_DIR) + "/examples/clusters/local.yaml";
+  ASSERT_EQ(run("profile --model " + kModels + "cnn.yaml --batch 8 --repeats 2 --warmup 1 --out " +
+                profile)
+                .code,
+            0);
+  const CliRun r = run("partition --model " + kModels + "cnn.yaml --cluster " + cluster +
+                       " --profile " + profile + " --batch 32 --microbatches 4 --out " + plan);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"plan for cnn on", "local/cpu", "equal-layers", "equal-params",
+                        "memory-proportional", "plan's speedup", "predicted:", "wrote"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+
+  for (const std::string& partition : {plan, std::string("auto")}) {
+    const std::string job = dir + "cli_partition_job.yaml";
+    std::ofstream(job) << "model: " << kModels << "cnn.yaml\ntrain_limit: 256\ntest_limit: 64\n"
+                       << "batch: 32\nmicrobatches: 4\npartition: " << partition
+                       << "\ncluster: " << cluster << "\nprofile: " << profile << "\n";
+    const CliRun j = run("run " + job);
+    ASSERT_EQ(j.code, 0) << j.out;
+    EXPECT_NE(j.out.find("predicted"), std::string::npos) << j.out;
+    EXPECT_NE(j.out.find("on cpu (1 threads)"), std::string::npos) << j.out;
+    if (partition == "auto") {
+      EXPECT_NE(j.out.find("partition: auto: "), std::string::npos) << j.out;
+    }
+  }
+  const CliRun bad = run("partition --model " + kModels + "cnn.yaml --cluster " + cluster +
+                         " --profile " + profile + " --objective latency --source nowhere/cpu");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--source nowhere/cpu is not a device"), std::string::npos) << bad.out;
+  const CliRun mlp = run("partition --model " + kModels + "mlp.yaml --cluster " + cluster +
+                         " --profile " + profile);
+  EXPECT_NE(mlp.code, 0);
+  EXPECT_NE(mlp.out.find("profiles model 'cnn'"), std::string::npos) << mlp.out;
+}
+
 TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   const std::string bad_yaml = ::testing::TempDir() + "/cli_bad.yaml";
   std::ofstream(bad_yaml) << "input: [1, 28, 28]\nlayers:\n  - flatten\n  - linear: {out: ten}\n";

@@ -1,0 +1,161 @@
+// Cluster files and plan files: what they hold, and errors that name the line at fault.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/model_spec.h"
+#include "partitioner/cluster.h"
+#include "partitioner/plan.h"
+#include "partitioner/random_problem.h"
+#include "partitioner/search.h"
+#include "tests/test_util.h"
+
+namespace tandem::partitioner {
+namespace {
+
+using tandem::testing::expectThrowWith;
+
+constexpr const char* kCluster = R"(nodes:
+  - name: edge
+    devices:
+      - {name: cpu, backend: cpu, threads: 2, memory: 1GiB}
+  - name: cloud
+    devices:
+      - {name: gpu, backend: opencl:0, memory: 8 GB}
+      - {name: cpu, backend: cpu}
+links:
+  local: {bandwidth: 5GB/s, latency: 20us}
+  default: {bandwidth: 1Gbit/s, latency: 1ms}
+  between:
+    - {from: edge, to: cloud, bandwidth: 100Mbit/s, latency: 20ms}
+)";
+
+Profile profileFor(const Model& model, const std::vector<std::string>& devices) {
+  Profile p;
+  p.model = model.name();
+  p.batch = 4;
+  for (const std::string& name : devices) {
+    DeviceProfile d;
+    d.device.name = name;
+    d.device.memory_bytes = int64_t{4} << 30;
+    for (size_t l = 0; l < model.size(); ++l) {
+      LayerProfile lp;
+      lp.index = static_cast<int64_t>(l);
+      lp.type = model.layer(l).type();
+      lp.forward = {1e-3 * static_cast<double>(l + 1), 0, 0, 1};
+      lp.backward = {2e-3, 0, 0, 1};
+      d.layers.push_back(lp);
+    }
+    p.devices.push_back(d);
+  }
+  return p;
+}
+
+TEST(ClusterTest, ParsesNodesDevicesAndLinksWithUnits) {
+  const Cluster c = parseCluster(kCluster, "c.yaml");
+  ASSERT_EQ(c.nodes.size(), 2u);
+  EXPECT_EQ(c.nodes[0].devices[0].threads, 2);
+  EXPECT_EQ(c.nodes[0].devices[0].memory_bytes, int64_t{1} << 30);
+  EXPECT_EQ(c.nodes[1].devices[0].memory_bytes, 8000000000);
+  EXPECT_EQ(c.nodes[1].devices[0].profile_device, "opencl:0");
+  EXPECT_DOUBLE_EQ(c.local->bandwidth, 5e9);
+  EXPECT_DOUBLE_EQ(c.local->latency_s, 20e-6);
+  EXPECT_DOUBLE_EQ(c.fallback->bandwidth, 1.25e8);
+  ASSERT_EQ(c.between.size(), 1u);
+  EXPECT_DOUBLE_EQ(c.between[0].link.bandwidth, 12.5e6);
+  EXPECT_DOUBLE_EQ(c.between[0].link.latency_s, 0.02);
+}
+
+TEST(ClusterTest, MakeProblemScalesTimesToTheMicrobatchAndFillsTheLinkMatrix) {
+  const Model model(parseModelSpec(tandem::testing::kTinyNet));
+  const Cluster c = parseCluster(kCluster, "c.yaml");
+  const std::map<std::string, Profile> profiles = {
+      {"p.json", profileFor(model, {"cpu", "opencl:0"})}};
+  CostOptions o;
+  o.microbatch_size = 8;  // twice the profile's batch
+  const Problem p = makeProblem(model, c, profiles, "p.json", o);
+  ASSERT_EQ(p.devices.size(), 3u);
+  EXPECT_EQ(p.devices[0].name, "edge/cpu");
+  EXPECT_EQ(p.devices[1].name, "cloud/gpu");
+  EXPECT_EQ(p.devices[1].backend, "opencl:0");
+  EXPECT_EQ(p.devices[0].memory_bytes, int64_t{1} << 30);
+  EXPECT_EQ(p.devices[2].memory_bytes, int64_t{4} << 30);  // the profile's
+  EXPECT_DOUBLE_EQ(p.devices[0].forward_s[1], 2 * 2e-3);
+  EXPECT_DOUBLE_EQ(p.links[0][1].bandwidth, 12.5e6);
+  EXPECT_DOUBLE_EQ(p.links[1][1].bandwidth, 5e9);
+  EXPECT_EQ(p.layers.size(), model.size());
+  EXPECT_EQ(p.input_bytes, model.inputShape().numel() * 4 * 8);
+  // A plan over it covers the model.
+  const CostModel cost(p);
+  EXPECT_EQ(bestPlan(cost).stages.back().at.end, model.size());
+
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        makeProblem(model, c, {{"p.json", profileFor(model, {"cpu"})}}, "p.json", o);
+      },
+      {"c.yaml:7:9", "has no device 'opencl:0'"});
+  Profile other = profileFor(model, {"cpu", "opencl:0"});
+  other.model = "resnet";
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        makeProblem(model, c, {{"p.json", other}}, "p.json", o);
+      },
+      {"profiles model 'resnet'"});
+  const Cluster no_links =
+      parseCluster("nodes: [{name: a, devices: [{backend: cpu}]}]\n", "n.yaml");
+  expectThrowWith<InvalidArgument>([&] { makeProblem(model, no_links, profiles, "p.json", o); },
+                                   {"no link within node 'a'", "links.local"});
+}
+
+TEST(ClusterTest, MalformedFilesNameTheLine) {
+  struct Case {
+    const char* yaml;
+    std::vector<std::string> expect;
+  } cases[] = {
+      {"nodes: []\n", {"c.yaml:1:8", "non-empty list"}},
+      {"nodes: [{name: a, devices: [{backend: tpu}]}]\n", {"c.yaml:1:39", "unknown backend 'tpu'"}},
+      {"nodes: [{name: a, devices: [{backend: cpu, memory: lots}]}]\n",
+       {"c.yaml:1:52", "'memory' must be a byte count"}},
+      {"nodes: [{name: a, devices: [{backend: cpu}]}]\nlinks: {local: {bandwidth: fast}}\n",
+       {"c.yaml:2:28", "'bandwidth' must be a rate"}},
+      {"nodes: [{name: a, devices: [{backend: cpu}]}]\nlinks: {local: {latency: 1ms}}\n",
+       {"c.yaml:2:16", "needs a 'bandwidth'"}},
+      {"nodes: [{name: a, devices: [{backend: cpu}, {backend: cpu}]}]\n",
+       {"c.yaml:1:45", "a second device named 'cpu'"}},
+      {"nodes: [{name: a, devices: [{backend: cpu}]}]\nlinks: {between: [{from: a, to: b, "
+       "bandwidth: 1}]}\n",
+       {"c.yaml:2:19", "names node 'b'"}},
+      {"nodes: [{name: a, devices: [{backend: cpu}]}]\nspeed: 3\n", {"c.yaml:2:1", "unknown key"}},
+  };
+  for (const Case& c : cases)
+    expectThrowWith<InvalidArgument>([&] { parseCluster(c.yaml, "c.yaml"); }, c.expect);
+  expectThrowWith<FormatError>([&] { parseCluster("nodes: [\n", "c.yaml"); },
+                               {"YAML syntax error"});
+}
+
+TEST(PlanTest, WrittenPlansReadBack) {
+  RandomProblemOptions o;
+  o.layers = 9;
+  o.devices = 3;
+  const CostModel cost(randomProblem(o));
+  const Plan plan = bestPlan(cost);
+  const auto specs = parsePlan(planToYaml(cost, plan), "plan.yaml");
+  ASSERT_EQ(specs.size(), plan.stages.size());
+  for (size_t s = 0; s < specs.size(); ++s) {
+    EXPECT_EQ(specs[s].begin, plan.stages[s].at.begin);
+    EXPECT_EQ(specs[s].end, plan.stages[s].at.end);
+    EXPECT_EQ(specs[s].devices[0],
+              cost.problem().devices[static_cast<size_t>(plan.stages[s].at.devices[0])].name);
+    EXPECT_NEAR(specs[s].compute_s, plan.stages[s].compute_s, 1e-6 * plan.stages[s].compute_s);
+  }
+  expectThrowWith<InvalidArgument>(
+      [&] { parsePlan("stages:\n  - {layers: [3, 1], devices: [a], backend: cpu}\n", "p.yaml"); },
+      {"p.yaml:2:14", "[3, 1) is empty"});
+  expectThrowWith<InvalidArgument>(
+      [&] { parsePlan("stages:\n  - {layers: [0, 1], backend: cpu}\n", "p.yaml"); },
+      {"p.yaml:2:5", "no 'devices'"});
+  expectThrowWith<InvalidArgument>([&] { parsePlan("objective: train\n", "p.yaml"); },
+                                   {"needs 'stages'"});
+}
+
+}  // namespace
+}  // namespace tandem::partitioner
