@@ -171,15 +171,14 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
   if (begin > 0) transport += in;
   if (end < layers()) transport += out;
   transport *= o.transport_buffers * directions;
-  const int64_t weights = paramBytes(begin, end);
+  const int64_t state = stateBytes(begin, end);  // the weights alone when serving
   if (!training()) {
     const size_t w = static_cast<size_t>(std::bit_width(end - begin) - 1);
     const int64_t working =
         std::max(working_max_[w][begin], working_max_[w][end - (size_t{1} << w)]);
-    return weights + working + transport;
+    return state + working + transport;
   }
   const int64_t activations = stash_prefix_[end] - stash_prefix_[begin];
-  const int64_t state = stateBytes(begin, end);
   const int64_t depth = o.schedule == Schedule::kGPipe
                             ? o.microbatches
                             : std::min<int64_t>(o.microbatches, stages_to_end);

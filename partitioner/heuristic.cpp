@@ -30,8 +30,13 @@ class SplitSolver {
     if (p == 0 || p > L) return kInf;
     const bool latency = cost_.options().objective == Objective::kInferLatency;
     // g[q][i]: the best for layers [i, L) on stages q..p-1; choice[q][i]: stage q's end.
-    g_.assign(p, std::vector<double>(L + 1, kInf));
-    choice_.assign(p, std::vector<size_t>(L + 1, 0));
+    // Reused across calls: the local search solves thousands of sequences.
+    g_.resize(p);
+    choice_.resize(p);
+    for (size_t q = 0; q < p; ++q) {
+      g_[q].assign(L + 1, kInf);
+      choice_[q].assign(L + 1, 0);
+    }
     const double head = latency ? cost_.sourceLink(seq[0].type) : 0;
     for (size_t q1 = p; q1-- > 0;) {
       const Slot& s = seq[q1];
