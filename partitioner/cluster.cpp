@@ -88,6 +88,10 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
           const std::string nkey = nkv.first.as<std::string>();
           if (nkey == "name") {
             node.name = r.get<std::string>(nkv.second, nkey, "a name");
+          } else if (nkey == "host") {
+            node.host = r.get<std::string>(nkv.second, nkey, "a host name or address");
+            if (node.host.empty() || node.host.find_first_of(" /:*") != std::string::npos)
+              r.fail(nkv.second, "'" + node.host + "' is not a host name or address");
           } else if (nkey == "profile") {
             node.profile = resolve(source, r.get<std::string>(nkv.second, nkey, "a file"));
           } else if (nkey == "devices") {
@@ -95,7 +99,8 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
               r.fail(nkv.second, "'devices' must be a non-empty list");
             for (const YAML::Node& d : nkv.second) node.devices.push_back(parseDevice(r, d));
           } else {
-            r.fail(nkv.first, "unknown node key '" + nkey + "' (expected name, profile, devices)");
+            r.fail(nkv.first,
+                   "unknown node key '" + nkey + "' (expected name, host, profile, devices)");
           }
         }
         if (node.name.empty()) r.fail(n, "the node has no 'name'");
@@ -117,6 +122,9 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
           c.local = parseLink(r, lkv.second, "'local'");
         } else if (lkey == "default") {
           c.fallback = parseLink(r, lkv.second, "'default'");
+        } else if (lkey == "measured") {
+          c.measured = resolve(source, r.get<std::string>(lkv.second, lkey, "a profile file"));
+          c.measured_where = r.at(lkv.second);
         } else if (lkey == "between") {
           if (!lkv.second.IsSequence()) r.fail(lkv.second, "'between' must be a list of links");
           for (const YAML::Node& l : lkv.second) {
@@ -127,7 +135,8 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
                                  parseLink(r, l, "a link"), r.at(l)});
           }
         } else {
-          r.fail(lkv.first, "unknown links key '" + lkey + "' (expected local, default, between)");
+          r.fail(lkv.first, "unknown links key '" + lkey +
+                                "' (expected measured, local, default, between)");
         }
       }
     } else {
@@ -152,6 +161,7 @@ Cluster loadCluster(const std::string& path) {
 std::vector<std::string> profilePaths(const Cluster& c, const std::string& default_profile) {
   std::set<std::string> paths;
   if (!default_profile.empty()) paths.insert(default_profile);
+  if (!c.measured.empty()) paths.insert(c.measured);
   for (const ClusterNode& n : c.nodes) {
     if (!n.profile.empty()) paths.insert(n.profile);
     for (const ClusterDevice& d : n.devices)
@@ -185,6 +195,34 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       if (cluster.nodes[i].name == name) return i;
     return nodes;  // parseCluster checked the names
   };
+  if (!cluster.measured.empty()) {
+    const auto it = profiles.find(cluster.measured);
+    TANDEM_CHECK_MSG(it != profiles.end(), InvalidArgument,
+                     cluster.measured_where << ": profile " << cluster.measured
+                                            << " was not loaded");
+    TANDEM_CHECK_MSG(it->second.links.has_value(), InvalidArgument,
+                     cluster.measured_where
+                         << ": " << cluster.measured
+                         << " holds no links (measure them with tandem profile --links)");
+    // Measured one way; a link is taken to be as fast both ways unless the other way was
+    // measured too.
+    for (const LinkProfile& l : it->second.links->links) {
+      const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);
+      TANDEM_CHECK_MSG(a < nodes && z < nodes, InvalidArgument,
+                       cluster.measured << ": a link from '" << l.from << "' to '" << l.to
+                                        << "', but the cluster " << cluster.source
+                                        << " has no node '" << (a < nodes ? l.to : l.from)
+                                        << "'");
+      links[a][z] = Link{l.bandwidth, l.latency_s};
+    }
+    for (const LinkProfile& l : it->second.links->links) {
+      const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);
+      bool reverse_measured = false;
+      for (const LinkProfile& r : it->second.links->links)
+        reverse_measured = reverse_measured || (r.from == l.to && r.to == l.from);
+      if (!reverse_measured) links[z][a] = Link{l.bandwidth, l.latency_s};
+    }
+  }
   for (const ClusterLink& l : cluster.between) {
     const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);
     links[a][z] = links[z][a] = l.link;
@@ -243,6 +281,9 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
         d.forward_s.push_back(lp.forward.median * scale);
         d.backward_s.push_back(lp.backward.median * scale);
       }
+      // The loss runs on the last stage, with the last layer; training pays for it.
+      if (options.objective == Objective::kTrainThroughput)
+        d.forward_s.back() += dp->loss.median * scale;
       p.devices.push_back(std::move(d));
     }
   }

@@ -4,6 +4,7 @@
 //
 //   nodes:
 //     - name: edge
+//       host: 10.0.0.5               # where its processes listen (default 127.0.0.1)
 //       profile: edge.json           # measured there by `tandem profile` (optional)
 //       devices:
 //         - {name: cpu, backend: cpu, threads: 2, memory: 1GiB}
@@ -11,10 +12,14 @@
 //       devices:
 //         - {name: gpu, backend: opencl:0}       # memory: the profile's
 //   links:
+//     measured: links.json                        # by `tandem profile --links` (optional)
 //     local: {bandwidth: 5GB/s, latency: 20us}    # between stages on one node
 //     default: {bandwidth: 1Gbit/s, latency: 1ms} # between nodes not listed below
 //     between:
 //       - {from: edge, to: cloud, bandwidth: 100Mbit/s, latency: 20ms}  # both ways
+//
+// A link is, by precedence: listed under `between`, else measured, else `local` or
+// `default`.
 //
 // A device's times come from the device named `profile_device` (default: its backend)
 // in its own `profile` file, else its node's, else the one given to `tandem partition`.
@@ -42,6 +47,7 @@ struct ClusterDevice {
 
 struct ClusterNode {
   std::string name, profile;
+  std::string host = "127.0.0.1";
   std::vector<ClusterDevice> devices;
   std::string where;
 };
@@ -57,17 +63,21 @@ struct Cluster {
   std::vector<ClusterNode> nodes;
   std::optional<Link> local, fallback;  // `local` and `default`
   std::vector<ClusterLink> between;     // each both ways
+  std::string measured;                 // a profile with links, by path
+  std::string measured_where;           // "cluster.yaml:12:13", for messages
 };
 
 Cluster parseCluster(const std::string& yaml_text, const std::string& source = "<string>");
 Cluster loadCluster(const std::string& path);
 
-// Every profile file the cluster names, and `default_profile` (may be empty), by path.
+// Every profile file the cluster names (with `links.measured`), and `default_profile`
+// (may be empty), by path.
 std::vector<std::string> profilePaths(const Cluster& c, const std::string& default_profile);
 
 // The partitioner's problem for `model` on `cluster`: per-layer times from the profiles
-// (by path), scaled from the profile's batch to the microbatch size; bytes from the
-// model. InvalidArgument names the cluster entry or profile that does not fit the model.
+// (by path), scaled from the profile's batch to the microbatch size, with the loss added
+// to the last layer; bytes from the model; links as above. InvalidArgument names the
+// cluster entry or profile that does not fit the model or the cluster.
 Problem makeProblem(const Model& model, const Cluster& cluster,
                     const std::map<std::string, Profile>& profiles,
                     const std::string& default_profile, const CostOptions& options);

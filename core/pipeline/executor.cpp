@@ -1,5 +1,7 @@
 #include "core/pipeline/executor.h"
 
+#include <time.h>
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -11,6 +13,11 @@ namespace tandem {
 namespace {
 double seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
+}
+double threadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 }  // namespace
 
@@ -62,6 +69,9 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   for (const Action& a : actions) {
     const int64_t k = a.microbatch;
     const auto t0 = Clock::now();
+    const bool compute = a.type == ActionType::kForward || a.type == ActionType::kBackward ||
+                         a.type == ActionType::kWeightGradient;
+    const double cpu0 = compute ? threadCpuSeconds() : 0;
     switch (a.type) {
       case ActionType::kRecvActivation: {
         InFlight& f = inflight_[k];
@@ -124,6 +134,7 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
         }
         break;
     }
+    if (compute) counters_.compute_cpu_s += threadCpuSeconds() - cpu0;
   }
   // The last stage keeps nothing after its forward (evaluation) or backward (training).
   inflight_.clear();

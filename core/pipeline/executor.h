@@ -65,8 +65,12 @@ struct StepResult {
 };
 
 struct StageCounters {
-  double busy_s = 0;       // forward, backward and the optimizer
-  double step_s = 0;       // the optimizer's share of busy_s
+  double busy_s = 0;  // forward, backward and the optimizer
+  double step_s = 0;  // the optimizer's share of busy_s
+  // This thread's CPU time in forward, backward and weight gradients: the compute the
+  // stage did, apart from time lost to other processes on shared cores. Meaningful for a
+  // single-threaded CPU stage (other threads' and devices' work is not counted).
+  double compute_cpu_s = 0;
   double recv_wait_s = 0;  // blocked in Link::recv
   double send_s = 0;       // in Link::send (copy or encode, then queue)
   int64_t peak_stash = 0;  // most microbatches forwarded and not yet backward

@@ -14,15 +14,22 @@ Spread timeRepeated(const std::function<void()>& f, int warmup, int repeats) {
       "timing needs repeats >= 1 and warm-up >= 0, got " << repeats << " and " << warmup);
   for (int i = 0; i < warmup; ++i) f();
   std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  for (int i = 0; i < repeats; ++i) t.push_back(timeOnce(f));
+  return spreadOf(std::move(t));
+}
+
+double timeOnce(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Spread spreadOf(std::vector<double> t) {
+  TANDEM_CHECK_MSG(!t.empty(), InvalidArgument, "a spread of no timed runs");
   std::sort(t.begin(), t.end());
   const size_t n = t.size();
   const double median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-  return {median, t.front(), t.back(), repeats};
+  return {median, t.front(), t.back(), static_cast<int>(n)};
 }
 
 namespace {

@@ -20,6 +20,10 @@ struct Spread {
 
 // Runs f `warmup` times untimed, then `repeats` times timed.
 Spread timeRepeated(const std::function<void()>& f, int warmup, int repeats);
+// Median, min and max of timed runs (at least one).
+Spread spreadOf(std::vector<double> seconds);
+// Seconds f takes.
+double timeOnce(const std::function<void()>& f);
 
 // Every layer of a built model with its own input: one forward pass from a random
 // batch (fixed seed) stores each layer's input, stash and an output-shaped gradient,

@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/loss.h"
+#include "core/random.h"
 
 namespace tandem {
 
@@ -16,19 +18,62 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
   }
   Model model(spec);
   model.build(backend, o.seed);
+  TANDEM_CHECK_MSG(
+      o.repeats >= 1 && o.warmup >= 0, InvalidArgument,
+      "profiling needs repeats >= 1 and warm-up >= 0, got " << o.repeats << " and " << o.warmup);
   LayerRunner runner(model, o.batch, o.seed);
-  for (size_t i = 0; i < model.size(); ++i) {
+  // Each layer is timed inside a whole training pass (every layer forward in order, then
+  // backward in reverse), as a stage runs it: its weights and input are as warm or cold
+  // in the caches as the other layers leave them. Timing one layer many times in a row
+  // kept it hot and predicted small layers 20-40% fast.
+  const size_t n = model.size();
+  // The loss, between the last forward and the first backward, where the last stage
+  // computes it: on logits of the output's shape and labels of its classes.
+  const Shape out_shape = model.layer(n - 1).outputShape().withBatch(o.batch);
+  const bool classifier = out_shape.rank() == 2 && out_shape[1] > 0;
+  Tensor logits, labels, dlogits;
+  if (classifier) {
+    Rng rng(o.seed);
+    logits = toDevice(backend, out_shape, uniformInit(rng, out_shape.numel(), 1.0f));
+    std::vector<int32_t> ids(static_cast<size_t>(o.batch));
+    for (size_t k = 0; k < ids.size(); ++k)
+      ids[k] = static_cast<int32_t>(static_cast<int64_t>(k) % out_shape[1]);
+    labels = toDeviceI32(backend, {o.batch}, ids);
+    dlogits = backend.empty(out_shape);
+  }
+  std::vector<std::vector<double>> forward(n), backward(n);
+  std::vector<double> loss;
+  for (int r = 0; r < o.warmup + o.repeats; ++r) {
+    const bool timed = r >= o.warmup;
+    for (size_t i = 0; i < n; ++i) {
+      const double t = timeOnce([&] { runner.forward(i); });
+      if (timed) forward[i].push_back(t);
+    }
+    if (classifier) {
+      const double t = timeOnce([&] {
+        softmaxCrossEntropy(backend, logits, labels, 1.0f / static_cast<float>(o.batch), dlogits);
+        backend.synchronize();
+      });
+      if (timed) loss.push_back(t);
+    }
+    for (size_t i = n; i-- > 0;) {
+      const double t = timeOnce([&] { runner.backward(i); });
+      if (timed) backward[i].push_back(t);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
     LayerProfile l;
     l.index = static_cast<int64_t>(i);
     l.type = model.layer(i).type();
     l.output = model.layer(i).outputShape().withBatch(o.batch);
-    l.forward = timeRepeated([&] { runner.forward(i); }, o.warmup, o.repeats);
-    l.backward = timeRepeated([&] { runner.backward(i); }, o.warmup, o.repeats);
+    l.forward = spreadOf(std::move(forward[i]));
+    l.backward = spreadOf(std::move(backward[i]));
     l.activation_bytes = runner.activationBytes(i);
     l.param_bytes = runner.paramBytes(i);
     l.flops = model.layer(i).flops();
     out.layers.push_back(std::move(l));
   }
+  if (classifier) out.loss = spreadOf(std::move(loss));
   return out;
 }
 
@@ -69,6 +114,7 @@ class Reader {
     return v;
   }
   bool boolean(const char* key) const { return at(key, json::value_t::boolean); }
+  bool has(const char* key) const { return j_.contains(key); }
   const json& array(const char* key) const { return at(key, json::value_t::array); }
   Reader child(const json& j, const std::string& name) const {
     return Reader(j, path_ + name, where_);
@@ -121,22 +167,42 @@ std::string profileToJson(const Profile& p) {
                         {"flops_per_sample", l.flops}});
     }
     const DeviceInfo& i = d.device;
-    devices.push_back({{"name", i.name},
-                       {"kind", i.kind},
-                       {"model", i.model},
-                       {"platform", i.platform},
-                       {"vendor", i.vendor},
-                       {"description", i.description},
-                       {"compute_units", i.compute_units},
-                       {"memory_bytes", i.memory_bytes},
-                       {"max_allocation_bytes", i.max_allocation_bytes},
-                       {"fp16", i.fp16},
-                       {"gemm", gemm},
-                       {"layers", layers}});
+    json& dj = devices.emplace_back(json{{"name", i.name},
+                                         {"kind", i.kind},
+                                         {"model", i.model},
+                                         {"platform", i.platform},
+                                         {"vendor", i.vendor},
+                                         {"description", i.description},
+                                         {"compute_units", i.compute_units},
+                                         {"memory_bytes", i.memory_bytes},
+                                         {"max_allocation_bytes", i.max_allocation_bytes},
+                                         {"fp16", i.fp16},
+                                         {"gemm", gemm},
+                                         {"layers", layers}});
+    if (d.loss.repeats > 0) dj["loss_s"] = spreadJson(d.loss);
   }
-  const json j = {{"schema", "tandem-profile"},  {"version", kProfileVersion}, {"model", p.model},
-                  {"input", shapeJson(p.input)}, {"batch", p.batch},           {"warmup", p.warmup},
-                  {"repeats", p.repeats},        {"devices", devices}};
+  json j = {{"schema", "tandem-profile"}, {"version", kProfileVersion}, {"devices", devices}};
+  if (!p.devices.empty()) {
+    j["model"] = p.model;
+    j["input"] = shapeJson(p.input);
+    j["batch"] = p.batch;
+    j["warmup"] = p.warmup;
+    j["repeats"] = p.repeats;
+  }
+  if (p.links) {
+    json links = json::array();
+    for (const LinkProfile& l : p.links->links)
+      links.push_back({{"from", l.from},
+                       {"to", l.to},
+                       {"bandwidth_bytes_per_s", l.bandwidth},
+                       {"latency_s", l.latency_s},
+                       {"round_trip_s", spreadJson(l.round_trip)}});
+    j["links"] = {{"transport", p.links->transport},
+                  {"message_bytes", p.links->message_bytes},
+                  {"warmup", p.links->warmup},
+                  {"repeats", p.links->repeats},
+                  {"measured", links}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -150,17 +216,21 @@ Profile parseProfile(const std::string& text, const std::string& where) {
   const Reader top(j, "", where);
   if (top.str("schema") != "tandem-profile") top.fail("schema", "is not \"tandem-profile\"");
   const int64_t version = top.integer("version");
-  if (version != kProfileVersion)
+  if (version != 1 && version != kProfileVersion)
     throw FormatError(where + ": profile version " + std::to_string(version) +
-                      " is not supported (this build reads version " +
+                      " is not supported (this build reads versions 1 to " +
                       std::to_string(kProfileVersion) + ")");
   Profile p;
-  p.model = top.str("model");
-  p.input = top.shape("input");
-  p.batch = top.integer("batch");
-  p.warmup = static_cast<int>(top.integer("warmup"));
-  p.repeats = static_cast<int>(top.integer("repeats"));
   const json& devices = top.array("devices");
+  // Version 2 leaves out what describes the devices when there are none (links only).
+  if (version == 1 || !devices.empty()) {
+    p.model = top.str("model");
+    p.input = top.shape("input");
+    p.batch = top.integer("batch");
+    if (p.batch < 1) top.fail("batch", "is not positive");
+    p.warmup = static_cast<int>(top.integer("warmup"));
+    p.repeats = static_cast<int>(top.integer("repeats"));
+  }
   for (size_t di = 0; di < devices.size(); ++di) {
     const Reader r = top.child(devices[di], "devices[" + std::to_string(di) + "]");
     DeviceProfile d;
@@ -194,7 +264,28 @@ Profile parseProfile(const std::string& text, const std::string& where) {
       lp.flops = l.integer("flops_per_sample");
       d.layers.push_back(std::move(lp));
     }
+    if (version > 1 && r.has("loss_s")) d.loss = r.spread("loss_s");
     p.devices.push_back(std::move(d));
+  }
+  if (version > 1 && top.has("links")) {
+    const Reader l = top.child(top.at("links", json::value_t::object), "links");
+    LinkSet set;
+    set.transport = l.str("transport");
+    set.message_bytes = l.integer("message_bytes");
+    set.warmup = static_cast<int>(l.integer("warmup"));
+    set.repeats = static_cast<int>(l.integer("repeats"));
+    const json& measured = l.array("measured");
+    for (size_t i = 0; i < measured.size(); ++i) {
+      const Reader m = l.child(measured[i], ".measured[" + std::to_string(i) + "]");
+      LinkProfile lp{m.str("from"), m.str("to"), m.num("bandwidth_bytes_per_s"), m.num("latency_s"),
+                     m.spread("round_trip_s")};
+      if (!(lp.bandwidth > 0)) m.fail("bandwidth_bytes_per_s", "is not positive");
+      if (!(lp.latency_s >= 0)) m.fail("latency_s", "is negative");
+      for (const LinkProfile& other : set.links)
+        if (other.from == lp.from && other.to == lp.to) m.fail("", "measures a link twice");
+      set.links.push_back(std::move(lp));
+    }
+    p.links = std::move(set);
   }
   return p;
 }

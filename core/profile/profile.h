@@ -3,12 +3,17 @@
 // batch size, the forward and backward time (median and spread over repeats after
 // warm-up), the activation and parameter bytes and the FLOPs.
 //
-// On disk it is JSON, schema "tandem-profile" version 1 (docs/profile.md, with the
+// A profile may also hold the links between the nodes of a cluster, measured by
+// `tandem profile --links` (with or without devices).
+//
+// On disk it is JSON, schema "tandem-profile" version 2 (docs/profile.md, with the
 // JSON Schema in docs/profile.schema.json). parseProfile() checks every field's
-// presence and type and refuses other versions, naming the field.
+// presence and type, reads version 1 too (no loss, no links) and refuses others,
+// naming the field.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +22,7 @@
 
 namespace tandem {
 
-inline constexpr int kProfileVersion = 1;
+inline constexpr int kProfileVersion = 2;
 
 struct LayerProfile {
   int64_t index = 0;
@@ -38,14 +43,36 @@ struct DeviceProfile {
   DeviceInfo device;
   std::vector<GemmPoint> gemm;
   std::vector<LayerProfile> layers;
+  // The training loss (softmax cross-entropy) forward and backward on the last layer's
+  // output, which the last stage adds to its layers. Zero when not measured (version 1,
+  // or a model whose output is not [batch, classes]).
+  Spread loss;
+};
+
+// One measured link: from == to is within a node (two processes there).
+struct LinkProfile {
+  std::string from, to;
+  double bandwidth = 0;  // bytes per second, one way
+  double latency_s = 0;  // half the median round trip
+  Spread round_trip;     // seconds
+};
+
+struct LinkSet {
+  std::string transport;      // "tcp"
+  int64_t message_bytes = 0;  // each data message of the bandwidth runs
+  int warmup = 0, repeats = 0;
+  std::vector<LinkProfile> links;
 };
 
 struct Profile {
+  // Model, input, batch, warm-up and repeats describe `devices`; absent (empty, 0) in a
+  // profile of links only.
   std::string model;  // the model's name
   Shape input;        // one sample
   int64_t batch = 0;
   int warmup = 0, repeats = 0;
   std::vector<DeviceProfile> devices;
+  std::optional<LinkSet> links;
 };
 
 struct ProfileOptions {

@@ -17,5 +17,6 @@ void addSchedule(CLI::App& app);
 void addRun(CLI::App& app);
 void addInfer(CLI::App& app);
 void addStage(CLI::App& app);
+void addLinkAgent(CLI::App& app);
 
 }  // namespace tandem::cli

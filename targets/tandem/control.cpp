@@ -1,6 +1,12 @@
 #include "targets/tandem/control.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "core/error.h"
 
@@ -57,6 +63,38 @@ T field(const Json& message, const char* key) {
     return it->get<T>();
   } catch (const Json::exception&) {
     throw FormatError("control message '" + type + "': \"" + key + "\" has the wrong type");
+  }
+}
+
+pid_t spawnSelf(const std::vector<std::string>& args) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<std::string> argv = {self};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (std::string& arg : argv) cargv.push_back(arg.data());
+  cargv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw Error("cannot start a child process: fork failed");
+  if (pid == 0) {
+    execv(self.c_str(), cargv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+void stopChildren(const std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
+  for (pid_t pid : pids) kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {  // -1: already reaped
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
 }
 

@@ -9,6 +9,8 @@
 //   run -> worker:  peers {prev, next, train_samples, test_samples}
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -50,6 +52,14 @@ class ControlOut {
 // message[key] as T, or FormatError naming the message type and the key.
 template <typename T>
 T field(const Json& message, const char* key);
+
+// This program (/proc/self/exe) started again as a child process with `args` after its
+// name. Error if it cannot be started.
+pid_t spawnSelf(const std::vector<std::string>& args);
+// Stops the given child processes: SIGTERM, then SIGKILL to any still running after
+// `grace`; reaps them all.
+void stopChildren(const std::vector<pid_t>& pids,
+                  std::chrono::milliseconds grace = std::chrono::seconds(3));
 
 // Span files: a stage worker writes its timeline spans to spanFile(run_dir, stage) as
 // JSON [[type, microbatch, start_s, end_s], ...]; `tandem run` reads them back

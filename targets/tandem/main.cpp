@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   tandem::cli::addRun(app);
   tandem::cli::addInfer(app);
   tandem::cli::addStage(app);
+  tandem::cli::addLinkAgent(app);
   // Logs go to stderr; stdout carries only results (epoch summaries, accuracy, tables).
   spdlog::set_default_logger(spdlog::stderr_color_mt("tandem"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
@@ -32,8 +33,8 @@ int main(int argc, char** argv) {
       app.get_subcommand(argv[1]);
     } catch (const CLI::OptionNotFound&) {
       std::cerr << "error: unknown command '" << argv[1]
-                << "' (commands: train, run, infer, eval, inspect, devices, profile, schedule, "
-                   "keygen; see --help)\n";
+                << "' (commands: train, run, infer, eval, inspect, devices, profile, partition, "
+                   "schedule, keygen, stage, link-agent; see --help)\n";
       return 2;
     }
   }

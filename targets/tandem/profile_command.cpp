@@ -11,7 +11,9 @@
 #include "core/file.h"
 #include "core/model_spec.h"
 #include "core/profile/profile.h"
+#include "partitioner/cluster.h"
 #include "targets/tandem/commands.h"
+#include "targets/tandem/links.h"
 
 namespace tandem::cli {
 
@@ -74,15 +76,20 @@ void compare(const Profile& now, const Profile& before, const std::string& befor
 
 void addProfile(CLI::App& app) {
   struct Args {
-    std::string model, out, against;
+    std::string model, out, against, cluster;
     std::vector<std::string> devices{"cpu"};
     ProfileOptions options;
     int threads = 1;
+    bool links = false;
+    LinkSurveyOptions survey;
+    int link_timeout_s = 30;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand(
-      "profile", "Measure each layer of a model on each device (the partitioner's input)");
-  c->add_option("--model", a->model, "Model spec (YAML)")->required()->check(CLI::ExistingFile);
+      "profile",
+      "Measure each layer of a model on each device, and/or the links between the nodes of a "
+      "cluster (the partitioner's input)");
+  c->add_option("--model", a->model, "Model spec (YAML)")->check(CLI::ExistingFile);
   c->add_option("--devices", a->devices, "Comma-separated devices, e.g. cpu,opencl:0")
       ->delimiter(',');
   c->add_option("--batch", a->options.batch, "Samples per forward pass")
@@ -94,18 +101,46 @@ void addProfile(CLI::App& app) {
   c->add_option("--out", a->out, "Write the profile (JSON) here");
   c->add_option("--against", a->against, "An earlier profile to compare medians with")
       ->check(CLI::ExistingFile);
+  c->add_flag("--links", a->links,
+              "Measure bandwidth and latency between the nodes of --cluster (and within each)");
+  c->add_option("--cluster", a->cluster, "Cluster file whose nodes --links measures")
+      ->check(CLI::ExistingFile);
+  c->add_option("--link-bytes", a->survey.probe.message_bytes,
+                "Bytes per message of the bandwidth runs (a multiple of 4)")
+      ->check(CLI::Range(int64_t{8}, int64_t{1} << 30));
+  c->add_option("--link-window", a->survey.probe.window, "Messages per timed bandwidth run")
+      ->check(CLI::Range(1, 64));
+  c->add_option("--link-repeats", a->survey.probe.repeats, "Timed runs per link and kind")
+      ->check(CLI::Range(1, 10000));
+  c->add_option("--listen", a->survey.listen,
+                "The control endpoint link agents report to (tcp://0.0.0.0:PORT for other hosts)");
+  c->add_option("--link-timeout", a->link_timeout_s, "Seconds to wait for a link agent")
+      ->check(CLI::Range(1, 3600));
   c->callback([a] {
-    const ModelSpec spec = loadModelSpec(a->model);
+    TANDEM_CHECK_MSG(!a->model.empty() || a->links, InvalidArgument,
+                     "profile needs --model (devices) or --links --cluster (links), or both");
+    TANDEM_CHECK_MSG(a->links == !a->cluster.empty(), InvalidArgument,
+                     (a->links ? "--links needs --cluster" : "--cluster is for --links"));
+    TANDEM_CHECK_MSG(a->against.empty() || !a->model.empty(), InvalidArgument,
+                     "--against compares device profiles: give --model");
     Profile p;
-    p.model = spec.name;
-    p.input = spec.input;
-    p.batch = a->options.batch;
-    p.warmup = a->options.warmup;
-    p.repeats = a->options.repeats;
-    for (const std::string& name : a->devices) {
-      auto backend = makeBackend(name, BackendOptions{a->threads});
-      p.devices.push_back(profileDevice(spec, *backend, a->options));
-      printDevice(p.devices.back());
+    if (!a->model.empty()) {
+      const ModelSpec spec = loadModelSpec(a->model);
+      p.model = spec.name;
+      p.input = spec.input;
+      p.batch = a->options.batch;
+      p.warmup = a->options.warmup;
+      p.repeats = a->options.repeats;
+      for (const std::string& name : a->devices) {
+        auto backend = makeBackend(name, BackendOptions{a->threads});
+        p.devices.push_back(profileDevice(spec, *backend, a->options));
+        printDevice(p.devices.back());
+      }
+    }
+    if (a->links) {
+      a->survey.timeout = std::chrono::seconds(a->link_timeout_s);
+      p.links = surveyLinks(partitioner::loadCluster(a->cluster), a->survey);
+      printLinks(*p.links);
     }
     if (!a->out.empty()) {
       std::ofstream out(a->out, std::ios::trunc);

@@ -3,7 +3,6 @@
 // summary, then a table per stage and the measured bubble beside (p-1)/(m+p-1). A worker
 // that fails or dies ends the run: the others are stopped, the failure is named, and the
 // exit code is non-zero.
-#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,7 +15,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -42,25 +40,12 @@ struct Worker {
   Json hello, report;
 };
 
-// Stops every worker still running: SIGTERM, then SIGKILL after a grace period.
+// Stops every worker still running.
 void stopAll(std::vector<Worker>& workers) {
+  std::vector<pid_t> running;
   for (Worker& w : workers)
-    if (!w.exited) kill(w.pid, SIGTERM);
-  const auto deadline = Clock::now() + 3s;
-  for (Worker& w : workers) {
-    while (!w.exited) {
-      int status = 0;
-      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
-        w.exited = true;
-      } else if (Clock::now() > deadline) {
-        kill(w.pid, SIGKILL);
-        waitpid(w.pid, &status, 0);
-        w.exited = true;
-      } else {
-        std::this_thread::sleep_for(10ms);
-      }
-    }
-  }
+    if (!w.exited) running.push_back(w.pid), w.exited = true;
+  stopChildren(running);
 }
 
 // "stage 1 (pid 42) was killed by signal 9 before finishing"
@@ -199,31 +184,14 @@ int runJob(const RunArgs& args) {
   transport::Context ctx;
   ControlIn in(ctx, "tcp://127.0.0.1:*");
   std::vector<Worker> workers(static_cast<size_t>(p));
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   for (int s = 0; s < p; ++s) {
     const std::string stage = std::to_string(s);
-    std::vector<std::string> argv = {self,
-                                     "stage",
-                                     path,
-                                     "--stage",
-                                     stage,
-                                     "--control",
-                                     in.endpoint(),
-                                     "--run-dir",
-                                     run_dir,
-                                     "--mode",
-                                     args.infer ? "infer" : "train"};
+    std::vector<std::string> argv = {
+        "stage",       path,        "--stage", stage,    "--control",
+        in.endpoint(), "--run-dir", run_dir,   "--mode", args.infer ? "infer" : "train"};
     if (spans_wanted) argv.insert(argv.end(), {"--spans", spanFile(run_dir, s)});
     if (!plan_file.empty()) argv.insert(argv.end(), {"--plan", plan_file});
-    std::vector<char*> cargv;
-    for (std::string& arg : argv) cargv.push_back(arg.data());
-    cargv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) throw Error("cannot start a worker: fork failed");
-    if (pid == 0) {
-      execv(self.c_str(), cargv.data());
-      _exit(127);
-    }
+    const pid_t pid = spawnSelf(argv);
     workers[static_cast<size_t>(s)].pid = pid;
     const StagePlacement& place = stages[static_cast<size_t>(s)];
     spdlog::info("stage {}: layers [{}, {}) on {} ({} threads), pid {}", s, place.begin, place.end,
@@ -352,10 +320,12 @@ int runJob(const RunArgs& args) {
   std::filesystem::remove_all(run_dir);
 
   // Compute per microbatch: the stage's forward and backward time (busy less the
-  // optimizer) over the microbatches it ran, beside the plan's prediction if there is one.
-  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s %10s %10s\n", "stage", "layers",
+  // optimizer) over the microbatches it ran, the thread CPU time of the same (what the
+  // stage computed, without the time other processes took its core), beside the plan's
+  // prediction if there is one.
+  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s %10s %8s %10s\n", "stage", "layers",
               "device", "busy %", "waiting %", "sending %", "stash", "MB sent", "MB received",
-              "ms/micro", "predicted");
+              "ms/micro", "cpu ms", "predicted");
   double busy = 0, span = 0;
   for (int s = 0; s < p; ++s) {
     const Json& r = workers[static_cast<size_t>(s)].report;
@@ -364,20 +334,21 @@ int runJob(const RunArgs& args) {
     const auto layers = h.at("layers");
     const std::string range = "[" + std::to_string(layers.at(0).get<int64_t>()) + ", " +
                               std::to_string(layers.at(1).get<int64_t>()) + ")";
-    const double per_micro =
-        (field<double>(r, "busy_s") - field<double>(r, "step_s")) /
+    const double micro =
         static_cast<double>(std::max<int64_t>(1, field<int64_t>(r, "microbatches")));
+    const double per_micro = (field<double>(r, "busy_s") - field<double>(r, "step_s")) / micro;
+    const double cpu_per_micro = field<double>(r, "compute_cpu_s") / micro;
     const double predicted = stages[static_cast<size_t>(s)].predicted_compute_s;
     const std::string predicted_text =
         predicted >= 0 ? std::to_string(predicted * 1e3).substr(0, 6) : "-";
-    std::printf("%-6d %-10s %-8s %7.1f %9.1f %9.1f %6lld %11.2f %11.2f %10.3f %10s\n", s,
+    std::printf("%-6d %-10s %-8s %7.1f %9.1f %9.1f %6lld %11.2f %11.2f %10.3f %8.3f %10s\n", s,
                 range.c_str(), field<std::string>(h, "device").c_str(),
                 100 * field<double>(r, "busy_s") / t, 100 * field<double>(r, "recv_wait_s") / t,
                 100 * field<double>(r, "send_s") / t,
                 static_cast<long long>(field<int64_t>(r, "peak_stash")),
                 static_cast<double>(field<int64_t>(r, "bytes_sent")) / 1e6,
                 static_cast<double>(field<int64_t>(r, "bytes_received")) / 1e6, per_micro * 1e3,
-                predicted_text.c_str());
+                cpu_per_micro * 1e3, predicted_text.c_str());
     busy += field<double>(r, "busy_s");
     span = std::max(span, t);
   }

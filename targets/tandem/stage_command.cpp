@@ -37,13 +37,19 @@ struct StageArgs {
 };
 
 Json countersJson(const StageCounters& c) {
-  return {{"busy_s", c.busy_s}, {"step_s", c.step_s},         {"recv_wait_s", c.recv_wait_s},
-          {"send_s", c.send_s}, {"peak_stash", c.peak_stash}, {"microbatches", c.microbatches}};
+  return {{"busy_s", c.busy_s},
+          {"step_s", c.step_s},
+          {"compute_cpu_s", c.compute_cpu_s},
+          {"recv_wait_s", c.recv_wait_s},
+          {"send_s", c.send_s},
+          {"peak_stash", c.peak_stash},
+          {"microbatches", c.microbatches}};
 }
 
 StageCounters minus(StageCounters a, const StageCounters& b) {
   a.busy_s -= b.busy_s;
   a.step_s -= b.step_s;
+  a.compute_cpu_s -= b.compute_cpu_s;
   a.recv_wait_s -= b.recv_wait_s;
   a.send_s -= b.send_s;
   a.microbatches -= b.microbatches;
@@ -154,6 +160,7 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
     const StageCounters delta = minus(trainer.executor().counters(), before);
     counters.busy_s += delta.busy_s;
     counters.step_s += delta.step_s;
+    counters.compute_cpu_s += delta.compute_cpu_s;
     counters.recv_wait_s += delta.recv_wait_s;
     counters.send_s += delta.send_s;
     counters.microbatches += delta.microbatches;

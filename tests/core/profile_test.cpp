@@ -21,7 +21,7 @@ Profile tinyProfile() {
   o.repeats = 3;
   o.gemm_sizes = {16, 32};
   const ModelSpec spec = parseModelSpec(testing::kTinyNet);
-  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, {}};
+  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, {}, std::nullopt};
   p.devices.push_back(profileDevice(spec, be, o));
   return p;
 }
@@ -53,6 +53,17 @@ TEST(ProfileTest, EveryLayerIsMeasuredWithItsSizes) {
   }
   EXPECT_EQ(d.layers[0].type, "conv2d");
   EXPECT_EQ(d.layers[0].param_bytes, (4 * 9 + 4) * 4);
+  // The output is [batch, classes]: the loss is measured with the layers.
+  EXPECT_EQ(d.loss.repeats, 3);
+  EXPECT_GT(d.loss.min, 0);
+  EXPECT_LE(d.loss.median, d.loss.max);
+}
+
+LinkSet twoLinks() {
+  LinkSet s{"tcp", 1 << 20, 1, 5, {}};
+  s.links.push_back({"edge", "cloud", 1.25e8, 2e-4, {4e-4, 3e-4, 9e-4, 5}});
+  s.links.push_back({"edge", "edge", 3e9, 2.5e-5, {5e-5, 4e-5, 7e-5, 5}});
+  return s;
 }
 
 TEST(ProfileTest, JsonRoundTrips) {
@@ -73,6 +84,44 @@ TEST(ProfileTest, JsonRoundTrips) {
     EXPECT_EQ(b.layers[i].backward.max, a.layers[i].backward.max);
     EXPECT_EQ(b.layers[i].activation_bytes, a.layers[i].activation_bytes);
   }
+  EXPECT_EQ(b.loss.median, a.loss.median);
+  EXPECT_FALSE(q.links.has_value());
+}
+
+TEST(ProfileTest, LinksRoundTripWithOrWithoutDevices) {
+  Profile p = tinyProfile();
+  p.links = twoLinks();
+  for (bool devices : {true, false}) {
+    if (!devices) p.devices.clear();
+    const std::string text = profileToJson(p);
+    if (!devices) {
+      EXPECT_EQ(text.find("\"model\""), std::string::npos) << text;
+    }
+    const Profile q = parseProfile(text, "mem");
+    EXPECT_EQ(q.devices.size(), devices ? 1u : 0u);
+    ASSERT_TRUE(q.links.has_value());
+    EXPECT_EQ(q.links->transport, "tcp");
+    EXPECT_EQ(q.links->message_bytes, 1 << 20);
+    ASSERT_EQ(q.links->links.size(), 2u);
+    const LinkProfile& l = q.links->links[0];
+    EXPECT_EQ(l.from, "edge");
+    EXPECT_EQ(l.to, "cloud");
+    EXPECT_EQ(l.bandwidth, 1.25e8);
+    EXPECT_EQ(l.latency_s, 2e-4);
+    EXPECT_EQ(l.round_trip.max, 9e-4);
+    EXPECT_EQ(q.links->links[1].to, "edge");
+  }
+}
+
+TEST(ProfileTest, VersionOneStillReads) {
+  std::string text = profileToJson(tinyProfile());
+  const size_t at = text.find("\"version\": 2");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 12, "\"version\": 1");
+  const Profile q = parseProfile(text, "old.json");
+  ASSERT_EQ(q.devices.size(), 1u);
+  EXPECT_EQ(q.devices[0].loss.repeats, 0);  // version 1 has no loss
+  EXPECT_EQ(q.model, "tiny");
 }
 
 TEST(ProfileTest, BadFilesNameTheField) {
@@ -85,8 +134,8 @@ TEST(ProfileTest, BadFilesNameTheField) {
   expectThrowWith<FormatError>([] { parseProfile("{", "p.json"); }, {"p.json: not JSON"});
   expectThrowWith<FormatError>([] { parseProfile("[]", "p.json"); }, {"is not an object"});
   expectThrowWith<FormatError>(
-      [&] { parseProfile(edited("\"version\": 1", "\"version\": 2"), "p"); },
-      {"profile version 2 is not supported", "reads version 1"});
+      [&] { parseProfile(edited("\"version\": 2", "\"version\": 3"), "p"); },
+      {"profile version 3 is not supported", "reads versions 1 to 2"});
   expectThrowWith<FormatError>(
       [&] { parseProfile(edited("\"schema\": \"tandem-profile\"", "\"schema\": \"x\""), "p"); },
       {"profile field schema"});
@@ -105,6 +154,36 @@ TEST(ProfileTest, BadFilesNameTheField) {
   expectThrowWith<FormatError>(
       [&] { parseProfile(edited("\"input\": [", "\"input\": [1, 1, 1, 1, 1, 1, 1, 1, 1, "), "p"); },
       {"profile field input", "rank"});
+  expectThrowWith<FormatError>([&] { parseProfile(edited("\"batch\": 4", "\"batch\": 0"), "p"); },
+                               {"profile field batch is not positive"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"loss_s\": {", "\"loss_s\": 5, \"x\": {"), "p"); },
+      {"profile field devices[0].loss_s has the wrong type"});
+  // Links: each field named with its place in the list.
+  Profile linked = tinyProfile();
+  linked.links = twoLinks();
+  const std::string with_links = profileToJson(linked);
+  auto editedLinks = [&](const std::string& from, const std::string& to) {
+    const size_t at = with_links.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return std::string(with_links).replace(at, from.size(), to);
+  };
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedLinks("\"to\": \"cloud\"", "\"too\": \"cloud\""), "p"); },
+      {"p: profile field links.measured[0].to is missing"});
+  expectThrowWith<FormatError>(
+      [&] {
+        parseProfile(
+            editedLinks("\"bandwidth_bytes_per_s\": 125000000.0", "\"bandwidth_bytes_per_s\": 0"),
+            "p");
+      },
+      {"links.measured[0].bandwidth_bytes_per_s is not positive"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedLinks("\"to\": \"edge\"", "\"to\": \"cloud\""), "p"); },
+      {"links.measured[1] measures a link twice"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedLinks("\"transport\": \"tcp\"", "\"transport\": 7"), "p"); },
+      {"links.transport has the wrong type"});
   // A median outside [min, max] is not a measurement.
   Profile p = tinyProfile();
   p.devices[0].layers[2].forward.median = p.devices[0].layers[2].forward.max * 2 + 1;

@@ -1,6 +1,8 @@
 // Cluster files and plan files: what they hold, and errors that name the line at fault.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "partitioner/cluster.h"
@@ -106,6 +108,75 @@ TEST(ClusterTest, MakeProblemScalesTimesToTheMicrobatchAndFillsTheLinkMatrix) {
                                    {"no link within node 'a'", "links.local"});
 }
 
+// Measured links (`tandem profile --links`) fill the matrix where the cluster file lists
+// no link between the two nodes; listed links win; one-way measurements serve both ways.
+TEST(ClusterTest, MeasuredLinksFillTheMatrixUnderListedOnes) {
+  const Model model(parseModelSpec(tandem::testing::kTinyNet));
+  const std::string yaml = std::string(kCluster) + "  measured: links.json\n";
+  const Cluster c = parseCluster(yaml, "dir/c.yaml");
+  EXPECT_EQ(c.measured, "dir/links.json");
+  EXPECT_EQ(c.measured_where, "dir/c.yaml:14:13");
+  EXPECT_EQ(c.nodes[0].host, "127.0.0.1");
+  const std::vector<std::string> paths = profilePaths(c, "p.json");
+  EXPECT_NE(std::find(paths.begin(), paths.end(), "dir/links.json"), paths.end());
+
+  Profile links;
+  links.links = LinkSet{"tcp", 1 << 20, 1, 3, {}};
+  links.links->links = {{"edge", "edge", 2e9, 1e-5, {}},
+                        {"cloud", "edge", 3e8, 4e-4, {}},   // listed in the file: ignored
+                        {"cloud", "cloud", 7e9, 2e-5, {}},  // only one way: both ways
+                        {"edge", "cloud", 4e8, 5e-4, {}}};
+  std::map<std::string, Profile> profiles = {{"p.json", profileFor(model, {"cpu", "opencl:0"})},
+                                             {"dir/links.json", links}};
+  CostOptions o;
+  o.microbatch_size = 4;
+  const Problem p = makeProblem(model, c, profiles, "p.json", o);
+  EXPECT_DOUBLE_EQ(p.links[0][0].bandwidth, 2e9);  // measured, over `local`
+  EXPECT_DOUBLE_EQ(p.links[0][0].latency_s, 1e-5);
+  EXPECT_DOUBLE_EQ(p.links[1][1].bandwidth, 7e9);
+  EXPECT_DOUBLE_EQ(p.links[0][1].bandwidth, 12.5e6);  // `between` wins
+  EXPECT_DOUBLE_EQ(p.links[1][0].latency_s, 0.02);
+
+  // Without the `between` entry, each direction is its own measurement.
+  const Cluster unlisted = parseCluster(
+      "nodes: [{name: edge, devices: [{backend: cpu}]}, {name: cloud, host: 10.0.0.2, devices: "
+      "[{backend: cpu}]}]\nlinks: {measured: links.json}\n",
+      "u.yaml");
+  EXPECT_EQ(unlisted.nodes[1].host, "10.0.0.2");
+  profiles["links.json"] = links;
+  const Problem q = makeProblem(model, unlisted, profiles, "p.json", o);
+  EXPECT_DOUBLE_EQ(q.links[0][1].bandwidth, 4e8);
+  EXPECT_DOUBLE_EQ(q.links[1][0].bandwidth, 3e8);
+  EXPECT_DOUBLE_EQ(q.links[1][0].latency_s, 4e-4);
+
+  // A profile without links, and links naming nodes the cluster lacks, are refused.
+  profiles["links.json"] = profileFor(model, {"cpu"});
+  expectThrowWith<InvalidArgument>(
+      [&] { makeProblem(model, unlisted, profiles, "p.json", o); },
+      {"u.yaml:2:19", "links.json holds no links", "tandem profile --links"});
+  links.links->links.push_back({"edge", "moon", 1e9, 0, {}});
+  profiles["links.json"] = links;
+  expectThrowWith<InvalidArgument>([&] { makeProblem(model, unlisted, profiles, "p.json", o); },
+                                   {"a link from 'edge' to 'moon'", "has no node 'moon'"});
+}
+
+// The loss, measured with the layers, is paid by the last layer's stage when training.
+TEST(ClusterTest, TheLossJoinsTheLastLayerWhenTraining) {
+  const Model model(parseModelSpec(tandem::testing::kTinyNet));
+  const Cluster c = parseCluster(kCluster, "c.yaml");
+  Profile prof = profileFor(model, {"cpu", "opencl:0"});
+  for (DeviceProfile& d : prof.devices) d.loss = {5e-3, 0, 0, 1};
+  CostOptions o;
+  o.microbatch_size = 8;
+  const Problem train = makeProblem(model, c, {{"p.json", prof}}, "p.json", o);
+  const double last = 1e-3 * static_cast<double>(model.size());
+  EXPECT_DOUBLE_EQ(train.devices[0].forward_s.back(), 2 * (last + 5e-3));
+  EXPECT_DOUBLE_EQ(train.devices[0].forward_s[0], 2 * 1e-3);
+  o.objective = Objective::kInferThroughput;
+  const Problem serve = makeProblem(model, c, {{"p.json", prof}}, "p.json", o);
+  EXPECT_DOUBLE_EQ(serve.devices[0].forward_s.back(), 2 * last);
+}
+
 TEST(ClusterTest, MalformedFilesNameTheLine) {
   struct Case {
     const char* yaml;
@@ -125,6 +196,10 @@ TEST(ClusterTest, MalformedFilesNameTheLine) {
        "bandwidth: 1}]}\n",
        {"c.yaml:2:19", "names node 'b'"}},
       {"nodes: [{name: a, devices: [{backend: cpu}]}]\nspeed: 3\n", {"c.yaml:2:1", "unknown key"}},
+      {"nodes: [{name: a, host: 'tcp://x:1', devices: [{backend: cpu}]}]\n",
+       {"c.yaml:1:25", "'tcp://x:1' is not a host name or address"}},
+      {"nodes: [{name: a, devices: [{backend: cpu}]}]\nlinks: {measured: [a]}\n",
+       {"c.yaml:2:19", "'measured' must be"}},
   };
   for (const Case& c : cases)
     expectThrowWith<InvalidArgument>([&] { parseCluster(c.yaml, "c.yaml"); }, c.expect);

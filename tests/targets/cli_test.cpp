@@ -168,6 +168,55 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
   EXPECT_NE(mlp.out.find("profiles model 'cnn'"), std::string::npos) << mlp.out;
 }
 
+// tandem profile --links: one agent process per node measures every ordered pair over
+// tcp (and within each node); the profile validates against the schema, and a cluster
+// naming it partitions with the measured links. Nodes on 127.0.0.1 and 127.0.0.2 (both
+// loopback) bind different addresses, as two hosts would.
+TEST(CliTest, ProfileLinksMeasuresEveryPairOfNodes) {
+  const std::string dir = ::testing::TempDir();
+  const std::string cluster = dir + "cli_links_cluster.yaml", links = dir + "cli_links.json";
+  std::ofstream(cluster) << "nodes:\n"
+                            "  - {name: edge, devices: [{name: cpu, backend: cpu}]}\n"
+                            "  - {name: cloud, host: 127.0.0.2, devices: [{name: cpu, backend: "
+                            "cpu}]}\n"
+                            "links: {measured: cli_links.json}\n";
+  const CliRun r = run("profile --links --cluster " + cluster +
+                       " --link-bytes 65536 --link-repeats 3 --out " + links);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"links over tcp (65536-byte messages)", "edge -> cloud", "cloud -> edge",
+                        "edge -> edge", "cloud -> cloud", "wrote"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  const std::string check =
+      "python3 -c \"import json, jsonschema; p = json.load(open('" + links +
+      "')); jsonschema.validate(p, json.load(open('" TANDEM_SOURCE_DIR
+      "/docs/profile.schema.json'))); assert len(p['links']['measured']) == 4\" 2>&1";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+
+  const std::string profile = dir + "cli_links_profile.json";
+  ASSERT_EQ(run("profile --model " + kModels + "mlp.yaml --batch 8 --repeats 1 --warmup 0 --out " +
+                profile)
+                .code,
+            0);
+  const CliRun plan = run("partition --model " + kModels + "mlp.yaml --cluster " + cluster +
+                          " --profile " + profile + " --batch 16");
+  ASSERT_EQ(plan.code, 0) << plan.out;
+  EXPECT_NE(plan.out.find("plan for mlp on"), std::string::npos) << plan.out;
+
+  // A node on another host waits for its agent, started by hand; nobody starts it here.
+  const std::string remote = dir + "cli_links_remote.yaml";
+  std::ofstream(remote) << "nodes: [{name: far, host: 192.0.2.1, devices: [{backend: cpu}]}]\n";
+  const CliRun wait = run("profile --links --cluster " + remote + " --link-timeout 1");
+  EXPECT_EQ(wait.code, 1) << wait.out;
+  for (const char* s : {"on 192.0.2.1 (node far), run: tandem link-agent --control tcp://",
+                        "not every link agent answered 'hello' within 1 s"})
+    EXPECT_NE(wait.out.find(s), std::string::npos) << s << "\n" << wait.out;
+  const CliRun alone = run("profile --links");
+  EXPECT_EQ(alone.code, 1);
+  EXPECT_NE(alone.out.find("--links needs --cluster"), std::string::npos) << alone.out;
+  const CliRun nothing = run("profile");
+  EXPECT_NE(nothing.out.find("profile needs --model"), std::string::npos) << nothing.out;
+}
+
 TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   const std::string bad_yaml = ::testing::TempDir() + "/cli_bad.yaml";
   std::ofstream(bad_yaml) << "input: [1, 28, 28]\nlayers:\n  - flatten\n  - linear: {out: ten}\n";

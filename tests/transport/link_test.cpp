@@ -9,9 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/profile/link_probe.h"
 #include "tests/test_util.h"
 
 namespace tandem::transport {
@@ -299,6 +302,64 @@ TEST(LinkOptionsTest, BadOptionsAreNamed) {
   ZmqLink l(ctx, o);
   cpu::CpuBackend be;
   expectThrowWith<InvalidArgument>([&] { l.send({}, be.zeros({1})); }, {"no peer to send to"});
+}
+
+// The link probe (`tandem profile --links`) over the real transport: it measures, stops
+// the echo side, and leaves nothing queued; bad options, a silent peer and a stray
+// message are errors.
+TEST_P(LinkTest, ProbeMeasuresAndStopsTheEcho) {
+  LinkOptions o;
+  o.timeout = 5s;
+  Pair p = makePair(ctx_, GetParam(), o);
+  std::exception_ptr echo_error;
+  std::thread echo([&] {
+    try {
+      cpu::CpuBackend be;
+      echoLink(*p.b, be);
+    } catch (...) {
+      echo_error = std::current_exception();
+    }
+  });
+  LinkProbeOptions probe;
+  probe.message_bytes = 64 << 10;
+  probe.window = 3;
+  probe.warmup = 1;
+  probe.repeats = 4;
+  const LinkMeasurement m = measureLink(*p.a, be_, probe);
+  echo.join();  // returns only if the probe stopped it
+  EXPECT_FALSE(echo_error);
+  EXPECT_EQ(m.round_trip.repeats, 4);
+  EXPECT_EQ(m.transfer.repeats, 4);
+  EXPECT_GT(m.round_trip.min, 0);
+  EXPECT_EQ(m.latency_s, m.round_trip.median / 2);
+  EXPECT_GT(m.bandwidth, 0);
+  // No more than the whole transfer's bytes over a tenth of its time (the floor).
+  EXPECT_LE(m.bandwidth, 3.0 * (64 << 10) / (0.1 * m.transfer.median) * 1.0000001);
+  EXPECT_EQ(m.message_bytes, 64 << 10);
+  // Every data message and ping was taken: 1 + 4 pings, 5 x (3 data + ping), the stop.
+  EXPECT_EQ(p.b->stats().messages_received, 5u + 5 * 4 + 1);
+  EXPECT_EQ(p.a->stats().messages_received, 5u + 5 + 1);
+  EXPECT_EQ(p.a->buffered(), 0u);
+  EXPECT_EQ(p.b->buffered(), 0u);
+}
+
+TEST_P(LinkTest, ProbeErrors) {
+  LinkOptions o;
+  o.timeout = 200ms;
+  Pair p = makePair(ctx_, GetParam(), o);
+  LinkProbeOptions bad;
+  bad.message_bytes = 6;
+  expectThrowWith<InvalidArgument>([&] { measureLink(*p.a, be_, bad); }, {"message size 6 bytes"});
+  bad = {};
+  bad.window = 0;
+  expectThrowWith<InvalidArgument>([&] { measureLink(*p.a, be_, bad); }, {"window 0"});
+  // Nobody echoes: the probe times out instead of waiting for ever.
+  expectThrowWith<Timeout>([&] { measureLink(*p.a, be_, LinkProbeOptions{}); },
+                           {"no (gradient, microbatch 0)"});
+  // A message that is no probe's is refused by the echo side, named.
+  Pair q = makePair(ctx_, GetParam(), o);
+  q.a->send({MessageKind::kActivation, 0}, toDeviceI32(be_, {2}, {1, 2}));
+  expectThrowWith<FormatError>([&] { echoLink(*q.b, be_); }, {"message 0", "is not a probe's"});
 }
 
 }  // namespace

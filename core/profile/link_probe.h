@@ -1,0 +1,42 @@
+// Link measurement over core's Link interface: round-trip latency of a one-float
+// message and one-way bandwidth of large tensors, between a measuring side and an echoing
+// side. `tandem profile --links` runs it over the real transport (ZmqLink) between the
+// nodes of a cluster; the result goes into the profile's `links` (docs/profile.md).
+//
+// On the link, the measuring side sends tensors tagged (activation, n) for n = 0, 1, ...;
+// the echo side answers a one-element tensor (a ping) with the same tensor tagged
+// (gradient, n), takes larger ones (data) without an answer, and returns after a ping
+// holding 1 (stop). Bandwidth: `window` data messages then a ping, timed to the answer,
+// less one small round trip, so that a single message's latency is not counted as
+// transfer time.
+#pragma once
+
+#include <cstdint>
+
+#include "core/pipeline/link.h"
+#include "core/profile/measure.h"
+
+namespace tandem {
+
+struct LinkProbeOptions {
+  int64_t message_bytes = int64_t{4} << 20;  // each data message (a multiple of 4)
+  int window = 4;                            // data messages per timed run
+  int warmup = 2, repeats = 10;              // untimed, then timed runs of each kind
+};
+
+struct LinkMeasurement {
+  Spread round_trip;          // seconds, ping and answer
+  Spread transfer;            // seconds, `window` data messages and a ping answered
+  double latency_s = 0;       // half the median round trip
+  double bandwidth = 0;       // bytes per second, one way
+  int64_t message_bytes = 0;  // as measured
+};
+
+// The measuring side; ends by stopping the echo side. InvalidArgument for bad options;
+// Timeout (from the link) if the echo side does not answer.
+LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions& options);
+
+// The echo side: answers until stopped. FormatError if a message is not a probe's.
+void echoLink(Link& link, Backend& backend);
+
+}  // namespace tandem
