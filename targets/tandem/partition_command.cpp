@@ -21,6 +21,7 @@ struct PartitionArgs {
   std::string model, cluster, profile, out;
   std::string objective = "train", schedule = "1f1b", algorithm = "auto";
   std::string codec = "fp32", gradient_codec = "fp32", optimizer = "sgd", source;
+  std::string baseline;  // write this baseline as the plan instead of the search's
   int64_t batch = 64, microbatches = 4;
   float momentum = 0.9f;
   bool recompute = false;
@@ -82,15 +83,24 @@ void runPartition(const PartitionArgs& a) {
   const auto start = std::chrono::steady_clock::now();
   partitioner::SearchOptions so;
   so.algorithm = a.algorithm;
-  const partitioner::Plan plan = partitioner::bestPlan(cost, so);
+  partitioner::Plan plan = partitioner::bestPlan(cost, so);
   const double planning_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::vector<partitioner::Plan> baselines = partitioner::baselinePlans(cost);
+  const partitioner::Plan searched = plan;
+  if (!a.baseline.empty()) {
+    for (const partitioner::Plan& b : baselines)
+      if (b.algorithm == a.baseline) plan = b;
+    TANDEM_CHECK_MSG(plan.infeasible.empty(), InvalidArgument,
+                     "the " << a.baseline << " split does not fit: " << plan.infeasible);
+  }
 
   const bool latency = o.objective == partitioner::Objective::kInferLatency;
-  std::printf("plan for %s on %s (%s, %s search, %zu of %zu devices, %lld microbatches of %lld)\n",
+  std::printf("plan for %s on %s (%s, %s%s, %zu of %zu devices, %lld microbatches of %lld)\n",
               model.name().c_str(), a.cluster.c_str(), a.objective.c_str(), plan.algorithm.c_str(),
-              plan.stages.size(), cost.problem().devices.size(),
-              static_cast<long long>(o.microbatches), static_cast<long long>(o.microbatch_size));
+              a.baseline.empty() ? " search" : " baseline", plan.stages.size(),
+              cost.problem().devices.size(), static_cast<long long>(o.microbatches),
+              static_cast<long long>(o.microbatch_size));
   printPlan(cost, plan);
   std::printf("predicted: %s%.3f ms per microbatch (%s), %.0f samples/s", latency ? "latency " : "",
               plan.seconds * 1e3, plan.bottleneck.c_str(), plan.samples_per_s);
@@ -98,14 +108,15 @@ void runPartition(const PartitionArgs& a) {
     std::printf(", a training step %.3f ms with the pipeline's fill and drain",
                 partitioner::stepSeconds(cost, plan) * 1e3);
   std::printf("\nplanning took %.1f ms\n\n", planning_s * 1e3);
-  std::printf("%-20s %14s %12s %16s\n", "baseline", "ms/microbatch", "samples/s", "plan's speedup");
-  for (const partitioner::Plan& b : partitioner::baselinePlans(cost)) {
+  std::printf("%-20s %14s %12s %16s\n", "baseline", "ms/microbatch", "samples/s",
+              "search's speedup");
+  for (const partitioner::Plan& b : baselines) {
     if (!b.infeasible.empty()) {
       std::printf("%-20s does not fit: %s\n", b.algorithm.c_str(), b.infeasible.c_str());
       continue;
     }
     std::printf("%-20s %14.3f %12.0f %15.2fx\n", b.algorithm.c_str(), b.seconds * 1e3,
-                b.samples_per_s, b.seconds / plan.seconds);
+                b.samples_per_s, b.seconds / searched.seconds);
   }
   if (!a.out.empty()) {
     std::ofstream out(a.out, std::ios::trunc);
@@ -147,6 +158,9 @@ void addPartition(CLI::App& app) {
   c->add_option("--source", a->source, "latency: the device (node/device) the input arrives at");
   c->add_option("--algorithm", a->algorithm, "auto, exact or heuristic")
       ->check(CLI::IsMember({"auto", "exact", "heuristic"}));
+  c->add_option("--baseline", a->baseline,
+                "Make the plan this baseline split instead (to run it for comparison)")
+      ->check(CLI::IsMember({"equal-layers", "equal-params", "memory-proportional"}));
   c->add_option("--out", a->out, "Write the plan (YAML) here");
   c->callback([a] { runPartition(*a); });
 }

@@ -4,8 +4,10 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "backends/opencl/devices.h"
@@ -142,10 +144,20 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
                        " --profile " + profile + " --batch 32 --microbatches 4 --out " + plan);
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* s : {"plan for cnn on", "local/cpu", "equal-layers", "equal-params",
-                        "memory-proportional", "plan's speedup", "predicted:", "wrote"})
+                        "memory-proportional", "search's speedup", "predicted:", "wrote"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 
-  for (const std::string& partition : {plan, std::string("auto")}) {
+  // A baseline written as a plan, to run it beside the search's.
+  const std::string equal = dir + "cli_equal_plan.yaml";
+  const CliRun e =
+      run("partition --model " + kModels + "cnn.yaml --cluster " + cluster + " --profile " +
+          profile + " --batch 32 --microbatches 4 --baseline equal-layers --out " + equal);
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("(train, equal-layers baseline, 3 of 3 devices"), std::string::npos)
+      << e.out;
+  EXPECT_NE(e.out.find("[3, 7)"), std::string::npos) << e.out;
+
+  for (const std::string& partition : {plan, std::string("auto"), equal}) {
     const std::string job = dir + "cli_partition_job.yaml";
     std::ofstream(job) << "model: " << kModels << "cnn.yaml\ntrain_limit: 256\ntest_limit: 64\n"
                        << "batch: 32\nmicrobatches: 4\npartition: " << partition
@@ -166,6 +178,44 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
                          " --profile " + profile);
   EXPECT_NE(mlp.code, 0);
   EXPECT_NE(mlp.out.find("profiles model 'cnn'"), std::string::npos) << mlp.out;
+}
+
+// Prediction vs reality: a 3-stage auto plan run by `tandem run`; each stage's measured
+// compute per microbatch (the compute thread's CPU time, which other processes on the
+// shared cores do not inflate) within a generous factor of the plan's prediction. The
+// ratios are printed; scripts/partition-figures measures them properly.
+TEST(CliTest, RunMatchesThePlansPredictionPerStage) {
+  const std::string dir = ::testing::TempDir();
+  const std::string profile = dir + "cli_predict_profile.json", job = dir + "cli_predict.yaml";
+  const std::string cluster = std::string(TANDEM_SOURCE_DIR) + "/examples/clusters/local.yaml";
+  ASSERT_EQ(
+      run("profile --model " + kModels + "cnn.yaml --batch 8 --repeats 5 --out " + profile).code,
+      0);
+  std::ofstream(job) << "model: " << kModels << "cnn.yaml\ntrain_limit: 1024\ntest_limit: 64\n"
+                     << "batch: 32\nmicrobatches: 4\npartition: auto\ncluster: " << cluster
+                     << "\nprofile: " << profile << "\n";
+  const CliRun r = run("run " + job);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(r.out.substr(r.out.find("\nstage  ")));
+  std::string line;
+  std::getline(lines, line);  // the blank line
+  std::getline(lines, line);  // the header
+  int stages = 0;
+  while (std::getline(lines, line) && !line.empty() && std::isdigit(line[0])) {
+    std::istringstream f(line);
+    std::string stage, from, to, device, skip;
+    double wall = 0, cpu = 0, predicted = 0;
+    f >> stage >> from >> to >> device;
+    for (int i = 0; i < 6; ++i) f >> skip;
+    f >> wall >> cpu >> predicted;
+    ASSERT_TRUE(f) << line;
+    std::printf("stage %s %s %s: cpu/predicted %.2f, wall/predicted %.2f\n", stage.c_str(),
+                from.c_str(), to.c_str(), cpu / predicted, wall / predicted);
+    EXPECT_GT(cpu / predicted, 1 / 2.5) << line;
+    EXPECT_LT(cpu / predicted, 2.5) << line;
+    ++stages;
+  }
+  EXPECT_EQ(stages, 3) << r.out;
 }
 
 // tandem profile --links: one agent process per node measures every ordered pair over
