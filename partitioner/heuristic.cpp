@@ -49,22 +49,23 @@ class SplitSolver {
         size_t arg = 0;
         const size_t j_hi = q1 + 1 == p ? L : L - (p - q1 - 1);
         const size_t j_lo = q1 + 1 == p ? L : i + 1;
+        const std::vector<double>* links =
+            q1 + 1 < p ? &linkRow(s.type, seq[q1 + 1].type) : nullptr;
         for (size_t j = i + 1; j <= j_hi; ++j) {
           const double st = cost_.stage(s.type, i, j, s.replicas);
           const double limit = std::min(best, bound - head);
           if (st >= limit) break;
           if (j < j_lo) continue;
-          if (cost_.memory(i, j, to_end, s.replicas) > memory) continue;
           double cand = st;
           if (j < L) {
-            const double ln = cost_.link(j, s.type, seq[q1 + 1].type);
+            const double ln = (*links)[j];
             const double after = g_[q1 + 1][j];
             cand = latency ? st + ln + after : std::max({st, ln, after});
           }
-          if (cand < best) {
-            best = cand;
-            arg = j;
-          }
+          // The memory check last: it costs the most.
+          if (cand >= best || cost_.memory(i, j, to_end, s.replicas) > memory) continue;
+          best = cand;
+          arg = j;
         }
         g_[q1][i] = best;
         choice_[q1][i] = arg;
@@ -83,9 +84,25 @@ class SplitSolver {
   }
 
  private:
+  // The link after each layer from type `from`'s node to type `to`'s, built on first use
+  // for each pair of nodes (a link's cost depends only on the nodes).
+  const std::vector<double>& linkRow(int from, int to) {
+    const size_t nodes = cost_.problem().links.size();
+    const auto a = static_cast<size_t>(cost_.types()[static_cast<size_t>(from)].node);
+    const auto b = static_cast<size_t>(cost_.types()[static_cast<size_t>(to)].node);
+    if (link_rows_.empty()) link_rows_.resize(nodes * nodes);
+    std::vector<double>& row = link_rows_[a * nodes + b];
+    if (row.empty()) {
+      row.assign(cost_.layers() + 1, 0.0);
+      for (size_t j = 1; j < cost_.layers(); ++j) row[j] = cost_.link(j, from, to);
+    }
+    return row;
+  }
+
   const CostModel& cost_;
   std::vector<std::vector<double>> g_;
   std::vector<std::vector<size_t>> choice_;
+  std::vector<std::vector<double>> link_rows_;  // by from-node x nodes + to-node
 };
 
 class LocalSearch {
