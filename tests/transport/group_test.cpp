@@ -1,0 +1,261 @@
+// The in-process Group: every collective against a serial reference for world sizes 1,
+// 2, 3, 4, 7 and element counts 0, 1, 7, 1000, 1,048,577 (integer-valued data, so sums
+// are exact); results bitwise identical across ranks and runs with arbitrary floats;
+// timeouts name the missing rank; ranks out of step are told so.
+#include "transport/local_group.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace tandem::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::expectThrowWith;
+
+// Runs fn(rank, group) on one thread per rank; returns each rank's exception (or null).
+std::vector<std::exception_ptr> onRanks(std::vector<std::unique_ptr<Group>>& groups,
+                                        const std::function<void(int, Group&)>& fn) {
+  std::vector<std::exception_ptr> errors(groups.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < groups.size(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(static_cast<int>(r), *groups[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+void expectNoErrors(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  }
+}
+
+// Integer-valued, different on every rank and element, negative ones too.
+std::vector<float> rankData(int rank, size_t count) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i)
+    v[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 13) % 41) - 20);
+  return v;
+}
+
+std::vector<float> reference(const std::vector<std::vector<float>>& in, ReduceOp op) {
+  std::vector<float> out = in[0];
+  for (size_t r = 1; r < in.size(); ++r)
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = op == ReduceOp::kMax ? std::max(out[i], in[r][i]) : out[i] + in[r][i];
+  if (op == ReduceOp::kMean && in.size() > 1)
+    for (float& x : out) x = x / static_cast<float>(in.size());
+  return out;
+}
+
+struct Shape {
+  int world;
+  size_t count;
+};
+
+class GroupTest : public ::testing::TestWithParam<Shape> {};
+
+const Shape kShapes[] = {{1, 0}, {1, 1}, {1, 7}, {1, 1000}, {1, 1048577},
+                         {2, 0}, {2, 1}, {2, 7}, {2, 1000}, {2, 1048577},
+                         {3, 0}, {3, 1}, {3, 7}, {3, 1000}, {3, 1048577},
+                         {4, 0}, {4, 1}, {4, 7}, {4, 1000}, {4, 1048577},
+                         {7, 0}, {7, 1}, {7, 7}, {7, 1000}, {7, 1048577}};
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndCounts, GroupTest, ::testing::ValuesIn(kShapes),
+                         [](const auto& info) {
+                           return "world" + std::to_string(info.param.world) + "_count" +
+                                  std::to_string(info.param.count);
+                         });
+
+TEST_P(GroupTest, AllreduceMatchesTheSerialReference) {
+  const auto [world, count] = GetParam();
+  auto groups = makeLocalGroup(world);
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < world; ++r) in.push_back(rankData(r, count));
+  for (AllreduceAlgorithm algorithm :
+       {AllreduceAlgorithm::kDirect, AllreduceAlgorithm::kRing, AllreduceAlgorithm::kAuto})
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+      const std::vector<float> want = reference(in, op);
+      std::vector<std::vector<float>> data = in;
+      AllreduceOptions o;
+      o.tag = 5;
+      o.op = op;
+      o.algorithm = algorithm;
+      expectNoErrors(onRanks(groups, [&](int r, Group& g) { allreduce(g, data[r], o); }));
+      for (int r = 0; r < world; ++r)
+        EXPECT_TRUE(data[r] == want) << "rank " << r << " " << reduceOpName(op) << " algorithm "
+                                     << static_cast<int>(algorithm);
+    }
+}
+
+TEST_P(GroupTest, ReduceScatterAndAllGatherMatchTheReference) {
+  const auto [world, count] = GetParam();
+  auto groups = makeLocalGroup(world);
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < world; ++r) in.push_back(rankData(r, count));
+  const std::vector<float> sum = reference(in, ReduceOp::kSum);
+  std::vector<std::vector<float>> data = in;
+  expectNoErrors(onRanks(groups, [&](int r, Group& g) { reduceScatter(g, data[r]); }));
+  for (int r = 0; r < world; ++r) {
+    const Slice s = sliceOf(count, world, r);
+    for (size_t i = 0; i < count; ++i) {
+      const float want = i >= s.begin && i < s.end ? sum[i] : in[r][i];  // the rest as it was
+      ASSERT_EQ(data[r][i], want) << "rank " << r << " element " << i;
+    }
+  }
+  // All-gather of the reduced slices completes the allreduce.
+  expectNoErrors(onRanks(groups, [&](int r, Group& g) { allGather(g, data[r]); }));
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(data[r] == sum) << "rank " << r;
+}
+
+TEST_P(GroupTest, RootedCollectivesMatchTheReference) {
+  const auto [world, count] = GetParam();
+  auto groups = makeLocalGroup(world);
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < world; ++r) in.push_back(rankData(r, count));
+  const int root = world - 1;
+  RootOptions ro;
+  ro.root = root;
+
+  std::vector<std::vector<float>> data = in;
+  expectNoErrors(onRanks(groups, [&](int r, Group& g) { broadcast(g, data[r], ro); }));
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(data[r] == in[root]) << "broadcast, rank " << r;
+
+  data = in;
+  ReduceOptions rd;
+  rd.root = root;
+  rd.op = ReduceOp::kMax;
+  expectNoErrors(onRanks(groups, [&](int r, Group& g) { reduce(g, data[r], rd); }));
+  for (int r = 0; r < world; ++r)
+    EXPECT_TRUE(data[r] == (r == root ? reference(in, ReduceOp::kMax) : in[r]))
+        << "reduce, rank " << r;
+
+  std::vector<float> gathered(static_cast<size_t>(world) * count, -99.0f), expect;
+  for (const auto& v : in) expect.insert(expect.end(), v.begin(), v.end());
+  expectNoErrors(onRanks(groups, [&](int r, Group& g) {
+    gather(g, in[r], r == root ? std::span<float>(gathered) : std::span<float>(), ro);
+  }));
+  EXPECT_TRUE(gathered == expect) << "gather";
+
+  std::vector<std::vector<float>> parts(static_cast<size_t>(world), std::vector<float>(count));
+  expectNoErrors(onRanks(groups, [&](int r, Group& g) {
+    scatter(g, r == root ? std::span<const float>(expect) : std::span<const float>(), parts[r], ro);
+  }));
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(parts[r] == in[r]) << "scatter, rank " << r;
+  expectNoErrors(onRanks(groups, [&](int, Group& g) { barrier(g); }));
+}
+
+// Arbitrary floats (sums round): every rank gets the same bits, on every run, equal to
+// the reference's rank-order sum — whichever algorithm.
+TEST(GroupDeterminismTest, AllreduceIsBitwiseIdenticalAcrossRanksAndRuns) {
+  const int world = 4;
+  const size_t count = 300001;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<std::vector<float>> in(world, std::vector<float>(count));
+  for (auto& v : in)
+    for (float& x : v) x = dist(rng) * 1e3f;
+  const std::vector<float> want = reference(in, ReduceOp::kSum);
+  auto groups = makeLocalGroup(world);
+  for (int run = 0; run < 3; ++run)
+    for (AllreduceAlgorithm a : {AllreduceAlgorithm::kDirect, AllreduceAlgorithm::kRing}) {
+      std::vector<std::vector<float>> data = in;
+      AllreduceOptions o;
+      o.algorithm = a;
+      expectNoErrors(onRanks(groups, [&](int r, Group& g) { allreduce(g, data[r], o); }));
+      for (int r = 0; r < world; ++r)
+        ASSERT_EQ(std::memcmp(data[r].data(), want.data(), count * sizeof(float)), 0)
+            << "run " << run << " rank " << r;
+    }
+}
+
+TEST(GroupFailureTest, ARankThatNeverArrivesIsNamedAndNothingHangs) {
+  auto groups = makeLocalGroup(3);
+  std::vector<float> a(10, 1.0f), b(10, 1.0f);
+  AllreduceOptions o;
+  o.tag = 9;
+  o.timeout = 200ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto errors = onRanks(groups, [&](int r, Group& g) {
+    if (r == 0) allreduce(g, a, o);
+    if (r == 1) allreduce(g, b, o);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  for (int r : {0, 1}) {
+    ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r;
+    expectThrowWith<Timeout>([&] { std::rethrow_exception(errors[static_cast<size_t>(r)]); },
+                             {"allreduce (tag 9): rank 2 of 3 did not arrive in time"});
+  }
+  // The late rank, and any later call, learn why instead of waiting.
+  expectThrowWith<Timeout>([&] { barrier(*groups[2]); }, {"rank 2 of 3 did not arrive"});
+  expectThrowWith<Timeout>([&] { allreduce(*groups[0], a, o); }, {"the group is broken"});
+}
+
+TEST(GroupFailureTest, RanksOutOfStepAreToldSo) {
+  auto groups = makeLocalGroup(2);
+  std::vector<float> a(8), b(8), c(9);
+  auto errors = onRanks(groups, [&](int r, Group& g) {
+    AllreduceOptions o;
+    o.tag = static_cast<uint64_t>(r);
+    allreduce(g, r == 0 ? std::span<float>(a) : std::span<float>(b), o);
+  });
+  for (auto& e : errors)
+    expectThrowWith<InvalidArgument>(
+        [&] { std::rethrow_exception(e); },
+        {"collectives out of step: rank 0 called allreduce (tag 0", "rank 1 allreduce (tag 1"});
+  // The group is still usable: both raised at the same point.
+  errors = onRanks(groups, [&](int r, Group& g) {
+    allreduce(g, r == 0 ? std::span<float>(a) : std::span<float>(c));
+  });
+  for (auto& e : errors)
+    expectThrowWith<InvalidArgument>([&] { std::rethrow_exception(e); },
+                                     {"8 elements", "9 elements"});
+  std::vector<float> out(3);
+  errors = onRanks(groups, [&](int r, Group& g) {
+    RootOptions o;
+    o.root = 0;
+    gather(g, a, r == 0 ? std::span<float>(out) : std::span<float>(), o);
+  });
+  for (auto& e : errors)
+    expectThrowWith<InvalidArgument>(
+        [&] { std::rethrow_exception(e); },
+        {"gather (tag 0): the root's output holds 3 elements, not 2 x 8"});
+  expectThrowWith<InvalidArgument>([] { makeLocalGroup(0); }, {"a group of 0 ranks"});
+}
+
+TEST(GroupFailureTest, SlicesCoverTheBufferInOrder) {
+  for (int world : {1, 2, 3, 7})
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+      size_t next = 0;
+      for (int r = 0; r < world; ++r) {
+        const Slice s = sliceOf(count, world, r);
+        EXPECT_EQ(s.begin, next);
+        EXPECT_LE(s.size(), count / static_cast<size_t>(world) + 1);
+        next = s.end;
+      }
+      EXPECT_EQ(next, count);
+    }
+  expectThrowWith<InvalidArgument>([] { sliceOf(4, 2, 2); }, {"slice of rank 2 in a group of 2"});
+}
+
+}  // namespace
+}  // namespace tandem::transport

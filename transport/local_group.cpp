@@ -1,0 +1,318 @@
+#include "transport/local_group.h"
+
+#include <algorithm>
+#include <array>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "core/error.h"
+
+namespace tandem::transport {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What one rank asked for in one collective.
+struct Call {
+  const char* what = "";
+  uint64_t tag = 0;
+  size_t count = 0;  // elements of data (or of in, for gather and scatter at non-roots)
+  int root = -1;
+  ReduceOp op = ReduceOp::kSum;
+  int algorithm = 0;  // allreduce: 1 direct, 2 ring (they meet a different number of times)
+  float* data = nullptr;
+  const float* in = nullptr;
+  size_t in_count = 0, out_count = 0;
+};
+
+// out[begin, end) = op over ranks (in rank order) of src[k][begin, end). `out` may be
+// one of the sources: each block is reduced in a buffer first.
+void reduceRange(float* out, const std::vector<const float*>& src, size_t begin, size_t end,
+                 ReduceOp op) {
+  constexpr size_t kBlock = 2048;
+  std::array<float, kBlock> acc;
+  const auto ranks = static_cast<float>(src.size());
+  for (size_t b = begin; b < end; b += kBlock) {
+    const size_t n = std::min(kBlock, end - b);
+    std::memcpy(acc.data(), src[0] + b, n * sizeof(float));
+    for (size_t k = 1; k < src.size(); ++k) {
+      const float* s = src[k] + b;
+      if (op == ReduceOp::kMax) {
+        for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], s[i]);
+      } else {
+        for (size_t i = 0; i < n; ++i) acc[i] += s[i];
+      }
+    }
+    if (op == ReduceOp::kMean && src.size() > 1)
+      for (size_t i = 0; i < n; ++i) acc[i] = acc[i] / ranks;
+    std::memcpy(out + b, acc.data(), n * sizeof(float));
+  }
+}
+
+class Hub {
+ public:
+  explicit Hub(int size) : size_(size), here_(static_cast<size_t>(size), false) {
+    for (auto& c : calls_) c.resize(static_cast<size_t>(size));
+    for (auto& s : scratch_) s.resize(static_cast<size_t>(size));
+  }
+
+  int size() const { return size_; }
+  Call& call(uint64_t seq, int rank) { return calls_[seq & 1][static_cast<size_t>(rank)]; }
+  std::vector<float>& scratch(uint64_t seq, int rank) {
+    return scratch_[seq & 1][static_cast<size_t>(rank)];
+  }
+
+  // Returns once every rank has arrived; Timeout naming the missing ranks at the deadline.
+  void sync(int rank, const Call& c, Clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    if (!broken_.empty()) throw Timeout(broken_);
+    const uint64_t generation = generation_;
+    here_[static_cast<size_t>(rank)] = true;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      std::fill(here_.begin(), here_.end(), false);
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait_until(lock, deadline, [&] { return generation_ != generation || !broken_.empty(); });
+    if (generation_ != generation) return;
+    if (broken_.empty()) {  // this rank's deadline passed first
+      std::ostringstream why;
+      why << c.what << " (tag " << c.tag << "): rank";
+      std::string missing;
+      int n = 0;
+      for (int r = 0; r < size_; ++r)
+        if (!here_[static_cast<size_t>(r)]) missing += (n++ ? ", " : " ") + std::to_string(r);
+      why << (n > 1 ? "s" : "") << missing << " of " << size_
+          << " did not arrive in time; the group is broken";
+      broken_ = why.str();
+      cv_.notify_all();
+    }
+    throw Timeout(broken_);
+  }
+
+ private:
+  const int size_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // guarded by mutex_
+  int arrived_ = 0;
+  std::vector<bool> here_;
+  std::string broken_;
+  // Per call parity, per rank: a rank may publish its next call while others still read
+  // this one's, but not the one after (it would have to pass this call's barrier first).
+  std::array<std::vector<Call>, 2> calls_;
+  std::array<std::vector<std::vector<float>>, 2> scratch_;
+};
+
+class LocalGroup final : public Group {
+ public:
+  LocalGroup(std::shared_ptr<Hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return hub_->size(); }
+
+  void allreduce(std::span<float> data, const AllreduceOptions& o) override {
+    const bool direct =
+        o.algorithm == AllreduceAlgorithm::kDirect ||
+        (o.algorithm == AllreduceAlgorithm::kAuto && data.size_bytes() <= o.small_bytes);
+    Call c = basic("allreduce", o, data.size());
+    c.op = o.op;
+    c.algorithm = direct ? 1 : 2;
+    c.data = data.data();
+    const uint64_t seq = begin(c);
+    if (direct) {
+      std::vector<float>& mine = hub_->scratch(seq, rank_);
+      mine.assign(data.begin(), data.end());
+      meet(seq, c, o);
+      std::vector<const float*> src;
+      for (int r = 0; r < size(); ++r) src.push_back(hub_->scratch(seq, r).data());
+      reduceRange(data.data(), src, 0, data.size(), o.op);
+      return;
+    }
+    meet(seq, c, o);
+    const Slice own = sliceOf(data.size(), size(), rank_);
+    reduceRange(data.data(), buffers(seq), own.begin, own.end, o.op);
+    meet(seq, c, o);
+    gatherSlices(seq, data);
+    meet(seq, c, o);
+  }
+
+  void reduceScatter(std::span<float> data, const AllreduceOptions& o) override {
+    Call c = basic("reduce-scatter", o, data.size());
+    c.op = o.op;
+    c.data = data.data();
+    const uint64_t seq = begin(c);
+    meet(seq, c, o);
+    const Slice own = sliceOf(data.size(), size(), rank_);
+    reduceRange(data.data(), buffers(seq), own.begin, own.end, o.op);
+    meet(seq, c, o);
+  }
+
+  void allGather(std::span<float> data, const CollectiveOptions& o) override {
+    Call c = basic("all-gather", o, data.size());
+    c.data = data.data();
+    const uint64_t seq = begin(c);
+    meet(seq, c, o);
+    gatherSlices(seq, data);
+    meet(seq, c, o);
+  }
+
+  void broadcast(std::span<float> data, const RootOptions& o) override {
+    Call c = basic("broadcast", o, data.size());
+    c.root = o.root;
+    c.data = data.data();
+    const uint64_t seq = begin(c);
+    meet(seq, c, o);
+    if (rank_ != o.root && !data.empty())
+      std::memcpy(data.data(), hub_->call(seq, o.root).data, data.size_bytes());
+    meet(seq, c, o);
+  }
+
+  void reduce(std::span<float> data, const ReduceOptions& o) override {
+    Call c = basic("reduce", o, data.size());
+    c.root = o.root;
+    c.op = o.op;
+    c.data = data.data();
+    const uint64_t seq = begin(c);
+    meet(seq, c, o);
+    if (rank_ == o.root) reduceRange(data.data(), buffers(seq), 0, data.size(), o.op);
+    meet(seq, c, o);
+  }
+
+  void gather(std::span<const float> in, std::span<float> out, const RootOptions& o) override {
+    Call c = basic("gather", o, in.size());
+    c.root = o.root;
+    c.in = in.data();
+    c.in_count = in.size();
+    c.out_count = out.size();
+    c.data = out.data();
+    const uint64_t seq = begin(c);
+    meet(seq, c, o);
+    if (rank_ == o.root && !in.empty())
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(out.data() + static_cast<size_t>(r) * in.size(), hub_->call(seq, r).in,
+                    in.size_bytes());
+    meet(seq, c, o);
+  }
+
+  void scatter(std::span<const float> in, std::span<float> out, const RootOptions& o) override {
+    Call c = basic("scatter", o, out.size());
+    c.root = o.root;
+    c.in = in.data();
+    c.in_count = in.size();
+    c.out_count = out.size();
+    const uint64_t seq = begin(c);
+    meet(seq, c, o);
+    if (!out.empty())
+      std::memcpy(out.data(), hub_->call(seq, o.root).in + static_cast<size_t>(rank_) * out.size(),
+                  out.size_bytes());
+    meet(seq, c, o);
+  }
+
+  void barrier(const CollectiveOptions& o) override {
+    const Call c = basic("barrier", o, 0);
+    const uint64_t seq = begin(c);
+    meet(seq, c, o);
+  }
+
+ private:
+  Call basic(const char* what, const CollectiveOptions& o, size_t count) const {
+    Call c;
+    c.what = what;
+    c.tag = o.tag;
+    c.count = count;
+    return c;
+  }
+
+  // Publishes this rank's call; returns its sequence number.
+  uint64_t begin(const Call& c) {
+    const uint64_t seq = seq_++;
+    hub_->call(seq, rank_) = c;
+    deadline_ = Clock::time_point::max();
+    return seq;
+  }
+
+  // A barrier with every rank; after the first of a call, checks that all ranks called
+  // the same thing (each rank finds the same mismatch, so all raise together).
+  void meet(uint64_t seq, const Call& c, const CollectiveOptions& o) {
+    if (deadline_ == Clock::time_point::max()) {
+      deadline_ = Clock::now() + o.timeout;
+      hub_->sync(rank_, c, deadline_);
+      check(seq, c);
+    } else {
+      hub_->sync(rank_, c, deadline_);
+    }
+  }
+
+  void check(uint64_t seq, const Call& mine) {
+    const Call& first = hub_->call(seq, 0);
+    for (int r = 0; r < size(); ++r) {
+      const Call& other = hub_->call(seq, r);
+      const bool same = std::string_view(other.what) == first.what && other.tag == first.tag &&
+                        other.count == first.count && other.root == first.root &&
+                        other.op == first.op && other.algorithm == first.algorithm;
+      TANDEM_CHECK_MSG(
+          same, InvalidArgument,
+          "collectives out of step: rank 0 called "
+              << first.what << " (tag " << first.tag << ", " << first.count << " elements, "
+              << reduceOpName(first.op) << ", root " << first.root << ") but rank " << r << " "
+              << other.what << " (tag " << other.tag << ", " << other.count << " elements, "
+              << reduceOpName(other.op) << ", root " << other.root << ")"
+              << (other.algorithm != first.algorithm ? " with another algorithm" : ""));
+    }
+    if (first.root >= 0) {
+      TANDEM_CHECK_MSG(first.root < size(), InvalidArgument,
+                       mine.what << " (tag " << mine.tag << "): root " << first.root
+                                 << " in a group of " << size());
+      const Call& root = hub_->call(seq, first.root);
+      const bool gather = std::string_view(first.what) == "gather";
+      const bool scatter = std::string_view(first.what) == "scatter";
+      const size_t want = static_cast<size_t>(size()) * first.count;
+      TANDEM_CHECK_MSG(!gather || root.out_count == want, InvalidArgument,
+                       "gather (tag " << mine.tag << "): the root's output holds " << root.out_count
+                                      << " elements, not " << size() << " x " << first.count);
+      TANDEM_CHECK_MSG(!scatter || root.in_count == want, InvalidArgument,
+                       "scatter (tag " << mine.tag << "): the root's input holds " << root.in_count
+                                       << " elements, not " << size() << " x " << first.count);
+    }
+  }
+
+  std::vector<const float*> buffers(uint64_t seq) const {
+    std::vector<const float*> b;
+    for (int r = 0; r < size(); ++r) b.push_back(hub_->call(seq, r).data);
+    return b;
+  }
+
+  // Copies every other rank's slice from its owner.
+  void gatherSlices(uint64_t seq, std::span<float> data) {
+    for (int r = 0; r < size(); ++r) {
+      const Slice s = sliceOf(data.size(), size(), r);
+      if (r == rank_ || s.size() == 0) continue;
+      std::memcpy(data.data() + s.begin, hub_->call(seq, r).data + s.begin,
+                  s.size() * sizeof(float));
+    }
+  }
+
+  std::shared_ptr<Hub> hub_;
+  const int rank_;
+  uint64_t seq_ = 0;
+  Clock::time_point deadline_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Group>> makeLocalGroup(int size) {
+  TANDEM_CHECK_MSG(size >= 1, InvalidArgument, "a group of " << size << " ranks");
+  auto hub = std::make_shared<Hub>(size);
+  std::vector<std::unique_ptr<Group>> groups;
+  for (int r = 0; r < size; ++r) groups.push_back(std::make_unique<LocalGroup>(hub, r));
+  return groups;
+}
+
+}  // namespace tandem::transport
