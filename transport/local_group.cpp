@@ -34,21 +34,13 @@ struct Call {
 void reduceRange(float* out, const std::vector<const float*>& src, size_t begin, size_t end,
                  ReduceOp op) {
   constexpr size_t kBlock = 2048;
-  std::array<float, kBlock> acc;
-  const auto ranks = static_cast<float>(src.size());
+  std::array<float, kBlock> buffer;
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t n = std::min(kBlock, end - b);
+    const std::span<float> acc(buffer.data(), n);
     std::memcpy(acc.data(), src[0] + b, n * sizeof(float));
-    for (size_t k = 1; k < src.size(); ++k) {
-      const float* s = src[k] + b;
-      if (op == ReduceOp::kMax) {
-        for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], s[i]);
-      } else {
-        for (size_t i = 0; i < n; ++i) acc[i] += s[i];
-      }
-    }
-    if (op == ReduceOp::kMean && src.size() > 1)
-      for (size_t i = 0; i < n; ++i) acc[i] = acc[i] / ranks;
+    for (size_t k = 1; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
+    finishReduce(acc, op, static_cast<int>(src.size()));
     std::memcpy(out + b, acc.data(), n * sizeof(float));
   }
 }

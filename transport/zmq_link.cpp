@@ -84,6 +84,11 @@ ZmqLink::ZmqLink(Context& context, LinkOptions options)
 
 ZmqLink::~ZmqLink() = default;
 
+void ZmqLink::setTimeout(std::chrono::milliseconds timeout) {
+  TANDEM_CHECK_MSG(timeout.count() > 0, InvalidArgument, "link: timeout must be positive");
+  options_.timeout = timeout;
+}
+
 void ZmqLink::connect(const std::string& endpoint) {
   TANDEM_CHECK_MSG(options_.connect.empty(), InvalidArgument,
                    "link: already connected to '" << options_.connect << "'");

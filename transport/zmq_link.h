@@ -82,6 +82,8 @@ class ZmqLink final : public Link {
 
   // Connects the sending side to the peer's receive endpoint.
   void connect(const std::string& endpoint);
+  // The limit of every later blocking call (positive).
+  void setTimeout(std::chrono::milliseconds timeout);
   // The endpoint this side actually bound (resolves "tcp://host:*" to its port).
   const std::string& endpoint() const { return endpoint_; }
   const LinkStats& stats() const { return stats_; }

@@ -56,6 +56,11 @@ struct Slice {
 };
 Slice sliceOf(size_t count, int size, int rank);
 
+// The reduction's steps, shared by the groups: acc[i] = acc[i] op x[i] (sum and mean
+// add, max keeps the larger), then, for the mean, acc[i] / ranks.
+void accumulate(std::span<float> acc, std::span<const float> x, ReduceOp op);
+void finishReduce(std::span<float> acc, ReduceOp op, int ranks);
+
 class Group {
  public:
   virtual ~Group() = default;

@@ -1,0 +1,59 @@
+// The cross-process Group: ranks in different processes (or hosts), a ZmqLink between
+// every pair over tcp or ipc, optionally carrying the exchanged chunks as fp16/bf16 (the
+// link's codec; received chunks are decoded and accumulated in fp32).
+//
+//   allreduce, ring (large): reduce-scatter then all-gather around the ring of ranks,
+//     2(n-1) steps each moving one slice; slice k is accumulated starting at rank k+1
+//     and ending at rank k, the same order on every run.
+//   allreduce, direct (small): every rank sends its buffer to every other and reduces all
+//     of them in rank order (one round; the in-process group's order).
+//   reduce-scatter / all-gather: the ring's halves. broadcast, scatter: the root sends to
+//     each rank; reduce, gather: each rank sends to the root, which reduces in rank order.
+//
+// With a lossy codec every rank uses the values as the codec carries them — its own
+// contribution and the root's broadcast data too — so that ranks stay identical.
+//
+// Rendezvous: each rank binds one link per peer and exchanges its endpoints with the
+// others through an Exchange — an all-gather of one string per rank, such as
+// fileExchange() over a directory every rank can reach (Gloo's FileStore). A rank whose
+// message does not come within the collective's timeout is named in the Timeout.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/pipeline/group.h"
+#include "transport/codec.h"
+#include "transport/context.h"
+
+namespace tandem::transport {
+
+// Gives this rank's string to the others and returns every rank's, in rank order.
+using Exchange = std::function<std::vector<std::string>(const std::string& mine)>;
+
+// Through files `dir`/rank-N (written whole, then renamed into place); Timeout naming the
+// ranks whose file did not appear within `timeout`. The directory must be fresh for each
+// group.
+Exchange fileExchange(const std::string& dir, int rank, int size,
+                      std::chrono::milliseconds timeout);
+
+struct ZmqGroupOptions {
+  int rank = 0, size = 1;
+  std::string transport = "tcp";  // tcp (binds host) or ipc (sockets under ipc_dir)
+  std::string host = "127.0.0.1";
+  std::string ipc_dir = "/tmp";
+  Codec codec = Codec::kRaw;                      // how chunks travel: raw fp32, fp16 or bf16
+  std::chrono::milliseconds link_timeout{30000};  // sends (and recvs outside collectives)
+  uint64_t job = 0;
+};
+
+// `host` is a backend whose tensors are host memory (the CPU's): received chunks land
+// there. The Context and the backend must outlive the group.
+std::unique_ptr<Group> makeZmqGroup(Context& ctx, Backend& host, const ZmqGroupOptions& options,
+                                    const Exchange& exchange);
+
+}  // namespace tandem::transport
