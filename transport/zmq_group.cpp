@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -230,30 +231,31 @@ class ZmqGroup final : public Group {
         c.what << " (tag " << c.tag << "): root " << root << " in a group of " << size_);
   }
 
-  // Messages of one collective are told apart by (tag, call number, step); the tag makes
-  // ranks that disagree on it miss each other (and time out) rather than mix data.
-  MessageTag tagOf(const Call& c, int step) const {
-    const auto id = static_cast<int64_t>(((c.tag & 0xffff) << 44) | ((c.seq & 0xffffffff) << 12) |
-                                         static_cast<uint64_t>(step));
-    return {MessageKind::kControl, id};
+  // Messages of one collective are told apart by (tag, call number, step, chunk); the
+  // tag makes ranks that disagree on it miss each other (and time out) rather than mix
+  // data. 12 + 24 + 10 + 17 bits: a positive int64.
+  MessageTag tagOf(const Call& c, int step, size_t chunk) const {
+    const uint64_t id = ((c.tag & 0xfff) << 51) | ((c.seq & 0xffffff) << 27) |
+                        ((static_cast<uint64_t>(step) & 0x3ff) << 17) | (chunk & 0x1ffff);
+    return {MessageKind::kControl, static_cast<int64_t>(id)};
   }
 
-  void send(const Call& c, int peer, int step, std::span<const float> x) {
+  void send(const Call& c, int peer, int step, std::span<const float> x, size_t chunk = 0) {
     ZmqLink& link = *links_[static_cast<size_t>(peer)];
     // A view of the caller's memory; send() copies it into the message.
     const Tensor t(host_.adoptHost(const_cast<float*>(x.data()), x.size_bytes(), [] {}),
                    Shape{static_cast<int64_t>(x.size())}, DType::kF32);
-    link.send(tagOf(c, step), t);
+    link.send(tagOf(c, step, chunk), t);
   }
 
-  Tensor recv(const Call& c, int peer, int step, size_t count) {
+  Tensor recv(const Call& c, int peer, int step, size_t count, size_t chunk = 0) {
     ZmqLink& link = *links_[static_cast<size_t>(peer)];
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(c.deadline - Clock::now());
     link.setTimeout(std::max(left, std::chrono::milliseconds(1)));
     Tensor t;
     try {
-      t = link.recv(tagOf(c, step), host_);
+      t = link.recv(tagOf(c, step, chunk), host_);
     } catch (const Timeout& e) {
       throw Timeout(std::string(c.what) + " (tag " + std::to_string(c.tag) + "): rank " +
                     std::to_string(peer) + " of " + std::to_string(size_) +
@@ -278,23 +280,47 @@ class ZmqGroup final : public Group {
 
   int mod(int x) const { return ((x % size_) + size_) % size_; }
 
+  // One ring step: `out` goes to the right-hand rank while `in_count` values come from
+  // the left, both in chunks of kChunk with up to kWindow chunks sent ahead, so that the
+  // two transfers and the reduction overlap; take(offset, values) consumes each chunk.
+  static constexpr size_t kChunk = size_t{1} << 18;  // floats: 1 MiB
+  static constexpr size_t kWindow = 4;
+  void ringStep(const Call& c, int step, std::span<const float> out, size_t in_count,
+                const std::function<void(size_t, std::span<const float>)>& take) {
+    const int right = mod(rank_ + 1), left = mod(rank_ - 1);
+    const size_t out_chunks = (out.size() + kChunk - 1) / kChunk;
+    const size_t in_chunks = (in_count + kChunk - 1) / kChunk;
+    size_t sent = 0;
+    auto sendNext = [&] {
+      const size_t b = sent * kChunk;
+      send(c, right, step, out.subspan(b, std::min(kChunk, out.size() - b)), sent);
+      ++sent;
+    };
+    while (sent < std::min(kWindow, out_chunks)) sendNext();
+    for (size_t i = 0; i < in_chunks; ++i) {
+      const size_t b = i * kChunk, n = std::min(kChunk, in_count - b);
+      take(b, view(recv(c, left, step, n, i)));
+      if (sent < out_chunks) sendNext();
+    }
+    while (sent < out_chunks) sendNext();
+  }
+
   // After it, this rank's slice holds the reduction (steps 0 .. n-2); the rest of `data`
   // is untouched (partial sums travel in `carry`).
   void ringReduceScatter(const Call& c, std::span<float> data, ReduceOp op) {
-    const int right = mod(rank_ + 1), left = mod(rank_ - 1);
     std::vector<float> carry;  // the partial sum to send next
     for (int s = 0; s + 1 < size_; ++s) {
       const Slice out = sliceOf(data.size(), size_, mod(rank_ - 1 - s));
       const Slice in = sliceOf(data.size(), size_, mod(rank_ - 2 - s));
-      if (out.size())
-        send(c, right, s,
-             s == 0 ? data.subspan(out.begin, out.size()) : std::span<const float>(carry));
+      const std::span<const float> mine = data.subspan(in.begin, in.size());
       std::vector<float> partial(in.size());
-      if (in.size()) {
-        // The partial sum from the left first, then this rank's: one order per slice.
-        copyFrom(recv(c, left, s, in.size()), partial);
-        accumulate(partial, data.subspan(in.begin, in.size()), op);
-      }
+      ringStep(c, s, s == 0 ? data.subspan(out.begin, out.size()) : std::span<const float>(carry),
+               in.size(), [&](size_t at, std::span<const float> got) {
+                 // The partial sum from the left first, then this rank's: one order per slice.
+                 const std::span<float> acc(partial.data() + at, got.size());
+                 std::copy(got.begin(), got.end(), acc.begin());
+                 accumulate(acc, mine.subspan(at, got.size()), op);
+               });
       carry = std::move(partial);
     }
     const Slice own = sliceOf(data.size(), size_, rank_);
@@ -312,13 +338,14 @@ class ZmqGroup final : public Group {
 
   // Every rank's slice to every rank (steps n-1 .. 2n-3).
   void ringAllGather(const Call& c, std::span<float> data) {
-    const int right = mod(rank_ + 1), left = mod(rank_ - 1);
     for (int s = 0; s + 1 < size_; ++s) {
       const Slice out = sliceOf(data.size(), size_, mod(rank_ - s));
       const Slice in = sliceOf(data.size(), size_, mod(rank_ - s - 1));
-      if (out.size()) send(c, right, size_ + s, data.subspan(out.begin, out.size()));
-      if (in.size())
-        copyFrom(recv(c, left, size_ + s, in.size()), data.subspan(in.begin, in.size()));
+      ringStep(c, size_ + s, data.subspan(out.begin, out.size()), in.size(),
+               [&](size_t at, std::span<const float> got) {
+                 std::copy(got.begin(), got.end(),
+                           data.begin() + static_cast<std::ptrdiff_t>(in.begin + at));
+               });
     }
   }
 

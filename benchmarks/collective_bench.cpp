@@ -1,0 +1,238 @@
+// Allreduce of 1, 16 and 64 MiB of fp32 with 2 and 4 ranks, in one run: time and bus
+// bandwidth (2(n-1)/n x bytes / time) of
+//   - tandem's in-process group (ranks are threads),
+//   - tandem's cross-process group (ranks are processes, tcp loopback),
+//   - Gloo's ring allreduce (processes, tcp loopback),
+//   - Open MPI's MPI_Allreduce (processes; shared memory, then tcp only),
+// beside memcpy of the same bytes, with the ratios the collectives issue sets targets
+// for. The peers (libgloo-dev, openmpi-bin) are benchmark-only dependencies.
+//
+//   collective_bench [--iters N] [--sizes-mib 1,16,64] [--ranks 2,4]
+//
+// Processes: the bench starts itself with --worker tandem|gloo (and mpirun starts
+// mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
+// Times are medians; the machine is shared, so only ratios in one run count.
+#include <gloo/allreduce_ring.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "transport/local_group.h"
+#include "transport/zmq_group.h"
+
+namespace {
+
+using namespace tandem;
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times `op` iters times after two untimed runs; the median.
+double timeOp(int iters, const std::function<void()>& op) {
+  op();
+  op();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    op();
+    t.push_back(seconds(Clock::now() - t0));
+  }
+  return median(t);
+}
+
+std::vector<float> filled(size_t count, int rank) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((i + static_cast<size_t>(rank)) % 7);
+  return v;
+}
+
+double memcpySeconds(size_t bytes, int iters) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  return timeOp(iters, [&] { std::memcpy(b.data(), a.data(), bytes); });
+}
+
+double inProcessSeconds(int ranks, size_t count, int iters) {
+  auto groups = transport::makeLocalGroup(ranks);
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < ranks; ++r) data.push_back(filled(count, r));
+  std::vector<double> result(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      Group& g = *groups[static_cast<size_t>(r)];
+      result[static_cast<size_t>(r)] = timeOp(iters, [&] {
+        barrier(g);  // every rank starts together, as in the processes' runs
+        allreduce(g, data[static_cast<size_t>(r)]);
+      });
+    });
+  for (auto& t : threads) t.join();
+  return result[0];
+}
+
+// One rank of a process run: the group, then the timing; rank 0 prints it.
+int worker(const std::string& kind, int rank, int ranks, const std::string& dir, size_t count,
+           int iters) {
+  std::vector<float> data = filled(count, rank);
+  double s = 0;
+  if (kind == "tandem") {
+    transport::Context ctx;
+    cpu::CpuBackend host;
+    transport::ZmqGroupOptions o;
+    o.rank = rank;
+    o.size = ranks;
+    auto group = transport::makeZmqGroup(ctx, host, o,
+                                         transport::fileExchange(dir, rank, ranks,
+                                                                 std::chrono::seconds(60)));
+    s = timeOp(iters, [&] {
+      barrier(*group);
+      allreduce(*group, data);
+    });
+  } else {
+    gloo::rendezvous::FileStore store(dir);
+    gloo::transport::tcp::attr attr("127.0.0.1");
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, ranks);
+    context->connectFullMesh(store, device);
+    gloo::AllreduceRing<float> ring(context, {data.data()}, static_cast<int>(count));
+    std::vector<float> token(1);
+    gloo::AllreduceRing<float> sync(context, {token.data()}, 1);
+    s = timeOp(iters, [&] {
+      sync.run();
+      ring.run();
+    });
+  }
+  if (rank == 0) std::printf("seconds %.9f\n", s);
+  return 0;
+}
+
+// Runs `argv` and returns rank 0's "seconds S" (negative if it failed).
+double secondsFrom(const std::string& command) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  const size_t at = out.find("seconds ");
+  if (status != 0 || at == std::string::npos) {
+    std::fprintf(stderr, "%s failed:\n%s\n", command.c_str(), out.c_str());
+    return -1;
+  }
+  return std::stod(out.substr(at + 8));
+}
+
+double processSeconds(const std::string& self, const std::string& kind, int ranks, size_t count,
+                      int iters) {
+  static int run = 0;
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("collective-bench-" + std::to_string(getpid()) + "-" +
+                            std::to_string(run++)))
+                              .string();
+  std::filesystem::create_directories(dir);
+  std::string command;
+  for (int r = ranks - 1; r >= 0; --r) {
+    const std::string one = self + " --worker " + kind + " --rank " + std::to_string(r) +
+                            " --size " + std::to_string(ranks) + " --dir " + dir + " --count " +
+                            std::to_string(count) + " --iters " + std::to_string(iters);
+    command += r > 0 ? one + " > /dev/null & " : one;
+  }
+  const double s = secondsFrom("(" + command + "; wait)");
+  std::filesystem::remove_all(dir);
+  return s;
+}
+
+double mpiSeconds(const std::string& mpi_bench, const std::string& btl, int ranks, size_t count,
+                  int iters) {
+  return secondsFrom("mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
+                     " --mca btl " + btl + " " + mpi_bench + " " + std::to_string(count) + " " +
+                     std::to_string(iters));
+}
+
+std::vector<int> parseList(const std::string& text) {
+  std::vector<int> v;
+  std::stringstream s(text);
+  for (std::string item; std::getline(s, item, ',');) v.push_back(std::stoi(item));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string worker_kind, dir;
+  int rank = 0, size = 1, iters = 5;
+  size_t count = 0;
+  std::vector<int> sizes_mib = {1, 16, 64}, rank_counts = {2, 4};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--worker") worker_kind = value;
+    else if (key == "--rank") rank = std::stoi(value);
+    else if (key == "--size") size = std::stoi(value);
+    else if (key == "--dir") dir = value;
+    else if (key == "--count") count = std::stoull(value);
+    else if (key == "--iters") iters = std::stoi(value);
+    else if (key == "--sizes-mib") sizes_mib = parseList(value);
+    else if (key == "--ranks") rank_counts = parseList(value);
+    else {
+      std::fprintf(stderr, "collective_bench: unknown option %s\n", key.c_str());
+      return 2;
+    }
+  }
+  if (!worker_kind.empty()) return worker(worker_kind, rank, size, dir, count, iters);
+
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string mpi_bench =
+      (std::filesystem::path(self).parent_path() / "mpi_allreduce_bench").string();
+  std::printf("allreduce of fp32, median of %d; bus bandwidth = 2(n-1)/n x bytes / time (GB/s)\n",
+              iters);
+  std::printf("%-5s %5s %10s | %-26s %-26s %-13s %-13s %-13s | %8s %8s %8s\n", "MiB", "ranks",
+              "memcpy", "in-process ms (bus GB/s)", "tandem tcp ms (bus GB/s)", "gloo tcp",
+              "mpi shm", "mpi tcp", "in/mcpy", "in/mpi", "tcp/gloo");
+  for (int mib : sizes_mib)
+    for (int n : rank_counts) {
+      const size_t bytes = static_cast<size_t>(mib) << 20, elements = bytes / 4;
+      const double bus = 2.0 * (n - 1) / n * static_cast<double>(bytes) / 1e9;
+      const double mem = memcpySeconds(bytes, iters);
+      const double in = inProcessSeconds(n, elements, iters);
+      const double tcp = processSeconds(self, "tandem", n, elements, iters);
+      const double gloo = processSeconds(self, "gloo", n, elements, iters);
+      const double shm = mpiSeconds(mpi_bench, "self,vader", n, elements, iters);
+      const double mtcp = mpiSeconds(mpi_bench, "self,tcp", n, elements, iters);
+      auto cell = [&](double s) {
+        char b[32];
+        if (s <= 0) return std::string("failed");
+        std::snprintf(b, sizeof b, "%.2f (%.2f)", s * 1e3, bus / s);
+        return std::string(b);
+      };
+      const double memcpy_gbs = static_cast<double>(bytes) / mem / 1e9;
+      std::printf("%-5d %5d %10.2f | %-26s %-26s %-13s %-13s %-13s | %8.2f %8.2f %8.2f\n", mib, n,
+                  memcpy_gbs, cell(in).c_str(), cell(tcp).c_str(), cell(gloo).c_str(),
+                  cell(shm).c_str(), cell(mtcp).c_str(), (bus / in) / memcpy_gbs,
+                  shm > 0 ? shm / in : 0.0, gloo > 0 && tcp > 0 ? gloo / tcp : 0.0);
+      std::fflush(stdout);
+    }
+  std::printf(
+      "\nmemcpy in GB/s; in/mcpy = in-process bus bandwidth / memcpy (target >= 0.5); in/mpi = "
+      "Open MPI shared-memory time / in-process time (target >= 1.5); tcp/gloo = Gloo time / "
+      "tandem tcp time (target >= 1.5)\n");
+  return 0;
+}
