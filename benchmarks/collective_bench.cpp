@@ -100,9 +100,8 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     transport::ZmqGroupOptions o;
     o.rank = rank;
     o.size = ranks;
-    auto group = transport::makeZmqGroup(ctx, host, o,
-                                         transport::fileExchange(dir, rank, ranks,
-                                                                 std::chrono::seconds(60)));
+    auto group = transport::makeZmqGroup(
+        ctx, host, o, transport::fileExchange(dir, rank, ranks, std::chrono::seconds(60)));
     s = timeOp(iters, [&] {
       barrier(*group);
       allreduce(*group, data);
@@ -144,10 +143,10 @@ double secondsFrom(const std::string& command) {
 double processSeconds(const std::string& self, const std::string& kind, int ranks, size_t count,
                       int iters) {
   static int run = 0;
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("collective-bench-" + std::to_string(getpid()) + "-" +
-                            std::to_string(run++)))
-                              .string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() /
+       ("collective-bench-" + std::to_string(getpid()) + "-" + std::to_string(run++)))
+          .string();
   std::filesystem::create_directories(dir);
   std::string command;
   for (int r = ranks - 1; r >= 0; --r) {
@@ -184,14 +183,22 @@ int main(int argc, char** argv) {
   std::vector<int> sizes_mib = {1, 16, 64}, rank_counts = {2, 4};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
-    if (key == "--worker") worker_kind = value;
-    else if (key == "--rank") rank = std::stoi(value);
-    else if (key == "--size") size = std::stoi(value);
-    else if (key == "--dir") dir = value;
-    else if (key == "--count") count = std::stoull(value);
-    else if (key == "--iters") iters = std::stoi(value);
-    else if (key == "--sizes-mib") sizes_mib = parseList(value);
-    else if (key == "--ranks") rank_counts = parseList(value);
+    if (key == "--worker")
+      worker_kind = value;
+    else if (key == "--rank")
+      rank = std::stoi(value);
+    else if (key == "--size")
+      size = std::stoi(value);
+    else if (key == "--dir")
+      dir = value;
+    else if (key == "--count")
+      count = std::stoull(value);
+    else if (key == "--iters")
+      iters = std::stoi(value);
+    else if (key == "--sizes-mib")
+      sizes_mib = parseList(value);
+    else if (key == "--ranks")
+      rank_counts = parseList(value);
     else {
       std::fprintf(stderr, "collective_bench: unknown option %s\n", key.c_str());
       return 2;

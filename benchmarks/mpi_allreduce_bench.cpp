@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   const long count = std::atol(argv[1]);
   const int iters = std::atoi(argv[2]);
   std::vector<float> data(static_cast<size_t>(count));
-  for (long i = 0; i < count; ++i) data[static_cast<size_t>(i)] = static_cast<float>((i + rank) % 7);
+  for (long i = 0; i < count; ++i)
+    data[static_cast<size_t>(i)] = static_cast<float>((i + rank) % 7);
   std::vector<double> t;
   for (int i = 0; i < iters + 2; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);

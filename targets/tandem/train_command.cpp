@@ -1,6 +1,8 @@
-// tandem train: single-device training of a model spec on a dataset.
+// tandem train: training of a model spec on a dataset, on one device or data parallel
+// over several (core/train/data_parallel.h, the in-process group).
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -8,9 +10,11 @@
 #include "core/error.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
+#include "core/train/data_parallel.h"
 #include "core/train/trainer.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/progress.h"
+#include "transport/local_group.h"
 
 namespace tandem::cli {
 
@@ -23,30 +27,78 @@ struct TrainArgs {
   uint64_t seed = 1;
   OptimizerOptions opt;
   bool no_progress = false;
+  // Data parallel: replicas, their devices (one, or one per replica) and batch shares.
+  int replicas = 1;
+  std::vector<std::string> devices;
+  std::vector<double> shares;
+  double bucket_mib = 1;
 };
 
 void runTrain(const TrainArgs& a) {
   validate(a.opt);
   TANDEM_CHECK_MSG(a.epochs > 0, InvalidArgument, "--epochs must be positive, got " << a.epochs);
   TANDEM_CHECK_MSG(a.batch > 0, InvalidArgument, "--batch must be positive, got " << a.batch);
-  // The backend outlives everything that holds its memory (declared first).
-  auto backend = makeBackend(a.device, BackendOptions{a.threads});
-  Model model(loadModelSpec(a.model));
+  std::vector<std::string> devices =
+      a.devices.empty() ? std::vector<std::string>{a.device} : a.devices;
+  const int replicas = std::max<int>(a.replicas, static_cast<int>(devices.size()));
+  TANDEM_CHECK_MSG(devices.size() == 1 || static_cast<int>(devices.size()) == replicas,
+                   InvalidArgument,
+                   "--devices names " << devices.size() << " devices for --replicas " << replicas
+                                      << " (give one, or one per replica)");
+  TANDEM_CHECK_MSG(
+      a.shares.empty() || static_cast<int>(a.shares.size()) == replicas, InvalidArgument,
+      "--shares gives " << a.shares.size() << " shares for " << replicas << " replicas");
+  devices.resize(static_cast<size_t>(replicas), devices.back());
+  // The backends outlive everything that holds their memory (declared first).
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (const std::string& d : devices)
+    backends.push_back(makeBackend(d, BackendOptions{a.threads}));
+  const ModelSpec spec = loadModelSpec(a.model);
   const Dataset train = loadDataset(a.data, a.data_dir, true, a.train_limit);
   const Dataset test = loadDataset(a.data, a.data_dir, false, a.test_limit);
-  model.build(*backend, a.seed);
-  Optimizer optimizer(*backend, a.opt);
-  Trainer trainer(model, optimizer, TrainOptions{a.batch, a.seed, true});
-  spdlog::info("training '{}' ({} parameters) on {} with {} thread(s): {} train / {} test samples",
-               model.name(), model.paramCount(), backend->info().name, a.threads, train.size(),
-               test.size());
+  // One replica: the single-device trainer. More: data parallel over the in-process group.
+  std::unique_ptr<Model> single;
+  std::unique_ptr<Optimizer> single_opt;
+  std::unique_ptr<Trainer> trainer;
+  std::vector<std::unique_ptr<Group>> groups;
+  std::unique_ptr<DataParallelTrainer> parallel;
+  if (replicas == 1) {
+    single = std::make_unique<Model>(spec);
+    single->build(*backends[0], a.seed);
+    single_opt = std::make_unique<Optimizer>(*backends[0], a.opt);
+    trainer = std::make_unique<Trainer>(*single, *single_opt, TrainOptions{a.batch, a.seed, true});
+  } else {
+    groups = transport::makeLocalGroup(replicas);
+    std::vector<Backend*> be;
+    std::vector<Group*> g;
+    for (int r = 0; r < replicas; ++r) {
+      be.push_back(backends[static_cast<size_t>(r)].get());
+      g.push_back(groups[static_cast<size_t>(r)].get());
+    }
+    DataParallelOptions o;
+    o.batch = a.batch;
+    o.seed = a.seed;
+    o.shares = a.shares;
+    o.bucket_bytes = static_cast<size_t>(std::max(a.bucket_mib, 1e-6) * (1 << 20));
+    parallel = std::make_unique<DataParallelTrainer>(spec, be, g, a.opt, o);
+  }
+  Model& model = single ? *single : parallel->model(0);
+  Optimizer& optimizer = single ? *single_opt : parallel->optimizer(0);
+  std::string where;
+  for (const std::string& d : devices) where += (where.empty() ? "" : ", ") + d;
+  spdlog::info(
+      "training '{}' ({} parameters) on {} with {} thread(s) each: {} train / {} test "
+      "samples{}",
+      model.name(), model.paramCount(), where, a.threads, train.size(), test.size(),
+      replicas > 1 ? ", data parallel over " + std::to_string(replicas) + " replicas"
+                   : std::string());
   Progress progress(a.epochs);
   EvalResult last;
   for (int64_t e = 0; e < a.epochs; ++e) {
-    const EpochReport r = trainer.trainEpoch(
-        train, e,
-        a.no_progress ? std::function<void(const StepReport&)>()
-                      : [&](const StepReport& s) { progress.update(s); });
+    const auto report = a.no_progress ? std::function<void(const StepReport&)>()
+                                      : [&](const StepReport& s) { progress.update(s); };
+    const EpochReport r =
+        single ? trainer->trainEpoch(train, e, report) : parallel->trainEpoch(train, e, report);
     progress.finishEpoch();
     last = evaluate(model, test, a.batch);  // the training batch bounds memory
     std::printf(
@@ -72,7 +124,8 @@ void runTrain(const TrainArgs& a) {
 
 void addTrain(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* c = app.add_subcommand("train", "Train a model on one device");
+  CLI::App* c = app.add_subcommand(
+      "train", "Train a model on one device, or data parallel on several (--replicas)");
   c->add_option("--model", args->model, "Model spec (YAML)")->required()->check(CLI::ExistingFile);
   c->add_option("--data", args->data, "Dataset name")->check(CLI::IsMember({"fashion-mnist"}));
   c->add_option("--data-dir", args->data_dir, "Directory holding the dataset files");
@@ -87,6 +140,17 @@ void addTrain(CLI::App& app) {
   c->add_option("--threads", args->threads, "CPU threads")->check(CLI::Range(1, 1024));
   c->add_option("--seed", args->seed, "Seed for initialisation, shuffling and dropout");
   c->add_option("--device", args->device, "Device to train on");
+  c->add_option("--replicas", args->replicas,
+                "Data-parallel replicas (threads sharing memory), each on --device or on its "
+                "entry of --devices")
+      ->check(CLI::Range(1, 64));
+  c->add_option("--devices", args->devices, "Comma-separated devices, one per replica")
+      ->delimiter(',');
+  c->add_option("--shares", args->shares,
+                "Comma-separated relative batch shares per replica (default: equal)")
+      ->delimiter(',');
+  c->add_option("--bucket-mib", args->bucket_mib, "Gradient MiB per allreduce bucket")
+      ->check(CLI::PositiveNumber);
   c->add_option("--save", args->save, "Write the trained model (with optimizer state) here");
   c->add_option("--train-limit", args->train_limit, "Use only the first N training samples");
   c->add_option("--test-limit", args->test_limit, "Use only the first N test samples");

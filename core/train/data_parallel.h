@@ -1,0 +1,76 @@
+// Data-parallel training: R replicas of one model, each on its own backend and thread,
+// each computing the gradients of its share of every batch; the gradients are summed
+// through a Group (one rank per replica) and every replica takes the same optimizer step.
+//
+// A step: the batch of n samples is cut into the replicas' shares (equal, or in
+// proportion to `shares`, e.g. from profiled speeds); replica r runs forward, the loss
+// scaled by 1/n (the whole batch's mean, so each sample's gradient counts once wherever
+// it was computed) and backward layer by layer from the last. As soon as a layer's
+// parameter gradients are final they join the current bucket; a full bucket is copied
+// to the host and handed to the replica's communication thread, which allreduces it
+// (sum) while backward goes on (DDP-style overlap). Buckets are cut and reduced in the
+// same fixed order on every replica. When backward is done, the summed buckets are
+// copied back into the gradients and each replica's optimizer steps.
+//
+// With equal shares on CPU replicas and the in-process group, the weights are bitwise
+// those of one device computing the R microbatches' gradients apart and adding them in
+// replica order (tests/core/data_parallel_test.cpp), and the replicas stay identical.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/data/dataset.h"
+#include "core/model.h"
+#include "core/model_spec.h"
+#include "core/optimizer.h"
+#include "core/pipeline/group.h"
+#include "core/train/trainer.h"
+
+namespace tandem {
+
+struct DataParallelOptions {
+  int64_t batch = 64;
+  uint64_t seed = 1;
+  bool shuffle = true;
+  std::vector<double> shares;                // per replica, relative; empty: equal
+  size_t bucket_bytes = size_t{1} << 20;     // gradient bytes per allreduce
+  std::chrono::milliseconds timeout{60000};  // each bucket's allreduce
+};
+
+// Samples of an n-sample batch per replica: in proportion to `shares` (largest
+// remainders get the leftover samples, lower replica first on ties), or equal when
+// `shares` is empty (splitBatch's sizes). Sums to n.
+std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<double>& shares);
+
+class DataParallelTrainer {
+ public:
+  // One replica per backend, groups[r] its rank (groups[r]->rank() == r). Every replica
+  // builds the model with the same seed, so they start identical.
+  DataParallelTrainer(const ModelSpec& spec, const std::vector<Backend*>& backends,
+                      const std::vector<Group*>& groups, const OptimizerOptions& optimizer,
+                      const DataParallelOptions& options);
+  ~DataParallelTrainer();
+  DataParallelTrainer(const DataParallelTrainer&) = delete;
+  DataParallelTrainer& operator=(const DataParallelTrainer&) = delete;
+
+  // One step on a host batch of n samples; returns the batch's mean loss.
+  double step(const float* x, const int32_t* labels, int64_t n);
+  EpochReport trainEpoch(const Dataset& data, int64_t epoch,
+                         const std::function<void(const StepReport&)>& progress);
+
+  size_t replicas() const { return replicas_.size(); }
+  Model& model(size_t replica);
+  Optimizer& optimizer(size_t replica);
+  int64_t globalStep() const { return global_step_; }
+
+ private:
+  struct Replica;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  DataParallelOptions options_;
+  int64_t global_step_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,212 @@
+// Data-parallel training on the in-process group: with equal shares the weights are
+// bitwise those of one device computing each replica's microbatch gradients apart and
+// adding them in replica order; unequal shares match the full-batch update within float
+// rounding; replicas stay identical; shares split batches as stated.
+#include "core/train/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/loss.h"
+#include "core/train/microbatch.h"
+#include "tests/test_util.h"
+#include "transport/local_group.h"
+
+namespace tandem {
+namespace {
+
+using testing::expectThrowWith;
+
+// A dropout-free classifier for the same data: any split of a batch gives the same
+// full-batch gradient up to rounding.
+constexpr const char* kNoDropout = R"(name: plain
+input: [1, 8, 8]
+layers:
+  - conv2d: {out: 4, kernel: 3, padding: 1}
+  - relu
+  - maxpool2d: {kernel: 2}
+  - flatten
+  - linear: {out: 16}
+  - gelu
+  - layernorm
+  - linear: {out: 4}
+)";
+
+struct Replicas {
+  std::vector<std::unique_ptr<cpu::CpuBackend>> backends;
+  std::vector<std::unique_ptr<Group>> groups;
+  std::unique_ptr<DataParallelTrainer> trainer;
+};
+
+Replicas makeReplicas(const char* spec, size_t n, const DataParallelOptions& o,
+                      const OptimizerOptions& opt) {
+  Replicas r;
+  std::vector<Backend*> be;
+  std::vector<Group*> g;
+  r.groups = transport::makeLocalGroup(static_cast<int>(n));
+  for (size_t i = 0; i < n; ++i) {
+    r.backends.push_back(std::make_unique<cpu::CpuBackend>());
+    be.push_back(r.backends.back().get());
+    g.push_back(r.groups[i].get());
+  }
+  r.trainer = std::make_unique<DataParallelTrainer>(parseModelSpec(spec), be, g, opt, o);
+  return r;
+}
+
+// The batch as host arrays (normalised like gatherBatch).
+void batchOf(const Dataset& d, int64_t begin, int64_t n, std::vector<float>& x,
+             std::vector<int32_t>& y) {
+  std::vector<int64_t> order(static_cast<size_t>(d.size()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  gatherBatch(d, order, begin, n, x, y);
+}
+
+// One device: each of `counts`' microbatches' gradients computed apart (seeded as
+// replica k), then added in order, then one optimizer step.
+void referenceStep(Model& model, Optimizer& opt, const std::vector<float>& x,
+                   const std::vector<int32_t>& y, const std::vector<int64_t>& counts, uint64_t seed,
+                   int64_t step) {
+  Backend& be = model.backend();
+  const int64_t n = static_cast<int64_t>(y.size()), per = model.inputShape().numel();
+  std::vector<std::vector<float>> sum(model.params().size());
+  int64_t offset = 0;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    model.zeroGrad();
+    if (counts[k] > 0) {
+      Tensor xt = be.empty(model.inputShape().withBatch(counts[k]));
+      be.upload(xt, x.data() + offset * per);
+      Tensor yt = be.empty({counts[k]}, DType::kI32);
+      be.upload(yt, y.data() + offset);
+      Stash stash;
+      Tensor logits = model.forward(
+          xt, stash, ForwardContext{true, microbatchSeed(seed, step, static_cast<int64_t>(k))});
+      Tensor grad = be.empty(logits.shape());
+      softmaxCrossEntropy(be, logits, yt, 1.0f / static_cast<float>(n), grad);
+      model.backward(grad, stash);
+    }
+    offset += counts[k];
+    for (size_t p = 0; p < sum.size(); ++p) {
+      const std::vector<float> g = toHost(model.params()[p]->grad);
+      if (k == 0) {
+        sum[p] = g;
+      } else {
+        for (size_t i = 0; i < g.size(); ++i) sum[p][i] += g[i];
+      }
+    }
+  }
+  for (size_t p = 0; p < sum.size(); ++p) be.upload(model.params()[p]->grad, sum[p].data());
+  opt.step(model.params());
+}
+
+void expectSameWeights(const Model& a, const Model& b, const std::string& what) {
+  ASSERT_EQ(a.params().size(), b.params().size());
+  for (size_t p = 0; p < a.params().size(); ++p) {
+    const std::vector<float> x = toHost(a.params()[p]->value), y = toHost(b.params()[p]->value);
+    ASSERT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0)
+        << what << ": " << a.params()[p]->name;
+  }
+}
+
+TEST(DataParallelTest, EqualSharesAreBitwiseSingleDeviceAccumulation) {
+  const Dataset data = testing::quadrants(200, 3);
+  for (size_t replicas : {size_t{2}, size_t{3}}) {
+    DataParallelOptions o;
+    o.batch = 40;
+    o.seed = 11;
+    o.bucket_bytes = 512;  // several buckets, reduced while backward goes on
+    OptimizerOptions opt;
+    opt.kind = "adamw";
+    opt.lr = 0.01f;
+    Replicas dp = makeReplicas(testing::kTinyNet, replicas, o, opt);
+
+    cpu::CpuBackend be;
+    Model ref(parseModelSpec(testing::kTinyNet));
+    ref.build(be, o.seed);
+    Optimizer ref_opt(be, opt);
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    for (int64_t step = 0; step < 4; ++step) {
+      batchOf(data, step * o.batch, o.batch, x, y);
+      const double loss = dp.trainer->step(x.data(), y.data(), o.batch);
+      EXPECT_TRUE(std::isfinite(loss));
+      referenceStep(ref, ref_opt, x, y, shareBatch(o.batch, replicas, {}), o.seed, step);
+    }
+    for (size_t r = 0; r < replicas; ++r)
+      expectSameWeights(dp.trainer->model(r), ref,
+                        std::to_string(replicas) + " replicas, replica " + std::to_string(r));
+  }
+}
+
+TEST(DataParallelTest, UnequalSharesMatchTheFullBatchWithinRounding) {
+  const Dataset data = testing::quadrants(300, 5);
+  DataParallelOptions o;
+  o.batch = 48;
+  o.shares = {3, 1};  // a device three times faster takes three times the samples
+  OptimizerOptions opt;
+  opt.lr = 0.05f;
+  Replicas dp = makeReplicas(kNoDropout, 2, o, opt);
+  EXPECT_EQ(shareBatch(48, 2, o.shares), (std::vector<int64_t>{36, 12}));
+
+  cpu::CpuBackend be;
+  Model ref(parseModelSpec(kNoDropout));
+  ref.build(be, o.seed);
+  Optimizer ref_opt(be, opt);
+  Trainer full(ref, ref_opt, TrainOptions{o.batch, o.seed, false, 1});
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  for (int64_t step = 0; step < 5; ++step) {
+    batchOf(data, step * o.batch, o.batch, x, y);
+    const double a = dp.trainer->step(x.data(), y.data(), o.batch);
+    const double b = full.step(x.data(), y.data(), o.batch);
+    EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << "step " << step;
+  }
+  // Bound: the weights agree to a few float roundings of their own size (sums of 36 and
+  // 12 samples' gradients added in another order than 48's, over 5 steps).
+  for (size_t p = 0; p < ref.params().size(); ++p) {
+    const std::vector<float> w = toHost(dp.trainer->model(0).params()[p]->value);
+    const std::vector<float> v = toHost(ref.params()[p]->value);
+    for (size_t i = 0; i < w.size(); ++i)
+      ASSERT_NEAR(w[i], v[i], 1e-5f * (1 + std::abs(v[i]))) << ref.params()[p]->name << " " << i;
+  }
+  expectSameWeights(dp.trainer->model(0), dp.trainer->model(1), "replicas");
+}
+
+TEST(DataParallelTest, SharesSplitTheBatch) {
+  EXPECT_EQ(shareBatch(10, 3, {}), (std::vector<int64_t>{4, 3, 3}));
+  EXPECT_EQ(shareBatch(10, 2, {1, 1}), (std::vector<int64_t>{5, 5}));
+  EXPECT_EQ(shareBatch(10, 3, {2, 0, 1}), (std::vector<int64_t>{7, 0, 3}));
+  EXPECT_EQ(shareBatch(2, 4, {}), (std::vector<int64_t>{1, 1, 0, 0}));
+  expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {1}); }, {"1 shares for 2 replicas"});
+  expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {0, 0}); }, {"add up to 0"});
+  expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {1, -1}); }, {"non-negative"});
+}
+
+// A batch smaller than the replicas: the idle replica adds zeros and keeps up.
+TEST(DataParallelTest, AReplicaWithoutSamplesKeepsInStep) {
+  const Dataset data = testing::quadrants(20, 1);
+  DataParallelOptions o;
+  o.batch = 2;
+  Replicas dp = makeReplicas(kNoDropout, 3, o, OptimizerOptions{});
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  batchOf(data, 0, 2, x, y);
+  dp.trainer->step(x.data(), y.data(), 2);
+  const EpochReport r = dp.trainer->trainEpoch(data, 0, {});
+  EXPECT_GT(r.samples_per_s, 0);
+  expectSameWeights(dp.trainer->model(0), dp.trainer->model(2), "replicas 0 and 2");
+  // Wrong wiring is refused up front.
+  std::vector<std::unique_ptr<Group>> groups = transport::makeLocalGroup(2);
+  cpu::CpuBackend a, b;
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        DataParallelTrainer bad(parseModelSpec(kNoDropout), {&a, &b},
+                                {groups[1].get(), groups[0].get()}, OptimizerOptions{}, o);
+      },
+      {"replica 0 was given rank 1 of 2"});
+}
+
+}  // namespace
+}  // namespace tandem
