@@ -40,11 +40,13 @@ void runTrain(const TrainArgs& a) {
   TANDEM_CHECK_MSG(a.batch > 0, InvalidArgument, "--batch must be positive, got " << a.batch);
   std::vector<std::string> devices =
       a.devices.empty() ? std::vector<std::string>{a.device} : a.devices;
+  // --devices alone sets the replica count; with --replicas it must agree (or be one).
+  TANDEM_CHECK_MSG(
+      devices.size() == 1 || a.replicas == 1 || static_cast<int>(devices.size()) == a.replicas,
+      InvalidArgument,
+      "--devices names " << devices.size() << " devices for --replicas " << a.replicas
+                         << " (give one, or one per replica)");
   const int replicas = std::max<int>(a.replicas, static_cast<int>(devices.size()));
-  TANDEM_CHECK_MSG(devices.size() == 1 || static_cast<int>(devices.size()) == replicas,
-                   InvalidArgument,
-                   "--devices names " << devices.size() << " devices for --replicas " << replicas
-                                      << " (give one, or one per replica)");
   TANDEM_CHECK_MSG(
       a.shares.empty() || static_cast<int>(a.shares.size()) == replicas, InvalidArgument,
       "--shares gives " << a.shares.size() << " shares for " << replicas << " replicas");

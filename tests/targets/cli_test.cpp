@@ -57,6 +57,34 @@ TEST(CliTest, TrainSaveEvalInspect) {
   EXPECT_NE(i.out.find("parameters: 235146"), std::string::npos) << i.out;
 }
 
+// Data parallel from the command line: two replicas with unequal shares train, say so,
+// and save a model that evaluates to the accuracy they printed; bad wiring is named.
+TEST(CliTest, TrainWithReplicas) {
+  const std::string model = ::testing::TempDir() + "/cli_dp.tdm";
+  const CliRun t = run("train --model " + kModels +
+                       "mlp.yaml --epochs 1 --batch 64 --replicas 2 --shares 3,1 "
+                       "--train-limit 2000 --test-limit 500 --no-progress --save " +
+                       model);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("data parallel over 2 replicas"), std::string::npos) << t.out;
+  const auto pos = t.out.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << t.out;
+  const std::string acc = t.out.substr(pos + 15, 6);
+  EXPECT_GT(std::stod(acc), 0.5) << t.out;
+  const CliRun e = run("eval " + model + " --test-limit 500");
+  EXPECT_NE(e.out.find("test accuracy: " + acc), std::string::npos) << e.out;
+  const CliRun three = run("train --model " + kModels +
+                           "mlp.yaml --replicas 2 --devices cpu,cpu,cpu --train-limit 10");
+  EXPECT_EQ(three.code, 1);
+  EXPECT_NE(three.out.find("--devices names 3 devices for --replicas 2"), std::string::npos)
+      << three.out;
+  const CliRun shares =
+      run("train --model " + kModels + "mlp.yaml --replicas 2 --shares 1 --train-limit 10");
+  EXPECT_EQ(shares.code, 1);
+  EXPECT_NE(shares.out.find("--shares gives 1 shares for 2 replicas"), std::string::npos)
+      << shares.out;
+}
+
 TEST(CliTest, InspectPrintsAPerLayerTable) {
   const CliRun r = run("inspect " + kModels + "cnn.yaml --batch 2");
   ASSERT_EQ(r.code, 0) << r.out;
