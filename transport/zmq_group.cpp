@@ -85,20 +85,11 @@ class ZmqGroup final : public Group {
       std::vector<Tensor> got(static_cast<size_t>(size_));
       for (int p = 0; p < size_; ++p)
         if (p != rank_) got[static_cast<size_t>(p)] = recv(c, p, 0, data.size());
-      // In rank order, this rank's own data in its place, as the codec carried it to
-      // the others (so that every rank adds the same values).
+      // This rank's own data as the codec carried it to the others, so that every rank
+      // adds the same values.
       std::vector<float> own(data.begin(), data.end());
       asSent(own);
-      for (int p = 0; p < size_; ++p) {
-        const std::span<const float> x =
-            p == rank_ ? std::span<const float>(own) : view(got[static_cast<size_t>(p)]);
-        if (p == 0) {
-          std::copy(x.begin(), x.end(), data.begin());
-        } else {
-          accumulate(data, x, o.op);
-        }
-      }
-      finishReduce(data, o.op, size_);
+      reduceInRankOrder(data, own, got, o.op);
       return;
     }
     ringReduceScatter(c, data, o.op);
@@ -149,16 +140,7 @@ class ZmqGroup final : public Group {
     for (int p = 0; p < size_; ++p)
       if (p != rank_) got[static_cast<size_t>(p)] = recv(c, p, 0, data.size());
     const std::vector<float> own(data.begin(), data.end());
-    for (int p = 0; p < size_; ++p) {
-      const std::span<const float> x =
-          p == rank_ ? std::span<const float>(own) : view(got[static_cast<size_t>(p)]);
-      if (p == 0) {
-        std::copy(x.begin(), x.end(), data.begin());
-      } else {
-        accumulate(data, x, o.op);
-      }
-    }
-    finishReduce(data, o.op, size_);
+    reduceInRankOrder(data, own, got, o.op);
   }
 
   void gather(std::span<const float> in, std::span<float> out, const RootOptions& o) override {
@@ -279,6 +261,20 @@ class ZmqGroup final : public Group {
   }
 
   int mod(int x) const { return ((x % size_) + size_) % size_; }
+
+  // data = op over ranks in rank order: `own` in this rank's place, got[p] in rank p's.
+  void reduceInRankOrder(std::span<float> data, std::span<const float> own,
+                         const std::vector<Tensor>& got, ReduceOp op) const {
+    for (int p = 0; p < size_; ++p) {
+      const std::span<const float> x = p == rank_ ? own : view(got[static_cast<size_t>(p)]);
+      if (p == 0) {
+        std::copy(x.begin(), x.end(), data.begin());
+      } else {
+        accumulate(data, x, op);
+      }
+    }
+    finishReduce(data, op, size_);
+  }
 
   // One ring step: `out` goes to the right-hand rank while `in_count` values come from
   // the left, both in chunks of kChunk with up to kWindow chunks sent ahead, so that the

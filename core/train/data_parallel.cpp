@@ -331,23 +331,9 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
 
 EpochReport DataParallelTrainer::trainEpoch(
     const Dataset& data, int64_t epoch, const std::function<void(const StepReport&)>& progress) {
-  const Model& m = replicas_[0]->model;
-  TANDEM_CHECK_MSG(m.inputShape() == data.sample_shape && m.outputShape() == Shape{data.classes},
-                   InvalidArgument,
-                   "model '" << m.name() << "' maps " << m.inputShape() << " to " << m.outputShape()
-                             << "; " << data.name << " has samples " << data.sample_shape << " and "
-                             << data.classes << " classes");
-  const std::vector<int64_t> order =
-      epochOrder(data.size(), options_.shuffle, options_.seed, epoch);
-  std::vector<float> x;
-  std::vector<int32_t> y;
-  return runEpoch(
-      epoch, data.size(), options_.batch,
-      [&](int64_t begin, int64_t n) {
-        gatherBatch(data, order, begin, n, x, y);
-        return step(x.data(), y.data(), n) * static_cast<double>(n);
-      },
-      progress);
+  return datasetEpoch(
+      replicas_[0]->model, data, epoch, options_.batch, options_.shuffle, options_.seed,
+      [&](const float* x, const int32_t* y, int64_t n) { return step(x, y, n); }, progress);
 }
 
 }  // namespace tandem

@@ -80,20 +80,28 @@ EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
           el > 0 ? static_cast<double>(seen) / el : 0.0};
 }
 
-EpochReport Trainer::trainEpoch(const Dataset& data, int64_t epoch,
-                                const std::function<void(const StepReport&)>& progress) {
-  checkClassifier(model_, data);
-  const std::vector<int64_t> order =
-      epochOrder(data.size(), options_.shuffle, options_.seed, epoch);
+EpochReport datasetEpoch(const Model& model, const Dataset& data, int64_t epoch, int64_t batch,
+                         bool shuffle, uint64_t seed,
+                         const std::function<double(const float*, const int32_t*, int64_t)>& step,
+                         const std::function<void(const StepReport&)>& progress) {
+  checkClassifier(model, data);
+  const std::vector<int64_t> order = epochOrder(data.size(), shuffle, seed, epoch);
   std::vector<float> x;
   std::vector<int32_t> y;
   return runEpoch(
-      epoch, data.size(), options_.batch,
+      epoch, data.size(), batch,
       [&](int64_t begin, int64_t n) {
         gatherBatch(data, order, begin, n, x, y);
         return step(x.data(), y.data(), n) * static_cast<double>(n);
       },
       progress);
+}
+
+EpochReport Trainer::trainEpoch(const Dataset& data, int64_t epoch,
+                                const std::function<void(const StepReport&)>& progress) {
+  return datasetEpoch(
+      model_, data, epoch, options_.batch, options_.shuffle, options_.seed,
+      [&](const float* x, const int32_t* y, int64_t n) { return step(x, y, n); }, progress);
 }
 
 EvalResult evaluate(Model& model, const Dataset& data, int64_t batch) {

@@ -71,6 +71,15 @@ EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
                      const std::function<double(int64_t begin, int64_t n)>& step,
                      const std::function<void(const StepReport&)>& progress);
 
+// One epoch over `data` in batches of `batch` (shuffled by (seed, epoch) if asked):
+// step(x, labels, n) trains one host batch and returns its mean loss. InvalidArgument
+// if `model` does not map the data's samples to its classes. Shared by Trainer and
+// DataParallelTrainer.
+EpochReport datasetEpoch(const Model& model, const Dataset& data, int64_t epoch, int64_t batch,
+                         bool shuffle, uint64_t seed,
+                         const std::function<double(const float*, const int32_t*, int64_t)>& step,
+                         const std::function<void(const StepReport&)>& progress);
+
 // Forward-only pass over `data` in batches: mean loss and accuracy.
 EvalResult evaluate(Model& model, const Dataset& data, int64_t batch);
 
