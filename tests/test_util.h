@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <stdexcept>
+
 #include <string>
 #include <vector>
 
@@ -31,6 +34,14 @@ void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {
     for (const auto& p : parts)
       EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
   }
+}
+
+// A new, empty directory under the test temp dir (mkdtemp): unique even when a later test
+// process gets the same pid as an earlier one, whose files would still be there.
+inline std::string freshDir(const std::string& prefix) {
+  std::string path = ::testing::TempDir() + "/" + prefix + "-XXXXXX";
+  if (!mkdtemp(path.data())) throw std::runtime_error("mkdtemp failed for " + path);
+  return path;
 }
 
 // A small classifier for quadrants(): conv, pooling, dropout, GELU and LayerNorm, so

@@ -82,6 +82,29 @@ int64_t LayerRunner::paramBytes(size_t i) const {
   return model_.layer(i).paramCount() * static_cast<int64_t>(sizeof(float));
 }
 
+BackgroundLoad::BackgroundLoad(const ModelSpec& spec,
+                               const std::function<std::unique_ptr<Backend>()>& make, int copies,
+                               int64_t batch, uint64_t seed) {
+  for (int c = 0; c < copies; ++c) {
+    // Set up here, so that errors reach the caller; then only the passes run on the thread.
+    std::shared_ptr<Backend> backend = make();
+    auto model = std::make_shared<Model>(spec);
+    model->build(*backend, seed);
+    auto runner = std::make_shared<LayerRunner>(*model, batch, seed);
+    threads_.emplace_back([this, backend, model, runner] {
+      while (!stop_.load(std::memory_order_relaxed)) {
+        for (size_t i = 0; i < runner->size(); ++i) runner->forward(i);
+        for (size_t i = runner->size(); i-- > 0;) runner->backward(i);
+      }
+    });
+  }
+}
+
+BackgroundLoad::~BackgroundLoad() {
+  stop_ = true;
+  for (std::thread& t : threads_) t.join();
+}
+
 GemmRunner::GemmRunner(Backend& backend, int64_t n) : backend_(backend), n_(n) {
   a_ = toDevice(backend, {n, n}, randomValues(n * n, 1));
   b_ = toDevice(backend, {n, n}, randomValues(n * n, 2));

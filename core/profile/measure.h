@@ -5,10 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "core/model.h"
+#include "core/model_spec.h"
 
 namespace tandem {
 
@@ -46,6 +50,23 @@ class LayerRunner {
   Model& model_;
   std::vector<Tensor> inputs_, grads_;
   std::vector<Stash> stashes_;
+};
+
+// Load beside a measurement: `copies` threads, each with its own backend (from `make`)
+// and its own copy of the model, running whole training passes (every layer forward,
+// then backward) over a `batch` until destroyed — as the other stages of a node keep its
+// cores, caches and memory busy while one stage computes.
+class BackgroundLoad {
+ public:
+  BackgroundLoad(const ModelSpec& spec, const std::function<std::unique_ptr<Backend>()>& make,
+                 int copies, int64_t batch, uint64_t seed = 1);
+  ~BackgroundLoad();
+  BackgroundLoad(const BackgroundLoad&) = delete;
+  BackgroundLoad& operator=(const BackgroundLoad&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
 };
 
 // A square n x n x n sgemm with its operands, on one backend.

@@ -188,6 +188,7 @@ std::string profileToJson(const Profile& p) {
     j["batch"] = p.batch;
     j["warmup"] = p.warmup;
     j["repeats"] = p.repeats;
+    j["load"] = p.load;
   }
   if (p.links) {
     json links = json::array();
@@ -230,6 +231,7 @@ Profile parseProfile(const std::string& text, const std::string& where) {
     if (p.batch < 1) top.fail("batch", "is not positive");
     p.warmup = static_cast<int>(top.integer("warmup"));
     p.repeats = static_cast<int>(top.integer("repeats"));
+    if (version > 1 && top.has("load")) p.load = static_cast<int>(top.integer("load"));
   }
   for (size_t di = 0; di < devices.size(); ++di) {
     const Reader r = top.child(devices[di], "devices[" + std::to_string(di) + "]");

@@ -71,6 +71,7 @@ struct Profile {
   Shape input;        // one sample
   int64_t batch = 0;
   int warmup = 0, repeats = 0;
+  int load = 0;  // model copies training beside the measured one (tandem profile --load)
   std::vector<DeviceProfile> devices;
   std::optional<LinkSet> links;
 };

@@ -83,6 +83,7 @@ void addProfile(CLI::App& app) {
     bool links = false;
     LinkSurveyOptions survey;
     int link_timeout_s = 30;
+    int load = 0;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand(
@@ -101,6 +102,10 @@ void addProfile(CLI::App& app) {
   c->add_option("--out", a->out, "Write the profile (JSON) here");
   c->add_option("--against", a->against, "An earlier profile to compare medians with")
       ->check(CLI::ExistingFile);
+  c->add_option("--load", a->load,
+                "Copies of the model training on the same device beside the measured one, as "
+                "that many other stages of the node would (e.g. cores - 1)")
+      ->check(CLI::Range(0, 256));
   c->add_flag("--links", a->links,
               "Measure bandwidth and latency between the nodes of --cluster (and within each)");
   c->add_option("--cluster", a->cluster, "Cluster file whose nodes --links measures")
@@ -131,8 +136,12 @@ void addProfile(CLI::App& app) {
       p.batch = a->options.batch;
       p.warmup = a->options.warmup;
       p.repeats = a->options.repeats;
+      p.load = a->load;
       for (const std::string& name : a->devices) {
         auto backend = makeBackend(name, BackendOptions{a->threads});
+        const BackgroundLoad load(
+            spec, [&] { return makeBackend(name, BackendOptions{a->threads}); }, a->load,
+            a->options.batch);
         p.devices.push_back(profileDevice(spec, *backend, a->options));
         printDevice(p.devices.back());
       }

@@ -21,7 +21,7 @@ Profile tinyProfile() {
   o.repeats = 3;
   o.gemm_sizes = {16, 32};
   const ModelSpec spec = parseModelSpec(testing::kTinyNet);
-  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, {}, std::nullopt};
+  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, std::nullopt};
   p.devices.push_back(profileDevice(spec, be, o));
   return p;
 }
@@ -67,8 +67,10 @@ LinkSet twoLinks() {
 }
 
 TEST(ProfileTest, JsonRoundTrips) {
-  const Profile p = tinyProfile();
+  Profile p = tinyProfile();
+  p.load = 2;
   const Profile q = parseProfile(profileToJson(p), "mem");
+  EXPECT_EQ(q.load, 2);
   EXPECT_EQ(q.model, "tiny");
   EXPECT_EQ(q.input, (Shape{1, 8, 8}));
   EXPECT_EQ(q.batch, 4);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <thread>
@@ -45,6 +46,7 @@ struct Ranks {
   std::unique_ptr<Context> ctx;
   std::vector<std::unique_ptr<cpu::CpuBackend>> hosts;
   std::vector<std::unique_ptr<Group>> groups;
+  std::shared_ptr<void> rendezvous;  // removes the rendezvous directory at the end
   size_t size() const { return groups.size(); }
   Group& operator[](size_t r) { return *groups[r]; }
 };
@@ -58,8 +60,12 @@ Ranks makeRanks(const std::string& kind, int world,
     return g;
   }
   static std::atomic<int> made{0};
-  const std::string dir = ::testing::TempDir() + "/tandem-group-" + std::to_string(getpid()) + "-" +
-                          std::to_string(made++);
+  ++made;
+  const std::string dir = testing::freshDir("tandem-group");
+  g.rendezvous = std::shared_ptr<void>(nullptr, [dir](void*) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  });
   g.ctx = std::make_unique<Context>();
   g.groups.resize(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) g.hosts.push_back(std::make_unique<cpu::CpuBackend>());
@@ -300,10 +306,7 @@ TEST(GroupFailureTest, OverLinksAMissingRankIsNamedAndCountsMustAgree) {
   zo.size = 2;
   expectThrowWith<Timeout>(
       [&] {
-        makeZmqGroup(
-            ctx, host, zo,
-            fileExchange(::testing::TempDir() + "/tandem-lonely-" + std::to_string(getpid()), 0, 2,
-                         200ms));
+        makeZmqGroup(ctx, host, zo, fileExchange(testing::freshDir("tandem-lonely"), 0, 2, 200ms));
       },
       {"rendezvous", "rank(s) 1 of 2 did not arrive within 200 ms"});
   zo.codec = Codec::kI8;

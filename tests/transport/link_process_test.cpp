@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -114,7 +116,7 @@ TEST(LinkProcessTest, ARestartedPeerIsReachedByTheSameLink) {
 // the exact sum of integer-valued data; a child reports a wrong value by its exit code.
 TEST(GroupProcessTest, RanksInSeparateProcessesAllreduce) {
   const int world = 3;
-  const std::string dir = ::testing::TempDir() + "/tandem-group-proc-" + std::to_string(getpid());
+  const std::string dir = testing::freshDir("tandem-group-proc");
   auto rank = [&](int r) {  // true if every value is right
     Context ctx;
     cpu::CpuBackend host;
@@ -148,6 +150,7 @@ TEST(GroupProcessTest, RanksInSeparateProcessesAllreduce) {
     waitpid(child, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
