@@ -154,6 +154,9 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
   TANDEM_CHECK_MSG(options.bucket_bytes >= 4, InvalidArgument,
                    "bucket size " << options.bucket_bytes << " bytes is below one gradient");
   shareBatch(options.batch, backends.size(), options.shares);  // checks the shares
+  // Every replica must cut the same buckets: reduce in place only if all hold host memory.
+  bool host_memory = true;
+  for (Backend* be : backends) host_memory = host_memory && be->hostData(be->empty({1})) != nullptr;
   for (size_t r = 0; r < backends.size(); ++r) {
     TANDEM_CHECK_MSG(groups[r]->size() == static_cast<int>(backends.size()) &&
                          groups[r]->rank() == static_cast<int>(r),
@@ -167,10 +170,8 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
     rep->ready_at.resize(L);
     Bucket current;
     size_t bytes = 0;
-    // On a backend of host memory each parameter is its own bucket, reduced where it
+    // On backends of host memory each parameter is its own bucket, reduced where it
     // lies: no copies.
-    const bool host_memory = !rep->model.params().empty() &&
-                             backends[r]->hostData(rep->model.params()[0]->grad) != nullptr;
     auto close = [&] {
       if (current.params.empty()) return;
       size_t count = 0;

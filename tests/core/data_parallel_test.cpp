@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/opencl/devices.h"
+#include "backends/registry.h"
 #include "core/error.h"
 #include "core/loss.h"
 #include "core/train/microbatch.h"
@@ -182,6 +184,34 @@ TEST(DataParallelTest, SharesSplitTheBatch) {
   expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {1}); }, {"1 shares for 2 replicas"});
   expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {0, 0}); }, {"add up to 0"});
   expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {1, -1}); }, {"non-negative"});
+}
+
+// A CPU and an OpenCL replica (where there is an OpenCL device): the same buckets on
+// both (the device's travel through host copies), the same gradients, and weights that
+// agree to the devices' rounding.
+TEST(DataParallelTest, ACpuAndAnOpenClReplicaTrainTogether) {
+  if (opencl::listClDevices().empty()) GTEST_SKIP() << "no OpenCL device";
+  const Dataset data = testing::quadrants(200, 9);
+  DataParallelOptions o;
+  o.batch = 32;
+  o.shares = {3, 1};
+  std::vector<std::unique_ptr<Group>> groups = transport::makeLocalGroup(2);
+  auto cpu = makeBackend("cpu");
+  auto gpu = makeBackend("opencl:0");
+  DataParallelTrainer dp(parseModelSpec(kNoDropout), {cpu.get(), gpu.get()},
+                         {groups[0].get(), groups[1].get()}, OptimizerOptions{}, o);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  for (int64_t step = 0; step < 3; ++step) {
+    batchOf(data, step * o.batch, o.batch, x, y);
+    EXPECT_TRUE(std::isfinite(dp.step(x.data(), y.data(), o.batch)));
+  }
+  for (size_t p = 0; p < dp.model(0).params().size(); ++p) {
+    const std::vector<float> a = toHost(dp.model(0).params()[p]->value);
+    const std::vector<float> b = toHost(dp.model(1).params()[p]->value);
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::abs(a[i]))) << dp.model(0).params()[p]->name;
+  }
 }
 
 // A batch smaller than the replicas: the idle replica adds zeros and keeps up.
