@@ -135,8 +135,8 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
                                  parseLink(r, l, "a link"), r.at(l)});
           }
         } else {
-          r.fail(lkv.first, "unknown links key '" + lkey +
-                                "' (expected measured, local, default, between)");
+          r.fail(lkv.first,
+                 "unknown links key '" + lkey + "' (expected measured, local, default, between)");
         }
       }
     } else {
@@ -197,31 +197,25 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
   };
   if (!cluster.measured.empty()) {
     const auto it = profiles.find(cluster.measured);
-    TANDEM_CHECK_MSG(it != profiles.end(), InvalidArgument,
-                     cluster.measured_where << ": profile " << cluster.measured
-                                            << " was not loaded");
+    TANDEM_CHECK_MSG(
+        it != profiles.end(), InvalidArgument,
+        cluster.measured_where << ": profile " << cluster.measured << " was not loaded");
     TANDEM_CHECK_MSG(it->second.links.has_value(), InvalidArgument,
                      cluster.measured_where
                          << ": " << cluster.measured
                          << " holds no links (measure them with tandem profile --links)");
-    // Measured one way; a link is taken to be as fast both ways unless the other way was
-    // measured too.
+    // A link measured one way serves both ways, unless the other way was measured too:
+    // every measurement mirrored first, then each in its own direction.
     for (const LinkProfile& l : it->second.links->links) {
       const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);
       TANDEM_CHECK_MSG(a < nodes && z < nodes, InvalidArgument,
                        cluster.measured << ": a link from '" << l.from << "' to '" << l.to
                                         << "', but the cluster " << cluster.source
-                                        << " has no node '" << (a < nodes ? l.to : l.from)
-                                        << "'");
-      links[a][z] = Link{l.bandwidth, l.latency_s};
+                                        << " has no node '" << (a < nodes ? l.to : l.from) << "'");
+      links[z][a] = Link{l.bandwidth, l.latency_s};
     }
-    for (const LinkProfile& l : it->second.links->links) {
-      const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);
-      bool reverse_measured = false;
-      for (const LinkProfile& r : it->second.links->links)
-        reverse_measured = reverse_measured || (r.from == l.to && r.to == l.from);
-      if (!reverse_measured) links[z][a] = Link{l.bandwidth, l.latency_s};
-    }
+    for (const LinkProfile& l : it->second.links->links)
+      links[nodeIndex(l.from)][nodeIndex(l.to)] = Link{l.bandwidth, l.latency_s};
   }
   for (const ClusterLink& l : cluster.between) {
     const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);

@@ -128,8 +128,7 @@ class LocalGroup final : public Group {
       return;
     }
     meet(seq, c, o);
-    const Slice own = sliceOf(data.size(), size(), rank_);
-    reduceRange(data.data(), buffers(seq), own.begin, own.end, o.op);
+    reduceOwnSlice(seq, data, o.op);
     meet(seq, c, o);
     gatherSlices(seq, data);
     meet(seq, c, o);
@@ -141,8 +140,7 @@ class LocalGroup final : public Group {
     c.data = data.data();
     const uint64_t seq = begin(c);
     meet(seq, c, o);
-    const Slice own = sliceOf(data.size(), size(), rank_);
-    reduceRange(data.data(), buffers(seq), own.begin, own.end, o.op);
+    reduceOwnSlice(seq, data, o.op);
     meet(seq, c, o);
   }
 
@@ -279,6 +277,12 @@ class LocalGroup final : public Group {
     std::vector<const float*> b;
     for (int r = 0; r < size(); ++r) b.push_back(hub_->call(seq, r).data);
     return b;
+  }
+
+  // This rank's slice of `data` becomes the reduction of every rank's.
+  void reduceOwnSlice(uint64_t seq, std::span<float> data, ReduceOp op) {
+    const Slice own = sliceOf(data.size(), size(), rank_);
+    reduceRange(data.data(), buffers(seq), own.begin, own.end, op);
   }
 
   // Copies every other rank's slice from its owner.

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <deque>
 #include <exception>
 #include <mutex>
 #include <numeric>
@@ -257,10 +256,12 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
         auto handOver = [&](size_t layer) {
           for (size_t b : rep.ready_at[layer]) {
             Bucket& bucket = rep.buckets[b];
-            size_t at = 0;
-            for (Param* p : bucket.in_place.empty() ? bucket.params : std::vector<Param*>{}) {
-              be.download(p->grad, bucket.host.data() + at);
-              at += static_cast<size_t>(p->grad.numel());
+            if (bucket.in_place.empty()) {  // device memory: to the host first
+              size_t at = 0;
+              for (Param* p : bucket.params) {
+                be.download(p->grad, bucket.host.data() + at);
+                at += static_cast<size_t>(p->grad.numel());
+              }
             }
             std::lock_guard lock(rep.mutex);
             rep.handed = b + 1;
