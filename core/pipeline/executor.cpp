@@ -68,6 +68,7 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   int64_t stashed = 0;
   for (const Action& a : actions) {
     const int64_t k = a.microbatch;
+    if (a.type != ActionType::kStep && !mine(k)) continue;  // another replica's
     const auto t0 = Clock::now();
     const bool compute = a.type == ActionType::kForward || a.type == ActionType::kBackward ||
                          a.type == ActionType::kWeightGradient;
@@ -126,6 +127,7 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
       case ActionType::kStep:
         TANDEM_CHECK_MSG(optimizer_ != nullptr, InvalidArgument,
                          "stage " << range_.stage << ": a step without an optimizer");
+        if (options_.replicas && options_.replicas->size() > 1) allreduceGradients();
         optimizer_->step(model_.params());
         {
           const double before = counters_.busy_s;
@@ -139,7 +141,51 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   // The last stage keeps nothing after its forward (evaluation) or backward (training).
   inflight_.clear();
   tag_base_ += m;
+  if (range_.last() && options_.replicas && options_.replicas->size() > 1)
+    allreduceResult(result, info);
   return result;
+}
+
+void StageExecutor::allreduceGradients() {
+  const auto t0 = Clock::now();
+  size_t n = 0;
+  for (const Param* p : model_.params()) n += static_cast<size_t>(p->grad.numel());
+  grads_.resize(n);
+  size_t at = 0;
+  for (const Param* p : model_.params()) {
+    backend_.download(p->grad, grads_.data() + at);
+    at += static_cast<size_t>(p->grad.numel());
+  }
+  AllreduceOptions o;
+  o.tag = collectives_++;
+  o.timeout = options_.collective_timeout;
+  allreduce(*options_.replicas, grads_, o);
+  at = 0;
+  for (Param* p : model_.params()) {
+    backend_.upload(p->grad, grads_.data() + at);
+    at += static_cast<size_t>(p->grad.numel());
+  }
+  counters_.allreduce_s += seconds(Clock::now() - t0);
+}
+
+void StageExecutor::allreduceResult(StepResult& result, const StepInfo& info) {
+  TANDEM_CHECK_MSG(info.labels, Unsupported,
+                   "stage " << range_.stage
+                            << ": a replicated last stage cannot serve outputs without labels "
+                               "(each replica holds only its own microbatches')");
+  const auto t0 = Clock::now();
+  // Small integers are exact in fp32; the loss sum keeps fp32's relative precision.
+  std::vector<float> sums = {static_cast<float>(result.loss_sum),
+                             static_cast<float>(result.correct),
+                             static_cast<float>(result.samples)};
+  AllreduceOptions o;
+  o.tag = collectives_++;
+  o.timeout = options_.collective_timeout;
+  allreduce(*options_.replicas, sums, o);
+  result.loss_sum = sums[0];
+  result.correct = static_cast<int64_t>(sums[1]);
+  result.samples = static_cast<int64_t>(sums[2]);
+  counters_.allreduce_s += seconds(Clock::now() - t0);
 }
 
 void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,

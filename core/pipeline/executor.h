@@ -14,6 +14,15 @@
 // Message tags are global microbatch numbers (a running count over the executor's
 // steps), so a stage that runs ahead into the next step never confuses its messages.
 //
+// Replicas (the hybrid of pipeline and data parallelism): a stage may run as R
+// executors, each with the same layers and a rank of a Group of R. Each runs the stage's
+// action list for the microbatches whose global number is its rank modulo R, in the
+// list's order (a subsequence of a deadlock-free schedule, so no new waits arise), and
+// its neighbours reach the right replica through a ReplicaLinks. At the flush the
+// replicas sum their gradients with an allreduce (in rank order, so they stay bitwise
+// identical) before every one takes the same optimizer step; a replicated last stage
+// also sums its loss and counts so that each replica returns the step's whole result.
+//
 // Threading: one thread drives an executor.
 #pragma once
 
@@ -25,6 +34,7 @@
 
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/pipeline/group.h"
 #include "core/pipeline/link.h"
 #include "core/pipeline/schedule.h"
 
@@ -41,6 +51,10 @@ struct ExecutorOptions {
   bool recompute = false;
   uint64_t seed = 1;          // dropout seeds: microbatchSeed(seed, step, k)
   bool record_spans = false;  // keep a Span per action for the timeline
+  // The stage's replicas (null: one): this executor is replica rank() of size(). Must
+  // outlive the executor.
+  Group* replicas = nullptr;
+  std::chrono::milliseconds collective_timeout{60000};
 };
 
 // A microbatch as the first stage feeds it in.
@@ -73,6 +87,7 @@ struct StageCounters {
   double compute_cpu_s = 0;
   double recv_wait_s = 0;  // blocked in Link::recv
   double send_s = 0;       // in Link::send (copy or encode, then queue)
+  double allreduce_s = 0;  // replicas: summing gradients (and the last stage's loss)
   int64_t peak_stash = 0;  // most microbatches forwarded and not yet backward
   int64_t microbatches = 0;
 };
@@ -116,6 +131,13 @@ class StageExecutor {
   void backward(int64_t k, const StepInfo& info, bool split);
   MessageTag tag(MessageKind kind, int64_t k) const { return {kind, tag_base_ + k}; }
   void record(ActionType type, int64_t k, Clock::time_point t0, double& counter);
+  // Whether microbatch k of this step is this replica's.
+  bool mine(int64_t k) const {
+    return !options_.replicas ||
+           (tag_base_ + k) % options_.replicas->size() == options_.replicas->rank();
+  }
+  void allreduceGradients();
+  void allreduceResult(StepResult& result, const StepInfo& info);
 
   Model& model_;
   Backend& backend_;
@@ -125,6 +147,8 @@ class StageExecutor {
   ExecutorOptions options_;
   std::map<int64_t, InFlight> inflight_;  // by microbatch of the current step
   int64_t tag_base_ = 0;                  // global number of this step's microbatch 0
+  uint64_t collectives_ = 0;              // tags of the replicas' collectives
+  std::vector<float> grads_;              // the packed gradients, for the allreduce
   StageCounters counters_;
   std::vector<Span> spans_;
 };

@@ -92,7 +92,24 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
     return;
   }
   if (!node.IsSequence() || node.size() == 0) r.fail(node, expected);
-  for (const auto& range : node) {
+  for (const auto& entry : node) {
+    // [begin, end], or {layers: [begin, end], replicas: N}. (Nodes are copied, never
+    // assigned: assigning a YAML::Node overwrites the node it refers to.)
+    int64_t replicas = 1;
+    const auto layersOf = [&](const YAML::Node& stage) {
+      for (const auto& kv : stage) {
+        const std::string key = r.get<std::string>(kv.first, "key", "a stage setting");
+        if (key == "replicas") {
+          replicas = r.positive(kv.second, key);
+          if (replicas > 64) r.fail(kv.second, "'replicas' must be at most 64");
+        } else if (key != "layers") {
+          r.fail(kv.first, "unknown stage key '" + key + "' (expected layers or replicas)");
+        }
+      }
+      if (!stage["layers"]) r.fail(stage, "the stage has no 'layers: [begin, end]'");
+      return stage["layers"];
+    };
+    const YAML::Node range = entry.IsMap() ? layersOf(entry) : YAML::Node(entry);
     if (!range.IsSequence() || range.size() != 2)
       r.fail(range, "a stage's layers are a range [begin, end]");
     const auto begin = r.get<long long>(range[0], "begin", "a layer index");
@@ -102,6 +119,7 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
                         ") is empty or negative");
     job.ranges.push_back({static_cast<size_t>(begin), static_cast<size_t>(end)});
     job.range_where.push_back(r.at(range));
+    job.range_replicas.push_back(static_cast<int>(replicas));
   }
 }
 

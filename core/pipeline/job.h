@@ -12,6 +12,8 @@
 //   codec: {activations: fp32, gradients: fp32}
 //   transport: tcp                 # tcp | ipc (loopback)
 //   partition: equal               # or a list of layer ranges: [[0, 4], [4, 9], [9, 11]],
+//                                  # where a stage may have data-parallel replicas:
+//                                  # [[0, 4], {layers: [4, 9], replicas: 2}, [9, 11]],
 //                                  # or a plan file (`tandem partition --out`), or auto
 //   stages: 3                      # with `equal`
 //   cluster: ../clusters/local.yaml   # with `auto`: the devices to plan over
@@ -53,6 +55,7 @@ struct JobSpec {
   // Either explicit layer ranges [begin, end) or, when empty, `stages` equal parts.
   std::vector<std::pair<size_t, size_t>> ranges;
   std::vector<std::string> range_where;  // "job.yaml:12:5" per range, for messages
+  std::vector<int> range_replicas;       // per range: the stage's replicas (1: none)
   int stages = 0;
   // `partition: PLAN.yaml` (its path) or `partition: auto` (plan with the partitioner from
   // `cluster` and `profile` when the run starts); the stages' devices come from the plan.

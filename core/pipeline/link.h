@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/pipeline/message.h"
@@ -29,6 +30,26 @@ class Link {
   virtual Tensor recv(const MessageTag& tag, Backend& backend) = 0;
   // The peer's address, for messages.
   virtual const std::string& peer() const = 0;
+};
+
+// The links to the replicas of a neighbouring stage: microbatch g (global) goes to and
+// comes from replica g mod R, the one that runs it (executor.h). With one link it is
+// that link.
+class ReplicaLinks final : public Link {
+ public:
+  explicit ReplicaLinks(std::vector<Link*> links);
+  void send(const MessageTag& tag, const Tensor& t) override { route(tag).send(tag, t); }
+  Tensor recv(const MessageTag& tag, Backend& backend) override {
+    return route(tag).recv(tag, backend);
+  }
+  const std::string& peer() const override { return peers_; }
+
+ private:
+  Link& route(const MessageTag& tag) const {
+    return *links_[static_cast<size_t>(tag.microbatch % static_cast<int64_t>(links_.size()))];
+  }
+  std::vector<Link*> links_;
+  std::string peers_;  // "a, b": every replica's address
 };
 
 }  // namespace tandem

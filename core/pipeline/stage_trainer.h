@@ -24,6 +24,8 @@ struct PipelineOptions {
   bool shuffle = true;
   bool recompute = false;
   bool record_spans = false;
+  Group* replicas = nullptr;  // this stage's replicas (executor.h); null: one
+  std::chrono::milliseconds collective_timeout{60000};
 };
 
 class StageTrainer {

@@ -36,6 +36,13 @@ bool isCompute(ActionType t) {
          t == ActionType::kWeightGradient || t == ActionType::kStep;
 }
 
+// "stage 1", or "stage 1.0" for replica 0 of a replicated stage 1.
+std::string rowName(const StageSpans& s) {
+  std::string name = std::string("stage ").append(std::to_string(s.stage));
+  if (s.replica >= 0) name.append(".").append(std::to_string(s.replica));
+  return name;
+}
+
 }  // namespace
 
 std::string chromeTrace(const std::vector<StageSpans>& stages) {
@@ -46,11 +53,13 @@ std::string chromeTrace(const std::vector<StageSpans>& stages) {
   os << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
   bool first = true;
   char buf[256];
-  for (const StageSpans& s : stages) {
+  for (size_t row = 0; row < stages.size(); ++row) {
+    const StageSpans& s = stages[row];
+    const int tid = static_cast<int>(row);
     std::snprintf(buf, sizeof buf,
                   "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,"
-                  "\"args\":{\"name\":\"stage %d\"}}",
-                  first ? "" : ",", s.stage, s.stage);
+                  "\"args\":{\"name\":\"%s\"}}",
+                  first ? "" : ",", tid, rowName(s).c_str());
     os << buf;
     first = false;
     for (const Span& span : s.spans) {
@@ -58,7 +67,7 @@ std::string chromeTrace(const std::vector<StageSpans>& stages) {
                     ",{\"name\":\"%s %lld\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,"
                     "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"microbatch\":%lld}}",
                     spanName(span.type), static_cast<long long>(span.microbatch),
-                    isCompute(span.type) ? "compute" : "transfer", s.stage,
+                    isCompute(span.type) ? "compute" : "transfer", tid,
                     (span.start_s - origin) * 1e6, (span.end_s - span.start_s) * 1e6,
                     static_cast<long long>(span.microbatch));
       os << buf;
@@ -87,9 +96,9 @@ std::string timelineSvg(const std::vector<StageSpans>& stages, double begin_s, d
   for (size_t r = 0; r < stages.size(); ++r) {
     const int y = top + static_cast<int>(r) * row;
     std::snprintf(buf, sizeof buf,
-                  "<text x=\"4\" y=\"%d\">stage %d</text>\n<line x1=\"%d\" y1=\"%d\" x2=\"%d\" "
+                  "<text x=\"4\" y=\"%d\">%s</text>\n<line x1=\"%d\" y1=\"%d\" x2=\"%d\" "
                   "y2=\"%d\" stroke=\"#ddd\"/>\n",
-                  y + 17, stages[r].stage, label, y + row - 2, width - 10, y + row - 2);
+                  y + 17, rowName(stages[r]).c_str(), label, y + row - 2, width - 10, y + row - 2);
     os << buf;
     for (const Span& s : stages[r].spans) {
       if (!isCompute(s.type) || s.end_s <= begin_s || s.start_s >= end_s) continue;

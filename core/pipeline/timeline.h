@@ -13,10 +13,11 @@ namespace tandem {
 struct StageSpans {
   int stage = 0;
   std::vector<Span> spans;
+  int replica = -1;  // which replica of a replicated stage (-1: the stage has one)
 };
 
 // Every span; times in microseconds from the earliest span. Stages are threads of one
-// process named "stage s".
+// process named "stage s" (or "stage s.r", replica r of a replicated stage).
 std::string chromeTrace(const std::vector<StageSpans>& stages);
 
 // The forwards, backwards and optimizer steps within [begin_s, end_s) (steady-clock

@@ -69,8 +69,10 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
   if (path.empty()) {
     TANDEM_CHECK_MSG(!job.auto_partition, InvalidArgument,
                      job.source << ": 'partition: auto' is planned by `tandem run`");
-    for (const auto& [begin, end] : stageRanges(job, model))
-      out.push_back({begin, end, "cpu", job.threads, -1});
+    const auto ranges = stageRanges(job, model);
+    for (size_t s = 0; s < ranges.size(); ++s)
+      out.push_back({ranges[s].first, ranges[s].second, "cpu", job.threads, -1,
+                     s < job.range_replicas.size() ? job.range_replicas[s] : 1});
     return out;
   }
   const auto specs = partitioner::parsePlan(readFile(path, "plan file"), path);
@@ -78,15 +80,13 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
   ranges.ranges.clear();
   ranges.range_where.clear();
   for (const partitioner::PlanStageSpec& s : specs) {
-    TANDEM_CHECK_MSG(s.devices.size() == 1, Unsupported,
-                     s.where << ": a stage with " << s.devices.size()
-                             << " replicas; `tandem run` runs one device per stage so far");
     ranges.ranges.push_back({s.begin, s.end});
     ranges.range_where.push_back(s.where);
   }
   stageRanges(ranges, model);
   for (const partitioner::PlanStageSpec& s : specs)
-    out.push_back({s.begin, s.end, s.backend, s.threads, s.compute_s});
+    out.push_back({s.begin, s.end, s.backend, s.threads, s.compute_s,
+                   static_cast<int>(std::max<size_t>(1, s.devices.size()))});
   return out;
 }
 

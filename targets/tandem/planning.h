@@ -38,12 +38,13 @@ struct StagePlacement {
   std::string backend = "cpu";
   int threads = 1;
   double predicted_compute_s = -1;  // from the plan, per microbatch (-1: no plan)
+  int replicas = 1;                 // data-parallel replicas, each a worker on `backend`
 };
 
 // The job's stages: from `plan_file` when given (what `tandem run` hands its workers
 // after planning once), else the job's plan file, else its ranges or equal split on the
-// CPU with the job's threads. Plans are checked to cover the model exactly once, and a
-// replicated stage is refused (Unsupported) until the executor can run replicas.
+// CPU with the job's threads. Plans are checked to cover the model exactly once; a
+// plan's stage on several devices has that many replicas.
 std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                                       const std::string& plan_file = "");
 

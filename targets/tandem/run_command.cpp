@@ -35,6 +35,8 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 struct Worker {
+  int stage = 0, replica = 0;
+  std::string name;  // "stage 1", or "stage 1 replica 0" when the stage has replicas
   pid_t pid = -1;
   bool exited = false, done = false;
   Json hello, report;
@@ -49,18 +51,55 @@ void stopAll(std::vector<Worker>& workers) {
 }
 
 // "stage 1 (pid 42) was killed by signal 9 before finishing"
-std::string describeExit(size_t stage, pid_t pid, int status, const char* when) {
+std::string describeExit(const Worker& w, int status, const char* when) {
   std::string what = WIFSIGNALED(status)
                          ? "was killed by signal " + std::to_string(WTERMSIG(status))
                          : "exited with code " + std::to_string(WEXITSTATUS(status));
-  return "stage " + std::to_string(stage) + " (pid " + std::to_string(pid) + ") " + what + " " +
-         when;
+  return w.name + " (pid " + std::to_string(w.pid) + ") " + what + " " + when;
 }
 
+// The workers: one per replica of each stage, in stage order.
+class Workers {
+ public:
+  explicit Workers(const std::vector<StagePlacement>& stages) {
+    for (size_t s = 0; s < stages.size(); ++s) {
+      first_.push_back(all.size());
+      for (int r = 0; r < stages[s].replicas; ++r) {
+        Worker w;
+        w.stage = static_cast<int>(s);
+        w.replica = r;
+        w.name = "stage " + std::to_string(s);
+        if (stages[s].replicas > 1) w.name += " replica " + std::to_string(r);
+        all.push_back(std::move(w));
+      }
+    }
+  }
+  int replicas(int stage) const {
+    const auto s = static_cast<size_t>(stage);
+    return static_cast<int>((s + 1 < first_.size() ? first_[s + 1] : all.size()) - first_[s]);
+  }
+  // The worker a control message names; FormatError if there is none such.
+  Worker& named(const Json& m) {
+    const int64_t stage = field<int64_t>(m, "stage");
+    const int64_t replica = m.contains("replica") ? field<int64_t>(m, "replica") : 0;
+    if (stage < 0 || stage >= static_cast<int64_t>(first_.size()) || replica < 0 ||
+        replica >= replicas(static_cast<int>(stage)))
+      throw FormatError("a control message names stage " + std::to_string(stage) + " replica " +
+                        std::to_string(replica));
+    return at(static_cast<int>(stage), static_cast<int>(replica));
+  }
+  Worker& at(int stage, int replica) {
+    return all[first_[static_cast<size_t>(stage)] + static_cast<size_t>(replica)];
+  }
+  std::vector<Worker> all;
+
+ private:
+  std::vector<size_t> first_;  // each stage's first worker
+};
+
 // A worker's error report: "stage 1 failed: <its message>".
-std::string describeError(const Json& report) {
-  return "stage " + std::to_string(field<int64_t>(report, "stage")) +
-         " failed: " + field<std::string>(report, "message");
+std::string describeError(Workers& workers, const Json& report) {
+  return workers.named(report).name + " failed: " + field<std::string>(report, "message");
 }
 
 // Combines the stages' saved slices into one model file.
@@ -116,18 +155,24 @@ void writeTimeline(const std::string& dir, const std::vector<StageSpans>& all) {
 // first-stage forward (which takes the input) to the end of its last-stage forward.
 void printInference(const std::vector<StageSpans>& all, const Json& result, int64_t batch,
                     int64_t microbatches) {
+  // Replicas of the first and last stage each hold their own requests' spans.
   std::map<int64_t, double> start;
-  for (const Span& s : all.front().spans)
-    if (s.type == ActionType::kForward) start[s.microbatch] = s.start_s;
+  for (const StageSpans& st : all)
+    for (const Span& s : st.spans)
+      if (st.stage == all.front().stage && s.type == ActionType::kForward)
+        start[s.microbatch] = s.start_s;
   std::vector<double> latency;
   double first = std::numeric_limits<double>::max(), last = 0;
-  for (const Span& s : all.back().spans) {
-    if (s.type != ActionType::kForward) continue;
-    auto it = start.find(s.microbatch);
-    if (it == start.end()) continue;
-    latency.push_back(s.end_s - it->second);
-    first = std::min(first, it->second);
-    last = std::max(last, s.end_s);
+  for (const StageSpans& st : all) {
+    if (st.stage != all.back().stage) continue;
+    for (const Span& s : st.spans) {
+      if (s.type != ActionType::kForward) continue;
+      auto it = start.find(s.microbatch);
+      if (it == start.end()) continue;
+      latency.push_back(s.end_s - it->second);
+      first = std::min(first, it->second);
+      last = std::max(last, s.end_s);
+    }
   }
   if (latency.empty()) throw Error("inference: no request went through every stage");
   std::sort(latency.begin(), latency.end());
@@ -183,19 +228,23 @@ int runJob(const RunArgs& args) {
   const int p = static_cast<int>(stages.size());
   transport::Context ctx;
   ControlIn in(ctx, "tcp://127.0.0.1:*");
-  std::vector<Worker> workers(static_cast<size_t>(p));
-  for (int s = 0; s < p; ++s) {
-    const std::string stage = std::to_string(s);
-    std::vector<std::string> argv = {
-        "stage",       path,        "--stage", stage,    "--control",
-        in.endpoint(), "--run-dir", run_dir,   "--mode", args.infer ? "infer" : "train"};
-    if (spans_wanted) argv.insert(argv.end(), {"--spans", spanFile(run_dir, s)});
+  Workers pool(stages);
+  std::vector<Worker>& workers = pool.all;
+  const int n = static_cast<int>(workers.size());
+  for (int i = 0; i < n; ++i) {
+    Worker& w = workers[static_cast<size_t>(i)];
+    std::vector<std::string> argv = {"stage",     path,
+                                     "--stage",   std::to_string(w.stage),
+                                     "--replica", std::to_string(w.replica),
+                                     "--control", in.endpoint(),
+                                     "--run-dir", run_dir,
+                                     "--mode",    args.infer ? "infer" : "train"};
+    if (spans_wanted) argv.insert(argv.end(), {"--spans", spanFile(run_dir, i)});
     if (!plan_file.empty()) argv.insert(argv.end(), {"--plan", plan_file});
-    const pid_t pid = spawnSelf(argv);
-    workers[static_cast<size_t>(s)].pid = pid;
-    const StagePlacement& place = stages[static_cast<size_t>(s)];
-    spdlog::info("stage {}: layers [{}, {}) on {} ({} threads), pid {}", s, place.begin, place.end,
-                 place.backend, place.threads, pid);
+    w.pid = spawnSelf(argv);
+    const StagePlacement& place = stages[static_cast<size_t>(w.stage)];
+    spdlog::info("{}: layers [{}, {}) on {} ({} threads), pid {}", w.name, place.begin, place.end,
+                 place.backend, place.threads, w.pid);
   }
   std::vector<std::unique_ptr<ControlOut>> out;
   Progress progress(job.epochs);
@@ -210,22 +259,21 @@ int runJob(const RunArgs& args) {
     return 1;
   };
   auto last_message = Clock::now();
-  while (done < p) {
+  while (done < n) {
     // A worker that exits before reporting done has failed, whatever its code.
-    for (size_t s = 0; s < workers.size(); ++s) {
+    for (Worker& w : workers) {
       int status = 0;
-      Worker& w = workers[s];
       if (!w.exited && waitpid(w.pid, &status, WNOHANG) == w.pid) {
         w.exited = true;
         if (!w.done && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
           // Its error report, if it sent one, says more than the exit status.
           try {
             while (auto m = in.recv(100ms))
-              if (m->value("type", "") == "error") return fail(describeError(*m));
+              if (m->value("type", "") == "error") return fail(describeError(pool, *m));
           } catch (const FormatError& e) {
             return fail(e.what());
           }
-          return fail(describeExit(s, w.pid, status, "before finishing"));
+          return fail(describeExit(w, status, "before finishing"));
         }
       }
     }
@@ -240,37 +288,44 @@ int runJob(const RunArgs& args) {
       }
       last_message = Clock::now();
       const std::string type = field<std::string>(*m, "type");
-      if (type == "error") return fail(describeError(*m));
-      const int64_t stage = type == "progress" || type == "epoch" || type == "infer"
-                                ? p - 1
-                                : field<int64_t>(*m, "stage");
-      if (stage < 0 || stage >= p)
-        return fail("a control message names stage " + std::to_string(stage));
-      Worker& w = workers[static_cast<size_t>(stage)];
+      if (type == "error") return fail(describeError(pool, *m));
       if (type == "hello") {
+        Worker& w = pool.named(*m);
+        if (!w.hello.is_null()) return fail(w.name + " said hello twice");
         w.hello = *m;
-        if (++hellos < p) continue;
-        // Every stage is up: tell each its neighbours' receive endpoints.
+        if (++hellos < n) continue;
+        // Every worker is up: tell each its neighbours' receive endpoints — replica r of
+        // stage s gets, from every replica of the stages beside it, the endpoint that
+        // replica bound for r.
         const int64_t train_samples = field<int64_t>(workers[0].hello, "train_samples");
         const int64_t test_samples = field<int64_t>(workers[0].hello, "test_samples");
-        for (int s = 0; s < p; ++s) {
-          const auto i = static_cast<size_t>(s);
-          out.push_back(
-              std::make_unique<ControlOut>(ctx, field<std::string>(workers[i].hello, "control")));
-          out.back()->send(
-              {{"type", "peers"},
-               {"prev", s > 0 ? field<std::string>(workers[i - 1].hello, "next") : ""},
-               {"next", s < p - 1 ? field<std::string>(workers[i + 1].hello, "prev") : ""},
-               {"train_samples", train_samples},
-               {"test_samples", test_samples}});
+        auto endpoints = [&](int stage, const char* side, int replica) {
+          Json list = Json::array();
+          for (int j = 0; stage >= 0 && stage < p && j < pool.replicas(stage); ++j) {
+            const Json& eps = pool.at(stage, j).hello.at(side);
+            if (!eps.is_array() || static_cast<int>(eps.size()) <= replica)
+              throw FormatError(pool.at(stage, j).name + "'s hello lists too few '" + side +
+                                "' endpoints");
+            list.push_back(eps.at(static_cast<size_t>(replica)));
+          }
+          return list;
+        };
+        for (Worker& to : workers) {
+          out.push_back(std::make_unique<ControlOut>(ctx, field<std::string>(to.hello, "control")));
+          out.back()->send({{"type", "peers"},
+                            {"prev", endpoints(to.stage - 1, "next", to.replica)},
+                            {"next", endpoints(to.stage + 1, "prev", to.replica)},
+                            {"train_samples", train_samples},
+                            {"test_samples", test_samples}});
         }
-        spdlog::info("{} stages up: {} schedule, {} microbatches of a {}-sample batch, {} over {}",
-                     p, args.infer ? "forward" : scheduleName(job.schedule), job.microbatches,
-                     job.batch,
-                     job.activation_codec == job.gradient_codec
-                         ? job.activation_codec
-                         : job.activation_codec + "/" + job.gradient_codec,
-                     job.transport);
+        spdlog::info(
+            "{} stages ({} workers) up: {} schedule, {} microbatches of a {}-sample batch, {} over "
+            "{}",
+            p, n, args.infer ? "forward" : scheduleName(job.schedule), job.microbatches, job.batch,
+            job.activation_codec == job.gradient_codec
+                ? job.activation_codec
+                : job.activation_codec + "/" + job.gradient_codec,
+            job.transport);
       } else if (type == "progress") {
         progress.update({field<int64_t>(*m, "epoch"), field<int64_t>(*m, "step"),
                          field<int64_t>(*m, "steps"), field<double>(*m, "loss"),
@@ -289,6 +344,8 @@ int runJob(const RunArgs& args) {
       } else if (type == "infer") {
         infer_result = *m;
       } else if (type == "done") {
+        Worker& w = pool.named(*m);
+        if (w.done) return fail(w.name + " reported done twice");
         w.report = *m;
         w.done = true;
         ++done;
@@ -299,18 +356,21 @@ int runJob(const RunArgs& args) {
       return fail(e.what());
     }
   }
-  for (size_t s = 0; s < workers.size(); ++s) {
-    Worker& w = workers[s];
+  for (Worker& w : workers) {
     int status = 0;
     if (w.exited) continue;
     waitpid(w.pid, &status, 0);
     w.exited = true;
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-      return fail(describeExit(s, w.pid, status, "after finishing"));
+      return fail(describeExit(w, status, "after finishing"));
   }
   if (spans_wanted) {
     std::vector<StageSpans> spans;
-    for (int s = 0; s < p; ++s) spans.push_back({s, readSpans(spanFile(run_dir, s))});
+    for (int i = 0; i < n; ++i) {
+      const Worker& w = workers[static_cast<size_t>(i)];
+      spans.push_back(
+          {w.stage, readSpans(spanFile(run_dir, i)), pool.replicas(w.stage) > 1 ? w.replica : -1});
+    }
     if (!timeline.empty()) writeTimeline(timeline, spans);
     if (args.infer) {
       if (infer_result.is_null()) return fail("the last stage reported no inference result");
@@ -323,13 +383,18 @@ int runJob(const RunArgs& args) {
   // optimizer) over the microbatches it ran, the thread CPU time of the same (what the
   // stage computed, without the time other processes took its core), beside the plan's
   // prediction if there is one.
-  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %11s %11s %10s %8s %10s\n", "stage", "layers",
-              "device", "busy %", "waiting %", "sending %", "stash", "MB sent", "MB received",
-              "ms/micro", "cpu ms", "predicted");
+  // A replicated stage has a row per replica ("1.0", "1.1"), with the share of its time
+  // spent summing gradients with the other replicas (sync %).
+  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %6s %11s %11s %10s %8s %10s\n", "stage", "layers",
+              "device", "busy %", "waiting %", "sending %", "sync %", "stash", "MB sent",
+              "MB received", "ms/micro", "cpu ms", "predicted");
   double busy = 0, span = 0;
-  for (int s = 0; s < p; ++s) {
-    const Json& r = workers[static_cast<size_t>(s)].report;
-    const Json& h = workers[static_cast<size_t>(s)].hello;
+  for (const Worker& w : workers) {
+    const Json& r = w.report;
+    const Json& h = w.hello;
+    const std::string row = pool.replicas(w.stage) > 1
+                                ? std::to_string(w.stage) + "." + std::to_string(w.replica)
+                                : std::to_string(w.stage);
     const double t = std::max(field<double>(r, "run_s"), 1e-9);
     const auto layers = h.at("layers");
     const std::string range = "[" + std::to_string(layers.at(0).get<int64_t>()) + ", " +
@@ -338,13 +403,13 @@ int runJob(const RunArgs& args) {
         static_cast<double>(std::max<int64_t>(1, field<int64_t>(r, "microbatches")));
     const double per_micro = (field<double>(r, "busy_s") - field<double>(r, "step_s")) / micro;
     const double cpu_per_micro = field<double>(r, "compute_cpu_s") / micro;
-    const double predicted = stages[static_cast<size_t>(s)].predicted_compute_s;
+    const double predicted = stages[static_cast<size_t>(w.stage)].predicted_compute_s;
     const std::string predicted_text =
         predicted >= 0 ? std::to_string(predicted * 1e3).substr(0, 6) : "-";
-    std::printf("%-6d %-10s %-8s %7.1f %9.1f %9.1f %6lld %11.2f %11.2f %10.3f %8.3f %10s\n", s,
-                range.c_str(), field<std::string>(h, "device").c_str(),
+    std::printf("%-6s %-10s %-8s %7.1f %9.1f %9.1f %6.1f %6lld %11.2f %11.2f %10.3f %8.3f %10s\n",
+                row.c_str(), range.c_str(), field<std::string>(h, "device").c_str(),
                 100 * field<double>(r, "busy_s") / t, 100 * field<double>(r, "recv_wait_s") / t,
-                100 * field<double>(r, "send_s") / t,
+                100 * field<double>(r, "send_s") / t, 100 * field<double>(r, "allreduce_s") / t,
                 static_cast<long long>(field<int64_t>(r, "peak_stash")),
                 static_cast<double>(field<int64_t>(r, "bytes_sent")) / 1e6,
                 static_cast<double>(field<int64_t>(r, "bytes_received")) / 1e6, per_micro * 1e3,
@@ -355,7 +420,7 @@ int runJob(const RunArgs& args) {
   const double m = static_cast<double>(job.microbatches);
   if (!args.infer)
     std::printf("bubble: measured %.3f (idle share of stage time), formula (p-1)/(m+p-1) = %.3f\n",
-                1.0 - busy / (p * span), (p - 1) / (m + p - 1));
+                1.0 - busy / (n * span), (p - 1) / (m + p - 1));
   if (accuracy >= 0) std::printf("test accuracy: %.4f\n", accuracy);
   std::fflush(stdout);
   if (!args.infer && !job.save.empty()) {

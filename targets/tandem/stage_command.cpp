@@ -19,6 +19,7 @@
 #include "targets/tandem/commands.h"
 #include "targets/tandem/control.h"
 #include "targets/tandem/planning.h"
+#include "transport/zmq_group.h"
 #include "transport/zmq_link.h"
 
 namespace tandem::cli {
@@ -33,7 +34,7 @@ struct StageArgs {
   std::string mode = "train";  // or "infer": stream the test set forward-only
   std::string spans;           // if set: record a span per action and write them here (JSON)
   std::string plan;            // the plan `tandem run` made for `partition: auto`
-  int stage = 0;
+  int stage = 0, replica = 0;
 };
 
 Json countersJson(const StageCounters& c) {
@@ -42,6 +43,7 @@ Json countersJson(const StageCounters& c) {
           {"compute_cpu_s", c.compute_cpu_s},
           {"recv_wait_s", c.recv_wait_s},
           {"send_s", c.send_s},
+          {"allreduce_s", c.allreduce_s},
           {"peak_stash", c.peak_stash},
           {"microbatches", c.microbatches}};
 }
@@ -52,6 +54,7 @@ StageCounters minus(StageCounters a, const StageCounters& b) {
   a.compute_cpu_s -= b.compute_cpu_s;
   a.recv_wait_s -= b.recv_wait_s;
   a.send_s -= b.send_s;
+  a.allreduce_s -= b.allreduce_s;
   a.microbatches -= b.microbatches;
   return a;
 }
@@ -64,6 +67,10 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   TANDEM_CHECK_MSG(s >= 0 && s < p, InvalidArgument,
                    "--stage " << s << " but the job has " << p << " stages");
   const StagePlacement& place = stages[static_cast<size_t>(s)];
+  const int replica = a.replica, replicas = place.replicas;
+  TANDEM_CHECK_MSG(replica >= 0 && replica < replicas, InvalidArgument,
+                   "--replica " << replica << " but stage " << s << " has " << replicas);
+  auto replicasOf = [&](int stage) { return stages[static_cast<size_t>(stage)].replicas; };
   const size_t begin = place.begin, end = place.end;
   // The backend outlives everything that holds its memory (declared first).
   auto backend = makeBackend(place.backend, BackendOptions{place.threads});
@@ -72,39 +79,44 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   if (!job.weights.empty()) loadWeights(model, readModelFile(job.weights), false);
   Optimizer optimizer(*backend, job.optimizer);
 
-  auto bindFor = [&](const char* side) {
-    if (job.transport == "ipc") return "ipc://" + a.run_dir + "/s" + std::to_string(s) + side;
-    return std::string("tcp://127.0.0.1:*");
-  };
-  auto linkOptions = [&](const char* side, const std::string& codec, int peer) {
+  // One link to each replica of each neighbouring stage (one each when unreplicated): the
+  // previous stage's carry gradients out, the next stage's activations.
+  auto linkOptions = [&](const std::string& side, const std::string& codec, int peer) {
     transport::LinkOptions o;
-    o.bind = bindFor(side);
+    o.bind = job.transport == "ipc" ? "ipc://" + a.run_dir + "/s" + std::to_string(s) + "r" +
+                                          std::to_string(replica) + side
+                                    : std::string("tcp://127.0.0.1:*");
     o.codec = transport::parseCodec(codec);
     o.timeout = std::chrono::seconds(job.timeout_s);
     o.stage = s;
     o.peer_stage = peer;
     return o;
   };
-  // The previous stage's link carries gradients out; the next stage's, activations.
-  std::unique_ptr<transport::ZmqLink> prev, next;
-  if (s > 0)
-    prev =
-        std::make_unique<transport::ZmqLink>(ctx, linkOptions("-prev", job.gradient_codec, s - 1));
-  if (s < p - 1)
-    next = std::make_unique<transport::ZmqLink>(ctx,
-                                                linkOptions("-next", job.activation_codec, s + 1));
+  std::vector<std::unique_ptr<transport::ZmqLink>> prev_links, next_links;
+  Json prev_endpoints = Json::array(), next_endpoints = Json::array();
+  for (int i = 0; s > 0 && i < replicasOf(s - 1); ++i) {
+    prev_links.push_back(std::make_unique<transport::ZmqLink>(
+        ctx, linkOptions("-prev" + std::to_string(i), job.gradient_codec, s - 1)));
+    prev_endpoints.push_back(prev_links.back()->endpoint());
+  }
+  for (int j = 0; s < p - 1 && j < replicasOf(s + 1); ++j) {
+    next_links.push_back(std::make_unique<transport::ZmqLink>(
+        ctx, linkOptions("-next" + std::to_string(j), job.activation_codec, s + 1)));
+    next_endpoints.push_back(next_links.back()->endpoint());
+  }
   ControlIn in(ctx, "tcp://127.0.0.1:*");
 
   Dataset train, test;
-  if (s == 0) {
+  if (s == 0) {  // every replica of the first stage reads the data (each its microbatches)
     if (a.mode == "train") train = loadDataset(job.data, job.data_dir, true, job.train_limit);
     test = loadDataset(job.data, job.data_dir, false, job.test_limit);
   }
   report.send({{"type", "hello"},
                {"stage", s},
+               {"replica", replica},
                {"pid", static_cast<int64_t>(getpid())},
-               {"prev", prev ? prev->endpoint() : ""},
-               {"next", next ? next->endpoint() : ""},
+               {"prev", prev_endpoints},
+               {"next", next_endpoints},
                {"control", in.endpoint()},
                {"layers", Json::array({begin, end})},
                {"device", backend->info().name},
@@ -114,8 +126,43 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   if (!peers) throw Timeout("stage " + std::to_string(s) + ": no peers from `tandem run`");
   if (field<std::string>(*peers, "type") != "peers")
     throw FormatError("stage " + std::to_string(s) + ": expected a peers message");
-  if (prev) prev->connect(field<std::string>(*peers, "prev"));
-  if (next) next->connect(field<std::string>(*peers, "next"));
+  const std::string who = "stage " + std::to_string(s) + " replica " + std::to_string(replica);
+  auto connect = [&](const char* key, std::vector<std::unique_ptr<transport::ZmqLink>>& links) {
+    const Json& eps = peers->at(key);
+    if (!eps.is_array() || eps.size() != links.size())
+      throw FormatError(who + ": the peers message's '" + key + "' must list " +
+                        std::to_string(links.size()) + " endpoints");
+    std::vector<Link*> out;
+    for (size_t i = 0; i < links.size(); ++i) {
+      if (!eps[i].is_string())
+        throw FormatError(who + ": the peers message's '" + key + "' holds a non-string");
+      links[i]->connect(eps[i].get<std::string>());
+      out.push_back(links[i].get());
+    }
+    return out.empty() ? nullptr : std::make_unique<ReplicaLinks>(out);
+  };
+  if (!peers->contains("prev") || !peers->contains("next"))
+    throw FormatError(who + ": the peers message lacks 'prev' or 'next'");
+  const std::unique_ptr<ReplicaLinks> prev = connect("prev", prev_links);
+  const std::unique_ptr<ReplicaLinks> next = connect("next", next_links);
+  // The stage's replicas sum their gradients over a group of their own (its rendezvous
+  // directory is new in this run's directory).
+  std::unique_ptr<Backend> host;
+  std::unique_ptr<Group> group;
+  if (replicas > 1) {
+    host = makeBackend("cpu", BackendOptions{1});
+    transport::ZmqGroupOptions go;
+    go.rank = replica;
+    go.size = replicas;
+    go.transport = job.transport;
+    go.ipc_dir = a.run_dir;
+    go.link_timeout = std::chrono::seconds(job.timeout_s);
+    go.job = static_cast<uint64_t>(s);
+    group = transport::makeZmqGroup(
+        ctx, *host, go,
+        transport::fileExchange(a.run_dir + "/group-s" + std::to_string(s), replica, replicas,
+                                std::chrono::seconds(job.timeout_s)));
+  }
   const int64_t train_samples = field<int64_t>(*peers, "train_samples");
   const int64_t test_samples = field<int64_t>(*peers, "test_samples");
 
@@ -126,8 +173,11 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   po.seed = job.seed;
   po.recompute = job.recompute;
   po.record_spans = !a.spans.empty();
+  po.replicas = group.get();
+  po.collective_timeout = std::chrono::seconds(job.timeout_s);
   StageTrainer trainer(model, StageRange{s, p, begin, end}, prev.get(), next.get(), &optimizer, po);
-  const bool last = s == p - 1;
+  // Replicas of the last stage all hold the step's whole loss; the first reports it.
+  const bool last = s == p - 1 && replica == 0;
   StageCounters counters;  // over training (train) or the stream (infer)
   double run_s = 0;
   if (a.mode == "infer") {
@@ -163,6 +213,7 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
     counters.compute_cpu_s += delta.compute_cpu_s;
     counters.recv_wait_s += delta.recv_wait_s;
     counters.send_s += delta.send_s;
+    counters.allreduce_s += delta.allreduce_s;
     counters.microbatches += delta.microbatches;
     run_s += r.seconds;
     const EvalResult ev = trainer.evaluate(s == 0 ? &test : nullptr, test_samples, job.batch);
@@ -176,18 +227,20 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
                    {"test_accuracy", ev.accuracy}});
   }
   counters.peak_stash = trainer.executor().counters().peak_stash;
-  if (a.mode == "train" && !job.save.empty())
+  if (a.mode == "train" && !job.save.empty() && replica == 0)  // replicas are identical
     saveModel(job.save + ".stage" + std::to_string(s), model, &optimizer);
   if (!a.spans.empty()) writeSpans(a.spans, trainer.executor().spans());
   Json done = countersJson(counters);
   done["type"] = "done";
   done["stage"] = s;
+  done["replica"] = replica;
   done["run_s"] = run_s;
   uint64_t sent_bytes = 0, received_bytes = 0;
-  for (const auto* l : {prev.get(), next.get()}) {
-    if (!l) continue;
-    sent_bytes += l->stats().bytes_sent_wire;
-    received_bytes += l->stats().bytes_received_wire;
+  for (const auto* links : {&prev_links, &next_links}) {
+    for (const auto& l : *links) {
+      sent_bytes += l->stats().bytes_sent_wire;
+      received_bytes += l->stats().bytes_received_wire;
+    }
   }
   done["bytes_sent"] = sent_bytes;
   done["bytes_received"] = received_bytes;
@@ -202,6 +255,7 @@ void addStage(CLI::App& app) {
   c->group("");  // internal: not listed in --help
   c->add_option("job", a->job, "Job file")->required();
   c->add_option("--stage", a->stage, "This worker's stage")->required();
+  c->add_option("--replica", a->replica, "Which replica of the stage this worker is");
   c->add_option("--control", a->control, "`tandem run`'s control endpoint")->required();
   c->add_option("--run-dir", a->run_dir, "Directory for ipc endpoints")->required();
   c->add_option("--spans", a->spans, "Record the timeline's spans into this file");
@@ -216,7 +270,11 @@ void addStage(CLI::App& app) {
       runStage(*a, report, ctx);
     } catch (const std::exception& e) {
       try {
-        report.send({{"type", "error"}, {"stage", a->stage}, {"message", e.what()}}, 2s);
+        report.send({{"type", "error"},
+                     {"stage", a->stage},
+                     {"replica", a->replica},
+                     {"message", e.what()}},
+                    2s);
       } catch (const std::exception&) {
         // `tandem run` is gone too; the exit code still says it.
       }

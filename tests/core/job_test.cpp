@@ -80,6 +80,15 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"model: m.yaml\npartition: auto\n", {"j.yaml:2:12", "needs 'cluster: FILE'"}},
       {"model: m.yaml\npartition: p.yaml\nstages: 2\n", {"j.yaml:3:9", "comes from the plan"}},
       {"model: m.yaml\npartition: best\n", {"j.yaml:2:12", "'auto', a plan file"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 0}]\n",
+       {"j.yaml:2:48", "'replicas' must be positive, got 0"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 65}]\n",
+       {"j.yaml:2:48", "at most 64"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], copies: 2}]\n",
+       {"j.yaml:2:38", "unknown stage key 'copies'"}},
+      {"model: m.yaml\npartition: [[0, 2], {replicas: 2}]\n",
+       {"j.yaml:2:21", "the stage has no 'layers"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: 2}]\n", {"j.yaml:2:30", "range [begin, end]"}},
   };
   for (const Case& c : cases)
     expectThrowWith<InvalidArgument>([&] { parseJobSpec(c.yaml, "j.yaml"); }, c.expect);
@@ -97,6 +106,14 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
   EXPECT_EQ(a.cluster, "jobs/c.yaml");
   EXPECT_EQ(a.profile, "jobs/p.json");
   EXPECT_TRUE(a.ranges.empty());
+}
+
+TEST(JobTest, AStageMayHaveReplicas) {
+  const JobSpec j = parseJobSpec(
+      "model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 3}, [4, 6]]\n", "j.yaml");
+  EXPECT_EQ(j.ranges, (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 4}, {4, 6}}));
+  EXPECT_EQ(j.range_replicas, (std::vector<int>{1, 3, 1}));
+  EXPECT_EQ(j.range_where.at(1), "j.yaml:2:30");  // its layers
 }
 
 TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {

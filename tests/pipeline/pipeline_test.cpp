@@ -4,6 +4,8 @@
 // single-device gradient accumulation; fp16 activations stay within a stated bound.
 #include <gtest/gtest.h>
 
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
@@ -12,6 +14,7 @@
 #include "core/pipeline/job.h"
 #include "core/pipeline/stage_trainer.h"
 #include "tests/test_util.h"
+#include "transport/local_group.h"
 #include "transport/zmq_link.h"
 
 namespace tandem {
@@ -38,66 +41,119 @@ struct PipelineRun {
   Weights weights;
   std::vector<double> losses;  // the last stage's, per epoch
   EvalResult eval;
-  std::vector<StageCounters> counters;
+  std::vector<StageCounters> counters;              // replica 0's, by stage
+  std::vector<std::vector<double>> replica_losses;  // every last-stage replica's
+  std::vector<EvalResult> replica_evals;
 };
 
-PipelineRun pipeline(int p, const PipelineOptions& o, const Dataset& d, int epochs,
-                     transport::Codec codec = transport::Codec::kRaw,
-                     const Dataset* test = nullptr) {
+// A pipeline of p stages, stage s with replicas[s] replicas (default one each): each
+// replica a thread; every replica of a stage linked to every replica of the next;
+// replicas of a stage share an in-process group.
+PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, int epochs,
+                     transport::Codec codec = transport::Codec::kRaw, const Dataset* test = nullptr,
+                     std::vector<int> replicas = {}) {
   static int run_id = 0;
   const std::string id = std::to_string(run_id++);
+  replicas.resize(static_cast<size_t>(p), 1);
+  auto R = [&](int s) { return replicas[static_cast<size_t>(s)]; };
   transport::Context ctx;
   const auto ranges = equalStageRanges(Model(parseModelSpec(testing::kTinyNet)).size(), p);
-  // Link s joins stage s (its `next`) and stage s + 1 (its `prev`).
-  std::vector<std::unique_ptr<transport::ZmqLink>> down, up;
+  // down[s][i][j] is replica i of stage s's end of its link to replica j of stage s + 1;
+  // up[s][i][j] the other end.
+  using Links = std::vector<std::vector<std::unique_ptr<transport::ZmqLink>>>;
+  std::vector<Links> down(static_cast<size_t>(p)), up(static_cast<size_t>(p));
   for (int s = 0; s + 1 < p; ++s) {
-    transport::LinkOptions a, b;
-    a.bind = "inproc://pipe" + id + "-" + std::to_string(s) + "-down";
-    b.bind = "inproc://pipe" + id + "-" + std::to_string(s) + "-up";
-    a.codec = b.codec = codec;
-    a.timeout = b.timeout = 20s;
-    down.push_back(std::make_unique<transport::ZmqLink>(ctx, a));
-    up.push_back(std::make_unique<transport::ZmqLink>(ctx, b));
-    down.back()->connect(up.back()->endpoint());
-    up.back()->connect(down.back()->endpoint());
+    auto& ds = down[static_cast<size_t>(s)];
+    auto& us = up[static_cast<size_t>(s)];
+    ds.resize(static_cast<size_t>(R(s)));
+    us.resize(static_cast<size_t>(R(s)));
+    for (int i = 0; i < R(s); ++i) {
+      for (int j = 0; j < R(s + 1); ++j) {
+        transport::LinkOptions a, b;
+        const std::string name = "inproc://pipe" + id + "-" + std::to_string(s) + "-" +
+                                 std::to_string(i) + "-" + std::to_string(j);
+        a.bind = name + "-down";
+        b.bind = name + "-up";
+        a.codec = b.codec = codec;
+        a.timeout = b.timeout = 20s;
+        ds[static_cast<size_t>(i)].push_back(std::make_unique<transport::ZmqLink>(ctx, a));
+        us[static_cast<size_t>(i)].push_back(std::make_unique<transport::ZmqLink>(ctx, b));
+        ds[static_cast<size_t>(i)].back()->connect(us[static_cast<size_t>(i)].back()->endpoint());
+        us[static_cast<size_t>(i)].back()->connect(ds[static_cast<size_t>(i)].back()->endpoint());
+      }
+    }
   }
+  std::vector<std::vector<std::unique_ptr<Group>>> groups;
+  for (int s = 0; s < p; ++s) groups.push_back(transport::makeLocalGroup(R(s)));
   PipelineRun run;
+  std::vector<std::vector<Weights>> parts(static_cast<size_t>(p));  // by stage and replica
+  for (int s = 0; s < p; ++s) parts[static_cast<size_t>(s)].resize(static_cast<size_t>(R(s)));
   run.counters.resize(static_cast<size_t>(p));
-  std::vector<Weights> parts(static_cast<size_t>(p));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(p));
+  std::mutex mu;
+  std::vector<std::exception_ptr> errors;
   std::vector<std::thread> threads;
   for (int s = 0; s < p; ++s) {
-    threads.emplace_back([&, s] {
-      try {
-        cpu::CpuBackend be(cpu::CpuOptions{1});
-        Model m(parseModelSpec(testing::kTinyNet));
-        const auto [begin, end] = ranges[static_cast<size_t>(s)];
-        m.build(be, o.seed, begin, end);
-        Optimizer opt(be, OptimizerOptions{});
-        Link* prev = s > 0 ? up[static_cast<size_t>(s - 1)].get() : nullptr;
-        Link* next = s + 1 < p ? down[static_cast<size_t>(s)].get() : nullptr;
-        StageTrainer st(m, StageRange{s, p, begin, end}, prev, next, &opt, o);
-        const Dataset* data = s == 0 ? &d : nullptr;
-        for (int e = 0; e < epochs; ++e) {
-          const EpochReport r = st.trainEpoch(data, d.size(), e, {});
-          if (s == p - 1) run.losses.push_back(r.train_loss);
+    for (int r = 0; r < R(s); ++r) {
+      threads.emplace_back([&, s, r] {
+        try {
+          cpu::CpuBackend be(cpu::CpuOptions{1});
+          Model m(parseModelSpec(testing::kTinyNet));
+          const auto [begin, end] = ranges[static_cast<size_t>(s)];
+          m.build(be, options.seed, begin, end);
+          Optimizer opt(be, OptimizerOptions{});
+          std::vector<Link*> prev_links, next_links;
+          for (int i = 0; s > 0 && i < R(s - 1); ++i)
+            prev_links.push_back(
+                up[static_cast<size_t>(s - 1)][static_cast<size_t>(i)][static_cast<size_t>(r)]
+                    .get());
+          for (int j = 0; s + 1 < p && j < R(s + 1); ++j)
+            next_links.push_back(
+                down[static_cast<size_t>(s)][static_cast<size_t>(r)][static_cast<size_t>(j)].get());
+          std::optional<ReplicaLinks> prev, next;
+          if (!prev_links.empty()) prev.emplace(prev_links);
+          if (!next_links.empty()) next.emplace(next_links);
+          PipelineOptions o = options;
+          o.replicas = groups[static_cast<size_t>(s)][static_cast<size_t>(r)].get();
+          StageTrainer st(m, StageRange{s, p, begin, end}, prev ? &*prev : nullptr,
+                          next ? &*next : nullptr, &opt, o);
+          const Dataset* data = s == 0 ? &d : nullptr;
+          std::vector<double> losses;
+          for (int e = 0; e < epochs; ++e)
+            losses.push_back(st.trainEpoch(data, d.size(), e, {}).train_loss);
+          EvalResult eval;
+          if (test) eval = st.evaluate(s == 0 ? test : nullptr, test->size(), 50);
+          Weights w;
+          for (Param* param : m.params()) w[param->name] = toHost(param->value);
+          std::lock_guard lock(mu);
+          parts[static_cast<size_t>(s)][static_cast<size_t>(r)] = w;
+          if (r == 0) run.counters[static_cast<size_t>(s)] = st.executor().counters();
+          if (s == p - 1) {
+            run.replica_losses.push_back(losses);
+            run.replica_evals.push_back(eval);
+          }
+        } catch (...) {
+          std::lock_guard lock(mu);
+          errors.push_back(std::current_exception());
         }
-        if (test) {
-          const EvalResult r = st.evaluate(s == 0 ? test : nullptr, test->size(), 50);
-          if (s == p - 1) run.eval = r;
-        }
-        for (Param* param : m.params())
-          parts[static_cast<size_t>(s)][param->name] = toHost(param->value);
-        run.counters[static_cast<size_t>(s)] = st.executor().counters();
-      } catch (...) {
-        errors[static_cast<size_t>(s)] = std::current_exception();
-      }
-    });
+      });
+    }
   }
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  for (const Weights& w : parts) run.weights.insert(w.begin(), w.end());
+  for (auto& e : errors) std::rethrow_exception(e);
+  for (int s = 0; s < p; ++s) {
+    const std::vector<Weights>& stage = parts[static_cast<size_t>(s)];
+    for (int r = 1; r < R(s); ++r)  // replicas stay bitwise identical
+      EXPECT_EQ(stage[static_cast<size_t>(r)], stage[0]) << "stage " << s << " replica " << r;
+    run.weights.insert(stage[0].begin(), stage[0].end());
+  }
+  // Every replica of the last stage reports the whole step's loss and the whole test set.
+  run.losses = run.replica_losses.at(0);
+  run.eval = run.replica_evals.at(0);
+  for (size_t r = 1; r < run.replica_losses.size(); ++r) {
+    EXPECT_EQ(run.replica_losses[r], run.losses);
+    EXPECT_EQ(run.replica_evals[r].samples, run.eval.samples);
+    EXPECT_EQ(run.replica_evals[r].accuracy, run.eval.accuracy);
+  }
   return run;
 }
 
@@ -148,6 +204,59 @@ TEST(PipelineTest, TrainsAndEvaluatesLikeOneDevice) {
   EXPECT_EQ(got.eval.accuracy, want.accuracy);
   EXPECT_NEAR(got.eval.loss, want.loss, 1e-5);
   EXPECT_GT(got.eval.accuracy, 0.8);
+}
+
+// Hybrid: replicas of a stage take every R-th microbatch and sum their gradients at the
+// flush. The sum's order differs from one device's accumulation (each replica adds its
+// own microbatches, then the replicas add in rank order), so the weights match the
+// un-replicated pipeline within float rounding, not bitwise.
+TEST(PipelineTest, ReplicatedStagesMatchTheUnreplicatedPipeline) {
+  const Dataset d = testing::quadrants(72, 1);  // batches of 32, 32 and 8
+  const std::vector<std::vector<int>> configs = {{1, 2, 1}, {2, 1, 1}, {1, 1, 2}, {2, 3, 2}};
+  for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+    for (const int64_t m : {1, 3, 4}) {
+      PipelineOptions o;
+      o.schedule = kind;
+      o.microbatches = m;
+      o.batch = 32;
+      o.seed = 5;
+      const Weights want = reference(o, d, 2);
+      for (const std::vector<int>& replicas : configs) {
+        const PipelineRun got = pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, replicas);
+        std::string where =
+            std::string(scheduleName(kind)).append(" m=" + std::to_string(m) + " replicas");
+        for (const int r : replicas) where += " " + std::to_string(r);
+        ASSERT_EQ(got.weights.size(), want.size()) << where;
+        for (const auto& [name, w] : want) {
+          const std::vector<float>& g = got.weights.at(name);
+          ASSERT_EQ(g.size(), w.size());
+          for (size_t i = 0; i < w.size(); ++i)
+            ASSERT_NEAR(g[i], w[i], 1e-5f * (1 + std::abs(w[i])))
+                << where << " " << name << "[" << i << "]";
+        }
+        // Each replica of a stage ran its share of the microbatches, not all of them.
+        for (int s = 0; s < 3; ++s) {
+          const int64_t total = 2 * 3 * m;  // epochs x steps x microbatches
+          const int64_t r = replicas[static_cast<size_t>(s)];
+          EXPECT_EQ(got.counters[static_cast<size_t>(s)].microbatches, (total + r - 1) / r)
+              << where << " stage " << s;
+        }
+      }
+    }
+  }
+}
+
+TEST(PipelineTest, ReplicatedLastStageEvaluatesTheWholeTestSet) {
+  const Dataset train = testing::quadrants(200, 1), test = testing::quadrants(150, 2);
+  PipelineOptions o;
+  o.batch = 16;
+  o.microbatches = 4;
+  const PipelineRun one = pipeline(3, o, train, 1, transport::Codec::kRaw, &test);
+  const PipelineRun two = pipeline(3, o, train, 1, transport::Codec::kRaw, &test, {2, 1, 2});
+  EXPECT_EQ(two.eval.samples, 150);
+  EXPECT_NEAR(two.eval.loss, one.eval.loss, 1e-4);
+  EXPECT_NEAR(two.losses.at(0), one.losses.at(0), 1e-4);
+  EXPECT_GT(two.eval.accuracy, 0.5);
 }
 
 TEST(PipelineTest, Fp16ActivationsStayCloseToFp32) {

@@ -184,6 +184,76 @@ TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
   EXPECT_EQ(runs, 48);
 }
 
+// Hybrid: a stage with replicas (each a worker process, gradients summed over a
+// cross-process group at the flush) gives single-device accumulation's weights within
+// float rounding — the replicas add their own microbatches first, then each other's.
+TEST(RunTest, ReplicatedStagesMatchSingleDeviceAccumulationWithinRounding) {
+  const int64_t train_limit = 300, batch = 32, m = 4;
+  const Dataset train = loadFashionMnist(kFashionMnistDir, true, train_limit);
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model ref(loadModelSpec(kMlp));
+  ref.build(be, 3);
+  Optimizer opt(be, OptimizerOptions{});
+  Trainer trainer(ref, opt, TrainOptions{batch, 3, true, m});
+  trainer.trainEpoch(train, 0, {});
+  std::map<std::string, std::vector<float>> want;
+  for (const Param* p : ref.params()) want[p->name] = toHost(p->value);
+
+  const std::string model = ::testing::TempDir() + "/run_hybrid.tdm";
+  const std::string timeline = ::testing::TempDir() + "/run_hybrid_timeline";
+  struct Config {
+    const char *partition, *schedule, *transport, *rows;
+  } configs[] = {
+      {"[[0, 2], {layers: [2, 4], replicas: 2}, [4, 6]]", "1f1b", "tcp", "1.1 "},
+      {"[{layers: [0, 3], replicas: 2}, {layers: [3, 6], replicas: 2}]", "gpipe", "ipc", "0.1 "},
+  };
+  for (const Config& c : configs) {
+    std::ostringstream body;
+    body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
+         << "\nmicrobatches: " << m << "\nschedule: " << c.schedule
+         << "\ntransport: " << c.transport << "\npartition: " << c.partition
+         << "\nseed: 3\nsave: " << model << "\n";
+    std::filesystem::remove(model);
+    std::filesystem::remove_all(timeline);
+    RunProcess run(writeJob("run_hybrid", body.str()), {"--timeline", timeline});
+    ASSERT_EQ(run.wait(120s), 0) << c.partition << "\n" << run.output();
+    // A row per replica in the stage table, a timeline row per replica.
+    EXPECT_NE(run.output().find(std::string("\n").append(c.rows)), std::string::npos)
+        << run.output();
+    std::ifstream trace(timeline + "/trace.json");
+    std::stringstream text;
+    text << trace.rdbuf();
+    EXPECT_NE(text.str().find(std::string("\"name\":\"stage ").append(c.rows, 3).append("\"")),
+              std::string::npos);
+    const ModelFile saved = readModelFile(model);
+    ASSERT_EQ(saved.params.size(), want.size()) << c.partition;
+    for (const HostTensor& t : saved.params) {
+      const std::vector<float>& w = want.at(t.name);
+      ASSERT_EQ(t.data.size(), w.size());
+      for (size_t i = 0; i < w.size(); ++i)
+        ASSERT_NEAR(t.data[i], w[i], 1e-5f * (1 + std::abs(w[i])))
+            << c.partition << ": " << t.name << "[" << i << "]";
+    }
+    EXPECT_EQ(saved.optimizer->steps, opt.steps()) << c.partition;
+  }
+}
+
+TEST(RunTest, AKilledReplicaEndsTheRunNamed) {
+  RunProcess run(writeJob("run_kill_replica",
+                          "epochs: 100\nbatch: 16\nmicrobatches: 4\ntimeout_s: 10\n"
+                          "partition: [[0, 2], {layers: [2, 6], replicas: 2}]\n"));
+  const auto line = run.waitForLine("stage 1 replica 1: layers ", 60s);
+  ASSERT_TRUE(line && line->find("pid ") != std::string::npos) << run.output();
+  const auto pid = static_cast<pid_t>(std::stol(line->substr(line->find("pid ") + 4)));
+  ASSERT_TRUE(run.waitForLine("epoch 1/100 step", 60s)) << run.output();
+  kill(pid, SIGKILL);
+  EXPECT_NE(run.wait(30s), 0) << run.output();
+  EXPECT_NE(run.output().find(std::string("stage 1 replica 1 (pid ").append(std::to_string(pid)) +
+                              ") was killed by signal 9"),
+            std::string::npos)
+      << run.output();
+}
+
 TEST(RunTest, TheTimelineOptionWritesATraceAndAnSvg) {
   const std::string dir = ::testing::TempDir() + "/run_timeline";
   std::filesystem::remove_all(dir);
