@@ -160,7 +160,9 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         spec.threads = static_cast<int>(r.positive(v, key));
       } else if (key == "compute_s") {
         spec.compute_s = r.nonNegative(v, key);
-      } else if (key == "allreduce_s" || key == "link_s" || key == "memory_bytes") {
+      } else if (key == "allreduce_s") {
+        spec.allreduce_s = r.nonNegative(v, key);
+      } else if (key == "link_s" || key == "memory_bytes") {
         r.nonNegative(v, key);
       } else {
         r.fail(kv.first, "unknown stage key '" + key +

@@ -68,8 +68,9 @@ struct PlanStageSpec {
   std::vector<std::string> devices;
   std::string backend;
   int threads = 1;
-  double compute_s = -1;  // the predicted compute per microbatch, if the plan has it
-  std::string where;      // "plan.yaml:7:5", for messages
+  double compute_s = -1;   // the predicted compute per microbatch, if the plan has it
+  double allreduce_s = 0;  // a replicated stage's predicted allreduce per step
+  std::string where;       // "plan.yaml:7:5", for messages
 };
 std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::string& source);
 

@@ -17,6 +17,13 @@ namespace tandem::cli {
 
 namespace {
 
+// Devices a plan uses: every replica of every stage.
+size_t devicesUsed(const partitioner::Plan& plan) {
+  size_t n = 0;
+  for (const partitioner::PlanStage& s : plan.stages) n += s.at.devices.size();
+  return n;
+}
+
 struct PartitionArgs {
   std::string model, cluster, profile, out;
   std::string objective = "train", schedule = "1f1b", algorithm = "auto";
@@ -98,7 +105,7 @@ void runPartition(const PartitionArgs& a) {
   const bool latency = o.objective == partitioner::Objective::kInferLatency;
   std::printf("plan for %s on %s (%s, %s%s, %zu of %zu devices, %lld microbatches of %lld)\n",
               model.name().c_str(), a.cluster.c_str(), a.objective.c_str(), plan.algorithm.c_str(),
-              a.baseline.empty() ? " search" : " baseline", plan.stages.size(),
+              a.baseline.empty() ? " search" : " baseline", devicesUsed(plan),
               cost.problem().devices.size(), static_cast<long long>(o.microbatches),
               static_cast<long long>(o.microbatch_size));
   printPlan(cost, plan);

@@ -80,13 +80,22 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
   ranges.ranges.clear();
   ranges.range_where.clear();
   for (const partitioner::PlanStageSpec& s : specs) {
+    TANDEM_CHECK_MSG(s.devices.size() <= 64, InvalidArgument,
+                     s.where << ": " << s.devices.size() << " replicas; at most 64");
     ranges.ranges.push_back({s.begin, s.end});
     ranges.range_where.push_back(s.where);
   }
   stageRanges(ranges, model);
-  for (const partitioner::PlanStageSpec& s : specs)
-    out.push_back({s.begin, s.end, s.backend, s.threads, s.compute_s,
-                   static_cast<int>(std::max<size_t>(1, s.devices.size()))});
+  for (const partitioner::PlanStageSpec& s : specs) {
+    // The plan's compute is the stage's per microbatch, shared by its replicas and with
+    // their allreduce spread over the step; one replica computes a whole microbatch.
+    const auto replicas = static_cast<int>(s.devices.size());
+    const double one =
+        s.compute_s < 0
+            ? -1
+            : (s.compute_s - s.allreduce_s / static_cast<double>(job.microbatches)) * replicas;
+    out.push_back({s.begin, s.end, s.backend, s.threads, one, replicas});
+  }
   return out;
 }
 

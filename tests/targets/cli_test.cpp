@@ -198,6 +198,22 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
       EXPECT_NE(j.out.find("partition: auto: "), std::string::npos) << j.out;
     }
   }
+  // A plan's stage on two devices runs as two replicas (a row each in the stage table).
+  const std::string replicated = dir + "cli_replicated_plan.yaml";
+  std::ofstream(replicated) << "stages:\n"
+                            << "  - {layers: [0, 3], devices: [local/cpu0], backend: cpu}\n"
+                            << "  - {layers: [3, 10], devices: [local/cpu1, local/cpu2], "
+                            << "backend: cpu, compute_s: 0.002, allreduce_s: 0.004}\n";
+  const std::string job = dir + "cli_replicated_job.yaml";
+  std::ofstream(job) << "model: " << kModels << "cnn.yaml\ntrain_limit: 256\ntest_limit: 64\n"
+                     << "batch: 32\nmicrobatches: 4\npartition: " << replicated << "\n";
+  const CliRun rep = run("run " + job);
+  ASSERT_EQ(rep.code, 0) << rep.out;
+  EXPECT_NE(rep.out.find("stage 1 replica 1: layers [3, 10)"), std::string::npos) << rep.out;
+  // One replica computes a whole microbatch: (0.002 - 0.004 / 4) x 2 = 2 ms predicted.
+  EXPECT_NE(rep.out.find("\n1.1    [3, 10)"), std::string::npos) << rep.out;
+  EXPECT_NE(rep.out.find("2.0000\n"), std::string::npos) << rep.out;
+
   const CliRun bad = run("partition --model " + kModels + "cnn.yaml --cluster " + cluster +
                          " --profile " + profile + " --objective latency --source nowhere/cpu");
   EXPECT_NE(bad.code, 0);
@@ -217,10 +233,10 @@ TEST(CliTest, RunMatchesThePlansPredictionPerStage) {
   const std::string profile = dir + "cli_predict_profile.json", job = dir + "cli_predict.yaml";
   const std::string cluster = std::string(TANDEM_SOURCE_DIR) + "/examples/clusters/local.yaml";
   // Profiled with a second copy training beside it: three stages keep two cores busy.
-  ASSERT_EQ(run("profile --model " + kModels + "cnn.yaml --batch 8 --repeats 5 --load 1 --out " +
-                profile)
-                .code,
-            0);
+  ASSERT_EQ(
+      run("profile --model " + kModels + "cnn.yaml --batch 8 --repeats 5 --load 1 --out " + profile)
+          .code,
+      0);
   std::ofstream(job) << "model: " << kModels << "cnn.yaml\ntrain_limit: 1024\ntest_limit: 64\n"
                      << "batch: 32\nmicrobatches: 4\npartition: auto\ncluster: " << cluster
                      << "\nprofile: " << profile << "\n";
