@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 
@@ -47,7 +49,10 @@ void reduceRange(float* out, const std::vector<const float*>& src, size_t begin,
 
 class Hub {
  public:
-  explicit Hub(int size) : size_(size), here_(static_cast<size_t>(size), false) {
+  explicit Hub(int size)
+      : size_(size),
+        spin_(size <= static_cast<int>(std::thread::hardware_concurrency())),
+        here_(static_cast<size_t>(size), false) {
     for (auto& c : calls_) c.resize(static_cast<size_t>(size));
     for (auto& s : scratch_) s.resize(static_cast<size_t>(size));
   }
@@ -59,20 +64,36 @@ class Hub {
   }
 
   // Returns once every rank has arrived; Timeout naming the missing ranks at the deadline.
+  // A waiting rank first spins for a few microseconds when the ranks can have a core
+  // each (they usually arrive within that, and a sleep and wake-up costs tens of
+  // microseconds; with more ranks than cores a spinning rank would keep a late one off
+  // its core), then sleeps on the condition variable.
   void sync(int rank, const Call& c, Clock::time_point deadline) {
     std::unique_lock lock(mutex_);
     if (!broken_.empty()) throw Timeout(broken_);
-    const uint64_t generation = generation_;
+    const uint64_t generation = generation_.load(std::memory_order_relaxed);
     here_[static_cast<size_t>(rank)] = true;
     if (++arrived_ == size_) {
       arrived_ = 0;
       std::fill(here_.begin(), here_.end(), false);
-      ++generation_;
+      generation_.store(generation + 1, std::memory_order_release);
       cv_.notify_all();
       return;
     }
-    cv_.wait_until(lock, deadline, [&] { return generation_ != generation || !broken_.empty(); });
-    if (generation_ != generation) return;
+    lock.unlock();
+    const auto spin_until = Clock::now() + (spin_ ? kSpin : Clock::duration(0));
+    for (unsigned i = 1;; ++i) {
+      if (generation_.load(std::memory_order_acquire) != generation) return;
+      if (i % 64 == 0 && Clock::now() >= spin_until) break;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    lock.lock();
+    cv_.wait_until(lock, deadline, [&] {
+      return generation_.load(std::memory_order_relaxed) != generation || !broken_.empty();
+    });
+    if (generation_.load(std::memory_order_relaxed) != generation) return;
     if (broken_.empty()) {  // this rank's deadline passed first
       std::ostringstream why;
       why << c.what << " (tag " << c.tag << "): rank";
@@ -90,9 +111,11 @@ class Hub {
 
  private:
   const int size_;
+  const bool spin_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  uint64_t generation_ = 0;  // guarded by mutex_
+  static constexpr auto kSpin = std::chrono::microseconds(100);
+  std::atomic<uint64_t> generation_ = 0;  // written under mutex_; read spinning without
   int arrived_ = 0;
   std::vector<bool> here_;
   std::string broken_;

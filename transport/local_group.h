@@ -8,7 +8,8 @@
 //   allreduce, direct (small): each rank copies its buffer to a scratch slot, then
 //     reduces every slot into its own buffer; one barrier (slots alternate per call).
 //
-// Barriers block on a condition variable with the collective's deadline. A rank that
+// Barriers spin for up to 100 µs when the ranks fit on the machine's cores, then block
+// on a condition variable with the collective's deadline. A rank that
 // does not arrive in time makes the waiting ranks raise Timeout naming it, and the group
 // is then broken: every later call on any rank raises Timeout with the same message.
 #pragma once

@@ -1,6 +1,7 @@
 #include "core/train/data_parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -19,6 +20,21 @@ namespace tandem {
 
 namespace {
 
+// Spins for a short while until `done()`, then returns whether it became true. Threads
+// handing work back and forth every few hundred microseconds on cores of their own meet
+// within that; a sleep and wake-up costs tens of microseconds.
+template <typename Done>
+bool spinFor(Done&& done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+  for (unsigned i = 1;; ++i) {
+    if (done()) return true;
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return false;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
 // A thread that runs one job at a time, handed over by run() and awaited by wait().
 class Worker {
  public:
@@ -35,22 +51,24 @@ class Worker {
     {
       std::lock_guard lock(mutex_);
       job_ = std::move(job);
-      busy_ = true;
+      busy_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
   // Rethrows what the job threw.
   void wait() {
+    spinFor([&] { return !busy_.load(std::memory_order_acquire); });
     std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return !busy_; });
+    cv_.wait(lock, [&] { return !busy_.load(std::memory_order_relaxed); });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
   void loop() {
-    std::unique_lock lock(mutex_);
     for (;;) {
-      cv_.wait(lock, [&] { return busy_ || stop_; });
+      spinFor([&] { return busy_.load(std::memory_order_acquire); });
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return busy_.load(std::memory_order_relaxed) || stop_; });
       if (stop_) return;
       std::function<void()> job = std::move(job_);
       lock.unlock();
@@ -62,7 +80,7 @@ class Worker {
       }
       lock.lock();
       error_ = error;
-      busy_ = false;
+      busy_.store(false, std::memory_order_release);
       cv_.notify_all();
     }
   }
@@ -70,7 +88,8 @@ class Worker {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::function<void()> job_;
-  bool busy_ = false, stop_ = false;
+  std::atomic<bool> busy_ = false;  // written under mutex_; read spinning without
+  bool stop_ = false;
   std::exception_ptr error_;
   std::thread thread_;  // last: starts once the rest is ready
 };
@@ -156,6 +175,7 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
   // Every replica must cut the same buckets: reduce in place only if all hold host memory.
   bool host_memory = true;
   for (Backend* be : backends) host_memory = host_memory && be->hostData(be->empty({1})) != nullptr;
+  inline_comm_ = host_memory;
   for (size_t r = 0; r < backends.size(); ++r) {
     TANDEM_CHECK_MSG(groups[r]->size() == static_cast<int>(backends.size()) &&
                          groups[r]->rank() == static_cast<int>(r),
@@ -211,6 +231,7 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
   const int64_t per_sample = replicas_[0]->model.inputShape().numel();
   const uint64_t global_step = static_cast<uint64_t>(global_step_);
   int64_t offset = 0;
+  std::function<void()> first_compute;
   for (size_t r = 0; r < replicas_.size(); ++r) {
     Replica& rep = *replicas_[r];
     const int64_t count = counts[r], first = offset;
@@ -228,26 +249,31 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
         throw;
       }
     };
-    // Communication: each bucket as it is handed over, in order.
-    rep.comm.run([this, &rep, failing] {
-      failing([&] {
-        AllreduceOptions o;
-        o.timeout = options_.timeout;
-        for (size_t b = 0; b < rep.buckets.size(); ++b) {
-          {
-            std::unique_lock lock(rep.mutex);
-            rep.cv.wait(lock, [&] { return rep.handed > b || rep.failed; });
-            if (rep.handed <= b) return;  // the compute thread failed
+    // Communication: each bucket as it is handed over, in order — on a thread of its
+    // own when the reduction can overlap the compute (device replicas: the host does the
+    // summing while the device runs backward), else on the compute thread as soon as
+    // the bucket is ready (CPU replicas: the summing is CPU work itself, and a hand-over
+    // to another thread costs a wake-up per bucket).
+    if (!inline_comm_)
+      rep.comm.run([this, &rep, failing] {
+        failing([&] {
+          AllreduceOptions o;
+          o.timeout = options_.timeout;
+          for (size_t b = 0; b < rep.buckets.size(); ++b) {
+            {
+              std::unique_lock lock(rep.mutex);
+              rep.cv.wait(lock, [&] { return rep.handed > b || rep.failed; });
+              if (rep.handed <= b) return;  // the compute thread failed
+            }
+            o.tag = b;
+            allreduce(rep.group, rep.buckets[b].data(), o);
+            std::lock_guard lock(rep.mutex);
+            rep.reduced = b + 1;
+            rep.cv.notify_all();
           }
-          o.tag = b;
-          allreduce(rep.group, rep.buckets[b].data(), o);
-          std::lock_guard lock(rep.mutex);
-          rep.reduced = b + 1;
-          rep.cv.notify_all();
-        }
+        });
       });
-    });
-    rep.compute.run([this, &rep, failing, x, labels, n, count, first, per_sample, global_step, r] {
+    auto compute = [this, &rep, failing, x, labels, n, count, first, per_sample, global_step, r] {
       failing([&] {
         Backend& be = rep.backend;
         Model& model = rep.model;
@@ -262,6 +288,14 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
                 be.download(p->grad, bucket.host.data() + at);
                 at += static_cast<size_t>(p->grad.numel());
               }
+            }
+            if (inline_comm_) {
+              AllreduceOptions o;
+              o.timeout = options_.timeout;
+              o.tag = b;
+              allreduce(rep.group, bucket.data(), o);
+              rep.handed = rep.reduced = b + 1;
+              continue;
             }
             std::lock_guard lock(rep.mutex);
             rep.handed = b + 1;
@@ -310,13 +344,26 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
         }
         rep.optimizer.step(model.params());
       });
-    });
+    };
+    // Replica 0 computes on the caller's thread (one hand-over fewer per step).
+    if (r == 0) {
+      first_compute = std::move(compute);
+    } else {
+      rep.compute.run(std::move(compute));
+    }
   }
   // Every replica's threads finish (a failed collective times out the others); the first
   // error is raised.
   std::exception_ptr error;
-  for (auto& rep : replicas_) {
-    for (Worker* w : {&rep->comm, &rep->compute}) {
+  try {
+    first_compute();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (size_t r = 0; r < replicas_.size(); ++r) {
+    Replica& rep = *replicas_[r];
+    for (Worker* w : {&rep.comm, &rep.compute}) {
+      if ((w == &rep.comm && inline_comm_) || (w == &rep.compute && r == 0)) continue;
       try {
         w->wait();
       } catch (...) {

@@ -8,7 +8,9 @@
 // it was computed) and backward layer by layer from the last. As soon as a layer's
 // parameter gradients are final they join the current bucket; a full bucket is copied
 // to the host and handed to the replica's communication thread, which allreduces it
-// (sum) while backward goes on (DDP-style overlap). Buckets are cut and reduced in the
+// (sum) while backward goes on (DDP-style overlap). CPU replicas (host memory) reduce
+// each bucket on their compute thread instead, where it lies: the summing is CPU work
+// that would compete with backward anyway. Replica 0 computes on the caller's thread. Buckets are cut and reduced in the
 // same fixed order on every replica. When backward is done, the summed buckets are
 // copied back into the gradients and each replica's optimizer steps.
 //
@@ -70,6 +72,7 @@ class DataParallelTrainer {
   struct Replica;
   std::vector<std::unique_ptr<Replica>> replicas_;
   DataParallelOptions options_;
+  bool inline_comm_ = false;  // buckets reduced on the compute threads (all host memory)
   int64_t global_step_ = 0;
 };
 
