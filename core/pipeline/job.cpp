@@ -133,7 +133,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   job.source = source;
   const std::string dir = std::filesystem::path(source).parent_path().string();
   // Where 'partition' and 'stages' were given, if they were.
-  std::optional<YAML::Node> partition, stages;
+  std::optional<YAML::Node> partition, stages, max_replicas;
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
@@ -180,6 +180,10 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
         r.fail(v, "unknown transport '" + job.transport + "' (expected tcp or ipc)");
     } else if (key == "timeout_s") {
       job.timeout_s = r.positive(v, key);
+    } else if (key == "max_replicas") {
+      job.max_replicas = static_cast<int>(r.positive(v, key));
+      if (job.max_replicas > 64) r.fail(v, "'max_replicas' must be at most 64");
+      max_replicas = v;
     } else if (key == "partition") {
       partition = v;
       parsePartition(r, v, job, dir);
@@ -195,12 +199,11 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     } else if (key == "weights") {
       job.weights = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else {
-      r.fail(kv.first,
-             "unknown key '" + key +
-                 "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
-                 "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
-                 "codec, transport, timeout_s, partition, stages, cluster, profile, save or "
-                 "weights)");
+      r.fail(kv.first, "unknown key '" + key +
+                           "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
+                           "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
+                           "codec, transport, timeout_s, partition, stages, cluster, profile, "
+                           "max_replicas, save or weights)");
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");
@@ -211,6 +214,10 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
            "'partition: auto' needs 'cluster: FILE' (and 'profile: FILE' unless the "
            "cluster names its profiles)");
   if (planned && stages) r.fail(*stages, "'stages' comes from the plan; leave it out");
+  if (max_replicas && !job.auto_partition)
+    r.fail(*max_replicas,
+           "'max_replicas' is for 'partition: auto'; give replicas in the "
+           "partition ({layers: [b, e], replicas: N}) or the plan");
   if (!planned && job.ranges.empty() && job.stages == 0)
     r.fail(*partition, "'partition: equal' needs 'stages: N'");
   if (!job.ranges.empty() && stages && static_cast<size_t>(job.stages) != job.ranges.size())

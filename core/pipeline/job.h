@@ -18,6 +18,7 @@
 //   stages: 3                      # with `equal`
 //   cluster: ../clusters/local.yaml   # with `auto`: the devices to plan over
 //   profile: ../../out/profile.json   # with `auto`: their measured profile
+//   max_replicas: 2                # with `auto`: a stage may get data-parallel replicas
 //   save: ../../out/cnn.tdm        # the trained model, merged from the stages
 //   weights: ../../out/cnn.tdm     # start from these parameters (serving, resuming)
 //
@@ -63,6 +64,7 @@ struct JobSpec {
   std::string plan;
   bool auto_partition = false;
   std::string cluster, profile;
+  int max_replicas = 1;  // `partition: auto`: the most replicas the partitioner may give a stage
   std::string partition_where;  // "job.yaml:12:12", for messages
   std::string save;             // a model file to write at the end (resolved like `model`)
   std::string weights;          // a model file to start from (its parameters), e.g. to serve

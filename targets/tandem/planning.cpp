@@ -44,6 +44,7 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   o.schedule = job.schedule == ScheduleKind::kGPipe ? partitioner::Schedule::kGPipe
                                                     : partitioner::Schedule::k1F1B;
   o.microbatches = job.microbatches;
+  o.max_replicas = job.max_replicas;
   o.microbatch_size = std::max<int64_t>(1, job.batch / job.microbatches);
   o.recompute = job.recompute;
   o.optimizer_state_per_param = optimizerStatePerParam(job.optimizer.kind, job.optimizer.momentum);

@@ -80,6 +80,10 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"model: m.yaml\npartition: auto\n", {"j.yaml:2:12", "needs 'cluster: FILE'"}},
       {"model: m.yaml\npartition: p.yaml\nstages: 2\n", {"j.yaml:3:9", "comes from the plan"}},
       {"model: m.yaml\npartition: best\n", {"j.yaml:2:12", "'auto', a plan file"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nmax_replicas: 2\n",
+       {"j.yaml:4:15", "'max_replicas' is for 'partition: auto'"}},
+      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nmax_replicas: 0\n",
+       {"j.yaml:4:15", "positive"}},
       {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 0}]\n",
        {"j.yaml:2:48", "'replicas' must be positive, got 0"}},
       {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 65}]\n",
@@ -101,8 +105,10 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
   EXPECT_EQ(plan.plan, "jobs/plans/p.yaml");
   EXPECT_FALSE(plan.auto_partition);
   const JobSpec a = parseJobSpec(
-      "model: m.yaml\npartition: auto\ncluster: c.yaml\nprofile: p.json\n", "jobs/j.yaml");
+      "model: m.yaml\npartition: auto\ncluster: c.yaml\nprofile: p.json\nmax_replicas: 3\n",
+      "jobs/j.yaml");
   EXPECT_TRUE(a.auto_partition);
+  EXPECT_EQ(a.max_replicas, 3);
   EXPECT_EQ(a.cluster, "jobs/c.yaml");
   EXPECT_EQ(a.profile, "jobs/p.json");
   EXPECT_TRUE(a.ranges.empty());
