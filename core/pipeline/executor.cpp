@@ -63,6 +63,12 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
                    "stage " << range_.stage << ": a training step needs its batch size");
   TANDEM_CHECK_MSG(!info.training || info.labels, InvalidArgument,
                    "stage " << range_.stage << ": training needs labels");
+  TANDEM_CHECK_MSG(
+      info.labels || !range_.last() || !options_.replicas || options_.replicas->size() == 1,
+      Unsupported,
+      "stage " << range_.stage
+               << ": a replicated last stage cannot serve outputs without labels "
+                  "(each replica holds only its own microbatches')");
   if (info.training) model_.zeroGrad();
   StepResult result;
   int64_t stashed = 0;
@@ -141,8 +147,7 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   // The last stage keeps nothing after its forward (evaluation) or backward (training).
   inflight_.clear();
   tag_base_ += m;
-  if (range_.last() && options_.replicas && options_.replicas->size() > 1)
-    allreduceResult(result, info);
+  if (range_.last() && options_.replicas && options_.replicas->size() > 1) allreduceResult(result);
   return result;
 }
 
@@ -168,11 +173,7 @@ void StageExecutor::allreduceGradients() {
   counters_.allreduce_s += seconds(Clock::now() - t0);
 }
 
-void StageExecutor::allreduceResult(StepResult& result, const StepInfo& info) {
-  TANDEM_CHECK_MSG(info.labels, Unsupported,
-                   "stage " << range_.stage
-                            << ": a replicated last stage cannot serve outputs without labels "
-                               "(each replica holds only its own microbatches')");
+void StageExecutor::allreduceResult(StepResult& result) {
   const auto t0 = Clock::now();
   // Small integers are exact in fp32; the loss sum keeps fp32's relative precision.
   std::vector<float> sums = {static_cast<float>(result.loss_sum),

@@ -137,7 +137,7 @@ class StageExecutor {
            (tag_base_ + k) % options_.replicas->size() == options_.replicas->rank();
   }
   void allreduceGradients();
-  void allreduceResult(StepResult& result, const StepInfo& info);
+  void allreduceResult(StepResult& result);
 
   Model& model_;
   Backend& backend_;

@@ -259,6 +259,24 @@ TEST(PipelineTest, ReplicatedLastStageEvaluatesTheWholeTestSet) {
   EXPECT_GT(two.eval.accuracy, 0.5);
 }
 
+TEST(PipelineTest, AReplicatedLastStageRefusesToServeOutputs) {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model m(parseModelSpec(testing::kTinyNet));
+  m.build(be, 1);
+  const auto group = transport::makeLocalGroup(2);
+  ExecutorOptions o;
+  o.replicas = group[0].get();
+  StageExecutor ex(m, StageRange{0, 1, 0, m.size()}, nullptr, nullptr, nullptr, o);
+  const StepInfo serve{0, 4, false, false};
+  testing::expectThrowWith<Unsupported>(
+      [&] {
+        ex.run(stageActions(ScheduleKind::kForwardOnly, 0, 1, 2), serve, [&](int64_t) {
+          return MicrobatchInput{be.empty({2, 1, 8, 8}), Tensor()};
+        });
+      },
+      {"stage 0", "replicated last stage cannot serve outputs without labels"});
+}
+
 TEST(PipelineTest, Fp16ActivationsStayCloseToFp32) {
   // fp16 rounds each activation and gradient to 11 significant bits (relative error
   // <= 2^-11); over 2 epochs the final loss stays within 2% of the fp32 run's.
