@@ -116,8 +116,14 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
     os << "  - layers: [" << st.at.begin << ", " << st.at.end << "]\n    devices: [";
     for (size_t i = 0; i < st.at.devices.size(); ++i)
       os << (i ? ", " : "") << problem.devices[static_cast<size_t>(st.at.devices[i])].name;
-    os << "]\n    backend: " << first.backend << "\n    threads: " << first.threads
-       << "\n    compute_s: " << number(st.compute_s)
+    os << "]\n    backend: " << first.backend;
+    if (st.at.devices.size() > 1) {  // each replica's own (two GPUs: opencl:0, opencl:1)
+      os << "\n    backends: [";
+      for (size_t i = 0; i < st.at.devices.size(); ++i)
+        os << (i ? ", " : "") << problem.devices[static_cast<size_t>(st.at.devices[i])].backend;
+      os << "]";
+    }
+    os << "\n    threads: " << first.threads << "\n    compute_s: " << number(st.compute_s)
        << "\n    allreduce_s: " << number(st.allreduce_s) << "\n    link_s: " << number(st.link_s)
        << "\n    memory_bytes: " << st.memory_bytes << "\n";
   }
@@ -138,6 +144,7 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
     PlanStageSpec spec;
     spec.where = r.at(st);
     bool have_layers = false;
+    YAML::Node backends;
     for (const auto& kv : st) {
       const std::string key = kv.first.as<std::string>();
       const YAML::Node& v = kv.second;
@@ -156,6 +163,12 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         for (const YAML::Node& d : v) spec.devices.push_back(r.get<std::string>(d, key, "a name"));
       } else if (key == "backend") {
         spec.backend = r.get<std::string>(v, key, "a device such as cpu or opencl:0");
+      } else if (key == "backends") {
+        if (!v.IsSequence() || v.size() == 0)
+          r.fail(v, "'backends' is a list of devices such as cpu or opencl:0, one per replica");
+        for (const YAML::Node& b : v)
+          spec.backends.push_back(r.get<std::string>(b, key, "a device such as opencl:0"));
+        backends = v;
       } else if (key == "threads") {
         spec.threads = static_cast<int>(r.positive(v, key));
       } else if (key == "compute_s") {
@@ -166,13 +179,17 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         r.nonNegative(v, key);
       } else {
         r.fail(kv.first, "unknown stage key '" + key +
-                             "' (expected layers, devices, backend, threads, compute_s, "
-                             "allreduce_s, link_s or memory_bytes)");
+                             "' (expected layers, devices, backend, backends, threads, "
+                             "compute_s, allreduce_s, link_s or memory_bytes)");
       }
     }
     if (!have_layers) r.fail(st, "the stage has no 'layers'");
     if (spec.devices.empty()) r.fail(st, "the stage has no 'devices'");
     if (spec.backend.empty()) r.fail(st, "the stage has no 'backend'");
+    if (!spec.backends.empty() && spec.backends.size() != spec.devices.size())
+      r.fail(backends, "'backends' lists " + std::to_string(spec.backends.size()) +
+                           " devices for the stage's " + std::to_string(spec.devices.size()) +
+                           " replicas");
     out.push_back(std::move(spec));
   }
   return out;

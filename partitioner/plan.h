@@ -13,6 +13,8 @@
 //   stages:
 //     - {layers: [0, 3], devices: [local/cpu0], backend: cpu, threads: 1,
 //        compute_s: 0.0034, allreduce_s: 0, link_s: 0.0001, memory_bytes: 1234567}
+//     - {layers: [3, 9], devices: [local/gpu0, local/gpu1], backend: opencl:0,
+//        backends: [opencl:0, opencl:1], ...}     # replicas: each on its own device
 // Reading takes the layer ranges, device names, backends and threads; the predicted
 // figures are informational.
 #pragma once
@@ -67,6 +69,7 @@ struct PlanStageSpec {
   size_t begin = 0, end = 0;
   std::vector<std::string> devices;
   std::string backend;
+  std::vector<std::string> backends;  // per replica, in devices' order (empty: `backend`)
   int threads = 1;
   double compute_s = -1;   // the predicted compute per microbatch, if the plan has it
   double allreduce_s = 0;  // a replicated stage's predicted allreduce per step

@@ -73,7 +73,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     const auto ranges = stageRanges(job, model);
     for (size_t s = 0; s < ranges.size(); ++s)
       out.push_back({ranges[s].first, ranges[s].second, "cpu", job.threads, -1,
-                     s < job.range_replicas.size() ? job.range_replicas[s] : 1});
+                     s < job.range_replicas.size() ? job.range_replicas[s] : 1, {}});
     return out;
   }
   const auto specs = partitioner::parsePlan(readFile(path, "plan file"), path);
@@ -95,7 +95,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
         s.compute_s < 0
             ? -1
             : (s.compute_s - s.allreduce_s / static_cast<double>(job.microbatches)) * replicas;
-    out.push_back({s.begin, s.end, s.backend, s.threads, one, replicas});
+    out.push_back({s.begin, s.end, s.backend, s.threads, one, replicas, s.backends});
   }
   return out;
 }

@@ -37,8 +37,12 @@ struct StagePlacement {
   size_t begin = 0, end = 0;
   std::string backend = "cpu";
   int threads = 1;
-  double predicted_compute_s = -1;  // from the plan, per microbatch (-1: no plan)
-  int replicas = 1;                 // data-parallel replicas, each a worker on `backend`
+  double predicted_compute_s = -1;            // from the plan, per microbatch (-1: no plan)
+  int replicas = 1;                           // data-parallel replicas, each a worker of its own
+  std::vector<std::string> replica_backends;  // each replica's device (empty: `backend`)
+  const std::string& backendOf(int replica) const {
+    return replica_backends.empty() ? backend : replica_backends.at(static_cast<size_t>(replica));
+  }
 };
 
 // The job's stages: from `plan_file` when given (what `tandem run` hands its workers

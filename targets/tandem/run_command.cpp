@@ -244,7 +244,7 @@ int runJob(const RunArgs& args) {
     w.pid = spawnSelf(argv);
     const StagePlacement& place = stages[static_cast<size_t>(w.stage)];
     spdlog::info("{}: layers [{}, {}) on {} ({} threads), pid {}", w.name, place.begin, place.end,
-                 place.backend, place.threads, w.pid);
+                 place.backendOf(w.replica), place.threads, w.pid);
   }
   std::vector<std::unique_ptr<ControlOut>> out;
   Progress progress(job.epochs);

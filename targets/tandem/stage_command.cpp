@@ -73,7 +73,7 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
   auto replicasOf = [&](int stage) { return stages[static_cast<size_t>(stage)].replicas; };
   const size_t begin = place.begin, end = place.end;
   // The backend outlives everything that holds its memory (declared first).
-  auto backend = makeBackend(place.backend, BackendOptions{place.threads});
+  auto backend = makeBackend(place.backendOf(replica), BackendOptions{place.threads});
   Model model(spec);
   model.build(*backend, job.seed, begin, end);
   if (!job.weights.empty()) loadWeights(model, readModelFile(job.weights), false);

@@ -230,6 +230,40 @@ TEST(PlanTest, WrittenPlansReadBack) {
       {"p.yaml:2:5", "no 'devices'"});
   expectThrowWith<InvalidArgument>([&] { parsePlan("objective: train\n", "p.yaml"); },
                                    {"needs 'stages'"});
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        parsePlan(
+            "stages:\n  - {layers: [0, 1], devices: [a, b], backend: opencl:0, "
+            "backends: [opencl:0]}\n",
+            "p.yaml");
+      },
+      {"p.yaml:2:68", "'backends' lists 1 devices for the stage's 2 replicas"});
+}
+
+// A replicated stage's plan names each replica's device: two GPUs are opencl:0 and
+// opencl:1, not opencl:0 twice.
+TEST(PlanTest, ReplicasKeepTheirOwnDevices) {
+  Problem p;
+  p.layers = {{"linear", 4000, 400, 400}, {"linear", 4000, 40, 40}};
+  p.input_bytes = 400;
+  p.node_names = {"n"};
+  for (int i = 0; i < 2; ++i) {
+    Device d;
+    d.name = "n/gpu" + std::to_string(i);
+    d.memory_bytes = int64_t{1} << 30;
+    d.forward_s = d.backward_s = {1e-3, 1e-3};
+    d.backend = "opencl:" + std::to_string(i);
+    p.devices.push_back(d);
+  }
+  p.links = {{Link{1e9, 1e-5}}};
+  p.options.max_replicas = 2;
+  const CostModel cost(p);
+  const Plan plan = evaluate(cost, {Assignment{0, 2, {0, 1}}}, "replicated");
+  const auto specs = parsePlan(planToYaml(cost, plan), "plan.yaml");
+  ASSERT_EQ(specs.size(), 1u);
+  EXPECT_EQ(specs[0].devices, (std::vector<std::string>{"n/gpu0", "n/gpu1"}));
+  EXPECT_EQ(specs[0].backends, (std::vector<std::string>{"opencl:0", "opencl:1"}));
+  EXPECT_GT(specs[0].allreduce_s, 0);
 }
 
 }  // namespace
