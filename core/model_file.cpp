@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "core/flatbuffers_read.h"
 #include "core/schema/model_generated.h"
 
 namespace tandem {
@@ -68,7 +69,7 @@ AttrValue readAttr(const std::string& source, const fb::Attr& a) {
       return a.string_value()->str();
     case fb::AttrKind_Ints:
       if (!a.ints()) bad(source, "attribute '" + a.key()->str() + "' has no list value");
-      return std::vector<int64_t>(a.ints()->begin(), a.ints()->end());
+      return copyInt64s(a.ints());
   }
   bad(source, "attribute '" + a.key()->str() + "' has unknown kind " +
                   std::to_string(static_cast<int>(a.kind())));
@@ -100,7 +101,7 @@ Shape readShape(const std::string& source, const flatbuffers::Vector<int64_t>* d
   if (!dims) return Shape{};
   if (dims->size() > static_cast<size_t>(Shape::kMaxRank))
     bad(source, what + " has rank " + std::to_string(dims->size()));
-  std::vector<int64_t> v(dims->begin(), dims->end());
+  const std::vector<int64_t> v = copyInt64s(dims);
   for (int64_t d : v)
     if (d < 0 || d > (int64_t{1} << 40)) bad(source, what + " has dimension " + std::to_string(d));
   return Shape(std::span<const int64_t>(v));

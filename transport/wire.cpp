@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/flatbuffers_read.h"
 #include "transport/schema/wire_generated.h"
 
 namespace tandem::transport {
@@ -81,8 +82,7 @@ WireHeader decodeHeader(std::span<const uint8_t> bytes, const WireLimits& limits
   const auto* dims = w->shape();
   if (dims && dims->size() > static_cast<size_t>(Shape::kMaxRank))
     bad("shape of rank " + std::to_string(dims->size()));
-  std::vector<int64_t> d;
-  if (dims) d.assign(dims->begin(), dims->end());
+  const std::vector<int64_t> d = copyInt64s(dims);
   for (int64_t v : d)
     if (v < 0) bad("negative dimension " + std::to_string(v));
   h.shape = Shape(std::span<const int64_t>(d));
