@@ -15,7 +15,7 @@ namespace tandem {
 // misaligned load (undefined behaviour; a fault on some ARM cores). Found by the fuzzer.
 inline std::vector<int64_t> copyInt64s(const flatbuffers::Vector<int64_t>* v) {
   std::vector<int64_t> out;
-  if (!v) return out;
+  if (!v || v->size() == 0) return out;  // (memcpy takes no null pointer, even for 0 bytes)
   out.resize(v->size());
   std::memcpy(out.data(), v->Data(), out.size() * sizeof(int64_t));
   for (int64_t& x : out) x = flatbuffers::EndianScalar(x);

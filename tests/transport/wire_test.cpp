@@ -155,6 +155,12 @@ TEST(WireTest, AMisalignedShapeVectorIsReadSafely) {
       0x0c, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x01, 0x00, 0x00,
       0x00, 0x00, 0x00, 0x01, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff,
       0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00};
+  // A scalar's empty shape vector reads back empty (the sanitizer build: no null
+  // pointer reaches memcpy).
+  WireHeader scalar;
+  scalar.shape = Shape{};
+  scalar.payload_bytes = 4;
+  EXPECT_EQ(decodeHeader(encodeHeader(scalar)).shape, Shape{});
   // Its one dimension, read byte-wise, is too large: refused, named.
   expectThrowWith<FormatError>([&] { decodeHeader(misaligned_shape); },
                                {"shape [17179934720] exceeds the size cap"});
