@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/spin.h"
 
 namespace tandem::transport {
 
@@ -81,14 +82,9 @@ class Hub {
       return;
     }
     lock.unlock();
-    const auto spin_until = Clock::now() + (spin_ ? kSpin : Clock::duration(0));
-    for (unsigned i = 1;; ++i) {
-      if (generation_.load(std::memory_order_acquire) != generation) return;
-      if (i % 64 == 0 && Clock::now() >= spin_until) break;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
+    if (spin_ &&
+        spinFor(kSpin, [&] { return generation_.load(std::memory_order_acquire) != generation; }))
+      return;
     lock.lock();
     cv_.wait_until(lock, deadline, [&] {
       return generation_.load(std::memory_order_relaxed) != generation || !broken_.empty();

@@ -63,12 +63,10 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
                    "stage " << range_.stage << ": a training step needs its batch size");
   TANDEM_CHECK_MSG(!info.training || info.labels, InvalidArgument,
                    "stage " << range_.stage << ": training needs labels");
-  TANDEM_CHECK_MSG(
-      info.labels || !range_.last() || !options_.replicas || options_.replicas->size() == 1,
-      Unsupported,
-      "stage " << range_.stage
-               << ": a replicated last stage cannot serve outputs without labels "
-                  "(each replica holds only its own microbatches')");
+  TANDEM_CHECK_MSG(info.labels || !range_.last() || !replicated(), Unsupported,
+                   "stage " << range_.stage
+                            << ": a replicated last stage cannot serve outputs without labels "
+                               "(each replica holds only its own microbatches')");
   if (info.training) model_.zeroGrad();
   StepResult result;
   int64_t stashed = 0;
@@ -133,7 +131,7 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
       case ActionType::kStep:
         TANDEM_CHECK_MSG(optimizer_ != nullptr, InvalidArgument,
                          "stage " << range_.stage << ": a step without an optimizer");
-        if (options_.replicas && options_.replicas->size() > 1) allreduceGradients();
+        if (replicated()) allreduceGradients();
         optimizer_->step(model_.params());
         {
           const double before = counters_.busy_s;
@@ -147,7 +145,7 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   // The last stage keeps nothing after its forward (evaluation) or backward (training).
   inflight_.clear();
   tag_base_ += m;
-  if (range_.last() && options_.replicas && options_.replicas->size() > 1) allreduceResult(result);
+  if (range_.last() && replicated()) allreduceResult(result);
   return result;
 }
 

@@ -131,6 +131,8 @@ class StageExecutor {
   void backward(int64_t k, const StepInfo& info, bool split);
   MessageTag tag(MessageKind kind, int64_t k) const { return {kind, tag_base_ + k}; }
   void record(ActionType type, int64_t k, Clock::time_point t0, double& counter);
+  // Whether the stage has replicas besides this one.
+  bool replicated() const { return options_.replicas && options_.replicas->size() > 1; }
   // Whether microbatch k of this step is this replica's.
   bool mine(int64_t k) const {
     return !options_.replicas ||

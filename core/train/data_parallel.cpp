@@ -14,26 +14,15 @@
 
 #include "core/error.h"
 #include "core/loss.h"
+#include "core/spin.h"
 #include "core/train/microbatch.h"
 
 namespace tandem {
 
 namespace {
 
-// Spins for a short while until `done()`, then returns whether it became true. Threads
-// handing work back and forth every few hundred microseconds on cores of their own meet
-// within that; a sleep and wake-up costs tens of microseconds.
-template <typename Done>
-bool spinFor(Done&& done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-  for (unsigned i = 1;; ++i) {
-    if (done()) return true;
-    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return false;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  }
-}
+// Hand-overs between the caller and a worker spin this long before sleeping.
+constexpr auto kSpin = std::chrono::microseconds(200);
 
 // A thread that runs one job at a time, handed over by run() and awaited by wait().
 class Worker {
@@ -57,7 +46,7 @@ class Worker {
   }
   // Rethrows what the job threw.
   void wait() {
-    spinFor([&] { return !busy_.load(std::memory_order_acquire); });
+    spinFor(kSpin, [&] { return !busy_.load(std::memory_order_acquire); });
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [&] { return !busy_.load(std::memory_order_relaxed); });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
@@ -66,7 +55,7 @@ class Worker {
  private:
   void loop() {
     for (;;) {
-      spinFor([&] { return busy_.load(std::memory_order_acquire); });
+      spinFor(kSpin, [&] { return busy_.load(std::memory_order_acquire); });
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [&] { return busy_.load(std::memory_order_relaxed) || stop_; });
       if (stop_) return;
@@ -360,16 +349,16 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
   } catch (...) {
     error = std::current_exception();
   }
-  for (size_t r = 0; r < replicas_.size(); ++r) {
-    Replica& rep = *replicas_[r];
-    for (Worker* w : {&rep.comm, &rep.compute}) {
-      if ((w == &rep.comm && inline_comm_) || (w == &rep.compute && r == 0)) continue;
-      try {
-        w->wait();
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
+  auto join = [&error](Worker& w) {
+    try {
+      w.wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
     }
+  };
+  for (size_t r = 0; r < replicas_.size(); ++r) {
+    if (!inline_comm_) join(replicas_[r]->comm);
+    if (r > 0) join(replicas_[r]->compute);  // replica 0 ran on this thread
   }
   if (error) std::rethrow_exception(error);
   ++global_step_;
