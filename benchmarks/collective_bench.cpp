@@ -7,7 +7,7 @@
 // beside memcpy of the same bytes, with the ratios the collectives issue sets targets
 // for. The peers (libgloo-dev, openmpi-bin) are benchmark-only dependencies.
 //
-//   collective_bench [--iters N] [--sizes-mib 1,16,64] [--ranks 2,4]
+//   collective_bench [--iters N] [--sizes-mib 1,16,64] [--ranks 2,4] [--in-process-only 1]
 //
 // Processes: the bench starts itself with --worker tandem|gloo (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1, iters = 5;
   size_t count = 0;
   std::vector<int> sizes_mib = {1, 16, 64}, rank_counts = {2, 4};
+  bool in_process_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
     if (key == "--worker")
@@ -199,6 +200,8 @@ int main(int argc, char** argv) {
       sizes_mib = parseList(value);
     else if (key == "--ranks")
       rank_counts = parseList(value);
+    else if (key == "--in-process-only")
+      in_process_only = value == "1";
     else {
       std::fprintf(stderr, "collective_bench: unknown option %s\n", key.c_str());
       return 2;
@@ -220,13 +223,14 @@ int main(int argc, char** argv) {
       const double bus = 2.0 * (n - 1) / n * static_cast<double>(bytes) / 1e9;
       const double mem = memcpySeconds(bytes, iters);
       const double in = inProcessSeconds(n, elements, iters);
-      const double tcp = processSeconds(self, "tandem", n, elements, iters);
-      const double gloo = processSeconds(self, "gloo", n, elements, iters);
-      const double shm = mpiSeconds(mpi_bench, "self,vader", n, elements, iters);
-      const double mtcp = mpiSeconds(mpi_bench, "self,tcp", n, elements, iters);
+      const bool p = !in_process_only;
+      const double tcp = p ? processSeconds(self, "tandem", n, elements, iters) : 0;
+      const double gloo = p ? processSeconds(self, "gloo", n, elements, iters) : 0;
+      const double shm = p ? mpiSeconds(mpi_bench, "self,vader", n, elements, iters) : 0;
+      const double mtcp = p ? mpiSeconds(mpi_bench, "self,tcp", n, elements, iters) : 0;
       auto cell = [&](double s) {
         char b[32];
-        if (s <= 0) return std::string("failed");
+        if (s <= 0) return std::string(in_process_only ? "-" : "failed");
         std::snprintf(b, sizeof b, "%.2f (%.2f)", s * 1e3, bus / s);
         return std::string(b);
       };

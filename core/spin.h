@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <thread>
 
 namespace tandem {
 
@@ -17,6 +18,18 @@ bool spinFor(std::chrono::nanoseconds limit, Done&& done) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+  }
+}
+
+// The same for more threads than cores: gives the core away between calls, so that a
+// thread it waits for can run.
+template <typename Done>
+bool yieldFor(std::chrono::nanoseconds limit, Done&& done) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::yield();
   }
 }
 

@@ -32,43 +32,47 @@ struct Call {
   size_t in_count = 0, out_count = 0;
 };
 
-// out[begin, end) = op over ranks (in rank order) of src[k][begin, end). `out` may be
-// one of the sources: each block is reduced in a buffer first.
-void reduceRange(float* out, const std::vector<const float*>& src, size_t begin, size_t end,
-                 ReduceOp op) {
+// Every out[j][begin, end) = op over ranks (in rank order) of src[k][begin, end). The
+// outputs may be sources: each block is reduced in a buffer first.
+void reduceRange(const std::vector<float*>& out, const std::vector<const float*>& src, size_t begin,
+                 size_t end, ReduceOp op) {
   constexpr size_t kBlock = 2048;
   std::array<float, kBlock> buffer;
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t n = std::min(kBlock, end - b);
     const std::span<float> acc(buffer.data(), n);
-    std::memcpy(acc.data(), src[0] + b, n * sizeof(float));
-    for (size_t k = 1; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
+    if (src.size() == 1 || op == ReduceOp::kMax) {
+      std::memcpy(acc.data(), src[0] + b, n * sizeof(float));
+      for (size_t k = 1; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
+    } else {  // the same additions, one pass fewer
+      const float *x = src[0] + b, *y = src[1] + b;
+      for (size_t i = 0; i < n; ++i) acc[i] = x[i] + y[i];
+      for (size_t k = 2; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
+    }
     finishReduce(acc, op, static_cast<int>(src.size()));
-    std::memcpy(out + b, acc.data(), n * sizeof(float));
+    for (float* o : out) std::memcpy(o + b, acc.data(), n * sizeof(float));
   }
 }
 
 class Hub {
  public:
-  explicit Hub(int size)
-      : size_(size),
-        spin_(size <= static_cast<int>(std::thread::hardware_concurrency())),
-        here_(static_cast<size_t>(size), false) {
+  explicit Hub(int size) : size_(size), here_(static_cast<size_t>(size), false) {
     for (auto& c : calls_) c.resize(static_cast<size_t>(size));
     for (auto& s : scratch_) s.resize(static_cast<size_t>(size));
   }
 
   int size() const { return size_; }
+  // The shared block counter's next value (see LocalGroup::reduceShared).
+  size_t claim() { return claims_.fetch_add(1, std::memory_order_relaxed); }
+  void completed() { completions_.fetch_add(1, std::memory_order_release); }
+  size_t completions() const { return completions_.load(std::memory_order_acquire); }
   Call& call(uint64_t seq, int rank) { return calls_[seq & 1][static_cast<size_t>(rank)]; }
   std::vector<float>& scratch(uint64_t seq, int rank) {
     return scratch_[seq & 1][static_cast<size_t>(rank)];
   }
 
   // Returns once every rank has arrived; Timeout naming the missing ranks at the deadline.
-  // A waiting rank first spins for a few microseconds when the ranks can have a core
-  // each (they usually arrive within that, and a sleep and wake-up costs tens of
-  // microseconds; with more ranks than cores a spinning rank would keep a late one off
-  // its core), then sleeps on the condition variable.
+  // A waiting rank yields its core for a while first (see local_group.h).
   void sync(int rank, const Call& c, Clock::time_point deadline) {
     std::unique_lock lock(mutex_);
     if (!broken_.empty()) throw Timeout(broken_);
@@ -82,9 +86,8 @@ class Hub {
       return;
     }
     lock.unlock();
-    if (spin_ &&
-        spinFor(kSpin, [&] { return generation_.load(std::memory_order_acquire) != generation; }))
-      return;
+    const auto passed = [&] { return generation_.load(std::memory_order_acquire) != generation; };
+    if (yieldFor(kSpin, passed)) return;
     lock.lock();
     cv_.wait_until(lock, deadline, [&] {
       return generation_.load(std::memory_order_relaxed) != generation || !broken_.empty();
@@ -107,10 +110,10 @@ class Hub {
 
  private:
   const int size_;
-  const bool spin_;
   std::mutex mutex_;
   std::condition_variable cv_;
   static constexpr auto kSpin = std::chrono::microseconds(100);
+  std::atomic<size_t> claims_ = 0, completions_ = 0;
   std::atomic<uint64_t> generation_ = 0;  // written under mutex_; read spinning without
   int arrived_ = 0;
   std::vector<bool> here_;
@@ -143,14 +146,11 @@ class LocalGroup final : public Group {
       meet(seq, c, o);
       std::vector<const float*> src;
       for (int r = 0; r < size(); ++r) src.push_back(hub_->scratch(seq, r).data());
-      reduceRange(data.data(), src, 0, data.size(), o.op);
+      reduceRange({data.data()}, src, 0, data.size(), o.op);
       return;
     }
     meet(seq, c, o);
-    reduceOwnSlice(seq, data, o.op);
-    meet(seq, c, o);
-    gatherSlices(seq, data);
-    meet(seq, c, o);
+    reduceShared(seq, c, o.op);
   }
 
   void reduceScatter(std::span<float> data, const AllreduceOptions& o) override {
@@ -190,7 +190,7 @@ class LocalGroup final : public Group {
     c.data = data.data();
     const uint64_t seq = begin(c);
     meet(seq, c, o);
-    if (rank_ == o.root) reduceRange(data.data(), buffers(seq), 0, data.size(), o.op);
+    if (rank_ == o.root) reduceRange({data.data()}, buffers(seq), 0, data.size(), o.op);
     meet(seq, c, o);
   }
 
@@ -301,7 +301,40 @@ class LocalGroup final : public Group {
   // This rank's slice of `data` becomes the reduction of every rank's.
   void reduceOwnSlice(uint64_t seq, std::span<float> data, ReduceOp op) {
     const Slice own = sliceOf(data.size(), size(), rank_);
-    reduceRange(data.data(), buffers(seq), own.begin, own.end, op);
+    reduceRange({data.data()}, buffers(seq), own.begin, own.end, op);
+  }
+
+  // Blocks of every rank's buffer, claimed by whichever ranks are running: each block
+  // is reduced in rank order and written to every rank's buffer. Rank order makes the
+  // result the same whichever rank does a block; claiming makes a rank that is off its
+  // core (more ranks than cores) cost nothing. A rank returns once every block is done,
+  // without waiting for the others to arrive: its buffer is complete, and nobody reads
+  // or writes it again in this call.
+  //
+  // The hub's two counters only grow. In one call the ranks complete `blocks` blocks and
+  // claim blocks + size() times (each rank's last claim finds none left), and a rank's
+  // claims in the next call follow everyone's last claim in this one (its first
+  // barrier), so each rank knows from the earlier calls where this call's counts start.
+  // Blocks are 8 to 64 KiB, about four per rank, whole cache lines.
+  void reduceShared(uint64_t seq, const Call& c, ReduceOp op) {
+    const size_t count = c.count;
+    const size_t per = count / (4 * static_cast<size_t>(size()));
+    const size_t block = (std::clamp<size_t>(per, 2048, 16384) + 15) / 16 * 16;
+    const size_t blocks = (count + block - 1) / block;
+    std::vector<float*> dst;
+    for (int r = 0; r < size(); ++r) dst.push_back(hub_->call(seq, r).data);
+    const std::vector<const float*> src = buffers(seq);
+    for (;;) {
+      const size_t b = hub_->claim() - claimed_;
+      if (b >= blocks) break;
+      reduceRange(dst, src, b * block, std::min(count, (b + 1) * block), op);
+      hub_->completed();
+    }
+    claimed_ += blocks + static_cast<size_t>(size());
+    completed_ += blocks;
+    if (!yieldFor(deadline_ - Clock::now(), [&] { return hub_->completions() >= completed_; }))
+      throw Timeout(std::string(c.what) + " (tag " + std::to_string(c.tag) +
+                    "): the group's ranks did not finish reducing in time");
   }
 
   // Copies every other rank's slice from its owner.
@@ -317,6 +350,8 @@ class LocalGroup final : public Group {
   std::shared_ptr<Hub> hub_;
   const int rank_;
   uint64_t seq_ = 0;
+  size_t claimed_ = 0;    // the hub's claims and completions after the earlier calls
+  size_t completed_ = 0;  // (see reduceShared)
   Clock::time_point deadline_;
 };
 

@@ -3,15 +3,20 @@
 // pointers, meets the others at a barrier, and then reads the others' buffers directly:
 // no serialisation, no sockets, no copies beyond the data movement itself.
 //
-//   allreduce, ring (large): each rank reduces its own slice from every rank's buffer
-//     (in rank order), then copies the other slices from their owners; three barriers.
+//   allreduce, large ("ring"): one pass. The ranks that are running claim blocks of the
+//     buffer in turn; a block is reduced from every rank's buffer (in rank order) and
+//     written back to every rank's buffer, so each byte is read once and written once.
+//     A rank returns when every block is done, without waiting for the others to
+//     leave. With more ranks than cores, the ranks on a core do the work of those off it.
 //   allreduce, direct (small): each rank copies its buffer to a scratch slot, then
 //     reduces every slot into its own buffer; one barrier (slots alternate per call).
 //
-// Barriers spin for up to 100 µs when the ranks fit on the machine's cores, then block
-// on a condition variable with the collective's deadline. A rank that
-// does not arrive in time makes the waiting ranks raise Timeout naming it, and the group
-// is then broken: every later call on any rank raises Timeout with the same message.
+// A rank waiting at a barrier gives its core away for up to 100 µs (sched_yield: a
+// rank it waits for may be next in line for it; a sleep and wake-up costs tens of
+// microseconds), then blocks on a condition variable with the collective's deadline.
+// At the end of a shared allreduce it waits only for ranks that are working, and keeps
+// yielding. A rank that does not arrive in time makes the waiting ranks raise Timeout naming it,
+// and the group is then broken: every later call on any rank raises Timeout with the same message.
 #pragma once
 
 #include <memory>
