@@ -1,14 +1,16 @@
 // Data-parallel training against one replica, in one run: the MLP
-// (examples/models/mlp.yaml) on Fashion-MNIST, one single-threaded replica and then two
-// (each single-threaded, one process, the in-process group), alternated; samples/s of
-// each and the ratio (the collectives issue's target: >= 1.7; PyTorch DDP with gloo
-// reached 1.24 here).
+// (examples/models/mlp.yaml) on Fashion-MNIST, one single-threaded replica, then two
+// (each single-threaded, one process, the in-process group), then the ceiling two could
+// reach here (two independent trainers on half batches at once), alternated; samples/s
+// of each and the ratios to one replica (the collectives issue's target: >= 1.7;
+// PyTorch DDP with gloo reached 1.24 here).
 //
 //   data_parallel_bench [--steps N] [--rounds R]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
@@ -21,6 +23,11 @@
 using namespace tandem;
 
 namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 double samplesPerSecond(const ModelSpec& spec, const Dataset& data, int replicas, int64_t batch,
                         int steps) {
@@ -69,6 +76,41 @@ double samplesPerSecond(const ModelSpec& spec, const Dataset& data, int replicas
   return static_cast<double>(steps * batch) / s;
 }
 
+// The ceiling two replicas could reach on this machine: two independent single-threaded
+// trainers, each on half of every batch, run at once with no communication (they share
+// the cores' caches and memory bandwidth as the replicas do); samples/s of both together.
+double independentPairSamplesPerSecond(const ModelSpec& spec, const Dataset& data, int64_t batch,
+                                       int steps) {
+  const int64_t half = batch / 2;
+  std::vector<double> seconds(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      cpu::CpuBackend backend;
+      Model model(spec);
+      model.build(backend, 1);
+      Optimizer optimizer(backend, OptimizerOptions{});
+      Trainer trainer(model, optimizer, TrainOptions{half, 1, true});
+      const std::vector<int64_t> order = epochOrder(data.size(), true, 1, static_cast<uint64_t>(t));
+      std::vector<float> x;
+      std::vector<int32_t> y;
+      const int64_t per_epoch = data.size() / half;
+      auto run = [&](int n) {
+        for (int s = 0; s < n; ++s) {
+          gatherBatch(data, order, (s % per_epoch) * half, half, x, y);
+          trainer.step(x.data(), y.data(), half);
+        }
+      };
+      run(5);
+      const auto t0 = std::chrono::steady_clock::now();
+      run(steps);
+      seconds[static_cast<size_t>(t)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  for (auto& t : threads) t.join();
+  return static_cast<double>(steps * half * 2) / std::max(seconds[0], seconds[1]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,18 +130,21 @@ int main(int argc, char** argv) {
   const Dataset data = loadDataset("fashion-mnist", "", true, 20000);
   std::printf("mlp, single-threaded replicas, %d steps per run, median of %d rounds\n", steps,
               rounds);
-  std::printf("%6s %14s %14s %8s\n", "batch", "1 (Trainer)", "2 replicas", "ratio");
-  for (int64_t batch : {64, 256}) {
-    std::vector<double> one, two;
+  std::printf("%6s %14s %14s %8s %16s %8s\n", "batch", "1 (Trainer)", "2 replicas", "ratio",
+              "2 independent", "ceiling");
+  for (int64_t batch : {64, 256, 1024}) {
+    std::vector<double> one, two, pair;
     for (int r = 0; r < rounds; ++r) {
       one.push_back(samplesPerSecond(spec, data, 1, batch, steps));
       two.push_back(samplesPerSecond(spec, data, 2, batch, steps));
+      pair.push_back(independentPairSamplesPerSecond(spec, data, batch, steps));
     }
-    std::sort(one.begin(), one.end());
-    std::sort(two.begin(), two.end());
-    const double a = one[one.size() / 2], b = two[two.size() / 2];
-    std::printf("%6lld %12.0f/s %12.0f/s %8.2f\n", static_cast<long long>(batch), a, b, b / a);
+    const double a = median(one), b = median(two), c = median(pair);
+    std::printf("%6lld %12.0f/s %12.0f/s %8.2f %14.0f/s %8.2f\n", static_cast<long long>(batch), a,
+                b, b / a, c, c / a);
   }
-  std::printf("samples/s; ratio = 2 replicas / 1 replica (target >= 1.7)\n");
+  std::printf(
+      "samples/s; ratio = 2 replicas / 1 replica (target >= 1.7); ceiling = 2 independent "
+      "trainers on half batches at once, no communication / 1 replica\n");
   return 0;
 }

@@ -271,6 +271,34 @@ TEST(GroupDeterminismTest, AllreduceIsBitwiseIdenticalAcrossRanksAndRuns) {
   }
 }
 
+// The in-process allreduce's ranks claim blocks from counters shared by every call;
+// each rank works out where a call's claims start from the calls before it. Many calls
+// in a row, of sizes around the block sizes and with other collectives between them,
+// with more ranks than this machine has cores (some are off their core while others
+// take their blocks): every result must still be the serial reference, on every rank.
+TEST(GroupSequenceTest, InProcessAllreducesInARowKeepTheirBlocksApart) {
+  const int world = 5;
+  Ranks groups = makeRanks("local", world);
+  const size_t counts[] = {16385, 0, 300000, 1, 65537, 2048 * 5 * 4, 2048 * 5 * 4 + 1, 1048577};
+  for (int round = 0; round < 3; ++round)
+    for (size_t count : counts) {
+      std::vector<std::vector<float>> in;
+      for (int r = 0; r < world; ++r) in.push_back(rankData(r + round, count));
+      const std::vector<float> want = reference(in, ReduceOp::kSum);
+      std::vector<std::vector<float>> data = in, scattered = in;
+      AllreduceOptions o;
+      o.algorithm = AllreduceAlgorithm::kRing;
+      o.tag = count;
+      expectNoErrors(onRanks(groups, [&](int r, Group& g) {
+        allreduce(g, data[r], o);
+        reduceScatter(g, scattered[r]);
+        barrier(g);
+      }));
+      for (int r = 0; r < world; ++r)
+        ASSERT_TRUE(data[r] == want) << "round " << round << " count " << count << " rank " << r;
+    }
+}
+
 // Over links: a rank that never calls is named by the others' Timeout; ranks that
 // disagree on the count are told so.
 TEST(GroupFailureTest, OverLinksAMissingRankIsNamedAndCountsMustAgree) {
