@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,26 @@ namespace {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Seconds for `steps` steps of `batch` samples in the data's shuffled order (epoch
+// `epoch`), after 5 untimed ones (pools, pages); step(x, y) trains on one batch.
+double timedSteps(const Dataset& data, int64_t batch, int steps, uint64_t epoch,
+                  const std::function<void(const float*, const int32_t*)>& step) {
+  const std::vector<int64_t> order = epochOrder(data.size(), true, 1, epoch);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  const int64_t per_epoch = data.size() / batch;
+  auto run = [&](int n) {
+    for (int s = 0; s < n; ++s) {
+      gatherBatch(data, order, (s % per_epoch) * batch, batch, x, y);
+      step(x.data(), y.data());
+    }
+  };
+  run(5);
+  const auto t0 = std::chrono::steady_clock::now();
+  run(steps);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double samplesPerSecond(const ModelSpec& spec, const Dataset& data, int replicas, int64_t batch,
@@ -55,24 +76,13 @@ double samplesPerSecond(const ModelSpec& spec, const Dataset& data, int replicas
     optimizer = std::make_unique<Optimizer>(*be[0], OptimizerOptions{});
     single = std::make_unique<Trainer>(*model, *optimizer, TrainOptions{batch, o.seed, true});
   }
-  const std::vector<int64_t> order = epochOrder(data.size(), true, 1, 0);
-  std::vector<float> x;
-  std::vector<int32_t> y;
-  const int64_t per_epoch = data.size() / batch;
-  auto run = [&](int n) {
-    for (int s = 0; s < n; ++s) {
-      gatherBatch(data, order, (s % per_epoch) * batch, batch, x, y);
-      if (parallel) {
-        parallel->step(x.data(), y.data(), batch);
-      } else {
-        single->step(x.data(), y.data(), batch);
-      }
+  const double s = timedSteps(data, batch, steps, 0, [&](const float* x, const int32_t* y) {
+    if (parallel) {
+      parallel->step(x, y, batch);
+    } else {
+      single->step(x, y, batch);
     }
-  };
-  run(5);  // warm-up: pools, pages
-  const auto t0 = std::chrono::steady_clock::now();
-  run(steps);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
   return static_cast<double>(steps * batch) / s;
 }
 
@@ -91,21 +101,9 @@ double independentPairSamplesPerSecond(const ModelSpec& spec, const Dataset& dat
       model.build(backend, 1);
       Optimizer optimizer(backend, OptimizerOptions{});
       Trainer trainer(model, optimizer, TrainOptions{half, 1, true});
-      const std::vector<int64_t> order = epochOrder(data.size(), true, 1, static_cast<uint64_t>(t));
-      std::vector<float> x;
-      std::vector<int32_t> y;
-      const int64_t per_epoch = data.size() / half;
-      auto run = [&](int n) {
-        for (int s = 0; s < n; ++s) {
-          gatherBatch(data, order, (s % per_epoch) * half, half, x, y);
-          trainer.step(x.data(), y.data(), half);
-        }
-      };
-      run(5);
-      const auto t0 = std::chrono::steady_clock::now();
-      run(steps);
       seconds[static_cast<size_t>(t)] =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          timedSteps(data, half, steps, static_cast<uint64_t>(t),
+                     [&](const float* x, const int32_t* y) { trainer.step(x, y, half); });
     });
   for (auto& t : threads) t.join();
   return static_cast<double>(steps * half * 2) / std::max(seconds[0], seconds[1]);

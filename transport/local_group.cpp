@@ -8,7 +8,6 @@
 #include <mutex>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "core/error.h"
 #include "core/spin.h"
@@ -41,14 +40,8 @@ void reduceRange(const std::vector<float*>& out, const std::vector<const float*>
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t n = std::min(kBlock, end - b);
     const std::span<float> acc(buffer.data(), n);
-    if (src.size() == 1 || op == ReduceOp::kMax) {
-      std::memcpy(acc.data(), src[0] + b, n * sizeof(float));
-      for (size_t k = 1; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
-    } else {  // the same additions, one pass fewer
-      const float *x = src[0] + b, *y = src[1] + b;
-      for (size_t i = 0; i < n; ++i) acc[i] = x[i] + y[i];
-      for (size_t k = 2; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
-    }
+    std::memcpy(acc.data(), src[0] + b, n * sizeof(float));
+    for (size_t k = 1; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
     finishReduce(acc, op, static_cast<int>(src.size()));
     for (float* o : out) std::memcpy(o + b, acc.data(), n * sizeof(float));
   }
@@ -323,7 +316,7 @@ class LocalGroup final : public Group {
     const size_t blocks = (count + block - 1) / block;
     std::vector<float*> dst;
     for (int r = 0; r < size(); ++r) dst.push_back(hub_->call(seq, r).data);
-    const std::vector<const float*> src = buffers(seq);
+    const std::vector<const float*> src(dst.begin(), dst.end());
     for (;;) {
       const size_t b = hub_->claim() - claimed_;
       if (b >= blocks) break;

@@ -157,15 +157,21 @@ PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, in
   return run;
 }
 
+// The equivalence sweeps' options: batches of 32 cut into m microbatches.
+PipelineOptions sweepOptions(ScheduleKind kind, int64_t m) {
+  PipelineOptions o;
+  o.schedule = kind;
+  o.microbatches = m;
+  o.batch = 32;
+  o.seed = 5;
+  return o;
+}
+
 TEST(PipelineTest, BitwiseEqualToSingleDeviceAccumulation) {
   const Dataset d = testing::quadrants(72, 1);  // 72 = 2 batches of 32 and one of 8
   for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
     for (const int64_t m : {1, 2, 4, 8}) {
-      PipelineOptions o;
-      o.schedule = kind;
-      o.microbatches = m;
-      o.batch = 32;
-      o.seed = 5;
+      PipelineOptions o = sweepOptions(kind, m);
       const Weights want = reference(o, d, 1);
       for (const int p : {2, 3, 4}) {
         for (const bool recompute : {false, true}) {
@@ -215,11 +221,7 @@ TEST(PipelineTest, ReplicatedStagesMatchTheUnreplicatedPipeline) {
   const std::vector<std::vector<int>> configs = {{1, 2, 1}, {2, 1, 1}, {1, 1, 2}, {2, 3, 2}};
   for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
     for (const int64_t m : {1, 3, 4}) {
-      PipelineOptions o;
-      o.schedule = kind;
-      o.microbatches = m;
-      o.batch = 32;
-      o.seed = 5;
+      PipelineOptions o = sweepOptions(kind, m);
       const Weights want = reference(o, d, 2);
       for (const std::vector<int>& replicas : configs) {
         const PipelineRun got = pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, replicas);
