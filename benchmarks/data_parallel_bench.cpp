@@ -31,23 +31,28 @@ double median(std::vector<double> v) {
 }
 
 // Seconds for `steps` steps of `batch` samples in the data's shuffled order (epoch
-// `epoch`), after 5 untimed ones (pools, pages); step(x, y) trains on one batch.
+// `epoch`), after 5 untimed ones (pools, pages); step(order, begin) trains on samples
+// order[begin, begin + batch), loading them as its trainer's epochs do.
 double timedSteps(const Dataset& data, int64_t batch, int steps, uint64_t epoch,
-                  const std::function<void(const float*, const int32_t*)>& step) {
+                  const std::function<void(const std::vector<int64_t>&, int64_t)>& step) {
   const std::vector<int64_t> order = epochOrder(data.size(), true, 1, epoch);
-  std::vector<float> x;
-  std::vector<int32_t> y;
   const int64_t per_epoch = data.size() / batch;
   auto run = [&](int n) {
-    for (int s = 0; s < n; ++s) {
-      gatherBatch(data, order, (s % per_epoch) * batch, batch, x, y);
-      step(x.data(), y.data());
-    }
+    for (int s = 0; s < n; ++s) step(order, (s % per_epoch) * batch);
   };
   run(5);
   const auto t0 = std::chrono::steady_clock::now();
   run(steps);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One trainer's step as Trainer::trainEpoch takes it: the batch gathered on its thread.
+void gatheredStep(Trainer& trainer, const Dataset& data, const std::vector<int64_t>& order,
+                  int64_t begin, int64_t n) {
+  thread_local std::vector<float> x;
+  thread_local std::vector<int32_t> y;
+  gatherBatch(data, order, begin, n, x, y);
+  trainer.step(x.data(), y.data(), n);
 }
 
 double samplesPerSecond(const ModelSpec& spec, const Dataset& data, int replicas, int64_t batch,
@@ -76,13 +81,15 @@ double samplesPerSecond(const ModelSpec& spec, const Dataset& data, int replicas
     optimizer = std::make_unique<Optimizer>(*be[0], OptimizerOptions{});
     single = std::make_unique<Trainer>(*model, *optimizer, TrainOptions{batch, o.seed, true});
   }
-  const double s = timedSteps(data, batch, steps, 0, [&](const float* x, const int32_t* y) {
-    if (parallel) {
-      parallel->step(x, y, batch);
-    } else {
-      single->step(x, y, batch);
-    }
-  });
+  // As their trainEpoch does: the replicas gather their own shares, one trainer the batch.
+  const double s =
+      timedSteps(data, batch, steps, 0, [&](const std::vector<int64_t>& order, int64_t begin) {
+        if (parallel) {
+          parallel->step(data, order, begin, batch);
+        } else {
+          gatheredStep(*single, data, order, begin, batch);
+        }
+      });
   return static_cast<double>(steps * batch) / s;
 }
 
@@ -103,7 +110,9 @@ double independentPairSamplesPerSecond(const ModelSpec& spec, const Dataset& dat
       Trainer trainer(model, optimizer, TrainOptions{half, 1, true});
       seconds[static_cast<size_t>(t)] =
           timedSteps(data, half, steps, static_cast<uint64_t>(t),
-                     [&](const float* x, const int32_t* y) { trainer.step(x, y, half); });
+                     [&](const std::vector<int64_t>& order, int64_t begin) {
+                       gatheredStep(trainer, data, order, begin, half);
+                     });
     });
   for (auto& t : threads) t.join();
   return static_cast<double>(steps * half * 2) / std::max(seconds[0], seconds[1]);

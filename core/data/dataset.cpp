@@ -67,11 +67,21 @@ std::vector<int64_t> epochOrder(int64_t n, bool shuffle, uint64_t seed, int64_t 
   return order;
 }
 
-void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count,
-                 std::vector<float>& x, std::vector<int32_t>& y) {
+void checkBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count) {
   TANDEM_CHECK_MSG(begin >= 0 && count >= 0 && begin + count <= static_cast<int64_t>(order.size()),
                    InvalidArgument,
-                   "batch [" << begin << ", " << begin + count << ") out of range");
+                   "batch [" << begin << ", " << begin + count << ") of an order of "
+                             << order.size() << " samples");
+  for (int64_t i = begin; i < begin + count; ++i) {
+    const int64_t idx = order[static_cast<size_t>(i)];
+    TANDEM_CHECK_MSG(idx >= 0 && idx < d.size(), InvalidArgument,
+                     "batch position " << i << " names sample " << idx << " of " << d.size());
+  }
+}
+
+void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count,
+                 std::vector<float>& x, std::vector<int32_t>& y) {
+  checkBatch(d, order, begin, count);
   const int64_t sample = d.sample_shape.numel();
   x.resize(static_cast<size_t>(count * sample));
   y.resize(static_cast<size_t>(count));

@@ -36,7 +36,11 @@ Dataset loadDataset(const std::string& name, const std::string& dir, bool train,
 // permutation from (seed, epoch) that is the same on every platform.
 std::vector<int64_t> epochOrder(int64_t n, bool shuffle, uint64_t seed, int64_t epoch);
 
-// Fills x (count * sample floats, normalised) and y for samples order[begin, begin+count).
+// InvalidArgument for a range outside `order` or an entry in it outside the data.
+void checkBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count);
+
+// Fills x (count * sample floats, normalised) and y for samples order[begin, begin+count)
+// (checked by checkBatch first).
 void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count,
                  std::vector<float>& x, std::vector<int32_t>& y);
 

@@ -145,6 +145,8 @@ struct DataParallelTrainer::Replica {
   size_t handed = 0, reduced = 0;
   bool failed = false;  // either thread gave up: the other stops waiting for it
   double loss_sum = 0;
+  std::vector<float> x;  // this replica's share of the batch, when it gathers it
+  std::vector<int32_t> y;
 };
 
 DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
@@ -216,8 +218,27 @@ Optimizer& DataParallelTrainer::optimizer(size_t replica) {
 }
 
 double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t n) {
-  const std::vector<int64_t> counts = shareBatch(n, replicas_.size(), options_.shares);
   const int64_t per_sample = replicas_[0]->model.inputShape().numel();
+  return run(n, [&](size_t, int64_t first, int64_t) {
+    return std::make_pair(x + first * per_sample, labels + first);
+  });
+}
+
+double DataParallelTrainer::step(const Dataset& data, const std::vector<int64_t>& order,
+                                 int64_t begin, int64_t n) {
+  // Checked here, not on the replicas' threads, where a failing gather would leave the
+  // others waiting for its gradients until the timeout.
+  checkClassifier(replicas_[0]->model, data);
+  checkBatch(data, order, begin, n);
+  return run(n, [&](size_t r, int64_t first, int64_t count) {
+    Replica& rep = *replicas_[r];
+    gatherBatch(data, order, begin + first, count, rep.x, rep.y);
+    return std::make_pair<const float*, const int32_t*>(rep.x.data(), rep.y.data());
+  });
+}
+
+double DataParallelTrainer::run(int64_t n, const Share& share) {
+  const std::vector<int64_t> counts = shareBatch(n, replicas_.size(), options_.shares);
   const uint64_t global_step = static_cast<uint64_t>(global_step_);
   int64_t offset = 0;
   std::function<void()> first_compute;
@@ -262,7 +283,7 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
           }
         });
       });
-    auto compute = [this, &rep, failing, x, labels, n, count, first, per_sample, global_step, r] {
+    auto compute = [this, &rep, failing, &share, n, count, first, global_step, r] {
       failing([&] {
         Backend& be = rep.backend;
         Model& model = rep.model;
@@ -292,10 +313,11 @@ double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t 
           }
         };
         if (count > 0) {
+          const auto [x, labels] = share(r, first, count);
           Tensor h = be.empty(model.inputShape().withBatch(count));
-          be.upload(h, x + first * per_sample);
+          be.upload(h, x);
           Tensor y = be.empty({count}, DType::kI32);
-          be.upload(y, labels + first);
+          be.upload(y, labels);
           // Layer by layer, as one forward would (each layer seeds from its index).
           const ForwardContext ctx{true,
                                    microbatchSeed(options_.seed, static_cast<int64_t>(global_step),
@@ -371,7 +393,10 @@ EpochReport DataParallelTrainer::trainEpoch(
     const Dataset& data, int64_t epoch, const std::function<void(const StepReport&)>& progress) {
   return datasetEpoch(
       replicas_[0]->model, data, epoch, options_.batch, options_.shuffle, options_.seed,
-      [&](const float* x, const int32_t* y, int64_t n) { return step(x, y, n); }, progress);
+      [&](const std::vector<int64_t>& order, int64_t begin, int64_t n) {
+        return step(data, order, begin, n);
+      },
+      progress);
 }
 
 }  // namespace tandem

@@ -3,16 +3,18 @@
 // through a Group (one rank per replica) and every replica takes the same optimizer step.
 //
 // A step: the batch of n samples is cut into the replicas' shares (equal, or in
-// proportion to `shares`, e.g. from profiled speeds); replica r runs forward, the loss
+// proportion to `shares`, e.g. from profiled speeds); in trainEpoch each replica gathers
+// its own share from the dataset on its own thread (DDP's per-replica loaders), so that
+// no replica waits while one thread loads the whole batch; replica r runs forward, the loss
 // scaled by 1/n (the whole batch's mean, so each sample's gradient counts once wherever
 // it was computed) and backward layer by layer from the last. As soon as a layer's
 // parameter gradients are final they join the current bucket; a full bucket is copied
 // to the host and handed to the replica's communication thread, which allreduces it
 // (sum) while backward goes on (DDP-style overlap). CPU replicas (host memory) reduce
 // each bucket on their compute thread instead, where it lies: the summing is CPU work
-// that would compete with backward anyway. Replica 0 computes on the caller's thread. Buckets are cut and reduced in the
-// same fixed order on every replica. When backward is done, the summed buckets are
-// copied back into the gradients and each replica's optimizer steps.
+// that would compete with backward anyway. Replica 0 computes on the caller's thread. Buckets are
+// cut and reduced in the same fixed order on every replica. When backward is done, the summed
+// buckets are copied back into the gradients and each replica's optimizer steps.
 //
 // With equal shares on CPU replicas and the in-process group, the weights are bitwise
 // those of one device computing the R microbatches' gradients apart and adding them in
@@ -22,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/data/dataset.h"
@@ -60,6 +63,10 @@ class DataParallelTrainer {
 
   // One step on a host batch of n samples; returns the batch's mean loss.
   double step(const float* x, const int32_t* labels, int64_t n);
+  // The same step on samples order[begin, begin + n) of `data`, each replica gathering
+  // its own share on its own thread (as DDP's per-replica loaders do), so that loading
+  // runs in parallel too. trainEpoch's steps.
+  double step(const Dataset& data, const std::vector<int64_t>& order, int64_t begin, int64_t n);
   EpochReport trainEpoch(const Dataset& data, int64_t epoch,
                          const std::function<void(const StepReport&)>& progress);
 
@@ -70,6 +77,10 @@ class DataParallelTrainer {
 
  private:
   struct Replica;
+  // Replica r's share: samples [first, first + count) of the batch as host arrays.
+  using Share = std::function<std::pair<const float*, const int32_t*>(size_t r, int64_t first,
+                                                                      int64_t count)>;
+  double run(int64_t n, const Share& share);
   std::vector<std::unique_ptr<Replica>> replicas_;
   DataParallelOptions options_;
   bool inline_comm_ = false;  // buckets reduced on the compute threads (all host memory)

@@ -14,6 +14,8 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+}  // namespace
+
 void checkClassifier(const Model& model, const Dataset& data) {
   TANDEM_CHECK_MSG(model.inputShape() == data.sample_shape, InvalidArgument,
                    "model '" << model.name() << "' takes " << model.inputShape() << " but "
@@ -22,7 +24,6 @@ void checkClassifier(const Model& model, const Dataset& data) {
                    "model '" << model.name() << "' outputs " << model.outputShape() << " but "
                              << data.name << " has " << data.classes << " classes");
 }
-}  // namespace
 
 Trainer::Trainer(Model& model, Optimizer& optimizer, const TrainOptions& options)
     : model_(model), optimizer_(optimizer), options_(options) {
@@ -80,28 +81,30 @@ EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
           el > 0 ? static_cast<double>(seen) / el : 0.0};
 }
 
-EpochReport datasetEpoch(const Model& model, const Dataset& data, int64_t epoch, int64_t batch,
-                         bool shuffle, uint64_t seed,
-                         const std::function<double(const float*, const int32_t*, int64_t)>& step,
-                         const std::function<void(const StepReport&)>& progress) {
+EpochReport datasetEpoch(
+    const Model& model, const Dataset& data, int64_t epoch, int64_t batch, bool shuffle,
+    uint64_t seed,
+    const std::function<double(const std::vector<int64_t>& order, int64_t begin, int64_t n)>& step,
+    const std::function<void(const StepReport&)>& progress) {
   checkClassifier(model, data);
   const std::vector<int64_t> order = epochOrder(data.size(), shuffle, seed, epoch);
-  std::vector<float> x;
-  std::vector<int32_t> y;
   return runEpoch(
       epoch, data.size(), batch,
-      [&](int64_t begin, int64_t n) {
-        gatherBatch(data, order, begin, n, x, y);
-        return step(x.data(), y.data(), n) * static_cast<double>(n);
-      },
+      [&](int64_t begin, int64_t n) { return step(order, begin, n) * static_cast<double>(n); },
       progress);
 }
 
 EpochReport Trainer::trainEpoch(const Dataset& data, int64_t epoch,
                                 const std::function<void(const StepReport&)>& progress) {
+  std::vector<float> x;
+  std::vector<int32_t> y;
   return datasetEpoch(
       model_, data, epoch, options_.batch, options_.shuffle, options_.seed,
-      [&](const float* x, const int32_t* y, int64_t n) { return step(x, y, n); }, progress);
+      [&](const std::vector<int64_t>& order, int64_t begin, int64_t n) {
+        gatherBatch(data, order, begin, n, x, y);
+        return step(x.data(), y.data(), n);
+      },
+      progress);
 }
 
 EvalResult evaluate(Model& model, const Dataset& data, int64_t batch) {

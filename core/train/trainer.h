@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "core/data/dataset.h"
 #include "core/model.h"
@@ -71,14 +72,18 @@ EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
                      const std::function<double(int64_t begin, int64_t n)>& step,
                      const std::function<void(const StepReport&)>& progress);
 
+// InvalidArgument unless `model` maps the data's samples to its classes.
+void checkClassifier(const Model& model, const Dataset& data);
+
 // One epoch over `data` in batches of `batch` (shuffled by (seed, epoch) if asked):
-// step(x, labels, n) trains one host batch and returns its mean loss. InvalidArgument
-// if `model` does not map the data's samples to its classes. Shared by Trainer and
-// DataParallelTrainer.
-EpochReport datasetEpoch(const Model& model, const Dataset& data, int64_t epoch, int64_t batch,
-                         bool shuffle, uint64_t seed,
-                         const std::function<double(const float*, const int32_t*, int64_t)>& step,
-                         const std::function<void(const StepReport&)>& progress);
+// step(order, begin, n) trains samples order[begin, begin + n) of the data (gathering
+// them as it likes) and returns their mean loss. InvalidArgument if `model` does not map
+// the data's samples to its classes. Shared by Trainer and DataParallelTrainer.
+EpochReport datasetEpoch(
+    const Model& model, const Dataset& data, int64_t epoch, int64_t batch, bool shuffle,
+    uint64_t seed,
+    const std::function<double(const std::vector<int64_t>& order, int64_t begin, int64_t n)>& step,
+    const std::function<void(const StepReport&)>& progress);
 
 // Forward-only pass over `data` in batches: mean loss and accuracy.
 EvalResult evaluate(Model& model, const Dataset& data, int64_t batch);

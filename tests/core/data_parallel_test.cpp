@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
@@ -168,6 +169,49 @@ TEST(DataParallelTest, UnequalSharesMatchTheFullBatchWithinRounding) {
       ASSERT_NEAR(w[i], v[i], 1e-5f * (1 + std::abs(v[i]))) << ref.params()[p]->name << " " << i;
   }
   expectSameWeights(dp.trainer->model(0), dp.trainer->model(1), "replicas");
+}
+
+// The replicas gather their own shares (trainEpoch's steps): the same weights, bitwise,
+// as the step on the batch gathered beforehand; a bad batch is refused before any
+// replica starts, not after the others' timeout.
+TEST(DataParallelTest, ReplicasGatheringTheirSharesTrainAsTheGatheredBatch) {
+  const Dataset data = testing::quadrants(120, 4);
+  const std::vector<int64_t> order = epochOrder(data.size(), true, 3, 0);
+  for (const std::vector<double>& shares : {std::vector<double>{}, std::vector<double>{3, 1}}) {
+    DataParallelOptions o;
+    o.batch = 24;
+    o.shares = shares;
+    o.timeout = std::chrono::seconds(30);
+    Replicas gathered = makeReplicas(kNoDropout, 2, o, OptimizerOptions{});
+    Replicas own = makeReplicas(kNoDropout, 2, o, OptimizerOptions{});
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    for (int64_t step = 0; step < 4; ++step) {
+      gatherBatch(data, order, step * o.batch, o.batch, x, y);
+      const double a = gathered.trainer->step(x.data(), y.data(), o.batch);
+      const double b = own.trainer->step(data, order, step * o.batch, o.batch);
+      EXPECT_EQ(a, b) << "step " << step;
+    }
+    for (size_t r = 0; r < 2; ++r)
+      expectSameWeights(
+          own.trainer->model(r), gathered.trainer->model(r),
+          "replica " + std::to_string(r) + ", " + std::to_string(shares.size()) + " shares");
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int64_t> bad = order;
+    bad[30] = data.size();
+    expectThrowWith<InvalidArgument>([&] { own.trainer->step(data, bad, 24, 24); },
+                                     {"batch position 30 names sample 120 of 120"});
+    expectThrowWith<InvalidArgument>([&] { own.trainer->step(data, order, 110, 24); },
+                                     {"batch [110, 134) of an order of 120 samples"});
+    Dataset other = data;
+    other.classes = 7;
+    expectThrowWith<InvalidArgument>([&] { own.trainer->step(other, order, 0, 24); },
+                                     {"has 7 classes"});
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    // And the replicas still step together afterwards.
+    EXPECT_TRUE(std::isfinite(own.trainer->step(data, order, 0, 24)));
+    expectSameWeights(own.trainer->model(0), own.trainer->model(1), "replicas after errors");
+  }
 }
 
 TEST(DataParallelTest, SharesSplitTheBatch) {

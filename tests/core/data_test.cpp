@@ -99,6 +99,16 @@ TEST(DatasetTest, SmallFashionMnistLayoutLoadsWithLabelChecks) {
   gatherBatch(d, {1, 0}, 0, 2, x, y);
   EXPECT_EQ(y, (std::vector<int32_t>{9, 0}));
   EXPECT_NEAR(x[0], (1.0f - d.mean) / d.stddev, 1e-6);
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        gatherBatch(d, {1, 2}, 0, 2, x, y);
+      },
+      {"batch position 1 names sample 2 of 2"});
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        gatherBatch(d, {1, 0}, 1, 2, x, y);
+      },
+      {"batch [1, 3) of an order of 2 samples"});
   writeFile("fm/train-labels-idx1-ubyte.gz", idxBytes({3}, {0, 10, 4}), true);
   expectThrowWith<FormatError>([&] { loadFashionMnist(dir, true); }, {"label 10 of sample 1"});
   writeFile("fm/train-labels-idx1-ubyte.gz", idxBytes({2}, {0, 1}), true);
