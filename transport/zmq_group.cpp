@@ -92,7 +92,7 @@ class ZmqGroup final : public Group {
       reduceInRankOrder(data, own, got, o.op);
       return;
     }
-    ringReduceScatter(c, data, o.op);
+    ringReduceScatter(c, data, o.op, true);
     const Slice own = sliceOf(data.size(), size_, rank_);
     asSent(data.subspan(own.begin, own.size()));  // as the others will receive it
     ringAllGather(c, data);
@@ -104,7 +104,7 @@ class ZmqGroup final : public Group {
       finishReduce(data, o.op, 1);
       return;
     }
-    ringReduceScatter(c, data, o.op);
+    ringReduceScatter(c, data, o.op, false);
   }
 
   void allGather(std::span<float> data, const CollectiveOptions& o) override {
@@ -301,26 +301,40 @@ class ZmqGroup final : public Group {
     while (sent < out_chunks) sendNext();
   }
 
-  // After it, this rank's slice holds the reduction (steps 0 .. n-2); the rest of `data`
-  // is untouched (partial sums travel in `carry`).
-  void ringReduceScatter(const Call& c, std::span<float> data, ReduceOp op) {
-    std::vector<float> carry;  // the partial sum to send next
+  // After it, this rank's slice holds the reduction (steps 0 .. n-2). With `in_place`
+  // (allreduce, whose all-gather overwrites the rest) the partial sums are kept in the
+  // other slices of `data`, each sent on from where it was summed; else the rest of
+  // `data` is left as it was and they travel in `carry` and `partial`.
+  void ringReduceScatter(const Call& c, std::span<float> data, ReduceOp op, bool in_place) {
+    std::vector<float> carry, partial;
     for (int s = 0; s + 1 < size_; ++s) {
       const Slice out = sliceOf(data.size(), size_, mod(rank_ - 1 - s));
       const Slice in = sliceOf(data.size(), size_, mod(rank_ - 2 - s));
       const std::span<const float> mine = data.subspan(in.begin, in.size());
-      std::vector<float> partial(in.size());
-      ringStep(c, s, s == 0 ? data.subspan(out.begin, out.size()) : std::span<const float>(carry),
-               in.size(), [&](size_t at, std::span<const float> got) {
-                 // The partial sum from the left first, then this rank's: one order per slice.
-                 const std::span<float> acc(partial.data() + at, got.size());
-                 std::copy(got.begin(), got.end(), acc.begin());
-                 accumulate(acc, mine.subspan(at, got.size()), op);
-               });
-      carry = std::move(partial);
+      // The last step sums into this rank's own slice.
+      std::span<float> sum = data.subspan(in.begin, in.size());
+      if (!in_place && s + 2 < size_) {
+        partial.resize(in.size());
+        sum = partial;
+      }
+      ringStep(
+          c, s,
+          in_place || s == 0 ? data.subspan(out.begin, out.size()) : std::span<const float>(carry),
+          in.size(), [&](size_t at, std::span<const float> got) {
+            // The partial sum from the left first, then this rank's: one order per
+            // slice (max keeps the first of equal or unordered values).
+            const float* g = got.data();
+            const float* m = mine.data() + at;
+            float* a = sum.data() + at;
+            if (op == ReduceOp::kMax) {
+              for (size_t i = 0; i < got.size(); ++i) a[i] = std::max(g[i], m[i]);
+            } else {
+              for (size_t i = 0; i < got.size(); ++i) a[i] = g[i] + m[i];
+            }
+          });
+      if (!in_place) std::swap(carry, partial);
     }
     const Slice own = sliceOf(data.size(), size_, rank_);
-    std::copy(carry.begin(), carry.end(), data.begin() + static_cast<std::ptrdiff_t>(own.begin));
     finishReduce(data.subspan(own.begin, own.size()), op, size_);
   }
 
