@@ -4,7 +4,8 @@
 //
 //   allreduce, ring (large): reduce-scatter then all-gather around the ring of ranks,
 //     2(n-1) steps each moving one slice; slice k is accumulated starting at rank k+1
-//     and ending at rank k, the same order on every run.
+//     and ending at rank k, the same order on every run, each partial sum kept in the
+//     slice of the buffer that the all-gather overwrites later.
 //   allreduce, direct (small): every rank sends its buffer to every other and reduces all
 //     of them in rank order (one round; the in-process group's order).
 //   reduce-scatter / all-gather: the ring's halves. broadcast, scatter: the root sends to
