@@ -7,7 +7,6 @@
 //
 //   data_parallel_bench [--steps N] [--rounds R]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -17,6 +16,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/data/dataset.h"
 #include "core/model_spec.h"
+#include "core/profile/measure.h"
 #include "core/train/data_parallel.h"
 #include "core/train/trainer.h"
 #include "transport/local_group.h"
@@ -24,11 +24,6 @@
 using namespace tandem;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Seconds for `steps` steps of `batch` samples in the data's shuffled order (epoch
 // `epoch`), after 5 untimed ones (pools, pages); step(order, begin) trains on samples
@@ -41,9 +36,7 @@ double timedSteps(const Dataset& data, int64_t batch, int steps, uint64_t epoch,
     for (int s = 0; s < n; ++s) step(order, (s % per_epoch) * batch);
   };
   run(5);
-  const auto t0 = std::chrono::steady_clock::now();
-  run(steps);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return timeOnce([&] { run(steps); });
 }
 
 // One trainer's step as Trainer::trainEpoch takes it: the batch gathered on its thread.
@@ -146,7 +139,7 @@ int main(int argc, char** argv) {
       two.push_back(samplesPerSecond(spec, data, 2, batch, steps));
       pair.push_back(independentPairSamplesPerSecond(spec, data, batch, steps));
     }
-    const double a = median(one), b = median(two), c = median(pair);
+    const double a = spreadOf(one).median, b = spreadOf(two).median, c = spreadOf(pair).median;
     std::printf("%6lld %12.0f/s %12.0f/s %8.2f %14.0f/s %8.2f\n", static_cast<long long>(batch), a,
                 b, b / a, c, c / a);
   }

@@ -40,12 +40,10 @@ void reduceRange(const std::vector<float*>& out, const std::vector<const float*>
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t n = std::min(kBlock, end - b);
     const std::span<float> acc(buffer.data(), n);
-    if (src.size() > 1 && op != ReduceOp::kMax) {  // the first addition without a copy first
-      const float *x = src[0] + b, *y = src[1] + b;
-      for (size_t i = 0; i < n; ++i) acc[i] = x[i] + y[i];
+    if (src.size() > 1) {  // the first two without copying the first
+      combine(acc, {src[0] + b, n}, {src[1] + b, n}, op);
     } else {
       std::memcpy(acc.data(), src[0] + b, n * sizeof(float));
-      if (src.size() > 1) accumulate(acc, {src[1] + b, n}, op);
     }
     for (size_t k = 2; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
     finishReduce(acc, op, static_cast<int>(src.size()));

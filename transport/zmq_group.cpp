@@ -321,16 +321,8 @@ class ZmqGroup final : public Group {
           c, s,
           in_place || s == 0 ? data.subspan(out.begin, out.size()) : std::span<const float>(carry),
           in.size(), [&](size_t at, std::span<const float> got) {
-            // The partial sum from the left first, then this rank's: one order per
-            // slice (max keeps the first of equal or unordered values).
-            const float* g = got.data();
-            const float* m = mine.data() + at;
-            float* a = sum.data() + at;
-            if (op == ReduceOp::kMax) {
-              for (size_t i = 0; i < got.size(); ++i) a[i] = std::max(g[i], m[i]);
-            } else {
-              for (size_t i = 0; i < got.size(); ++i) a[i] = g[i] + m[i];
-            }
+            // The partial sum from the left first, then this rank's: one order per slice.
+            combine(sum.subspan(at, got.size()), got, mine.subspan(at, got.size()), op);
           });
       if (!in_place) std::swap(carry, partial);
     }

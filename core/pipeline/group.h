@@ -13,11 +13,14 @@
 // slices, rank r owning slice(count, size, r) (the first count % size slices one longer).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
+
+#include "core/error.h"
 
 namespace tandem {
 
@@ -57,8 +60,24 @@ struct Slice {
 Slice sliceOf(size_t count, int size, int rank);
 
 // The reduction's steps, shared by the groups: acc[i] = acc[i] op x[i] (sum and mean
-// add, max keeps the larger), then, for the mean, acc[i] / ranks.
+// add, max keeps the larger, the first of equal or unordered values), or out[i] = x[i]
+// op y[i] (`out` may be x or y), then, for the mean, acc[i] / ranks.
 void accumulate(std::span<float> acc, std::span<const float> x, ReduceOp op);
+// (combine is inline: it is the in-process allreduce's inner loop, measurably slower
+// out of line.)
+inline void combine(std::span<float> out, std::span<const float> x, std::span<const float> y,
+                    ReduceOp op) {
+  TANDEM_CHECK_MSG(out.size() == x.size() && out.size() == y.size(), InvalidArgument,
+                   "combine " << x.size() << " and " << y.size() << " values into " << out.size());
+  float* o = out.data();
+  const float *a = x.data(), *b = y.data();
+  const size_t n = out.size();
+  if (op == ReduceOp::kMax) {
+    for (size_t i = 0; i < n; ++i) o[i] = std::max(a[i], b[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
+  }
+}
 void finishReduce(std::span<float> acc, ReduceOp op, int ranks);
 
 class Group {

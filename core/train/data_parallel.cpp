@@ -233,7 +233,7 @@ double DataParallelTrainer::step(const Dataset& data, const std::vector<int64_t>
   return run(n, [&](size_t r, int64_t first, int64_t count) {
     Replica& rep = *replicas_[r];
     gatherBatch(data, order, begin + first, count, rep.x, rep.y);
-    return std::make_pair<const float*, const int32_t*>(rep.x.data(), rep.y.data());
+    return std::pair<const float*, const int32_t*>(rep.x.data(), rep.y.data());
   });
 }
 
