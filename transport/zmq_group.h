@@ -2,17 +2,8 @@
 // every pair over tcp or ipc, optionally carrying the exchanged chunks as fp16/bf16 (the
 // link's codec; received chunks are decoded and accumulated in fp32).
 //
-//   allreduce, ring (large): reduce-scatter then all-gather around the ring of ranks,
-//     2(n-1) steps each moving one slice; slice k is accumulated starting at rank k+1
-//     and ending at rank k, the same order on every run, each partial sum kept in the
-//     slice of the buffer that the all-gather overwrites later.
-//   allreduce, direct (small): every rank sends its buffer to every other and reduces all
-//     of them in rank order (one round; the in-process group's order).
-//   reduce-scatter / all-gather: the ring's halves. broadcast, scatter: the root sends to
-//     each rank; reduce, gather: each rank sends to the root, which reduces in rank order.
-//
-// With a lossy codec every rank uses the values as the codec carries them — its own
-// contribution and the root's broadcast data too — so that ranks stay identical.
+// The collectives' algorithms are PeerGroup's (peer_group.h); here each buffer travels in
+// 1 MiB messages on the link to its peer, four of them ahead of what has been received.
 //
 // Rendezvous: each rank binds one link per peer and exchanges its endpoints with the
 // others through an Exchange — an all-gather of one string per rank, such as
