@@ -1,15 +1,17 @@
 // Allreduce of 1, 16 and 64 MiB of fp32 with 2 and 4 ranks, in one run: time and bus
 // bandwidth (2(n-1)/n x bytes / time) of
 //   - tandem's in-process group (ranks are threads),
-//   - tandem's cross-process group (ranks are processes, tcp loopback),
+//   - tandem's cross-process groups (ranks are processes, tcp loopback): over ZeroMQ
+//     links, and over plain sockets,
 //   - Gloo's ring allreduce (processes, tcp loopback),
 //   - Open MPI's MPI_Allreduce (processes; shared memory, then tcp only),
 // beside memcpy of the same bytes, with the ratios the collectives issue sets targets
 // for. The peers (libgloo-dev, openmpi-bin) are benchmark-only dependencies.
 //
 //   collective_bench [--iters N] [--sizes-mib 1,16,64] [--ranks 2,4] [--in-process-only 1]
+//                    [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's)]
 //
-// Processes: the bench starts itself with --worker tandem|gloo (and mpirun starts
+// Processes: the bench starts itself with --worker zmq|socket|gloo (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
 // Times are medians; the machine is shared, so only ratios in one run count.
 #include <gloo/allreduce_ring.h>
@@ -33,12 +35,16 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "transport/local_group.h"
+#include "transport/socket_group.h"
 #include "transport/zmq_group.h"
 
 namespace {
 
 using namespace tandem;
 using Clock = std::chrono::steady_clock;
+
+// --socket-buffer-kib: the plain-socket group's socket buffers (-1: its default).
+int socket_buffer_kib = -1;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -94,14 +100,25 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
            int iters) {
   std::vector<float> data = filled(count, rank);
   double s = 0;
-  if (kind == "tandem") {
+  const transport::Exchange exchange =
+      transport::fileExchange(dir, rank, ranks, std::chrono::seconds(60));
+  if (kind == "socket") {
+    transport::SocketGroupOptions o;
+    o.rank = rank;
+    o.size = ranks;
+    if (socket_buffer_kib >= 0) o.socket_buffer_bytes = socket_buffer_kib << 10;
+    auto group = transport::makeSocketGroup(o, exchange);
+    s = timeOp(iters, [&] {
+      barrier(*group);
+      allreduce(*group, data);
+    });
+  } else if (kind == "zmq") {
     transport::Context ctx;
     cpu::CpuBackend host;
     transport::ZmqGroupOptions o;
     o.rank = rank;
     o.size = ranks;
-    auto group = transport::makeZmqGroup(
-        ctx, host, o, transport::fileExchange(dir, rank, ranks, std::chrono::seconds(60)));
+    auto group = transport::makeZmqGroup(ctx, host, o, exchange);
     s = timeOp(iters, [&] {
       barrier(*group);
       allreduce(*group, data);
@@ -152,7 +169,8 @@ double processSeconds(const std::string& self, const std::string& kind, int rank
   for (int r = ranks - 1; r >= 0; --r) {
     const std::string one = self + " --worker " + kind + " --rank " + std::to_string(r) +
                             " --size " + std::to_string(ranks) + " --dir " + dir + " --count " +
-                            std::to_string(count) + " --iters " + std::to_string(iters);
+                            std::to_string(count) + " --iters " + std::to_string(iters) +
+                            " --socket-buffer-kib " + std::to_string(socket_buffer_kib);
     command += r > 0 ? one + " > /dev/null & " : one;
   }
   const double s = secondsFrom("(" + command + "; wait)");
@@ -196,6 +214,8 @@ int main(int argc, char** argv) {
       count = std::stoull(value);
     else if (key == "--iters")
       iters = std::stoi(value);
+    else if (key == "--socket-buffer-kib")
+      socket_buffer_kib = std::stoi(value);
     else if (key == "--sizes-mib")
       sizes_mib = parseList(value);
     else if (key == "--ranks")
@@ -214,9 +234,9 @@ int main(int argc, char** argv) {
       (std::filesystem::path(self).parent_path() / "mpi_allreduce_bench").string();
   std::printf("allreduce of fp32, median of %d; bus bandwidth = 2(n-1)/n x bytes / time (GB/s)\n",
               iters);
-  std::printf("%-5s %5s %10s | %-26s %-26s %-13s %-13s %-13s | %8s %8s %8s\n", "MiB", "ranks",
-              "memcpy", "in-process ms (bus GB/s)", "tandem tcp ms (bus GB/s)", "gloo tcp",
-              "mpi shm", "mpi tcp", "in/mcpy", "in/mpi", "tcp/gloo");
+  std::printf("%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s\n", "MiB",
+              "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem socket tcp", "gloo tcp",
+              "mpi shm", "mpi tcp", "in/mcpy", "in/mpi", "zmq/glo", "sock/glo");
   for (int mib : sizes_mib)
     for (int n : rank_counts) {
       const size_t bytes = static_cast<size_t>(mib) << 20, elements = bytes / 4;
@@ -224,7 +244,8 @@ int main(int argc, char** argv) {
       const double mem = memcpySeconds(bytes, iters);
       const double in = inProcessSeconds(n, elements, iters);
       const bool p = !in_process_only;
-      const double tcp = p ? processSeconds(self, "tandem", n, elements, iters) : 0;
+      const double zmq = p ? processSeconds(self, "zmq", n, elements, iters) : 0;
+      const double sock = p ? processSeconds(self, "socket", n, elements, iters) : 0;
       const double gloo = p ? processSeconds(self, "gloo", n, elements, iters) : 0;
       const double shm = p ? mpiSeconds(mpi_bench, "self,vader", n, elements, iters) : 0;
       const double mtcp = p ? mpiSeconds(mpi_bench, "self,tcp", n, elements, iters) : 0;
@@ -234,16 +255,19 @@ int main(int argc, char** argv) {
         std::snprintf(b, sizeof b, "%.2f (%.2f)", s * 1e3, bus / s);
         return std::string(b);
       };
+      auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
       const double memcpy_gbs = static_cast<double>(bytes) / mem / 1e9;
-      std::printf("%-5d %5d %10.2f | %-26s %-26s %-13s %-13s %-13s | %8.2f %8.2f %8.2f\n", mib, n,
-                  memcpy_gbs, cell(in).c_str(), cell(tcp).c_str(), cell(gloo).c_str(),
-                  cell(shm).c_str(), cell(mtcp).c_str(), (bus / in) / memcpy_gbs,
-                  shm > 0 ? shm / in : 0.0, gloo > 0 && tcp > 0 ? gloo / tcp : 0.0);
+      std::printf(
+          "%-5d %5d %8.2f | %-18s %-18s %-18s %-18s %-18s %-18s | %7.2f %7.2f %7.2f %7.2f\n", mib,
+          n, memcpy_gbs, cell(in).c_str(), cell(zmq).c_str(), cell(sock).c_str(),
+          cell(gloo).c_str(), cell(shm).c_str(), cell(mtcp).c_str(), (bus / in) / memcpy_gbs,
+          ratio(shm, in), ratio(gloo, zmq), ratio(gloo, sock));
       std::fflush(stdout);
     }
   std::printf(
-      "\nmemcpy in GB/s; in/mcpy = in-process bus bandwidth / memcpy (target >= 0.5); in/mpi = "
-      "Open MPI shared-memory time / in-process time (target >= 1.5); tcp/gloo = Gloo time / "
-      "tandem tcp time (target >= 1.5)\n");
+      "\ntimes in ms (bus bandwidth GB/s); memcpy in GB/s; in/mcpy = in-process bus bandwidth / "
+      "memcpy (target >= 0.5); in/mpi = Open MPI shared-memory time / in-process time (target "
+      ">= 1.5); zmq/glo, sock/glo = Gloo time / tandem's cross-process time over ZeroMQ links, "
+      "over plain sockets (target >= 1.5)\n");
   return 0;
 }

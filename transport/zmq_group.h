@@ -12,26 +12,16 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "core/backend.h"
 #include "core/pipeline/group.h"
 #include "transport/codec.h"
 #include "transport/context.h"
+#include "transport/rendezvous.h"
 
 namespace tandem::transport {
-
-// Gives this rank's string to the others and returns every rank's, in rank order.
-using Exchange = std::function<std::vector<std::string>(const std::string& mine)>;
-
-// Through files `dir`/rank-N (written whole, then renamed into place); Timeout naming the
-// ranks whose file did not appear within `timeout`. The directory must be fresh for each
-// group.
-Exchange fileExchange(const std::string& dir, int rank, int size,
-                      std::chrono::milliseconds timeout);
 
 struct ZmqGroupOptions {
   int rank = 0, size = 1;

@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -96,6 +97,24 @@ class Workers {
  private:
   std::vector<size_t> first_;  // each stage's first worker
 };
+
+// Workers killed by a signal, named before another's error report: a replica's peers
+// see its connection close the moment it dies, and report that before the kill is seen
+// here. Waits up to 100 ms for the dead to be reaped. "" if none.
+std::string killedFirst(std::vector<Worker>& workers) {
+  std::string named;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  for (;;) {
+    for (Worker& w : workers) {
+      int status = 0;
+      if (w.exited || waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+      w.exited = true;
+      if (WIFSIGNALED(status)) named += describeExit(w, status, "before finishing") + "; then ";
+    }
+    if (!named.empty() || std::chrono::steady_clock::now() >= until) return named;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
 
 // A worker's error report: "stage 1 failed: <its message>".
 std::string describeError(Workers& workers, const Json& report) {
@@ -266,14 +285,16 @@ int runJob(const RunArgs& args) {
       if (!w.exited && waitpid(w.pid, &status, WNOHANG) == w.pid) {
         w.exited = true;
         if (!w.done && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-          // Its error report, if it sent one, says more than the exit status.
+          // Its error report, if it sent one, says more than the exit status; a worker
+          // killed meanwhile is likely the cause, and named first.
+          const std::string first = WIFSIGNALED(status) ? "" : killedFirst(workers);
           try {
             while (auto m = in.recv(100ms))
-              if (m->value("type", "") == "error") return fail(describeError(pool, *m));
+              if (m->value("type", "") == "error") return fail(first + describeError(pool, *m));
           } catch (const FormatError& e) {
-            return fail(e.what());
+            return fail(first + e.what());
           }
-          return fail(describeExit(w, status, "before finishing"));
+          return fail(first + describeExit(w, status, "before finishing"));
         }
       }
     }
@@ -288,7 +309,7 @@ int runJob(const RunArgs& args) {
       }
       last_message = Clock::now();
       const std::string type = field<std::string>(*m, "type");
-      if (type == "error") return fail(describeError(pool, *m));
+      if (type == "error") return fail(killedFirst(workers) + describeError(pool, *m));
       if (type == "hello") {
         Worker& w = pool.named(*m);
         if (!w.hello.is_null()) return fail(w.name + " said hello twice");

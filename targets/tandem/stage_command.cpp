@@ -19,7 +19,7 @@
 #include "targets/tandem/commands.h"
 #include "targets/tandem/control.h"
 #include "targets/tandem/planning.h"
-#include "transport/zmq_group.h"
+#include "transport/socket_group.h"
 #include "transport/zmq_link.h"
 
 namespace tandem::cli {
@@ -145,23 +145,20 @@ void runStage(const StageArgs& a, ControlOut& report, transport::Context& ctx) {
     throw FormatError(who + ": the peers message lacks 'prev' or 'next'");
   const std::unique_ptr<ReplicaLinks> prev = connect("prev", prev_links);
   const std::unique_ptr<ReplicaLinks> next = connect("next", next_links);
-  // The stage's replicas sum their gradients over a group of their own (its rendezvous
-  // directory is new in this run's directory).
-  std::unique_ptr<Backend> host;
+  // The stage's replicas sum their gradients over a group of their own, over plain
+  // sockets (its rendezvous directory is new in this run's directory).
   std::unique_ptr<Group> group;
   if (replicas > 1) {
-    host = makeBackend("cpu", BackendOptions{1});
-    transport::ZmqGroupOptions go;
+    transport::SocketGroupOptions go;
     go.rank = replica;
     go.size = replicas;
     go.transport = job.transport;
     go.ipc_dir = a.run_dir;
-    go.link_timeout = std::chrono::seconds(job.timeout_s);
+    go.connect_timeout = std::chrono::seconds(job.timeout_s);
     go.job = static_cast<uint64_t>(s);
-    group = transport::makeZmqGroup(
-        ctx, *host, go,
-        transport::fileExchange(a.run_dir + "/group-s" + std::to_string(s), replica, replicas,
-                                std::chrono::seconds(job.timeout_s)));
+    group = transport::makeSocketGroup(
+        go, transport::fileExchange(a.run_dir + "/group-s" + std::to_string(s), replica, replicas,
+                                    std::chrono::seconds(job.timeout_s)));
   }
   const int64_t train_samples = field<int64_t>(*peers, "train_samples");
   const int64_t test_samples = field<int64_t>(*peers, "test_samples");

@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "tests/test_util.h"
+#include "transport/socket_group.h"
 #include "transport/zmq_group.h"
 #include "transport/zmq_link.h"
 
@@ -111,46 +112,58 @@ TEST(LinkProcessTest, ARestartedPeerIsReachedByTheSameLink) {
   }
 }
 
-// The cross-process group with its ranks in separate processes (files for the
+// The cross-process groups with their ranks in separate processes (files for the
 // rendezvous, tcp between them): the ring and the direct allreduce give every process
 // the exact sum of integer-valued data; a child reports a wrong value by its exit code.
 TEST(GroupProcessTest, RanksInSeparateProcessesAllreduce) {
-  const int world = 3;
-  const std::string dir = testing::freshDir("tandem-group-proc");
-  auto rank = [&](int r) {  // true if every value is right
-    Context ctx;
-    cpu::CpuBackend host;
-    ZmqGroupOptions o;
-    o.rank = r;
-    o.size = world;
-    auto group = makeZmqGroup(ctx, host, o, fileExchange(dir, r, world, 20s));
-    for (size_t count : {size_t{7}, size_t{1048577}}) {
-      std::vector<float> data(count);
-      for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((i + 3 * r) % 17);
-      AllreduceOptions ao;
-      ao.timeout = 20s;
-      allreduce(*group, data, ao);
-      for (size_t i = 0; i < count; ++i) {
-        float want = 0;
-        for (int k = 0; k < world; ++k) want += static_cast<float>((i + 3 * k) % 17);
-        if (data[i] != want) return false;
+  for (const bool socket : {false, true}) {
+    SCOPED_TRACE(socket ? "plain sockets" : "ZeroMQ links");
+    const int world = 3;
+    const std::string dir = testing::freshDir("tandem-group-proc");
+    auto rank = [&](int r) {  // true if every value is right
+      Context ctx;
+      cpu::CpuBackend host;
+      const Exchange exchange = fileExchange(dir, r, world, 20s);
+      std::unique_ptr<Group> group;
+      if (socket) {
+        SocketGroupOptions o;
+        o.rank = r;
+        o.size = world;
+        group = makeSocketGroup(o, exchange);
+      } else {
+        ZmqGroupOptions o;
+        o.rank = r;
+        o.size = world;
+        group = makeZmqGroup(ctx, host, o, exchange);
       }
+      for (size_t count : {size_t{7}, size_t{1048577}}) {
+        std::vector<float> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((i + 3 * r) % 17);
+        AllreduceOptions ao;
+        ao.timeout = 20s;
+        allreduce(*group, data, ao);
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int k = 0; k < world; ++k) want += static_cast<float>((i + 3 * k) % 17);
+          if (data[i] != want) return false;
+        }
+      }
+      barrier(*group, CollectiveOptions{0, 20s});
+      return true;
+    };
+    std::vector<pid_t> children;
+    for (int r = 1; r < world; ++r)
+      children.push_back(spawn([&, r] {
+        if (!rank(r)) _exit(3);
+      }));
+    EXPECT_TRUE(rank(0));
+    for (pid_t child : children) {
+      int status = 0;
+      waitpid(child, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
     }
-    barrier(*group, CollectiveOptions{0, 20s});
-    return true;
-  };
-  std::vector<pid_t> children;
-  for (int r = 1; r < world; ++r)
-    children.push_back(spawn([&, r] {
-      if (!rank(r)) _exit(3);
-    }));
-  EXPECT_TRUE(rank(0));
-  for (pid_t child : children) {
-    int status = 0;
-    waitpid(child, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+    std::filesystem::remove_all(dir);
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
