@@ -473,6 +473,87 @@ TEST(SocketGroupTest, UnixSocketsAnywhere) {
   expectThrowWith<InvalidArgument>([&] { makeSocketGroup(o, {}); }, {"is longer than 107 bytes"});
 }
 
+// Rank 0 of a pair whose rank 1 is played by hand over a raw socket: bytes that are not
+// a collective's message, a header with an unknown codec, another count, and a message
+// cut short are each named, never a crash or a hang.
+TEST(SocketGroupTest, AGarbledStreamIsNamed) {
+  struct Header {  // socket_group.h's wire header
+    uint32_t magic = 0x50524754;
+    uint8_t codec = 0, collective = 0;  // raw; allreduce
+    uint16_t step = 0;
+    uint64_t seq = 0, tag = 0, count = 0;
+  };
+  static_assert(sizeof(Header) == 32);
+  // Rank 0 and the raw socket standing for rank 1.
+  auto pairWithHand = [](int& hand) {
+    SocketGroupOptions o;
+    o.size = 2;
+    o.connect_timeout = 5s;
+    return makeSocketGroup(o, [&](const std::string& mine) {
+      std::istringstream words(mine);
+      std::string kind, host;
+      int port = 0;
+      words >> kind >> host >> port;
+      hand = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(static_cast<uint16_t>(port));
+      ::inet_pton(AF_INET, host.c_str(), &to.sin_addr);
+      EXPECT_EQ(::connect(hand, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+      const uint32_t hello[6] = {0x4c454854, 2, 1, 0, 0, 0};  // magic, size, from, to, job
+      EXPECT_EQ(::send(hand, hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+      return std::vector<std::string>{mine, "tcp 127.0.0.1 1"};
+    });
+  };
+  AllreduceOptions o;
+  o.timeout = 300ms;
+  std::vector<float> data(5, 1.0f);
+  auto sendAll = [](int fd, const void* p, size_t n) {
+    EXPECT_EQ(::send(fd, p, n, 0), static_cast<ssize_t>(n));
+  };
+  {
+    int hand = -1;
+    auto g = pairWithHand(hand);
+    const std::string noise(32, 'x');
+    sendAll(hand, noise.data(), noise.size());
+    expectThrowWith<FormatError>([&] { allreduce(*g, data, o); },
+                                 {"rank 1 of 2 sent bytes that are not a collective's message"});
+    expectThrowWith<IoError>([&] { allreduce(*g, data, o); }, {"the group is broken"});
+    ::close(hand);
+  }
+  {
+    int hand = -1;
+    auto g = pairWithHand(hand);
+    Header h;
+    h.codec = 9;
+    h.count = 5;
+    sendAll(hand, &h, sizeof(h));
+    expectThrowWith<FormatError>([&] { allreduce(*g, data, o); }, {"not a collective's message"});
+    ::close(hand);
+  }
+  {
+    int hand = -1;
+    auto g = pairWithHand(hand);
+    Header h;
+    h.count = 3;
+    const float three[3] = {1, 2, 3};
+    sendAll(hand, &h, sizeof(h));
+    sendAll(hand, three, sizeof(three));
+    expectThrowWith<InvalidArgument>(
+        [&] { allreduce(*g, data, o); },
+        {"allreduce (tag 0): rank 1 sent 3 values where this rank has 5"});
+    EXPECT_TRUE(data == std::vector<float>(5, 1.0f));
+    // In step again (call 1), but cut short: 32 + 8 of 52 bytes.
+    h.seq = 1;
+    h.count = 5;
+    sendAll(hand, &h, sizeof(h));
+    sendAll(hand, three, 8);
+    expectThrowWith<Timeout>([&] { allreduce(*g, data, o); },
+                             {"allreduce (tag 0): rank 1 of 2 sent 40 of 52 bytes within 300 ms"});
+    ::close(hand);
+  }
+}
+
 // The rendezvous turns away connections that are not the group's and says so if the
 // real peer never comes; addresses that cannot be read are refused.
 TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
