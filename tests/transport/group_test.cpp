@@ -606,6 +606,9 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
         });
       },
       {"rank 0 published 'tcp 127.0.0.1', not a tcp address"});
+  o.spin = std::chrono::microseconds(-1);
+  expectThrowWith<InvalidArgument>([&] { makeSocketGroup(o, {}); }, {"spin -1 us is negative"});
+  o.spin = std::chrono::microseconds(50);
   o.transport = "udp";
   expectThrowWith<InvalidArgument>([&] { makeSocketGroup(o, {}); },
                                    {"transport 'udp' (expected tcp or ipc)"});
