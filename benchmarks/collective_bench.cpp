@@ -10,6 +10,7 @@
 //
 //   collective_bench [--iters N] [--sizes-mib 1,16,64] [--ranks 2,4] [--in-process-only 1]
 //                    [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's)]
+//                    [--spin-us U (the plain-socket group's spin before poll)]
 //
 // Processes: the bench starts itself with --worker zmq|socket|gloo (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
@@ -45,6 +46,8 @@ using Clock = std::chrono::steady_clock;
 
 // --socket-buffer-kib: the plain-socket group's socket buffers (-1: its default).
 int socket_buffer_kib = -1;
+// --spin-us: how long its transfers try before sleeping in poll (-1: its default).
+int spin_us = -1;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -107,6 +110,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     o.rank = rank;
     o.size = ranks;
     if (socket_buffer_kib >= 0) o.socket_buffer_bytes = socket_buffer_kib << 10;
+    if (spin_us >= 0) o.spin = std::chrono::microseconds(spin_us);
     auto group = transport::makeSocketGroup(o, exchange);
     s = timeOp(iters, [&] {
       barrier(*group);
@@ -170,7 +174,8 @@ double processSeconds(const std::string& self, const std::string& kind, int rank
     const std::string one = self + " --worker " + kind + " --rank " + std::to_string(r) +
                             " --size " + std::to_string(ranks) + " --dir " + dir + " --count " +
                             std::to_string(count) + " --iters " + std::to_string(iters) +
-                            " --socket-buffer-kib " + std::to_string(socket_buffer_kib);
+                            " --socket-buffer-kib " + std::to_string(socket_buffer_kib) +
+                            " --spin-us " + std::to_string(spin_us);
     command += r > 0 ? one + " > /dev/null & " : one;
   }
   const double s = secondsFrom("(" + command + "; wait)");
@@ -216,6 +221,8 @@ int main(int argc, char** argv) {
       iters = std::stoi(value);
     else if (key == "--socket-buffer-kib")
       socket_buffer_kib = std::stoi(value);
+    else if (key == "--spin-us")
+      spin_us = std::stoi(value);
     else if (key == "--sizes-mib")
       sizes_mib = parseList(value);
     else if (key == "--ranks")
