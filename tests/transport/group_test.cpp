@@ -405,6 +405,24 @@ std::vector<std::unique_ptr<Group>> socketPair(
   return groups;
 }
 
+// A raw tcp socket that connects to the socket-group rank 0 published `address` ("tcp
+// HOST PORT") and greets it as rank 1 of 2 of `job` (socket_group.h's hello).
+int greetAsRank1(const std::string& address, uint32_t job) {
+  std::istringstream words(address);
+  std::string kind, host;
+  int port = 0;
+  words >> kind >> host >> port;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, host.c_str(), &to.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  const uint32_t hello[6] = {0x4c454854, 2, 1, 0, job, 0};  // magic, size, from, to, job
+  EXPECT_EQ(::send(fd, hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+  return fd;
+}
+
 // Over plain sockets a mismatch is seen in the message header: ranks that call with
 // other tags are told so at once (not at the timeout), and the rest of the message is
 // read and dropped, so the group goes on working.
@@ -490,18 +508,7 @@ TEST(SocketGroupTest, AGarbledStreamIsNamed) {
     o.size = 2;
     o.connect_timeout = 5s;
     return makeSocketGroup(o, [&](const std::string& mine) {
-      std::istringstream words(mine);
-      std::string kind, host;
-      int port = 0;
-      words >> kind >> host >> port;
-      hand = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in to{};
-      to.sin_family = AF_INET;
-      to.sin_port = htons(static_cast<uint16_t>(port));
-      ::inet_pton(AF_INET, host.c_str(), &to.sin_addr);
-      EXPECT_EQ(::connect(hand, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
-      const uint32_t hello[6] = {0x4c454854, 2, 1, 0, 0, 0};  // magic, size, from, to, job
-      EXPECT_EQ(::send(hand, hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+      hand = greetAsRank1(mine, 0);
       return std::vector<std::string>{mine, "tcp 127.0.0.1 1"};
     });
   };
@@ -561,21 +568,7 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
   SocketGroupOptions o;
   o.job = 7;
   o.connect_timeout = 5s;
-  auto stranger = [](const std::string& address) {
-    std::istringstream words(address);
-    std::string kind, host;
-    int port = 0;
-    words >> kind >> host >> port;
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<uint16_t>(port));
-    ::inet_pton(AF_INET, host.c_str(), &to.sin_addr);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
-    const uint32_t hello[6] = {0x4c454854, 2, 1, 0, 99, 0};  // magic, size, from, to, job
-    EXPECT_EQ(::send(fd, hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
-    return fd;
-  };
+  auto stranger = [](const std::string& address) { return greetAsRank1(address, 99); };
   std::vector<int> strangers;
   auto groups = socketPair(o, [&](int r, const std::string& address) {
     if (r == 0) strangers.push_back(stranger(address));
