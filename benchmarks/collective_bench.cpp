@@ -11,6 +11,8 @@
 //   collective_bench [--iters N] [--sizes-mib 1,16,64] [--ranks 2,4] [--in-process-only 1]
 //                    [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's)]
 //                    [--spin-us U (the plain-socket group's spin before poll)]
+//                    [--codec raw|fp16|bf16 (how tandem's cross-process groups carry values;
+//                     Gloo and Open MPI always fp32)]
 //
 // Processes: the bench starts itself with --worker zmq|socket|gloo (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
@@ -46,6 +48,8 @@ using Clock = std::chrono::steady_clock;
 
 // --socket-buffer-kib: the plain-socket group's socket buffers (-1: its default).
 int socket_buffer_kib = -1;
+// --codec: how tandem's cross-process groups carry values (raw fp32, fp16, bf16).
+std::string codec = "raw";
 // --spin-us: how long its transfers try before sleeping in poll (-1: its default).
 int spin_us = -1;
 
@@ -109,6 +113,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     transport::SocketGroupOptions o;
     o.rank = rank;
     o.size = ranks;
+    o.codec = transport::parseCodec(codec);
     if (socket_buffer_kib >= 0) o.socket_buffer_bytes = socket_buffer_kib << 10;
     if (spin_us >= 0) o.spin = std::chrono::microseconds(spin_us);
     auto group = transport::makeSocketGroup(o, exchange);
@@ -122,6 +127,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     transport::ZmqGroupOptions o;
     o.rank = rank;
     o.size = ranks;
+    o.codec = transport::parseCodec(codec);
     auto group = transport::makeZmqGroup(ctx, host, o, exchange);
     s = timeOp(iters, [&] {
       barrier(*group);
@@ -175,7 +181,7 @@ double processSeconds(const std::string& self, const std::string& kind, int rank
                             " --size " + std::to_string(ranks) + " --dir " + dir + " --count " +
                             std::to_string(count) + " --iters " + std::to_string(iters) +
                             " --socket-buffer-kib " + std::to_string(socket_buffer_kib) +
-                            " --spin-us " + std::to_string(spin_us);
+                            " --codec " + codec + " --spin-us " + std::to_string(spin_us);
     command += r > 0 ? one + " > /dev/null & " : one;
   }
   const double s = secondsFrom("(" + command + "; wait)");
@@ -221,6 +227,8 @@ int main(int argc, char** argv) {
       iters = std::stoi(value);
     else if (key == "--socket-buffer-kib")
       socket_buffer_kib = std::stoi(value);
+    else if (key == "--codec")
+      codec = value;
     else if (key == "--spin-us")
       spin_us = std::stoi(value);
     else if (key == "--sizes-mib")
@@ -239,8 +247,18 @@ int main(int argc, char** argv) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::string mpi_bench =
       (std::filesystem::path(self).parent_path() / "mpi_allreduce_bench").string();
-  std::printf("allreduce of fp32, median of %d; bus bandwidth = 2(n-1)/n x bytes / time (GB/s)\n",
-              iters);
+  try {
+    // Refused here, named, rather than in every worker.
+    if (transport::parseCodec(codec) == transport::Codec::kI8)
+      throw InvalidArgument("the groups carry raw, fp16 or bf16 values, not int8");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collective_bench: --codec: %s\n", e.what());
+    return 2;
+  }
+  std::printf(
+      "allreduce of fp32, median of %d; bus bandwidth = 2(n-1)/n x bytes / time (GB/s); tandem's "
+      "cross-process groups carry %s values\n",
+      iters, codec.c_str());
   std::printf("%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s\n", "MiB",
               "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem socket tcp", "gloo tcp",
               "mpi shm", "mpi tcp", "in/mcpy", "in/mpi", "zmq/glo", "sock/glo");

@@ -378,8 +378,11 @@ class SocketGroup final : public PeerGroup {
   struct Out {
     int peer;
     Header header;
-    const uint8_t* payload;
+    std::span<const float> values;
     size_t bytes, done = 0;  // payload bytes; bytes of header and payload sent
+    // fp16/bf16: the payload is encoded a piece at a time as it goes, so the first bytes
+    // leave at once; payload bytes [piece_begin, piece_end) are in encoded_[peer].
+    size_t piece_begin = 0, piece_end = 0;
     bool finished() const { return done == sizeof(Header) + bytes; }
   };
 
@@ -404,20 +407,12 @@ class SocketGroup final : public PeerGroup {
     const uint8_t collective = collectiveId(c.what);
     std::vector<Out> outs;
     outs.reserve(sends.size());
-    for (const Send& s : sends) {
-      Out o{s.peer,
-            {kMessageMagic, static_cast<uint8_t>(codec_), collective, static_cast<uint16_t>(step),
-             c.seq, c.tag, s.data.size()},
-            reinterpret_cast<const uint8_t*>(s.data.data()),
-            s.data.size_bytes()};
-      if (codec_ != Codec::kRaw && !s.data.empty()) {
-        Encoded& e = encoded_[static_cast<size_t>(s.peer)];
-        encode(codec_, s.data, e);
-        o.payload = e.payload.data();
-        o.bytes = e.payload.size();
-      }
-      outs.push_back(o);
-    }
+    for (const Send& s : sends)
+      outs.push_back({s.peer,
+                      {kMessageMagic, static_cast<uint8_t>(codec_), collective,
+                       static_cast<uint16_t>(step), c.seq, c.tag, s.data.size()},
+                      s.data,
+                      s.data.size() * bytesPerValue(static_cast<uint8_t>(codec_))});
     std::vector<In> ins;
     ins.reserve(recvs.size());
     for (const Recv& r : recvs) {
@@ -471,7 +466,21 @@ class SocketGroup final : public PeerGroup {
     if (o.done < sizeof(Header))
       parts[n++] = {reinterpret_cast<uint8_t*>(&o.header) + o.done, sizeof(Header) - o.done};
     const size_t at = o.done > sizeof(Header) ? o.done - sizeof(Header) : 0;
-    if (at < o.bytes) parts[n++] = {const_cast<uint8_t*>(o.payload) + at, o.bytes - at};
+    if (codec_ == Codec::kRaw) {
+      if (at < o.bytes)
+        parts[n++] = {reinterpret_cast<uint8_t*>(const_cast<float*>(o.values.data())) + at,
+                      o.bytes - at};
+    } else {
+      Encoded& e = encoded_[static_cast<size_t>(o.peer)];
+      if (at == o.piece_end && at < o.bytes) {  // the next piece
+        const size_t first = at / 2, count = std::min(kStageBytes / 2, o.values.size() - first);
+        encode(codec_, o.values.subspan(first, count), e);
+        o.piece_begin = at;
+        o.piece_end = at + e.payload.size();
+      }
+      if (at < o.piece_end)
+        parts[n++] = {e.payload.data() + (at - o.piece_begin), o.piece_end - at};
+    }
     msghdr m{};
     m.msg_iov = parts;
     m.msg_iovlen = static_cast<size_t>(n);
@@ -625,7 +634,7 @@ class SocketGroup final : public PeerGroup {
   const std::chrono::microseconds spin_;
   std::vector<Fd> fds_;                               // by peer rank; none for this one
   std::vector<std::vector<float>> stages_, decoded_;  // by peer: received pieces
-  std::vector<Encoded> encoded_;                      // by peer: values to send, encoded
+  std::vector<Encoded> encoded_;                      // by peer: the piece being sent, encoded
   std::vector<uint8_t> drop_;
   std::string broken_;  // why the connections are out of step, once they are
   bool broken_by_timeout_ = false;

@@ -9,13 +9,13 @@
 //
 // Wire: per transfer and peer, a 32-byte header (magic, codec, collective, step, call
 // number, tag, element count; little-endian, as on every host tandem runs on) and then
-// the values, fp32 or fp16/bf16 (`codec`; received values are decoded and accumulated in
-// fp32). A receiver checks the header against what it expects: ranks out of step (another
-// collective, tag or call) or with another count are told so — InvalidArgument naming
-// the peer — after the rest of the message has been read and dropped, so the
-// connection stays usable. A peer that sends nothing in time is named in a Timeout, and
-// one that closes its connection in an IoError; after those the group is broken and
-// every later call raises at once.
+// the values, fp32 or fp16/bf16 (`codec`: encoded 128 Ki values at a time as they go out;
+// received values are decoded and accumulated in fp32). A receiver checks the header against what
+// it expects: ranks out of step (another collective, tag or call) or with another count are told so
+// — InvalidArgument naming the peer — after the rest of the message has been read and dropped, so
+// the connection stays usable. A peer that sends nothing in time is named in a Timeout, and one
+// that closes its connection in an IoError; after those the group is broken and every later call
+// raises at once.
 //
 // Rendezvous: each rank listens (tcp on `host`, port chosen by the system; ipc under
 // `ipc_dir`) and publishes its address through an Exchange (rendezvous.h); then it
