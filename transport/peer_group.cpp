@@ -99,8 +99,8 @@ void PeerGroup::gather(std::span<const float> in, std::span<float> out, const Ro
     return;
   }
   TANDEM_CHECK_MSG(out.size() == static_cast<size_t>(size_) * in.size(), InvalidArgument,
-                   c.what << " (tag " << c.tag << "): the root's output holds " << out.size()
-                          << " elements, not " << size_ << " x " << in.size());
+                   callName(c) << ": the root's output holds " << out.size() << " elements, not "
+                               << size_ << " x " << in.size());
   std::vector<Recv> recvs;
   for (int p = 0; p < size_; ++p) {
     const std::span<float> part = out.subspan(static_cast<size_t>(p) * in.size(), in.size());
@@ -124,8 +124,8 @@ void PeerGroup::scatter(std::span<const float> in, std::span<float> out, const R
     return;
   }
   TANDEM_CHECK_MSG(in.size() == static_cast<size_t>(size_) * out.size(), InvalidArgument,
-                   c.what << " (tag " << c.tag << "): the root's input holds " << in.size()
-                          << " elements, not " << size_ << " x " << out.size());
+                   callName(c) << ": the root's input holds " << in.size() << " elements, not "
+                               << size_ << " x " << out.size());
   std::vector<Send> sends;
   for (int p = 0; p < size_; ++p) {
     const std::span<const float> part = in.subspan(static_cast<size_t>(p) * out.size(), out.size());
@@ -148,9 +148,16 @@ void PeerGroup::barrier(const CollectiveOptions& o) {
   fromEveryone(c, sends, 1);
 }
 
+std::string PeerGroup::callName(const Call& c) {
+  return std::string(c.what) + " (tag " + std::to_string(c.tag) + ")";
+}
+
+std::string PeerGroup::rankName(int rank) const {
+  return "rank " + std::to_string(rank) + " of " + std::to_string(size_);
+}
+
 std::string PeerGroup::silentPeer(const Call& c, int peer) const {
-  return std::string(c.what) + " (tag " + std::to_string(c.tag) + "): rank " +
-         std::to_string(peer) + " of " + std::to_string(size_) + " sent nothing within " +
+  return callName(c) + ": " + rankName(peer) + " sent nothing within " +
          std::to_string(c.timeout.count()) + " ms";
 }
 
@@ -162,7 +169,7 @@ PeerGroup::Call PeerGroup::begin(const char* what, const CollectiveOptions& o) {
 
 void PeerGroup::checkRoot(const Call& c, int root) const {
   TANDEM_CHECK_MSG(root >= 0 && root < size_, InvalidArgument,
-                   c.what << " (tag " << c.tag << "): root " << root << " in a group of " << size_);
+                   callName(c) << ": root " << root << " in a group of " << size_);
 }
 
 void PeerGroup::shift(const Call& c, int step, std::span<const float> out, Recv in) {

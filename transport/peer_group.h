@@ -78,6 +78,10 @@ class PeerGroup : public Group {
   virtual void transfer(const Call& c, int step, std::span<const Send> sends,
                         std::span<const Recv> recvs) = 0;
 
+  // "allreduce (tag 5)": how messages name the call.
+  static std::string callName(const Call& c);
+  // "rank 2 of 4".
+  std::string rankName(int rank) const;
   // The message that names a peer that did not send within the call's timeout.
   std::string silentPeer(const Call& c, int peer) const;
 

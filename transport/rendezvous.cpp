@@ -9,7 +9,9 @@
 
 namespace tandem::transport {
 
+namespace {
 using Clock = std::chrono::steady_clock;
+}  // namespace
 
 Exchange fileExchange(const std::string& dir, int rank, int size,
                       std::chrono::milliseconds timeout) {

@@ -280,10 +280,6 @@ class SocketGroup final : public PeerGroup {
     if (tcp_) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
 
-  std::string rankName(int p) const {
-    return "rank " + std::to_string(p) + " of " + std::to_string(size_);
-  }
-
   void connectTo(int p, const std::string& published, const SocketGroupOptions& o,
                  Clock::time_point deadline) {
     // "tcp HOST PORT", or "ipc PATH" (the path may hold spaces).
@@ -399,8 +395,7 @@ class SocketGroup final : public PeerGroup {
   void transfer(const Call& c, int step, std::span<const Send> sends,
                 std::span<const Recv> recvs) override {
     if (!broken_.empty()) {
-      const std::string m = std::string(c.what) + " (tag " + std::to_string(c.tag) +
-                            "): the group is broken: " + broken_;
+      const std::string m = callName(c) + ": the group is broken: " + broken_;
       if (broken_by_timeout_) throw Timeout(m);
       throw IoError(m);
     }
@@ -558,7 +553,7 @@ class SocketGroup final : public PeerGroup {
   void checkHeader(const Call& c, int step, uint8_t collective, In& in) {
     const Header& h = in.header;
     const int peer = in.recv->peer;
-    const std::string call = std::string(c.what) + " (tag " + std::to_string(c.tag) + "): ";
+    const std::string call = callName(c) + ": ";
     if (h.magic != kMessageMagic || !knownCodec(h.codec) || h.count > (uint64_t{1} << 60)) {
       broken_ = call + rankName(peer) + " sent bytes that are not a collective's message";
       throw FormatError(broken_);
@@ -603,20 +598,19 @@ class SocketGroup final : public PeerGroup {
     for (const In& in : ins) {
       if (in.finished()) continue;
       const int peer = in.recv->peer;
-      late = in.header_done == 0
-                 ? silentPeer(c, peer)
-                 : std::string(c.what) + " (tag " + std::to_string(c.tag) + "): " + rankName(peer) +
-                       " sent " + std::to_string(in.header_done + in.done) + " of " +
-                       std::to_string(sizeof(Header) + in.bytes) + " bytes within " +
-                       std::to_string(c.timeout.count()) + " ms";
+      late = in.header_done == 0 ? silentPeer(c, peer)
+                                 : callName(c) + ": " + rankName(peer) + " sent " +
+                                       std::to_string(in.header_done + in.done) + " of " +
+                                       std::to_string(sizeof(Header) + in.bytes) +
+                                       " bytes within " + std::to_string(c.timeout.count()) + " ms";
       break;
     }
     for (const Out& o : outs) {
       if (!late.empty()) break;
       if (o.finished()) continue;
-      late = std::string(c.what) + " (tag " + std::to_string(c.tag) + "): " + rankName(o.peer) +
-             " took " + std::to_string(o.done) + " of " + std::to_string(sizeof(Header) + o.bytes) +
-             " bytes within " + std::to_string(c.timeout.count()) + " ms";
+      late = callName(c) + ": " + rankName(o.peer) + " took " + std::to_string(o.done) + " of " +
+             std::to_string(sizeof(Header) + o.bytes) + " bytes within " +
+             std::to_string(c.timeout.count()) + " ms";
     }
     broken_ = late;
     broken_by_timeout_ = true;
@@ -624,7 +618,7 @@ class SocketGroup final : public PeerGroup {
   }
 
   [[noreturn]] void fail(const Call& c, const std::string& what) {
-    broken_ = std::string(c.what) + " (tag " + std::to_string(c.tag) + "): " + what;
+    broken_ = callName(c) + ": " + what;
     broken_by_timeout_ = false;
     throw IoError(broken_);
   }

@@ -125,8 +125,8 @@ class ZmqGroup final : public PeerGroup {
     }
     TANDEM_CHECK_MSG(t.dtype() == DType::kF32 && static_cast<size_t>(t.numel()) == count,
                      InvalidArgument,
-                     c.what << " (tag " << c.tag << "): rank " << peer << " sent " << t.numel()
-                            << " values where this rank has " << count);
+                     callName(c) << ": rank " << peer << " sent " << t.numel()
+                                 << " values where this rank has " << count);
     return t;
   }
 

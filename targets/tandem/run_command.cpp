@@ -98,6 +98,13 @@ class Workers {
   std::vector<size_t> first_;  // each stage's first worker
 };
 
+// True if the worker, running until now, has exited (its `status`); it is marked so.
+bool reapedNow(Worker& w, int& status) {
+  if (w.exited || waitpid(w.pid, &status, WNOHANG) != w.pid) return false;
+  w.exited = true;
+  return true;
+}
+
 // Workers killed by a signal, named before another's error report: a replica's peers
 // see its connection close the moment it dies, and report that before the kill is seen
 // here. Waits up to 100 ms for the dead to be reaped. "" if none.
@@ -107,9 +114,8 @@ std::string killedFirst(std::vector<Worker>& workers) {
   for (;;) {
     for (Worker& w : workers) {
       int status = 0;
-      if (w.exited || waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
-      w.exited = true;
-      if (WIFSIGNALED(status)) named += describeExit(w, status, "before finishing") + "; then ";
+      if (reapedNow(w, status) && WIFSIGNALED(status))
+        named += describeExit(w, status, "before finishing") + "; then ";
     }
     if (!named.empty() || std::chrono::steady_clock::now() >= until) return named;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -282,8 +288,7 @@ int runJob(const RunArgs& args) {
     // A worker that exits before reporting done has failed, whatever its code.
     for (Worker& w : workers) {
       int status = 0;
-      if (!w.exited && waitpid(w.pid, &status, WNOHANG) == w.pid) {
-        w.exited = true;
+      if (reapedNow(w, status)) {
         if (!w.done && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
           // Its error report, if it sent one, says more than the exit status; a worker
           // killed meanwhile is likely the cause, and named first.
