@@ -5,6 +5,8 @@
 //     links, and over plain sockets,
 //   - Gloo's ring allreduce (processes, tcp loopback),
 //   - Open MPI's MPI_Allreduce (processes; shared memory, then tcp only),
+//   - the limit of tcp loopback for them: processes only moving the bytes a ring
+//     allreduce sends, over sockets like the plain-socket group's,
 // beside memcpy of the same bytes, with the ratios the collectives issue sets targets
 // for. The peers (libgloo-dev, openmpi-bin) are benchmark-only dependencies.
 //
@@ -14,13 +16,19 @@
 //                    [--codec raw|fp16|bf16 (how tandem's cross-process groups carry values;
 //                     Gloo and Open MPI always fp32)]
 //
-// Processes: the bench starts itself with --worker zmq|socket|gloo (and mpirun starts
+// Processes: the bench starts itself with --worker zmq|socket|gloo|tcp-limit (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
 // Times are medians; the machine is shared, so only ratios in one run count.
+#include <fcntl.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,6 +110,103 @@ double inProcessSeconds(int ranks, size_t count, int iters) {
   return result[0];
 }
 
+// The limit of tcp loopback for a ring: rank r sends the bytes one rank of a ring
+// allreduce sends (2(n-1) steps of bytes/n) to rank r+1 while receiving as many from
+// rank r-1, over sockets set up as the plain-socket group's are (non-blocking,
+// TCP_NODELAY, its buffer size, a stalled rank yielding for 50 us before it sleeps in
+// poll). Nothing is reduced, and nothing written to a buffer of the allreduce's size:
+// received bytes land in one 64 KiB buffer that stays in cache. Every rank of an
+// allreduce must send at least that much, so no allreduce of fp32 over these sockets
+// should be faster.
+double tcpLimitSeconds(int rank, int ranks, const transport::Exchange& exchange, size_t bytes,
+                       int iters) {
+  auto fail = [](const char* what) {
+    std::perror(what);
+    std::exit(1);
+  };
+  const int buffer = (socket_buffer_kib >= 0 ? socket_buffer_kib : 4096) << 10;
+  auto open = [&] {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) fail("socket");
+    if (buffer > 0) {
+      ::setsockopt(s, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
+      ::setsockopt(s, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
+    }
+    return s;
+  };
+  sockaddr_in here{};
+  here.sin_family = AF_INET;
+  here.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int listener = open();
+  socklen_t length = sizeof(here);
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&here), sizeof(here)) != 0 ||
+      ::listen(listener, 1) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&here), &length) != 0)
+    fail("listen");
+  const std::vector<std::string> ports = exchange(std::to_string(ntohs(here.sin_port)));
+  sockaddr_in next = here;
+  next.sin_port =
+      htons(static_cast<uint16_t>(std::stoi(ports[static_cast<size_t>((rank + 1) % ranks)])));
+  // With two ranks the next rank is the previous one: one connection, both ways, as
+  // the group has (each direction's acknowledgements ride on the other's data).
+  int out = -1, in = -1;
+  if (ranks > 2 || rank == 0) {
+    out = open();
+    while (::connect(out, reinterpret_cast<sockaddr*>(&next), sizeof(next)) != 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (ranks > 2 || rank == 1) {
+    in = ::accept(listener, nullptr, nullptr);
+    if (in < 0) fail("accept");
+  }
+  if (ranks == 2) out = in = std::max(out, in);
+  const int one = 1;
+  for (int s : {out, in}) {
+    ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ::fcntl(s, F_SETFL, ::fcntl(s, F_GETFL) | O_NONBLOCK);
+  }
+  const size_t steps = 2 * static_cast<size_t>(ranks - 1),
+               slice = bytes / static_cast<size_t>(ranks);
+  std::vector<char> source(slice, 1), sink(size_t{1} << 16);
+  // false if nothing moved; exits on an error.
+  auto moved = [&](ssize_t n, const char* what) {
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) fail(what);
+    return n > 0;
+  };
+  const double s = timeOp(iters, [&] {
+    for (size_t step = 0; step < steps; ++step) {
+      size_t sent = 0, received = 0;
+      Clock::time_point stalled_since{};
+      while (sent < slice || received < slice) {
+        const ssize_t w = sent < slice ? ::send(out, source.data() + sent, slice - sent, 0) : 0;
+        const bool sending = moved(w, "send");
+        if (w > 0) sent += static_cast<size_t>(w);
+        const ssize_t r = received < slice
+                              ? ::recv(in, sink.data(), std::min(sink.size(), slice - received), 0)
+                              : 0;
+        if (r == 0 && received < slice) fail("recv: the previous rank closed");
+        const bool receiving = moved(r, "recv");
+        if (r > 0) received += static_cast<size_t>(r);
+        if (sending || receiving) {
+          stalled_since = Clock::time_point{};
+        } else if (stalled_since == Clock::time_point{}) {
+          stalled_since = Clock::now();
+        } else if (Clock::now() - stalled_since < std::chrono::microseconds(50)) {
+          sched_yield();
+        } else {
+          std::array<pollfd, 2> p{{{out, static_cast<short>(sent < slice ? POLLOUT : 0), 0},
+                                   {in, static_cast<short>(received < slice ? POLLIN : 0), 0}}};
+          ::poll(p.data(), p.size(), 1000);
+        }
+      }
+    }
+  });
+  ::close(out);
+  if (in != out) ::close(in);
+  ::close(listener);
+  return s;
+}
+
 // One rank of a process run: the group, then the timing; rank 0 prints it.
 int worker(const std::string& kind, int rank, int ranks, const std::string& dir, size_t count,
            int iters) {
@@ -109,7 +214,9 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
   double s = 0;
   const transport::Exchange exchange =
       transport::fileExchange(dir, rank, ranks, std::chrono::seconds(60));
-  if (kind == "socket") {
+  if (kind == "tcp-limit") {
+    s = tcpLimitSeconds(rank, ranks, exchange, count * sizeof(float), iters);
+  } else if (kind == "socket") {
     transport::SocketGroupOptions o;
     o.rank = rank;
     o.size = ranks;
@@ -259,9 +366,10 @@ int main(int argc, char** argv) {
       "allreduce of fp32, median of %d; bus bandwidth = 2(n-1)/n x bytes / time (GB/s); tandem's "
       "cross-process groups carry %s values\n",
       iters, codec.c_str());
-  std::printf("%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s\n", "MiB",
-              "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem socket tcp", "gloo tcp",
-              "mpi shm", "mpi tcp", "in/mcpy", "in/mpi", "zmq/glo", "sock/glo");
+  std::printf(
+      "%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s %7s %7s\n", "MiB",
+      "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem socket tcp", "gloo tcp", "mpi shm",
+      "mpi tcp", "tcp limit", "in/mcpy", "in/mpi", "zmq/glo", "sock/glo", "sock/lim", "lim/glo");
   for (int mib : sizes_mib)
     for (int n : rank_counts) {
       const size_t bytes = static_cast<size_t>(mib) << 20, elements = bytes / 4;
@@ -271,6 +379,7 @@ int main(int argc, char** argv) {
       const bool p = !in_process_only;
       const double zmq = p ? processSeconds(self, "zmq", n, elements, iters) : 0;
       const double sock = p ? processSeconds(self, "socket", n, elements, iters) : 0;
+      const double limit = p ? processSeconds(self, "tcp-limit", n, elements, iters) : 0;
       const double gloo = p ? processSeconds(self, "gloo", n, elements, iters) : 0;
       const double shm = p ? mpiSeconds(mpi_bench, "self,vader", n, elements, iters) : 0;
       const double mtcp = p ? mpiSeconds(mpi_bench, "self,tcp", n, elements, iters) : 0;
@@ -283,16 +392,21 @@ int main(int argc, char** argv) {
       auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
       const double memcpy_gbs = static_cast<double>(bytes) / mem / 1e9;
       std::printf(
-          "%-5d %5d %8.2f | %-18s %-18s %-18s %-18s %-18s %-18s | %7.2f %7.2f %7.2f %7.2f\n", mib,
-          n, memcpy_gbs, cell(in).c_str(), cell(zmq).c_str(), cell(sock).c_str(),
-          cell(gloo).c_str(), cell(shm).c_str(), cell(mtcp).c_str(), (bus / in) / memcpy_gbs,
-          ratio(shm, in), ratio(gloo, zmq), ratio(gloo, sock));
+          "%-5d %5d %8.2f | %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7.2f %7.2f %7.2f %7.2f "
+          "%7.2f %7.2f\n",
+          mib, n, memcpy_gbs, cell(in).c_str(), cell(zmq).c_str(), cell(sock).c_str(),
+          cell(gloo).c_str(), cell(shm).c_str(), cell(mtcp).c_str(), cell(limit).c_str(),
+          (bus / in) / memcpy_gbs, ratio(shm, in), ratio(gloo, zmq), ratio(gloo, sock),
+          ratio(limit, sock), ratio(gloo, limit));
       std::fflush(stdout);
     }
   std::printf(
       "\ntimes in ms (bus bandwidth GB/s); memcpy in GB/s; in/mcpy = in-process bus bandwidth / "
       "memcpy (target >= 0.5); in/mpi = Open MPI shared-memory time / in-process time (target "
       ">= 1.5); zmq/glo, sock/glo = Gloo time / tandem's cross-process time over ZeroMQ links, "
-      "over plain sockets (target >= 1.5)\n");
+      "over plain sockets (target >= 1.5); tcp limit = each rank only moving the bytes a ring "
+      "allreduce sends, over sockets like the plain-socket group's (no reduction, no protocol); "
+      "sock/lim = tcp limit time / plain-socket time (how near the group comes to it); lim/glo "
+      "= Gloo time / tcp limit time (the most sock/glo could be)\n");
   return 0;
 }
