@@ -107,10 +107,11 @@ bool reapedNow(Worker& w, int& status) {
 
 // Workers killed by a signal, named before another's error report: a replica's peers
 // see its connection close the moment it dies, and report that before the kill is seen
-// here. Waits up to 100 ms for the dead to be reaped. "" if none.
+// here. Waits up to 1 s for the dead to be reaped: a loaded machine may take that long,
+// and a run that has failed can spare it. "" if none.
 std::string killedFirst(std::vector<Worker>& workers) {
   std::string named;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   for (;;) {
     for (Worker& w : workers) {
       int status = 0;
