@@ -151,9 +151,8 @@ double tcpLimitSeconds(int rank, int ranks, const transport::Exchange& exchange,
   // the group has (each direction's acknowledgements ride on the other's data).
   int out = -1, in = -1;
   if (ranks > 2 || rank == 0) {
-    out = open();
-    while (::connect(out, reinterpret_cast<sockaddr*>(&next), sizeof(next)) != 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    out = open();  // the next rank listens before it publishes its port
+    if (::connect(out, reinterpret_cast<sockaddr*>(&next), sizeof(next)) != 0) fail("connect");
   }
   if (ranks > 2 || rank == 1) {
     in = ::accept(listener, nullptr, nullptr);
