@@ -53,7 +53,8 @@ void reduceRange(const std::vector<float*>& out, const std::vector<const float*>
 
 class Hub {
  public:
-  explicit Hub(int size) : size_(size), here_(static_cast<size_t>(size), false) {
+  explicit Hub(int size)
+      : size_(size), spin_(waitBeforeSleeping(size)), here_(static_cast<size_t>(size), false) {
     for (auto& c : calls_) c.resize(static_cast<size_t>(size));
     for (auto& s : scratch_) s.resize(static_cast<size_t>(size));
   }
@@ -84,7 +85,7 @@ class Hub {
     }
     lock.unlock();
     const auto passed = [&] { return generation_.load(std::memory_order_acquire) != generation; };
-    if (yieldFor(kSpin, passed)) return;
+    if (yieldFor(spin_, passed)) return;
     lock.lock();
     cv_.wait_until(lock, deadline, [&] {
       return generation_.load(std::memory_order_relaxed) != generation || !broken_.empty();
@@ -107,9 +108,9 @@ class Hub {
 
  private:
   const int size_;
+  const std::chrono::microseconds spin_;  // see waitBeforeSleeping
   std::mutex mutex_;
   std::condition_variable cv_;
-  static constexpr auto kSpin = std::chrono::microseconds(100);
   std::atomic<size_t> claims_ = 0, completions_ = 0;
   std::atomic<uint64_t> generation_ = 0;  // written under mutex_; read spinning without
   int arrived_ = 0;

@@ -11,9 +11,10 @@
 //   allreduce, direct (small): each rank copies its buffer to a scratch slot, then
 //     reduces every slot into its own buffer; one barrier (slots alternate per call).
 //
-// A rank waiting at a barrier gives its core away for up to 100 µs (sched_yield: a
-// rank it waits for may be next in line for it; a sleep and wake-up costs tens of
-// microseconds), then blocks on a condition variable with the collective's deadline.
+// A rank waiting at a barrier keeps trying, giving its core away between tries
+// (sched_yield: a rank it waits for may be next in line for it), for 2 ms when every
+// rank can have a core and 100 µs when not (waitBeforeSleeping, core/spin.h), then
+// blocks on a condition variable with the collective's deadline.
 // At the end of a shared allreduce it waits only for ranks that are working, and keeps
 // yielding. A rank that does not arrive in time makes the waiting ranks raise Timeout naming it,
 // and the group is then broken: every later call on any rank raises Timeout with the same message.

@@ -21,13 +21,11 @@ namespace tandem {
 
 namespace {
 
-// Hand-overs between the caller and a worker spin this long before sleeping.
-constexpr auto kSpin = std::chrono::microseconds(200);
-
-// A thread that runs one job at a time, handed over by run() and awaited by wait().
+// A thread that runs one job at a time, handed over by run() and awaited by wait();
+// each side keeps trying for `spin` (yielding) before it sleeps.
 class Worker {
  public:
-  Worker() : thread_([this] { loop(); }) {}
+  explicit Worker(std::chrono::microseconds spin) : spin_(spin), thread_([this] { loop(); }) {}
   ~Worker() {
     {
       std::lock_guard lock(mutex_);
@@ -46,7 +44,7 @@ class Worker {
   }
   // Rethrows what the job threw.
   void wait() {
-    spinFor(kSpin, [&] { return !busy_.load(std::memory_order_acquire); });
+    yieldFor(spin_, [&] { return !busy_.load(std::memory_order_acquire); });
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [&] { return !busy_.load(std::memory_order_relaxed); });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
@@ -55,7 +53,7 @@ class Worker {
  private:
   void loop() {
     for (;;) {
-      spinFor(kSpin, [&] { return busy_.load(std::memory_order_acquire); });
+      yieldFor(spin_, [&] { return busy_.load(std::memory_order_acquire); });
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [&] { return busy_.load(std::memory_order_relaxed) || stop_; });
       if (stop_) return;
@@ -74,6 +72,7 @@ class Worker {
     }
   }
 
+  const std::chrono::microseconds spin_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::function<void()> job_;
@@ -129,8 +128,9 @@ std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<do
 }
 
 struct DataParallelTrainer::Replica {
-  Replica(const ModelSpec& spec, Backend& be, Group& g, const OptimizerOptions& o)
-      : backend(be), group(g), model(spec), optimizer(be, o) {}
+  Replica(const ModelSpec& spec, Backend& be, Group& g, const OptimizerOptions& o,
+          std::chrono::microseconds spin)
+      : backend(be), group(g), model(spec), optimizer(be, o), compute(spin), comm(spin) {}
 
   Backend& backend;
   Group& group;
@@ -173,7 +173,8 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
                      InvalidArgument,
                      "data parallel: replica " << r << " was given rank " << groups[r]->rank()
                                                << " of " << groups[r]->size());
-    auto rep = std::make_unique<Replica>(spec, *backends[r], *groups[r], optimizer);
+    auto rep = std::make_unique<Replica>(spec, *backends[r], *groups[r], optimizer,
+                                         waitBeforeSleeping(static_cast<int>(backends.size())));
     rep->model.build(*backends[r], options.seed);
     // Buckets from the last layer down, whole parameters, about bucket_bytes each.
     const size_t L = rep->model.size();
