@@ -265,7 +265,7 @@ class SocketGroup final : public PeerGroup {
   // Payloads from this size on go out after their header, in sends of their own, rather
   // than behind the header in one sendmsg: with the 32 header bytes in front, loopback
   // TCP moved the payload a third slower (allreduce, median of alternated runs: 16 MiB x
-  // 2 ranks 17.6 -> 12.9 ms, 64 MiB x 2 68 -> 51 ms with the header alone; perf put the
+  // 2 ranks 17.6 -> 12.9 ms, 64 MiB x 2 71.3 -> 52.6 ms with the header alone; perf put the
   // difference in the kernel's copy into the socket buffers). Small payloads still share
   // their header's send.
   static constexpr size_t kHeaderAloneBytes = size_t{1} << 12;
