@@ -42,12 +42,12 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "benchmarks/bench_args.h"
 #include "transport/local_group.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_group.h"
@@ -367,13 +367,6 @@ double mpiSeconds(const std::string& mpi_bench, const std::string& btl, int rank
                      std::to_string(iters));
 }
 
-std::vector<int> parseList(const std::string& text) {
-  std::vector<int> v;
-  std::stringstream s(text);
-  for (std::string item; std::getline(s, item, ',');) v.push_back(std::stoi(item));
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -382,38 +375,61 @@ int main(int argc, char** argv) {
   size_t count = 0;
   std::vector<int> sizes_mib = {1, 16, 64}, rank_counts = {2, 4};
   bool in_process_only = false;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string key = argv[i], value = argv[i + 1];
+  constexpr std::string_view kName = "collective_bench";
+  for (int i = 1; i < argc; i += 2) {
+    const std::string key = argv[i];
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "collective_bench: %s needs a value\n", key.c_str());
+      return 2;
+    }
+    const std::string value = argv[i + 1];
+    auto number = [&](long long min, long long max) {
+      return bench::wholeNumber(kName, key, value, min, max);
+    };
     if (key == "--worker")
       worker_kind = value;
     else if (key == "--rank")
-      rank = std::stoi(value);
+      rank = static_cast<int>(number(0, 1023));
     else if (key == "--size")
-      size = std::stoi(value);
+      size = static_cast<int>(number(1, 1024));
     else if (key == "--dir")
       dir = value;
     else if (key == "--count")
-      count = std::stoull(value);
+      count = static_cast<size_t>(number(0, 1LL << 34));
     else if (key == "--iters")
-      iters = std::stoi(value);
+      iters = static_cast<int>(number(1, 1'000'000));
     else if (key == "--socket-buffer-kib")
-      socket_buffer_kib = std::stoi(value);
+      socket_buffer_kib = static_cast<int>(number(0, 1 << 20));
     else if (key == "--codec")
       codec = value;
     else if (key == "--spin-us")
-      spin_us = std::stoi(value);
+      spin_us = static_cast<int>(number(-1, 10'000'000));
     else if (key == "--sizes-mib")
-      sizes_mib = parseList(value);
+      sizes_mib = bench::wholeNumbers(kName, key, value, 1, 4096);
     else if (key == "--ranks")
-      rank_counts = parseList(value);
+      rank_counts = bench::wholeNumbers(kName, key, value, 2, 64);
     else if (key == "--in-process-only")
-      in_process_only = value == "1";
+      in_process_only = number(0, 1) == 1;
     else {
       std::fprintf(stderr, "collective_bench: unknown option %s\n", key.c_str());
       return 2;
     }
   }
-  if (!worker_kind.empty()) return worker(worker_kind, rank, size, dir, count, iters);
+  if (!worker_kind.empty()) {
+    if (worker_kind != "zmq" && worker_kind != "socket" && worker_kind != "gloo" &&
+        worker_kind != "tcp-limit") {
+      std::fprintf(stderr,
+                   "collective_bench: --worker: expected zmq, socket, gloo or tcp-limit, got "
+                   "'%s'\n",
+                   worker_kind.c_str());
+      return 2;
+    }
+    if (dir.empty() || rank >= size) {
+      std::fprintf(stderr, "collective_bench: a worker needs --dir and a --rank below --size\n");
+      return 2;
+    }
+    return worker(worker_kind, rank, size, dir, count, iters);
+  }
 
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::string mpi_bench =

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "benchmarks/bench_args.h"
 #include "core/data/dataset.h"
 #include "core/model_spec.h"
 #include "core/profile/measure.h"
@@ -115,12 +116,18 @@ double independentPairSamplesPerSecond(const ModelSpec& spec, const Dataset& dat
 
 int main(int argc, char** argv) {
   int steps = 200, rounds = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "data_parallel_bench: %s needs a value\n", key.c_str());
+      return 2;
+    }
     if (key == "--steps")
-      steps = std::stoi(argv[i + 1]);
+      steps = static_cast<int>(
+          bench::wholeNumber("data_parallel_bench", key, argv[i + 1], 1, 1'000'000));
     else if (key == "--rounds")
-      rounds = std::stoi(argv[i + 1]);
+      rounds =
+          static_cast<int>(bench::wholeNumber("data_parallel_bench", key, argv[i + 1], 1, 1000));
     else {
       std::fprintf(stderr, "data_parallel_bench: unknown option %s\n", argv[i]);
       return 2;

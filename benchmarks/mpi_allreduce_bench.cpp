@@ -3,6 +3,8 @@
 // per allreduce after two untimed ones, each timed run starting at a barrier.
 #include <mpi.h>
 
+#include "benchmarks/bench_args.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,8 +19,10 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  const long count = std::atol(argv[1]);
-  const int iters = std::atoi(argv[2]);
+  const long count = static_cast<long>(
+      tandem::bench::wholeNumber("mpi_allreduce_bench", "COUNT", argv[1], 0, (1L << 31) - 1));
+  const int iters = static_cast<int>(
+      tandem::bench::wholeNumber("mpi_allreduce_bench", "ITERS", argv[2], 1, 1'000'000));
   std::vector<float> data(static_cast<size_t>(count));
   for (long i = 0; i < count; ++i)
     data[static_cast<size_t>(i)] = static_cast<float>((i + rank) % 7);

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
+#include "benchmarks/bench_args.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_trainer.h"
 #include "transport/zmq_link.h"
@@ -167,14 +168,18 @@ int main(int argc, char** argv) {
   int64_t steps = 4, batch = 2048, input = 1536;
   bool verbose = false;
   for (int i = 1; i < argc; ++i) {
+    auto number = [&](size_t prefix, long long max) {
+      return bench::wholeNumber("pipeline_bench", std::string_view(argv[i], prefix - 1),
+                                argv[i] + prefix, 1, max);
+    };
     if (std::strncmp(argv[i], "--rounds=", 9) == 0)
-      rounds = std::atoi(argv[i] + 9);
+      rounds = static_cast<int>(number(9, 1000));
     else if (std::strncmp(argv[i], "--steps=", 8) == 0)
-      steps = std::atoll(argv[i] + 8);
+      steps = number(8, 1'000'000);
     else if (std::strncmp(argv[i], "--batch=", 8) == 0)
-      batch = std::atoll(argv[i] + 8);
+      batch = number(8, 1 << 20);
     else if (std::strncmp(argv[i], "--input=", 8) == 0)
-      input = std::atoll(argv[i] + 8);
+      input = number(8, 1 << 20);
     else if (std::strcmp(argv[i], "--verbose") == 0)
       verbose = true;
     else {
@@ -183,11 +188,6 @@ int main(int argc, char** argv) {
                    "[--verbose]\n");
       return 2;
     }
-  }
-  if (rounds < 1 || steps < 1 || batch < 1 || input < 1) {
-    std::fprintf(stderr,
-                 "pipeline_bench: --rounds, --steps, --batch and --input must be positive\n");
-    return 2;
   }
   const std::string spec = mlpSpec(input);
   const Dataset d = synthetic(steps * batch, input);

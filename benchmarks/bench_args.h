@@ -1,0 +1,44 @@
+// Numbers in the options of the benchmarks that read their own (the others take Google
+// Benchmark's flags): a value that is not a whole number in range is named with its
+// option and the benchmark exits with status 2, rather than aborting on an exception,
+// crashing on a count of zero, or running with what atoi made of it.
+#pragma once
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+namespace tandem::bench {
+
+// `value`, given to `option` of `program`, as a whole number from `min` to `max`.
+inline long long wholeNumber(std::string_view program, std::string_view option,
+                             std::string_view value, long long min, long long max) {
+  long long n = 0;
+  const char* end = value.data() + value.size();
+  const auto [stop, error] = std::from_chars(value.data(), end, n);
+  if (error != std::errc() || stop != end || n < min || n > max) {
+    std::fprintf(stderr, "%.*s: %.*s: expected a whole number from %lld to %lld, got '%.*s'\n",
+                 static_cast<int>(program.size()), program.data(), static_cast<int>(option.size()),
+                 option.data(), min, max, static_cast<int>(value.size()), value.data());
+    std::exit(2);
+  }
+  return n;
+}
+
+// A comma-separated list of them ("1,16,64"), none left out.
+inline std::vector<int> wholeNumbers(std::string_view program, std::string_view option,
+                                     std::string_view list, int min, int max) {
+  std::vector<int> numbers;
+  for (size_t at = 0;;) {
+    const size_t comma = list.find(',', at);
+    const std::string_view item =
+        list.substr(at, comma == std::string_view::npos ? comma : comma - at);
+    numbers.push_back(static_cast<int>(wholeNumber(program, option, item, min, max)));
+    if (comma == std::string_view::npos) return numbers;
+    at = comma + 1;
+  }
+}
+
+}  // namespace tandem::bench
