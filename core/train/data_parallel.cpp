@@ -104,17 +104,21 @@ std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<do
                   (static_cast<int64_t>(r) < n % static_cast<int64_t>(replicas) ? 1 : 0);
     return counts;
   }
-  double total = 0;
+  double largest = 0;
   for (double s : shares) {
     TANDEM_CHECK_MSG(s >= 0 && std::isfinite(s), InvalidArgument,
                      "a replica's share must be a non-negative number, got " << s);
-    total += s;
+    largest = std::max(largest, s);
   }
-  TANDEM_CHECK_MSG(total > 0, InvalidArgument, "the replicas' shares add up to 0");
+  TANDEM_CHECK_MSG(largest > 0, InvalidArgument, "the replicas' shares add up to 0");
+  // As fractions of the largest, so that neither their sum nor n times one overflows
+  // (shares of 1e308 each are as good as shares of 1).
+  double total = 0;
+  for (double s : shares) total += s / largest;
   std::vector<double> remainder(replicas);
   int64_t given = 0;
   for (size_t r = 0; r < replicas; ++r) {
-    const double exact = static_cast<double>(n) * shares[r] / total;
+    const double exact = static_cast<double>(n) * (shares[r] / largest / total);
     counts[r] = static_cast<int64_t>(exact);
     remainder[r] = exact - static_cast<double>(counts[r]);
     given += counts[r];

@@ -219,6 +219,10 @@ TEST(DataParallelTest, SharesSplitTheBatch) {
   EXPECT_EQ(shareBatch(10, 2, {1, 1}), (std::vector<int64_t>{5, 5}));
   EXPECT_EQ(shareBatch(10, 3, {2, 0, 1}), (std::vector<int64_t>{7, 0, 3}));
   EXPECT_EQ(shareBatch(2, 4, {}), (std::vector<int64_t>{1, 1, 0, 0}));
+  // Shares as large as a double holds: their sum and n times one would overflow.
+  EXPECT_EQ(shareBatch(64, 2, {1e308, 1e308}), (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(shareBatch(10, 3, {1e308, 0, 0.25e308}), (std::vector<int64_t>{8, 0, 2}));
+  EXPECT_EQ(shareBatch(48, 2, {3e-300, 1e-300}), (std::vector<int64_t>{36, 12}));
   expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {1}); }, {"1 shares for 2 replicas"});
   expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {0, 0}); }, {"add up to 0"});
   expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {1, -1}); }, {"non-negative"});
