@@ -1,5 +1,7 @@
 #include "core/optimizer.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace tandem {
@@ -7,16 +9,18 @@ namespace tandem {
 void validate(const OptimizerOptions& o) {
   TANDEM_CHECK_MSG(o.kind == "sgd" || o.kind == "adamw", InvalidArgument,
                    "optimizer '" << o.kind << "' is not one of sgd, adamw");
-  TANDEM_CHECK_MSG(o.lr > 0.0f, InvalidArgument, "learning rate " << o.lr << " must be positive");
+  TANDEM_CHECK_MSG(o.lr > 0.0f && std::isfinite(o.lr), InvalidArgument,
+                   "learning rate " << o.lr << " must be a positive number");
   TANDEM_CHECK_MSG(o.momentum >= 0.0f && o.momentum < 1.0f, InvalidArgument,
                    "momentum " << o.momentum << " must be in [0, 1)");
   TANDEM_CHECK_MSG(!o.nesterov || o.momentum > 0.0f, InvalidArgument,
                    "nesterov needs a positive momentum");
-  TANDEM_CHECK_MSG(o.weight_decay >= 0.0f, InvalidArgument,
-                   "weight decay " << o.weight_decay << " must be >= 0");
+  TANDEM_CHECK_MSG(o.weight_decay >= 0.0f && std::isfinite(o.weight_decay), InvalidArgument,
+                   "weight decay " << o.weight_decay << " must be a number >= 0");
   TANDEM_CHECK_MSG(o.beta1 >= 0.0f && o.beta1 < 1.0f && o.beta2 >= 0.0f && o.beta2 < 1.0f,
                    InvalidArgument, "adamw betas must be in [0, 1)");
-  TANDEM_CHECK_MSG(o.eps > 0.0f, InvalidArgument, "adamw eps must be positive");
+  TANDEM_CHECK_MSG(o.eps > 0.0f && std::isfinite(o.eps), InvalidArgument,
+                   "adamw eps must be a positive number");
 }
 
 Optimizer::Optimizer(Backend& backend, const OptimizerOptions& options)

@@ -3,8 +3,26 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <string>
 
 namespace tandem::cli {
+
+// A number above 0, for integer and floating-point options alike. (CLI11's
+// PositiveNumber names its range as 0 to the largest double, all 309 digits of it, and
+// lets nan through.)
+inline CLI::Validator positiveNumber() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v <= 0)
+          return "must be a positive number, got '" + text + "'";
+        return {};
+      },
+      "POSITIVE");
+}
 
 void addTrain(CLI::App& app);
 void addEval(CLI::App& app);

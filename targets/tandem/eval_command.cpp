@@ -20,7 +20,7 @@ void addEval(CLI::App& app) {
   c->add_option("model", a->file, "Model file (.tdm)")->required()->check(CLI::ExistingFile);
   c->add_option("--data", a->data, "Dataset name")->check(CLI::IsMember({"fashion-mnist"}));
   c->add_option("--data-dir", a->data_dir, "Directory holding the dataset files");
-  c->add_option("--batch", a->batch, "Samples per forward pass")->check(CLI::PositiveNumber);
+  c->add_option("--batch", a->batch, "Samples per forward pass")->check(positiveNumber());
   c->add_option("--threads", a->threads, "CPU threads")->check(CLI::Range(1, 1024));
   c->add_option("--device", a->device, "Device to evaluate on");
   c->add_option("--test-limit", a->limit, "Use only the first N test samples");

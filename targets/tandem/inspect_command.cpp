@@ -73,7 +73,7 @@ void addInspect(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingFile);
   c->add_option("--batch", a->batch, "Scale FLOPs and activation bytes to this batch")
-      ->check(CLI::PositiveNumber);
+      ->check(positiveNumber());
   c->callback([a] {
     if (isModelFile(a->path)) {
       const ModelFile f = readModelFile(a->path);

@@ -147,9 +147,9 @@ void addPartition(CLI::App& app) {
       ->check(CLI::ExistingFile);
   c->add_option("--objective", a->objective, "train, infer (throughput) or latency")
       ->check(CLI::IsMember({"train", "infer", "latency"}));
-  c->add_option("--batch", a->batch, "Samples per training step")->check(CLI::PositiveNumber);
+  c->add_option("--batch", a->batch, "Samples per training step")->check(positiveNumber());
   c->add_option("--microbatches", a->microbatches, "Microbatches per step")
-      ->check(CLI::PositiveNumber);
+      ->check(positiveNumber());
   c->add_option("--schedule", a->schedule, "gpipe or 1f1b (the stash each stage holds)")
       ->check(CLI::IsMember({"gpipe", "1f1b"}));
   c->add_flag("--recompute", a->recompute, "Stash stage inputs only, recompute in backward");

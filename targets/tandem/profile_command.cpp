@@ -93,8 +93,7 @@ void addProfile(CLI::App& app) {
   c->add_option("--model", a->model, "Model spec (YAML)")->check(CLI::ExistingFile);
   c->add_option("--devices", a->devices, "Comma-separated devices, e.g. cpu,opencl:0")
       ->delimiter(',');
-  c->add_option("--batch", a->options.batch, "Samples per forward pass")
-      ->check(CLI::PositiveNumber);
+  c->add_option("--batch", a->options.batch, "Samples per forward pass")->check(positiveNumber());
   c->add_option("--repeats", a->options.repeats, "Timed runs per layer and direction")
       ->check(CLI::Range(1, 100000));
   c->add_option("--warmup", a->options.warmup, "Untimed runs first")->check(CLI::Range(0, 1000));

@@ -81,6 +81,8 @@ void runTrain(const TrainArgs& a) {
     o.batch = a.batch;
     o.seed = a.seed;
     o.shares = a.shares;
+    TANDEM_CHECK_MSG(a.bucket_mib <= 1 << 20, InvalidArgument,
+                     "--bucket-mib " << a.bucket_mib << " is above 1048576 (1 TiB)");
     o.bucket_bytes = static_cast<size_t>(std::max(a.bucket_mib, 1e-6) * (1 << 20));
     parallel = std::make_unique<DataParallelTrainer>(spec, be, g, a.opt, o);
   }
@@ -152,7 +154,7 @@ void addTrain(CLI::App& app) {
                 "Comma-separated relative batch shares per replica (default: equal)")
       ->delimiter(',');
   c->add_option("--bucket-mib", args->bucket_mib, "Gradient MiB per allreduce bucket")
-      ->check(CLI::PositiveNumber);
+      ->check(positiveNumber());
   c->add_option("--save", args->save, "Write the trained model (with optimizer state) here");
   c->add_option("--train-limit", args->train_limit, "Use only the first N training samples");
   c->add_option("--test-limit", args->test_limit, "Use only the first N test samples");

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -56,6 +58,15 @@ TEST(OptimizerTest, BadOptionsAreNamed) {
   o = {};
   o.lr = -1;
   testing::expectThrowWith<InvalidArgument>([&] { Optimizer(be, o); }, {"learning rate -1"});
+  o.lr = std::numeric_limits<float>::infinity();  // every step would make the weights nan
+  testing::expectThrowWith<InvalidArgument>([&] { Optimizer(be, o); }, {"learning rate inf"});
+  o = {};
+  o.weight_decay = std::numeric_limits<float>::quiet_NaN();
+  testing::expectThrowWith<InvalidArgument>([&] { Optimizer(be, o); }, {"weight decay nan"});
+  o = {};
+  o.kind = "adamw";
+  o.eps = std::numeric_limits<float>::infinity();
+  testing::expectThrowWith<InvalidArgument>([&] { Optimizer(be, o); }, {"adamw eps"});
   o = {};
   o.momentum = 1.5f;
   EXPECT_THROW(Optimizer(be, o), InvalidArgument);

@@ -337,6 +337,13 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"frobnicate", "unknown command 'frobnicate'"},
       {"schedule --kind zb", "unknown schedule 'zb'"},
       {"schedule -p 0", "--stages"},
+      {"partition --batch 0", "--batch: must be a positive number, got '0'"},
+      {"train --model " + kModels + "mlp.yaml --replicas 2 --bucket-mib nan",
+       "--bucket-mib: must be a positive number, got 'nan'"},
+      {"train --model " + kModels + "mlp.yaml --replicas 2 --bucket-mib 1e30",
+       "--bucket-mib 1e+30 is above 1048576"},
+      {"train --model " + kModels + "mlp.yaml --lr inf", "learning rate inf must be a positive"},
+      {"train --model " + kModels + "mlp.yaml --replicas 2 --shares 1,nan", "got nan"},
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);
