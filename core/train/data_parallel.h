@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "core/model_spec.h"
 #include "core/optimizer.h"
 #include "core/pipeline/group.h"
+#include "core/profile/profile.h"
 #include "core/train/trainer.h"
 
 namespace tandem {
@@ -49,6 +51,15 @@ struct DataParallelOptions {
 // remainders get the leftover samples, lower replica first on ties), or equal when
 // `shares` is empty (splitBatch's sizes). Sums to n.
 std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<double>& shares);
+
+// Shares for replicas on `devices` (backend names: "cpu", "opencl:0") in proportion to
+// each device's training speed in `profile` (`tandem profile` of this model): one over
+// its time per sample for forward and backward of every layer plus the loss (medians).
+// A device that appears twice gets its share twice. `where` names the profile in errors:
+// another model, a device it does not hold, or one with no time measured.
+std::vector<double> sharesFromProfile(const Profile& profile, const Model& model,
+                                      const std::vector<std::string>& devices,
+                                      const std::string& where);
 
 class DataParallelTrainer {
  public:

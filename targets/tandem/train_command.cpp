@@ -8,6 +8,7 @@
 
 #include "backends/registry.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/train/data_parallel.h"
@@ -31,6 +32,7 @@ struct TrainArgs {
   int replicas = 1;
   std::vector<std::string> devices;
   std::vector<double> shares;
+  std::string profile;  // shares from this profile's device speeds instead
   double bucket_mib = 1;
 };
 
@@ -50,12 +52,28 @@ void runTrain(const TrainArgs& a) {
   TANDEM_CHECK_MSG(
       a.shares.empty() || static_cast<int>(a.shares.size()) == replicas, InvalidArgument,
       "--shares gives " << a.shares.size() << " shares for " << replicas << " replicas");
+  TANDEM_CHECK_MSG(a.profile.empty() || a.shares.empty(), InvalidArgument,
+                   "give --shares or --profile, not both");
+  TANDEM_CHECK_MSG(a.profile.empty() || replicas > 1, InvalidArgument,
+                   "--profile sizes the replicas' shares: give --replicas or --devices too");
   devices.resize(static_cast<size_t>(replicas), devices.back());
   // The backends outlive everything that holds their memory (declared first).
   std::vector<std::unique_ptr<Backend>> backends;
   for (const std::string& d : devices)
     backends.push_back(makeBackend(d, BackendOptions{a.threads}));
   const ModelSpec spec = loadModelSpec(a.model);
+  std::vector<double> shares = a.shares;
+  if (!a.profile.empty()) {
+    shares = sharesFromProfile(parseProfile(readFile(a.profile, "profile"), a.profile), Model(spec),
+                               devices, a.profile);
+    double total = 0;
+    for (double s : shares) total += s;
+    std::string split;
+    for (size_t r = 0; r < shares.size(); ++r)
+      split += fmt::format("{}{} {:.1f}% ({:.0f} samples/s)", r ? ", " : "", devices[r],
+                           100 * shares[r] / total, shares[r]);
+    spdlog::info("batch shares from {}: {}", a.profile, split);
+  }
   const Dataset train = loadDataset(a.data, a.data_dir, true, a.train_limit);
   const Dataset test = loadDataset(a.data, a.data_dir, false, a.test_limit);
   // One replica: the single-device trainer. More: data parallel over the in-process group.
@@ -80,7 +98,7 @@ void runTrain(const TrainArgs& a) {
     DataParallelOptions o;
     o.batch = a.batch;
     o.seed = a.seed;
-    o.shares = a.shares;
+    o.shares = shares;
     TANDEM_CHECK_MSG(a.bucket_mib <= 1 << 20, InvalidArgument,
                      "--bucket-mib " << a.bucket_mib << " is above 1048576 (1 TiB)");
     o.bucket_bytes = static_cast<size_t>(std::max(a.bucket_mib, 1e-6) * (1 << 20));
@@ -153,6 +171,10 @@ void addTrain(CLI::App& app) {
   c->add_option("--shares", args->shares,
                 "Comma-separated relative batch shares per replica (default: equal)")
       ->delimiter(',');
+  c->add_option("--profile", args->profile,
+                "Batch shares in proportion to each replica's device speed in this profile "
+                "(tandem profile --model M --devices ...)")
+      ->check(CLI::ExistingFile);
   c->add_option("--bucket-mib", args->bucket_mib, "Gradient MiB per allreduce bucket")
       ->check(positiveNumber());
   c->add_option("--save", args->save, "Write the trained model (with optimizer state) here");

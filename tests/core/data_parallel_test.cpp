@@ -228,6 +228,59 @@ TEST(DataParallelTest, SharesSplitTheBatch) {
   expectThrowWith<InvalidArgument>([] { shareBatch(10, 2, {1, -1}); }, {"non-negative"});
 }
 
+// Shares from a profile: each device's samples per second over its layers and the loss.
+TEST(DataParallelTest, SharesFromAProfileFollowEachDevicesSpeed) {
+  const Model model(parseModelSpec(kNoDropout));
+  Profile p;
+  p.model = model.name();
+  p.batch = 16;
+  auto device = [&](const std::string& name, double layer_s) {
+    DeviceProfile d;
+    d.device.name = name;
+    for (size_t l = 0; l < model.size(); ++l) {
+      LayerProfile lp;
+      lp.type = model.layer(l).type();
+      lp.forward.median = layer_s;
+      lp.backward.median = 2 * layer_s;
+      d.layers.push_back(lp);
+    }
+    d.loss.median = layer_s;
+    return d;
+  };
+  p.devices = {device("cpu", 1e-3), device("opencl:0", 0.25e-3)};
+  const double n = static_cast<double>(model.size());
+  const double cpu = 16 / (1e-3 * (3 * n + 1)), gpu = 16 / (0.25e-3 * (3 * n + 1));
+  const std::vector<double> shares = sharesFromProfile(p, model, {"cpu", "opencl:0", "cpu"}, "p");
+  ASSERT_EQ(shares.size(), 3u);
+  EXPECT_DOUBLE_EQ(shares[0], cpu);
+  EXPECT_DOUBLE_EQ(shares[1], gpu);  // four times the speed, four times the samples
+  EXPECT_DOUBLE_EQ(shares[2], cpu);
+  EXPECT_EQ(shareBatch(48, 3, shares), (std::vector<int64_t>{8, 32, 8}));
+
+  expectThrowWith<InvalidArgument>([&] { sharesFromProfile(p, model, {"opencl:1"}, "p.json"); },
+                                   {"p.json has no device 'opencl:1'", "cpu, opencl:0"});
+  Profile other = p;
+  other.model = "cnn";
+  expectThrowWith<InvalidArgument>([&] { sharesFromProfile(other, model, {"cpu"}, "p.json"); },
+                                   {"profiles model 'cnn'"});
+  other = p;
+  other.devices[0].layers[0].type = "linear";
+  expectThrowWith<InvalidArgument>([&] { sharesFromProfile(other, model, {"cpu"}, "p.json"); },
+                                   {"layer 0 is a linear in the profile but a conv2d"});
+  other = p;
+  other.devices[0].layers.pop_back();
+  expectThrowWith<InvalidArgument>([&] { sharesFromProfile(other, model, {"cpu"}, "p.json"); },
+                                   {"layers, the model"});
+  other = p;
+  other.devices[0] = device("cpu", 0);
+  expectThrowWith<InvalidArgument>([&] { sharesFromProfile(other, model, {"cpu"}, "p.json"); },
+                                   {"no time measured"});
+  other = p;
+  other.batch = 0;
+  expectThrowWith<InvalidArgument>([&] { sharesFromProfile(other, model, {"cpu"}, "p.json"); },
+                                   {"measures no batch"});
+}
+
 // A CPU and an OpenCL replica (where there is an OpenCL device): the same buckets on
 // both (the device's travel through host copies), the same gradients, and weights that
 // agree to the devices' rounding.

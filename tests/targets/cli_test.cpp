@@ -58,7 +58,8 @@ TEST(CliTest, TrainSaveEvalInspect) {
 }
 
 // Data parallel from the command line: two replicas with unequal shares train, say so,
-// and save a model that evaluates to the accuracy they printed; bad wiring is named.
+// and save a model that evaluates to the accuracy they printed; bad wiring is named;
+// shares come from a profile.
 TEST(CliTest, TrainWithReplicas) {
   const std::string model = ::testing::TempDir() + "/cli_dp.tdm";
   const CliRun t = run("train --model " + kModels +
@@ -83,6 +84,27 @@ TEST(CliTest, TrainWithReplicas) {
   EXPECT_EQ(shares.code, 1);
   EXPECT_NE(shares.out.find("--shares gives 1 shares for 2 replicas"), std::string::npos)
       << shares.out;
+
+  // Shares from a profile of the devices: two replicas on one device split evenly.
+  const std::string profile = ::testing::TempDir() + "/cli_dp_profile.json";
+  const CliRun p = run("profile --model " + kModels +
+                       "mlp.yaml --devices cpu --batch 8 --repeats 1 --warmup 0 --out " + profile);
+  ASSERT_EQ(p.code, 0) << p.out;
+  const CliRun even = run("train --model " + kModels +
+                          "mlp.yaml --epochs 1 --replicas 2 --train-limit 128 --test-limit 64 "
+                          "--no-progress --profile " +
+                          profile);
+  ASSERT_EQ(even.code, 0) << even.out;
+  EXPECT_NE(even.out.find("batch shares from " + profile + ": cpu 50.0% ("), std::string::npos)
+      << even.out;
+  const CliRun both = run("train --model " + kModels + "mlp.yaml --replicas 2 --shares 1,1 " +
+                          "--train-limit 10 --profile " + profile);
+  EXPECT_EQ(both.code, 1);
+  EXPECT_NE(both.out.find("give --shares or --profile, not both"), std::string::npos) << both.out;
+  const CliRun other = run("train --model " + kModels + "cnn.yaml --replicas 2 " +
+                           "--train-limit 10 --profile " + profile);
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.out.find("profiles model 'mlp', not 'cnn'"), std::string::npos) << other.out;
 }
 
 TEST(CliTest, InspectPrintsAPerLayerTable) {
