@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <new>
 
 #include "core/error.h"
 #include "targets/tandem/commands.h"
@@ -45,6 +46,11 @@ int main(int argc, char** argv) {
   } catch (const tandem::Error& e) {
     std::fflush(stdout);
     std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::cerr << "error: out of memory: the command needed more than this machine could "
+                 "allocate (a --batch or a model too large?)\n";
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "backends/registry.h"
 #include "core/error.h"
@@ -127,6 +128,9 @@ void addProfile(CLI::App& app) {
                      (a->links ? "--links needs --cluster" : "--cluster is for --links"));
     TANDEM_CHECK_MSG(a->against.empty() || !a->model.empty(), InvalidArgument,
                      "--against compares device profiles: give --model");
+    // Read before measuring, so that a bad file is named at once.
+    std::optional<Profile> before;
+    if (!a->against.empty()) before = parseProfile(readFile(a->against, "profile"), a->against);
     Profile p;
     if (!a->model.empty()) {
       const ModelSpec spec = loadModelSpec(a->model);
@@ -156,8 +160,7 @@ void addProfile(CLI::App& app) {
       TANDEM_CHECK_MSG(out.good(), IoError, "cannot write the profile to '" << a->out << "'");
       std::printf("\nwrote %s\n", a->out.c_str());
     }
-    if (!a->against.empty())
-      compare(p, parseProfile(readFile(a->against, "profile"), a->against), a->against);
+    if (before) compare(p, *before, a->against);
   });
 }
 
