@@ -9,4 +9,9 @@ namespace tandem {
 // The file's bytes; IoError "cannot open <what> '<path>'" when it cannot be read.
 std::string readFile(const std::string& path, std::string_view what);
 
+// Refuses, before any work is done for it, an output path that cannot be written: its
+// directory missing, not a directory or not writable, or the path itself a directory.
+// IoError "cannot write <what> '<path>': <why>".
+void checkWritable(const std::string& path, std::string_view what);
+
 }  // namespace tandem

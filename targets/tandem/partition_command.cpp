@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "core/model_spec.h"
 #include "core/pipeline/schedule.h"
 #include "partitioner/search.h"
@@ -55,6 +56,7 @@ void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan
 }
 
 void runPartition(const PartitionArgs& a) {
+  if (!a.out.empty()) checkWritable(a.out, "plan");
   const Model model(loadModelSpec(a.model));
   partitioner::CostOptions o;
   o.objective = partitioner::parseObjective(a.objective);

@@ -128,7 +128,8 @@ void addProfile(CLI::App& app) {
                      (a->links ? "--links needs --cluster" : "--cluster is for --links"));
     TANDEM_CHECK_MSG(a->against.empty() || !a->model.empty(), InvalidArgument,
                      "--against compares device profiles: give --model");
-    // Read before measuring, so that a bad file is named at once.
+    // Read and checked before measuring, so that a bad file is named at once.
+    if (!a->out.empty()) checkWritable(a->out, "profile");
     std::optional<Profile> before;
     if (!a->against.empty()) before = parseProfile(readFile(a->against, "profile"), a->against);
     Profile p;

@@ -19,6 +19,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/pipeline/job.h"
@@ -228,6 +229,7 @@ int runJob(const RunArgs& args) {
   const std::string& timeline = args.timeline;
   const bool spans_wanted = args.infer || !timeline.empty();
   const JobSpec job = loadJobSpec(path);
+  if (!job.save.empty() && !args.infer) checkWritable(job.save, "model file");
   const Model model(loadModelSpec(job.model));
   const std::string run_dir =
       (std::filesystem::temp_directory_path() / ("tandem-run-" + std::to_string(getpid())))

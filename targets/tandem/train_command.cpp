@@ -40,6 +40,7 @@ void runTrain(const TrainArgs& a) {
   validate(a.opt);
   TANDEM_CHECK_MSG(a.epochs > 0, InvalidArgument, "--epochs must be positive, got " << a.epochs);
   TANDEM_CHECK_MSG(a.batch > 0, InvalidArgument, "--batch must be positive, got " << a.batch);
+  if (!a.save.empty()) checkWritable(a.save, "model file");
   std::vector<std::string> devices =
       a.devices.empty() ? std::vector<std::string>{a.device} : a.devices;
   // --devices alone sets the replica count; with --replicas it must agree (or be one).

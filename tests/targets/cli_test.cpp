@@ -344,6 +344,9 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   std::ofstream(bad_yaml) << "input: [1, 28, 28]\nlayers:\n  - flatten\n  - linear: {out: ten}\n";
   const std::string junk = ::testing::TempDir() + "/cli_junk.tdm";
   std::ofstream(junk) << "this is not a model";
+  const std::string unsaveable = ::testing::TempDir() + "/cli_unsaveable.yaml";
+  std::ofstream(unsaveable) << "model: " << kModels << "mlp.yaml\ndata: fashion-mnist\n"
+                            << "partition: equal\nstages: 2\nsave: /nonexistent/dir/m.tdm\n";
   struct Case {
     std::string args, expect;
   } cases[] = {
@@ -363,6 +366,13 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"profile --model " + kModels + "mlp.yaml --devices cpu --batch 99999999999999",
        "error: out of memory"},
       {"profile --model " + kModels + "mlp.yaml --devices cpu --against " + junk, junk},
+      // Refused before training, not after it.
+      {"train --model " + kModels + "mlp.yaml --save /nonexistent/dir/m.tdm",
+       "cannot write model file '/nonexistent/dir/m.tdm': directory '/nonexistent/dir' does "
+       "not exist"},
+      {"profile --model " + kModels + "mlp.yaml --devices cpu --out /nonexistent/p.json",
+       "cannot write profile '/nonexistent/p.json'"},
+      {"run " + unsaveable, "cannot write model file '/nonexistent/dir/m.tdm'"},
       {"train --model " + kModels + "mlp.yaml --replicas 2 --bucket-mib nan",
        "--bucket-mib: must be a positive number, got 'nan'"},
       {"train --model " + kModels + "mlp.yaml --replicas 2 --bucket-mib 1e30",
@@ -375,6 +385,7 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
     EXPECT_NE(r.code, 0) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
     EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("epoch 1/"), std::string::npos) << c.args << ": trained\n" << r.out;
   }
 }
 
