@@ -157,8 +157,13 @@ void mergeSaved(const JobSpec& job, int stages) {
 // Writes DIR/trace.json and DIR/timeline.svg (three training steps from the middle of
 // the run, or all of it when shorter).
 void writeTimeline(const std::string& dir, const std::vector<StageSpans>& all) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/trace.json") << chromeTrace(all);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream out(dir + "/" + name, std::ios::trunc);
+    out << text;
+    TANDEM_CHECK_MSG(out.good(), IoError,
+                     "cannot write the timeline to '" << dir << "/" << name << "'");
+  };
+  write("trace.json", chromeTrace(all));
   std::vector<double> steps;  // the first stage's optimizer steps end each training step
   for (const Span& s : all.front().spans)
     if (s.type == ActionType::kStep) steps.push_back(s.end_s);
@@ -173,7 +178,7 @@ void writeTimeline(const std::string& dir, const std::vector<StageSpans>& all) {
     begin = steps[i - 1];
     end = steps[std::min(i + 2, steps.size() - 1)];
   }
-  std::ofstream(dir + "/timeline.svg") << timelineSvg(all, begin, end);
+  write("timeline.svg", timelineSvg(all, begin, end));
   spdlog::info("timeline: {}/trace.json (Perfetto, chrome://tracing) and {}/timeline.svg", dir,
                dir);
 }
@@ -230,6 +235,13 @@ int runJob(const RunArgs& args) {
   const bool spans_wanted = args.infer || !timeline.empty();
   const JobSpec job = loadJobSpec(path);
   if (!job.save.empty() && !args.infer) checkWritable(job.save, "model file");
+  if (!timeline.empty()) {  // made now, so that a path that cannot be one is named at once
+    std::error_code ec;
+    std::filesystem::create_directories(timeline, ec);
+    TANDEM_CHECK_MSG(!ec, IoError,
+                     "cannot make the timeline directory '" << timeline << "': " << ec.message());
+    checkWritable(timeline + "/trace.json", "the timeline");
+  }
   const Model model(loadModelSpec(job.model));
   const std::string run_dir =
       (std::filesystem::temp_directory_path() / ("tandem-run-" + std::to_string(getpid())))

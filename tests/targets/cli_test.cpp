@@ -347,6 +347,9 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   const std::string unsaveable = ::testing::TempDir() + "/cli_unsaveable.yaml";
   std::ofstream(unsaveable) << "model: " << kModels << "mlp.yaml\ndata: fashion-mnist\n"
                             << "partition: equal\nstages: 2\nsave: /nonexistent/dir/m.tdm\n";
+  const std::string plain_job = ::testing::TempDir() + "/cli_plain_job.yaml";
+  std::ofstream(plain_job) << "model: " << kModels << "mlp.yaml\ndata: fashion-mnist\n"
+                           << "partition: equal\nstages: 2\n";
   struct Case {
     std::string args, expect;
   } cases[] = {
@@ -373,6 +376,8 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"profile --model " + kModels + "mlp.yaml --devices cpu --out /nonexistent/p.json",
        "cannot write profile '/nonexistent/p.json'"},
       {"run " + unsaveable, "cannot write model file '/nonexistent/dir/m.tdm'"},
+      {"run " + plain_job + " --timeline " + junk + "/tl",
+       "cannot make the timeline directory '" + junk + "/tl'"},
       {"train --model " + kModels + "mlp.yaml --replicas 2 --bucket-mib nan",
        "--bucket-mib: must be a positive number, got 'nan'"},
       {"train --model " + kModels + "mlp.yaml --replicas 2 --bucket-mib 1e30",
