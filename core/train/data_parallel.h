@@ -56,7 +56,8 @@ std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<do
 // each device's training speed in `profile` (`tandem profile` of this model): one over
 // its time per sample for forward and backward of every layer plus the loss (medians).
 // A device that appears twice gets its share twice. `where` names the profile in errors:
-// another model, a device it does not hold, or one with no time measured.
+// another model, other layers, no batch, a device it does not hold, or one with no time
+// measured.
 std::vector<double> sharesFromProfile(const Profile& profile, const Model& model,
                                       const std::vector<std::string>& devices,
                                       const std::string& where);
