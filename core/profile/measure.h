@@ -4,8 +4,8 @@
 // Backend::synchronize(), so a time covers the device's work, not only its enqueueing.
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <thread>

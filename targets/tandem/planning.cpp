@@ -72,8 +72,13 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                      job.source << ": 'partition: auto' is planned by `tandem run`");
     const auto ranges = stageRanges(job, model);
     for (size_t s = 0; s < ranges.size(); ++s)
-      out.push_back({ranges[s].first, ranges[s].second, "cpu", job.threads, -1,
-                     s < job.range_replicas.size() ? job.range_replicas[s] : 1, {}});
+      out.push_back({ranges[s].first,
+                     ranges[s].second,
+                     "cpu",
+                     job.threads,
+                     -1,
+                     s < job.range_replicas.size() ? job.range_replicas[s] : 1,
+                     {}});
     return out;
   }
   const auto specs = partitioner::parsePlan(readFile(path, "plan file"), path);
