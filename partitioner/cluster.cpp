@@ -247,37 +247,24 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       TANDEM_CHECK_MSG(it != profiles.end(), InvalidArgument,
                        cd.where << ": profile " << path << " was not loaded");
       const Profile& prof = it->second;
-      const DeviceProfile* dp = nullptr;
-      for (const DeviceProfile& d : prof.devices)
-        if (d.device.name == cd.profile_device) dp = &d;
-      TANDEM_CHECK_MSG(
-          dp, InvalidArgument,
-          cd.where << ": profile " << path << " has no device '" << cd.profile_device << "'");
-      TANDEM_CHECK_MSG(prof.model == model.name() && dp->layers.size() == model.size(),
-                       InvalidArgument,
-                       path << " profiles model '" << prof.model << "' with " << dp->layers.size()
-                            << " layers, not '" << model.name() << "' with " << model.size());
-      for (size_t l = 0; l < model.size(); ++l)
-        TANDEM_CHECK_MSG(dp->layers[l].type == model.layer(l).type(), InvalidArgument,
-                         path << ": layer " << l << " is a " << dp->layers[l].type
-                              << " in the profile but a " << model.layer(l).type()
-                              << " in the model");
+      const DeviceProfile& dp =
+          deviceProfile(prof, model, cd.profile_device, cd.where + ": profile " + path);
       Device d;
       d.name = n.name + "/" + cd.name;
       d.node = static_cast<int>(ni);
-      d.memory_bytes = cd.memory_bytes > 0 ? cd.memory_bytes : dp->device.memory_bytes;
+      d.memory_bytes = cd.memory_bytes > 0 ? cd.memory_bytes : dp.device.memory_bytes;
       d.backend = cd.backend;
       d.threads = cd.threads;
       // Times grow in proportion to the batch: profile at the microbatch size for the
       // best prediction.
       const double scale = static_cast<double>(b) / static_cast<double>(prof.batch);
-      for (const LayerProfile& lp : dp->layers) {
+      for (const LayerProfile& lp : dp.layers) {
         d.forward_s.push_back(lp.forward.median * scale);
         d.backward_s.push_back(lp.backward.median * scale);
       }
       // The loss runs on the last stage, with the last layer; training pays for it.
       if (options.objective == Objective::kTrainThroughput)
-        d.forward_s.back() += dp->loss.median * scale;
+        d.forward_s.back() += dp.loss.median * scale;
       p.devices.push_back(std::move(d));
     }
   }

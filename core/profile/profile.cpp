@@ -292,4 +292,28 @@ Profile parseProfile(const std::string& text, const std::string& where) {
   return p;
 }
 
+const DeviceProfile& deviceProfile(const Profile& profile, const Model& model,
+                                   const std::string& device, const std::string& where) {
+  TANDEM_CHECK_MSG(
+      profile.model == model.name(), InvalidArgument,
+      where << " profiles model '" << profile.model << "', not '" << model.name() << "'");
+  const DeviceProfile* found = nullptr;
+  std::string held;
+  for (const DeviceProfile& d : profile.devices) {
+    if (d.device.name == device) found = &d;
+    held += (held.empty() ? "" : ", ") + d.device.name;
+  }
+  TANDEM_CHECK_MSG(found, InvalidArgument,
+                   where << " has no device '" << device << "' (it holds "
+                         << (held.empty() ? "none" : held) << ")");
+  TANDEM_CHECK_MSG(found->layers.size() == model.size(), InvalidArgument,
+                   where << ": device '" << device << "' has " << found->layers.size()
+                         << " layers, the model " << model.size());
+  for (size_t l = 0; l < model.size(); ++l)
+    TANDEM_CHECK_MSG(found->layers[l].type == model.layer(l).type(), InvalidArgument,
+                     where << ": layer " << l << " is a " << found->layers[l].type
+                           << " in the profile but a " << model.layer(l).type() << " in the model");
+  return *found;
+}
+
 }  // namespace tandem

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/model.h"
 #include "core/profile/measure.h"
 
 namespace tandem {
@@ -90,5 +91,11 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
 std::string profileToJson(const Profile& p);
 // `where` names the source in errors (a file path).
 Profile parseProfile(const std::string& json, const std::string& where);
+
+// The profile of `device` ("cpu", "opencl:0") in `profile`, checked to be of `model`:
+// its name, layer count and every layer's type. InvalidArgument beginning with `where`
+// (the profile's path, and where it was named) otherwise.
+const DeviceProfile& deviceProfile(const Profile& profile, const Model& model,
+                                   const std::string& device, const std::string& where);
 
 }  // namespace tandem

@@ -134,33 +134,13 @@ std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<do
 std::vector<double> sharesFromProfile(const Profile& profile, const Model& model,
                                       const std::vector<std::string>& devices,
                                       const std::string& where) {
-  TANDEM_CHECK_MSG(
-      profile.model == model.name(), InvalidArgument,
-      where << " profiles model '" << profile.model << "', not '" << model.name() << "'");
   TANDEM_CHECK_MSG(profile.batch > 0, InvalidArgument,
                    where << " measures no batch (a profile of links only?)");
   std::vector<double> shares;
   for (const std::string& name : devices) {
-    const DeviceProfile* found = nullptr;
-    std::string held;
-    for (const DeviceProfile& d : profile.devices) {
-      if (d.device.name == name) found = &d;
-      held += (held.empty() ? "" : ", ") + d.device.name;
-    }
-    TANDEM_CHECK_MSG(found, InvalidArgument,
-                     where << " has no device '" << name << "' (it holds "
-                           << (held.empty() ? "none" : held) << ")");
-    TANDEM_CHECK_MSG(found->layers.size() == model.size(), InvalidArgument,
-                     where << ": device '" << name << "' has " << found->layers.size()
-                           << " layers, the model " << model.size());
-    double seconds = found->loss.median;
-    for (size_t l = 0; l < model.size(); ++l) {
-      const LayerProfile& lp = found->layers[l];
-      TANDEM_CHECK_MSG(lp.type == model.layer(l).type(), InvalidArgument,
-                       where << ": layer " << l << " is a " << lp.type << " in the profile but a "
-                             << model.layer(l).type() << " in the model");
-      seconds += lp.forward.median + lp.backward.median;
-    }
+    const DeviceProfile& d = deviceProfile(profile, model, name, where);
+    double seconds = d.loss.median;
+    for (const LayerProfile& lp : d.layers) seconds += lp.forward.median + lp.backward.median;
     TANDEM_CHECK_MSG(
         seconds > 0 && std::isfinite(seconds), InvalidArgument,
         where << ": device '" << name << "' has no time measured (" << seconds << " s)");
