@@ -1,11 +1,10 @@
 #include "transport/codec.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#define TANDEM_X86 1
+#include "core/simd.h"
+
+#if TANDEM_X86
 #include <cpuid.h>
 #include <immintrin.h>
-#else
-#define TANDEM_X86 0
 #endif
 
 #include <bit>
@@ -18,32 +17,12 @@ namespace tandem::transport {
 
 namespace {
 
-// The x86 loops are compiled for AVX2 and the baseline and the loader picks one (GCC and
-// clang's target_clones); elsewhere (ARM boards) the portable code is all there is.
-#if TANDEM_X86
-#define TANDEM_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define TANDEM_CLONES
-#endif
-
 // Branch-free bfloat16 rounding (round-to-nearest-even; NaN stays a quiet NaN) so the
 // loops below vectorise.
 inline uint16_t toBf16(uint32_t x) {
   const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
   const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
   return static_cast<uint16_t>(nan ? ((x >> 16) | 0x40u) : rounded);
-}
-
-bool hasAvx2() {
-#if TANDEM_X86
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
-#else
-  return false;
-#endif
 }
 
 void encodeBf16Portable(const float* in, uint16_t* out, size_t n) {

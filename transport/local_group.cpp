@@ -31,26 +31,6 @@ struct Call {
   size_t in_count = 0, out_count = 0;
 };
 
-// Every out[j][begin, end) = op over ranks (in rank order) of src[k][begin, end). The
-// outputs may be sources: each block is reduced in a buffer first.
-void reduceRange(const std::vector<float*>& out, const std::vector<const float*>& src, size_t begin,
-                 size_t end, ReduceOp op) {
-  constexpr size_t kBlock = 2048;
-  std::array<float, kBlock> buffer;
-  for (size_t b = begin; b < end; b += kBlock) {
-    const size_t n = std::min(kBlock, end - b);
-    const std::span<float> acc(buffer.data(), n);
-    if (src.size() > 1) {  // the first two without copying the first
-      combine(acc, {src[0] + b, n}, {src[1] + b, n}, op);
-    } else {
-      std::memcpy(acc.data(), src[0] + b, n * sizeof(float));
-    }
-    for (size_t k = 2; k < src.size(); ++k) accumulate(acc, {src[k] + b, n}, op);
-    finishReduce(acc, op, static_cast<int>(src.size()));
-    for (float* o : out) std::memcpy(o + b, acc.data(), n * sizeof(float));
-  }
-}
-
 class Hub {
  public:
   explicit Hub(int size)
@@ -144,7 +124,8 @@ class LocalGroup final : public Group {
       meet(seq, c, o);
       std::vector<const float*> src;
       for (int r = 0; r < size(); ++r) src.push_back(hub_->scratch(seq, r).data());
-      reduceRange({data.data()}, src, 0, data.size(), o.op);
+      float* const out[] = {data.data()};
+      reduceInto(out, src, 0, data.size(), o.op);
       return;
     }
     meet(seq, c, o);
@@ -188,7 +169,8 @@ class LocalGroup final : public Group {
     c.data = data.data();
     const uint64_t seq = begin(c);
     meet(seq, c, o);
-    if (rank_ == o.root) reduceRange({data.data()}, buffers(seq), 0, data.size(), o.op);
+    float* const out[] = {data.data()};
+    if (rank_ == o.root) reduceInto(out, buffers(seq), 0, data.size(), o.op);
     meet(seq, c, o);
   }
 
@@ -299,7 +281,8 @@ class LocalGroup final : public Group {
   // This rank's slice of `data` becomes the reduction of every rank's.
   void reduceOwnSlice(uint64_t seq, std::span<float> data, ReduceOp op) {
     const Slice own = sliceOf(data.size(), size(), rank_);
-    reduceRange({data.data()}, buffers(seq), own.begin, own.end, op);
+    float* const out[] = {data.data()};
+    reduceInto(out, buffers(seq), own.begin, own.end, op);
   }
 
   // Blocks of every rank's buffer, claimed by whichever ranks are running: each block
@@ -313,11 +296,11 @@ class LocalGroup final : public Group {
   // claim blocks + size() times (each rank's last claim finds none left), and a rank's
   // claims in the next call follow everyone's last claim in this one (its first
   // barrier), so each rank knows from the earlier calls where this call's counts start.
-  // Blocks are 8 to 64 KiB, about four per rank, whole cache lines.
+  // Blocks are 8 to 64 KiB, about four per rank, whole tiles of reduceInto (32 values).
   void reduceShared(uint64_t seq, const Call& c, ReduceOp op) {
     const size_t count = c.count;
     const size_t per = count / (4 * static_cast<size_t>(size()));
-    const size_t block = (std::clamp<size_t>(per, 2048, 16384) + 15) / 16 * 16;
+    const size_t block = (std::clamp<size_t>(per, 2048, 16384) + 31) / 32 * 32;
     const size_t blocks = (count + block - 1) / block;
     std::vector<float*> dst;
     for (int r = 0; r < size(); ++r) dst.push_back(hub_->call(seq, r).data);
@@ -325,7 +308,7 @@ class LocalGroup final : public Group {
     for (;;) {
       const size_t b = hub_->claim() - claimed_;
       if (b >= blocks) break;
-      reduceRange(dst, src, b * block, std::min(count, (b + 1) * block), op);
+      reduceInto(dst, src, b * block, std::min(count, (b + 1) * block), op);
       hub_->completed();
     }
     claimed_ += blocks + static_cast<size_t>(size());
