@@ -19,7 +19,8 @@
 //
 // Processes: the bench starts itself with --worker zmq|socket|gloo|tcp-limit (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
-// Times are medians; the machine is shared, so only ratios in one run count.
+// Times are medians after untimed runs (warmups); the machine is shared, so only ratios in
+// one run count.
 #include <fcntl.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/rendezvous/context.h>
@@ -69,10 +70,18 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Times `op` iters times after two untimed runs; the median.
-double timeOp(int iters, const std::function<void()>& op) {
-  op();
-  op();
+// Untimed runs before the timed ones, the same for every rank and every peer: 32 MiB's
+// worth, 2 to 32 runs (32 of 1 MiB, 2 of 16 and 64 MiB). A run of 1 MiB takes tens of
+// microseconds in-process; the first few after the threads start ran slower (35-45 us,
+// then 28-33 in a test program), and two warm-ups left them in the median of 7.
+int warmups(size_t bytes) {
+  return static_cast<int>(
+      std::clamp<size_t>((size_t{32} << 20) / std::max<size_t>(bytes, 1), 2, 32));
+}
+
+// Times `op` iters times after warmups(bytes) untimed runs; the median.
+double timeOp(int iters, size_t bytes, const std::function<void()>& op) {
+  for (int i = 0; i < warmups(bytes); ++i) op();
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
     const auto t0 = Clock::now();
@@ -90,7 +99,7 @@ std::vector<float> filled(size_t count, int rank) {
 
 double memcpySeconds(size_t bytes, int iters) {
   std::vector<char> a(bytes, 1), b(bytes, 0);
-  return timeOp(iters, [&] { std::memcpy(b.data(), a.data(), bytes); });
+  return timeOp(iters, bytes, [&] { std::memcpy(b.data(), a.data(), bytes); });
 }
 
 double inProcessSeconds(int ranks, size_t count, int iters) {
@@ -102,7 +111,7 @@ double inProcessSeconds(int ranks, size_t count, int iters) {
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
       Group& g = *groups[static_cast<size_t>(r)];
-      result[static_cast<size_t>(r)] = timeOp(iters, [&] {
+      result[static_cast<size_t>(r)] = timeOp(iters, count * sizeof(float), [&] {
         barrier(g);  // every rank starts together, as in the processes' runs
         allreduce(g, data[static_cast<size_t>(r)]);
       });
@@ -173,7 +182,7 @@ double tcpLimitSeconds(int rank, int ranks, const transport::Exchange& exchange,
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) fail(what);
     return n > 0;
   };
-  const double s = timeOp(iters, [&] {
+  const double s = timeOp(iters, bytes, [&] {
     for (size_t step = 0; step < steps; ++step) {
       size_t sent = 0, received = 0;
       Clock::time_point stalled_since{};
@@ -224,7 +233,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     if (socket_buffer_kib >= 0) o.socket_buffer_bytes = socket_buffer_kib << 10;
     if (spin_us >= 0) o.spin = std::chrono::microseconds(spin_us);
     auto group = transport::makeSocketGroup(o, exchange);
-    s = timeOp(iters, [&] {
+    s = timeOp(iters, count * sizeof(float), [&] {
       barrier(*group);
       allreduce(*group, data);
     });
@@ -236,7 +245,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     o.size = ranks;
     o.codec = transport::parseCodec(codec);
     auto group = transport::makeZmqGroup(ctx, host, o, exchange);
-    s = timeOp(iters, [&] {
+    s = timeOp(iters, count * sizeof(float), [&] {
       barrier(*group);
       allreduce(*group, data);
     });
@@ -249,7 +258,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     gloo::AllreduceRing<float> ring(context, {data.data()}, static_cast<int>(count));
     std::vector<float> token(1);
     gloo::AllreduceRing<float> sync(context, {token.data()}, 1);
-    s = timeOp(iters, [&] {
+    s = timeOp(iters, count * sizeof(float), [&] {
       sync.run();
       ring.run();
     });
@@ -300,7 +309,7 @@ double mpiSeconds(const std::string& mpi_bench, const std::string& btl, int rank
                   int iters) {
   return secondsFrom("mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
                      " --mca btl " + btl + " " + mpi_bench + " " + std::to_string(count) + " " +
-                     std::to_string(iters));
+                     std::to_string(iters) + " " + std::to_string(warmups(count * sizeof(float))));
 }
 
 }  // namespace
@@ -379,7 +388,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf(
-      "allreduce of fp32, median of %d; bus bandwidth = 2(n-1)/n x bytes / time (GB/s); tandem's "
+      "allreduce of fp32, median of %d after 32 MiB's worth of untimed runs (2 to 32); bus "
+      "bandwidth = 2(n-1)/n x bytes / time (GB/s); tandem's "
       "cross-process groups carry %s values\n",
       iters, codec.c_str());
   std::printf(

@@ -1,6 +1,7 @@
 // Open MPI's MPI_Allreduce (sum of fp32) for collective_bench, which starts it under
-// mpirun: mpi_allreduce_bench COUNT ITERS. Rank 0 prints "seconds S", the median seconds
-// per allreduce after two untimed ones, each timed run starting at a barrier.
+// mpirun: mpi_allreduce_bench COUNT ITERS WARMUPS. Rank 0 prints "seconds S", the median
+// seconds per allreduce after WARMUPS untimed ones (what collective_bench gives its own),
+// each run starting at a barrier.
 #include <mpi.h>
 
 #include "benchmarks/bench_args.h"
@@ -14,8 +15,8 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (argc != 3) {
-    if (rank == 0) std::fprintf(stderr, "usage: mpi_allreduce_bench COUNT ITERS\n");
+  if (argc != 4) {
+    if (rank == 0) std::fprintf(stderr, "usage: mpi_allreduce_bench COUNT ITERS WARMUPS\n");
     MPI_Finalize();
     return 2;
   }
@@ -23,16 +24,18 @@ int main(int argc, char** argv) {
       tandem::bench::wholeNumber("mpi_allreduce_bench", "COUNT", argv[1], 0, (1L << 31) - 1));
   const int iters = static_cast<int>(
       tandem::bench::wholeNumber("mpi_allreduce_bench", "ITERS", argv[2], 1, 1'000'000));
+  const int warmups = static_cast<int>(
+      tandem::bench::wholeNumber("mpi_allreduce_bench", "WARMUPS", argv[3], 0, 1'000'000));
   std::vector<float> data(static_cast<size_t>(count));
   for (long i = 0; i < count; ++i)
     data[static_cast<size_t>(i)] = static_cast<float>((i + rank) % 7);
   std::vector<double> t;
-  for (int i = 0; i < iters + 2; ++i) {
+  for (int i = 0; i < warmups + iters; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                   MPI_COMM_WORLD);
-    if (i >= 2) t.push_back(MPI_Wtime() - t0);
+    if (i >= warmups) t.push_back(MPI_Wtime() - t0);
   }
   std::sort(t.begin(), t.end());
   if (rank == 0) std::printf("seconds %.9f\n", t[t.size() / 2]);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 
 #include "core/error.h"
@@ -145,7 +146,15 @@ void reduceInto(std::span<float* const> out, std::span<const float* const> src, 
                 size_t end, ReduceOp op) {
   TANDEM_CHECK_MSG(!src.empty(), InvalidArgument, "a reduction of no sources");
 #if TANDEM_X86
-  if (hasAvx2()) {
+  if (hasAvx2() && begin < end) {
+    // The tiles start on a 32-byte boundary of the first output (the first source if
+    // none), the values before it going the portable way: where every buffer is aligned
+    // alike, as large allocations are (malloc's 16 bytes past a page), no load or store
+    // then splits a cache line. At 16 bytes off, 1 MiB x 2 ranks took a quarter longer.
+    const auto at = reinterpret_cast<uintptr_t>((out.empty() ? src[0] : out[0]) + begin);
+    const size_t head = std::min(end - begin, (32 - at % 32) % 32 / sizeof(float));
+    if (head > 0) detail::reduceIntoPortable(out, src, begin, begin + head, op);
+    begin += head;
     const bool mean = op == ReduceOp::kMean && src.size() > 1;
     begin = op == ReduceOp::kMax ? reduceTilesAvx2<true>(out, src, begin, end, mean)
                                  : reduceTilesAvx2<false>(out, src, begin, end, mean);
