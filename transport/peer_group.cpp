@@ -84,8 +84,7 @@ void PeerGroup::reduce(std::span<float> data, const ReduceOptions& o) {
     return;
   }
   const std::vector<std::vector<float>> got = fromEveryone(c, {}, data.size());
-  const std::vector<float> own(data.begin(), data.end());
-  reduceInRankOrder(data, own, got, o.op);
+  reduceInRankOrder(data, data, got, o.op);
 }
 
 void PeerGroup::gather(std::span<const float> in, std::span<float> out, const RootOptions& o) {
@@ -191,18 +190,15 @@ std::vector<std::vector<float>> PeerGroup::fromEveryone(const Call& c, std::span
   return got;
 }
 
-// data = op over ranks in rank order: `own` in this rank's place, got[p] in rank p's.
+// data = op over ranks in rank order: `own` in this rank's place, got[p] in rank p's
+// (`own` may be `data`).
 void PeerGroup::reduceInRankOrder(std::span<float> data, std::span<const float> own,
                                   const std::vector<std::vector<float>>& got, ReduceOp op) const {
-  for (int p = 0; p < size_; ++p) {
-    const std::span<const float> x = p == rank_ ? own : std::span(got[static_cast<size_t>(p)]);
-    if (p == 0) {
-      std::copy(x.begin(), x.end(), data.begin());
-    } else {
-      accumulate(data, x, op);
-    }
-  }
-  finishReduce(data, op, size_);
+  std::vector<const float*> src;
+  for (int p = 0; p < size_; ++p)
+    src.push_back(p == rank_ ? own.data() : got[static_cast<size_t>(p)].data());
+  float* const out[] = {data.data()};
+  reduceInto(out, src, 0, data.size(), op);
 }
 
 // After it, this rank's slice holds the reduction (steps 0 .. n-2). With `in_place`
