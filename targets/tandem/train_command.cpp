@@ -57,6 +57,8 @@ void runTrain(const TrainArgs& a) {
                    "give --shares or --profile, not both");
   TANDEM_CHECK_MSG(a.profile.empty() || replicas > 1, InvalidArgument,
                    "--profile sizes the replicas' shares: give --replicas or --devices too");
+  TANDEM_CHECK_MSG(replicas == 1 || a.bucket_mib <= 1 << 20, InvalidArgument,
+                   "--bucket-mib " << a.bucket_mib << " is above 1048576 (1 TiB)");
   devices.resize(static_cast<size_t>(replicas), devices.back());
   // The backends outlive everything that holds their memory (declared first).
   std::vector<std::unique_ptr<Backend>> backends;
@@ -100,8 +102,6 @@ void runTrain(const TrainArgs& a) {
     o.batch = a.batch;
     o.seed = a.seed;
     o.shares = shares;
-    TANDEM_CHECK_MSG(a.bucket_mib <= 1 << 20, InvalidArgument,
-                     "--bucket-mib " << a.bucket_mib << " is above 1048576 (1 TiB)");
     o.bucket_bytes = static_cast<size_t>(std::max(a.bucket_mib, 1e-6) * (1 << 20));
     parallel = std::make_unique<DataParallelTrainer>(spec, be, g, a.opt, o);
   }
