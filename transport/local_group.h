@@ -3,11 +3,13 @@
 // pointers, meets the others at a barrier, and then reads the others' buffers directly:
 // no serialisation, no sockets, no copies beyond the data movement itself.
 //
-//   allreduce, large ("ring"): one pass. The ranks that are running claim blocks of the
-//     buffer in turn; a block is reduced from every rank's buffer (in rank order) and
-//     written back to every rank's buffer, so each byte is read once and written once.
-//     A rank returns when every block is done, without waiting for the others to
-//     leave. With more ranks than cores, the ranks on a core do the work of those off it.
+//   allreduce, large ("ring"): one pass over blocks of the buffer; a block is reduced
+//     from every rank's buffer (in rank order) and written back to every rank's buffer,
+//     so each byte is read once and written once. Each rank claims the blocks of its own
+//     range first (the same blocks every call, so they stay in its core's cache), then
+//     what is left of the others': with more ranks than cores, the ranks on a core do
+//     the work of those off it. A rank returns when every block is done, without waiting
+//     for the others to leave.
 //   allreduce, direct (small): each rank copies its buffer to a scratch slot, then
 //     reduces every slot into its own buffer; one barrier (slots alternate per call).
 //
