@@ -10,7 +10,8 @@
 // beside memcpy of the same bytes, with the ratios the collectives issue sets targets
 // for. The peers (libgloo-dev, openmpi-bin) are benchmark-only dependencies.
 //
-//   collective_bench [--iters N] [--sizes-mib 1,16,64] [--ranks 2,4] [--in-process-only 1]
+//   collective_bench [--iters N] [--repeats R] [--sizes-mib 1,16,64] [--ranks 2,4]
+//                    [--in-process-only 1]
 //                    [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's;
 //                     -1, the default: the group's own, 4 MiB)]
 //                    [--spin-us U (the plain-socket group's spin before poll; -1: its own)]
@@ -20,8 +21,10 @@
 // Processes: the bench starts itself with --worker zmq|socket|gloo|tcp-limit (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
 // Times are medians after untimed runs (warmups); the machine is shared, so only ratios in
-// one run count. The in-process group's threads are bound to CPUs as mpirun binds Open
-// MPI's processes (bindLikeMpirun); the other processes are not bound.
+// one run count. Each cell is measured --repeats times (3), every column's measurement in
+// turn, with fresh processes each time, and shows the median of them. The in-process group's
+// threads are bound to CPUs as mpirun binds Open MPI's processes (bindLikeMpirun); the other
+// processes are not bound.
 #include <fcntl.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/rendezvous/context.h>
@@ -63,12 +66,26 @@ int socket_buffer_kib = -1;
 std::string codec = "raw";
 // --spin-us: how long its transfers try before sleeping in poll (-1: its default).
 int spin_us = -1;
+// --repeats: how many times each cell is measured (see medianOfRepeats).
+int repeats = 3;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// A cell's figure from its --repeats measurements: the median of those that did not fail
+// (a failed one is -1), or 0 if none succeeded. A pair of processes over loopback TCP here
+// often runs at one speed or at about half of it for its whole life (docs/collectives.md),
+// so with one pair per cell chance decided it; the columns' measurements are taken in
+// turn, so that each column meets the machine's slow and fast minutes alike.
+double medianOfRepeats(const std::vector<double>& runs) {
+  std::vector<double> ok;
+  for (double s : runs)
+    if (s > 0) ok.push_back(s);
+  return ok.empty() ? 0 : median(ok);
 }
 
 // Untimed runs before the timed ones, the same for every rank and every peer: 32 MiB's
@@ -366,6 +383,8 @@ int main(int argc, char** argv) {
       count = static_cast<size_t>(number(0, 1LL << 34));
     else if (key == "--iters")
       iters = static_cast<int>(number(1, 1'000'000));
+    else if (key == "--repeats")
+      repeats = static_cast<int>(number(1, 1000));
     else if (key == "--socket-buffer-kib")
       socket_buffer_kib = static_cast<int>(number(-1, 1 << 20));
     else if (key == "--codec")
@@ -411,10 +430,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf(
-      "allreduce of fp32, median of %d after 32 MiB's worth of untimed runs (2 to 32); bus "
-      "bandwidth = 2(n-1)/n x bytes / time (GB/s); tandem's "
-      "cross-process groups carry %s values\n",
-      iters, codec.c_str());
+      "allreduce of fp32, median of %d after 32 MiB's worth of untimed runs (2 to 32), each "
+      "cell the median of %d such measurements taken in turn with the other columns'; bus "
+      "bandwidth = 2(n-1)/n x bytes / time (GB/s); tandem's cross-process groups carry %s "
+      "values\n",
+      iters, repeats, codec.c_str());
   std::printf(
       "%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s %7s %7s\n", "MiB",
       "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem socket tcp", "gloo tcp", "mpi shm",
@@ -424,18 +444,29 @@ int main(int argc, char** argv) {
     for (int n : rank_counts) {
       const size_t bytes = static_cast<size_t>(mib) << 20, elements = bytes / 4;
       const double bus = 2.0 * (n - 1) / n * static_cast<double>(bytes) / 1e9;
-      const double mem = memcpySeconds(bytes, iters);
-      const double in = inProcessSeconds(n, elements, iters);
-      const bool p = !in_process_only;
-      const double zmq = p ? processSeconds(self, "zmq", n, elements, iters) : 0;
-      const double sock = p ? processSeconds(self, "socket", n, elements, iters) : 0;
-      const double limit = p ? processSeconds(self, "tcp-limit", n, elements, iters) : 0;
-      const double gloo = p ? processSeconds(self, "gloo", n, elements, iters) : 0;
-      const double shm = p ? mpiSeconds(mpi_bench, "self,vader", n, elements, iters) : 0;
-      const double mtcp = p ? mpiSeconds(mpi_bench, "self,tcp", n, elements, iters) : 0;
+      // Column by column, --repeats times (see medianOfRepeats).
+      enum { kMemcpy, kIn, kZmq, kSocket, kLimit, kGloo, kShm, kMpiTcp, kColumns };
+      std::array<std::vector<double>, kColumns> runs;
+      for (int k = 0; k < repeats; ++k) {
+        runs[kMemcpy].push_back(memcpySeconds(bytes, iters));
+        runs[kIn].push_back(inProcessSeconds(n, elements, iters));
+        if (in_process_only) continue;
+        runs[kZmq].push_back(processSeconds(self, "zmq", n, elements, iters));
+        runs[kSocket].push_back(processSeconds(self, "socket", n, elements, iters));
+        runs[kLimit].push_back(processSeconds(self, "tcp-limit", n, elements, iters));
+        runs[kGloo].push_back(processSeconds(self, "gloo", n, elements, iters));
+        runs[kShm].push_back(mpiSeconds(mpi_bench, "self,vader", n, elements, iters));
+        runs[kMpiTcp].push_back(mpiSeconds(mpi_bench, "self,tcp", n, elements, iters));
+      }
       // The peers fail now and then (Gloo's IoException); tandem's own groups and the tcp
-      // limit must not: the bench ends with status 1 if they did.
-      if (p && (zmq <= 0 || sock <= 0 || limit <= 0)) ours_failed = true;
+      // limit must not: the bench ends with status 1 if any run of them did.
+      for (int column : {kZmq, kSocket, kLimit})
+        for (double s : runs[static_cast<size_t>(column)])
+          if (s <= 0) ours_failed = true;
+      const double mem = medianOfRepeats(runs[kMemcpy]), in = medianOfRepeats(runs[kIn]),
+                   zmq = medianOfRepeats(runs[kZmq]), sock = medianOfRepeats(runs[kSocket]),
+                   limit = medianOfRepeats(runs[kLimit]), gloo = medianOfRepeats(runs[kGloo]),
+                   shm = medianOfRepeats(runs[kShm]), mtcp = medianOfRepeats(runs[kMpiTcp]);
       auto cell = [&](double s, bool in_process = false) {
         char b[32];
         if (s <= 0) return std::string(in_process_only && !in_process ? "-" : "failed");
