@@ -15,6 +15,10 @@
 //                    [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's;
 //                     -1, the default: the group's own, 4 MiB)]
 //                    [--spin-us U (the plain-socket group's spin before poll; -1: its own)]
+//                    [--congestion NAME (the TCP congestion control of the plain-socket
+//                     group's and the tcp limit's loopback connections; system: the
+//                     system's, which Gloo, Open MPI and ZeroMQ use; default: the group's
+//                     own, cubic)]
 //                    [--codec raw|fp16|bf16 (how tandem's cross-process groups carry values;
 //                     Gloo and Open MPI always fp32)]
 //
@@ -66,6 +70,10 @@ int socket_buffer_kib = -1;
 std::string codec = "raw";
 // --spin-us: how long its transfers try before sleeping in poll (-1: its default).
 int spin_us = -1;
+// --congestion: SocketGroupOptions::local_congestion of the plain-socket group and the
+// tcp limit ("system": "", the system's).
+std::string congestion = transport::SocketGroupOptions{}.local_congestion;
+std::string localCongestion() { return congestion == "system" ? "" : congestion; }
 // --repeats: how many times each cell is measured (see medianOfRepeats).
 int repeats = 3;
 
@@ -212,6 +220,7 @@ double tcpLimitSeconds(int rank, int ranks, const transport::Exchange& exchange,
   const int one = 1;
   for (int s : {out, in}) {
     ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    transport::chooseLocalCongestion(s, localCongestion());
     ::fcntl(s, F_SETFL, ::fcntl(s, F_GETFL) | O_NONBLOCK);
   }
   const size_t steps = 2 * static_cast<size_t>(ranks - 1),
@@ -256,6 +265,27 @@ double tcpLimitSeconds(int rank, int ranks, const transport::Exchange& exchange,
   return s;
 }
 
+// The congestion control a loopback connection gets with `wanted`
+// (transport::chooseLocalCongestion), "?" if no connection could be made.
+std::string loopbackCongestion(const std::string& wanted) {
+  sockaddr_in here{};
+  here.sin_family = AF_INET;
+  here.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(here);
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0),
+            client = ::socket(AF_INET, SOCK_STREAM, 0);
+  std::string name = "?";
+  if (listener >= 0 && client >= 0 &&
+      ::bind(listener, reinterpret_cast<sockaddr*>(&here), sizeof(here)) == 0 &&
+      ::listen(listener, 1) == 0 &&
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&here), &length) == 0 &&
+      ::connect(client, reinterpret_cast<sockaddr*>(&here), sizeof(here)) == 0)
+    name = transport::chooseLocalCongestion(client, wanted);
+  for (int fd : {listener, client})
+    if (fd >= 0) ::close(fd);
+  return name;
+}
+
 // One rank of a process run: the group, then the timing; rank 0 prints it.
 int worker(const std::string& kind, int rank, int ranks, const std::string& dir, size_t count,
            int iters) {
@@ -272,6 +302,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     o.codec = transport::parseCodec(codec);
     if (socket_buffer_kib >= 0) o.socket_buffer_bytes = socket_buffer_kib << 10;
     if (spin_us >= 0) o.spin = std::chrono::microseconds(spin_us);
+    o.local_congestion = localCongestion();
     auto group = transport::makeSocketGroup(o, exchange);
     s = timeOp(iters, count * sizeof(float), [&] {
       barrier(*group);
@@ -337,7 +368,8 @@ double processSeconds(const std::string& self, const std::string& kind, int rank
                             " --size " + std::to_string(ranks) + " --dir " + dir + " --count " +
                             std::to_string(count) + " --iters " + std::to_string(iters) +
                             " --socket-buffer-kib " + std::to_string(socket_buffer_kib) +
-                            " --codec " + codec + " --spin-us " + std::to_string(spin_us);
+                            " --codec " + codec + " --spin-us " + std::to_string(spin_us) +
+                            " --congestion " + congestion;
     command += r > 0 ? one + " > /dev/null & " : one;
   }
   const double s = secondsFrom("(" + command + "; wait)");
@@ -389,6 +421,8 @@ int main(int argc, char** argv) {
       socket_buffer_kib = static_cast<int>(number(-1, 1 << 20));
     else if (key == "--codec")
       codec = value;
+    else if (key == "--congestion")
+      congestion = value;
     else if (key == "--spin-us")
       spin_us = static_cast<int>(number(-1, 10'000'000));
     else if (key == "--sizes-mib")
@@ -429,12 +463,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "collective_bench: --codec: %s\n", e.what());
     return 2;
   }
+  // A kernel name for it, or "system"; it also travels in the workers' command lines.
+  if (congestion.empty() || congestion.size() > 15 ||
+      congestion.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
+    std::fprintf(stderr,
+                 "collective_bench: --congestion: expected a congestion control's name "
+                 "(cubic, reno, ...) or system, got '%s'\n",
+                 congestion.c_str());
+    return 2;
+  }
   std::printf(
       "allreduce of fp32, median of %d after 32 MiB's worth of untimed runs (2 to 32), each "
       "cell the median of %d such measurements taken in turn with the other columns'; bus "
       "bandwidth = 2(n-1)/n x bytes / time (GB/s); tandem's cross-process groups carry %s "
       "values\n",
       iters, repeats, codec.c_str());
+  std::printf(
+      "tcp congestion control on loopback: %s for tandem's socket group and the tcp limit "
+      "(--congestion %s), %s (the system's) for Gloo, Open MPI and tandem's ZeroMQ group\n",
+      loopbackCongestion(localCongestion()).c_str(), congestion.c_str(),
+      loopbackCongestion("").c_str());
   std::printf(
       "%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s %7s %7s\n", "MiB",
       "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem socket tcp", "gloo tcp", "mpi shm",

@@ -199,13 +199,36 @@ Address unixAddress(const std::string& path) {
   return a;
 }
 
+// The socket's peer is on this machine: a loopback address, or the socket's own.
+bool peerIsLocal(int fd) {
+  sockaddr_storage here{}, there{};
+  socklen_t here_length = sizeof(here), there_length = sizeof(there);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&here), &here_length) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&there), &there_length) != 0 ||
+      here.ss_family != there.ss_family)
+    return false;
+  if (there.ss_family == AF_INET) {
+    const in_addr a = reinterpret_cast<const sockaddr_in*>(&there)->sin_addr;
+    const in_addr b = reinterpret_cast<const sockaddr_in*>(&here)->sin_addr;
+    return (ntohl(a.s_addr) >> 24) == 127 || a.s_addr == b.s_addr;
+  }
+  if (there.ss_family == AF_INET6) {
+    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&there)->sin6_addr;
+    const in6_addr& b = reinterpret_cast<const sockaddr_in6*>(&here)->sin6_addr;
+    const bool v4_loopback = IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127;
+    return IN6_IS_ADDR_LOOPBACK(&a) || v4_loopback || std::memcmp(&a, &b, sizeof(a)) == 0;
+  }
+  return false;
+}
+
 class SocketGroup final : public PeerGroup {
  public:
   SocketGroup(const SocketGroupOptions& o, const Exchange& exchange)
       : PeerGroup(o.rank, o.size, o.codec),
         tcp_(o.transport == "tcp"),
         buffer_(o.socket_buffer_bytes),
-        spin_(o.spin) {
+        spin_(o.spin),
+        local_congestion_(o.local_congestion) {
     TANDEM_CHECK_MSG(o.transport == "tcp" || o.transport == "ipc", InvalidArgument,
                      "group: transport '" << o.transport << "' (expected tcp or ipc)");
     TANDEM_CHECK_MSG(o.connect_timeout.count() > 0, InvalidArgument,
@@ -282,9 +305,12 @@ class SocketGroup final : public PeerGroup {
     return s;
   }
 
-  void noDelay(int fd) const {
+  // A new connection's TCP options: no Nagle delay; the local congestion control.
+  void tune(int fd) const {
+    if (!tcp_) return;
     const int one = 1;
-    if (tcp_) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    chooseLocalCongestion(fd, local_congestion_);
   }
 
   void connectTo(int p, const std::string& published, const SocketGroupOptions& o,
@@ -325,7 +351,7 @@ class SocketGroup final : public PeerGroup {
         }
         TANDEM_CHECK_MSG(error == 0, IoError, who << ": " << std::strerror(error));
       }
-      noDelay(s.get());
+      tune(s.get());
       const Hello hello{kHelloMagic, size_, rank_, p, o.job};
       if (!writeAll(s.get(), &hello, sizeof(hello), deadline, who))
         throw Timeout(who + ": it took no greeting within " +
@@ -372,7 +398,7 @@ class SocketGroup final : public PeerGroup {
         turned_away = " (turned away: " + why.str() + ")";
         continue;
       }
-      noDelay(s.get());
+      tune(s.get());
       fds_[static_cast<size_t>(hello.from)] = std::move(s);
       --missing;
     }
@@ -635,6 +661,7 @@ class SocketGroup final : public PeerGroup {
   const bool tcp_;
   const int buffer_;
   const std::chrono::microseconds spin_;
+  const std::string local_congestion_;
   std::vector<Fd> fds_;                               // by peer rank; none for this one
   std::vector<std::vector<float>> stages_, decoded_;  // by peer: received pieces
   std::vector<Encoded> encoded_;                      // by peer: the piece being sent, encoded
@@ -648,6 +675,21 @@ class SocketGroup final : public PeerGroup {
 std::unique_ptr<Group> makeSocketGroup(const SocketGroupOptions& options,
                                        const Exchange& exchange) {
   return std::make_unique<SocketGroup>(options, exchange);
+}
+
+std::string chooseLocalCongestion(int fd, const std::string& wanted) {
+  if (!wanted.empty() && peerIsLocal(fd)) {
+    // EPERM where the process may not choose `wanted` (not in the kernel's
+    // tcp_allowed_congestion_control), ENOENT where the kernel lacks it.
+    for (const std::string& name : {wanted, std::string("reno")})
+      if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
+                       static_cast<socklen_t>(name.size())) == 0)
+        break;
+  }
+  char name[32] = {};
+  socklen_t length = sizeof(name) - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &length) != 0) return "";
+  return std::string(name, ::strnlen(name, length));
 }
 
 }  // namespace tandem::transport

@@ -49,8 +49,19 @@ struct SocketGroupOptions {
   // How long a transfer that can move nothing keeps trying (yielding the core between
   // tries) before it sleeps in poll until a socket is ready; 0 sleeps at once.
   std::chrono::microseconds spin{50};
+  // TCP congestion control of the connections whose peer is on this machine (loopback or
+  // this host's own address): this one where the kernel lets the process choose it, else
+  // reno (which any process may), else the system's; "" keeps the system's. Connections
+  // to other machines always keep the system's. Where the system's was BBR, its pacing
+  // made loopback allreduces slower and uneven (docs/collectives.md).
+  std::string local_congestion = "cubic";
 };
 
 std::unique_ptr<Group> makeSocketGroup(const SocketGroupOptions& options, const Exchange& exchange);
+
+// What SocketGroupOptions::local_congestion does to one connected socket: `wanted`, then
+// reno, if the peer is on this machine and `wanted` is not empty. Returns the congestion
+// control the socket has afterwards ("" if it is not a TCP socket).
+std::string chooseLocalCongestion(int fd, const std::string& wanted);
 
 }  // namespace tandem::transport

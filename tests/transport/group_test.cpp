@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,7 +16,9 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -605,6 +608,94 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
   o.transport = "udp";
   expectThrowWith<InvalidArgument>([&] { makeSocketGroup(o, {}); },
                                    {"transport 'udp' (expected tcp or ipc)"});
+}
+
+// A connected loopback TCP pair: {client, accepted}.
+std::pair<int, int> loopbackPair() {
+  sockaddr_in here{};
+  here.sin_family = AF_INET;
+  here.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(here);
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&here), sizeof(here)), 0);
+  EXPECT_EQ(::listen(listener, 1), 0);
+  EXPECT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&here), &length), 0);
+  EXPECT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&here), sizeof(here)), 0);
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  ::close(listener);
+  return {client, accepted};
+}
+
+// The congestion control of every connected TCP socket of this process, by descriptor.
+std::map<int, std::string> congestionOfConnectedTcpSockets() {
+  std::map<int, std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(entry.path().filename().string());
+    sockaddr_storage peer{};
+    socklen_t length = sizeof(peer);
+    char name[32] = {};
+    socklen_t name_length = sizeof(name) - 1;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) == 0 &&
+        ::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &name_length) == 0)
+      found[fd] = name;
+  }
+  return found;
+}
+
+std::string systemCongestion() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string name;
+  in >> name;
+  return name;
+}
+
+// chooseLocalCongestion: the wanted algorithm on a loopback connection, reno where the
+// kernel refuses it, the system's with none wanted; nothing for a socket that is not TCP.
+TEST(SocketGroupTest, LocalConnectionsGetTheChosenCongestionControl) {
+  const std::string system = systemCongestion();
+  ASSERT_FALSE(system.empty()) << "no /proc/sys/net/ipv4/tcp_congestion_control";
+  auto [client, accepted] = loopbackPair();
+  EXPECT_EQ(chooseLocalCongestion(client, ""), system);
+  EXPECT_EQ(chooseLocalCongestion(client, "reno"), "reno");
+  EXPECT_EQ(chooseLocalCongestion(accepted, "no_such_algorithm"), "reno");
+  ::close(client);
+  ::close(accepted);
+  int unix_pair[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, unix_pair), 0);
+  EXPECT_EQ(chooseLocalCongestion(unix_pair[0], "reno"), "");
+  ::close(unix_pair[0]);
+  ::close(unix_pair[1]);
+
+  // The group's own connections (both ends, in this process) get it, or keep the
+  // system's with "". The algorithm asked for is one the system does not use already.
+  const std::string wanted = system == "reno" ? "cubic" : "reno";
+  {
+    auto [c, a] = loopbackPair();
+    const bool settable = chooseLocalCongestion(c, wanted) == wanted;
+    ::close(c);
+    ::close(a);
+    if (!settable) GTEST_SKIP() << "this process may not choose " << wanted;
+  }
+  for (const std::string& asked : {wanted, std::string()}) {
+    const std::map<int, std::string> before = congestionOfConnectedTcpSockets();
+    SocketGroupOptions o;
+    o.local_congestion = asked;
+    auto groups = socketPair(o);
+    int seen = 0;
+    for (const auto& [fd, name] : congestionOfConnectedTcpSockets()) {
+      if (before.count(fd) != 0) continue;
+      EXPECT_EQ(name, asked.empty() ? system : asked) << "descriptor " << fd;
+      ++seen;
+    }
+    EXPECT_EQ(seen, 2) << "the pair's connection, from both ends";
+    std::vector<float> a(5, 1.0f), b(5, 2.0f);
+    expectNoErrors(onThreads(2, [&](int r) {
+      allreduce(*groups[static_cast<size_t>(r)],
+                r == 0 ? std::span<float>(a) : std::span<float>(b));
+    }));
+    EXPECT_TRUE(a == std::vector<float>(5, 3.0f));
+  }
 }
 
 TEST(GroupFailureTest, ARankThatNeverArrivesIsNamedAndNothingHangs) {
