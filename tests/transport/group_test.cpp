@@ -610,18 +610,31 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
                                    {"transport 'udp' (expected tcp or ipc)"});
 }
 
-// A connected loopback TCP pair: {client, accepted}.
-std::pair<int, int> loopbackPair() {
-  sockaddr_in here{};
-  here.sin_family = AF_INET;
-  here.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+// A connected loopback TCP pair over IPv4 or IPv6: {client, accepted}, or {-1, -1}
+// where the family has no loopback (a machine without IPv6).
+std::pair<int, int> loopbackPair(int family = AF_INET) {
+  sockaddr_storage here{};
   socklen_t length = sizeof(here);
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&here), sizeof(here)), 0);
-  EXPECT_EQ(::listen(listener, 1), 0);
-  EXPECT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&here), &length), 0);
-  EXPECT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&here), sizeof(here)), 0);
+  if (family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&here);
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_loopback;
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&here);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  }
+  const int listener = ::socket(family, SOCK_STREAM, 0);
+  const int client = ::socket(family, SOCK_STREAM, 0);
+  auto* address = reinterpret_cast<sockaddr*>(&here);
+  if (listener < 0 || client < 0 || ::bind(listener, address, length) != 0 ||
+      ::listen(listener, 1) != 0 || ::getsockname(listener, address, &length) != 0 ||
+      ::connect(client, address, length) != 0) {
+    for (int fd : {listener, client})
+      if (fd >= 0) ::close(fd);
+    EXPECT_EQ(family, AF_INET6) << "no IPv4 loopback connection";
+    return {-1, -1};
+  }
   const int accepted = ::accept(listener, nullptr, nullptr);
   ::close(listener);
   return {client, accepted};
@@ -661,6 +674,14 @@ TEST(SocketGroupTest, LocalConnectionsGetTheChosenCongestionControl) {
   EXPECT_EQ(chooseLocalCongestion(accepted, "no_such_algorithm"), "reno");
   ::close(client);
   ::close(accepted);
+  const auto [client6, accepted6] = loopbackPair(AF_INET6);
+  const bool ipv6 = client6 >= 0;
+  if (ipv6) {
+    EXPECT_EQ(chooseLocalCongestion(client6, "reno"), "reno");
+    EXPECT_EQ(chooseLocalCongestion(accepted6, "reno"), "reno");
+    ::close(client6);
+    ::close(accepted6);
+  }
   int unix_pair[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, unix_pair), 0);
   EXPECT_EQ(chooseLocalCongestion(unix_pair[0], "reno"), "");
@@ -677,9 +698,14 @@ TEST(SocketGroupTest, LocalConnectionsGetTheChosenCongestionControl) {
     ::close(a);
     if (!settable) GTEST_SKIP() << "this process may not choose " << wanted;
   }
-  for (const std::string& asked : {wanted, std::string()}) {
+  std::vector<std::pair<std::string, std::string>> cases = {{"127.0.0.1", wanted},
+                                                            {"127.0.0.1", ""}};
+  if (ipv6) cases.emplace_back("::1", wanted);
+  for (const auto& [host, asked] : cases) {
+    SCOPED_TRACE(host + " asking for '" + asked + "'");
     const std::map<int, std::string> before = congestionOfConnectedTcpSockets();
     SocketGroupOptions o;
+    o.host = host;
     o.local_congestion = asked;
     auto groups = socketPair(o);
     int seen = 0;
