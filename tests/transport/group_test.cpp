@@ -688,15 +688,18 @@ TEST(SocketGroupTest, LocalConnectionsGetTheChosenCongestionControl) {
   ::close(unix_pair[0]);
   ::close(unix_pair[1]);
 
-  // The group's own connections (both ends, in this process) get it, or keep the
-  // system's with "". The algorithm asked for is one the system does not use already.
+  // The group's own connections (both ends, in this process) get what the function gives
+  // a loopback connection, or keep the system's with "". Asked for: an algorithm the
+  // system does not use already, so that a group that set nothing shows; where the kernel
+  // refuses it and falls back to reno, which is also the system's, the two cannot be told
+  // apart here, but what the group set is still checked.
   const std::string wanted = system == "reno" ? "cubic" : "reno";
+  std::string granted;
   {
     auto [c, a] = loopbackPair();
-    const bool settable = chooseLocalCongestion(c, wanted) == wanted;
+    granted = chooseLocalCongestion(c, wanted);
     ::close(c);
     ::close(a);
-    if (!settable) GTEST_SKIP() << "this process may not choose " << wanted;
   }
   std::vector<std::pair<std::string, std::string>> cases = {{"127.0.0.1", wanted},
                                                             {"127.0.0.1", ""}};
@@ -711,7 +714,7 @@ TEST(SocketGroupTest, LocalConnectionsGetTheChosenCongestionControl) {
     int seen = 0;
     for (const auto& [fd, name] : congestionOfConnectedTcpSockets()) {
       if (before.count(fd) != 0) continue;
-      EXPECT_EQ(name, asked.empty() ? system : asked) << "descriptor " << fd;
+      EXPECT_EQ(name, asked.empty() ? system : granted) << "descriptor " << fd;
       ++seen;
     }
     EXPECT_EQ(seen, 2) << "the pair's connection, from both ends";
