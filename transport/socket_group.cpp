@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/spin.h"
 #include "transport/peer_group.h"
 
 namespace tandem::transport {
@@ -227,14 +228,14 @@ class SocketGroup final : public PeerGroup {
       : PeerGroup(o.rank, o.size, o.codec),
         tcp_(o.transport == "tcp"),
         buffer_(o.socket_buffer_bytes),
-        spin_(o.spin),
         local_congestion_(o.local_congestion) {
     TANDEM_CHECK_MSG(o.transport == "tcp" || o.transport == "ipc", InvalidArgument,
                      "group: transport '" << o.transport << "' (expected tcp or ipc)");
     TANDEM_CHECK_MSG(o.connect_timeout.count() > 0, InvalidArgument,
                      "group: the connect timeout must be positive");
-    TANDEM_CHECK_MSG(o.spin.count() >= 0, InvalidArgument,
-                     "group: spin " << o.spin.count() << " us is negative");
+    TANDEM_CHECK_MSG(!o.spin || o.spin->count() >= 0, InvalidArgument,
+                     "group: spin " << o.spin.value_or(std::chrono::microseconds(0)).count()
+                                    << " us is negative");
     TANDEM_CHECK_MSG(o.socket_buffer_bytes >= 0, InvalidArgument,
                      "group: socket_buffer_bytes " << o.socket_buffer_bytes << " is negative");
     fds_.resize(static_cast<size_t>(size_));
@@ -281,7 +282,12 @@ class SocketGroup final : public PeerGroup {
     const auto deadline = Clock::now() + o.connect_timeout;
     for (int p = 0; p < rank_; ++p) connectTo(p, all[static_cast<size_t>(p)], o, deadline);
     acceptFromAbove(listener, o, deadline);
+    for (const Fd& fd : fds_)
+      if (fd.get() >= 0 && (!tcp_ || peerIsLocal(fd.get()))) ++ranks_here_;
+    spin_ = o.spin ? *o.spin : waitBeforeSleeping(ranks_here_);
   }
+
+  SocketGroupChoices choices() const { return {ranks_here_, spin_}; }
 
  private:
   static constexpr size_t kStageBytes = size_t{1} << 18;  // received pieces handed on
@@ -475,7 +481,8 @@ class SocketGroup final : public PeerGroup {
         // Keep trying for a while, giving the core to any other runnable thread
         // between tries, before sleeping in poll: a sleep and wake-up per piece left
         // the core idle 15% of the time (measured: 16 MiB, 2 ranks, 14.5 -> 11.9 ms
-        // median with 50 us; 64 MiB 76 -> 64 ms).
+        // median with 50 us; 64 MiB 76 -> 64 ms), and a rank woken by its local peer's
+        // send was often moved onto the peer's CPU (SocketGroupOptions::spin).
         if (now - idle_since >= spin_) {
           wait(c, outs, ins);
         } else {
@@ -660,8 +667,9 @@ class SocketGroup final : public PeerGroup {
 
   const bool tcp_;
   const int buffer_;
-  const std::chrono::microseconds spin_;
   const std::string local_congestion_;
+  int ranks_here_ = 1;  // this one and the peers on this machine
+  std::chrono::microseconds spin_{0};
   std::vector<Fd> fds_;                               // by peer rank; none for this one
   std::vector<std::vector<float>> stages_, decoded_;  // by peer: received pieces
   std::vector<Encoded> encoded_;                      // by peer: the piece being sent, encoded
@@ -675,6 +683,12 @@ class SocketGroup final : public PeerGroup {
 std::unique_ptr<Group> makeSocketGroup(const SocketGroupOptions& options,
                                        const Exchange& exchange) {
   return std::make_unique<SocketGroup>(options, exchange);
+}
+
+SocketGroupChoices socketGroupChoices(const Group& group) {
+  const auto* g = dynamic_cast<const SocketGroup*>(&group);
+  TANDEM_CHECK_MSG(g != nullptr, InvalidArgument, "socketGroupChoices: not a socket group");
+  return g->choices();
 }
 
 std::string chooseLocalCongestion(int fd, const std::string& wanted) {

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/pipeline/group.h"
@@ -47,8 +48,13 @@ struct SocketGroupOptions {
   // buffers let a whole ring piece sit in flight: worth about 20% at 16 MiB on loopback.
   int socket_buffer_bytes = 4 << 20;
   // How long a transfer that can move nothing keeps trying (yielding the core between
-  // tries) before it sleeps in poll until a socket is ready; 0 sleeps at once.
-  std::chrono::microseconds spin{50};
+  // tries) before it sleeps in poll until a socket is ready; 0 sleeps at once. Unset, the
+  // group chooses waitBeforeSleeping (core/spin.h) of the ranks on this machine (this one
+  // and every peer reached over ipc or a local tcp connection): 2 ms when each can have a
+  // core, else 100 us. Ranks that sleep on loopback are woken by their peer's send, and
+  // the kernel then tends to run both on one CPU, where an allreduce takes twice as long
+  // (docs/collectives.md); spinning longer leaves them apart more often.
+  std::optional<std::chrono::microseconds> spin;
   // TCP congestion control of the connections whose peer is on this machine (loopback or
   // this host's own address): this one where the kernel lets the process choose it, else
   // reno (which any process may), else the system's; "" keeps the system's. Connections
@@ -58,6 +64,15 @@ struct SocketGroupOptions {
 };
 
 std::unique_ptr<Group> makeSocketGroup(const SocketGroupOptions& options, const Exchange& exchange);
+
+// What a socket group made by makeSocketGroup chose for itself: how many of its ranks are
+// on this machine (this one included) and the spin its transfers use. InvalidArgument
+// for a group of another kind.
+struct SocketGroupChoices {
+  int ranks_here = 1;
+  std::chrono::microseconds spin{0};
+};
+SocketGroupChoices socketGroupChoices(const Group& group);
 
 // What SocketGroupOptions::local_congestion does to one connected socket: `wanted`, then
 // reno, if the peer is on this machine and `wanted` is not empty. Returns the congestion

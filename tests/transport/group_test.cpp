@@ -26,6 +26,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/spin.h"
 #include "tests/test_util.h"
 #include "transport/local_group.h"
 #include "transport/socket_group.h"
@@ -477,6 +478,29 @@ TEST(SocketGroupTest, APeerThatClosesIsNamedAndTheGroupStaysBroken) {
   expectThrowWith<IoError>([&] { allreduce(*groups[0], a, o); },
                            {"allreduce (tag 3): rank 1 of 2"});
   expectThrowWith<IoError>([&] { barrier(*groups[0]); }, {"barrier (tag 0): the group is broken"});
+}
+
+// Unless told, a socket group spins as long as waitBeforeSleeping says for the ranks on
+// this machine: every rank of these groups is, over loopback tcp or Unix sockets.
+TEST(SocketGroupTest, TheSpinIsChosenFromTheRanksOnThisMachine) {
+  for (const auto& [kind, world] :
+       {std::pair<std::string, int>{"socket", 3}, {"socket-ipc", 2}, {"socket", 1}}) {
+    SCOPED_TRACE(kind + " x " + std::to_string(world));
+    Ranks ranks = makeRanks(kind, world);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const SocketGroupChoices chose = socketGroupChoices(ranks[r]);
+      EXPECT_EQ(chose.ranks_here, world);
+      EXPECT_EQ(chose.spin, waitBeforeSleeping(world));
+    }
+  }
+  SocketGroupOptions o;
+  o.spin = 0us;  // told: kept, also where the default would spin
+  for (const auto& g : socketPair(o)) {
+    EXPECT_EQ(socketGroupChoices(*g).ranks_here, 2);
+    EXPECT_EQ(socketGroupChoices(*g).spin, 0us);
+  }
+  const auto local = makeLocalGroup(2);
+  expectThrowWith<InvalidArgument>([&] { socketGroupChoices(*local[0]); }, {"not a socket group"});
 }
 
 // Unix sockets: published paths may hold spaces; a path too long for a socket is refused.
