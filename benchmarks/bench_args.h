@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tandem::bench {
@@ -25,6 +26,28 @@ inline long long wholeNumber(std::string_view program, std::string_view option,
     std::exit(2);
   }
   return n;
+}
+
+// The arguments as (option, value) pairs. --help or -h anywhere prints `usage` to stdout
+// and exits with status 0; an option without its value is named and the benchmark exits
+// with status 2.
+inline std::vector<std::pair<std::string_view, std::string_view>> optionPairs(
+    std::string_view program, int argc, char** argv, std::string_view usage) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      std::printf("%.*s", static_cast<int>(usage.size()), usage.data());
+      std::exit(0);
+    }
+  std::vector<std::pair<std::string_view, std::string_view>> pairs;
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "%.*s: %s needs a value (--help lists the options)\n",
+                   static_cast<int>(program.size()), program.data(), argv[i]);
+      std::exit(2);
+    }
+    pairs.emplace_back(argv[i], argv[i + 1]);
+  }
+  return pairs;
 }
 
 // A comma-separated list of them ("1,16,64"), none left out.

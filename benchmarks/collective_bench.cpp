@@ -10,25 +10,16 @@
 // beside memcpy of the same bytes, with the ratios the collectives issue sets targets
 // for. The peers (libgloo-dev, openmpi-bin) are benchmark-only dependencies.
 //
-//   collective_bench [--iters N] [--repeats R] [--sizes-mib 1,16,64] [--ranks 2,4]
-//                    [--in-process-only 1]
-//                    [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's;
-//                     -1, the default: the group's own, 4 MiB)]
-//                    [--spin-us U (the plain-socket group's spin before poll; -1: its own)]
-//                    [--congestion NAME (the TCP congestion control of the plain-socket
-//                     group's and the tcp limit's loopback connections; system: the
-//                     system's, which Gloo, Open MPI and ZeroMQ use; default: the group's
-//                     own, cubic)]
-//                    [--codec raw|fp16|bf16 (how tandem's cross-process groups carry values;
-//                     Gloo and Open MPI always fp32)]
+// Options: kUsage below, or --help.
 //
 // Processes: the bench starts itself with --worker zmq|socket|gloo|tcp-limit (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
 // Times are medians after untimed runs (warmups); the machine is shared, so only ratios in
 // one run count. Each cell is measured --repeats times (3), every column's measurement in
-// turn, with fresh processes each time, and shows the median of them. The in-process group's
-// threads are bound to CPUs as mpirun binds Open MPI's processes (bindLikeMpirun); the other
-// processes are not bound.
+// turn, with fresh processes each time, and shows the median of them. Every rank, thread or
+// process, is bound to a CPU as mpirun binds Open MPI's processes (bindLikeMpirun): left
+// free, two processes talking over loopback were often run on one CPU by the kernel for
+// tens of milliseconds at a time, at half speed (docs/collectives.md).
 #include <fcntl.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/rendezvous/context.h>
@@ -50,11 +41,13 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "benchmarks/bench_args.h"
+#include "core/spin.h"
 #include "transport/local_group.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_group.h"
@@ -63,6 +56,23 @@ namespace {
 
 using namespace tandem;
 using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kUsage =
+    "collective_bench [--iters N (timed runs per measurement; 5)] [--repeats R (measurements "
+    "per cell; 3)]\n"
+    "                 [--sizes-mib 1,16,64] [--ranks 2,4] [--in-process-only 0|1]\n"
+    "                 [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's; -1: "
+    "the group's own, 4 MiB)]\n"
+    "                 [--spin-us U (the plain-socket group's spin before poll; -1: its own)]\n"
+    "                 [--congestion NAME|system (tcp congestion control of the plain-socket "
+    "group's and the tcp limit's loopback connections; default: the group's own, cubic)]\n"
+    "                 [--codec raw|fp16|bf16 (how tandem's cross-process groups carry values; "
+    "Gloo and Open MPI always fp32)]\n"
+    "                 [--bind-processes 1|0 (bind the worker processes as mpirun binds its "
+    "ranks; 1)]\n"
+    "Allreduce of fp32: tandem's in-process, ZeroMQ and plain-socket groups beside Gloo, Open "
+    "MPI, the tcp loopback limit and memcpy, with the ratios the collectives issue sets targets "
+    "for.\n";
 
 // --socket-buffer-kib: the plain-socket group's socket buffers (-1: its default).
 int socket_buffer_kib = -1;
@@ -76,6 +86,8 @@ std::string congestion = transport::SocketGroupOptions{}.local_congestion;
 std::string localCongestion() { return congestion == "system" ? "" : congestion; }
 // --repeats: how many times each cell is measured (see medianOfRepeats).
 int repeats = 3;
+// --bind-processes: whether the worker processes bind themselves (bindLikeMpirun).
+bool bind_processes = true;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -123,7 +135,8 @@ double timeOp(int iters, size_t bytes, const std::function<void()>& op) {
 // collective, not of where the scheduler happened to start the threads. Left unbound,
 // the in-process group's two rank threads started on one CPU in 5 of 6 runs of
 // 1 MiB x 2 and stayed there for all 542 runs of the process (36-37 us a call, against
-// 21.6 us on two CPUs).
+// 21.6 us on two CPUs). A worker process calls it before it starts any thread, so its
+// threads (ZeroMQ's and Gloo's I/O threads too) share the rank's CPU, as under mpirun.
 void bindLikeMpirun(int rank, int ranks) {
   cpu_set_t allowed;
   if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || ranks > CPU_COUNT(&allowed)) return;
@@ -289,6 +302,7 @@ std::string loopbackCongestion(const std::string& wanted) {
 // One rank of a process run: the group, then the timing; rank 0 prints it.
 int worker(const std::string& kind, int rank, int ranks, const std::string& dir, size_t count,
            int iters) {
+  if (bind_processes) bindLikeMpirun(rank, ranks);
   std::vector<float> data = filled(count, rank);
   double s = 0;
   const transport::Exchange exchange =
@@ -369,7 +383,8 @@ double processSeconds(const std::string& self, const std::string& kind, int rank
                             std::to_string(count) + " --iters " + std::to_string(iters) +
                             " --socket-buffer-kib " + std::to_string(socket_buffer_kib) +
                             " --codec " + codec + " --spin-us " + std::to_string(spin_us) +
-                            " --congestion " + congestion;
+                            " --congestion " + congestion + " --bind-processes " +
+                            (bind_processes ? "1" : "0");
     command += r > 0 ? one + " > /dev/null & " : one;
   }
   const double s = secondsFrom("(" + command + "; wait)");
@@ -393,13 +408,8 @@ int main(int argc, char** argv) {
   std::vector<int> sizes_mib = {1, 16, 64}, rank_counts = {2, 4};
   bool in_process_only = false;
   constexpr std::string_view kName = "collective_bench";
-  for (int i = 1; i < argc; i += 2) {
-    const std::string key = argv[i];
-    if (i + 1 == argc) {
-      std::fprintf(stderr, "collective_bench: %s needs a value\n", key.c_str());
-      return 2;
-    }
-    const std::string value = argv[i + 1];
+  for (const auto& [option, text] : bench::optionPairs(kName, argc, argv, kUsage)) {
+    const std::string key(option), value(text);
     auto number = [&](long long min, long long max) {
       return bench::wholeNumber(kName, key, value, min, max);
     };
@@ -431,8 +441,11 @@ int main(int argc, char** argv) {
       rank_counts = bench::wholeNumbers(kName, key, value, 2, 64);
     else if (key == "--in-process-only")
       in_process_only = number(0, 1) == 1;
+    else if (key == "--bind-processes")
+      bind_processes = number(0, 1) == 1;
     else {
-      std::fprintf(stderr, "collective_bench: unknown option %s\n", key.c_str());
+      std::fprintf(stderr, "collective_bench: unknown option %s (--help lists them)\n",
+                   key.c_str());
       return 2;
     }
   }
@@ -483,6 +496,17 @@ int main(int argc, char** argv) {
       "(--congestion %s), %s (the system's) for Gloo, Open MPI and tandem's ZeroMQ group\n",
       loopbackCongestion(localCongestion()).c_str(), congestion.c_str(),
       loopbackCongestion("").c_str());
+  cpu_set_t allowed;
+  const int cpus = ::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+  std::string spins;
+  for (int n : rank_counts)
+    spins += (spins.empty() ? "" : ", ") + std::to_string(n) + " ranks " +
+             std::to_string(spin_us >= 0 ? spin_us : waitBeforeSleeping(n).count()) + " us";
+  std::printf(
+      "ranks bound one to a CPU where there are no more of them than the %d CPUs, as mpirun "
+      "binds: in-process threads; processes of tandem's groups, Gloo and the tcp limit %s "
+      "(--bind-processes %d); the socket group's spin before sleeping: %s\n",
+      cpus, bind_processes ? "too" : "not", bind_processes ? 1 : 0, spins.c_str());
   std::printf(
       "%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s %7s %7s\n", "MiB",
       "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem socket tcp", "gloo tcp", "mpi shm",

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
 namespace tandem::bench {
 namespace {
 
@@ -28,6 +33,32 @@ TEST(BenchArgsTest, AnythingElseIsNamedWithItsOptionAndExitsWithTwo) {
               "bench: --ranks: .* got ''");
   EXPECT_EXIT(wholeNumbers("bench", "--ranks", "2,1", 2, 64), ExitedWithCode(2), "got '1'");
   EXPECT_EXIT(wholeNumbers("bench", "--ranks", "2,", 2, 64), ExitedWithCode(2), "got ''");
+}
+
+// An argument list as main() gets it; the words live as long as it does.
+struct Argv {
+  std::vector<std::string> words;
+  std::vector<char*> pointers;
+  explicit Argv(std::vector<std::string> w) : words(std::move(w)) {
+    for (std::string& word : words) pointers.push_back(word.data());
+  }
+  auto pairs() {
+    return optionPairs("bench", static_cast<int>(pointers.size()), pointers.data(),
+                       "usage: bench\n");
+  }
+};
+
+// The (option, value) pairs of an argument list; --help or -h anywhere prints the usage
+// and exits with 0; an option left without its value is named and exits with 2.
+TEST(BenchArgsTest, ArgumentsComeInPairsAndHelpPrintsTheUsage) {
+  using Pairs = std::vector<std::pair<std::string_view, std::string_view>>;
+  EXPECT_EQ(Argv({"bench"}).pairs(), Pairs{});
+  Argv two({"bench", "--iters", "7", "--ranks", "2,4"});
+  EXPECT_EQ(two.pairs(), (Pairs{{"--iters", "7"}, {"--ranks", "2,4"}}));
+  EXPECT_EXIT(Argv({"bench", "--iters", "7", "--help"}).pairs(), ExitedWithCode(0), "");
+  EXPECT_EXIT(Argv({"bench", "-h"}).pairs(), ExitedWithCode(0), "");
+  EXPECT_EXIT(Argv({"bench", "--iters", "7", "--ranks"}).pairs(), ExitedWithCode(2),
+              "bench: --ranks needs a value \\(--help lists the options\\)");
 }
 
 }  // namespace
