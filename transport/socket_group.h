@@ -31,6 +31,7 @@
 
 #include "core/pipeline/group.h"
 #include "transport/codec.h"
+#include "transport/local_tcp.h"  // chooseLocalCongestion, for local_congestion
 #include "transport/rendezvous.h"
 
 namespace tandem::transport {
@@ -73,10 +74,5 @@ struct SocketGroupChoices {
   std::chrono::microseconds spin{0};
 };
 SocketGroupChoices socketGroupChoices(const Group& group);
-
-// What SocketGroupOptions::local_congestion does to one connected socket: `wanted`, then
-// reno, if the peer is on this machine and `wanted` is not empty. Returns the congestion
-// control the socket has afterwards ("" if it is not a TCP socket).
-std::string chooseLocalCongestion(int fd, const std::string& wanted);
 
 }  // namespace tandem::transport

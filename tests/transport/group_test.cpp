@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "core/spin.h"
 #include "tests/test_util.h"
+#include "tests/transport/tcp_probe.h"
 #include "transport/local_group.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_group.h"
@@ -36,7 +37,9 @@ namespace tandem::transport {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::congestionOfConnectedTcpSockets;
 using testing::expectThrowWith;
+using testing::systemCongestion;
 
 // Runs fn(rank) on one thread per rank; returns each rank's exception (or null).
 std::vector<std::exception_ptr> onThreads(int ranks, const std::function<void(int)>& fn) {
@@ -662,29 +665,6 @@ std::pair<int, int> loopbackPair(int family = AF_INET) {
   const int accepted = ::accept(listener, nullptr, nullptr);
   ::close(listener);
   return {client, accepted};
-}
-
-// The congestion control of every connected TCP socket of this process, by descriptor.
-std::map<int, std::string> congestionOfConnectedTcpSockets() {
-  std::map<int, std::string> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    const int fd = std::stoi(entry.path().filename().string());
-    sockaddr_storage peer{};
-    socklen_t length = sizeof(peer);
-    char name[32] = {};
-    socklen_t name_length = sizeof(name) - 1;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) == 0 &&
-        ::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &name_length) == 0)
-      found[fd] = name;
-  }
-  return found;
-}
-
-std::string systemCongestion() {
-  std::ifstream in("/proc/sys/net/ipv4/tcp_congestion_control");
-  std::string name;
-  in >> name;
-  return name;
 }
 
 // chooseLocalCongestion: the wanted algorithm on a loopback connection, reno where the

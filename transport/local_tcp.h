@@ -1,0 +1,23 @@
+// TCP connections between processes of this machine: telling them apart from remote
+// ones, and choosing their congestion control. Loopback traffic has no path to probe, and
+// BBR (the default of some kernels, this project's VM among them) paced it unevenly and
+// more slowly than cubic (docs/collectives.md, docs/wire-format.md); the socket group and
+// the ZeroMQ links choose cubic for local connections and leave remote ones as they are.
+#pragma once
+
+#include <string>
+
+namespace tandem::transport {
+
+// The connected socket's peer is on this machine: a loopback address (IPv4, IPv6 or
+// IPv4-mapped), or the socket's own address. False for anything else, Unix sockets and
+// unconnected sockets included.
+bool peerIsLocal(int fd);
+
+// `wanted`, then reno (which any process may choose), as the congestion control of a
+// connected TCP socket whose peer is on this machine, when `wanted` is not empty; other
+// sockets are left alone. Returns the congestion control the socket has afterwards (""
+// if it is not a TCP socket).
+std::string chooseLocalCongestion(int fd, const std::string& wanted);
+
+}  // namespace tandem::transport
