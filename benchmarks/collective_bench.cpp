@@ -64,8 +64,8 @@ constexpr std::string_view kUsage =
     "                 [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's; -1: "
     "the group's own, 4 MiB)]\n"
     "                 [--spin-us U (the plain-socket group's spin before poll; -1: its own)]\n"
-    "                 [--congestion NAME|system (tcp congestion control of the plain-socket "
-    "group's and the tcp limit's loopback connections; default: the group's own, cubic)]\n"
+    "                 [--congestion NAME|system (tcp congestion control of tandem's groups' "
+    "and the tcp limit's loopback connections; default: the groups' own, cubic)]\n"
     "                 [--codec raw|fp16|bf16 (how tandem's cross-process groups carry values; "
     "Gloo and Open MPI always fp32)]\n"
     "                 [--bind-processes 1|0 (bind the worker processes as mpirun binds its "
@@ -80,8 +80,8 @@ int socket_buffer_kib = -1;
 std::string codec = "raw";
 // --spin-us: how long its transfers try before sleeping in poll (-1: its default).
 int spin_us = -1;
-// --congestion: SocketGroupOptions::local_congestion of the plain-socket group and the
-// tcp limit ("system": "", the system's).
+// --congestion: local_congestion of tandem's two cross-process groups, applied by the
+// tcp limit too ("system": "", the system's).
 std::string congestion = transport::SocketGroupOptions{}.local_congestion;
 std::string localCongestion() { return congestion == "system" ? "" : congestion; }
 // --repeats: how many times each cell is measured (see medianOfRepeats).
@@ -329,6 +329,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     o.rank = rank;
     o.size = ranks;
     o.codec = transport::parseCodec(codec);
+    o.local_congestion = localCongestion();
     auto group = transport::makeZmqGroup(ctx, host, o, exchange);
     s = timeOp(iters, count * sizeof(float), [&] {
       barrier(*group);
@@ -492,8 +493,8 @@ int main(int argc, char** argv) {
       "values\n",
       iters, repeats, codec.c_str());
   std::printf(
-      "tcp congestion control on loopback: %s for tandem's socket group and the tcp limit "
-      "(--congestion %s), %s (the system's) for Gloo, Open MPI and tandem's ZeroMQ group\n",
+      "tcp congestion control on loopback: %s for tandem's groups (sockets, ZeroMQ) and the tcp "
+      "limit (--congestion %s), %s (the system's) for Gloo and Open MPI\n",
       loopbackCongestion(localCongestion()).c_str(), congestion.c_str(),
       loopbackCongestion("").c_str());
   cpu_set_t allowed;

@@ -4,7 +4,9 @@
 //   64-byte round trip over a tcp link vs a bare ZeroMQ REQ/REP round trip
 // Throughput runs send a batch of messages per iteration and wait for the receiver's
 // acknowledgement, so bytes still queued are never counted. The ratio table at the end
-// divides our rate by the reference's (> 1: faster).
+// divides our rate by the reference's (> 1: faster). The references' loopback
+// connections get the congestion control the links choose for theirs
+// (LinkOptions::local_congestion), so both sides of a ratio run under the same one.
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
 #include <netinet/in.h>
@@ -13,17 +15,23 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "benchmarks/ratio_reporter.h"
+#include "transport/local_tcp.h"
 #include "transport/zmq_link.h"
 
 namespace tandem::transport {
 namespace {
 
 using namespace std::chrono_literals;
+
+// What the links choose for their loopback connections.
+const std::string kLinkCongestion = LinkOptions{}.local_congestion;
 
 int64_t batchFor(int64_t bytes) { return std::max<int64_t>(4, (int64_t{8} << 20) / bytes); }
 
@@ -94,6 +102,8 @@ std::pair<int, int> tcpPair() {
   const int one = 1;
   setsockopt(out, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(in, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  chooseLocalCongestion(out, kLinkCongestion);
+  chooseLocalCongestion(in, kLinkCongestion);
   return {out, in};
 }
 
@@ -194,6 +204,12 @@ void BM_ZmqReqRepRoundTrip(benchmark::State& state) {
   });
   std::vector<char> payload(64);
   zmq::message_t reply;
+  // One round trip, so that the connection exists; then every loopback TCP connection of
+  // this process (only this pair's, here) gets the links' congestion control.
+  req.send(zmq::buffer(payload), zmq::send_flags::none);
+  (void)req.recv(reply, zmq::recv_flags::none);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+    chooseLocalCongestion(std::stoi(entry.path().filename().string()), kLinkCongestion);
   for (auto _ : state) {
     req.send(zmq::buffer(payload), zmq::send_flags::none);
     (void)req.recv(reply, zmq::recv_flags::none);

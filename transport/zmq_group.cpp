@@ -40,6 +40,7 @@ class ZmqGroup final : public PeerGroup {
       lo.job = o.job;
       lo.stage = rank_;
       lo.peer_stage = p;
+      lo.local_congestion = o.local_congestion;
       links_[static_cast<size_t>(p)] = std::make_unique<ZmqLink>(ctx, lo);
       mine += links_[static_cast<size_t>(p)]->endpoint() + " ";
     }

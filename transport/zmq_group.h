@@ -31,6 +31,7 @@ struct ZmqGroupOptions {
   Codec codec = Codec::kRaw;                      // how chunks travel: raw fp32, fp16 or bf16
   std::chrono::milliseconds link_timeout{30000};  // sends (and recvs outside collectives)
   uint64_t job = 0;
+  std::string local_congestion = "cubic";  // its links' (LinkOptions::local_congestion)
 };
 
 // `host` is a backend whose tensors are host memory (the CPU's): received chunks land

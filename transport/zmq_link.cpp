@@ -1,9 +1,11 @@
 #include "transport/zmq_link.h"
 
+#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
+#include "transport/local_tcp.h"
 
 namespace tandem::transport {
 
@@ -75,6 +77,17 @@ ZmqLink::ZmqLink(Context& context, LinkOptions options)
     throw IoError("link: cannot bind '" + options_.bind + "': " + e.what());
   }
   endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
+  if (!options_.local_congestion.empty() && endpoint_.starts_with("tcp://")) {
+    // Before any connect, so that no connection's event is missed. A monitor that cannot
+    // be set up leaves the connections on the system's congestion control.
+    static std::atomic<uint64_t> monitors{0};
+    const std::string address = "inproc://tandem-link-connections-" + std::to_string(monitors++);
+    if (zmq_socket_monitor(push_.handle(), address.c_str(), ZMQ_EVENT_CONNECTED) == 0) {
+      connections_ = zmq::socket_t(context.zmq(), zmq::socket_type::pair);
+      connections_.set(zmq::sockopt::linger, 0);
+      connections_.connect(address);
+    }
+  }
   if (!options_.connect.empty()) {
     const std::string peer = options_.connect;
     options_.connect.clear();
@@ -82,7 +95,28 @@ ZmqLink::ZmqLink(Context& context, LinkOptions options)
   }
 }
 
-ZmqLink::~ZmqLink() = default;
+ZmqLink::~ZmqLink() {
+  if (connections_) zmq_socket_monitor(push_.handle(), nullptr, 0);
+}
+
+void ZmqLink::tuneNewConnections() {
+  if (!connections_) return;
+  // Each event is two frames: event number (16 bits) and value (32: the descriptor),
+  // then the endpoint; a message's frames arrive together.
+  zmq::message_t event, endpoint;
+  while (connections_.recv(event, zmq::recv_flags::dontwait)) {
+    while (event.more() && connections_.recv(endpoint, zmq::recv_flags::dontwait) &&
+           endpoint.more()) {
+    }
+    if (event.size() < 6) continue;
+    uint16_t number = 0;
+    int32_t fd = -1;
+    std::memcpy(&number, event.data(), sizeof(number));
+    std::memcpy(&fd, static_cast<const uint8_t*>(event.data()) + sizeof(number), sizeof(fd));
+    if (number == ZMQ_EVENT_CONNECTED && fd >= 0)
+      chooseLocalCongestion(fd, options_.local_congestion);
+  }
+}
 
 void ZmqLink::setTimeout(std::chrono::milliseconds timeout) {
   TANDEM_CHECK_MSG(timeout.count() > 0, InvalidArgument, "link: timeout must be positive");
@@ -177,6 +211,7 @@ void ZmqLink::sendInPlace(const MessageTag& tag, const Tensor& t) {
 
 void ZmqLink::sendFrames(const MessageTag& tag, const Tensor& t, WireHeader& h,
                          zmq::message_t& body) {
+  tuneNewConnections();
   h.job = options_.job;
   h.src_stage = options_.stage;
   h.dst_stage = options_.peer_stage;

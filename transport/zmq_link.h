@@ -51,6 +51,12 @@ struct LinkOptions {
   std::string curve_peer_public_key_file;  // the peer's public key (Z85)
   uint64_t job = 0;
   int32_t stage = 0, peer_stage = 0;
+  // TCP congestion control of this side's sending connections whose peer is on this
+  // machine (chooseLocalCongestion, local_tcp.h): this one, else reno, else the system's;
+  // "" keeps the system's. Applied when the connection is made (seen through a ZeroMQ
+  // socket monitor) and taken up at the next send; connections to other machines keep
+  // the system's.
+  std::string local_congestion = "cubic";
 };
 
 struct LinkStats {
@@ -106,6 +112,9 @@ class ZmqLink final : public Link {
   // message is raw and aligned; otherwise undefined, leaving `p` as it was.
   Tensor adoptPayload(Pending& p, Backend& backend);
   std::string describe(const MessageTag& tag) const;
+  // Sets options_.local_congestion on the sending socket's connections made since the
+  // last call (the monitor's "connected" events carry their descriptors).
+  void tuneNewConnections();
 
   // Payload buffers ZeroMQ has finished with, kept for the next sends so large messages
   // do not fault in fresh pages every time. Returned from ZeroMQ's I/O thread.
@@ -119,6 +128,7 @@ class ZmqLink final : public Link {
   // Shared with the free callbacks of messages still in flight, which may outlive the link.
   std::shared_ptr<BufferPool> buffers_ = std::make_shared<BufferPool>();
   zmq::socket_t push_, pull_;
+  zmq::socket_t connections_;  // push_'s monitor, when local_congestion applies
   std::string endpoint_;
   std::multimap<MessageTag, Pending> stash_;  // equal tags stay in arrival order
   uint64_t stash_bytes_ = 0;

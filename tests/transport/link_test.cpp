@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/profile/link_probe.h"
 #include "tests/test_util.h"
+#include "tests/transport/tcp_probe.h"
 
 namespace tandem::transport {
 namespace {
@@ -290,6 +291,47 @@ TEST(LinkErrorFeedbackTest, GradientsCarryTheirResidualAcrossMessages) {
     sum_got += toHost(p.b->recv({MessageKind::kGradient, m}, be))[1];
   }
   EXPECT_NEAR(sum_got, sum_true, 0.5 / 127 * 1.01);  // plain int8 would lose all 0.2
+}
+
+// Over tcp to this machine, each side's sending connection gets local_congestion once
+// the link has seen it made (by the next send); the receiving ends keep the system's.
+// Reno is asked for, which any process may choose, so the check tells a tuned connection
+// from an untouched one wherever the system's default is not reno itself.
+TEST(LinkCongestionTest, LocalSendingConnectionsGetTheChosenCongestionControl) {
+  const std::string system = testing::systemCongestion();
+  ASSERT_FALSE(system.empty()) << "no /proc/sys/net/ipv4/tcp_congestion_control";
+  cpu::CpuBackend be;
+  for (const std::string wanted : {"reno", ""}) {
+    SCOPED_TRACE("local_congestion '" + wanted + "'");
+    Context ctx;
+    LinkOptions o;
+    o.local_congestion = wanted;
+    Pair p = makePair(ctx, "tcp", o);
+    const Tensor t = be.zeros({4});
+    for (int64_t mb = 0; mb < 3; ++mb) {  // the first sends may come before the connection
+      p.a->send({MessageKind::kActivation, mb}, t);
+      p.b->recv({MessageKind::kActivation, mb}, be);
+      p.b->send({MessageKind::kGradient, mb}, t);
+      p.a->recv({MessageKind::kGradient, mb}, be);
+    }
+    auto portOfEndpoint = [](const std::string& endpoint) {
+      return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+    };
+    const int port_a = portOfEndpoint(p.a->endpoint()), port_b = portOfEndpoint(p.b->endpoint());
+    int sending = 0, receiving = 0;
+    for (const auto& [fd, name] : testing::congestionOfConnectedTcpSockets()) {
+      const int peer = testing::portOf(fd, true), own = testing::portOf(fd, false);
+      if (peer == port_a || peer == port_b) {  // a sending side's connection to a receiver
+        EXPECT_EQ(name, wanted.empty() ? system : wanted) << "fd " << fd;
+        ++sending;
+      } else if (own == port_a || own == port_b) {  // a receiving side's end of it
+        EXPECT_EQ(name, system) << "fd " << fd;
+        ++receiving;
+      }
+    }
+    EXPECT_EQ(sending, 2);
+    EXPECT_EQ(receiving, 2);
+  }
 }
 
 TEST(LinkOptionsTest, BadOptionsAreNamed) {
