@@ -7,7 +7,6 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,7 +15,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -39,6 +37,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::congestionOfConnectedTcpSockets;
 using testing::expectThrowWith;
+using testing::loopbackPair;
 using testing::systemCongestion;
 
 // Runs fn(rank) on one thread per rank; returns each rank's exception (or null).
@@ -637,66 +636,21 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
                                    {"transport 'udp' (expected tcp or ipc)"});
 }
 
-// A connected loopback TCP pair over IPv4 or IPv6: {client, accepted}, or {-1, -1}
-// where the family has no loopback (a machine without IPv6).
-std::pair<int, int> loopbackPair(int family = AF_INET) {
-  sockaddr_storage here{};
-  socklen_t length = sizeof(here);
-  if (family == AF_INET6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&here);
-    a->sin6_family = AF_INET6;
-    a->sin6_addr = in6addr_loopback;
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&here);
-    a->sin_family = AF_INET;
-    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  }
-  const int listener = ::socket(family, SOCK_STREAM, 0);
-  const int client = ::socket(family, SOCK_STREAM, 0);
-  auto* address = reinterpret_cast<sockaddr*>(&here);
-  if (listener < 0 || client < 0 || ::bind(listener, address, length) != 0 ||
-      ::listen(listener, 1) != 0 || ::getsockname(listener, address, &length) != 0 ||
-      ::connect(client, address, length) != 0) {
-    for (int fd : {listener, client})
-      if (fd >= 0) ::close(fd);
-    EXPECT_EQ(family, AF_INET6) << "no IPv4 loopback connection";
-    return {-1, -1};
-  }
-  const int accepted = ::accept(listener, nullptr, nullptr);
-  ::close(listener);
-  return {client, accepted};
-}
-
-// chooseLocalCongestion: the wanted algorithm on a loopback connection, reno where the
-// kernel refuses it, the system's with none wanted; nothing for a socket that is not TCP.
+// The socket group's own connections (both ends, in this process) get what
+// chooseLocalCongestion (tested in local_tcp_test.cpp) gives a loopback connection, or keep
+// the system's with "".
 TEST(SocketGroupTest, LocalConnectionsGetTheChosenCongestionControl) {
   const std::string system = systemCongestion();
   ASSERT_FALSE(system.empty()) << "no /proc/sys/net/ipv4/tcp_congestion_control";
-  auto [client, accepted] = loopbackPair();
-  EXPECT_EQ(chooseLocalCongestion(client, ""), system);
-  EXPECT_EQ(chooseLocalCongestion(client, "reno"), "reno");
-  EXPECT_EQ(chooseLocalCongestion(accepted, "no_such_algorithm"), "reno");
-  ::close(client);
-  ::close(accepted);
   const auto [client6, accepted6] = loopbackPair(AF_INET6);
   const bool ipv6 = client6 >= 0;
   if (ipv6) {
-    EXPECT_EQ(chooseLocalCongestion(client6, "reno"), "reno");
-    EXPECT_EQ(chooseLocalCongestion(accepted6, "reno"), "reno");
     ::close(client6);
     ::close(accepted6);
   }
-  int unix_pair[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, unix_pair), 0);
-  EXPECT_EQ(chooseLocalCongestion(unix_pair[0], "reno"), "");
-  ::close(unix_pair[0]);
-  ::close(unix_pair[1]);
-
-  // The group's own connections (both ends, in this process) get what the function gives
-  // a loopback connection, or keep the system's with "". Asked for: an algorithm the
-  // system does not use already, so that a group that set nothing shows; where the kernel
-  // refuses it and falls back to reno, which is also the system's, the two cannot be told
-  // apart here, but what the group set is still checked.
+  // Asked for: an algorithm the system does not use already, so that a group that set nothing
+  // shows; where the kernel refuses it and falls back to reno, which is also the system's, the two
+  // cannot be told apart here, but what the group set is still checked.
   const std::string wanted = system == "reno" ? "cubic" : "reno";
   std::string granted;
   {

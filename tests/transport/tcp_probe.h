@@ -1,17 +1,50 @@
-// What the transport tests read back from this process's TCP connections: the
-// congestion control each uses, and the system's default.
+// What the transport tests make and read back of this process's TCP connections: a
+// loopback pair, the congestion control each connection uses, and the system's default.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 
 namespace tandem::testing {
+
+// A connected loopback TCP pair over IPv4 or IPv6: {client, accepted}, or {-1, -1}
+// where the family has no loopback (a machine without IPv6).
+inline std::pair<int, int> loopbackPair(int family = AF_INET) {
+  sockaddr_storage here{};
+  socklen_t length = sizeof(here);
+  if (family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&here);
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_loopback;
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&here);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  }
+  const int listener = ::socket(family, SOCK_STREAM, 0);
+  const int client = ::socket(family, SOCK_STREAM, 0);
+  auto* address = reinterpret_cast<sockaddr*>(&here);
+  if (listener < 0 || client < 0 || ::bind(listener, address, length) != 0 ||
+      ::listen(listener, 1) != 0 || ::getsockname(listener, address, &length) != 0 ||
+      ::connect(client, address, length) != 0) {
+    for (int fd : {listener, client})
+      if (fd >= 0) ::close(fd);
+    EXPECT_EQ(family, AF_INET6) << "no IPv4 loopback connection";
+    return {-1, -1};
+  }
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  ::close(listener);
+  return {client, accepted};
+}
 
 // The congestion control of every connected TCP socket of this process, by descriptor.
 inline std::map<int, std::string> congestionOfConnectedTcpSockets() {
