@@ -49,6 +49,7 @@
 #include "benchmarks/bench_args.h"
 #include "core/spin.h"
 #include "transport/local_group.h"
+#include "transport/local_tcp.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_group.h"
 

@@ -31,7 +31,6 @@
 
 #include "core/pipeline/group.h"
 #include "transport/codec.h"
-#include "transport/local_tcp.h"  // chooseLocalCongestion, for local_congestion
 #include "transport/rendezvous.h"
 
 namespace tandem::transport {

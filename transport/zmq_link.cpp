@@ -105,9 +105,7 @@ void ZmqLink::tuneNewConnections() {
   // then the endpoint; a message's frames arrive together.
   zmq::message_t event, endpoint;
   while (connections_.recv(event, zmq::recv_flags::dontwait)) {
-    while (event.more() && connections_.recv(endpoint, zmq::recv_flags::dontwait) &&
-           endpoint.more()) {
-    }
+    if (event.more()) (void)connections_.recv(endpoint, zmq::recv_flags::dontwait);
     if (event.size() < 6) continue;
     uint16_t number = 0;
     int32_t fd = -1;

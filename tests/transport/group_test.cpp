@@ -28,6 +28,7 @@
 #include "tests/test_util.h"
 #include "tests/transport/tcp_probe.h"
 #include "transport/local_group.h"
+#include "transport/local_tcp.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_group.h"
 
