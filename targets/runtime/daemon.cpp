@@ -1,0 +1,214 @@
+#include "targets/runtime/daemon.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <variant>
+
+#include "core/error.h"
+#include "targets/runtime/channel_io.h"
+#include "targets/runtime/node_info.h"
+
+namespace tandem::runtime {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string hostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "node";
+  return buf;
+}
+
+}  // namespace
+
+bool isLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  boost::system::error_code ec;
+  const asio::ip::address a = asio::ip::make_address(host, ec);
+  return !ec && a.is_loopback();
+}
+
+struct Daemon::Impl {
+  explicit Impl(DaemonOptions o) : options(std::move(o)), acceptor(io) {
+    if (options.name.empty()) options.name = hostName();
+    if (options.handshake.build.empty()) options.handshake.build = buildName();
+    const Endpoint at = parseEndpoint(options.listen, /*allow_any_port=*/true);
+    boost::system::error_code ec;
+    tcp::resolver resolver(io);
+    const auto found = resolver.resolve(at.host, std::to_string(at.port), ec);
+    if (ec || found.empty())
+      throw IoError("cannot listen on " + at.str() + ": " +
+                    (ec ? ec.message() : std::string("no such address")));
+    const tcp::endpoint e = found.begin()->endpoint();
+    acceptor.open(e.protocol(), ec);
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind(e, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) throw IoError("cannot listen on " + at.str() + ": " + ec.message());
+    info = localNodeInfo(options.name);
+  }
+
+  void accept() {
+    auto conn_io = std::make_shared<std::unique_ptr<asio::io_context>>(
+        std::make_unique<asio::io_context>());
+    acceptor.async_accept(**conn_io, [this, conn_io](boost::system::error_code ec,
+                                                     tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || stopping) return;
+      if (ec) {
+        spdlog::warn("accepting a connection failed: {}", ec.message());
+        return accept();
+      }
+      std::lock_guard lock(mu);
+      conns.remove_if([](Conn& c) {
+        if (!c.done) return false;
+        c.thread.join();
+        return true;
+      });
+      const int active = static_cast<int>(conns.size());
+      if (active >= 2 * options.max_connections) {  // a flood: not even a thread for it
+        ++stats.refused;
+        boost::system::error_code ignored;
+        socket.close(ignored);
+        return accept();
+      }
+      Conn& c = conns.emplace_back();
+      c.thread = std::thread([this, &c, io = std::move(*conn_io), s = std::move(socket),
+                              busy = active >= options.max_connections]() mutable {
+        serve(std::move(io), std::move(s), busy);
+        c.done = true;
+      });
+      accept();
+    });
+  }
+
+  // One connection, on its own thread. Never throws: nothing a peer does ends the daemon.
+  void serve(std::unique_ptr<asio::io_context> conn_io, tcp::socket socket, bool busy) noexcept {
+    const std::string peer = peerName(socket);
+    try {
+      std::unique_ptr<Channel> channel;
+      try {
+        channel = acceptChannel(std::move(conn_io), std::move(socket), options.key,
+                                options.handshake, busy);
+      } catch (const Error& e) {
+        spdlog::warn("refused {}", e.what());
+        std::lock_guard lock(mu);
+        ++stats.refused;
+        return;
+      }
+      {
+        std::lock_guard lock(mu);
+        ++stats.accepted;
+      }
+      spdlog::info("{} connected ({})", peer, channel->peerHello().build);
+      NodeInfo now = info;
+      const NodeInfo fresh = localNodeInfo(options.name);
+      now.load = fresh.load;
+      now.free_memory_bytes = fresh.free_memory_bytes;
+      channel->send(now);
+      answer(*channel);
+    } catch (const std::exception& e) {
+      spdlog::warn("connection with {} ended: {}", peer, e.what());
+    }
+  }
+
+  void answer(Channel& channel) {
+    while (!stopping) {
+      std::optional<Message> m;
+      try {
+        m = channel.recv(200ms);
+      } catch (const FormatError& e) {
+        {
+          std::lock_guard lock(mu);
+          ++stats.bad_messages;
+        }
+        spdlog::warn("{}", e.what());
+        channel.send(ErrorReply{std::string(e.what()).substr(0, kMaxTextBytes)});
+        continue;
+      } catch (const IoError& e) {
+        spdlog::info("{}", e.what());
+        return;
+      }
+      if (!m) continue;
+      if (const auto* ping = std::get_if<Ping>(&*m)) {
+        const int64_t received = realtimeNs();
+        channel.send(Pong{ping->id, ping->sent_ns, received, realtimeNs()});
+      } else if (const auto* leave = std::get_if<Leave>(&*m)) {
+        spdlog::info("{} left: {}", channel.peer(), leave->reason);
+        channel.close();
+        return;
+      } else if (const auto* node = std::get_if<NodeInfo>(&*m)) {
+        spdlog::info("{} is {} ({})", channel.peer(), node->name, node->build);
+      } else {
+        {
+          std::lock_guard lock(mu);
+          ++stats.bad_messages;
+        }
+        spdlog::warn("{} sent an unexpected '{}' message", channel.peer(), messageName(*m));
+        channel.send(ErrorReply{std::string("unexpected '") + messageName(*m) + "' message"});
+      }
+    }
+    channel.send(Leave{"the daemon is stopping"});
+    channel.close(1s);
+  }
+
+  struct Conn {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  DaemonOptions options;
+  asio::io_context io;
+  tcp::acceptor acceptor;
+  NodeInfo info;  // gathered once; load and free memory are refreshed per connection
+  std::atomic<bool> stopping{false};
+  mutable std::mutex mu;  // conns, stats
+  std::list<Conn> conns;
+  DaemonStats stats;
+};
+
+Daemon::Daemon(DaemonOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+Daemon::~Daemon() {
+  stop();
+  std::lock_guard lock(impl_->mu);
+  for (Impl::Conn& c : impl_->conns)
+    if (c.thread.joinable()) c.thread.join();
+}
+
+Endpoint Daemon::endpoint() const {
+  const tcp::endpoint e = impl_->acceptor.local_endpoint();
+  return {e.address().to_string(), e.port()};
+}
+
+void Daemon::run() {
+  spdlog::info("tandemd {} ({}) listening on {} as node '{}'", impl_->info.build,
+               impl_->info.arch, endpoint().str(), impl_->options.name);
+  impl_->accept();
+  impl_->io.run();
+  std::list<Impl::Conn> conns;
+  {
+    std::lock_guard lock(impl_->mu);
+    conns.swap(impl_->conns);
+  }
+  for (Impl::Conn& c : conns) c.thread.join();
+}
+
+void Daemon::stop() {
+  impl_->stopping = true;
+  asio::post(impl_->io, [this] {
+    boost::system::error_code ignored;
+    impl_->acceptor.close(ignored);
+  });
+}
+
+DaemonStats Daemon::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace tandem::runtime

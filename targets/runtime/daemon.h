@@ -1,0 +1,62 @@
+// Daemon: the node daemon's server (`tandemd`), as a library so that tests run it in
+// one process. It listens on one TCP address, authenticates every connection
+// (handshake.h) on its own thread, then answers the peer: its NodeInfo first, then pongs
+// to pings, until the peer leaves or goes silent. A peer's bad message gets an error
+// reply and the connection lives on; a refused handshake is logged with the peer's
+// address and why. Nothing a peer sends ends the daemon.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "targets/runtime/cluster_key.h"
+#include "targets/runtime/handshake.h"
+
+namespace tandem::runtime {
+
+struct DaemonOptions {
+  std::string listen = "127.0.0.1:7600";  // HOST:PORT; port 0 takes a free one
+  ClusterKey key;
+  std::string name;  // the node's name (default: the host name)
+  HandshakeOptions handshake;
+  int max_connections = 16;  // beyond: refused as busy
+};
+
+// Counters, for the log and for tests.
+struct DaemonStats {
+  uint64_t accepted = 0;  // connections that passed the handshake
+  uint64_t refused = 0;   // handshakes refused or failed
+  uint64_t bad_messages = 0;
+};
+
+class Daemon {
+ public:
+  // Binds now: IoError naming the address if it cannot.
+  explicit Daemon(DaemonOptions options);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // The bound address (with the port taken when the options said 0).
+  Endpoint endpoint() const;
+  // Serves until stop(); every connection's thread is joined before it returns.
+  void run();
+  // Ends run(): from any thread, once or more.
+  void stop();
+  DaemonStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// True for loopback addresses (127.0.0.0/8, ::1, "localhost").
+bool isLoopbackHost(const std::string& host);
+
+}  // namespace tandem::runtime

@@ -1,0 +1,50 @@
+// Opening a control connection (docs/runtime.md, "Handshake"):
+//
+//   client -> server   hello {version, build, nonce_c}          in the clear
+//   server -> client   hello {version, build, nonce_s}          or refused {version, ...}
+//   client -> server   proof {HMAC(key, client label, both hellos)}
+//   server -> client   proof {HMAC(key, server label, both hellos)}  or refused {auth}
+//   then every frame sealed with the session keys (channel.h)
+//
+// Nothing but these four messages is read before both proofs check out, and at most
+// 1 KiB per frame: a peer without the key learns the protocol version and nothing else.
+// Fresh nonces on both sides bind each proof to its connection, so a recorded handshake
+// replayed on a new connection fails. Each step has a deadline.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/endpoint.h"
+#include "core/error.h"
+#include "targets/runtime/channel.h"
+#include "targets/runtime/cluster_key.h"
+
+namespace tandem::runtime {
+
+struct HandshakeOptions {
+  std::string build;  // this side's build, said in its hello
+  std::chrono::milliseconds timeout{5000};  // connecting, and each handshake message
+  ProtocolVersion version = kProtocolVersion;  // tests speak other versions with it
+  ChannelOptions channel;
+};
+
+// A peer turned us away, or we turned it away: the reason and the peer's words.
+class HandshakeRefused : public IoError {
+ public:
+  HandshakeRefused(Refusal reason, const std::string& what) : IoError(what), reason_(reason) {}
+  Refusal reason() const { return reason_; }
+
+ private:
+  Refusal reason_;
+};
+
+// Connects to `to` and proves the key both ways. IoError naming the address if it cannot
+// connect; HandshakeRefused with the daemon's reason (a version mismatch names both
+// versions); Timeout naming the step that took too long.
+std::unique_ptr<Channel> connectChannel(const Endpoint& to, const ClusterKey& key,
+                                        const HandshakeOptions& options);
+
+}  // namespace tandem::runtime

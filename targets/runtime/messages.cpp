@@ -1,0 +1,263 @@
+#include "targets/runtime/messages.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "targets/runtime/schema/control_generated.h"
+
+namespace tandem::runtime {
+
+namespace fb = tandem::control;
+
+namespace {
+
+// The largest message a peer may send: the biggest NodeInfo at its limits fits.
+constexpr size_t kMaxMessageBytes = size_t{1} << 20;
+
+[[noreturn]] void bad(const char* message, const std::string& what) {
+  throw FormatError(std::string("bad control message '") + message + "': " + what);
+}
+
+std::string text(const char* message, const char* field, const flatbuffers::String* s,
+                 size_t limit) {
+  if (!s) return {};
+  if (s->size() > limit)
+    bad(message, std::string(field) + " of " + std::to_string(s->size()) +
+                     " bytes exceeds the limit of " + std::to_string(limit));
+  return s->str();
+}
+
+template <size_t N>
+std::array<uint8_t, N> exactBytes(const char* message, const char* field,
+                                  const flatbuffers::Vector<uint8_t>* v) {
+  const size_t size = v ? v->size() : 0;
+  if (size != N)
+    bad(message, std::string(field) + " must be " + std::to_string(N) + " bytes, not " +
+                     std::to_string(size));
+  std::array<uint8_t, N> out{};
+  std::memcpy(out.data(), v->data(), N);
+  return out;
+}
+
+void nonNegative(const char* message, const char* field, int64_t v) {
+  if (v < 0) bad(message, std::string(field) + " is negative (" + std::to_string(v) + ")");
+}
+
+void checkText(const char* message, const char* field, const std::string& s, size_t limit) {
+  if (s.size() > limit)
+    throw InvalidArgument(std::string("control message '") + message + "': " + field + " of " +
+                          std::to_string(s.size()) + " bytes exceeds the limit of " +
+                          std::to_string(limit));
+}
+
+void checkCount(const char* message, const char* field, size_t n, size_t limit) {
+  if (n > limit)
+    throw InvalidArgument(std::string("control message '") + message + "': " +
+                          std::to_string(n) + " " + field + " exceed the limit of " +
+                          std::to_string(limit));
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Hello& m) {
+  checkText("hello", "build", m.build, kMaxNameBytes);
+  auto build = b.CreateString(m.build);
+  auto nonce = b.CreateVector(m.nonce.data(), m.nonce.size());
+  return fb::CreateHello(b, m.version.major, m.version.minor, m.version.patch, build, nonce)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Proof& m) {
+  return fb::CreateProof(b, b.CreateVector(m.mac.data(), m.mac.size())).Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Refused& m) {
+  checkText("refused", "message", m.message, kMaxTextBytes);
+  return fb::CreateRefused(b, static_cast<fb::Refusal>(m.reason), b.CreateString(m.message))
+      .Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const NodeInfo& m) {
+  checkText("node info", "name", m.name, kMaxNameBytes);
+  checkText("node info", "build", m.build, kMaxNameBytes);
+  checkText("node info", "arch", m.arch, kMaxNameBytes);
+  checkCount("node info", "devices", m.devices.size(), kMaxDevices);
+  checkCount("node info", "cached weights", m.cached_weights.size(), kMaxCachedWeights);
+  checkCount("node info", "datasets", m.datasets.size(), kMaxDatasets);
+  std::vector<flatbuffers::Offset<fb::Device>> devices;
+  for (const NodeDevice& d : m.devices) {
+    checkText("node info", "device id", d.id, kMaxNameBytes);
+    checkText("node info", "device name", d.name, kMaxNameBytes);
+    devices.push_back(fb::CreateDevice(b, b.CreateString(d.id), b.CreateString(d.name),
+                                       d.memory_bytes, d.compute_units, d.fp16));
+  }
+  for (const std::string& s : m.cached_weights) checkText("node info", "hash", s, kMaxNameBytes);
+  for (const std::string& s : m.datasets) checkText("node info", "dataset", s, kMaxNameBytes);
+  auto name = b.CreateString(m.name);
+  auto bld = b.CreateString(m.build);
+  auto arch = b.CreateString(m.arch);
+  auto devs = b.CreateVector(devices);
+  auto cached = b.CreateVectorOfStrings(m.cached_weights);
+  auto datasets = b.CreateVectorOfStrings(m.datasets);
+  return fb::CreateNodeInfo(b, name, bld, arch, m.cpus, m.memory_bytes, m.free_memory_bytes,
+                            m.load, devs, cached, datasets)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Ping& m) {
+  return fb::CreatePing(b, m.id, m.sent_ns).Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Pong& m) {
+  return fb::CreatePong(b, m.id, m.ping_sent_ns, m.received_ns, m.sent_ns).Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Leave& m) {
+  checkText("leave", "reason", m.reason, kMaxTextBytes);
+  return fb::CreateLeave(b, b.CreateString(m.reason)).Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const ErrorReply& m) {
+  checkText("error", "message", m.message, kMaxTextBytes);
+  return fb::CreateError(b, b.CreateString(m.message)).Union();
+}
+
+fb::Body bodyType(const Message& m) {
+  static constexpr fb::Body kTypes[] = {fb::Body_Hello, fb::Body_Proof, fb::Body_Refused,
+                                        fb::Body_NodeInfo, fb::Body_Ping, fb::Body_Pong,
+                                        fb::Body_Leave, fb::Body_Error};
+  static_assert(std::size(kTypes) == std::variant_size_v<Message>);
+  return kTypes[m.index()];
+}
+
+NodeInfo readNodeInfo(const fb::NodeInfo* n) {
+  const char* m = "node info";
+  NodeInfo out;
+  out.name = text(m, "name", n->name(), kMaxNameBytes);
+  out.build = text(m, "build", n->build(), kMaxNameBytes);
+  out.arch = text(m, "arch", n->arch(), kMaxNameBytes);
+  out.cpus = n->cpus();
+  if (out.cpus < 0) bad(m, "cpus is negative (" + std::to_string(out.cpus) + ")");
+  out.memory_bytes = n->memory_bytes();
+  out.free_memory_bytes = n->free_memory_bytes();
+  nonNegative(m, "memory_bytes", out.memory_bytes);
+  nonNegative(m, "free_memory_bytes", out.free_memory_bytes);
+  out.load = n->load();
+  if (!std::isfinite(out.load) || out.load < 0)
+    bad(m, "load " + std::to_string(out.load) + " is not a finite, non-negative number");
+  if (const auto* devices = n->devices()) {
+    if (devices->size() > kMaxDevices)
+      bad(m, std::to_string(devices->size()) + " devices exceed the limit of " +
+                 std::to_string(kMaxDevices));
+    for (const fb::Device* d : *devices) {
+      NodeDevice info;
+      info.id = text(m, "device id", d->id(), kMaxNameBytes);
+      info.name = text(m, "device name", d->name(), kMaxNameBytes);
+      info.memory_bytes = d->memory_bytes();
+      nonNegative(m, "device memory_bytes", info.memory_bytes);
+      info.compute_units = d->compute_units();
+      if (info.compute_units < 0) bad(m, "a device's compute_units is negative");
+      info.fp16 = d->fp16();
+      out.devices.push_back(std::move(info));
+    }
+  }
+  auto strings = [&](const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>* v,
+                     const char* field, size_t limit) {
+    std::vector<std::string> list;
+    if (!v) return list;
+    if (v->size() > limit)
+      bad(m, std::to_string(v->size()) + " " + field + " exceed the limit of " +
+                 std::to_string(limit));
+    for (const flatbuffers::String* s : *v) list.push_back(text(m, field, s, kMaxNameBytes));
+    return list;
+  };
+  out.cached_weights = strings(n->cached_weights(), "cached weights", kMaxCachedWeights);
+  out.datasets = strings(n->datasets(), "datasets", kMaxDatasets);
+  return out;
+}
+
+}  // namespace
+
+std::string ProtocolVersion::str() const {
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+const char* refusalName(Refusal r) {
+  switch (r) {
+    case Refusal::kBadMessage: return "bad message";
+    case Refusal::kVersion: return "version mismatch";
+    case Refusal::kAuth: return "authentication failed";
+    case Refusal::kBusy: return "busy";
+  }
+  return "?";
+}
+
+const char* messageName(const Message& m) {
+  static constexpr const char* kNames[] = {"hello", "proof", "refused", "node info",
+                                           "ping",  "pong",  "leave",   "error"};
+  return kNames[m.index()];
+}
+
+std::vector<uint8_t> encodeMessage(const Message& m) {
+  flatbuffers::FlatBufferBuilder b(256);
+  const auto body = std::visit([&](const auto& v) { return build(b, v); }, m);
+  fb::FinishMessageBuffer(b, fb::CreateMessage(b, bodyType(m), body));
+  return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
+}
+
+Message decodeMessage(std::span<const uint8_t> bytes) {
+  if (bytes.size() < 8)
+    throw FormatError("bad control message: " + std::to_string(bytes.size()) +
+                      " bytes is too short");
+  if (bytes.size() > kMaxMessageBytes)
+    throw FormatError("bad control message: " + std::to_string(bytes.size()) +
+                      " bytes exceeds the cap of " + std::to_string(kMaxMessageBytes));
+  // The verifier needs the buffer aligned as FlatBuffers lays it out; frames arrive in
+  // byte vectors at any offset, so copy into 8-byte-aligned storage.
+  std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
+  std::memcpy(aligned.data(), bytes.data(), bytes.size());
+  const auto* data = reinterpret_cast<const uint8_t*>(aligned.data());
+  if (!fb::MessageBufferHasIdentifier(data))
+    throw FormatError("bad control message: missing the 'TDC1' identifier");
+  flatbuffers::Verifier verifier(data, bytes.size(), /*max_depth=*/8, /*max_tables=*/8192);
+  if (!fb::VerifyMessageBuffer(verifier))
+    throw FormatError("bad control message: failed FlatBuffers verification");
+  const fb::Message* msg = fb::GetMessage(data);
+  switch (msg->body_type()) {
+    case fb::Body_Hello: {
+      const fb::Hello* h = msg->body_as_Hello();
+      Hello out;
+      out.version = {h->major(), h->minor(), h->patch()};
+      out.build = text("hello", "build", h->build(), kMaxNameBytes);
+      out.nonce = exactBytes<kNonceBytes>("hello", "nonce", h->nonce());
+      return out;
+    }
+    case fb::Body_Proof:
+      return Proof{exactBytes<kMacBytes>("proof", "mac", msg->body_as_Proof()->mac())};
+    case fb::Body_Refused: {
+      const fb::Refused* r = msg->body_as_Refused();
+      if (r->reason() < fb::Refusal_MIN || r->reason() > fb::Refusal_MAX)
+        bad("refused", "unknown reason " + std::to_string(r->reason()));
+      return Refused{static_cast<Refusal>(r->reason()),
+                     text("refused", "message", r->message(), kMaxTextBytes)};
+    }
+    case fb::Body_NodeInfo:
+      return readNodeInfo(msg->body_as_NodeInfo());
+    case fb::Body_Ping: {
+      const fb::Ping* p = msg->body_as_Ping();
+      return Ping{p->id(), p->sent_ns()};
+    }
+    case fb::Body_Pong: {
+      const fb::Pong* p = msg->body_as_Pong();
+      return Pong{p->id(), p->ping_sent_ns(), p->received_ns(), p->sent_ns()};
+    }
+    case fb::Body_Leave:
+      return Leave{text("leave", "reason", msg->body_as_Leave()->reason(), kMaxTextBytes)};
+    case fb::Body_Error:
+      return ErrorReply{text("error", "message", msg->body_as_Error()->message(), kMaxTextBytes)};
+    default:
+      throw FormatError("bad control message: unknown body type " +
+                        std::to_string(static_cast<int>(msg->body_type())));
+  }
+}
+
+}  // namespace tandem::runtime
