@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <set>
 
+#include "core/endpoint.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "core/yaml_reader.h"
@@ -92,6 +93,13 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
             node.host = r.get<std::string>(nkv.second, nkey, "a host name or address");
             if (node.host.empty() || node.host.find_first_of(" /:*") != std::string::npos)
               r.fail(nkv.second, "'" + node.host + "' is not a host name or address");
+          } else if (nkey == "address") {
+            const std::string text = r.get<std::string>(nkv.second, nkey, "HOST:PORT");
+            try {
+              node.address = parseEndpoint(text);
+            } catch (const InvalidArgument& e) {
+              r.fail(nkv.second, e.what());
+            }
           } else if (nkey == "profile") {
             node.profile = resolve(source, r.get<std::string>(nkv.second, nkey, "a file"));
           } else if (nkey == "devices") {
@@ -100,13 +108,19 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
             for (const YAML::Node& d : nkv.second) node.devices.push_back(parseDevice(r, d));
           } else {
             r.fail(nkv.first,
-                   "unknown node key '" + nkey + "' (expected name, host, profile, devices)");
+                   "unknown node key '" + nkey +
+                       "' (expected name, address, host, profile, devices)");
           }
         }
         if (node.name.empty()) r.fail(n, "the node has no 'name'");
+        if (node.address && !n["host"]) node.host = node.address->host;
         if (node.devices.empty()) r.fail(n, "node '" + node.name + "' has no 'devices'");
-        for (const ClusterNode& other : c.nodes)
+        for (const ClusterNode& other : c.nodes) {
           if (other.name == node.name) r.fail(n, "a second node named '" + node.name + "'");
+          if (node.address && other.address && node.address->str() == other.address->str())
+            r.fail(n["address"], "node '" + node.name + "' has the address of node '" +
+                                     other.name + "' (" + node.address->str() + ")");
+        }
         std::set<std::string> names;
         for (const ClusterDevice& d : node.devices)
           if (!names.insert(d.name).second)
@@ -139,8 +153,10 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
                  "unknown links key '" + lkey + "' (expected measured, local, default, between)");
         }
       }
+    } else if (key == "key") {
+      c.key = resolve(source, r.get<std::string>(v, key, "the cluster key file"));
     } else {
-      r.fail(kv.first, "unknown key '" + key + "' (expected nodes, links)");
+      r.fail(kv.first, "unknown key '" + key + "' (expected nodes, links, key)");
     }
   }
   if (c.nodes.empty()) throw InvalidArgument(source + ": the cluster has no 'nodes'");

@@ -2,9 +2,12 @@
 // the profiles measured on the nodes, makeProblem() turns one into the partitioner's
 // Problem.
 //
+//   key: cluster.key                 # the cluster key (`tandem keygen --cluster`)
 //   nodes:
 //     - name: edge
-//       host: 10.0.0.5               # where its processes listen (default 127.0.0.1)
+//       address: 10.0.0.5:7600       # its daemon, `tandemd --listen` (none: a local node)
+//       host: 10.0.0.5               # where its stages listen (default: the address's
+//                                    # host, else 127.0.0.1)
 //       profile: edge.json           # measured there by `tandem profile` (optional)
 //       devices:
 //         - {name: cpu, backend: cpu, threads: 2, memory: 1GiB}
@@ -31,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "core/endpoint.h"
 #include "core/model.h"
 #include "core/profile/profile.h"
 #include "partitioner/problem.h"
@@ -47,6 +51,7 @@ struct ClusterDevice {
 
 struct ClusterNode {
   std::string name, profile;
+  std::optional<Endpoint> address;  // its daemon's control address
   std::string host = "127.0.0.1";
   std::vector<ClusterDevice> devices;
   std::string where;
@@ -60,6 +65,7 @@ struct ClusterLink {
 
 struct Cluster {
   std::string source;
+  std::string key;  // the cluster key file, by path (empty: none named)
   std::vector<ClusterNode> nodes;
   std::optional<Link> local, fallback;  // `local` and `default`
   std::vector<ClusterLink> between;     // each both ways

@@ -31,6 +31,7 @@ void addDevices(CLI::App& app);
 void addProfile(CLI::App& app);
 void addPartition(CLI::App& app);
 void addKeygen(CLI::App& app);
+void addNodes(CLI::App& app);
 void addSchedule(CLI::App& app);
 void addRun(CLI::App& app);
 void addInfer(CLI::App& app);

@@ -1,4 +1,5 @@
-// tandem keygen: a CurveZMQ key pair for encrypted, authenticated links.
+// tandem keygen: a cluster key (--cluster: what every daemon and coordinator of a cluster
+// shares, targets/runtime/cluster_key.h), or a CurveZMQ key pair for encrypted links.
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -6,6 +7,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "targets/runtime/cluster_key.h"
 #include "targets/tandem/commands.h"
 #include "transport/zmq_link.h"
 
@@ -13,9 +15,22 @@ namespace tandem::cli {
 
 void addKeygen(CLI::App& app) {
   auto prefix = std::make_shared<std::string>();
-  CLI::App* c = app.add_subcommand("keygen", "Make a CurveZMQ key pair (PREFIX.key, PREFIX.pub)");
-  c->add_option("--out", *prefix, "Path prefix of the two key files")->required();
-  c->callback([prefix] {
+  auto cluster = std::make_shared<bool>(false);
+  CLI::App* c = app.add_subcommand(
+      "keygen", "Make a cluster key (--cluster: PREFIX.key) or a CurveZMQ key pair (PREFIX.key, "
+                "PREFIX.pub)");
+  c->add_option("--out", *prefix, "Path prefix of the key file(s)")->required();
+  c->add_flag("--cluster", *cluster,
+              "A cluster key: every daemon and coordinator of the cluster is given this file");
+  c->callback([prefix, cluster] {
+    if (*cluster) {
+      const std::string path = *prefix + ".key";
+      runtime::writeClusterKey(runtime::generateClusterKey(), path);
+      std::printf("wrote %s (cluster key, mode 0600): give it to every node's tandemd (--key) "
+                  "and name it in the cluster file (key: %s)\n",
+                  path.c_str(), path.c_str());
+      return;
+    }
     const transport::CurveKeyPair keys = transport::generateCurveKeyPair();
     const std::string secret = *prefix + ".key", pub = *prefix + ".pub";
     {

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   tandem::cli::addProfile(app);
   tandem::cli::addPartition(app);
   tandem::cli::addKeygen(app);
+  tandem::cli::addNodes(app);
   tandem::cli::addSchedule(app);
   tandem::cli::addRun(app);
   tandem::cli::addInfer(app);
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
     } catch (const CLI::OptionNotFound&) {
       std::cerr << "error: unknown command '" << argv[1]
                 << "' (commands: train, run, infer, eval, inspect, devices, profile, partition, "
-                   "schedule, keygen, stage, link-agent; see --help)\n";
+                   "schedule, keygen, nodes, stage, link-agent; see --help)\n";
       return 2;
     }
   }

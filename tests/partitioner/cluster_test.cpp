@@ -177,6 +177,25 @@ TEST(ClusterTest, TheLossJoinsTheLastLayerWhenTraining) {
   EXPECT_DOUBLE_EQ(serve.devices[0].forward_s.back(), 2 * last);
 }
 
+TEST(ClusterTest, NodesMayNameTheirDaemonsAndTheClusterItsKey) {
+  const Cluster c = parseCluster(
+      "key: keys/c.key\n"
+      "nodes:\n"
+      "  - {name: edge, address: '10.0.0.5:7600', devices: [{backend: cpu}]}\n"
+      "  - {name: v6, address: '[::1]:7601', devices: [{backend: cpu}]}\n"
+      "  - {name: here, devices: [{backend: cpu}]}\n",
+      "conf/c.yaml");
+  EXPECT_EQ(c.key, "conf/keys/c.key");  // relative to the cluster file
+  ASSERT_TRUE(c.nodes[0].address.has_value());
+  EXPECT_EQ(c.nodes[0].address->host, "10.0.0.5");
+  EXPECT_EQ(c.nodes[0].address->port, 7600);
+  EXPECT_EQ(c.nodes[0].host, "10.0.0.5");  // its stages listen where its daemon does
+  EXPECT_EQ(c.nodes[1].address->host, "::1");
+  EXPECT_EQ(c.nodes[1].address->str(), "[::1]:7601");
+  EXPECT_FALSE(c.nodes[2].address.has_value());
+  EXPECT_EQ(c.nodes[2].host, "127.0.0.1");
+}
+
 TEST(ClusterTest, MalformedFilesNameTheLine) {
   struct Case {
     const char* yaml;
@@ -200,6 +219,17 @@ TEST(ClusterTest, MalformedFilesNameTheLine) {
        {"c.yaml:1:25", "'tcp://x:1' is not a host name or address"}},
       {"nodes: [{name: a, devices: [{backend: cpu}]}]\nlinks: {measured: [a]}\n",
        {"c.yaml:2:19", "'measured' must be"}},
+      {"nodes: [{name: a, address: 'host', devices: [{backend: cpu}]}]\n",
+       {"c.yaml:1:28", "'host' is not an address HOST:PORT"}},
+      {"nodes: [{name: a, address: 'h:99999', devices: [{backend: cpu}]}]\n",
+       {"c.yaml:1:28", "port must be a number from 1 to 65535"}},
+      {"nodes: [{name: a, address: '::1:80', devices: [{backend: cpu}]}]\n",
+       {"c.yaml:1:28", "IPv6 host goes in [brackets]"}},
+      {"nodes:\n  - {name: a, address: 'h:1', devices: [{backend: cpu}]}\n"
+       "  - {name: b, address: 'h:1', devices: [{backend: cpu}]}\n",
+       {"c.yaml:3:24", "node 'b' has the address of node 'a' (h:1)"}},
+      {"nodes: [{name: a, adress: 'h:1', devices: [{backend: cpu}]}]\n",
+       {"c.yaml:1:19", "unknown node key 'adress'", "expected name, address"}},
   };
   for (const Case& c : cases)
     expectThrowWith<InvalidArgument>([&] { parseCluster(c.yaml, "c.yaml"); }, c.expect);

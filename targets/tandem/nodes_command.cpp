@@ -1,0 +1,121 @@
+// tandem nodes: asks every node daemon of a cluster file who it is — its build and
+// protocol version, devices, memory, load, cached models — and measures the round trip
+// and clock offset to it. Nodes are asked at once, so an unreachable one costs the
+// timeout once. Exit 1 if any node could not be asked.
+#include <cstdio>
+#include <future>
+#include <memory>
+
+#include "core/error.h"
+#include "partitioner/cluster.h"
+#include "targets/runtime/handshake.h"
+#include "targets/runtime/node_info.h"
+#include "targets/tandem/commands.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct NodesArgs {
+  std::string cluster, key;
+  double timeout_s = 5;
+};
+
+struct Answer {
+  runtime::NodeInfo info;
+  runtime::ProtocolVersion version;
+  runtime::ClockEstimate clock;
+};
+
+Answer ask(const Endpoint& at, const runtime::ClusterKey& key, std::chrono::milliseconds timeout) {
+  runtime::HandshakeOptions o;
+  o.build = runtime::buildName();
+  o.timeout = timeout;
+  std::unique_ptr<runtime::Channel> c = runtime::connectChannel(at, key, o);
+  Answer a;
+  a.version = c->peerHello().version;
+  const std::optional<runtime::Message> first = c->recv(timeout);
+  if (!first) throw Timeout(at.str() + " did not say who it is within the timeout");
+  const auto* info = std::get_if<runtime::NodeInfo>(&*first);
+  if (!info)
+    throw FormatError(at.str() + " sent '" + runtime::messageName(*first) +
+                      "' where its node info was due");
+  a.info = *info;
+  c->send(runtime::NodeInfo{"tandem nodes", runtime::buildName(), "", 0, 0, 0, 0, {}, {}, {}});
+  a.clock = runtime::estimateClock(*c, 8, timeout);
+  c->send(runtime::Leave{"done asking"});
+  c->close();
+  return a;
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / (1 << 30));
+  return buf;
+}
+
+int runNodes(const NodesArgs& a) {
+  const partitioner::Cluster cluster = partitioner::loadCluster(a.cluster);
+  const std::string key_file = a.key.empty() ? cluster.key : a.key;
+  bool any_address = false;
+  for (const auto& n : cluster.nodes) any_address = any_address || n.address.has_value();
+  if (!any_address)
+    throw InvalidArgument(a.cluster + ": no node has an 'address' (HOST:PORT of its tandemd)");
+  if (key_file.empty())
+    throw InvalidArgument("no cluster key: give --key FILE, or `key: FILE` in " + a.cluster);
+  const runtime::ClusterKey key = runtime::readClusterKey(key_file);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  std::vector<std::future<Answer>> answers;
+  for (const auto& n : cluster.nodes)
+    answers.push_back(n.address ? std::async(std::launch::async, ask, *n.address, key, timeout)
+                                : std::future<Answer>());
+  std::printf("%-12s %-22s %-14s %-8s %4s %15s %5s %8s %10s\n", "node", "address", "build",
+              "arch", "cpus", "memory free/GiB", "load", "rtt ms", "clock ms");
+  int failed = 0;
+  for (size_t i = 0; i < cluster.nodes.size(); ++i) {
+    const auto& n = cluster.nodes[i];
+    if (!n.address) {
+      std::printf("%-12s %-22s (no address: a node on this machine)\n", n.name.c_str(), "-");
+      continue;
+    }
+    try {
+      const Answer r = answers[i].get();
+      const std::string mem = gib(r.info.free_memory_bytes) + "/" + gib(r.info.memory_bytes);
+      std::printf("%-12s %-22s %-14s %-8s %4d %15s %5.2f %8.3f %+10.3f\n", n.name.c_str(),
+                  n.address->str().c_str(), r.info.build.c_str(), r.info.arch.c_str(), r.info.cpus,
+                  mem.c_str(), r.info.load, r.clock.rtt_s * 1e3, r.clock.offset_s * 1e3);
+      std::printf("  protocol %s, node name '%s'\n", r.version.str().c_str(),
+                  r.info.name.c_str());
+      for (const auto& d : r.info.devices)
+        std::printf("  device %-10s %s, %d compute units, %s GiB%s\n", d.id.c_str(),
+                    d.name.c_str(), d.compute_units, gib(d.memory_bytes).c_str(),
+                    d.fp16 ? ", fp16" : "");
+      std::printf("  cached models: %zu\n", r.info.cached_weights.size());
+    } catch (const Error& e) {
+      ++failed;
+      std::printf("%-12s %-22s unreachable: %s\n", n.name.c_str(), n.address->str().c_str(),
+                  e.what());
+    }
+  }
+  std::fflush(stdout);
+  if (failed > 0)
+    throw Error(std::to_string(failed) + " of the cluster's nodes could not be asked (see above)");
+  return 0;
+}
+
+}  // namespace
+
+void addNodes(CLI::App& app) {
+  auto a = std::make_shared<NodesArgs>();
+  CLI::App* c = app.add_subcommand(
+      "nodes", "Ask each node daemon of a cluster: build, devices, memory, load, round trip");
+  c->add_option("--cluster", a->cluster, "Cluster file whose nodes have an `address`")
+      ->required();
+  c->add_option("--key", a->key, "Cluster key file (default: the cluster file's `key`)");
+  c->add_option("--timeout", a->timeout_s, "Seconds to wait for each node")
+      ->check(positiveNumber())
+      ->capture_default_str();
+  c->callback([a] { runNodes(*a); });
+}
+
+}  // namespace tandem::cli

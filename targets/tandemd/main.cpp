@@ -1,0 +1,94 @@
+// tandemd: the node daemon. Listens for coordinators (`tandem run`, `tandem nodes`) on one
+// TCP address, authenticates each on the cluster key, and answers them
+// (targets/runtime/daemon.h). SIGTERM or SIGINT: it says goodbye to connected peers and
+// exits 0. Exit codes: 0 stopped by a signal, 1 could not start (address, key), 2 usage.
+#include <fcntl.h>
+#include <unistd.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "core/error.h"
+#include "targets/runtime/daemon.h"
+#include "targets/runtime/handshake.h"
+#include "targets/runtime/node_info.h"
+
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void onSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = write(g_signal_pipe[1], &byte, 1);  // async-signal-safe
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tandem::runtime;
+  CLI::App app{"tandemd: the tandem node daemon"};
+  app.set_version_flag("--version", buildName());
+  std::string listen = "127.0.0.1:7600", key_file, name;
+  app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)")
+      ->capture_default_str();
+  app.add_option("--key", key_file, "The cluster key file (`tandem keygen --cluster`)")
+      ->required();
+  app.add_option("--name", name, "This node's name (default: the host name)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tandemd"));
+  spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
+
+  // SIGTERM and SIGINT only write their number to a pipe, whichever thread they land on
+  // (libraries such as OpenBLAS start threads before main, so no mask covers them all);
+  // one thread reads it and stops the daemon.
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    std::cerr << "tandemd: error: cannot make a pipe for signals\n";
+    return 1;
+  }
+  struct sigaction action {};
+  action.sa_handler = onSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    DaemonOptions o;
+    o.listen = listen;
+    o.key = readClusterKey(key_file);
+    o.name = name;
+    Daemon daemon(o);
+    const tandem::Endpoint at = daemon.endpoint();
+    if (!isLoopbackHost(at.host))
+      spdlog::warn(
+          "listening on {}, which other machines can reach: every connection must prove the "
+          "cluster key and is encrypted with it; keep {} secret",
+          at.str(), key_file);
+    // The bound address on stdout, for scripts that asked for port 0.
+    std::cout << "listening " << at.str() << std::endl;
+    std::thread waiter([&] {
+      unsigned char sig = 0;
+      while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+      }
+      spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      daemon.stop();
+    });
+    daemon.run();
+    // run() returns only after stop(), which only the waiter calls.
+    waiter.join();
+    spdlog::info("stopped");
+    return 0;
+  } catch (const tandem::Error& e) {
+    std::cerr << "tandemd: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,195 @@
+// tandemd and the commands that talk to it, as processes: `tandem keygen --cluster`, a
+// daemon on a free loopback port, `tandem nodes` against it (and against a node that is
+// not there, and with the wrong key), and SIGTERM ending the daemon cleanly.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "tests/test_util.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Ran {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Ran run(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A tandemd child process on a free loopback port, its log in a file; stopped (SIGKILL
+// if still running) when destroyed.
+class DaemonProcess {
+ public:
+  DaemonProcess(const std::string& dir, const std::string& key, const std::string& name)
+      : log_(dir + "/" + name + ".log") {
+    int out[2];
+    EXPECT_EQ(pipe(out), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      const int err = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(err, STDERR_FILENO);
+      execl(TANDEMD, TANDEMD, "--listen", "127.0.0.1:0", "--key", key.c_str(), "--name",
+            name.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    // Its first stdout line: "listening HOST:PORT".
+    std::string line;
+    char c;
+    while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
+    close(out[0]);
+    const auto colon = line.rfind(':');
+    if (line.rfind("listening ", 0) == 0 && colon != std::string::npos)
+      address_ = line.substr(10);
+    EXPECT_FALSE(address_.empty()) << "tandemd said '" << line << "'; its log:\n" << slurp(log_);
+  }
+  ~DaemonProcess() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  const std::string& address() const { return address_; }
+  std::string log() const { return slurp(log_); }
+  // SIGTERM, then its exit code (-1 if it had to be killed after 10 s).
+  int terminate() {
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 1000; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+ private:
+  std::string log_, address_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+const std::string kCli = TANDEM_CLI;
+
+TEST(TandemdTest, KeygenMakesAClusterKeyOnlyItsOwnerReads) {
+  const std::string dir = tandem::testing::freshDir("keygen");
+  const Ran r = run(kCli + " keygen --cluster --out " + dir + "/c");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cluster key, mode 0600"), std::string::npos) << r.out;
+  struct stat st {};
+  ASSERT_EQ(stat((dir + "/c.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::string text = slurp(dir + "/c.key");
+  EXPECT_EQ(text.size(), 65u);
+  EXPECT_EQ(text.find_first_not_of("0123456789abcdef\n"), std::string::npos) << text;
+}
+
+TEST(TandemdTest, BadStartsExitWithTheirCode) {
+  const std::string dir = tandem::testing::freshDir("tandemd");
+  ASSERT_EQ(run(kCli + " keygen --cluster --out " + dir + "/c").code, 0);
+  Ran r = run(std::string(TANDEMD) + " --listen 127.0.0.1:0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--key is required"), std::string::npos) << r.out;
+  r = run(std::string(TANDEMD) + " --listen nowhere --key " + dir + "/c.key");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("'nowhere' is not an address HOST:PORT"), std::string::npos) << r.out;
+  chmod((dir + "/c.key").c_str(), 0644);
+  r = run(std::string(TANDEMD) + " --listen 127.0.0.1:0 --key " + dir + "/c.key");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("chmod 600"), std::string::npos) << r.out;
+}
+
+TEST(TandemdTest, NodesAsksEachDaemonAndNamesTheOnesItCannotReach) {
+  const std::string dir = tandem::testing::freshDir("nodes");
+  ASSERT_EQ(run(kCli + " keygen --cluster --out " + dir + "/c").code, 0);
+  ASSERT_EQ(run(kCli + " keygen --cluster --out " + dir + "/other").code, 0);
+  DaemonProcess alpha(dir, dir + "/c.key", "alpha");
+  ASSERT_FALSE(alpha.address().empty());
+  std::ofstream(dir + "/cluster.yaml") << "key: c.key\n"
+                                       << "nodes:\n"
+                                       << "  - name: alpha\n"
+                                       << "    address: " << alpha.address() << "\n"
+                                       << "    devices: [{backend: cpu}]\n"
+                                       << "  - name: gone\n"
+                                       << "    address: 127.0.0.1:1\n"
+                                       << "    devices: [{backend: cpu}]\n"
+                                       << "  - name: here\n"
+                                       << "    devices: [{backend: cpu}]\n";
+  Ran r = run(kCli + " nodes --cluster " + dir + "/cluster.yaml --timeout 5");
+  EXPECT_EQ(r.code, 1) << r.out;  // one node could not be asked
+  EXPECT_NE(r.out.find("alpha        " + alpha.address()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tandem 0.1.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("protocol 1.0.0, node name 'alpha'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("device cpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gone         127.0.0.1:1            unreachable: cannot reach the node "
+                       "at 127.0.0.1:1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("here         -                      (no address"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("1 of the cluster's nodes could not be asked"), std::string::npos) << r.out;
+
+  // The wrong key: refused, and the daemon logs it and serves on.
+  r = run(kCli + " nodes --cluster " + dir + "/cluster.yaml --key " + dir + "/other.key");
+  EXPECT_NE(r.out.find("alpha        " + alpha.address() + "        unreachable: the node at " +
+                       alpha.address() + " refused us (authentication failed)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(alpha.log().find("authentication failed: the proof does not match"),
+            std::string::npos)
+      << alpha.log();
+  std::ofstream(dir + "/one.yaml") << "key: c.key\nnodes:\n  - name: alpha\n    address: "
+                                   << alpha.address() << "\n    devices: [{backend: cpu}]\n";
+  r = run(kCli + " nodes --cluster " + dir + "/one.yaml");
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  EXPECT_EQ(alpha.terminate(), 0) << alpha.log();
+  EXPECT_NE(alpha.log().find("SIGTERM: stopping"), std::string::npos) << alpha.log();
+  EXPECT_NE(alpha.log().find("stopped"), std::string::npos) << alpha.log();
+}
+
+TEST(TandemdTest, NodesSaysWhatItLacks) {
+  const std::string dir = tandem::testing::freshDir("nodes");
+  std::ofstream(dir + "/local.yaml") << "nodes: [{name: a, devices: [{backend: cpu}]}]\n";
+  Ran r = run(kCli + " nodes --cluster " + dir + "/local.yaml");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("no node has an 'address'"), std::string::npos) << r.out;
+  std::ofstream(dir + "/nokey.yaml") << "nodes: [{name: a, address: 'h:1', devices: [{}]}]\n";
+  r = run(kCli + " nodes --cluster " + dir + "/nokey.yaml");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("no cluster key: give --key FILE, or `key: FILE`"), std::string::npos)
+      << r.out;
+}
+
+}  // namespace
