@@ -222,6 +222,11 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
   if (!fb::VerifyMessageBuffer(verifier))
     throw FormatError("bad control message: failed FlatBuffers verification");
   const fb::Message* msg = fb::GetMessage(data);
+  // The verifier lets a union's value be absent while its type is set (found by the
+  // fuzzer): every body_as_* below would be null.
+  if (msg->body_type() != fb::Body_NONE && !msg->body())
+    throw FormatError("bad control message: a '" +
+                      std::string(fb::EnumNameBody(msg->body_type())) + "' without its body");
   switch (msg->body_type()) {
     case fb::Body_Hello: {
       const fb::Hello* h = msg->body_as_Hello();

@@ -1,0 +1,33 @@
+// Writes a seed corpus of valid control messages (one of each kind) for
+// control_message_fuzz into the directory given as the only argument.
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "targets/runtime/messages.h"
+
+int main(int argc, char** argv) {
+  using namespace tandem::runtime;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  Hello hello{kProtocolVersion, "tandem 0.1.0", {}};
+  hello.nonce.fill(7);
+  Proof proof;
+  proof.mac.fill(9);
+  NodeInfo node{"edge", "tandem 0.1.0", "aarch64", 4, 1 << 30, 1 << 29, 0.5f,
+                {{"cpu", "Cortex-A72", 1 << 30, 4, false}, {"opencl:0", "GPU", 1 << 28, 8, true}},
+                {"00ff"}, {"fashion-mnist"}};
+  const Message all[] = {hello,        proof,      Refused{Refusal::kAuth, "no"}, node,
+                         Ping{1, 2},   Pong{1, 2, 3, 4}, Leave{"bye"},          ErrorReply{"what"}};
+  int n = 0;
+  for (const Message& m : all) {
+    const auto bytes = encodeMessage(m);
+    std::ofstream(std::string(argv[1]) + "/seed-" + std::to_string(n++), std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+  }
+  std::printf("wrote %d seeds to %s\n", n, argv[1]);
+  return 0;
+}
