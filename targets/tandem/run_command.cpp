@@ -234,7 +234,14 @@ int runJob(const RunArgs& args) {
   const std::string& timeline = args.timeline;
   const bool spans_wanted = args.infer || !timeline.empty();
   const JobSpec job = loadJobSpec(path);
-  if (!job.save.empty() && !args.infer) checkWritable(job.save, "model file");
+  if (!job.save.empty() && !args.infer) {  // its folder is made, as --timeline's is
+    const std::filesystem::path dir = std::filesystem::path(job.save).parent_path();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+    TANDEM_CHECK_MSG(!ec, IoError,
+                     "cannot make the folder of save: '" << dir.string() << "': " << ec.message());
+    checkWritable(job.save, "model file");
+  }
   if (!timeline.empty()) {  // made now, so that a path that cannot be one is named at once
     std::error_code ec;
     std::filesystem::create_directories(timeline, ec);

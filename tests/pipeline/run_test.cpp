@@ -200,7 +200,9 @@ TEST(RunTest, ReplicatedStagesMatchSingleDeviceAccumulationWithinRounding) {
   const Dataset train = loadFashionMnist(kFashionMnistDir, true, train_limit);
   const Reference want = singleDevice(train, batch, m);
 
-  const std::string model = ::testing::TempDir() + "/run_hybrid.tdm";
+  // `save:` in a folder that does not exist yet: the run makes it.
+  const std::string out_dir = ::testing::TempDir() + "/run_hybrid_out";
+  const std::string model = out_dir + "/nested/run_hybrid.tdm";
   const std::string timeline = ::testing::TempDir() + "/run_hybrid_timeline";
   struct Config {
     const char *partition, *schedule, *transport, *rows;
@@ -214,7 +216,7 @@ TEST(RunTest, ReplicatedStagesMatchSingleDeviceAccumulationWithinRounding) {
          << "\nmicrobatches: " << m << "\nschedule: " << c.schedule
          << "\ntransport: " << c.transport << "\npartition: " << c.partition
          << "\nseed: 3\nsave: " << model << "\n";
-    std::filesystem::remove(model);
+    std::filesystem::remove_all(out_dir);
     std::filesystem::remove_all(timeline);
     RunProcess run(writeJob("run_hybrid", body.str()), {"--timeline", timeline});
     ASSERT_EQ(run.wait(120s), 0) << c.partition << "\n" << run.output();
