@@ -19,6 +19,7 @@ struct OptimizerOptions {
   bool nesterov = false;                            // sgd
   float weight_decay = 0.0f;                        // sgd: L2; adamw: decoupled
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
+  bool operator==(const OptimizerOptions&) const = default;
 };
 
 // Checks ranges and the kind; throws InvalidArgument naming the bad field.

@@ -90,6 +90,7 @@ struct StageCounters {
   double allreduce_s = 0;  // replicas: summing gradients (and the last stage's loss)
   int64_t peak_stash = 0;  // most microbatches forwarded and not yet backward
   int64_t microbatches = 0;
+  bool operator==(const StageCounters&) const = default;
 };
 
 struct Span {
@@ -98,6 +99,7 @@ struct Span {
   // Seconds on the steady clock (CLOCK_MONOTONIC on Linux: one clock for every process
   // of the machine, so stage processes' spans line up).
   double start_s, end_s;
+  bool operator==(const Span&) const = default;
 };
 
 class StageExecutor {

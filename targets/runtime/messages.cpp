@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "targets/runtime/schema/control_generated.h"
+#include "targets/runtime/message_codec.h"
 
 namespace tandem::runtime {
 
@@ -12,51 +12,11 @@ namespace fb = tandem::control;
 
 namespace {
 
-// The largest message a peer may send: the biggest NodeInfo at its limits fits.
-constexpr size_t kMaxMessageBytes = size_t{1} << 20;
+// The largest message a peer may send: a model slice or weights up to the channel's
+// 16 MiB limit fit.
+constexpr size_t kMaxMessageBytes = size_t{64} << 20;
 
-[[noreturn]] void bad(const char* message, const std::string& what) {
-  throw FormatError(std::string("bad control message '") + message + "': " + what);
-}
-
-std::string text(const char* message, const char* field, const flatbuffers::String* s,
-                 size_t limit) {
-  if (!s) return {};
-  if (s->size() > limit)
-    bad(message, std::string(field) + " of " + std::to_string(s->size()) +
-                     " bytes exceeds the limit of " + std::to_string(limit));
-  return s->str();
-}
-
-template <size_t N>
-std::array<uint8_t, N> exactBytes(const char* message, const char* field,
-                                  const flatbuffers::Vector<uint8_t>* v) {
-  const size_t size = v ? v->size() : 0;
-  if (size != N)
-    bad(message, std::string(field) + " must be " + std::to_string(N) + " bytes, not " +
-                     std::to_string(size));
-  std::array<uint8_t, N> out{};
-  std::memcpy(out.data(), v->data(), N);
-  return out;
-}
-
-void nonNegative(const char* message, const char* field, int64_t v) {
-  if (v < 0) bad(message, std::string(field) + " is negative (" + std::to_string(v) + ")");
-}
-
-void checkText(const char* message, const char* field, const std::string& s, size_t limit) {
-  if (s.size() > limit)
-    throw InvalidArgument(std::string("control message '") + message + "': " + field + " of " +
-                          std::to_string(s.size()) + " bytes exceeds the limit of " +
-                          std::to_string(limit));
-}
-
-void checkCount(const char* message, const char* field, size_t n, size_t limit) {
-  if (n > limit)
-    throw InvalidArgument(std::string("control message '") + message + "': " +
-                          std::to_string(n) + " " + field + " exceed the limit of " +
-                          std::to_string(limit));
-}
+using namespace detail;
 
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Hello& m) {
   checkText("hello", "build", m.build, kMaxNameBytes);
@@ -122,9 +82,12 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const ErrorRe
 }
 
 fb::Body bodyType(const Message& m) {
-  static constexpr fb::Body kTypes[] = {fb::Body_Hello, fb::Body_Proof, fb::Body_Refused,
-                                        fb::Body_NodeInfo, fb::Body_Ping, fb::Body_Pong,
-                                        fb::Body_Leave, fb::Body_Error};
+  static constexpr fb::Body kTypes[] = {
+      fb::Body_Hello,     fb::Body_Proof,          fb::Body_Refused,        fb::Body_NodeInfo,
+      fb::Body_Ping,      fb::Body_Pong,           fb::Body_Leave,          fb::Body_Error,
+      fb::Body_WorkerHello, fb::Body_Assign,    fb::Body_Ready,          fb::Body_Start,          fb::Body_GroupAddress,
+      fb::Body_GroupAddresses, fb::Body_Progress,  fb::Body_EpochDone,      fb::Body_InferDone,
+      fb::Body_StageReport,    fb::Body_Failed};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -192,8 +155,12 @@ const char* refusalName(Refusal r) {
 }
 
 const char* messageName(const Message& m) {
-  static constexpr const char* kNames[] = {"hello", "proof", "refused", "node info",
-                                           "ping",  "pong",  "leave",   "error"};
+  static constexpr const char* kNames[] = {
+      "hello",  "proof", "refused",       "node info",       "ping",     "pong",
+      "leave",  "error", "worker hello", "assign",        "ready",           "start",    "group address",
+      "group addresses", "progress",      "epoch done",      "infer done", "stage report",
+      "failed"};
+  static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
 
@@ -259,6 +226,18 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
       return Leave{text("leave", "reason", msg->body_as_Leave()->reason(), kMaxTextBytes)};
     case fb::Body_Error:
       return ErrorReply{text("error", "message", msg->body_as_Error()->message(), kMaxTextBytes)};
+    case fb::Body_WorkerHello:
+    case fb::Body_Assign:
+    case fb::Body_Ready:
+    case fb::Body_Start:
+    case fb::Body_GroupAddress:
+    case fb::Body_GroupAddresses:
+    case fb::Body_Progress:
+    case fb::Body_EpochDone:
+    case fb::Body_InferDone:
+    case fb::Body_StageReport:
+    case fb::Body_Failed:
+      return readStageMessage(msg);
     default:
       throw FormatError("bad control message: unknown body type " +
                         std::to_string(static_cast<int>(msg->body_type())));

@@ -1,4 +1,6 @@
-// Control messages as typed values, and their FlatBuffers form (schema/control.fbs).
+// Control messages as typed values, and their FlatBuffers form (schema/control.fbs):
+// those of the handshake and of a node daemon (encoded in messages.cpp) and those between
+// a coordinator and a stage worker (stage_messages.cpp).
 // decodeMessage treats its input as hostile: the FlatBuffers Verifier first, then every
 // field against the limits below; anything else raises FormatError naming the message
 // and the field. encodeMessage(decodeMessage(b)) decodes to an equal value.
@@ -10,6 +12,10 @@
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "core/optimizer.h"
+#include "core/pipeline/executor.h"
+#include "core/pipeline/schedule.h"
 
 namespace tandem::runtime {
 
@@ -94,7 +100,99 @@ struct ErrorReply {
   bool operator==(const ErrorReply&) const = default;
 };
 
-using Message = std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply>;
+// --- between a coordinator and a stage worker (stage_worker.h) ---------------------
+
+inline constexpr size_t kMaxModelSpecBytes = size_t{1} << 20;
+inline constexpr size_t kMaxEndpointBytes = 256;
+inline constexpr int kMaxStages = 1024;
+inline constexpr int kMaxReplicas = 64;
+inline constexpr size_t kMaxSpans = size_t{1} << 20;
+
+// One stage worker's whole task (schema/control.fbs, table Assign).
+struct Assign {
+  std::string job, model_spec;
+  int32_t stage = 0, stages = 1, replica = 0, replicas = 1, prev_replicas = 0, next_replicas = 0;
+  int64_t layer_begin = 0, layer_end = 1;
+  std::string device = "cpu";
+  int32_t threads = 1;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int64_t microbatches = 1, batch = 1, epochs = 1;
+  uint64_t seed = 1;
+  bool recompute = false;
+  OptimizerOptions optimizer;
+  std::string activation_codec = "fp32", gradient_codec = "fp32", data = "fashion-mnist";
+  int64_t train_limit = 0, test_limit = 0, timeout_s = 60;
+  bool infer = false, record_spans = false, save = false;
+  std::string bind_host = "127.0.0.1";
+  std::string transport = "tcp", data_dir;
+  std::vector<uint8_t> weights;  // a model file, or empty
+  bool operator==(const Assign&) const = default;
+};
+
+struct WorkerHello {
+  int32_t slot = 0;
+  int64_t pid = 0;
+  bool operator==(const WorkerHello&) const = default;
+};
+
+struct Ready {
+  std::vector<std::string> prev, next;
+  std::string device;
+  int64_t train_samples = -1, test_samples = -1;  // -1: not the first stage
+  bool operator==(const Ready&) const = default;
+};
+
+struct Start {
+  std::vector<std::string> prev, next;
+  int64_t train_samples = 0, test_samples = 0;
+  bool operator==(const Start&) const = default;
+};
+
+struct GroupAddress {
+  std::string address;
+  bool operator==(const GroupAddress&) const = default;
+};
+
+struct GroupAddresses {
+  std::vector<std::string> addresses;
+  bool operator==(const GroupAddresses&) const = default;
+};
+
+struct Progress {
+  int64_t epoch = 0, step = 0, steps = 0;
+  double loss = 0, samples_per_s = 0, elapsed_s = 0;
+  bool operator==(const Progress&) const = default;
+};
+
+struct EpochDone {
+  int64_t epoch = 0;
+  double loss = 0, seconds = 0, samples_per_s = 0, test_loss = 0, test_accuracy = 0;
+  bool operator==(const EpochDone&) const = default;
+};
+
+struct InferDone {
+  int64_t samples = 0;
+  double loss = 0, accuracy = 0, seconds = 0;
+  bool operator==(const InferDone&) const = default;
+};
+
+struct StageReport {
+  StageCounters counters;
+  double run_s = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  std::vector<Span> spans;
+  std::vector<uint8_t> model;  // the trained slice as a model file, when asked
+  bool operator==(const StageReport&) const = default;
+};
+
+struct Failed {
+  std::string message;
+  bool operator==(const Failed&) const = default;
+};
+
+using Message = std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply,
+                             WorkerHello, Assign, Ready, Start, GroupAddress, GroupAddresses, Progress,
+                             EpochDone, InferDone, StageReport, Failed>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

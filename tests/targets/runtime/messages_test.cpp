@@ -54,7 +54,7 @@ TEST(MessagesTest, EveryMessageSurvivesARoundTrip) {
 
 TEST(MessagesTest, BytesThatAreNoMessageAreRefusedByName) {
   expectThrowWith<FormatError>([] { decodeMessage(std::vector<uint8_t>(4, 0)); }, {"too short"});
-  expectThrowWith<FormatError>([] { decodeMessage(std::vector<uint8_t>((1 << 20) + 1, 0)); },
+  expectThrowWith<FormatError>([] { decodeMessage(std::vector<uint8_t>((64 << 20) + 1, 0)); },
                                {"exceeds the cap"});
   expectThrowWith<FormatError>([] { decodeMessage(std::vector<uint8_t>(64, 0x5a)); },
                                {"'TDC1' identifier"});
@@ -137,6 +137,104 @@ TEST(MessagesTest, FieldsBeyondTheirLimitsAreRefusedNamingTheField) {
   });
   expectThrowWith<FormatError>([&] { decodeMessage(many_devices); },
                                {"65 devices exceed the limit of 64"});
+}
+
+Assign sampleAssign() {
+  Assign a;
+  a.job = "cnn-3stage";
+  a.model_spec = "name: tiny\ninput: [4]\nlayers: [{type: linear, out: 2}]\n";
+  a.stage = 1;
+  a.stages = 3;
+  a.replica = 1;
+  a.replicas = 2;
+  a.prev_replicas = 1;
+  a.next_replicas = 2;
+  a.layer_begin = 3;
+  a.layer_end = 6;
+  a.device = "opencl:0";
+  a.threads = 2;
+  a.schedule = ScheduleKind::kGPipe;
+  a.microbatches = 4;
+  a.batch = 32;
+  a.epochs = 2;
+  a.seed = 7;
+  a.recompute = true;
+  a.optimizer.kind = "adamw";
+  a.optimizer.lr = 0.001f;
+  a.activation_codec = "fp16";
+  a.gradient_codec = "int8";
+  a.train_limit = 300;
+  a.test_limit = 100;
+  a.timeout_s = 30;
+  a.record_spans = true;
+  a.save = true;
+  a.bind_host = "10.0.0.5";
+  a.weights = {1, 2, 3};
+  return a;
+}
+
+TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
+  StageReport report;
+  report.counters = {1.5, 0.1, 1.2, 0.3, 0.2, 0.05, 3, 40};
+  report.run_s = 2.5;
+  report.bytes_sent = 1000;
+  report.bytes_received = 2000;
+  report.spans = {{ActionType::kForward, 3, 1.0, 1.5}, {ActionType::kStep, -1, 2.0, 2.1}};
+  report.model = {9, 8, 7};
+  const Assign plain;
+  const std::vector<Message> all = {sampleAssign(),
+                                    plain,
+                                    Ready{{"tcp://127.0.0.1:5000"}, {"a", "b"}, "cpu", 300, 100},
+                                    Start{{}, {"tcp://x:1"}, 300, 100},
+                                    GroupAddress{"tcp://127.0.0.1:6000"},
+                                    GroupAddresses{{"x", "y"}},
+                                    Progress{0, 3, 10, 0.5, 100, 1},
+                                    EpochDone{1, 0.4, 10, 3000, 0.45, 0.88},
+                                    InferDone{100, 0.4, 0.9, 0.2},
+                                    report,
+                                    Failed{"stage 1 failed"}};
+  for (const Message& m : all) {
+    const Message back = decodeMessage(encodeMessage(m));
+    EXPECT_EQ(back.index(), m.index()) << messageName(m);
+    EXPECT_TRUE(back == m) << messageName(m);
+  }
+}
+
+TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
+  struct Case {
+    void (*spoil)(Assign&);
+    const char* expect;
+  } cases[] = {
+      {[](Assign& a) { a.stage = 3; }, "stage 3 is not in [0, 2]"},
+      {[](Assign& a) { a.replica = 2; }, "replica 2 is not in [0, 1]"},
+      {[](Assign& a) { a.stage = 0; }, "prev_replicas 1 is not in [0, 0]"},
+      {[](Assign& a) { a.stage = 2; }, "next_replicas 2 is not in [0, 0]"},
+      {[](Assign& a) { a.layer_end = 3; }, "layer_end 3 is not in [4,"},
+      {[](Assign& a) { a.microbatches = 33; }, "microbatches 33 is not in [1, 32]"},
+      {[](Assign& a) { a.threads = 0; }, "threads 0"},
+      {[](Assign& a) { a.timeout_s = 0; }, "timeout_s 0"},
+      {[](Assign& a) { a.gradient_codec = "zip"; }, "gradient_codec 'zip' is not fp32"},
+      {[](Assign& a) { a.optimizer.lr = -1; }, "learning rate -1"},
+      {[](Assign& a) { a.bind_host = "a/b"; }, "bind_host 'a/b' is not a host"},
+      {[](Assign& a) { a.train_limit = -1; }, "train_limit is negative"},
+  };
+  for (const Case& c : cases) {
+    Assign a = sampleAssign();
+    c.spoil(a);
+    expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(a)); }, {"'assign'", c.expect});
+  }
+  StageReport r;
+  r.spans = {{static_cast<ActionType>(9), 0, 0, 1}};
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); },
+                               {"'stage report'", "a span's type 9"});
+  r.spans = {{ActionType::kForward, 0, 2, 1}};
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"ends before it starts"});
+  r.spans.clear();
+  r.counters.busy_s = -1;
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"busy_s -1"});
+  Ready ready;
+  ready.prev.assign(65, "x");
+  expectThrowWith<InvalidArgument>([&] { encodeMessage(ready); }, {"65 endpoints"});
 }
 
 TEST(MessagesTest, WeNeverEncodeWhatAPeerWouldRefuse) {

@@ -1,0 +1,302 @@
+#include "targets/runtime/coordinator.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "targets/runtime/listener.h"
+#include "targets/runtime/node_info.h"
+
+namespace tandem::runtime {
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// Every worker's channel read by a thread of its own into one queue, so the coordinator
+// waits on all of them at once.
+class Mailbox {
+ public:
+  struct Item {
+    int slot;
+    std::optional<Message> message;  // empty: the channel failed, `error` says why
+    std::string error;
+  };
+
+  explicit Mailbox(std::vector<std::unique_ptr<Channel>>& channels) {
+    for (size_t i = 0; i < channels.size(); ++i)
+      pumps_.emplace_back([this, i, c = channels[i].get()] { pump(static_cast<int>(i), *c); });
+  }
+  ~Mailbox() {
+    stop_ = true;
+    for (std::thread& t : pumps_) t.join();
+  }
+  std::optional<Item> next(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
+    Item item = std::move(items_.front());
+    items_.pop_front();
+    return item;
+  }
+
+ private:
+  void pump(int slot, Channel& c) {
+    while (!stop_) {
+      Item item{slot, std::nullopt, ""};
+      try {
+        item.message = c.recv(100ms);
+        if (!item.message) continue;
+      } catch (const FormatError& e) {
+        item.error = std::string("sent a bad message: ") + e.what();
+      } catch (const Error& e) {
+        item.error = std::string("lost its connection: ") + e.what();
+      }
+      const bool last = !item.error.empty();
+      {
+        std::lock_guard lock(mu_);
+        items_.push_back(std::move(item));
+      }
+      cv_.notify_one();
+      if (last) return;
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+  std::vector<std::thread> pumps_;
+};
+
+class Run {
+ public:
+  Run(const std::vector<Assign>& assignments, const std::vector<std::string>& names,
+      Launcher& launcher, const RunCallbacks& callbacks, const RunOptions& options)
+      : assignments_(assignments),
+        names_(names),
+        launcher_(launcher),
+        callbacks_(callbacks),
+        options_(options),
+        n_(static_cast<int>(assignments.size())) {
+    TANDEM_CHECK_MSG(names.size() == assignments.size(), InvalidArgument,
+                     "coordinate: " << names.size() << " names for " << assignments.size()
+                                    << " assignments");
+    for (int i = 0; i < n_; ++i) {
+      const Assign& a = assignments[static_cast<size_t>(i)];
+      slot_of_[{a.stage, a.replica}] = i;
+    }
+  }
+
+  RunResult run() {
+    try {
+      connectAll();
+      exchange();
+      const std::string ended = launcher_.finish(30s);
+      if (!ended.empty()) throw Error(ended);
+      return std::move(result_);
+    } catch (...) {
+      mailbox_.reset();
+      launcher_.stopAll();
+      throw;
+    }
+  }
+
+ private:
+  // Starts every worker and waits for each to connect, say which it is and take its
+  // assignment.
+  void connectAll() {
+    const ClusterKey key = generateClusterKey();
+    HandshakeOptions ho;
+    ho.build = buildName();
+    Listener listener(options_.listen, key, ho);
+    for (int i = 0; i < n_; ++i) {
+      const int64_t pid = launcher_.start(i, listener.endpoint(), key);
+      if (callbacks_.started) callbacks_.started(i, pid);
+    }
+    channels_.resize(static_cast<size_t>(n_));
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    for (int connected = 0; connected < n_;) {
+      if (Clock::now() > deadline)
+        throw Timeout(std::to_string(n_ - connected) + " of " + std::to_string(n_) +
+                      " workers did not connect within " +
+                      std::to_string(options_.connect_timeout.count() / 1000) + " s");
+      if (const auto e = launcher_.ended())
+        throw Error(names_[static_cast<size_t>(e->slot)] + " " + e->how + " before connecting");
+      std::unique_ptr<Channel> c = listener.accept(200ms);
+      if (!c) continue;
+      const std::optional<Message> m = c->recv(10s);
+      const auto* hello = m ? std::get_if<WorkerHello>(&*m) : nullptr;
+      if (!hello || hello->slot >= n_ || channels_[static_cast<size_t>(hello->slot)])
+        throw FormatError("a worker connected from " + c->peer() +
+                          " without saying which of the " + std::to_string(n_) +
+                          " workers it is");
+      const auto slot = static_cast<size_t>(hello->slot);
+      c->send(assignments_[slot]);
+      channels_[slot] = std::move(c);
+      ++connected;
+    }
+    mailbox_ = std::make_unique<Mailbox>(channels_);
+  }
+
+  // Wires the workers together and relays what they say until every one has reported.
+  void exchange() {
+    result_.ready.resize(static_cast<size_t>(n_));
+    result_.reports.resize(static_cast<size_t>(n_));
+    std::vector<bool> ready(static_cast<size_t>(n_)), reported(static_cast<size_t>(n_));
+    int readies = 0, reports = 0;
+    std::map<int, std::map<int, std::string>> groups;  // stage -> replica -> address
+    auto last_word = Clock::now();
+    // A worker that exited before reporting: its `failed` message, if it sent one, says
+    // more than its exit code, and may still be on its way.
+    std::optional<Launcher::Ended> gone;
+    auto gone_at = Clock::now();
+    while (reports < n_) {
+      if (!gone) {
+        if (const auto e = launcher_.ended(); e && !reported[static_cast<size_t>(e->slot)]) {
+          if (e->killed)
+            throw Error(names_[static_cast<size_t>(e->slot)] + " " + e->how + " before finishing");
+          gone = e;
+          gone_at = Clock::now();
+        }
+      } else if (Clock::now() - gone_at > 1s) {
+        throw Error(names_[static_cast<size_t>(gone->slot)] + " " + gone->how +
+                    " before finishing");
+      }
+      const std::optional<Mailbox::Item> item = mailbox_->next(200ms);
+      if (!item) {
+        if (options_.silence.count() > 0 && Clock::now() - last_word > options_.silence)
+          throw Timeout("no word from any worker for " +
+                        std::to_string(options_.silence.count() / 1000) + " s");
+        continue;
+      }
+      last_word = Clock::now();
+      const int slot = item->slot;
+      const auto s = static_cast<size_t>(slot);
+      if (!item->message) {
+        if (reported[s]) continue;  // it said all it had to say, then went
+        fail(slot, item->error);
+      }
+      const Message& m = *item->message;
+      if (const auto* r = std::get_if<Ready>(&m)) {
+        if (ready[s]) fail(slot, "said it was ready twice");
+        ready[s] = true;
+        result_.ready[s] = *r;
+        if (++readies == n_) startAll();
+      } else if (const auto* g = std::get_if<GroupAddress>(&m)) {
+        const Assign& a = assignments_[s];
+        groups[a.stage][a.replica] = g->address;
+        if (static_cast<int>(groups[a.stage].size()) == a.replicas) {
+          GroupAddresses all;
+          for (const auto& [replica, address] : groups[a.stage]) all.addresses.push_back(address);
+          for (int r = 0; r < a.replicas; ++r) channel(a.stage, r).send(all);
+          groups.erase(a.stage);
+        }
+      } else if (const auto* p = std::get_if<Progress>(&m)) {
+        if (callbacks_.progress) callbacks_.progress(*p);
+      } else if (const auto* e = std::get_if<EpochDone>(&m)) {
+        if (callbacks_.epoch) callbacks_.epoch(*e);
+      } else if (const auto* i = std::get_if<InferDone>(&m)) {
+        if (callbacks_.infer) callbacks_.infer(*i);
+      } else if (const auto* report = std::get_if<StageReport>(&m)) {
+        if (reported[s]) fail(slot, "reported twice");
+        reported[s] = true;
+        if (gone && gone->slot == slot) gone.reset();  // it reported, then exited
+        result_.reports[s] = *report;
+        ++reports;
+      } else if (const auto* f = std::get_if<Failed>(&m)) {
+        fail(slot, "failed: " + f->message);
+      } else {
+        fail(slot, std::string("sent an unexpected '") + messageName(m) + "' message");
+      }
+    }
+  }
+
+  // Every worker is ready: replica r of stage s learns, from every replica of the stages
+  // beside it, the endpoint that replica bound for r.
+  void startAll() {
+    int64_t train_samples = 0, test_samples = 0;
+    for (int i = 0; i < n_; ++i)
+      if (assignments_[static_cast<size_t>(i)].stage == 0) {
+        train_samples = result_.ready[static_cast<size_t>(i)].train_samples;
+        test_samples = result_.ready[static_cast<size_t>(i)].test_samples;
+      }
+    for (int i = 0; i < n_; ++i) {
+      const Assign& a = assignments_[static_cast<size_t>(i)];
+      Start start;
+      start.train_samples = train_samples;
+      start.test_samples = test_samples;
+      for (int j = 0; j < a.prev_replicas; ++j)
+        start.prev.push_back(endpointFor(a.stage - 1, j, &Ready::next, a.replica));
+      for (int j = 0; j < a.next_replicas; ++j)
+        start.next.push_back(endpointFor(a.stage + 1, j, &Ready::prev, a.replica));
+      channels_[static_cast<size_t>(i)]->send(start);
+    }
+    if (callbacks_.wired) callbacks_.wired();
+  }
+
+  std::string endpointFor(int stage, int replica, std::vector<std::string> Ready::*side,
+                          int index) {
+    const int slot = slotOf(stage, replica);
+    const std::vector<std::string>& list = result_.ready[static_cast<size_t>(slot)].*side;
+    if (index >= static_cast<int>(list.size()))
+      fail(slot, "listed " + std::to_string(list.size()) + " endpoints, too few");
+    return list[static_cast<size_t>(index)];
+  }
+
+  int slotOf(int stage, int replica) const {
+    const auto it = slot_of_.find({stage, replica});
+    if (it == slot_of_.end())
+      throw InvalidArgument("coordinate: no worker for stage " + std::to_string(stage) +
+                            " replica " + std::to_string(replica));
+    return it->second;
+  }
+  Channel& channel(int stage, int replica) {
+    return *channels_[static_cast<size_t>(slotOf(stage, replica))];
+  }
+
+  // Raises the failure of `slot`. A worker killed by a signal is the likely cause of
+  // what the others report (their links to it break first): when a death by a signal is
+  // seen within a second, it is named first, or instead when it is this worker's own.
+  [[noreturn]] void fail(int slot, const std::string& what) {
+    const auto until = Clock::now() + 1s;
+    while (Clock::now() < until) {
+      const auto e = launcher_.ended();
+      if (!e) {
+        std::this_thread::sleep_for(10ms);
+        continue;
+      }
+      if (!e->killed) continue;
+      const std::string killed = names_[static_cast<size_t>(e->slot)] + " " + e->how;
+      if (e->slot == slot) throw Error(killed + " before finishing");
+      throw Error(killed + " before finishing; then " + names_[static_cast<size_t>(slot)] + " " +
+                  what);
+    }
+    throw Error(names_[static_cast<size_t>(slot)] + " " + what);
+  }
+
+  const std::vector<Assign>& assignments_;
+  const std::vector<std::string>& names_;
+  Launcher& launcher_;
+  const RunCallbacks& callbacks_;
+  RunOptions options_;
+  const int n_;
+  std::map<std::pair<int, int>, int> slot_of_;  // (stage, replica) -> slot
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::unique_ptr<Mailbox> mailbox_;
+  RunResult result_;
+};
+
+}  // namespace
+
+RunResult coordinate(const std::vector<Assign>& assignments, const std::vector<std::string>& names,
+                     Launcher& launcher, const RunCallbacks& callbacks, const RunOptions& options) {
+  Run run(assignments, names, launcher, callbacks, options);
+  return run.run();
+}
+
+}  // namespace tandem::runtime

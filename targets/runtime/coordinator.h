@@ -1,0 +1,79 @@
+// The coordinator's side of a run: it starts one stage worker per assignment through a
+// Launcher, lets each connect back over an authenticated channel (a key made for the
+// run), hands out the assignments in-band, wires the stages together (each one's
+// neighbours' endpoints, each replicated stage's group addresses), relays progress to
+// the caller, and gathers every worker's report. The first failure — a worker's error,
+// a lost connection, a process that died — stops every worker and raises an Error naming
+// the worker; a process killed by a signal is named before the errors its neighbours
+// report because of it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/endpoint.h"
+#include "targets/runtime/cluster_key.h"
+#include "targets/runtime/messages.h"
+
+namespace tandem::runtime {
+
+// Starts stage workers that connect back to the coordinator.
+class Launcher {
+ public:
+  virtual ~Launcher() = default;
+  // Starts the worker for `slot`: it must connect to `coordinator` with `key` and say
+  // WorkerHello{slot}. Returns its process id (0 when it is no process of its own).
+  virtual int64_t start(int slot, const Endpoint& coordinator, const ClusterKey& key) = 0;
+  // A worker that has ended on its own since the last call: its slot and how it ended
+  // ("was killed by signal 9", "exited with code 1"), `killed` when by a signal.
+  struct Ended {
+    int slot;
+    std::string how;
+    bool killed;
+  };
+  virtual std::optional<Ended> ended() = 0;
+  // Waits up to `grace` for every worker to end; what ended badly ("" if all ended
+  // cleanly, with code 0).
+  virtual std::string finish(std::chrono::milliseconds grace) = 0;
+  // Stops every worker still running (and waits for them).
+  virtual void stopAll() = 0;
+};
+
+// Worker processes: `program args... --control HOST:PORT --slot N` started on this
+// machine, the key written to their standard input.
+std::unique_ptr<Launcher> processLauncher(std::string program, std::vector<std::string> args);
+
+// Workers as threads of this process (runStageWorker): a coordinator and its workers in
+// one process, for tests.
+std::unique_ptr<Launcher> threadLauncher();
+
+struct RunCallbacks {
+  std::function<void(int slot, int64_t pid)> started;
+  std::function<void()> wired;  // every worker is ready and was told its neighbours
+  std::function<void(const Progress&)> progress;
+  std::function<void(const EpochDone&)> epoch;
+  std::function<void(const InferDone&)> infer;
+};
+
+struct RunOptions {
+  std::string listen = "127.0.0.1:0";  // where workers connect back
+  std::chrono::milliseconds connect_timeout{60000};  // for every worker to connect
+  std::chrono::milliseconds silence{0};  // no message from any worker this long: fail (0: never)
+};
+
+struct RunResult {
+  std::vector<Ready> ready;           // by slot
+  std::vector<StageReport> reports;   // by slot
+};
+
+// Runs the workers of `assignments` (slot i runs assignments[i]; `names[i]` names it in
+// messages, e.g. "stage 1 replica 0"). Error naming the worker at the first failure.
+RunResult coordinate(const std::vector<Assign>& assignments, const std::vector<std::string>& names,
+                     Launcher& launcher, const RunCallbacks& callbacks, const RunOptions& options);
+
+}  // namespace tandem::runtime

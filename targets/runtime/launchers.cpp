@@ -1,0 +1,199 @@
+// The two launchers of coordinator.h: worker processes on this machine, and worker
+// threads of this process (for tests).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "targets/runtime/coordinator.h"
+#include "targets/runtime/handshake.h"
+#include "targets/runtime/node_info.h"
+#include "targets/runtime/stage_worker.h"
+
+namespace tandem::runtime {
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string hexKey(const ClusterKey& key) {
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  for (uint8_t b : key.bytes) {
+    hex += digits[b >> 4];
+    hex += digits[b & 15];
+  }
+  return hex + "\n";
+}
+
+class ProcessLauncher final : public Launcher {
+ public:
+  ProcessLauncher(std::string program, std::vector<std::string> args)
+      : program_(std::move(program)), args_(std::move(args)) {}
+  ~ProcessLauncher() override { stopAll(); }
+
+  int64_t start(int slot, const Endpoint& coordinator, const ClusterKey& key) override {
+    std::vector<std::string> argv = {program_};
+    argv.insert(argv.end(), args_.begin(), args_.end());
+    argv.insert(argv.end(), {"--control", coordinator.str(), "--slot", std::to_string(slot)});
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    int in[2];
+    if (pipe(in) != 0) throw Error("cannot start a worker: pipe failed");
+    const pid_t pid = fork();
+    if (pid < 0) throw Error("cannot start a worker: fork failed");
+    if (pid == 0) {
+      dup2(in[0], STDIN_FILENO);
+      close(in[0]);
+      close(in[1]);
+      execv(program_.c_str(), cargv.data());
+      _exit(127);
+    }
+    close(in[0]);
+    // The key goes through the pipe, never a file or the command line.
+    const std::string hex = hexKey(key);
+    const bool written = write(in[1], hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
+    close(in[1]);
+    running_[slot] = pid;
+    if (!written) throw Error("cannot hand worker " + std::to_string(slot) + " its key");
+    return pid;
+  }
+
+  std::optional<Ended> ended() override {
+    reap();
+    if (ended_.empty()) return std::nullopt;
+    Ended e = ended_.front();
+    ended_.pop_front();
+    return e;
+  }
+
+  std::string finish(std::chrono::milliseconds grace) override {
+    const auto until = Clock::now() + grace;
+    while (!running_.empty() && Clock::now() < until) {
+      reap();
+      std::this_thread::sleep_for(5ms);
+    }
+    std::string bad;
+    for (const Ended& e : ended_)
+      if (e.killed || e.how.find("code 0") == std::string::npos)
+        bad += "worker " + std::to_string(e.slot) + " " + e.how + " after finishing; ";
+    ended_.clear();
+    if (!running_.empty()) {
+      bad += std::to_string(running_.size()) + " workers did not exit after finishing";
+      stopAll();
+    }
+    return bad;
+  }
+
+  void stopAll() override {
+    for (const auto& [slot, pid] : running_) kill(pid, SIGTERM);
+    const auto deadline = Clock::now() + 3s;
+    for (const auto& [slot, pid] : running_) {
+      int status = 0;
+      while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (Clock::now() > deadline) {
+          kill(pid, SIGKILL);
+          waitpid(pid, &status, 0);
+          break;
+        }
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    running_.clear();
+  }
+
+ private:
+  void reap() {
+    for (auto it = running_.begin(); it != running_.end();) {
+      int status = 0;
+      if (waitpid(it->second, &status, WNOHANG) != it->second) {
+        ++it;
+        continue;
+      }
+      const std::string pid = "(pid " + std::to_string(it->second) + ") ";
+      if (WIFSIGNALED(status))
+        ended_.push_back({it->first, pid + "was killed by signal " + std::to_string(WTERMSIG(status)),
+                          true});
+      else
+        ended_.push_back(
+            {it->first, pid + "exited with code " + std::to_string(WEXITSTATUS(status)), false});
+      it = running_.erase(it);
+    }
+  }
+
+  std::string program_;
+  std::vector<std::string> args_;
+  std::map<int, pid_t> running_;  // by slot
+  std::deque<Ended> ended_;
+};
+
+class ThreadLauncher final : public Launcher {
+ public:
+  ~ThreadLauncher() override {
+    for (auto& [slot, t] : threads_) t.join();
+  }
+
+  int64_t start(int slot, const Endpoint& coordinator, const ClusterKey& key) override {
+    threads_[slot] = std::thread([this, slot, coordinator, key] {
+      std::string how = "exited with code 0";
+      try {
+        HandshakeOptions o;
+        o.build = buildName();
+        std::unique_ptr<Channel> c = connectChannel(coordinator, key, o);
+        c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
+        runStageWorker(*c);
+        c->close();
+      } catch (const std::exception& e) {
+        how = std::string("exited with code 1 (") + e.what() + ")";
+      }
+      std::lock_guard lock(mu_);
+      ended_.push_back({slot, how, false});
+    });
+    return 0;
+  }
+
+  std::optional<Ended> ended() override {
+    std::lock_guard lock(mu_);
+    if (ended_.empty()) return std::nullopt;
+    Ended e = ended_.front();
+    ended_.pop_front();
+    return e;
+  }
+
+  std::string finish(std::chrono::milliseconds) override {
+    for (auto& [slot, t] : threads_) t.join();
+    threads_.clear();
+    std::string bad;
+    std::lock_guard lock(mu_);
+    for (const Ended& e : ended_)
+      if (e.how != "exited with code 0") bad += "worker " + std::to_string(e.slot) + " " + e.how;
+    ended_.clear();
+    return bad;
+  }
+
+  // Threads cannot be stopped from outside: they end on their own timeouts once their
+  // coordinator and links are gone, and are joined on destruction.
+  void stopAll() override {}
+
+ private:
+  std::map<int, std::thread> threads_;
+  std::mutex mu_;
+  std::deque<Ended> ended_;
+};
+
+}  // namespace
+
+std::unique_ptr<Launcher> processLauncher(std::string program, std::vector<std::string> args) {
+  return std::make_unique<ProcessLauncher>(std::move(program), std::move(args));
+}
+
+std::unique_ptr<Launcher> threadLauncher() { return std::make_unique<ThreadLauncher>(); }
+
+}  // namespace tandem::runtime

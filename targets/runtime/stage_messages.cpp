@@ -1,0 +1,328 @@
+// The messages between a coordinator and a stage worker: encoders, and a decoder that
+// checks every field (ranges, lengths, the stage and replica arithmetic) before any of it
+// is used to build a model or open a link.
+#include <cmath>
+
+#include "targets/runtime/message_codec.h"
+
+namespace tandem::runtime::detail {
+
+namespace {
+
+using B = flatbuffers::FlatBufferBuilder;
+using Strings = flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>;
+
+const char* const kCodecs[] = {"fp32", "fp16", "bf16", "int8"};
+
+flatbuffers::Offset<Strings> endpoints(B& b, const char* message,
+                                       const std::vector<std::string>& list) {
+  checkCount(message, "endpoints", list.size(), static_cast<size_t>(kMaxReplicas));
+  for (const std::string& e : list) checkText(message, "endpoint", e, kMaxEndpointBytes);
+  return b.CreateVectorOfStrings(list);
+}
+
+std::vector<std::string> readEndpoints(const char* message, const char* field,
+                                       const Strings* v) {
+  std::vector<std::string> out;
+  if (!v) return out;
+  if (v->size() > static_cast<size_t>(kMaxReplicas))
+    bad(message, std::to_string(v->size()) + " " + field + " endpoints exceed the limit of " +
+                     std::to_string(kMaxReplicas));
+  for (const flatbuffers::String* s : *v) out.push_back(text(message, field, s, kMaxEndpointBytes));
+  return out;
+}
+
+void range(const char* message, const char* field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    bad(message, std::string(field) + " " + std::to_string(v) + " is not in [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+void finiteNonNegative(const char* message, const char* field, double v) {
+  if (!(v >= 0 && std::isfinite(v)))
+    bad(message, std::string(field) + " " + std::to_string(v) +
+                     " is not a finite, non-negative number");
+}
+
+std::string codec(const char* message, const char* field, const flatbuffers::String* s) {
+  const std::string name = text(message, field, s, 16);
+  for (const char* c : kCodecs)
+    if (name == c) return name;
+  bad(message, std::string(field) + " '" + name + "' is not fp32, fp16, bf16 or int8");
+}
+
+Assign readAssign(const fb::Assign* a) {
+  const char* m = "assign";
+  Assign out;
+  out.job = text(m, "job", a->job(), kMaxNameBytes);
+  out.model_spec = text(m, "model_spec", a->model_spec(), kMaxModelSpecBytes);
+  out.stages = a->stages();
+  range(m, "stages", out.stages, 1, kMaxStages);
+  out.stage = a->stage();
+  range(m, "stage", out.stage, 0, out.stages - 1);
+  out.replicas = a->replicas();
+  range(m, "replicas", out.replicas, 1, kMaxReplicas);
+  out.replica = a->replica();
+  range(m, "replica", out.replica, 0, out.replicas - 1);
+  out.prev_replicas = a->prev_replicas();
+  range(m, "prev_replicas", out.prev_replicas, out.stage == 0 ? 0 : 1,
+        out.stage == 0 ? 0 : kMaxReplicas);
+  out.next_replicas = a->next_replicas();
+  const bool last = out.stage == out.stages - 1;
+  range(m, "next_replicas", out.next_replicas, last ? 0 : 1, last ? 0 : kMaxReplicas);
+  out.layer_begin = a->layer_begin();
+  out.layer_end = a->layer_end();
+  range(m, "layer_begin", out.layer_begin, 0, int64_t{1} << 20);
+  range(m, "layer_end", out.layer_end, out.layer_begin + 1, int64_t{1} << 20);
+  out.device = text(m, "device", a->device(), kMaxNameBytes);
+  out.threads = a->threads();
+  range(m, "threads", out.threads, 1, 1024);
+  range(m, "schedule", a->schedule(), 0, 1);
+  out.schedule = a->schedule() == 0 ? ScheduleKind::kGPipe : ScheduleKind::k1F1B;
+  out.batch = a->batch();
+  range(m, "batch", out.batch, 1, int64_t{1} << 30);
+  out.microbatches = a->microbatches();
+  range(m, "microbatches", out.microbatches, 1, out.batch);
+  out.epochs = a->epochs();
+  range(m, "epochs", out.epochs, 0, int64_t{1} << 20);
+  out.seed = a->seed();
+  out.recompute = a->recompute();
+  if (const fb::OptimizerSettings* o = a->optimizer()) {
+    out.optimizer.kind = text(m, "optimizer kind", o->kind(), 16);
+    out.optimizer.lr = o->lr();
+    out.optimizer.momentum = o->momentum();
+    out.optimizer.nesterov = o->nesterov();
+    out.optimizer.weight_decay = o->weight_decay();
+    out.optimizer.beta1 = o->beta1();
+    out.optimizer.beta2 = o->beta2();
+    out.optimizer.eps = o->eps();
+  }
+  try {
+    validate(out.optimizer);
+  } catch (const InvalidArgument& e) {
+    bad(m, e.what());
+  }
+  out.activation_codec = codec(m, "activation_codec", a->activation_codec());
+  out.gradient_codec = codec(m, "gradient_codec", a->gradient_codec());
+  out.data = text(m, "data", a->data(), kMaxNameBytes);
+  out.train_limit = a->train_limit();
+  out.test_limit = a->test_limit();
+  nonNegative(m, "train_limit", out.train_limit);
+  nonNegative(m, "test_limit", out.test_limit);
+  out.timeout_s = a->timeout_s();
+  range(m, "timeout_s", out.timeout_s, 1, 86400);
+  out.infer = a->infer();
+  out.record_spans = a->record_spans();
+  out.save = a->save();
+  out.bind_host = text(m, "bind_host", a->bind_host(), kMaxNameBytes);
+  if (out.bind_host.empty() || out.bind_host.find_first_of(" /*") != std::string::npos)
+    bad(m, "bind_host '" + out.bind_host + "' is not a host");
+  out.transport = text(m, "transport", a->transport(), 8);
+  if (out.transport != "tcp" && out.transport != "ipc")
+    bad(m, "transport '" + out.transport + "' is not tcp or ipc");
+  out.data_dir = text(m, "data_dir", a->data_dir(), 4096);
+  if (const auto* w = a->weights()) out.weights.assign(w->begin(), w->end());
+  return out;
+}
+
+StageReport readReport(const fb::StageReport* r) {
+  const char* m = "stage report";
+  StageReport out;
+  StageCounters& c = out.counters;
+  c.busy_s = r->busy_s();
+  c.step_s = r->step_s();
+  c.compute_cpu_s = r->compute_cpu_s();
+  c.recv_wait_s = r->recv_wait_s();
+  c.send_s = r->send_s();
+  c.allreduce_s = r->allreduce_s();
+  out.run_s = r->run_s();
+  for (const auto& [field, v] : {std::pair{"busy_s", c.busy_s}, {"step_s", c.step_s},
+                                 {"compute_cpu_s", c.compute_cpu_s}, {"recv_wait_s", c.recv_wait_s},
+                                 {"send_s", c.send_s}, {"allreduce_s", c.allreduce_s},
+                                 {"run_s", out.run_s}})
+    finiteNonNegative(m, field, v);
+  c.peak_stash = r->peak_stash();
+  c.microbatches = r->microbatches();
+  nonNegative(m, "peak_stash", c.peak_stash);
+  nonNegative(m, "microbatches", c.microbatches);
+  out.bytes_sent = r->bytes_sent();
+  out.bytes_received = r->bytes_received();
+  if (const auto* spans = r->spans()) {
+    if (spans->size() > kMaxSpans)
+      bad(m, std::to_string(spans->size()) + " spans exceed the limit of " +
+                 std::to_string(kMaxSpans));
+    for (const fb::SpanRecord* s : *spans) {
+      range(m, "a span's type", s->type(), 0, static_cast<int>(ActionType::kStep));
+      if (!std::isfinite(s->start_s()) || !std::isfinite(s->end_s()) || s->end_s() < s->start_s())
+        bad(m, "a span ends before it starts, or at no finite time");
+      out.spans.push_back({static_cast<ActionType>(s->type()), s->microbatch(), s->start_s(),
+                           s->end_s()});
+    }
+  }
+  if (const auto* model = r->model()) out.model.assign(model->begin(), model->end());
+  return out;
+}
+
+}  // namespace
+
+flatbuffers::Offset<void> build(B& b, const Assign& m) {
+  const char* name = "assign";
+  checkText(name, "job", m.job, kMaxNameBytes);
+  checkText(name, "model_spec", m.model_spec, kMaxModelSpecBytes);
+  checkText(name, "device", m.device, kMaxNameBytes);
+  checkText(name, "data", m.data, kMaxNameBytes);
+  checkText(name, "bind_host", m.bind_host, kMaxNameBytes);
+  const auto& o = m.optimizer;
+  auto optimizer = fb::CreateOptimizerSettings(b, b.CreateString(o.kind), o.lr, o.momentum,
+                                               o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps);
+  auto job = b.CreateString(m.job);
+  auto spec = b.CreateString(m.model_spec);
+  auto device = b.CreateString(m.device);
+  auto act = b.CreateString(m.activation_codec);
+  auto grad = b.CreateString(m.gradient_codec);
+  auto data = b.CreateString(m.data);
+  auto host = b.CreateString(m.bind_host);
+  auto transport = b.CreateString(m.transport);
+  auto data_dir = b.CreateString(m.data_dir);
+  auto weights = b.CreateVector(m.weights);
+  const int8_t schedule = m.schedule == ScheduleKind::kGPipe ? 0 : 1;
+  return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas,
+                          m.prev_replicas, m.next_replicas, m.layer_begin, m.layer_end, device,
+                          m.threads, schedule, m.microbatches, m.batch, m.epochs, m.seed,
+                          m.recompute, optimizer, act, grad, data, m.train_limit, m.test_limit,
+                          m.timeout_s, m.infer, m.record_spans, m.save, host, transport,
+                          data_dir, weights)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const WorkerHello& m) {
+  return fb::CreateWorkerHello(b, m.slot, m.pid).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const Ready& m) {
+  auto prev = endpoints(b, "ready", m.prev);
+  auto next = endpoints(b, "ready", m.next);
+  checkText("ready", "device", m.device, kMaxNameBytes);
+  return fb::CreateReady(b, prev, next, b.CreateString(m.device), m.train_samples,
+                         m.test_samples)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const Start& m) {
+  auto prev = endpoints(b, "start", m.prev);
+  auto next = endpoints(b, "start", m.next);
+  return fb::CreateStart(b, prev, next, m.train_samples, m.test_samples).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const GroupAddress& m) {
+  checkText("group address", "address", m.address, kMaxEndpointBytes);
+  return fb::CreateGroupAddress(b, b.CreateString(m.address)).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const GroupAddresses& m) {
+  return fb::CreateGroupAddresses(b, endpoints(b, "group addresses", m.addresses)).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const Progress& m) {
+  return fb::CreateProgress(b, m.epoch, m.step, m.steps, m.loss, m.samples_per_s, m.elapsed_s)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const EpochDone& m) {
+  return fb::CreateEpochDone(b, m.epoch, m.loss, m.seconds, m.samples_per_s, m.test_loss,
+                             m.test_accuracy)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const InferDone& m) {
+  return fb::CreateInferDone(b, m.samples, m.loss, m.accuracy, m.seconds).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const StageReport& m) {
+  checkCount("stage report", "spans", m.spans.size(), kMaxSpans);
+  std::vector<fb::SpanRecord> spans;
+  spans.reserve(m.spans.size());
+  for (const Span& s : m.spans)
+    spans.emplace_back(static_cast<int8_t>(s.type), s.microbatch, s.start_s, s.end_s);
+  auto span_vector = b.CreateVectorOfStructs(spans);
+  auto model = b.CreateVector(m.model);
+  const StageCounters& c = m.counters;
+  return fb::CreateStageReport(b, c.busy_s, c.step_s, c.compute_cpu_s, c.recv_wait_s, c.send_s,
+                               c.allreduce_s, c.peak_stash, c.microbatches, m.run_s, m.bytes_sent,
+                               m.bytes_received, span_vector, model)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const Failed& m) {
+  const std::string message = m.message.substr(0, kMaxTextBytes);
+  return fb::CreateFailed(b, b.CreateString(message)).Union();
+}
+
+Message readStageMessage(const fb::Message* msg) {
+  switch (msg->body_type()) {
+    case fb::Body_WorkerHello: {
+      const fb::WorkerHello* h = msg->body_as_WorkerHello();
+      range("worker hello", "slot", h->slot(), 0, kMaxStages * kMaxReplicas);
+      range("worker hello", "pid", h->pid(), 1, int64_t{1} << 31);
+      return WorkerHello{h->slot(), h->pid()};
+    }
+    case fb::Body_Assign:
+      return readAssign(msg->body_as_Assign());
+    case fb::Body_Ready: {
+      const fb::Ready* r = msg->body_as_Ready();
+      Ready out{readEndpoints("ready", "prev", r->prev()), readEndpoints("ready", "next", r->next()),
+                text("ready", "device", r->device(), kMaxNameBytes), r->train_samples(),
+                r->test_samples()};
+      range("ready", "train_samples", out.train_samples, -1, int64_t{1} << 40);
+      range("ready", "test_samples", out.test_samples, -1, int64_t{1} << 40);
+      return out;
+    }
+    case fb::Body_Start: {
+      const fb::Start* s = msg->body_as_Start();
+      Start out{readEndpoints("start", "prev", s->prev()), readEndpoints("start", "next", s->next()),
+                s->train_samples(), s->test_samples()};
+      range("start", "train_samples", out.train_samples, 0, int64_t{1} << 40);
+      range("start", "test_samples", out.test_samples, 0, int64_t{1} << 40);
+      return out;
+    }
+    case fb::Body_GroupAddress:
+      return GroupAddress{text("group address", "address", msg->body_as_GroupAddress()->address(),
+                               kMaxEndpointBytes)};
+    case fb::Body_GroupAddresses:
+      return GroupAddresses{readEndpoints("group addresses", "addresses",
+                                          msg->body_as_GroupAddresses()->addresses())};
+    case fb::Body_Progress: {
+      const fb::Progress* p = msg->body_as_Progress();
+      Progress out{p->epoch(), p->step(), p->steps(), p->loss(), p->samples_per_s(), p->elapsed_s()};
+      nonNegative("progress", "epoch", out.epoch);
+      range("progress", "step", out.step, 0, std::max<int64_t>(out.steps, 0));
+      return out;
+    }
+    case fb::Body_EpochDone: {
+      const fb::EpochDone* e = msg->body_as_EpochDone();
+      EpochDone out{e->epoch(), e->loss(), e->seconds(), e->samples_per_s(), e->test_loss(),
+                    e->test_accuracy()};
+      nonNegative("epoch done", "epoch", out.epoch);
+      finiteNonNegative("epoch done", "seconds", out.seconds);
+      range("epoch done", "test_accuracy (x 1e6)",
+            std::isfinite(out.test_accuracy) ? static_cast<int64_t>(out.test_accuracy * 1e6) : -1,
+            0, 1000000);
+      return out;
+    }
+    case fb::Body_InferDone: {
+      const fb::InferDone* i = msg->body_as_InferDone();
+      InferDone out{i->samples(), i->loss(), i->accuracy(), i->seconds()};
+      nonNegative("infer done", "samples", out.samples);
+      finiteNonNegative("infer done", "seconds", out.seconds);
+      return out;
+    }
+    case fb::Body_StageReport:
+      return readReport(msg->body_as_StageReport());
+    case fb::Body_Failed:
+      return Failed{text("failed", "message", msg->body_as_Failed()->message(), kMaxTextBytes)};
+    default:
+      bad("?", "not a stage worker's message");
+  }
+}
+
+}  // namespace tandem::runtime::detail

@@ -1,0 +1,221 @@
+#include "targets/runtime/stage_worker.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "backends/registry.h"
+#include "core/error.h"
+#include "core/model_file.h"
+#include "core/model_spec.h"
+#include "core/pipeline/stage_trainer.h"
+#include "transport/socket_group.h"
+#include "transport/zmq_link.h"
+
+namespace tandem::runtime {
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// A folder of this worker's own for Unix-socket endpoints (transport: ipc), removed when
+// the worker ends. Nothing in it is read by another machine or by the coordinator.
+class PrivateDir {
+ public:
+  PrivateDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "tandem-stage-XXXXXX").string();
+    if (!mkdtemp(t.data())) throw IoError("cannot make a folder for ipc endpoints in " + t);
+    path_ = t;
+  }
+  ~PrivateDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The next message, which must be a `T`; a `leave` or anything else is an error naming
+// what came instead.
+template <typename T>
+T expect(Channel& c, std::chrono::milliseconds timeout, const char* what) {
+  const std::optional<Message> m = c.recv(timeout);
+  if (!m)
+    throw Timeout("no " + std::string(what) + " from the coordinator at " + c.peer() + " within " +
+                  std::to_string(timeout.count() / 1000) + " s");
+  if (const auto* v = std::get_if<T>(&*m)) return *v;
+  if (const auto* l = std::get_if<Leave>(&*m)) throw Error("the coordinator stopped the stage: " + l->reason);
+  throw FormatError("the coordinator sent '" + std::string(messageName(*m)) + "' where " + what +
+                    " was due");
+}
+
+void run(Channel& coordinator, const Assign& a) {
+  const std::string who = "stage " + std::to_string(a.stage) +
+                          (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "");
+  const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
+  const auto begin = static_cast<size_t>(a.layer_begin), end = static_cast<size_t>(a.layer_end);
+  // The backend outlives everything that holds its memory (declared first).
+  auto backend = makeBackend(a.device, BackendOptions{a.threads});
+  Model model(spec);
+  TANDEM_CHECK_MSG(end <= model.size(), InvalidArgument,
+                   who << ": layers [" << begin << ", " << end << ") but the model has "
+                       << model.size());
+  model.build(*backend, a.seed, begin, end);
+  if (!a.weights.empty())
+    loadWeights(model, parseModelFile(a.weights, who + "'s assigned weights"), false);
+  Optimizer optimizer(*backend, a.optimizer);
+
+  std::unique_ptr<PrivateDir> ipc_dir;
+  if (a.transport == "ipc") ipc_dir = std::make_unique<PrivateDir>();
+  transport::Context ctx;
+  int endpoint_count = 0;
+  auto linkOptions = [&](const std::string& codec, int peer) {
+    transport::LinkOptions o;
+    o.bind = ipc_dir ? "ipc://" + ipc_dir->path() + "/l" + std::to_string(endpoint_count++)
+                     : "tcp://" + a.bind_host + ":*";
+    o.codec = transport::parseCodec(codec);
+    o.timeout = std::chrono::seconds(a.timeout_s);
+    o.stage = a.stage;
+    o.peer_stage = peer;
+    return o;
+  };
+  // One link to each replica of each neighbouring stage: the previous stage's carry
+  // gradients out, the next stage's activations.
+  std::vector<std::unique_ptr<transport::ZmqLink>> prev_links, next_links;
+  Ready ready;
+  for (int i = 0; i < a.prev_replicas; ++i) {
+    prev_links.push_back(
+        std::make_unique<transport::ZmqLink>(ctx, linkOptions(a.gradient_codec, a.stage - 1)));
+    ready.prev.push_back(prev_links.back()->endpoint());
+  }
+  for (int j = 0; j < a.next_replicas; ++j) {
+    next_links.push_back(
+        std::make_unique<transport::ZmqLink>(ctx, linkOptions(a.activation_codec, a.stage + 1)));
+    ready.next.push_back(next_links.back()->endpoint());
+  }
+  Dataset train, test;
+  if (a.stage == 0) {  // every replica of the first stage reads the data (each its microbatches)
+    if (!a.infer) train = loadDataset(a.data, a.data_dir, true, a.train_limit);
+    test = loadDataset(a.data, a.data_dir, false, a.test_limit);
+    ready.train_samples = a.infer ? 0 : train.size();
+    ready.test_samples = test.size();
+  }
+  ready.device = backend->info().name;
+  coordinator.send(ready);
+  const Start start = expect<Start>(coordinator, std::chrono::seconds(a.timeout_s), "start");
+  auto connect = [&](const char* side, const std::vector<std::string>& endpoints,
+                     std::vector<std::unique_ptr<transport::ZmqLink>>& links) {
+    if (endpoints.size() != links.size())
+      throw FormatError(who + ": the start message lists " + std::to_string(endpoints.size()) +
+                        " '" + side + "' endpoints, not " + std::to_string(links.size()));
+    std::vector<Link*> out;
+    for (size_t i = 0; i < links.size(); ++i) {
+      links[i]->connect(endpoints[i]);
+      out.push_back(links[i].get());
+    }
+    return out.empty() ? nullptr : std::make_unique<ReplicaLinks>(out);
+  };
+  const std::unique_ptr<ReplicaLinks> prev = connect("prev", start.prev, prev_links);
+  const std::unique_ptr<ReplicaLinks> next = connect("next", start.next, next_links);
+  // The stage's replicas sum their gradients over a group of their own; they find each
+  // other through the coordinator.
+  std::unique_ptr<Group> group;
+  if (a.replicas > 1) {
+    transport::SocketGroupOptions go;
+    go.rank = a.replica;
+    go.size = a.replicas;
+    go.transport = a.transport;
+    go.host = a.bind_host;
+    if (ipc_dir) go.ipc_dir = ipc_dir->path();
+    go.connect_timeout = std::chrono::seconds(a.timeout_s);
+    go.job = static_cast<uint64_t>(a.stage);
+    group = transport::makeSocketGroup(go, [&](const std::string& mine) {
+      coordinator.send(GroupAddress{mine});
+      GroupAddresses all = expect<GroupAddresses>(coordinator, std::chrono::seconds(a.timeout_s),
+                                                  "the group's addresses");
+      if (all.addresses.size() != static_cast<size_t>(a.replicas))
+        throw FormatError(who + ": " + std::to_string(all.addresses.size()) +
+                          " group addresses for " + std::to_string(a.replicas) + " replicas");
+      return all.addresses;
+    });
+  }
+
+  PipelineOptions po;
+  po.schedule = a.schedule;
+  po.microbatches = a.microbatches;
+  po.batch = a.batch;
+  po.seed = a.seed;
+  po.recompute = a.recompute;
+  po.record_spans = a.record_spans;
+  po.replicas = group.get();
+  po.collective_timeout = std::chrono::seconds(a.timeout_s);
+  StageTrainer trainer(model, StageRange{a.stage, a.stages, begin, end}, prev.get(), next.get(),
+                       &optimizer, po);
+  // Replicas of the last stage all hold the step's whole loss; the first reports it.
+  const bool reports = a.stage == a.stages - 1 && a.replica == 0;
+  const Dataset* train_data = a.stage == 0 ? &train : nullptr;
+  const Dataset* test_data = a.stage == 0 ? &test : nullptr;
+  StageReport report;
+  if (a.infer) {
+    const auto t0 = Clock::now();
+    const EvalResult ev = trainer.evaluate(test_data, start.test_samples, a.batch);
+    report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (reports) coordinator.send(InferDone{ev.samples, ev.loss, ev.accuracy, report.run_s});
+  }
+  StageCounters training;  // over the training epochs, without the evaluations between
+  for (int64_t e = 0; !a.infer && e < a.epochs; ++e) {
+    auto sent = Clock::now() - 1h;
+    auto progress = [&](const StepReport& r) {
+      if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
+      sent = Clock::now();
+      coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});
+    };
+    const StageCounters before = trainer.executor().counters();
+    const EpochReport r = trainer.trainEpoch(train_data, start.train_samples, e, progress);
+    const StageCounters after = trainer.executor().counters();
+    training.busy_s += after.busy_s - before.busy_s;
+    training.step_s += after.step_s - before.step_s;
+    training.compute_cpu_s += after.compute_cpu_s - before.compute_cpu_s;
+    training.recv_wait_s += after.recv_wait_s - before.recv_wait_s;
+    training.send_s += after.send_s - before.send_s;
+    training.allreduce_s += after.allreduce_s - before.allreduce_s;
+    training.microbatches += after.microbatches - before.microbatches;
+    report.run_s += r.seconds;
+    const EvalResult ev = trainer.evaluate(test_data, start.test_samples, a.batch);
+    if (reports)
+      coordinator.send(
+          EpochDone{e, r.train_loss, r.seconds, r.samples_per_s, ev.loss, ev.accuracy});
+  }
+  report.counters = a.infer ? trainer.executor().counters() : training;
+  report.counters.peak_stash = trainer.executor().counters().peak_stash;
+  if (a.record_spans) report.spans = trainer.executor().spans();
+  for (const auto* links : {&prev_links, &next_links})
+    for (const auto& l : *links) {
+      report.bytes_sent += l->stats().bytes_sent_wire;
+      report.bytes_received += l->stats().bytes_received_wire;
+    }
+  if (a.save && !a.infer) report.model = serializeModel(model, &optimizer, {});
+  coordinator.send(report, std::chrono::seconds(a.timeout_s));
+}
+
+}  // namespace
+
+void runStageWorker(Channel& coordinator, std::chrono::milliseconds wait) {
+  try {
+    const Assign a = expect<Assign>(coordinator, wait, "assignment");
+    run(coordinator, a);
+  } catch (const std::exception& e) {
+    try {
+      coordinator.send(Failed{e.what()}, 2s);
+      coordinator.close(2s);
+    } catch (const Error&) {  // the coordinator is gone too; the caller still learns why
+    }
+    throw;
+  }
+}
+
+}  // namespace tandem::runtime

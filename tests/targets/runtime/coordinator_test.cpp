@@ -1,0 +1,143 @@
+// The coordinator and its stage workers in one process (workers as threads, connected
+// over authenticated loopback channels): the assignments travel in-band, and the trained
+// slices that come back make bitwise the model single-device gradient accumulation makes.
+#include "targets/runtime/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/data/dataset.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "core/model_file.h"
+#include "core/model_spec.h"
+#include "core/train/trainer.h"
+#include "tests/test_util.h"
+
+namespace tandem::runtime {
+namespace {
+
+const std::string kMlp = std::string(TANDEM_SOURCE_DIR) + "/examples/models/mlp.yaml";
+
+struct Stage {
+  int64_t begin, end;
+  int replicas;
+};
+
+// One assignment per replica of each stage, for the MLP on 96 training samples.
+std::vector<Assign> assignments(const std::vector<Stage>& stages, ScheduleKind schedule) {
+  std::vector<Assign> out;
+  const int p = static_cast<int>(stages.size());
+  for (int s = 0; s < p; ++s)
+    for (int r = 0; r < stages[static_cast<size_t>(s)].replicas; ++r) {
+      Assign a;
+      a.job = "coordinator test";
+      a.model_spec = readFile(kMlp, "model spec");
+      a.stage = s;
+      a.stages = p;
+      a.replica = r;
+      a.replicas = stages[static_cast<size_t>(s)].replicas;
+      a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : 0;
+      a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : 0;
+      a.layer_begin = stages[static_cast<size_t>(s)].begin;
+      a.layer_end = stages[static_cast<size_t>(s)].end;
+      a.schedule = schedule;
+      a.microbatches = 4;
+      a.batch = 32;
+      a.epochs = 1;
+      a.seed = 3;
+      a.train_limit = 96;
+      a.test_limit = 64;
+      a.timeout_s = 30;
+      a.record_spans = true;
+      a.save = true;
+      out.push_back(a);
+    }
+  return out;
+}
+
+std::vector<std::string> names(const std::vector<Assign>& as) {
+  std::vector<std::string> out;
+  for (const Assign& a : as)
+    out.push_back("stage " + std::to_string(a.stage) + " replica " + std::to_string(a.replica));
+  return out;
+}
+
+std::map<std::string, std::vector<float>> singleDevice() {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model ref(loadModelSpec(kMlp));
+  ref.build(be, 3);
+  Optimizer opt(be, OptimizerOptions{});
+  Trainer trainer(ref, opt, TrainOptions{32, 3, true, 4});
+  trainer.trainEpoch(loadFashionMnist(kFashionMnistDir, true, 96), 0, {});
+  std::map<std::string, std::vector<float>> w;
+  for (const Param* p : ref.params()) w[p->name] = toHost(p->value);
+  return w;
+}
+
+TEST(CoordinatorTest, WorkersInThreadsTrainBitwiseAsOneDevice) {
+  const auto want = singleDevice();
+  struct Case {
+    std::vector<Stage> stages;
+    ScheduleKind schedule;
+  } cases[] = {
+      {{{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B},
+      {{{0, 2, 1}, {2, 4, 2}, {4, 6, 1}}, ScheduleKind::kGPipe},
+  };
+  for (const Case& c : cases) {
+    const std::vector<Assign> as = assignments(c.stages, c.schedule);
+    auto launcher = threadLauncher();
+    int epochs = 0, wired = 0;
+    RunCallbacks cb;
+    cb.epoch = [&](const EpochDone& e) {
+      ++epochs;
+      EXPECT_GT(e.test_accuracy, 0.0);
+    };
+    cb.wired = [&] { ++wired; };
+    const RunResult r = coordinate(as, names(as), *launcher, cb, RunOptions{});
+    EXPECT_EQ(epochs, 1);
+    EXPECT_EQ(wired, 1);
+    ASSERT_EQ(r.reports.size(), as.size());
+    std::map<std::string, std::vector<float>> got;
+    for (size_t i = 0; i < as.size(); ++i) {
+      // 3 steps of 4 microbatches, shared among a stage's replicas.
+      EXPECT_EQ(r.reports[i].counters.microbatches, 12 / as[i].replicas) << names(as)[i];
+      EXPECT_FALSE(r.reports[i].spans.empty());
+      if (as[i].stage > 0) {
+        EXPECT_GT(r.reports[i].bytes_received, 0u);
+      }
+      if (as[i].replica != 0) continue;
+      const ModelFile slice = parseModelFile(r.reports[i].model, names(as)[i]);
+      for (const HostTensor& t : slice.params) got[t.name] = t.data;
+    }
+    ASSERT_EQ(got.size(), want.size());
+    bool replicated = false;
+    for (const Stage& st : c.stages) replicated = replicated || st.replicas > 1;
+    for (const auto& [name, w] : want) {
+      if (!replicated) {
+        EXPECT_EQ(got.at(name), w) << name;  // bitwise
+        continue;
+      }
+      // Replicas sum their gradients in another order than one device: as close as
+      // RunTest.HybridStagesMatchSingleDeviceAccumulation asks.
+      const std::vector<float>& g = got.at(name);
+      ASSERT_EQ(g.size(), w.size());
+      for (size_t k = 0; k < w.size(); ++k)
+        ASSERT_NEAR(g[k], w[k], 1e-5f * (1 + std::abs(w[k]))) << name << "[" << k << "]";
+    }
+  }
+}
+
+TEST(CoordinatorTest, AWorkerThatCannotRunItsAssignmentEndsTheRunNamed) {
+  std::vector<Assign> as = assignments({{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B);
+  as[1].device = "opencl:99";
+  auto launcher = threadLauncher();
+  testing::expectThrowWith<Error>(
+      [&] { coordinate(as, names(as), *launcher, RunCallbacks{}, RunOptions{}); },
+      {"stage 1 replica 0 failed: ", "no OpenCL device 99"});
+}
+
+}  // namespace
+}  // namespace tandem::runtime
