@@ -55,9 +55,7 @@ ClusterKey generateClusterKey() {
 void writeClusterKey(const ClusterKey& key, const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) throw IoError("cannot write the key file '" + path + "': " + std::strerror(errno));
-  std::string hex(key.bytes.size() * 2 + 1, '\0');
-  sodium_bin2hex(hex.data(), hex.size(), key.bytes.data(), key.bytes.size());
-  hex.back() = '\n';
+  const std::string hex = clusterKeyHex(key) + "\n";
   const bool ok = ::fchmod(fd, 0600) == 0 &&
                   ::write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size()) &&
                   ::fsync(fd) == 0;
@@ -75,7 +73,10 @@ ClusterKey readClusterKey(const std::string& path) {
                           "(mode " + std::to_string((st.st_mode >> 6) & 7) +
                           std::to_string((st.st_mode >> 3) & 7) + std::to_string(st.st_mode & 7) +
                           "); run: chmod 600 " + path);
-  std::string text = readFile(path, "key file");
+  return parseClusterKey(readFile(path, "key file"), "the key file '" + path + "'");
+}
+
+ClusterKey parseClusterKey(std::string text, const std::string& source) {
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
     text.pop_back();
   ClusterKey k;
@@ -84,10 +85,17 @@ ClusterKey readClusterKey(const std::string& path) {
   if (text.size() != 64 || sodium_hex2bin(k.bytes.data(), k.bytes.size(), text.data(),
                                           text.size(), nullptr, &len, &end) != 0 ||
       len != k.bytes.size())
-    throw FormatError("the key file '" + path +
-                      "' is not a cluster key (64 hex digits; make one with "
+    throw FormatError(source +
+                      " is not a cluster key (64 hex digits; make one with "
                       "`tandem keygen --cluster --out PREFIX`)");
   return k;
+}
+
+std::string clusterKeyHex(const ClusterKey& key) {
+  std::string hex(key.bytes.size() * 2 + 1, '\0');
+  sodium_bin2hex(hex.data(), hex.size(), key.bytes.data(), key.bytes.size());
+  hex.pop_back();
+  return hex;
 }
 
 Mac handshakeProof(const ClusterKey& key, Side side, const Hello& client, const Hello& server) {

@@ -26,6 +26,12 @@ void writeClusterKey(const ClusterKey& key, const std::string& path);
 // not 64 hex digits; InvalidArgument if others than its owner may read it.
 ClusterKey readClusterKey(const std::string& path);
 
+// A key from its 64 hex digits (surrounding newlines and spaces ignored); FormatError
+// naming `source` otherwise.
+ClusterKey parseClusterKey(std::string text, const std::string& source);
+// The 64 hex digits of a key.
+std::string clusterKeyHex(const ClusterKey& key);
+
 // Which side of a handshake: the one that connected (client) or accepted (server).
 enum class Side { kClient, kServer };
 

@@ -22,16 +22,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::string hexKey(const ClusterKey& key) {
-  static const char* digits = "0123456789abcdef";
-  std::string hex;
-  for (uint8_t b : key.bytes) {
-    hex += digits[b >> 4];
-    hex += digits[b & 15];
-  }
-  return hex + "\n";
-}
-
 class ProcessLauncher final : public Launcher {
  public:
   ProcessLauncher(std::string program, std::vector<std::string> args)
@@ -58,7 +48,7 @@ class ProcessLauncher final : public Launcher {
     }
     close(in[0]);
     // The key goes through the pipe, never a file or the command line.
-    const std::string hex = hexKey(key);
+    const std::string hex = clusterKeyHex(key) + "\n";
     const bool written = write(in[1], hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
     close(in[1]);
     running_[slot] = pid;

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include "core/error.h"
@@ -96,39 +95,6 @@ void stopChildren(const std::vector<pid_t>& pids, std::chrono::milliseconds grac
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-}
-
-std::string spanFile(const std::string& run_dir, int stage) {
-  return run_dir + "/spans-" + std::to_string(stage) + ".json";
-}
-
-void writeSpans(const std::string& path, const std::vector<Span>& spans) {
-  Json list = Json::array();
-  for (const Span& s : spans)
-    list.push_back({static_cast<int>(s.type), s.microbatch, s.start_s, s.end_s});
-  std::ofstream out(path);
-  if (!out) throw IoError("cannot write spans to '" + path + "'");
-  out << list.dump();
-}
-
-std::vector<Span> readSpans(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw IoError("cannot read spans from '" + path + "'");
-  const Json list = Json::parse(in, nullptr, false);
-  if (list.is_discarded() || !list.is_array()) throw FormatError("bad span file '" + path + "'");
-  std::vector<Span> spans;
-  try {
-    for (const Json& e : list) {
-      const int type = e.at(0).get<int>();
-      if (type < 0 || type > static_cast<int>(ActionType::kStep))
-        throw FormatError("span file '" + path + "': unknown action " + std::to_string(type));
-      spans.push_back({static_cast<ActionType>(type), e.at(1).get<int64_t>(), e.at(2).get<double>(),
-                       e.at(3).get<double>()});
-    }
-  } catch (const Json::exception& e) {
-    throw FormatError("span file '" + path + "': " + e.what());
-  }
-  return spans;
 }
 
 template int64_t field<int64_t>(const Json&, const char*);

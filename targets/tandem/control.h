@@ -1,12 +1,8 @@
-// The control channel between `tandem run` and its stage workers: JSON messages over
-// ZeroMQ (a PULL each side binds, a PUSH to the other's). Messages from a peer are
-// hostile input: a malformed one raises FormatError naming the field.
-//
-//   worker -> run:  hello {stage, pid, prev, next, control, train_samples, test_samples}
-//                   progress {epoch, step, steps, loss, samples_per_s, elapsed_s}
-//                   epoch {epoch, loss, seconds, samples_per_s, test_loss, test_accuracy}
-//                   done {stage, counters...}   error {stage, message}
-//   run -> worker:  peers {prev, next, train_samples, test_samples}
+// The control channel between `tandem profile --links` and its link agents (links.h):
+// JSON messages over ZeroMQ (a PULL each side binds, a PUSH to the other's). Messages
+// from a peer are hostile input: a malformed one raises FormatError naming the field.
+// (`tandem run` and its stage workers speak the runtime's protocol instead,
+// targets/runtime/; the link agents move to it when tandemd measures links.)
 #pragma once
 
 #include <sys/types.h>
@@ -17,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "core/pipeline/executor.h"
 #include "transport/context.h"
 
 namespace tandem::cli {
@@ -60,12 +55,5 @@ pid_t spawnSelf(const std::vector<std::string>& args);
 // `grace`; reaps them all.
 void stopChildren(const std::vector<pid_t>& pids,
                   std::chrono::milliseconds grace = std::chrono::seconds(3));
-
-// Span files: a stage worker writes its timeline spans to spanFile(run_dir, stage) as
-// JSON [[type, microbatch, start_s, end_s], ...]; `tandem run` reads them back
-// (FormatError naming the file if one is malformed).
-std::string spanFile(const std::string& run_dir, int stage);
-void writeSpans(const std::string& path, const std::vector<Span>& spans);
-std::vector<Span> readSpans(const std::string& path);
 
 }  // namespace tandem::cli

@@ -53,19 +53,17 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   return o;
 }
 
-partitioner::Plan planJob(const JobSpec& job, const Model& model, const std::string& out) {
+PlannedJob planJob(const JobSpec& job, const Model& model) {
   const partitioner::CostModel cost =
       loadCostModel(model, job.cluster, job.profile, jobCostOptions(job));
-  partitioner::Plan plan = partitioner::bestPlan(cost);
-  std::ofstream f(out, std::ios::trunc);
-  f << partitioner::planToYaml(cost, plan);
-  TANDEM_CHECK_MSG(f.good(), IoError, "cannot write the plan to '" << out << "'");
-  return plan;
+  PlannedJob out{partitioner::bestPlan(cost), ""};
+  out.yaml = partitioner::planToYaml(cost, out.plan);
+  return out;
 }
 
 std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
-                                      const std::string& plan_file) {
-  const std::string path = !plan_file.empty() ? plan_file : job.plan;
+                                      const std::string& plan_yaml) {
+  const std::string path = !plan_yaml.empty() ? job.partition_where + " (the auto plan)" : job.plan;
   std::vector<StagePlacement> out;
   if (path.empty()) {
     TANDEM_CHECK_MSG(!job.auto_partition, InvalidArgument,
@@ -81,7 +79,8 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                      {}});
     return out;
   }
-  const auto specs = partitioner::parsePlan(readFile(path, "plan file"), path);
+  const auto specs =
+      partitioner::parsePlan(!plan_yaml.empty() ? plan_yaml : readFile(path, "plan file"), path);
   JobSpec ranges = job;  // the job's own coverage checks, naming the plan's lines
   ranges.ranges.clear();
   ranges.range_where.clear();

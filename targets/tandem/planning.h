@@ -28,9 +28,13 @@ partitioner::CostModel loadCostModel(const Model& model, const std::string& clus
 // The cost options a job implies (schedule, microbatches, optimizer, codecs).
 partitioner::CostOptions jobCostOptions(const JobSpec& job);
 
-// `partition: auto`: plans the job with the partitioner over its cluster and profile,
-// writes the plan to `out` and returns it (priced) for the run to print.
-partitioner::Plan planJob(const JobSpec& job, const Model& model, const std::string& out);
+// `partition: auto`: plans the job with the partitioner over its cluster and profile: the
+// plan (priced, for the run to print) and its YAML (for jobStages).
+struct PlannedJob {
+  partitioner::Plan plan;
+  std::string yaml;
+};
+PlannedJob planJob(const JobSpec& job, const Model& model);
 
 // One stage of a job as `tandem run` starts it.
 struct StagePlacement {
@@ -45,11 +49,11 @@ struct StagePlacement {
   }
 };
 
-// The job's stages: from `plan_file` when given (what `tandem run` hands its workers
-// after planning once), else the job's plan file, else its ranges or equal split on the
+// The job's stages: from `plan_yaml` when given (the plan `tandem run` made for
+// `partition: auto`), else the job's plan file, else its ranges or equal split on the
 // CPU with the job's threads. Plans are checked to cover the model exactly once; a
 // plan's stage on several devices has that many replicas.
 std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
-                                      const std::string& plan_file = "");
+                                      const std::string& plan_yaml = "");
 
 }  // namespace tandem::cli

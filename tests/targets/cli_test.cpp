@@ -347,9 +347,10 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   std::ofstream(bad_yaml) << "input: [1, 28, 28]\nlayers:\n  - flatten\n  - linear: {out: ten}\n";
   const std::string junk = ::testing::TempDir() + "/cli_junk.tdm";
   std::ofstream(junk) << "this is not a model";
+  // `save:` makes its folder, but not under a file.
   const std::string unsaveable = ::testing::TempDir() + "/cli_unsaveable.yaml";
   std::ofstream(unsaveable) << "model: " << kModels << "mlp.yaml\ndata: fashion-mnist\n"
-                            << "partition: equal\nstages: 2\nsave: /nonexistent/dir/m.tdm\n";
+                            << "partition: equal\nstages: 2\nsave: " << junk << "/dir/m.tdm\n";
   const std::string plain_job = ::testing::TempDir() + "/cli_plain_job.yaml";
   std::ofstream(plain_job) << "model: " << kModels << "mlp.yaml\ndata: fashion-mnist\n"
                            << "partition: equal\nstages: 2\n";
@@ -378,7 +379,7 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
        "not exist"},
       {"profile --model " + kModels + "mlp.yaml --devices cpu --out /nonexistent/p.json",
        "cannot write profile '/nonexistent/p.json'"},
-      {"run " + unsaveable, "cannot write model file '/nonexistent/dir/m.tdm'"},
+      {"run " + unsaveable, "cannot make the folder of save: '" + junk + "/dir'"},
       {"run " + plain_job + " --timeline " + junk + "/tl",
        "cannot make the timeline directory '" + junk + "/tl'"},
       {"train --model " + kModels + "mlp.yaml --replicas 2 --bucket-mib nan",
