@@ -48,6 +48,9 @@ struct Channel::Impl {
         peer_hello(hello),
         peer(std::move(peer_name)),
         options(o) {
+    boost::system::error_code ec;
+    const tcp::endpoint here = socket.local_endpoint(ec);
+    if (!ec) local_host = here.address().to_string();
     last_heard = last_sent = Clock::now();
     io->restart();  // the handshake ran it to completion, which leaves it stopped
     readHeader();
@@ -251,6 +254,7 @@ struct Channel::Impl {
   SessionKeys keys;
   const Hello peer_hello;
   const std::string peer;
+  std::string local_host;
   const ChannelOptions options;
   std::thread thread;
 
@@ -302,6 +306,7 @@ void Channel::close(std::chrono::milliseconds flush) {
 }
 
 const std::string& Channel::peer() const { return impl_->peer; }
+const std::string& Channel::localHost() const { return impl_->local_host; }
 const Hello& Channel::peerHello() const { return impl_->peer_hello; }
 
 std::string Channel::failure() const {

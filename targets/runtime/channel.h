@@ -57,6 +57,9 @@ class Channel {
 
   // "HOST:PORT" of the peer, for messages.
   const std::string& peer() const;
+  // This side's address on the connection (no port): how the peer's machine reaches
+  // this one.
+  const std::string& localHost() const;
   // The peer's hello (its protocol version and build).
   const Hello& peerHello() const;
   // Why the channel ended; empty while it lives.

@@ -52,6 +52,19 @@ std::unique_ptr<Launcher> processLauncher(std::string program, std::vector<std::
 // one process, for tests.
 std::unique_ptr<Launcher> threadLauncher();
 
+// Workers started by node daemons (daemon.h): connects to every node now (IoError or
+// HandshakeRefused naming the node and its address), and asks node `node_of_slot[i]` to
+// start worker i. A node whose connection closes or falls silent ends every worker it
+// ran, named with the node. stopAll() says `leave`, and the daemons stop their workers.
+struct DaemonNode {
+  std::string name;
+  Endpoint address;
+};
+std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
+                                         const std::vector<int>& node_of_slot,
+                                         const ClusterKey& cluster_key,
+                                         std::chrono::milliseconds timeout);
+
 struct RunCallbacks {
   std::function<void(int slot, int64_t pid)> started;
   std::function<void()> wired;  // every worker is ready and was told its neighbours

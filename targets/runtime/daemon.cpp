@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "targets/runtime/channel_io.h"
+#include "targets/runtime/coordinator.h"
 #include "targets/runtime/node_info.h"
 
 namespace tandem::runtime {
@@ -116,8 +117,51 @@ struct Daemon::Impl {
     }
   }
 
+  // The workers a connection started: stopped however the connection ends.
+  struct Workers {
+    Impl& daemon;
+    std::unique_ptr<Launcher> launcher;
+    ~Workers() {
+      if (!launcher) return;
+      launcher->stopAll();
+      std::lock_guard lock(daemon.mu);
+      daemon.job_owner = nullptr;
+    }
+  };
+
+  void launch(Channel& channel, const Launch& l, Workers& workers) {
+    if (options.worker_program.empty())
+      return channel.send(ErrorReply{"this daemon starts no workers"});
+    Endpoint coordinator;
+    try {
+      coordinator = parseEndpoint(l.coordinator);
+    } catch (const InvalidArgument& e) {
+      return channel.send(ErrorReply{std::string("launch: ") + e.what()});
+    }
+    {
+      std::lock_guard lock(mu);
+      if (job_owner && job_owner != &channel)
+        return channel.send(
+            ErrorReply{"this node runs the workers of another run; one run at a time"});
+      job_owner = &channel;
+    }
+    if (!workers.launcher)
+      workers.launcher = processLauncher(options.worker_program, options.worker_args);
+    ClusterKey key;
+    key.bytes = l.key;
+    const int64_t pid = workers.launcher->start(l.slot, coordinator, key);
+    spdlog::info("started worker {} (pid {}) for {}'s run", l.slot, pid, channel.peer());
+    channel.send(Launched{l.slot, pid});
+  }
+
   void answer(Channel& channel) {
+    Workers workers{*this, nullptr};
     while (!stopping) {
+      if (workers.launcher)
+        while (const auto e = workers.launcher->ended()) {
+          spdlog::info("worker {} {}", e->slot, e->how);
+          channel.send(WorkerEnded{e->slot, e->how, e->killed});
+        }
       std::optional<Message> m;
       try {
         m = channel.recv(200ms);
@@ -141,6 +185,12 @@ struct Daemon::Impl {
         spdlog::info("{} left: {}", channel.peer(), leave->reason);
         channel.close();
         return;
+      } else if (const auto* l = std::get_if<Launch>(&*m)) {
+        try {
+          launch(channel, *l, workers);
+        } catch (const Error& e) {
+          channel.send(ErrorReply{std::string("launch: ") + e.what()});
+        }
       } else if (const auto* node = std::get_if<NodeInfo>(&*m)) {
         spdlog::info("{} is {} ({})", channel.peer(), node->name, node->build);
       } else {
@@ -165,6 +215,7 @@ struct Daemon::Impl {
   asio::io_context io;
   tcp::acceptor acceptor;
   NodeInfo info;  // gathered once; load and free memory are refreshed per connection
+  const Channel* job_owner = nullptr;  // the connection whose workers run now (under mu)
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;  // conns, stats
   std::list<Conn> conns;

@@ -1,7 +1,10 @@
 // Daemon: the node daemon's server (`tandemd`), as a library so that tests run it in
 // one process. It listens on one TCP address, authenticates every connection
 // (handshake.h) on its own thread, then answers the peer: its NodeInfo first, then pongs
-// to pings, until the peer leaves or goes silent. A peer's bad message gets an error
+// to pings, and `launch`: a stage worker process that connects back to the peer's run
+// (coordinator.h), reported as `launched` and, when it ends, `worker ended`. The workers
+// of a connection are stopped when it ends — the peer left, or vanished (closed or
+// silent) — and the daemon serves the next run; one run's workers at a time. A peer's bad message gets an error
 // reply and the connection lives on; a refused handshake is logged with the peer's
 // address and why. Nothing a peer sends ends the daemon.
 #pragma once
@@ -14,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "targets/runtime/cluster_key.h"
 #include "targets/runtime/handshake.h"
@@ -26,6 +30,11 @@ struct DaemonOptions {
   std::string name;  // the node's name (default: the host name)
   HandshakeOptions handshake;
   int max_connections = 16;  // beyond: refused as busy
+  // How to start a stage worker on this node: `program args... --control HOST:PORT
+  // --slot N`, the run's key on its standard input (tandemd: itself, `worker`). Empty:
+  // this daemon starts no workers.
+  std::string worker_program;
+  std::vector<std::string> worker_args;
 };
 
 // Counters, for the log and for tests.

@@ -1,6 +1,7 @@
 // The two launchers of coordinator.h: worker processes on this machine, and worker
 // threads of this process (for tests).
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +41,8 @@ class ProcessLauncher final : public Launcher {
     const pid_t pid = fork();
     if (pid < 0) throw Error("cannot start a worker: fork failed");
     if (pid == 0) {
+      // The worker dies with the thread that started it (a daemon's connection, a run).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       dup2(in[0], STDIN_FILENO);
       close(in[0]);
       close(in[1]);

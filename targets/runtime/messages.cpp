@@ -63,6 +63,22 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const NodeInf
       .Union();
 }
 
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Launch& m) {
+  checkText("launch", "coordinator", m.coordinator, kMaxEndpointBytes);
+  auto coordinator = b.CreateString(m.coordinator);
+  return fb::CreateLaunch(b, m.slot, coordinator, b.CreateVector(m.key.data(), m.key.size()))
+      .Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Launched& m) {
+  return fb::CreateLaunched(b, m.slot, m.pid).Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const WorkerEnded& m) {
+  checkText("worker ended", "how", m.how, kMaxTextBytes);
+  return fb::CreateWorkerEnded(b, m.slot, b.CreateString(m.how), m.killed).Union();
+}
+
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Ping& m) {
   return fb::CreatePing(b, m.id, m.sent_ns).Union();
 }
@@ -85,6 +101,7 @@ fb::Body bodyType(const Message& m) {
   static constexpr fb::Body kTypes[] = {
       fb::Body_Hello,     fb::Body_Proof,          fb::Body_Refused,        fb::Body_NodeInfo,
       fb::Body_Ping,      fb::Body_Pong,           fb::Body_Leave,          fb::Body_Error,
+      fb::Body_Launch,    fb::Body_Launched,       fb::Body_WorkerEnded,
       fb::Body_WorkerHello, fb::Body_Assign,    fb::Body_Ready,          fb::Body_Start,          fb::Body_GroupAddress,
       fb::Body_GroupAddresses, fb::Body_Progress,  fb::Body_EpochDone,      fb::Body_InferDone,
       fb::Body_StageReport,    fb::Body_Failed};
@@ -157,7 +174,7 @@ const char* refusalName(Refusal r) {
 const char* messageName(const Message& m) {
   static constexpr const char* kNames[] = {
       "hello",  "proof", "refused",       "node info",       "ping",     "pong",
-      "leave",  "error", "worker hello", "assign",        "ready",           "start",    "group address",
+      "leave",  "error", "launch", "launched", "worker ended", "worker hello", "assign",        "ready",           "start",    "group address",
       "group addresses", "progress",      "epoch done",      "infer done", "stage report",
       "failed"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
@@ -226,6 +243,26 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
       return Leave{text("leave", "reason", msg->body_as_Leave()->reason(), kMaxTextBytes)};
     case fb::Body_Error:
       return ErrorReply{text("error", "message", msg->body_as_Error()->message(), kMaxTextBytes)};
+    case fb::Body_Launch: {
+      const fb::Launch* l = msg->body_as_Launch();
+      Launch out;
+      out.slot = l->slot();
+      if (out.slot < 0) bad("launch", "slot is negative (" + std::to_string(out.slot) + ")");
+      out.coordinator = text("launch", "coordinator", l->coordinator(), kMaxEndpointBytes);
+      out.key = exactBytes<32>("launch", "key", l->key());
+      return out;
+    }
+    case fb::Body_Launched: {
+      const fb::Launched* l = msg->body_as_Launched();
+      if (l->slot() < 0 || l->pid() < 0) bad("launched", "a negative slot or pid");
+      return Launched{l->slot(), l->pid()};
+    }
+    case fb::Body_WorkerEnded: {
+      const fb::WorkerEnded* w = msg->body_as_WorkerEnded();
+      if (w->slot() < 0) bad("worker ended", "slot is negative");
+      return WorkerEnded{w->slot(), text("worker ended", "how", w->how(), kMaxTextBytes),
+                         w->killed()};
+    }
     case fb::Body_WorkerHello:
     case fb::Body_Assign:
     case fb::Body_Ready:

@@ -100,6 +100,28 @@ struct ErrorReply {
   bool operator==(const ErrorReply&) const = default;
 };
 
+// --- between a coordinator and a node daemon: workers on the node ------------------
+
+struct Launch {
+  int32_t slot = 0;
+  std::string coordinator;  // HOST:PORT as the node reaches the coordinator
+  std::array<uint8_t, 32> key{};
+  bool operator==(const Launch&) const = default;
+};
+
+struct Launched {
+  int32_t slot = 0;
+  int64_t pid = 0;
+  bool operator==(const Launched&) const = default;
+};
+
+struct WorkerEnded {
+  int32_t slot = 0;
+  std::string how;
+  bool killed = false;
+  bool operator==(const WorkerEnded&) const = default;
+};
+
 // --- between a coordinator and a stage worker (stage_worker.h) ---------------------
 
 inline constexpr size_t kMaxModelSpecBytes = size_t{1} << 20;
@@ -191,7 +213,7 @@ struct Failed {
 };
 
 using Message = std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply,
-                             WorkerHello, Assign, Ready, Start, GroupAddress, GroupAddresses, Progress,
+                             Launch, Launched, WorkerEnded, WorkerHello, Assign, Ready, Start, GroupAddress, GroupAddresses, Progress,
                              EpochDone, InferDone, StageReport, Failed>;
 
 // "hello", "proof", ... for messages.

@@ -1,6 +1,11 @@
 #include "targets/runtime/stage_worker.h"
 
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <iostream>
 
 #include <filesystem>
 #include <memory>
@@ -10,6 +15,8 @@
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_trainer.h"
+#include "targets/runtime/handshake.h"
+#include "targets/runtime/node_info.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_link.h"
 
@@ -216,6 +223,20 @@ void runStageWorker(Channel& coordinator, std::chrono::milliseconds wait) {
     }
     throw;
   }
+}
+
+void runWorkerProcess(const std::string& control, int slot) {
+  // Dies with the process that started it: no worker outlives its run or its daemon.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::string line;
+  std::getline(std::cin, line);
+  const ClusterKey key = parseClusterKey(line, "the key on standard input");
+  HandshakeOptions o;
+  o.build = buildName();
+  std::unique_ptr<Channel> c = connectChannel(parseEndpoint(control), key, o);
+  c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
+  runStageWorker(*c);
+  c->close();
 }
 
 }  // namespace tandem::runtime

@@ -22,4 +22,9 @@ namespace tandem::runtime {
 void runStageWorker(Channel& coordinator,
                     std::chrono::milliseconds wait = std::chrono::seconds(60));
 
+// The whole of a worker process (`tandem stage`, `tandemd worker`): reads the run's key
+// from standard input, connects to the coordinator at `control` (HOST:PORT), says it is
+// worker `slot`, and runs its assignment. Dies with the process that started it.
+void runWorkerProcess(const std::string& control, int slot);
+
 }  // namespace tandem::runtime

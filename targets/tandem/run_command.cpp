@@ -25,6 +25,7 @@
 #include "core/pipeline/timeline.h"
 #include "targets/tandem/commands.h"
 #include "targets/runtime/coordinator.h"
+#include "targets/runtime/local_daemon.h"
 #include "targets/tandem/planning.h"
 #include "targets/tandem/progress.h"
 
@@ -41,6 +42,19 @@ struct WorkerName {
            (replicas > 1 ? " replica " + std::to_string(replica) : "");
   }
 };
+
+// The node daemon program: `tandemd` beside this program (installed together), else in
+// the build tree's targets/tandemd/.
+std::string tandemdProgram() {
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  for (const std::filesystem::path& p :
+       {self.parent_path() / "tandemd", self.parent_path().parent_path() / "tandemd" / "tandemd"}) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(p, ec)) return p.string();
+  }
+  throw Error("cannot find tandemd beside " + self.string() +
+              " (nor in ../tandemd/): `tandem run` starts its workers through it");
+}
 
 // Every worker's assignment: the job and its placement, carried in-band.
 std::vector<runtime::Assign> assignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
@@ -268,10 +282,15 @@ int runJob(const RunArgs& args) {
   cb.infer = [&](const runtime::InferDone& m) { infer_result = m; };
   runtime::RunOptions ro;
   ro.silence = std::chrono::seconds(2 * job.timeout_s + 30);
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const auto launcher = runtime::processLauncher(self, {"stage"});
   runtime::RunResult result;
   try {
+    // This machine as one node: a tandemd on loopback for this run, started with a key
+    // made for it, which starts every worker — the path a cluster's daemons take.
+    const runtime::ClusterKey key = runtime::generateClusterKey();
+    runtime::LocalDaemon daemon(tandemdProgram(), key, "local");
+    const auto launcher =
+        runtime::daemonLauncher({{"local", daemon.endpoint()}}, std::vector<int>(as.size(), 0),
+                                key, std::chrono::seconds(10));
     result = runtime::coordinate(as, names, *launcher, cb, ro);
   } catch (const Error& e) {
     progress.finishEpoch();

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -17,6 +18,7 @@
 #include "targets/runtime/daemon.h"
 #include "targets/runtime/handshake.h"
 #include "targets/runtime/node_info.h"
+#include "targets/runtime/stage_worker.h"
 
 namespace {
 
@@ -33,20 +35,43 @@ int main(int argc, char** argv) {
   using namespace tandem::runtime;
   CLI::App app{"tandemd: the tandem node daemon"};
   app.set_version_flag("--version", buildName());
-  std::string listen = "127.0.0.1:7600", key_file, name;
+  std::string listen = "127.0.0.1:7600", key_file, name, log_level = "info";
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)")
       ->capture_default_str();
-  app.add_option("--key", key_file, "The cluster key file (`tandem keygen --cluster`)")
-      ->required();
+  app.add_option("--key", key_file,
+                 "The cluster key file (`tandem keygen --cluster`); - reads the key from "
+                 "standard input");
   app.add_option("--name", name, "This node's name (default: the host name)");
+  app.add_option("--log-level", log_level, "debug, info, warn or error")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
+      ->capture_default_str();
+  // The stage workers this daemon starts: the same program, given the run's key on
+  // standard input (targets/runtime/stage_worker.h).
+  std::string control;
+  int slot = 0;
+  CLI::App* worker = app.add_subcommand("worker", "One stage worker (started by this daemon)");
+  worker->group("");
+  worker->add_option("--control", control, "The coordinator's HOST:PORT")->required();
+  worker->add_option("--slot", slot, "Which of the coordinator's workers this is")->required();
   try {
     app.parse(argc, argv);
+    if (!worker->parsed() && key_file.empty()) throw CLI::RequiredError("--key");
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
   spdlog::set_default_logger(spdlog::stderr_color_mt("tandemd"));
   spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (worker->parsed()) {
+    try {
+      runWorkerProcess(control, slot);
+      return 0;
+    } catch (const std::exception& e) {
+      std::cerr << "tandemd worker " << slot << ": error: " << e.what() << "\n";
+      return 1;
+    }
+  }
 
   // SIGTERM and SIGINT only write their number to a pipe, whichever thread they land on
   // (libraries such as OpenBLAS start threads before main, so no mask covers them all);
@@ -64,8 +89,16 @@ int main(int argc, char** argv) {
   try {
     DaemonOptions o;
     o.listen = listen;
-    o.key = readClusterKey(key_file);
+    if (key_file == "-") {
+      std::string line;
+      std::getline(std::cin, line);
+      o.key = parseClusterKey(line, "the key on standard input");
+    } else {
+      o.key = readClusterKey(key_file);
+    }
     o.name = name;
+    o.worker_program = std::filesystem::read_symlink("/proc/self/exe").string();
+    o.worker_args = {"worker"};
     Daemon daemon(o);
     const tandem::Endpoint at = daemon.endpoint();
     if (!isLoopbackHost(at.host))
