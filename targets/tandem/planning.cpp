@@ -76,6 +76,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                      job.threads,
                      -1,
                      s < job.range_replicas.size() ? job.range_replicas[s] : 1,
+                     {},
                      {}});
     return out;
   }
@@ -99,7 +100,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
         s.compute_s < 0
             ? -1
             : (s.compute_s - s.allreduce_s / static_cast<double>(job.microbatches)) * replicas;
-    out.push_back({s.begin, s.end, s.backend, s.threads, one, replicas, s.backends});
+    out.push_back({s.begin, s.end, s.backend, s.threads, one, replicas, s.backends, s.devices});
   }
   return out;
 }

@@ -44,6 +44,7 @@ struct StagePlacement {
   double predicted_compute_s = -1;            // from the plan, per microbatch (-1: no plan)
   int replicas = 1;                           // data-parallel replicas, each a worker of its own
   std::vector<std::string> replica_backends;  // each replica's device (empty: `backend`)
+  std::vector<std::string> replica_devices;   // from a plan: each replica's "node/device"
   const std::string& backendOf(int replica) const {
     return replica_backends.empty() ? backend : replica_backends.at(static_cast<size_t>(replica));
   }

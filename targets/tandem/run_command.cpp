@@ -25,7 +25,9 @@
 #include "core/pipeline/timeline.h"
 #include "targets/tandem/commands.h"
 #include "targets/runtime/coordinator.h"
+#include "targets/runtime/daemon.h"
 #include "targets/runtime/local_daemon.h"
+#include "partitioner/cluster.h"
 #include "targets/tandem/planning.h"
 #include "targets/tandem/progress.h"
 
@@ -206,9 +208,57 @@ void printInference(const std::vector<StageSpans>& all, const runtime::InferDone
 }
 
 struct RunArgs {
-  std::string job, timeline;
+  std::string job, timeline, cluster, key;
   bool infer = false;
 };
+
+// Where each worker runs when the job goes to a cluster's daemons: the nodes (each with
+// its address), the node of each worker, and the cluster key.
+struct ClusterTargets {
+  std::vector<runtime::DaemonNode> nodes;
+  std::vector<int> node_of_slot;
+  std::vector<std::string> host_of_slot;  // where the worker's links listen
+  runtime::ClusterKey key;
+  bool remote = false;  // some node is not on loopback
+};
+
+// A plan's stage names its devices "node/device"; a job's own ranges go to the
+// cluster's nodes in turn (stage s to node s mod N).
+ClusterTargets clusterTargets(const std::string& path, const std::string& key_file,
+                              const std::vector<runtime::Assign>& as,
+                              const std::vector<StagePlacement>& stages) {
+  const partitioner::Cluster cluster = partitioner::loadCluster(path);
+  ClusterTargets t;
+  for (const partitioner::ClusterNode& n : cluster.nodes) {
+    if (!n.address)
+      throw InvalidArgument(n.where + ": node '" + n.name +
+                            "' has no 'address' (HOST:PORT of its tandemd); a run on a cluster's "
+                            "daemons needs every node's");
+    t.nodes.push_back({n.name, *n.address});
+    t.remote = t.remote || !runtime::isLoopbackHost(n.address->host);
+  }
+  auto nodeIndex = [&](const std::string& name) {
+    for (size_t i = 0; i < cluster.nodes.size(); ++i)
+      if (cluster.nodes[i].name == name) return static_cast<int>(i);
+    throw InvalidArgument("the plan places a stage on node '" + name + "', which " + path +
+                          " lacks");
+  };
+  for (const runtime::Assign& a : as) {
+    const StagePlacement& place = stages[static_cast<size_t>(a.stage)];
+    int node = a.stage % static_cast<int>(cluster.nodes.size());
+    if (!place.replica_devices.empty()) {
+      const std::string& device = place.replica_devices.at(static_cast<size_t>(a.replica));
+      node = nodeIndex(device.substr(0, device.find('/')));
+    }
+    t.node_of_slot.push_back(node);
+    t.host_of_slot.push_back(cluster.nodes[static_cast<size_t>(node)].host);
+  }
+  const std::string key = !key_file.empty() ? key_file : cluster.key;
+  if (key.empty())
+    throw InvalidArgument("no cluster key: give --key FILE, or `key: FILE` in " + path);
+  t.key = runtime::readClusterKey(key);
+  return t;
+}
 
 int runJob(const RunArgs& args) {
   const std::string& timeline = args.timeline;
@@ -243,7 +293,7 @@ int runJob(const RunArgs& args) {
   }
   const std::vector<StagePlacement> stages = jobStages(job, model, plan_yaml);
   const int p = static_cast<int>(stages.size());
-  const std::vector<runtime::Assign> as = assignments(job, stages, args.infer, spans_wanted);
+  std::vector<runtime::Assign> as = assignments(job, stages, args.infer, spans_wanted);
   const int n = static_cast<int>(as.size());
   std::vector<std::string> names;
   for (const runtime::Assign& a : as) names.push_back(WorkerName::of(a.stage, a.replica, a.replicas));
@@ -284,13 +334,23 @@ int runJob(const RunArgs& args) {
   ro.silence = std::chrono::seconds(2 * job.timeout_s + 30);
   runtime::RunResult result;
   try {
-    // This machine as one node: a tandemd on loopback for this run, started with a key
-    // made for it, which starts every worker — the path a cluster's daemons take.
-    const runtime::ClusterKey key = runtime::generateClusterKey();
-    runtime::LocalDaemon daemon(tandemdProgram(), key, "local");
-    const auto launcher =
-        runtime::daemonLauncher({{"local", daemon.endpoint()}}, std::vector<int>(as.size(), 0),
-                                key, std::chrono::seconds(10));
+    std::unique_ptr<runtime::LocalDaemon> local;
+    std::unique_ptr<runtime::Launcher> launcher;
+    if (!args.cluster.empty()) {
+      // The cluster's daemons start the workers, each node its share.
+      const ClusterTargets t = clusterTargets(args.cluster, args.key, as, stages);
+      for (size_t i = 0; i < as.size(); ++i) as[i].bind_host = t.host_of_slot[i];
+      if (t.remote) ro.listen = "0.0.0.0:0";
+      launcher = runtime::daemonLauncher(t.nodes, t.node_of_slot, t.key, std::chrono::seconds(10));
+    } else {
+      // This machine as one node: a tandemd on loopback for this run, started with a key
+      // made for it, which starts every worker — the path a cluster's daemons take.
+      const runtime::ClusterKey key = runtime::generateClusterKey();
+      local = std::make_unique<runtime::LocalDaemon>(tandemdProgram(), key, "local");
+      launcher = runtime::daemonLauncher({{"local", local->endpoint()}},
+                                         std::vector<int>(as.size(), 0), key,
+                                         std::chrono::seconds(10));
+    }
     result = runtime::coordinate(as, names, *launcher, cb, ro);
   } catch (const Error& e) {
     progress.finishEpoch();
@@ -365,8 +425,11 @@ int runJob(const RunArgs& args) {
 void addRun(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   CLI::App* c = app.add_subcommand(
-      "run", "Train a pipeline job: one worker process per stage on this machine");
+      "run", "Train a pipeline job: one worker process per stage, started by node daemons");
   c->add_option("job", a->job, "Job file (examples/jobs/*.yaml)")->required();
+  c->add_option("--cluster", a->cluster,
+                "Run on this cluster's node daemons (every node with an `address`)");
+  c->add_option("--key", a->key, "Cluster key file (default: the cluster file's `key`)");
   c->add_option("--timeline", a->timeline,
                 "Write DIR/trace.json (Chrome trace) and DIR/timeline.svg of the run");
   c->callback([a] {
@@ -380,6 +443,9 @@ void addInfer(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "infer", "Stream the test set through a pipeline job's stages: throughput, latency");
   c->add_option("job", a->job, "Job file; its `weights` are served (else fresh ones)")->required();
+  c->add_option("--cluster", a->cluster,
+                "Serve on this cluster's node daemons (every node with an `address`)");
+  c->add_option("--key", a->key, "Cluster key file (default: the cluster file's `key`)");
   c->add_option("--timeline", a->timeline,
                 "Write DIR/trace.json (Chrome trace) and DIR/timeline.svg of the run");
   c->callback([a] {

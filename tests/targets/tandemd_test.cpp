@@ -11,11 +11,14 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "core/model_file.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -80,6 +83,11 @@ class DaemonProcess {
   }
   const std::string& address() const { return address_; }
   std::string log() const { return slurp(log_); }
+  void kill9() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+  }
   // SIGTERM, then its exit code (-1 if it had to be killed after 10 s).
   int terminate() {
     kill(pid_, SIGTERM);
@@ -99,6 +107,74 @@ class DaemonProcess {
   pid_t pid_ = -1;
   bool reaped_ = false;
 };
+
+// A command running in the background, its output (stdout and stderr) in a file.
+class Background {
+ public:
+  Background(const std::string& cmd, const std::string& log) : log_(log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~Background() {
+    if (!reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  std::string output() const { return slurp(log_); }
+  bool waitFor(const std::string& text, std::chrono::seconds limit) const {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (output().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  // Its exit code, -1 if it did not end within `limit` or was killed.
+  int wait(std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+bool gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const auto close_paren = line.rfind(')');
+  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
+         line[close_paren + 2] == 'Z';  // a zombie has finished
+}
+
+// The pids `tandem run` printed for its stages ("stage 1: layers [3, 6) on cpu (1
+// threads), pid 42").
+std::vector<pid_t> stagePids(const std::string& out) {
+  std::vector<pid_t> pids;
+  for (size_t at = out.find(" threads), pid "); at != std::string::npos;
+       at = out.find(" threads), pid ", at + 1))
+    pids.push_back(static_cast<pid_t>(std::stol(out.substr(at + 15))));
+  return pids;
+}
 
 const std::string kCli = TANDEM_CLI;
 
@@ -190,6 +266,86 @@ TEST(TandemdTest, NodesSaysWhatItLacks) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("no cluster key: give --key FILE, or `key: FILE`"), std::string::npos)
       << r.out;
+}
+
+// Two daemons (two nodes on loopback) and a cluster file naming them.
+struct TwoNodes {
+  explicit TwoNodes(const std::string& dir)
+      : key(dir + "/c.key"),
+        made(run(kCli + " keygen --cluster --out " + dir + "/c").code == 0),
+        a(dir, key, "a"),
+        b(dir, key, "b"),
+        cluster(dir + "/two.yaml") {
+    std::ofstream(cluster) << "key: c.key\nnodes:\n"
+                           << "  - {name: a, address: '" << a.address()
+                           << "', devices: [{backend: cpu}]}\n"
+                           << "  - {name: b, address: '" << b.address()
+                           << "', devices: [{backend: cpu}]}\n";
+  }
+  std::string key;
+  bool made;
+  DaemonProcess a, b;
+  std::string cluster;
+};
+
+std::string writeJob(const std::string& dir, const std::string& name, const std::string& body) {
+  const std::string path = dir + "/" + name + ".yaml";
+  std::ofstream(path) << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
+                      << "batch: 32\nmicrobatches: 4\npartition: equal\nstages: 2\nseed: 3\n"
+                      << body;
+  return path;
+}
+
+TEST(TandemdTest, AJobOnTwoDaemonsTrainsBitwiseAsOnThisMachine) {
+  const std::string dir = tandem::testing::freshDir("cluster-run");
+  TwoNodes nodes(dir);
+  ASSERT_TRUE(nodes.made);
+  const std::string job = writeJob(dir, "job",
+                                   "epochs: 1\ntrain_limit: 640\ntest_limit: 200\nsave: out/m.tdm\n");
+  Ran r = run(kCli + " run " + job + " --cluster " + nodes.cluster);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("test accuracy: "), std::string::npos) << r.out;
+  EXPECT_NE(nodes.a.log().find("started worker 0"), std::string::npos) << nodes.a.log();
+  EXPECT_NE(nodes.b.log().find("started worker 1"), std::string::npos) << nodes.b.log();
+  std::filesystem::rename(dir + "/out/m.tdm", dir + "/cluster.tdm");
+  r = run(kCli + " run " + job);  // this machine's own daemon
+  ASSERT_EQ(r.code, 0) << r.out;
+  const tandem::ModelFile there = tandem::readModelFile(dir + "/cluster.tdm");
+  const tandem::ModelFile here = tandem::readModelFile(dir + "/out/m.tdm");
+  ASSERT_EQ(there.params.size(), here.params.size());
+  for (size_t i = 0; i < here.params.size(); ++i) {
+    EXPECT_EQ(there.params[i].name, here.params[i].name);
+    EXPECT_EQ(there.params[i].data, here.params[i].data) << here.params[i].name;  // bitwise
+  }
+}
+
+TEST(TandemdTest, ADaemonKilledMidRunEndsTheRunNamingTheNode) {
+  const std::string dir = tandem::testing::freshDir("cluster-kill");
+  TwoNodes nodes(dir);
+  ASSERT_TRUE(nodes.made);
+  const std::string job = writeJob(dir, "long", "epochs: 100\ntimeout_s: 10\n");
+  Background run_job(kCli + " run " + job + " --cluster " + nodes.cluster, dir + "/run.log");
+  ASSERT_TRUE(run_job.waitFor("epoch 1/100 step", 60s)) << run_job.output();
+  const std::vector<pid_t> workers = stagePids(run_job.output());
+  ASSERT_EQ(workers.size(), 2u) << run_job.output();
+  nodes.b.kill9();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(run_job.wait(30s), 1) << run_job.output();
+  // The bound only keeps a broken build from hanging; the detection time is measured by
+  // scripts/failure-detection.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+  EXPECT_NE(run_job.output().find("was lost with node 'b' (" + nodes.b.address() + ")"),
+            std::string::npos)
+      << run_job.output();
+  for (pid_t pid : workers) {
+    for (int i = 0; i < 200 && !gone(pid); ++i) std::this_thread::sleep_for(20ms);
+    EXPECT_TRUE(gone(pid)) << "worker " << pid << " is still running";
+  }
+  // The surviving daemon stopped its worker and serves the next client.
+  std::ofstream(dir + "/a.yaml") << "key: c.key\nnodes:\n  - {name: a, address: '"
+                                 << nodes.a.address() << "', devices: [{backend: cpu}]}\n";
+  const Ran r = run(kCli + " nodes --cluster " + dir + "/a.yaml");
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 }  // namespace
