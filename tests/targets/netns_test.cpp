@@ -1,0 +1,178 @@
+// Real daemons on real (namespaced) hosts: scripts/netns-cluster makes three network
+// namespaces joined by tc-shaped links (one at 100 Mbit/s), a tandemd in each, and a
+// coordinator namespace. Root only: skipped, with the reason, otherwise. Each test
+// removes its namespaces and checks that no process is left in them.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "core/model_file.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Ran {
+  int code;
+  std::string out;
+};
+
+Ran sh(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+const std::string kSource = TANDEM_SOURCE_DIR;
+const std::string kCli = TANDEM_CLI;
+
+// A cluster of namespaces for one test, removed at the end.
+class NetnsCluster {
+ public:
+  explicit NetnsCluster(const std::string& prefix)
+      : prefix_(prefix), dir_(tandem::testing::freshDir("netns-" + prefix)) {
+    up_ = sh(kSource + "/scripts/netns-cluster up 3 --prefix " + prefix + " --dir " + dir_);
+  }
+  ~NetnsCluster() { sh(kSource + "/scripts/netns-cluster down --prefix " + prefix_); }
+  const Ran& up() const { return up_; }
+  std::string cluster() const { return dir_ + "/cluster.yaml"; }
+  const std::string& dir() const { return dir_; }
+  // `tandem ARGS` run in the coordinator's namespace.
+  std::string tandem(const std::string& args) const {
+    return "ip netns exec " + prefix_ + "-c " + kCli + " " + args;
+  }
+  // The pids in node I's namespace.
+  std::string pids(int i) const { return sh("ip netns pids " + prefix_ + "-n" + std::to_string(i)).out; }
+  // The tandemd of node I (-1 if none): the process of its namespace that listens.
+  int daemon(int i) const {
+    std::istringstream s(pids(i));
+    int p = 0;
+    while (s >> p) {
+      std::ifstream cmd("/proc/" + std::to_string(p) + "/cmdline");
+      std::string args((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+      if (args.find("--listen") != std::string::npos) return p;
+    }
+    return -1;
+  }
+  void cut(int i) const { sh(kSource + "/scripts/netns-cluster cut " + std::to_string(i) + " --prefix " + prefix_); }
+
+ private:
+  std::string prefix_, dir_;
+  Ran up_;
+};
+
+bool canMakeNamespaces(std::string& why) {
+  if (geteuid() != 0) {
+    why = "network namespaces need root";
+    return false;
+  }
+  const Ran r = sh("ip netns add tandem-probe-" + std::to_string(getpid()) +
+                   " && ip netns delete tandem-probe-" + std::to_string(getpid()));
+  if (r.code != 0) why = "ip netns does not work here: " + r.out;
+  return r.code == 0;
+}
+
+std::string job(const std::string& dir, const std::string& body) {
+  const std::string path = dir + "/job.yaml";
+  std::ofstream(path) << "model: " << kSource << "/examples/models/cnn.yaml\n"
+                      << "batch: 32\nmicrobatches: 4\npartition: [[0, 3], [3, 6], [6, 10]]\n"
+                      << "seed: 1\n"
+                      << body;
+  return path;
+}
+
+TEST(NetnsTest, TheCnnJobAcrossThreeNamespacedDaemonsTrainsAsOnThisMachine) {
+  std::string why;
+  if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
+  NetnsCluster c("tnA");
+  ASSERT_EQ(c.up().code, 0) << c.up().out;
+  const std::string j = job(c.dir(), "epochs: 1\ntrain_limit: 1600\ntest_limit: 400\nsave: m.tdm\n");
+  const Ran there = sh(c.tandem("run " + j + " --cluster " + c.cluster()));
+  ASSERT_EQ(there.code, 0) << there.out;
+  std::filesystem::rename(c.dir() + "/m.tdm", c.dir() + "/there.tdm");
+  const Ran here = sh(kCli + " run " + j);
+  ASSERT_EQ(here.code, 0) << here.out;
+  const auto acc = [](const std::string& out) { return out.substr(out.rfind("test accuracy: ")); };
+  EXPECT_EQ(acc(there.out).substr(0, 21), acc(here.out).substr(0, 21)) << there.out << here.out;
+  const tandem::ModelFile a = tandem::readModelFile(c.dir() + "/there.tdm");
+  const tandem::ModelFile b = tandem::readModelFile(c.dir() + "/m.tdm");
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_EQ(a.params[i].data, b.params[i].data);
+}
+
+// A node lost mid-run — its daemon killed, or its link cut — ends the run naming it, and
+// no worker is left in any namespace.
+TEST(NetnsTest, ALostNodeEndsTheRunNamedWithNoWorkerLeft) {
+  std::string why;
+  if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
+  for (const std::string kind : {"kill", "cut"}) {
+    NetnsCluster c(kind == "kill" ? "tnK" : "tnC");
+    ASSERT_EQ(c.up().code, 0) << c.up().out;
+    const std::string j = job(c.dir(), "epochs: 100\ntimeout_s: 20\n");
+    const std::string log = c.dir() + "/run.log";
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", (c.tandem("run " + j + " --cluster " + c.cluster()) + " >" + log + " 2>&1").c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    auto output = [&] {
+      std::ifstream in(log);
+      std::stringstream s;
+      s << in.rdbuf();
+      return s.str();
+    };
+    for (int i = 0; i < 600 && output().find("epoch 1/100 step") == std::string::npos; ++i)
+      std::this_thread::sleep_for(100ms);
+    ASSERT_NE(output().find("epoch 1/100 step"), std::string::npos) << output();
+    if (kind == "kill")
+      kill(c.daemon(1), SIGKILL);
+    else
+      c.cut(1);
+    int status = 0;
+    for (int i = 0; i < 3000 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(WIFEXITED(status)) << kind << " did not end the run:\n" << output();
+    EXPECT_EQ(WEXITSTATUS(status), 1) << output();
+    const std::string out = output();
+    EXPECT_TRUE(out.find("node 'n1'") != std::string::npos ||
+                out.find("10.77.0.2") != std::string::npos)
+        << kind << ": the run does not name the lost node:\n" << out;
+    // Every node's namespace holds its daemon at most: the workers are gone (the cut
+    // node's daemon stops its worker when its coordinator falls silent).
+    for (int i = 0; i < 3; ++i) {
+      std::string left;
+      for (int k = 0; k < 300; ++k) {
+        left = c.pids(i);
+        const int daemon = c.daemon(i);
+        std::istringstream s(left);
+        int p = 0, others = 0;
+        while (s >> p) others += p != daemon;
+        if (others == 0) break;
+        std::this_thread::sleep_for(20ms);
+      }
+      const int daemon = c.daemon(i);
+      std::istringstream s(left);
+      int p = 0;
+      while (s >> p) EXPECT_EQ(p, daemon) << kind << ": a process is left in node " << i;
+    }
+  }
+}
+
+}  // namespace
