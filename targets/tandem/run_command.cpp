@@ -209,6 +209,7 @@ void printInference(const std::vector<StageSpans>& all, const runtime::InferDone
 
 struct RunArgs {
   std::string job, timeline, cluster, key;
+  std::string launcher = "daemon";  // or "fork": workers forked by tandem run itself
   bool infer = false;
 };
 
@@ -261,6 +262,7 @@ ClusterTargets clusterTargets(const std::string& path, const std::string& key_fi
 }
 
 int runJob(const RunArgs& args) {
+  const auto started = std::chrono::steady_clock::now();
   const std::string& timeline = args.timeline;
   const bool spans_wanted = args.infer || !timeline.empty();
   const JobSpec job = loadJobSpec(args.job);
@@ -316,7 +318,13 @@ int runJob(const RunArgs& args) {
             : job.activation_codec + "/" + job.gradient_codec,
         job.transport);
   };
+  bool stepped = false;
   cb.progress = [&](const runtime::Progress& m) {
+    if (!stepped) {
+      stepped = true;
+      spdlog::info("first step done {:.3f} s after the run started",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    }
     progress.update({m.epoch, m.step, m.steps, m.loss, m.samples_per_s, m.elapsed_s});
   };
   cb.epoch = [&](const runtime::EpochDone& m) {
@@ -336,7 +344,11 @@ int runJob(const RunArgs& args) {
   try {
     std::unique_ptr<runtime::LocalDaemon> local;
     std::unique_ptr<runtime::Launcher> launcher;
-    if (!args.cluster.empty()) {
+    if (args.launcher == "fork") {
+      // Kept to measure the daemon path against: workers forked by this process.
+      const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+      launcher = runtime::processLauncher(self, {"stage"});
+    } else if (!args.cluster.empty()) {
       // The cluster's daemons start the workers, each node its share.
       const ClusterTargets t = clusterTargets(args.cluster, args.key, as, stages);
       for (size_t i = 0; i < as.size(); ++i) as[i].bind_host = t.host_of_slot[i];
@@ -432,6 +444,11 @@ void addRun(CLI::App& app) {
   c->add_option("--key", a->key, "Cluster key file (default: the cluster file's `key`)");
   c->add_option("--timeline", a->timeline,
                 "Write DIR/trace.json (Chrome trace) and DIR/timeline.svg of the run");
+  c->add_option("--launcher", a->launcher,
+                "daemon (default): a node daemon starts the workers; fork: this process does "
+                "(kept to measure the daemon path against)")
+      ->check(CLI::IsMember({"daemon", "fork"}))
+      ->capture_default_str();
   c->callback([a] {
     if (runJob(*a) != 0) throw Error("the run failed (see above)");
   });
