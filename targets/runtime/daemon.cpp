@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <set>
 #include <variant>
 
 #include "core/error.h"
@@ -18,6 +19,10 @@ using asio::ip::tcp;
 using namespace std::chrono_literals;
 
 namespace {
+
+// What one run may start on a node: more is refused, so no peer can exhaust the node's
+// processes.
+constexpr size_t kMaxWorkersPerRun = 256;
 
 std::string hostName() {
   char buf[256] = {};
@@ -121,6 +126,7 @@ struct Daemon::Impl {
   struct Workers {
     Impl& daemon;
     std::unique_ptr<Launcher> launcher;
+    std::set<int> slots;  // started by this connection
     ~Workers() {
       if (!launcher) return;
       launcher->stopAll();
@@ -145,8 +151,15 @@ struct Daemon::Impl {
             ErrorReply{"this node runs the workers of another run; one run at a time"});
       job_owner = &channel;
     }
+    if (workers.slots.count(l.slot))
+      return channel.send(ErrorReply{"launch: worker " + std::to_string(l.slot) +
+                                     " was started already"});
+    if (workers.slots.size() >= kMaxWorkersPerRun)
+      return channel.send(ErrorReply{"launch: a run may start at most " +
+                                     std::to_string(kMaxWorkersPerRun) + " workers on a node"});
     if (!workers.launcher)
       workers.launcher = processLauncher(options.worker_program, options.worker_args);
+    workers.slots.insert(l.slot);
     ClusterKey key;
     key.bytes = l.key;
     const int64_t pid = workers.launcher->start(l.slot, coordinator, key);
@@ -155,7 +168,7 @@ struct Daemon::Impl {
   }
 
   void answer(Channel& channel) {
-    Workers workers{*this, nullptr};
+    Workers workers{*this, nullptr, {}};
     while (!stopping) {
       if (workers.launcher)
         while (const auto e = workers.launcher->ended()) {

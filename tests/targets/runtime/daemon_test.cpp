@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <thread>
 
 #include "targets/runtime/node_info.h"
@@ -251,6 +253,68 @@ TEST_F(DaemonTest, StoppingSaysGoodbyeToConnectedClients) {
   ASSERT_TRUE(m && std::holds_alternative<Leave>(*m));
   EXPECT_NE(std::get<Leave>(*m).reason.find("stopping"), std::string::npos);
   expectThrowWith<IoError>([&] { c->recv(5s); }, {"closed the connection"});
+}
+
+// The next message that is not a heartbeat's kind: the first within 10 s.
+Message next(Channel& c) {
+  const std::optional<Message> m = c.recv(10s);
+  if (!m) throw Timeout("no message within 10 s");
+  return *m;
+}
+
+TEST_F(DaemonTest, ADaemonWithoutAWorkerProgramStartsNoWorkers) {
+  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+  next(*c);  // node info
+  c->send(Launch{0, "127.0.0.1:9", {}});
+  const Message m = next(*c);
+  ASSERT_TRUE(std::holds_alternative<ErrorReply>(m)) << messageName(m);
+  EXPECT_NE(std::get<ErrorReply>(m).message.find("starts no workers"), std::string::npos);
+}
+
+TEST_F(DaemonTest, LaunchedWorkersAreReportedAndStoppedWithTheirRun) {
+  finish();
+  DaemonOptions o;
+  // A stand-in worker: it ignores the coordinator and exits with code 3, or sleeps.
+  o.worker_program = "/bin/sh";
+  o.worker_args = {"-c", "[ \"$4\" = 0 ] && exit 3; sleep 30", "worker"};
+  start(o);
+  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+  next(*c);  // node info
+  c->send(Launch{0, "127.0.0.1:9", {}});
+  Message m = next(*c);
+  ASSERT_TRUE(std::holds_alternative<Launched>(m)) << messageName(m);
+  const int64_t pid = std::get<Launched>(m).pid;
+  m = next(*c);
+  ASSERT_TRUE(std::holds_alternative<WorkerEnded>(m)) << messageName(m);
+  EXPECT_EQ(std::get<WorkerEnded>(m).how, "(pid " + std::to_string(pid) + ") exited with code 3");
+  EXPECT_FALSE(std::get<WorkerEnded>(m).killed);
+  c->send(Launch{0, "127.0.0.1:9", {}});  // that slot again
+  m = next(*c);
+  ASSERT_TRUE(std::holds_alternative<ErrorReply>(m)) << messageName(m);
+  EXPECT_NE(std::get<ErrorReply>(m).message.find("started already"), std::string::npos);
+  c->send(Launch{1, "127.0.0.1:9", {}});  // sleeps
+  m = next(*c);
+  ASSERT_TRUE(std::holds_alternative<Launched>(m)) << messageName(m);
+  const auto sleeper = static_cast<pid_t>(std::get<Launched>(m).pid);
+  // One run at a time: another connection's launch is refused while it runs.
+  std::unique_ptr<Channel> other = connectChannel(daemon_->endpoint(), key_, options());
+  next(*other);
+  other->send(Launch{0, "127.0.0.1:9", {}});
+  m = next(*other);
+  ASSERT_TRUE(std::holds_alternative<ErrorReply>(m)) << messageName(m);
+  EXPECT_NE(std::get<ErrorReply>(m).message.find("another run"), std::string::npos);
+  // The run's connection vanishes: its worker is stopped, and the next run may start.
+  c.reset();
+  for (int i = 0; i < 500 && ::kill(sleeper, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_NE(::kill(sleeper, 0), 0) << "the worker of a vanished run still runs";
+  bool launched = false;
+  for (int i = 0; i < 100 && !launched; ++i) {
+    other->send(Launch{5, "127.0.0.1:9", {}});
+    m = next(*other);
+    launched = std::holds_alternative<Launched>(m);
+    if (!launched) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(launched);
 }
 
 TEST(DaemonSetupTest, AnAddressItCannotListenOnIsNamed) {
