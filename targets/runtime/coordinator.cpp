@@ -205,6 +205,8 @@ class Run {
           for (int r = 0; r < a.replicas; ++r) channel(a.stage, r).send(all);
           groups.erase(a.stage);
         }
+      } else if (const auto* w = std::get_if<WeightsRequest>(&m)) {
+        ship(slot, w->hash);
       } else if (const auto* p = std::get_if<Progress>(&m)) {
         if (callbacks_.progress) callbacks_.progress(*p);
       } else if (const auto* e = std::get_if<EpochDone>(&m)) {
@@ -222,6 +224,22 @@ class Run {
       } else {
         fail(slot, std::string("sent an unexpected '") + messageName(m) + "' message");
       }
+    }
+  }
+
+  // Sends worker `slot` the weights of `hash`, in order, in chunks of 1 MiB.
+  void ship(int slot, const std::string& hash) {
+    const auto it = options_.weights.find(hash);
+    if (it == options_.weights.end()) fail(slot, "asked for weights the run does not have");
+    const std::vector<uint8_t>& bytes = *it->second;
+    Channel& c = *channels_[static_cast<size_t>(slot)];
+    constexpr size_t kChunk = size_t{1} << 20;
+    for (size_t at = 0; at < bytes.size(); at += kChunk) {
+      const size_t n = std::min(kChunk, bytes.size() - at);
+      c.send(WeightsChunk{hash, static_cast<int64_t>(at), static_cast<int64_t>(bytes.size()),
+                          {bytes.begin() + static_cast<std::ptrdiff_t>(at),
+                           bytes.begin() + static_cast<std::ptrdiff_t>(at + n)}},
+             std::chrono::seconds(60));
     }
   }
 

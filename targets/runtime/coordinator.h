@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +76,8 @@ struct RunCallbacks {
 
 struct RunOptions {
   std::string listen = "127.0.0.1:0";  // where workers connect back
+  // Starting weights the workers may ask for, by content hash (weight_cache.h).
+  std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> weights;
   std::chrono::milliseconds connect_timeout{60000};  // for every worker to connect
   std::chrono::milliseconds silence{0};  // no message from any worker this long: fail (0: never)
 };

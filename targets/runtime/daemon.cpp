@@ -11,6 +11,7 @@
 #include "targets/runtime/channel_io.h"
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/node_info.h"
+#include "targets/runtime/weight_cache.h"
 
 namespace tandem::runtime {
 
@@ -115,6 +116,10 @@ struct Daemon::Impl {
       const NodeInfo fresh = localNodeInfo(options.name);
       now.load = fresh.load;
       now.free_memory_bytes = fresh.free_memory_bytes;
+      if (!options.cache_dir.empty()) {
+        now.cached_weights = WeightCache(options.cache_dir, 0).hashes();
+        if (now.cached_weights.size() > kMaxCachedWeights) now.cached_weights.resize(kMaxCachedWeights);
+      }
       channel->send(now);
       answer(*channel);
     } catch (const std::exception& e) {

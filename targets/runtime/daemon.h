@@ -35,6 +35,7 @@ struct DaemonOptions {
   // this daemon starts no workers.
   std::string worker_program;
   std::vector<std::string> worker_args;
+  std::string cache_dir;  // the node's weight cache, reported in its node info (empty: none)
 };
 
 // Counters, for the log and for tests.

@@ -61,6 +61,8 @@ inline void checkCount(const char* message, const char* field, size_t n, size_t 
 // The stage worker's messages (stage_messages.cpp).
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const WorkerHello& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Assign& m);
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const WeightsRequest& m);
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const WeightsChunk& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Ready& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Start& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const GroupAddress& m);

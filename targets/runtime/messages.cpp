@@ -102,7 +102,8 @@ fb::Body bodyType(const Message& m) {
       fb::Body_Hello,     fb::Body_Proof,          fb::Body_Refused,        fb::Body_NodeInfo,
       fb::Body_Ping,      fb::Body_Pong,           fb::Body_Leave,          fb::Body_Error,
       fb::Body_Launch,    fb::Body_Launched,       fb::Body_WorkerEnded,
-      fb::Body_WorkerHello, fb::Body_Assign,    fb::Body_Ready,          fb::Body_Start,          fb::Body_GroupAddress,
+      fb::Body_WorkerHello, fb::Body_Assign,  fb::Body_WeightsRequest, fb::Body_WeightsChunk,
+      fb::Body_Ready,          fb::Body_Start,          fb::Body_GroupAddress,
       fb::Body_GroupAddresses, fb::Body_Progress,  fb::Body_EpochDone,      fb::Body_InferDone,
       fb::Body_StageReport,    fb::Body_Failed};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
@@ -174,7 +175,7 @@ const char* refusalName(Refusal r) {
 const char* messageName(const Message& m) {
   static constexpr const char* kNames[] = {
       "hello",  "proof", "refused",       "node info",       "ping",     "pong",
-      "leave",  "error", "launch", "launched", "worker ended", "worker hello", "assign",        "ready",           "start",    "group address",
+      "leave",  "error", "launch", "launched", "worker ended", "worker hello", "assign", "weights request", "weights chunk",        "ready",           "start",    "group address",
       "group addresses", "progress",      "epoch done",      "infer done", "stage report",
       "failed"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
@@ -265,6 +266,8 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
     }
     case fb::Body_WorkerHello:
     case fb::Body_Assign:
+    case fb::Body_WeightsRequest:
+    case fb::Body_WeightsChunk:
     case fb::Body_Ready:
     case fb::Body_Start:
     case fb::Body_GroupAddress:

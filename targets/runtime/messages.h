@@ -147,8 +147,24 @@ struct Assign {
   bool infer = false, record_spans = false, save = false;
   std::string bind_host = "127.0.0.1";
   std::string transport = "tcp", data_dir;
-  std::vector<uint8_t> weights;  // a model file, or empty
+  std::string weights_hash;  // a model file to start from (contentHash), or empty
+  int64_t weights_bytes = 0;
   bool operator==(const Assign&) const = default;
+};
+
+inline constexpr size_t kMaxWeightsChunk = size_t{4} << 20;
+inline constexpr int64_t kMaxWeightsBytes = int64_t{64} << 30;
+
+struct WeightsRequest {
+  std::string hash;
+  bool operator==(const WeightsRequest&) const = default;
+};
+
+struct WeightsChunk {
+  std::string hash;
+  int64_t offset = 0, total = 0;
+  std::vector<uint8_t> bytes;
+  bool operator==(const WeightsChunk&) const = default;
 };
 
 struct WorkerHello {
@@ -204,6 +220,9 @@ struct StageReport {
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::vector<Span> spans;
   std::vector<uint8_t> model;  // the trained slice as a model file, when asked
+  int64_t weights_shipped = 0;  // starting weights received from the coordinator (bytes)
+  double weights_ship_s = 0;
+  bool weights_cached = false, weights_corrupted = false;
   bool operator==(const StageReport&) const = default;
 };
 
@@ -213,7 +232,8 @@ struct Failed {
 };
 
 using Message = std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply,
-                             Launch, Launched, WorkerEnded, WorkerHello, Assign, Ready, Start, GroupAddress, GroupAddresses, Progress,
+                             Launch, Launched, WorkerEnded, WorkerHello, Assign,
+                             WeightsRequest, WeightsChunk, Ready, Start, GroupAddress, GroupAddresses, Progress,
                              EpochDone, InferDone, StageReport, Failed>;
 
 // "hello", "proof", ... for messages.

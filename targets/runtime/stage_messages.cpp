@@ -14,6 +14,13 @@ using Strings = flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>;
 
 const char* const kCodecs[] = {"fp32", "fp16", "bf16", "int8"};
 
+bool isHash(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
 flatbuffers::Offset<Strings> endpoints(B& b, const char* message,
                                        const std::vector<std::string>& list) {
   checkCount(message, "endpoints", list.size(), static_cast<size_t>(kMaxReplicas));
@@ -121,7 +128,12 @@ Assign readAssign(const fb::Assign* a) {
   if (out.transport != "tcp" && out.transport != "ipc")
     bad(m, "transport '" + out.transport + "' is not tcp or ipc");
   out.data_dir = text(m, "data_dir", a->data_dir(), 4096);
-  if (const auto* w = a->weights()) out.weights.assign(w->begin(), w->end());
+  out.weights_hash = text(m, "weights_hash", a->weights_hash(), 64);
+  out.weights_bytes = a->weights_bytes();
+  if (!out.weights_hash.empty() && !isHash(out.weights_hash))
+    bad(m, "weights_hash '" + out.weights_hash + "' is not 64 hex digits");
+  range(m, "weights_bytes", out.weights_bytes, out.weights_hash.empty() ? 0 : 1,
+        out.weights_hash.empty() ? 0 : kMaxWeightsBytes);
   return out;
 }
 
@@ -160,6 +172,12 @@ StageReport readReport(const fb::StageReport* r) {
     }
   }
   if (const auto* model = r->model()) out.model.assign(model->begin(), model->end());
+  out.weights_shipped = r->weights_shipped();
+  nonNegative(m, "weights_shipped", out.weights_shipped);
+  out.weights_ship_s = r->weights_ship_s();
+  finiteNonNegative(m, "weights_ship_s", out.weights_ship_s);
+  out.weights_cached = r->weights_cached();
+  out.weights_corrupted = r->weights_corrupted();
   return out;
 }
 
@@ -184,19 +202,29 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   auto host = b.CreateString(m.bind_host);
   auto transport = b.CreateString(m.transport);
   auto data_dir = b.CreateString(m.data_dir);
-  auto weights = b.CreateVector(m.weights);
+  auto weights_hash = b.CreateString(m.weights_hash);
   const int8_t schedule = m.schedule == ScheduleKind::kGPipe ? 0 : 1;
   return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas,
                           m.prev_replicas, m.next_replicas, m.layer_begin, m.layer_end, device,
                           m.threads, schedule, m.microbatches, m.batch, m.epochs, m.seed,
                           m.recompute, optimizer, act, grad, data, m.train_limit, m.test_limit,
                           m.timeout_s, m.infer, m.record_spans, m.save, host, transport,
-                          data_dir, weights)
+                          data_dir, weights_hash, m.weights_bytes)
       .Union();
 }
 
 flatbuffers::Offset<void> build(B& b, const WorkerHello& m) {
   return fb::CreateWorkerHello(b, m.slot, m.pid).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const WeightsRequest& m) {
+  return fb::CreateWeightsRequest(b, b.CreateString(m.hash)).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const WeightsChunk& m) {
+  checkCount("weights chunk", "bytes", m.bytes.size(), kMaxWeightsChunk);
+  auto hash = b.CreateString(m.hash);
+  return fb::CreateWeightsChunk(b, hash, m.offset, m.total, b.CreateVector(m.bytes)).Union();
 }
 
 flatbuffers::Offset<void> build(B& b, const Ready& m) {
@@ -249,7 +277,8 @@ flatbuffers::Offset<void> build(B& b, const StageReport& m) {
   const StageCounters& c = m.counters;
   return fb::CreateStageReport(b, c.busy_s, c.step_s, c.compute_cpu_s, c.recv_wait_s, c.send_s,
                                c.allreduce_s, c.peak_stash, c.microbatches, m.run_s, m.bytes_sent,
-                               m.bytes_received, span_vector, model)
+                               m.bytes_received, span_vector, model, m.weights_shipped,
+                               m.weights_ship_s, m.weights_cached, m.weights_corrupted)
       .Union();
 }
 
@@ -268,6 +297,32 @@ Message readStageMessage(const fb::Message* msg) {
     }
     case fb::Body_Assign:
       return readAssign(msg->body_as_Assign());
+    case fb::Body_WeightsRequest: {
+      WeightsRequest out{text("weights request", "hash", msg->body_as_WeightsRequest()->hash(), 64)};
+      if (!isHash(out.hash)) bad("weights request", "hash '" + out.hash + "' is not 64 hex digits");
+      return out;
+    }
+    case fb::Body_WeightsChunk: {
+      const fb::WeightsChunk* c = msg->body_as_WeightsChunk();
+      const char* m = "weights chunk";
+      WeightsChunk out;
+      out.hash = text(m, "hash", c->hash(), 64);
+      if (!isHash(out.hash)) bad(m, "hash '" + out.hash + "' is not 64 hex digits");
+      out.total = c->total();
+      range(m, "total", out.total, 1, kMaxWeightsBytes);
+      out.offset = c->offset();
+      range(m, "offset", out.offset, 0, out.total - 1);
+      if (const auto* bytes = c->bytes()) {
+        if (bytes->size() > kMaxWeightsChunk || bytes->size() == 0 ||
+            static_cast<int64_t>(bytes->size()) > out.total - out.offset)
+          bad(m, std::to_string(bytes->size()) + " bytes at offset " + std::to_string(out.offset) +
+                     " of " + std::to_string(out.total));
+        out.bytes.assign(bytes->begin(), bytes->end());
+      } else {
+        bad(m, "no bytes");
+      }
+      return out;
+    }
     case fb::Body_Ready: {
       const fb::Ready* r = msg->body_as_Ready();
       Ready out{readEndpoints("ready", "prev", r->prev()), readEndpoints("ready", "next", r->next()),

@@ -17,6 +17,7 @@
 #include "core/pipeline/stage_trainer.h"
 #include "targets/runtime/handshake.h"
 #include "targets/runtime/node_info.h"
+#include "targets/runtime/weight_cache.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_link.h"
 
@@ -26,6 +27,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+
+// A node's weight cache holds at most this much (the oldest files go first).
+constexpr uint64_t kCacheBytes = uint64_t{8} << 30;
 
 // A folder of this worker's own for Unix-socket endpoints (transport: ipc), removed when
 // the worker ends. Nothing in it is read by another machine or by the coordinator.
@@ -60,7 +64,40 @@ T expect(Channel& c, std::chrono::milliseconds timeout, const char* what) {
                     " was due");
 }
 
-void run(Channel& coordinator, const Assign& a) {
+// The starting weights of `a`: from the cache, else from the coordinator (then cached).
+std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a,
+                                     const std::string& cache_dir, StageReport& report) {
+  std::unique_ptr<WeightCache> cache;
+  if (!cache_dir.empty()) {
+    cache = std::make_unique<WeightCache>(cache_dir, kCacheBytes);
+    if (auto cached = cache->get(a.weights_hash, &report.weights_corrupted)) {
+      report.weights_cached = true;
+      return *cached;
+    }
+  }
+  const auto t0 = Clock::now();
+  coordinator.send(WeightsRequest{a.weights_hash});
+  std::vector<uint8_t> bytes;
+  bytes.reserve(static_cast<size_t>(a.weights_bytes));
+  while (static_cast<int64_t>(bytes.size()) < a.weights_bytes) {
+    const WeightsChunk c =
+        expect<WeightsChunk>(coordinator, std::chrono::seconds(a.timeout_s), "weights");
+    if (c.hash != a.weights_hash || c.total != a.weights_bytes ||
+        c.offset != static_cast<int64_t>(bytes.size()))
+      throw FormatError("weights chunk at " + std::to_string(c.offset) + " of " +
+                        std::to_string(c.total) + " where " + std::to_string(bytes.size()) +
+                        " of " + std::to_string(a.weights_bytes) + " were due");
+    bytes.insert(bytes.end(), c.bytes.begin(), c.bytes.end());
+  }
+  if (contentHash(bytes) != a.weights_hash)
+    throw FormatError("the weights received do not hash to " + a.weights_hash);
+  report.weights_shipped = static_cast<int64_t>(bytes.size());
+  report.weights_ship_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (cache) cache->put(a.weights_hash, bytes);
+  return bytes;
+}
+
+void run(Channel& coordinator, const Assign& a, const std::string& cache_dir) {
   const std::string who = "stage " + std::to_string(a.stage) +
                           (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "");
   const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
@@ -72,8 +109,12 @@ void run(Channel& coordinator, const Assign& a) {
                    who << ": layers [" << begin << ", " << end << ") but the model has "
                        << model.size());
   model.build(*backend, a.seed, begin, end);
-  if (!a.weights.empty())
-    loadWeights(model, parseModelFile(a.weights, who + "'s assigned weights"), false);
+  StageReport report;
+  if (!a.weights_hash.empty())
+    loadWeights(model,
+                parseModelFile(startingWeights(coordinator, a, cache_dir, report),
+                               who + "'s starting weights"),
+                false);
   Optimizer optimizer(*backend, a.optimizer);
 
   std::unique_ptr<PrivateDir> ipc_dir;
@@ -166,7 +207,6 @@ void run(Channel& coordinator, const Assign& a) {
   const bool reports = a.stage == a.stages - 1 && a.replica == 0;
   const Dataset* train_data = a.stage == 0 ? &train : nullptr;
   const Dataset* test_data = a.stage == 0 ? &test : nullptr;
-  StageReport report;
   if (a.infer) {
     const auto t0 = Clock::now();
     const EvalResult ev = trainer.evaluate(test_data, start.test_samples, a.batch);
@@ -211,10 +251,11 @@ void run(Channel& coordinator, const Assign& a) {
 
 }  // namespace
 
-void runStageWorker(Channel& coordinator, std::chrono::milliseconds wait) {
+void runStageWorker(Channel& coordinator, const std::string& cache_dir,
+                    std::chrono::milliseconds wait) {
   try {
     const Assign a = expect<Assign>(coordinator, wait, "assignment");
-    run(coordinator, a);
+    run(coordinator, a, cache_dir);
   } catch (const std::exception& e) {
     try {
       coordinator.send(Failed{e.what()}, 2s);
@@ -225,7 +266,7 @@ void runStageWorker(Channel& coordinator, std::chrono::milliseconds wait) {
   }
 }
 
-void runWorkerProcess(const std::string& control, int slot) {
+void runWorkerProcess(const std::string& control, int slot, const std::string& cache_dir) {
   // Dies with the process that started it: no worker outlives its run or its daemon.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   std::string line;
@@ -235,7 +276,7 @@ void runWorkerProcess(const std::string& control, int slot) {
   o.build = buildName();
   std::unique_ptr<Channel> c = connectChannel(parseEndpoint(control), key, o);
   c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
-  runStageWorker(*c);
+  runStageWorker(*c, cache_dir);
   c->close();
 }
 

@@ -5,6 +5,7 @@
 // counters and spans, and its trained slice. It reads no file of the coordinator's.
 //
 //   coordinator -> worker   assign
+//   worker <-> coordinator  weights request / weights chunks (starting weights not cached)
 //   worker -> coordinator   ready {its links' endpoints, device, data sizes}
 //   coordinator -> worker   start {the neighbours' endpoints, data sizes}
 //   worker <-> coordinator  group address / group addresses (a replicated stage)
@@ -18,13 +19,16 @@
 
 namespace tandem::runtime {
 
-// Waits up to `wait` for the assignment, then runs it to the end.
-void runStageWorker(Channel& coordinator,
+// Waits up to `wait` for the assignment, then runs it to the end. Starting weights come
+// from the node's weight cache in `cache_dir` when it holds them (verified), else from
+// the coordinator (`weights request`, then `weights chunk`s), and are then cached there;
+// no cache when `cache_dir` is empty.
+void runStageWorker(Channel& coordinator, const std::string& cache_dir = "",
                     std::chrono::milliseconds wait = std::chrono::seconds(60));
 
 // The whole of a worker process (`tandem stage`, `tandemd worker`): reads the run's key
 // from standard input, connects to the coordinator at `control` (HOST:PORT), says it is
 // worker `slot`, and runs its assignment. Dies with the process that started it.
-void runWorkerProcess(const std::string& control, int slot);
+void runWorkerProcess(const std::string& control, int slot, const std::string& cache_dir = "");
 
 }  // namespace tandem::runtime

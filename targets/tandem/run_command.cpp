@@ -27,6 +27,7 @@
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/daemon.h"
 #include "targets/runtime/local_daemon.h"
+#include "targets/runtime/weight_cache.h"
 #include "partitioner/cluster.h"
 #include "targets/tandem/planning.h"
 #include "targets/tandem/progress.h"
@@ -59,15 +60,21 @@ std::string tandemdProgram() {
 }
 
 // Every worker's assignment: the job and its placement, carried in-band.
+// The job's starting weights, if it names any: checked, and named by their content hash
+// for the workers to fetch (or find in their node's cache).
+std::shared_ptr<const std::vector<uint8_t>> startingWeights(const JobSpec& job) {
+  if (job.weights.empty()) return nullptr;
+  const std::string text = readFile(job.weights, "weights");
+  auto bytes = std::make_shared<std::vector<uint8_t>>(text.begin(), text.end());
+  parseModelFile(*bytes, job.weights);  // a bad file is named here, once
+  return bytes;
+}
+
 std::vector<runtime::Assign> assignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
-                                         bool infer, bool spans) {
+                                         bool infer, bool spans,
+                                         const std::shared_ptr<const std::vector<uint8_t>>& weights) {
   const std::string spec = readFile(job.model, "model spec");
-  std::vector<uint8_t> weights;
-  if (!job.weights.empty()) {
-    const std::string bytes = readFile(job.weights, "weights");
-    weights.assign(bytes.begin(), bytes.end());
-    parseModelFile(weights, job.weights);  // a bad file is named here, once
-  }
+  const std::string hash = weights ? runtime::contentHash(*weights) : "";
   std::vector<runtime::Assign> out;
   const int p = static_cast<int>(stages.size());
   for (int s = 0; s < p; ++s) {
@@ -104,7 +111,8 @@ std::vector<runtime::Assign> assignments(const JobSpec& job, const std::vector<S
       a.record_spans = spans;
       a.save = !infer && !job.save.empty() && r == 0;  // replicas are identical
       a.transport = job.transport;
-      a.weights = weights;
+      a.weights_hash = hash;
+      a.weights_bytes = weights ? static_cast<int64_t>(weights->size()) : 0;
       out.push_back(std::move(a));
     }
   }
@@ -295,7 +303,8 @@ int runJob(const RunArgs& args) {
   }
   const std::vector<StagePlacement> stages = jobStages(job, model, plan_yaml);
   const int p = static_cast<int>(stages.size());
-  std::vector<runtime::Assign> as = assignments(job, stages, args.infer, spans_wanted);
+  const auto weights = startingWeights(job);
+  std::vector<runtime::Assign> as = assignments(job, stages, args.infer, spans_wanted, weights);
   const int n = static_cast<int>(as.size());
   std::vector<std::string> names;
   for (const runtime::Assign& a : as) names.push_back(WorkerName::of(a.stage, a.replica, a.replicas));
@@ -340,6 +349,7 @@ int runJob(const RunArgs& args) {
   cb.infer = [&](const runtime::InferDone& m) { infer_result = m; };
   runtime::RunOptions ro;
   ro.silence = std::chrono::seconds(2 * job.timeout_s + 30);
+  if (weights) ro.weights[as.front().weights_hash] = weights;
   runtime::RunResult result;
   try {
     std::unique_ptr<runtime::LocalDaemon> local;
@@ -370,6 +380,22 @@ int runJob(const RunArgs& args) {
     return 1;
   }
 
+  if (weights) {  // what the nodes had to be sent, and what they held already
+    int64_t shipped = 0;
+    double ship_s = 0;
+    int cached = 0, corrupted = 0;
+    for (const runtime::StageReport& r : result.reports) {
+      shipped += r.weights_shipped;
+      ship_s = std::max(ship_s, r.weights_ship_s);
+      cached += r.weights_cached;
+      corrupted += r.weights_corrupted;
+    }
+    std::printf("weights: %lld bytes shipped to %d of %d workers (%.3f s), found cached by %d\n",
+                static_cast<long long>(shipped), n - cached, n, ship_s, cached);
+    if (corrupted > 0)
+      spdlog::warn("{} node cache copies of the weights failed verification and were fetched again",
+                   corrupted);
+  }
   std::vector<StageSpans> spans;
   for (int i = 0; i < n; ++i) {
     const runtime::Assign& a = as[static_cast<size_t>(i)];

@@ -19,6 +19,7 @@
 #include "targets/runtime/handshake.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/stage_worker.h"
+#include "targets/runtime/weight_cache.h"
 
 namespace {
 
@@ -42,6 +43,9 @@ int main(int argc, char** argv) {
                  "The cluster key file (`tandem keygen --cluster`); - reads the key from "
                  "standard input");
   app.add_option("--name", name, "This node's name (default: the host name)");
+  std::string cache_dir = defaultWeightCacheDir();
+  app.add_option("--cache-dir", cache_dir, "The node's weight cache (content-addressed)")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
   worker->group("");
   worker->add_option("--control", control, "The coordinator's HOST:PORT")->required();
   worker->add_option("--slot", slot, "Which of the coordinator's workers this is")->required();
+  worker->add_option("--cache-dir", cache_dir, "The node's weight cache");
   try {
     app.parse(argc, argv);
     if (!worker->parsed() && key_file.empty()) throw CLI::RequiredError("--key");
@@ -65,7 +70,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (worker->parsed()) {
     try {
-      runWorkerProcess(control, slot);
+      runWorkerProcess(control, slot, cache_dir);
       return 0;
     } catch (const std::exception& e) {
       std::cerr << "tandemd worker " << slot << ": error: " << e.what() << "\n";
@@ -98,7 +103,8 @@ int main(int argc, char** argv) {
     }
     o.name = name;
     o.worker_program = std::filesystem::read_symlink("/proc/self/exe").string();
-    o.worker_args = {"worker"};
+    o.worker_args = {"worker", "--cache-dir", cache_dir};
+    o.cache_dir = cache_dir;
     Daemon daemon(o);
     const tandem::Endpoint at = daemon.endpoint();
     if (!isLoopbackHost(at.host))

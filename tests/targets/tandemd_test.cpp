@@ -60,8 +60,9 @@ class DaemonProcess {
       dup2(out[1], STDOUT_FILENO);
       const int err = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(err, STDERR_FILENO);
+      const std::string cache = dir + "/" + name + "-cache";
       execl(TANDEMD, TANDEMD, "--listen", "127.0.0.1:0", "--key", key.c_str(), "--name",
-            name.c_str(), static_cast<char*>(nullptr));
+            name.c_str(), "--cache-dir", cache.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     close(out[1]);
@@ -346,6 +347,50 @@ TEST(TandemdTest, ADaemonKilledMidRunEndsTheRunNamingTheNode) {
                                  << nodes.a.address() << "', devices: [{backend: cpu}]}\n";
   const Ran r = run(kCli + " nodes --cluster " + dir + "/a.yaml");
   EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// Serving weights: the first run ships them to each node, the second finds them in the
+// nodes' caches and ships nothing; a corrupted cache file is found, discarded and
+// fetched again.
+TEST(TandemdTest, WeightsAreShippedOnceAndThenFoundInTheNodesCaches) {
+  const std::string dir = tandem::testing::freshDir("cluster-weights");
+  TwoNodes nodes(dir);
+  ASSERT_TRUE(nodes.made);
+  Ran r = run(kCli + " run " +
+              writeJob(dir, "train", "epochs: 1\ntrain_limit: 320\ntest_limit: 100\nsave: m.tdm\n"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto size = std::filesystem::file_size(dir + "/m.tdm");
+  const std::string serve = writeJob(dir, "serve", "test_limit: 200\nweights: m.tdm\n");
+  const std::string infer = kCli + " infer " + serve + " --cluster " + nodes.cluster;
+  r = run(infer);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("weights: " + std::to_string(2 * size) +
+                       " bytes shipped to 2 of 2 workers"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("found cached by 0"), std::string::npos) << r.out;
+  const std::string accuracy = r.out.substr(r.out.rfind("test accuracy: "), 21);
+  r = run(infer);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("weights: 0 bytes shipped to 0 of 2 workers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("found cached by 2"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(r.out.rfind("test accuracy: "), 21), accuracy);
+  // The nodes say they hold it.
+  const Ran asked = run(kCli + " nodes --cluster " + nodes.cluster);
+  EXPECT_NE(asked.out.find("cached models: 1"), std::string::npos) << asked.out;
+  // One byte of node b's copy changes: it is found out and fetched again.
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/b-cache")) {
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    f.put('\x7f');
+  }
+  r = run(infer);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("weights: " + std::to_string(size) + " bytes shipped to 1 of 2 workers"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("failed verification and were fetched again"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(r.out.rfind("test accuracy: "), 21), accuracy);
 }
 
 }  // namespace

@@ -169,7 +169,8 @@ Assign sampleAssign() {
   a.record_spans = true;
   a.save = true;
   a.bind_host = "10.0.0.5";
-  a.weights = {1, 2, 3};
+  a.weights_hash = std::string(64, 'a');
+  a.weights_bytes = 1234;
   return a;
 }
 
@@ -181,12 +182,20 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   report.bytes_received = 2000;
   report.spans = {{ActionType::kForward, 3, 1.0, 1.5}, {ActionType::kStep, -1, 2.0, 2.1}};
   report.model = {9, 8, 7};
+  report.weights_shipped = 5000;
+  report.weights_ship_s = 0.25;
+  report.weights_corrupted = true;
   const Assign plain;
   const std::vector<Message> all = {sampleAssign(),
                                     plain,
                                     Ready{{"tcp://127.0.0.1:5000"}, {"a", "b"}, "cpu", 300, 100},
                                     Start{{}, {"tcp://x:1"}, 300, 100},
                                     GroupAddress{"tcp://127.0.0.1:6000"},
+                                    WeightsRequest{std::string(64, 'b')},
+                                    WeightsChunk{std::string(64, 'b'), 3, 10, {1, 2, 3}},
+                                    Launch{2, "10.0.0.1:5000", {}},
+                                    Launched{2, 77},
+                                    WorkerEnded{2, "(pid 77) exited with code 0", false},
                                     GroupAddresses{{"x", "y"}},
                                     Progress{0, 3, 10, 0.5, 100, 1},
                                     EpochDone{1, 0.4, 10, 3000, 0.45, 0.88},
@@ -217,6 +226,8 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](Assign& a) { a.optimizer.lr = -1; }, "learning rate -1"},
       {[](Assign& a) { a.bind_host = "a/b"; }, "bind_host 'a/b' is not a host"},
       {[](Assign& a) { a.train_limit = -1; }, "train_limit is negative"},
+      {[](Assign& a) { a.weights_hash = "abc"; }, "weights_hash 'abc' is not 64 hex digits"},
+      {[](Assign& a) { a.weights_bytes = 0; }, "weights_bytes 0 is not in [1,"},
   };
   for (const Case& c : cases) {
     Assign a = sampleAssign();
@@ -232,6 +243,9 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   r.spans.clear();
   r.counters.busy_s = -1;
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"busy_s -1"});
+  WeightsChunk past{std::string(64, 'c'), 8, 10, {1, 2, 3}};
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(past)); },
+                               {"'weights chunk'", "3 bytes at offset 8 of 10"});
   Ready ready;
   ready.prev.assign(65, "x");
   expectThrowWith<InvalidArgument>([&] { encodeMessage(ready); }, {"65 endpoints"});

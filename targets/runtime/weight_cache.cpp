@@ -1,0 +1,121 @@
+#include "targets/runtime/weight_cache.h"
+
+#include <fcntl.h>
+#include <sodium.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace tandem::runtime {
+
+namespace fs = std::filesystem;
+
+std::string contentHash(std::span<const uint8_t> bytes) {
+  if (sodium_init() < 0) throw Error("libsodium failed to initialise");
+  std::array<uint8_t, 32> h{};
+  crypto_generichash(h.data(), h.size(), bytes.data(), bytes.size(), nullptr, 0);
+  std::string hex(65, '\0');
+  sodium_bin2hex(hex.data(), hex.size(), h.data(), h.size());
+  hex.pop_back();
+  return hex;
+}
+
+bool isContentHash(const std::string& text) {
+  return text.size() == 64 &&
+         std::all_of(text.begin(), text.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+std::string defaultWeightCacheDir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return std::string(xdg) + "/tandem/weights";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.cache/tandem/weights";
+  return "/tmp/tandem-weights";
+}
+
+WeightCache::WeightCache(std::string dir, uint64_t max_bytes)
+    : dir_(std::move(dir)), max_bytes_(max_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec || !fs::is_directory(dir_))
+    throw IoError("cannot make the weight cache '" + dir_ + "': " + ec.message());
+}
+
+std::optional<std::vector<uint8_t>> WeightCache::get(const std::string& hash, bool* corrupted) {
+  if (corrupted) *corrupted = false;
+  if (!isContentHash(hash)) return std::nullopt;
+  const std::string path = dir_ + "/" + hash;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (contentHash(bytes) != hash) {
+    std::error_code ignored;
+    fs::remove(path, ignored);
+    if (corrupted) *corrupted = true;
+    return std::nullopt;
+  }
+  std::error_code ignored;
+  fs::last_write_time(path, fs::file_time_type::clock::now(), ignored);  // recently used
+  return bytes;
+}
+
+void WeightCache::put(const std::string& hash, std::span<const uint8_t> bytes) {
+  if (!isContentHash(hash) || contentHash(bytes) != hash)
+    throw FormatError("weights of " + std::to_string(bytes.size()) + " bytes do not hash to '" +
+                      hash + "'");
+  const std::string path = dir_ + "/" + hash;
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw IoError("cannot write '" + tmp + "': " + std::strerror(errno));
+  size_t done = 0;
+  bool ok = true;
+  while (ok && done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ok && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw IoError("cannot store weights in '" + path + "': " + std::strerror(ok ? errno : err));
+  }
+  // Over the cap: the least recently used go first.
+  std::vector<std::pair<fs::file_time_type, fs::path>> files;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    if (!e.is_regular_file() || !isContentHash(e.path().filename().string())) continue;
+    total += e.file_size();
+    files.push_back({e.last_write_time(), e.path()});
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& [time, file] : files) {
+    if (total <= max_bytes_) break;
+    if (file.filename() == hash) continue;
+    std::error_code size_ec;
+    const uint64_t size = fs::file_size(file, size_ec);
+    if (fs::remove(file, size_ec)) total -= size;
+  }
+}
+
+std::vector<std::string> WeightCache::hashes() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec))
+    if (e.is_regular_file() && isContentHash(e.path().filename().string()))
+      out.push_back(e.path().filename().string());
+  return out;
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,80 @@
+#include "targets/runtime/weight_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace tandem::runtime {
+namespace {
+
+std::vector<uint8_t> bytes(size_t n, uint8_t seed) {
+  std::vector<uint8_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(seed + i * 7);
+  return b;
+}
+
+TEST(WeightCacheTest, StoredWeightsComeBackVerifiedByTheirHash) {
+  const std::string dir = testing::freshDir("wcache") + "/nested";
+  WeightCache cache(dir, 1 << 20);
+  const auto b = bytes(1000, 1);
+  const std::string h = contentHash(b);
+  EXPECT_TRUE(isContentHash(h));
+  EXPECT_NE(contentHash(bytes(1000, 2)), h);
+  EXPECT_FALSE(cache.get(h).has_value());
+  cache.put(h, b);
+  EXPECT_EQ(cache.get(h), b);
+  EXPECT_EQ(cache.hashes(), std::vector<std::string>{h});
+  // Nothing half-written is left beside it.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+  testing::expectThrowWith<FormatError>([&] { cache.put(h, bytes(1000, 2)); },
+                                        {"do not hash to"});
+  EXPECT_FALSE(cache.get("../etc/passwd").has_value());  // not a hash: never a path
+}
+
+TEST(WeightCacheTest, ACorruptedFileIsDetectedAndRemoved) {
+  const std::string dir = testing::freshDir("wcache");
+  WeightCache cache(dir, 1 << 20);
+  const auto b = bytes(5000, 3);
+  const std::string h = contentHash(b);
+  cache.put(h, b);
+  {
+    std::fstream f(dir + "/" + h, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x55');
+  }
+  bool corrupted = false;
+  EXPECT_FALSE(cache.get(h, &corrupted).has_value());
+  EXPECT_TRUE(corrupted);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + h));
+  cache.put(h, b);
+  EXPECT_EQ(cache.get(h, &corrupted), b);
+  EXPECT_FALSE(corrupted);
+}
+
+TEST(WeightCacheTest, TheOldestGoWhenTheCapIsPassed) {
+  const std::string dir = testing::freshDir("wcache");
+  WeightCache cache(dir, 2500);
+  std::vector<std::string> hashes;
+  for (uint8_t i = 0; i < 3; ++i) {
+    const auto b = bytes(1000, i);
+    hashes.push_back(contentHash(b));
+    cache.put(hashes.back(), b);
+    std::filesystem::last_write_time(
+        dir + "/" + hashes.back(),
+        std::filesystem::file_time_type::clock::now() - std::chrono::hours(3 - i));
+  }
+  cache.put(contentHash(bytes(1000, 9)), bytes(1000, 9));  // 4000 > 2500: two oldest go
+  EXPECT_FALSE(cache.get(hashes[0]).has_value());
+  EXPECT_FALSE(cache.get(hashes[1]).has_value());
+  EXPECT_TRUE(cache.get(hashes[2]).has_value());
+  EXPECT_TRUE(cache.get(contentHash(bytes(1000, 9))).has_value());
+}
+
+}  // namespace
+}  // namespace tandem::runtime
