@@ -218,6 +218,11 @@ class Run {
         reported[s] = true;
         if (gone && gone->slot == slot) gone.reset();  // it reported, then exited
         result_.reports[s] = *report;
+        const double offset = launcher_.clockOffset(slot);
+        for (Span& span : result_.reports[s].spans) {
+          span.start_s -= offset;
+          span.end_s -= offset;
+        }
         ++reports;
       } else if (const auto* f = std::get_if<Failed>(&m)) {
         fail(slot, "failed: " + f->message);

@@ -43,6 +43,8 @@ class Launcher {
   virtual std::string finish(std::chrono::milliseconds grace) = 0;
   // Stops every worker still running (and waits for them).
   virtual void stopAll() = 0;
+  // The clock of worker `slot`'s machine minus this one's, in seconds (0 on this machine).
+  virtual double clockOffset(int /*slot*/) const { return 0; }
 };
 
 // Worker processes: `program args... --control HOST:PORT --slot N` started on this
@@ -84,7 +86,9 @@ struct RunOptions {
 
 struct RunResult {
   std::vector<Ready> ready;           // by slot
-  std::vector<StageReport> reports;   // by slot
+  // By slot; spans on this machine's realtime clock (seconds since the epoch): each
+  // worker's own, less its machine's clock offset, so spans of several hosts line up.
+  std::vector<StageReport> reports;
 };
 
 // Runs the workers of `assignments` (slot i runs assignments[i]; `names[i]` names it in

@@ -1,6 +1,9 @@
 // The launcher of coordinator.h whose workers node daemons start (daemon.h): one
 // authenticated channel per node, `launch` per worker, `worker ended` back.
+#include <spdlog/spdlog.h>
+
 #include <deque>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -34,6 +37,10 @@ class DaemonLauncher final : public Launcher {
         if (!first || !std::holds_alternative<NodeInfo>(*first))
           throw FormatError("it did not say who it is");
         c->send(NodeInfo{"tandem run", buildName(), "", 0, 0, 0, 0, {}, {}, {}});
+        const ClockEstimate clock = estimateClock(*c, 8, timeout);  // NTP-style, best of 8
+        offsets_[n] = clock.offset_s;
+        spdlog::info("node '{}' ({}): round trip {:.3f} ms, clock {:+.3f} ms from ours", node.name,
+                     node.address.str(), clock.rtt_s * 1e3, clock.offset_s * 1e3);
         channels_[static_cast<size_t>(n)] = std::move(c);
       } catch (const Error& e) {
         throw IoError("node '" + node.name + "' (" + node.address.str() + "): " + e.what());
@@ -87,6 +94,11 @@ class DaemonLauncher final : public Launcher {
       bad += std::to_string(left) + " workers did not exit after finishing";
     stopAll();
     return bad;
+  }
+
+  double clockOffset(int slot) const override {
+    const auto it = offsets_.find(node_of_slot_.at(static_cast<size_t>(slot)));
+    return it == offsets_.end() ? 0 : it->second;
   }
 
   void stopAll() override {
@@ -145,6 +157,7 @@ class DaemonLauncher final : public Launcher {
   std::vector<std::unique_ptr<Channel>> channels_;  // by node; null: unused or lost
   std::deque<Ended> ended_;
   std::set<int> launched_, reported_ended_;
+  std::map<int, double> offsets_;  // by node: its clock minus ours (s)
 };
 
 }  // namespace

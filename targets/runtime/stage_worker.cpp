@@ -239,7 +239,18 @@ void run(Channel& coordinator, const Assign& a, const std::string& cache_dir) {
   }
   report.counters = a.infer ? trainer.executor().counters() : training;
   report.counters.peak_stash = trainer.executor().counters().peak_stash;
-  if (a.record_spans) report.spans = trainer.executor().spans();
+  if (a.record_spans) {
+    // Spans are taken on this machine's steady clock; reported on its realtime clock
+    // (seconds since the epoch), which the coordinator can line up with other hosts'.
+    const double shift =
+        static_cast<double>(realtimeNs()) * 1e-9 -
+        std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    report.spans = trainer.executor().spans();
+    for (Span& span : report.spans) {
+      span.start_s += shift;
+      span.end_s += shift;
+    }
+  }
   for (const auto* links : {&prev_links, &next_links})
     for (const auto& l : *links) {
       report.bytes_sent += l->stats().bytes_sent_wire;
