@@ -42,20 +42,30 @@ ZmqLink::ZmqLink(Context& context, LinkOptions options)
                    "link: high-water marks must be positive");
   for (zmq::socket_t* s : {&push_, &pull_})
     s->set(zmq::sockopt::linger, static_cast<int>(options_.linger.count()));
-  const bool curve =
+  const bool from_files =
       !options_.curve_secret_key_file.empty() || !options_.curve_peer_public_key_file.empty();
-  if (curve) {
+  const bool given =
+      !options_.curve_secret_key.empty() || !options_.curve_peer_public_key.empty();
+  if (from_files || given) {
+    TANDEM_CHECK_MSG(from_files != given, InvalidArgument,
+                     "link: CurveZMQ keys given both as files and as text");
     TANDEM_CHECK_MSG(
-        !options_.curve_secret_key_file.empty() && !options_.curve_peer_public_key_file.empty(),
-        InvalidArgument,
-        "link: CurveZMQ needs both a secret key file and the peer's public key file");
+        from_files ? !options_.curve_secret_key_file.empty() &&
+                         !options_.curve_peer_public_key_file.empty()
+                   : !options_.curve_secret_key.empty() && !options_.curve_peer_public_key.empty(),
+        InvalidArgument, "link: CurveZMQ needs both a secret key and the peer's public key");
     if (!curveSupported())
       throw Unsupported("link: CurveZMQ requested but the installed libzmq has no CURVE support");
-    const std::string secret = readCurveKey(options_.curve_secret_key_file);
-    const std::string peer_public = readCurveKey(options_.curve_peer_public_key_file);
+    const std::string secret =
+        from_files ? readCurveKey(options_.curve_secret_key_file) : options_.curve_secret_key;
+    const std::string peer_public = from_files ? readCurveKey(options_.curve_peer_public_key_file)
+                                               : options_.curve_peer_public_key;
     char own_public[41];
-    TANDEM_CHECK_MSG(zmq_curve_public(own_public, secret.c_str()) == 0, InvalidArgument,
-                     "link: '" << options_.curve_secret_key_file << "' is not a valid secret key");
+    TANDEM_CHECK_MSG(secret.size() == 40 && zmq_curve_public(own_public, secret.c_str()) == 0,
+                     InvalidArgument,
+                     "link: " << (from_files ? "'" + options_.curve_secret_key_file + "'"
+                                             : std::string("the secret key given"))
+                              << " is not a valid secret key");
     // The receiving side is the CURVE server; the context's ZAP handler admits the peer only.
     context.allowCurveKey(peer_public);
     pull_.set(zmq::sockopt::zap_domain, "tandem");

@@ -49,6 +49,8 @@ struct LinkOptions {
   // Unsupported is raised if this libzmq has no CURVE.
   std::string curve_secret_key_file;       // this side's secret key (Z85)
   std::string curve_peer_public_key_file;  // the peer's public key (Z85)
+  // The same two keys given as Z85 text instead of files (both set, or neither).
+  std::string curve_secret_key, curve_peer_public_key;
   uint64_t job = 0;
   int32_t stage = 0, peer_stage = 0;
   // TCP congestion control of this side's sending connections whose peer is on this

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sodium.h>
 #include <sys/stat.h>
+#include <zmq.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -96,6 +97,23 @@ std::string clusterKeyHex(const ClusterKey& key) {
   sodium_bin2hex(hex.data(), hex.size(), key.bytes.data(), key.bytes.size());
   hex.pop_back();
   return hex;
+}
+
+DataPlaneKeys dataPlaneKeys(const ClusterKey& key) {
+  initSodium();
+  static constexpr std::string_view kLabel = "tandem data plane 1";
+  std::array<uint8_t, crypto_box_SEEDBYTES> seed{};
+  crypto_generichash(seed.data(), seed.size(), reinterpret_cast<const uint8_t*>(kLabel.data()),
+                     kLabel.size(), key.bytes.data(), key.bytes.size());
+  std::array<uint8_t, crypto_box_PUBLICKEYBYTES> pk{};
+  std::array<uint8_t, crypto_box_SECRETKEYBYTES> sk{};
+  crypto_box_seed_keypair(pk.data(), sk.data(), seed.data());
+  char pz[41] = {}, sz[41] = {};
+  zmq_z85_encode(pz, pk.data(), pk.size());
+  zmq_z85_encode(sz, sk.data(), sk.size());
+  sodium_memzero(sk.data(), sk.size());
+  sodium_memzero(seed.data(), seed.size());
+  return {pz, sz};
 }
 
 Mac handshakeProof(const ClusterKey& key, Side side, const Hello& client, const Hello& server) {

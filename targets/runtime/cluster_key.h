@@ -32,6 +32,14 @@ ClusterKey parseClusterKey(std::string text, const std::string& source);
 // The 64 hex digits of a key.
 std::string clusterKeyHex(const ClusterKey& key);
 
+// The CurveZMQ key pair (Z85 text) every data-plane link of a run uses, derived from the
+// run's key: only holders of that key can join the run's links, and CurveZMQ's
+// per-connection ephemeral keys keep each connection's traffic its own.
+struct DataPlaneKeys {
+  std::string public_key, secret_key;
+};
+DataPlaneKeys dataPlaneKeys(const ClusterKey& key);
+
 // Which side of a handshake: the one that connected (client) or accepted (server).
 enum class Side { kClient, kServer };
 

@@ -141,7 +141,7 @@ class ThreadLauncher final : public Launcher {
         o.build = buildName();
         std::unique_ptr<Channel> c = connectChannel(coordinator, key, o);
         c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
-        runStageWorker(*c);
+        runStageWorker(*c, key);
         c->close();
       } catch (const std::exception& e) {
         how = std::string("exited with code 1 (") + e.what() + ")";

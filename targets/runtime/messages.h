@@ -149,6 +149,7 @@ struct Assign {
   std::string transport = "tcp", data_dir;
   std::string weights_hash;  // a model file to start from (contentHash), or empty
   int64_t weights_bytes = 0;
+  bool encrypt = false;  // CurveZMQ on the links, keys from the run's key
   bool operator==(const Assign&) const = default;
 };
 

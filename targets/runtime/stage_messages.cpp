@@ -134,6 +134,7 @@ Assign readAssign(const fb::Assign* a) {
     bad(m, "weights_hash '" + out.weights_hash + "' is not 64 hex digits");
   range(m, "weights_bytes", out.weights_bytes, out.weights_hash.empty() ? 0 : 1,
         out.weights_hash.empty() ? 0 : kMaxWeightsBytes);
+  out.encrypt = a->encrypt();
   return out;
 }
 
@@ -209,7 +210,7 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
                           m.threads, schedule, m.microbatches, m.batch, m.epochs, m.seed,
                           m.recompute, optimizer, act, grad, data, m.train_limit, m.test_limit,
                           m.timeout_s, m.infer, m.record_spans, m.save, host, transport,
-                          data_dir, weights_hash, m.weights_bytes)
+                          data_dir, weights_hash, m.weights_bytes, m.encrypt)
       .Union();
 }
 

@@ -97,7 +97,8 @@ std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a,
   return bytes;
 }
 
-void run(Channel& coordinator, const Assign& a, const std::string& cache_dir) {
+void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
+         const std::string& cache_dir) {
   const std::string who = "stage " + std::to_string(a.stage) +
                           (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "");
   const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
@@ -120,6 +121,9 @@ void run(Channel& coordinator, const Assign& a, const std::string& cache_dir) {
   std::unique_ptr<PrivateDir> ipc_dir;
   if (a.transport == "ipc") ipc_dir = std::make_unique<PrivateDir>();
   transport::Context ctx;
+  // Encrypted links: every link of the run holds the key pair derived from the run's
+  // key, so each admits exactly the run's other workers.
+  const DataPlaneKeys curve = a.encrypt ? dataPlaneKeys(run_key) : DataPlaneKeys{};
   int endpoint_count = 0;
   auto linkOptions = [&](const std::string& codec, int peer) {
     transport::LinkOptions o;
@@ -129,6 +133,8 @@ void run(Channel& coordinator, const Assign& a, const std::string& cache_dir) {
     o.timeout = std::chrono::seconds(a.timeout_s);
     o.stage = a.stage;
     o.peer_stage = peer;
+    o.curve_secret_key = curve.secret_key;
+    o.curve_peer_public_key = curve.public_key;
     return o;
   };
   // One link to each replica of each neighbouring stage: the previous stage's carry
@@ -262,11 +268,11 @@ void run(Channel& coordinator, const Assign& a, const std::string& cache_dir) {
 
 }  // namespace
 
-void runStageWorker(Channel& coordinator, const std::string& cache_dir,
-                    std::chrono::milliseconds wait) {
+void runStageWorker(Channel& coordinator, const ClusterKey& run_key,
+                    const std::string& cache_dir, std::chrono::milliseconds wait) {
   try {
     const Assign a = expect<Assign>(coordinator, wait, "assignment");
-    run(coordinator, a, cache_dir);
+    run(coordinator, a, run_key, cache_dir);
   } catch (const std::exception& e) {
     try {
       coordinator.send(Failed{e.what()}, 2s);
@@ -287,7 +293,7 @@ void runWorkerProcess(const std::string& control, int slot, const std::string& c
   o.build = buildName();
   std::unique_ptr<Channel> c = connectChannel(parseEndpoint(control), key, o);
   c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
-  runStageWorker(*c, cache_dir);
+  runStageWorker(*c, key, cache_dir);
   c->close();
 }
 

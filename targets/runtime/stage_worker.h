@@ -16,6 +16,7 @@
 #pragma once
 
 #include "targets/runtime/channel.h"
+#include "targets/runtime/cluster_key.h"
 
 namespace tandem::runtime {
 
@@ -23,7 +24,10 @@ namespace tandem::runtime {
 // from the node's weight cache in `cache_dir` when it holds them (verified), else from
 // the coordinator (`weights request`, then `weights chunk`s), and are then cached there;
 // no cache when `cache_dir` is empty.
-void runStageWorker(Channel& coordinator, const std::string& cache_dir = "",
+// `run_key` is the key the worker proved to its coordinator: an assignment that asks for
+// encrypted links derives their CurveZMQ keys from it (cluster_key.h).
+void runStageWorker(Channel& coordinator, const ClusterKey& run_key,
+                    const std::string& cache_dir = "",
                     std::chrono::milliseconds wait = std::chrono::seconds(60));
 
 // The whole of a worker process (`tandem stage`, `tandemd worker`): reads the run's key

@@ -361,7 +361,10 @@ int runJob(const RunArgs& args) {
     } else if (!args.cluster.empty()) {
       // The cluster's daemons start the workers, each node its share.
       const ClusterTargets t = clusterTargets(args.cluster, args.key, as, stages);
-      for (size_t i = 0; i < as.size(); ++i) as[i].bind_host = t.host_of_slot[i];
+      for (size_t i = 0; i < as.size(); ++i) {
+        as[i].bind_host = t.host_of_slot[i];
+        as[i].encrypt = true;  // links between hosts: CurveZMQ, keys from the run's key
+      }
       if (t.remote) ro.listen = "0.0.0.0:0";
       launcher = runtime::daemonLauncher(t.nodes, t.node_of_slot, t.key, std::chrono::seconds(10));
     } else {

@@ -6,7 +6,9 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "backends/cpu/cpu_backend.h"
 #include "tests/test_util.h"
+#include "transport/zmq_link.h"
 
 namespace tandem::runtime {
 namespace {
@@ -76,6 +78,41 @@ TEST(ClusterKeyTest, EachDirectionHasItsOwnSessionKey) {
   EXPECT_EQ(client.receive, server.send);
   EXPECT_NE(client.send, client.receive);
   EXPECT_NE(sessionKeys(k, Side::kClient, c, hello(3)).send, client.send);
+}
+
+TEST(ClusterKeyTest, ARunsDataPlaneKeysAdmitOnlyTheRunsLinks) {
+  const ClusterKey run = generateClusterKey(), other = generateClusterKey();
+  const DataPlaneKeys k = dataPlaneKeys(run);
+  EXPECT_EQ(k.public_key.size(), 40u);
+  EXPECT_EQ(k.secret_key.size(), 40u);
+  EXPECT_EQ(dataPlaneKeys(run).secret_key, k.secret_key);  // derived, not drawn
+  EXPECT_NE(dataPlaneKeys(other).public_key, k.public_key);
+  using namespace std::chrono_literals;
+  transport::Context ctx;
+  cpu::CpuBackend be;
+  auto options = [](const DataPlaneKeys& keys) {
+    transport::LinkOptions o;
+    o.bind = "tcp://127.0.0.1:*";
+    o.timeout = 1s;
+    o.curve_secret_key = keys.secret_key;
+    o.curve_peer_public_key = keys.public_key;
+    return o;
+  };
+  transport::ZmqLink a(ctx, options(k)), b(ctx, options(k));
+  a.connect(b.endpoint());
+  b.connect(a.endpoint());
+  const Tensor t = toDevice(be, Shape{3}, std::vector<float>{1, 2, 3});
+  a.send({MessageKind::kActivation, 0}, t);
+  EXPECT_EQ(toHost(b.recv({MessageKind::kActivation, 0}, be)), (std::vector<float>{1, 2, 3}));
+  // A link holding another run's keys gets nothing through.
+  transport::Context ctx2;
+  transport::ZmqLink intruder(ctx2, options(dataPlaneKeys(other)));
+  intruder.connect(b.endpoint());
+  try {
+    intruder.send({MessageKind::kActivation, 1}, t);
+  } catch (const Error&) {  // it may not even be let in to queue the message
+  }
+  EXPECT_THROW(b.recv({MessageKind::kActivation, 1}, be), Timeout);
 }
 
 }  // namespace

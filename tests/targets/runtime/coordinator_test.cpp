@@ -83,12 +83,15 @@ TEST(CoordinatorTest, WorkersInThreadsTrainBitwiseAsOneDevice) {
   struct Case {
     std::vector<Stage> stages;
     ScheduleKind schedule;
+    bool encrypt;  // CurveZMQ links with keys from the run's key
   } cases[] = {
-      {{{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B},
-      {{{0, 2, 1}, {2, 4, 2}, {4, 6, 1}}, ScheduleKind::kGPipe},
+      {{{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B, false},
+      {{{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B, true},
+      {{{0, 2, 1}, {2, 4, 2}, {4, 6, 1}}, ScheduleKind::kGPipe, false},
   };
   for (const Case& c : cases) {
-    const std::vector<Assign> as = assignments(c.stages, c.schedule);
+    std::vector<Assign> as = assignments(c.stages, c.schedule);
+    for (Assign& a : as) a.encrypt = c.encrypt;
     auto launcher = threadLauncher();
     int epochs = 0, wired = 0;
     RunCallbacks cb;

@@ -171,6 +171,7 @@ Assign sampleAssign() {
   a.bind_host = "10.0.0.5";
   a.weights_hash = std::string(64, 'a');
   a.weights_bytes = 1234;
+  a.encrypt = true;
   return a;
 }
 
