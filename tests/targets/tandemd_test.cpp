@@ -297,6 +297,27 @@ std::string writeJob(const std::string& dir, const std::string& name, const std:
   return path;
 }
 
+TEST(TandemdTest, AClusterRunNamesTheNodeItCannotUse) {
+  const std::string dir = tandem::testing::freshDir("cluster-bad");
+  ASSERT_EQ(run(kCli + " keygen --cluster --out " + dir + "/c").code, 0);
+  const std::string job = writeJob(dir, "job", "epochs: 1\ntrain_limit: 64\n");
+  std::ofstream(dir + "/gone.yaml") << "key: c.key\nnodes:\n"
+                                    << "  - {name: gone, address: '127.0.0.1:1', devices: [{}]}\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  Ran r = run(kCli + " run " + job + " --cluster " + dir + "/gone.yaml");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+  EXPECT_NE(r.out.find("node 'gone' (127.0.0.1:1): cannot reach the node at 127.0.0.1:1"),
+            std::string::npos)
+      << r.out;
+  std::ofstream(dir + "/half.yaml") << "key: c.key\nnodes:\n"
+                                    << "  - {name: far, address: '127.0.0.1:1', devices: [{}]}\n"
+                                    << "  - {name: near, devices: [{}]}\n";
+  r = run(kCli + " run " + job + " --cluster " + dir + "/half.yaml");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("half.yaml:4:5: node 'near' has no 'address'"), std::string::npos) << r.out;
+}
+
 TEST(TandemdTest, AJobOnTwoDaemonsTrainsBitwiseAsOnThisMachine) {
   const std::string dir = tandem::testing::freshDir("cluster-run");
   TwoNodes nodes(dir);
