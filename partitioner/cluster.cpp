@@ -107,9 +107,8 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
               r.fail(nkv.second, "'devices' must be a non-empty list");
             for (const YAML::Node& d : nkv.second) node.devices.push_back(parseDevice(r, d));
           } else {
-            r.fail(nkv.first,
-                   "unknown node key '" + nkey +
-                       "' (expected name, address, host, profile, devices)");
+            r.fail(nkv.first, "unknown node key '" + nkey +
+                                  "' (expected name, address, host, profile, devices)");
           }
         }
         if (node.name.empty()) r.fail(n, "the node has no 'name'");
@@ -118,8 +117,8 @@ Cluster parseCluster(const std::string& yaml_text, const std::string& source) {
         for (const ClusterNode& other : c.nodes) {
           if (other.name == node.name) r.fail(n, "a second node named '" + node.name + "'");
           if (node.address && other.address && node.address->str() == other.address->str())
-            r.fail(n["address"], "node '" + node.name + "' has the address of node '" +
-                                     other.name + "' (" + node.address->str() + ")");
+            r.fail(n["address"], "node '" + node.name + "' has the address of node '" + other.name +
+                                     "' (" + node.address->str() + ")");
         }
         std::set<std::string> names;
         for (const ClusterDevice& d : node.devices)

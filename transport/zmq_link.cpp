@@ -44,8 +44,7 @@ ZmqLink::ZmqLink(Context& context, LinkOptions options)
     s->set(zmq::sockopt::linger, static_cast<int>(options_.linger.count()));
   const bool from_files =
       !options_.curve_secret_key_file.empty() || !options_.curve_peer_public_key_file.empty();
-  const bool given =
-      !options_.curve_secret_key.empty() || !options_.curve_peer_public_key.empty();
+  const bool given = !options_.curve_secret_key.empty() || !options_.curve_peer_public_key.empty();
   if (from_files || given) {
     TANDEM_CHECK_MSG(from_files != given, InvalidArgument,
                      "link: CurveZMQ keys given both as files and as text");

@@ -72,14 +72,13 @@ struct Channel::Impl {
   void readHeader() {
     asio::async_read(socket, asio::buffer(header), [this](boost::system::error_code ec, size_t) {
       if (ec) return readFailed(ec);
-      const uint32_t len = static_cast<uint32_t>(header[0]) |
-                           static_cast<uint32_t>(header[1]) << 8 |
-                           static_cast<uint32_t>(header[2]) << 16 |
-                           static_cast<uint32_t>(header[3]) << 24;
+      const uint32_t len =
+          static_cast<uint32_t>(header[0]) | static_cast<uint32_t>(header[1]) << 8 |
+          static_cast<uint32_t>(header[2]) << 16 | static_cast<uint32_t>(header[3]) << 24;
       if (len < kTagBytes || len > options.max_message_bytes + kTagBytes)
-        return fail(peer + " sent a frame of " + std::to_string(len) +
-                    " bytes (the limit is " + std::to_string(options.max_message_bytes) +
-                    " bytes and a " + std::to_string(kTagBytes) + "-byte tag)");
+        return fail(peer + " sent a frame of " + std::to_string(len) + " bytes (the limit is " +
+                    std::to_string(options.max_message_bytes) + " bytes and a " +
+                    std::to_string(kTagBytes) + "-byte tag)");
       body.resize(len);
       readBody();
     });
@@ -91,9 +90,9 @@ struct Channel::Impl {
       std::vector<uint8_t> plain(body.size() - kTagBytes);
       unsigned long long plain_len = 0;
       const auto nonce = counterNonce(received_count++);
-      if (crypto_aead_chacha20poly1305_ietf_decrypt(plain.data(), &plain_len, nullptr,
-                                                    body.data(), body.size(), nullptr, 0,
-                                                    nonce.data(), keys.receive.data()) != 0)
+      if (crypto_aead_chacha20poly1305_ietf_decrypt(plain.data(), &plain_len, nullptr, body.data(),
+                                                    body.size(), nullptr, 0, nonce.data(),
+                                                    keys.receive.data()) != 0)
         return fail("a frame from " + peer +
                     " failed authentication (altered, replayed or not sealed with this "
                     "session's key)");
@@ -167,7 +166,8 @@ struct Channel::Impl {
     }
     asio::async_write(socket, asio::buffer(*front), [this](boost::system::error_code ec, size_t) {
       if (ec) {
-        if (ec != asio::error::operation_aborted) fail("writing to " + peer + " failed: " + ec.message());
+        if (ec != asio::error::operation_aborted)
+          fail("writing to " + peer + " failed: " + ec.message());
         return;
       }
       std::unique_lock lock(mu);
@@ -206,7 +206,8 @@ struct Channel::Impl {
   std::vector<uint8_t> seal(std::span<const uint8_t> message) {
     const size_t len = message.size() + kTagBytes;
     std::vector<uint8_t> frame(4 + len);
-    for (int i = 0; i < 4; ++i) frame[static_cast<size_t>(i)] = static_cast<uint8_t>(len >> (8 * i));
+    for (int i = 0; i < 4; ++i)
+      frame[static_cast<size_t>(i)] = static_cast<uint8_t>(len >> (8 * i));
     unsigned long long out_len = 0;
     const auto nonce = counterNonce(sent_count++);
     crypto_aead_chacha20poly1305_ietf_encrypt(frame.data() + 4, &out_len, message.data(),
@@ -262,13 +263,13 @@ struct Channel::Impl {
   std::vector<uint8_t> body;        // I/O thread only
   uint64_t received_count = 0;      // I/O thread only
 
-  mutable std::mutex mu;  // everything below
+  mutable std::mutex mu;    // everything below
   uint64_t sent_count = 0;  // the next send nonce
   std::condition_variable cv;
-  std::deque<std::vector<uint8_t>> queue;  // received, not yet taken
+  std::deque<std::vector<uint8_t>> queue;   // received, not yet taken
   std::deque<std::vector<uint8_t>> writes;  // sealed frames, the front one being written
-  size_t unsent = 0;                         // bytes in `writes`
-  bool paused = false;                       // reading stopped: `queue` is full
+  size_t unsent = 0;                        // bytes in `writes`
+  bool paused = false;                      // reading stopped: `queue` is full
   bool ended = false;
   std::string failure;
   Clock::time_point last_heard, last_sent;

@@ -26,10 +26,10 @@ namespace tandem::runtime {
 
 struct ChannelOptions {
   std::chrono::milliseconds heartbeat{500};
-  int strikes = 3;                           // heartbeats missed before the peer is gone
+  int strikes = 3;                              // heartbeats missed before the peer is gone
   size_t max_message_bytes = size_t{16} << 20;  // larger frames end the channel
-  size_t max_queued = 64;                    // received messages not yet taken by recv()
-  size_t max_unsent_bytes = size_t{32} << 20;  // send() waits while more is queued
+  size_t max_queued = 64;                       // received messages not yet taken by recv()
+  size_t max_unsent_bytes = size_t{32} << 20;   // send() waits while more is queued
 };
 
 class Channel {

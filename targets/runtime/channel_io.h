@@ -15,9 +15,9 @@ namespace tandem::runtime {
 // A channel over `socket` (connected and authenticated, owned by `io`, which no other
 // thread runs), sealing with `keys`, from now on driven by its own I/O thread.
 std::unique_ptr<Channel> startChannel(std::unique_ptr<boost::asio::io_context> io,
-                                      boost::asio::ip::tcp::socket socket,
-                                      const SessionKeys& keys, const Hello& peer_hello,
-                                      const std::string& peer, const ChannelOptions& options);
+                                      boost::asio::ip::tcp::socket socket, const SessionKeys& keys,
+                                      const Hello& peer_hello, const std::string& peer,
+                                      const ChannelOptions& options);
 
 // "HOST:PORT" of a connected socket's peer ("?" if it has none).
 std::string peerName(const boost::asio::ip::tcp::socket& socket);

@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <sodium.h>
 #include <sys/stat.h>
-#include <zmq.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include <cerrno>
 #include <cstring>
@@ -83,8 +83,9 @@ ClusterKey parseClusterKey(std::string text, const std::string& source) {
   ClusterKey k;
   size_t len = 0;
   const char* end = nullptr;
-  if (text.size() != 64 || sodium_hex2bin(k.bytes.data(), k.bytes.size(), text.data(),
-                                          text.size(), nullptr, &len, &end) != 0 ||
+  if (text.size() != 64 ||
+      sodium_hex2bin(k.bytes.data(), k.bytes.size(), text.data(), text.size(), nullptr, &len,
+                     &end) != 0 ||
       len != k.bytes.size())
     throw FormatError(source +
                       " is not a cluster key (64 hex digits; make one with "

@@ -55,7 +55,6 @@ bool verifyProof(const ClusterKey& key, Side side, const Hello& client, const He
 struct SessionKeys {
   std::array<uint8_t, 32> send{}, receive{};
 };
-SessionKeys sessionKeys(const ClusterKey& key, Side side, const Hello& client,
-                        const Hello& server);
+SessionKeys sessionKeys(const ClusterKey& key, Side side, const Hello& client, const Hello& server);
 
 }  // namespace tandem::runtime

@@ -85,9 +85,9 @@ class Run {
         callbacks_(callbacks),
         options_(options),
         n_(static_cast<int>(assignments.size())) {
-    TANDEM_CHECK_MSG(names.size() == assignments.size(), InvalidArgument,
-                     "coordinate: " << names.size() << " names for " << assignments.size()
-                                    << " assignments");
+    TANDEM_CHECK_MSG(
+        names.size() == assignments.size(), InvalidArgument,
+        "coordinate: " << names.size() << " names for " << assignments.size() << " assignments");
     for (int i = 0; i < n_; ++i) {
       const Assign& a = assignments[static_cast<size_t>(i)];
       slot_of_[{a.stage, a.replica}] = i;
@@ -141,9 +141,8 @@ class Run {
       const std::optional<Message> m = c->recv(10s);
       const auto* hello = m ? std::get_if<WorkerHello>(&*m) : nullptr;
       if (!hello || hello->slot >= n_ || channels_[static_cast<size_t>(hello->slot)])
-        throw FormatError("a worker connected from " + c->peer() +
-                          " without saying which of the " + std::to_string(n_) +
-                          " workers it is");
+        throw FormatError("a worker connected from " + c->peer() + " without saying which of the " +
+                          std::to_string(n_) + " workers it is");
       const auto slot = static_cast<size_t>(hello->slot);
       c->send(assignments_[slot]);
       channels_[slot] = std::move(c);
@@ -241,7 +240,9 @@ class Run {
     constexpr size_t kChunk = size_t{1} << 20;
     for (size_t at = 0; at < bytes.size(); at += kChunk) {
       const size_t n = std::min(kChunk, bytes.size() - at);
-      c.send(WeightsChunk{hash, static_cast<int64_t>(at), static_cast<int64_t>(bytes.size()),
+      c.send(WeightsChunk{hash,
+                          static_cast<int64_t>(at),
+                          static_cast<int64_t>(bytes.size()),
                           {bytes.begin() + static_cast<std::ptrdiff_t>(at),
                            bytes.begin() + static_cast<std::ptrdiff_t>(at + n)}},
              std::chrono::seconds(60));

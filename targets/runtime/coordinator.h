@@ -85,7 +85,7 @@ struct RunOptions {
 };
 
 struct RunResult {
-  std::vector<Ready> ready;           // by slot
+  std::vector<Ready> ready;  // by slot
   // By slot; spans on this machine's realtime clock (seconds since the epoch): each
   // worker's own, less its machine's clock offset, so spans of several hosts line up.
   std::vector<StageReport> reports;

@@ -61,36 +61,36 @@ struct Daemon::Impl {
   }
 
   void accept() {
-    auto conn_io = std::make_shared<std::unique_ptr<asio::io_context>>(
-        std::make_unique<asio::io_context>());
-    acceptor.async_accept(**conn_io, [this, conn_io](boost::system::error_code ec,
-                                                     tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || stopping) return;
-      if (ec) {
-        spdlog::warn("accepting a connection failed: {}", ec.message());
-        return accept();
-      }
-      std::lock_guard lock(mu);
-      conns.remove_if([](Conn& c) {
-        if (!c.done) return false;
-        c.thread.join();
-        return true;
-      });
-      const int active = static_cast<int>(conns.size());
-      if (active >= 2 * options.max_connections) {  // a flood: not even a thread for it
-        ++stats.refused;
-        boost::system::error_code ignored;
-        socket.close(ignored);
-        return accept();
-      }
-      Conn& c = conns.emplace_back();
-      c.thread = std::thread([this, &c, io = std::move(*conn_io), s = std::move(socket),
-                              busy = active >= options.max_connections]() mutable {
-        serve(std::move(io), std::move(s), busy);
-        c.done = true;
-      });
-      accept();
-    });
+    auto conn_io =
+        std::make_shared<std::unique_ptr<asio::io_context>>(std::make_unique<asio::io_context>());
+    acceptor.async_accept(
+        **conn_io, [this, conn_io](boost::system::error_code ec, tcp::socket socket) {
+          if (ec == asio::error::operation_aborted || stopping) return;
+          if (ec) {
+            spdlog::warn("accepting a connection failed: {}", ec.message());
+            return accept();
+          }
+          std::lock_guard lock(mu);
+          conns.remove_if([](Conn& c) {
+            if (!c.done) return false;
+            c.thread.join();
+            return true;
+          });
+          const int active = static_cast<int>(conns.size());
+          if (active >= 2 * options.max_connections) {  // a flood: not even a thread for it
+            ++stats.refused;
+            boost::system::error_code ignored;
+            socket.close(ignored);
+            return accept();
+          }
+          Conn& c = conns.emplace_back();
+          c.thread = std::thread([this, &c, io = std::move(*conn_io), s = std::move(socket),
+                                  busy = active >= options.max_connections]() mutable {
+            serve(std::move(io), std::move(s), busy);
+            c.done = true;
+          });
+          accept();
+        });
   }
 
   // One connection, on its own thread. Never throws: nothing a peer does ends the daemon.
@@ -118,7 +118,8 @@ struct Daemon::Impl {
       now.free_memory_bytes = fresh.free_memory_bytes;
       if (!options.cache_dir.empty()) {
         now.cached_weights = WeightCache(options.cache_dir, 0).hashes();
-        if (now.cached_weights.size() > kMaxCachedWeights) now.cached_weights.resize(kMaxCachedWeights);
+        if (now.cached_weights.size() > kMaxCachedWeights)
+          now.cached_weights.resize(kMaxCachedWeights);
       }
       channel->send(now);
       answer(*channel);
@@ -157,8 +158,8 @@ struct Daemon::Impl {
       job_owner = &channel;
     }
     if (workers.slots.count(l.slot))
-      return channel.send(ErrorReply{"launch: worker " + std::to_string(l.slot) +
-                                     " was started already"});
+      return channel.send(
+          ErrorReply{"launch: worker " + std::to_string(l.slot) + " was started already"});
     if (workers.slots.size() >= kMaxWorkersPerRun)
       return channel.send(ErrorReply{"launch: a run may start at most " +
                                      std::to_string(kMaxWorkersPerRun) + " workers on a node"});
@@ -255,8 +256,8 @@ Endpoint Daemon::endpoint() const {
 }
 
 void Daemon::run() {
-  spdlog::info("tandemd {} ({}) listening on {} as node '{}'", impl_->info.build,
-               impl_->info.arch, endpoint().str(), impl_->options.name);
+  spdlog::info("tandemd {} ({}) listening on {} as node '{}'", impl_->info.build, impl_->info.arch,
+               endpoint().str(), impl_->options.name);
   impl_->accept();
   impl_->io.run();
   std::list<Impl::Conn> conns;

@@ -4,8 +4,8 @@
 // to pings, and `launch`: a stage worker process that connects back to the peer's run
 // (coordinator.h), reported as `launched` and, when it ends, `worker ended`. The workers
 // of a connection are stopped when it ends — the peer left, or vanished (closed or
-// silent) — and the daemon serves the next run; one run's workers at a time. A peer's bad message gets an error
-// reply and the connection lives on; a refused handshake is logged with the peer's
+// silent) — and the daemon serves the next run; one run's workers at a time. A peer's bad message
+// gets an error reply and the connection lives on; a refused handshake is logged with the peer's
 // address and why. Nothing a peer sends ends the daemon.
 #pragma once
 

@@ -144,7 +144,8 @@ class DaemonLauncher final : public Launcher {
       for (int slot = 0; slot < static_cast<int>(node_of_slot_.size()); ++slot)
         if (node_of_slot_[static_cast<size_t>(slot)] == n && reported_ended_.insert(slot).second)
           ended_.push_back(
-              {slot, "was lost with node '" + node.name + "' (" + node.address.str() + "): " + e.what(),
+              {slot,
+               "was lost with node '" + node.name + "' (" + node.address.str() + "): " + e.what(),
                true});
       c.reset();
       return std::nullopt;

@@ -43,7 +43,8 @@ struct Step {
   void write(const Message& m) {
     const std::vector<uint8_t> body = encodeMessage(m);
     std::vector<uint8_t> frame(4);
-    for (int i = 0; i < 4; ++i) frame[static_cast<size_t>(i)] = static_cast<uint8_t>(body.size() >> (8 * i));
+    for (int i = 0; i < 4; ++i)
+      frame[static_cast<size_t>(i)] = static_cast<uint8_t>(body.size() >> (8 * i));
     frame.insert(frame.end(), body.begin(), body.end());
     bool done = false;
     boost::system::error_code ec;
@@ -52,8 +53,9 @@ struct Step {
       done = true;
     });
     await(done, std::string("room to send our ") + messageName(m));
-    if (ec) throw IoError("sending the " + std::string(messageName(m)) + " to " + peer +
-                          " failed: " + ec.message());
+    if (ec)
+      throw IoError("sending the " + std::string(messageName(m)) + " to " + peer +
+                    " failed: " + ec.message());
   }
 
   // The next clear frame's message; FormatError if it is oversized or malformed.
@@ -66,8 +68,9 @@ struct Step {
       done = true;
     });
     await(done, expected);
-    if (ec) throw IoError(peer + " closed the connection instead of sending its " + expected +
-                          (ec == asio::error::eof ? "" : " (" + ec.message() + ")"));
+    if (ec)
+      throw IoError(peer + " closed the connection instead of sending its " + expected +
+                    (ec == asio::error::eof ? "" : " (" + ec.message() + ")"));
     const uint32_t len = static_cast<uint32_t>(header[0]) | static_cast<uint32_t>(header[1]) << 8 |
                          static_cast<uint32_t>(header[2]) << 16 |
                          static_cast<uint32_t>(header[3]) << 24;
@@ -132,11 +135,10 @@ std::unique_ptr<Channel> connectChannel(const Endpoint& to, const ClusterKey& ke
   step.write(mine);
   Message m = step.read("hello");
   if (const auto* r = std::get_if<Refused>(&m))
-    throw HandshakeRefused(r->reason, step.peer + " refused us (" + refusalName(r->reason) +
-                                          "): " + r->message);
+    throw HandshakeRefused(
+        r->reason, step.peer + " refused us (" + refusalName(r->reason) + "): " + r->message);
   const auto* theirs = std::get_if<Hello>(&m);
-  if (!theirs)
-    throw FormatError(step.peer + " answered our hello with '" + messageName(m) + "'");
+  if (!theirs) throw FormatError(step.peer + " answered our hello with '" + messageName(m) + "'");
   const Hello server = *theirs;
   if (server.version.major != mine.version.major)
     throw HandshakeRefused(Refusal::kVersion, step.peer + " speaks " + speaks(server) +
@@ -145,8 +147,8 @@ std::unique_ptr<Channel> connectChannel(const Endpoint& to, const ClusterKey& ke
   step.write(Proof{handshakeProof(key, Side::kClient, mine, server)});
   m = step.read("proof");
   if (const auto* r = std::get_if<Refused>(&m))
-    throw HandshakeRefused(r->reason, step.peer + " refused us (" + refusalName(r->reason) +
-                                          "): " + r->message);
+    throw HandshakeRefused(
+        r->reason, step.peer + " refused us (" + refusalName(r->reason) + "): " + r->message);
   const auto* proof = std::get_if<Proof>(&m);
   if (!proof) throw FormatError(step.peer + " answered our proof with '" + messageName(m) + "'");
   if (!verifyProof(key, Side::kServer, mine, server, proof->mac))
@@ -179,8 +181,8 @@ std::unique_ptr<Channel> acceptChannel(std::unique_ptr<asio::io_context> io, tcp
     refuse(Refusal::kBadMessage, std::string("expected a hello: ") + e.what());
   }
   const auto* theirs = std::get_if<Hello>(&m);
-  if (!theirs) refuse(Refusal::kBadMessage, std::string("expected a hello, got '") +
-                                                messageName(m) + "'");
+  if (!theirs)
+    refuse(Refusal::kBadMessage, std::string("expected a hello, got '") + messageName(m) + "'");
   const Hello client = *theirs;
   if (client.version.major != mine.version.major)
     refuse(Refusal::kVersion, "this daemon speaks " + speaks(mine) + ", the client " +
@@ -193,8 +195,8 @@ std::unique_ptr<Channel> acceptChannel(std::unique_ptr<asio::io_context> io, tcp
     refuse(Refusal::kBadMessage, std::string("expected a proof: ") + e.what());
   }
   const auto* proof = std::get_if<Proof>(&m);
-  if (!proof) refuse(Refusal::kBadMessage, std::string("expected a proof, got '") +
-                                               messageName(m) + "'");
+  if (!proof)
+    refuse(Refusal::kBadMessage, std::string("expected a proof, got '") + messageName(m) + "'");
   if (!verifyProof(key, Side::kClient, client, mine, proof->mac))
     refuse(Refusal::kAuth, "the proof does not match this cluster's key");
   step.write(Proof{handshakeProof(key, Side::kServer, client, mine)});

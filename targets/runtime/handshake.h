@@ -25,8 +25,8 @@
 namespace tandem::runtime {
 
 struct HandshakeOptions {
-  std::string build;  // this side's build, said in its hello
-  std::chrono::milliseconds timeout{5000};  // connecting, and each handshake message
+  std::string build;                           // this side's build, said in its hello
+  std::chrono::milliseconds timeout{5000};     // connecting, and each handshake message
   ProtocolVersion version = kProtocolVersion;  // tests speak other versions with it
   ChannelOptions channel;
 };

@@ -112,8 +112,8 @@ class ProcessLauncher final : public Launcher {
       }
       const std::string pid = "(pid " + std::to_string(it->second) + ") ";
       if (WIFSIGNALED(status))
-        ended_.push_back({it->first, pid + "was killed by signal " + std::to_string(WTERMSIG(status)),
-                          true});
+        ended_.push_back(
+            {it->first, pid + "was killed by signal " + std::to_string(WTERMSIG(status)), true});
       else
         ended_.push_back(
             {it->first, pid + "exited with code " + std::to_string(WEXITSTATUS(status)), false});

@@ -38,8 +38,8 @@ LocalDaemon::LocalDaemon(const std::string& program, const ClusterKey& key,
                          const std::string& name) {
   int in[2], out[2];
   if (pipe(in) != 0 || pipe(out) != 0) throw Error("cannot start tandemd: pipe failed");
-  std::vector<std::string> argv = {program, "--listen", "127.0.0.1:0", "--key", "-", "--name",
-                                   name,    "--log-level", "warn"};
+  std::vector<std::string> argv = {program,  "--listen", "127.0.0.1:0", "--key", "-",
+                                   "--name", name,       "--log-level", "warn"};
   std::vector<char*> cargv;
   for (std::string& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);

@@ -20,7 +20,7 @@ namespace fb = tandem::control;
 }
 
 inline std::string text(const char* message, const char* field, const flatbuffers::String* s,
-                 size_t limit) {
+                        size_t limit) {
   if (!s) return {};
   if (s->size() > limit)
     bad(message, std::string(field) + " of " + std::to_string(s->size()) +
@@ -30,7 +30,7 @@ inline std::string text(const char* message, const char* field, const flatbuffer
 
 template <size_t N>
 inline std::array<uint8_t, N> exactBytes(const char* message, const char* field,
-                                  const flatbuffers::Vector<uint8_t>* v) {
+                                         const flatbuffers::Vector<uint8_t>* v) {
   const size_t size = v ? v->size() : 0;
   if (size != N)
     bad(message, std::string(field) + " must be " + std::to_string(N) + " bytes, not " +
@@ -53,9 +53,8 @@ inline void checkText(const char* message, const char* field, const std::string&
 
 inline void checkCount(const char* message, const char* field, size_t n, size_t limit) {
   if (n > limit)
-    throw InvalidArgument(std::string("control message '") + message + "': " +
-                          std::to_string(n) + " " + field + " exceed the limit of " +
-                          std::to_string(limit));
+    throw InvalidArgument(std::string("control message '") + message + "': " + std::to_string(n) +
+                          " " + field + " exceed the limit of " + std::to_string(limit));
 }
 
 // The stage worker's messages (stage_messages.cpp).

@@ -58,8 +58,8 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const NodeInf
   auto devs = b.CreateVector(devices);
   auto cached = b.CreateVectorOfStrings(m.cached_weights);
   auto datasets = b.CreateVectorOfStrings(m.datasets);
-  return fb::CreateNodeInfo(b, name, bld, arch, m.cpus, m.memory_bytes, m.free_memory_bytes,
-                            m.load, devs, cached, datasets)
+  return fb::CreateNodeInfo(b, name, bld, arch, m.cpus, m.memory_bytes, m.free_memory_bytes, m.load,
+                            devs, cached, datasets)
       .Union();
 }
 
@@ -101,11 +101,10 @@ fb::Body bodyType(const Message& m) {
   static constexpr fb::Body kTypes[] = {
       fb::Body_Hello,     fb::Body_Proof,          fb::Body_Refused,        fb::Body_NodeInfo,
       fb::Body_Ping,      fb::Body_Pong,           fb::Body_Leave,          fb::Body_Error,
-      fb::Body_Launch,    fb::Body_Launched,       fb::Body_WorkerEnded,
-      fb::Body_WorkerHello, fb::Body_Assign,  fb::Body_WeightsRequest, fb::Body_WeightsChunk,
-      fb::Body_Ready,          fb::Body_Start,          fb::Body_GroupAddress,
-      fb::Body_GroupAddresses, fb::Body_Progress,  fb::Body_EpochDone,      fb::Body_InferDone,
-      fb::Body_StageReport,    fb::Body_Failed};
+      fb::Body_Launch,    fb::Body_Launched,       fb::Body_WorkerEnded,    fb::Body_WorkerHello,
+      fb::Body_Assign,    fb::Body_WeightsRequest, fb::Body_WeightsChunk,   fb::Body_Ready,
+      fb::Body_Start,     fb::Body_GroupAddress,   fb::Body_GroupAddresses, fb::Body_Progress,
+      fb::Body_EpochDone, fb::Body_InferDone,      fb::Body_StageReport,    fb::Body_Failed};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -164,20 +163,25 @@ std::string ProtocolVersion::str() const {
 
 const char* refusalName(Refusal r) {
   switch (r) {
-    case Refusal::kBadMessage: return "bad message";
-    case Refusal::kVersion: return "version mismatch";
-    case Refusal::kAuth: return "authentication failed";
-    case Refusal::kBusy: return "busy";
+    case Refusal::kBadMessage:
+      return "bad message";
+    case Refusal::kVersion:
+      return "version mismatch";
+    case Refusal::kAuth:
+      return "authentication failed";
+    case Refusal::kBusy:
+      return "busy";
   }
   return "?";
 }
 
 const char* messageName(const Message& m) {
   static constexpr const char* kNames[] = {
-      "hello",  "proof", "refused",       "node info",       "ping",     "pong",
-      "leave",  "error", "launch", "launched", "worker ended", "worker hello", "assign", "weights request", "weights chunk",        "ready",           "start",    "group address",
-      "group addresses", "progress",      "epoch done",      "infer done", "stage report",
-      "failed"};
+      "hello",        "proof",        "refused",       "node info",       "ping",
+      "pong",         "leave",        "error",         "launch",          "launched",
+      "worker ended", "worker hello", "assign",        "weights request", "weights chunk",
+      "ready",        "start",        "group address", "group addresses", "progress",
+      "epoch done",   "infer done",   "stage report",  "failed"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -210,8 +214,8 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
   // The verifier lets a union's value be absent while its type is set (found by the
   // fuzzer): every body_as_* below would be null.
   if (msg->body_type() != fb::Body_NONE && !msg->body())
-    throw FormatError("bad control message: a '" +
-                      std::string(fb::EnumNameBody(msg->body_type())) + "' without its body");
+    throw FormatError("bad control message: a '" + std::string(fb::EnumNameBody(msg->body_type())) +
+                      "' without its body");
   switch (msg->body_type()) {
     case fb::Body_Hello: {
       const fb::Hello* h = msg->body_as_Hello();

@@ -220,7 +220,7 @@ struct StageReport {
   double run_s = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::vector<Span> spans;
-  std::vector<uint8_t> model;  // the trained slice as a model file, when asked
+  std::vector<uint8_t> model;   // the trained slice as a model file, when asked
   int64_t weights_shipped = 0;  // starting weights received from the coordinator (bytes)
   double weights_ship_s = 0;
   bool weights_cached = false, weights_corrupted = false;
@@ -232,10 +232,10 @@ struct Failed {
   bool operator==(const Failed&) const = default;
 };
 
-using Message = std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply,
-                             Launch, Launched, WorkerEnded, WorkerHello, Assign,
-                             WeightsRequest, WeightsChunk, Ready, Start, GroupAddress, GroupAddresses, Progress,
-                             EpochDone, InferDone, StageReport, Failed>;
+using Message =
+    std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch, Launched,
+                 WorkerEnded, WorkerHello, Assign, WeightsRequest, WeightsChunk, Ready, Start,
+                 GroupAddress, GroupAddresses, Progress, EpochDone, InferDone, StageReport, Failed>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

@@ -28,8 +28,7 @@ flatbuffers::Offset<Strings> endpoints(B& b, const char* message,
   return b.CreateVectorOfStrings(list);
 }
 
-std::vector<std::string> readEndpoints(const char* message, const char* field,
-                                       const Strings* v) {
+std::vector<std::string> readEndpoints(const char* message, const char* field, const Strings* v) {
   std::vector<std::string> out;
   if (!v) return out;
   if (v->size() > static_cast<size_t>(kMaxReplicas))
@@ -47,8 +46,8 @@ void range(const char* message, const char* field, int64_t v, int64_t lo, int64_
 
 void finiteNonNegative(const char* message, const char* field, double v) {
   if (!(v >= 0 && std::isfinite(v)))
-    bad(message, std::string(field) + " " + std::to_string(v) +
-                     " is not a finite, non-negative number");
+    bad(message,
+        std::string(field) + " " + std::to_string(v) + " is not a finite, non-negative number");
 }
 
 std::string codec(const char* message, const char* field, const flatbuffers::String* s) {
@@ -149,9 +148,12 @@ StageReport readReport(const fb::StageReport* r) {
   c.send_s = r->send_s();
   c.allreduce_s = r->allreduce_s();
   out.run_s = r->run_s();
-  for (const auto& [field, v] : {std::pair{"busy_s", c.busy_s}, {"step_s", c.step_s},
-                                 {"compute_cpu_s", c.compute_cpu_s}, {"recv_wait_s", c.recv_wait_s},
-                                 {"send_s", c.send_s}, {"allreduce_s", c.allreduce_s},
+  for (const auto& [field, v] : {std::pair{"busy_s", c.busy_s},
+                                 {"step_s", c.step_s},
+                                 {"compute_cpu_s", c.compute_cpu_s},
+                                 {"recv_wait_s", c.recv_wait_s},
+                                 {"send_s", c.send_s},
+                                 {"allreduce_s", c.allreduce_s},
                                  {"run_s", out.run_s}})
     finiteNonNegative(m, field, v);
   c.peak_stash = r->peak_stash();
@@ -168,8 +170,8 @@ StageReport readReport(const fb::StageReport* r) {
       range(m, "a span's type", s->type(), 0, static_cast<int>(ActionType::kStep));
       if (!std::isfinite(s->start_s()) || !std::isfinite(s->end_s()) || s->end_s() < s->start_s())
         bad(m, "a span ends before it starts, or at no finite time");
-      out.spans.push_back({static_cast<ActionType>(s->type()), s->microbatch(), s->start_s(),
-                           s->end_s()});
+      out.spans.push_back(
+          {static_cast<ActionType>(s->type()), s->microbatch(), s->start_s(), s->end_s()});
     }
   }
   if (const auto* model = r->model()) out.model.assign(model->begin(), model->end());
@@ -205,12 +207,12 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   auto data_dir = b.CreateString(m.data_dir);
   auto weights_hash = b.CreateString(m.weights_hash);
   const int8_t schedule = m.schedule == ScheduleKind::kGPipe ? 0 : 1;
-  return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas,
-                          m.prev_replicas, m.next_replicas, m.layer_begin, m.layer_end, device,
-                          m.threads, schedule, m.microbatches, m.batch, m.epochs, m.seed,
-                          m.recompute, optimizer, act, grad, data, m.train_limit, m.test_limit,
-                          m.timeout_s, m.infer, m.record_spans, m.save, host, transport,
-                          data_dir, weights_hash, m.weights_bytes, m.encrypt)
+  return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
+                          m.next_replicas, m.layer_begin, m.layer_end, device, m.threads, schedule,
+                          m.microbatches, m.batch, m.epochs, m.seed, m.recompute, optimizer, act,
+                          grad, data, m.train_limit, m.test_limit, m.timeout_s, m.infer,
+                          m.record_spans, m.save, host, transport, data_dir, weights_hash,
+                          m.weights_bytes, m.encrypt)
       .Union();
 }
 
@@ -232,8 +234,7 @@ flatbuffers::Offset<void> build(B& b, const Ready& m) {
   auto prev = endpoints(b, "ready", m.prev);
   auto next = endpoints(b, "ready", m.next);
   checkText("ready", "device", m.device, kMaxNameBytes);
-  return fb::CreateReady(b, prev, next, b.CreateString(m.device), m.train_samples,
-                         m.test_samples)
+  return fb::CreateReady(b, prev, next, b.CreateString(m.device), m.train_samples, m.test_samples)
       .Union();
 }
 
@@ -299,7 +300,8 @@ Message readStageMessage(const fb::Message* msg) {
     case fb::Body_Assign:
       return readAssign(msg->body_as_Assign());
     case fb::Body_WeightsRequest: {
-      WeightsRequest out{text("weights request", "hash", msg->body_as_WeightsRequest()->hash(), 64)};
+      WeightsRequest out{
+          text("weights request", "hash", msg->body_as_WeightsRequest()->hash(), 64)};
       if (!isHash(out.hash)) bad("weights request", "hash '" + out.hash + "' is not 64 hex digits");
       return out;
     }
@@ -326,7 +328,8 @@ Message readStageMessage(const fb::Message* msg) {
     }
     case fb::Body_Ready: {
       const fb::Ready* r = msg->body_as_Ready();
-      Ready out{readEndpoints("ready", "prev", r->prev()), readEndpoints("ready", "next", r->next()),
+      Ready out{readEndpoints("ready", "prev", r->prev()),
+                readEndpoints("ready", "next", r->next()),
                 text("ready", "device", r->device(), kMaxNameBytes), r->train_samples(),
                 r->test_samples()};
       range("ready", "train_samples", out.train_samples, -1, int64_t{1} << 40);
@@ -335,8 +338,8 @@ Message readStageMessage(const fb::Message* msg) {
     }
     case fb::Body_Start: {
       const fb::Start* s = msg->body_as_Start();
-      Start out{readEndpoints("start", "prev", s->prev()), readEndpoints("start", "next", s->next()),
-                s->train_samples(), s->test_samples()};
+      Start out{readEndpoints("start", "prev", s->prev()),
+                readEndpoints("start", "next", s->next()), s->train_samples(), s->test_samples()};
       range("start", "train_samples", out.train_samples, 0, int64_t{1} << 40);
       range("start", "test_samples", out.test_samples, 0, int64_t{1} << 40);
       return out;
@@ -349,15 +352,16 @@ Message readStageMessage(const fb::Message* msg) {
                                           msg->body_as_GroupAddresses()->addresses())};
     case fb::Body_Progress: {
       const fb::Progress* p = msg->body_as_Progress();
-      Progress out{p->epoch(), p->step(), p->steps(), p->loss(), p->samples_per_s(), p->elapsed_s()};
+      Progress out{p->epoch(), p->step(),          p->steps(),
+                   p->loss(),  p->samples_per_s(), p->elapsed_s()};
       nonNegative("progress", "epoch", out.epoch);
       range("progress", "step", out.step, 0, std::max<int64_t>(out.steps, 0));
       return out;
     }
     case fb::Body_EpochDone: {
       const fb::EpochDone* e = msg->body_as_EpochDone();
-      EpochDone out{e->epoch(), e->loss(), e->seconds(), e->samples_per_s(), e->test_loss(),
-                    e->test_accuracy()};
+      EpochDone out{e->epoch(),         e->loss(),      e->seconds(),
+                    e->samples_per_s(), e->test_loss(), e->test_accuracy()};
       nonNegative("epoch done", "epoch", out.epoch);
       finiteNonNegative("epoch done", "seconds", out.seconds);
       range("epoch done", "test_accuracy (x 1e6)",

@@ -59,7 +59,8 @@ T expect(Channel& c, std::chrono::milliseconds timeout, const char* what) {
     throw Timeout("no " + std::string(what) + " from the coordinator at " + c.peer() + " within " +
                   std::to_string(timeout.count() / 1000) + " s");
   if (const auto* v = std::get_if<T>(&*m)) return *v;
-  if (const auto* l = std::get_if<Leave>(&*m)) throw Error("the coordinator stopped the stage: " + l->reason);
+  if (const auto* l = std::get_if<Leave>(&*m))
+    throw Error("the coordinator stopped the stage: " + l->reason);
   throw FormatError("the coordinator sent '" + std::string(messageName(*m)) + "' where " + what +
                     " was due");
 }
@@ -106,9 +107,9 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   // The backend outlives everything that holds its memory (declared first).
   auto backend = makeBackend(a.device, BackendOptions{a.threads});
   Model model(spec);
-  TANDEM_CHECK_MSG(end <= model.size(), InvalidArgument,
-                   who << ": layers [" << begin << ", " << end << ") but the model has "
-                       << model.size());
+  TANDEM_CHECK_MSG(
+      end <= model.size(), InvalidArgument,
+      who << ": layers [" << begin << ", " << end << ") but the model has " << model.size());
   model.build(*backend, a.seed, begin, end);
   StageReport report;
   if (!a.weights_hash.empty())
@@ -248,9 +249,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   if (a.record_spans) {
     // Spans are taken on this machine's steady clock; reported on its realtime clock
     // (seconds since the epoch), which the coordinator can line up with other hosts'.
-    const double shift =
-        static_cast<double>(realtimeNs()) * 1e-9 -
-        std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    const double shift = static_cast<double>(realtimeNs()) * 1e-9 -
+                         std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
     report.spans = trainer.executor().spans();
     for (Span& span : report.spans) {
       span.start_s += shift;
@@ -268,8 +268,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
 
 }  // namespace
 
-void runStageWorker(Channel& coordinator, const ClusterKey& run_key,
-                    const std::string& cache_dir, std::chrono::milliseconds wait) {
+void runStageWorker(Channel& coordinator, const ClusterKey& run_key, const std::string& cache_dir,
+                    std::chrono::milliseconds wait) {
   try {
     const Assign a = expect<Assign>(coordinator, wait, "assignment");
     run(coordinator, a, run_key, cache_dir);

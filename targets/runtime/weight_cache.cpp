@@ -28,9 +28,9 @@ std::string contentHash(std::span<const uint8_t> bytes) {
 }
 
 bool isContentHash(const std::string& text) {
-  return text.size() == 64 &&
-         std::all_of(text.begin(), text.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 std::string defaultWeightCacheDir() {
@@ -55,7 +55,8 @@ std::optional<std::vector<uint8_t>> WeightCache::get(const std::string& hash, bo
   const std::string path = dir_ + "/" + hash;
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
   if (contentHash(bytes) != hash) {
     std::error_code ignored;
     fs::remove(path, ignored);

@@ -17,8 +17,9 @@ void addKeygen(CLI::App& app) {
   auto prefix = std::make_shared<std::string>();
   auto cluster = std::make_shared<bool>(false);
   CLI::App* c = app.add_subcommand(
-      "keygen", "Make a cluster key (--cluster: PREFIX.key) or a CurveZMQ key pair (PREFIX.key, "
-                "PREFIX.pub)");
+      "keygen",
+      "Make a cluster key (--cluster: PREFIX.key) or a CurveZMQ key pair (PREFIX.key, "
+      "PREFIX.pub)");
   c->add_option("--out", *prefix, "Path prefix of the key file(s)")->required();
   c->add_flag("--cluster", *cluster,
               "A cluster key: every daemon and coordinator of the cluster is given this file");
@@ -26,9 +27,10 @@ void addKeygen(CLI::App& app) {
     if (*cluster) {
       const std::string path = *prefix + ".key";
       runtime::writeClusterKey(runtime::generateClusterKey(), path);
-      std::printf("wrote %s (cluster key, mode 0600): give it to every node's tandemd (--key) "
-                  "and name it in the cluster file (key: %s)\n",
-                  path.c_str(), path.c_str());
+      std::printf(
+          "wrote %s (cluster key, mode 0600): give it to every node's tandemd (--key) "
+          "and name it in the cluster file (key: %s)\n",
+          path.c_str(), path.c_str());
       return;
     }
     const transport::CurveKeyPair keys = transport::generateCurveKeyPair();

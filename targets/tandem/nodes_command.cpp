@@ -69,8 +69,8 @@ int runNodes(const NodesArgs& a) {
   for (const auto& n : cluster.nodes)
     answers.push_back(n.address ? std::async(std::launch::async, ask, *n.address, key, timeout)
                                 : std::future<Answer>());
-  std::printf("%-12s %-22s %-14s %-8s %4s %15s %5s %8s %10s\n", "node", "address", "build",
-              "arch", "cpus", "memory free/GiB", "load", "rtt ms", "clock ms");
+  std::printf("%-12s %-22s %-14s %-8s %4s %15s %5s %8s %10s\n", "node", "address", "build", "arch",
+              "cpus", "memory free/GiB", "load", "rtt ms", "clock ms");
   int failed = 0;
   for (size_t i = 0; i < cluster.nodes.size(); ++i) {
     const auto& n = cluster.nodes[i];
@@ -84,12 +84,10 @@ int runNodes(const NodesArgs& a) {
       std::printf("%-12s %-22s %-14s %-8s %4d %15s %5.2f %8.3f %+10.3f\n", n.name.c_str(),
                   n.address->str().c_str(), r.info.build.c_str(), r.info.arch.c_str(), r.info.cpus,
                   mem.c_str(), r.info.load, r.clock.rtt_s * 1e3, r.clock.offset_s * 1e3);
-      std::printf("  protocol %s, node name '%s'\n", r.version.str().c_str(),
-                  r.info.name.c_str());
+      std::printf("  protocol %s, node name '%s'\n", r.version.str().c_str(), r.info.name.c_str());
       for (const auto& d : r.info.devices)
-        std::printf("  device %-10s %s, %d compute units, %s GiB%s\n", d.id.c_str(),
-                    d.name.c_str(), d.compute_units, gib(d.memory_bytes).c_str(),
-                    d.fp16 ? ", fp16" : "");
+        std::printf("  device %-10s %s, %d compute units, %s GiB%s\n", d.id.c_str(), d.name.c_str(),
+                    d.compute_units, gib(d.memory_bytes).c_str(), d.fp16 ? ", fp16" : "");
       std::printf("  cached models: %zu\n", r.info.cached_weights.size());
     } catch (const Error& e) {
       ++failed;
@@ -109,8 +107,7 @@ void addNodes(CLI::App& app) {
   auto a = std::make_shared<NodesArgs>();
   CLI::App* c = app.add_subcommand(
       "nodes", "Ask each node daemon of a cluster: build, devices, memory, load, round trip");
-  c->add_option("--cluster", a->cluster, "Cluster file whose nodes have an `address`")
-      ->required();
+  c->add_option("--cluster", a->cluster, "Cluster file whose nodes have an `address`")->required();
   c->add_option("--key", a->key, "Cluster key file (default: the cluster file's `key`)");
   c->add_option("--timeout", a->timeout_s, "Seconds to wait for each node")
       ->check(positiveNumber())

@@ -23,12 +23,12 @@
 #include "core/model_spec.h"
 #include "core/pipeline/job.h"
 #include "core/pipeline/timeline.h"
-#include "targets/tandem/commands.h"
+#include "partitioner/cluster.h"
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/daemon.h"
 #include "targets/runtime/local_daemon.h"
 #include "targets/runtime/weight_cache.h"
-#include "partitioner/cluster.h"
+#include "targets/tandem/commands.h"
 #include "targets/tandem/planning.h"
 #include "targets/tandem/progress.h"
 
@@ -70,9 +70,9 @@ std::shared_ptr<const std::vector<uint8_t>> startingWeights(const JobSpec& job) 
   return bytes;
 }
 
-std::vector<runtime::Assign> assignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
-                                         bool infer, bool spans,
-                                         const std::shared_ptr<const std::vector<uint8_t>>& weights) {
+std::vector<runtime::Assign> assignments(
+    const JobSpec& job, const std::vector<StagePlacement>& stages, bool infer, bool spans,
+    const std::shared_ptr<const std::vector<uint8_t>>& weights) {
   const std::string spec = readFile(job.model, "model spec");
   const std::string hash = weights ? runtime::contentHash(*weights) : "";
   std::vector<runtime::Assign> out;
@@ -307,7 +307,8 @@ int runJob(const RunArgs& args) {
   std::vector<runtime::Assign> as = assignments(job, stages, args.infer, spans_wanted, weights);
   const int n = static_cast<int>(as.size());
   std::vector<std::string> names;
-  for (const runtime::Assign& a : as) names.push_back(WorkerName::of(a.stage, a.replica, a.replicas));
+  for (const runtime::Assign& a : as)
+    names.push_back(WorkerName::of(a.stage, a.replica, a.replicas));
 
   Progress progress(job.epochs);
   double accuracy = -1;
@@ -331,8 +332,9 @@ int runJob(const RunArgs& args) {
   cb.progress = [&](const runtime::Progress& m) {
     if (!stepped) {
       stepped = true;
-      spdlog::info("first step done {:.3f} s after the run started",
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      spdlog::info(
+          "first step done {:.3f} s after the run started",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     }
     progress.update({m.epoch, m.step, m.steps, m.loss, m.samples_per_s, m.elapsed_s});
   };
@@ -372,9 +374,9 @@ int runJob(const RunArgs& args) {
       // made for it, which starts every worker — the path a cluster's daemons take.
       const runtime::ClusterKey key = runtime::generateClusterKey();
       local = std::make_unique<runtime::LocalDaemon>(tandemdProgram(), key, "local");
-      launcher = runtime::daemonLauncher({{"local", local->endpoint()}},
-                                         std::vector<int>(as.size(), 0), key,
-                                         std::chrono::seconds(10));
+      launcher =
+          runtime::daemonLauncher({{"local", local->endpoint()}}, std::vector<int>(as.size(), 0),
+                                  key, std::chrono::seconds(10));
     }
     result = runtime::coordinate(as, names, *launcher, cb, ro);
   } catch (const Error& e) {
@@ -402,8 +404,8 @@ int runJob(const RunArgs& args) {
   std::vector<StageSpans> spans;
   for (int i = 0; i < n; ++i) {
     const runtime::Assign& a = as[static_cast<size_t>(i)];
-    spans.push_back({a.stage, result.reports[static_cast<size_t>(i)].spans,
-                     a.replicas > 1 ? a.replica : -1});
+    spans.push_back(
+        {a.stage, result.reports[static_cast<size_t>(i)].spans, a.replicas > 1 ? a.replica : -1});
   }
   if (!timeline.empty()) writeTimeline(timeline, spans);
   if (args.infer) {
@@ -428,8 +430,9 @@ int runJob(const RunArgs& args) {
     const runtime::Assign& a = as[static_cast<size_t>(i)];
     const runtime::StageReport& r = result.reports[static_cast<size_t>(i)];
     const StageCounters& c = r.counters;
-    const std::string row = a.replicas > 1 ? std::to_string(a.stage) + "." + std::to_string(a.replica)
-                                           : std::to_string(a.stage);
+    const std::string row = a.replicas > 1
+                                ? std::to_string(a.stage) + "." + std::to_string(a.replica)
+                                : std::to_string(a.stage);
     const double t = std::max(r.run_s, 1e-9);
     const std::string range =
         "[" + std::to_string(a.layer_begin) + ", " + std::to_string(a.layer_end) + ")";
@@ -443,8 +446,9 @@ int runJob(const RunArgs& args) {
                 row.c_str(), range.c_str(), result.ready[static_cast<size_t>(i)].device.c_str(),
                 100 * c.busy_s / t, 100 * c.recv_wait_s / t, 100 * c.send_s / t,
                 100 * c.allreduce_s / t, static_cast<long long>(c.peak_stash),
-                static_cast<double>(r.bytes_sent) / 1e6, static_cast<double>(r.bytes_received) / 1e6,
-                per_micro * 1e3, cpu_per_micro * 1e3, predicted_text.c_str());
+                static_cast<double>(r.bytes_sent) / 1e6,
+                static_cast<double>(r.bytes_received) / 1e6, per_micro * 1e3, cpu_per_micro * 1e3,
+                predicted_text.c_str());
     busy += c.busy_s;
     span = std::max(span, t);
   }

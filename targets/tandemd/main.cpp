@@ -3,9 +3,9 @@
 // (targets/runtime/daemon.h). SIGTERM or SIGINT: it says goodbye to connected peers and
 // exits 0. Exit codes: 0 stopped by a signal, 1 could not start (address, key), 2 usage.
 #include <fcntl.h>
-#include <unistd.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>

@@ -16,11 +16,20 @@ int main(int argc, char** argv) {
   hello.nonce.fill(7);
   Proof proof;
   proof.mac.fill(9);
-  NodeInfo node{"edge", "tandem 0.1.0", "aarch64", 4, 1 << 30, 1 << 29, 0.5f,
-                {{"cpu", "Cortex-A72", 1 << 30, 4, false}, {"opencl:0", "GPU", 1 << 28, 8, true}},
-                {"00ff"}, {"fashion-mnist"}};
-  const Message all[] = {hello,        proof,      Refused{Refusal::kAuth, "no"}, node,
-                         Ping{1, 2},   Pong{1, 2, 3, 4}, Leave{"bye"},          ErrorReply{"what"}};
+  NodeInfo node{
+      "edge",    "tandem 0.1.0",
+      "aarch64", 4,
+      1 << 30,   1 << 29,
+      0.5f,      {{"cpu", "Cortex-A72", 1 << 30, 4, false}, {"opencl:0", "GPU", 1 << 28, 8, true}},
+      {"00ff"},  {"fashion-mnist"}};
+  const Message all[] = {hello,
+                         proof,
+                         Refused{Refusal::kAuth, "no"},
+                         node,
+                         Ping{1, 2},
+                         Pong{1, 2, 3, 4},
+                         Leave{"bye"},
+                         ErrorReply{"what"}};
   int n = 0;
   for (const Message& m : all) {
     const auto bytes = encodeMessage(m);

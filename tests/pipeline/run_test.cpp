@@ -24,6 +24,7 @@
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/train/trainer.h"
+#include "tests/process_util.h"
 
 extern char** environ;
 
@@ -121,16 +122,6 @@ std::string writeJob(const std::string& name, const std::string& body) {
   const std::string path = ::testing::TempDir() + "/" + name + ".yaml";
   std::ofstream(path) << "model: " << kMlp << "\n" << body;
   return path;
-}
-
-bool gone(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string line;
-  std::getline(stat, line);
-  const auto close_paren = line.rfind(')');
-  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
-         line[close_paren + 2] == 'Z';  // a zombie has finished
 }
 
 // Single-device gradient accumulation over m microbatches, one epoch from seed 3: the
@@ -334,8 +325,8 @@ TEST(RunTest, AKilledStageEndsTheRunNamedWithNothingLeftBehind) {
       std::string::npos)
       << run.output();
   for (pid_t pid : pids) {
-    for (int i = 0; i < 100 && !gone(pid); ++i) std::this_thread::sleep_for(50ms);
-    EXPECT_TRUE(gone(pid)) << "stage process " << pid << " is still running";
+    for (int i = 0; i < 100 && !testing::processGone(pid); ++i) std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(testing::processGone(pid)) << "stage process " << pid << " is still running";
   }
 }
 

@@ -11,23 +11,14 @@
 #include <string>
 
 #include "backends/opencl/devices.h"
+#include "tests/process_util.h"
 
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using CliRun = tandem::testing::CommandRun;
 
 CliRun run(const std::string& args) {
-  const std::string cmd = std::string(TANDEM_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return tandem::testing::runCommand(std::string(TANDEM_CLI) + " " + args);
 }
 
 const std::string kModels = std::string(TANDEM_SOURCE_DIR) + "/examples/models/";

@@ -18,26 +18,16 @@
 #include <thread>
 
 #include "core/model_file.h"
+#include "tests/process_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-struct Ran {
-  int code;
-  std::string out;
-};
+using Ran = tandem::testing::CommandRun;
 
-Ran sh(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Ran sh(const std::string& cmd) { return tandem::testing::runCommand(cmd); }
 
 const std::string kSource = TANDEM_SOURCE_DIR;
 const std::string kCli = TANDEM_CLI;
@@ -58,7 +48,9 @@ class NetnsCluster {
     return "ip netns exec " + prefix_ + "-c " + kCli + " " + args;
   }
   // The pids in node I's namespace.
-  std::string pids(int i) const { return sh("ip netns pids " + prefix_ + "-n" + std::to_string(i)).out; }
+  std::string pids(int i) const {
+    return sh("ip netns pids " + prefix_ + "-n" + std::to_string(i)).out;
+  }
   // The tandemd of node I (-1 if none): the process of its namespace that listens.
   int daemon(int i) const {
     std::istringstream s(pids(i));
@@ -70,7 +62,9 @@ class NetnsCluster {
     }
     return -1;
   }
-  void cut(int i) const { sh(kSource + "/scripts/netns-cluster cut " + std::to_string(i) + " --prefix " + prefix_); }
+  void cut(int i) const {
+    sh(kSource + "/scripts/netns-cluster cut " + std::to_string(i) + " --prefix " + prefix_);
+  }
 
  private:
   std::string prefix_, dir_;
@@ -102,7 +96,8 @@ TEST(NetnsTest, TheCnnJobAcrossThreeNamespacedDaemonsTrainsAsOnThisMachine) {
   if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
   NetnsCluster c("tnA");
   ASSERT_EQ(c.up().code, 0) << c.up().out;
-  const std::string j = job(c.dir(), "epochs: 1\ntrain_limit: 1600\ntest_limit: 400\nsave: m.tdm\n");
+  const std::string j =
+      job(c.dir(), "epochs: 1\ntrain_limit: 1600\ntest_limit: 400\nsave: m.tdm\n");
   const Ran there = sh(c.tandem("run " + j + " --cluster " + c.cluster()));
   ASSERT_EQ(there.code, 0) << there.out;
   std::filesystem::rename(c.dir() + "/m.tdm", c.dir() + "/there.tdm");
@@ -128,7 +123,8 @@ TEST(NetnsTest, ALostNodeEndsTheRunNamedWithNoWorkerLeft) {
     const std::string log = c.dir() + "/run.log";
     const pid_t pid = fork();
     if (pid == 0) {
-      execl("/bin/sh", "sh", "-c", (c.tandem("run " + j + " --cluster " + c.cluster()) + " >" + log + " 2>&1").c_str(),
+      execl("/bin/sh", "sh", "-c",
+            (c.tandem("run " + j + " --cluster " + c.cluster()) + " >" + log + " 2>&1").c_str(),
             static_cast<char*>(nullptr));
       _exit(127);
     }
@@ -153,7 +149,8 @@ TEST(NetnsTest, ALostNodeEndsTheRunNamedWithNoWorkerLeft) {
     const std::string out = output();
     EXPECT_TRUE(out.find("node 'n1'") != std::string::npos ||
                 out.find("10.77.0.2") != std::string::npos)
-        << kind << ": the run does not name the lost node:\n" << out;
+        << kind << ": the run does not name the lost node:\n"
+        << out;
     // Every node's namespace holds its daemon at most: the workers are gone (the cut
     // node's daemon stops its worker when its coordinator falls silent).
     for (int i = 0; i < 3; ++i) {

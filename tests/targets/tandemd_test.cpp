@@ -19,26 +19,16 @@
 #include <vector>
 
 #include "core/model_file.h"
+#include "tests/process_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-struct Ran {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using Ran = tandem::testing::CommandRun;
 
-Ran run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Ran run(const std::string& cmd) { return tandem::testing::runCommand(cmd); }
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -72,8 +62,7 @@ class DaemonProcess {
     while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
     close(out[0]);
     const auto colon = line.rfind(':');
-    if (line.rfind("listening ", 0) == 0 && colon != std::string::npos)
-      address_ = line.substr(10);
+    if (line.rfind("listening ", 0) == 0 && colon != std::string::npos) address_ = line.substr(10);
     EXPECT_FALSE(address_.empty()) << "tandemd said '" << line << "'; its log:\n" << slurp(log_);
   }
   ~DaemonProcess() {
@@ -157,16 +146,6 @@ class Background {
   bool reaped_ = false;
 };
 
-bool gone(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string line;
-  std::getline(stat, line);
-  const auto close_paren = line.rfind(')');
-  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
-         line[close_paren + 2] == 'Z';  // a zombie has finished
-}
-
 // The pids `tandem run` printed for its stages ("stage 1: layers [3, 6) on cpu (1
 // threads), pid 42").
 std::vector<pid_t> stagePids(const std::string& out) {
@@ -243,11 +222,11 @@ TEST(TandemdTest, NodesAsksEachDaemonAndNamesTheOnesItCannotReach) {
                        alpha.address() + " refused us (authentication failed)"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(alpha.log().find("authentication failed: the proof does not match"),
-            std::string::npos)
+  EXPECT_NE(alpha.log().find("authentication failed: the proof does not match"), std::string::npos)
       << alpha.log();
-  std::ofstream(dir + "/one.yaml") << "key: c.key\nnodes:\n  - name: alpha\n    address: "
-                                   << alpha.address() << "\n    devices: [{backend: cpu}]\n";
+  std::ofstream(dir + "/one.yaml")
+      << "key: c.key\nnodes:\n  - name: alpha\n    address: " << alpha.address()
+      << "\n    devices: [{backend: cpu}]\n";
   r = run(kCli + " nodes --cluster " + dir + "/one.yaml");
   EXPECT_EQ(r.code, 0) << r.out;
 
@@ -322,8 +301,8 @@ TEST(TandemdTest, AJobOnTwoDaemonsTrainsBitwiseAsOnThisMachine) {
   const std::string dir = tandem::testing::freshDir("cluster-run");
   TwoNodes nodes(dir);
   ASSERT_TRUE(nodes.made);
-  const std::string job = writeJob(dir, "job",
-                                   "epochs: 1\ntrain_limit: 640\ntest_limit: 200\nsave: out/m.tdm\n");
+  const std::string job =
+      writeJob(dir, "job", "epochs: 1\ntrain_limit: 640\ntest_limit: 200\nsave: out/m.tdm\n");
   Ran r = run(kCli + " run " + job + " --cluster " + nodes.cluster);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("test accuracy: "), std::string::npos) << r.out;
@@ -360,8 +339,9 @@ TEST(TandemdTest, ADaemonKilledMidRunEndsTheRunNamingTheNode) {
             std::string::npos)
       << run_job.output();
   for (pid_t pid : workers) {
-    for (int i = 0; i < 200 && !gone(pid); ++i) std::this_thread::sleep_for(20ms);
-    EXPECT_TRUE(gone(pid)) << "worker " << pid << " is still running";
+    for (int i = 0; i < 200 && !tandem::testing::processGone(pid); ++i)
+      std::this_thread::sleep_for(20ms);
+    EXPECT_TRUE(tandem::testing::processGone(pid)) << "worker " << pid << " is still running";
   }
   // The surviving daemon stopped its worker and serves the next client.
   std::ofstream(dir + "/a.yaml") << "key: c.key\nnodes:\n  - {name: a, address: '"
@@ -377,16 +357,16 @@ TEST(TandemdTest, WeightsAreShippedOnceAndThenFoundInTheNodesCaches) {
   const std::string dir = tandem::testing::freshDir("cluster-weights");
   TwoNodes nodes(dir);
   ASSERT_TRUE(nodes.made);
-  Ran r = run(kCli + " run " +
-              writeJob(dir, "train", "epochs: 1\ntrain_limit: 320\ntest_limit: 100\nsave: m.tdm\n"));
+  Ran r =
+      run(kCli + " run " +
+          writeJob(dir, "train", "epochs: 1\ntrain_limit: 320\ntest_limit: 100\nsave: m.tdm\n"));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto size = std::filesystem::file_size(dir + "/m.tdm");
   const std::string serve = writeJob(dir, "serve", "test_limit: 200\nweights: m.tdm\n");
   const std::string infer = kCli + " infer " + serve + " --cluster " + nodes.cluster;
   r = run(infer);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("weights: " + std::to_string(2 * size) +
-                       " bytes shipped to 2 of 2 workers"),
+  EXPECT_NE(r.out.find("weights: " + std::to_string(2 * size) + " bytes shipped to 2 of 2 workers"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("found cached by 0"), std::string::npos) << r.out;

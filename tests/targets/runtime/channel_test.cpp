@@ -9,8 +9,8 @@
 #include <boost/asio/write.hpp>
 #include <future>
 
-#include "targets/runtime/handshake.h"
 #include "core/error.h"
+#include "targets/runtime/handshake.h"
 #include "tests/test_util.h"
 
 namespace tandem::runtime {
@@ -68,7 +68,8 @@ HandshakeOptions fastHeartbeats() {
 
 std::unique_ptr<Channel> connectTo(HandServer& server, const ClusterKey& key,
                                    const HandshakeOptions& o) {
-  auto client = std::async(std::launch::async, [&] { return connectChannel(server.endpoint(), key, o); });
+  auto client =
+      std::async(std::launch::async, [&] { return connectChannel(server.endpoint(), key, o); });
   server.handshake(key);
   return client.get();
 }

@@ -5,8 +5,8 @@
 
 #include <fstream>
 
-#include "core/error.h"
 #include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 #include "transport/zmq_link.h"
 

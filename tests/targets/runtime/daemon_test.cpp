@@ -9,9 +9,9 @@
 
 #include <thread>
 
+#include "core/error.h"
 #include "targets/runtime/node_info.h"
 #include "tests/targets/runtime/raw_peer.h"
-#include "core/error.h"
 #include "tests/test_util.h"
 
 namespace tandem::runtime {

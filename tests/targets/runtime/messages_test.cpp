@@ -5,8 +5,8 @@
 #include <cmath>
 #include <limits>
 
-#include "targets/runtime/schema/control_generated.h"
 #include "core/error.h"
+#include "targets/runtime/schema/control_generated.h"
 #include "tests/test_util.h"
 
 namespace tandem::runtime {
@@ -66,7 +66,9 @@ TEST(MessagesTest, BytesThatAreNoMessageAreRefusedByName) {
   flatbuffers::FlatBufferBuilder b;
   fb::FinishMessageBuffer(b, fb::CreateMessage(b));
   expectThrowWith<FormatError>(
-      [&] { decodeMessage({b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()}); },
+      [&] {
+        decodeMessage({b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()});
+      },
       {"unknown body type 0"});
   // A body type without its body (the verifier lets it through; the fuzzer found it).
   flatbuffers::FlatBufferBuilder typed;
@@ -74,15 +76,17 @@ TEST(MessagesTest, BytesThatAreNoMessageAreRefusedByName) {
   mb.add_body_type(fb::Body_Refused);
   fb::FinishMessageBuffer(typed, mb.Finish());
   expectThrowWith<FormatError>(
-      [&] { decodeMessage({typed.GetBufferPointer(), typed.GetBufferPointer() + typed.GetSize()}); },
+      [&] {
+        decodeMessage({typed.GetBufferPointer(), typed.GetBufferPointer() + typed.GetSize()});
+      },
       {"a 'Refused' without its body"});
   // The fuzzer's own finding, byte for byte.
   const std::vector<uint8_t> found = {
-      0x08, 0x00, 0x00, 0x00, 0x54, 0x44, 0x43, 0x31, 0xf4, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00,
-      0x03, 0x0c, 0x00, 0x00, 0x00, 0x08, 0x00, 0x0c, 0x00, 0x07, 0x00, 0x00, 0x00, 0x00, 0x08,
-      0x00, 0x0c, 0x00, 0x07, 0x00, 0x08, 0x00, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x08,
-      0x00, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x04, 0x00, 0x00, 0x00, 0x02, 0x00,
-      0x00, 0x00, 0x6e, 0x6f, 0x00, 0x00};
+      0x08, 0x00, 0x00, 0x00, 0x54, 0x44, 0x43, 0x31, 0xf4, 0xff, 0xff, 0xff, 0x00, 0x00,
+      0x00, 0x03, 0x0c, 0x00, 0x00, 0x00, 0x08, 0x00, 0x0c, 0x00, 0x07, 0x00, 0x00, 0x00,
+      0x00, 0x08, 0x00, 0x0c, 0x00, 0x07, 0x00, 0x08, 0x00, 0x08, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x08, 0x00, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x04, 0x00,
+      0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x6e, 0x6f, 0x00, 0x00};
   expectThrowWith<FormatError>([&] { decodeMessage(found); }, {"without its body"});
 }
 
@@ -98,29 +102,33 @@ TEST(MessagesTest, FieldsBeyondTheirLimitsAreRefusedNamingTheField) {
   using B = flatbuffers::FlatBufferBuilder;
   const auto short_nonce = raw([](B& b) {
     std::vector<uint8_t> nonce(31, 1);
-    return std::pair{fb::Body_Hello,
-                     fb::CreateHello(b, 1, 0, 0, b.CreateString("x"), b.CreateVector(nonce)).Union()};
+    return std::pair{
+        fb::Body_Hello,
+        fb::CreateHello(b, 1, 0, 0, b.CreateString("x"), b.CreateVector(nonce)).Union()};
   });
   expectThrowWith<FormatError>([&] { decodeMessage(short_nonce); },
                                {"'hello'", "nonce must be 32 bytes, not 31"});
-  const auto no_mac = raw([](B& b) { return std::pair{fb::Body_Proof, fb::CreateProof(b).Union()}; });
+  const auto no_mac = raw([](B& b) {
+    return std::pair{fb::Body_Proof, fb::CreateProof(b).Union()};
+  });
   expectThrowWith<FormatError>([&] { decodeMessage(no_mac); }, {"'proof'", "mac", "not 0"});
   const auto long_build = raw([](B& b) {
     std::vector<uint8_t> nonce(32, 1);
-    return std::pair{fb::Body_Hello, fb::CreateHello(b, 1, 0, 0, b.CreateString(std::string(129, 'x')),
-                                                     b.CreateVector(nonce))
-                                         .Union()};
+    return std::pair{
+        fb::Body_Hello,
+        fb::CreateHello(b, 1, 0, 0, b.CreateString(std::string(129, 'x')), b.CreateVector(nonce))
+            .Union()};
   });
   expectThrowWith<FormatError>([&] { decodeMessage(long_build); },
                                {"build of 129 bytes exceeds the limit of 128"});
   const auto bad_reason = raw([](B& b) {
-    return std::pair{fb::Body_Refused,
-                     fb::CreateRefused(b, static_cast<fb::Refusal>(9), b.CreateString("?")).Union()};
+    return std::pair{
+        fb::Body_Refused,
+        fb::CreateRefused(b, static_cast<fb::Refusal>(9), b.CreateString("?")).Union()};
   });
   expectThrowWith<FormatError>([&] { decodeMessage(bad_reason); }, {"unknown reason 9"});
   const auto negative_memory = raw([](B& b) {
-    return std::pair{fb::Body_NodeInfo,
-                     fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, -1).Union()};
+    return std::pair{fb::Body_NodeInfo, fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, -1).Union()};
   });
   expectThrowWith<FormatError>([&] { decodeMessage(negative_memory); },
                                {"'node info'", "free_memory_bytes is negative"});

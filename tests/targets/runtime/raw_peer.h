@@ -34,8 +34,7 @@ class RawPeer {
   void writeFrame(const std::vector<uint8_t>& bytes, std::optional<uint32_t> claimed = {}) {
     const uint32_t len = claimed.value_or(static_cast<uint32_t>(bytes.size()));
     std::vector<uint8_t> frame = {static_cast<uint8_t>(len), static_cast<uint8_t>(len >> 8),
-                                  static_cast<uint8_t>(len >> 16),
-                                  static_cast<uint8_t>(len >> 24)};
+                                  static_cast<uint8_t>(len >> 16), static_cast<uint8_t>(len >> 24)};
     frame.insert(frame.end(), bytes.begin(), bytes.end());
     boost::system::error_code ignored;
     boost::asio::write(socket_, boost::asio::buffer(frame), ignored);
@@ -48,8 +47,8 @@ class RawPeer {
     boost::system::error_code ec;
     boost::asio::read(socket_, boost::asio::buffer(header), ec);
     if (ec) return std::nullopt;
-    const uint32_t len = header[0] | header[1] << 8 | header[2] << 16 |
-                         static_cast<uint32_t>(header[3]) << 24;
+    const uint32_t len =
+        header[0] | header[1] << 8 | header[2] << 16 | static_cast<uint32_t>(header[3]) << 24;
     if (len > (1u << 20)) return std::nullopt;
     std::vector<uint8_t> body(len);
     boost::asio::read(socket_, boost::asio::buffer(body), ec);

@@ -32,8 +32,7 @@ TEST(WeightCacheTest, StoredWeightsComeBackVerifiedByTheirHash) {
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
   EXPECT_EQ(files, 1);
-  testing::expectThrowWith<FormatError>([&] { cache.put(h, bytes(1000, 2)); },
-                                        {"do not hash to"});
+  testing::expectThrowWith<FormatError>([&] { cache.put(h, bytes(1000, 2)); }, {"do not hash to"});
   EXPECT_FALSE(cache.get("../etc/passwd").has_value());  // not a hash: never a path
 }
 
