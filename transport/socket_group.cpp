@@ -188,6 +188,9 @@ Address tcpAddress(const std::string& host, const std::string& port, bool passiv
   return a;
 }
 
+// A Unix socket address; a path that starts with '@' is a name in Linux's abstract
+// namespace (as ZeroMQ writes them): no file, so nothing is left behind by a process
+// that is killed.
 Address unixAddress(const std::string& path) {
   Address a;
   auto* un = reinterpret_cast<sockaddr_un*>(&a.storage);
@@ -196,7 +199,9 @@ Address unixAddress(const std::string& path) {
                                               << sizeof(un->sun_path) - 1 << " bytes");
   un->sun_family = AF_UNIX;
   std::memcpy(un->sun_path, path.c_str(), path.size() + 1);
-  a.length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  const bool abstract = !path.empty() && path[0] == '@';
+  if (abstract) un->sun_path[0] = '\0';
+  a.length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + !abstract);
   a.family = AF_UNIX;
   return a;
 }

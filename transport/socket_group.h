@@ -39,7 +39,7 @@ struct SocketGroupOptions {
   int rank = 0, size = 1;
   std::string transport = "tcp";   // tcp (listens on host) or ipc (Unix sockets in ipc_dir)
   std::string host = "127.0.0.1";  // the address the other ranks reach this one at
-  std::string ipc_dir = "/tmp";
+  std::string ipc_dir = "/tmp";  // "@name": sockets in Linux's abstract namespace (no files)
   Codec codec = Codec::kRaw;  // how values travel: raw fp32, fp16 or bf16
   std::chrono::milliseconds connect_timeout{30000};
   uint64_t job = 0;

@@ -1,13 +1,11 @@
 #include "targets/runtime/stage_worker.h"
 
-#include <stdlib.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <iostream>
 
-#include <filesystem>
 #include <memory>
 
 #include "backends/registry.h"
@@ -30,25 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 // A node's weight cache holds at most this much (the oldest files go first).
 constexpr uint64_t kCacheBytes = uint64_t{8} << 30;
-
-// A folder of this worker's own for Unix-socket endpoints (transport: ipc), removed when
-// the worker ends. Nothing in it is read by another machine or by the coordinator.
-class PrivateDir {
- public:
-  PrivateDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "tandem-stage-XXXXXX").string();
-    if (!mkdtemp(t.data())) throw IoError("cannot make a folder for ipc endpoints in " + t);
-    path_ = t;
-  }
-  ~PrivateDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // The next message, which must be a `T`; a `leave` or anything else is an error naming
 // what came instead.
@@ -119,8 +98,11 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
                 false);
   Optimizer optimizer(*backend, a.optimizer);
 
-  std::unique_ptr<PrivateDir> ipc_dir;
-  if (a.transport == "ipc") ipc_dir = std::make_unique<PrivateDir>();
+  // Unix sockets (transport: ipc) are named in Linux's abstract namespace, unique to this
+  // worker: no file is made, so a worker that is killed leaves none behind.
+  const std::string ipc_name = "@tandem-" + std::to_string(::getpid()) + "-" +
+                               std::to_string(a.stage) + "-" + std::to_string(a.replica);
+  const bool ipc = a.transport == "ipc";
   transport::Context ctx;
   // Encrypted links: every link of the run holds the key pair derived from the run's
   // key, so each admits exactly the run's other workers.
@@ -128,8 +110,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   int endpoint_count = 0;
   auto linkOptions = [&](const std::string& codec, int peer) {
     transport::LinkOptions o;
-    o.bind = ipc_dir ? "ipc://" + ipc_dir->path() + "/l" + std::to_string(endpoint_count++)
-                     : "tcp://" + a.bind_host + ":*";
+    o.bind = ipc ? "ipc://" + ipc_name + "-l" + std::to_string(endpoint_count++)
+                 : "tcp://" + a.bind_host + ":*";
     o.codec = transport::parseCodec(codec);
     o.timeout = std::chrono::seconds(a.timeout_s);
     o.stage = a.stage;
@@ -185,7 +167,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
     go.size = a.replicas;
     go.transport = a.transport;
     go.host = a.bind_host;
-    if (ipc_dir) go.ipc_dir = ipc_dir->path();
+    if (ipc) go.ipc_dir = ipc_name;
     go.connect_timeout = std::chrono::seconds(a.timeout_s);
     go.job = static_cast<uint64_t>(a.stage);
     group = transport::makeSocketGroup(go, [&](const std::string& mine) {
