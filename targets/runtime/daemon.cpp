@@ -4,14 +4,19 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <map>
+#include <optional>
 #include <set>
 #include <variant>
 
+#include "backends/registry.h"
 #include "core/error.h"
+#include "core/profile/link_probe.h"
 #include "targets/runtime/channel_io.h"
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/weight_cache.h"
+#include "transport/zmq_link.h"
 
 namespace tandem::runtime {
 
@@ -24,6 +29,8 @@ namespace {
 // What one run may start on a node: more is refused, so no peer can exhaust the node's
 // processes.
 constexpr size_t kMaxWorkersPerRun = 256;
+// Links a connection may hold open for measuring.
+constexpr size_t kMaxOpenLinks = 64;
 
 std::string hostName() {
   char buf[256] = {};
@@ -173,8 +180,92 @@ struct Daemon::Impl {
     channel.send(Launched{l.slot, pid});
   }
 
+  // The links a connection opened to measure (link tasks), by pair.
+  struct Links {
+    std::unique_ptr<transport::Context> ctx;
+    std::unique_ptr<Backend> backend;
+    std::map<int64_t, std::unique_ptr<transport::ZmqLink>> open;
+  };
+
+  // Runs one link task (core/profile/link_probe.h) and answers it.
+  void linkTask(Channel& channel, const LinkTask& t, Links& links) {
+    if (!links.ctx) {
+      links.ctx = std::make_unique<transport::Context>();
+      links.backend = makeBackend("cpu");
+    }
+    auto options = [&] {
+      transport::LinkOptions o;
+      o.bind = "tcp://" + t.bind_host + ":*";
+      o.timeout = std::chrono::seconds(30);
+      return o;
+    };
+    const LinkProbeOptions probe{t.message_bytes, t.window, t.warmup, t.repeats};
+    auto result = [&](const LinkMeasurement& m) {
+      return LinkResult{t.pair,
+                        "",
+                        m.bandwidth,
+                        m.latency_s,
+                        m.round_trip.median,
+                        m.round_trip.min,
+                        m.round_trip.max,
+                        static_cast<int32_t>(m.round_trip.repeats)};
+    };
+    switch (t.kind) {
+      case LinkTaskKind::kOpen: {
+        if (links.open.size() >= kMaxOpenLinks)
+          throw InvalidArgument("at most " + std::to_string(kMaxOpenLinks) + " links open");
+        auto link = std::make_unique<transport::ZmqLink>(*links.ctx, options());
+        const std::string endpoint = link->endpoint();
+        links.open[t.pair] = std::move(link);
+        return channel.send(LinkResult{t.pair, endpoint, 0, 0, 0, 0, 0, 0});
+      }
+      case LinkTaskKind::kServe:
+      case LinkTaskKind::kMeasure: {
+        const auto it = links.open.find(t.pair);
+        if (it == links.open.end())
+          throw InvalidArgument("pair " + std::to_string(t.pair) + " was never opened");
+        std::unique_ptr<transport::ZmqLink> link = std::move(it->second);
+        links.open.erase(it);
+        link->connect(t.peer);
+        if (t.kind == LinkTaskKind::kServe) {
+          echoLink(*link, *links.backend);
+          return channel.send(LinkResult{t.pair, "", 0, 0, 0, 0, 0, 0});
+        }
+        return channel.send(result(measureLink(*link, *links.backend, probe)));
+      }
+      case LinkTaskKind::kLocal: {
+        // Both ends on this node: the echo side on a thread of its own with its own
+        // backend (one thread drives a link, and a backend).
+        transport::ZmqLink near(*links.ctx, options()), far(*links.ctx, options());
+        near.connect(far.endpoint());
+        far.connect(near.endpoint());
+        std::exception_ptr echo_error;
+        std::thread echo([&] {
+          try {
+            auto backend = makeBackend("cpu");
+            echoLink(far, *backend);
+          } catch (...) {
+            echo_error = std::current_exception();
+          }
+        });
+        std::optional<LinkMeasurement> measured;
+        std::exception_ptr error;
+        try {
+          measured = measureLink(near, *links.backend, probe);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        echo.join();
+        if (error) std::rethrow_exception(error);
+        if (echo_error) std::rethrow_exception(echo_error);
+        return channel.send(result(*measured));
+      }
+    }
+  }
+
   void answer(Channel& channel) {
     Workers workers{*this, nullptr, {}};
+    Links links;
     while (!stopping) {
       if (workers.launcher)
         while (const auto e = workers.launcher->ended()) {
@@ -209,6 +300,13 @@ struct Daemon::Impl {
           launch(channel, *l, workers);
         } catch (const Error& e) {
           channel.send(ErrorReply{std::string("launch: ") + e.what()});
+        }
+      } else if (const auto* t = std::get_if<LinkTask>(&*m)) {
+        try {
+          linkTask(channel, *t, links);
+        } catch (const Error& e) {
+          channel.send(
+              ErrorReply{(std::string("link task: ") + e.what()).substr(0, kMaxTextBytes)});
         }
       } else if (const auto* node = std::get_if<NodeInfo>(&*m)) {
         spdlog::info("{} is {} ({})", channel.peer(), node->name, node->build);

@@ -79,6 +79,23 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const WorkerE
   return fb::CreateWorkerEnded(b, m.slot, b.CreateString(m.how), m.killed).Union();
 }
 
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const LinkTask& m) {
+  checkText("link task", "bind_host", m.bind_host, kMaxNameBytes);
+  checkText("link task", "peer", m.peer, kMaxEndpointBytes);
+  auto host = b.CreateString(m.bind_host);
+  auto peer = b.CreateString(m.peer);
+  return fb::CreateLinkTask(b, m.pair, static_cast<int8_t>(m.kind), host, peer, m.message_bytes,
+                            m.window, m.warmup, m.repeats)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const LinkResult& m) {
+  checkText("link result", "endpoint", m.endpoint, kMaxEndpointBytes);
+  return fb::CreateLinkResult(b, m.pair, b.CreateString(m.endpoint), m.bandwidth, m.latency_s,
+                              m.rtt_median, m.rtt_min, m.rtt_max, m.rtt_repeats)
+      .Union();
+}
+
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Ping& m) {
   return fb::CreatePing(b, m.id, m.sent_ns).Union();
 }
@@ -99,12 +116,13 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const ErrorRe
 
 fb::Body bodyType(const Message& m) {
   static constexpr fb::Body kTypes[] = {
-      fb::Body_Hello,     fb::Body_Proof,          fb::Body_Refused,        fb::Body_NodeInfo,
-      fb::Body_Ping,      fb::Body_Pong,           fb::Body_Leave,          fb::Body_Error,
-      fb::Body_Launch,    fb::Body_Launched,       fb::Body_WorkerEnded,    fb::Body_WorkerHello,
-      fb::Body_Assign,    fb::Body_WeightsRequest, fb::Body_WeightsChunk,   fb::Body_Ready,
-      fb::Body_Start,     fb::Body_GroupAddress,   fb::Body_GroupAddresses, fb::Body_Progress,
-      fb::Body_EpochDone, fb::Body_InferDone,      fb::Body_StageReport,    fb::Body_Failed};
+      fb::Body_Hello,          fb::Body_Proof,       fb::Body_Refused,     fb::Body_NodeInfo,
+      fb::Body_Ping,           fb::Body_Pong,        fb::Body_Leave,       fb::Body_Error,
+      fb::Body_Launch,         fb::Body_Launched,    fb::Body_WorkerEnded, fb::Body_LinkTask,
+      fb::Body_LinkResult,     fb::Body_WorkerHello, fb::Body_Assign,      fb::Body_WeightsRequest,
+      fb::Body_WeightsChunk,   fb::Body_Ready,       fb::Body_Start,       fb::Body_GroupAddress,
+      fb::Body_GroupAddresses, fb::Body_Progress,    fb::Body_EpochDone,   fb::Body_InferDone,
+      fb::Body_StageReport,    fb::Body_Failed};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -176,12 +194,15 @@ const char* refusalName(Refusal r) {
 }
 
 const char* messageName(const Message& m) {
-  static constexpr const char* kNames[] = {
-      "hello",        "proof",        "refused",       "node info",       "ping",
-      "pong",         "leave",        "error",         "launch",          "launched",
-      "worker ended", "worker hello", "assign",        "weights request", "weights chunk",
-      "ready",        "start",        "group address", "group addresses", "progress",
-      "epoch done",   "infer done",   "stage report",  "failed"};
+  static constexpr const char* kNames[] = {"hello",           "proof",         "refused",
+                                           "node info",       "ping",          "pong",
+                                           "leave",           "error",         "launch",
+                                           "launched",        "worker ended",  "link task",
+                                           "link result",     "worker hello",  "assign",
+                                           "weights request", "weights chunk", "ready",
+                                           "start",           "group address", "group addresses",
+                                           "progress",        "epoch done",    "infer done",
+                                           "stage report",    "failed"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -267,6 +288,44 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
       if (w->slot() < 0) bad("worker ended", "slot is negative");
       return WorkerEnded{w->slot(), text("worker ended", "how", w->how(), kMaxTextBytes),
                          w->killed()};
+    }
+    case fb::Body_LinkTask: {
+      const fb::LinkTask* t = msg->body_as_LinkTask();
+      const char* m = "link task";
+      LinkTask out;
+      out.pair = t->pair();
+      nonNegative(m, "pair", out.pair);
+      if (t->kind() < 0 || t->kind() > 3) bad(m, "unknown kind " + std::to_string(t->kind()));
+      out.kind = static_cast<LinkTaskKind>(t->kind());
+      out.bind_host = text(m, "bind_host", t->bind_host(), kMaxNameBytes);
+      if (out.bind_host.empty() || out.bind_host.find_first_of(" /*") != std::string::npos)
+        bad(m, "bind_host '" + out.bind_host + "' is not a host");
+      out.peer = text(m, "peer", t->peer(), kMaxEndpointBytes);
+      out.message_bytes = t->message_bytes();
+      if (out.message_bytes < 4 || out.message_bytes > (int64_t{1} << 30) || out.message_bytes % 4)
+        bad(m, "message_bytes " + std::to_string(out.message_bytes) +
+                   " is not a multiple of 4 from 4 to 1 GiB");
+      out.window = t->window();
+      out.warmup = t->warmup();
+      out.repeats = t->repeats();
+      if (out.window < 1 || out.window > 1024 || out.warmup < 0 || out.warmup > 1000 ||
+          out.repeats < 1 || out.repeats > 10000)
+        bad(m, "window, warmup or repeats out of range");
+      return out;
+    }
+    case fb::Body_LinkResult: {
+      const fb::LinkResult* r = msg->body_as_LinkResult();
+      const char* m = "link result";
+      LinkResult out{r->pair(),       text(m, "endpoint", r->endpoint(), kMaxEndpointBytes),
+                     r->bandwidth(),  r->latency_s(),
+                     r->rtt_median(), r->rtt_min(),
+                     r->rtt_max(),    r->rtt_repeats()};
+      nonNegative(m, "pair", out.pair);
+      for (double v : {out.bandwidth, out.latency_s, out.rtt_median, out.rtt_min, out.rtt_max})
+        if (!(v >= 0 && std::isfinite(v)))
+          bad(m, "a measurement is not a finite, non-negative number");
+      if (out.rtt_repeats < 0) bad(m, "rtt_repeats is negative");
+      return out;
     }
     case fb::Body_WorkerHello:
     case fb::Body_Assign:

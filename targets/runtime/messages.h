@@ -122,6 +122,27 @@ struct WorkerEnded {
   bool operator==(const WorkerEnded&) const = default;
 };
 
+// --- between a coordinator and a node daemon: measuring links ----------------------
+
+enum class LinkTaskKind : uint8_t { kOpen = 0, kServe = 1, kMeasure = 2, kLocal = 3 };
+
+struct LinkTask {
+  int64_t pair = 0;
+  LinkTaskKind kind = LinkTaskKind::kOpen;
+  std::string bind_host = "127.0.0.1", peer;
+  int64_t message_bytes = int64_t{4} << 20;
+  int32_t window = 4, warmup = 2, repeats = 10;
+  bool operator==(const LinkTask&) const = default;
+};
+
+struct LinkResult {
+  int64_t pair = 0;
+  std::string endpoint;
+  double bandwidth = 0, latency_s = 0, rtt_median = 0, rtt_min = 0, rtt_max = 0;
+  int32_t rtt_repeats = 0;
+  bool operator==(const LinkResult&) const = default;
+};
+
 // --- between a coordinator and a stage worker (stage_worker.h) ---------------------
 
 inline constexpr size_t kMaxModelSpecBytes = size_t{1} << 20;
@@ -232,10 +253,10 @@ struct Failed {
   bool operator==(const Failed&) const = default;
 };
 
-using Message =
-    std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch, Launched,
-                 WorkerEnded, WorkerHello, Assign, WeightsRequest, WeightsChunk, Ready, Start,
-                 GroupAddress, GroupAddresses, Progress, EpochDone, InferDone, StageReport, Failed>;
+using Message = std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch,
+                             Launched, WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign,
+                             WeightsRequest, WeightsChunk, Ready, Start, GroupAddress,
+                             GroupAddresses, Progress, EpochDone, InferDone, StageReport, Failed>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

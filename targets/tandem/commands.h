@@ -24,6 +24,10 @@ inline CLI::Validator positiveNumber() {
       "POSITIVE");
 }
 
+// The node daemon program: `tandemd` beside this program (installed together), else in
+// the build tree's targets/tandemd/. Error if neither is there.
+std::string tandemdProgram();
+
 void addTrain(CLI::App& app);
 void addEval(CLI::App& app);
 void addInspect(CLI::App& app);
@@ -36,6 +40,5 @@ void addSchedule(CLI::App& app);
 void addRun(CLI::App& app);
 void addInfer(CLI::App& app);
 void addStage(CLI::App& app);
-void addLinkAgent(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -25,7 +25,6 @@ int main(int argc, char** argv) {
   tandem::cli::addRun(app);
   tandem::cli::addInfer(app);
   tandem::cli::addStage(app);
-  tandem::cli::addLinkAgent(app);
   // Logs go to stderr; stdout carries only results (epoch summaries, accuracy, tables).
   spdlog::set_default_logger(spdlog::stderr_color_mt("tandem"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
@@ -36,7 +35,7 @@ int main(int argc, char** argv) {
     } catch (const CLI::OptionNotFound&) {
       std::cerr << "error: unknown command '" << argv[1]
                 << "' (commands: train, run, infer, eval, inspect, devices, profile, partition, "
-                   "schedule, keygen, nodes, stage, link-agent; see --help)\n";
+                   "schedule, keygen, nodes; see --help)\n";
       return 2;
     }
   }

@@ -117,9 +117,9 @@ void addProfile(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   c->add_option("--link-repeats", a->survey.probe.repeats, "Timed runs per link and kind")
       ->check(CLI::Range(1, 10000));
-  c->add_option("--listen", a->survey.listen,
-                "The control endpoint link agents report to (tcp://0.0.0.0:PORT for other hosts)");
-  c->add_option("--link-timeout", a->link_timeout_s, "Seconds to wait for a link agent")
+  c->add_option("--key", a->survey.key,
+                "Cluster key file for --links (default: the cluster file's `key`)");
+  c->add_option("--link-timeout", a->link_timeout_s, "Seconds to wait for a node's answer")
       ->check(CLI::Range(1, 3600));
   c->callback([a] {
     TANDEM_CHECK_MSG(!a->model.empty() || a->links, InvalidArgument,

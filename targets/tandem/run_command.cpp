@@ -46,8 +46,8 @@ struct WorkerName {
   }
 };
 
-// The node daemon program: `tandemd` beside this program (installed together), else in
-// the build tree's targets/tandemd/.
+}  // namespace
+
 std::string tandemdProgram() {
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
   for (const std::filesystem::path& p :
@@ -56,8 +56,10 @@ std::string tandemdProgram() {
     if (std::filesystem::is_regular_file(p, ec)) return p.string();
   }
   throw Error("cannot find tandemd beside " + self.string() +
-              " (nor in ../tandemd/): `tandem run` starts its workers through it");
+              " (nor in ../tandemd/): tandem starts its workers through it");
 }
+
+namespace {
 
 // Every worker's assignment: the job and its placement, carried in-band.
 // The job's starting weights, if it names any: checked, and named by their content hash

@@ -297,6 +297,26 @@ TEST(TandemdTest, AClusterRunNamesTheNodeItCannotUse) {
   EXPECT_NE(r.out.find("half.yaml:4:5: node 'near' has no 'address'"), std::string::npos) << r.out;
 }
 
+TEST(TandemdTest, TheLinksBetweenDaemonsAreMeasuredThroughThem) {
+  const std::string dir = tandem::testing::freshDir("cluster-links");
+  TwoNodes nodes(dir);
+  ASSERT_TRUE(nodes.made);
+  const Ran r = run(kCli + " profile --links --cluster " + nodes.cluster +
+                    " --link-bytes 65536 --link-repeats 2 --out " + dir + "/links.json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"a -> b", "b -> a", "a -> a", "b -> b", "links over tcp"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  // A daemon that cannot bind where it is told answers with an error, named.
+  std::ofstream(dir + "/bad.yaml")
+      << "key: c.key\nnodes:\n  - {name: a, address: '" << nodes.a.address()
+      << "', host: 192.0.2.1, devices: [{backend: cpu}]}\n";
+  const Ran bad = run(kCli + " profile --links --cluster " + dir + "/bad.yaml");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("node 'a': link task: "), std::string::npos) << bad.out;
+  // Both daemons serve on.
+  EXPECT_EQ(run(kCli + " nodes --cluster " + nodes.cluster).code, 0);
+}
+
 TEST(TandemdTest, AJobOnTwoDaemonsTrainsBitwiseAsOnThisMachine) {
   const std::string dir = tandem::testing::freshDir("cluster-run");
   TwoNodes nodes(dir);

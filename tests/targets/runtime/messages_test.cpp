@@ -195,22 +195,25 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   report.weights_ship_s = 0.25;
   report.weights_corrupted = true;
   const Assign plain;
-  const std::vector<Message> all = {sampleAssign(),
-                                    plain,
-                                    Ready{{"tcp://127.0.0.1:5000"}, {"a", "b"}, "cpu", 300, 100},
-                                    Start{{}, {"tcp://x:1"}, 300, 100},
-                                    GroupAddress{"tcp://127.0.0.1:6000"},
-                                    WeightsRequest{std::string(64, 'b')},
-                                    WeightsChunk{std::string(64, 'b'), 3, 10, {1, 2, 3}},
-                                    Launch{2, "10.0.0.1:5000", {}},
-                                    Launched{2, 77},
-                                    WorkerEnded{2, "(pid 77) exited with code 0", false},
-                                    GroupAddresses{{"x", "y"}},
-                                    Progress{0, 3, 10, 0.5, 100, 1},
-                                    EpochDone{1, 0.4, 10, 3000, 0.45, 0.88},
-                                    InferDone{100, 0.4, 0.9, 0.2},
-                                    report,
-                                    Failed{"stage 1 failed"}};
+  const std::vector<Message> all = {
+      sampleAssign(),
+      plain,
+      Ready{{"tcp://127.0.0.1:5000"}, {"a", "b"}, "cpu", 300, 100},
+      Start{{}, {"tcp://x:1"}, 300, 100},
+      GroupAddress{"tcp://127.0.0.1:6000"},
+      WeightsRequest{std::string(64, 'b')},
+      WeightsChunk{std::string(64, 'b'), 3, 10, {1, 2, 3}},
+      Launch{2, "10.0.0.1:5000", {}},
+      Launched{2, 77},
+      WorkerEnded{2, "(pid 77) exited with code 0", false},
+      LinkTask{5, LinkTaskKind::kMeasure, "10.0.0.2", "tcp://x:1", 65536, 4, 1, 3},
+      LinkResult{5, "tcp://10.0.0.2:4000", 1e9, 1e-5, 2e-5, 1e-5, 3e-5, 3},
+      GroupAddresses{{"x", "y"}},
+      Progress{0, 3, 10, 0.5, 100, 1},
+      EpochDone{1, 0.4, 10, 3000, 0.45, 0.88},
+      InferDone{100, 0.4, 0.9, 0.2},
+      report,
+      Failed{"stage 1 failed"}};
   for (const Message& m : all) {
     const Message back = decodeMessage(encodeMessage(m));
     EXPECT_EQ(back.index(), m.index()) << messageName(m);
@@ -252,6 +255,9 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   r.spans.clear();
   r.counters.busy_s = -1;
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"busy_s -1"});
+  LinkTask odd{1, LinkTaskKind::kOpen, "h", "", 6, 1, 0, 1};
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(odd)); },
+                               {"'link task'", "message_bytes 6 is not a multiple of 4"});
   WeightsChunk past{std::string(64, 'c'), 8, 10, {1, 2, 3}};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(past)); },
                                {"'weights chunk'", "3 bytes at offset 8 of 10"});
