@@ -364,9 +364,9 @@ Message readStageMessage(const fb::Message* msg) {
                     e->samples_per_s(), e->test_loss(), e->test_accuracy()};
       nonNegative("epoch done", "epoch", out.epoch);
       finiteNonNegative("epoch done", "seconds", out.seconds);
-      range("epoch done", "test_accuracy (x 1e6)",
-            std::isfinite(out.test_accuracy) ? static_cast<int64_t>(out.test_accuracy * 1e6) : -1,
-            0, 1000000);
+      if (!(out.test_accuracy >= 0 && out.test_accuracy <= 1))  // (NaN fails too)
+        bad("epoch done",
+            "test_accuracy " + std::to_string(out.test_accuracy) + " is not in [0, 1]");
       return out;
     }
     case fb::Body_InferDone: {
@@ -374,6 +374,8 @@ Message readStageMessage(const fb::Message* msg) {
       InferDone out{i->samples(), i->loss(), i->accuracy(), i->seconds()};
       nonNegative("infer done", "samples", out.samples);
       finiteNonNegative("infer done", "seconds", out.seconds);
+      if (!(out.accuracy >= 0 && out.accuracy <= 1))
+        bad("infer done", "accuracy " + std::to_string(out.accuracy) + " is not in [0, 1]");
       return out;
     }
     case fb::Body_StageReport:

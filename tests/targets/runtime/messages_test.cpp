@@ -255,6 +255,20 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   r.spans.clear();
   r.counters.busy_s = -1;
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"busy_s -1"});
+  // A diverged run's loss is NaN: it still gets through (and a fuzzer's value compare
+  // must not trip on it); an accuracy outside [0, 1] does not.
+  const Message nan_loss = decodeMessage(encodeMessage(InferDone{10, std::nan(""), 0.5, 1}));
+  EXPECT_TRUE(std::isnan(std::get<InferDone>(nan_loss).loss));
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(InferDone{10, 0, 1.5, 1}));
+      },
+      {"'infer done'", "accuracy 1.5"});
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(EpochDone{0, 0.1, 1, 1, 0.1, 1.5e167}));
+      },
+      {"'epoch done'", "test_accuracy"});  // (the fuzzer's: once a float-to-int overflow)
   LinkTask odd{1, LinkTaskKind::kOpen, "h", "", 6, 1, 0, 1};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(odd)); },
                                {"'link task'", "message_bytes 6 is not a multiple of 4"});
