@@ -47,6 +47,12 @@ class Launcher {
   virtual double clockOffset(int /*slot*/) const { return 0; }
 };
 
+// True when a worker ended as one should after its report: exited with code 0.
+bool endedCleanly(const Launcher::Ended& e);
+// "worker 3 (pid 42) was killed by signal 9 after finishing; " for a worker that did not
+// end cleanly, "" for one that did: what finish() collects.
+std::string endedBadly(const Launcher::Ended& e);
+
 // Worker processes: `program args... --control HOST:PORT --slot N` started on this
 // machine, the key written to their standard input.
 std::unique_ptr<Launcher> processLauncher(std::string program, std::vector<std::string> args);

@@ -84,9 +84,7 @@ class DaemonLauncher final : public Launcher {
     const auto until = Clock::now() + grace;
     std::string bad;
     for (;;) {
-      while (const auto e = ended())
-        if (e->killed || e->how.find("code 0") == std::string::npos)
-          bad += "worker " + std::to_string(e->slot) + " " + e->how + " after finishing; ";
+      while (const auto e = ended()) bad += endedBadly(*e);
       if (outstanding() == 0 || Clock::now() >= until) break;
       std::this_thread::sleep_for(5ms);
     }

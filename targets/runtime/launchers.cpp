@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "core/error.h"
@@ -74,9 +75,7 @@ class ProcessLauncher final : public Launcher {
       std::this_thread::sleep_for(5ms);
     }
     std::string bad;
-    for (const Ended& e : ended_)
-      if (e.killed || e.how.find("code 0") == std::string::npos)
-        bad += "worker " + std::to_string(e.slot) + " " + e.how + " after finishing; ";
+    for (const Ended& e : ended_) bad += endedBadly(e);
     ended_.clear();
     if (!running_.empty()) {
       bad += std::to_string(running_.size()) + " workers did not exit after finishing";
@@ -165,8 +164,7 @@ class ThreadLauncher final : public Launcher {
     threads_.clear();
     std::string bad;
     std::lock_guard lock(mu_);
-    for (const Ended& e : ended_)
-      if (e.how != "exited with code 0") bad += "worker " + std::to_string(e.slot) + " " + e.how;
+    for (const Ended& e : ended_) bad += endedBadly(e);
     ended_.clear();
     return bad;
   }
@@ -182,6 +180,17 @@ class ThreadLauncher final : public Launcher {
 };
 
 }  // namespace
+
+bool endedCleanly(const Launcher::Ended& e) {
+  static constexpr std::string_view kClean = "exited with code 0";
+  return !e.killed && e.how.size() >= kClean.size() &&
+         e.how.compare(e.how.size() - kClean.size(), kClean.size(), kClean) == 0;
+}
+
+std::string endedBadly(const Launcher::Ended& e) {
+  return endedCleanly(e) ? ""
+                         : "worker " + std::to_string(e.slot) + " " + e.how + " after finishing; ";
+}
 
 std::unique_ptr<Launcher> processLauncher(std::string program, std::vector<std::string> args) {
   return std::make_unique<ProcessLauncher>(std::move(program), std::move(args));

@@ -137,6 +137,18 @@ TEST(CoordinatorTest, WorkersInThreadsTrainBitwiseAsOneDevice) {
   }
 }
 
+TEST(CoordinatorTest, OnlyAnExitWithCodeZeroEndsCleanly) {
+  EXPECT_TRUE(endedCleanly({0, "(pid 4) exited with code 0", false}));
+  EXPECT_TRUE(endedCleanly({0, "exited with code 0", false}));
+  EXPECT_FALSE(endedCleanly({0, "(pid 4) exited with code 1", false}));
+  EXPECT_FALSE(endedCleanly({0, "(pid 4) was killed by signal 9", true}));
+  // A failure whose message happens to say "code 0" is still a failure.
+  EXPECT_FALSE(endedCleanly({0, "exited with code 1 (exited with code 0 elsewhere)", false}));
+  EXPECT_EQ(endedBadly({3, "(pid 4) was killed by signal 9", true}),
+            "worker 3 (pid 4) was killed by signal 9 after finishing; ");
+  EXPECT_EQ(endedBadly({3, "(pid 4) exited with code 0", false}), "");
+}
+
 TEST(CoordinatorTest, AWorkerThatCannotRunItsAssignmentEndsTheRunNamed) {
   std::vector<Assign> as = assignments({{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B);
   as[1].device = "opencl:99";
