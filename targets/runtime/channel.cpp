@@ -116,9 +116,14 @@ struct Channel::Impl {
   void readFailed(const boost::system::error_code& ec) {
     if (ec == asio::error::operation_aborted) return;
     if (ec == asio::error::eof || ec == asio::error::connection_reset)
-      fail(peer + " closed the connection");
+      fail(closingNow() ? "the channel was closed on this side" : peer + " closed the connection");
     else
       fail("reading from " + peer + " failed: " + ec.message());
+  }
+
+  bool closingNow() {
+    std::lock_guard lock(mu);
+    return closing;
   }
 
   void armTimer() {
@@ -137,7 +142,8 @@ struct Channel::Impl {
                     std::to_string(options.strikes) + " heartbeats of " +
                     std::to_string(options.heartbeat.count()) + " ms missed)");
       }
-      const bool idle = now - last_sent >= options.heartbeat && writes.empty();
+      // Closing: this side has sent its FIN and sends nothing more.
+      const bool idle = !closing && now - last_sent >= options.heartbeat && writes.empty();
       lock.unlock();
       if (idle) queueHeartbeat();
       armTimer();
@@ -225,7 +231,9 @@ struct Channel::Impl {
     if (!cv.wait_for(lock, timeout, [&] { return ended || unsent <= options.max_unsent_bytes; }))
       throw Timeout(peer + " did not take " + std::to_string(unsent) + " queued bytes within " +
                     std::to_string(timeout.count()) + " ms");
-    if (ended) throw IoError("the channel to " + peer + " has ended: " + failure);
+    if (ended || closing)
+      throw IoError("the channel to " + peer + " has ended: " +
+                    (ended ? failure : std::string("it is being closed on this side")));
     std::vector<uint8_t> frame = seal(message);
     unsent += frame.size();
     writes.push_back(std::move(frame));
@@ -270,6 +278,7 @@ struct Channel::Impl {
   std::deque<std::vector<uint8_t>> writes;  // sealed frames, the front one being written
   size_t unsent = 0;                        // bytes in `writes`
   bool paused = false;                      // reading stopped: `queue` is full
+  bool closing = false;                     // close() sent this side's FIN
   bool ended = false;
   std::string failure;
   Clock::time_point last_heard, last_sent;
@@ -298,12 +307,29 @@ std::optional<Message> Channel::recv(std::chrono::milliseconds timeout) {
   }
 }
 
+// A graceful close: the queued frames go out, then this side's FIN (shutdown of sending
+// only); the peer reads everything up to it, and closes in turn, which ends the channel
+// here. Closing both ways at once instead would answer any frame still unread on this
+// side (a heartbeat) with a reset, and a reset can discard what the peer has not read yet
+// — a worker's last report was lost that way under load.
 void Channel::close(std::chrono::milliseconds flush) {
+  Impl& c = *impl_;
+  const auto until = std::chrono::steady_clock::now() + flush;
   {
-    std::unique_lock lock(impl_->mu);
-    impl_->cv.wait_for(lock, flush, [&] { return impl_->ended || impl_->writes.empty(); });
+    std::unique_lock lock(c.mu);
+    c.cv.wait_until(lock, until, [&] { return c.ended || c.writes.empty(); });
+    if (c.ended) return;
+    c.closing = true;
   }
-  impl_->fail("the channel was closed on this side");
+  boost::asio::post(*c.io, [&c] {
+    boost::system::error_code ignored;
+    c.socket.shutdown(tcp::socket::shutdown_send, ignored);
+  });
+  {
+    std::unique_lock lock(c.mu);  // the peer's FIN (or anything else) ends the channel
+    c.cv.wait_until(lock, until, [&] { return c.ended; });
+  }
+  c.fail("the channel was closed on this side");
 }
 
 const std::string& Channel::peer() const { return impl_->peer; }
