@@ -211,8 +211,8 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   const bool planned = job.auto_partition || !job.plan.empty();
   if (job.auto_partition && job.cluster.empty())
     r.fail(*partition,
-           "'partition: auto' needs 'cluster: FILE' (and 'profile: FILE' unless the "
-           "cluster names its profiles)");
+           "'partition: auto' needs 'cluster: FILE' (the devices to plan over; their "
+           "daemons profile them unless 'profile: FILE' is given)");
   if (planned && stages) r.fail(*stages, "'stages' comes from the plan; leave it out");
   if (max_replicas && !job.auto_partition)
     r.fail(*max_replicas,

@@ -17,7 +17,8 @@
 //                                  # or a plan file (`tandem partition --out`), or auto
 //   stages: 3                      # with `equal`
 //   cluster: ../clusters/local.yaml   # with `auto`: the devices to plan over
-//   profile: ../../out/profile.json   # with `auto`: their measured profile
+//   profile: ../../out/profile.json   # with `auto`: their measured profile (optional:
+//                                     # else the nodes' daemons measure them)
 //   max_replicas: 2                # with `auto`: a stage may get data-parallel replicas
 //   save: ../../out/cnn.tdm        # the trained model, merged from the stages
 //   weights: ../../out/cnn.tdm     # start from these parameters (serving, resuming)

@@ -15,6 +15,7 @@
 #include "targets/runtime/channel_io.h"
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/node_info.h"
+#include "targets/runtime/node_profile.h"
 #include "targets/runtime/weight_cache.h"
 #include "transport/zmq_link.h"
 
@@ -307,6 +308,16 @@ struct Daemon::Impl {
         } catch (const Error& e) {
           channel.send(
               ErrorReply{(std::string("link task: ") + e.what()).substr(0, kMaxTextBytes)});
+        }
+      } else if (const auto* t = std::get_if<ProfileTask>(&*m)) {
+        // On this connection's thread (heartbeats go on on the channel's): a peer that
+        // leaves meanwhile gets no answer, and the next task waits for this one.
+        try {
+          channel.send(profileHere(*t, options.cache_dir));
+        } catch (const std::exception& e) {  // bad_alloc too: a model too big for the node
+          spdlog::warn("{}: profile task failed: {}", channel.peer(), e.what());
+          channel.send(
+              ErrorReply{(std::string("profile task: ") + e.what()).substr(0, kMaxTextBytes)});
         }
       } else if (const auto* node = std::get_if<NodeInfo>(&*m)) {
         spdlog::info("{} is {} ({})", channel.peer(), node->name, node->build);

@@ -114,6 +114,24 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const ErrorRe
   return fb::CreateError(b, b.CreateString(m.message)).Union();
 }
 
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const ProfileTask& m) {
+  checkText("profile task", "model_spec", m.model_spec, kMaxModelSpecBytes);
+  checkCount("profile task", "devices", m.devices.size(), kMaxProfileDevices);
+  std::vector<flatbuffers::Offset<fb::ProfileDevice>> devices;
+  for (const ProfileDevice& d : m.devices) {
+    checkText("profile task", "backend", d.backend, kMaxNameBytes);
+    devices.push_back(fb::CreateProfileDevice(b, b.CreateString(d.backend), d.threads, d.load));
+  }
+  auto spec = b.CreateString(m.model_spec);
+  auto devs = b.CreateVector(devices);
+  return fb::CreateProfileTask(b, spec, m.batch, m.warmup, m.repeats, devs).Union();
+}
+
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const ProfileResult& m) {
+  checkText("profile result", "profile", m.profile, kMaxProfileBytes);
+  return fb::CreateProfileResult(b, b.CreateString(m.profile), m.cached).Union();
+}
+
 fb::Body bodyType(const Message& m) {
   static constexpr fb::Body kTypes[] = {
       fb::Body_Hello,          fb::Body_Proof,       fb::Body_Refused,     fb::Body_NodeInfo,
@@ -122,7 +140,7 @@ fb::Body bodyType(const Message& m) {
       fb::Body_LinkResult,     fb::Body_WorkerHello, fb::Body_Assign,      fb::Body_WeightsRequest,
       fb::Body_WeightsChunk,   fb::Body_Ready,       fb::Body_Start,       fb::Body_GroupAddress,
       fb::Body_GroupAddresses, fb::Body_Progress,    fb::Body_EpochDone,   fb::Body_InferDone,
-      fb::Body_StageReport,    fb::Body_Failed};
+      fb::Body_StageReport,    fb::Body_Failed,      fb::Body_ProfileTask, fb::Body_ProfileResult};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -202,7 +220,8 @@ const char* messageName(const Message& m) {
                                            "weights request", "weights chunk", "ready",
                                            "start",           "group address", "group addresses",
                                            "progress",        "epoch done",    "infer done",
-                                           "stage report",    "failed"};
+                                           "stage report",    "failed",        "profile task",
+                                           "profile result"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -325,6 +344,38 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
         if (!(v >= 0 && std::isfinite(v)))
           bad(m, "a measurement is not a finite, non-negative number");
       if (out.rtt_repeats < 0) bad(m, "rtt_repeats is negative");
+      return out;
+    }
+    case fb::Body_ProfileTask: {
+      const fb::ProfileTask* t = msg->body_as_ProfileTask();
+      const char* m = "profile task";
+      ProfileTask out;
+      out.model_spec = text(m, "model_spec", t->model_spec(), kMaxModelSpecBytes);
+      out.batch = t->batch();
+      out.warmup = t->warmup();
+      out.repeats = t->repeats();
+      if (out.batch < 1 || out.batch > 65536)
+        bad(m, "batch " + std::to_string(out.batch) + " is not from 1 to 65536");
+      if (out.warmup < 0 || out.warmup > 1000 || out.repeats < 1 || out.repeats > 10000)
+        bad(m, "warmup or repeats out of range");
+      const auto* devices = t->devices();
+      if (!devices || devices->size() == 0 || devices->size() > kMaxProfileDevices)
+        bad(m, "it must name 1 to " + std::to_string(kMaxProfileDevices) + " devices");
+      for (const fb::ProfileDevice* d : *devices) {
+        ProfileDevice pd{text(m, "backend", d->backend(), kMaxNameBytes), d->threads(), d->load()};
+        if (pd.backend.empty()) bad(m, "a device without a backend");
+        if (pd.threads < 1 || pd.threads > 1024 || pd.load < 0 || pd.load > 256)
+          bad(m, "device '" + pd.backend + "': threads or load out of range");
+        out.devices.push_back(std::move(pd));
+      }
+      return out;
+    }
+    case fb::Body_ProfileResult: {
+      const fb::ProfileResult* r = msg->body_as_ProfileResult();
+      ProfileResult out{text("profile result", "profile", r->profile(), kMaxProfileBytes),
+                        r->cached()};
+      if (out.cached < 0 || out.cached > static_cast<int32_t>(kMaxProfileDevices))
+        bad("profile result", "cached " + std::to_string(out.cached) + " is out of range");
       return out;
     }
     case fb::Body_WorkerHello:

@@ -143,6 +143,31 @@ struct LinkResult {
   bool operator==(const LinkResult&) const = default;
 };
 
+// --- between a coordinator and a node daemon: profiling a model (node_profile.h) ----
+
+inline constexpr size_t kMaxProfileBytes = size_t{4} << 20;
+inline constexpr size_t kMaxProfileDevices = 64;
+
+struct ProfileDevice {
+  std::string backend = "cpu";
+  int32_t threads = 1, load = 0;
+  bool operator==(const ProfileDevice&) const = default;
+};
+
+struct ProfileTask {
+  std::string model_spec;
+  int64_t batch = 8;
+  int32_t warmup = 3, repeats = 10;
+  std::vector<ProfileDevice> devices;
+  bool operator==(const ProfileTask&) const = default;
+};
+
+struct ProfileResult {
+  std::string profile;  // tandem-profile JSON
+  int32_t cached = 0;
+  bool operator==(const ProfileResult&) const = default;
+};
+
 // --- between a coordinator and a stage worker (stage_worker.h) ---------------------
 
 inline constexpr size_t kMaxModelSpecBytes = size_t{1} << 20;
@@ -256,7 +281,8 @@ struct Failed {
 using Message = std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch,
                              Launched, WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign,
                              WeightsRequest, WeightsChunk, Ready, Start, GroupAddress,
-                             GroupAddresses, Progress, EpochDone, InferDone, StageReport, Failed>;
+                             GroupAddresses, Progress, EpochDone, InferDone, StageReport, Failed,
+                             ProfileTask, ProfileResult>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

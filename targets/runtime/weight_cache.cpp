@@ -41,6 +41,27 @@ std::string defaultWeightCacheDir() {
   return "/tmp/tandem-weights";
 }
 
+void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw IoError("cannot write '" + tmp + "': " + std::strerror(errno));
+  size_t done = 0;
+  bool ok = true;
+  while (ok && done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ok && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw IoError("cannot write '" + path + "': " + std::strerror(ok ? errno : err));
+  }
+}
+
 WeightCache::WeightCache(std::string dir, uint64_t max_bytes)
     : dir_(std::move(dir)), max_bytes_(max_bytes) {
   std::error_code ec;
@@ -72,25 +93,7 @@ void WeightCache::put(const std::string& hash, std::span<const uint8_t> bytes) {
   if (!isContentHash(hash) || contentHash(bytes) != hash)
     throw FormatError("weights of " + std::to_string(bytes.size()) + " bytes do not hash to '" +
                       hash + "'");
-  const std::string path = dir_ + "/" + hash;
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw IoError("cannot write '" + tmp + "': " + std::strerror(errno));
-  size_t done = 0;
-  bool ok = true;
-  while (ok && done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
-  }
-  ok = ok && ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw IoError("cannot store weights in '" + path + "': " + std::strerror(ok ? errno : err));
-  }
+  writeFileAtomically(dir_ + "/" + hash, bytes);
   // Over the cap: the least recently used go first.
   std::vector<std::pair<fs::file_time_type, fs::path>> files;
   uint64_t total = 0;

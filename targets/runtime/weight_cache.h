@@ -18,6 +18,10 @@ std::string contentHash(std::span<const uint8_t> bytes);
 // True for 64 lowercase hex digits.
 bool isContentHash(const std::string& text);
 
+// Writes `path` so that it is either absent, as it was, or whole: a temporary file beside
+// it, fsync, rename. IoError naming the path.
+void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes);
+
 class WeightCache {
  public:
   // `dir` is made if missing (IoError naming it if it cannot be).

@@ -1,5 +1,9 @@
 #include "targets/tandem/planning.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <vector>
 
@@ -10,6 +14,7 @@
 #include "core/profile/profile.h"
 #include "partitioner/cluster.h"
 #include "partitioner/search.h"
+#include "targets/runtime/node_profile.h"
 #include "transport/codec.h"
 
 namespace tandem::cli {
@@ -53,9 +58,108 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   return o;
 }
 
-PlannedJob planJob(const JobSpec& job, const Model& model) {
-  const partitioner::CostModel cost =
-      loadCostModel(model, job.cluster, job.profile, jobCostOptions(job));
+partitioner::CostModel measuredCostModel(const Model& model, const std::string& model_spec,
+                                         const runtime::ClusterDaemons& daemons,
+                                         const std::string& default_profile,
+                                         const partitioner::CostOptions& options) {
+  partitioner::Cluster cluster = daemons.cluster();
+  std::map<std::string, Profile> profiles;
+  for (const std::string& path : partitioner::profilePaths(cluster, default_profile))
+    profiles.emplace(path, parseProfile(readFile(path, "profile"), path));
+  // Per node, the devices no profile file prices, one task entry per backend and thread
+  // count; a CPU device is measured with the node's other CPU devices' stages loading
+  // the machine beside it, as they will when the job runs.
+  const size_t nodes = cluster.nodes.size();
+  std::vector<runtime::ProfileTask> tasks(nodes);
+  std::vector<std::vector<partitioner::ClusterDevice*>> measured(nodes);
+  for (size_t i = 0; i < nodes; ++i) {
+    partitioner::ClusterNode& n = cluster.nodes[i];
+    int cpus = 0;
+    for (const partitioner::ClusterDevice& d : n.devices) cpus += d.backend == "cpu";
+    runtime::ProfileTask& t = tasks[i];
+    t.model_spec = model_spec;
+    t.batch = options.microbatch_size;  // the partitioner scales from the profile's batch
+    for (partitioner::ClusterDevice& d : n.devices) {
+      if (!d.profile.empty() || !n.profile.empty() || !default_profile.empty()) continue;
+      const runtime::ProfileDevice want{d.backend, d.threads, d.backend == "cpu" ? cpus - 1 : 0};
+      if (std::find(t.devices.begin(), t.devices.end(), want) == t.devices.end())
+        t.devices.push_back(want);
+      measured[i].push_back(&d);
+    }
+  }
+  // Links the cluster file does not state (`between`, `measured`, `local` within a node;
+  // `default` is a guess, and measuring replaces it): measured by the daemons.
+  std::vector<std::pair<size_t, size_t>> pairs;
+  if (cluster.measured.empty())
+    for (size_t a = 0; a < nodes; ++a)
+      for (size_t z = 0; z < nodes; ++z) {
+        bool given = a == z ? cluster.local.has_value() : false;
+        for (const partitioner::ClusterLink& l : cluster.between)
+          given = given || (l.from == cluster.nodes[a].name && l.to == cluster.nodes[z].name) ||
+                  (l.to == cluster.nodes[a].name && l.from == cluster.nodes[z].name);
+        if (!given) pairs.push_back({a, z});
+      }
+  bool any = !pairs.empty();
+  for (const runtime::ProfileTask& t : tasks) any = any || !t.devices.empty();
+  if (any) {
+    const auto started = std::chrono::steady_clock::now();
+    auto sessions = daemons.connect("tandem run (planning)", std::chrono::seconds(30));
+    std::vector<runtime::Channel*> channels;
+    std::vector<std::string> names;
+    std::vector<runtime::ProfileTask> asked;
+    std::vector<size_t> node_of;
+    for (size_t i = 0; i < nodes; ++i)
+      if (!tasks[i].devices.empty()) {
+        channels.push_back(sessions[i].get());
+        names.push_back(cluster.nodes[i].name);
+        asked.push_back(tasks[i]);
+        node_of.push_back(i);
+      }
+    std::vector<int> cached;
+    const std::vector<Profile> got =
+        runtime::profileOnNodes(channels, names, asked, std::chrono::seconds(600), &cached);
+    int devices = 0, hits = 0;
+    for (size_t k = 0; k < got.size(); ++k) {
+      const size_t i = node_of[k];
+      hits += cached[k];
+      devices += static_cast<int>(asked[k].devices.size());
+      for (partitioner::ClusterDevice* d : measured[i]) {
+        size_t at = 0;
+        while (asked[k].devices[at].backend != d->backend ||
+               asked[k].devices[at].threads != d->threads)
+          ++at;
+        const std::string key = "node '" + cluster.nodes[i].name + "' (" + d->backend + ", " +
+                                std::to_string(d->threads) + " threads, measured by its daemon)";
+        Profile one = got[k];
+        one.devices = {got[k].devices[at]};
+        d->profile = key;
+        d->profile_device = one.devices[0].device.name;
+        profiles.emplace(key, std::move(one));
+      }
+    }
+    if (!pairs.empty()) {
+      runtime::LinkSurveyOptions lo;
+      lo.probe.message_bytes = int64_t{1} << 20;  // enough to see a link's rate, quickly
+      lo.probe.repeats = 5;
+      Profile links;
+      links.links = runtime::surveyLinks(daemons, sessions, pairs, lo);
+      cluster.measured = "the links measured by the daemons";
+      cluster.measured_where = cluster.source;
+      profiles.emplace(cluster.measured, std::move(links));
+    }
+    runtime::leaveAll(sessions, "planning is done");
+    spdlog::info("partition: auto: {} device profiles measured by the nodes' daemons ({} from "
+                 "their caches), {} links measured, in {:.2f} s",
+                 devices, hits, pairs.size(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
+  return partitioner::CostModel(
+      partitioner::makeProblem(model, cluster, profiles, default_profile, options));
+}
+
+PlannedJob planJob(const JobSpec& job, const Model& model, const runtime::ClusterDaemons& daemons) {
+  const partitioner::CostModel cost = measuredCostModel(
+      model, readFile(job.model, "model spec"), daemons, job.profile, jobCostOptions(job));
   PlannedJob out{partitioner::bestPlan(cost), ""};
   out.yaml = partitioner::planToYaml(cost, out.plan);
   return out;

@@ -8,6 +8,7 @@
 #include "core/model.h"
 #include "core/pipeline/job.h"
 #include "partitioner/plan.h"
+#include "targets/runtime/cluster_daemons.h"
 
 namespace tandem::cli {
 
@@ -28,13 +29,24 @@ partitioner::CostModel loadCostModel(const Model& model, const std::string& clus
 // The cost options a job implies (schedule, microbatches, optimizer, codecs).
 partitioner::CostOptions jobCostOptions(const JobSpec& job);
 
-// `partition: auto`: plans the job with the partitioner over its cluster and profile: the
-// plan (priced, for the run to print) and its YAML (for jobStages).
+// The cost model for `model` (its spec's text: `model_spec`) on the daemons' cluster: a
+// device with a profile file (its own, its node's, or `default_profile`) is priced from
+// it; the others are measured by their node's daemon (a profile task, cached there by
+// model and device). Links the cluster file does not give (`between`, `measured`,
+// `local` within a node) are measured by the daemons.
+partitioner::CostModel measuredCostModel(const Model& model, const std::string& model_spec,
+                                         const runtime::ClusterDaemons& daemons,
+                                         const std::string& default_profile,
+                                         const partitioner::CostOptions& options);
+
+// `partition: auto`: plans the job with the partitioner over the daemons' cluster (priced
+// as measuredCostModel does, with the job's `profile`): the plan (priced, for the run to
+// print) and its YAML (for jobStages).
 struct PlannedJob {
   partitioner::Plan plan;
   std::string yaml;
 };
-PlannedJob planJob(const JobSpec& job, const Model& model);
+PlannedJob planJob(const JobSpec& job, const Model& model, const runtime::ClusterDaemons& daemons);
 
 // One stage of a job as `tandem run` starts it.
 struct StagePlacement {

@@ -14,7 +14,7 @@
 #include "core/profile/profile.h"
 #include "partitioner/cluster.h"
 #include "targets/tandem/commands.h"
-#include "targets/tandem/links.h"
+#include "targets/runtime/cluster_daemons.h"
 
 namespace tandem::cli {
 
@@ -73,6 +73,32 @@ void compare(const Profile& now, const Profile& before, const std::string& befor
   }
 }
 
+// The matrix as a table: bandwidth and latency per ordered pair of nodes.
+void printLinks(const LinkSet& set) {
+  std::printf("\nlinks over %s (%lld-byte messages): bandwidth MB/s, latency us; row = from\n",
+              set.transport.c_str(), static_cast<long long>(set.message_bytes));
+  std::vector<std::string> nodes;
+  for (const LinkProfile& l : set.links)
+    if (std::find(nodes.begin(), nodes.end(), l.from) == nodes.end()) nodes.push_back(l.from);
+  std::printf("  %-12s", "");
+  for (const std::string& n : nodes) std::printf(" %20s", n.c_str());
+  std::printf("\n");
+  for (const std::string& from : nodes) {
+    std::printf("  %-12s", from.c_str());
+    for (const std::string& to : nodes) {
+      std::string cell = "-";
+      for (const LinkProfile& l : set.links)
+        if (l.from == from && l.to == to) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "%.0f / %.0f", l.bandwidth / 1e6, l.latency_s * 1e6);
+          cell = buf;
+        }
+      std::printf(" %20s", cell.c_str());
+    }
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 void addProfile(CLI::App& app) {
@@ -82,7 +108,8 @@ void addProfile(CLI::App& app) {
     ProfileOptions options;
     int threads = 1;
     bool links = false;
-    LinkSurveyOptions survey;
+    runtime::LinkSurveyOptions survey;
+    std::string key;
     int link_timeout_s = 30;
     int load = 0;
   };
@@ -117,7 +144,7 @@ void addProfile(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   c->add_option("--link-repeats", a->survey.probe.repeats, "Timed runs per link and kind")
       ->check(CLI::Range(1, 10000));
-  c->add_option("--key", a->survey.key,
+  c->add_option("--key", a->key,
                 "Cluster key file for --links (default: the cluster file's `key`)");
   c->add_option("--link-timeout", a->link_timeout_s, "Seconds to wait for a node's answer")
       ->check(CLI::Range(1, 3600));
@@ -152,7 +179,13 @@ void addProfile(CLI::App& app) {
     }
     if (a->links) {
       a->survey.timeout = std::chrono::seconds(a->link_timeout_s);
-      p.links = surveyLinks(partitioner::loadCluster(a->cluster), a->survey);
+      // Each node's daemon (or one started here for a node without an address) measures.
+      const runtime::ClusterDaemons daemons(partitioner::loadCluster(a->cluster), a->key,
+                                            tandemdProgram());
+      auto sessions = daemons.connect("tandem profile --links", a->survey.timeout);
+      p.links = runtime::surveyLinks(daemons, sessions,
+                                     runtime::allLinkPairs(daemons.nodes().size()), a->survey);
+      runtime::leaveAll(sessions, "the survey is over");
       printLinks(*p.links);
     }
     if (!a->out.empty()) {

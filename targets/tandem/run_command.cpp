@@ -24,6 +24,7 @@
 #include "core/pipeline/job.h"
 #include "core/pipeline/timeline.h"
 #include "partitioner/cluster.h"
+#include "targets/runtime/cluster_daemons.h"
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/daemon.h"
 #include "targets/runtime/local_daemon.h"
@@ -223,37 +224,18 @@ struct RunArgs {
   bool infer = false;
 };
 
-// Where each worker runs when the job goes to a cluster's daemons: the nodes (each with
-// its address), the node of each worker, and the cluster key.
-struct ClusterTargets {
-  std::vector<runtime::DaemonNode> nodes;
-  std::vector<int> node_of_slot;
-  std::vector<std::string> host_of_slot;  // where the worker's links listen
-  runtime::ClusterKey key;
-  bool remote = false;  // some node is not on loopback
-};
-
-// A plan's stage names its devices "node/device"; a job's own ranges go to the
-// cluster's nodes in turn (stage s to node s mod N).
-ClusterTargets clusterTargets(const std::string& path, const std::string& key_file,
-                              const std::vector<runtime::Assign>& as,
-                              const std::vector<StagePlacement>& stages) {
-  const partitioner::Cluster cluster = partitioner::loadCluster(path);
-  ClusterTargets t;
-  for (const partitioner::ClusterNode& n : cluster.nodes) {
-    if (!n.address)
-      throw InvalidArgument(n.where + ": node '" + n.name +
-                            "' has no 'address' (HOST:PORT of its tandemd); a run on a cluster's "
-                            "daemons needs every node's");
-    t.nodes.push_back({n.name, *n.address});
-    t.remote = t.remote || !runtime::isLoopbackHost(n.address->host);
-  }
+// The node of each worker on `cluster`: a plan's stage names its devices "node/device";
+// a job's own ranges go to the cluster's nodes in turn (stage s to node s mod N).
+std::vector<int> nodeOfSlot(const partitioner::Cluster& cluster,
+                            const std::vector<runtime::Assign>& as,
+                            const std::vector<StagePlacement>& stages) {
   auto nodeIndex = [&](const std::string& name) {
     for (size_t i = 0; i < cluster.nodes.size(); ++i)
       if (cluster.nodes[i].name == name) return static_cast<int>(i);
-    throw InvalidArgument("the plan places a stage on node '" + name + "', which " + path +
-                          " lacks");
+    throw InvalidArgument("the plan places a stage on node '" + name + "', which " +
+                          cluster.source + " lacks");
   };
+  std::vector<int> out;
   for (const runtime::Assign& a : as) {
     const StagePlacement& place = stages[static_cast<size_t>(a.stage)];
     int node = a.stage % static_cast<int>(cluster.nodes.size());
@@ -261,14 +243,9 @@ ClusterTargets clusterTargets(const std::string& path, const std::string& key_fi
       const std::string& device = place.replica_devices.at(static_cast<size_t>(a.replica));
       node = nodeIndex(device.substr(0, device.find('/')));
     }
-    t.node_of_slot.push_back(node);
-    t.host_of_slot.push_back(cluster.nodes[static_cast<size_t>(node)].host);
+    out.push_back(node);
   }
-  const std::string key = !key_file.empty() ? key_file : cluster.key;
-  if (key.empty())
-    throw InvalidArgument("no cluster key: give --key FILE, or `key: FILE` in " + path);
-  t.key = runtime::readClusterKey(key);
-  return t;
+  return out;
 }
 
 int runJob(const RunArgs& args) {
@@ -292,10 +269,20 @@ int runJob(const RunArgs& args) {
     checkWritable(timeline + "/trace.json", "the timeline");
   }
   const Model model(loadModelSpec(job.model));
+  // The nodes: --cluster's, else the job's (`partition: auto`), else this machine as one.
+  // Their daemons: the cluster's, or tandemd processes started here for nodes without an
+  // address — the same path after this. (The fork launcher needs them only to plan.)
+  const std::string cluster_path = !args.cluster.empty() ? args.cluster : job.cluster;
+  const partitioner::Cluster cluster = !cluster_path.empty()
+                                           ? partitioner::loadCluster(cluster_path)
+                                           : runtime::localCluster(1, job.threads);
+  std::unique_ptr<runtime::ClusterDaemons> daemons;
+  if (args.launcher != "fork" || job.auto_partition)
+    daemons = std::make_unique<runtime::ClusterDaemons>(cluster, args.key, tandemdProgram());
   // Plan (partition: auto) and check the stages before starting anything.
   std::string plan_yaml;
   if (job.auto_partition) {
-    const PlannedJob planned = planJob(job, model);
+    const PlannedJob planned = planJob(job, model, *daemons);
     plan_yaml = planned.yaml;
     spdlog::info(
         "partition: auto: {} stages by the {} search, predicted {:.3f} ms per "
@@ -356,29 +343,22 @@ int runJob(const RunArgs& args) {
   if (weights) ro.weights[as.front().weights_hash] = weights;
   runtime::RunResult result;
   try {
-    std::unique_ptr<runtime::LocalDaemon> local;
     std::unique_ptr<runtime::Launcher> launcher;
     if (args.launcher == "fork") {
       // Kept to measure the daemon path against: workers forked by this process.
       const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
       launcher = runtime::processLauncher(self, {"stage"});
-    } else if (!args.cluster.empty()) {
-      // The cluster's daemons start the workers, each node its share.
-      const ClusterTargets t = clusterTargets(args.cluster, args.key, as, stages);
-      for (size_t i = 0; i < as.size(); ++i) {
-        as[i].bind_host = t.host_of_slot[i];
-        as[i].encrypt = true;  // links between hosts: CurveZMQ, keys from the run's key
-      }
-      if (t.remote) ro.listen = "0.0.0.0:0";
-      launcher = runtime::daemonLauncher(t.nodes, t.node_of_slot, t.key, std::chrono::seconds(10));
     } else {
-      // This machine as one node: a tandemd on loopback for this run, started with a key
-      // made for it, which starts every worker — the path a cluster's daemons take.
-      const runtime::ClusterKey key = runtime::generateClusterKey();
-      local = std::make_unique<runtime::LocalDaemon>(tandemdProgram(), key, "local");
-      launcher =
-          runtime::daemonLauncher({{"local", local->endpoint()}}, std::vector<int>(as.size(), 0),
-                                  key, std::chrono::seconds(10));
+      // The nodes' daemons start the workers, each node its share.
+      const std::vector<int> node_of = nodeOfSlot(cluster, as, stages);
+      for (size_t i = 0; i < as.size(); ++i) {
+        as[i].bind_host = cluster.nodes[static_cast<size_t>(node_of[i])].host;
+        // Links between a cluster's hosts: CurveZMQ, keys from the run's key.
+        as[i].encrypt = !daemons->onThisMachine();
+      }
+      if (daemons->remote()) ro.listen = "0.0.0.0:0";
+      launcher = runtime::daemonLauncher(daemons->nodes(), node_of, daemons->key(),
+                                         std::chrono::seconds(10));
     }
     result = runtime::coordinate(as, names, *launcher, cb, ro);
   } catch (const Error& e) {

@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
                          Ping{1, 2},
                          Pong{1, 2, 3, 4},
                          Leave{"bye"},
-                         ErrorReply{"what"}};
+                         ErrorReply{"what"},
+                         ProfileTask{"name: m\n", 8, 1, 2, {{"cpu", 1, 1}}},
+                         ProfileResult{"{}", 0}};
   int n = 0;
   for (const Message& m : all) {
     const auto bytes = encodeMessage(m);

@@ -239,6 +239,36 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
   EXPECT_NE(mlp.out.find("profiles model 'cnn'"), std::string::npos) << mlp.out;
 }
 
+// partition: auto without a profile: each node's daemon (tandemd processes started here
+// for a cluster without addresses) profiles the model on its devices, and the links the
+// cluster file does not state are measured; the second run finds the profiles cached.
+TEST(CliTest, AutoWithoutAProfileIsMeasuredByTheNodesDaemons) {
+  const std::string dir = ::testing::TempDir();
+  const std::string cluster = dir + "cli_auto_cluster.yaml", job = dir + "cli_auto_job.yaml";
+  std::ofstream(cluster) << "nodes:\n"
+                            "  - {name: a, devices: [{name: cpu, backend: cpu}]}\n"
+                            "  - {name: b, host: 127.0.0.2, devices: [{name: cpu, backend: cpu}]}\n";
+  std::ofstream(job) << "model: " << kModels << "mlp.yaml\ntrain_limit: 256\ntest_limit: 64\n"
+                     << "batch: 32\nmicrobatches: 4\npartition: auto\ncluster: " << cluster
+                     << "\n";
+  const CliRun first = run("run " + job);
+  ASSERT_EQ(first.code, 0) << first.out;
+  for (const char* s : {"2 device profiles measured by the nodes' daemons", "4 links measured",
+                        "link a -> b:", "link b -> b:", "partition: auto: ", "test accuracy"})
+    EXPECT_NE(first.out.find(s), std::string::npos) << s << "\n" << first.out;
+  const CliRun second = run("run " + job);
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_NE(second.out.find("2 device profiles measured by the nodes' daemons (2 from their caches)"),
+            std::string::npos)
+      << second.out;
+  // A link the cluster states is taken as stated: only the other three are measured.
+  std::ofstream(cluster, std::ios::app)
+      << "links:\n  between: [{from: a, to: b, bandwidth: 1GB/s, latency: 10us}]\n";
+  const CliRun stated = run("run " + job);
+  ASSERT_EQ(stated.code, 0) << stated.out;
+  EXPECT_NE(stated.out.find("2 links measured"), std::string::npos) << stated.out;
+}
+
 // Prediction vs reality: a 3-stage auto plan run by `tandem run` reports, for each stage,
 // its measured wall and compute (CPU) time per microbatch beside the plan's prediction.
 // The ratios are printed, not asserted: tests assert no timings, and under a loaded

@@ -7,10 +7,13 @@
 
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "core/error.h"
 #include "targets/runtime/node_info.h"
+#include "targets/runtime/node_profile.h"
 #include "tests/targets/runtime/raw_peer.h"
 #include "tests/test_util.h"
 
@@ -315,6 +318,59 @@ TEST_F(DaemonTest, LaunchedWorkersAreReportedAndStoppedWithTheirRun) {
     if (!launched) std::this_thread::sleep_for(20ms);
   }
   EXPECT_TRUE(launched);
+}
+
+// A profile task: measured on the node's devices, cached by model and device so that the
+// same task again measures nothing; a corrupted cache file is discarded and measured
+// again; a device the node lacks and a model it cannot hold get error replies, and the
+// daemon serves on.
+TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
+  finish();
+  DaemonOptions o;
+  o.cache_dir = testing::freshDir("daemon-profile-cache");
+  start(o);
+  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+  next(*c);  // node info
+  const std::string spec =
+      "name: tiny\ninput: [4]\nlayers:\n  - linear: {out: 8}\n  - relu\n  - linear: {out: 3}\n";
+  const ProfileTask task{spec, 4, 0, 2, {{"cpu", 1, 0}, {"cpu", 2, 0}}};
+  auto ask = [&](const ProfileTask& t) {
+    std::vector<int> cached;
+    Channel* ch = c.get();
+    const std::vector<Profile> p = profileOnNodes({ch}, {"alpha"}, {t}, 30s, &cached);
+    return std::pair{p.at(0), cached.at(0)};
+  };
+  auto [first, cached_first] = ask(task);
+  EXPECT_EQ(cached_first, 0);
+  ASSERT_EQ(first.devices.size(), 2u);
+  EXPECT_EQ(first.model, "tiny");
+  EXPECT_EQ(first.batch, 4);
+  ASSERT_EQ(first.devices[0].layers.size(), 3u);
+  EXPECT_GT(first.devices[0].layers[0].forward.median, 0);
+  auto [again, cached_again] = ask(task);
+  EXPECT_EQ(cached_again, 2);
+  EXPECT_EQ(again.devices[1].layers[2].forward.median, first.devices[1].layers[2].forward.median);
+  // Another batch is another measurement.
+  ProfileTask other = task;
+  other.batch = 2;
+  EXPECT_EQ(ask(other).second, 0);
+  // A cache file spoiled on disk is discarded, and measured again.
+  int spoiled = 0;
+  for (const auto& e : std::filesystem::directory_iterator(o.cache_dir + "/profiles")) {
+    std::ofstream(e.path()) << "{\"schema\": ";
+    ++spoiled;
+  }
+  EXPECT_EQ(spoiled, 4);  // two devices at two batches
+  EXPECT_EQ(ask(task).second, 0);
+  EXPECT_EQ(ask(task).second, 2);
+
+  ProfileTask missing = task;
+  missing.devices = {{"opencl:99", 1, 0}};
+  expectThrowWith<Error>([&] { ask(missing); }, {"profiling on node 'alpha'", "no OpenCL device 99"});
+  ProfileTask huge = task;
+  huge.model_spec = "name: huge\ninput: [100000]\nlayers:\n  - linear: {out: 100000000}\n";
+  expectThrowWith<Error>([&] { ask(huge); }, {"profiling on node 'alpha'", "over half of this node"});
+  EXPECT_EQ(ask(task).second, 2);  // still serving
 }
 
 TEST(DaemonSetupTest, AnAddressItCannotListenOnIsNamed) {

@@ -213,7 +213,9 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       EpochDone{1, 0.4, 10, 3000, 0.45, 0.88},
       InferDone{100, 0.4, 0.9, 0.2},
       report,
-      Failed{"stage 1 failed"}};
+      Failed{"stage 1 failed"},
+      ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}},
+      ProfileResult{"{\"schema\": \"tandem-profile\"}", 1}};
   for (const Message& m : all) {
     const Message back = decodeMessage(encodeMessage(m));
     EXPECT_EQ(back.index(), m.index()) << messageName(m);
@@ -272,6 +274,25 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   LinkTask odd{1, LinkTaskKind::kOpen, "h", "", 6, 1, 0, 1};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(odd)); },
                                {"'link task'", "message_bytes 6 is not a multiple of 4"});
+  struct ProfileCase {
+    void (*spoil)(ProfileTask&);
+    const char* expect;
+  } profile_cases[] = {
+      {[](ProfileTask& t) { t.batch = 0; }, "batch 0 is not from 1 to 65536"},
+      {[](ProfileTask& t) { t.repeats = 0; }, "warmup or repeats out of range"},
+      {[](ProfileTask& t) { t.devices.clear(); }, "it must name 1 to 64 devices"},
+      {[](ProfileTask& t) { t.devices[0].threads = 0; }, "device 'cpu': threads or load"},
+      {[](ProfileTask& t) { t.devices[0].load = 257; }, "device 'cpu': threads or load"},
+      {[](ProfileTask& t) { t.devices[0].backend.clear(); }, "a device without a backend"},
+  };
+  for (const ProfileCase& c : profile_cases) {
+    ProfileTask t{"name: m\n", 8, 1, 5, {{"cpu", 1, 0}}};
+    c.spoil(t);
+    expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(t)); },
+                                 {"'profile task'", c.expect});
+  }
+  expectThrowWith<FormatError>([] { decodeMessage(encodeMessage(ProfileResult{"{}", -1})); },
+                               {"'profile result'", "cached -1 is out of range"});
   WeightsChunk past{std::string(64, 'c'), 8, 10, {1, 2, 3}};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(past)); },
                                {"'weights chunk'", "3 bytes at offset 8 of 10"});

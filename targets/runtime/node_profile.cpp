@@ -1,0 +1,167 @@
+#include "targets/runtime/node_profile.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "backends/registry.h"
+#include "core/error.h"
+#include "core/model_spec.h"
+#include "core/profile/measure.h"
+#include "targets/runtime/node_info.h"
+#include "targets/runtime/weight_cache.h"
+
+namespace tandem::runtime {
+
+namespace {
+
+// Everything a device's measurement depends on, hashed: the cache file's name.
+std::string cacheKey(const ProfileTask& task, const ProfileDevice& d) {
+  const std::string what = "tandem profile cache 1\n" + buildName() + "\n" + d.backend + "\n" +
+                           std::to_string(d.threads) + "\n" + std::to_string(d.load) + "\n" +
+                           std::to_string(task.batch) + " " + std::to_string(task.warmup) + " " +
+                           std::to_string(task.repeats) + "\n" + task.model_spec;
+  return contentHash(
+      std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
+}
+
+// A cached device profile of `model`, or nullopt (absent, or unreadable: then removed).
+std::optional<DeviceProfile> cached(const std::string& path, const Model& model) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    const Profile p = parseProfile(text, path);
+    TANDEM_CHECK_MSG(p.devices.size() == 1, FormatError, path << " holds no single device");
+    return deviceProfile(p, model, p.devices[0].device.name, path);
+  } catch (const Error& e) {
+    spdlog::warn("discarding the cached profile {}: {}", path, e.what());
+    std::error_code ignored;
+    std::filesystem::remove(path, ignored);
+    return std::nullopt;
+  }
+}
+
+// The bytes a training pass of `model` at `batch` holds at least: parameters with their
+// gradients and optimizer state, every layer's output and its gradient, and the stash.
+int64_t trainingBytes(const Model& model, int64_t batch) {
+  int64_t bytes = model.paramCount() * 4 * 3;
+  for (size_t l = 0; l < model.size(); ++l)
+    bytes += (2 * model.layer(l).outputBytes() + model.layer(l).stashBytes()) * batch;
+  return bytes;
+}
+
+}  // namespace
+
+ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir) {
+  const ModelSpec spec = parseModelSpec(task.model_spec, "the model to profile");
+  const Model model(spec);
+  const int64_t need = trainingBytes(model, task.batch);
+  const int64_t free = localNodeInfo("").free_memory_bytes;
+  TANDEM_CHECK_MSG(free <= 0 || need <= free / 2, InvalidArgument,
+                   "model '" << spec.name << "' at batch " << task.batch << " needs about "
+                             << (need >> 20) << " MiB, over half of this node's free "
+                             << (free >> 20) << " MiB");
+  std::string dir;
+  if (!cache_dir.empty()) {
+    dir = cache_dir + "/profiles";
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      spdlog::warn("cannot make the profile cache {}: {}; measuring without it", dir, ec.message());
+      dir.clear();
+    }
+  }
+  Profile p;
+  p.model = spec.name;
+  p.input = spec.input;
+  p.batch = task.batch;
+  p.warmup = task.warmup;
+  p.repeats = task.repeats;
+  ProfileResult result;
+  for (const ProfileDevice& d : task.devices) {
+    p.load = std::max(p.load, d.load);
+    const std::string path = dir.empty() ? "" : dir + "/" + cacheKey(task, d) + ".json";
+    if (!path.empty())
+      if (std::optional<DeviceProfile> hit = cached(path, model)) {
+        p.devices.push_back(std::move(*hit));
+        ++result.cached;
+        continue;
+      }
+    ProfileOptions o;
+    o.batch = task.batch;
+    o.warmup = task.warmup;
+    o.repeats = task.repeats;
+    o.gemm_sizes = {256};
+    const BackendOptions bo{d.threads};
+    auto backend = makeBackend(d.backend, bo);
+    DeviceProfile measured;
+    {
+      const BackgroundLoad load(spec, [&] { return makeBackend(d.backend, bo); }, d.load,
+                                task.batch);
+      measured = profileDevice(spec, *backend, o);
+    }
+    spdlog::info("profiled model '{}' on {} ({} threads, load {}): {} layers", spec.name,
+                 d.backend, d.threads, d.load, measured.layers.size());
+    if (!path.empty()) {
+      Profile one = p;
+      one.load = d.load;
+      one.devices = {measured};
+      const std::string json = profileToJson(one);
+      try {
+        writeFileAtomically(path, std::span(reinterpret_cast<const uint8_t*>(json.data()),
+                                            json.size()));
+      } catch (const Error& e) {
+        spdlog::warn("cannot cache the profile: {}", e.what());
+      }
+    }
+    p.devices.push_back(std::move(measured));
+  }
+  result.profile = profileToJson(p);
+  return result;
+}
+
+std::vector<Profile> profileOnNodes(const std::vector<Channel*>& channels,
+                                    const std::vector<std::string>& names,
+                                    const std::vector<ProfileTask>& tasks,
+                                    std::chrono::seconds timeout, std::vector<int>* cached_out) {
+  TANDEM_CHECK(channels.size() == tasks.size() && names.size() == tasks.size());
+  std::vector<Profile> out;
+  // One node after another: nodes that share a machine (a test cluster, namespaces)
+  // would otherwise slow each other's measurements down.
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    try {
+      channels[i]->send(tasks[i]);
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      Message m = [&] {
+        for (;;) {
+          const auto left = deadline - std::chrono::steady_clock::now();
+          if (left <= std::chrono::seconds(0))
+            throw Timeout("no profile within " + std::to_string(timeout.count()) + " s");
+          std::optional<Message> got =
+              channels[i]->recv(std::chrono::duration_cast<std::chrono::milliseconds>(left));
+          if (got && !std::holds_alternative<NodeInfo>(*got)) return std::move(*got);
+        }
+      }();
+      if (const auto* e = std::get_if<ErrorReply>(&m)) throw Error(e->message);
+      const auto* r = std::get_if<ProfileResult>(&m);
+      if (!r)
+        throw FormatError(std::string("sent '") + messageName(m) +
+                          "' where a profile result was due");
+      Profile p = parseProfile(r->profile, "its profile");
+      TANDEM_CHECK_MSG(p.devices.size() == tasks[i].devices.size(), FormatError,
+                       "its profile holds " << p.devices.size() << " devices, not the "
+                                            << tasks[i].devices.size() << " asked for");
+      if (cached_out) cached_out->push_back(r->cached);
+      out.push_back(std::move(p));
+    } catch (const Error& e) {
+      throw Error("profiling on node '" + names[i] + "': " + e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace tandem::runtime

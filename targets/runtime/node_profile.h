@@ -1,0 +1,36 @@
+// Profiling a model on a node's devices for the partitioner (`partition: auto` without a
+// profile file): the coordinator sends each node's daemon a `profile task` naming its
+// devices; the daemon measures each layer forward and backward (core/profile/profile.h)
+// and answers with a tandem-profile document. Results are cached in the node's cache
+// folder by a hash of everything the measurement depends on — the model spec's text, the
+// batch, warm-up and repeats, the device's backend, threads and load, and the build — so a
+// second plan of the same model on the same node measures nothing.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "core/profile/profile.h"
+#include "targets/runtime/channel.h"
+#include "targets/runtime/messages.h"
+
+namespace tandem::runtime {
+
+// The daemon's side: measures `task` here, each device from the cache in `cache_dir`
+// (empty: no cache) when present and valid, else measured and stored. InvalidArgument for
+// a model this node cannot hold (its parameters and activations at the batch over half
+// the free memory) or a device it lacks.
+ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir);
+
+// The coordinator's side: sends every node its task (one channel each, in order), then
+// gathers the answers, each parsed and checked to hold one device per task device with
+// the model's layers. Error naming the node (`names`) that failed or did not answer
+// within `timeout`. `cached` (optional) gets the devices each node had cached.
+std::vector<Profile> profileOnNodes(const std::vector<Channel*>& channels,
+                                    const std::vector<std::string>& names,
+                                    const std::vector<ProfileTask>& tasks,
+                                    std::chrono::seconds timeout,
+                                    std::vector<int>* cached = nullptr);
+
+}  // namespace tandem::runtime
