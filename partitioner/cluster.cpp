@@ -185,9 +185,7 @@ std::vector<std::string> profilePaths(const Cluster& c, const std::string& defau
   return {paths.begin(), paths.end()};
 }
 
-Problem makeProblem(const Model& model, const Cluster& cluster,
-                    const std::map<std::string, Profile>& profiles,
-                    const std::string& default_profile, const CostOptions& options) {
+Problem modelProblem(const Model& model, const CostOptions& options) {
   Problem p;
   p.options = options;
   const int64_t b = options.microbatch_size;
@@ -197,6 +195,14 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
         {layer.type(), layer.paramCount() * 4, layer.outputBytes() * b, layer.stashBytes() * b});
   }
   p.input_bytes = model.inputShape().numel() * 4 * b;
+  return p;
+}
+
+Problem makeProblem(const Model& model, const Cluster& cluster,
+                    const std::map<std::string, Profile>& profiles,
+                    const std::string& default_profile, const CostOptions& options) {
+  Problem p = modelProblem(model, options);
+  const int64_t b = options.microbatch_size;
 
   for (const ClusterNode& n : cluster.nodes) p.node_names.push_back(n.name);
   const size_t nodes = cluster.nodes.size();

@@ -80,6 +80,10 @@ Cluster loadCluster(const std::string& path);
 // (may be empty), by path.
 std::vector<std::string> profilePaths(const Cluster& c, const std::string& default_profile);
 
+// The model's half of a problem: its layers' bytes at the options' microbatch size, and
+// the options; no devices or links yet.
+Problem modelProblem(const Model& model, const CostOptions& options);
+
 // The partitioner's problem for `model` on `cluster`: per-layer times from the profiles
 // (by path), scaled from the profile's batch to the microbatch size, with the loss added
 // to the last layer; bytes from the model; links as above. InvalidArgument names the

@@ -65,6 +65,9 @@ std::unique_ptr<Launcher> threadLauncher();
 // HandshakeRefused naming the node and its address), and asks node `node_of_slot[i]` to
 // start worker i. A node whose connection closes or falls silent ends every worker it
 // ran, named with the node. stopAll() says `leave`, and the daemons stop their workers.
+// With `bytes_of_slot` (the memory each worker will need), a node whose free memory (its
+// node info) is less than its workers' sum refuses the run here, before any worker is
+// started: InvalidArgument naming the node, both figures and its workers.
 struct DaemonNode {
   std::string name;
   Endpoint address;
@@ -72,7 +75,8 @@ struct DaemonNode {
 std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          const std::vector<int>& node_of_slot,
                                          const ClusterKey& cluster_key,
-                                         std::chrono::milliseconds timeout);
+                                         std::chrono::milliseconds timeout,
+                                         const std::vector<int64_t>& bytes_of_slot = {});
 
 struct RunCallbacks {
   std::function<void(int slot, int64_t pid)> started;

@@ -22,7 +22,8 @@ using Clock = std::chrono::steady_clock;
 class DaemonLauncher final : public Launcher {
  public:
   DaemonLauncher(const std::vector<DaemonNode>& nodes, const std::vector<int>& node_of_slot,
-                 const ClusterKey& key, std::chrono::milliseconds timeout)
+                 const ClusterKey& key, std::chrono::milliseconds timeout,
+                 const std::vector<int64_t>& bytes_of_slot)
       : nodes_(nodes), node_of_slot_(node_of_slot), timeout_(timeout) {
     HandshakeOptions o;
     o.build = buildName();
@@ -36,16 +37,38 @@ class DaemonLauncher final : public Launcher {
         const std::optional<Message> first = c->recv(timeout);
         if (!first || !std::holds_alternative<NodeInfo>(*first))
           throw FormatError("it did not say who it is");
+        checkMemory(n, std::get<NodeInfo>(*first), bytes_of_slot);
         c->send(NodeInfo{"tandem run", buildName(), "", 0, 0, 0, 0, {}, {}, {}});
         const ClockEstimate clock = estimateClock(*c, 8, timeout);  // NTP-style, best of 8
         offsets_[n] = clock.offset_s;
         spdlog::info("node '{}' ({}): round trip {:.3f} ms, clock {:+.3f} ms from ours", node.name,
                      node.address.str(), clock.rtt_s * 1e3, clock.offset_s * 1e3);
         channels_[static_cast<size_t>(n)] = std::move(c);
+      } catch (const InvalidArgument&) {
+        throw;
       } catch (const Error& e) {
         throw IoError("node '" + node.name + "' (" + node.address.str() + "): " + e.what());
       }
     }
+  }
+
+  // Refuses node `n` when its workers need more than the free memory it reports.
+  void checkMemory(int n, const NodeInfo& info, const std::vector<int64_t>& bytes_of_slot) const {
+    if (bytes_of_slot.empty() || info.free_memory_bytes <= 0) return;
+    int64_t need = 0;
+    std::string workers;
+    for (size_t s = 0; s < node_of_slot_.size(); ++s)
+      if (node_of_slot_[s] == n) {
+        need += bytes_of_slot.at(s);
+        workers += (workers.empty() ? "" : ", ") + std::to_string(s) + ": " +
+                   std::to_string(bytes_of_slot.at(s) >> 20) + " MiB";
+      }
+    if (need <= info.free_memory_bytes) return;
+    throw InvalidArgument("node '" + nodes_.at(static_cast<size_t>(n)).name + "' has " +
+                          std::to_string(info.free_memory_bytes >> 20) +
+                          " MiB of memory free, and its workers need about " +
+                          std::to_string(need >> 20) + " MiB (worker " + workers +
+                          "): the job does not fit, and nothing was started");
   }
   ~DaemonLauncher() override { stopAll(); }
 
@@ -164,8 +187,10 @@ class DaemonLauncher final : public Launcher {
 std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          const std::vector<int>& node_of_slot,
                                          const ClusterKey& cluster_key,
-                                         std::chrono::milliseconds timeout) {
-  return std::make_unique<DaemonLauncher>(nodes, node_of_slot, cluster_key, timeout);
+                                         std::chrono::milliseconds timeout,
+                                         const std::vector<int64_t>& bytes_of_slot) {
+  return std::make_unique<DaemonLauncher>(nodes, node_of_slot, cluster_key, timeout,
+                                          bytes_of_slot);
 }
 
 }  // namespace tandem::runtime

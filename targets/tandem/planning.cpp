@@ -165,6 +165,27 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const runtime::Cluste
   return out;
 }
 
+std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
+                                 const std::vector<StagePlacement>& stages, bool infer) {
+  // The partitioner's memory model, which depends on the layers' bytes and the options
+  // only: a placeholder device and link stand in for the cluster.
+  partitioner::CostOptions options = jobCostOptions(job);
+  if (infer) options.objective = partitioner::Objective::kInferThroughput;
+  partitioner::Problem p = partitioner::modelProblem(model, options);
+  p.node_names = {"any"};
+  p.devices.push_back({"any/device", 0, 1, std::vector<double>(model.size(), 0),
+                       std::vector<double>(model.size(), 0), "cpu", 1});
+  p.links = {{partitioner::Link{1, 0}}};
+  const partitioner::CostModel cost(std::move(p));
+  std::vector<int64_t> out;
+  const int n = static_cast<int>(stages.size());
+  for (int s = 0; s < n; ++s) {
+    const StagePlacement& st = stages[static_cast<size_t>(s)];
+    out.push_back(cost.memory(st.begin, st.end, n - s, st.replicas));
+  }
+  return out;
+}
+
 std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                                       const std::string& plan_yaml) {
   const std::string path = !plan_yaml.empty() ? job.partition_where + " (the auto plan)" : job.plan;

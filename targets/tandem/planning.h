@@ -69,4 +69,10 @@ struct StagePlacement {
 std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                                       const std::string& plan_yaml = "");
 
+// The memory each stage's worker needs, as the partitioner prices it (weights, and when
+// training their gradients and optimizer state, the activations the schedule keeps in
+// flight, transport buffers), one entry per stage, for one replica of it.
+std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
+                                 const std::vector<StagePlacement>& stages, bool infer);
+
 }  // namespace tandem::cli

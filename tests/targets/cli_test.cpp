@@ -269,6 +269,23 @@ TEST(CliTest, AutoWithoutAProfileIsMeasuredByTheNodesDaemons) {
   EXPECT_NE(stated.out.find("2 links measured"), std::string::npos) << stated.out;
 }
 
+// A job whose stages need more memory than their node has free is refused before any
+// worker starts (the model is never built: a 20M-wide layer of 784 inputs is 60 GB).
+TEST(CliTest, AJobThatDoesNotFitItsNodesIsRefusedBeforeAnythingStarts) {
+  const std::string dir = ::testing::TempDir();
+  const std::string model = dir + "cli_huge.yaml", job = dir + "cli_huge_job.yaml";
+  std::ofstream(model) << "name: huge\ninput: [1, 28, 28]\nlayers:\n  - flatten\n"
+                          "  - linear: {out: 20000000}\n  - relu\n  - linear: {out: 10}\n";
+  std::ofstream(job) << "model: " << model << "\ntrain_limit: 64\nbatch: 32\nmicrobatches: 4\n"
+                     << "partition: [[0, 2], [2, 4]]\n";
+  const CliRun r = run("run " + job);
+  EXPECT_EQ(r.code, 1) << r.out;
+  for (const char* s : {"node 'local' has ", "MiB of memory free, and its workers need about ",
+                        "(worker 0: ", "the job does not fit, and nothing was started"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_EQ(r.out.find("pid "), std::string::npos) << r.out;  // no worker was started
+}
+
 // Prediction vs reality: a 3-stage auto plan run by `tandem run` reports, for each stage,
 // its measured wall and compute (CPU) time per microbatch beside the plan's prediction.
 // The ratios are printed, not asserted: tests assert no timings, and under a loaded
