@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "core/model.h"
-#include "core/pipeline/job.h"
+#include "targets/runtime/job.h"
 #include "partitioner/plan.h"
 #include "targets/runtime/cluster_daemons.h"
 
 namespace tandem::cli {
+
+using runtime::JobSpec;
 
 // Wire bytes per fp32 byte under a codec ("fp32", "fp16", "bf16", "int8"), measured by
 // encoding a block with the transport's own codec (int8 carries its scales).

@@ -21,7 +21,7 @@
 #include "core/file.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
-#include "core/pipeline/job.h"
+#include "targets/runtime/job.h"
 #include "core/pipeline/timeline.h"
 #include "partitioner/cluster.h"
 #include "targets/runtime/cluster_daemons.h"
@@ -252,7 +252,7 @@ int runJob(const RunArgs& args) {
   const auto started = std::chrono::steady_clock::now();
   const std::string& timeline = args.timeline;
   const bool spans_wanted = args.infer || !timeline.empty();
-  const JobSpec job = loadJobSpec(args.job);
+  const JobSpec job = runtime::loadJobSpec(args.job);
   if (!job.save.empty() && !args.infer) {  // its folder is made, as --timeline's is
     const std::filesystem::path dir = std::filesystem::path(job.save).parent_path();
     std::error_code ec;

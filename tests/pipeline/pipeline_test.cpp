@@ -11,7 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/model_spec.h"
-#include "core/pipeline/job.h"
+#include "targets/runtime/job.h"
 #include "core/pipeline/stage_trainer.h"
 #include "tests/test_util.h"
 #include "transport/local_group.h"
@@ -57,7 +57,7 @@ PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, in
   replicas.resize(static_cast<size_t>(p), 1);
   auto R = [&](int s) { return replicas[static_cast<size_t>(s)]; };
   transport::Context ctx;
-  const auto ranges = equalStageRanges(Model(parseModelSpec(testing::kTinyNet)).size(), p);
+  const auto ranges = runtime::equalStageRanges(Model(parseModelSpec(testing::kTinyNet)).size(), p);
   // down[s][i][j] is replica i of stage s's end of its link to replica j of stage s + 1;
   // up[s][i][j] the other end.
   using Links = std::vector<std::vector<std::unique_ptr<transport::ZmqLink>>>;

@@ -35,7 +35,7 @@
 #include "core/optimizer.h"
 #include "core/pipeline/schedule.h"
 
-namespace tandem {
+namespace tandem::runtime {
 
 struct JobSpec {
   std::string source;  // the job file, for messages
@@ -81,4 +81,4 @@ std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Mod
 // `layers` split into `stages` contiguous ranges whose sizes differ by at most one.
 std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages);
 
-}  // namespace tandem
+}  // namespace tandem::runtime

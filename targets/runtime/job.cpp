@@ -1,4 +1,4 @@
-#include "core/pipeline/job.h"
+#include "targets/runtime/job.h"
 
 #include <filesystem>
 #include <optional>
@@ -10,7 +10,7 @@
 #include "core/train/microbatch.h"
 #include "core/yaml_reader.h"
 
-namespace tandem {
+namespace tandem::runtime {
 
 namespace {
 
@@ -275,4 +275,4 @@ std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Mod
   return job.ranges;
 }
 
-}  // namespace tandem
+}  // namespace tandem::runtime

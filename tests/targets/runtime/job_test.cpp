@@ -1,5 +1,5 @@
 // Job files: every setting read, and every malformed file named by key and line.
-#include "core/pipeline/job.h"
+#include "targets/runtime/job.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include "core/model_spec.h"
 #include "tests/test_util.h"
 
-namespace tandem {
+namespace tandem::runtime {
 namespace {
 
 using testing::expectThrowWith;
@@ -146,4 +146,4 @@ TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {
 }
 
 }  // namespace
-}  // namespace tandem
+}  // namespace tandem::runtime
