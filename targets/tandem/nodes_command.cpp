@@ -1,4 +1,5 @@
-// tandem nodes: asks every node daemon of a cluster file who it is — its build and
+// tandem nodes: asks every node daemon of a cluster file (or, for a cluster without
+// addresses, the tandemd started here for each node, as a run would) who it is — its build and
 // protocol version, devices, memory, load, cached models — and measures the round trip
 // and clock offset to it. Nodes are asked at once, so an unreachable one costs the
 // timeout once. Exit 1 if any node could not be asked.
@@ -8,6 +9,7 @@
 
 #include "core/error.h"
 #include "partitioner/cluster.h"
+#include "targets/runtime/cluster_daemons.h"
 #include "targets/runtime/handshake.h"
 #include "targets/runtime/node_info.h"
 #include "targets/tandem/commands.h"
@@ -55,34 +57,26 @@ std::string gib(int64_t bytes) {
 }
 
 int runNodes(const NodesArgs& a) {
-  const partitioner::Cluster cluster = partitioner::loadCluster(a.cluster);
-  const std::string key_file = a.key.empty() ? cluster.key : a.key;
-  bool any_address = false;
-  for (const auto& n : cluster.nodes) any_address = any_address || n.address.has_value();
-  if (!any_address)
-    throw InvalidArgument(a.cluster + ": no node has an 'address' (HOST:PORT of its tandemd)");
-  if (key_file.empty())
-    throw InvalidArgument("no cluster key: give --key FILE, or `key: FILE` in " + a.cluster);
-  const runtime::ClusterKey key = runtime::readClusterKey(key_file);
+  // The nodes' daemons, or for a cluster without addresses one started here per node:
+  // what a run on this cluster would reach.
+  const runtime::ClusterDaemons daemons(partitioner::loadCluster(a.cluster), a.key,
+                                        tandemdProgram());
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   std::vector<std::future<Answer>> answers;
-  for (const auto& n : cluster.nodes)
-    answers.push_back(n.address ? std::async(std::launch::async, ask, *n.address, key, timeout)
-                                : std::future<Answer>());
+  for (const runtime::DaemonNode& n : daemons.nodes())
+    answers.push_back(std::async(std::launch::async, ask, n.address, daemons.key(), timeout));
   std::printf("%-12s %-22s %-14s %-8s %4s %15s %5s %8s %10s\n", "node", "address", "build", "arch",
               "cpus", "memory free/GiB", "load", "rtt ms", "clock ms");
   int failed = 0;
-  for (size_t i = 0; i < cluster.nodes.size(); ++i) {
-    const auto& n = cluster.nodes[i];
-    if (!n.address) {
-      std::printf("%-12s %-22s (no address: a node on this machine)\n", n.name.c_str(), "-");
-      continue;
-    }
+  for (size_t i = 0; i < daemons.nodes().size(); ++i) {
+    const runtime::DaemonNode& n = daemons.nodes()[i];
+    const std::string at =
+        n.address.str() + (daemons.onThisMachine() ? " (started here)" : std::string());
     try {
       const Answer r = answers[i].get();
       const std::string mem = gib(r.info.free_memory_bytes) + "/" + gib(r.info.memory_bytes);
       std::printf("%-12s %-22s %-14s %-8s %4d %15s %5.2f %8.3f %+10.3f\n", n.name.c_str(),
-                  n.address->str().c_str(), r.info.build.c_str(), r.info.arch.c_str(), r.info.cpus,
+                  at.c_str(), r.info.build.c_str(), r.info.arch.c_str(), r.info.cpus,
                   mem.c_str(), r.info.load, r.clock.rtt_s * 1e3, r.clock.offset_s * 1e3);
       std::printf("  protocol %s, node name '%s'\n", r.version.str().c_str(), r.info.name.c_str());
       for (const auto& d : r.info.devices)
@@ -91,8 +85,7 @@ int runNodes(const NodesArgs& a) {
       std::printf("  cached models: %zu\n", r.info.cached_weights.size());
     } catch (const Error& e) {
       ++failed;
-      std::printf("%-12s %-22s unreachable: %s\n", n.name.c_str(), n.address->str().c_str(),
-                  e.what());
+      std::printf("%-12s %-22s unreachable: %s\n", n.name.c_str(), at.c_str(), e.what());
     }
   }
   std::fflush(stdout);
@@ -107,7 +100,9 @@ void addNodes(CLI::App& app) {
   auto a = std::make_shared<NodesArgs>();
   CLI::App* c = app.add_subcommand(
       "nodes", "Ask each node daemon of a cluster: build, devices, memory, load, round trip");
-  c->add_option("--cluster", a->cluster, "Cluster file whose nodes have an `address`")->required();
+  c->add_option("--cluster", a->cluster,
+                "Cluster file (nodes without an `address`: a tandemd started here for each)")
+      ->required();
   c->add_option("--key", a->key, "Cluster key file (default: the cluster file's `key`)");
   c->add_option("--timeout", a->timeout_s, "Seconds to wait for each node")
       ->check(positiveNumber())
