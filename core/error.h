@@ -45,6 +45,13 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
+// The user stopped the work (SIGINT, SIGTERM): what was started has been stopped. The
+// CLI exits 130 on it.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+
 // The request is valid but this build or device does not support it.
 class Unsupported : public Error {
  public:

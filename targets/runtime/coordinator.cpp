@@ -1,6 +1,7 @@
 #include "targets/runtime/coordinator.h"
 
 #include <atomic>
+#include <csignal>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -112,6 +113,7 @@ class Run {
   // Starts every worker and waits for each to connect, say which it is and take its
   // assignment.
   void connectAll() {
+    checkInterrupt();
     const ClusterKey key = generateClusterKey();
     HandshakeOptions ho;
     ho.build = buildName();
@@ -123,6 +125,7 @@ class Run {
     channels_.resize(static_cast<size_t>(n_));
     const auto deadline = Clock::now() + options_.connect_timeout;
     for (int connected = 0; connected < n_;) {
+      checkInterrupt();
       if (Clock::now() > deadline)
         throw Timeout(std::to_string(n_ - connected) + " of " + std::to_string(n_) +
                       " workers did not connect within " +
@@ -164,6 +167,7 @@ class Run {
     std::optional<Launcher::Ended> gone;
     auto gone_at = Clock::now();
     while (reports < n_) {
+      checkInterrupt();
       if (!gone) {
         if (const auto e = launcher_.ended(); e && !reported[static_cast<size_t>(e->slot)]) {
           if (e->killed)
@@ -279,6 +283,14 @@ class Run {
     if (index >= static_cast<int>(list.size()))
       fail(slot, "listed " + std::to_string(list.size()) + " endpoints, too few");
     return list[static_cast<size_t>(index)];
+  }
+
+  void checkInterrupt() const {
+    if (!options_.interrupt) return;
+    const int s = options_.interrupt->load();
+    if (s == 0) return;
+    throw Interrupted(std::string("interrupted by ") +
+                      (s == SIGINT ? "SIGINT" : s == SIGTERM ? "SIGTERM" : "signal " + std::to_string(s)));
   }
 
   int slotOf(int stage, int replica) const {

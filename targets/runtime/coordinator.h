@@ -8,6 +8,7 @@
 // report because of it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -92,6 +93,9 @@ struct RunOptions {
   std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> weights;
   std::chrono::milliseconds connect_timeout{60000};  // for every worker to connect
   std::chrono::milliseconds silence{0};  // no message from any worker this long: fail (0: never)
+  // Set (to a signal's number) by whoever wants the run stopped, e.g. a signal handler:
+  // seen within 200 ms, every worker is stopped and coordinate() raises Interrupted.
+  const std::atomic<int>* interrupt = nullptr;
 };
 
 struct RunResult {

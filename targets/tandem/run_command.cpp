@@ -7,6 +7,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -248,7 +250,33 @@ std::vector<int> nodeOfSlot(const partitioner::Cluster& cluster,
   return out;
 }
 
+// SIGINT and SIGTERM during a run: noted here for the coordinator, which stops every
+// worker and raises Interrupted (a second one ends the process at once, as usual).
+std::atomic<int> g_interrupt{0};
+
+void onInterrupt(int signal) {
+  g_interrupt.store(signal);
+  std::signal(signal, SIG_DFL);
+}
+
+// Catches SIGINT and SIGTERM while it lives.
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    g_interrupt.store(0);
+    std::signal(SIGINT, onInterrupt);
+    std::signal(SIGTERM, onInterrupt);
+  }
+  ~InterruptGuard() {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+};
+
 int runJob(const RunArgs& args) {
+  const InterruptGuard interrupt_guard;
   const auto started = std::chrono::steady_clock::now();
   const std::string& timeline = args.timeline;
   const bool spans_wanted = args.infer || !timeline.empty();
@@ -340,6 +368,7 @@ int runJob(const RunArgs& args) {
   cb.infer = [&](const runtime::InferDone& m) { infer_result = m; };
   runtime::RunOptions ro;
   ro.silence = std::chrono::seconds(2 * job.timeout_s + 30);
+  ro.interrupt = &g_interrupt;
   if (weights) ro.weights[as.front().weights_hash] = weights;
   runtime::RunResult result;
   try {
@@ -369,6 +398,13 @@ int runJob(const RunArgs& args) {
     result = runtime::coordinate(as, names, *launcher, cb, ro);
   } catch (const Error& e) {
     progress.finishEpoch();
+    // Ctrl-C in a terminal reaches the workers too: what they report dying of is the
+    // interruption.
+    if (const int s = g_interrupt.load(); s != 0) {
+      spdlog::warn("interrupted by {}: every worker was stopped; nothing was saved",
+                   s == SIGINT ? "SIGINT" : "SIGTERM");
+      throw Interrupted("the run was interrupted");
+    }
     spdlog::error("{}", e.what());
     return 1;
   }

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -118,6 +119,7 @@ class Background {
     }
   }
   std::string output() const { return slurp(log_); }
+  void signal(int s) const { kill(pid_, s); }
   bool waitFor(const std::string& text, std::chrono::seconds limit) const {
     const auto until = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < until) {
@@ -284,6 +286,57 @@ std::string writeJob(const std::string& dir, const std::string& name, const std:
                       << "batch: 32\nmicrobatches: 4\npartition: equal\nstages: 2\nseed: 3\n"
                       << body;
   return path;
+}
+
+// The pids of the processes whose command line holds `marker` (zombies left out).
+std::vector<pid_t> processesWith(const std::string& marker) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = slurp("/proc/" + name + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    const auto pid = static_cast<pid_t>(std::stol(name));
+    if (cmd.find(marker) != std::string::npos && !tandem::testing::processGone(pid))
+      out.push_back(pid);
+  }
+  return out;
+}
+
+// SIGINT or SIGTERM to `tandem run`, while its workers start and mid-epoch: it says it
+// was interrupted, exits 130, and leaves no process behind (its workers, the tandemd it
+// started: found by the node's unique name) and nothing in /tmp named after the run.
+TEST(TandemdTest, AnInterruptedRunSaysSoAndLeavesNothingBehind) {
+  const std::string dir = tandem::testing::freshDir("interrupt");
+  const std::string node = "interrupt-" + std::to_string(getpid());
+  std::ofstream(dir + "/c.yaml") << "nodes: [{name: " << node << ", devices: [{}]}]\n";
+  const std::string job = writeJob(dir, "job", "epochs: 50\ncluster: c.yaml\n");
+  struct Case {
+    int signal;
+    const char* after;  // what the run has printed when the signal is sent
+  } cases[] = {{SIGINT, "pid "}, {SIGTERM, "first step done"}, {SIGINT, "epoch 1/50 step "}};
+  for (const Case& c : cases) {
+    Background r("exec " + kCli + " run " + job, dir + "/run.log");
+    ASSERT_TRUE(r.waitFor(c.after, 60s)) << r.output();
+    const std::vector<pid_t> workers = stagePids(r.output());
+    ASSERT_FALSE(processesWith("--name " + node).empty()) << "no tandemd for the run";
+    r.signal(c.signal);
+    EXPECT_EQ(r.wait(30s), 130) << r.output();
+    const std::string out = r.output();
+    EXPECT_NE(out.find(std::string("interrupted by ") +
+                       (c.signal == SIGINT ? "SIGINT" : "SIGTERM") +
+                       ": every worker was stopped"),
+              std::string::npos)
+        << out;
+    for (pid_t w : workers) {
+      for (int i = 0; i < 500 && !tandem::testing::processGone(w); ++i)
+        std::this_thread::sleep_for(10ms);
+      EXPECT_TRUE(tandem::testing::processGone(w)) << "worker " << w << " outlived the run";
+    }
+    EXPECT_TRUE(processesWith("--name " + node).empty()) << "the run's tandemd outlived it";
+  }
+  for (const auto& e : std::filesystem::directory_iterator("/tmp"))
+    EXPECT_EQ(e.path().filename().string().find("tandem-run-"), std::string::npos) << e.path();
 }
 
 TEST(TandemdTest, AClusterRunNamesTheNodeItCannotUse) {
