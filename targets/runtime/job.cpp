@@ -133,7 +133,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   job.source = source;
   const std::string dir = std::filesystem::path(source).parent_path().string();
   // Where 'partition' and 'stages' were given, if they were.
-  std::optional<YAML::Node> partition, stages, max_replicas;
+  std::optional<YAML::Node> partition, stages, max_replicas, microbatches;
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
@@ -155,6 +155,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.batch = r.positive(v, key);
     } else if (key == "microbatches") {
       job.microbatches = r.positive(v, key);
+      microbatches = v;
     } else if (key == "schedule") {
       const auto name = r.get<std::string>(v, key, "gpipe or 1f1b");
       try {
@@ -224,6 +225,13 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     r.fail(*stages, "'stages' is " + std::to_string(job.stages) + " but the partition lists " +
                         std::to_string(job.ranges.size()) + " ranges");
   if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size());
+  // A microbatch holds a sample at least; a batch that does not divide evenly is cut into
+  // microbatches whose sizes differ by one.
+  if (job.microbatches > job.batch)
+    r.fail(microbatches ? *microbatches : root,
+           "'microbatches' is " + std::to_string(job.microbatches) + " but a batch of " +
+               std::to_string(job.batch) + " samples makes at most " + std::to_string(job.batch) +
+               " microbatches");
   return job;
 }
 

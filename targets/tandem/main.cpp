@@ -42,7 +42,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version end the parse too (code 0); every other parse error is bad
+    // usage, exit 2 (CLI11's own codes, 105-109, are not ours to leak).
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  } catch (const tandem::Interrupted& e) {
+    std::fflush(stdout);
+    std::cerr << "error: " << e.what() << "\n";
+    return 130;
   } catch (const tandem::Error& e) {
     std::fflush(stdout);
     std::cerr << "error: " << e.what() << "\n";

@@ -65,11 +65,12 @@ void runPartition(const PartitionArgs& a) {
                    "--schedule " << a.schedule << ": the partitioner costs gpipe or 1f1b");
   o.schedule =
       kind == ScheduleKind::kGPipe ? partitioner::Schedule::kGPipe : partitioner::Schedule::k1F1B;
-  TANDEM_CHECK_MSG(
-      a.batch % a.microbatches == 0, InvalidArgument,
-      "--batch " << a.batch << " is not a multiple of --microbatches " << a.microbatches);
+  // As a job cuts it: microbatch sizes differ by one; the largest is priced.
+  TANDEM_CHECK_MSG(a.microbatches <= a.batch, InvalidArgument,
+                   "--microbatches " << a.microbatches << " exceeds --batch " << a.batch
+                                     << ": a microbatch holds a sample at least");
   o.microbatches = a.microbatches;
-  o.microbatch_size = a.batch / a.microbatches;
+  o.microbatch_size = (a.batch + a.microbatches - 1) / a.microbatches;
   o.recompute = a.recompute;
   o.optimizer_state_per_param = optimizerStatePerParam(a.optimizer, a.momentum);
   o.activation_ratio = codecRatio(a.codec);

@@ -50,7 +50,8 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
                                                     : partitioner::Schedule::k1F1B;
   o.microbatches = job.microbatches;
   o.max_replicas = job.max_replicas;
-  o.microbatch_size = std::max<int64_t>(1, job.batch / job.microbatches);
+  // Microbatch sizes differ by one when the batch does not divide: the largest is priced.
+  o.microbatch_size = (job.batch + job.microbatches - 1) / job.microbatches;
   o.recompute = job.recompute;
   o.optimizer_state_per_param = optimizerStatePerParam(job.optimizer.kind, job.optimizer.momentum);
   o.activation_ratio = codecRatio(job.activation_codec);

@@ -381,6 +381,44 @@ TEST(CliTest, ProfileLinksMeasuresEveryPairOfNodes) {
   EXPECT_NE(nothing.out.find("profile needs --model"), std::string::npos) << nothing.out;
 }
 
+// docs/cli.md's exit codes: 0 done (help and version too), 1 the work failed (a bad file
+// or value, a failed job), 2 bad usage — whatever the mistake and the command; 130
+// interrupted (tandemd_test).
+TEST(CliTest, ExitCodesAreTheDocumentedOnes) {
+  const std::string junk = ::testing::TempDir() + "/cli_exit_junk.tdm";
+  std::ofstream(junk) << "this is not a model";
+  const std::string job = ::testing::TempDir() + "/cli_exit_job.yaml";
+  std::ofstream(job) << "model: " << kModels << "mlp.yaml\npartition: equal\nstages: 2\n"
+                     << "batch: 30\nmicrobatches: 31\n";
+  struct Case {
+    std::string args;
+    int code;
+  } cases[] = {
+      {"--help", 0},
+      {"--version", 0},
+      {"run --help", 0},
+      {"", 2},
+      {"--bogus", 2},
+      {"frobnicate", 2},
+      {"train", 2},
+      {"train --model " + kModels + "mlp.yaml --bogus", 2},
+      {"train --model nope.yaml", 2},
+      {"eval nope.tdm", 2},
+      {"inspect nope.tdm", 2},
+      {"schedule -p x", 2},
+      {"run", 2},
+      {"partition --batch 0", 2},
+      {"eval " + junk, 1},
+      {"run " + job, 1},
+      {"partition --model " + kModels + "mlp.yaml --cluster " TANDEM_SOURCE_DIR
+       "/examples/clusters/local.yaml --batch 4 --microbatches 5", 1},
+  };
+  for (const Case& c : cases) {
+    const CliRun r = run(c.args);
+    EXPECT_EQ(r.code, c.code) << "tandem " << c.args << "\n" << r.out;
+  }
+}
+
 TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   const std::string bad_yaml = ::testing::TempDir() + "/cli_bad.yaml";
   std::ofstream(bad_yaml) << "input: [1, 28, 28]\nlayers:\n  - flatten\n  - linear: {out: ten}\n";
@@ -427,6 +465,9 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
        "--bucket-mib 1e+30 is above 1048576"},
       {"train --model " + kModels + "mlp.yaml --lr inf", "learning rate inf must be a positive"},
       {"train --model " + kModels + "mlp.yaml --replicas 2 --shares 1,nan", "got nan"},
+      {"partition --model " + kModels + "mlp.yaml --cluster " TANDEM_SOURCE_DIR
+       "/examples/clusters/local.yaml --batch 4 --microbatches 5",
+       "--microbatches 5 exceeds --batch 4"},
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);

@@ -93,6 +93,10 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"model: m.yaml\npartition: [[0, 2], {replicas: 2}]\n",
        {"j.yaml:2:21", "the stage has no 'layers"}},
       {"model: m.yaml\npartition: [[0, 2], {layers: 2}]\n", {"j.yaml:2:30", "range [begin, end]"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nbatch: 32\nmicrobatches: 64\n",
+       {"j.yaml:5:15", "'microbatches' is 64 but a batch of 32 samples makes at most 32"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nmicrobatches: 65\n",
+       {"j.yaml:4:15", "a batch of 64 samples"}},  // the default batch
   };
   for (const Case& c : cases)
     expectThrowWith<InvalidArgument>([&] { parseJobSpec(c.yaml, "j.yaml"); }, c.expect);
