@@ -125,7 +125,13 @@ ModelSpec parseModelSpec(const std::string& yaml_text, const std::string& source
 }
 
 ModelSpec loadModelSpec(const std::string& path) {
-  return parseModelSpec(readFile(path, "model spec"), path);
+  const std::string text = readFile(path, "model spec");
+  // A model file (FlatBuffers, identifier "TDM1" at byte 4) where a spec was expected: say
+  // so, rather than what the YAML parser makes of its bytes.
+  TANDEM_CHECK_MSG(text.size() < 8 || text.compare(4, 4, "TDM1") != 0, InvalidArgument,
+                   path << " is a tandem model file (written by a save), not a model spec: give "
+                           "the spec (YAML, e.g. examples/models/mlp.yaml)");
+  return parseModelSpec(text, path);
 }
 
 }  // namespace tandem

@@ -12,6 +12,8 @@
 int main(int argc, char** argv) {
   CLI::App app{"tandem: train and serve neural networks across heterogeneous devices"};
   app.require_subcommand(1);
+  // --help shows every option's default (subcommands inherit this).
+  app.option_defaults()->always_capture_default();
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::addTrain(app);
   tandem::cli::addEval(app);

@@ -168,8 +168,14 @@ void addProfile(CLI::App& app) {
       p.warmup = a->options.warmup;
       p.repeats = a->options.repeats;
       p.load = a->load;
-      for (const std::string& name : a->devices) {
-        auto backend = makeBackend(name, BackendOptions{a->threads});
+      // Every device opened before any is measured: one that does not exist is named at
+      // once, not after minutes of measuring the others.
+      std::vector<std::unique_ptr<Backend>> backends;
+      for (const std::string& name : a->devices)
+        backends.push_back(makeBackend(name, BackendOptions{a->threads}));
+      for (size_t i = 0; i < a->devices.size(); ++i) {
+        const std::string& name = a->devices[i];
+        Backend* backend = backends[i].get();
         const BackgroundLoad load(
             spec, [&] { return makeBackend(name, BackendOptions{a->threads}); }, a->load,
             a->options.batch);

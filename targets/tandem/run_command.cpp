@@ -297,6 +297,10 @@ int runJob(const RunArgs& args) {
     checkWritable(timeline + "/trace.json", "the timeline");
   }
   const Model model(loadModelSpec(job.model));
+  const auto weights = startingWeights(job);  // read and checked before anything starts
+  if (args.infer && !weights)
+    spdlog::warn("{} names no 'weights': serving freshly initialised (untrained) parameters",
+                 job.source);
   // The nodes: --cluster's, else the job's (`partition: auto`), else this machine as one.
   // Their daemons: the cluster's, or tandemd processes started here for nodes without an
   // address — the same path after this. (The fork launcher needs them only to plan.)
@@ -320,7 +324,6 @@ int runJob(const RunArgs& args) {
   }
   const std::vector<StagePlacement> stages = jobStages(job, model, plan_yaml);
   const int p = static_cast<int>(stages.size());
-  const auto weights = startingWeights(job);
   std::vector<runtime::Assign> as = assignments(job, stages, args.infer, spans_wanted, weights);
   const int n = static_cast<int>(as.size());
   std::vector<std::string> names;

@@ -381,6 +381,19 @@ TEST(CliTest, ProfileLinksMeasuresEveryPairOfNodes) {
   EXPECT_NE(nothing.out.find("profile needs --model"), std::string::npos) << nothing.out;
 }
 
+// Serving a job that names no weights serves untrained parameters: it works, and says so.
+TEST(CliTest, InferWithoutWeightsWarnsThatTheyAreUntrained) {
+  const std::string job = ::testing::TempDir() + "/cli_infer_fresh.yaml";
+  std::ofstream(job) << "model: " << kModels << "mlp.yaml\ntest_limit: 128\nbatch: 32\n"
+                     << "partition: equal\nstages: 2\n";
+  const CliRun r = run("infer " + job);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("names no 'weights': serving freshly initialised (untrained) parameters"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("throughput: "), std::string::npos) << r.out;
+}
+
 // docs/cli.md's exit codes: 0 done (help and version too), 1 the work failed (a bad file
 // or value, a failed job), 2 bad usage — whatever the mistake and the command; 130
 // interrupted (tandemd_test).
@@ -417,6 +430,10 @@ TEST(CliTest, ExitCodesAreTheDocumentedOnes) {
     const CliRun r = run(c.args);
     EXPECT_EQ(r.code, c.code) << "tandem " << c.args << "\n" << r.out;
   }
+  // --help shows the defaults.
+  const CliRun help = run("train --help");
+  EXPECT_NE(help.out.find("--epochs INT=1 "), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--batch INT=64 "), std::string::npos) << help.out;
 }
 
 TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
@@ -431,6 +448,14 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   const std::string plain_job = ::testing::TempDir() + "/cli_plain_job.yaml";
   std::ofstream(plain_job) << "model: " << kModels << "mlp.yaml\ndata: fashion-mnist\n"
                            << "partition: equal\nstages: 2\n";
+  const std::string model_file = ::testing::TempDir() + "/cli_a_model.tdm";
+  ASSERT_EQ(run("train --model " + kModels + "mlp.yaml --train-limit 64 --test-limit 16 --save " +
+                model_file)
+                .code,
+            0);
+  const std::string missing_weights = ::testing::TempDir() + "/cli_missing_weights.yaml";
+  std::ofstream(missing_weights) << "model: " << kModels << "mlp.yaml\npartition: equal\n"
+                                 << "stages: 2\nweights: /nonexistent/m.tdm\n";
   struct Case {
     std::string args, expect;
   } cases[] = {
@@ -468,6 +493,10 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"partition --model " + kModels + "mlp.yaml --cluster " TANDEM_SOURCE_DIR
        "/examples/clusters/local.yaml --batch 4 --microbatches 5",
        "--microbatches 5 exceeds --batch 4"},
+      {"train --model " + model_file, "is a tandem model file (written by a save), not a model spec"},
+      // Every device is opened before the first is measured.
+      {"profile --model " + kModels + "mlp.yaml --devices cpu,opencl:7", "no OpenCL device 7"},
+      {"infer " + missing_weights, "cannot open weights '/nonexistent/m.tdm'"},
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);
@@ -475,6 +504,8 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
     EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("epoch 1/"), std::string::npos) << c.args << ": trained\n" << r.out;
+    EXPECT_EQ(r.out.find("forward ms"), std::string::npos) << c.args << ": profiled\n" << r.out;
+    EXPECT_EQ(r.out.find("pid "), std::string::npos) << c.args << ": started workers\n" << r.out;
   }
 }
 
