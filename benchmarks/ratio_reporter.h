@@ -7,6 +7,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <map>
 #include <string>
@@ -20,7 +22,23 @@ struct RatioRule {
 
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
-  explicit RatioReporter(std::vector<RatioRule> rules) : rules_(std::move(rules)) {}
+  // Colours only on a terminal: a reporter given to RunSpecifiedBenchmarks ignores
+  // --benchmark_color, and ConsoleReporter's default writes ANSI codes into files.
+  explicit RatioReporter(std::vector<RatioRule> rules)
+      : benchmark::ConsoleReporter(isatty(STDOUT_FILENO) ? OO_Defaults : OO_Tabular),
+        rules_(std::move(rules)) {}
+
+  bool ReportContext(const Context& context) override {
+    const bool ok = ConsoleReporter::ReportContext(context);
+    // Debian's libbenchmark is built without NDEBUG and says so above; it concerns the
+    // harness's own checks around each timed loop, not the code measured.
+    std::printf(
+        "note: if Google Benchmark warned above that it was built as DEBUG, that is Debian's "
+        "libbenchmark package (its own assertions on); tandem's code here is built -O3 "
+        "-DNDEBUG, and every ratio below compares two benchmarks timed by the same harness "
+        "in the same run.\n");
+    return ok;
+  }
 
   // With --benchmark_repetitions the ratio uses each benchmark's median (noisy shared
   // machines); otherwise its single run.
