@@ -23,8 +23,7 @@ ClusterDaemons::ClusterDaemons(const partitioner::Cluster& cluster, const std::s
   if (with) {
     const std::string key = !key_file.empty() ? key_file : cluster.key;
     if (key.empty())
-      throw InvalidArgument("no cluster key: give --key FILE, or `key: FILE` in " +
-                            cluster.source);
+      throw InvalidArgument("no cluster key: give --key FILE, or `key: FILE` in " + cluster.source);
     key_ = readClusterKey(key);
     for (const partitioner::ClusterNode& n : cluster.nodes) {
       nodes_.push_back({n.name, *n.address});
@@ -136,8 +135,8 @@ class Survey {
  private:
   LinkTask task(int64_t pair, LinkTaskKind kind, size_t node, const std::string& peer = "") {
     const LinkProbeOptions& p = options_.probe;
-    return {pair,           kind,     cluster_.nodes[node].host, peer, p.message_bytes,
-            p.window,       p.warmup, p.repeats};
+    return {pair,     kind,     cluster_.nodes[node].host, peer, p.message_bytes, p.window,
+            p.warmup, p.repeats};
   }
 
   void send(size_t node, const LinkTask& t) { sessions_.at(node)->send(t); }
@@ -150,8 +149,8 @@ class Survey {
       if (const auto* e = std::get_if<ErrorReply>(&*m)) throw Error(e->message);
       const auto* r = std::get_if<LinkResult>(&*m);
       if (!r || r->pair != pair)
-        throw FormatError(std::string("sent '") + messageName(*m) +
-                          "' where the result of pair " + std::to_string(pair) + " was due");
+        throw FormatError(std::string("sent '") + messageName(*m) + "' where the result of pair " +
+                          std::to_string(pair) + " was due");
       return *r;
     } catch (const Error& e) {
       throw Error("node '" + cluster_.nodes[node].name + "': " + e.what());
@@ -169,8 +168,7 @@ LinkSet surveyLinks(const ClusterDaemons& daemons, std::vector<std::unique_ptr<C
                     const std::vector<std::pair<size_t, size_t>>& pairs,
                     const LinkSurveyOptions& options) {
   TANDEM_CHECK(sessions.size() == daemons.nodes().size());
-  LinkSet set{
-      "tcp", options.probe.message_bytes, options.probe.warmup, options.probe.repeats, {}};
+  LinkSet set{"tcp", options.probe.message_bytes, options.probe.warmup, options.probe.repeats, {}};
   Survey survey(daemons, sessions, options);
   int64_t id = 0;
   for (const auto& [from, to] : pairs) set.links.push_back(survey.measure(from, to, id++));

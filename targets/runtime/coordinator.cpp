@@ -1,8 +1,8 @@
 #include "targets/runtime/coordinator.h"
 
 #include <atomic>
-#include <csignal>
 #include <condition_variable>
+#include <csignal>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -289,8 +289,10 @@ class Run {
     if (!options_.interrupt) return;
     const int s = options_.interrupt->load();
     if (s == 0) return;
-    throw Interrupted(std::string("interrupted by ") +
-                      (s == SIGINT ? "SIGINT" : s == SIGTERM ? "SIGTERM" : "signal " + std::to_string(s)));
+    throw Interrupted(std::string("interrupted by ") + (s == SIGINT ? "SIGINT"
+                                                        : s == SIGTERM
+                                                            ? "SIGTERM"
+                                                            : "signal " + std::to_string(s)));
   }
 
   int slotOf(int stage, int replica) const {

@@ -189,8 +189,7 @@ std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          const ClusterKey& cluster_key,
                                          std::chrono::milliseconds timeout,
                                          const std::vector<int64_t>& bytes_of_slot) {
-  return std::make_unique<DaemonLauncher>(nodes, node_of_slot, cluster_key, timeout,
-                                          bytes_of_slot);
+  return std::make_unique<DaemonLauncher>(nodes, node_of_slot, cluster_key, timeout, bytes_of_slot);
 }
 
 }  // namespace tandem::runtime

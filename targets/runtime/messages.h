@@ -278,11 +278,11 @@ struct Failed {
   bool operator==(const Failed&) const = default;
 };
 
-using Message = std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch,
-                             Launched, WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign,
-                             WeightsRequest, WeightsChunk, Ready, Start, GroupAddress,
-                             GroupAddresses, Progress, EpochDone, InferDone, StageReport, Failed,
-                             ProfileTask, ProfileResult>;
+using Message =
+    std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch, Launched,
+                 WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign, WeightsRequest,
+                 WeightsChunk, Ready, Start, GroupAddress, GroupAddresses, Progress, EpochDone,
+                 InferDone, StageReport, Failed, ProfileTask, ProfileResult>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

@@ -24,8 +24,7 @@ std::string cacheKey(const ProfileTask& task, const ProfileDevice& d) {
                            std::to_string(d.threads) + "\n" + std::to_string(d.load) + "\n" +
                            std::to_string(task.batch) + " " + std::to_string(task.warmup) + " " +
                            std::to_string(task.repeats) + "\n" + task.model_spec;
-  return contentHash(
-      std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
+  return contentHash(std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
 }
 
 // A cached device profile of `model`, or nullopt (absent, or unreadable: then removed).
@@ -100,20 +99,20 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
     auto backend = makeBackend(d.backend, bo);
     DeviceProfile measured;
     {
-      const BackgroundLoad load(spec, [&] { return makeBackend(d.backend, bo); }, d.load,
-                                task.batch);
+      const BackgroundLoad load(
+          spec, [&] { return makeBackend(d.backend, bo); }, d.load, task.batch);
       measured = profileDevice(spec, *backend, o);
     }
-    spdlog::info("profiled model '{}' on {} ({} threads, load {}): {} layers", spec.name,
-                 d.backend, d.threads, d.load, measured.layers.size());
+    spdlog::info("profiled model '{}' on {} ({} threads, load {}): {} layers", spec.name, d.backend,
+                 d.threads, d.load, measured.layers.size());
     if (!path.empty()) {
       Profile one = p;
       one.load = d.load;
       one.devices = {measured};
       const std::string json = profileToJson(one);
       try {
-        writeFileAtomically(path, std::span(reinterpret_cast<const uint8_t*>(json.data()),
-                                            json.size()));
+        writeFileAtomically(path,
+                            std::span(reinterpret_cast<const uint8_t*>(json.data()), json.size()));
       } catch (const Error& e) {
         spdlog::warn("cannot cache the profile: {}", e.what());
       }

@@ -76,8 +76,8 @@ int runNodes(const NodesArgs& a) {
       const Answer r = answers[i].get();
       const std::string mem = gib(r.info.free_memory_bytes) + "/" + gib(r.info.memory_bytes);
       std::printf("%-12s %-22s %-14s %-8s %4d %15s %5.2f %8.3f %+10.3f\n", n.name.c_str(),
-                  at.c_str(), r.info.build.c_str(), r.info.arch.c_str(), r.info.cpus,
-                  mem.c_str(), r.info.load, r.clock.rtt_s * 1e3, r.clock.offset_s * 1e3);
+                  at.c_str(), r.info.build.c_str(), r.info.arch.c_str(), r.info.cpus, mem.c_str(),
+                  r.info.load, r.clock.rtt_s * 1e3, r.clock.offset_s * 1e3);
       std::printf("  protocol %s, node name '%s'\n", r.version.str().c_str(), r.info.name.c_str());
       for (const auto& d : r.info.devices)
         std::printf("  device %-10s %s, %d compute units, %s GiB%s\n", d.id.c_str(), d.name.c_str(),

@@ -149,18 +149,19 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
       profiles.emplace(cluster.measured, std::move(links));
     }
     runtime::leaveAll(sessions, "planning is done");
-    spdlog::info("partition: auto: {} device profiles measured by the nodes' daemons ({} from "
-                 "their caches), {} links measured, in {:.2f} s",
-                 devices, hits, pairs.size(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    spdlog::info(
+        "partition: auto: {} device profiles measured by the nodes' daemons ({} from "
+        "their caches), {} links measured, in {:.2f} s",
+        devices, hits, pairs.size(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
   return partitioner::CostModel(
       partitioner::makeProblem(model, cluster, profiles, default_profile, options));
 }
 
 PlannedJob planJob(const JobSpec& job, const Model& model, const runtime::ClusterDaemons& daemons) {
-  const partitioner::CostModel cost = measuredCostModel(
-      model, readFile(job.model, "model spec"), daemons, job.profile, jobCostOptions(job));
+  const partitioner::CostModel cost = measuredCostModel(model, readFile(job.model, "model spec"),
+                                                        daemons, job.profile, jobCostOptions(job));
   PlannedJob out{partitioner::bestPlan(cost), ""};
   out.yaml = partitioner::planToYaml(cost, out.plan);
   return out;

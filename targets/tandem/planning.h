@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "core/model.h"
-#include "targets/runtime/job.h"
 #include "partitioner/plan.h"
 #include "targets/runtime/cluster_daemons.h"
+#include "targets/runtime/job.h"
 
 namespace tandem::cli {
 

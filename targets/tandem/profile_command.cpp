@@ -13,8 +13,8 @@
 #include "core/model_spec.h"
 #include "core/profile/profile.h"
 #include "partitioner/cluster.h"
-#include "targets/tandem/commands.h"
 #include "targets/runtime/cluster_daemons.h"
+#include "targets/tandem/commands.h"
 
 namespace tandem::cli {
 

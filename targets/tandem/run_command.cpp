@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,12 +23,12 @@
 #include "core/file.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
-#include "targets/runtime/job.h"
 #include "core/pipeline/timeline.h"
 #include "partitioner/cluster.h"
 #include "targets/runtime/cluster_daemons.h"
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/daemon.h"
+#include "targets/runtime/job.h"
 #include "targets/runtime/local_daemon.h"
 #include "targets/runtime/weight_cache.h"
 #include "targets/tandem/commands.h"
@@ -488,6 +488,14 @@ int runJob(const RunArgs& args) {
   if (!args.infer && !job.save.empty()) {
     mergeSaved(job, as, result);
     spdlog::info("saved {}", job.save);
+  }
+  // A signal after the workers finished: the results above are whole (a save is never
+  // left half-written), and the run still ends as interrupted.
+  if (const int s = g_interrupt.load(); s != 0) {
+    spdlog::warn("interrupted by {} after the workers had finished{}",
+                 s == SIGINT ? "SIGINT" : "SIGTERM",
+                 !args.infer && !job.save.empty() ? "; the model was saved whole" : "");
+    throw Interrupted("the run was interrupted");
   }
   return 0;
 }

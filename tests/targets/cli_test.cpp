@@ -245,12 +245,12 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
 TEST(CliTest, AutoWithoutAProfileIsMeasuredByTheNodesDaemons) {
   const std::string dir = ::testing::TempDir();
   const std::string cluster = dir + "cli_auto_cluster.yaml", job = dir + "cli_auto_job.yaml";
-  std::ofstream(cluster) << "nodes:\n"
-                            "  - {name: a, devices: [{name: cpu, backend: cpu}]}\n"
-                            "  - {name: b, host: 127.0.0.2, devices: [{name: cpu, backend: cpu}]}\n";
+  std::ofstream(cluster)
+      << "nodes:\n"
+         "  - {name: a, devices: [{name: cpu, backend: cpu}]}\n"
+         "  - {name: b, host: 127.0.0.2, devices: [{name: cpu, backend: cpu}]}\n";
   std::ofstream(job) << "model: " << kModels << "mlp.yaml\ntrain_limit: 256\ntest_limit: 64\n"
-                     << "batch: 32\nmicrobatches: 4\npartition: auto\ncluster: " << cluster
-                     << "\n";
+                     << "batch: 32\nmicrobatches: 4\npartition: auto\ncluster: " << cluster << "\n";
   const CliRun first = run("run " + job);
   ASSERT_EQ(first.code, 0) << first.out;
   for (const char* s : {"2 device profiles measured by the nodes' daemons", "4 links measured",
@@ -258,8 +258,9 @@ TEST(CliTest, AutoWithoutAProfileIsMeasuredByTheNodesDaemons) {
     EXPECT_NE(first.out.find(s), std::string::npos) << s << "\n" << first.out;
   const CliRun second = run("run " + job);
   ASSERT_EQ(second.code, 0) << second.out;
-  EXPECT_NE(second.out.find("2 device profiles measured by the nodes' daemons (2 from their caches)"),
-            std::string::npos)
+  EXPECT_NE(
+      second.out.find("2 device profiles measured by the nodes' daemons (2 from their caches)"),
+      std::string::npos)
       << second.out;
   // A link the cluster states is taken as stated: only the other three are measured.
   std::ofstream(cluster, std::ios::app)
@@ -423,8 +424,10 @@ TEST(CliTest, ExitCodesAreTheDocumentedOnes) {
       {"partition --batch 0", 2},
       {"eval " + junk, 1},
       {"run " + job, 1},
-      {"partition --model " + kModels + "mlp.yaml --cluster " TANDEM_SOURCE_DIR
-       "/examples/clusters/local.yaml --batch 4 --microbatches 5", 1},
+      {"partition --model " + kModels +
+           "mlp.yaml --cluster " TANDEM_SOURCE_DIR
+           "/examples/clusters/local.yaml --batch 4 --microbatches 5",
+       1},
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);
@@ -490,10 +493,12 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
        "--bucket-mib 1e+30 is above 1048576"},
       {"train --model " + kModels + "mlp.yaml --lr inf", "learning rate inf must be a positive"},
       {"train --model " + kModels + "mlp.yaml --replicas 2 --shares 1,nan", "got nan"},
-      {"partition --model " + kModels + "mlp.yaml --cluster " TANDEM_SOURCE_DIR
-       "/examples/clusters/local.yaml --batch 4 --microbatches 5",
+      {"partition --model " + kModels +
+           "mlp.yaml --cluster " TANDEM_SOURCE_DIR
+           "/examples/clusters/local.yaml --batch 4 --microbatches 5",
        "--microbatches 5 exceeds --batch 4"},
-      {"train --model " + model_file, "is a tandem model file (written by a save), not a model spec"},
+      {"train --model " + model_file,
+       "is a tandem model file (written by a save), not a model spec"},
       // Every device is opened before the first is measured.
       {"profile --model " + kModels + "mlp.yaml --devices cpu,opencl:7", "no OpenCL device 7"},
       {"infer " + missing_weights, "cannot open weights '/nonexistent/m.tdm'"},

@@ -324,8 +324,7 @@ TEST(TandemdTest, AnInterruptedRunSaysSoAndLeavesNothingBehind) {
     EXPECT_EQ(r.wait(30s), 130) << r.output();
     const std::string out = r.output();
     EXPECT_NE(out.find(std::string("interrupted by ") +
-                       (c.signal == SIGINT ? "SIGINT" : "SIGTERM") +
-                       ": every worker was stopped"),
+                       (c.signal == SIGINT ? "SIGINT" : "SIGTERM") + ": every worker was stopped"),
               std::string::npos)
         << out;
     for (pid_t w : workers) {

@@ -371,10 +371,12 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
 
   ProfileTask missing = task;
   missing.devices = {{"opencl:99", 1, 0}};
-  expectThrowWith<Error>([&] { ask(missing); }, {"profiling on node 'alpha'", "no OpenCL device 99"});
+  expectThrowWith<Error>([&] { ask(missing); },
+                         {"profiling on node 'alpha'", "no OpenCL device 99"});
   ProfileTask huge = task;
   huge.model_spec = "name: huge\ninput: [100000]\nlayers:\n  - linear: {out: 100000000}\n";
-  expectThrowWith<Error>([&] { ask(huge); }, {"profiling on node 'alpha'", "over half of this node"});
+  expectThrowWith<Error>([&] { ask(huge); },
+                         {"profiling on node 'alpha'", "over half of this node"});
   EXPECT_EQ(ask(task).second, 2);  // still serving
 }
 

@@ -291,8 +291,11 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
     expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(t)); },
                                  {"'profile task'", c.expect});
   }
-  expectThrowWith<FormatError>([] { decodeMessage(encodeMessage(ProfileResult{"{}", -1})); },
-                               {"'profile result'", "cached -1 is out of range"});
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(ProfileResult{"{}", -1}));
+      },
+      {"'profile result'", "cached -1 is out of range"});
   WeightsChunk past{std::string(64, 'c'), 8, 10, {1, 2, 3}};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(past)); },
                                {"'weights chunk'", "3 bytes at offset 8 of 10"});
