@@ -66,18 +66,23 @@ std::unique_ptr<Launcher> threadLauncher();
 // HandshakeRefused naming the node and its address), and asks node `node_of_slot[i]` to
 // start worker i. A node whose connection closes or falls silent ends every worker it
 // ran, named with the node. stopAll() says `leave`, and the daemons stop their workers.
-// With `bytes_of_slot` (the memory each worker will need), a node whose free memory (its
-// node info) is less than its workers' sum refuses the run here, before any worker is
-// started: InvalidArgument naming the node, both figures and its workers.
+// With `needs` (per worker: its device and the memory it will hold), a node that lacks a
+// worker's device, or whose free memory (its node info) is less than its workers' sum,
+// refuses the run here, before any worker is started: InvalidArgument naming the node,
+// the device or both figures, and the workers.
 struct DaemonNode {
   std::string name;
   Endpoint address;
+};
+struct WorkerNeeds {
+  int64_t memory_bytes = 0;
+  std::string device;  // "cpu", "opencl:0" (empty: not checked)
 };
 std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          const std::vector<int>& node_of_slot,
                                          const ClusterKey& cluster_key,
                                          std::chrono::milliseconds timeout,
-                                         const std::vector<int64_t>& bytes_of_slot = {});
+                                         const std::vector<WorkerNeeds>& needs = {});
 
 struct RunCallbacks {
   std::function<void(int slot, int64_t pid)> started;

@@ -23,7 +23,7 @@ class DaemonLauncher final : public Launcher {
  public:
   DaemonLauncher(const std::vector<DaemonNode>& nodes, const std::vector<int>& node_of_slot,
                  const ClusterKey& key, std::chrono::milliseconds timeout,
-                 const std::vector<int64_t>& bytes_of_slot)
+                 const std::vector<WorkerNeeds>& needs)
       : nodes_(nodes), node_of_slot_(node_of_slot), timeout_(timeout) {
     HandshakeOptions o;
     o.build = buildName();
@@ -37,7 +37,7 @@ class DaemonLauncher final : public Launcher {
         const std::optional<Message> first = c->recv(timeout);
         if (!first || !std::holds_alternative<NodeInfo>(*first))
           throw FormatError("it did not say who it is");
-        checkMemory(n, std::get<NodeInfo>(*first), bytes_of_slot);
+        checkNode(n, std::get<NodeInfo>(*first), needs);
         c->send(NodeInfo{"tandem run", buildName(), "", 0, 0, 0, 0, {}, {}, {}});
         const ClockEstimate clock = estimateClock(*c, 8, timeout);  // NTP-style, best of 8
         offsets_[n] = clock.offset_s;
@@ -52,20 +52,34 @@ class DaemonLauncher final : public Launcher {
     }
   }
 
-  // Refuses node `n` when its workers need more than the free memory it reports.
-  void checkMemory(int n, const NodeInfo& info, const std::vector<int64_t>& bytes_of_slot) const {
-    if (bytes_of_slot.empty() || info.free_memory_bytes <= 0) return;
+  // Refuses node `n` when it lacks a device one of its workers is to run on, or has less
+  // free memory than its workers need together.
+  void checkNode(int n, const NodeInfo& info, const std::vector<WorkerNeeds>& needs) const {
+    if (needs.empty()) return;
+    const std::string& name = nodes_.at(static_cast<size_t>(n)).name;
     int64_t need = 0;
     std::string workers;
-    for (size_t s = 0; s < node_of_slot_.size(); ++s)
-      if (node_of_slot_[s] == n) {
-        need += bytes_of_slot.at(s);
-        workers += (workers.empty() ? "" : ", ") + std::to_string(s) + ": " +
-                   std::to_string(bytes_of_slot.at(s) >> 20) + " MiB";
+    for (size_t s = 0; s < node_of_slot_.size(); ++s) {
+      if (node_of_slot_[s] != n) continue;
+      const WorkerNeeds& w = needs.at(s);
+      if (!w.device.empty()) {
+        std::string has;
+        bool found = false;
+        for (const NodeDevice& d : info.devices) {
+          found = found || d.id == w.device;
+          has += (has.empty() ? "" : ", ") + d.id;
+        }
+        if (!found)
+          throw InvalidArgument("node '" + name + "' has no device '" + w.device + "' for worker " +
+                                std::to_string(s) + " (it has " + has +
+                                "); nothing was started");
       }
-    if (need <= info.free_memory_bytes) return;
-    throw InvalidArgument("node '" + nodes_.at(static_cast<size_t>(n)).name + "' has " +
-                          std::to_string(info.free_memory_bytes >> 20) +
+      need += w.memory_bytes;
+      workers += (workers.empty() ? "" : ", ") + std::to_string(s) + ": " +
+                 std::to_string(w.memory_bytes >> 20) + " MiB";
+    }
+    if (info.free_memory_bytes <= 0 || need <= info.free_memory_bytes) return;
+    throw InvalidArgument("node '" + name + "' has " + std::to_string(info.free_memory_bytes >> 20) +
                           " MiB of memory free, and its workers need about " +
                           std::to_string(need >> 20) + " MiB (worker " + workers +
                           "): the job does not fit, and nothing was started");
@@ -188,8 +202,8 @@ std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          const std::vector<int>& node_of_slot,
                                          const ClusterKey& cluster_key,
                                          std::chrono::milliseconds timeout,
-                                         const std::vector<int64_t>& bytes_of_slot) {
-  return std::make_unique<DaemonLauncher>(nodes, node_of_slot, cluster_key, timeout, bytes_of_slot);
+                                         const std::vector<WorkerNeeds>& needs) {
+  return std::make_unique<DaemonLauncher>(nodes, node_of_slot, cluster_key, timeout, needs);
 }
 
 }  // namespace tandem::runtime

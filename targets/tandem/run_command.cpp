@@ -389,14 +389,14 @@ int runJob(const RunArgs& args) {
         as[i].encrypt = !daemons->onThisMachine();
       }
       if (daemons->remote()) ro.listen = "0.0.0.0:0";
-      // What each worker will hold, checked against its node's free memory before any
-      // worker starts.
+      // Each worker's device and what it will hold, checked against its node's devices
+      // and free memory before any worker starts.
       const std::vector<int64_t> stage_bytes = stageMemory(job, model, stages, args.infer);
-      std::vector<int64_t> bytes_of_slot;
+      std::vector<runtime::WorkerNeeds> needs;
       for (const runtime::Assign& a : as)
-        bytes_of_slot.push_back(stage_bytes[static_cast<size_t>(a.stage)]);
+        needs.push_back({stage_bytes[static_cast<size_t>(a.stage)], a.device});
       launcher = runtime::daemonLauncher(daemons->nodes(), node_of, daemons->key(),
-                                         std::chrono::seconds(10), bytes_of_slot);
+                                         std::chrono::seconds(10), needs);
     }
     result = runtime::coordinate(as, names, *launcher, cb, ro);
   } catch (const Error& e) {

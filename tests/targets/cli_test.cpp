@@ -456,6 +456,14 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
                 model_file)
                 .code,
             0);
+  // A plan placing a stage on a device its node does not have.
+  const std::string no_device_plan = ::testing::TempDir() + "/cli_no_device_plan.yaml";
+  std::ofstream(no_device_plan)
+      << "stages:\n  - {layers: [0, 3], devices: [local/cpu0], backend: opencl:7}\n"
+      << "  - {layers: [3, 6], devices: [local/cpu1], backend: cpu}\n";
+  const std::string no_device_job = ::testing::TempDir() + "/cli_no_device_job.yaml";
+  std::ofstream(no_device_job) << "model: " << kModels << "mlp.yaml\npartition: " << no_device_plan
+                               << "\n";
   const std::string missing_weights = ::testing::TempDir() + "/cli_missing_weights.yaml";
   std::ofstream(missing_weights) << "model: " << kModels << "mlp.yaml\npartition: equal\n"
                                  << "stages: 2\nweights: /nonexistent/m.tdm\n";
@@ -502,6 +510,7 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       // Every device is opened before the first is measured.
       {"profile --model " + kModels + "mlp.yaml --devices cpu,opencl:7", "no OpenCL device 7"},
       {"infer " + missing_weights, "cannot open weights '/nonexistent/m.tdm'"},
+      {"run " + no_device_job, "node 'local' has no device 'opencl:7' for worker 0 (it has cpu"},
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);
