@@ -1,5 +1,6 @@
 // Link throughput and latency beside what the medium allows, measured in the same run:
 //   tcp link        vs a plain POSIX TCP socket pair over loopback moving the same bytes
+//   tcp link encrypted with CurveZMQ (as a cluster's stage links are) vs the plain tcp link
 //   inproc link     vs memcpy of the same bytes
 //   64-byte round trip over a tcp link vs a bare ZeroMQ REQ/REP round trip
 // Throughput runs send a batch of messages per iteration and wait for the receiver's
@@ -42,15 +43,23 @@ struct LinkPair {
 // Each side has its own Context (ZeroMQ I/O thread), as two stage processes would; tcp
 // links between contexts of one process behave as between processes. inproc needs one
 // shared context, as it only works within one.
+// "tcp+curve": tcp encrypted with CurveZMQ as a cluster run's stage links are, every
+// worker holding the run's one key pair (runtime::dataPlaneKeys).
 LinkPair makeLinks(Context& ctx_a, Context& ctx_b, const std::string& kind) {
   static int id = 0;
+  static const CurveKeyPair keys = generateCurveKeyPair();
   LinkOptions o;
   o.timeout = 60s;
   o.send_hwm = 4;
   o.recv_hwm = 4;
+  if (kind == "tcp+curve") {
+    o.curve_secret_key = keys.secret_key;
+    o.curve_peer_public_key = keys.public_key;
+  }
   LinkOptions oa = o, ob = o;
-  oa.bind = kind == "tcp" ? "tcp://127.0.0.1:*" : "inproc://bench-a" + std::to_string(id);
-  ob.bind = kind == "tcp" ? "tcp://127.0.0.1:*" : "inproc://bench-b" + std::to_string(id);
+  const bool tcp = kind != "inproc";
+  oa.bind = tcp ? "tcp://127.0.0.1:*" : "inproc://bench-a" + std::to_string(id);
+  ob.bind = tcp ? "tcp://127.0.0.1:*" : "inproc://bench-b" + std::to_string(id);
   ++id;
   LinkPair p{std::make_unique<ZmqLink>(ctx_a, oa), std::make_unique<ZmqLink>(ctx_b, ob)};
   p.a->connect(p.b->endpoint());
@@ -83,6 +92,7 @@ void linkThroughput(benchmark::State& state, const std::string& kind) {
 }
 
 void BM_TcpLink(benchmark::State& state) { linkThroughput(state, "tcp"); }
+void BM_TcpLinkCurve(benchmark::State& state) { linkThroughput(state, "tcp+curve"); }
 void BM_InprocLink(benchmark::State& state) { linkThroughput(state, "inproc"); }
 
 // A loopback TCP connection: {sender fd, receiver fd}.
@@ -221,6 +231,7 @@ void BM_ZmqReqRepRoundTrip(benchmark::State& state) {
 
 #define SIZES ->Arg(64 << 10)->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()
 BENCHMARK(BM_TcpLink) SIZES;
+BENCHMARK(BM_TcpLinkCurve) SIZES;
 BENCHMARK(BM_PlainTcpSocket) SIZES;
 BENCHMARK(BM_InprocLink) SIZES;
 BENCHMARK(BM_Memcpy) SIZES;
@@ -234,6 +245,7 @@ int main(int argc, char** argv) {
   return tandem::bench::runWithRatios(
       argc, argv,
       {{"BM_TcpLink/", "BM_PlainTcpSocket/", "tcp link vs plain TCP socket"},
+       {"BM_TcpLinkCurve/", "BM_TcpLink/", "CurveZMQ tcp link vs tcp link"},
        {"BM_InprocLink/", "BM_Memcpy/", "inproc link vs memcpy"},
        {"BM_TcpLinkRoundTrip", "BM_ZmqReqRepRoundTrip", "64 B round trip vs ZMQ REQ/REP"}});
 }

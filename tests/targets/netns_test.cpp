@@ -109,6 +109,18 @@ TEST(NetnsTest, TheCnnJobAcrossThreeNamespacedDaemonsTrainsAsOnThisMachine) {
   const tandem::ModelFile b = tandem::readModelFile(c.dir() + "/m.tdm");
   ASSERT_EQ(a.params.size(), b.params.size());
   for (size_t i = 0; i < a.params.size(); ++i) EXPECT_EQ(a.params[i].data, b.params[i].data);
+
+  // partition: auto without a profile across the hosts: each namespace's daemon profiles
+  // the model, the daemons measure every link over the shaped veths, and the plan runs.
+  const std::string auto_job = c.dir() + "/auto.yaml";
+  std::ofstream(auto_job) << "model: " << kSource << "/examples/models/cnn.yaml\n"
+                          << "batch: 32\nmicrobatches: 4\npartition: auto\ncluster: " << c.cluster()
+                          << "\nepochs: 1\ntrain_limit: 640\ntest_limit: 200\n";
+  const Ran planned = sh(c.tandem("run " + auto_job + " --cluster " + c.cluster()));
+  ASSERT_EQ(planned.code, 0) << planned.out;
+  for (const char* s : {"3 device profiles measured by the nodes' daemons", "9 links measured",
+                        "link n0 -> n2:", "partition: auto: ", "test accuracy: "})
+    EXPECT_NE(planned.out.find(s), std::string::npos) << s << "\n" << planned.out;
 }
 
 // A node lost mid-run — its daemon killed, or its link cut — ends the run naming it, and
