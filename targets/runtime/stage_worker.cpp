@@ -1,11 +1,13 @@
 #include "targets/runtime/stage_worker.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <iostream>
-
 #include <memory>
 
 #include "backends/registry.h"
@@ -44,12 +46,35 @@ T expect(Channel& c, std::chrono::milliseconds timeout, const char* what) {
                     " was due");
 }
 
+// An exclusive lock on a folder (flock), held while it lives: the workers of one node
+// take turns at its weight cache, so the first fetches and stores and the others find
+// the weights there — one fetch per node, however many of its workers start from them.
+class FolderLock {
+ public:
+  explicit FolderLock(const std::string& dir)
+      : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+    if (fd_ >= 0)
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+  }
+  ~FolderLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_;
+};
+
 // The starting weights of `a`: from the cache, else from the coordinator (then cached).
 std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a,
                                      const std::string& cache_dir, StageReport& report) {
   std::unique_ptr<WeightCache> cache;
+  std::unique_ptr<FolderLock> turn;
   if (!cache_dir.empty()) {
     cache = std::make_unique<WeightCache>(cache_dir, kCacheBytes);
+    turn = std::make_unique<FolderLock>(cache->dir());
     if (auto cached = cache->get(a.weights_hash, &report.weights_corrupted)) {
       report.weights_cached = true;
       return *cached;

@@ -476,4 +476,27 @@ TEST(TandemdTest, WeightsAreShippedOnceAndThenFoundInTheNodesCaches) {
   EXPECT_EQ(r.out.substr(r.out.rfind("test accuracy: "), 21), accuracy);
 }
 
+// Three workers of one node start from the same weights: the first fetches them into the
+// node's cache, the others wait their turn and find them there.
+TEST(TandemdTest, TheWorkersOfOneNodeFetchTheirWeightsOnce) {
+  const std::string dir = tandem::testing::freshDir("one-fetch");
+  ASSERT_EQ(run(kCli + " train --model " + TANDEM_SOURCE_DIR +
+                "/examples/models/mlp.yaml --train-limit 64 --test-limit 16 --save " + dir +
+                "/w.tdm")
+                .code,
+            0);
+  const auto size = std::filesystem::file_size(dir + "/w.tdm");
+  std::ofstream(dir + "/serve.yaml") << "model: " << TANDEM_SOURCE_DIR
+                                     << "/examples/models/mlp.yaml\nbatch: 32\n"
+                                     << "partition: equal\nstages: 3\ntest_limit: 100\n"
+                                     << "weights: w.tdm\n";
+  // A cache of its own for this run's local daemon.
+  const Ran r = run("XDG_CACHE_HOME=" + dir + "/xdg " + kCli + " infer " + dir + "/serve.yaml");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("weights: " + std::to_string(size) + " bytes shipped to 1 of 3 workers"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("found cached by 2"), std::string::npos) << r.out;
+}
+
 }  // namespace
