@@ -61,7 +61,7 @@ struct JobSpec {
   int stages = 0;
   // `partition: PLAN.yaml` (its path) or `partition: auto` (plan with the partitioner from
   // `cluster` and `profile` when the run starts); the stages' devices come from the plan.
-  // Resolved outside core, which does not know the partitioner (targets/tandem/planning.h).
+  // Resolved outside core, which does not know the partitioner (targets/runtime/planning.h).
   std::string plan;
   bool auto_partition = false;
   std::string cluster, profile;

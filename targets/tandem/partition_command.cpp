@@ -11,8 +11,8 @@
 #include "core/model_spec.h"
 #include "core/pipeline/schedule.h"
 #include "partitioner/search.h"
+#include "targets/runtime/planning.h"
 #include "targets/tandem/commands.h"
-#include "targets/tandem/planning.h"
 
 namespace tandem::cli {
 
@@ -72,11 +72,11 @@ void runPartition(const PartitionArgs& a) {
   o.microbatches = a.microbatches;
   o.microbatch_size = (a.batch + a.microbatches - 1) / a.microbatches;
   o.recompute = a.recompute;
-  o.optimizer_state_per_param = optimizerStatePerParam(a.optimizer, a.momentum);
-  o.activation_ratio = codecRatio(a.codec);
-  o.gradient_ratio = codecRatio(a.gradient_codec);
+  o.optimizer_state_per_param = runtime::optimizerStatePerParam(a.optimizer, a.momentum);
+  o.activation_ratio = runtime::codecRatio(a.codec);
+  o.gradient_ratio = runtime::codecRatio(a.gradient_codec);
   o.max_replicas = a.max_replicas;
-  partitioner::CostModel cost = loadCostModel(model, a.cluster, a.profile, o);
+  partitioner::CostModel cost = runtime::loadCostModel(model, a.cluster, a.profile, o);
   if (!a.source.empty()) {
     const auto& devs = cost.problem().devices;
     int source = -1;

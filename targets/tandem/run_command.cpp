@@ -30,12 +30,16 @@
 #include "targets/runtime/daemon.h"
 #include "targets/runtime/job.h"
 #include "targets/runtime/local_daemon.h"
+#include "targets/runtime/planning.h"
 #include "targets/runtime/weight_cache.h"
 #include "targets/tandem/commands.h"
-#include "targets/tandem/planning.h"
 #include "targets/tandem/progress.h"
 
 namespace tandem::cli {
+
+using runtime::JobSpec;
+using runtime::PlannedJob;
+using runtime::StagePlacement;
 
 namespace {
 
@@ -64,7 +68,6 @@ std::string tandemdProgram() {
 
 namespace {
 
-// Every worker's assignment: the job and its placement, carried in-band.
 // The job's starting weights, if it names any: checked, and named by their content hash
 // for the workers to fetch (or find in their node's cache).
 std::shared_ptr<const std::vector<uint8_t>> startingWeights(const JobSpec& job) {
@@ -73,55 +76,6 @@ std::shared_ptr<const std::vector<uint8_t>> startingWeights(const JobSpec& job) 
   auto bytes = std::make_shared<std::vector<uint8_t>>(text.begin(), text.end());
   parseModelFile(*bytes, job.weights);  // a bad file is named here, once
   return bytes;
-}
-
-std::vector<runtime::Assign> assignments(
-    const JobSpec& job, const std::vector<StagePlacement>& stages, bool infer, bool spans,
-    const std::shared_ptr<const std::vector<uint8_t>>& weights) {
-  const std::string spec = readFile(job.model, "model spec");
-  const std::string hash = weights ? runtime::contentHash(*weights) : "";
-  std::vector<runtime::Assign> out;
-  const int p = static_cast<int>(stages.size());
-  for (int s = 0; s < p; ++s) {
-    const StagePlacement& place = stages[static_cast<size_t>(s)];
-    for (int r = 0; r < place.replicas; ++r) {
-      runtime::Assign a;
-      a.job = job.source;
-      a.model_spec = spec;
-      a.stage = s;
-      a.stages = p;
-      a.replica = r;
-      a.replicas = place.replicas;
-      a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : 0;
-      a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : 0;
-      a.layer_begin = static_cast<int64_t>(place.begin);
-      a.layer_end = static_cast<int64_t>(place.end);
-      a.device = place.backendOf(r);
-      a.threads = place.threads;
-      a.schedule = job.schedule;
-      a.microbatches = job.microbatches;
-      a.batch = job.batch;
-      a.epochs = job.epochs;
-      a.seed = job.seed;
-      a.recompute = job.recompute;
-      a.optimizer = job.optimizer;
-      a.activation_codec = job.activation_codec;
-      a.gradient_codec = job.gradient_codec;
-      a.data = job.data;
-      a.data_dir = job.data_dir;
-      a.train_limit = job.train_limit;
-      a.test_limit = job.test_limit;
-      a.timeout_s = job.timeout_s;
-      a.infer = infer;
-      a.record_spans = spans;
-      a.save = !infer && !job.save.empty() && r == 0;  // replicas are identical
-      a.transport = job.transport;
-      a.weights_hash = hash;
-      a.weights_bytes = weights ? static_cast<int64_t>(weights->size()) : 0;
-      out.push_back(std::move(a));
-    }
-  }
-  return out;
 }
 
 // Combines the stages' trained slices (model files, in-band) into one model file.
@@ -324,7 +278,10 @@ int runJob(const RunArgs& args) {
   }
   const std::vector<StagePlacement> stages = jobStages(job, model, plan_yaml);
   const int p = static_cast<int>(stages.size());
-  std::vector<runtime::Assign> as = assignments(job, stages, args.infer, spans_wanted, weights);
+  std::vector<runtime::Assign> as = runtime::jobAssignments(
+      job, stages, args.infer, spans_wanted, readFile(job.model, "model spec"),
+      weights ? runtime::contentHash(*weights) : "",
+      weights ? static_cast<int64_t>(weights->size()) : 0);
   const int n = static_cast<int>(as.size());
   std::vector<std::string> names;
   for (const runtime::Assign& a : as)

@@ -1,4 +1,5 @@
-// From files to a plan: what `tandem partition` and `partition: auto` in a job share.
+// From a job and files to a plan and the workers' assignments: what `tandem partition`,
+// `tandem run` and `partition: auto` share.
 #pragma once
 
 #include <string>
@@ -9,10 +10,9 @@
 #include "partitioner/plan.h"
 #include "targets/runtime/cluster_daemons.h"
 #include "targets/runtime/job.h"
+#include "targets/runtime/messages.h"
 
-namespace tandem::cli {
-
-using runtime::JobSpec;
+namespace tandem::runtime {
 
 // Wire bytes per fp32 byte under a codec ("fp32", "fp16", "bf16", "int8"), measured by
 // encoding a block with the transport's own codec (int8 carries its scales).
@@ -37,7 +37,7 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job);
 // model and device). Links the cluster file does not give (`between`, `measured`,
 // `local` within a node) are measured by the daemons.
 partitioner::CostModel measuredCostModel(const Model& model, const std::string& model_spec,
-                                         const runtime::ClusterDaemons& daemons,
+                                         const ClusterDaemons& daemons,
                                          const std::string& default_profile,
                                          const partitioner::CostOptions& options);
 
@@ -48,7 +48,7 @@ struct PlannedJob {
   partitioner::Plan plan;
   std::string yaml;
 };
-PlannedJob planJob(const JobSpec& job, const Model& model, const runtime::ClusterDaemons& daemons);
+PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons);
 
 // One stage of a job as `tandem run` starts it.
 struct StagePlacement {
@@ -71,10 +71,17 @@ struct StagePlacement {
 std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                                       const std::string& plan_yaml = "");
 
+// Every worker's assignment (slot order: stage by stage, replicas within): the job and its
+// placement, carried in-band; `spec` is the model spec's text, the weights (if any) named
+// by content hash and size; `spans`: record spans for a timeline.
+std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
+                                   bool infer, bool spans, const std::string& spec,
+                                   const std::string& weights_hash, int64_t weights_bytes);
+
 // The memory each stage's worker needs, as the partitioner prices it (weights, and when
 // training their gradients and optimizer state, the activations the schedule keeps in
 // flight, transport buffers), one entry per stage, for one replica of it.
 std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
                                  const std::vector<StagePlacement>& stages, bool infer);
 
-}  // namespace tandem::cli
+}  // namespace tandem::runtime

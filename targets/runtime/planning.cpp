@@ -1,4 +1,4 @@
-#include "targets/tandem/planning.h"
+#include "targets/runtime/planning.h"
 
 #include <spdlog/spdlog.h>
 
@@ -17,7 +17,7 @@
 #include "targets/runtime/node_profile.h"
 #include "transport/codec.h"
 
-namespace tandem::cli {
+namespace tandem::runtime {
 
 double codecRatio(const std::string& codec) {
   const std::vector<float> block(4096, 1.0f);
@@ -60,7 +60,7 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
 }
 
 partitioner::CostModel measuredCostModel(const Model& model, const std::string& model_spec,
-                                         const runtime::ClusterDaemons& daemons,
+                                         const ClusterDaemons& daemons,
                                          const std::string& default_profile,
                                          const partitioner::CostOptions& options) {
   partitioner::Cluster cluster = daemons.cluster();
@@ -71,18 +71,18 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
   // count; a CPU device is measured with the node's other CPU devices' stages loading
   // the machine beside it, as they will when the job runs.
   const size_t nodes = cluster.nodes.size();
-  std::vector<runtime::ProfileTask> tasks(nodes);
+  std::vector<ProfileTask> tasks(nodes);
   std::vector<std::vector<partitioner::ClusterDevice*>> measured(nodes);
   for (size_t i = 0; i < nodes; ++i) {
     partitioner::ClusterNode& n = cluster.nodes[i];
     int cpus = 0;
     for (const partitioner::ClusterDevice& d : n.devices) cpus += d.backend == "cpu";
-    runtime::ProfileTask& t = tasks[i];
+    ProfileTask& t = tasks[i];
     t.model_spec = model_spec;
     t.batch = options.microbatch_size;  // the partitioner scales from the profile's batch
     for (partitioner::ClusterDevice& d : n.devices) {
       if (!d.profile.empty() || !n.profile.empty() || !default_profile.empty()) continue;
-      const runtime::ProfileDevice want{d.backend, d.threads, d.backend == "cpu" ? cpus - 1 : 0};
+      const ProfileDevice want{d.backend, d.threads, d.backend == "cpu" ? cpus - 1 : 0};
       if (std::find(t.devices.begin(), t.devices.end(), want) == t.devices.end())
         t.devices.push_back(want);
       measured[i].push_back(&d);
@@ -101,13 +101,13 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
         if (!given) pairs.push_back({a, z});
       }
   bool any = !pairs.empty();
-  for (const runtime::ProfileTask& t : tasks) any = any || !t.devices.empty();
+  for (const ProfileTask& t : tasks) any = any || !t.devices.empty();
   if (any) {
     const auto started = std::chrono::steady_clock::now();
     auto sessions = daemons.connect("tandem run (planning)", std::chrono::seconds(30));
-    std::vector<runtime::Channel*> channels;
+    std::vector<Channel*> channels;
     std::vector<std::string> names;
-    std::vector<runtime::ProfileTask> asked;
+    std::vector<ProfileTask> asked;
     std::vector<size_t> node_of;
     for (size_t i = 0; i < nodes; ++i)
       if (!tasks[i].devices.empty()) {
@@ -118,7 +118,7 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
       }
     std::vector<int> cached;
     const std::vector<Profile> got =
-        runtime::profileOnNodes(channels, names, asked, std::chrono::seconds(600), &cached);
+        profileOnNodes(channels, names, asked, std::chrono::seconds(600), &cached);
     int devices = 0, hits = 0;
     for (size_t k = 0; k < got.size(); ++k) {
       const size_t i = node_of[k];
@@ -139,16 +139,16 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
       }
     }
     if (!pairs.empty()) {
-      runtime::LinkSurveyOptions lo;
+      LinkSurveyOptions lo;
       lo.probe.message_bytes = int64_t{1} << 20;  // enough to see a link's rate, quickly
       lo.probe.repeats = 5;
       Profile links;
-      links.links = runtime::surveyLinks(daemons, sessions, pairs, lo);
+      links.links = surveyLinks(daemons, sessions, pairs, lo);
       cluster.measured = "the links measured by the daemons";
       cluster.measured_where = cluster.source;
       profiles.emplace(cluster.measured, std::move(links));
     }
-    runtime::leaveAll(sessions, "planning is done");
+    leaveAll(sessions, "planning is done");
     spdlog::info(
         "partition: auto: {} device profiles measured by the nodes' daemons ({} from "
         "their caches), {} links measured, in {:.2f} s",
@@ -159,7 +159,7 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
       partitioner::makeProblem(model, cluster, profiles, default_profile, options));
 }
 
-PlannedJob planJob(const JobSpec& job, const Model& model, const runtime::ClusterDaemons& daemons) {
+PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons) {
   const partitioner::CostModel cost = measuredCostModel(model, readFile(job.model, "model spec"),
                                                         daemons, job.profile, jobCostOptions(job));
   PlannedJob out{partitioner::bestPlan(cost), ""};
@@ -184,6 +184,53 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
   for (int s = 0; s < n; ++s) {
     const StagePlacement& st = stages[static_cast<size_t>(s)];
     out.push_back(cost.memory(st.begin, st.end, n - s, st.replicas));
+  }
+  return out;
+}
+
+std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
+                                   bool infer, bool spans, const std::string& spec,
+                                   const std::string& weights_hash, int64_t weights_bytes) {
+  std::vector<Assign> out;
+  const int p = static_cast<int>(stages.size());
+  for (int s = 0; s < p; ++s) {
+    const StagePlacement& place = stages[static_cast<size_t>(s)];
+    for (int r = 0; r < place.replicas; ++r) {
+      Assign a;
+      a.job = job.source;
+      a.model_spec = spec;
+      a.stage = s;
+      a.stages = p;
+      a.replica = r;
+      a.replicas = place.replicas;
+      a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : 0;
+      a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : 0;
+      a.layer_begin = static_cast<int64_t>(place.begin);
+      a.layer_end = static_cast<int64_t>(place.end);
+      a.device = place.backendOf(r);
+      a.threads = place.threads;
+      a.schedule = job.schedule;
+      a.microbatches = job.microbatches;
+      a.batch = job.batch;
+      a.epochs = job.epochs;
+      a.seed = job.seed;
+      a.recompute = job.recompute;
+      a.optimizer = job.optimizer;
+      a.activation_codec = job.activation_codec;
+      a.gradient_codec = job.gradient_codec;
+      a.data = job.data;
+      a.data_dir = job.data_dir;
+      a.train_limit = job.train_limit;
+      a.test_limit = job.test_limit;
+      a.timeout_s = job.timeout_s;
+      a.infer = infer;
+      a.record_spans = spans;
+      a.save = !infer && !job.save.empty() && r == 0;  // replicas are identical
+      a.transport = job.transport;
+      a.weights_hash = weights_hash;
+      a.weights_bytes = weights_bytes;
+      out.push_back(std::move(a));
+    }
   }
   return out;
 }
@@ -232,4 +279,4 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
   return out;
 }
 
-}  // namespace tandem::cli
+}  // namespace tandem::runtime
