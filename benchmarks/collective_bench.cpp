@@ -2,7 +2,8 @@
 // bandwidth (2(n-1)/n x bytes / time) of
 //   - tandem's in-process group (ranks are threads),
 //   - tandem's cross-process groups (ranks are processes, tcp loopback): over ZeroMQ
-//     links, and over plain sockets,
+//     links, over ZeroMQ links encrypted with CurveZMQ (what replicated stages use on a
+//     cluster), and over plain sockets,
 //   - Gloo's ring allreduce (processes, tcp loopback),
 //   - Open MPI's MPI_Allreduce (processes; shared memory, then tcp only),
 //   - the limit of tcp loopback for them: processes only moving the bytes a ring
@@ -12,7 +13,7 @@
 //
 // Options: kUsage below, or --help.
 //
-// Processes: the bench starts itself with --worker zmq|socket|gloo|tcp-limit (and mpirun starts
+// Processes: the bench starts itself with --worker zmq|zmq-curve|socket|gloo|tcp-limit (and mpirun starts
 // mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
 // Times are medians after untimed runs (warmups); the machine is shared, so only ratios in
 // one run count. Each cell is measured --repeats times (3), every column's measurement in
@@ -48,6 +49,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "benchmarks/bench_args.h"
 #include "core/spin.h"
+#include "transport/curve.h"
 #include "transport/local_group.h"
 #include "transport/local_tcp.h"
 #include "transport/socket_group.h"
@@ -89,6 +91,9 @@ std::string localCongestion() { return congestion == "system" ? "" : congestion;
 int repeats = 3;
 // --bind-processes: whether the worker processes bind themselves (bindLikeMpirun).
 bool bind_processes = true;
+// --curve-public/--curve-secret: the CurveZMQ pair every rank of a zmq-curve group holds
+// (made by the bench for its workers; Z85 has no quote or backslash).
+std::string curve_public, curve_secret;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -323,7 +328,7 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
       barrier(*group);
       allreduce(*group, data);
     });
-  } else if (kind == "zmq") {
+  } else if (kind == "zmq" || kind == "zmq-curve") {
     transport::Context ctx;
     cpu::CpuBackend host;
     transport::ZmqGroupOptions o;
@@ -331,6 +336,10 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     o.size = ranks;
     o.codec = transport::parseCodec(codec);
     o.local_congestion = localCongestion();
+    if (kind == "zmq-curve") {
+      o.curve_public_key = curve_public;
+      o.curve_secret_key = curve_secret;
+    }
     auto group = transport::makeZmqGroup(ctx, host, o, exchange);
     s = timeOp(iters, count * sizeof(float), [&] {
       barrier(*group);
@@ -386,7 +395,8 @@ double processSeconds(const std::string& self, const std::string& kind, int rank
                             " --socket-buffer-kib " + std::to_string(socket_buffer_kib) +
                             " --codec " + codec + " --spin-us " + std::to_string(spin_us) +
                             " --congestion " + congestion + " --bind-processes " +
-                            (bind_processes ? "1" : "0");
+                            (bind_processes ? "1" : "0") + " --curve-public '" + curve_public +
+                            "' --curve-secret '" + curve_secret + "'";
     command += r > 0 ? one + " > /dev/null & " : one;
   }
   const double s = secondsFrom("(" + command + "; wait)");
@@ -445,6 +455,10 @@ int main(int argc, char** argv) {
       in_process_only = number(0, 1) == 1;
     else if (key == "--bind-processes")
       bind_processes = number(0, 1) == 1;
+    else if (key == "--curve-public")
+      curve_public = value;
+    else if (key == "--curve-secret")
+      curve_secret = value;
     else {
       std::fprintf(stderr, "collective_bench: unknown option %s (--help lists them)\n",
                    key.c_str());
@@ -452,11 +466,11 @@ int main(int argc, char** argv) {
     }
   }
   if (!worker_kind.empty()) {
-    if (worker_kind != "zmq" && worker_kind != "socket" && worker_kind != "gloo" &&
-        worker_kind != "tcp-limit") {
+    if (worker_kind != "zmq" && worker_kind != "zmq-curve" && worker_kind != "socket" &&
+        worker_kind != "gloo" && worker_kind != "tcp-limit") {
       std::fprintf(stderr,
-                   "collective_bench: --worker: expected zmq, socket, gloo or tcp-limit, got "
-                   "'%s'\n",
+                   "collective_bench: --worker: expected zmq, zmq-curve, socket, gloo or "
+                   "tcp-limit, got '%s'\n",
                    worker_kind.c_str());
       return 2;
     }
@@ -468,6 +482,9 @@ int main(int argc, char** argv) {
   }
 
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const transport::CurveKeyPair curve = transport::generateCurveKeyPair();
+  curve_public = curve.public_key;
+  curve_secret = curve.secret_key;
   const std::string mpi_bench =
       (std::filesystem::path(self).parent_path() / "mpi_allreduce_bench").string();
   try {
@@ -510,22 +527,25 @@ int main(int argc, char** argv) {
       "(--bind-processes %d); the socket group's spin before sleeping: %s\n",
       cpus, bind_processes ? "too" : "not", bind_processes ? 1 : 0, spins.c_str());
   std::printf(
-      "%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s %7s %7s\n", "MiB",
-      "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem socket tcp", "gloo tcp", "mpi shm",
-      "mpi tcp", "tcp limit", "in/mcpy", "in/mpi", "zmq/glo", "sock/glo", "sock/lim", "lim/glo");
+      "%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s %7s %7s "
+      "%7s\n",
+      "MiB", "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem zmq curve",
+      "tandem socket tcp", "gloo tcp", "mpi shm", "mpi tcp", "tcp limit", "in/mcpy", "in/mpi",
+      "zmq/glo", "sock/glo", "sock/lim", "lim/glo", "crv/sck");
   bool ours_failed = false;
   for (int mib : sizes_mib)
     for (int n : rank_counts) {
       const size_t bytes = static_cast<size_t>(mib) << 20, elements = bytes / 4;
       const double bus = 2.0 * (n - 1) / n * static_cast<double>(bytes) / 1e9;
       // Column by column, --repeats times (see medianOfRepeats).
-      enum { kMemcpy, kIn, kZmq, kSocket, kLimit, kGloo, kShm, kMpiTcp, kColumns };
+      enum { kMemcpy, kIn, kZmq, kCurve, kSocket, kLimit, kGloo, kShm, kMpiTcp, kColumns };
       std::array<std::vector<double>, kColumns> runs;
       for (int k = 0; k < repeats; ++k) {
         runs[kMemcpy].push_back(memcpySeconds(bytes, iters));
         runs[kIn].push_back(inProcessSeconds(n, elements, iters));
         if (in_process_only) continue;
         runs[kZmq].push_back(processSeconds(self, "zmq", n, elements, iters));
+        runs[kCurve].push_back(processSeconds(self, "zmq-curve", n, elements, iters));
         runs[kSocket].push_back(processSeconds(self, "socket", n, elements, iters));
         runs[kLimit].push_back(processSeconds(self, "tcp-limit", n, elements, iters));
         runs[kGloo].push_back(processSeconds(self, "gloo", n, elements, iters));
@@ -534,11 +554,12 @@ int main(int argc, char** argv) {
       }
       // The peers fail now and then (Gloo's IoException); tandem's own groups and the tcp
       // limit must not: the bench ends with status 1 if any run of them did.
-      for (int column : {kZmq, kSocket, kLimit})
+      for (int column : {kZmq, kCurve, kSocket, kLimit})
         for (double s : runs[static_cast<size_t>(column)])
           if (s <= 0) ours_failed = true;
       const double mem = medianOfRepeats(runs[kMemcpy]), in = medianOfRepeats(runs[kIn]),
-                   zmq = medianOfRepeats(runs[kZmq]), sock = medianOfRepeats(runs[kSocket]),
+                   zmq = medianOfRepeats(runs[kZmq]), curve_s = medianOfRepeats(runs[kCurve]),
+                   sock = medianOfRepeats(runs[kSocket]),
                    limit = medianOfRepeats(runs[kLimit]), gloo = medianOfRepeats(runs[kGloo]),
                    shm = medianOfRepeats(runs[kShm]), mtcp = medianOfRepeats(runs[kMpiTcp]);
       auto cell = [&](double s, bool in_process = false) {
@@ -550,12 +571,12 @@ int main(int argc, char** argv) {
       auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
       const double memcpy_gbs = static_cast<double>(bytes) / mem / 1e9;
       std::printf(
-          "%-5d %5d %8.2f | %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7.2f %7.2f %7.2f %7.2f "
-          "%7.2f %7.2f\n",
-          mib, n, memcpy_gbs, cell(in, true).c_str(), cell(zmq).c_str(), cell(sock).c_str(),
-          cell(gloo).c_str(), cell(shm).c_str(), cell(mtcp).c_str(), cell(limit).c_str(),
-          (bus / in) / memcpy_gbs, ratio(shm, in), ratio(gloo, zmq), ratio(gloo, sock),
-          ratio(limit, sock), ratio(gloo, limit));
+          "%-5d %5d %8.2f | %-18s %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7.2f %7.2f %7.2f "
+          "%7.2f %7.2f %7.2f %7.2f\n",
+          mib, n, memcpy_gbs, cell(in, true).c_str(), cell(zmq).c_str(), cell(curve_s).c_str(),
+          cell(sock).c_str(), cell(gloo).c_str(), cell(shm).c_str(), cell(mtcp).c_str(),
+          cell(limit).c_str(), (bus / in) / memcpy_gbs, ratio(shm, in), ratio(gloo, zmq),
+          ratio(gloo, sock), ratio(limit, sock), ratio(gloo, limit), ratio(sock, curve_s));
       std::fflush(stdout);
     }
   std::printf(
@@ -565,7 +586,9 @@ int main(int argc, char** argv) {
       "over plain sockets (target >= 1.5); tcp limit = each rank only moving the bytes a ring "
       "allreduce sends, over sockets like the plain-socket group's (no reduction, no protocol); "
       "sock/lim = tcp limit time / plain-socket time (how near the group comes to it); lim/glo "
-      "= Gloo time / tcp limit time (the most sock/glo could be)\n");
+      "= Gloo time / tcp limit time (the most sock/glo could be); crv/sck = plain-socket time / "
+      "time over CurveZMQ-encrypted ZeroMQ links (what encrypting a replicated stage's group "
+      "costs; below 1 is slower)\n");
   if (ours_failed) {
     std::fprintf(stderr,
                  "collective_bench: tandem's cross-process groups or the tcp limit failed "

@@ -41,6 +41,8 @@ class ZmqGroup final : public PeerGroup {
       lo.stage = rank_;
       lo.peer_stage = p;
       lo.local_congestion = o.local_congestion;
+      lo.curve_secret_key = o.curve_secret_key;
+      lo.curve_peer_public_key = o.curve_public_key;
       links_[static_cast<size_t>(p)] = std::make_unique<ZmqLink>(ctx, lo);
       mine += links_[static_cast<size_t>(p)]->endpoint() + " ";
     }

@@ -1,6 +1,7 @@
 // The cross-process Group: ranks in different processes (or hosts), a ZmqLink between
 // every pair over tcp or ipc, optionally carrying the exchanged chunks as fp16/bf16 (the
-// link's codec; received chunks are decoded and accumulated in fp32).
+// link's codec; received chunks are decoded and accumulated in fp32), optionally
+// encrypted and authenticated with CurveZMQ (what replicated stages use on a cluster).
 //
 // The collectives' algorithms are PeerGroup's (peer_group.h); here each buffer travels in
 // 1 MiB messages on the link to its peer, four of them ahead of what has been received.
@@ -32,6 +33,10 @@ struct ZmqGroupOptions {
   std::chrono::milliseconds link_timeout{30000};  // sends (and recvs outside collectives)
   uint64_t job = 0;
   std::string local_congestion = "cubic";  // its links' (LinkOptions::local_congestion)
+  // CurveZMQ on every link (Z85 keys, both empty for none): every rank holds the same
+  // pair, as the links of a run do with the keys derived from its key, so each link
+  // admits exactly the group's other ranks (and whoever else holds the secret).
+  std::string curve_secret_key, curve_public_key;
 };
 
 // `host` is a backend whose tensors are host memory (the CPU's): received chunks land

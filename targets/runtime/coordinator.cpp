@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "targets/runtime/chunks.h"
 #include "targets/runtime/listener.h"
 #include "targets/runtime/node_info.h"
 
@@ -158,6 +159,8 @@ class Run {
   void exchange() {
     result_.ready.resize(static_cast<size_t>(n_));
     result_.reports.resize(static_cast<size_t>(n_));
+    result_.slices.resize(static_cast<size_t>(n_));
+    slices_.resize(static_cast<size_t>(n_));
     std::vector<bool> ready(static_cast<size_t>(n_)), reported(static_cast<size_t>(n_));
     int readies = 0, reports = 0;
     std::map<int, std::map<int, std::string>> groups;  // stage -> replica -> address
@@ -210,6 +213,9 @@ class Run {
         }
       } else if (const auto* w = std::get_if<WeightsRequest>(&m)) {
         ship(slot, w->hash);
+      } else if (const auto* c = std::get_if<WeightsChunk>(&m)) {
+        if (reported[s]) fail(slot, "sent a trained slice after its report");
+        gather(slot, *c);
       } else if (const auto* p = std::get_if<Progress>(&m)) {
         if (callbacks_.progress) callbacks_.progress(*p);
       } else if (const auto* e = std::get_if<EpochDone>(&m)) {
@@ -218,6 +224,7 @@ class Run {
         if (callbacks_.infer) callbacks_.infer(*i);
       } else if (const auto* report = std::get_if<StageReport>(&m)) {
         if (reported[s]) fail(slot, "reported twice");
+        takeSlice(slot, *report);
         reported[s] = true;
         if (gone && gone->slot == slot) gone.reset();  // it reported, then exited
         result_.reports[s] = *report;
@@ -235,22 +242,36 @@ class Run {
     }
   }
 
-  // Sends worker `slot` the weights of `hash`, in order, in chunks of 1 MiB.
+  // Sends worker `slot` the weights of `hash`, in order, in chunks.
   void ship(int slot, const std::string& hash) {
     const auto it = options_.weights.find(hash);
     if (it == options_.weights.end()) fail(slot, "asked for weights the run does not have");
-    const std::vector<uint8_t>& bytes = *it->second;
-    Channel& c = *channels_[static_cast<size_t>(slot)];
-    constexpr size_t kChunk = size_t{1} << 20;
-    for (size_t at = 0; at < bytes.size(); at += kChunk) {
-      const size_t n = std::min(kChunk, bytes.size() - at);
-      c.send(WeightsChunk{hash,
-                          static_cast<int64_t>(at),
-                          static_cast<int64_t>(bytes.size()),
-                          {bytes.begin() + static_cast<std::ptrdiff_t>(at),
-                           bytes.begin() + static_cast<std::ptrdiff_t>(at + n)}},
-             std::chrono::seconds(60));
+    sendChunks(*channels_[static_cast<size_t>(slot)], hash, *it->second, std::chrono::seconds(60));
+  }
+
+  // A piece of worker `slot`'s trained slice, which comes before its report.
+  void gather(int slot, const WeightsChunk& c) {
+    const auto s = static_cast<size_t>(slot);
+    if (!assignments_[s].save) fail(slot, "sent a trained slice it was not asked for");
+    std::optional<ChunkGatherer>& g = slices_[s];
+    try {
+      if (!g) g.emplace(names_[s] + "'s trained slice", c.hash, c.total);
+      g->add(c);
+    } catch (const FormatError& e) {
+      fail(slot, std::string("sent a bad trained slice: ") + e.what());
     }
+  }
+
+  // Worker `slot` reported: its trained slice, if it was asked for one, must be whole.
+  void takeSlice(int slot, const StageReport& report) {
+    const auto s = static_cast<size_t>(slot);
+    if (!assignments_[s].save) return;
+    std::optional<ChunkGatherer>& g = slices_[s];
+    if (!g || !g->done() || g->hash() != report.model_hash || g->total() != report.model_bytes)
+      fail(slot, "reported without the whole trained slice it names (" +
+                     std::to_string(report.model_bytes) + " bytes)");
+    result_.slices[s] = g->take();
+    g.reset();
   }
 
   // Every worker is ready: replica r of stage s learns, from every replica of the stages
@@ -335,6 +356,7 @@ class Run {
   std::map<std::pair<int, int>, int> slot_of_;  // (stage, replica) -> slot
   std::vector<std::unique_ptr<Channel>> channels_;
   std::unique_ptr<Mailbox> mailbox_;
+  std::vector<std::optional<ChunkGatherer>> slices_;  // by slot, while they come in
   RunResult result_;
 };
 

@@ -108,6 +108,9 @@ struct RunResult {
   // By slot; spans on this machine's realtime clock (seconds since the epoch): each
   // worker's own, less its machine's clock offset, so spans of several hosts line up.
   std::vector<StageReport> reports;
+  // By slot: the trained slice (a model file) of each worker asked to save, verified
+  // against the hash its report names; empty for the others.
+  std::vector<std::vector<uint8_t>> slices;
 };
 
 // Runs the workers of `assignments` (slot i runs assignments[i]; `names[i]` names it in

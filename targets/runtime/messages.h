@@ -25,7 +25,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{1, 0, 0};
+inline constexpr ProtocolVersion kProtocolVersion{2, 0, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -266,7 +266,10 @@ struct StageReport {
   double run_s = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::vector<Span> spans;
-  std::vector<uint8_t> model;   // the trained slice as a model file, when asked
+  // The trained slice (a model file), when asked: sent before the report as weights
+  // chunks (chunks.h) of this content hash and size.
+  std::string model_hash;
+  int64_t model_bytes = 0;
   int64_t weights_shipped = 0;  // starting weights received from the coordinator (bytes)
   double weights_ship_s = 0;
   bool weights_cached = false, weights_corrupted = false;

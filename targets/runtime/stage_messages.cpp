@@ -174,7 +174,12 @@ StageReport readReport(const fb::StageReport* r) {
           {static_cast<ActionType>(s->type()), s->microbatch(), s->start_s(), s->end_s()});
     }
   }
-  if (const auto* model = r->model()) out.model.assign(model->begin(), model->end());
+  out.model_hash = text(m, "model_hash", r->model_hash(), 64);
+  out.model_bytes = r->model_bytes();
+  if (!out.model_hash.empty() && !isHash(out.model_hash))
+    bad(m, "model_hash '" + out.model_hash + "' is not 64 hex digits");
+  range(m, "model_bytes", out.model_bytes, out.model_hash.empty() ? 0 : 1,
+        out.model_hash.empty() ? 0 : kMaxWeightsBytes);
   out.weights_shipped = r->weights_shipped();
   nonNegative(m, "weights_shipped", out.weights_shipped);
   out.weights_ship_s = r->weights_ship_s();
@@ -270,17 +275,18 @@ flatbuffers::Offset<void> build(B& b, const InferDone& m) {
 
 flatbuffers::Offset<void> build(B& b, const StageReport& m) {
   checkCount("stage report", "spans", m.spans.size(), kMaxSpans);
+  checkText("stage report", "model_hash", m.model_hash, 64);
   std::vector<fb::SpanRecord> spans;
   spans.reserve(m.spans.size());
   for (const Span& s : m.spans)
     spans.emplace_back(static_cast<int8_t>(s.type), s.microbatch, s.start_s, s.end_s);
   auto span_vector = b.CreateVectorOfStructs(spans);
-  auto model = b.CreateVector(m.model);
+  auto model_hash = b.CreateString(m.model_hash);
   const StageCounters& c = m.counters;
   return fb::CreateStageReport(b, c.busy_s, c.step_s, c.compute_cpu_s, c.recv_wait_s, c.send_s,
                                c.allreduce_s, c.peak_stash, c.microbatches, m.run_s, m.bytes_sent,
-                               m.bytes_received, span_vector, model, m.weights_shipped,
-                               m.weights_ship_s, m.weights_cached, m.weights_corrupted)
+                               m.bytes_received, span_vector, m.weights_shipped, m.weights_ship_s,
+                               m.weights_cached, m.weights_corrupted, model_hash, m.model_bytes)
       .Union();
 }
 

@@ -10,15 +10,18 @@
 #include <iostream>
 #include <memory>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "core/error.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_trainer.h"
+#include "targets/runtime/chunks.h"
 #include "targets/runtime/handshake.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/weight_cache.h"
 #include "transport/socket_group.h"
+#include "transport/zmq_group.h"
 #include "transport/zmq_link.h"
 
 namespace tandem::runtime {
@@ -82,20 +85,11 @@ std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a,
   }
   const auto t0 = Clock::now();
   coordinator.send(WeightsRequest{a.weights_hash});
-  std::vector<uint8_t> bytes;
-  bytes.reserve(static_cast<size_t>(a.weights_bytes));
-  while (static_cast<int64_t>(bytes.size()) < a.weights_bytes) {
-    const WeightsChunk c =
-        expect<WeightsChunk>(coordinator, std::chrono::seconds(a.timeout_s), "weights");
-    if (c.hash != a.weights_hash || c.total != a.weights_bytes ||
-        c.offset != static_cast<int64_t>(bytes.size()))
-      throw FormatError("weights chunk at " + std::to_string(c.offset) + " of " +
-                        std::to_string(c.total) + " where " + std::to_string(bytes.size()) +
-                        " of " + std::to_string(a.weights_bytes) + " were due");
-    bytes.insert(bytes.end(), c.bytes.begin(), c.bytes.end());
+  ChunkGatherer weights("the starting weights", a.weights_hash, a.weights_bytes);
+  while (!weights.add(
+      expect<WeightsChunk>(coordinator, std::chrono::seconds(a.timeout_s), "weights"))) {
   }
-  if (contentHash(bytes) != a.weights_hash)
-    throw FormatError("the weights received do not hash to " + a.weights_hash);
+  std::vector<uint8_t> bytes = weights.take();
   report.weights_shipped = static_cast<int64_t>(bytes.size());
   report.weights_ship_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (cache) cache->put(a.weights_hash, bytes);
@@ -184,9 +178,33 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   const std::unique_ptr<ReplicaLinks> prev = connect("prev", start.prev, prev_links);
   const std::unique_ptr<ReplicaLinks> next = connect("next", start.next, next_links);
   // The stage's replicas sum their gradients over a group of their own; they find each
-  // other through the coordinator.
+  // other through the coordinator. On encrypted runs the group's links are ZeroMQ's with
+  // the run's CurveZMQ keys, like the stages' links; otherwise plain sockets (faster,
+  // docs/collectives.md). Both sum in the same order.
+  auto exchange = [&](const std::string& mine) {
+    coordinator.send(GroupAddress{mine});
+    GroupAddresses all = expect<GroupAddresses>(coordinator, std::chrono::seconds(a.timeout_s),
+                                                "the group's addresses");
+    if (all.addresses.size() != static_cast<size_t>(a.replicas))
+      throw FormatError(who + ": " + std::to_string(all.addresses.size()) +
+                        " group addresses for " + std::to_string(a.replicas) + " replicas");
+    return all.addresses;
+  };
+  cpu::CpuBackend group_host(cpu::CpuOptions{1});  // where the encrypted group receives
   std::unique_ptr<Group> group;
-  if (a.replicas > 1) {
+  if (a.replicas > 1 && a.encrypt) {
+    transport::ZmqGroupOptions go;
+    go.rank = a.replica;
+    go.size = a.replicas;
+    go.transport = a.transport;
+    go.host = a.bind_host;
+    if (ipc) go.ipc_dir = ipc_name;
+    go.link_timeout = std::chrono::seconds(a.timeout_s);
+    go.job = static_cast<uint64_t>(a.stage);
+    go.curve_secret_key = curve.secret_key;
+    go.curve_public_key = curve.public_key;
+    group = transport::makeZmqGroup(ctx, group_host, go, exchange);
+  } else if (a.replicas > 1) {
     transport::SocketGroupOptions go;
     go.rank = a.replica;
     go.size = a.replicas;
@@ -195,15 +213,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
     if (ipc) go.ipc_dir = ipc_name;
     go.connect_timeout = std::chrono::seconds(a.timeout_s);
     go.job = static_cast<uint64_t>(a.stage);
-    group = transport::makeSocketGroup(go, [&](const std::string& mine) {
-      coordinator.send(GroupAddress{mine});
-      GroupAddresses all = expect<GroupAddresses>(coordinator, std::chrono::seconds(a.timeout_s),
-                                                  "the group's addresses");
-      if (all.addresses.size() != static_cast<size_t>(a.replicas))
-        throw FormatError(who + ": " + std::to_string(all.addresses.size()) +
-                          " group addresses for " + std::to_string(a.replicas) + " replicas");
-      return all.addresses;
-    });
+    group = transport::makeSocketGroup(go, exchange);
   }
 
   PipelineOptions po;
@@ -269,7 +279,12 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
       report.bytes_sent += l->stats().bytes_sent_wire;
       report.bytes_received += l->stats().bytes_received_wire;
     }
-  if (a.save && !a.infer) report.model = serializeModel(model, &optimizer, {});
+  if (a.save && !a.infer) {  // the trained slice goes first, in chunks
+    const std::vector<uint8_t> slice = serializeModel(model, &optimizer, {});
+    report.model_hash = contentHash(slice);
+    report.model_bytes = static_cast<int64_t>(slice.size());
+    sendChunks(coordinator, report.model_hash, slice, std::chrono::seconds(a.timeout_s));
+  }
   coordinator.send(report, std::chrono::seconds(a.timeout_s));
 }
 

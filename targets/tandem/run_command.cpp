@@ -89,7 +89,7 @@ void mergeSaved(const JobSpec& job, const std::vector<runtime::Assign>& as,
   ModelFile all;
   for (size_t i = 0; i < as.size(); ++i) {
     if (!as[i].save) continue;
-    const ModelFile f = parseModelFile(result.reports[i].model,
+    const ModelFile f = parseModelFile(result.slices[i],
                                        "stage " + std::to_string(as[i].stage) + "'s trained slice");
     all.params.insert(all.params.end(), f.params.begin(), f.params.end());
     if (f.optimizer) {

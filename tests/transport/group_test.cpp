@@ -27,6 +27,7 @@
 #include "core/spin.h"
 #include "tests/test_util.h"
 #include "tests/transport/tcp_probe.h"
+#include "transport/curve.h"
 #include "transport/local_group.h"
 #include "transport/local_tcp.h"
 #include "transport/socket_group.h"
@@ -69,8 +70,10 @@ struct Ranks {
 
 // "local": the in-process group; "tcp", "tcp-fp16", "tcp-bf16", "ipc": over ZeroMQ links;
 // "socket", "socket-fp16", "socket-bf16", "socket-ipc": over plain sockets.
+// `curve`: each rank's CurveZMQ key pair (ZeroMQ kinds), empty for plain links.
 Ranks makeRanks(const std::string& kind, int world,
-                std::chrono::milliseconds link_timeout = std::chrono::seconds(30)) {
+                std::chrono::milliseconds link_timeout = std::chrono::seconds(30),
+                const std::vector<CurveKeyPair>& curve = {}) {
   Ranks g;
   if (kind == "local") {
     g.groups = makeLocalGroup(world);
@@ -110,6 +113,10 @@ Ranks makeRanks(const std::string& kind, int world,
     ZmqGroupOptions o;
     common(o);
     o.link_timeout = link_timeout;
+    if (!curve.empty()) {
+      o.curve_secret_key = curve[static_cast<size_t>(r)].secret_key;
+      o.curve_public_key = curve[static_cast<size_t>(r)].public_key;
+    }
     g.groups[static_cast<size_t>(r)] =
         makeZmqGroup(*g.ctx, *g.hosts[static_cast<size_t>(r)], o, exchange);
   });
@@ -684,6 +691,30 @@ TEST(SocketGroupTest, LocalConnectionsGetTheChosenCongestionControl) {
     }));
     EXPECT_TRUE(a == std::vector<float>(5, 3.0f));
   }
+}
+
+TEST(ZmqGroupTest, CurveLinksSumAndAdmitOnlyTheRanksHoldingTheKey) {
+  if (!curveSupported()) GTEST_SKIP() << "this libzmq has no CurveZMQ";
+  const CurveKeyPair run = generateCurveKeyPair();
+  const size_t count = 1048577;
+  Ranks ranks = makeRanks("tcp", 3, 30s, {run, run, run});
+  std::vector<std::vector<float>> data = {rankData(0, count), rankData(1, count),
+                                          rankData(2, count)};
+  const std::vector<float> want = reference(data, ReduceOp::kSum);
+  expectNoErrors(onRanks(ranks, [&](int r, Group& g) {
+    allreduce(g, data[static_cast<size_t>(r)], AllreduceOptions{});
+  }));
+  for (const auto& d : data) EXPECT_TRUE(d == want);
+  // A rank holding another key pair gets nothing through, and is not heard: the others
+  // time out waiting for it.
+  Ranks split = makeRanks("tcp", 2, 1s, {run, generateCurveKeyPair()});
+  std::vector<float> a(100, 1.0f), b(100, 2.0f);
+  AllreduceOptions o;
+  o.timeout = 1s;
+  const auto errors = onRanks(split, [&](int r, Group& g) { allreduce(g, r == 0 ? a : b, o); });
+  for (const auto& e : errors) EXPECT_TRUE(e) << "a rank without the key was heard";
+  EXPECT_EQ(a, std::vector<float>(100, 1.0f));
+  EXPECT_EQ(b, std::vector<float>(100, 2.0f));
 }
 
 TEST(GroupFailureTest, ARankThatNeverArrivesIsNamedAndNothingHangs) {

@@ -15,6 +15,7 @@
 #include "core/model_spec.h"
 #include "core/train/trainer.h"
 #include "targets/runtime/node_info.h"
+#include "targets/runtime/weight_cache.h"
 #include "tests/test_util.h"
 
 namespace tandem::runtime {
@@ -27,15 +28,16 @@ struct Stage {
   int replicas;
 };
 
-// One assignment per replica of each stage, for the MLP on 96 training samples.
-std::vector<Assign> assignments(const std::vector<Stage>& stages, ScheduleKind schedule) {
+// One assignment per replica of each stage, for the MLP (or `spec`) on 96 training samples.
+std::vector<Assign> assignments(const std::vector<Stage>& stages, ScheduleKind schedule,
+                                const std::string& spec = readFile(kMlp, "model spec")) {
   std::vector<Assign> out;
   const int p = static_cast<int>(stages.size());
   for (int s = 0; s < p; ++s)
     for (int r = 0; r < stages[static_cast<size_t>(s)].replicas; ++r) {
       Assign a;
       a.job = "coordinator test";
-      a.model_spec = readFile(kMlp, "model spec");
+      a.model_spec = spec;
       a.stage = s;
       a.stages = p;
       a.replica = r;
@@ -88,7 +90,10 @@ TEST(CoordinatorTest, WorkersInThreadsTrainBitwiseAsOneDevice) {
       {{{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B, false},
       {{{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B, true},
       {{{0, 2, 1}, {2, 4, 2}, {4, 6, 1}}, ScheduleKind::kGPipe, false},
+      // The replicas' group over CurveZMQ (ZeroMQ links) instead of plain sockets.
+      {{{0, 2, 1}, {2, 4, 2}, {4, 6, 1}}, ScheduleKind::kGPipe, true},
   };
+  std::map<std::string, std::vector<float>> replicated_plain;
   for (const Case& c : cases) {
     std::vector<Assign> as = assignments(c.stages, c.schedule);
     for (Assign& a : as) a.encrypt = c.encrypt;
@@ -116,12 +121,16 @@ TEST(CoordinatorTest, WorkersInThreadsTrainBitwiseAsOneDevice) {
         EXPECT_GT(r.reports[i].bytes_received, 0u);
       }
       if (as[i].replica != 0) continue;
-      const ModelFile slice = parseModelFile(r.reports[i].model, names(as)[i]);
+      const ModelFile slice = parseModelFile(r.slices[i], names(as)[i]);
       for (const HostTensor& t : slice.params) got[t.name] = t.data;
     }
     ASSERT_EQ(got.size(), want.size());
     bool replicated = false;
     for (const Stage& st : c.stages) replicated = replicated || st.replicas > 1;
+    if (replicated && !c.encrypt) replicated_plain = got;
+    if (replicated && c.encrypt) {  // either group sums in the same order
+      EXPECT_TRUE(got == replicated_plain) << "encrypted replicas differ from plain ones";
+    }
     for (const auto& [name, w] : want) {
       if (!replicated) {
         EXPECT_EQ(got.at(name), w) << name;  // bitwise
@@ -135,6 +144,29 @@ TEST(CoordinatorTest, WorkersInThreadsTrainBitwiseAsOneDevice) {
         ASSERT_NEAR(g[k], w[k], 1e-5f * (1 + std::abs(w[k]))) << name << "[" << k << "]";
     }
   }
+}
+
+TEST(CoordinatorTest, ATrainedSliceLargerThanAMessageComesBackWhole) {
+  // 784 x 8192 weights (25.7 MB) and Adam's two moments: about 77 MB for stage 0, more
+  // than four times what one control message may carry.
+  const std::string wide = "name: wide\ninput: [1, 28, 28]\nlayers:\n  - flatten\n"
+                           "  - linear: {out: 8192}\n  - relu\n  - linear: {out: 10}\n";
+  std::vector<Assign> as = assignments({{0, 2, 1}, {2, 4, 1}}, ScheduleKind::k1F1B, wide);
+  for (Assign& a : as) {
+    a.optimizer.kind = "adamw";
+    a.train_limit = 32;
+    a.test_limit = 32;
+  }
+  auto launcher = threadLauncher();
+  const RunResult r = coordinate(as, names(as), *launcher, RunCallbacks{}, RunOptions{});
+  ASSERT_EQ(r.slices.size(), 2u);
+  EXPECT_GT(r.slices[0].size(), size_t{64} << 20);
+  const ModelFile first = parseModelFile(r.slices[0], "stage 0's slice");
+  ASSERT_EQ(first.params.size(), 2u);  // the linear layer's weight and bias
+  EXPECT_EQ(first.params[0].data.size() + first.params[1].data.size(), 784u * 8192 + 8192);
+  ASSERT_TRUE(first.optimizer.has_value());
+  EXPECT_EQ(first.optimizer->steps, 1);
+  EXPECT_EQ(r.reports[0].model_hash, contentHash(r.slices[0]));
 }
 
 TEST(CoordinatorTest, OnlyAnExitWithCodeZeroEndsCleanly) {

@@ -149,12 +149,13 @@ TEST_F(DaemonTest, ARecordedHandshakeReplayedOnANewConnectionIsRefused) {
 
 TEST_F(DaemonTest, AnotherMajorVersionIsRefusedNamingBoth) {
   HandshakeOptions o = options();
-  o.version = {2, 0, 0};
+  o.version = {static_cast<uint16_t>(kProtocolVersion.major + 1), 0, 0};
   expectThrowWith<HandshakeRefused>([&] { connectChannel(daemon_->endpoint(), key_, o); },
-                                    {"version mismatch", "control protocol 1.0.0",
-                                     "control protocol 2.0.0", "major versions must match"});
+                                    {"version mismatch", "control protocol " + kProtocolVersion.str(),
+                                     "control protocol " + o.version.str(),
+                                     "major versions must match"});
   // A newer minor version of the same major is welcome.
-  o.version = {1, 7, 0};
+  o.version = {kProtocolVersion.major, static_cast<uint16_t>(kProtocolVersion.minor + 7), 0};
   std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, o);
   EXPECT_EQ(c->peerHello().version, kProtocolVersion);
   c->close();

@@ -190,7 +190,8 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   report.bytes_sent = 1000;
   report.bytes_received = 2000;
   report.spans = {{ActionType::kForward, 3, 1.0, 1.5}, {ActionType::kStep, -1, 2.0, 2.1}};
-  report.model = {9, 8, 7};
+  report.model_hash = std::string(64, 'c');
+  report.model_bytes = 3;
   report.weights_shipped = 5000;
   report.weights_ship_s = 0.25;
   report.weights_corrupted = true;
@@ -255,6 +256,13 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   r.spans = {{ActionType::kForward, 0, 2, 1}};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"ends before it starts"});
   r.spans.clear();
+  r.model_hash = "xyz";
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); },
+                               {"model_hash 'xyz' is not 64 hex digits"});
+  r.model_hash = std::string(64, 'c');
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); },
+                               {"model_bytes 0 is not in [1,"});
+  r.model_hash.clear();
   r.counters.busy_s = -1;
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"busy_s -1"});
   // A diverged run's loss is NaN: it still gets through (and a fuzzer's value compare
