@@ -1,9 +1,10 @@
-// tandem run: a pipeline job on this machine — one `tandem stage` worker process per
-// stage (per replica of a replicated stage), each given its assignment in-band by the
-// runtime's coordinator (targets/runtime/coordinator.h) and wired over tcp or ipc
-// loopback. Prints the last stage's progress and per-epoch summary, then a table per
-// stage and the measured bubble beside (p-1)/(m+p-1). A worker that fails or dies ends
-// the run: the others are stopped, the failure is named, and the exit code is non-zero.
+// tandem run and tandem infer: options in, figures out. The runtime does the run
+// (targets/runtime/job_run.h): one worker process per stage (per replica of a replicated
+// stage), started by the nodes' daemons and given its assignment in-band. Printed here:
+// the plan, the last stage's progress and per-epoch summary, then a table per stage and
+// the measured bubble beside (p-1)/(m+p-1), or the inference figures. A worker that fails
+// or dies ends the run: the others are stopped, the failure is named, and the exit code
+// is 1; SIGINT or SIGTERM stop it with 130 (docs/cli.md).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -16,44 +17,19 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <thread>
 
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/file.h"
-#include "core/model_file.h"
-#include "core/model_spec.h"
 #include "core/pipeline/timeline.h"
-#include "partitioner/cluster.h"
-#include "targets/runtime/cluster_daemons.h"
-#include "targets/runtime/coordinator.h"
-#include "targets/runtime/daemon.h"
 #include "targets/runtime/job.h"
-#include "targets/runtime/local_daemon.h"
-#include "targets/runtime/planning.h"
-#include "targets/runtime/weight_cache.h"
+#include "targets/runtime/job_run.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/progress.h"
 
 namespace tandem::cli {
 
 using runtime::JobSpec;
-using runtime::PlannedJob;
 using runtime::StagePlacement;
-
-namespace {
-
-using namespace std::chrono_literals;
-
-// One worker of the run: a replica of a stage ("stage 1", or "stage 1 replica 0").
-struct WorkerName {
-  static std::string of(int stage, int replica, int replicas) {
-    return "stage " + std::to_string(stage) +
-           (replicas > 1 ? " replica " + std::to_string(replica) : "");
-  }
-};
-
-}  // namespace
 
 std::string tandemdProgram() {
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
@@ -67,42 +43,6 @@ std::string tandemdProgram() {
 }
 
 namespace {
-
-// The job's starting weights, if it names any: checked, and named by their content hash
-// for the workers to fetch (or find in their node's cache).
-std::shared_ptr<const std::vector<uint8_t>> startingWeights(const JobSpec& job) {
-  if (job.weights.empty()) return nullptr;
-  const std::string text = readFile(job.weights, "weights");
-  auto bytes = std::make_shared<std::vector<uint8_t>>(text.begin(), text.end());
-  parseModelFile(*bytes, job.weights);  // a bad file is named here, once
-  return bytes;
-}
-
-// Combines the stages' trained slices (model files, in-band) into one model file.
-void mergeSaved(const JobSpec& job, const std::vector<runtime::Assign>& as,
-                const runtime::RunResult& result) {
-  cpu::CpuBackend be;
-  Model model(loadModelSpec(job.model));
-  model.build(be, job.seed);
-  std::vector<std::pair<std::string, Tensor>> state;
-  int64_t steps = 0;
-  ModelFile all;
-  for (size_t i = 0; i < as.size(); ++i) {
-    if (!as[i].save) continue;
-    const ModelFile f = parseModelFile(result.slices[i],
-                                       "stage " + std::to_string(as[i].stage) + "'s trained slice");
-    all.params.insert(all.params.end(), f.params.begin(), f.params.end());
-    if (f.optimizer) {
-      steps = f.optimizer->steps;
-      for (const HostTensor& t : f.optimizer->tensors)
-        state.push_back({t.name, toDevice(be, t.shape, t.data)});
-    }
-  }
-  loadWeights(model, all, true);  // every parameter, from exactly one stage
-  Optimizer optimizer(be, job.optimizer);
-  optimizer.restore(state, steps);
-  saveModel(job.save, model, &optimizer, {{"seed", static_cast<int64_t>(job.seed)}});
-}
 
 // Writes DIR/trace.json and DIR/timeline.svg (three training steps from the middle of
 // the run, or all of it when shorter).
@@ -180,30 +120,6 @@ struct RunArgs {
   bool infer = false;
 };
 
-// The node of each worker on `cluster`: a plan's stage names its devices "node/device";
-// a job's own ranges go to the cluster's nodes in turn (stage s to node s mod N).
-std::vector<int> nodeOfSlot(const partitioner::Cluster& cluster,
-                            const std::vector<runtime::Assign>& as,
-                            const std::vector<StagePlacement>& stages) {
-  auto nodeIndex = [&](const std::string& name) {
-    for (size_t i = 0; i < cluster.nodes.size(); ++i)
-      if (cluster.nodes[i].name == name) return static_cast<int>(i);
-    throw InvalidArgument("the plan places a stage on node '" + name + "', which " +
-                          cluster.source + " lacks");
-  };
-  std::vector<int> out;
-  for (const runtime::Assign& a : as) {
-    const StagePlacement& place = stages[static_cast<size_t>(a.stage)];
-    int node = a.stage % static_cast<int>(cluster.nodes.size());
-    if (!place.replica_devices.empty()) {
-      const std::string& device = place.replica_devices.at(static_cast<size_t>(a.replica));
-      node = nodeIndex(device.substr(0, device.find('/')));
-    }
-    out.push_back(node);
-  }
-  return out;
-}
-
 // SIGINT and SIGTERM during a run: noted here for the coordinator, which stops every
 // worker and raises Interrupted (a second one ends the process at once, as usual).
 std::atomic<int> g_interrupt{0};
@@ -234,15 +150,6 @@ int runJob(const RunArgs& args) {
   const auto started = std::chrono::steady_clock::now();
   const std::string& timeline = args.timeline;
   const bool spans_wanted = args.infer || !timeline.empty();
-  const JobSpec job = runtime::loadJobSpec(args.job);
-  if (!job.save.empty() && !args.infer) {  // its folder is made, as --timeline's is
-    const std::filesystem::path dir = std::filesystem::path(job.save).parent_path();
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-    TANDEM_CHECK_MSG(!ec, IoError,
-                     "cannot make the folder of save: '" << dir.string() << "': " << ec.message());
-    checkWritable(job.save, "model file");
-  }
   if (!timeline.empty()) {  // made now, so that a path that cannot be one is named at once
     std::error_code ec;
     std::filesystem::create_directories(timeline, ec);
@@ -250,42 +157,32 @@ int runJob(const RunArgs& args) {
                      "cannot make the timeline directory '" << timeline << "': " << ec.message());
     checkWritable(timeline + "/trace.json", "the timeline");
   }
-  const Model model(loadModelSpec(job.model));
-  const auto weights = startingWeights(job);  // read and checked before anything starts
-  if (args.infer && !weights)
+  runtime::JobRunOptions jo;
+  jo.cluster = args.cluster;
+  jo.key = args.key;
+  jo.infer = args.infer;
+  jo.spans = spans_wanted;
+  if (args.launcher == "fork")  // kept to measure the daemon path against
+    jo.fork = {std::filesystem::read_symlink("/proc/self/exe").string(), "stage"};
+  else
+    jo.tandemd = tandemdProgram();
+  // Everything is checked, planned and placed here, before any worker starts.
+  runtime::JobRun jr(runtime::loadJobSpec(args.job), jo);
+  const JobSpec& job = jr.job();
+  if (args.infer && !jr.startsFromWeights())
     spdlog::warn("{} names no 'weights': serving freshly initialised (untrained) parameters",
                  job.source);
-  // The nodes: --cluster's, else the job's (`partition: auto`), else this machine as one.
-  // Their daemons: the cluster's, or tandemd processes started here for nodes without an
-  // address — the same path after this. (The fork launcher needs them only to plan.)
-  const std::string cluster_path = !args.cluster.empty() ? args.cluster : job.cluster;
-  const partitioner::Cluster cluster = !cluster_path.empty()
-                                           ? partitioner::loadCluster(cluster_path)
-                                           : runtime::localCluster(1, job.threads);
-  std::unique_ptr<runtime::ClusterDaemons> daemons;
-  if (args.launcher != "fork" || job.auto_partition)
-    daemons = std::make_unique<runtime::ClusterDaemons>(cluster, args.key, tandemdProgram());
-  // Plan (partition: auto) and check the stages before starting anything.
-  std::string plan_yaml;
-  if (job.auto_partition) {
-    const PlannedJob planned = planJob(job, model, *daemons);
-    plan_yaml = planned.yaml;
+  if (const auto& planned = jr.planned())
     spdlog::info(
         "partition: auto: {} stages by the {} search, predicted {:.3f} ms per "
         "microbatch ({}), {:.0f} samples/s",
-        planned.plan.stages.size(), planned.plan.algorithm, planned.plan.seconds * 1e3,
-        planned.plan.bottleneck, planned.plan.samples_per_s);
-  }
-  const std::vector<StagePlacement> stages = jobStages(job, model, plan_yaml);
+        planned->plan.stages.size(), planned->plan.algorithm, planned->plan.seconds * 1e3,
+        planned->plan.bottleneck, planned->plan.samples_per_s);
+  const std::vector<StagePlacement>& stages = jr.stages();
   const int p = static_cast<int>(stages.size());
-  std::vector<runtime::Assign> as = runtime::jobAssignments(
-      job, stages, args.infer, spans_wanted, readFile(job.model, "model spec"),
-      weights ? runtime::contentHash(*weights) : "",
-      weights ? static_cast<int64_t>(weights->size()) : 0);
+  const std::vector<runtime::Assign>& as = jr.assignments();
+  const std::vector<std::string>& names = jr.workerNames();
   const int n = static_cast<int>(as.size());
-  std::vector<std::string> names;
-  for (const runtime::Assign& a : as)
-    names.push_back(WorkerName::of(a.stage, a.replica, a.replicas));
 
   Progress progress(job.epochs);
   double accuracy = -1;
@@ -326,36 +223,9 @@ int runJob(const RunArgs& args) {
     std::fflush(stdout);
   };
   cb.infer = [&](const runtime::InferDone& m) { infer_result = m; };
-  runtime::RunOptions ro;
-  ro.silence = std::chrono::seconds(2 * job.timeout_s + 30);
-  ro.interrupt = &g_interrupt;
-  if (weights) ro.weights[as.front().weights_hash] = weights;
   runtime::RunResult result;
   try {
-    std::unique_ptr<runtime::Launcher> launcher;
-    if (args.launcher == "fork") {
-      // Kept to measure the daemon path against: workers forked by this process.
-      const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-      launcher = runtime::processLauncher(self, {"stage"});
-    } else {
-      // The nodes' daemons start the workers, each node its share.
-      const std::vector<int> node_of = nodeOfSlot(cluster, as, stages);
-      for (size_t i = 0; i < as.size(); ++i) {
-        as[i].bind_host = cluster.nodes[static_cast<size_t>(node_of[i])].host;
-        // Links between a cluster's hosts: CurveZMQ, keys from the run's key.
-        as[i].encrypt = !daemons->onThisMachine();
-      }
-      if (daemons->remote()) ro.listen = "0.0.0.0:0";
-      // Each worker's device and what it will hold, checked against its node's devices
-      // and free memory before any worker starts.
-      const std::vector<int64_t> stage_bytes = stageMemory(job, model, stages, args.infer);
-      std::vector<runtime::WorkerNeeds> needs;
-      for (const runtime::Assign& a : as)
-        needs.push_back({stage_bytes[static_cast<size_t>(a.stage)], a.device});
-      launcher = runtime::daemonLauncher(daemons->nodes(), node_of, daemons->key(),
-                                         std::chrono::seconds(10), needs);
-    }
-    result = runtime::coordinate(as, names, *launcher, cb, ro);
+    result = jr.run(cb, &g_interrupt);
   } catch (const Error& e) {
     progress.finishEpoch();
     // Ctrl-C in a terminal reaches the workers too: what they report dying of is the
@@ -369,7 +239,7 @@ int runJob(const RunArgs& args) {
     return 1;
   }
 
-  if (weights) {  // what the nodes had to be sent, and what they held already
+  if (jr.startsFromWeights()) {  // what the nodes had to be sent, and what they held already
     int64_t shipped = 0;
     double ship_s = 0;
     int cached = 0, corrupted = 0;
@@ -443,7 +313,7 @@ int runJob(const RunArgs& args) {
   if (accuracy >= 0) std::printf("test accuracy: %.4f\n", accuracy);
   std::fflush(stdout);
   if (!args.infer && !job.save.empty()) {
-    mergeSaved(job, as, result);
+    jr.save(result);
     spdlog::info("saved {}", job.save);
   }
   // A signal after the workers finished: the results above are whole (a save is never

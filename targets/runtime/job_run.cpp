@@ -1,0 +1,140 @@
+#include "targets/runtime/job_run.h"
+
+#include <filesystem>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "core/model_file.h"
+#include "core/model_spec.h"
+#include "targets/runtime/weight_cache.h"
+
+namespace tandem::runtime {
+
+namespace {
+
+// The job's starting weights, if it names any: read and checked (a bad file is named
+// here, once), to be named by their content hash for the workers to fetch.
+std::shared_ptr<const std::vector<uint8_t>> startingWeights(const JobSpec& job) {
+  if (job.weights.empty()) return nullptr;
+  const std::string text = readFile(job.weights, "weights");
+  auto bytes = std::make_shared<std::vector<uint8_t>>(text.begin(), text.end());
+  parseModelFile(*bytes, job.weights);
+  return bytes;
+}
+
+// The folder of `save:` made (as --timeline's is) and the file checked writable.
+void prepareSave(const std::string& path) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  TANDEM_CHECK_MSG(!ec, IoError,
+                   "cannot make the folder of save: '" << dir.string() << "': " << ec.message());
+  checkWritable(path, "model file");
+}
+
+// The node of each worker on `cluster`: a plan's stage names its devices "node/device";
+// a job's own ranges go to the cluster's nodes in turn (stage s to node s mod N).
+std::vector<int> nodeOfSlot(const partitioner::Cluster& cluster, const std::vector<Assign>& as,
+                            const std::vector<StagePlacement>& stages) {
+  auto nodeIndex = [&](const std::string& name) {
+    for (size_t i = 0; i < cluster.nodes.size(); ++i)
+      if (cluster.nodes[i].name == name) return static_cast<int>(i);
+    throw InvalidArgument("the plan places a stage on node '" + name + "', which " +
+                          cluster.source + " lacks");
+  };
+  std::vector<int> out;
+  for (const Assign& a : as) {
+    const StagePlacement& place = stages[static_cast<size_t>(a.stage)];
+    int node = a.stage % static_cast<int>(cluster.nodes.size());
+    if (!place.replica_devices.empty()) {
+      const std::string& device = place.replica_devices.at(static_cast<size_t>(a.replica));
+      node = nodeIndex(device.substr(0, device.find('/')));
+    }
+    out.push_back(node);
+  }
+  return out;
+}
+
+}  // namespace
+
+JobRun::JobRun(JobSpec job, JobRunOptions options)
+    : job_(std::move(job)), options_(std::move(options)) {
+  if (!job_.save.empty() && !options_.infer) prepareSave(job_.save);
+  const Model model(loadModelSpec(job_.model));
+  weights_ = startingWeights(job_);
+  const std::string cluster_path = !options_.cluster.empty() ? options_.cluster : job_.cluster;
+  cluster_ = !cluster_path.empty() ? partitioner::loadCluster(cluster_path)
+                                   : localCluster(1, job_.threads);
+  const bool fork = !options_.fork.empty();
+  // The daemons: the cluster's, or tandemd processes started here for nodes without an
+  // address — one path after this. Forked workers need them only to plan.
+  if (!fork || job_.auto_partition)
+    daemons_ = std::make_unique<ClusterDaemons>(cluster_, options_.key, options_.tandemd);
+  if (job_.auto_partition) planned_ = planJob(job_, model, *daemons_);
+  stages_ = jobStages(job_, model, planned_ ? planned_->yaml : "");
+  assignments_ =
+      jobAssignments(job_, stages_, options_.infer, options_.spans,
+                     readFile(job_.model, "model spec"), weights_ ? contentHash(*weights_) : "",
+                     weights_ ? static_cast<int64_t>(weights_->size()) : 0);
+  for (const Assign& a : assignments_)
+    names_.push_back("stage " + std::to_string(a.stage) +
+                     (a.replicas > 1 ? " replica " + std::to_string(a.replica) : ""));
+  if (fork) return;
+  node_of_ = nodeOfSlot(cluster_, assignments_, stages_);
+  for (size_t i = 0; i < assignments_.size(); ++i) {
+    Assign& a = assignments_[i];
+    a.bind_host = cluster_.nodes[static_cast<size_t>(node_of_[i])].host;
+    // Links between a cluster's hosts: CurveZMQ, keys from the run's key.
+    a.encrypt = !daemons_->onThisMachine();
+  }
+  // Each worker's device and what it will hold, checked against its node's devices and
+  // free memory when the launcher connects, before any worker starts.
+  const std::vector<int64_t> stage_bytes = stageMemory(job_, model, stages_, options_.infer);
+  for (const Assign& a : assignments_)
+    needs_.push_back({stage_bytes[static_cast<size_t>(a.stage)], a.device});
+}
+
+JobRun::~JobRun() = default;
+
+RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
+  RunOptions ro;
+  ro.silence = std::chrono::seconds(2 * job_.timeout_s + 30);
+  ro.interrupt = interrupt;
+  if (weights_) ro.weights[assignments_.front().weights_hash] = weights_;
+  std::unique_ptr<Launcher> launcher;
+  if (!options_.fork.empty()) {
+    launcher = processLauncher(options_.fork.front(),
+                               {options_.fork.begin() + 1, options_.fork.end()});
+  } else {
+    if (daemons_->remote()) ro.listen = "0.0.0.0:0";
+    launcher = daemonLauncher(daemons_->nodes(), node_of_, daemons_->key(),
+                              std::chrono::seconds(10), needs_);
+  }
+  return coordinate(assignments_, names_, *launcher, callbacks, ro);
+}
+
+void JobRun::save(const RunResult& result) const {
+  cpu::CpuBackend be;
+  Model model(loadModelSpec(job_.model));
+  model.build(be, job_.seed);
+  std::vector<std::pair<std::string, Tensor>> state;
+  int64_t steps = 0;
+  ModelFile all;
+  for (size_t i = 0; i < assignments_.size(); ++i) {
+    if (!assignments_[i].save) continue;
+    const ModelFile f = parseModelFile(result.slices.at(i), names_[i] + "'s trained slice");
+    all.params.insert(all.params.end(), f.params.begin(), f.params.end());
+    if (f.optimizer) {
+      steps = f.optimizer->steps;
+      for (const HostTensor& t : f.optimizer->tensors)
+        state.push_back({t.name, toDevice(be, t.shape, t.data)});
+    }
+  }
+  loadWeights(model, all, true);  // every parameter, from exactly one stage
+  Optimizer optimizer(be, job_.optimizer);
+  optimizer.restore(state, steps);
+  saveModel(job_.save, model, &optimizer, {{"seed", static_cast<int64_t>(job_.seed)}});
+}
+
+}  // namespace tandem::runtime

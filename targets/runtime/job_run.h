@@ -1,0 +1,75 @@
+// A pipeline job run from the coordinator's side — what `tandem run` and `tandem infer`
+// do between parsing their options and printing: the job's starting weights read and
+// checked, its nodes' daemons found or started (cluster_daemons.h), its stages planned
+// (`partition: auto`) and placed on nodes, every worker's assignment made and checked
+// against its node's devices and free memory — all before any worker starts; then the
+// run itself (coordinator.h), and the trained slices merged into the job's `save:` file.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "targets/runtime/cluster_daemons.h"
+#include "targets/runtime/coordinator.h"
+#include "targets/runtime/job.h"
+#include "targets/runtime/planning.h"
+
+namespace tandem::runtime {
+
+struct JobRunOptions {
+  // The nodes: this cluster file's, else the job's `cluster:`, else this machine as one
+  // node with a CPU device of the job's threads.
+  std::string cluster;
+  std::string key;      // the cluster key file, over the cluster file's `key`
+  std::string tandemd;  // the daemon program, for nodes without an address
+  // Workers forked by this process (`program args... --control HOST:PORT --slot N`)
+  // instead of started by the nodes' daemons: kept to measure the daemon path against.
+  std::vector<std::string> fork;
+  bool infer = false;  // stream the test set forward instead of training
+  bool spans = false;  // the workers record spans (timelines, inference latencies)
+};
+
+class JobRun {
+ public:
+  // Everything up to starting the workers (see above). Errors name the file, node,
+  // device or figure that is wrong.
+  JobRun(JobSpec job, JobRunOptions options);
+  ~JobRun();
+  JobRun(const JobRun&) = delete;
+  JobRun& operator=(const JobRun&) = delete;
+
+  const JobSpec& job() const { return job_; }
+  // The plan `partition: auto` made (nullopt for other jobs).
+  const std::optional<PlannedJob>& planned() const { return planned_; }
+  const std::vector<StagePlacement>& stages() const { return stages_; }
+  // By slot: every worker's assignment and its name ("stage 1", "stage 1 replica 0").
+  const std::vector<Assign>& assignments() const { return assignments_; }
+  const std::vector<std::string>& workerNames() const { return names_; }
+  bool startsFromWeights() const { return weights_ != nullptr; }
+
+  // Starts the workers and runs the job to its end (coordinate()); `interrupt` as in
+  // RunOptions. Error naming the worker or node at the first failure.
+  RunResult run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt = nullptr);
+  // Merges the trained slices of `result` into one model file with the optimizer's
+  // state, written whole to the job's `save:` path.
+  void save(const RunResult& result) const;
+
+ private:
+  JobSpec job_;
+  JobRunOptions options_;
+  partitioner::Cluster cluster_;
+  std::shared_ptr<const std::vector<uint8_t>> weights_;
+  std::unique_ptr<ClusterDaemons> daemons_;
+  std::optional<PlannedJob> planned_;
+  std::vector<StagePlacement> stages_;
+  std::vector<Assign> assignments_;
+  std::vector<std::string> names_;
+  std::vector<int> node_of_;        // by slot: its node's index in the cluster
+  std::vector<WorkerNeeds> needs_;  // by slot: device and memory, checked before starting
+};
+
+}  // namespace tandem::runtime
