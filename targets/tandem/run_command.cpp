@@ -313,6 +313,7 @@ int runJob(const RunArgs& args) {
   if (accuracy >= 0) std::printf("test accuracy: %.4f\n", accuracy);
   std::fflush(stdout);
   if (!args.infer && !job.save.empty()) {
+    spdlog::info("saving the trained model to {}", job.save);
     jr.save(result);
     spdlog::info("saved {}", job.save);
   }

@@ -334,6 +334,28 @@ TEST(TandemdTest, AnInterruptedRunSaysSoAndLeavesNothingBehind) {
     }
     EXPECT_TRUE(processesWith("--name " + node).empty()) << "the run's tandemd outlived it";
   }
+  // While saving: a model wide enough (13 M parameters and their momentum, 100 MB) that
+  // its save takes a good part of a second. The signal lets the save finish whole (never a
+  // half-written file), then the run ends with 130.
+  std::ofstream(dir + "/wide.yaml") << "name: wide\ninput: [1, 28, 28]\nlayers:\n  - flatten\n"
+                                    << "  - linear: {out: 16384}\n  - relu\n  - linear: {out: 10}\n";
+  std::ofstream(dir + "/saving.yaml")
+      << "model: wide.yaml\nbatch: 32\nmicrobatches: 2\npartition: equal\nstages: 2\n"
+      << "epochs: 1\ntrain_limit: 64\ntest_limit: 32\ncluster: c.yaml\nsave: out/m.tdm\n";
+  {
+    Background r("exec " + kCli + " run " + dir + "/saving.yaml", dir + "/run.log");
+    ASSERT_TRUE(r.waitFor("saving the trained model to ", 60s)) << r.output();
+    r.signal(SIGINT);
+    EXPECT_EQ(r.wait(30s), 130) << r.output();
+    EXPECT_NE(r.output().find("interrupted by SIGINT after the workers had finished; the model "
+                              "was saved whole"),
+              std::string::npos)
+        << r.output();
+    EXPECT_EQ(tandem::readModelFile(dir + "/out/m.tdm").params.size(), 4u);
+    for (const auto& e : std::filesystem::directory_iterator(dir + "/out"))
+      EXPECT_EQ(e.path().filename(), "m.tdm") << "left behind: " << e.path();
+    EXPECT_TRUE(processesWith("--name " + node).empty()) << "the run's tandemd outlived it";
+  }
   for (const auto& e : std::filesystem::directory_iterator("/tmp"))
     EXPECT_EQ(e.path().filename().string().find("tandem-run-"), std::string::npos) << e.path();
 }
