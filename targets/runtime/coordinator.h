@@ -77,7 +77,13 @@ struct DaemonNode {
 struct WorkerNeeds {
   int64_t memory_bytes = 0;
   std::string device;  // "cpu", "opencl:0" (empty: not checked)
+  std::string worker;  // its name in messages ("stage 1"; empty: "worker N")
 };
+// What the launcher checks of node `n` (named `name`) from its node info: InvalidArgument
+// when it lacks the device of a worker placed on it (node_of_slot[i] == n), or has less
+// free memory than those workers need together. Nothing to check when `needs` is empty.
+void checkWorkersFit(const std::string& name, const NodeInfo& info, int n,
+                     const std::vector<int>& node_of_slot, const std::vector<WorkerNeeds>& needs);
 std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          const std::vector<int>& node_of_slot,
                                          const ClusterKey& cluster_key,

@@ -37,7 +37,7 @@ class DaemonLauncher final : public Launcher {
         const std::optional<Message> first = c->recv(timeout);
         if (!first || !std::holds_alternative<NodeInfo>(*first))
           throw FormatError("it did not say who it is");
-        checkNode(n, std::get<NodeInfo>(*first), needs);
+        checkWorkersFit(node.name, std::get<NodeInfo>(*first), n, node_of_slot, needs);
         c->send(NodeInfo{"tandem run", buildName(), "", 0, 0, 0, 0, {}, {}, {}});
         const ClockEstimate clock = estimateClock(*c, 8, timeout);  // NTP-style, best of 8
         offsets_[n] = clock.offset_s;
@@ -52,38 +52,6 @@ class DaemonLauncher final : public Launcher {
     }
   }
 
-  // Refuses node `n` when it lacks a device one of its workers is to run on, or has less
-  // free memory than its workers need together.
-  void checkNode(int n, const NodeInfo& info, const std::vector<WorkerNeeds>& needs) const {
-    if (needs.empty()) return;
-    const std::string& name = nodes_.at(static_cast<size_t>(n)).name;
-    int64_t need = 0;
-    std::string workers;
-    for (size_t s = 0; s < node_of_slot_.size(); ++s) {
-      if (node_of_slot_[s] != n) continue;
-      const WorkerNeeds& w = needs.at(s);
-      if (!w.device.empty()) {
-        std::string has;
-        bool found = false;
-        for (const NodeDevice& d : info.devices) {
-          found = found || d.id == w.device;
-          has += (has.empty() ? "" : ", ") + d.id;
-        }
-        if (!found)
-          throw InvalidArgument("node '" + name + "' has no device '" + w.device + "' for worker " +
-                                std::to_string(s) + " (it has " + has +
-                                "); nothing was started");
-      }
-      need += w.memory_bytes;
-      workers += (workers.empty() ? "" : ", ") + std::to_string(s) + ": " +
-                 std::to_string(w.memory_bytes >> 20) + " MiB";
-    }
-    if (info.free_memory_bytes <= 0 || need <= info.free_memory_bytes) return;
-    throw InvalidArgument("node '" + name + "' has " + std::to_string(info.free_memory_bytes >> 20) +
-                          " MiB of memory free, and its workers need about " +
-                          std::to_string(need >> 20) + " MiB (worker " + workers +
-                          "): the job does not fit, and nothing was started");
-  }
   ~DaemonLauncher() override { stopAll(); }
 
   int64_t start(int slot, const Endpoint& coordinator, const ClusterKey& key) override {
@@ -197,6 +165,37 @@ class DaemonLauncher final : public Launcher {
 };
 
 }  // namespace
+
+void checkWorkersFit(const std::string& name, const NodeInfo& info, int n,
+                     const std::vector<int>& node_of_slot, const std::vector<WorkerNeeds>& needs) {
+  if (needs.empty()) return;
+  int64_t need = 0;
+  std::string workers;
+  for (size_t s = 0; s < node_of_slot.size(); ++s) {
+    if (node_of_slot[s] != n) continue;
+    const WorkerNeeds& w = needs.at(s);
+    const std::string who = w.worker.empty() ? "worker " + std::to_string(s) : w.worker;
+    if (!w.device.empty()) {
+      std::string has;
+      bool found = false;
+      for (const NodeDevice& d : info.devices) {
+        found = found || d.id == w.device;
+        has += (has.empty() ? "" : ", ") + d.id;
+      }
+      if (!found)
+        throw InvalidArgument("node '" + name + "' has no device '" + w.device + "' for " + who +
+                              " (it has " + has + "); nothing was started");
+    }
+    need += w.memory_bytes;
+    workers += (workers.empty() ? "" : ", ") + who + ": " +
+               std::to_string(w.memory_bytes >> 20) + " MiB";
+  }
+  if (info.free_memory_bytes <= 0 || need <= info.free_memory_bytes) return;
+  throw InvalidArgument("node '" + name + "' has " + std::to_string(info.free_memory_bytes >> 20) +
+                        " MiB of memory free, and its workers need about " +
+                        std::to_string(need >> 20) + " MiB (" + workers +
+                        "): the job does not fit, and nothing was started");
+}
 
 std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          const std::vector<int>& node_of_slot,

@@ -1,5 +1,6 @@
 #include "targets/runtime/job_run.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "backends/cpu/cpu_backend.h"
@@ -7,6 +8,7 @@
 #include "core/file.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
+#include "targets/runtime/node_info.h"
 #include "targets/runtime/weight_cache.h"
 
 namespace tandem::runtime {
@@ -66,33 +68,60 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
   const std::string cluster_path = !options_.cluster.empty() ? options_.cluster : job_.cluster;
   cluster_ = !cluster_path.empty() ? partitioner::loadCluster(cluster_path)
                                    : localCluster(1, job_.threads);
+  local_ = std::none_of(cluster_.nodes.begin(), cluster_.nodes.end(),
+                        [](const partitioner::ClusterNode& n) { return n.address.has_value(); });
   const bool fork = !options_.fork.empty();
+  if (!job_.auto_partition) {
+    place(model);
+    // A cluster without addresses is this machine: its workers' devices and memory are
+    // checked here, before its daemons start (a cluster's daemons are asked when the
+    // launcher connects, still before any worker starts).
+    if (!fork && local_) {
+      const NodeInfo here = localNodeInfo("this machine");
+      try {
+        for (size_t n = 0; n < cluster_.nodes.size(); ++n)
+          checkWorkersFit(cluster_.nodes[n].name, here, static_cast<int>(n), node_of_, needs_);
+      } catch (const InvalidArgument& e) {  // named where the job places its stages
+        throw InvalidArgument(
+            (job_.partition_where.empty() ? job_.source : job_.partition_where) + ": " + e.what());
+      }
+    }
+  }
   // The daemons: the cluster's, or tandemd processes started here for nodes without an
   // address — one path after this. Forked workers need them only to plan.
   if (!fork || job_.auto_partition)
     daemons_ = std::make_unique<ClusterDaemons>(cluster_, options_.key, options_.tandemd);
-  if (job_.auto_partition) planned_ = planJob(job_, model, *daemons_);
+  if (job_.auto_partition) {
+    planned_ = planJob(job_, model, *daemons_);
+    place(model);
+  }
+}
+
+void JobRun::place(const Model& model) {
   stages_ = jobStages(job_, model, planned_ ? planned_->yaml : "");
   assignments_ =
       jobAssignments(job_, stages_, options_.infer, options_.spans,
                      readFile(job_.model, "model spec"), weights_ ? contentHash(*weights_) : "",
                      weights_ ? static_cast<int64_t>(weights_->size()) : 0);
+  names_.clear();
   for (const Assign& a : assignments_)
     names_.push_back("stage " + std::to_string(a.stage) +
                      (a.replicas > 1 ? " replica " + std::to_string(a.replica) : ""));
-  if (fork) return;
+  if (!options_.fork.empty()) return;
   node_of_ = nodeOfSlot(cluster_, assignments_, stages_);
   for (size_t i = 0; i < assignments_.size(); ++i) {
     Assign& a = assignments_[i];
     a.bind_host = cluster_.nodes[static_cast<size_t>(node_of_[i])].host;
     // Links between a cluster's hosts: CurveZMQ, keys from the run's key.
-    a.encrypt = !daemons_->onThisMachine();
+    a.encrypt = !local_;
   }
   // Each worker's device and what it will hold, checked against its node's devices and
-  // free memory when the launcher connects, before any worker starts.
+  // free memory before any worker starts.
   const std::vector<int64_t> stage_bytes = stageMemory(job_, model, stages_, options_.infer);
-  for (const Assign& a : assignments_)
-    needs_.push_back({stage_bytes[static_cast<size_t>(a.stage)], a.device});
+  needs_.clear();
+  for (size_t i = 0; i < assignments_.size(); ++i)
+    needs_.push_back({stage_bytes[static_cast<size_t>(assignments_[i].stage)],
+                      assignments_[i].device, names_[i]});
 }
 
 JobRun::~JobRun() = default;

@@ -59,9 +59,13 @@ class JobRun {
   void save(const RunResult& result) const;
 
  private:
+  // Stages (from the plan, if one was made), assignments, names, nodes and needs.
+  void place(const Model& model);
+
   JobSpec job_;
   JobRunOptions options_;
   partitioner::Cluster cluster_;
+  bool local_ = false;  // no node has an address: the nodes are this machine
   std::shared_ptr<const std::vector<uint8_t>> weights_;
   std::unique_ptr<ClusterDaemons> daemons_;
   std::optional<PlannedJob> planned_;
