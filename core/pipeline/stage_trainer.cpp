@@ -39,7 +39,8 @@ StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& o
 }
 
 EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64_t epoch,
-                                     const std::function<void(const StepReport&)>& progress) {
+                                     const std::function<void(const StepReport&)>& progress,
+                                     int64_t first_step) {
   TANDEM_CHECK_MSG(range_.first() == (data != nullptr), InvalidArgument,
                    "stage " << range_.stage << ": the dataset goes to the first stage only");
   TANDEM_CHECK_MSG(
@@ -58,7 +59,7 @@ EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64
         ++global_step_;
         return loss;
       },
-      progress);
+      progress, first_step);
 }
 
 EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t batch) {

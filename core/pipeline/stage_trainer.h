@@ -35,8 +35,14 @@ class StageTrainer {
 
   // One pass over `samples` samples (all of `data` on the first stage, which alone gets
   // it; null elsewhere). The loss in the report and in progress is the last stage's.
+  // `first_step` > 0 resumes the epoch at that step (see resumeAt).
   EpochReport trainEpoch(const Dataset* data, int64_t samples, int64_t epoch,
-                         const std::function<void(const StepReport&)>& progress);
+                         const std::function<void(const StepReport&)>& progress,
+                         int64_t first_step = 0);
+  // A run resumed from a checkpoint: `steps` training steps were already taken (they
+  // number the steps, which seed dropout; the shuffle is by epoch).
+  void resumeAt(int64_t steps) { global_step_ = steps; }
+  int64_t stepsTaken() const { return global_step_; }
   // Forward-only over `samples` test samples in batches of `batch`: the last stage's
   // mean loss and accuracy (zero elsewhere).
   EvalResult evaluate(const Dataset* data, int64_t samples, int64_t batch);

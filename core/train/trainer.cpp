@@ -60,12 +60,13 @@ double Trainer::step(const float* x, const int32_t* labels, int64_t n) {
 
 EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
                      const std::function<double(int64_t begin, int64_t n)>& step,
-                     const std::function<void(const StepReport&)>& progress) {
+                     const std::function<void(const StepReport&)>& progress,
+                     int64_t first_step) {
   const auto t0 = Clock::now();
   const int64_t steps = (samples + batch - 1) / batch;
   double loss_sum = 0;
   int64_t seen = 0;
-  for (int64_t s = 0; s < steps; ++s) {
+  for (int64_t s = first_step; s < steps; ++s) {
     const int64_t begin = s * batch;
     const int64_t n = std::min(batch, samples - begin);
     loss_sum += step(begin, n);

@@ -68,9 +68,12 @@ class Trainer {
 // samples [begin, begin + n) of the epoch's order and returns their summed loss;
 // `progress` (may be empty) hears after every step. Shared by Trainer and a pipeline's
 // stages.
+// `first_step` > 0 resumes the epoch there (the steps before it were taken elsewhere,
+// e.g. before a checkpoint); the report covers the steps run here.
 EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
                      const std::function<double(int64_t begin, int64_t n)>& step,
-                     const std::function<void(const StepReport&)>& progress);
+                     const std::function<void(const StepReport&)>& progress,
+                     int64_t first_step = 0);
 
 // InvalidArgument unless `model` maps the data's samples to its classes.
 void checkClassifier(const Model& model, const Dataset& data);

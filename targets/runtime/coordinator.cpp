@@ -234,6 +234,8 @@ class Run {
           span.end_s -= offset;
         }
         ++reports;
+      } else if (const auto* k = std::get_if<Checkpointed>(&m)) {
+        checkpointed(slot, *k);
       } else if (const auto* f = std::get_if<Failed>(&m)) {
         fail(slot, "failed: " + f->message);
       } else {
@@ -252,7 +254,8 @@ class Run {
   // A piece of worker `slot`'s trained slice, which comes before its report.
   void gather(int slot, const WeightsChunk& c) {
     const auto s = static_cast<size_t>(slot);
-    if (!assignments_[s].save) fail(slot, "sent a trained slice it was not asked for");
+    if (!assignments_[s].save && assignments_[s].checkpoint_every == 0)
+      fail(slot, "sent a trained slice it was not asked for");
     std::optional<ChunkGatherer>& g = slices_[s];
     try {
       if (!g) g.emplace(names_[s] + "'s trained slice", c.hash, c.total);
@@ -260,6 +263,31 @@ class Run {
     } catch (const FormatError& e) {
       fail(slot, std::string("sent a bad trained slice: ") + e.what());
     }
+  }
+
+  // Worker `slot`'s slice at a checkpoint is in: once every stage's is, the caller gets
+  // them all (slices by slot, empty for the replicas that send none).
+  void checkpointed(int slot, const Checkpointed& c) {
+    const auto s = static_cast<size_t>(slot);
+    const Assign& a = assignments_[s];
+    if (a.checkpoint_every == 0 || a.replica != 0 || c.step % a.checkpoint_every != 0)
+      fail(slot, "sent a checkpoint at step " + std::to_string(c.step) + " it was not asked for");
+    std::optional<ChunkGatherer>& g = slices_[s];
+    if (!g || !g->done() || g->hash() != c.hash || g->total() != c.bytes)
+      fail(slot, "sent a checkpoint without the whole slice it names (" +
+                     std::to_string(c.bytes) + " bytes)");
+    std::vector<std::vector<uint8_t>>& at = checkpoints_[c.step];
+    at.resize(static_cast<size_t>(n_));
+    if (!at[s].empty()) fail(slot, "sent its checkpoint at step " + std::to_string(c.step) + " twice");
+    at[s] = g->take();
+    g.reset();
+    for (int i = 0; i < n_; ++i) {
+      const Assign& other = assignments_[static_cast<size_t>(i)];
+      if (other.checkpoint_every > 0 && other.replica == 0 && at[static_cast<size_t>(i)].empty())
+        return;  // still on its way
+    }
+    if (callbacks_.checkpoint) callbacks_.checkpoint(c.step, at);
+    checkpoints_.erase(c.step);
   }
 
   // Worker `slot` reported: its trained slice, if it was asked for one, must be whole.
@@ -357,6 +385,7 @@ class Run {
   std::vector<std::unique_ptr<Channel>> channels_;
   std::unique_ptr<Mailbox> mailbox_;
   std::vector<std::optional<ChunkGatherer>> slices_;  // by slot, while they come in
+  std::map<int64_t, std::vector<std::vector<uint8_t>>> checkpoints_;  // step -> slices by slot
   RunResult result_;
 };
 

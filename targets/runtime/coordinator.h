@@ -96,6 +96,9 @@ struct RunCallbacks {
   std::function<void(const Progress&)> progress;
   std::function<void(const EpochDone&)> epoch;
   std::function<void(const InferDone&)> infer;
+  // Every stage's slice (a model file) after `step` training steps, by slot (empty for the
+  // replicas beyond the first, which hold the same): workers with checkpoint_every.
+  std::function<void(int64_t step, const std::vector<std::vector<uint8_t>>& slices)> checkpoint;
 };
 
 struct RunOptions {

@@ -125,6 +125,31 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
 
 }  // namespace
 
+void parseCheckpoint(const YamlReader& r, const YAML::Node& node, const std::string& dir,
+                     JobSpec::Checkpoint& c) {
+  if (!node.IsMap())
+    r.fail(node, "'checkpoint' must be a map, e.g. {every_steps: 100, keep: 2}");
+  c.where = r.at(node);
+  bool every = false;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    if (key == "every_steps") {
+      c.every_steps = r.positive(v, key);
+      every = true;
+    } else if (key == "keep") {
+      c.keep = static_cast<int>(r.positive(v, key));
+      if (c.keep > 1000) r.fail(v, "'keep' must be at most 1000");
+    } else if (key == "dir") {
+      c.dir = resolve(dir, r.get<std::string>(v, key, "a directory"));
+    } else {
+      r.fail(kv.first,
+             "unknown checkpoint key '" + key + "' (expected every_steps, keep or dir)");
+    }
+  }
+  if (!every) r.fail(node, "'checkpoint' needs 'every_steps: K' (checkpoint every K steps)");
+}
+
 JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   const YamlReader r(source);
   const YAML::Node root = r.load(yaml_text);
@@ -199,15 +224,20 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.save = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else if (key == "weights") {
       job.weights = resolve(dir, r.get<std::string>(v, key, "a path"));
+    } else if (key == "checkpoint") {
+      parseCheckpoint(r, v, dir, job.checkpoint);
     } else {
       r.fail(kv.first, "unknown key '" + key +
                            "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
                            "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
                            "codec, transport, timeout_s, partition, stages, cluster, profile, "
-                           "max_replicas, save or weights)");
+                           "max_replicas, save, weights or checkpoint)");
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");
+  if (job.checkpoint.every_steps > 0 && job.checkpoint.dir.empty())
+    job.checkpoint.dir =
+        resolve(dir, "checkpoints/" + std::filesystem::path(source).stem().string());
   if (!partition) throw InvalidArgument(source + ": 'partition' is required ('equal' or ranges)");
   const bool planned = job.auto_partition || !job.plan.empty();
   if (job.auto_partition && job.cluster.empty())

@@ -69,6 +69,16 @@ struct JobSpec {
   std::string partition_where;  // "job.yaml:12:12", for messages
   std::string save;             // a model file to write at the end (resolved like `model`)
   std::string weights;          // a model file to start from (its parameters), e.g. to serve
+  // `checkpoint: {every_steps: K, keep: N, dir: D}`: every K training steps the run
+  // writes a checkpoint (the whole model with its optimizer state, and where training
+  // stands) into D, keeping the newest N (docs/runtime.md, Checkpoints). every_steps 0:
+  // none.
+  struct Checkpoint {
+    int64_t every_steps = 0;
+    int keep = 2;
+    std::string dir;    // default: checkpoints/<job file's stem> beside the job file
+    std::string where;  // "job.yaml:14:13", for messages
+  } checkpoint;
 };
 
 JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source = "<string>");

@@ -1,7 +1,11 @@
 #include "targets/runtime/job_run.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
+
+#include <spdlog/spdlog.h>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -64,7 +68,20 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     : job_(std::move(job)), options_(std::move(options)) {
   if (!job_.save.empty() && !options_.infer) prepareSave(job_.save);
   const Model model(loadModelSpec(job_.model));
+  model_spec_ = readFile(job_.model, "model spec");
   weights_ = startingWeights(job_);
+  if (!options_.resume.empty()) {  // the checkpoint's weights and step, checked against the job
+    TANDEM_CHECK_MSG(!options_.infer, InvalidArgument, "--resume continues training, not infer");
+    std::optional<Checkpoint> c = newestCheckpoint(options_.resume);
+    if (!c) throw InvalidArgument("no usable checkpoint in '" + options_.resume + "'");
+    checkResumable(*c, checkpointJob(job_, model_spec_), job_.source);
+    if (weights_)
+      spdlog::warn("{} names 'weights', but the run resumes from {}", job_.source, c->model_path);
+    parseModelFile(c->model, c->model_path);
+    weights_ = std::make_shared<const std::vector<uint8_t>>(std::move(c->model));
+    start_step_ = c->step;
+    spdlog::info("resuming from {} (step {})", c->model_path, c->step);
+  }
   const std::string cluster_path = !options_.cluster.empty() ? options_.cluster : job_.cluster;
   cluster_ = !cluster_path.empty() ? partitioner::loadCluster(cluster_path)
                                    : localCluster(1, job_.threads);
@@ -99,10 +116,14 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
 
 void JobRun::place(const Model& model) {
   stages_ = jobStages(job_, model, planned_ ? planned_->yaml : "");
-  assignments_ =
-      jobAssignments(job_, stages_, options_.infer, options_.spans,
-                     readFile(job_.model, "model spec"), weights_ ? contentHash(*weights_) : "",
-                     weights_ ? static_cast<int64_t>(weights_->size()) : 0);
+  assignments_ = jobAssignments(job_, stages_, options_.infer, options_.spans, model_spec_,
+                                weights_ ? contentHash(*weights_) : "",
+                                weights_ ? static_cast<int64_t>(weights_->size()) : 0);
+  for (Assign& a : assignments_) {
+    a.start_step = start_step_;
+    a.restore_optimizer = start_step_ > 0;
+    if (!options_.infer) a.checkpoint_every = job_.checkpoint.every_steps;
+  }
   names_.clear();
   for (const Assign& a : assignments_)
     names_.push_back("stage " + std::to_string(a.stage) +
@@ -140,19 +161,38 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
     launcher = daemonLauncher(daemons_->nodes(), node_of_, daemons_->key(),
                               std::chrono::seconds(10), needs_);
   }
-  return coordinate(assignments_, names_, *launcher, callbacks, ro);
+  RunCallbacks cb = callbacks;
+  if (job_.checkpoint.every_steps > 0 && !options_.infer)
+    cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
+      checkpoint(step, slices);
+      if (callbacks.checkpoint) callbacks.checkpoint(step, slices);
+    };
+  return coordinate(assignments_, names_, *launcher, cb, ro);
 }
 
-void JobRun::save(const RunResult& result) const {
+void JobRun::checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<uint8_t> model = merge(slices);
+  writeCheckpoint(job_.checkpoint.dir, step, model, checkpointJob(job_, model_spec_),
+                  job_.checkpoint.keep);
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%012lld.tdm", static_cast<long long>(step));
+  last_checkpoint_ = (std::filesystem::path(job_.checkpoint.dir) / name).string();
+  spdlog::info("checkpoint at step {}: {} ({:.1f} MB, {:.3f} s)", step, last_checkpoint_,
+               static_cast<double>(model.size()) / 1e6,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+std::vector<uint8_t> JobRun::merge(const std::vector<std::vector<uint8_t>>& slices) const {
   cpu::CpuBackend be;
   Model model(loadModelSpec(job_.model));
   model.build(be, job_.seed);
   std::vector<std::pair<std::string, Tensor>> state;
   int64_t steps = 0;
   ModelFile all;
-  for (size_t i = 0; i < assignments_.size(); ++i) {
-    if (!assignments_[i].save) continue;
-    const ModelFile f = parseModelFile(result.slices.at(i), names_[i] + "'s trained slice");
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (slices[i].empty()) continue;
+    const ModelFile f = parseModelFile(slices[i], names_[i] + "'s trained slice");
     all.params.insert(all.params.end(), f.params.begin(), f.params.end());
     if (f.optimizer) {
       steps = f.optimizer->steps;
@@ -163,7 +203,11 @@ void JobRun::save(const RunResult& result) const {
   loadWeights(model, all, true);  // every parameter, from exactly one stage
   Optimizer optimizer(be, job_.optimizer);
   optimizer.restore(state, steps);
-  saveModel(job_.save, model, &optimizer, {{"seed", static_cast<int64_t>(job_.seed)}});
+  return serializeModel(model, &optimizer, {{"seed", static_cast<int64_t>(job_.seed)}});
+}
+
+void JobRun::save(const RunResult& result) const {
+  writeFileAtomically(job_.save, merge(result.slices), 0666);
 }
 
 }  // namespace tandem::runtime

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "targets/runtime/checkpoint.h"
 #include "targets/runtime/cluster_daemons.h"
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/job.h"
@@ -31,6 +32,9 @@ struct JobRunOptions {
   std::vector<std::string> fork;
   bool infer = false;  // stream the test set forward instead of training
   bool spans = false;  // the workers record spans (timelines, inference latencies)
+  // Continue from the newest usable checkpoint in this folder (checkpoint.h): its weights
+  // and optimizer state, from its step; the job must match what it was taken with.
+  std::string resume;
 };
 
 class JobRun {
@@ -50,6 +54,10 @@ class JobRun {
   const std::vector<Assign>& assignments() const { return assignments_; }
   const std::vector<std::string>& workerNames() const { return names_; }
   bool startsFromWeights() const { return weights_ != nullptr; }
+  // The step a resumed run starts from (0 for a fresh one).
+  int64_t startStep() const { return start_step_; }
+  // The newest checkpoint this run wrote ("" if none yet).
+  const std::string& lastCheckpoint() const { return last_checkpoint_; }
 
   // Starts the workers and runs the job to its end (coordinate()); `interrupt` as in
   // RunOptions. Error naming the worker or node at the first failure.
@@ -61,12 +69,19 @@ class JobRun {
  private:
   // Stages (from the plan, if one was made), assignments, names, nodes and needs.
   void place(const Model& model);
+  // One model file of the whole model and its optimizer state from the stages' slices
+  // (by slot; empty for the slots that send none).
+  std::vector<uint8_t> merge(const std::vector<std::vector<uint8_t>>& slices) const;
+  void checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& slices);
 
   JobSpec job_;
   JobRunOptions options_;
   partitioner::Cluster cluster_;
   bool local_ = false;  // no node has an address: the nodes are this machine
   std::shared_ptr<const std::vector<uint8_t>> weights_;
+  std::string model_spec_;  // the model spec's text
+  int64_t start_step_ = 0;
+  std::string last_checkpoint_;
   std::unique_ptr<ClusterDaemons> daemons_;
   std::optional<PlannedJob> planned_;
   std::vector<StagePlacement> stages_;

@@ -71,6 +71,7 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const EpochDo
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const InferDone& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const StageReport& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Failed& m);
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Checkpointed& m);
 // The message of a stage worker's body type; FormatError naming the field at fault.
 Message readStageMessage(const fb::Message* msg);
 

@@ -140,7 +140,8 @@ fb::Body bodyType(const Message& m) {
       fb::Body_LinkResult,     fb::Body_WorkerHello, fb::Body_Assign,      fb::Body_WeightsRequest,
       fb::Body_WeightsChunk,   fb::Body_Ready,       fb::Body_Start,       fb::Body_GroupAddress,
       fb::Body_GroupAddresses, fb::Body_Progress,    fb::Body_EpochDone,   fb::Body_InferDone,
-      fb::Body_StageReport,    fb::Body_Failed,      fb::Body_ProfileTask, fb::Body_ProfileResult};
+      fb::Body_StageReport,    fb::Body_Failed,      fb::Body_ProfileTask, fb::Body_ProfileResult,
+      fb::Body_Checkpointed};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -221,7 +222,7 @@ const char* messageName(const Message& m) {
                                            "start",           "group address", "group addresses",
                                            "progress",        "epoch done",    "infer done",
                                            "stage report",    "failed",        "profile task",
-                                           "profile result"};
+                                           "profile result",  "checkpointed"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -391,6 +392,7 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
     case fb::Body_InferDone:
     case fb::Body_StageReport:
     case fb::Body_Failed:
+    case fb::Body_Checkpointed:
       return readStageMessage(msg);
     default:
       throw FormatError("bad control message: unknown body type " +

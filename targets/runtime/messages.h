@@ -196,6 +196,9 @@ struct Assign {
   std::string weights_hash;  // a model file to start from (contentHash), or empty
   int64_t weights_bytes = 0;
   bool encrypt = false;  // CurveZMQ on the links, keys from the run's key
+  int64_t checkpoint_every = 0;  // send the trained slice every so many steps (0: never)
+  int64_t start_step = 0;        // training steps already taken: a resumed run starts there
+  bool restore_optimizer = false;  // the starting weights carry optimizer state to restore
   bool operator==(const Assign&) const = default;
 };
 
@@ -281,11 +284,19 @@ struct Failed {
   bool operator==(const Failed&) const = default;
 };
 
+// A stage's slice at a checkpoint, sent just before as weights chunks (chunks.h).
+struct Checkpointed {
+  int64_t step = 0;
+  std::string hash;
+  int64_t bytes = 0;
+  bool operator==(const Checkpointed&) const = default;
+};
+
 using Message =
     std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch, Launched,
                  WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign, WeightsRequest,
                  WeightsChunk, Ready, Start, GroupAddress, GroupAddresses, Progress, EpochDone,
-                 InferDone, StageReport, Failed, ProfileTask, ProfileResult>;
+                 InferDone, StageReport, Failed, ProfileTask, ProfileResult, Checkpointed>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

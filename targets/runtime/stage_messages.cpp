@@ -134,6 +134,13 @@ Assign readAssign(const fb::Assign* a) {
   range(m, "weights_bytes", out.weights_bytes, out.weights_hash.empty() ? 0 : 1,
         out.weights_hash.empty() ? 0 : kMaxWeightsBytes);
   out.encrypt = a->encrypt();
+  out.checkpoint_every = a->checkpoint_every();
+  range(m, "checkpoint_every", out.checkpoint_every, 0, int64_t{1} << 40);
+  out.start_step = a->start_step();
+  range(m, "start_step", out.start_step, 0, int64_t{1} << 40);
+  out.restore_optimizer = a->restore_optimizer();
+  if (out.restore_optimizer && out.weights_hash.empty())
+    bad(m, "restore_optimizer without starting weights to restore it from");
   return out;
 }
 
@@ -217,7 +224,8 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
                           m.microbatches, m.batch, m.epochs, m.seed, m.recompute, optimizer, act,
                           grad, data, m.train_limit, m.test_limit, m.timeout_s, m.infer,
                           m.record_spans, m.save, host, transport, data_dir, weights_hash,
-                          m.weights_bytes, m.encrypt)
+                          m.weights_bytes, m.encrypt, m.checkpoint_every, m.start_step,
+                          m.restore_optimizer)
       .Union();
 }
 
@@ -288,6 +296,11 @@ flatbuffers::Offset<void> build(B& b, const StageReport& m) {
                                m.bytes_received, span_vector, m.weights_shipped, m.weights_ship_s,
                                m.weights_cached, m.weights_corrupted, model_hash, m.model_bytes)
       .Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const Checkpointed& m) {
+  checkText("checkpointed", "hash", m.hash, 64);
+  return fb::CreateCheckpointed(b, m.step, b.CreateString(m.hash), m.bytes).Union();
 }
 
 flatbuffers::Offset<void> build(B& b, const Failed& m) {
@@ -388,6 +401,15 @@ Message readStageMessage(const fb::Message* msg) {
       return readReport(msg->body_as_StageReport());
     case fb::Body_Failed:
       return Failed{text("failed", "message", msg->body_as_Failed()->message(), kMaxTextBytes)};
+    case fb::Body_Checkpointed: {
+      const fb::Checkpointed* c = msg->body_as_Checkpointed();
+      const char* m = "checkpointed";
+      Checkpointed out{c->step(), text(m, "hash", c->hash(), 64), c->bytes()};
+      range(m, "step", out.step, 1, int64_t{1} << 40);
+      if (!isHash(out.hash)) bad(m, "hash '" + out.hash + "' is not 64 hex digits");
+      range(m, "bytes", out.bytes, 1, kMaxWeightsBytes);
+      return out;
+    }
     default:
       bad("?", "not a stage worker's message");
   }

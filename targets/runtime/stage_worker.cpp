@@ -9,6 +9,7 @@
 #include <csignal>
 #include <iostream>
 #include <memory>
+#include <set>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
@@ -96,6 +97,32 @@ std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a,
   return bytes;
 }
 
+// The optimizer's state for this stage's parameters, from a model file of the whole model
+// (a checkpoint): FormatError naming `who` when the file has none.
+void restoreOptimizer(Optimizer& optimizer, const Model& model, Backend& backend,
+                      const ModelFile& file, const std::string& who) {
+  if (!file.optimizer)
+    throw FormatError(who + ": the starting weights carry no optimizer state to resume from");
+  std::set<std::string> mine;
+  for (const Param* p : model.params()) mine.insert(p->name);
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (const HostTensor& t : file.optimizer->tensors) {
+    const size_t dot = t.name.rfind('.');
+    if (dot != std::string::npos && mine.count(t.name.substr(0, dot)))
+      state.push_back({t.name, toDevice(backend, t.shape, t.data)});
+  }
+  optimizer.restore(state, file.optimizer->steps);
+}
+
+// Sends this stage's slice at a checkpoint: chunks, then `checkpointed`.
+void sendCheckpoint(Channel& coordinator, const Model& model, const Optimizer& optimizer,
+                    int64_t step, std::chrono::milliseconds timeout) {
+  const std::vector<uint8_t> slice = serializeModel(model, &optimizer, {});
+  const std::string hash = contentHash(slice);
+  sendChunks(coordinator, hash, slice, timeout);
+  coordinator.send(Checkpointed{step, hash, static_cast<int64_t>(slice.size())}, timeout);
+}
+
 void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
          const std::string& cache_dir) {
   const std::string who = "stage " + std::to_string(a.stage) +
@@ -110,12 +137,13 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
       who << ": layers [" << begin << ", " << end << ") but the model has " << model.size());
   model.build(*backend, a.seed, begin, end);
   StageReport report;
-  if (!a.weights_hash.empty())
-    loadWeights(model,
-                parseModelFile(startingWeights(coordinator, a, cache_dir, report),
-                               who + "'s starting weights"),
-                false);
   Optimizer optimizer(*backend, a.optimizer);
+  if (!a.weights_hash.empty()) {
+    const ModelFile start_from = parseModelFile(startingWeights(coordinator, a, cache_dir, report),
+                                                who + "'s starting weights");
+    loadWeights(model, start_from, false);
+    if (a.restore_optimizer) restoreOptimizer(optimizer, model, *backend, start_from, who);
+  }
 
   // Unix sockets (transport: ipc) are named in Linux's abstract namespace, unique to this
   // worker: no file is made, so a worker that is killed leaves none behind.
@@ -238,15 +266,32 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
     if (reports) coordinator.send(InferDone{ev.samples, ev.loss, ev.accuracy, report.run_s});
   }
   StageCounters training;  // over the training epochs, without the evaluations between
-  for (int64_t e = 0; !a.infer && e < a.epochs; ++e) {
+  // A resumed run starts where its checkpoint was taken: epoch and step within it.
+  const int64_t steps_per_epoch = (start.train_samples + a.batch - 1) / a.batch;
+  const int64_t first_epoch = steps_per_epoch > 0 ? a.start_step / steps_per_epoch : 0;
+  if (a.start_step > 0 && !a.infer) {
+    if (first_epoch >= a.epochs)
+      throw InvalidArgument(who + ": asked to resume after step " + std::to_string(a.start_step) +
+                            ", past the job's " + std::to_string(a.epochs) + " epochs of " +
+                            std::to_string(steps_per_epoch) + " steps");
+    trainer.resumeAt(a.start_step);
+  }
+  // Replica 0 of each stage sends its slice every checkpoint_every steps.
+  const bool checkpoints = a.checkpoint_every > 0 && a.replica == 0;
+  for (int64_t e = first_epoch; !a.infer && e < a.epochs; ++e) {
     auto sent = Clock::now() - 1h;
     auto progress = [&](const StepReport& r) {
+      if (checkpoints && trainer.stepsTaken() % a.checkpoint_every == 0)
+        sendCheckpoint(coordinator, model, optimizer, trainer.stepsTaken(),
+                       std::chrono::seconds(a.timeout_s));
       if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
       sent = Clock::now();
       coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});
     };
     const StageCounters before = trainer.executor().counters();
-    const EpochReport r = trainer.trainEpoch(train_data, start.train_samples, e, progress);
+    const int64_t first_step = e == first_epoch ? a.start_step - first_epoch * steps_per_epoch : 0;
+    const EpochReport r =
+        trainer.trainEpoch(train_data, start.train_samples, e, progress, first_step);
     const StageCounters after = trainer.executor().counters();
     training.busy_s += after.busy_s - before.busy_s;
     training.step_s += after.step_s - before.step_s;

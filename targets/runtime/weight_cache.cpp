@@ -41,9 +41,9 @@ std::string defaultWeightCacheDir() {
   return "/tmp/tandem-weights";
 }
 
-void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes) {
+void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes, unsigned mode) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) throw IoError("cannot write '" + tmp + "': " + std::strerror(errno));
   size_t done = 0;
   bool ok = true;

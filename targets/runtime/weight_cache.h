@@ -19,8 +19,10 @@ std::string contentHash(std::span<const uint8_t> bytes);
 bool isContentHash(const std::string& text);
 
 // Writes `path` so that it is either absent, as it was, or whole: a temporary file beside
-// it, fsync, rename. IoError naming the path.
-void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes);
+// it, fsync, rename. IoError naming the path. `mode` as open(2) takes it (less the umask):
+// the cache's files are the owner's alone; a user's files (a save, a checkpoint) 0666.
+void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes,
+                         unsigned mode = 0600);
 
 class WeightCache {
  public:

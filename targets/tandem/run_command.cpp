@@ -115,7 +115,7 @@ void printInference(const std::vector<StageSpans>& all, const runtime::InferDone
 }
 
 struct RunArgs {
-  std::string job, timeline, cluster, key;
+  std::string job, timeline, cluster, key, resume;
   std::string launcher = "daemon";  // or "fork": workers forked by tandem run itself
   bool infer = false;
 };
@@ -162,6 +162,7 @@ int runJob(const RunArgs& args) {
   jo.key = args.key;
   jo.infer = args.infer;
   jo.spans = spans_wanted;
+  jo.resume = args.resume;
   if (args.launcher == "fork")  // kept to measure the daemon path against
     jo.fork = {std::filesystem::read_symlink("/proc/self/exe").string(), "stage"};
   else
@@ -230,12 +231,19 @@ int runJob(const RunArgs& args) {
     progress.finishEpoch();
     // Ctrl-C in a terminal reaches the workers too: what they report dying of is the
     // interruption.
+    // What is kept: the checkpoints written so far, if any.
+    const std::string kept =
+        jr.lastCheckpoint().empty()
+            ? "nothing was saved"
+            : "the newest checkpoint is " + jr.lastCheckpoint() + " (continue with --resume " +
+                  job.checkpoint.dir + ")";
     if (const int s = g_interrupt.load(); s != 0) {
-      spdlog::warn("interrupted by {}: every worker was stopped; nothing was saved",
-                   s == SIGINT ? "SIGINT" : "SIGTERM");
+      spdlog::warn("interrupted by {}: every worker was stopped; {}",
+                   s == SIGINT ? "SIGINT" : "SIGTERM", kept);
       throw Interrupted("the run was interrupted");
     }
     spdlog::error("{}", e.what());
+    if (!jr.lastCheckpoint().empty()) spdlog::info("{}", kept);
     return 1;
   }
 
@@ -340,6 +348,9 @@ void addRun(CLI::App& app) {
   c->add_option("--key", a->key, "Cluster key file (default: the cluster file's `key`)");
   c->add_option("--timeline", a->timeline,
                 "Write DIR/trace.json (Chrome trace) and DIR/timeline.svg of the run");
+  c->add_option("--resume", a->resume,
+                "Continue from the newest checkpoint in DIR (the job's `checkpoint: dir`): its "
+                "weights, optimizer state and step");
   c->add_option("--launcher", a->launcher,
                 "daemon (default): a node daemon starts the workers; fork: this process does "
                 "(kept to measure the daemon path against)")

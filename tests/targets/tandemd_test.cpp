@@ -360,6 +360,90 @@ TEST(TandemdTest, AnInterruptedRunSaysSoAndLeavesNothingBehind) {
     EXPECT_EQ(e.path().filename().string().find("tandem-run-"), std::string::npos) << e.path();
 }
 
+// Checkpoints and --resume: a run resumed from any usable checkpoint — on another split
+// and schedule, after a damaged newer checkpoint, after SIGINT or SIGKILL of `tandem run`
+// itself — saves bitwise the model of the run that was never interrupted.
+TEST(TandemdTest, ARunResumedFromACheckpointEndsBitwiseAsTheUninterruptedOne) {
+  const std::string dir = tandem::testing::freshDir("resume");
+  auto job = [&](const std::string& name, const std::string& extra) {
+    std::ofstream(dir + "/" + name + ".yaml")
+        << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
+        << "batch: 32\nmicrobatches: 4\nseed: 3\nepochs: 2\ntrain_limit: 640\ntest_limit: 64\n"
+        << "optimizer: {kind: adamw, lr: 0.001}\n"
+        << "checkpoint: {every_steps: 3, keep: 3, dir: ck-" << name << "}\n"
+        << "save: out/" << name << ".tdm\n"
+        << extra;
+    return dir + "/" + name + ".yaml";
+  };
+  const std::string full = job("full", "partition: equal\nstages: 2\n");
+  Ran r = run(kCli + " run " + full);
+  ASSERT_EQ(r.code, 0) << r.out;
+  // 40 steps: checkpoints at 3, 6, ..., 39; the newest three kept.
+  for (const char* step : {"33", "36", "39"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/ck-full/step-0000000000" + std::string(step) +
+                                        ".tdm"))
+        << step;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ck-full/step-000000000030.json"));
+  const std::string want = slurp(dir + "/out/full.tdm");
+  ASSERT_FALSE(want.empty());
+
+  // From step 36 (the newest, 39, removed) on three stages with GPipe.
+  std::filesystem::copy(dir + "/ck-full", dir + "/from36");
+  std::filesystem::remove(dir + "/from36/step-000000000039.json");
+  const std::string split = job("split", "partition: equal\nstages: 3\nschedule: gpipe\n");
+  r = run(kCli + " run " + split + " --resume " + dir + "/from36");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resuming from " + dir + "/from36/step-000000000036.tdm (step 36)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(slurp(dir + "/out/split.tdm") == want) << "resumed on 3 stages: not bitwise";
+
+  // The newest checkpoint damaged: named, passed over, the one before it used.
+  std::filesystem::copy(dir + "/ck-full", dir + "/damaged");
+  {
+    std::fstream f(dir + "/damaged/step-000000000039.tdm",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1000);
+    f.put('\x7f');
+  }
+  const std::string again = job("again", "partition: equal\nstages: 2\n");
+  r = run(kCli + " run " + again + " --resume " + dir + "/damaged");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint at step 39 in " + dir + "/damaged is damaged, passed over: "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(step 36)"), std::string::npos) << r.out;
+  EXPECT_TRUE(slurp(dir + "/out/again.tdm") == want) << "resumed past a damaged one: not bitwise";
+
+  // A job that differs from the checkpoint's is refused, naming the setting.
+  const std::string other = job("other", "partition: equal\nstages: 2\nbatch: 64\n");
+  r = run(kCli + " run " + other + " --resume " + dir + "/ck-full");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("was taken with batch 32, the job has 64"), std::string::npos) << r.out;
+
+  // tandem run itself stopped: SIGINT (it says where to resume from), and SIGKILL.
+  for (int sig : {SIGINT, SIGKILL}) {
+    const std::string name = sig == SIGINT ? "int" : "kill";
+    const std::string stopped = job(name, "partition: equal\nstages: 2\n");
+    {
+      Background b("exec " + kCli + " run " + stopped, dir + "/" + name + ".log");
+      ASSERT_TRUE(b.waitFor("checkpoint at step 3:", 60s)) << b.output();
+      b.signal(sig);
+      const int code = b.wait(30s);
+      if (sig == SIGINT) {
+        EXPECT_EQ(code, 130) << b.output();
+        EXPECT_NE(b.output().find("the newest checkpoint is "), std::string::npos) << b.output();
+      }
+    }
+    r = run(kCli + " run " + stopped + " --resume " + dir + "/ck-" + name);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out.find("(step 39)"), std::string::npos) << "the run was not stopped early";
+    EXPECT_TRUE(slurp(dir + "/out/" + name + ".tdm") == want)
+        << "resumed after " << name << ": not bitwise";
+  }
+}
+
 TEST(TandemdTest, AClusterRunNamesTheNodeItCannotUse) {
   const std::string dir = tandem::testing::freshDir("cluster-bad");
   ASSERT_EQ(run(kCli + " keygen --cluster --out " + dir + "/c").code, 0);

@@ -169,6 +169,30 @@ TEST(CoordinatorTest, ATrainedSliceLargerThanAMessageComesBackWhole) {
   EXPECT_EQ(r.reports[0].model_hash, contentHash(r.slices[0]));
 }
 
+TEST(CoordinatorTest, CheckpointsComeFromEveryStageAtTheSameStep) {
+  std::vector<Assign> as = assignments({{0, 2, 1}, {2, 4, 2}, {4, 6, 1}}, ScheduleKind::k1F1B);
+  for (Assign& a : as) a.checkpoint_every = 1;  // 3 steps: 3 checkpoints
+  auto launcher = threadLauncher();
+  std::vector<int64_t> steps;
+  std::vector<std::vector<uint8_t>> last;
+  RunCallbacks cb;
+  cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
+    steps.push_back(step);
+    last = slices;
+  };
+  const RunResult r = coordinate(as, names(as), *launcher, cb, RunOptions{});
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));
+  ASSERT_EQ(last.size(), as.size());
+  for (size_t i = 0; i < as.size(); ++i) {
+    if (as[i].replica != 0) {  // replicas hold what replica 0 holds: it alone sends
+      EXPECT_TRUE(last[i].empty()) << names(as)[i];
+      continue;
+    }
+    // After the last step the checkpoint is the trained slice itself.
+    EXPECT_TRUE(last[i] == r.slices[i]) << names(as)[i];
+  }
+}
+
 TEST(CoordinatorTest, OnlyAnExitWithCodeZeroEndsCleanly) {
   EXPECT_TRUE(endedCleanly({0, "(pid 4) exited with code 0", false}));
   EXPECT_TRUE(endedCleanly({0, "exited with code 0", false}));

@@ -49,6 +49,19 @@ TEST(JobTest, ReadsEverySetting) {
   EXPECT_EQ(j.timeout_s, 5);
   EXPECT_EQ(j.stages, 3);
   EXPECT_EQ(j.ranges, (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 9}, {9, 11}}));
+  EXPECT_EQ(j.checkpoint.every_steps, 0);  // none unless asked
+  const JobSpec c = parseJobSpec(
+      "model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 50, keep: 4}\n",
+      "jobs/run.yaml");
+  EXPECT_EQ(c.checkpoint.every_steps, 50);
+  EXPECT_EQ(c.checkpoint.keep, 4);
+  EXPECT_EQ(c.checkpoint.dir, "jobs/checkpoints/run");  // beside the job file
+  EXPECT_EQ(c.checkpoint.where, "jobs/run.yaml:4:13");
+  EXPECT_EQ(parseJobSpec("model: m.yaml\npartition: equal\nstages: 2\n"
+                         "checkpoint: {every_steps: 5, dir: /tmp/ck}\n",
+                         "jobs/run.yaml")
+                .checkpoint.dir,
+            "/tmp/ck");
 }
 
 TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
@@ -58,6 +71,14 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
   } cases[] = {
       {"model: m.yaml\npartition: equal\nstages: 2\nepoch: 3\n",
        {"j.yaml:4:1", "unknown key 'epoch'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: 5\n",
+       {"j.yaml:4:13", "'checkpoint' must be a map"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {keep: 2}\n",
+       {"j.yaml:4:13", "needs 'every_steps: K'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 0}\n",
+       {"j.yaml:4:27", "positive"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 5, often: 1}\n",
+       {"j.yaml:4:30", "unknown checkpoint key 'often'"}},
       {"model: m.yaml\npartition: equal\nstages: 2\nschedule: zb-h1\n",
        {"j.yaml:4:11", "unknown schedule 'zb-h1'"}},
       {"model: m.yaml\npartition: equal\nstages: 2\nschedule: forward\n",

@@ -180,6 +180,9 @@ Assign sampleAssign() {
   a.weights_hash = std::string(64, 'a');
   a.weights_bytes = 1234;
   a.encrypt = true;
+  a.checkpoint_every = 100;
+  a.start_step = 250;
+  a.restore_optimizer = true;
   return a;
 }
 
@@ -215,6 +218,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       InferDone{100, 0.4, 0.9, 0.2},
       report,
       Failed{"stage 1 failed"},
+      Checkpointed{300, std::string(64, 'd'), 4096},
       ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}},
       ProfileResult{"{\"schema\": \"tandem-profile\"}", 1}};
   for (const Message& m : all) {
@@ -243,6 +247,14 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](Assign& a) { a.train_limit = -1; }, "train_limit is negative"},
       {[](Assign& a) { a.weights_hash = "abc"; }, "weights_hash 'abc' is not 64 hex digits"},
       {[](Assign& a) { a.weights_bytes = 0; }, "weights_bytes 0 is not in [1,"},
+      {[](Assign& a) { a.checkpoint_every = -1; }, "checkpoint_every -1 is not in [0,"},
+      {[](Assign& a) { a.start_step = -5; }, "start_step -5 is not in [0,"},
+      {[](Assign& a) {
+         a.weights_hash.clear();
+         a.weights_bytes = 0;
+         a.restore_optimizer = true;
+       },
+       "restore_optimizer without starting weights"},
   };
   for (const Case& c : cases) {
     Assign a = sampleAssign();
