@@ -174,7 +174,8 @@ class Run {
       if (!gone) {
         if (const auto e = launcher_.ended(); e && !reported[static_cast<size_t>(e->slot)]) {
           if (e->killed)
-            throw Error(names_[static_cast<size_t>(e->slot)] + " " + e->how + " before finishing");
+            throw WorkerLost(names_[static_cast<size_t>(e->slot)] + " " + e->how + " before finishing",
+                             e->slot);
           gone = e;
           gone_at = Clock::now();
         }
@@ -368,9 +369,10 @@ class Run {
       }
       if (!e->killed) continue;
       const std::string killed = names_[static_cast<size_t>(e->slot)] + " " + e->how;
-      if (e->slot == slot) throw Error(killed + " before finishing");
-      throw Error(killed + " before finishing; then " + names_[static_cast<size_t>(slot)] + " " +
-                  what);
+      if (e->slot == slot) throw WorkerLost(killed + " before finishing", e->slot);
+      throw WorkerLost(
+          killed + " before finishing; then " + names_[static_cast<size_t>(slot)] + " " + what,
+          e->slot);
     }
     throw Error(names_[static_cast<size_t>(slot)] + " " + what);
   }

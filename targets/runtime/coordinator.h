@@ -112,6 +112,15 @@ struct RunOptions {
   const std::atomic<int>* interrupt = nullptr;
 };
 
+// A run ended by a worker killed by a signal or lost with its node — not by an error the
+// worker reported, which would recur: what a run may recover from by leaving that
+// worker's node out. `slot` is the worker named first.
+class WorkerLost : public Error {
+ public:
+  WorkerLost(const std::string& what, int slot) : Error(what), slot(slot) {}
+  int slot;
+};
+
 struct RunResult {
   std::vector<Ready> ready;  // by slot
   // By slot; spans on this machine's realtime clock (seconds since the epoch): each
@@ -123,7 +132,8 @@ struct RunResult {
 };
 
 // Runs the workers of `assignments` (slot i runs assignments[i]; `names[i]` names it in
-// messages, e.g. "stage 1 replica 0"). Error naming the worker at the first failure.
+// messages, e.g. "stage 1 replica 0"). Error naming the worker at the first failure
+// (WorkerLost when a worker was killed or lost with its node).
 RunResult coordinate(const std::vector<Assign>& assignments, const std::vector<std::string>& names,
                      Launcher& launcher, const RunCallbacks& callbacks, const RunOptions& options);
 

@@ -226,12 +226,16 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.weights = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else if (key == "checkpoint") {
       parseCheckpoint(r, v, dir, job.checkpoint);
+    } else if (key == "max_restarts") {
+      const auto n = r.get<long long>(v, key, "a whole number");
+      if (n < 0 || n > 1000) r.fail(v, "'max_restarts' must be from 0 to 1000");
+      job.max_restarts = static_cast<int>(n);
     } else {
       r.fail(kv.first, "unknown key '" + key +
                            "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
                            "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
                            "codec, transport, timeout_s, partition, stages, cluster, profile, "
-                           "max_replicas, save, weights or checkpoint)");
+                           "max_replicas, save, weights, checkpoint or max_restarts)");
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");

@@ -79,6 +79,10 @@ struct JobSpec {
     std::string dir;    // default: checkpoints/<job file's stem> beside the job file
     std::string where;  // "job.yaml:14:13", for messages
   } checkpoint;
+  // With checkpoints: how many times a run that loses a worker's node (killed, cut off)
+  // leaves that node out, re-plans on the others and resumes from its newest checkpoint
+  // before it gives up (0: never).
+  int max_restarts = 3;
 };
 
 JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source = "<string>");

@@ -148,6 +148,59 @@ void JobRun::place(const Model& model) {
 JobRun::~JobRun() = default;
 
 RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
+  resume_weights_ = weights_;
+  resume_step_ = start_step_;
+  const bool recovers = job_.checkpoint.every_steps > 0 && !options_.infer &&
+                        options_.fork.empty() && job_.max_restarts > 0;
+  for (int restarts = 0;; ++restarts) {
+    try {
+      return runOnce(callbacks, interrupt);
+    } catch (const WorkerLost& e) {
+      if (!recovers || restarts == job_.max_restarts) throw;
+      if (interrupt && interrupt->load() != 0) throw;
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string lost = cluster_.nodes.at(static_cast<size_t>(node_of_.at(
+                                                     static_cast<size_t>(e.slot))))
+                                   .name;
+      spdlog::warn("{}", e.what());
+      spdlog::warn("recovering ({} of {} restarts): node '{}' is left out; resuming from {} on "
+                   "the {} nodes left",
+                   restarts + 1, job_.max_restarts, lost,
+                   resume_step_ > 0 ? "step " + std::to_string(resume_step_) : "the start",
+                   cluster_.nodes.size() - 1);
+      leaveOut(e.slot);
+      lost_at_ = t0;
+      spdlog::info("re-placed in {:.3f} s: {} stages on {}", 
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                   stages_.size(), [&] {
+                     std::string nodes;
+                     for (const auto& n : cluster_.nodes)
+                       nodes += (nodes.empty() ? "" : ", ") + n.name;
+                     return nodes;
+                   }());
+    }
+  }
+}
+
+void JobRun::leaveOut(int slot) {
+  const std::string lost =
+      cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(slot)))).name;
+  auto on = [&](const std::string& where) { return where.substr(0, where.find('/')) == lost; };
+  std::erase_if(cluster_.nodes, [&](const partitioner::ClusterNode& n) { return n.name == lost; });
+  std::erase_if(cluster_.between,
+                [&](const partitioner::ClusterLink& l) { return on(l.from) || on(l.to); });
+  if (cluster_.nodes.empty()) throw Error("no node is left to run on: node '" + lost + "' was the last");
+  const Model model(parseModelSpec(model_spec_, job_.model));
+  // The daemons of the nodes left (for a cluster without addresses, fresh local ones).
+  daemons_.reset();
+  daemons_ = std::make_unique<ClusterDaemons>(cluster_, options_.key, options_.tandemd);
+  weights_ = resume_weights_;
+  start_step_ = resume_step_;
+  if (job_.auto_partition) planned_ = planJob(job_, model, *daemons_);
+  place(model);
+}
+
+RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
   RunOptions ro;
   ro.silence = std::chrono::seconds(2 * job_.timeout_s + 30);
   ro.interrupt = interrupt;
@@ -162,6 +215,18 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
                               std::chrono::seconds(10), needs_);
   }
   RunCallbacks cb = callbacks;
+  if (lost_at_) {  // after a recovery: how long from the loss to training again
+    cb.progress = [&, first = true](const Progress& p) mutable {
+      if (first) {
+        first = false;
+        spdlog::info("training again {:.3f} s after the loss was seen (re-placement, weights, "
+                     "workers' start, one step)",
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - *lost_at_)
+                         .count());
+      }
+      if (callbacks.progress) callbacks.progress(p);
+    };
+  }
   if (job_.checkpoint.every_steps > 0 && !options_.infer)
     cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
       checkpoint(step, slices);
@@ -172,14 +237,16 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
 
 void JobRun::checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<uint8_t> model = merge(slices);
-  writeCheckpoint(job_.checkpoint.dir, step, model, checkpointJob(job_, model_spec_),
+  auto model = std::make_shared<const std::vector<uint8_t>>(merge(slices));
+  writeCheckpoint(job_.checkpoint.dir, step, *model, checkpointJob(job_, model_spec_),
                   job_.checkpoint.keep);
+  resume_weights_ = model;
+  resume_step_ = step;
   char name[32];
   std::snprintf(name, sizeof name, "step-%012lld.tdm", static_cast<long long>(step));
   last_checkpoint_ = (std::filesystem::path(job_.checkpoint.dir) / name).string();
   spdlog::info("checkpoint at step {}: {} ({:.1f} MB, {:.3f} s)", step, last_checkpoint_,
-               static_cast<double>(model.size()) / 1e6,
+               static_cast<double>(model->size()) / 1e6,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 

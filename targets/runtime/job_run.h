@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -60,7 +61,12 @@ class JobRun {
   const std::string& lastCheckpoint() const { return last_checkpoint_; }
 
   // Starts the workers and runs the job to its end (coordinate()); `interrupt` as in
-  // RunOptions. Error naming the worker or node at the first failure.
+  // RunOptions. Error naming the worker or node at the first failure — except, for a job
+  // with checkpoints, a worker lost with its node (killed, cut off: WorkerLost): then up
+  // to `max_restarts` times the node is left out, the stages are placed on the nodes left
+  // (re-planned for `partition: auto`), and the run resumes from the newest checkpoint
+  // (or its start), on the same path. assignments(), stages() and the result are then
+  // the last placement's.
   RunResult run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt = nullptr);
   // Merges the trained slices of `result` into one model file with the optimizer's
   // state, written whole to the job's `save:` path.
@@ -69,6 +75,9 @@ class JobRun {
  private:
   // Stages (from the plan, if one was made), assignments, names, nodes and needs.
   void place(const Model& model);
+  RunResult runOnce(const RunCallbacks& callbacks, const std::atomic<int>* interrupt);
+  // After losing worker `slot`: its node left out, the daemons and the placement anew.
+  void leaveOut(int slot);
   // One model file of the whole model and its optimizer state from the stages' slices
   // (by slot; empty for the slots that send none).
   std::vector<uint8_t> merge(const std::vector<std::vector<uint8_t>>& slices) const;
@@ -82,6 +91,10 @@ class JobRun {
   std::string model_spec_;  // the model spec's text
   int64_t start_step_ = 0;
   std::string last_checkpoint_;
+  // The newest checkpoint's model file and step, to resume from after a loss.
+  std::shared_ptr<const std::vector<uint8_t>> resume_weights_;
+  int64_t resume_step_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> lost_at_;  // the last loss seen
   std::unique_ptr<ClusterDaemons> daemons_;
   std::optional<PlannedJob> planned_;
   std::vector<StagePlacement> stages_;

@@ -179,11 +179,10 @@ int runJob(const RunArgs& args) {
         "microbatch ({}), {:.0f} samples/s",
         planned->plan.stages.size(), planned->plan.algorithm, planned->plan.seconds * 1e3,
         planned->plan.bottleneck, planned->plan.samples_per_s);
+  // The placement: after a recovery (runtime::JobRun::run) the one the run ended on.
   const std::vector<StagePlacement>& stages = jr.stages();
-  const int p = static_cast<int>(stages.size());
   const std::vector<runtime::Assign>& as = jr.assignments();
   const std::vector<std::string>& names = jr.workerNames();
-  const int n = static_cast<int>(as.size());
 
   Progress progress(job.epochs);
   double accuracy = -1;
@@ -197,7 +196,8 @@ int runJob(const RunArgs& args) {
   cb.wired = [&] {
     spdlog::info(
         "{} stages ({} workers) up: {} schedule, {} microbatches of a {}-sample batch, {} over {}",
-        p, n, args.infer ? "forward" : scheduleName(job.schedule), job.microbatches, job.batch,
+        stages.size(), as.size(), args.infer ? "forward" : scheduleName(job.schedule),
+        job.microbatches, job.batch,
         job.activation_codec == job.gradient_codec
             ? job.activation_codec
             : job.activation_codec + "/" + job.gradient_codec,
@@ -247,6 +247,8 @@ int runJob(const RunArgs& args) {
     return 1;
   }
 
+  const int p = static_cast<int>(stages.size());
+  const int n = static_cast<int>(as.size());
   if (jr.startsFromWeights()) {  // what the nodes had to be sent, and what they held already
     int64_t shipped = 0;
     double ship_s = 0;

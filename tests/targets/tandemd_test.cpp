@@ -444,6 +444,63 @@ TEST(TandemdTest, ARunResumedFromACheckpointEndsBitwiseAsTheUninterruptedOne) {
   }
 }
 
+// Losing a node mid-run: the run leaves it out, places its stages on the nodes left,
+// resumes from the newest checkpoint and saves bitwise the model of a run that lost
+// nothing. Without restarts left it ends naming the node, as before.
+TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
+  const std::string dir = tandem::testing::freshDir("recover");
+  const std::string tag = std::to_string(getpid());
+  std::ofstream(dir + "/c.yaml") << "nodes:\n  - {name: a-" << tag << ", devices: [{}]}\n"
+                                 << "  - {name: b-" << tag << ", devices: [{}]}\n"
+                                 << "  - {name: c-" << tag << ", devices: [{}]}\n";
+  auto job = [&](const std::string& name, const std::string& extra) {
+    std::ofstream(dir + "/" + name + ".yaml")
+        << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
+        << "batch: 32\nmicrobatches: 4\nseed: 3\nepochs: 2\ntrain_limit: 1280\ntest_limit: 64\n"
+        << "partition: equal\nstages: 3\ncluster: c.yaml\nsave: out/" << name << ".tdm\n"
+        << extra;
+    return dir + "/" + name + ".yaml";
+  };
+  Ran r = run(kCli + " run " + job("whole", ""));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string want = slurp(dir + "/out/whole.tdm");
+  ASSERT_FALSE(want.empty());
+  const std::string b = "--name b-" + tag;
+  {
+    Background run(
+        "exec " + kCli + " run " + job("lossy", "checkpoint: {every_steps: 3, dir: ck}\n"),
+        dir + "/lossy.log");
+    ASSERT_TRUE(run.waitFor("checkpoint at step 6:", 60s)) << run.output();
+    const std::vector<pid_t> daemons = processesWith(b);
+    ASSERT_EQ(daemons.size(), 1u) << "node b's tandemd";
+    kill(daemons[0], SIGKILL);
+    EXPECT_EQ(run.wait(60s), 0) << run.output();
+    const std::string out = run.output();
+    for (const std::string& s :
+         {"was lost with node 'b-" + tag + "'",
+          "recovering (1 of 3 restarts): node 'b-" + tag + "' is left out; resuming from step ",
+          "3 stages on a-" + tag + ", c-" + tag, std::string("training again ")})
+      EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+  }
+  EXPECT_TRUE(slurp(dir + "/out/lossy.tdm") == want) << "recovered run: not bitwise";
+  // No restarts allowed: the loss ends the run, named.
+  {
+    Background run("exec " + kCli + " run " +
+                       job("fragile", "checkpoint: {every_steps: 3, dir: ck2}\nmax_restarts: 0\n"),
+                   dir + "/fragile.log");
+    ASSERT_TRUE(run.waitFor("checkpoint at step 6:", 60s)) << run.output();
+    const std::vector<pid_t> daemons = processesWith(b);
+    ASSERT_EQ(daemons.size(), 1u) << "node b's tandemd";
+    kill(daemons[0], SIGKILL);
+    EXPECT_EQ(run.wait(60s), 1) << run.output();
+    EXPECT_NE(run.output().find("was lost with node 'b-" + tag + "'"), std::string::npos)
+        << run.output();
+    EXPECT_NE(run.output().find("the newest checkpoint is "), std::string::npos) << run.output();
+  }
+  for (const char* node : {"a-", "b-", "c-"})
+    EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
+}
+
 TEST(TandemdTest, AClusterRunNamesTheNodeItCannotUse) {
   const std::string dir = tandem::testing::freshDir("cluster-bad");
   ASSERT_EQ(run(kCli + " keygen --cluster --out " + dir + "/c").code, 0);
