@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <optional>
 #include <set>
@@ -144,8 +146,11 @@ struct Daemon::Impl {
     ~Workers() {
       if (!launcher) return;
       launcher->stopAll();
-      std::lock_guard lock(daemon.mu);
-      daemon.job_owner = nullptr;
+      {
+        std::lock_guard lock(daemon.mu);
+        daemon.job_owner = nullptr;
+      }
+      daemon.owner_freed.notify_all();
     }
   };
 
@@ -159,8 +164,11 @@ struct Daemon::Impl {
       return channel.send(ErrorReply{std::string("launch: ") + e.what()});
     }
     {
-      std::lock_guard lock(mu);
-      if (job_owner && job_owner != &channel)
+      // A run that has just ended (its coordinator said `leave`, or recovers from a lost
+      // node and starts anew) may still be stopping its workers: wait for them a while.
+      std::unique_lock lock(mu);
+      if (!owner_freed.wait_for(lock, kOwnerWait,
+                                [&] { return !job_owner || job_owner == &channel; }))
         return channel.send(
             ErrorReply{"this node runs the workers of another run; one run at a time"});
       job_owner = &channel;
@@ -344,6 +352,10 @@ struct Daemon::Impl {
   tcp::acceptor acceptor;
   NodeInfo info;  // gathered once; load and free memory are refreshed per connection
   const Channel* job_owner = nullptr;  // the connection whose workers run now (under mu)
+  std::condition_variable owner_freed;  // job_owner became null
+  // How long a launch waits for another run's workers to be stopped (they get SIGTERM,
+  // then SIGKILL after 3 s).
+  static constexpr std::chrono::milliseconds kOwnerWait{5000};
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;  // conns, stats
   std::list<Conn> conns;

@@ -184,4 +184,60 @@ TEST(NetnsTest, ALostNodeEndsTheRunNamedWithNoWorkerLeft) {
   }
 }
 
+// A checkpointed run that loses a node across the namespaces — its daemon killed, or its
+// link cut — recovers on the two nodes left and saves bitwise what a run on this machine
+// saves.
+TEST(NetnsTest, ACheckpointedRunRecoversFromALostNodeBitwise) {
+  std::string why;
+  if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
+  const std::string ref_dir = tandem::testing::freshDir("netns-ref");
+  const Ran ref =
+      sh(kCli + " run " + job(ref_dir, "epochs: 1\ntrain_limit: 1600\ntest_limit: 200\n"
+                                       "save: m.tdm\n"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const std::string want = [&] {
+    std::ifstream in(ref_dir + "/m.tdm", std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  for (const std::string kind : {"kill", "cut"}) {
+    NetnsCluster c(kind == "kill" ? "tnRK" : "tnRC");
+    ASSERT_EQ(c.up().code, 0) << c.up().out;
+    const std::string j = job(c.dir(),
+                              "epochs: 1\ntrain_limit: 1600\ntest_limit: 200\nsave: m.tdm\n"
+                              "timeout_s: 20\ncheckpoint: {every_steps: 5}\n");
+    const std::string log = c.dir() + "/run.log";
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c",
+            (c.tandem("run " + j + " --cluster " + c.cluster()) + " >" + log + " 2>&1").c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    auto output = [&] {
+      std::ifstream in(log);
+      std::stringstream s;
+      s << in.rdbuf();
+      return s.str();
+    };
+    for (int i = 0; i < 600 && output().find("checkpoint at step 10:") == std::string::npos; ++i)
+      std::this_thread::sleep_for(50ms);
+    ASSERT_NE(output().find("checkpoint at step 10:"), std::string::npos) << output();
+    if (kind == "kill")
+      kill(c.daemon(1), SIGKILL);
+    else
+      c.cut(1);
+    int status = 0;
+    for (int i = 0; i < 12000 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(WIFEXITED(status)) << kind << ": the run did not end:\n" << output();
+    EXPECT_EQ(WEXITSTATUS(status), 0) << output();
+    for (const char* s : {"recovering (1 of 3 restarts): node 'n1' is left out",
+                          "3 stages on n0, n2", "training again "})
+      EXPECT_NE(output().find(s), std::string::npos) << kind << ": " << s << "\n" << output();
+    std::ifstream in(c.dir() + "/m.tdm", std::ios::binary);
+    const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(got == want) << kind << ": the recovered run's model is not bitwise this machine's";
+  }
+}
+
 }  // namespace

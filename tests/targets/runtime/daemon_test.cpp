@@ -305,7 +305,8 @@ TEST_F(DaemonTest, LaunchedWorkersAreReportedAndStoppedWithTheirRun) {
   m = next(*c);
   ASSERT_TRUE(std::holds_alternative<Launched>(m)) << messageName(m);
   const auto sleeper = static_cast<pid_t>(std::get<Launched>(m).pid);
-  // One run at a time: another connection's launch is refused while it runs.
+  // One run at a time: another connection's launch waits a while (5 s), then is refused
+  // while it runs.
   std::unique_ptr<Channel> other = connectChannel(daemon_->endpoint(), key_, options());
   next(*other);
   other->send(Launch{0, "127.0.0.1:9", {}});
