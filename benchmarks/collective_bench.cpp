@@ -13,14 +13,14 @@
 //
 // Options: kUsage below, or --help.
 //
-// Processes: the bench starts itself with --worker zmq|zmq-curve|socket|gloo|tcp-limit (and mpirun starts
-// mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce.
-// Times are medians after untimed runs (warmups); the machine is shared, so only ratios in
-// one run count. Each cell is measured --repeats times (3), every column's measurement in
-// turn, with fresh processes each time, and shows the median of them. Every rank, thread or
-// process, is bound to a CPU as mpirun binds Open MPI's processes (bindLikeMpirun): left
-// free, two processes talking over loopback were often run on one CPU by the kernel for
-// tens of milliseconds at a time, at half speed (docs/collectives.md).
+// Processes: the bench starts itself with --worker zmq|zmq-curve|socket|gloo|tcp-limit (and mpirun
+// starts mpi_allreduce_bench); rank 0 prints "seconds S", the median seconds per allreduce. Times
+// are medians after untimed runs (warmups); the machine is shared, so only ratios in one run count.
+// Each cell is measured --repeats times (3), every column's measurement in turn, with fresh
+// processes each time, and shows the median of them. Every rank, thread or process, is bound to a
+// CPU as mpirun binds Open MPI's processes (bindLikeMpirun): left free, two processes talking over
+// loopback were often run on one CPU by the kernel for tens of milliseconds at a time, at half
+// speed (docs/collectives.md).
 #include <fcntl.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/rendezvous/context.h>
@@ -559,9 +559,9 @@ int main(int argc, char** argv) {
           if (s <= 0) ours_failed = true;
       const double mem = medianOfRepeats(runs[kMemcpy]), in = medianOfRepeats(runs[kIn]),
                    zmq = medianOfRepeats(runs[kZmq]), curve_s = medianOfRepeats(runs[kCurve]),
-                   sock = medianOfRepeats(runs[kSocket]),
-                   limit = medianOfRepeats(runs[kLimit]), gloo = medianOfRepeats(runs[kGloo]),
-                   shm = medianOfRepeats(runs[kShm]), mtcp = medianOfRepeats(runs[kMpiTcp]);
+                   sock = medianOfRepeats(runs[kSocket]), limit = medianOfRepeats(runs[kLimit]),
+                   gloo = medianOfRepeats(runs[kGloo]), shm = medianOfRepeats(runs[kShm]),
+                   mtcp = medianOfRepeats(runs[kMpiTcp]);
       auto cell = [&](double s, bool in_process = false) {
         char b[32];
         if (s <= 0) return std::string(in_process_only && !in_process ? "-" : "failed");

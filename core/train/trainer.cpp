@@ -60,8 +60,7 @@ double Trainer::step(const float* x, const int32_t* labels, int64_t n) {
 
 EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
                      const std::function<double(int64_t begin, int64_t n)>& step,
-                     const std::function<void(const StepReport&)>& progress,
-                     int64_t first_step) {
+                     const std::function<void(const StepReport&)>& progress, int64_t first_step) {
   const auto t0 = Clock::now();
   const int64_t steps = (samples + batch - 1) / batch;
   double loss_sum = 0;

@@ -43,9 +43,12 @@ std::vector<int64_t> manifestSteps(const std::string& dir) {
 }
 
 json jobJson(const CheckpointJob& j) {
-  return {{"model_spec_hash", j.model_spec_hash}, {"batch", j.batch},
-          {"microbatches", j.microbatches},       {"train_limit", j.train_limit},
-          {"seed", j.seed},                       {"data", j.data},
+  return {{"model_spec_hash", j.model_spec_hash},
+          {"batch", j.batch},
+          {"microbatches", j.microbatches},
+          {"train_limit", j.train_limit},
+          {"seed", j.seed},
+          {"data", j.data},
           {"optimizer", j.optimizer}};
 }
 
@@ -68,9 +71,12 @@ Checkpoint readCheckpoint(const std::string& dir, int64_t step) {
     hash = m.at("model_hash").get<std::string>();
     bytes = m.at("model_bytes").get<int64_t>();
     const json& j = m.at("job");
-    c.job = {j.at("model_spec_hash").get<std::string>(), j.at("batch").get<int64_t>(),
-             j.at("microbatches").get<int64_t>(),        j.at("train_limit").get<int64_t>(),
-             j.at("seed").get<uint64_t>(),               j.at("data").get<std::string>(),
+    c.job = {j.at("model_spec_hash").get<std::string>(),
+             j.at("batch").get<int64_t>(),
+             j.at("microbatches").get<int64_t>(),
+             j.at("train_limit").get<int64_t>(),
+             j.at("seed").get<uint64_t>(),
+             j.at("data").get<std::string>(),
              j.at("optimizer").get<std::string>()};
   } catch (const json::exception& e) {
     throw FormatError("its manifest lacks a field or has one of the wrong type (" +

@@ -36,8 +36,8 @@ bool ChunkGatherer::add(const WeightsChunk& c) {
   bytes_.insert(bytes_.end(), c.bytes.begin(), c.bytes.end());
   if (!done()) return false;
   if (contentHash(bytes_) != hash_)
-    throw FormatError(what_ + ": the " + std::to_string(total_) + " bytes received do not hash to " +
-                      hash_);
+    throw FormatError(what_ + ": the " + std::to_string(total_) +
+                      " bytes received do not hash to " + hash_);
   return true;
 }
 

@@ -174,8 +174,8 @@ class Run {
       if (!gone) {
         if (const auto e = launcher_.ended(); e && !reported[static_cast<size_t>(e->slot)]) {
           if (e->killed)
-            throw WorkerLost(names_[static_cast<size_t>(e->slot)] + " " + e->how + " before finishing",
-                             e->slot);
+            throw WorkerLost(
+                names_[static_cast<size_t>(e->slot)] + " " + e->how + " before finishing", e->slot);
           gone = e;
           gone_at = Clock::now();
         }
@@ -275,11 +275,12 @@ class Run {
       fail(slot, "sent a checkpoint at step " + std::to_string(c.step) + " it was not asked for");
     std::optional<ChunkGatherer>& g = slices_[s];
     if (!g || !g->done() || g->hash() != c.hash || g->total() != c.bytes)
-      fail(slot, "sent a checkpoint without the whole slice it names (" +
-                     std::to_string(c.bytes) + " bytes)");
+      fail(slot, "sent a checkpoint without the whole slice it names (" + std::to_string(c.bytes) +
+                     " bytes)");
     std::vector<std::vector<uint8_t>>& at = checkpoints_[c.step];
     at.resize(static_cast<size_t>(n_));
-    if (!at[s].empty()) fail(slot, "sent its checkpoint at step " + std::to_string(c.step) + " twice");
+    if (!at[s].empty())
+      fail(slot, "sent its checkpoint at step " + std::to_string(c.step) + " twice");
     at[s] = g->take();
     g.reset();
     for (int i = 0; i < n_; ++i) {
@@ -386,7 +387,7 @@ class Run {
   std::map<std::pair<int, int>, int> slot_of_;  // (stage, replica) -> slot
   std::vector<std::unique_ptr<Channel>> channels_;
   std::unique_ptr<Mailbox> mailbox_;
-  std::vector<std::optional<ChunkGatherer>> slices_;  // by slot, while they come in
+  std::vector<std::optional<ChunkGatherer>> slices_;                  // by slot, while they come in
   std::map<int64_t, std::vector<std::vector<uint8_t>>> checkpoints_;  // step -> slices by slot
   RunResult result_;
 };

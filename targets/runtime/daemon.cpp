@@ -351,7 +351,7 @@ struct Daemon::Impl {
   asio::io_context io;
   tcp::acceptor acceptor;
   NodeInfo info;  // gathered once; load and free memory are refreshed per connection
-  const Channel* job_owner = nullptr;  // the connection whose workers run now (under mu)
+  const Channel* job_owner = nullptr;   // the connection whose workers run now (under mu)
   std::condition_variable owner_freed;  // job_owner became null
   // How long a launch waits for another run's workers to be stopped (they get SIGTERM,
   // then SIGKILL after 3 s).

@@ -187,8 +187,8 @@ void checkWorkersFit(const std::string& name, const NodeInfo& info, int n,
                               " (it has " + has + "); nothing was started");
     }
     need += w.memory_bytes;
-    workers += (workers.empty() ? "" : ", ") + who + ": " +
-               std::to_string(w.memory_bytes >> 20) + " MiB";
+    workers +=
+        (workers.empty() ? "" : ", ") + who + ": " + std::to_string(w.memory_bytes >> 20) + " MiB";
   }
   if (info.free_memory_bytes <= 0 || need <= info.free_memory_bytes) return;
   throw InvalidArgument("node '" + name + "' has " + std::to_string(info.free_memory_bytes >> 20) +

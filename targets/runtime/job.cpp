@@ -127,27 +127,23 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
 
 void parseCheckpoint(const YamlReader& r, const YAML::Node& node, const std::string& dir,
                      JobSpec::Checkpoint& c) {
-  if (!node.IsMap())
-    r.fail(node, "'checkpoint' must be a map, e.g. {every_steps: 100, keep: 2}");
+  if (!node.IsMap()) r.fail(node, "'checkpoint' must be a map, e.g. {every_steps: 100, keep: 2}");
   c.where = r.at(node);
-  bool every = false;
+  c.every_steps = kDefaultCheckpointSteps;
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
     if (key == "every_steps") {
       c.every_steps = r.positive(v, key);
-      every = true;
     } else if (key == "keep") {
       c.keep = static_cast<int>(r.positive(v, key));
       if (c.keep > 1000) r.fail(v, "'keep' must be at most 1000");
     } else if (key == "dir") {
       c.dir = resolve(dir, r.get<std::string>(v, key, "a directory"));
     } else {
-      r.fail(kv.first,
-             "unknown checkpoint key '" + key + "' (expected every_steps, keep or dir)");
+      r.fail(kv.first, "unknown checkpoint key '" + key + "' (expected every_steps, keep or dir)");
     }
   }
-  if (!every) r.fail(node, "'checkpoint' needs 'every_steps: K' (checkpoint every K steps)");
 }
 
 JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {

@@ -37,6 +37,11 @@
 
 namespace tandem::runtime {
 
+// The default checkpoint interval: on the main job (the CNN, 3 stages on the 2-core VM,
+// about 35 steps/s) 200 steps is about 6 s of work lost per failure; what writing them
+// costs: scripts/checkpoint-figures (docs/pipeline.md, Checkpoints).
+inline constexpr int64_t kDefaultCheckpointSteps = 200;
+
 struct JobSpec {
   std::string source;  // the job file, for messages
   std::string model;   // model spec path, resolved against the job file's directory
@@ -71,8 +76,8 @@ struct JobSpec {
   std::string weights;          // a model file to start from (its parameters), e.g. to serve
   // `checkpoint: {every_steps: K, keep: N, dir: D}`: every K training steps the run
   // writes a checkpoint (the whole model with its optimizer state, and where training
-  // stands) into D, keeping the newest N (docs/runtime.md, Checkpoints). every_steps 0:
-  // none.
+  // stands) into D, keeping the newest N (docs/pipeline.md, Checkpoints). every_steps 0:
+  // no `checkpoint:`; `checkpoint: {}` checkpoints every kDefaultCheckpointSteps.
   struct Checkpoint {
     int64_t every_steps = 0;
     int keep = 2;

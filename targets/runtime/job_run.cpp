@@ -99,8 +99,8 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
         for (size_t n = 0; n < cluster_.nodes.size(); ++n)
           checkWorkersFit(cluster_.nodes[n].name, here, static_cast<int>(n), node_of_, needs_);
       } catch (const InvalidArgument& e) {  // named where the job places its stages
-        throw InvalidArgument(
-            (job_.partition_where.empty() ? job_.source : job_.partition_where) + ": " + e.what());
+        throw InvalidArgument((job_.partition_where.empty() ? job_.source : job_.partition_where) +
+                              ": " + e.what());
       }
     }
   }
@@ -159,18 +159,18 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
       if (!recovers || restarts == job_.max_restarts) throw;
       if (interrupt && interrupt->load() != 0) throw;
       const auto t0 = std::chrono::steady_clock::now();
-      const std::string lost = cluster_.nodes.at(static_cast<size_t>(node_of_.at(
-                                                     static_cast<size_t>(e.slot))))
-                                   .name;
+      const std::string lost =
+          cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(e.slot)))).name;
       spdlog::warn("{}", e.what());
-      spdlog::warn("recovering ({} of {} restarts): node '{}' is left out; resuming from {} on "
-                   "the {} nodes left",
-                   restarts + 1, job_.max_restarts, lost,
-                   resume_step_ > 0 ? "step " + std::to_string(resume_step_) : "the start",
-                   cluster_.nodes.size() - 1);
+      spdlog::warn(
+          "recovering ({} of {} restarts): node '{}' is left out; resuming from {} on "
+          "the {} nodes left",
+          restarts + 1, job_.max_restarts, lost,
+          resume_step_ > 0 ? "step " + std::to_string(resume_step_) : "the start",
+          cluster_.nodes.size() - 1);
       leaveOut(e.slot);
       lost_at_ = t0;
-      spdlog::info("re-placed in {:.3f} s: {} stages on {}", 
+      spdlog::info("re-placed in {:.3f} s: {} stages on {}",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                    stages_.size(), [&] {
                      std::string nodes;
@@ -189,7 +189,8 @@ void JobRun::leaveOut(int slot) {
   std::erase_if(cluster_.nodes, [&](const partitioner::ClusterNode& n) { return n.name == lost; });
   std::erase_if(cluster_.between,
                 [&](const partitioner::ClusterLink& l) { return on(l.from) || on(l.to); });
-  if (cluster_.nodes.empty()) throw Error("no node is left to run on: node '" + lost + "' was the last");
+  if (cluster_.nodes.empty())
+    throw Error("no node is left to run on: node '" + lost + "' was the last");
   const Model model(parseModelSpec(model_spec_, job_.model));
   // The daemons of the nodes left (for a cluster without addresses, fresh local ones).
   daemons_.reset();
@@ -207,8 +208,8 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
   if (weights_) ro.weights[assignments_.front().weights_hash] = weights_;
   std::unique_ptr<Launcher> launcher;
   if (!options_.fork.empty()) {
-    launcher = processLauncher(options_.fork.front(),
-                               {options_.fork.begin() + 1, options_.fork.end()});
+    launcher =
+        processLauncher(options_.fork.front(), {options_.fork.begin() + 1, options_.fork.end()});
   } else {
     if (daemons_->remote()) ro.listen = "0.0.0.0:0";
     launcher = daemonLauncher(daemons_->nodes(), node_of_, daemons_->key(),
@@ -219,10 +220,10 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
     cb.progress = [&, first = true](const Progress& p) mutable {
       if (first) {
         first = false;
-        spdlog::info("training again {:.3f} s after the loss was seen (re-placement, weights, "
-                     "workers' start, one step)",
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - *lost_at_)
-                         .count());
+        spdlog::info(
+            "training again {:.3f} s after the loss was seen (re-placement, weights, "
+            "workers' start, one step)",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - *lost_at_).count());
       }
       if (callbacks.progress) callbacks.progress(p);
     };

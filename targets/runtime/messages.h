@@ -195,9 +195,9 @@ struct Assign {
   std::string transport = "tcp", data_dir;
   std::string weights_hash;  // a model file to start from (contentHash), or empty
   int64_t weights_bytes = 0;
-  bool encrypt = false;  // CurveZMQ on the links, keys from the run's key
-  int64_t checkpoint_every = 0;  // send the trained slice every so many steps (0: never)
-  int64_t start_step = 0;        // training steps already taken: a resumed run starts there
+  bool encrypt = false;            // CurveZMQ on the links, keys from the run's key
+  int64_t checkpoint_every = 0;    // send the trained slice every so many steps (0: never)
+  int64_t start_step = 0;          // training steps already taken: a resumed run starts there
   bool restore_optimizer = false;  // the starting weights carry optimizer state to restore
   bool operator==(const Assign&) const = default;
 };

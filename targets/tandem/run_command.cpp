@@ -232,11 +232,10 @@ int runJob(const RunArgs& args) {
     // Ctrl-C in a terminal reaches the workers too: what they report dying of is the
     // interruption.
     // What is kept: the checkpoints written so far, if any.
-    const std::string kept =
-        jr.lastCheckpoint().empty()
-            ? "nothing was saved"
-            : "the newest checkpoint is " + jr.lastCheckpoint() + " (continue with --resume " +
-                  job.checkpoint.dir + ")";
+    const std::string kept = jr.lastCheckpoint().empty()
+                                 ? "nothing was saved"
+                                 : "the newest checkpoint is " + jr.lastCheckpoint() +
+                                       " (continue with --resume " + job.checkpoint.dir + ")";
     if (const int s = g_interrupt.load(); s != 0) {
       spdlog::warn("interrupted by {}: every worker was stopped; {}",
                    s == SIGINT ? "SIGINT" : "SIGTERM", kept);

@@ -282,8 +282,8 @@ TEST(CliTest, AJobThatDoesNotFitItsNodesIsRefusedBeforeAnythingStarts) {
   const CliRun r = run("run " + job);
   EXPECT_EQ(r.code, 1) << r.out;
   for (const char* s : {"cli_huge_job.yaml:5:12: node 'local' has ",
-                        "MiB of memory free, and its workers need about ", "(stage 0: ",
-                        "the job does not fit, and nothing was started"})
+                        "MiB of memory free, and its workers need about ",
+                        "(stage 0: ", "the job does not fit, and nothing was started"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   EXPECT_EQ(r.out.find("pid "), std::string::npos) << r.out;  // no worker was started
   // ... nor a daemon: the node is this machine, checked before its tandemd would start.
@@ -514,7 +514,8 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"profile --model " + kModels + "mlp.yaml --devices cpu,opencl:7", "no OpenCL device 7"},
       {"infer " + missing_weights, "cannot open weights '/nonexistent/m.tdm'"},
       {"run " + no_device_job,
-       "cli_no_device_job.yaml:2:12: node 'local' has no device 'opencl:7' for stage 0 (it has cpu"},
+       "cli_no_device_job.yaml:2:12: node 'local' has no device 'opencl:7' for stage 0 (it has "
+       "cpu"},
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);

@@ -91,6 +91,43 @@ std::string job(const std::string& dir, const std::string& body) {
   return path;
 }
 
+// `command` run by sh in the background, its output in `log`: its pid.
+pid_t inBackground(const std::string& command, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", (command + " >" + log + " 2>&1").c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Waits up to `limit` for `text` in `log`.
+bool waitFor(const std::string& log, const std::string& text, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (slurp(log).find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(50ms);
+  }
+  return true;
+}
+
+// Waits up to `limit` for `pid` to exit: its exit code, -1 if it did not or was killed.
+int waitExit(pid_t pid, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) return -1;
+    std::this_thread::sleep_for(10ms);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 TEST(NetnsTest, TheCnnJobAcrossThreeNamespacedDaemonsTrainsAsOnThisMachine) {
   std::string why;
   if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
@@ -133,32 +170,14 @@ TEST(NetnsTest, ALostNodeEndsTheRunNamedWithNoWorkerLeft) {
     ASSERT_EQ(c.up().code, 0) << c.up().out;
     const std::string j = job(c.dir(), "epochs: 100\ntimeout_s: 20\n");
     const std::string log = c.dir() + "/run.log";
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execl("/bin/sh", "sh", "-c",
-            (c.tandem("run " + j + " --cluster " + c.cluster()) + " >" + log + " 2>&1").c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    auto output = [&] {
-      std::ifstream in(log);
-      std::stringstream s;
-      s << in.rdbuf();
-      return s.str();
-    };
-    for (int i = 0; i < 600 && output().find("epoch 1/100 step") == std::string::npos; ++i)
-      std::this_thread::sleep_for(100ms);
-    ASSERT_NE(output().find("epoch 1/100 step"), std::string::npos) << output();
+    const pid_t pid = inBackground(c.tandem("run " + j + " --cluster " + c.cluster()), log);
+    ASSERT_TRUE(waitFor(log, "epoch 1/100 step", 60s)) << slurp(log);
     if (kind == "kill")
       kill(c.daemon(1), SIGKILL);
     else
       c.cut(1);
-    int status = 0;
-    for (int i = 0; i < 3000 && waitpid(pid, &status, WNOHANG) == 0; ++i)
-      std::this_thread::sleep_for(10ms);
-    ASSERT_TRUE(WIFEXITED(status)) << kind << " did not end the run:\n" << output();
-    EXPECT_EQ(WEXITSTATUS(status), 1) << output();
-    const std::string out = output();
+    EXPECT_EQ(waitExit(pid, 30s), 1) << kind << ": the run did not end with 1:\n" << slurp(log);
+    const std::string out = slurp(log);
     EXPECT_TRUE(out.find("node 'n1'") != std::string::npos ||
                 out.find("10.77.0.2") != std::string::npos)
         << kind << ": the run does not name the lost node:\n"
@@ -191,14 +210,12 @@ TEST(NetnsTest, ACheckpointedRunRecoversFromALostNodeBitwise) {
   std::string why;
   if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
   const std::string ref_dir = tandem::testing::freshDir("netns-ref");
-  const Ran ref =
-      sh(kCli + " run " + job(ref_dir, "epochs: 1\ntrain_limit: 1600\ntest_limit: 200\n"
-                                       "save: m.tdm\n"));
+  const Ran ref = sh(kCli + " run " +
+                     job(ref_dir,
+                         "epochs: 1\ntrain_limit: 1600\ntest_limit: 200\n"
+                         "save: m.tdm\n"));
   ASSERT_EQ(ref.code, 0) << ref.out;
-  const std::string want = [&] {
-    std::ifstream in(ref_dir + "/m.tdm", std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }();
+  const std::string want = slurp(ref_dir + "/m.tdm");
   for (const std::string kind : {"kill", "cut"}) {
     NetnsCluster c(kind == "kill" ? "tnRK" : "tnRC");
     ASSERT_EQ(c.up().code, 0) << c.up().out;
@@ -206,37 +223,19 @@ TEST(NetnsTest, ACheckpointedRunRecoversFromALostNodeBitwise) {
                               "epochs: 1\ntrain_limit: 1600\ntest_limit: 200\nsave: m.tdm\n"
                               "timeout_s: 20\ncheckpoint: {every_steps: 5}\n");
     const std::string log = c.dir() + "/run.log";
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execl("/bin/sh", "sh", "-c",
-            (c.tandem("run " + j + " --cluster " + c.cluster()) + " >" + log + " 2>&1").c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    auto output = [&] {
-      std::ifstream in(log);
-      std::stringstream s;
-      s << in.rdbuf();
-      return s.str();
-    };
-    for (int i = 0; i < 600 && output().find("checkpoint at step 10:") == std::string::npos; ++i)
-      std::this_thread::sleep_for(50ms);
-    ASSERT_NE(output().find("checkpoint at step 10:"), std::string::npos) << output();
+    const pid_t pid = inBackground(c.tandem("run " + j + " --cluster " + c.cluster()), log);
+    ASSERT_TRUE(waitFor(log, "checkpoint at step 10:", 60s)) << slurp(log);
     if (kind == "kill")
       kill(c.daemon(1), SIGKILL);
     else
       c.cut(1);
-    int status = 0;
-    for (int i = 0; i < 12000 && waitpid(pid, &status, WNOHANG) == 0; ++i)
-      std::this_thread::sleep_for(10ms);
-    ASSERT_TRUE(WIFEXITED(status)) << kind << ": the run did not end:\n" << output();
-    EXPECT_EQ(WEXITSTATUS(status), 0) << output();
+    EXPECT_EQ(waitExit(pid, 120s), 0) << kind << ":\n" << slurp(log);
+    const std::string output = slurp(log);
     for (const char* s : {"recovering (1 of 3 restarts): node 'n1' is left out",
                           "3 stages on n0, n2", "training again "})
-      EXPECT_NE(output().find(s), std::string::npos) << kind << ": " << s << "\n" << output();
-    std::ifstream in(c.dir() + "/m.tdm", std::ios::binary);
-    const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_TRUE(got == want) << kind << ": the recovered run's model is not bitwise this machine's";
+      EXPECT_NE(output.find(s), std::string::npos) << kind << ": " << s << "\n" << output;
+    EXPECT_TRUE(slurp(c.dir() + "/m.tdm") == want)
+        << kind << ": the recovered run's model is not bitwise this machine's";
   }
 }
 

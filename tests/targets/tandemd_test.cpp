@@ -337,8 +337,9 @@ TEST(TandemdTest, AnInterruptedRunSaysSoAndLeavesNothingBehind) {
   // While saving: a model wide enough (13 M parameters and their momentum, 100 MB) that
   // its save takes a good part of a second. The signal lets the save finish whole (never a
   // half-written file), then the run ends with 130.
-  std::ofstream(dir + "/wide.yaml") << "name: wide\ninput: [1, 28, 28]\nlayers:\n  - flatten\n"
-                                    << "  - linear: {out: 16384}\n  - relu\n  - linear: {out: 10}\n";
+  std::ofstream(dir + "/wide.yaml")
+      << "name: wide\ninput: [1, 28, 28]\nlayers:\n  - flatten\n"
+      << "  - linear: {out: 16384}\n  - relu\n  - linear: {out: 10}\n";
   std::ofstream(dir + "/saving.yaml")
       << "model: wide.yaml\nbatch: 32\nmicrobatches: 2\npartition: equal\nstages: 2\n"
       << "epochs: 1\ntrain_limit: 64\ntest_limit: 32\ncluster: c.yaml\nsave: out/m.tdm\n";
@@ -380,8 +381,8 @@ TEST(TandemdTest, ARunResumedFromACheckpointEndsBitwiseAsTheUninterruptedOne) {
   ASSERT_EQ(r.code, 0) << r.out;
   // 40 steps: checkpoints at 3, 6, ..., 39; the newest three kept.
   for (const char* step : {"33", "36", "39"}) {
-    EXPECT_TRUE(std::filesystem::exists(dir + "/ck-full/step-0000000000" + std::string(step) +
-                                        ".tdm"))
+    EXPECT_TRUE(
+        std::filesystem::exists(dir + "/ck-full/step-0000000000" + std::string(step) + ".tdm"))
         << step;
   }
   EXPECT_FALSE(std::filesystem::exists(dir + "/ck-full/step-000000000030.json"));
@@ -643,16 +644,16 @@ TEST(TandemdTest, WeightsAreShippedOnceAndThenFoundInTheNodesCaches) {
 // node's cache, the others wait their turn and find them there.
 TEST(TandemdTest, TheWorkersOfOneNodeFetchTheirWeightsOnce) {
   const std::string dir = tandem::testing::freshDir("one-fetch");
-  ASSERT_EQ(run(kCli + " train --model " + TANDEM_SOURCE_DIR +
-                "/examples/models/mlp.yaml --train-limit 64 --test-limit 16 --save " + dir +
-                "/w.tdm")
-                .code,
-            0);
+  ASSERT_EQ(
+      run(kCli + " train --model " + TANDEM_SOURCE_DIR +
+          "/examples/models/mlp.yaml --train-limit 64 --test-limit 16 --save " + dir + "/w.tdm")
+          .code,
+      0);
   const auto size = std::filesystem::file_size(dir + "/w.tdm");
-  std::ofstream(dir + "/serve.yaml") << "model: " << TANDEM_SOURCE_DIR
-                                     << "/examples/models/mlp.yaml\nbatch: 32\n"
-                                     << "partition: equal\nstages: 3\ntest_limit: 100\n"
-                                     << "weights: w.tdm\n";
+  std::ofstream(dir + "/serve.yaml")
+      << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\nbatch: 32\n"
+      << "partition: equal\nstages: 3\ntest_limit: 100\n"
+      << "weights: w.tdm\n";
   // A cache of its own for this run's local daemon.
   const Ran r = run("XDG_CACHE_HOME=" + dir + "/xdg " + kCli + " infer " + dir + "/serve.yaml");
   ASSERT_EQ(r.code, 0) << r.out;

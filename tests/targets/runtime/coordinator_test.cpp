@@ -149,8 +149,9 @@ TEST(CoordinatorTest, WorkersInThreadsTrainBitwiseAsOneDevice) {
 TEST(CoordinatorTest, ATrainedSliceLargerThanAMessageComesBackWhole) {
   // 784 x 8192 weights (25.7 MB) and Adam's two moments: about 77 MB for stage 0, more
   // than four times what one control message may carry.
-  const std::string wide = "name: wide\ninput: [1, 28, 28]\nlayers:\n  - flatten\n"
-                           "  - linear: {out: 8192}\n  - relu\n  - linear: {out: 10}\n";
+  const std::string wide =
+      "name: wide\ninput: [1, 28, 28]\nlayers:\n  - flatten\n"
+      "  - linear: {out: 8192}\n  - relu\n  - linear: {out: 10}\n";
   std::vector<Assign> as = assignments({{0, 2, 1}, {2, 4, 1}}, ScheduleKind::k1F1B, wide);
   for (Assign& a : as) {
     a.optimizer.kind = "adamw";

@@ -150,10 +150,10 @@ TEST_F(DaemonTest, ARecordedHandshakeReplayedOnANewConnectionIsRefused) {
 TEST_F(DaemonTest, AnotherMajorVersionIsRefusedNamingBoth) {
   HandshakeOptions o = options();
   o.version = {static_cast<uint16_t>(kProtocolVersion.major + 1), 0, 0};
-  expectThrowWith<HandshakeRefused>([&] { connectChannel(daemon_->endpoint(), key_, o); },
-                                    {"version mismatch", "control protocol " + kProtocolVersion.str(),
-                                     "control protocol " + o.version.str(),
-                                     "major versions must match"});
+  expectThrowWith<HandshakeRefused>(
+      [&] { connectChannel(daemon_->endpoint(), key_, o); },
+      {"version mismatch", "control protocol " + kProtocolVersion.str(),
+       "control protocol " + o.version.str(), "major versions must match"});
   // A newer minor version of the same major is welcome.
   o.version = {kProtocolVersion.major, static_cast<uint16_t>(kProtocolVersion.minor + 7), 0};
   std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, o);

@@ -57,6 +57,9 @@ TEST(JobTest, ReadsEverySetting) {
   EXPECT_EQ(c.checkpoint.keep, 4);
   EXPECT_EQ(c.checkpoint.dir, "jobs/checkpoints/run");  // beside the job file
   EXPECT_EQ(c.checkpoint.where, "jobs/run.yaml:4:13");
+  EXPECT_EQ(parseJobSpec("model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {}\n")
+                .checkpoint.every_steps,
+            kDefaultCheckpointSteps);
   EXPECT_EQ(parseJobSpec("model: m.yaml\npartition: equal\nstages: 2\n"
                          "checkpoint: {every_steps: 5, dir: /tmp/ck}\n",
                          "jobs/run.yaml")
@@ -73,8 +76,6 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:4:1", "unknown key 'epoch'"}},
       {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: 5\n",
        {"j.yaml:4:13", "'checkpoint' must be a map"}},
-      {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {keep: 2}\n",
-       {"j.yaml:4:13", "needs 'every_steps: K'"}},
       {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 0}\n",
        {"j.yaml:4:27", "positive"}},
       {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 5, often: 1}\n",
