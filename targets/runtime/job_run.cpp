@@ -94,7 +94,11 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     // checked here, before its daemons start (a cluster's daemons are asked when the
     // launcher connects, still before any worker starts).
     if (!fork && local_) {
-      const NodeInfo here = localNodeInfo("this machine");
+      // (OpenCL devices probed only when a worker is to run on one.)
+      const bool opencl = std::any_of(needs_.begin(), needs_.end(), [](const WorkerNeeds& w) {
+        return !w.device.empty() && w.device != "cpu";
+      });
+      const NodeInfo here = localNodeInfo("this machine", opencl);
       try {
         for (size_t n = 0; n < cluster_.nodes.size(); ++n)
           checkWorkersFit(cluster_.nodes[n].name, here, static_cast<int>(n), node_of_, needs_);

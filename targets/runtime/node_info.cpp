@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "core/error.h"
 
@@ -40,7 +41,7 @@ int64_t realtimeNs() {
       .count();
 }
 
-NodeInfo localNodeInfo(const std::string& name) {
+NodeInfo localNodeInfo(const std::string& name, bool opencl) {
   NodeInfo info;
   info.name = name.substr(0, kMaxNameBytes);
   info.build = buildName();
@@ -51,7 +52,9 @@ NodeInfo localNodeInfo(const std::string& name) {
   info.free_memory_bytes = memInfo("MemAvailable");
   double load = 0;
   if (getloadavg(&load, 1) == 1) info.load = static_cast<float>(load);
-  for (const DeviceInfo& d : listDevices()) {
+  const std::vector<DeviceInfo> devices =
+      opencl ? listDevices() : std::vector<DeviceInfo>{cpu::CpuBackend::hostInfo(1)};
+  for (const DeviceInfo& d : devices) {
     if (info.devices.size() == kMaxDevices) break;
     std::string model = d.model.empty() ? d.description : d.model;
     info.devices.push_back({d.name.substr(0, kMaxNameBytes), model.substr(0, kMaxNameBytes),

@@ -14,7 +14,8 @@ std::string buildName();
 
 // This machine as node `name`: its architecture, CPUs, memory, load and every device this
 // build can drive.
-NodeInfo localNodeInfo(const std::string& name);
+// `opencl`: list the OpenCL devices too (probing them takes 50-400 ms); else the CPU only.
+NodeInfo localNodeInfo(const std::string& name, bool opencl = true);
 
 // Nanoseconds on this machine's realtime clock: what Ping and Pong carry.
 int64_t realtimeNs();
