@@ -123,7 +123,7 @@ struct Daemon::Impl {
       }
       spdlog::info("{} connected ({})", peer, channel->peerHello().build);
       NodeInfo now = info;
-      const NodeInfo fresh = localNodeInfo(options.name);
+      const NodeInfo fresh = localNodeInfo(options.name, false);  // load and memory now
       now.load = fresh.load;
       now.free_memory_bytes = fresh.free_memory_bytes;
       if (!options.cache_dir.empty()) {
