@@ -54,6 +54,10 @@ bool endedCleanly(const Launcher::Ended& e);
 // end cleanly, "" for one that did: what finish() collects.
 std::string endedBadly(const Launcher::Ended& e);
 
+// Writes `text` to the pipe `fd` of a child process; false if the child has gone (its end
+// closed), without the SIGPIPE that would end this process.
+bool writeToChild(int fd, const std::string& text);
+
 // Worker processes: `program args... --control HOST:PORT --slot N` started on this
 // machine, the key written to their standard input.
 std::unique_ptr<Launcher> processLauncher(std::string program, std::vector<std::string> args);

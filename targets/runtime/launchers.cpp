@@ -1,10 +1,13 @@
 // The two launchers of coordinator.h: worker processes on this machine, and worker
 // threads of this process (for tests).
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -18,6 +21,25 @@
 #include "targets/runtime/stage_worker.h"
 
 namespace tandem::runtime {
+
+// Writes `text` to a child's pipe. A child that has already exited (an exec that failed,
+// a worker that ends at once) closed its end, and the write would raise SIGPIPE, which
+// ends a process that does not ignore it (a test's in-process daemon, `tandem run`):
+// SIGPIPE is blocked for this thread meanwhile, and one the write raised is consumed.
+bool writeToChild(int fd, const std::string& text) {
+  sigset_t pipe_signal, before;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, &before);
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (!written && sigismember(&before, SIGPIPE) == 0) {
+    const timespec now{0, 0};
+    while (sigtimedwait(&pipe_signal, nullptr, &now) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  return written;
+}
 
 namespace {
 
@@ -53,7 +75,7 @@ class ProcessLauncher final : public Launcher {
     close(in[0]);
     // The key goes through the pipe, never a file or the command line.
     const std::string hex = clusterKeyHex(key) + "\n";
-    const bool written = write(in[1], hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
+    const bool written = writeToChild(in[1], hex);
     close(in[1]);
     running_[slot] = pid;
     if (!written) throw Error("cannot hand worker " + std::to_string(slot) + " its key");

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <map>
 
 #include "backends/cpu/cpu_backend.h"
@@ -192,6 +194,20 @@ TEST(CoordinatorTest, CheckpointsComeFromEveryStageAtTheSameStep) {
     // After the last step the checkpoint is the trained slice itself.
     EXPECT_TRUE(last[i] == r.slices[i]) << names(as)[i];
   }
+}
+
+TEST(CoordinatorTest, AWorkerGoneBeforeItsKeyIsWrittenDoesNotEndTheLauncher) {
+  // A worker that exits at once closes its end of the pipe its key goes through; the
+  // write must fail, not raise SIGPIPE (which would end this test's process).
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  close(fds[0]);
+  EXPECT_FALSE(writeToChild(fds[1], "key\n"));
+  close(fds[1]);
+  ASSERT_EQ(pipe(fds), 0);
+  EXPECT_TRUE(writeToChild(fds[1], "key\n"));
+  close(fds[0]);
+  close(fds[1]);
 }
 
 TEST(CoordinatorTest, OnlyAnExitWithCodeZeroEndsCleanly) {
