@@ -511,7 +511,8 @@ int main(int argc, char** argv) {
       "values\n",
       iters, repeats, codec.c_str());
   std::printf(
-      "tcp congestion control on loopback: %s for tandem's groups (sockets, ZeroMQ) and the tcp "
+      "tcp congestion control on loopback: %s for tandem's groups (sockets, ZeroMQ plain and "
+      "CurveZMQ-encrypted) and the tcp "
       "limit (--congestion %s), %s (the system's) for Gloo and Open MPI\n",
       loopbackCongestion(localCongestion()).c_str(), congestion.c_str(),
       loopbackCongestion("").c_str());

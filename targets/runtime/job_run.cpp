@@ -67,8 +67,8 @@ std::vector<int> nodeOfSlot(const partitioner::Cluster& cluster, const std::vect
 JobRun::JobRun(JobSpec job, JobRunOptions options)
     : job_(std::move(job)), options_(std::move(options)) {
   if (!job_.save.empty() && !options_.infer) prepareSave(job_.save);
-  const Model model(loadModelSpec(job_.model));
-  model_spec_ = readFile(job_.model, "model spec");
+  model_spec_ = readFile(job_.model, "model spec");  // read once: placed, shipped, merged
+  const Model model(parseModelSpec(model_spec_, job_.model));
   weights_ = startingWeights(job_);
   if (!options_.resume.empty()) {  // the checkpoint's weights and step, checked against the job
     TANDEM_CHECK_MSG(!options_.infer, InvalidArgument, "--resume continues training, not infer");
@@ -257,7 +257,7 @@ void JobRun::checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& s
 
 std::vector<uint8_t> JobRun::merge(const std::vector<std::vector<uint8_t>>& slices) const {
   cpu::CpuBackend be;
-  Model model(loadModelSpec(job_.model));
+  Model model(parseModelSpec(model_spec_, job_.model));
   model.build(be, job_.seed);
   std::vector<std::pair<std::string, Tensor>> state;
   int64_t steps = 0;

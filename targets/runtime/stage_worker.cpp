@@ -220,27 +220,25 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   };
   cpu::CpuBackend group_host(cpu::CpuOptions{1});  // where the encrypted group receives
   std::unique_ptr<Group> group;
-  if (a.replicas > 1 && a.encrypt) {
-    transport::ZmqGroupOptions go;
+  auto common = [&](auto& go) {  // what the two kinds of group options share
     go.rank = a.replica;
     go.size = a.replicas;
     go.transport = a.transport;
     go.host = a.bind_host;
     if (ipc) go.ipc_dir = ipc_name;
-    go.link_timeout = std::chrono::seconds(a.timeout_s);
     go.job = static_cast<uint64_t>(a.stage);
+  };
+  if (a.replicas > 1 && a.encrypt) {
+    transport::ZmqGroupOptions go;
+    common(go);
+    go.link_timeout = std::chrono::seconds(a.timeout_s);
     go.curve_secret_key = curve.secret_key;
     go.curve_public_key = curve.public_key;
     group = transport::makeZmqGroup(ctx, group_host, go, exchange);
   } else if (a.replicas > 1) {
     transport::SocketGroupOptions go;
-    go.rank = a.replica;
-    go.size = a.replicas;
-    go.transport = a.transport;
-    go.host = a.bind_host;
-    if (ipc) go.ipc_dir = ipc_name;
+    common(go);
     go.connect_timeout = std::chrono::seconds(a.timeout_s);
-    go.job = static_cast<uint64_t>(a.stage);
     group = transport::makeSocketGroup(go, exchange);
   }
 
