@@ -220,6 +220,9 @@ TEST(TandemdTest, NodesAsksEachDaemonAndNamesTheOnesItCannotReach) {
                        alpha.address() + " refused us (authentication failed)"),
             std::string::npos)
       << r.out;
+  // The daemon logs the refusal after sending it: the line may come a moment after our exit.
+  for (int i = 0; i < 250 && alpha.log().find("authentication failed") == std::string::npos; ++i)
+    std::this_thread::sleep_for(20ms);
   EXPECT_NE(alpha.log().find("authentication failed: the proof does not match"), std::string::npos)
       << alpha.log();
   std::ofstream(dir + "/one.yaml")
