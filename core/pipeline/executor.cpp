@@ -52,7 +52,8 @@ void StageExecutor::record(ActionType type, int64_t k, Clock::time_point t0, dou
 }
 
 StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo& info,
-                              const std::function<MicrobatchInput(int64_t)>& input) {
+                              const std::function<MicrobatchInput(int64_t)>& input,
+                              const std::function<void(int64_t)>& before_input) {
   int64_t m = 0;
   bool split = false;  // backwards leave the weight gradients to their own action
   for (const Action& a : actions) {
@@ -73,6 +74,7 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   for (const Action& a : actions) {
     const int64_t k = a.microbatch;
     if (a.type != ActionType::kStep && !mine(k)) continue;  // another replica's
+    if (a.type == ActionType::kForward && range_.first() && before_input) before_input(k);
     const auto t0 = Clock::now();
     const bool compute = a.type == ActionType::kForward || a.type == ActionType::kBackward ||
                          a.type == ActionType::kWeightGradient;
@@ -215,7 +217,7 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
   const int64_t n = y.shape()[0];
   result.samples += n;
   if (!info.labels) {
-    result.outputs.push_back(std::move(y));
+    result.outputs.push_back({k, std::move(y)});
     return;
   }
   if (info.training) {
@@ -223,8 +225,11 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
     result.loss_sum += softmaxCrossEntropy(backend_, y, f.labels,
                                            1.0f / static_cast<float>(info.batch_samples), f.dy);
   } else {
-    result.loss_sum += softmaxCrossEntropy(backend_, y, f.labels, 1.0f, Tensor());
-    result.correct += countCorrect(toHost(y), toHostI32(f.labels), y.shape()[1]);
+    const double loss = softmaxCrossEntropy(backend_, y, f.labels, 1.0f, Tensor());
+    const int64_t correct = countCorrect(toHost(y), toHostI32(f.labels), y.shape()[1]);
+    result.loss_sum += loss;
+    result.correct += correct;
+    if (info.outputs) result.outputs.push_back({k, std::move(y), loss, correct});
   }
   f.labels = Tensor();
 }

@@ -67,7 +67,16 @@ struct StepInfo {
   int64_t step = 0;           // global step: dropout seeds
   int64_t batch_samples = 0;  // the whole step's samples: the loss is their mean
   bool training = true;
-  bool labels = true;  // labels travel to the last stage (training and evaluation)
+  bool labels = true;    // labels travel to the last stage (training and evaluation)
+  bool outputs = false;  // evaluation: the last stage keeps each microbatch's output
+};
+
+// A microbatch's output at the last stage (serving, or StepInfo::outputs).
+struct MicrobatchOutput {
+  int64_t microbatch = 0;  // within the step
+  Tensor y;                // [n, outputs]
+  double loss_sum = 0;     // with labels: its rows' summed loss
+  int64_t correct = 0;     // and how many of them have their largest logit at the label
 };
 
 // The last stage's sums over a step's microbatches (zero elsewhere).
@@ -75,7 +84,9 @@ struct StepResult {
   double loss_sum = 0;  // sum of per-sample losses
   int64_t correct = 0;  // evaluation only: rows whose largest logit is the label
   int64_t samples = 0;
-  std::vector<Tensor> outputs;  // serving (no labels): each microbatch's output, in order
+  // Serving (no labels) or StepInfo::outputs: this stage's microbatches' outputs, in
+  // order (a replica's own only).
+  std::vector<MicrobatchOutput> outputs;
 };
 
 struct StageCounters {
@@ -110,9 +121,11 @@ class StageExecutor {
                 ExecutorOptions options);
 
   // Runs one step's actions; `input(k)` gives microbatch k of this step on the first
-  // stage (not called elsewhere).
+  // stage (not called elsewhere). `before_input(k)`, if given, is called there just
+  // before, outside the forward's timing: a paced stream waits in it for k's turn.
   StepResult run(const std::vector<Action>& actions, const StepInfo& info,
-                 const std::function<MicrobatchInput(int64_t)>& input);
+                 const std::function<MicrobatchInput(int64_t)>& input,
+                 const std::function<void(int64_t)>& before_input = {});
 
   const StageCounters& counters() const { return counters_; }
   const std::vector<Span>& spans() const { return spans_; }

@@ -1,5 +1,7 @@
 #include "core/pipeline/stage_trainer.h"
 
+#include <thread>
+
 #include "core/error.h"
 #include "core/train/microbatch.h"
 
@@ -20,7 +22,7 @@ StageTrainer::StageTrainer(Model& model, StageRange range, Link* prev, Link* nex
 }
 
 StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin,
-                              int64_t n, ScheduleKind kind, bool training) {
+                              int64_t n, ScheduleKind kind, bool training, bool outputs) {
   const std::vector<MicrobatchSlice> slices = splitBatch(n, options_.microbatches);
   const auto m = static_cast<int64_t>(slices.size());
   if (range_.first()) gatherBatch(*data, order, begin, n, x_, y_);
@@ -34,8 +36,14 @@ StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& o
     be.upload(in.labels, y_.data() + s.offset);
     return in;
   };
-  const StepInfo info{global_step_, n, training, true};
-  return executor_.run(stageActions(kind, range_.stage, range_.stages, m), info, input);
+  const StepInfo info{global_step_, n, training, true, outputs};
+  auto pace = [&](int64_t) {  // a paced stream: this request's turn
+    std::this_thread::sleep_until(next_feed_);
+    next_feed_ += interval_;
+  };
+  return executor_.run(
+      stageActions(kind, range_.stage, range_.stages, m), info, input,
+      interval_.count() > 0 ? std::function<void(int64_t)>(pace) : std::function<void(int64_t)>());
 }
 
 EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64_t epoch,
@@ -55,32 +63,53 @@ EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64
   return runEpoch(
       epoch, samples, options_.batch,
       [&](int64_t begin, int64_t n) {
-        const double loss = step(data, order, begin, n, options_.schedule, true).loss_sum;
+        const double loss = step(data, order, begin, n, options_.schedule, true, false).loss_sum;
         ++global_step_;
         return loss;
       },
       progress, first_step);
 }
 
-EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t batch) {
+EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t batch,
+                                  const EvalStream& stream) {
   TANDEM_CHECK_MSG(range_.first() == (data != nullptr), InvalidArgument,
                    "stage " << range_.stage << ": the dataset goes to the first stage only");
   TANDEM_CHECK_MSG(batch > 0, InvalidArgument, "batch size " << batch << " must be positive");
+  TANDEM_CHECK_MSG(stream.from >= 0 && stream.from % batch == 0 && stream.from <= samples,
+                   InvalidArgument,
+                   "an evaluation stream starts at a batch of the "
+                       << samples << " samples, not at " << stream.from);
   const std::vector<int64_t> order =
       range_.first() ? epochOrder(samples, false, 0, 0) : std::vector<int64_t>{};
+  const bool answers = range_.last() && static_cast<bool>(stream.answer);
+  interval_ = stream.interval;
+  next_feed_ = std::chrono::steady_clock::now();
   double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t begin = 0; begin < samples; begin += batch) {
+  for (int64_t begin = stream.from; begin < samples; begin += batch) {
     const int64_t n = std::min(batch, samples - begin);
-    const StepResult r = step(data, order, begin, n, ScheduleKind::kForwardOnly, false);
+    const StepResult r = step(data, order, begin, n, ScheduleKind::kForwardOnly, false, answers);
     loss_sum += r.loss_sum;
     correct += r.correct;
+    if (!answers) continue;
+    const std::vector<MicrobatchSlice> slices = splitBatch(n, options_.microbatches);
+    for (const MicrobatchOutput& o : r.outputs) {
+      EvalAnswer a;
+      a.first = begin + slices.at(static_cast<size_t>(o.microbatch)).offset;
+      a.count = o.y.shape()[0];
+      a.columns = o.y.numel() / std::max<int64_t>(a.count, 1);
+      a.outputs = toHost(o.y);
+      a.loss_sum = o.loss_sum;
+      a.correct = o.correct;
+      stream.answer(a);
+    }
   }
+  interval_ = std::chrono::microseconds{0};
   EvalResult r;
-  if (range_.last() && samples > 0) {
-    r.samples = samples;
-    r.loss = loss_sum / static_cast<double>(samples);
-    r.accuracy = static_cast<double>(correct) / static_cast<double>(samples);
+  if (range_.last() && samples > stream.from) {
+    r.samples = samples - stream.from;
+    r.loss = loss_sum / static_cast<double>(r.samples);
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
   }
   return r;
 }

@@ -8,6 +8,7 @@
 // accumulation) when activations and gradients travel as fp32.
 #pragma once
 
+#include <chrono>
 #include <functional>
 
 #include "core/data/dataset.h"
@@ -28,6 +29,28 @@ struct PipelineOptions {
   std::chrono::milliseconds collective_timeout{60000};
 };
 
+// One request's answer in an evaluation stream (StageTrainer::evaluate): a microbatch
+// of the test samples, from sample `first`, as the last stage computed it.
+struct EvalAnswer {
+  int64_t first = 0, count = 0, columns = 0;
+  std::vector<float> outputs;  // count rows of `columns` (the model's output)
+  double loss_sum = 0;         // the rows' summed loss
+  int64_t correct = 0;         // rows whose largest output is the label
+};
+
+// How evaluate streams its samples when serving (`tandem infer`).
+struct EvalStream {
+  // The first sample, a multiple of the batch: a stream resumed after a failure starts
+  // at the batch of its first unanswered request, so every request is the same
+  // microbatch of the same batch as in an uninterrupted stream.
+  int64_t from = 0;
+  // The first stage feeds one request (microbatch) every `interval` (open loop: a late
+  // request goes at once); zero: as fast as the pipeline takes them.
+  std::chrono::microseconds interval{0};
+  // Called on the last stage (each replica: its own requests) with every answer.
+  std::function<void(const EvalAnswer&)> answer;
+};
+
 class StageTrainer {
  public:
   StageTrainer(Model& model, StageRange range, Link* prev, Link* next, Optimizer* optimizer,
@@ -44,15 +67,17 @@ class StageTrainer {
   void resumeAt(int64_t steps) { global_step_ = steps; }
   int64_t stepsTaken() const { return global_step_; }
   // Forward-only over `samples` test samples in batches of `batch`: the last stage's
-  // mean loss and accuracy (zero elsewhere).
-  EvalResult evaluate(const Dataset* data, int64_t samples, int64_t batch);
+  // mean loss and accuracy (zero elsewhere) over the samples from stream.from.
+  EvalResult evaluate(const Dataset* data, int64_t samples, int64_t batch,
+                      const EvalStream& stream = {});
 
   StageExecutor& executor() { return executor_; }
 
  private:
-  // Runs one step of `n` samples starting at `begin` of `order`.
+  // Runs one step of `n` samples starting at `begin` of `order` (`outputs`: the last
+  // stage keeps each microbatch's output).
   StepResult step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin, int64_t n,
-                  ScheduleKind kind, bool training);
+                  ScheduleKind kind, bool training, bool outputs);
 
   Model& model_;
   StageRange range_;
@@ -60,6 +85,9 @@ class StageTrainer {
   StageExecutor executor_;
   int64_t global_step_ = 0;
   std::vector<float> x_;  // the first stage's host batch
+  // Evaluation streams: when the first stage feeds its next request (interval_ > 0).
+  std::chrono::microseconds interval_{0};
+  std::chrono::steady_clock::time_point next_feed_;
   std::vector<int32_t> y_;
 };
 

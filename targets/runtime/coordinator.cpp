@@ -237,6 +237,8 @@ class Run {
         ++reports;
       } else if (const auto* k = std::get_if<Checkpointed>(&m)) {
         checkpointed(slot, *k);
+      } else if (const auto* an = std::get_if<Answer>(&m)) {
+        answered(slot, *an);
       } else if (const auto* f = std::get_if<Failed>(&m)) {
         fail(slot, "failed: " + f->message);
       } else {
@@ -292,6 +294,19 @@ class Run {
     checkpoints_.erase(c.step);
   }
 
+  // Worker `slot` answered a request of an inference stream: passed on once checked
+  // against the stream (the caller drops what it has already).
+  void answered(int slot, const Answer& an) {
+    const Assign& a = assignments_[static_cast<size_t>(slot)];
+    if (!a.infer || a.stage != a.stages - 1)
+      fail(slot, "sent an answer, not being the last stage of an inference stream");
+    if (test_samples_ < 0 || an.first < a.infer_from || an.first + an.count > test_samples_)
+      fail(slot, "answered samples [" + std::to_string(an.first) + ", " +
+                     std::to_string(an.first + an.count) + "), outside the stream's [" +
+                     std::to_string(a.infer_from) + ", " + std::to_string(test_samples_) + ")");
+    if (callbacks_.answer) callbacks_.answer(an);
+  }
+
   // Worker `slot` reported: its trained slice, if it was asked for one, must be whole.
   void takeSlice(int slot, const StageReport& report) {
     const auto s = static_cast<size_t>(slot);
@@ -313,6 +328,7 @@ class Run {
         train_samples = result_.ready[static_cast<size_t>(i)].train_samples;
         test_samples = result_.ready[static_cast<size_t>(i)].test_samples;
       }
+    test_samples_ = test_samples;
     for (int i = 0; i < n_; ++i) {
       const Assign& a = assignments_[static_cast<size_t>(i)];
       Start start;
@@ -389,6 +405,7 @@ class Run {
   std::unique_ptr<Mailbox> mailbox_;
   std::vector<std::optional<ChunkGatherer>> slices_;                  // by slot, while they come in
   std::map<int64_t, std::vector<std::vector<uint8_t>>> checkpoints_;  // step -> slices by slot
+  int64_t test_samples_ = -1;  // the stream's samples, once every worker is ready
   RunResult result_;
 };
 

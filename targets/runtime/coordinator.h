@@ -100,6 +100,9 @@ struct RunCallbacks {
   std::function<void(const Progress&)> progress;
   std::function<void(const EpochDone&)> epoch;
   std::function<void(const InferDone&)> infer;
+  // Inference streams: each request's answer, as the last stage's workers send them
+  // (checked to lie in the stream; in each worker's order).
+  std::function<void(const Answer&)> answer;
   // Every stage's slice (a model file) after `step` training steps, by slot (empty for the
   // replicas beyond the first, which hold the same): workers with checkpoint_every.
   std::function<void(int64_t step, const std::vector<std::vector<uint8_t>>& slices)> checkpoint;

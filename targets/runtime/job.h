@@ -84,8 +84,9 @@ struct JobSpec {
     std::string dir;    // default: checkpoints/<job file's stem> beside the job file
     std::string where;  // "job.yaml:14:13", for messages
   } checkpoint;
-  // With checkpoints: how many times a run that loses a worker's node (killed, cut off)
-  // leaves that node out, re-plans on the others and resumes from its newest checkpoint
+  // With checkpoints, or serving (`tandem infer`): how many times a run that loses a
+  // worker's node (killed, cut off) leaves that node out, re-plans on the others and
+  // resumes — from its newest checkpoint, or a stream from its first unanswered batch —
   // before it gives up (0: never).
   int max_restarts = 3;
 };

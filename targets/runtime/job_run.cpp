@@ -127,6 +127,10 @@ void JobRun::place(const Model& model) {
     a.start_step = start_step_;
     a.restore_optimizer = start_step_ > 0;
     if (!options_.infer) a.checkpoint_every = job_.checkpoint.every_steps;
+    if (options_.infer) {  // a stream resumed after a loss: from its first unanswered batch
+      a.infer_from = next_answer_ / job_.batch * job_.batch;
+      a.request_rate = options_.request_rate;
+    }
   }
   names_.clear();
   for (const Assign& a : assignments_)
@@ -154,11 +158,13 @@ JobRun::~JobRun() = default;
 RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
   resume_weights_ = weights_;
   resume_step_ = start_step_;
-  const bool recovers = job_.checkpoint.every_steps > 0 && !options_.infer &&
+  const bool recovers = (job_.checkpoint.every_steps > 0 || options_.infer) &&
                         options_.fork.empty() && job_.max_restarts > 0;
   for (int restarts = 0;; ++restarts) {
     try {
-      return runOnce(callbacks, interrupt);
+      RunResult result = runOnce(callbacks, interrupt);
+      if (options_.infer) checkStreamAnswered(result);
+      return result;
     } catch (const WorkerLost& e) {
       if (!recovers || restarts == job_.max_restarts) throw;
       if (interrupt && interrupt->load() != 0) throw;
@@ -166,11 +172,16 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
       const std::string lost =
           cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(e.slot)))).name;
       spdlog::warn("{}", e.what());
+      const std::string from =
+          options_.infer
+              ? "the stream from sample " + std::to_string(next_answer_ / job_.batch * job_.batch) +
+                    " (" + std::to_string(totals_.requests) + " requests answered)"
+          : resume_step_ > 0 ? "step " + std::to_string(resume_step_)
+                             : "the start";
       spdlog::warn(
-          "recovering ({} of {} restarts): node '{}' is left out; resuming from {} on "
-          "the {} nodes left",
-          restarts + 1, job_.max_restarts, lost,
-          resume_step_ > 0 ? "step " + std::to_string(resume_step_) : "the start",
+          "recovering ({} of {} restarts): node '{}' is left out; resuming {} on the {} nodes "
+          "left",
+          restarts + 1, job_.max_restarts, lost, (options_.infer ? "" : "from ") + from,
           cluster_.nodes.size() - 1);
       leaveOut(e.slot);
       lost_at_ = t0;
@@ -232,12 +243,51 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
       if (callbacks.progress) callbacks.progress(p);
     };
   }
+  if (options_.infer) {
+    cb.answer = [&, first = true](const Answer& a) mutable {
+      if (first && lost_at_) {
+        spdlog::info(
+            "answering again {:.3f} s after the loss was seen (re-placement, weights, "
+            "workers' start, one request)",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - *lost_at_).count());
+      }
+      first = false;
+      answer(a, callbacks);
+    };
+  }
   if (job_.checkpoint.every_steps > 0 && !options_.infer)
     cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
       checkpoint(step, slices);
       if (callbacks.checkpoint) callbacks.checkpoint(step, slices);
     };
   return coordinate(assignments_, names_, *launcher, cb, ro);
+}
+
+void JobRun::answer(const Answer& a, const RunCallbacks& callbacks) {
+  if (a.first < next_answer_ || ahead_.count(a.first) != 0) {
+    ++totals_.repeated;  // answered before the loss, and again after
+    return;
+  }
+  ahead_.emplace(a.first, a);
+  for (auto it = ahead_.begin(); it != ahead_.end() && it->first == next_answer_;
+       it = ahead_.erase(it)) {
+    const Answer& next = it->second;
+    next_answer_ += next.count;
+    ++totals_.requests;
+    totals_.samples += next.count;
+    totals_.correct += next.correct;
+    totals_.loss_sum += next.loss_sum;
+    if (callbacks.answer) callbacks.answer(next);
+  }
+}
+
+void JobRun::checkStreamAnswered(const RunResult& result) const {
+  int64_t samples = 0;
+  for (size_t i = 0; i < assignments_.size(); ++i)
+    if (assignments_[i].stage == 0) samples = result.ready[i].test_samples;
+  if (next_answer_ != samples || !ahead_.empty())
+    throw Error("the stream ended with samples [" + std::to_string(next_answer_) + ", " +
+                std::to_string(samples) + ") of " + std::to_string(samples) + " unanswered");
 }
 
 void JobRun::checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& slices) {

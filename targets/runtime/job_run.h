@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,17 @@ struct JobRunOptions {
   // Continue from the newest usable checkpoint in this folder (checkpoint.h): its weights
   // and optimizer state, from its step; the job must match what it was taken with.
   std::string resume;
+  // Inference: requests (microbatches) per second fed into the stream (0: as fast as the
+  // pipeline takes them).
+  double request_rate = 0;
+};
+
+// An inference stream's answers so far, as JobRun::run hands them on: in stream order,
+// each request once.
+struct StreamTotals {
+  int64_t requests = 0, samples = 0, correct = 0;
+  double loss_sum = 0;
+  int64_t repeated = 0;  // answers that came again after a recovery, dropped
 };
 
 class JobRun {
@@ -62,12 +74,17 @@ class JobRun {
 
   // Starts the workers and runs the job to its end (coordinate()); `interrupt` as in
   // RunOptions. Error naming the worker or node at the first failure — except, for a job
-  // with checkpoints, a worker lost with its node (killed, cut off: WorkerLost): then up
-  // to `max_restarts` times the node is left out, the stages are placed on the nodes left
-  // (re-planned for `partition: auto`), and the run resumes from the newest checkpoint
-  // (or its start), on the same path. assignments(), stages() and the result are then
-  // the last placement's.
+  // with checkpoints or an inference stream, a worker lost with its node (killed, cut
+  // off: WorkerLost): then up to `max_restarts` times the node is left out, the stages
+  // are placed on the nodes left (re-planned for `partition: auto`), and the run resumes
+  // on the same path — training from the newest checkpoint (or its start), a stream from
+  // the batch of its first unanswered request. assignments(), stages() and the result
+  // are then the last placement's. A stream's answers reach `callbacks.answer` in stream
+  // order, each request once (one answered again after a recovery is dropped); the run
+  // fails if any request of the stream was left unanswered.
   RunResult run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt = nullptr);
+  // An inference stream's answers handed on so far.
+  const StreamTotals& streamTotals() const { return totals_; }
   // Merges the trained slices of `result` into one model file with the optimizer's
   // state, written whole to the job's `save:` path.
   void save(const RunResult& result) const;
@@ -76,6 +93,10 @@ class JobRun {
   // Stages (from the plan, if one was made), assignments, names, nodes and needs.
   void place(const Model& model);
   RunResult runOnce(const RunCallbacks& callbacks, const std::atomic<int>* interrupt);
+  // A stream's answer from a worker: handed on in order once, or dropped as a repeat.
+  void answer(const Answer& a, const RunCallbacks& callbacks);
+  // After a stream's run: every one of its samples was answered (Error otherwise).
+  void checkStreamAnswered(const RunResult& result) const;
   // After losing worker `slot`: its node left out, the daemons and the placement anew.
   void leaveOut(int slot);
   // One model file of the whole model and its optimizer state from the stages' slices
@@ -95,6 +116,11 @@ class JobRun {
   std::shared_ptr<const std::vector<uint8_t>> resume_weights_;
   int64_t resume_step_ = 0;
   std::optional<std::chrono::steady_clock::time_point> lost_at_;  // the last loss seen
+  // An inference stream: the first sample not yet handed on, the answers that came
+  // ahead of it (replicas of the last stage answer in their own order), the totals.
+  int64_t next_answer_ = 0;
+  std::map<int64_t, Answer> ahead_;
+  StreamTotals totals_;
   std::unique_ptr<ClusterDaemons> daemons_;
   std::optional<PlannedJob> planned_;
   std::vector<StagePlacement> stages_;

@@ -72,6 +72,7 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const InferDo
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const StageReport& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Failed& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Checkpointed& m);
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Answer& m);
 // The message of a stage worker's body type; FormatError naming the field at fault.
 Message readStageMessage(const fb::Message* msg);
 

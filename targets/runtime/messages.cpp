@@ -141,7 +141,7 @@ fb::Body bodyType(const Message& m) {
       fb::Body_WeightsChunk,   fb::Body_Ready,       fb::Body_Start,       fb::Body_GroupAddress,
       fb::Body_GroupAddresses, fb::Body_Progress,    fb::Body_EpochDone,   fb::Body_InferDone,
       fb::Body_StageReport,    fb::Body_Failed,      fb::Body_ProfileTask, fb::Body_ProfileResult,
-      fb::Body_Checkpointed};
+      fb::Body_Checkpointed,   fb::Body_Answer};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -222,7 +222,7 @@ const char* messageName(const Message& m) {
                                            "start",           "group address", "group addresses",
                                            "progress",        "epoch done",    "infer done",
                                            "stage report",    "failed",        "profile task",
-                                           "profile result",  "checkpointed"};
+                                           "profile result",  "checkpointed",  "answer"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -393,6 +393,7 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
     case fb::Body_StageReport:
     case fb::Body_Failed:
     case fb::Body_Checkpointed:
+    case fb::Body_Answer:
       return readStageMessage(msg);
     default:
       throw FormatError("bad control message: unknown body type " +

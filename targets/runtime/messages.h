@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <variant>
@@ -25,7 +26,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{2, 0, 0};
+inline constexpr ProtocolVersion kProtocolVersion{2, 1, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -199,6 +200,11 @@ struct Assign {
   int64_t checkpoint_every = 0;    // send the trained slice every so many steps (0: never)
   int64_t start_step = 0;          // training steps already taken: a resumed run starts there
   bool restore_optimizer = false;  // the starting weights carry optimizer state to restore
+  // Inference streams: the first test sample to answer (a multiple of the batch; a
+  // stream resumed after a failure starts there), and the requests (microbatches) per
+  // second the first stage feeds (0: as fast as the pipeline takes them).
+  int64_t infer_from = 0;
+  double request_rate = 0;
   bool operator==(const Assign&) const = default;
 };
 
@@ -264,6 +270,24 @@ struct InferDone {
   bool operator==(const InferDone&) const = default;
 };
 
+// The last stage's answer to one request of an inference stream (each replica of the
+// last stage sends its own requests'): a microbatch of the test set from sample `first`,
+// its outputs (`count` rows of `columns`), summed loss and rows predicted right.
+inline constexpr size_t kMaxAnswerValues = size_t{1} << 21;
+struct Answer {
+  int64_t first = 0, count = 0;
+  int32_t columns = 0;
+  std::vector<float> outputs;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  bool operator==(const Answer& o) const {  // bitwise, so NaN outputs compare too
+    return first == o.first && count == o.count && columns == o.columns &&
+           outputs.size() == o.outputs.size() &&
+           std::memcmp(outputs.data(), o.outputs.data(), outputs.size() * sizeof(float)) == 0 &&
+           std::memcmp(&loss_sum, &o.loss_sum, sizeof loss_sum) == 0 && correct == o.correct;
+  }
+};
+
 struct StageReport {
   StageCounters counters;
   double run_s = 0;
@@ -296,7 +320,7 @@ using Message =
     std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch, Launched,
                  WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign, WeightsRequest,
                  WeightsChunk, Ready, Start, GroupAddress, GroupAddresses, Progress, EpochDone,
-                 InferDone, StageReport, Failed, ProfileTask, ProfileResult, Checkpointed>;
+                 InferDone, StageReport, Failed, ProfileTask, ProfileResult, Checkpointed, Answer>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

@@ -141,6 +141,14 @@ Assign readAssign(const fb::Assign* a) {
   out.restore_optimizer = a->restore_optimizer();
   if (out.restore_optimizer && out.weights_hash.empty())
     bad(m, "restore_optimizer without starting weights to restore it from");
+  out.infer_from = a->infer_from();
+  range(m, "infer_from", out.infer_from, 0, int64_t{1} << 40);
+  if (out.infer_from % out.batch != 0)
+    bad(m, "infer_from " + std::to_string(out.infer_from) + " is not a multiple of the batch " +
+               std::to_string(out.batch));
+  out.request_rate = a->request_rate();
+  if (!(out.request_rate >= 0 && out.request_rate <= 1e6))  // (NaN fails too)
+    bad(m, "request_rate " + std::to_string(out.request_rate) + " is not in [0, 1e6]");
   return out;
 }
 
@@ -225,7 +233,7 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
                           grad, data, m.train_limit, m.test_limit, m.timeout_s, m.infer,
                           m.record_spans, m.save, host, transport, data_dir, weights_hash,
                           m.weights_bytes, m.encrypt, m.checkpoint_every, m.start_step,
-                          m.restore_optimizer)
+                          m.restore_optimizer, m.infer_from, m.request_rate)
       .Union();
 }
 
@@ -301,6 +309,13 @@ flatbuffers::Offset<void> build(B& b, const StageReport& m) {
 flatbuffers::Offset<void> build(B& b, const Checkpointed& m) {
   checkText("checkpointed", "hash", m.hash, 64);
   return fb::CreateCheckpointed(b, m.step, b.CreateString(m.hash), m.bytes).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const Answer& m) {
+  checkCount("answer", "outputs", m.outputs.size(), kMaxAnswerValues);
+  return fb::CreateAnswer(b, m.first, m.count, m.columns, b.CreateVector(m.outputs), m.loss_sum,
+                          m.correct)
+      .Union();
 }
 
 flatbuffers::Offset<void> build(B& b, const Failed& m) {
@@ -408,6 +423,27 @@ Message readStageMessage(const fb::Message* msg) {
       range(m, "step", out.step, 1, int64_t{1} << 40);
       if (!isHash(out.hash)) bad(m, "hash '" + out.hash + "' is not 64 hex digits");
       range(m, "bytes", out.bytes, 1, kMaxWeightsBytes);
+      return out;
+    }
+    case fb::Body_Answer: {
+      const fb::Answer* a = msg->body_as_Answer();
+      const char* m = "answer";
+      Answer out;
+      out.first = a->first();
+      range(m, "first", out.first, 0, int64_t{1} << 40);
+      out.count = a->count();
+      range(m, "count", out.count, 1, static_cast<int64_t>(kMaxAnswerValues));
+      out.columns = a->columns();
+      range(m, "columns", out.columns, 1, static_cast<int64_t>(kMaxAnswerValues));
+      const auto* v = a->outputs();
+      const size_t values = v ? v->size() : 0;
+      if (static_cast<int64_t>(values) != out.count * out.columns)
+        bad(m, std::to_string(values) + " outputs for " + std::to_string(out.count) + " rows of " +
+                   std::to_string(out.columns));
+      if (v) out.outputs.assign(v->begin(), v->end());
+      out.loss_sum = a->loss_sum();  // (a diverged model's loss is NaN: passed on)
+      out.correct = a->correct();
+      range(m, "correct", out.correct, 0, out.count);
       return out;
     }
     default:

@@ -258,8 +258,21 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   const Dataset* train_data = a.stage == 0 ? &train : nullptr;
   const Dataset* test_data = a.stage == 0 ? &test : nullptr;
   if (a.infer) {
+    // Every replica of the last stage answers its own requests as they come out; the
+    // first stage's replicas share the request rate.
+    EvalStream stream;
+    stream.from = a.infer_from;
+    if (a.request_rate > 0)
+      stream.interval = std::chrono::microseconds(
+          static_cast<int64_t>(1e6 * (a.stage == 0 ? a.replicas : 1) / a.request_rate));
+    if (a.stage == a.stages - 1)
+      stream.answer = [&](const EvalAnswer& e) {
+        coordinator.send(Answer{e.first, e.count, static_cast<int32_t>(e.columns), e.outputs,
+                                e.loss_sum, e.correct},
+                         std::chrono::seconds(a.timeout_s));
+      };
     const auto t0 = Clock::now();
-    const EvalResult ev = trainer.evaluate(test_data, start.test_samples, a.batch);
+    const EvalResult ev = trainer.evaluate(test_data, start.test_samples, a.batch, stream);
     report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (reports) coordinator.send(InferDone{ev.samples, ev.loss, ev.accuracy, report.run_s});
   }

@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -75,8 +77,9 @@ void writeTimeline(const std::string& dir, const std::vector<StageSpans>& all) {
 
 // Inference figures from the spans: each request (microbatch) from the start of its
 // first-stage forward (which takes the input) to the end of its last-stage forward.
+// After a recovery the spans are the last placement's: its requests only.
 void printInference(const std::vector<StageSpans>& all, const runtime::InferDone& result,
-                    int64_t batch, int64_t microbatches) {
+                    const runtime::StreamTotals& stream, int64_t batch, int64_t microbatches) {
   // Replicas of the first and last stage each hold their own requests' spans.
   std::map<int64_t, double> start;
   for (const StageSpans& st : all)
@@ -102,22 +105,69 @@ void printInference(const std::vector<StageSpans>& all, const runtime::InferDone
     const auto i = static_cast<size_t>(q * static_cast<double>(latency.size() - 1) + 0.5);
     return latency[std::min(i, latency.size() - 1)] * 1e3;
   };
-  const int64_t samples = result.samples;
   const double wall = std::max(last - first, 1e-9);
-  std::printf("inference: %lld samples as %zu requests (microbatches of ~%lld)\n",
-              static_cast<long long>(samples), latency.size(),
-              static_cast<long long>((batch + microbatches - 1) / microbatches));
-  std::printf("throughput: %.0f samples/s, %.1f requests/s\n", static_cast<double>(samples) / wall,
+  std::printf(
+      "inference: %lld samples as %lld requests (microbatches of ~%lld), each answered once",
+      static_cast<long long>(stream.samples), static_cast<long long>(stream.requests),
+      static_cast<long long>((batch + microbatches - 1) / microbatches));
+  if (stream.repeated > 0)
+    std::printf("; %lld answered again after a recovery were dropped",
+                static_cast<long long>(stream.repeated));
+  std::printf("\n%s", latency.size() < static_cast<size_t>(stream.requests)
+                          ? "on the last placement: "
+                          : "");
+  std::printf("throughput: %.0f samples/s, %.1f requests/s\n",
+              static_cast<double>(result.samples) / wall,
               static_cast<double>(latency.size()) / wall);
   std::printf("latency per request: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms\n", pct(0.5), pct(0.95),
               pct(0.99));
-  std::printf("test accuracy: %.4f\n", result.accuracy);
+  std::printf("test loss: %.4f, test accuracy: %.4f\n",
+              stream.loss_sum / static_cast<double>(std::max<int64_t>(stream.samples, 1)),
+              static_cast<double>(stream.correct) /
+                  static_cast<double>(std::max<int64_t>(stream.samples, 1)));
 }
+
+// `tandem infer --answers FILE`: one line per sample, in stream order, written as the
+// answers come (a reader may follow the file): the sample's index, the class of its
+// largest output, and every output (%.9g: each float exactly).
+class AnswerWriter {
+ public:
+  explicit AnswerWriter(const std::string& path) : path_(path) {
+    if (path.empty()) return;
+    file_ = std::fopen(path.c_str(), "w");
+    TANDEM_CHECK_MSG(file_ != nullptr, IoError,
+                     "cannot write the answers to '" << path << "': " << std::strerror(errno));
+  }
+  ~AnswerWriter() {
+    if (file_) std::fclose(file_);
+  }
+  AnswerWriter(const AnswerWriter&) = delete;
+  AnswerWriter& operator=(const AnswerWriter&) = delete;
+
+  void write(const runtime::Answer& a) {
+    if (!file_) return;
+    for (int64_t r = 0; r < a.count; ++r) {
+      const float* row = a.outputs.data() + r * a.columns;
+      std::fprintf(file_, "%lld %lld", static_cast<long long>(a.first + r),
+                   static_cast<long long>(std::max_element(row, row + a.columns) - row));
+      for (int32_t c = 0; c < a.columns; ++c) std::fprintf(file_, " %.9g", row[c]);
+      std::fputc('\n', file_);
+    }
+    std::fflush(file_);
+    if (std::ferror(file_)) throw IoError("writing the answers to '" + path_ + "' failed");
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
 
 struct RunArgs {
   std::string job, timeline, cluster, key, resume;
   std::string launcher = "daemon";  // or "fork": workers forked by tandem run itself
   bool infer = false;
+  std::string answers;  // infer: write every sample's answer here
+  double rate = 0;      // infer: requests per second fed in (0: as fast as they go)
 };
 
 // SIGINT and SIGTERM during a run: noted here for the coordinator, which stops every
@@ -163,6 +213,7 @@ int runJob(const RunArgs& args) {
   jo.infer = args.infer;
   jo.spans = spans_wanted;
   jo.resume = args.resume;
+  jo.request_rate = args.rate;
   if (args.launcher == "fork")  // kept to measure the daemon path against
     jo.fork = {std::filesystem::read_symlink("/proc/self/exe").string(), "stage"};
   else
@@ -224,6 +275,8 @@ int runJob(const RunArgs& args) {
     std::fflush(stdout);
   };
   cb.infer = [&](const runtime::InferDone& m) { infer_result = m; };
+  AnswerWriter answers(args.answers);
+  cb.answer = [&](const runtime::Answer& a) { answers.write(a); };
   runtime::RunResult result;
   try {
     result = jr.run(cb, &g_interrupt);
@@ -276,7 +329,9 @@ int runJob(const RunArgs& args) {
       spdlog::error("the last stage reported no inference result");
       return 1;
     }
-    printInference(spans, *infer_result, job.batch, job.microbatches);
+    printInference(spans, *infer_result, jr.streamTotals(), job.batch, job.microbatches);
+    if (!args.answers.empty())
+      spdlog::info("answers: {} ({} samples)", args.answers, jr.streamTotals().samples);
   }
 
   // Compute per microbatch: the stage's forward and backward time (busy less the
@@ -368,6 +423,12 @@ void addInfer(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "infer", "Stream the test set through a pipeline job's stages: throughput, latency");
   c->add_option("job", a->job, "Job file; its `weights` are served (else fresh ones)")->required();
+  c->add_option("--answers", a->answers,
+                "Write each sample's answer to FILE as it comes: index, class, outputs");
+  c->add_option("--rate", a->rate,
+                "Feed this many requests (microbatches) per second (default: as fast as the "
+                "pipeline takes them)")
+      ->check(CLI::Range(0.0, 1e6));
   c->add_option("--cluster", a->cluster,
                 "Serve on this cluster's node daemons (every node with an `address`)");
   c->add_option("--key", a->key, "Cluster key file (default: the cluster file's `key`)");

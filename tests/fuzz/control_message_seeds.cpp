@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
                          Leave{"bye"},
                          ErrorReply{"what"},
                          ProfileTask{"name: m\n", 8, 1, 2, {{"cpu", 1, 1}}},
-                         ProfileResult{"{}", 0}};
+                         ProfileResult{"{}", 0},
+                         Checkpointed{6, std::string(64, 'a'), 100},
+                         Answer{8, 2, 2, {1, 2, 3, 4}, 0.5, 1}};
   int n = 0;
   for (const Message& m : all) {
     const auto bytes = encodeMessage(m);

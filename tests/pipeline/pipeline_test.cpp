@@ -44,6 +44,7 @@ struct PipelineRun {
   std::vector<StageCounters> counters;              // replica 0's, by stage
   std::vector<std::vector<double>> replica_losses;  // every last-stage replica's
   std::vector<EvalResult> replica_evals;
+  std::map<int64_t, EvalAnswer> answers;  // an evaluation stream's, by first sample
 };
 
 // A pipeline of p stages, stage s with replicas[s] replicas (default one each): each
@@ -51,7 +52,7 @@ struct PipelineRun {
 // replicas of a stage share an in-process group.
 PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, int epochs,
                      transport::Codec codec = transport::Codec::kRaw, const Dataset* test = nullptr,
-                     std::vector<int> replicas = {}) {
+                     std::vector<int> replicas = {}, const EvalStream* stream = nullptr) {
   static int run_id = 0;
   const std::string id = std::to_string(run_id++);
   replicas.resize(static_cast<size_t>(p), 1);
@@ -121,7 +122,13 @@ PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, in
           for (int e = 0; e < epochs; ++e)
             losses.push_back(st.trainEpoch(data, d.size(), e, {}).train_loss);
           EvalResult eval;
-          if (test) eval = st.evaluate(s == 0 ? test : nullptr, test->size(), 50);
+          EvalStream es = stream ? *stream : EvalStream{};
+          if (stream)
+            es.answer = [&](const EvalAnswer& a) {
+              std::lock_guard lock(mu);
+              EXPECT_TRUE(run.answers.emplace(a.first, a).second) << "answered twice: " << a.first;
+            };
+          if (test) eval = st.evaluate(s == 0 ? test : nullptr, test->size(), 50, es);
           Weights w;
           for (Param* param : m.params()) w[param->name] = toHost(param->value);
           std::lock_guard lock(mu);
@@ -259,6 +266,71 @@ TEST(PipelineTest, ReplicatedLastStageEvaluatesTheWholeTestSet) {
   EXPECT_NEAR(two.eval.loss, one.eval.loss, 1e-4);
   EXPECT_NEAR(two.losses.at(0), one.losses.at(0), 1e-4);
   EXPECT_GT(two.eval.accuracy, 0.5);
+}
+
+TEST(PipelineTest, AnEvaluationStreamAnswersEveryRequestOnceAndResumesAtABatch) {
+  const Dataset train = testing::quadrants(128, 1);
+  const Dataset test = testing::quadrants(230, 2);
+  PipelineOptions o;
+  o.batch = 32;
+  o.microbatches = 4;
+  // The last stage has two replicas: each answers its own requests.
+  EvalStream all;
+  const PipelineRun whole =
+      pipeline(3, o, train, 1, transport::Codec::kRaw, &test, {1, 1, 2}, &all);
+  // The answers tile the test set: batches of 50 in microbatches of ceil(50 / 4).
+  int64_t next = 0, correct = 0;
+  double loss = 0;
+  for (const auto& [first, a] : whole.answers) {
+    EXPECT_EQ(first, next);
+    EXPECT_EQ(a.columns, 4);
+    EXPECT_EQ(static_cast<int64_t>(a.outputs.size()), a.count * a.columns);
+    next += a.count;
+    correct += a.correct;
+    loss += a.loss_sum;
+  }
+  EXPECT_EQ(next, 230);
+  EXPECT_EQ(whole.answers.size(), 4u * 4 + 4);  // 4 batches of 50 and one of 30, 4 each
+  EXPECT_EQ(static_cast<double>(correct) / 230, whole.eval.accuracy);
+  EXPECT_NEAR(loss / 230, whole.eval.loss, 1e-5);
+  // Resumed at the third batch: the same requests from there, bitwise the same answers.
+  EvalStream later;
+  later.from = 100;
+  const PipelineRun tail =
+      pipeline(3, o, train, 1, transport::Codec::kRaw, &test, {1, 1, 2}, &later);
+  EXPECT_EQ(tail.eval.samples, 130);
+  ASSERT_FALSE(tail.answers.empty());
+  EXPECT_EQ(tail.answers.begin()->first, 100);
+  for (const auto& [first, a] : tail.answers) {
+    ASSERT_EQ(whole.answers.count(first), 1u) << first;
+    const EvalAnswer& w = whole.answers.at(first);
+    EXPECT_EQ(a.count, w.count);
+    EXPECT_EQ(a.outputs, w.outputs) << "sample " << first;
+    EXPECT_EQ(a.correct, w.correct);
+  }
+  EXPECT_EQ(tail.answers.size(), whole.answers.size() - 8);
+  EvalStream odd;
+  odd.from = 30;
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { pipeline(1, o, train, 1, transport::Codec::kRaw, &test, {}, &odd); },
+      {"starts at a batch of the 230 samples, not at 30"});
+}
+
+TEST(PipelineTest, APacedStreamFeedsNoFasterThanItsRate) {
+  // A lower bound only: sleeping until a request's turn never ends early.
+  const Dataset train = testing::quadrants(32, 1);
+  const Dataset test = testing::quadrants(80, 2);
+  PipelineOptions o;
+  o.batch = 32;
+  o.microbatches = 4;
+  EvalStream paced;
+  paced.interval = 25ms;
+  paced.answer = [](const EvalAnswer&) {};
+  const auto t0 = std::chrono::steady_clock::now();
+  const PipelineRun r = pipeline(2, o, train, 1, transport::Codec::kRaw, &test, {}, &paced);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(r.answers.size(), 4u + 4);  // batches of 50 and 30, four requests each
+  EXPECT_GE(took, 7 * 25ms);            // 8 requests: the last fed 7 intervals after the first
 }
 
 TEST(PipelineTest, AReplicatedLastStageRefusesToServeOutputs) {

@@ -513,6 +513,9 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       // Every device is opened before the first is measured.
       {"profile --model " + kModels + "mlp.yaml --devices cpu,opencl:7", "no OpenCL device 7"},
       {"infer " + missing_weights, "cannot open weights '/nonexistent/m.tdm'"},
+      {"infer " + plain_job + " --answers /nonexistent/a.txt",
+       "cannot write the answers to '/nonexistent/a.txt'"},
+      {"infer " + plain_job + " --rate -1", "--rate: Value -1 not in range"},
       {"run " + no_device_job,
        "cli_no_device_job.yaml:2:12: node 'local' has no device 'opencl:7' for stage 0 (it has "
        "cpu"},

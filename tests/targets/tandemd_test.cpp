@@ -206,7 +206,7 @@ TEST(TandemdTest, NodesAsksEachDaemonAndNamesTheOnesItCannotReach) {
   EXPECT_EQ(r.code, 1) << r.out;  // one node could not be asked
   EXPECT_NE(r.out.find("alpha        " + alpha.address()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tandem 0.1.0"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("protocol 2.0.0, node name 'alpha'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("protocol 2.1.0, node name 'alpha'"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("device cpu"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("gone         127.0.0.1:1            unreachable: cannot reach the node "
                        "at 127.0.0.1:1"),
@@ -501,6 +501,45 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
         << run.output();
     EXPECT_NE(run.output().find("the newest checkpoint is "), std::string::npos) << run.output();
   }
+  for (const char* node : {"a-", "b-", "c-"})
+    EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
+}
+
+TEST(TandemdTest, AStreamThatLosesAStageAnswersEveryRequestOnceAsWithoutTheLoss) {
+  const std::string dir = tandem::testing::freshDir("recover-infer");
+  const std::string tag = std::to_string(getpid());
+  std::ofstream(dir + "/c.yaml") << "nodes:\n  - {name: a-" << tag << ", devices: [{}]}\n"
+                                 << "  - {name: b-" << tag << ", devices: [{}]}\n"
+                                 << "  - {name: c-" << tag << ", devices: [{}]}\n";
+  std::ofstream(dir + "/serve.yaml")
+      << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
+      << "batch: 32\nmicrobatches: 4\nseed: 3\ntest_limit: 2000\n"
+      << "partition: equal\nstages: 3\ncluster: c.yaml\n";
+  const std::string serve = kCli + " infer " + dir + "/serve.yaml --answers " + dir;
+  Ran r = run(serve + "/whole.txt");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string want = slurp(dir + "/whole.txt");
+  ASSERT_EQ(std::count(want.begin(), want.end(), '\n'), 2000);
+  // 252 requests at 100 a second: node b (stage 1) is killed with sample 400 answered,
+  // ~2 s before the stream's end.
+  Background stream("exec " + serve + "/lossy.txt --rate 100", dir + "/lossy.log");
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (slurp(dir + "/lossy.txt").find("\n400 ") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  const std::vector<pid_t> daemons = processesWith("--name b-" + tag);
+  ASSERT_EQ(daemons.size(), 1u) << "node b's tandemd";
+  kill(daemons[0], SIGKILL);
+  EXPECT_EQ(stream.wait(60s), 0) << stream.output();
+  const std::string out = stream.output();
+  for (const std::string& s :
+       {"stage 1 was lost with node 'b-" + tag + "'",
+        "recovering (1 of 3 restarts): node 'b-" + tag + "' is left out; resuming the stream",
+        std::string("answering again "),
+        std::string("2000 samples as 252 requests (microbatches of ~8), each answered once")})
+    EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+  // Every sample answered once, each answer bitwise the fault-free one.
+  EXPECT_TRUE(slurp(dir + "/lossy.txt") == want) << "answers differ from the fault-free stream";
   for (const char* node : {"a-", "b-", "c-"})
     EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
 }

@@ -183,6 +183,8 @@ Assign sampleAssign() {
   a.checkpoint_every = 100;
   a.start_step = 250;
   a.restore_optimizer = true;
+  a.infer_from = 64;
+  a.request_rate = 250.5;
   return a;
 }
 
@@ -219,6 +221,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       report,
       Failed{"stage 1 failed"},
       Checkpointed{300, std::string(64, 'd'), 4096},
+      Answer{96, 2, 3, {0.5f, -1, 2, 3, 4, std::nanf("")}, 1.25, 1},
       ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}},
       ProfileResult{"{\"schema\": \"tandem-profile\"}", 1}};
   for (const Message& m : all) {
@@ -255,6 +258,9 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
          a.restore_optimizer = true;
        },
        "restore_optimizer without starting weights"},
+      {[](Assign& a) { a.infer_from = 10; }, "infer_from 10 is not a multiple of the batch 32"},
+      {[](Assign& a) { a.request_rate = -1; }, "request_rate -1.000000 is not in [0, 1e6]"},
+      {[](Assign& a) { a.request_rate = std::nan(""); }, "request_rate nan is not in"},
   };
   for (const Case& c : cases) {
     Assign a = sampleAssign();
@@ -291,6 +297,22 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
         decodeMessage(encodeMessage(EpochDone{0, 0.1, 1, 1, 0.1, 1.5e167}));
       },
       {"'epoch done'", "test_accuracy"});  // (the fuzzer's: once a float-to-int overflow)
+  // An answer whose outputs do not fill its rows, or that claims more right than rows.
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(Answer{0, 2, 3, {1, 2}, 0, 0}));
+      },
+      {"'answer'", "2 outputs for 2 rows of 3"});
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(Answer{0, 1, 1, {1}, 0, 2}));
+      },
+      {"'answer'", "correct 2 is not in [0, 1]"});
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(Answer{-4, 1, 1, {1}, 0, 0}));
+      },
+      {"'answer'", "first -4"});
   LinkTask odd{1, LinkTaskKind::kOpen, "h", "", 6, 1, 0, 1};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(odd)); },
                                {"'link task'", "message_bytes 6 is not a multiple of 4"});
