@@ -226,12 +226,17 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       const auto n = r.get<long long>(v, key, "a whole number");
       if (n < 0 || n > 1000) r.fail(v, "'max_restarts' must be from 0 to 1000");
       job.max_restarts = static_cast<int>(n);
+    } else if (key == "rejoin_after_s") {
+      const auto s = r.get<double>(v, key, "a number of seconds");
+      if (!(s >= 0 && s <= 86400)) r.fail(v, "'rejoin_after_s' must be from 0 to 86400 seconds");
+      job.rejoin_after_s = s;
     } else {
-      r.fail(kv.first, "unknown key '" + key +
-                           "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
-                           "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
-                           "codec, transport, timeout_s, partition, stages, cluster, profile, "
-                           "max_replicas, save, weights, checkpoint or max_restarts)");
+      r.fail(kv.first,
+             "unknown key '" + key +
+                 "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
+                 "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
+                 "codec, transport, timeout_s, partition, stages, cluster, profile, "
+                 "max_replicas, save, weights, checkpoint, max_restarts or rejoin_after_s)");
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");

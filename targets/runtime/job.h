@@ -89,6 +89,10 @@ struct JobSpec {
   // resumes — from its newest checkpoint, or a stream from its first unanswered batch —
   // before it gives up (0: never).
   int max_restarts = 3;
+  // A node left out after a loss is tried again at a checkpoint once this long has
+  // passed (doubled for each further loss of the same node: a back-off), and rejoins
+  // at that checkpoint if its daemon answers; 0: never. Nodes with addresses only.
+  double rejoin_after_s = 30;
 };
 
 JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source = "<string>");

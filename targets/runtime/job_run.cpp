@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -62,6 +64,39 @@ std::vector<int> nodeOfSlot(const partitioner::Cluster& cluster, const std::vect
   return out;
 }
 
+// A left-out node answered at a checkpoint: the run stops there to take it back.
+class NodeRejoins : public Error {
+ public:
+  NodeRejoins(const std::string& name, int64_t step)
+      : Error("node '" + name + "' rejoins at step " + std::to_string(step)), name(name) {}
+  std::string name;
+};
+
+// Whether the daemon of `node` (of `cluster`) answers: connected, authenticated, told
+// who asks, and left again.
+bool daemonAnswers(const partitioner::Cluster& cluster, const partitioner::ClusterNode& node,
+                   const std::string& key_file) {
+  partitioner::Cluster one;
+  one.source = cluster.source;
+  one.key = cluster.key;
+  one.nodes = {node};
+  try {
+    const ClusterDaemons daemon(one, key_file, "");
+    std::vector<std::unique_ptr<Channel>> session =
+        daemon.connect("tandem run (is it back?)", std::chrono::seconds(2));
+    leaveAll(session, "it answered; it rejoins the run at a checkpoint");
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string nodeList(const partitioner::Cluster& cluster) {
+  std::string nodes;
+  for (const auto& n : cluster.nodes) nodes += (nodes.empty() ? "" : ", ") + n.name;
+  return nodes;
+}
+
 }  // namespace
 
 JobRun::JobRun(JobSpec job, JobRunOptions options)
@@ -85,6 +120,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
   const std::string cluster_path = !options_.cluster.empty() ? options_.cluster : job_.cluster;
   cluster_ = !cluster_path.empty() ? partitioner::loadCluster(cluster_path)
                                    : localCluster(1, job_.threads);
+  for (const partitioner::ClusterNode& n : cluster_.nodes) node_order_.push_back(n.name);
   local_ = std::none_of(cluster_.nodes.begin(), cluster_.nodes.end(),
                         [](const partitioner::ClusterNode& n) { return n.address.has_value(); });
   const bool fork = !options_.fork.empty();
@@ -160,14 +196,18 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
   resume_step_ = start_step_;
   const bool recovers = (job_.checkpoint.every_steps > 0 || options_.infer) &&
                         options_.fork.empty() && job_.max_restarts > 0;
-  for (int restarts = 0;; ++restarts) {
+  for (int restarts = 0;;) {
     try {
       RunResult result = runOnce(callbacks, interrupt);
       if (options_.infer) checkStreamAnswered(result);
       return result;
+    } catch (const NodeRejoins& r) {  // (not a failure: no restart counted)
+      if (interrupt && interrupt->load() != 0) throw Interrupted("the run was interrupted");
+      rejoin(r.name);
     } catch (const WorkerLost& e) {
       if (!recovers || restarts == job_.max_restarts) throw;
       if (interrupt && interrupt->load() != 0) throw;
+      ++restarts;
       const auto t0 = std::chrono::steady_clock::now();
       const std::string lost =
           cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(e.slot)))).name;
@@ -181,18 +221,14 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
       spdlog::warn(
           "recovering ({} of {} restarts): node '{}' is left out; resuming {} on the {} nodes "
           "left",
-          restarts + 1, job_.max_restarts, lost, (options_.infer ? "" : "from ") + from,
+          restarts, job_.max_restarts, lost, (options_.infer ? "" : "from ") + from,
           cluster_.nodes.size() - 1);
       leaveOut(e.slot);
-      lost_at_ = t0;
+      changed_at_ = t0;
+      change_ = "the loss was seen";
       spdlog::info("re-placed in {:.3f} s: {} stages on {}",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                   stages_.size(), [&] {
-                     std::string nodes;
-                     for (const auto& n : cluster_.nodes)
-                       nodes += (nodes.empty() ? "" : ", ") + n.name;
-                     return nodes;
-                   }());
+                   stages_.size(), nodeList(cluster_));
     }
   }
 }
@@ -201,19 +237,92 @@ void JobRun::leaveOut(int slot) {
   const std::string lost =
       cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(slot)))).name;
   auto on = [&](const std::string& where) { return where.substr(0, where.find('/')) == lost; };
+  LeftOut out;
+  for (const partitioner::ClusterNode& n : cluster_.nodes)
+    if (n.name == lost) out.node = n;
+  for (const partitioner::ClusterLink& l : cluster_.between)
+    if (on(l.from) || on(l.to)) out.links.push_back(l);
   std::erase_if(cluster_.nodes, [&](const partitioner::ClusterNode& n) { return n.name == lost; });
   std::erase_if(cluster_.between,
                 [&](const partitioner::ClusterLink& l) { return on(l.from) || on(l.to); });
   if (cluster_.nodes.empty())
     throw Error("no node is left to run on: node '" + lost + "' was the last");
+  // Tried again after the back-off: nodes with addresses (a local node's daemon was
+  // this run's own), in a training run with checkpoints to rejoin at.
+  const int losses = ++losses_[lost];
+  if (job_.rejoin_after_s > 0 && !local_ && !options_.infer && job_.checkpoint.every_steps > 0) {
+    const double wait = job_.rejoin_after_s * std::pow(2.0, std::min(losses - 1, 20));
+    out.retry_at = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(wait));
+    left_out_.push_back(std::move(out));
+    spdlog::info(
+        "membership: node '{}' left (lost {} time{}); tried again at a checkpoint after "
+        "{:.1f} s",
+        lost, losses, losses == 1 ? "" : "s", wait);
+  } else {
+    spdlog::info("membership: node '{}' left (lost {} time{})", lost, losses,
+                 losses == 1 ? "" : "s");
+  }
+  replace();
+}
+
+void JobRun::replace() {
   const Model model(parseModelSpec(model_spec_, job_.model));
-  // The daemons of the nodes left (for a cluster without addresses, fresh local ones).
+  // The daemons of the nodes there are (for a cluster without addresses, fresh local ones).
   daemons_.reset();
   daemons_ = std::make_unique<ClusterDaemons>(cluster_, options_.key, options_.tandemd);
   weights_ = resume_weights_;
   start_step_ = resume_step_;
   if (job_.auto_partition) planned_ = planJob(job_, model, *daemons_);
   place(model);
+}
+
+void JobRun::offerRejoin(int64_t step) {
+  using Clock = std::chrono::steady_clock;
+  if (probe_.valid()) {
+    if (probe_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+    const std::string name = std::exchange(probing_, "");
+    const bool back = probe_.get();
+    for (LeftOut& l : left_out_) {
+      if (l.node.name != name) continue;
+      if (back) throw NodeRejoins(name, step);
+      const double wait = job_.rejoin_after_s * std::pow(2.0, std::min(losses_[name] - 1, 20));
+      l.retry_at = Clock::now() +
+                   std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait));
+      spdlog::info("membership: node '{}' does not answer yet; tried again after {:.1f} s", name,
+                   wait);
+    }
+    return;
+  }
+  for (const LeftOut& l : left_out_) {
+    if (l.retry_at > Clock::now()) continue;
+    probing_ = l.node.name;
+    probe_ = std::async(std::launch::async, daemonAnswers, cluster_, l.node, options_.key);
+    return;
+  }
+}
+
+void JobRun::rejoin(const std::string& name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto it = std::find_if(left_out_.begin(), left_out_.end(),
+                               [&](const LeftOut& l) { return l.node.name == name; });
+  TANDEM_CHECK_MSG(it != left_out_.end(), InvalidArgument, "node '" << name << "' is not left out");
+  cluster_.nodes.push_back(it->node);
+  cluster_.between.insert(cluster_.between.end(), it->links.begin(), it->links.end());
+  left_out_.erase(it);
+  auto rank = [&](const partitioner::ClusterNode& n) {
+    return std::find(node_order_.begin(), node_order_.end(), n.name) - node_order_.begin();
+  };
+  std::stable_sort(cluster_.nodes.begin(), cluster_.nodes.end(),
+                   [&](const partitioner::ClusterNode& a, const partitioner::ClusterNode& b) {
+                     return rank(a) < rank(b);
+                   });
+  replace();
+  changed_at_ = t0;
+  change_ = "node '" + name + "' rejoined";
+  spdlog::info("membership: node '{}' rejoins at the checkpoint at step {}: {} stages on {}", name,
+               resume_step_, stages_.size(), nodeList(cluster_));
 }
 
 RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
@@ -231,27 +340,43 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
                               std::chrono::seconds(10), needs_);
   }
   RunCallbacks cb = callbacks;
-  if (lost_at_) {  // after a recovery: how long from the loss to training again
-    cb.progress = [&, first = true](const Progress& p) mutable {
-      if (first) {
-        first = false;
-        spdlog::info(
-            "training again {:.3f} s after the loss was seen (re-placement, weights, "
-            "workers' start, one step)",
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - *lost_at_).count());
-      }
-      if (callbacks.progress) callbacks.progress(p);
-    };
-  }
+  // After a recovery: how long from seeing the loss to training (answering) again, and
+  // where that time went.
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const Clock::time_point launched = Clock::now();
+  Clock::time_point started = launched, wired = launched;
+  size_t starts = 0;
+  bool again = false;
+  auto firstAgain = [&](const char* what) {
+    if (again || !changed_at_) return;
+    again = true;
+    const Clock::time_point now = Clock::now();
+    spdlog::info(
+        "{} again {:.3f} s after {}: re-placement {:.3f} s, workers started "
+        "{:.3f} s, connected with {:.1f} MB of weights and stages built {:.3f} s, first {} "
+        "{:.3f} s",
+        what, since(*changed_at_, now), change_, since(*changed_at_, launched),
+        since(launched, started), weights_ ? static_cast<double>(weights_->size()) / 1e6 : 0.0,
+        since(started, wired), options_.infer ? "request" : "step", since(wired, now));
+  };
+  cb.started = [&](int slot, int64_t pid) {
+    if (++starts == assignments_.size()) started = Clock::now();
+    if (callbacks.started) callbacks.started(slot, pid);
+  };
+  cb.wired = [&] {
+    wired = Clock::now();
+    if (callbacks.wired) callbacks.wired();
+  };
+  cb.progress = [&](const Progress& p) {
+    firstAgain("training");
+    if (callbacks.progress) callbacks.progress(p);
+  };
   if (options_.infer) {
-    cb.answer = [&, first = true](const Answer& a) mutable {
-      if (first && lost_at_) {
-        spdlog::info(
-            "answering again {:.3f} s after the loss was seen (re-placement, weights, "
-            "workers' start, one request)",
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - *lost_at_).count());
-      }
-      first = false;
+    cb.answer = [&](const Answer& a) {
+      firstAgain("answering");
       answer(a, callbacks);
     };
   }
@@ -303,6 +428,7 @@ void JobRun::checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& s
   spdlog::info("checkpoint at step {}: {} ({:.1f} MB, {:.3f} s)", step, last_checkpoint_,
                static_cast<double>(model->size()) / 1e6,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  offerRejoin(step);
 }
 
 std::vector<uint8_t> JobRun::merge(const std::vector<std::vector<uint8_t>>& slices) const {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -99,6 +100,14 @@ class JobRun {
   void checkStreamAnswered(const RunResult& result) const;
   // After losing worker `slot`: its node left out, the daemons and the placement anew.
   void leaveOut(int slot);
+  // At a checkpoint: a left-out node whose back-off has passed is tried (in the
+  // background); once it answers, the run stops there (NodeRejoins) to take it back.
+  void offerRejoin(int64_t step);
+  // The left-out node `name` back in, the daemons and the placement anew.
+  void rejoin(const std::string& name);
+  // The daemons, the plan (`partition: auto`) and the placement for cluster_ as it is
+  // now, from the newest checkpoint.
+  void replace();
   // One model file of the whole model and its optimizer state from the stages' slices
   // (by slot; empty for the slots that send none).
   std::vector<uint8_t> merge(const std::vector<std::vector<uint8_t>>& slices) const;
@@ -115,7 +124,21 @@ class JobRun {
   // The newest checkpoint's model file and step, to resume from after a loss.
   std::shared_ptr<const std::vector<uint8_t>> resume_weights_;
   int64_t resume_step_ = 0;
-  std::optional<std::chrono::steady_clock::time_point> lost_at_;  // the last loss seen
+  // The last membership change (a loss seen, a node rejoining) and what it was.
+  std::optional<std::chrono::steady_clock::time_point> changed_at_;
+  std::string change_;
+  // Nodes left out after a loss (with their links), each tried again after a back-off:
+  // rejoin_after_s, doubled for each further loss of the same node.
+  struct LeftOut {
+    partitioner::ClusterNode node;
+    std::vector<partitioner::ClusterLink> links;
+    std::chrono::steady_clock::time_point retry_at;
+  };
+  std::vector<LeftOut> left_out_;
+  std::map<std::string, int> losses_;    // by node name
+  std::vector<std::string> node_order_;  // the cluster file's, kept when a node rejoins
+  std::string probing_;                  // the left-out node being tried, if any
+  std::future<bool> probe_;              // whether its daemon answered
   // An inference stream: the first sample not yet handed on, the answers that came
   // ahead of it (replicas of the last stage answer in their own order), the totals.
   int64_t next_answer_ = 0;

@@ -42,7 +42,8 @@ std::string slurp(const std::string& path) {
 // if still running) when destroyed.
 class DaemonProcess {
  public:
-  DaemonProcess(const std::string& dir, const std::string& key, const std::string& name)
+  DaemonProcess(const std::string& dir, const std::string& key, const std::string& name,
+                const std::string& listen = "127.0.0.1:0")
       : log_(dir + "/" + name + ".log") {
     int out[2];
     EXPECT_EQ(pipe(out), 0);
@@ -52,7 +53,7 @@ class DaemonProcess {
       const int err = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(err, STDERR_FILENO);
       const std::string cache = dir + "/" + name + "-cache";
-      execl(TANDEMD, TANDEMD, "--listen", "127.0.0.1:0", "--key", key.c_str(), "--name",
+      execl(TANDEMD, TANDEMD, "--listen", listen.c_str(), "--key", key.c_str(), "--name",
             name.c_str(), "--cache-dir", cache.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
@@ -451,6 +452,28 @@ TEST(TandemdTest, ARunResumedFromACheckpointEndsBitwiseAsTheUninterruptedOne) {
 // Losing a node mid-run: the run leaves it out, places its stages on the nodes left,
 // resumes from the newest checkpoint and saves bitwise the model of a run that lost
 // nothing. Without restarts left it ends naming the node, as before.
+// A job of examples/models/MODEL.yaml in three equal stages on the cluster file
+// `cluster` (in `dir`), batch 32 in 4 microbatches, seed 3, with `data` (epochs and
+// limits) and `extra`, saving out/NAME.tdm; its path.
+std::string threeStageJob(const std::string& dir, const std::string& name, const std::string& model,
+                          const std::string& data, const std::string& cluster,
+                          const std::string& extra) {
+  std::ofstream(dir + "/" + name + ".yaml")
+      << "model: " << TANDEM_SOURCE_DIR << "/examples/models/" << model << ".yaml\n"
+      << "batch: 32\nmicrobatches: 4\nseed: 3\ntest_limit: 64\n"
+      << data << "partition: equal\nstages: 3\ncluster: " << cluster << "\nsave: out/" << name
+      << ".tdm\n"
+      << extra;
+  return dir + "/" + name + ".yaml";
+}
+
+// What `job` saves at `saved` when nothing goes wrong ("" if the run failed).
+std::string uninterrupted(const std::string& job, const std::string& saved) {
+  const Ran r = run(kCli + " run " + job);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return r.code == 0 ? slurp(saved) : "";
+}
+
 TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
   const std::string dir = tandem::testing::freshDir("recover");
   const std::string tag = std::to_string(getpid());
@@ -458,16 +481,9 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
                                  << "  - {name: b-" << tag << ", devices: [{}]}\n"
                                  << "  - {name: c-" << tag << ", devices: [{}]}\n";
   auto job = [&](const std::string& name, const std::string& extra) {
-    std::ofstream(dir + "/" + name + ".yaml")
-        << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
-        << "batch: 32\nmicrobatches: 4\nseed: 3\nepochs: 2\ntrain_limit: 1280\ntest_limit: 64\n"
-        << "partition: equal\nstages: 3\ncluster: c.yaml\nsave: out/" << name << ".tdm\n"
-        << extra;
-    return dir + "/" + name + ".yaml";
+    return threeStageJob(dir, name, "mlp", "epochs: 2\ntrain_limit: 1280\n", "c.yaml", extra);
   };
-  Ran r = run(kCli + " run " + job("whole", ""));
-  ASSERT_EQ(r.code, 0) << r.out;
-  const std::string want = slurp(dir + "/out/whole.tdm");
+  const std::string want = uninterrupted(job("whole", ""), dir + "/out/whole.tdm");
   ASSERT_FALSE(want.empty());
   const std::string b = "--name b-" + tag;
   {
@@ -503,6 +519,61 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
   }
   for (const char* node : {"a-", "b-", "c-"})
     EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
+}
+
+TEST(TandemdTest, ALostNodeThatComesBackRejoinsAtACheckpointAndAgainLaterBitwise) {
+  const std::string dir = tandem::testing::freshDir("rejoin");
+  ASSERT_EQ(run(kCli + " keygen --cluster --out " + dir + "/c").code, 0);
+  const std::string key = dir + "/c.key";
+  DaemonProcess a(dir, key, "a"), c(dir, key, "c");
+  auto b = std::make_unique<DaemonProcess>(dir, key, "b");
+  const std::string b_address = b->address();
+  std::ofstream(dir + "/abc.yaml")
+      << "key: c.key\nnodes:\n"
+      << "  - {name: a, address: '" << a.address() << "', devices: [{}]}\n"
+      << "  - {name: b, address: '" << b_address << "', devices: [{}]}\n"
+      << "  - {name: c, address: '" << c.address() << "', devices: [{}]}\n";
+  auto job = [&](const std::string& name, const std::string& extra) {
+    return threeStageJob(dir, name, "cnn", "epochs: 1\ntrain_limit: 3200\n", "abc.yaml", extra);
+  };
+  const std::string want = uninterrupted(job("whole", ""), dir + "/out/whole.tdm");
+  ASSERT_FALSE(want.empty());
+  Background lossy("exec " + kCli + " run " +
+                       job("lossy", "checkpoint: {every_steps: 5, dir: ck}\nrejoin_after_s: 0.5\n"),
+                   dir + "/lossy.log");
+  auto waitFor = [&](const std::string& text, size_t times) {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < until) {
+      const std::string out = lossy.output();
+      size_t n = 0;
+      for (size_t at = out.find(text); at != std::string::npos; at = out.find(text, at + 1)) ++n;
+      if (n >= times) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  };
+  ASSERT_TRUE(waitFor("checkpoint at step 10:", 1)) << lossy.output();
+  b->kill9();
+  ASSERT_TRUE(
+      waitFor("membership: node 'b' left (lost 1 time); tried again at a checkpoint "
+              "after 0.5 s",
+              1))
+      << lossy.output();
+  b = std::make_unique<DaemonProcess>(dir, key, "b", b_address);  // back, where it was
+  ASSERT_TRUE(waitFor("membership: node 'b' rejoins at the checkpoint at step ", 1))
+      << lossy.output();
+  // Lost again once it trains: left out for twice as long.
+  ASSERT_TRUE(waitFor("training again ", 2)) << lossy.output();
+  b->kill9();
+  EXPECT_EQ(lossy.wait(120s), 0) << lossy.output();
+  const std::string out = lossy.output();
+  for (const std::string& s :
+       {std::string("3 stages on a, c"), std::string("stages on a, b, c"),
+        std::string("after node 'b' rejoined"),
+        std::string("membership: node 'b' left (lost 2 times); tried again at a checkpoint "
+                    "after 1.0 s")})
+    EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+  EXPECT_TRUE(slurp(dir + "/out/lossy.tdm") == want) << "run with a rejoin: not bitwise";
 }
 
 TEST(TandemdTest, AStreamThatLosesAStageAnswersEveryRequestOnceAsWithoutTheLoss) {

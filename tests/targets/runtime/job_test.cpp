@@ -57,6 +57,10 @@ TEST(JobTest, ReadsEverySetting) {
   EXPECT_EQ(c.checkpoint.keep, 4);
   EXPECT_EQ(c.checkpoint.dir, "jobs/checkpoints/run");  // beside the job file
   EXPECT_EQ(c.checkpoint.where, "jobs/run.yaml:4:13");
+  EXPECT_EQ(c.rejoin_after_s, 30);
+  EXPECT_EQ(parseJobSpec("model: m.yaml\npartition: equal\nstages: 2\nrejoin_after_s: 0.5\n")
+                .rejoin_after_s,
+            0.5);
   EXPECT_EQ(parseJobSpec("model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {}\n")
                 .checkpoint.every_steps,
             kDefaultCheckpointSteps);
@@ -76,6 +80,10 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:4:1", "unknown key 'epoch'"}},
       {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: 5\n",
        {"j.yaml:4:13", "'checkpoint' must be a map"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nrejoin_after_s: -1\n",
+       {"j.yaml:4:17", "'rejoin_after_s' must be from 0 to 86400 seconds"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nrejoin_after_s: soon\n",
+       {"j.yaml:4:17", "a number of seconds"}},
       {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 0}\n",
        {"j.yaml:4:27", "positive"}},
       {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 5, often: 1}\n",
