@@ -247,6 +247,8 @@ void JobRun::leaveOut(int slot) {
                 [&](const partitioner::ClusterLink& l) { return on(l.from) || on(l.to); });
   if (cluster_.nodes.empty())
     throw Error("no node is left to run on: node '" + lost + "' was the last");
+  // (The stages placed on the nodes left, below, may no longer fit them: the plan or the
+  // launcher says which stage and where, and the run ends.)
   // Tried again after the back-off: nodes with addresses (a local node's daemon was
   // this run's own), in a training run with checkpoints to rejoin at.
   const int losses = ++losses_[lost];

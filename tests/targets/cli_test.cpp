@@ -213,6 +213,21 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
       EXPECT_NE(j.out.find("partition: auto: "), std::string::npos) << j.out;
     }
   }
+  // Devices too small for any placement: auto refuses the job before any worker starts
+  // (as a run that lost a node does when the nodes left cannot hold its stages).
+  const std::string tiny = dir + "cli_tiny_cluster.yaml";
+  std::ofstream(tiny) << "nodes:\n  - name: local\n    devices:\n"
+                      << "      - {name: cpu0, backend: cpu, threads: 1, memory: 5MiB}\n"
+                      << "      - {name: cpu1, backend: cpu, threads: 1, memory: 5MiB}\n";
+  const std::string tight = dir + "cli_tight_job.yaml";
+  std::ofstream(tight) << "model: " << kModels << "cnn.yaml\ntrain_limit: 256\n"
+                       << "batch: 32\nmicrobatches: 4\npartition: auto\ncluster: " << tiny
+                       << "\nprofile: " << profile << "\n";
+  const CliRun no_fit = run("run " + tight);
+  EXPECT_EQ(no_fit.code, 1) << no_fit.out;
+  for (const char* s : {"found no split of the 10 layers over the 2 devices that fits in memory"})
+    EXPECT_NE(no_fit.out.find(s), std::string::npos) << s << "\n" << no_fit.out;
+  EXPECT_EQ(no_fit.out.find("pid "), std::string::npos) << no_fit.out;
   // A plan's stage on two devices runs as two replicas (a row each in the stage table).
   const std::string replicated = dir + "cli_replicated_plan.yaml";
   std::ofstream(replicated) << "stages:\n"

@@ -534,7 +534,8 @@ TEST(TandemdTest, ALostNodeThatComesBackRejoinsAtACheckpointAndAgainLaterBitwise
       << "  - {name: b, address: '" << b_address << "', devices: [{}]}\n"
       << "  - {name: c, address: '" << c.address() << "', devices: [{}]}\n";
   auto job = [&](const std::string& name, const std::string& extra) {
-    return threeStageJob(dir, name, "cnn", "epochs: 1\ntrain_limit: 3200\n", "abc.yaml", extra);
+    return threeStageJob(dir, name, "cnn", "epochs: 1\ntrain_limit: 3200\nschedule: gpipe\n",
+                         "abc.yaml", extra);
   };
   const std::string want = uninterrupted(job("whole", ""), dir + "/out/whole.tdm");
   ASSERT_FALSE(want.empty());
