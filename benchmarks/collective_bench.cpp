@@ -414,6 +414,7 @@ double mpiSeconds(const std::string& mpi_bench, const std::string& btl, int rank
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::transport::keepFreedMemory();  // as the stage workers do
   std::string worker_kind, dir;
   int rank = 0, size = 1, iters = 5;
   size_t count = 0;

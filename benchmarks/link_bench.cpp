@@ -242,6 +242,7 @@ BENCHMARK(BM_ZmqReqRepRoundTrip)->UseRealTime();
 }  // namespace tandem::transport
 
 int main(int argc, char** argv) {
+  tandem::transport::keepFreedMemory();  // as the stage workers do
   return tandem::bench::runWithRatios(
       argc, argv,
       {{"BM_TcpLink/", "BM_PlainTcpSocket/", "tcp link vs plain TCP socket"},

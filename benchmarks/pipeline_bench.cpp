@@ -164,6 +164,7 @@ PipelineResult pipelined(const std::string& spec, const Dataset& d, int p, int64
 
 int main(int argc, char** argv) {
   using namespace tandem;
+  transport::keepFreedMemory();  // as the stage workers do
   int rounds = 3;
   int64_t steps = 4, batch = 2048, input = 1536;
   bool verbose = false;

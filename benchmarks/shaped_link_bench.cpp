@@ -166,6 +166,7 @@ BENCHMARK_CAPTURE(BM_ShapedLink, int8, Codec::kI8) SIZES;
 
 int main(int argc, char** argv) {
   using namespace tandem::transport;
+  keepFreedMemory();  // as the stage workers do
   std::string rate = "100mbit";
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--rate=", 7) == 0) {

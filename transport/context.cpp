@@ -1,5 +1,6 @@
-// The process's ZeroMQ context, its malloc tuning, and the ZAP handler that admits only
-// the peer keys links have registered (so an encrypted link is also an authenticated one).
+// The process's ZeroMQ context, the malloc tuning a program may choose, and the ZAP handler that
+// admits only the peer keys links have registered (so an encrypted link is also an authenticated
+// one).
 #include "transport/context.h"
 
 #ifdef __GLIBC__
@@ -13,17 +14,19 @@
 
 namespace tandem::transport {
 
-Context::Context(const ContextOptions& options) : ctx_(options.io_threads) {
+void keepFreedMemory(size_t bytes) {
 #ifdef __GLIBC__
-  if (options.keep_freed_bytes > 0) {
-    // glibc's ceiling for the mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX).
-    const int map_threshold = sizeof(long) == 8 ? 32 << 20 : 512 << 10;
-    const auto keep = static_cast<int>(std::min<size_t>(options.keep_freed_bytes, 1u << 30));
-    mallopt(M_MMAP_THRESHOLD, map_threshold);
-    mallopt(M_TRIM_THRESHOLD, keep);
-  }
+  // glibc's ceiling for the mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX).
+  const int map_threshold = sizeof(long) == 8 ? 32 << 20 : 512 << 10;
+  const auto keep = static_cast<int>(std::min<size_t>(bytes, 1u << 30));
+  mallopt(M_MMAP_THRESHOLD, map_threshold);
+  mallopt(M_TRIM_THRESHOLD, keep);
+#else
+  (void)bytes;
 #endif
 }
+
+Context::Context(const ContextOptions& options) : ctx_(options.io_threads) {}
 
 Context::~Context() {
   stop_ = true;

@@ -1,6 +1,7 @@
 // Context: one per process. ZeroMQ's I/O threads, the inproc namespace, the ZAP handler
 // that authenticates CurveZMQ peers (started when the first encrypted link registers a
-// key), and the process's treatment of received-message memory.
+// key). (keepFreedMemory: the process's treatment of received-message memory, which a
+// program chooses.)
 #pragma once
 
 #include <atomic>
@@ -15,15 +16,19 @@ namespace tandem::transport {
 
 struct ContextOptions {
   int io_threads = 1;
-  // ZeroMQ mallocs every received message. For large ones glibc maps fresh pages each
-  // time and returns freed heap to the kernel at once, so each message would fault in
-  // newly zeroed memory: a 16 MiB tcp link measured 0.7x a socket that reuses its buffer,
-  // and 1.1x with freed blocks kept. When non-zero, the Context sets glibc's mmap
-  // threshold to its maximum (32 MiB on 64-bit, 512 KiB on 32-bit: larger messages are
-  // still mapped fresh) and its trim threshold to this, process-wide (mallopt): up to
-  // this many freed bytes stay resident for reuse. 0 leaves malloc as it is.
-  size_t keep_freed_bytes = size_t{256} << 20;
 };
+
+// ZeroMQ mallocs every received message. For large ones glibc maps fresh pages each time
+// and returns freed heap to the kernel at once, so each message would fault in newly
+// zeroed memory: a 16 MiB tcp link measured 0.7x a socket that reuses its buffer, and
+// 1.1x with freed blocks kept. This sets glibc's mmap threshold to its maximum (32 MiB on
+// 64-bit, 512 KiB on 32-bit: larger messages are still mapped fresh) and its trim
+// threshold to `bytes`: up to that many freed bytes stay resident for reuse. It changes
+// malloc for the whole process, so the library never calls it: a program whose links
+// carry large messages (a stage worker, tandemd, the benchmarks) does, once, at its
+// start. Nothing where the C library is not glibc.
+inline constexpr size_t kKeepFreedBytes = size_t{256} << 20;
+void keepFreedMemory(size_t bytes = kKeepFreedBytes);
 
 class Context {
  public:

@@ -364,6 +364,7 @@ void runStageWorker(Channel& coordinator, const ClusterKey& run_key, const std::
 void runWorkerProcess(const std::string& control, int slot, const std::string& cache_dir) {
   // Dies with the process that started it: no worker outlives its run or its daemon.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  transport::keepFreedMemory();  // its links receive activations and gradients
   std::string line;
   std::getline(std::cin, line);
   const ClusterKey key = parseClusterKey(line, "the key on standard input");

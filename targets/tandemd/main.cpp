@@ -20,6 +20,7 @@
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/stage_worker.h"
 #include "targets/runtime/weight_cache.h"
+#include "transport/context.h"
 
 namespace {
 
@@ -34,6 +35,8 @@ void onSignal(int sig) {
 
 int main(int argc, char** argv) {
   using namespace tandem::runtime;
+  // Its link measurements receive large messages (transport/context.h).
+  tandem::transport::keepFreedMemory();
   CLI::App app{"tandemd: the tandem node daemon"};
   app.set_version_flag("--version", buildName());
   std::string listen = "127.0.0.1:7600", key_file, name, log_level = "info";
