@@ -529,6 +529,9 @@ int main(int argc, char** argv) {
       "(--bind-processes %d); the socket group's spin before sleeping: %s\n",
       cpus, bind_processes ? "too" : "not", bind_processes ? 1 : 0, spins.c_str());
   std::printf(
+      "malloc in every process (this bench's workers, Gloo's included, and Open MPI's ranks): "
+      "freed blocks kept for reuse (transport::keepFreedMemory, as the stage workers run)\n");
+  std::printf(
       "%-5s %5s %8s | %-18s %-18s %-18s %-18s %-18s %-18s %-18s %-18s | %7s %7s %7s %7s %7s %7s "
       "%7s\n",
       "MiB", "ranks", "memcpy", "in-process", "tandem zmq tcp", "tandem zmq curve",

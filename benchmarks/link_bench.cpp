@@ -243,6 +243,11 @@ BENCHMARK(BM_ZmqReqRepRoundTrip)->UseRealTime();
 
 int main(int argc, char** argv) {
   tandem::transport::keepFreedMemory();  // as the stage workers do
+  std::printf(
+      "conditions: ours and every reference in this one process: loopback tcp with %s "
+      "congestion control on both, glibc malloc keeping freed blocks "
+      "(transport::keepFreedMemory) for both\n",
+      tandem::transport::kLinkCongestion.c_str());
   return tandem::bench::runWithRatios(
       argc, argv,
       {{"BM_TcpLink/", "BM_PlainTcpSocket/", "tcp link vs plain TCP socket"},

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include "benchmarks/bench_args.h"
+#include "transport/context.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +14,8 @@
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  // The same malloc treatment as collective_bench's other workers (equal conditions).
+  tandem::transport::keepFreedMemory();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (argc != 4) {

@@ -217,7 +217,7 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
   const int64_t n = y.shape()[0];
   result.samples += n;
   if (!info.labels) {
-    result.outputs.push_back({k, std::move(y)});
+    result.outputs.push_back({k, std::move(y), {}, 0, 0});
     return;
   }
   if (info.training) {
@@ -226,10 +226,11 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
                                            1.0f / static_cast<float>(info.batch_samples), f.dy);
   } else {
     const double loss = softmaxCrossEntropy(backend_, y, f.labels, 1.0f, Tensor());
-    const int64_t correct = countCorrect(toHost(y), toHostI32(f.labels), y.shape()[1]);
+    std::vector<float> host = toHost(y);
+    const int64_t correct = countCorrect(host, toHostI32(f.labels), y.shape()[1]);
     result.loss_sum += loss;
     result.correct += correct;
-    if (info.outputs) result.outputs.push_back({k, std::move(y), loss, correct});
+    if (info.outputs) result.outputs.push_back({k, std::move(y), std::move(host), loss, correct});
   }
   f.labels = Tensor();
 }

@@ -75,8 +75,11 @@ struct StepInfo {
 struct MicrobatchOutput {
   int64_t microbatch = 0;  // within the step
   Tensor y;                // [n, outputs]
-  double loss_sum = 0;     // with labels: its rows' summed loss
-  int64_t correct = 0;     // and how many of them have their largest logit at the label
+  // With labels (StepInfo::outputs): y on the host, as counting the right rows read it,
+  // its rows' summed loss, and how many have their largest logit at the label.
+  std::vector<float> host;
+  double loss_sum = 0;
+  int64_t correct = 0;
 };
 
 // The last stage's sums over a step's microbatches (zero elsewhere).

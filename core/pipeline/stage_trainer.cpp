@@ -98,7 +98,7 @@ EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t 
       a.first = begin + slices.at(static_cast<size_t>(o.microbatch)).offset;
       a.count = o.y.shape()[0];
       a.columns = o.y.numel() / std::max<int64_t>(a.count, 1);
-      a.outputs = toHost(o.y);
+      a.outputs = o.host;
       a.loss_sum = o.loss_sum;
       a.correct = o.correct;
       stream.answer(a);

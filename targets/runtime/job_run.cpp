@@ -164,7 +164,7 @@ void JobRun::place(const Model& model) {
     a.restore_optimizer = start_step_ > 0;
     if (!options_.infer) a.checkpoint_every = job_.checkpoint.every_steps;
     if (options_.infer) {  // a stream resumed after a loss: from its first unanswered batch
-      a.infer_from = next_answer_ / job_.batch * job_.batch;
+      a.infer_from = streamResumesAt();
       a.request_rate = options_.request_rate;
     }
   }
@@ -213,9 +213,8 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
           cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(e.slot)))).name;
       spdlog::warn("{}", e.what());
       const std::string from =
-          options_.infer
-              ? "the stream from sample " + std::to_string(next_answer_ / job_.batch * job_.batch) +
-                    " (" + std::to_string(totals_.requests) + " requests answered)"
+          options_.infer ? "the stream from sample " + std::to_string(streamResumesAt()) + " (" +
+                               std::to_string(totals_.requests) + " requests answered)"
           : resume_step_ > 0 ? "step " + std::to_string(resume_step_)
                              : "the start";
       spdlog::warn(
@@ -253,7 +252,7 @@ void JobRun::leaveOut(int slot) {
   // this run's own), in a training run with checkpoints to rejoin at.
   const int losses = ++losses_[lost];
   if (job_.rejoin_after_s > 0 && !local_ && !options_.infer && job_.checkpoint.every_steps > 0) {
-    const double wait = job_.rejoin_after_s * std::pow(2.0, std::min(losses - 1, 20));
+    const double wait = backOff(lost);
     out.retry_at = std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                        std::chrono::duration<double>(wait));
@@ -280,6 +279,14 @@ void JobRun::replace() {
   place(model);
 }
 
+double JobRun::backOff(const std::string& node) const {
+  const auto it = losses_.find(node);
+  const int losses = it == losses_.end() ? 1 : it->second;
+  return job_.rejoin_after_s * std::pow(2.0, std::min(losses - 1, 20));
+}
+
+int64_t JobRun::streamResumesAt() const { return next_answer_ / job_.batch * job_.batch; }
+
 void JobRun::offerRejoin(int64_t step) {
   using Clock = std::chrono::steady_clock;
   if (probe_.valid()) {
@@ -289,7 +296,7 @@ void JobRun::offerRejoin(int64_t step) {
     for (LeftOut& l : left_out_) {
       if (l.node.name != name) continue;
       if (back) throw NodeRejoins(name, step);
-      const double wait = job_.rejoin_after_s * std::pow(2.0, std::min(losses_[name] - 1, 20));
+      const double wait = backOff(name);
       l.retry_at = Clock::now() +
                    std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait));
       spdlog::info("membership: node '{}' does not answer yet; tried again after {:.1f} s", name,

@@ -105,6 +105,11 @@ class JobRun {
   void offerRejoin(int64_t step);
   // The left-out node `name` back in, the daemons and the placement anew.
   void rejoin(const std::string& name);
+  // How long a left-out node waits before it is tried: rejoin_after_s, doubled for each
+  // loss of it after the first.
+  double backOff(const std::string& node) const;
+  // Where a stream resumes: the batch of its first unanswered sample.
+  int64_t streamResumesAt() const;
   // The daemons, the plan (`partition: auto`) and the placement for cluster_ as it is
   // now, from the newest checkpoint.
   void replace();

@@ -271,9 +271,7 @@ TEST(PipelineTest, ReplicatedLastStageEvaluatesTheWholeTestSet) {
 TEST(PipelineTest, AnEvaluationStreamAnswersEveryRequestOnceAndResumesAtABatch) {
   const Dataset train = testing::quadrants(128, 1);
   const Dataset test = testing::quadrants(230, 2);
-  PipelineOptions o;
-  o.batch = 32;
-  o.microbatches = 4;
+  const PipelineOptions o = sweepOptions(ScheduleKind::k1F1B, 4);  // batches of 32
   // The last stage has two replicas: each answers its own requests.
   EvalStream all;
   const PipelineRun whole =
@@ -320,9 +318,7 @@ TEST(PipelineTest, APacedStreamFeedsNoFasterThanItsRate) {
   // A lower bound only: sleeping until a request's turn never ends early.
   const Dataset train = testing::quadrants(32, 1);
   const Dataset test = testing::quadrants(80, 2);
-  PipelineOptions o;
-  o.batch = 32;
-  o.microbatches = 4;
+  const PipelineOptions o = sweepOptions(ScheduleKind::k1F1B, 4);  // batches of 32
   EvalStream paced;
   paced.interval = 25ms;
   paced.answer = [](const EvalAnswer&) {};

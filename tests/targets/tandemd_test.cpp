@@ -121,10 +121,16 @@ class Background {
   }
   std::string output() const { return slurp(log_); }
   void signal(int s) const { kill(pid_, s); }
-  bool waitFor(const std::string& text, std::chrono::seconds limit) const {
+  // Whether its output holds `text` `times` times within `limit`.
+  bool waitFor(const std::string& text, std::chrono::seconds limit, size_t times = 1) const {
     const auto until = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < until) {
-      if (output().find(text) != std::string::npos) return true;
+      const std::string out = output();
+      size_t n = 0;
+      for (size_t at = out.find(text); at != std::string::npos && n < times;
+           at = out.find(text, at + 1))
+        ++n;
+      if (n >= times) return true;
       std::this_thread::sleep_for(20ms);
     }
     return false;
@@ -305,6 +311,13 @@ std::vector<pid_t> processesWith(const std::string& marker) {
       out.push_back(pid);
   }
   return out;
+}
+
+// SIGKILLs the one process whose command line holds `marker` (a node's tandemd); false
+// when there is not exactly one.
+bool killTheOneProcessWith(const std::string& marker) {
+  const std::vector<pid_t> pids = processesWith(marker);
+  return pids.size() == 1 && kill(pids[0], SIGKILL) == 0;
 }
 
 // SIGINT or SIGTERM to `tandem run`, while its workers start and mid-epoch: it says it
@@ -491,9 +504,7 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
         "exec " + kCli + " run " + job("lossy", "checkpoint: {every_steps: 3, dir: ck}\n"),
         dir + "/lossy.log");
     ASSERT_TRUE(run.waitFor("checkpoint at step 6:", 60s)) << run.output();
-    const std::vector<pid_t> daemons = processesWith(b);
-    ASSERT_EQ(daemons.size(), 1u) << "node b's tandemd";
-    kill(daemons[0], SIGKILL);
+    ASSERT_TRUE(killTheOneProcessWith(b)) << "node b's tandemd";
     EXPECT_EQ(run.wait(60s), 0) << run.output();
     const std::string out = run.output();
     for (const std::string& s :
@@ -509,9 +520,7 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
                        job("fragile", "checkpoint: {every_steps: 3, dir: ck2}\nmax_restarts: 0\n"),
                    dir + "/fragile.log");
     ASSERT_TRUE(run.waitFor("checkpoint at step 6:", 60s)) << run.output();
-    const std::vector<pid_t> daemons = processesWith(b);
-    ASSERT_EQ(daemons.size(), 1u) << "node b's tandemd";
-    kill(daemons[0], SIGKILL);
+    ASSERT_TRUE(killTheOneProcessWith(b)) << "node b's tandemd";
     EXPECT_EQ(run.wait(60s), 1) << run.output();
     EXPECT_NE(run.output().find("was lost with node 'b-" + tag + "'"), std::string::npos)
         << run.output();
@@ -543,15 +552,7 @@ TEST(TandemdTest, ALostNodeThatComesBackRejoinsAtACheckpointAndAgainLaterBitwise
                        job("lossy", "checkpoint: {every_steps: 5, dir: ck}\nrejoin_after_s: 0.5\n"),
                    dir + "/lossy.log");
   auto waitFor = [&](const std::string& text, size_t times) {
-    const auto until = std::chrono::steady_clock::now() + 60s;
-    while (std::chrono::steady_clock::now() < until) {
-      const std::string out = lossy.output();
-      size_t n = 0;
-      for (size_t at = out.find(text); at != std::string::npos; at = out.find(text, at + 1)) ++n;
-      if (n >= times) return true;
-      std::this_thread::sleep_for(10ms);
-    }
-    return false;
+    return lossy.waitFor(text, 60s, times);
   };
   ASSERT_TRUE(waitFor("checkpoint at step 10:", 1)) << lossy.output();
   b->kill9();
@@ -599,9 +600,7 @@ TEST(TandemdTest, AStreamThatLosesAStageAnswersEveryRequestOnceAsWithoutTheLoss)
   while (slurp(dir + "/lossy.txt").find("\n400 ") == std::string::npos &&
          std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(10ms);
-  const std::vector<pid_t> daemons = processesWith("--name b-" + tag);
-  ASSERT_EQ(daemons.size(), 1u) << "node b's tandemd";
-  kill(daemons[0], SIGKILL);
+  ASSERT_TRUE(killTheOneProcessWith("--name b-" + tag)) << "node b's tandemd";
   EXPECT_EQ(stream.wait(60s), 0) << stream.output();
   const std::string out = stream.output();
   for (const std::string& s :
