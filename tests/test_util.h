@@ -38,6 +38,10 @@ void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {
 
 // A new, empty directory under the test temp dir (mkdtemp): unique even when a later test
 // process gets the same pid as an earlier one, whose files would still be there.
+// Whether this test runs under qemu-user (a cross build's ctest sets TANDEM_TEST_EMULATED,
+// tests/CMakeLists.txt): such a process cannot execute a program of its own architecture.
+inline bool emulated() { return std::getenv("TANDEM_TEST_EMULATED") != nullptr; }
+
 inline std::string freshDir(const std::string& prefix) {
   std::string path = ::testing::TempDir() + "/" + prefix + "-XXXXXX";
   if (!mkdtemp(path.data())) throw std::runtime_error("mkdtemp failed for " + path);

@@ -69,9 +69,13 @@ void encodeBf16(const float* in, uint16_t* out, size_t n) {
 bool encodeInt8Portable(const float* in, int8_t* q, float* scales, size_t n, size_t block) {
   for (size_t b = 0, k = 0; b < n; b += block, ++k) {
     const size_t len = std::min(block, n - b);
-    float m = 0.0f;
-    for (size_t i = 0; i < len; ++i) m = std::max(m, std::fabs(in[b + i]));
-    if (!(m <= std::numeric_limits<float>::max())) return false;
+    // |x| as an integer, as the AVX2 path takes it: inf and NaN order above every finite
+    // value. (A float max would skip a NaN: std::max(m, NaN) is m, and ARM's fmaxnm too.)
+    uint32_t bits = 0;
+    for (size_t i = 0; i < len; ++i)
+      bits = std::max(bits, std::bit_cast<uint32_t>(in[b + i]) & 0x7fffffffu);
+    if (bits >= 0x7f800000u) return false;
+    const float m = std::bit_cast<float>(bits);
     scales[k] = m / 127.0f;
     const float inv = m > 0.0f ? 127.0f / m : 0.0f;
     for (size_t i = 0; i < len; ++i)
