@@ -154,7 +154,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   job.source = source;
   const std::string dir = std::filesystem::path(source).parent_path().string();
   // Where 'partition' and 'stages' were given, if they were.
-  std::optional<YAML::Node> partition, stages, max_replicas, microbatches;
+  std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline;
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
@@ -206,6 +206,13 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.max_replicas = static_cast<int>(r.positive(v, key));
       if (job.max_replicas > 64) r.fail(v, "'max_replicas' must be at most 64");
       max_replicas = v;
+    } else if (key == "baseline") {
+      job.baseline = r.get<std::string>(v, key, "a baseline's name");
+      if (job.baseline != "equal-layers" && job.baseline != "equal-params" &&
+          job.baseline != "memory-proportional")
+        r.fail(v, "unknown baseline '" + job.baseline +
+                      "' (expected equal-layers, equal-params or memory-proportional)");
+      baseline = v;
     } else if (key == "partition") {
       partition = v;
       parsePartition(r, v, job, dir);
@@ -231,12 +238,12 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       if (!(s >= 0 && s <= 86400)) r.fail(v, "'rejoin_after_s' must be from 0 to 86400 seconds");
       job.rejoin_after_s = s;
     } else {
-      r.fail(kv.first,
-             "unknown key '" + key +
-                 "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
-                 "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
-                 "codec, transport, timeout_s, partition, stages, cluster, profile, "
-                 "max_replicas, save, weights, checkpoint, max_restarts or rejoin_after_s)");
+      r.fail(kv.first, "unknown key '" + key +
+                           "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
+                           "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
+                           "codec, transport, timeout_s, partition, stages, cluster, profile, "
+                           "max_replicas, baseline, save, weights, checkpoint, max_restarts or "
+                           "rejoin_after_s)");
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");
@@ -250,6 +257,10 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
            "'partition: auto' needs 'cluster: FILE' (the devices to plan over; their "
            "daemons profile them unless 'profile: FILE' is given)");
   if (planned && stages) r.fail(*stages, "'stages' comes from the plan; leave it out");
+  if (baseline && !job.auto_partition)
+    r.fail(*baseline,
+           "'baseline' is for 'partition: auto' (it places that split over the same measured "
+           "cluster instead of the search's)");
   if (max_replicas && !job.auto_partition)
     r.fail(*max_replicas,
            "'max_replicas' is for 'partition: auto'; give replicas in the "

@@ -20,6 +20,9 @@
 //   profile: ../../out/profile.json   # with `auto`: their measured profile (optional:
 //                                     # else the nodes' daemons measure them)
 //   max_replicas: 2                # with `auto`: a stage may get data-parallel replicas
+//   baseline: equal-layers         # with `auto`: run this baseline split over the same
+//                                  # measured cluster instead (equal-layers, equal-params,
+//                                  # memory-proportional), to compare with the search's
 //   save: ../../out/cnn.tdm        # the trained model, merged from the stages
 //   weights: ../../out/cnn.tdm     # start from these parameters (serving, resuming)
 //
@@ -71,6 +74,7 @@ struct JobSpec {
   bool auto_partition = false;
   std::string cluster, profile;
   int max_replicas = 1;  // `partition: auto`: the most replicas the partitioner may give a stage
+  std::string baseline;  // `partition: auto`: place this baseline split instead (empty: search)
   std::string partition_where;  // "job.yaml:12:12", for messages
   std::string save;             // a model file to write at the end (resolved like `model`)
   std::string weights;          // a model file to start from (its parameters), e.g. to serve

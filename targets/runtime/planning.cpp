@@ -162,8 +162,21 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
 PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons) {
   const partitioner::CostModel cost = measuredCostModel(model, readFile(job.model, "model spec"),
                                                         daemons, job.profile, jobCostOptions(job));
-  PlannedJob out{partitioner::bestPlan(cost), ""};
+  PlannedJob out;
+  out.searched = partitioner::bestPlan(cost);
+  out.baselines = partitioner::baselinePlans(cost);
+  out.plan = out.searched;
+  if (!job.baseline.empty()) {
+    for (const partitioner::Plan& b : out.baselines)
+      if (b.algorithm == job.baseline) out.plan = b;
+    TANDEM_CHECK_MSG(out.plan.algorithm == job.baseline, InvalidArgument,
+                     job.source << ": the partitioner has no baseline '" << job.baseline << "'");
+    TANDEM_CHECK_MSG(out.plan.infeasible.empty(), InvalidArgument,
+                     job.source << ": the " << job.baseline
+                                << " split does not fit the cluster: " << out.plan.infeasible);
+  }
   out.yaml = partitioner::planToYaml(cost, out.plan);
+  for (const auto& d : cost.problem().devices) out.devices.push_back(d.name);
   return out;
 }
 

@@ -42,11 +42,15 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
                                          const partitioner::CostOptions& options);
 
 // `partition: auto`: plans the job with the partitioner over the daemons' cluster (priced
-// as measuredCostModel does, with the job's `profile`): the plan (priced, for the run to
-// print) and its YAML (for jobStages).
+// as measuredCostModel does, with the job's `profile`): the plan that runs (the search's,
+// or the job's `baseline`), priced, and its YAML (for jobStages); the search's plan and
+// the baselines, priced on the same cost model, for the run to print beside it.
 struct PlannedJob {
   partitioner::Plan plan;
   std::string yaml;
+  partitioner::Plan searched;
+  std::vector<partitioner::Plan> baselines;
+  std::vector<std::string> devices;  // the cost model's devices ("node/device"), which plans index
 };
 PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons);
 

@@ -130,6 +130,28 @@ void printInference(const std::vector<StageSpans>& all, const runtime::InferDone
 // `tandem infer --answers FILE`: one line per sample, in stream order, written as the
 // answers come (a reader may follow the file): the sample's index, the class of its
 // largest output, and every output (%.9g: each float exactly).
+// A plan's stages as "[0, 7) n0/cpu, [7, 10) n1/cpu".
+std::string stageRanges(const partitioner::Plan& plan, const std::vector<std::string>& devices) {
+  std::string out;
+  for (const partitioner::PlanStage& st : plan.stages) {
+    out += (out.empty() ? "[" : ", [") + std::to_string(st.at.begin) + ", " +
+           std::to_string(st.at.end) + ")";
+    for (size_t i = 0; i < st.at.devices.size(); ++i)
+      out += (i ? "+" : " ") + devices.at(static_cast<size_t>(st.at.devices[i]));
+  }
+  return out;
+}
+
+// What a `partition: auto` run prints beside its plan: the search's plan (when a baseline
+// runs) and every baseline that does not.
+std::vector<const partitioner::Plan*> planAlternatives(const runtime::PlannedJob& planned) {
+  std::vector<const partitioner::Plan*> out;
+  if (planned.plan.algorithm != planned.searched.algorithm) out.push_back(&planned.searched);
+  for (const partitioner::Plan& b : planned.baselines)
+    if (b.algorithm != planned.plan.algorithm) out.push_back(&b);
+  return out;
+}
+
 class AnswerWriter {
  public:
   explicit AnswerWriter(const std::string& path) : path_(path) {
@@ -224,12 +246,26 @@ int runJob(const RunArgs& args) {
   if (args.infer && !jr.startsFromWeights())
     spdlog::warn("{} names no 'weights': serving freshly initialised (untrained) parameters",
                  job.source);
-  if (const auto& planned = jr.planned())
+  if (const auto& planned = jr.planned()) {
+    const partitioner::Plan& p = planned->plan;
     spdlog::info(
-        "partition: auto: {} stages by the {} search, predicted {:.3f} ms per "
+        "partition: auto: {} stages by the {} {} ({}), predicted {:.3f} ms per "
         "microbatch ({}), {:.0f} samples/s",
-        planned->plan.stages.size(), planned->plan.algorithm, planned->plan.seconds * 1e3,
-        planned->plan.bottleneck, planned->plan.samples_per_s);
+        p.stages.size(), p.algorithm, job.baseline.empty() ? "search" : "baseline",
+        stageRanges(p, planned->devices), p.seconds * 1e3, p.bottleneck, p.samples_per_s);
+    // The other splits on the same cost model, for comparison.
+    for (const partitioner::Plan* other : planAlternatives(*planned)) {
+      if (!other->infeasible.empty()) {
+        spdlog::info("  beside it: {} does not fit ({})", other->algorithm, other->infeasible);
+        continue;
+      }
+      spdlog::info(
+          "  beside it: {} {}: predicted {:.3f} ms per microbatch ({}), {:.0f} "
+          "samples/s ({:.2f}x this plan's time)",
+          other->algorithm, stageRanges(*other, planned->devices), other->seconds * 1e3,
+          other->bottleneck, other->samples_per_s, other->seconds / p.seconds);
+    }
+  }
   // The placement: after a recovery (runtime::JobRun::run) the one the run ended on.
   const std::vector<StagePlacement>& stages = jr.stages();
   const std::vector<runtime::Assign>& as = jr.assignments();

@@ -52,6 +52,12 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
+  std::string emulator;
+  app.add_option("--emulator", emulator,
+                 "Start stage workers through this program (the path of qemu-aarch64 or "
+                 "qemu-arm, when this daemon itself runs under qemu-user on a machine "
+                 "without binfmt_misc)")
+      ->check(CLI::ExistingFile);
   // The stage workers this daemon starts: the same program, given the run's key on
   // standard input (targets/runtime/stage_worker.h).
   std::string control;
@@ -105,8 +111,13 @@ int main(int argc, char** argv) {
       o.key = readClusterKey(key_file);
     }
     o.name = name;
+    // Under qemu-user, /proc/self/exe is the emulated program, as it should be.
     o.worker_program = std::filesystem::read_symlink("/proc/self/exe").string();
     o.worker_args = {"worker", "--cache-dir", cache_dir};
+    if (!emulator.empty()) {
+      o.worker_args.insert(o.worker_args.begin(), o.worker_program);
+      o.worker_program = std::filesystem::absolute(emulator).string();
+    }
     o.cache_dir = cache_dir;
     Daemon daemon(o);
     const tandem::Endpoint at = daemon.endpoint();

@@ -199,7 +199,8 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
   EXPECT_NE(e.out.find("[3, 7)"), std::string::npos) << e.out;
 
   // The last: auto, with replicas allowed (whatever the plan, `tandem run` runs it).
-  const std::vector<std::string> partitions = {plan, "auto", equal, "auto\nmax_replicas: 3"};
+  const std::vector<std::string> partitions = {plan, "auto", equal, "auto\nbaseline: equal-layers",
+                                               "auto\nmax_replicas: 3"};
   for (const std::string& partition : partitions) {
     const std::string job = dir + "cli_partition_job.yaml";
     std::ofstream(job) << "model: " << kModels << "cnn.yaml\ntrain_limit: 256\ntest_limit: 64\n"
@@ -211,6 +212,14 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
     EXPECT_NE(j.out.find("on cpu (1 threads)"), std::string::npos) << j.out;
     if (partition.starts_with("auto")) {
       EXPECT_NE(j.out.find("partition: auto: "), std::string::npos) << j.out;
+      // The other splits, priced on the same measurements, beside the one that runs.
+      EXPECT_NE(j.out.find("beside it: memory-proportional "), std::string::npos) << j.out;
+    }
+    if (partition.ends_with("baseline: equal-layers")) {
+      EXPECT_NE(j.out.find("3 stages by the equal-layers baseline ([0, 3) "), std::string::npos)
+          << j.out;
+      EXPECT_NE(j.out.find("layers [3, 7) on cpu"), std::string::npos) << j.out;
+      EXPECT_NE(j.out.find("beside it: exact "), std::string::npos) << j.out;
     }
   }
   // Devices too small for any placement: auto refuses the job before any worker starts

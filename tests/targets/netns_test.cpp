@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -35,9 +37,11 @@ const std::string kCli = TANDEM_CLI;
 // A cluster of namespaces for one test, removed at the end.
 class NetnsCluster {
  public:
-  explicit NetnsCluster(const std::string& prefix)
+  // `nodes` namespaces, `more` further arguments of scripts/netns-cluster up.
+  explicit NetnsCluster(const std::string& prefix, int nodes = 3, const std::string& more = "")
       : prefix_(prefix), dir_(tandem::testing::freshDir("netns-" + prefix)) {
-    up_ = sh(kSource + "/scripts/netns-cluster up 3 --prefix " + prefix + " --dir " + dir_);
+    up_ = sh(kSource + "/scripts/netns-cluster up " + std::to_string(nodes) + " --prefix " +
+             prefix + " --dir " + dir_ + " " + more);
   }
   ~NetnsCluster() { sh(kSource + "/scripts/netns-cluster down --prefix " + prefix_); }
   const Ran& up() const { return up_; }
@@ -237,6 +241,71 @@ TEST(NetnsTest, ACheckpointedRunRecoversFromALostNodeBitwise) {
     EXPECT_TRUE(slurp(c.dir() + "/m.tdm") == want)
         << kind << ": the recovered run's model is not bitwise this machine's";
   }
+}
+
+// A mixed cluster: an x86 node and an ARM board — the aarch64 cross build of tandemd under
+// qemu-aarch64 — behind a 100 Mbit/s link. With partition: auto each daemon profiles its
+// own device (the emulated one is many times slower, as a board is), the plan gives the
+// board fewer layers than an equal split, and the run trains as this machine does. Not
+// bitwise: the board's OpenBLAS (NEON kernels, another summation order) rounds its
+// products differently from the x86 one; the bound below is what we observe, checked.
+TEST(NetnsTest, AMixedX86AndArmClusterPlansAroundTheSlowBoardAndTrainsAsHere) {
+  std::string why;
+  if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
+  const std::string arm = kSource + "/build/aarch64/targets/tandemd/tandemd";
+  if (!std::filesystem::exists(arm))
+    GTEST_SKIP() << "no aarch64 build of tandemd (scripts/setup --preset aarch64 --target "
+                    "tandemd; scripts/test makes it)";
+  NetnsCluster c("tnM", 2, "--emulate aarch64");
+  ASSERT_EQ(c.up().code, 0) << c.up().out;
+  const Ran nodes = sh(c.tandem("nodes --cluster " + c.cluster()));
+  ASSERT_EQ(nodes.code, 0) << nodes.out;
+  EXPECT_NE(nodes.out.find("aarch64"), std::string::npos) << nodes.out;
+  EXPECT_NE(nodes.out.find("x86_64"), std::string::npos) << nodes.out;
+
+  const std::string body = "model: " + kSource +
+                           "/examples/models/cnn.yaml\nbatch: 32\nmicrobatches: 4\nseed: 1\n"
+                           "epochs: 1\ntrain_limit: 640\ntest_limit: 200\nsave: m.tdm\n";
+  const std::string auto_job = c.dir() + "/auto.yaml";
+  std::ofstream(auto_job) << body << "partition: auto\ncluster: " << c.cluster() << "\n";
+  const Ran there = sh(c.tandem("run " + auto_job + " --cluster " + c.cluster()));
+  ASSERT_EQ(there.code, 0) << there.out;
+  // "2 stages by the exact search ([0, K) n0/cpu, [K, 10) n1/cpu), ..." beside the equal
+  // split "[0, 5) n0/cpu, [5, 10) n1/cpu".
+  const std::string head = "2 stages by the exact search ([0, ";
+  const size_t at = there.out.find(head);
+  ASSERT_NE(at, std::string::npos) << there.out;
+  const int cut = std::stoi(there.out.substr(at + head.size()));
+  EXPECT_NE(there.out.find(") n0/cpu, [" + std::to_string(cut) + ", 10) n1/cpu)"),
+            std::string::npos)
+      << there.out;
+  EXPECT_GT(cut, 5) << "the board got no fewer layers than an equal split:\n" << there.out;
+  EXPECT_NE(there.out.find("beside it: equal-layers [0, 5) n0/cpu, [5, 10) n1/cpu"),
+            std::string::npos)
+      << there.out;
+  std::filesystem::rename(c.dir() + "/m.tdm", c.dir() + "/there.tdm");
+
+  const std::string here_job = c.dir() + "/here.yaml";
+  std::ofstream(here_job) << body << "partition: equal\nstages: 1\n";
+  const Ran here = sh(kCli + " run " + here_job);
+  ASSERT_EQ(here.code, 0) << here.out;
+  const auto accuracy = [](const std::string& out) {
+    return std::stod(out.substr(out.rfind("test accuracy: ") + 15));
+  };
+  EXPECT_NEAR(accuracy(there.out), accuracy(here.out), 0.02) << there.out << here.out;
+  const tandem::ModelFile a = tandem::readModelFile(c.dir() + "/there.tdm");
+  const tandem::ModelFile b = tandem::readModelFile(c.dir() + "/m.tdm");
+  ASSERT_EQ(a.params.size(), b.params.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    ASSERT_EQ(a.params[i].data.size(), b.params[i].data.size());
+    for (size_t k = 0; k < a.params[i].data.size(); ++k) {
+      const double x = a.params[i].data[k], y = b.params[i].data[k];
+      worst = std::max(worst, std::fabs(x - y) / std::max(1e-3, std::fabs(y)));
+    }
+  }
+  std::printf("largest relative difference of a parameter, board vs here: %.3g\n", worst);
+  EXPECT_LT(worst, 1e-4);
 }
 
 }  // namespace

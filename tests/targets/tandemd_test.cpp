@@ -186,6 +186,10 @@ TEST(TandemdTest, BadStartsExitWithTheirCode) {
   Ran r = run(std::string(TANDEMD) + " --listen 127.0.0.1:0");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--key is required"), std::string::npos) << r.out;
+  r = run(std::string(TANDEMD) + " --key " + dir + "/c.key --emulator " + dir + "/no-qemu");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--emulator: File does not exist: " + dir + "/no-qemu"), std::string::npos)
+      << r.out;
   r = run(std::string(TANDEMD) + " --listen nowhere --key " + dir + "/c.key");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("'nowhere' is not an address HOST:PORT"), std::string::npos) << r.out;

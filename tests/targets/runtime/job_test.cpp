@@ -114,6 +114,10 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:4:15", "'max_replicas' is for 'partition: auto'"}},
       {"model: m.yaml\npartition: auto\ncluster: c.yaml\nmax_replicas: 0\n",
        {"j.yaml:4:15", "positive"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nbaseline: equal-layers\n",
+       {"j.yaml:4:11", "'baseline' is for 'partition: auto'"}},
+      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nbaseline: equal\n",
+       {"j.yaml:4:11", "unknown baseline 'equal'", "equal-layers, equal-params"}},
       {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 0}]\n",
        {"j.yaml:2:48", "'replicas' must be positive, got 0"}},
       {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 65}]\n",
@@ -139,10 +143,12 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
   EXPECT_EQ(plan.plan, "jobs/plans/p.yaml");
   EXPECT_FALSE(plan.auto_partition);
   const JobSpec a = parseJobSpec(
-      "model: m.yaml\npartition: auto\ncluster: c.yaml\nprofile: p.json\nmax_replicas: 3\n",
+      "model: m.yaml\npartition: auto\ncluster: c.yaml\nprofile: p.json\nmax_replicas: 3\n"
+      "baseline: memory-proportional\n",
       "jobs/j.yaml");
   EXPECT_TRUE(a.auto_partition);
   EXPECT_EQ(a.max_replicas, 3);
+  EXPECT_EQ(a.baseline, "memory-proportional");
   EXPECT_EQ(a.cluster, "jobs/c.yaml");
   EXPECT_EQ(a.profile, "jobs/p.json");
   EXPECT_TRUE(a.ranges.empty());
