@@ -6,6 +6,9 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <bit>
 #include <cmath>
@@ -158,7 +161,36 @@ __attribute__((target("avx,f16c"))) void fromHalfF16C(const uint16_t* in, float*
 }
 #endif
 
+#if defined(__aarch64__)
+// Every ARMv8-A CPU converts between float and half in one instruction (FCVTN/FCVTL),
+// rounding to nearest-even and quietening NaNs as F16C does, so the portable paths agree
+// with it bit for bit (CodecTest checks, under qemu-aarch64 in scripts/test-cross).
+void toHalfNeon(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(in + i))));
+  floatsToHalfPortable(in + i, out + i, n - i);
+}
+
+void fromHalfNeon(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    vst1q_f32(out + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(in + i))));
+  halfsToFloatPortable(in + i, out + i, n - i);
+}
+#endif
+
 }  // namespace
+
+std::string_view halfConversionPath() {
+#if TANDEM_X86
+  return hasF16C() ? "f16c" : "portable";
+#elif defined(__aarch64__)
+  return "neon";
+#else
+  return "portable";
+#endif
+}
 
 bool hasF16C() {
 #if TANDEM_X86
@@ -196,6 +228,8 @@ void halfsToFloatPortable(const uint16_t* in, float* out, size_t n) {
 void floatsToHalf(const float* in, uint16_t* out, size_t n) {
 #if TANDEM_X86
   if (hasF16C()) return toHalfF16C(in, out, n);
+#elif defined(__aarch64__)
+  return toHalfNeon(in, out, n);
 #endif
   floatsToHalfPortable(in, out, n);
 }
@@ -203,6 +237,8 @@ void floatsToHalf(const float* in, uint16_t* out, size_t n) {
 void halfsToFloat(const uint16_t* in, float* out, size_t n) {
 #if TANDEM_X86
   if (hasF16C()) return fromHalfF16C(in, out, n);
+#elif defined(__aarch64__)
+  return fromHalfNeon(in, out, n);
 #endif
   halfsToFloatPortable(in, out, n);
 }

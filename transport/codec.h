@@ -49,11 +49,14 @@ void encode(Codec c, std::span<const float> in, Encoded& out, uint32_t block = k
 void decode(Codec c, std::span<const uint8_t> payload, std::span<const float> scales,
             uint32_t block, std::span<float> out);
 
-// Array conversions behind the fp16 codec.
+// Array conversions behind the fp16 codec: F16C on x86 CPUs that have it, NEON on aarch64,
+// else the portable loops.
 void floatsToHalf(const float* in, uint16_t* out, size_t n);
 void halfsToFloat(const uint16_t* in, float* out, size_t n);
 bool hasF16C();
-// The portable paths, always available (tests compare them with the F16C ones).
+// Which of those this build and CPU use: "f16c", "neon" or "portable".
+std::string_view halfConversionPath();
+// The portable paths, always available (tests compare the vector paths with them).
 void floatsToHalfPortable(const float* in, uint16_t* out, size_t n);
 void halfsToFloatPortable(const uint16_t* in, float* out, size_t n);
 

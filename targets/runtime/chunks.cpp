@@ -1,6 +1,7 @@
 #include "targets/runtime/chunks.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "targets/runtime/weight_cache.h"
@@ -24,6 +25,11 @@ ChunkGatherer::ChunkGatherer(std::string what, std::string hash, int64_t total)
     : what_(std::move(what)), hash_(std::move(hash)), total_(total) {
   TANDEM_CHECK_MSG(total_ > 0 && total_ <= kMaxWeightsBytes, FormatError,
                    what_ << ": " << total_ << " bytes is no size for it");
+  // A 32-bit node (armhf) cannot hold what its address space cannot: refused up front,
+  // not truncated or run out of memory at the last chunk.
+  TANDEM_CHECK_MSG(static_cast<uint64_t>(total_) <= std::numeric_limits<size_t>::max() / 2,
+                   FormatError,
+                   what_ << ": " << total_ << " bytes are more than this 32-bit node can hold");
 }
 
 bool ChunkGatherer::add(const WeightsChunk& c) {

@@ -1,6 +1,6 @@
-// Codecs: bit patterns, the F16C and portable fp16 paths agreeing bit for bit, the error
-// bounds stated in transport/codec.h, and error feedback keeping the sum of decoded
-// gradients within one message's error of the true sum.
+// Codecs: bit patterns, the vector (F16C, NEON) and portable fp16 paths agreeing bit for bit, the
+// error bounds stated in transport/codec.h, and error feedback keeping the sum of decoded gradients
+// within one message's error of the true sum.
 #include "transport/codec.h"
 
 #include <gtest/gtest.h>
@@ -46,7 +46,7 @@ std::vector<float> interestingFloats() {
   return v;
 }
 
-TEST(CodecTest, F16cAndPortableHalfAgreeBitForBit) {
+TEST(CodecTest, TheVectorHalfPathAndThePortableOneAgreeBitForBit) {
   const auto v = interestingFloats();
   std::vector<uint16_t> a(v.size()), b(v.size());
   floatsToHalf(v.data(), a.data(), v.size());
@@ -60,7 +60,7 @@ TEST(CodecTest, F16cAndPortableHalfAgreeBitForBit) {
   halfsToFloatPortable(all.data(), fb.data(), all.size());
   for (uint32_t h = 0; h < 65536; ++h)
     ASSERT_EQ(std::bit_cast<uint32_t>(fa[h]), std::bit_cast<uint32_t>(fb[h])) << "half " << h;
-  RecordProperty("f16c", hasF16C() ? "yes" : "no");
+  RecordProperty("half_path", std::string(halfConversionPath()));
 }
 
 TEST(CodecTest, VectorisedBFloatMatchesTheScalarReference) {

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "targets/runtime/chunks.h"
 #include "tests/test_util.h"
 
 namespace tandem::runtime {
@@ -15,6 +16,29 @@ std::vector<uint8_t> bytes(size_t n, uint8_t seed) {
   std::vector<uint8_t> b(n);
   for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(seed + i * 7);
   return b;
+}
+
+// A whole gathered from chunks: verified by its hash, refused when a chunk is out of order
+// or of another whole, and refused up front when it is more than this node can address
+// (3 GiB on a 32-bit node: armhf under qemu runs this; a 64-bit node takes it).
+TEST(ChunkGathererTest, GathersInOrderAndRefusesWhatThisNodeCannotHold) {
+  const auto b = bytes(2500, 3);
+  const std::string h = contentHash(b);
+  ChunkGatherer g("weights", h, 2500);
+  EXPECT_FALSE(g.add({h, 0, 2500, std::vector<uint8_t>(b.begin(), b.begin() + 1000)}));
+  EXPECT_THROW(g.add({h, 0, 2500, std::vector<uint8_t>(b.begin(), b.begin() + 1000)}),
+               FormatError);  // the same offset again
+  EXPECT_TRUE(g.add({h, 1000, 2500, std::vector<uint8_t>(b.begin() + 1000, b.end())}));
+  EXPECT_EQ(g.take(), b);
+  ChunkGatherer bad("weights", h, 2500);
+  EXPECT_THROW(bad.add({h, 0, 2500, bytes(2500, 4)}), FormatError);  // does not hash as named
+  const int64_t big = int64_t{3} << 30;
+  if (sizeof(size_t) == 4)
+    testing::expectThrowWith<FormatError>([&] { ChunkGatherer("weights", h, big); },
+                                          {"3221225472 bytes", "32-bit node"});
+  else
+    EXPECT_EQ(ChunkGatherer("weights", h, big).total(), big);
+  EXPECT_THROW(ChunkGatherer("weights", h, 0), FormatError);
 }
 
 TEST(WeightCacheTest, StoredWeightsComeBackVerifiedByTheirHash) {
