@@ -78,13 +78,13 @@ void linkThroughput(benchmark::State& state, const std::string& kind) {
     for (int64_t mb = 0;; ++mb) {
       const Tensor r = p.b->recv({MessageKind::kActivation, mb}, rbe);
       if (r.numel() == 1) break;
-      if ((mb + 1) % batch == 0) p.b->send({MessageKind::kControl, mb}, rbe.zeros({1}));
+      if ((mb + 1) % batch == 0) p.b->send({MessageKind::kCollective, mb}, rbe.zeros({1}));
     }
   });
   int64_t mb = 0;
   for (auto _ : state) {
     for (int64_t i = 0; i < batch; ++i) p.a->sendInPlace({MessageKind::kActivation, mb++}, t);
-    p.a->recv({MessageKind::kControl, mb - 1}, be);
+    p.a->recv({MessageKind::kCollective, mb - 1}, be);
   }
   p.a->send({MessageKind::kActivation, mb}, be.zeros({1}));
   receiver.join();

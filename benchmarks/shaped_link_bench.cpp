@@ -98,7 +98,7 @@ int receiver(int to_parent, int from_parent, const std::string& veth, const std:
   for (int64_t mb = 0;; ++mb) {
     const Tensor t = link.recv({MessageKind::kActivation, mb}, be);
     if (t.numel() == 0) break;
-    link.send({MessageKind::kControl, mb}, ack);
+    link.send({MessageKind::kCollective, mb}, ack);
   }
   return 0;
 }
@@ -141,11 +141,11 @@ void BM_ShapedLink(benchmark::State& state, Codec c) {
     const int64_t first = sender->next;
     for (int64_t i = 0; i < count; ++i) {
       if (i >= kWindow)
-        sender->acks->recv({MessageKind::kControl, sender->next - kWindow}, sender->be);
+        sender->acks->recv({MessageKind::kCollective, sender->next - kWindow}, sender->be);
       link.sendInPlace({MessageKind::kActivation, sender->next++}, t);
     }
     for (int64_t mb = std::max(first, sender->next - kWindow); mb < sender->next; ++mb)
-      sender->acks->recv({MessageKind::kControl, mb}, sender->be);
+      sender->acks->recv({MessageKind::kCollective, mb}, sender->be);
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * count);
   state.counters["wire_MB/s"] = benchmark::Counter(

@@ -48,7 +48,7 @@ static_assert(sizeof(Header) == 32);
 struct Hello {
   uint32_t magic;
   int32_t size, from, to;
-  uint64_t job;
+  uint64_t group_id;
 };
 static_assert(sizeof(Hello) == 24);
 
@@ -233,10 +233,10 @@ class SocketGroup final : public PeerGroup {
     if (tcp_) {
       here = tcpAddress(o.host, "0", true);
     } else {
-      path =
-          (std::filesystem::path(o.ipc_dir) / ("tandem-group-" + std::to_string(::getpid()) + "-" +
-                                               std::to_string(o.job) + "-" + std::to_string(rank_)))
-              .string();
+      path = (std::filesystem::path(o.ipc_dir) /
+              ("tandem-group-" + std::to_string(::getpid()) + "-" + std::to_string(o.group_id) +
+               "-" + std::to_string(rank_)))
+                 .string();
       here = unixAddress(path);
       ::unlink(path.c_str());
     }
@@ -342,7 +342,7 @@ class SocketGroup final : public PeerGroup {
         TANDEM_CHECK_MSG(error == 0, IoError, who << ": " << std::strerror(error));
       }
       tune(s.get());
-      const Hello hello{kHelloMagic, size_, rank_, p, o.job};
+      const Hello hello{kHelloMagic, size_, rank_, p, o.group_id};
       if (!writeAll(s.get(), &hello, sizeof(hello), deadline, who))
         throw Timeout(who + ": it took no greeting within " +
                       std::to_string(o.connect_timeout.count()) + " ms");
@@ -352,7 +352,7 @@ class SocketGroup final : public PeerGroup {
   }
 
   // Every higher rank connects here; a connection that does not greet as one of them (a
-  // stray client, another job's rank) is closed and the wait goes on.
+  // stray client, another group's rank) is closed and the wait goes on.
   void acceptFromAbove(const Fd& listener, const SocketGroupOptions& o,
                        Clock::time_point deadline) {
     int missing = size_ - 1 - rank_;
@@ -377,8 +377,8 @@ class SocketGroup final : public PeerGroup {
       std::ostringstream why;
       if (hello.magic != kHelloMagic) {
         why << "a connection that is not a tandem group's";
-      } else if (hello.job != o.job || hello.size != size_ || hello.to != rank_) {
-        why << "rank " << hello.from << " of " << hello.size << " of job " << hello.job
+      } else if (hello.group_id != o.group_id || hello.size != size_ || hello.to != rank_) {
+        why << "rank " << hello.from << " of " << hello.size << " of group " << hello.group_id
             << " looking for rank " << hello.to;
       } else if (hello.from <= rank_ || hello.from >= size_ ||
                  fds_[static_cast<size_t>(hello.from)].get() >= 0) {

@@ -20,7 +20,7 @@
 // Rendezvous: each rank listens (tcp on `host`, port chosen by the system; ipc under
 // `ipc_dir`) and publishes its address through an Exchange (rendezvous.h); then it
 // connects to every lower rank and accepts every higher one, each connection opening
-// with the job and both ranks, so a stray or foreign connection is turned away.
+// with the group id and both ranks, so a stray or foreign connection is turned away.
 #pragma once
 
 #include <chrono>
@@ -39,10 +39,13 @@ struct SocketGroupOptions {
   int rank = 0, size = 1;
   std::string transport = "tcp";   // tcp (listens on host) or ipc (Unix sockets in ipc_dir)
   std::string host = "127.0.0.1";  // the address the other ranks reach this one at
-  std::string ipc_dir = "/tmp";  // "@name": sockets in Linux's abstract namespace (no files)
-  Codec codec = Codec::kRaw;  // how values travel: raw fp32, fp16 or bf16
+  std::string ipc_dir = "/tmp";    // "@name": sockets in Linux's abstract namespace (no files)
+  Codec codec = Codec::kRaw;       // how values travel: raw fp32, fp16 or bf16
   std::chrono::milliseconds connect_timeout{30000};
-  uint64_t job = 0;
+  // Which group this is among the job's groups (a pipeline stage's replicas form one):
+  // ranks of different groups refuse each other at the rendezvous, and ipc socket names
+  // carry it.
+  uint64_t group_id = 0;
   // SO_SNDBUF and SO_RCVBUF of every connection (the kernel caps them at
   // net.core.wmem_max / rmem_max); 0 leaves them to the kernel's autotuning. Large
   // buffers let a whole ring piece sit in flight: worth about 20% at 16 MiB on loopback.

@@ -31,13 +31,14 @@ class ZmqGroup final : public PeerGroup {
         continue;
       }
       LinkOptions lo;
-      lo.bind = o.transport == "tcp" ? "tcp://" + o.host + ":*"
-                                     : "ipc://" + o.ipc_dir + "/tandem-group-" +
-                                           std::to_string(getpid()) + "-" + std::to_string(o.job) +
-                                           "-" + std::to_string(rank_) + "-" + std::to_string(p);
+      lo.bind = o.transport == "tcp"
+                    ? "tcp://" + o.host + ":*"
+                    : "ipc://" + o.ipc_dir + "/tandem-group-" + std::to_string(getpid()) + "-" +
+                          std::to_string(o.group_id) + "-" + std::to_string(rank_) + "-" +
+                          std::to_string(p);
       lo.codec = o.codec;
       lo.timeout = o.link_timeout;
-      lo.job = o.job;
+      lo.job = o.group_id;  // the wire header's job field: the group's links carry its id
       lo.stage = rank_;
       lo.peer_stage = p;
       lo.local_congestion = o.local_congestion;
@@ -104,7 +105,7 @@ class ZmqGroup final : public PeerGroup {
   MessageTag tagOf(const Call& c, int step, size_t chunk) const {
     const uint64_t id = ((c.tag & 0xfff) << 51) | ((c.seq & 0xffffff) << 27) |
                         ((static_cast<uint64_t>(step) & 0x3ff) << 17) | (chunk & 0x1ffff);
-    return {MessageKind::kControl, static_cast<int64_t>(id)};
+    return {MessageKind::kCollective, static_cast<int64_t>(id)};
   }
 
   void send(const Call& c, int peer, int step, std::span<const float> x, size_t chunk) {

@@ -31,8 +31,8 @@ struct ZmqGroupOptions {
   std::string ipc_dir = "/tmp";
   Codec codec = Codec::kRaw;                      // how chunks travel: raw fp32, fp16 or bf16
   std::chrono::milliseconds link_timeout{30000};  // sends (and recvs outside collectives)
-  uint64_t job = 0;
-  std::string local_congestion = "cubic";  // its links' (LinkOptions::local_congestion)
+  uint64_t group_id = 0;                          // as SocketGroupOptions::group_id
+  std::string local_congestion = "cubic";         // its links' (LinkOptions::local_congestion)
   // CurveZMQ on every link (Z85 keys, both empty for none): every rank holds the same
   // pair, as the links of a run do with the keys derived from its key, so each link
   // admits exactly the group's other ranks (and whoever else holds the secret).

@@ -8,7 +8,9 @@
 
 namespace tandem {
 
-enum class MessageKind : uint8_t { kActivation = 0, kGradient = 1, kLabel = 2, kControl = 3 };
+// kCollective: a collective's chunks between the ranks of a group over links (ZmqGroup),
+// and a benchmark's acks; never the control protocol, which has its own channel.
+enum class MessageKind : uint8_t { kActivation = 0, kGradient = 1, kLabel = 2, kCollective = 3 };
 
 inline std::string_view messageKindName(MessageKind k) {
   switch (k) {
@@ -18,8 +20,8 @@ inline std::string_view messageKindName(MessageKind k) {
       return "gradient";
     case MessageKind::kLabel:
       return "label";
-    case MessageKind::kControl:
-      return "control";
+    case MessageKind::kCollective:
+      return "collective";
   }
   return "invalid";
 }

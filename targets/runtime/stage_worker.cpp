@@ -226,7 +226,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
     go.transport = a.transport;
     go.host = a.bind_host;
     if (ipc) go.ipc_dir = ipc_name;
-    go.job = static_cast<uint64_t>(a.stage);
+    go.group_id = static_cast<uint64_t>(a.stage);  // a stage's replicas are one group
   };
   if (a.replicas > 1 && a.encrypt) {
     transport::ZmqGroupOptions go;

@@ -101,7 +101,7 @@ Ranks makeRanks(const std::string& kind, int world,
       o.size = world;
       o.transport = transport;
       o.ipc_dir = ::testing::TempDir();
-      o.job = static_cast<uint64_t>(made.load());
+      o.group_id = static_cast<uint64_t>(made.load());
       o.codec = codec;
     };
     if (socket) {
@@ -421,7 +421,7 @@ std::vector<std::unique_ptr<Group>> socketPair(
 
 // A raw tcp socket that connects to the socket-group rank 0 published `address` ("tcp
 // HOST PORT") and greets it as rank 1 of 2 of `job` (socket_group.h's hello).
-int greetAsRank1(const std::string& address, uint32_t job) {
+int greetAsRank1(const std::string& address, uint32_t group_id) {
   std::istringstream words(address);
   std::string kind, host;
   int port = 0;
@@ -432,7 +432,7 @@ int greetAsRank1(const std::string& address, uint32_t job) {
   to.sin_port = htons(static_cast<uint16_t>(port));
   ::inet_pton(AF_INET, host.c_str(), &to.sin_addr);
   EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
-  const uint32_t hello[6] = {0x4c454854, 2, 1, 0, job, 0};  // magic, size, from, to, job
+  const uint32_t hello[6] = {0x4c454854, 2, 1, 0, group_id, 0};  // magic, size, from, to, group
   EXPECT_EQ(::send(fd, hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
   return fd;
 }
@@ -601,9 +601,9 @@ TEST(SocketGroupTest, AGarbledStreamIsNamed) {
 // The rendezvous turns away connections that are not the group's and says so if the
 // real peer never comes; addresses that cannot be read are refused.
 TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
-  // A stranger (job 99) connects to rank 0 before rank 1 does: the pair still forms.
+  // A stranger (group 99) connects to rank 0 before rank 1 does: the pair still forms.
   SocketGroupOptions o;
-  o.job = 7;
+  o.group_id = 7;
   o.connect_timeout = 5s;
   auto stranger = [](const std::string& address) { return greetAsRank1(address, 99); };
   std::vector<int> strangers;
@@ -626,7 +626,7 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
         });
       },
       {"rank(s) 1 of 2 did not connect to rank 0 within 300 ms",
-       "turned away: rank 1 of 2 of job 99 looking for rank 0"});
+       "turned away: rank 1 of 2 of group 99 looking for rank 0"});
   for (int fd : strangers) ::close(fd);
   o.rank = 1;
   expectThrowWith<FormatError>(
