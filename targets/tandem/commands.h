@@ -31,6 +31,7 @@ std::string tandemdProgram();
 void addTrain(CLI::App& app);
 void addEval(CLI::App& app);
 void addInspect(CLI::App& app);
+void addImport(CLI::App& app);  // with TANDEM_ONNX
 void addDevices(CLI::App& app);
 void addProfile(CLI::App& app);
 void addPartition(CLI::App& app);

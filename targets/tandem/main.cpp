@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   tandem::cli::addTrain(app);
   tandem::cli::addEval(app);
   tandem::cli::addInspect(app);
+#ifdef TANDEM_HAS_ONNX
+  tandem::cli::addImport(app);
+#endif
   tandem::cli::addDevices(app);
   tandem::cli::addProfile(app);
   tandem::cli::addPartition(app);

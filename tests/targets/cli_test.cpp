@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -104,6 +105,33 @@ TEST(CliTest, InspectPrintsAPerLayerTable) {
   for (const char* s : {"conv2d", "[64, 7, 7]", "maxpool2d", "total", "parameters: 421642",
                         "forward FLOPs per sample: 8595466"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+// tandem import: a PyTorch-exported ONNX model (ONNX's conformance data) as a model file
+// that inspect and eval read; a file that is not ONNX, and a missing one, are named.
+TEST(CliTest, ImportWritesAModelFileFromAnOnnxModel) {
+  if (!TANDEM_HAS_ONNX) GTEST_SKIP() << "built without ONNX import (TANDEM_ONNX=OFF)";
+  const std::string onnx =
+      "/usr/share/libonnx-testdata/data/pytorch-converted/test_Conv2d/model.onnx";
+  if (!std::filesystem::exists(onnx)) GTEST_SKIP() << "libonnx-testdata is not installed";
+  const std::string dir = ::testing::TempDir() + "cli_import";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  CliRun r = run("import " + onnx + " --out " + dir + "/conv.tdm");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("1 layers, 76 parameters, input [3, 7, 5], output [4, 5, 4]"),
+            std::string::npos)
+      << r.out;
+  r = run("inspect " + dir + "/conv.tdm");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("conv2d"), std::string::npos) << r.out;
+  std::ofstream(dir + "/bad.onnx") << "not protobuf";
+  r = run("import " + dir + "/bad.onnx --out " + dir + "/bad.tdm");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("bad.onnx: not an ONNX model"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/bad.tdm"));
+  r = run("import " + dir + "/none.onnx --out " + dir + "/x.tdm");
+  EXPECT_EQ(r.code, 2) << r.out;
 }
 
 TEST(CliTest, DevicesListsTheCpuAndEveryOpenClDevice) {

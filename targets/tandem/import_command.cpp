@@ -1,0 +1,38 @@
+// tandem import: an ONNX model (its graph and initializers) as a tandem model file.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "core/model_file.h"
+#include "targets/onnx/onnx_import.h"
+#include "targets/tandem/commands.h"
+
+namespace tandem::cli {
+
+void addImport(CLI::App& app) {
+  struct Args {
+    std::string onnx, out;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = app.add_subcommand("import", "Read an ONNX model into a tandem model file (.tdm)");
+  c->add_option("model", a->onnx, "The ONNX model (.onnx)")->required()->check(CLI::ExistingFile);
+  c->add_option("--out", a->out, "The model file to write")->required();
+  c->callback([a] {
+    checkWritable(a->out, "model file");
+    const onnx_io::ImportedModel imported = onnx_io::importOnnx(a->onnx);
+    for (const std::string& note : imported.notes) std::printf("note: %s\n", note.c_str());
+    const ModelFile file = onnx_io::toModelFile(imported);
+    cpu::CpuBackend be(cpu::CpuOptions{1});
+    const std::unique_ptr<Model> model = loadModel(file, be);
+    saveModel(a->out, *model, nullptr, file.metadata);
+    std::printf("imported %s: %zu layers, %lld parameters, input %s, output %s; wrote %s\n",
+                a->onnx.c_str(), model->size(), static_cast<long long>(model->paramCount()),
+                model->inputShape().str().c_str(), model->outputShape().str().c_str(),
+                a->out.c_str());
+  });
+}
+
+}  // namespace tandem::cli
