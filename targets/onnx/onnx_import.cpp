@@ -274,7 +274,7 @@ class Importer {
     if (node.input_size() < 2) refuse(node, "it has no B input");
     HostTensor b = tensor(node, node.input(1));
     if (b.shape.rank() != 2) refuse(node, "B is " + b.shape.str() + ", not a matrix");
-    HostTensor w = attrInt(node, "transB", 0) ? b : transposed(b);
+    HostTensor w = attrInt(node, "transB", 0) ? std::move(b) : transposed(b);
     std::optional<HostTensor> bias;
     if (node.input_size() > 2 && !node.input(2).empty()) bias = tensor(node, node.input(2));
     if (bias && bias->data.size() != static_cast<size_t>(w.shape[0]) && bias->data.size() == 1)
@@ -435,11 +435,12 @@ ImportedModel importOnnx(const onnx::ModelProto& model, const std::string& sourc
 }
 
 ImportedModel importOnnx(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw IoError("cannot open the ONNX model '" + path + "'");
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  const std::string data = bytes.str();
+  std::string data(static_cast<size_t>(in.tellg()), '\0');  // read once, straight in
+  in.seekg(0);
+  in.read(data.data(), static_cast<std::streamsize>(data.size()));
+  if (!in) throw IoError("cannot read the ONNX model '" + path + "'");
   onnx::ModelProto model;
   if (data.empty() || !model.ParseFromString(data))
     throw FormatError(path + ": not an ONNX model (the protobuf does not parse)");
