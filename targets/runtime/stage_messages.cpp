@@ -2,6 +2,7 @@
 // checks every field (ranges, lengths, the stage and replica arithmetic) before any of it
 // is used to build a model or open a link.
 #include <cmath>
+#include <cstring>
 
 #include "targets/runtime/message_codec.h"
 
@@ -181,7 +182,14 @@ StageReport readReport(const fb::StageReport* r) {
     if (spans->size() > kMaxSpans)
       bad(m, std::to_string(spans->size()) + " spans exceed the limit of " +
                  std::to_string(kMaxSpans));
-    for (const fb::SpanRecord* s : *spans) {
+    // Each struct is copied out before it is read: the verifier checks the vector's bounds,
+    // not that its 8-byte structs are aligned, and a hostile message's may not be (read in
+    // place, that is undefined behaviour, and a fault on some ARM cores; the fuzzer found it).
+    const auto* bytes = reinterpret_cast<const uint8_t*>(spans->Data());
+    for (flatbuffers::uoffset_t i = 0; i < spans->size(); ++i) {
+      fb::SpanRecord span;
+      std::memcpy(&span, bytes + i * sizeof(fb::SpanRecord), sizeof(fb::SpanRecord));
+      const fb::SpanRecord* s = &span;
       range(m, "a span's type", s->type(), 0, static_cast<int>(ActionType::kStep));
       if (!std::isfinite(s->start_s()) || !std::isfinite(s->end_s()) || s->end_s() < s->start_s())
         bad(m, "a span ends before it starts, or at no finite time");
