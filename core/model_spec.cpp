@@ -2,6 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstdio>
+#include <cstring>
+
 #include "core/error.h"
 #include "core/file.h"
 
@@ -75,9 +78,62 @@ std::vector<LayerSpec> parseLayers(const std::string& source, const YAML::Node& 
   return out;
 }
 
+std::string doubleText(double d) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", d);
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";  // (e: 1e+20; n: nan, inf)
+  return s;
+}
+
+void emitLayers(YAML::Emitter& out, const std::vector<LayerSpec>& layers) {
+  out << YAML::BeginSeq;
+  for (const LayerSpec& l : layers) {
+    if (l.attrs.empty() && l.children.empty()) {
+      out << l.type;
+      continue;
+    }
+    out << YAML::BeginMap << YAML::Key << l.type << YAML::Value;
+    out << (l.children.empty() ? YAML::Flow : YAML::Block) << YAML::BeginMap;
+    for (const auto& [key, value] : l.attrs) {
+      out << YAML::Key << key << YAML::Value;
+      if (const auto* i = std::get_if<int64_t>(&value))
+        out << *i;
+      else if (const auto* d = std::get_if<double>(&value))
+        out << doubleText(*d);
+      else if (const auto* s = std::get_if<std::string>(&value))
+        out << YAML::DoubleQuoted << *s;
+      else
+        out << YAML::Flow << std::get<std::vector<int64_t>>(value);
+    }
+    if (!l.children.empty()) {
+      out << YAML::Key << "layers" << YAML::Value;
+      emitLayers(out, l.children);
+    }
+    out << YAML::EndMap << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
 }  // namespace
 
+std::string modelSpecYaml(const ModelSpec& spec) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << YAML::DoubleQuoted << spec.name;
+  out << YAML::Key << "input" << YAML::Value << YAML::Flow << spec.input.dims();
+  out << YAML::Key << "layers" << YAML::Value;
+  emitLayers(out, spec.layers);
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
 ModelSpec parseModelSpec(const std::string& yaml_text, const std::string& source) {
+  // A model file (FlatBuffers, identifier "TDM1" at byte 4) where a spec was expected: say
+  // so, rather than what the YAML parser makes of its bytes.
+  TANDEM_CHECK_MSG(yaml_text.size() < 8 || yaml_text.compare(4, 4, "TDM1") != 0, InvalidArgument,
+                   source << " is a tandem model file (written by a save), not a model spec: "
+                             "give the spec (YAML, e.g. examples/models/mlp.yaml)");
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -125,13 +181,7 @@ ModelSpec parseModelSpec(const std::string& yaml_text, const std::string& source
 }
 
 ModelSpec loadModelSpec(const std::string& path) {
-  const std::string text = readFile(path, "model spec");
-  // A model file (FlatBuffers, identifier "TDM1" at byte 4) where a spec was expected: say
-  // so, rather than what the YAML parser makes of its bytes.
-  TANDEM_CHECK_MSG(text.size() < 8 || text.compare(4, 4, "TDM1") != 0, InvalidArgument,
-                   path << " is a tandem model file (written by a save), not a model spec: give "
-                           "the spec (YAML, e.g. examples/models/mlp.yaml)");
-  return parseModelSpec(text, path);
+  return parseModelSpec(readFile(path, "model spec"), path);
 }
 
 }  // namespace tandem

@@ -20,4 +20,8 @@ namespace tandem {
 ModelSpec parseModelSpec(const std::string& yaml_text, const std::string& source = "<string>");
 ModelSpec loadModelSpec(const std::string& path);
 
+// The spec as YAML that parseModelSpec() reads back to the same spec: numbers keep their
+// type (a double is written with a '.' or an exponent) and all 17 significant digits.
+std::string modelSpecYaml(const ModelSpec& spec);
+
 }  // namespace tandem

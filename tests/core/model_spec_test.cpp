@@ -148,5 +148,41 @@ TEST(ModelSpecTest, MutatedSpecsNeverEscapeTheErrorHierarchy) {
   EXPECT_GT(errors, 100);
 }
 
+void expectSameSpecs(const std::vector<LayerSpec>& a, const std::vector<LayerSpec>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].type, b[i].type) << i;
+    EXPECT_TRUE(a[i].attrs == b[i].attrs) << i << " " << a[i].type;
+    expectSameSpecs(a[i].children, b[i].children);
+  }
+}
+
+TEST(ModelSpecTest, ASpecWrittenAsYamlReadsBackTheSame) {
+  std::vector<ModelSpec> specs;
+  for (const char* f : {"mlp", "mlp-deep", "cnn", "resnet-mini"})
+    specs.push_back(
+        loadModelSpec(std::string(TANDEM_SOURCE_DIR "/examples/models/") + f + ".yaml"));
+  // Numbers that YAML could take for another type: a double with an integral value, one
+  // that needs 17 digits, a tiny one; a string flag; a name with YAML's specials.
+  ModelSpec odd;
+  odd.name = "a: [model] # 1";
+  odd.input = Shape{5};
+  odd.layers = {
+      {"linear", {{"out", int64_t{3}}, {"bias", std::string("false")}}, {}, ""},
+      {"dropout", {{"p", 0.1}}, {}, ""},
+      {"layernorm", {{"eps", 1.0}}, {}, ""},
+      {"layernorm", {{"eps", 1e-20}}, {}, ""},
+      {"residual", {}, {{"relu", {}, {}, ""}, {"linear", {{"out", int64_t{3}}}, {}, ""}}, ""}};
+  specs.push_back(odd);
+  for (const ModelSpec& spec : specs) {
+    const std::string yaml = modelSpecYaml(spec);
+    const ModelSpec back = parseModelSpec(yaml, "written.yaml");
+    EXPECT_EQ(back.name, spec.name) << yaml;
+    EXPECT_EQ(back.input, spec.input) << yaml;
+    expectSameSpecs(back.layers, spec.layers);
+  }
+  EXPECT_NO_THROW(Model(parseModelSpec(modelSpecYaml(odd), "odd.yaml")));
+}
+
 }  // namespace
 }  // namespace tandem
