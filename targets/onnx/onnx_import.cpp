@@ -3,6 +3,7 @@
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -21,6 +22,8 @@ namespace {
 // The largest tensor an initializer may declare (dims multiplied, checked for overflow
 // before anything is allocated): 4 Gi values.
 constexpr int64_t kMaxValues = int64_t{1} << 32;
+// The largest size, stride or pad along one dimension.
+constexpr int64_t kMaxDim = int64_t{1} << 30;
 
 class Importer {
  public:
@@ -29,73 +32,464 @@ class Importer {
   ImportedModel run() {
     const onnx::GraphProto& g = m_.graph();
     for (const onnx::TensorProto& t : g.initializer()) constants_[t.name()] = &t;
+    taken_.assign(static_cast<size_t>(g.node_size()), false);
+    // (ONNX's checker has made sure each value is made before it is used.)
+    for (int i = 0; i < g.node_size(); ++i) {
+      const onnx::NodeProto& node = g.node(i);
+      if (node.op_type() == "Constant") {
+        constant(node);
+        taken_[static_cast<size_t>(i)] = true;
+        continue;
+      }
+      for (const std::string& in : node.input())
+        if (!in.empty() && !constants_.count(in)) {
+          std::vector<int>& c = consumers_[in];
+          if (c.empty() || c.back() != i) c.push_back(i);
+        }
+    }
     findInput(g);
     out_.spec.name = g.name().empty() ? "onnx" : g.name();
-    const int n = g.node_size();
-    for (int i = 0; i < n; ++i) {
-      const onnx::NodeProto& node = g.node(i);
-      const std::string& op = node.op_type();
-      if (op == "Constant") {
-        constant(node);
-        continue;
-      }
-      if (node.input_size() == 0 || node.input(0) != value_)
-        refuse(node, "it does not continue the chain: its first input is '" +
-                         (node.input_size() ? node.input(0) : std::string()) +
-                         "', not the previous node's output '" + value_ + "'");
-      for (int k = 1; k < node.input_size(); ++k)
-        if (!node.input(k).empty() && !constants_.count(node.input(k)))
-          refuse(node, "its input '" + node.input(k) +
-                           "' is computed, not an initializer: a branch tandem's layer list "
-                           "cannot express");
-      for (int k = 1; k < node.output_size(); ++k)
-        if (!node.output(k).empty() && used(node.output(k), i))
-          refuse(node, "its output '" + node.output(k) + "' is used: only one output may be");
-      if (op == "Gemm") {
-        gemm(node);
-      } else if (op == "MatMul") {
-        i = matmul(node, i);
-        continue;
-      } else if (op == "Conv") {
-        conv(node);
-      } else if (op == "MaxPool" || op == "AveragePool") {
-        pool(node);
-      } else if (op == "GlobalAveragePool") {
-        requireRank(node, 3);
-        add({"globalavgpool", {}, {}, where(node)});
-        shape_ = Shape{shape_[0]};
-      } else if (op == "Relu" || op == "Tanh" || op == "Sigmoid") {
-        add({op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid", {}, {}, where(node)});
-      } else if (op == "Flatten") {
-        if (attrInt(node, "axis", 1) != 1)
-          refuse(node, "axis " + std::to_string(attrInt(node, "axis", 1)) +
-                           ": tandem flattens each sample (axis 1) only");
-        flatten(node);
-      } else if (op == "Reshape") {
-        reshape(node);
-      } else if (op == "Dropout") {
-        double p = attrFloat(node, "ratio", 0.5);
-        if (node.input_size() > 1 && !node.input(1).empty()) p = scalar(node, node.input(1));
-        add({"dropout", {{"p", p}}, {}, where(node)});
-      } else if (op == "Identity") {
-      } else if (op == "Softmax" || op == "LogSoftmax") {
-        if (i != n - 1) refuse(node, "a softmax only at the output is dropped; this one is not");
-        out_.notes.push_back("dropped " + op + " node '" + node.name() +
-                             "' at the output: tandem's loss applies it in training");
-      } else {
-        refuse(node, "tandem has no layer for this operator");
-      }
-      value_ = node.output(0);
-    }
-    if (g.output_size() != 1 || g.output(0).name() != value_)
+    layers_ = &out_.spec.layers;
+    const std::string end = walk(value_);
+    if (g.output_size() != 1 || g.output(0).name() != end)
       throw InvalidArgument(
-          source_ + ": the graph's output is not the end of its chain of nodes ('" + value_ + "')");
+          source_ + ": the graph's output is not the end of its chain of nodes ('" + end + "')");
+    for (int i = 0; i < g.node_size(); ++i)
+      if (!taken_[static_cast<size_t>(i)])
+        refuse(g.node(i), "it is not on the way from the input to the output");
+    if (padded_) refuse(*padded_, "a Pad at the output is not supported");
     if (out_.spec.layers.empty())
       throw InvalidArgument(source_ + ": no layer is left once dropped nodes are removed");
     return std::move(out_);
   }
 
  private:
+  const onnx::NodeProto& node(int i) const { return m_.graph().node(i); }
+
+  // The nodes not imported yet that read `value`, in graph order.
+  std::vector<int> live(const std::string& value) const {
+    std::vector<int> out;
+    const auto it = consumers_.find(value);
+    if (it != consumers_.end())
+      for (int i : it->second)
+        if (!taken_[static_cast<size_t>(i)]) out.push_back(i);
+    return out;
+  }
+
+  bool isOutput(const std::string& value) const {
+    for (const auto& o : m_.graph().output())
+      if (o.name() == value) return true;
+    return false;
+  }
+
+  // The one node of type `op` that reads `value`, when it is the value's only reader and
+  // the value is not a graph output; else -1.
+  int only(const std::string& value, const std::string& op) const {
+    const std::vector<int> c = live(value);
+    if (c.size() != 1 || isOutput(value) || node(c[0]).op_type() != op) return -1;
+    return c[0];
+  }
+
+  void take(std::initializer_list<int> nodes) {
+    for (int i : nodes) taken_[static_cast<size_t>(i)] = true;
+  }
+
+  // Imports the chain that starts at `v`, up to where no node reads on: the value there.
+  std::string walk(std::string v) {
+    for (;;) {
+      const std::vector<int> next = live(v);
+      if (next.empty()) return v;
+      if (ids_ && node(next[0]).op_type() != "Gather")
+        refuse(node(next[0]), "the input '" + v +
+                                  "' holds integer ids: only an embedding (a Gather from an "
+                                  "initializer) can take them");
+      if (next.size() == 1) {
+        v = single(next[0], v);
+      } else if (auto end = gelu(v, next)) {
+        v = *end;
+      } else if (auto end2 = layerNormPattern(v, next)) {
+        v = *end2;
+      } else if (next.size() == 2) {
+        v = residual(v, next);
+      } else {
+        refuse(node(next[2]), "'" + v + "' is read by " + std::to_string(next.size()) +
+                                  " nodes: a graph tandem's layer list cannot express");
+      }
+    }
+  }
+
+  // One node of the chain (with the bias Add after a MatMul): the value it makes.
+  std::string single(int i, const std::string& v) {
+    const onnx::NodeProto& node = this->node(i);
+    take({i});
+    const std::string& op = node.op_type();
+    if (op == "Gather") return gather(node, v);
+    if (node.input_size() == 0 || node.input(0) != v)
+      refuse(node, "it does not continue the chain: its first input is '" +
+                       (node.input_size() ? node.input(0) : std::string()) +
+                       "', not the previous node's output '" + v + "'");
+    for (int k = 1; k < node.input_size(); ++k)
+      if (!node.input(k).empty() && !constants_.count(node.input(k)))
+        refuse(node, "its input '" + node.input(k) +
+                         "' is computed, not an initializer: a branch tandem's layer list "
+                         "cannot express");
+    for (int k = 1; k < node.output_size(); ++k)
+      if (!node.output(k).empty() && (!live(node.output(k)).empty() || isOutput(node.output(k))))
+        refuse(node, "its output '" + node.output(k) + "' is used: only one output may be");
+    if (padded_ && op != "Conv" && op != "AveragePool")
+      refuse(*padded_,
+             "a Pad only before a Conv or an AveragePool (whose padding its zeros "
+             "are) is supported; its reader is " +
+                 op);
+    if (op == "Gemm") {
+      gemm(node);
+    } else if (op == "MatMul") {
+      return matmul(node);
+    } else if (op == "Conv") {
+      conv(node);
+    } else if (op == "MaxPool" || op == "AveragePool") {
+      pool(node);
+    } else if (op == "GlobalAveragePool") {
+      requireRank(node, 3);
+      add({"globalavgpool", {}, {}, where(node)});
+      shape_ = Shape{shape_[0]};
+    } else if (op == "Relu" || op == "Tanh" || op == "Sigmoid") {
+      add({op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid", {}, {}, where(node)});
+    } else if (op == "Flatten") {
+      if (attrInt(node, "axis", 1) != 1)
+        refuse(node, "axis " + std::to_string(attrInt(node, "axis", 1)) +
+                         ": tandem flattens each sample (axis 1) only");
+      flatten(node);
+    } else if (op == "Reshape") {
+      reshape(node);
+    } else if (op == "Dropout") {
+      double p = attrFloat(node, "ratio", 0.5);
+      if (node.input_size() > 1 && !node.input(1).empty()) p = scalar(node, node.input(1));
+      add({"dropout", {{"p", p}}, {}, where(node)});
+    } else if (op == "LayerNormalization") {
+      layerNorm(node);
+    } else if (op == "Pad") {
+      pad(node);
+    } else if (op == "Identity") {
+    } else if (op == "Softmax" || op == "LogSoftmax") {
+      if (!isOutput(node.output(0)) || !live(node.output(0)).empty())
+        refuse(node, "a softmax only at the output is dropped; this one is not");
+      out_.notes.push_back("dropped " + op + " node '" + node.name() +
+                           "' at the output: tandem's loss applies it in training");
+    } else {
+      refuse(node, "tandem has no layer for this operator");
+    }
+    return node.output(0);
+  }
+
+  // A scalar constant's value (float, double or integer), if `name` is one.
+  std::optional<double> constScalar(const std::string& name) const {
+    const auto it = constants_.find(name);
+    if (it == constants_.end()) return std::nullopt;
+    const onnx::TensorProto& t = *it->second;
+    int64_t count = 1;
+    for (int64_t d : t.dims()) count *= d;
+    if (count != 1) return std::nullopt;
+    const std::string& raw = t.raw_data();
+    switch (t.data_type()) {
+      case onnx::TensorProto::FLOAT: {
+        float f;
+        if (raw.size() == 4) return (std::memcpy(&f, raw.data(), 4), double(f));
+        if (t.float_data_size() == 1) return t.float_data(0);
+        return std::nullopt;
+      }
+      case onnx::TensorProto::DOUBLE: {
+        double d;
+        if (raw.size() == 8) return (std::memcpy(&d, raw.data(), 8), d);
+        if (t.double_data_size() == 1) return t.double_data(0);
+        return std::nullopt;
+      }
+      case onnx::TensorProto::INT64: {
+        int64_t k;
+        if (raw.size() == 8) return (std::memcpy(&k, raw.data(), 8), double(k));
+        if (t.int64_data_size() == 1) return double(t.int64_data(0));
+        return std::nullopt;
+      }
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // A two-input node `op` of `v` and a scalar constant near `want` (either order when
+  // `commutes`).
+  bool withScalar(const onnx::NodeProto& n, const std::string& op, const std::string& v,
+                  double want, bool commutes) const {
+    if (n.op_type() != op || n.input_size() != 2) return false;
+    std::optional<double> c;
+    if (n.input(0) == v) c = constScalar(n.input(1));
+    if (!c && commutes && n.input(1) == v) c = constScalar(n.input(0));
+    return c && std::fabs(*c - want) <= 1e-6 * std::fabs(want);
+  }
+
+  // The node that reads both a and b, when it is `op` and the only reader of each.
+  static bool reads(const onnx::NodeProto& n, const std::string& a, const std::string& b) {
+    return n.input_size() == 2 &&
+           ((n.input(0) == a && n.input(1) == b) || (n.input(0) == b && n.input(1) == a));
+  }
+
+  // GELU as PyTorch exports it: x * (1 + erf(x / sqrt(2))) * 0.5 — Div (or Mul by
+  // 1/sqrt(2)), Erf, Add 1, then Mul by x and by 0.5 in either order.
+  std::optional<std::string> gelu(const std::string& v, const std::vector<int>& next) {
+    if (next.size() != 2) return std::nullopt;
+    for (int a = 0; a < 2; ++a) {
+      const int d = next[a], m = next[1 - a];
+      if (!withScalar(node(d), "Div", v, std::sqrt(2.0), false) &&
+          !withScalar(node(d), "Mul", v, std::sqrt(0.5), true))
+        continue;
+      const int e = only(node(d).output(0), "Erf");
+      if (e < 0) continue;
+      const int one = only(node(e).output(0), "Add");
+      if (one < 0 || !withScalar(node(one), "Add", node(e).output(0), 1.0, true)) continue;
+      const std::string& erf1 = node(one).output(0);
+      int h = -1;
+      if (node(m).op_type() == "Mul" && reads(node(m), v, erf1)) {  // (x * (1 + erf)) * 0.5
+        h = only(node(m).output(0), "Mul");
+        if (h >= 0 && !withScalar(node(h), "Mul", node(m).output(0), 0.5, true)) h = -1;
+      } else if (withScalar(node(m), "Mul", v, 0.5, true)) {  // (x * 0.5) * (1 + erf)
+        h = only(node(m).output(0), "Mul");
+        if (h >= 0 && (only(erf1, "Mul") != h || !reads(node(h), node(m).output(0), erf1))) h = -1;
+      }
+      if (h < 0) continue;
+      take({d, e, one, m, h});
+      add({"gelu", {}, {}, where(node(h))});
+      return node(h).output(0);
+    }
+    return std::nullopt;
+  }
+
+  // The axes of a ReduceMean (attribute, or input from opset 18) are the last one alone.
+  bool lastAxis(const onnx::NodeProto& n) const {
+    std::vector<int64_t> axes = attrInts(n, "axes");
+    if (axes.empty() && n.input_size() > 1) {
+      const auto c = constScalar(n.input(1));
+      if (c) axes = {static_cast<int64_t>(*c)};
+    }
+    const int64_t rank = shape_.rank() + 1;
+    return axes.size() == 1 && (axes[0] == -1 || axes[0] == rank - 1) &&
+           attrInt(n, "keepdims", 1) == 1;
+  }
+
+  // A per-feature constant [dim] (or a scalar, broadcast) read by `n` beside `v`.
+  std::optional<HostTensor> feature(const onnx::NodeProto& n, const std::string& v, int64_t dim) {
+    if (n.input_size() != 2) return std::nullopt;
+    const std::string& c = n.input(0) == v ? n.input(1) : n.input(0);
+    if (!constants_.count(c) || (n.input(0) != v && n.input(1) != v)) return std::nullopt;
+    HostTensor t = tensor(n, c);
+    if (t.data.size() == 1) t.data.assign(static_cast<size_t>(dim), t.data[0]);
+    if (t.data.size() != static_cast<size_t>(dim)) return std::nullopt;
+    t.shape = Shape{dim};
+    return t;
+  }
+
+  // LayerNorm over the last dimension as exporters before opset 17 write it:
+  // d = x - ReduceMean(x); d / Sqrt(ReduceMean(Pow(d, 2)) + eps), then Mul by the scale
+  // and Add of the bias when the model has them.
+  std::optional<std::string> layerNormPattern(const std::string& v, const std::vector<int>& next) {
+    if (next.size() != 2) return std::nullopt;
+    for (int a = 0; a < 2; ++a) {
+      const int r1 = next[a], s = next[1 - a];
+      if (node(r1).op_type() != "ReduceMean" || node(r1).input(0) != v || !lastAxis(node(r1)))
+        continue;
+      if (node(s).op_type() != "Sub" || node(s).input_size() != 2 || node(s).input(0) != v ||
+          node(s).input(1) != node(r1).output(0) || live(node(r1).output(0)).size() != 1)
+        continue;
+      const std::string& d = node(s).output(0);
+      const std::vector<int> uses = live(d);
+      if (uses.size() != 2 || isOutput(d)) continue;
+      const int p = node(uses[0]).op_type() == "Pow" ? uses[0] : uses[1];
+      const int div = p == uses[0] ? uses[1] : uses[0];
+      if (!withScalar(node(p), "Pow", d, 2.0, false)) continue;
+      const int r2 = only(node(p).output(0), "ReduceMean");
+      if (r2 < 0 || !lastAxis(node(r2))) continue;
+      const int e = only(node(r2).output(0), "Add");
+      if (e < 0) continue;
+      const onnx::NodeProto& eps_node = node(e);
+      const std::string& var = node(r2).output(0);
+      const std::optional<double> eps =
+          constScalar(eps_node.input(0) == var ? eps_node.input(1) : eps_node.input(0));
+      if (!eps || *eps <= 0) continue;
+      const int q = only(eps_node.output(0), "Sqrt");
+      if (q < 0 || only(node(q).output(0), "Div") != div || node(div).input(0) != d ||
+          node(div).input(1) != node(q).output(0))
+        continue;
+      const int64_t dim = shape_[shape_.rank() - 1];
+      take({r1, s, p, r2, e, q, div});
+      std::string end = node(div).output(0);
+      const onnx::NodeProto* last = &node(div);
+      HostTensor gamma{"", Shape{dim}, std::vector<float>(static_cast<size_t>(dim), 1.0f)};
+      HostTensor beta{"", Shape{dim}, std::vector<float>(static_cast<size_t>(dim), 0.0f)};
+      if (const int mul = only(end, "Mul"); mul >= 0)
+        if (auto g = feature(node(mul), end, dim)) {
+          gamma = std::move(*g);
+          take({mul});
+          end = node(mul).output(0);
+          last = &node(mul);
+        }
+      if (const int plus = only(end, "Add"); plus >= 0)
+        if (auto b = feature(node(plus), end, dim)) {
+          beta = std::move(*b);
+          take({plus});
+          end = node(plus).output(0);
+          last = &node(plus);
+        }
+      add({"layernorm", {{"eps", *eps}}, {}, where(*last)}, {std::move(gamma), std::move(beta)});
+      return end;
+    }
+    return std::nullopt;
+  }
+
+  // LayerNormalization (opset 17) over the last dimension.
+  void layerNorm(const onnx::NodeProto& node) {
+    const int64_t rank = shape_.rank() + 1;
+    int64_t axis = attrInt(node, "axis", -1);
+    if (axis < 0) axis += rank;
+    if (axis != rank - 1)
+      refuse(node, "axis " + std::to_string(attrInt(node, "axis", -1)) +
+                       " normalizes more than the last dimension: tandem's layernorm "
+                       "normalizes the last one");
+    const int64_t dim = shape_[shape_.rank() - 1];
+    if (node.input_size() < 2) refuse(node, "it has no scale input");
+    HostTensor gamma = tensor(node, node.input(1));
+    HostTensor beta{"", Shape{dim}, std::vector<float>(static_cast<size_t>(dim), 0.0f)};
+    if (node.input_size() > 2 && !node.input(2).empty()) beta = tensor(node, node.input(2));
+    if (gamma.data.size() != static_cast<size_t>(dim) ||
+        beta.data.size() != static_cast<size_t>(dim))
+      refuse(node, "its scale and bias must have " + std::to_string(dim) + " values");
+    gamma.shape = beta.shape = Shape{dim};
+    add({"layernorm", {{"eps", attrFloat(node, "epsilon", 1e-5)}}, {}, where(node)},
+        {std::move(gamma), std::move(beta)});
+  }
+
+  // Gather of the input's integer ids from an initializer table: an embedding.
+  std::string gather(const onnx::NodeProto& node, const std::string& v) {
+    if (!ids_ || node.input_size() != 2 || node.input(1) != v)
+      refuse(node,
+             "only a Gather of the model's integer input ids from an initializer (an "
+             "embedding) is supported");
+    if (attrInt(node, "axis", 0) != 0) refuse(node, "only a Gather along axis 0 is supported");
+    if (shape_.rank() != 1)
+      refuse(node, "its ids are " + shape_.str() + " per sample; an embedding takes [T]");
+    HostTensor table = tensor(node, node.input(0));
+    if (table.shape.rank() != 2) refuse(node, "its table is " + table.shape.str() + ", not 2-d");
+    const int64_t vocab = table.shape[0], dim = table.shape[1];
+    add({"embedding", {{"vocab", vocab}, {"dim", dim}}, {}, where(node)}, {std::move(table)});
+    shape_ = Shape{shape_[0], dim};
+    checkSize(node, shape_);
+    ids_ = false;
+    return node.output(0);
+  }
+
+  // y = body(v) + shortcut: the node pair that reads `v` is the body's first node and
+  // either the Add (identity shortcut) or a projection whose only reader is the Add.
+  std::string residual(const std::string& v, const std::vector<int>& next) {
+    // The shortcut: an Add of v and a computed value (identity); else a Conv / Gemm /
+    // MatMul of v whose only reader is such an Add — the one shaped like tandem's
+    // projection first, when both readers could be it (a one-node body).
+    struct Choice {
+      int body, join, proj;
+    };
+    std::optional<Choice> pick;
+    const auto sum = [&](int i) {  // an Add of two computed values
+      const onnx::NodeProto& n = node(i);
+      return n.op_type() == "Add" && n.input_size() == 2 && !constants_.count(n.input(0)) &&
+             !constants_.count(n.input(1)) && n.input(0) != n.input(1);
+    };
+    for (int a = 0; a < 2 && !pick; ++a)
+      if (sum(next[1 - a])) pick = Choice{next[a], next[1 - a], -1};
+    for (const bool strict : {true, false})
+      for (int a = 0; a < 2 && !pick; ++a) {
+        const onnx::NodeProto& o = node(next[1 - a]);
+        if ((o.op_type() != "Conv" && o.op_type() != "Gemm" && o.op_type() != "MatMul") ||
+            o.input(0) != v || (strict && !projectionLike(o)))
+          continue;
+        const int join = only(o.output(0), "Add");
+        if (join >= 0 && sum(join)) pick = Choice{next[a], join, next[1 - a]};
+      }
+    if (pick && pick->join != pick->body) {
+      const int join = pick->join, proj = pick->proj;
+      const std::string shortcut = proj >= 0 ? node(proj).output(0) : v;
+      take({join});
+      if (proj >= 0) take({proj});
+      const Shape in = shape_;
+      std::vector<LayerSpec>* outer = layers_;
+      LayerSpec block{"residual", {}, {}, where(node(join))};
+      layers_ = &block.children;
+      const std::string u = walk(v);
+      layers_ = outer;
+      const onnx::NodeProto& j = node(join);
+      if (!reads(j, u, shortcut))
+        refuse(j, "it adds '" + j.input(0) + "' and '" + j.input(1) +
+                      "', not the end of the "
+                      "branch from '" +
+                      v + "' ('" + u + "') and its shortcut '" + shortcut + "'");
+      if (block.children.empty()) refuse(j, "its branch has no layer");
+      if (proj >= 0) {
+        projection(node(proj), in);
+      } else if (shape_ != in) {
+        refuse(j, "it adds the branch's " + shape_.str() + " to the unchanged input's " + in.str());
+      }
+      layers_->push_back(std::move(block));
+      return j.output(0);
+    }
+    refuse(node(next[1]), "'" + v +
+                              "' is read by two nodes that are not a residual block (a "
+                              "branch and an Add of it to '" +
+                              v + "' or to a projection of it)");
+  }
+
+  // A 1x1 Conv with no bias, or a Gemm / MatMul with none: what tandem's projection is.
+  bool projectionLike(const onnx::NodeProto& n) const {
+    if (n.op_type() == "Conv") {
+      const auto w = n.input_size() == 2 ? constants_.find(n.input(1)) : constants_.end();
+      return w != constants_.end() && w->second->dims_size() == 4 && w->second->dims(2) == 1 &&
+             w->second->dims(3) == 1;
+    }
+    return (n.op_type() == "Gemm" && n.input_size() == 2) || n.op_type() == "MatMul";
+  }
+
+  // A residual block's shortcut projection: tandem makes a 1x1 convolution with no bias
+  // whose stride maps the input's H and W to the body's, or a linear layer with no bias;
+  // anything else is refused. Its weight follows the body's parameters.
+  void projection(const onnx::NodeProto& p, const Shape& in) {
+    const Shape out = shape_;
+    if (in == out)
+      refuse(p, "the branch keeps the input's shape " + in.str() +
+                    ": tandem's residual then adds the input unprojected");
+    std::vector<LayerSpec> made;
+    std::vector<LayerSpec>* outer = layers_;
+    layers_ = &made;
+    shape_ = in;
+    if (p.op_type() == "Conv")
+      conv(p);
+    else if (p.op_type() == "Gemm")
+      gemm(p);
+    else
+      matmul(p);
+    layers_ = outer;
+    const LayerSpec& s = made.at(0);
+    const auto no_bias = s.attrs.find("bias");
+    const int64_t stride = in.rank() == 3 && out.rank() == 3 && out[1] > 0 ? in[1] / out[1] : 1;
+    const bool ok = no_bias != s.attrs.end() && shape_ == out &&
+                    (s.type == "linear" ||
+                     (s.attrs.at("kernel") == AttrValue(std::vector<int64_t>{1, 1}) &&
+                      s.attrs.at("stride") == AttrValue(std::vector<int64_t>{stride, stride}) &&
+                      s.attrs.at("padding") == AttrValue(std::vector<int64_t>{0, 0})));
+    if (!ok)
+      refuse(p,
+             "a shortcut projection must be what tandem's residual makes: a 1x1 convolution "
+             "with stride " +
+                 std::to_string(stride) +
+                 ", no padding and no bias (or a "
+                 "linear layer with no bias) mapping " +
+                 in.str() + " to " + out.str());
+    shape_ = out;
+  }
+
   // "node 'conv1'", or for an unnamed node (PyTorch's exporter leaves them unnamed) "the
   // node making 'y'".
   static std::string named(const onnx::NodeProto& node) {
@@ -120,8 +514,10 @@ class Importer {
     }
     if (!in) throw InvalidArgument(source_ + ": the graph has no data input");
     const auto& t = in->type().tensor_type();
-    if (t.elem_type() != onnx::TensorProto::FLOAT)
-      throw InvalidArgument(source_ + ": input '" + in->name() + "' is not float32");
+    ids_ = t.elem_type() == onnx::TensorProto::INT64 || t.elem_type() == onnx::TensorProto::INT32;
+    if (t.elem_type() != onnx::TensorProto::FLOAT && !ids_)
+      throw InvalidArgument(source_ + ": input '" + in->name() +
+                            "' is neither float32 nor integer ids (int64, int32)");
     const auto& s = t.shape();
     if (s.dim_size() < 2)
       throw InvalidArgument(source_ + ": input '" + in->name() +
@@ -137,19 +533,14 @@ class Importer {
     if (dims.size() > 3)
       throw InvalidArgument(source_ + ": input '" + in->name() + "' has samples of rank " +
                             std::to_string(dims.size()) + " (tandem: at most 3)");
+    int64_t n = 1;
+    for (int64_t d : dims)
+      if (d > kMaxDim || __builtin_mul_overflow(n, d, &n) || n > kMaxValues)
+        throw InvalidArgument(source_ + ": input '" + in->name() +
+                              "' has samples of over 2^32 values, or a dimension over 2^30");
     shape_ = Shape(dims);
     out_.spec.input = shape_;
     value_ = in->name();
-  }
-
-  bool used(const std::string& name, int after) const {
-    const onnx::GraphProto& g = m_.graph();
-    for (int i = after + 1; i < g.node_size(); ++i)
-      for (const std::string& in : g.node(i).input())
-        if (in == name) return true;
-    for (const auto& o : g.output())
-      if (o.name() == name) return true;
-    return false;
   }
 
   void constant(const onnx::NodeProto& node) {
@@ -225,7 +616,7 @@ class Importer {
   }
 
   void add(LayerSpec spec, std::vector<HostTensor> params = {}) {
-    out_.spec.layers.push_back(std::move(spec));
+    layers_->push_back(std::move(spec));
     for (HostTensor& p : params) out_.params.push_back(std::move(p));
   }
 
@@ -235,11 +626,10 @@ class Importer {
                        std::to_string(rank));
   }
 
-  // linear from a weight [out, in] and an optional bias [out].
+  // linear (over the last dimension) from a weight [out, in] and an optional bias [out].
   void linear(const onnx::NodeProto& node, HostTensor w, std::optional<HostTensor> b) {
-    requireRank(node, 1);
     const int64_t out = w.shape[0], in = w.shape[1];
-    if (in != shape_[0])
+    if (in != shape_[shape_.rank() - 1])
       refuse(node,
              "its weight takes " + std::to_string(in) + " inputs, the chain gives " + shape_.str());
     std::map<std::string, AttrValue> attrs{{"out", out}, {"in", in}};
@@ -254,7 +644,8 @@ class Importer {
       attrs["bias"] = int64_t{0};
     }
     add({"linear", attrs, {}, where(node)}, std::move(params));
-    shape_ = Shape{out};
+    shape_[shape_.rank() - 1] = out;
+    checkSize(node, shape_);
   }
 
   static HostTensor transposed(const HostTensor& t) {
@@ -268,6 +659,7 @@ class Importer {
   }
 
   void gemm(const onnx::NodeProto& node) {
+    requireRank(node, 1);
     if (attrFloat(node, "alpha", 1.0) != 1.0 || attrFloat(node, "beta", 1.0) != 1.0)
       refuse(node, "alpha and beta other than 1 are not supported");
     if (attrInt(node, "transA", 0) != 0) refuse(node, "transA is not supported");
@@ -283,30 +675,23 @@ class Importer {
   }
 
   // MatMul with an initializer [in, out], and the Add of an initializer after it, if any:
-  // the index of the last node used.
-  int matmul(const onnx::NodeProto& node, int i) {
+  // the value made.
+  std::string matmul(const onnx::NodeProto& node) {
     if (node.input_size() != 2) refuse(node, "expected two inputs");
     HostTensor b = tensor(node, node.input(1));
     if (b.shape.rank() != 2) refuse(node, "B is " + b.shape.str() + ", not a matrix");
-    std::optional<HostTensor> bias;
-    const onnx::GraphProto& g = m_.graph();
-    if (i + 1 < g.node_size()) {
-      const onnx::NodeProto& next = g.node(i + 1);
-      if (next.op_type() == "Add" && next.input_size() == 2 && !used(node.output(0), i + 1)) {
-        const int k = next.input(0) == node.output(0)   ? 1
-                      : next.input(1) == node.output(0) ? 0
-                                                        : -1;
-        if (k >= 0 && constants_.count(next.input(k))) {
-          bias = tensor(next, next.input(k));
-          linear(node, transposed(b), std::move(bias));
-          value_ = next.output(0);
-          return i + 1;
-        }
+    const std::string& y = node.output(0);
+    if (const int next = only(y, "Add"); next >= 0) {
+      const onnx::NodeProto& plus = this->node(next);
+      const std::string& c = plus.input(0) == y ? plus.input(1) : plus.input(0);
+      if (constants_.count(c)) {
+        take({next});
+        linear(node, transposed(b), tensor(plus, c));
+        return plus.output(0);
       }
     }
     linear(node, transposed(b), std::nullopt);
-    value_ = node.output(0);
-    return i;
+    return y;
   }
 
   // Symmetric pads [top, left, bottom, right] as (h, w).
@@ -347,7 +732,7 @@ class Importer {
                        " channels, the chain gives " + shape_.str());
     const auto kernel = std::make_pair(w.shape[2], w.shape[3]);
     const auto stride = twoInts(node, "strides", 1);
-    const auto pad = pads(node);
+    const auto pad = withPadded(node, pads(node));
     std::map<std::string, AttrValue> attrs{{"out", w.shape[0]},
                                            {"in", w.shape[1]},
                                            {"kernel", list(kernel)},
@@ -365,8 +750,34 @@ class Importer {
       attrs["bias"] = int64_t{0};
     }
     add({"conv2d", attrs, {}, where(node)}, std::move(params));
-    shape_ = Shape{w.shape[0], (shape_[1] + 2 * pad.first - kernel.first) / stride.first + 1,
-                   (shape_[2] + 2 * pad.second - kernel.second) / stride.second + 1};
+    shape_ = windowed(node, w.shape[0], kernel, stride, pad);
+  }
+
+  // The [C, H', W'] a 2-d window makes of [_, H, W], its sizes checked first: a hostile
+  // file's zero stride or vast pad is refused, not divided by or overflowed.
+  Shape windowed(const onnx::NodeProto& node, int64_t channels, std::pair<int64_t, int64_t> kernel,
+                 std::pair<int64_t, int64_t> stride, std::pair<int64_t, int64_t> pad) {
+    for (int64_t v : {kernel.first, kernel.second, stride.first, stride.second})
+      if (v <= 0 || v > kMaxDim) refuse(node, "kernel sizes and strides must be in [1, 2^30]");
+    for (int64_t v : {pad.first, pad.second})
+      if (v < 0 || v > kMaxDim) refuse(node, "pads must be in [0, 2^30]");
+    const int64_t h = shape_[1] + 2 * pad.first - kernel.first;
+    const int64_t w = shape_[2] + 2 * pad.second - kernel.second;
+    if (h < 0 || w < 0)
+      refuse(node, "its window " + std::to_string(kernel.first) + "x" +
+                       std::to_string(kernel.second) + " is larger than its padded input " +
+                       shape_.str());
+    Shape out{channels, h / stride.first + 1, w / stride.second + 1};
+    checkSize(node, out);
+    return out;
+  }
+
+  // A sample of at most kMaxValues values (the product checked for overflow).
+  void checkSize(const onnx::NodeProto& node, const Shape& shape) const {
+    int64_t n = 1;
+    for (int k = 0; k < shape.rank(); ++k)
+      if (shape[k] <= 0 || __builtin_mul_overflow(n, shape[k], &n) || n > kMaxValues)
+        refuse(node, "it makes samples of " + shape.str() + ": empty, or over 2^32 values");
   }
 
   void pool(const onnx::NodeProto& node) {
@@ -377,18 +788,48 @@ class Importer {
     const auto kernel = twoInts(node, "kernel_shape", 0);
     if (kernel.first <= 0 || kernel.second <= 0) refuse(node, "it has no 2-d kernel_shape");
     const auto stride = twoInts(node, "strides", 1);
-    const auto pad = pads(node);
+    auto pad = pads(node);
     const bool avg = node.op_type() == "AveragePool";
     if (avg && (pad.first || pad.second) && attrInt(node, "count_include_pad", 0) == 0)
       refuse(node, "padding left out of the average (count_include_pad 0) is not supported");
+    pad = withPadded(node, pad);  // a Pad's zeros before it: averaged as tandem's padding is
     if (pad.first > kernel.first / 2 || pad.second > kernel.second / 2)
       refuse(node, "pads over half the kernel are not supported");
     add({avg ? "avgpool2d" : "maxpool2d",
          {{"kernel", list(kernel)}, {"stride", list(stride)}, {"padding", list(pad)}},
          {},
          where(node)});
-    shape_ = Shape{shape_[0], (shape_[1] + 2 * pad.first - kernel.first) / stride.first + 1,
-                   (shape_[2] + 2 * pad.second - kernel.second) / stride.second + 1};
+    shape_ = windowed(node, shape_[0], kernel, stride, pad);
+  }
+
+  // Pad (constant zeros) of H and W alike at both ends, as PyTorch's exporter writes
+  // before AveragePool: all zeros is nothing; else the next node takes it as its padding.
+  void pad(const onnx::NodeProto& node) {
+    const auto* mode = attr(node, "mode");
+    if (mode && mode->s() != "constant") refuse(node, "only constant padding is supported");
+    if (node.input_size() > 2 && !node.input(2).empty() && scalar(node, node.input(2)) != 0)
+      refuse(node, "only padding with zeros is supported");
+    std::vector<int64_t> p = attrInts(node, "pads");  // (before opset 11)
+    if (node.input_size() > 1 && !node.input(1).empty()) p = int64s(node, node.input(1));
+    const size_t rank = static_cast<size_t>(shape_.rank()) + 1;
+    if (p.size() != 2 * rank) refuse(node, "expected " + std::to_string(2 * rank) + " pads");
+    bool zero = true;
+    for (int64_t v : p) zero = zero && v == 0;
+    if (zero) return;
+    if (rank != 4 || p[0] || p[1] || p[4] || p[5] || p[2] != p[6] || p[3] != p[7])
+      refuse(node, "only the same padding of H and W at both ends is supported");
+    padded_ = &node;
+    pending_pad_ = {p[2], p[3]};
+  }
+
+  // `pad` with a Pad's before it added (once), when its reader is `node`.
+  std::pair<int64_t, int64_t> withPadded(const onnx::NodeProto& node,
+                                         std::pair<int64_t, int64_t> pad) {
+    if (!padded_) return pad;
+    if (pad.first || pad.second)
+      refuse(node, "padded twice (by a Pad before it, and its own pads)");
+    padded_ = nullptr;
+    return pending_pad_;
   }
 
   void flatten(const onnx::NodeProto& node) {
@@ -396,15 +837,24 @@ class Importer {
     shape_ = Shape{shape_.numel()};
   }
 
+  // A constant int64 vector (a shape, pads).
+  std::vector<int64_t> int64s(const onnx::NodeProto& node, const std::string& name) const {
+    const auto it = constants_.find(name);
+    if (it == constants_.end()) refuse(node, "input '" + name + "' is not a constant");
+    const onnx::TensorProto& t = *it->second;
+    if (t.data_type() != onnx::TensorProto::INT64) refuse(node, "'" + name + "' is not int64");
+    std::vector<int64_t> v(t.int64_data().begin(), t.int64_data().end());
+    if (v.empty() && !t.raw_data().empty() && t.raw_data().size() % 8 == 0 &&
+        t.raw_data().size() <= 64 * 8) {
+      v.resize(t.raw_data().size() / 8);
+      std::memcpy(v.data(), t.raw_data().data(), t.raw_data().size());
+    }
+    return v;
+  }
+
   void reshape(const onnx::NodeProto& node) {
     if (node.input_size() < 2) refuse(node, "it has no shape input");
-    const auto it = constants_.find(node.input(1));
-    const onnx::TensorProto& t = *it->second;
-    std::vector<int64_t> to(t.int64_data().begin(), t.int64_data().end());
-    if (to.empty() && t.raw_data().size() % 8 == 0) {
-      to.resize(t.raw_data().size() / 8);
-      std::memcpy(to.data(), t.raw_data().data(), t.raw_data().size());
-    }
+    const std::vector<int64_t> to = int64s(node, node.input(1));
     const int64_t n = shape_.numel();
     const bool to_2d = to.size() == 2 && (to[0] == -1 || to[0] == 0 || to[0] >= 1) &&
                        (to[1] == n || (to[1] == -1 && to[0] != -1));
@@ -416,10 +866,16 @@ class Importer {
   const onnx::ModelProto& m_;
   std::string source_;
   std::map<std::string, const onnx::TensorProto*> constants_;
-  std::deque<onnx::TensorProto> owned_;  // Constant nodes' tensors (stable addresses)
+  std::deque<onnx::TensorProto> owned_;                // Constant nodes' tensors (stable addresses)
+  std::map<std::string, std::vector<int>> consumers_;  // value -> the nodes reading it
+  std::vector<bool> taken_;                            // per node: imported (or folded)
   ImportedModel out_;
-  std::string value_;
-  Shape shape_;
+  std::vector<LayerSpec>* layers_ = nullptr;  // where layers go: the model's or a block's
+  std::string value_;                         // the graph's data input
+  Shape shape_;                               // per sample, at the walk's current value
+  bool ids_ = false;                          // the current value is the integer input
+  const onnx::NodeProto* padded_ = nullptr;   // a Pad whose zeros the next node takes
+  std::pair<int64_t, int64_t> pending_pad_;
 };
 
 }  // namespace

@@ -2,8 +2,9 @@
 // protobuf classes and checker (libonnx-dev), as tandem's layer list with weights. Kept out
 // of core/ (which knows no protobuf): the CLI's `tandem import` and tests use it.
 //
-// A graph imports when its nodes form a chain tandem's layers express, in order from the
-// graph's one data input to its one output:
+// The graph is followed from its one data input to its one output. A value read by one
+// node continues the chain; one read by two is a GELU or LayerNorm pattern, or a residual
+// block (a branch and an Add of it to the value or to a 1x1 Conv / Gemm projection of it):
 //   Gemm (alpha = beta = 1, transA = 0), MatMul with an initializer (+ Add of one) -> linear
 //   Conv (no dilation, one group, symmetric pads)                              -> conv2d
 //   MaxPool / AveragePool (symmetric pads, no ceil mode; AveragePool counting
@@ -11,9 +12,14 @@
 //   Relu, Tanh, Sigmoid                                                        -> same
 //   Flatten (axis 1), Reshape to [N, rest]                                     -> flatten
 //   Dropout -> dropout; Identity -> nothing; Softmax / LogSoftmax as the last node -> dropped
+//   LayerNormalization (last axis), or ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div
+//   (+ Mul, Add)                                                               -> layernorm
+//   Div by sqrt(2), Erf, Add 1, Mul by x and by 0.5                            -> gelu
+//   Gather of the integer input ids from an initializer                        -> embedding
 // Constant nodes feed other nodes' constant inputs. Anything else — an operator tandem has
-// no layer for, an attribute it does not support, a branch, a second data input — is
-// refused naming the node, its operator and why: never a silently different model.
+// no layer for, an attribute it does not support, a branch that is no residual block, a
+// second data input — is refused naming the node, its operator and why: never a silently
+// different model.
 #pragma once
 
 #include <string>

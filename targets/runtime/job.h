@@ -1,7 +1,8 @@
 // Job files (examples/jobs/*.yaml): what `tandem run` trains or serves and how it is
 // cut into stages.
 //
-//   model: ../models/cnn.yaml      # relative to the job file
+//   model: ../models/cnn.yaml      # relative to the job file; or an ONNX model (x.onnx):
+//                                  # its layers, and its weights unless `weights:` names others
 //   data: fashion-mnist
 //   epochs: 2
 //   batch: 32
@@ -47,7 +48,7 @@ inline constexpr int64_t kDefaultCheckpointSteps = 200;
 
 struct JobSpec {
   std::string source;  // the job file, for messages
-  std::string model;   // model spec path, resolved against the job file's directory
+  std::string model;   // model spec (or .onnx) path, resolved against the job file's directory
   std::string data = "fashion-mnist";
   std::string data_dir;                     // empty: the Debian package's directory
   int64_t train_limit = 0, test_limit = 0;  // > 0: use only the first so many samples

@@ -14,6 +14,7 @@
 #include "core/file.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
+#include "targets/runtime/model_source.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/weight_cache.h"
 
@@ -102,9 +103,13 @@ std::string nodeList(const partitioner::Cluster& cluster) {
 JobRun::JobRun(JobSpec job, JobRunOptions options)
     : job_(std::move(job)), options_(std::move(options)) {
   if (!job_.save.empty() && !options_.infer) prepareSave(job_.save);
-  model_spec_ = readFile(job_.model, "model spec");  // read once: placed, shipped, merged
-  const Model model(parseModelSpec(model_spec_, job_.model));
+  // Read once: placed, shipped, merged. An ONNX model's weights start the run unless the
+  // job names others.
+  ModelSource source = readModelSource(job_.model);
+  model_spec_ = std::move(source.spec_yaml);
+  const Model model(source.spec);
   weights_ = startingWeights(job_);
+  if (!weights_) weights_ = std::move(source.weights);
   if (!options_.resume.empty()) {  // the checkpoint's weights and step, checked against the job
     TANDEM_CHECK_MSG(!options_.infer, InvalidArgument, "--resume continues training, not infer");
     std::optional<Checkpoint> c = newestCheckpoint(options_.resume);

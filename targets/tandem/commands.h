@@ -32,6 +32,7 @@ void addTrain(CLI::App& app);
 void addEval(CLI::App& app);
 void addInspect(CLI::App& app);
 void addImport(CLI::App& app);  // with TANDEM_ONNX
+void addExport(CLI::App& app);  // with TANDEM_ONNX
 void addDevices(CLI::App& app);
 void addProfile(CLI::App& app);
 void addPartition(CLI::App& app);

@@ -9,6 +9,7 @@
 #include "backends/registry.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
+#include "targets/runtime/model_source.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {
@@ -69,7 +70,7 @@ void addInspect(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("inspect", "Show a model's layers, shapes and costs");
-  c->add_option("model", a->path, "Model spec (.yaml) or model file (.tdm)")
+  c->add_option("model", a->path, "Model spec (.yaml), model file (.tdm) or ONNX model (.onnx)")
       ->required()
       ->check(CLI::ExistingFile);
   c->add_option("--batch", a->batch, "Scale FLOPs and activation bytes to this batch")
@@ -82,7 +83,7 @@ void addInspect(CLI::App& app) {
         std::printf("optimizer: %s after %lld steps\n", f.optimizer->options.kind.c_str(),
                     static_cast<long long>(f.optimizer->steps));
     } else {
-      printTable(Model(loadModelSpec(a->path)), a->batch);
+      printTable(Model(runtime::readModelSource(a->path).spec), a->batch);
     }
   });
 }

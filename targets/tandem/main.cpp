@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   tandem::cli::addInspect(app);
 #ifdef TANDEM_HAS_ONNX
   tandem::cli::addImport(app);
+  tandem::cli::addExport(app);
 #endif
   tandem::cli::addDevices(app);
   tandem::cli::addProfile(app);

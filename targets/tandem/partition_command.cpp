@@ -11,6 +11,7 @@
 #include "core/model_spec.h"
 #include "core/pipeline/schedule.h"
 #include "partitioner/search.h"
+#include "targets/runtime/model_source.h"
 #include "targets/runtime/planning.h"
 #include "targets/tandem/commands.h"
 
@@ -57,7 +58,7 @@ void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan
 
 void runPartition(const PartitionArgs& a) {
   if (!a.out.empty()) checkWritable(a.out, "plan");
-  const Model model(loadModelSpec(a.model));
+  const Model model(runtime::readModelSource(a.model).spec);
   partitioner::CostOptions o;
   o.objective = partitioner::parseObjective(a.objective);
   const ScheduleKind kind = parseSchedule(a.schedule);
@@ -142,7 +143,7 @@ void addPartition(CLI::App& app) {
   auto a = std::make_shared<PartitionArgs>();
   CLI::App* c = app.add_subcommand(
       "partition", "Split a model's layers over a cluster's devices from measured profiles");
-  c->add_option("--model", a->model, "Model spec (YAML)")->required()->check(CLI::ExistingFile);
+  c->add_option("--model", a->model, "Model spec (YAML) or ONNX model (.onnx)")->required()->check(CLI::ExistingFile);
   c->add_option("--cluster", a->cluster, "Cluster file (YAML): nodes, devices, links")
       ->required()
       ->check(CLI::ExistingFile);

@@ -14,6 +14,7 @@
 #include "core/profile/profile.h"
 #include "partitioner/cluster.h"
 #include "targets/runtime/cluster_daemons.h"
+#include "targets/runtime/model_source.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {
@@ -118,7 +119,7 @@ void addProfile(CLI::App& app) {
       "profile",
       "Measure each layer of a model on each device, and/or the links between the nodes of a "
       "cluster (the partitioner's input)");
-  c->add_option("--model", a->model, "Model spec (YAML)")->check(CLI::ExistingFile);
+  c->add_option("--model", a->model, "Model spec (YAML) or ONNX model (.onnx)")->check(CLI::ExistingFile);
   c->add_option("--devices", a->devices, "Comma-separated devices, e.g. cpu,opencl:0")
       ->delimiter(',');
   c->add_option("--batch", a->options.batch, "Samples per forward pass")->check(positiveNumber());
@@ -161,7 +162,7 @@ void addProfile(CLI::App& app) {
     if (!a->against.empty()) before = parseProfile(readFile(a->against, "profile"), a->against);
     Profile p;
     if (!a->model.empty()) {
-      const ModelSpec spec = loadModelSpec(a->model);
+      const ModelSpec spec = runtime::readModelSource(a->model).spec;
       p.model = spec.name;
       p.input = spec.input;
       p.batch = a->options.batch;

@@ -13,6 +13,7 @@
 #include "core/model_spec.h"
 #include "core/train/data_parallel.h"
 #include "core/train/trainer.h"
+#include "targets/runtime/model_source.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/progress.h"
 #include "transport/local_group.h"
@@ -64,7 +65,12 @@ void runTrain(const TrainArgs& a) {
   std::vector<std::unique_ptr<Backend>> backends;
   for (const std::string& d : devices)
     backends.push_back(makeBackend(d, BackendOptions{a.threads}));
-  const ModelSpec spec = loadModelSpec(a.model);
+  const runtime::ModelSource source = runtime::readModelSource(a.model);
+  const ModelSpec& spec = source.spec;
+  TANDEM_CHECK_MSG(!source.weights || replicas == 1, InvalidArgument,
+                   a.model << ": starting data-parallel replicas from an ONNX model's weights "
+                              "is not supported yet: train it with one replica, or import it "
+                              "and run it as a job");
   std::vector<double> shares = a.shares;
   if (!a.profile.empty()) {
     shares = sharesFromProfile(parseProfile(readFile(a.profile, "profile"), a.profile), Model(spec),
@@ -88,6 +94,8 @@ void runTrain(const TrainArgs& a) {
   if (replicas == 1) {
     single = std::make_unique<Model>(spec);
     single->build(*backends[0], a.seed);
+    if (source.weights)  // an ONNX model's: training continues from them
+      loadWeights(*single, parseModelFile(*source.weights, a.model), true);
     single_opt = std::make_unique<Optimizer>(*backends[0], a.opt);
     trainer = std::make_unique<Trainer>(*single, *single_opt, TrainOptions{a.batch, a.seed, true});
   } else {
@@ -149,7 +157,10 @@ void addTrain(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   CLI::App* c = app.add_subcommand(
       "train", "Train a model on one device, or data parallel on several (--replicas)");
-  c->add_option("--model", args->model, "Model spec (YAML)")->required()->check(CLI::ExistingFile);
+  c->add_option("--model", args->model,
+                "Model spec (YAML) or ONNX model (.onnx, starting from its weights)")
+      ->required()
+      ->check(CLI::ExistingFile);
   c->add_option("--data", args->data, "Dataset name")->check(CLI::IsMember({"fashion-mnist"}));
   c->add_option("--data-dir", args->data_dir, "Directory holding the dataset files");
   c->add_option("--epochs", args->epochs, "Passes over the training set");

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "backends/opencl/devices.h"
+#include "core/model_file.h"
 #include "tests/process_util.h"
 
 namespace {
@@ -132,6 +133,66 @@ TEST(CliTest, ImportWritesAModelFileFromAnOnnxModel) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/bad.tdm"));
   r = run("import " + dir + "/none.onnx --out " + dir + "/x.tdm");
   EXPECT_EQ(r.code, 2) << r.out;
+}
+
+// ONNX both ways around a pipeline: a trained model exported, served and trained from as
+// `model: x.onnx` across 3 stages, the run's merged save exported and imported back.
+TEST(CliTest, AnOnnxModelRunsAsAJobAndItsSaveExportsBackBitwise) {
+  if (!TANDEM_HAS_ONNX) GTEST_SKIP() << "built without ONNX (TANDEM_ONNX=OFF)";
+  const std::string dir = ::testing::TempDir() + "cli_onnx/";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  CliRun r = run("train --model " + kModels +
+                 "mlp.yaml --epochs 1 --batch 32 --threads 1 --train-limit 500 --test-limit 200 "
+                 "--seed 3 --save " +
+                 dir + "a.tdm");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto pos = r.out.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << r.out;
+  const std::string acc = r.out.substr(pos, 21);
+  r = run("export " + dir + "a.tdm --onnx " + dir + "a.onnx");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("6 layers, 6 parameter tensors, opset 17"), std::string::npos) << r.out;
+  // Served from the ONNX model: its weights, so the accuracy training printed.
+  std::ofstream(dir + "infer.yaml") << "model: a.onnx\ntest_limit: 200\nbatch: 32\n"
+                                    << "partition: equal\nstages: 3\n";
+  r = run("infer " + dir + "infer.yaml");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(acc), std::string::npos) << acc << "\n" << r.out;
+  EXPECT_EQ(r.out.find("untrained"), std::string::npos) << r.out;
+  // Trained from it across 3 stages, saved merged, exported, imported: the same weights.
+  std::ofstream(dir + "train.yaml") << "model: a.onnx\ntrain_limit: 256\ntest_limit: 64\n"
+                                    << "batch: 32\nmicrobatches: 4\npartition: equal\nstages: 3\n"
+                                    << "save: b.tdm\n";
+  r = run("run " + dir + "train.yaml");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run("export " + dir + "b.tdm --onnx " + dir + "b.onnx");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run("import " + dir + "b.onnx --out " + dir + "c.tdm");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const tandem::ModelFile a = tandem::readModelFile(dir + "a.tdm");
+  const tandem::ModelFile b = tandem::readModelFile(dir + "b.tdm");
+  const tandem::ModelFile c = tandem::readModelFile(dir + "c.tdm");
+  ASSERT_EQ(c.params.size(), b.params.size());
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    EXPECT_EQ(c.params[i].name, b.params[i].name);
+    EXPECT_TRUE(c.params[i].data == b.params[i].data) << b.params[i].name;
+  }
+  EXPECT_FALSE(a.params[0].data == b.params[0].data);  // the run trained
+  // The other commands take it too.
+  r = run("inspect " + dir + "a.onnx");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("parameters: 235146"), std::string::npos) << r.out;
+  r = run("train --model " + dir + "a.onnx --replicas 2 --epochs 1 --train-limit 64");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("a.onnx: starting data-parallel replicas from an ONNX model's weights"),
+            std::string::npos)
+      << r.out;
+  // A file that is not a model file is refused, and nothing is written.
+  std::ofstream(dir + "junk.tdm") << "junk";
+  r = run("export " + dir + "junk.tdm --onnx " + dir + "junk.onnx");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "junk.onnx"));
 }
 
 TEST(CliTest, DevicesListsTheCpuAndEveryOpenClDevice) {

@@ -1,4 +1,5 @@
-// tandem import: an ONNX model (its graph and initializers) as a tandem model file.
+// tandem import: an ONNX model (its graph and initializers) as a tandem model file; tandem
+// export: a model file as an ONNX model.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -7,6 +8,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "core/model_file.h"
+#include "targets/onnx/onnx_export.h"
 #include "targets/onnx/onnx_import.h"
 #include "targets/tandem/commands.h"
 
@@ -32,6 +34,26 @@ void addImport(CLI::App& app) {
                 a->onnx.c_str(), model->size(), static_cast<long long>(model->paramCount()),
                 model->inputShape().str().c_str(), model->outputShape().str().c_str(),
                 a->out.c_str());
+  });
+}
+
+void addExport(CLI::App& app) {
+  struct Args {
+    std::string model, onnx;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = app.add_subcommand(
+      "export", "Write a tandem model file (its layers and weights) as an ONNX model (opset 17)");
+  c->add_option("model", a->model, "The model file (.tdm), e.g. a run's merged save")
+      ->required()
+      ->check(CLI::ExistingFile);
+  c->add_option("--onnx", a->onnx, "The ONNX model to write")->required();
+  c->callback([a] {
+    checkWritable(a->onnx, "ONNX model");
+    const ModelFile file = readModelFile(a->model);
+    onnx_io::writeOnnx(file, a->onnx);
+    std::printf("exported %s: %zu layers, %zu parameter tensors, opset 17; wrote %s\n",
+                a->model.c_str(), file.spec.layers.size(), file.params.size(), a->onnx.c_str());
   });
 }
 

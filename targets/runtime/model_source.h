@@ -1,0 +1,30 @@
+// A job's or a command's `model`: a YAML model spec, or an ONNX model (`.onnx`) imported
+// as one (targets/onnx) with its initializers as the starting weights. The spec travels
+// as YAML text either way, so nodes never see ONNX.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+
+namespace tandem::runtime {
+
+struct ModelSource {
+  std::string spec_yaml;  // the spec's text, as placed, shipped to nodes and hashed
+  ModelSpec spec;
+  // An ONNX model's weights as a model file's bytes; null for a YAML spec.
+  std::shared_ptr<const std::vector<uint8_t>> weights;
+};
+
+// True when `path` names an ONNX model (ends in ".onnx").
+bool isOnnxModel(const std::string& path);
+
+// Reads `path`: a spec (loadModelSpec's errors) or an ONNX model (importOnnx's; with a
+// note per dropped node logged). A build without ONNX (TANDEM_ONNX=OFF, the ARM builds)
+// refuses an ONNX model with InvalidArgument saying so.
+ModelSource readModelSource(const std::string& path);
+
+}  // namespace tandem::runtime
