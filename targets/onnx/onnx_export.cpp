@@ -215,7 +215,25 @@ onnx::ModelProto exportOnnx(const ModelFile& file) {
   valueInfo(g.add_input(), input, ids ? onnx::TensorProto::INT64 : onnx::TensorProto::FLOAT,
             model->inputShape());
   Exporter exporter(g);
-  const std::string out = exporter.sequence(*model, input, "");
+  std::string out = exporter.sequence(*model, input, "");
+  // A model imported with a softmax at its output gets it back (the loss applied it in
+  // training; an ONNX runtime serving the model applies it here).
+  const auto applied = file.metadata.find("output");
+  if (applied != file.metadata.end()) {
+    const std::string* kind = std::get_if<std::string>(&applied->second);
+    TANDEM_CHECK_MSG(kind && (*kind == "softmax" || *kind == "log_softmax"), InvalidArgument,
+                     "the model file's metadata 'output' is neither softmax nor log_softmax");
+    onnx::NodeProto* n = g.add_node();
+    n->set_op_type(*kind == "softmax" ? "Softmax" : "LogSoftmax");
+    n->set_name(*kind);
+    n->add_input(out);
+    n->add_output(*kind);
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name("axis");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(-1);
+    out = *kind;
+  }
   // The last value is named "output" (a rename of its node's output and of its readers).
   for (auto& n : *g.mutable_node())
     for (auto& o : *n.mutable_output())

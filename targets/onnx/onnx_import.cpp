@@ -66,6 +66,13 @@ class Importer {
  private:
   const onnx::NodeProto& node(int i) const { return m_.graph().node(i); }
 
+  // The default domain's opset the model declares.
+  int64_t opset() const {
+    for (const auto& o : m_.opset_import())
+      if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
+    return 1;
+  }
+
   // The nodes not imported yet that read `value`, in graph order.
   std::vector<int> live(const std::string& value) const {
     std::vector<int> out;
@@ -174,8 +181,17 @@ class Importer {
     } else if (op == "Softmax" || op == "LogSoftmax") {
       if (!isOutput(node.output(0)) || !live(node.output(0)).empty())
         refuse(node, "a softmax only at the output is dropped; this one is not");
+      // Over the last axis only: before opset 13 the axis (default 1) splits the tensor in
+      // two and normalises all that follows, which is the last axis for [N, C] alone.
+      const int64_t rank = shape_.rank() + 1;
+      int64_t axis = attrInt(node, "axis", opset() >= 13 ? -1 : 1);
+      if (axis < 0) axis += rank;
+      if (axis != rank - 1)
+        refuse(node, "a softmax over other than the last axis is not supported");
+      out_.output = op == "Softmax" ? "softmax" : "log_softmax";
       out_.notes.push_back("dropped " + op + " node '" + node.name() +
-                           "' at the output: tandem's loss applies it in training");
+                           "' at the output: tandem's loss applies it in training, serving "
+                           "applies it to the answers");
     } else {
       refuse(node, "tandem has no layer for this operator");
     }
@@ -920,6 +936,7 @@ ModelFile toModelFile(const ImportedModel& imported) {
     f.params.push_back(std::move(h));
   }
   f.metadata["imported_from"] = std::string("onnx");
+  if (!imported.output.empty()) f.metadata["output"] = imported.output;
   return f;
 }
 

@@ -40,6 +40,9 @@ struct ImportedModel {
   // ONNX initializers were; Model::params() of the built spec has the same order.
   std::vector<HostTensor> params;
   std::vector<std::string> notes;  // what was dropped or folded, for the user
+  // What the dropped output node applied ("softmax", "log_softmax"; "" if none): training
+  // leaves it to the loss, serving applies it (the model file's metadata "output").
+  std::string output;
 };
 
 // FormatError for a file that is not a valid ONNX model (unreadable, not protobuf, or
@@ -49,7 +52,7 @@ ImportedModel importOnnx(const std::string& path);
 ImportedModel importOnnx(const onnx::ModelProto& model, const std::string& source);
 
 // The imported model as a model file's contents: the spec with the parameters named as
-// the built model names them.
+// the built model names them, and metadata "output" when the graph ended in a softmax.
 ModelFile toModelFile(const ImportedModel& imported);
 
 }  // namespace tandem::onnx_io

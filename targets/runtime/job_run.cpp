@@ -23,12 +23,17 @@ namespace tandem::runtime {
 namespace {
 
 // The job's starting weights, if it names any: read and checked (a bad file is named
-// here, once), to be named by their content hash for the workers to fetch.
-std::shared_ptr<const std::vector<uint8_t>> startingWeights(const JobSpec& job) {
+// here, once), to be named by their content hash for the workers to fetch; `output` gets
+// what serving applies to the answers (the file's metadata "output").
+std::shared_ptr<const std::vector<uint8_t>> startingWeights(const JobSpec& job,
+                                                            std::string& output) {
   if (job.weights.empty()) return nullptr;
   const std::string text = readFile(job.weights, "weights");
   auto bytes = std::make_shared<std::vector<uint8_t>>(text.begin(), text.end());
-  parseModelFile(*bytes, job.weights);
+  const ModelFile file = parseModelFile(*bytes, job.weights);
+  const auto it = file.metadata.find("output");
+  if (it != file.metadata.end())
+    if (const auto* s = std::get_if<std::string>(&it->second)) output = *s;
   return bytes;
 }
 
@@ -108,8 +113,11 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
   ModelSource source = readModelSource(job_.model);
   model_spec_ = std::move(source.spec_yaml);
   const Model model(source.spec);
-  weights_ = startingWeights(job_);
-  if (!weights_) weights_ = std::move(source.weights);
+  weights_ = startingWeights(job_, output_);
+  if (!weights_) {
+    weights_ = std::move(source.weights);
+    output_ = source.output;
+  }
   if (!options_.resume.empty()) {  // the checkpoint's weights and step, checked against the job
     TANDEM_CHECK_MSG(!options_.infer, InvalidArgument, "--resume continues training, not infer");
     std::optional<Checkpoint> c = newestCheckpoint(options_.resume);

@@ -68,6 +68,9 @@ class JobRun {
   const std::vector<Assign>& assignments() const { return assignments_; }
   const std::vector<std::string>& workerNames() const { return names_; }
   bool startsFromWeights() const { return weights_ != nullptr; }
+  // What serving applies to the model's outputs: "softmax" or "log_softmax" when its
+  // weights came from an ONNX model that ended in one (metadata "output"), else "".
+  const std::string& outputActivation() const { return output_; }
   // The step a resumed run starts from (0 for a fresh one).
   int64_t startStep() const { return start_step_; }
   // The newest checkpoint this run wrote ("" if none yet).
@@ -123,6 +126,7 @@ class JobRun {
   partitioner::Cluster cluster_;
   bool local_ = false;  // no node has an address: the nodes are this machine
   std::shared_ptr<const std::vector<uint8_t>> weights_;
+  std::string output_;  // outputActivation()
   std::string model_spec_;  // the model spec's text
   int64_t start_step_ = 0;
   std::string last_checkpoint_;

@@ -34,6 +34,7 @@ ModelSource readModelSource(const std::string& path) {
   out.weights =
       std::make_shared<const std::vector<uint8_t>>(serializeModel(*model, nullptr, file.metadata));
   out.spec = imported.spec;
+  out.output = imported.output;
   out.spec_yaml = modelSpecYaml(imported.spec);
   return out;
 #else

@@ -17,6 +17,9 @@ struct ModelSource {
   ModelSpec spec;
   // An ONNX model's weights as a model file's bytes; null for a YAML spec.
   std::shared_ptr<const std::vector<uint8_t>> weights;
+  // What serving applies to the outputs ("softmax", "log_softmax"; "" for nothing): an
+  // ONNX model's dropped output node.
+  std::string output;
 };
 
 // True when `path` names an ONNX model (ends in ".onnx").

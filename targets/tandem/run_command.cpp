@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -127,9 +128,6 @@ void printInference(const std::vector<StageSpans>& all, const runtime::InferDone
                   static_cast<double>(std::max<int64_t>(stream.samples, 1)));
 }
 
-// `tandem infer --answers FILE`: one line per sample, in stream order, written as the
-// answers come (a reader may follow the file): the sample's index, the class of its
-// largest output, and every output (%.9g: each float exactly).
 // A plan's stages as "[0, 7) n0/cpu, [7, 10) n1/cpu".
 std::string stageRanges(const partitioner::Plan& plan, const std::vector<std::string>& devices) {
   std::string out;
@@ -152,9 +150,14 @@ std::vector<const partitioner::Plan*> planAlternatives(const runtime::PlannedJob
   return out;
 }
 
+// `tandem infer --answers FILE`: one line per sample, in stream order, written as the
+// answers come (a reader may follow the file): the sample's index, the class of its
+// largest output, and every output (%.9g: each float exactly) — after the softmax or
+// log-softmax an imported ONNX model ended in (`activation`), when it did.
 class AnswerWriter {
  public:
-  explicit AnswerWriter(const std::string& path) : path_(path) {
+  AnswerWriter(const std::string& path, std::string activation)
+      : path_(path), activation_(std::move(activation)) {
     if (path.empty()) return;
     file_ = std::fopen(path.c_str(), "w");
     TANDEM_CHECK_MSG(file_ != nullptr, IoError,
@@ -172,7 +175,8 @@ class AnswerWriter {
       const float* row = a.outputs.data() + r * a.columns;
       std::fprintf(file_, "%lld %lld", static_cast<long long>(a.first + r),
                    static_cast<long long>(std::max_element(row, row + a.columns) - row));
-      for (int32_t c = 0; c < a.columns; ++c) std::fprintf(file_, " %.9g", row[c]);
+      const std::vector<float> out = activated(row, a.columns);
+      for (float v : out) std::fprintf(file_, " %.9g", v);
       std::fputc('\n', file_);
     }
     std::fflush(file_);
@@ -180,7 +184,22 @@ class AnswerWriter {
   }
 
  private:
+  // The row as served: softmax / log-softmax over it (in double, from its largest value).
+  std::vector<float> activated(const float* row, int32_t n) const {
+    std::vector<float> out(row, row + n);
+    if (activation_.empty() || n == 0) return out;
+    const double top = *std::max_element(row, row + n);
+    double sum = 0;
+    for (int32_t c = 0; c < n; ++c) sum += std::exp(double(row[c]) - top);
+    for (int32_t c = 0; c < n; ++c)
+      out[static_cast<size_t>(c)] = activation_ == "softmax"
+                                        ? static_cast<float>(std::exp(double(row[c]) - top) / sum)
+                                        : static_cast<float>(double(row[c]) - top - std::log(sum));
+    return out;
+  }
+
   std::string path_;
+  std::string activation_;  // "softmax", "log_softmax" or ""
   std::FILE* file_ = nullptr;
 };
 
@@ -311,7 +330,7 @@ int runJob(const RunArgs& args) {
     std::fflush(stdout);
   };
   cb.infer = [&](const runtime::InferDone& m) { infer_result = m; };
-  AnswerWriter answers(args.answers);
+  AnswerWriter answers(args.answers, jr.outputActivation());
   cb.answer = [&](const runtime::Answer& a) { answers.write(a); };
   runtime::RunResult result;
   try {
@@ -367,7 +386,10 @@ int runJob(const RunArgs& args) {
     }
     printInference(spans, *infer_result, jr.streamTotals(), job.batch, job.microbatches);
     if (!args.answers.empty())
-      spdlog::info("answers: {} ({} samples)", args.answers, jr.streamTotals().samples);
+      spdlog::info("answers: {} ({} samples{})", args.answers, jr.streamTotals().samples,
+                   jr.outputActivation().empty()
+                       ? std::string()
+                       : ", outputs after the model's " + jr.outputActivation());
   }
 
   // Compute per microbatch: the stage's forward and backward time (busy less the

@@ -24,6 +24,7 @@
 #include "core/model_spec.h"
 #include "targets/onnx/onnx_export.h"
 #include "targets/onnx/onnx_import.h"
+#include "tests/process_util.h"
 #include "tests/test_util.h"
 
 namespace tandem::onnx_io {
@@ -628,6 +629,65 @@ TEST(OnnxImportTest, PyTorchsLayerNormAndGeluPatternsImportAsTheLayers) {
   // A Pow of 3 is no variance: nothing matches, and the fan-out of x is refused.
   testing::expectThrowWith<InvalidArgument>([&] { importOnnx(torchLayerNormGelu(3.0f), "t.onnx"); },
                                             {"t.onnx: node", "'x' is read by two nodes"});
+}
+
+// The softmax a graph ends in: dropped for training, kept as the model file's metadata,
+// written back by export, applied to the answers by tandem infer.
+TEST(OnnxImportTest, AnOutputSoftmaxIsKeptForServingAndExport) {
+  const ImportedModel imported = importOnnx(smallCnn(), "small.onnx");
+  EXPECT_EQ(imported.output, "softmax");
+  const ModelFile file = toModelFile(imported);
+  EXPECT_TRUE(file.metadata.at("output") == AttrValue(std::string("softmax")));
+  const onnx::ModelProto out = exportOnnx(file);
+  const onnx::GraphProto& g = out.graph();
+  EXPECT_EQ(g.node(g.node_size() - 1).op_type(), "Softmax");
+  EXPECT_EQ(g.node(g.node_size() - 1).output(0), g.output(0).name());
+  EXPECT_NO_THROW(onnx::checker::check_model(out));
+  const ImportedModel back = importOnnx(out, "back.onnx");
+  EXPECT_EQ(back.output, "softmax");
+  EXPECT_TRUE(toModelFile(back).params[0].data == file.params[0].data);
+  // Over another axis than the last, it is not what serving would apply: refused.
+  onnx::ModelProto m = smallCnn();
+  onnx::AttributeProto* axis = m.mutable_graph()->mutable_node(5)->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(0);
+  testing::expectThrowWith<InvalidArgument>([&] { importOnnx(m, "m.onnx"); },
+                                            {"(Softmax)", "other than the last axis"});
+}
+
+TEST(OnnxImportTest, ServingAnOnnxModelThatEndsInASoftmaxAnswersProbabilities) {
+  // A Fashion-MNIST classifier, exported, with a Softmax appended as PyTorch models have.
+  ModelFile file = savedModel("input: [1, 28, 28]\nlayers: [flatten, {linear: {out: 10}}]\n");
+  file.metadata["output"] = std::string("softmax");
+  const std::string dir = testing::freshDir("onnx-serve");
+  writeOnnx(file, dir + "/softmax.onnx");
+  std::ofstream(dir + "/job.yaml") << "model: softmax.onnx\ntest_limit: 64\nbatch: 32\n"
+                                   << "partition: equal\nstages: 1\n";
+  const auto r = testing::runCommand(std::string(TANDEM_CLI) + " infer " + dir +
+                                     "/job.yaml --answers " + dir + "/answers.txt");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("outputs after the model's softmax"), std::string::npos) << r.out;
+  std::ifstream answers(dir + "/answers.txt");
+  std::string line;
+  int rows = 0;
+  while (std::getline(answers, line)) {
+    std::istringstream in(line);
+    int64_t index, best;
+    in >> index >> best;
+    std::vector<double> p;
+    for (double v; in >> v;) p.push_back(v);
+    ASSERT_EQ(p.size(), 10u) << line;
+    double sum = 0;
+    for (double v : p) {
+      EXPECT_GE(v, 0.0) << line;
+      sum += v;
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5) << line;
+    EXPECT_EQ(std::max_element(p.begin(), p.end()) - p.begin(), best) << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 64);
 }
 
 }  // namespace
