@@ -140,6 +140,18 @@ OptimizerOptions optionsFrom(const std::string& kind, const std::map<std::string
   num("eps", o.eps);
   if (auto it = h.find("nesterov"); it != h.end())
     if (const auto* i = std::get_if<int64_t>(&it->second)) o.nesterov = *i != 0;
+  // The schedule (files from before it have none: constant).
+  num("decay_factor", o.decay_factor);
+  num("min_lr", o.min_lr);
+  auto integer = [&](const char* key, int64_t& dst) {
+    auto it = h.find(key);
+    if (it == h.end()) return;
+    if (const auto* i = std::get_if<int64_t>(&it->second)) dst = *i;
+  };
+  integer("warmup_steps", o.warmup_steps);
+  integer("decay_steps", o.decay_steps);
+  if (auto it = h.find("lr_schedule"); it != h.end())
+    if (const auto* s = std::get_if<std::string>(&it->second)) o.lr_schedule = *s;
   return o;
 }
 
@@ -162,7 +174,12 @@ std::vector<uint8_t> serializeModel(const Model& model, const Optimizer* optimiz
                                               {"beta1", double{o.beta1}},
                                               {"beta2", double{o.beta2}},
                                               {"eps", double{o.eps}},
-                                              {"nesterov", int64_t{o.nesterov ? 1 : 0}}};
+                                              {"nesterov", int64_t{o.nesterov ? 1 : 0}},
+                                              {"lr_schedule", o.lr_schedule},
+                                              {"warmup_steps", o.warmup_steps},
+                                              {"decay_steps", o.decay_steps},
+                                              {"decay_factor", double{o.decay_factor}},
+                                              {"min_lr", double{o.min_lr}}};
     std::vector<Offset<fb::TensorData>> tensors;
     for (const auto& [name, t] : optimizer->state()) tensors.push_back(writeTensor(b, name, t));
     auto kind = b.CreateString(o.kind);

@@ -21,6 +21,42 @@ void validate(const OptimizerOptions& o) {
                    InvalidArgument, "adamw betas must be in [0, 1)");
   TANDEM_CHECK_MSG(o.eps > 0.0f && std::isfinite(o.eps), InvalidArgument,
                    "adamw eps must be a positive number");
+  TANDEM_CHECK_MSG(
+      o.lr_schedule == "constant" || o.lr_schedule == "step" || o.lr_schedule == "cosine",
+      InvalidArgument,
+      "lr_schedule '" << o.lr_schedule << "' is not one of constant, step, cosine");
+  TANDEM_CHECK_MSG(o.warmup_steps >= 0, InvalidArgument,
+                   "warmup_steps " << o.warmup_steps << " must be >= 0");
+  TANDEM_CHECK_MSG(o.lr_schedule == "constant" || o.decay_steps > 0, InvalidArgument,
+                   "lr_schedule " << o.lr_schedule << " needs decay_steps > 0");
+  TANDEM_CHECK_MSG(o.decay_steps >= 0, InvalidArgument,
+                   "decay_steps " << o.decay_steps << " must be >= 0");
+  TANDEM_CHECK_MSG(o.decay_factor > 0.0f && o.decay_factor <= 1.0f, InvalidArgument,
+                   "decay_factor " << o.decay_factor << " must be in (0, 1]");
+  TANDEM_CHECK_MSG(o.min_lr >= 0.0f && o.min_lr <= o.lr, InvalidArgument,
+                   "min_lr " << o.min_lr << " must be in [0, lr]");
+}
+
+float learningRate(const OptimizerOptions& o, int64_t step) {
+  if (step < o.warmup_steps)
+    return static_cast<float>(double(o.lr) * double(step + 1) / double(o.warmup_steps));
+  const int64_t t = step - o.warmup_steps;
+  if (o.lr_schedule == "step")
+    return static_cast<float>(double(o.lr) *
+                              std::pow(double(o.decay_factor), double(t / o.decay_steps)));
+  if (o.lr_schedule == "cosine") {
+    const double done = double(std::min(t, o.decay_steps)) / double(o.decay_steps);
+    return static_cast<float>(double(o.min_lr) + (double(o.lr) - double(o.min_lr)) * 0.5 *
+                                                     (1.0 + std::cos(M_PI * done)));
+  }
+  return o.lr;
+}
+
+float linearlyScaledLr(float lr, int64_t batch, int64_t reference_batch) {
+  TANDEM_CHECK_MSG(batch > 0 && reference_batch > 0, InvalidArgument,
+                   "the linear scaling rule needs positive batches (batch "
+                       << batch << ", reference " << reference_batch << ")");
+  return static_cast<float>(double(lr) * double(batch) / double(reference_batch));
 }
 
 Optimizer::Optimizer(Backend& backend, const OptimizerOptions& options)
@@ -38,15 +74,15 @@ std::vector<Tensor>& Optimizer::slots(const Param& p) {
 }
 
 void Optimizer::step(const std::vector<Param*>& params) {
+  const float lr = learningRate(options_, steps_);
   ++steps_;
   for (Param* p : params) {
     auto& s = slots(*p);
     if (options_.kind == "adamw") {
-      AdamWStep a{options_.lr,  options_.beta1,        options_.beta2,
-                  options_.eps, options_.weight_decay, steps_};
+      AdamWStep a{lr, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, steps_};
       backend_.adamwStep(p->value, p->grad, s[0], s[1], a);
     } else {
-      SgdStep g{options_.lr, options_.momentum, options_.weight_decay, options_.nesterov};
+      SgdStep g{lr, options_.momentum, options_.weight_decay, options_.nesterov};
       backend_.sgdStep(p->value, p->grad, s.empty() ? Tensor() : s[0], g);
     }
   }

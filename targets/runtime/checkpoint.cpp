@@ -99,11 +99,13 @@ Checkpoint readCheckpoint(const std::string& dir, int64_t step) {
 CheckpointJob checkpointJob(const JobSpec& job, const std::string& model_spec) {
   const std::vector<uint8_t> spec(model_spec.begin(), model_spec.end());
   const OptimizerOptions& o = job.optimizer;
-  char optimizer[256];
+  char optimizer[384];
   std::snprintf(optimizer, sizeof optimizer,
-                "%s lr %g momentum %g nesterov %d weight_decay %g beta1 %g beta2 %g eps %g",
+                "%s lr %g momentum %g nesterov %d weight_decay %g beta1 %g beta2 %g eps %g "
+                "lr_schedule %s warmup_steps %lld decay_steps %lld decay_factor %g min_lr %g",
                 o.kind.c_str(), o.lr, o.momentum, o.nesterov ? 1 : 0, o.weight_decay, o.beta1,
-                o.beta2, o.eps);
+                o.beta2, o.eps, o.lr_schedule.c_str(), static_cast<long long>(o.warmup_steps),
+                static_cast<long long>(o.decay_steps), o.decay_factor, o.min_lr);
   return {contentHash(spec), job.batch, job.microbatches, job.train_limit,
           job.seed,          job.data,  optimizer};
 }

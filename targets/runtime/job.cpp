@@ -19,8 +19,12 @@ std::string resolve(const std::string& base_dir, const std::string& path) {
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
 
-void parseOptimizer(const YamlReader& r, const YAML::Node& node, OptimizerOptions& o) {
+// The optimizer map; `reference_batch` > 0 when it asks for the linear scaling rule
+// (`lr_scale: linear`), applied once the job's batch is known.
+void parseOptimizer(const YamlReader& r, const YAML::Node& node, OptimizerOptions& o,
+                    int64_t& reference_batch) {
   if (!node.IsMap()) r.fail(node, "'optimizer' must be a map, e.g. {kind: sgd, lr: 0.01}");
+  const YAML::Node* scale = nullptr;
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
@@ -40,12 +44,32 @@ void parseOptimizer(const YamlReader& r, const YAML::Node& node, OptimizerOption
       o.beta2 = r.get<float>(v, key, "a number");
     } else if (key == "eps") {
       o.eps = r.get<float>(v, key, "a number");
+    } else if (key == "lr_schedule") {
+      o.lr_schedule = r.get<std::string>(v, key, "constant, step or cosine");
+    } else if (key == "warmup_steps") {
+      o.warmup_steps = r.get<int64_t>(v, key, "a number of steps");
+    } else if (key == "decay_steps") {
+      o.decay_steps = r.get<int64_t>(v, key, "a number of steps");
+    } else if (key == "decay_factor") {
+      o.decay_factor = r.get<float>(v, key, "a number");
+    } else if (key == "min_lr") {
+      o.min_lr = r.get<float>(v, key, "a number");
+    } else if (key == "lr_scale") {
+      const std::string rule = r.get<std::string>(v, key, "linear or none");
+      if (rule != "linear" && rule != "none") r.fail(v, "lr_scale must be linear or none");
+      if (rule == "linear") scale = &v;
+    } else if (key == "reference_batch") {
+      reference_batch = r.positive(v, key);
     } else {
       r.fail(kv.first, "unknown optimizer key '" + key +
                            "' (expected kind, lr, momentum, nesterov, weight_decay, beta1, "
-                           "beta2 or eps)");
+                           "beta2, eps, lr_schedule, warmup_steps, decay_steps, decay_factor, "
+                           "min_lr, lr_scale or reference_batch)");
     }
   }
+  if (scale && reference_batch <= 0)
+    r.fail(*scale, "lr_scale: linear needs reference_batch: the batch lr was tuned at");
+  if (!scale) reference_batch = 0;
   try {
     validate(o);
   } catch (const InvalidArgument& e) {
@@ -155,6 +179,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   const std::string dir = std::filesystem::path(source).parent_path().string();
   // Where 'partition' and 'stages' were given, if they were.
   std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline;
+  int64_t reference_batch = 0;  // > 0: the optimizer's lr_scale: linear
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
@@ -193,7 +218,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     } else if (key == "threads") {
       job.threads = static_cast<int>(r.positive(v, key));
     } else if (key == "optimizer") {
-      parseOptimizer(r, v, job.optimizer);
+      parseOptimizer(r, v, job.optimizer, reference_batch);
     } else if (key == "codec") {
       parseCodec(r, v, job);
     } else if (key == "transport") {
@@ -247,6 +272,10 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");
+  if (reference_batch > 0) {  // the linear scaling rule: the rate for this global batch
+    job.optimizer.lr = linearlyScaledLr(job.optimizer.lr, job.batch, reference_batch);
+    job.optimizer.min_lr = linearlyScaledLr(job.optimizer.min_lr, job.batch, reference_batch);
+  }
   if (job.checkpoint.every_steps > 0 && job.checkpoint.dir.empty())
     job.checkpoint.dir =
         resolve(dir, "checkpoints/" + std::filesystem::path(source).stem().string());

@@ -9,7 +9,9 @@
 //   microbatches: 4
 //   schedule: 1f1b                 # gpipe | 1f1b
 //   recompute: false
-//   optimizer: {kind: sgd, lr: 0.01, momentum: 0.9}
+//   optimizer: {kind: sgd, lr: 0.01, momentum: 0.9}   # + warmup_steps, lr_schedule
+//                                  # (constant | step | cosine), decay_steps, decay_factor,
+//                                  # min_lr; lr_scale: linear with reference_batch
 //   codec: {activations: fp32, gradients: fp32}
 //   transport: tcp                 # tcp | ipc (loopback)
 //   partition: equal               # or a list of layer ranges: [[0, 4], [4, 9], [9, 11]],

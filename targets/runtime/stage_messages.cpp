@@ -103,6 +103,14 @@ Assign readAssign(const fb::Assign* a) {
     out.optimizer.beta1 = o->beta1();
     out.optimizer.beta2 = o->beta2();
     out.optimizer.eps = o->eps();
+    out.optimizer.lr_schedule = text(m, "optimizer lr_schedule", o->lr_schedule(), 16);
+    if (out.optimizer.lr_schedule.empty()) out.optimizer.lr_schedule = "constant";
+    out.optimizer.warmup_steps = o->warmup_steps();
+    range(m, "warmup_steps", out.optimizer.warmup_steps, 0, int64_t{1} << 40);
+    out.optimizer.decay_steps = o->decay_steps();
+    range(m, "decay_steps", out.optimizer.decay_steps, 0, int64_t{1} << 40);
+    out.optimizer.decay_factor = o->decay_factor();
+    out.optimizer.min_lr = o->min_lr();
   }
   try {
     validate(out.optimizer);
@@ -222,8 +230,11 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   checkText(name, "data", m.data, kMaxNameBytes);
   checkText(name, "bind_host", m.bind_host, kMaxNameBytes);
   const auto& o = m.optimizer;
+  checkText(name, "optimizer lr_schedule", o.lr_schedule, 16);
   auto optimizer = fb::CreateOptimizerSettings(b, b.CreateString(o.kind), o.lr, o.momentum,
-                                               o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps);
+                                               o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps,
+                                               b.CreateString(o.lr_schedule), o.warmup_steps,
+                                               o.decay_steps, o.decay_factor, o.min_lr);
   auto job = b.CreateString(m.job);
   auto spec = b.CreateString(m.model_spec);
   auto device = b.CreateString(m.device);

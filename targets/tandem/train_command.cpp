@@ -28,6 +28,7 @@ struct TrainArgs {
   int threads = 1;
   uint64_t seed = 1;
   OptimizerOptions opt;
+  int64_t reference_batch = 0;  // --lr-scale-from: the linear scaling rule's batch
   bool no_progress = false;
   // Data parallel: replicas, their devices (one, or one per replica) and batch shares.
   int replicas = 1;
@@ -37,8 +38,14 @@ struct TrainArgs {
   double bucket_mib = 1;
 };
 
-void runTrain(const TrainArgs& a) {
+void runTrain(TrainArgs a) {
   validate(a.opt);
+  if (a.reference_batch > 0) {  // the linear scaling rule: the rate for this batch
+    a.opt.lr = linearlyScaledLr(a.opt.lr, a.batch, a.reference_batch);
+    a.opt.min_lr = linearlyScaledLr(a.opt.min_lr, a.batch, a.reference_batch);
+    spdlog::info("learning rate {} (linear scaling: batch {} over {})", a.opt.lr, a.batch,
+                 a.reference_batch);
+  }
   TANDEM_CHECK_MSG(a.epochs > 0, InvalidArgument, "--epochs must be positive, got " << a.epochs);
   TANDEM_CHECK_MSG(a.batch > 0, InvalidArgument, "--batch must be positive, got " << a.batch);
   if (!a.save.empty()) checkWritable(a.save, "model file");
@@ -171,6 +178,19 @@ void addTrain(CLI::App& app) {
   c->add_option("--momentum", args->opt.momentum, "SGD momentum");
   c->add_flag("--nesterov", args->opt.nesterov, "SGD with Nesterov momentum");
   c->add_option("--weight-decay", args->opt.weight_decay, "L2 (sgd) or decoupled (adamw) decay");
+  c->add_option("--lr-schedule", args->opt.lr_schedule,
+                "After the warm-up: constant, step (x --decay-factor every --decay-steps) or "
+                "cosine (to --min-lr over --decay-steps)")
+      ->check(CLI::IsMember({"constant", "step", "cosine"}));
+  c->add_option("--warmup-steps", args->opt.warmup_steps,
+                "Steps whose rate rises linearly to --lr");
+  c->add_option("--decay-steps", args->opt.decay_steps, "Steps of the step or cosine decay");
+  c->add_option("--decay-factor", args->opt.decay_factor, "Step decay's factor");
+  c->add_option("--min-lr", args->opt.min_lr, "Cosine decay's floor");
+  c->add_option("--lr-scale-from", args->reference_batch,
+                "Linear scaling rule: --lr was tuned at this batch; the rate used is "
+                "lr x batch / this")
+      ->check(CLI::PositiveNumber);
   c->add_option("--threads", args->threads, "CPU threads")->check(CLI::Range(1, 1024));
   c->add_option("--seed", args->seed, "Seed for initialisation, shuffling and dropout");
   c->add_option("--device", args->device, "Device to train on");

@@ -117,6 +117,10 @@ TEST(DataParallelTest, EqualSharesAreBitwiseSingleDeviceAccumulation) {
     OptimizerOptions opt;
     opt.kind = "adamw";
     opt.lr = 0.01f;
+    opt.warmup_steps = 2;  // a schedule, applied by every replica as by the one device
+    opt.lr_schedule = "step";
+    opt.decay_steps = 1;
+    opt.decay_factor = 0.5f;
     Replicas dp = makeReplicas(testing::kTinyNet, replicas, o, opt);
 
     cpu::CpuBackend be;

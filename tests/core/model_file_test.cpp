@@ -27,6 +27,10 @@ class ModelFileTest : public ::testing::Test {
     OptimizerOptions o;
     o.kind = "adamw";
     o.lr = 1e-3f;
+    o.lr_schedule = "cosine";  // the schedule travels with the state
+    o.warmup_steps = 3;
+    o.decay_steps = 7;
+    o.min_lr = 1e-4f;
     opt_ = std::make_unique<Optimizer>(be_, o);
     // Two real steps so the optimizer has state.
     Trainer t(*model_, *opt_, TrainOptions{4, 1, false});
@@ -57,6 +61,7 @@ TEST_F(ModelFileTest, RoundTripKeepsWeightsOptimizerStateAndMetadata) {
   auto opt = loadOptimizer(f, be_);
   EXPECT_EQ(opt->steps(), 2);
   EXPECT_EQ(opt->options().kind, "adamw");
+  EXPECT_TRUE(opt->options() == opt_->options());  // the schedule too
   const auto a = opt_->state(), b = opt->state();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {

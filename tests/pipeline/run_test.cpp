@@ -130,11 +130,12 @@ struct Reference {
   std::map<std::string, std::vector<float>> weights;
   int64_t steps = 0;
 };
-Reference singleDevice(const Dataset& train, int64_t batch, int64_t m) {
+Reference singleDevice(const Dataset& train, int64_t batch, int64_t m,
+                       const OptimizerOptions& options = {}) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
   Model ref(loadModelSpec(kMlp));
   ref.build(be, 3);
-  Optimizer opt(be, OptimizerOptions{});
+  Optimizer opt(be, options);
   Trainer trainer(ref, opt, TrainOptions{batch, 3, true, m});
   trainer.trainEpoch(train, 0, {});
   Reference r;
@@ -181,6 +182,42 @@ TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
           ++runs;
         }
   EXPECT_EQ(runs, 48);
+}
+
+// A learning-rate schedule (warm-up, then cosine decay) and the linear scaling rule, as
+// a job's stages apply them: bitwise the single device's weights under the same rates.
+TEST(RunTest, StagesApplyTheLearningRateScheduleAsTheSingleDeviceDoes) {
+  const int64_t train_limit = 300, batch = 32, m = 4;
+  const Dataset train = loadFashionMnist(kFashionMnistDir, true, train_limit);
+  OptimizerOptions o;
+  o.lr = 0.05f * 32 / 16;  // lr_scale: linear from reference_batch 16
+  o.min_lr = 0.001f * 32 / 16;
+  o.lr_schedule = "cosine";
+  o.warmup_steps = 3;
+  o.decay_steps = 4;  // (the epoch has 10 steps: warm-up, decay, then the floor)
+  const Reference want = singleDevice(train, batch, m, o);
+  const std::string model = ::testing::TempDir() + "/run_schedule.tdm";
+  std::ostringstream body;
+  body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
+       << "\nmicrobatches: " << m << "\nschedule: 1f1b\npartition: equal\nstages: 3\nseed: 3"
+       << "\noptimizer: {kind: sgd, lr: 0.05, momentum: 0.9, lr_schedule: cosine, "
+       << "warmup_steps: 3, decay_steps: 4, min_lr: 0.001, lr_scale: linear, "
+       << "reference_batch: 16}\nsave: " << model << "\n";
+  std::filesystem::remove(model);
+  RunProcess run(writeJob("run_schedule", body.str()));
+  ASSERT_EQ(run.wait(120s), 0) << run.output();
+  const ModelFile saved = readModelFile(model);
+  ASSERT_EQ(saved.params.size(), want.weights.size());
+  for (const HostTensor& t : saved.params) ASSERT_EQ(t.data, want.weights.at(t.name)) << t.name;
+  ASSERT_TRUE(saved.optimizer.has_value());
+  EXPECT_EQ(saved.optimizer->steps, want.steps);
+  EXPECT_EQ(saved.optimizer->options, o);
+  // At the same rate without the schedule the weights differ: a stage ignoring the
+  // schedule would be seen.
+  OptimizerOptions flat = o;
+  flat.lr_schedule = "constant";
+  flat.warmup_steps = 0;
+  EXPECT_NE(singleDevice(train, batch, m, flat).weights, want.weights);
 }
 
 // Hybrid: a stage with replicas (each a worker process, gradients summed over a

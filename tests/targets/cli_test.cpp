@@ -587,6 +587,10 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
     std::string args, expect;
   } cases[] = {
       {"train --model " + bad_yaml, "field 'out' must be an integer"},
+      {"train --model " + kModels + "mlp.yaml --lr-schedule cosine",
+       "lr_schedule cosine needs decay_steps > 0"},
+      {"train --model " + kModels + "mlp.yaml --lr-schedule linear",
+       "--lr-schedule: linear not in {constant,step,cosine}"},
       {"train --model " + kModels + "mlp.yaml --optimizer rmsprop", "rmsprop"},
       {"train --model " + kModels + "mlp.yaml --batch 0", "--batch must be positive"},
       {"train --model " + kModels + "mlp.yaml --threads 0", "--threads"},

@@ -20,7 +20,8 @@ schedule: gpipe
 recompute: true
 seed: 7
 threads: 2
-optimizer: {kind: adamw, lr: 0.001, weight_decay: 0.01}
+optimizer: {kind: adamw, lr: 0.001, weight_decay: 0.01, lr_schedule: cosine, warmup_steps: 10,
+            decay_steps: 100, min_lr: 0.0001, lr_scale: linear, reference_batch: 16}
 codec: {activations: fp16, gradients: int8}
 transport: ipc
 timeout_s: 5
@@ -42,7 +43,11 @@ TEST(JobTest, ReadsEverySetting) {
   EXPECT_EQ(j.seed, 7u);
   EXPECT_EQ(j.threads, 2);
   EXPECT_EQ(j.optimizer.kind, "adamw");
-  EXPECT_FLOAT_EQ(j.optimizer.lr, 0.001f);
+  EXPECT_FLOAT_EQ(j.optimizer.lr, 0.002f);  // linear scaling: batch 32 over 16
+  EXPECT_FLOAT_EQ(j.optimizer.min_lr, 0.0002f);
+  EXPECT_EQ(j.optimizer.lr_schedule, "cosine");
+  EXPECT_EQ(j.optimizer.warmup_steps, 10);
+  EXPECT_EQ(j.optimizer.decay_steps, 100);
   EXPECT_EQ(j.activation_codec, "fp16");
   EXPECT_EQ(j.gradient_codec, "int8");
   EXPECT_EQ(j.transport, "ipc");
@@ -102,6 +107,12 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:4:22", "unknown codec 'fp8'"}},
       {"model: m.yaml\npartition: equal\nstages: 2\noptimizer: {kind: sgd, lr: -1}\n",
        {"j.yaml:4:12", "learning rate -1"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\noptimizer: {lr_schedule: cosine}\n",
+       {"j.yaml:4:12", "cosine needs decay_steps > 0"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\noptimizer: {lr_scale: linear}\n",
+       {"j.yaml:4:23", "needs reference_batch"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\noptimizer: {lr_scale: square}\n",
+       {"j.yaml:4:23", "lr_scale must be linear or none"}},
       {"model: m.yaml\npartition: equal\nstages: 2\ntransport: udp\n",
        {"j.yaml:4:12", "unknown transport 'udp'"}},
       {"partition: equal\nstages: 2\n", {"'model' is required"}},

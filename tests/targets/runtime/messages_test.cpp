@@ -171,6 +171,10 @@ Assign sampleAssign() {
   a.recompute = true;
   a.optimizer.kind = "adamw";
   a.optimizer.lr = 0.001f;
+  a.optimizer.lr_schedule = "step";
+  a.optimizer.warmup_steps = 5;
+  a.optimizer.decay_steps = 100;
+  a.optimizer.decay_factor = 0.5f;
   a.activation_codec = "fp16";
   a.gradient_codec = "int8";
   a.train_limit = 300;
@@ -264,6 +268,8 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](Assign& a) { a.timeout_s = 0; }, "timeout_s 0"},
       {[](Assign& a) { a.gradient_codec = "zip"; }, "gradient_codec 'zip' is not fp32"},
       {[](Assign& a) { a.optimizer.lr = -1; }, "learning rate -1"},
+      {[](Assign& a) { a.optimizer.lr_schedule = "linear"; }, "lr_schedule 'linear'"},
+      {[](Assign& a) { a.optimizer.warmup_steps = -1; }, "warmup_steps -1 is not in [0,"},
       {[](Assign& a) { a.bind_host = "a/b"; }, "bind_host 'a/b' is not a host"},
       {[](Assign& a) { a.train_limit = -1; }, "train_limit is negative"},
       {[](Assign& a) { a.weights_hash = "abc"; }, "weights_hash 'abc' is not 64 hex digits"},
