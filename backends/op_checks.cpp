@@ -107,6 +107,21 @@ EmbeddingView checkEmbedding(const Tensor& ids, const Tensor& table, const Tenso
   return {vocab, d, m};
 }
 
+SoftmaxView checkSoftmax(const Tensor& x, const Tensor& y, bool causal, std::string_view device,
+                         const char* op) {
+  const Shape& s = x.shape();
+  TANDEM_CHECK_MSG(s.rank() >= 1 && s[s.rank() - 1] > 0, InvalidArgument,
+                   device << " " << op << ": " << s << " has no rows to normalise");
+  const int64_t tk = s[s.rank() - 1];
+  const int64_t tq = s.rank() >= 2 ? s[s.rank() - 2] : 1;
+  TANDEM_CHECK_MSG(!causal || tk >= tq, InvalidArgument,
+                   device << " " << op << ": a causal mask needs at least as many keys as "
+                          << "queries, got " << s);
+  TANDEM_CHECK_MSG(y.numel() == x.numel(), InvalidArgument,
+                   device << " " << op << ": " << y.shape() << " does not match " << s);
+  return {x.numel() / tk, tq, tk};
+}
+
 LogitsView checkSoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
                                     const Tensor& losses, const Tensor& dlogits,
                                     std::string_view device) {

@@ -59,6 +59,14 @@ struct EmbeddingView {
 EmbeddingView checkEmbedding(const Tensor& ids, const Tensor& table, const Tensor& rows,
                              std::string_view device, const char* op);
 
+// Rows of the last dimension of x viewed as [n, tq, tk] (rows = n * tq), the other
+// tensors the same size. Causal needs tk >= tq (each query row sees at least one key).
+struct SoftmaxView {
+  int64_t rows, tq, tk;
+};
+SoftmaxView checkSoftmax(const Tensor& x, const Tensor& y, bool causal, std::string_view device,
+                         const char* op);
+
 // logits [n, c], labels and losses [n], dlogits [n, c] when defined.
 struct LogitsView {
   int64_t n, c;

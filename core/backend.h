@@ -152,6 +152,15 @@ class Backend {
   virtual void embedding(const Tensor& ids, const Tensor& table, const Tensor& y) = 0;
   virtual void embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) = 0;
 
+  // --- attention: softmax over the last dimension ---
+  // y = softmax(x) per row of x viewed as [N, Tq, Tk]. With causal, query row i sees keys
+  // [0, Tk - Tq + i] only and y is 0 beyond them: Tq = Tk for a whole sequence, Tq = 1
+  // for one decoding step over a cache of Tk keys. y may alias x.
+  virtual void softmax(const Tensor& x, bool causal, const Tensor& y) = 0;
+  // dx = y * (dy - sum(dy * y)) per row, the gradient through y = softmax(x); dx may
+  // alias dy.
+  virtual void softmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+
   // --- loss ---
   // Per row of logits [N, C] with label i32 [N]: losses[n] = -log softmax(logits)[label],
   // dlogits = (softmax - onehot) * grad_scale. Labels outside [0, C) raise InvalidArgument.

@@ -6,10 +6,15 @@ namespace tandem {
 
 double softmaxCrossEntropy(Backend& backend, const Tensor& logits, const Tensor& labels,
                            float grad_scale, const Tensor& grad) {
-  TANDEM_CHECK_MSG(logits.shape().rank() == 2, InvalidArgument,
-                   "cross-entropy needs logits [N, C], got " << logits.shape());
-  Tensor losses = backend.empty({logits.shape()[0]});
-  backend.softmaxCrossEntropy(logits, labels, grad_scale, losses, grad);
+  const Shape& s = logits.shape();
+  TANDEM_CHECK_MSG(s.rank() >= 2 && s[s.rank() - 1] > 0, InvalidArgument,
+                   "cross-entropy needs logits [N, C] or [N, T, C], got " << s);
+  const int64_t classes = s[s.rank() - 1], rows = logits.numel() / classes;
+  TANDEM_CHECK_MSG(labels.numel() == rows, InvalidArgument,
+                   "cross-entropy: " << labels.shape() << " labels for logits " << s);
+  Tensor losses = backend.empty({rows});
+  backend.softmaxCrossEntropy(logits.reshape({rows, classes}), labels.reshape({rows}), grad_scale,
+                              losses, grad.defined() ? grad.reshape({rows, classes}) : grad);
   double sum = 0;
   for (float l : toHost(losses)) sum += l;
   return sum;

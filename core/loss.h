@@ -8,7 +8,8 @@
 
 namespace tandem {
 
-// logits [N, C], labels i32 [N].
+// logits [N, C], labels i32 [N]; or a language model's logits [N, T, C] with a label per
+// token, labels [N, T], each token a row (the sum is then over tokens).
 double softmaxCrossEntropy(Backend& backend, const Tensor& logits, const Tensor& labels,
                            float grad_scale, const Tensor& grad);
 

@@ -85,4 +85,36 @@ inline Dataset quadrants(int64_t n, uint64_t seed) {
   return d;
 }
 
+// A GPT small enough for unit tests: byte tokens, context 8, one block of width 16.
+inline constexpr const char* kTinyGpt = R"(name: tiny-gpt
+input: [8]
+layers:
+  - embedding: {vocab: 256, dim: 16}
+  - positional: {context: 8}
+  - transformer: {heads: 2, mlp: 32}
+  - layernorm
+  - linear: {out: 256}
+)";
+
+// Text as loadText makes it, in memory: n windows of `context` bytes of a repeating
+// phrase at seeded starts, each token labelled with the next byte.
+inline Dataset phrases(int64_t n, int64_t context, uint64_t seed) {
+  const std::string text = "the cat sat on the mat. ";
+  Dataset d;
+  d.name = "phrases";
+  d.sample_shape = Shape{context};
+  d.labels_per_sample = context;
+  d.tokens = true;
+  d.classes = 256;
+  Rng rng(seed);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto start = static_cast<size_t>(rng.below(text.size()));
+    for (int64_t j = 0; j < context; ++j) {
+      d.images.push_back(static_cast<uint8_t>(text[(start + j) % text.size()]));
+      d.labels.push_back(static_cast<unsigned char>(text[(start + j + 1) % text.size()]));
+    }
+  }
+  return d;
+}
+
 }  // namespace tandem::testing

@@ -1,5 +1,5 @@
-// Row-wise kernels of the CPU backend: layer normalisation, embedding lookup and
-// softmax cross-entropy.
+// Row-wise kernels of the CPU backend: layer normalisation, embedding lookup, softmax
+// (attention's, with its causal mask) and softmax cross-entropy.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -113,6 +113,43 @@ void CpuBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const Te
       float* dst = tp + ip[i] * d;
       const float* src = gp + i * d;
       for (int64_t j = b; j < e; ++j) dst[j] += src[j];
+    }
+  });
+}
+
+void CpuBackend::softmax(const Tensor& x, bool causal, const Tensor& y) {
+  const backends::SoftmaxView v = backends::checkSoftmax(x, y, causal, "cpu", "softmax");
+  const float* xp = f32(x);
+  float* yp = f32(y);
+  pool_.parallelFor(v.rows, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* row = xp + r * v.tk;
+      float* out = yp + r * v.tk;
+      const int64_t seen = causal ? v.tk - v.tq + r % v.tq + 1 : v.tk;
+      const float mx = *std::max_element(row, row + seen);
+      double sum = 0;
+      for (int64_t j = 0; j < seen; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+      for (int64_t j = 0; j < seen; ++j)
+        out[j] = static_cast<float>(std::exp(static_cast<double>(row[j] - mx)) / sum);
+      std::fill(out + seen, out + v.tk, 0.0f);
+    }
+  });
+}
+
+void CpuBackend::softmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  const backends::SoftmaxView v = backends::checkSoftmax(y, dy, false, "cpu", "softmaxBackward");
+  backends::checkSameCount(y, dx, "cpu", "softmaxBackward");
+  const float* yp = f32(y);
+  const float* gp = f32(dy);
+  float* dp = f32(dx);
+  pool_.parallelFor(v.rows, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* yr = yp + r * v.tk;
+      const float* gr = gp + r * v.tk;
+      double dot = 0;
+      for (int64_t j = 0; j < v.tk; ++j) dot += static_cast<double>(gr[j]) * yr[j];
+      float* out = dp + r * v.tk;
+      for (int64_t j = 0; j < v.tk; ++j) out[j] = static_cast<float>(yr[j] * (gr[j] - dot));
     }
   });
 }

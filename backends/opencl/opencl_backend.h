@@ -87,6 +87,8 @@ class OpenClBackend final : public Backend {
                          const Tensor& dbeta) override;
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& y) override;
   void embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) override;
+  void softmax(const Tensor& x, bool causal, const Tensor& y) override;
+  void softmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   void softmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float grad_scale,
                            const Tensor& losses, const Tensor& dlogits) override;
 

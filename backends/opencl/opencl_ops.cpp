@@ -225,6 +225,21 @@ void OpenClBackend::embeddingBackward(const Tensor& ids, const Tensor& dy, const
   launch("embedding_backward_f32", items(v.d), ids, dy, dtable, u(v.m), u(v.d));
 }
 
+void OpenClBackend::softmax(const Tensor& x, bool causal, const Tensor& y) {
+  const backends::SoftmaxView v = backends::checkSoftmax(x, y, causal, label_, "softmax");
+  requireF32(x, "softmax");
+  requireF32(y, "softmax");
+  launch("softmax_f32", items(v.rows), x, y, static_cast<cl_int>(causal), u(v.rows), u(v.tq),
+         u(v.tk));
+}
+
+void OpenClBackend::softmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  const backends::SoftmaxView v = backends::checkSoftmax(y, dy, false, label_, "softmaxBackward");
+  backends::checkSameCount(y, dx, label_, "softmaxBackward");
+  for (const Tensor* t : {&y, &dy, &dx}) requireF32(*t, "softmaxBackward");
+  launch("softmax_backward_f32", items(v.rows), y, dy, dx, u(v.rows), u(v.tk));
+}
+
 void OpenClBackend::softmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
                                         float grad_scale, const Tensor& losses,
                                         const Tensor& dlogits) {

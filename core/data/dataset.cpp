@@ -1,9 +1,11 @@
 #include "core/data/dataset.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 
 #include "core/data/idx.h"
+#include "core/data/text.h"
 #include "core/error.h"
 #include "core/random.h"
 
@@ -49,10 +51,17 @@ Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit) {
   return d;
 }
 
-Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit) {
+Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit,
+                    int64_t context, uint64_t seed) {
   if (name == "fashion-mnist")
     return loadFashionMnist(dir.empty() ? kFashionMnistDir : dir, train, limit);
-  throw InvalidArgument("unknown dataset '" + name + "' (known: fashion-mnist)");
+  if (name.rfind("text:", 0) == 0) {
+    TANDEM_CHECK_MSG(name.size() > 5, InvalidArgument, "'text:' needs a file or folder: text:PATH");
+    TANDEM_CHECK_MSG(context > 0, InvalidArgument,
+                     "text data needs a model whose input is [T] token ids (the context)");
+    return loadText(name.substr(5), context, train, seed, limit);
+  }
+  throw InvalidArgument("unknown dataset '" + name + "' (known: fashion-mnist, text:PATH)");
 }
 
 std::vector<int64_t> epochOrder(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
@@ -83,16 +92,17 @@ void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t be
                  std::vector<float>& x, std::vector<int32_t>& y) {
   checkBatch(d, order, begin, count);
   const int64_t sample = d.sample_shape.numel();
+  const int64_t per = d.labels_per_sample;
   x.resize(static_cast<size_t>(count * sample));
-  y.resize(static_cast<size_t>(count));
-  const float scale = 1.0f / (255.0f * d.stddev);
-  const float shift = d.mean / d.stddev;
+  y.resize(static_cast<size_t>(count * per));
+  const float scale = d.tokens ? 1.0f : 1.0f / (255.0f * d.stddev);
+  const float shift = d.tokens ? 0.0f : d.mean / d.stddev;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t idx = order[static_cast<size_t>(begin + i)];
     const uint8_t* src = d.images.data() + idx * sample;
     float* dst = x.data() + i * sample;
     for (int64_t j = 0; j < sample; ++j) dst[j] = static_cast<float>(src[j]) * scale - shift;
-    y[static_cast<size_t>(i)] = d.labels[static_cast<size_t>(idx)];
+    std::copy_n(d.labels.begin() + idx * per, per, y.begin() + i * per);
   }
 }
 

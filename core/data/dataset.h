@@ -1,7 +1,8 @@
-// In-memory labelled image datasets, batching and seeded shuffling.
+// In-memory labelled datasets, batching and seeded shuffling.
 //
-// Images stay as bytes (a 60,000-image Fashion-MNIST train set is 47 MB instead of 188 MB
-// as floats) and are normalised per batch: x = (byte / 255 - mean) / stddev.
+// Samples stay as bytes: images (a 60,000-image Fashion-MNIST train set is 47 MB instead
+// of 188 MB as floats), normalised per batch: x = (byte / 255 - mean) / stddev; or tokens
+// (text, a byte per token), given to the model as their ids with one label per token.
 #pragma once
 
 #include <cstdint>
@@ -14,12 +15,20 @@ namespace tandem {
 
 struct Dataset {
   std::string name;
-  Shape sample_shape;           // e.g. [1, 28, 28]
+  Shape sample_shape;           // e.g. [1, 28, 28]; [T] for tokens
   std::vector<uint8_t> images;  // size() * sample_shape.numel() bytes
-  std::vector<int32_t> labels;  // size() labels in [0, classes)
+  // size() * labels_per_sample labels in [0, classes): one per image, one per token (the
+  // next one) for text.
+  std::vector<int32_t> labels;
+  int64_t labels_per_sample = 1;
+  bool tokens = false;  // samples are token ids (x = the byte), not normalised pixels
   int64_t classes = 0;
   float mean = 0.0f, stddev = 1.0f;
-  int64_t size() const { return static_cast<int64_t>(labels.size()); }
+  int64_t size() const { return static_cast<int64_t>(labels.size()) / labels_per_sample; }
+  // What a model trained on it outputs per sample: [classes], or [T, classes] for tokens.
+  Shape outputShape() const {
+    return labels_per_sample == 1 ? Shape{classes} : Shape{labels_per_sample, classes};
+  }
 };
 
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
@@ -29,8 +38,11 @@ inline constexpr const char* kFashionMnistPackage = "dataset-fashion-mnist";
 // file raises IoError naming the path looked at and the Debian package that provides it.
 Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit = 0);
 
-// Loads a dataset by name ("fashion-mnist"); unknown names raise InvalidArgument.
-Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit = 0);
+// Loads a dataset by name: "fashion-mnist" (from `dir`, empty for the Debian package's),
+// or "text:PATH" (loadText; `context` is the model's sequence length, `seed` draws the
+// training windows); unknown names raise InvalidArgument.
+Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit = 0,
+                    int64_t context = 0, uint64_t seed = 0);
 
 // The sample order of one epoch: identity without shuffling, else a Fisher-Yates
 // permutation from (seed, epoch) that is the same on every platform.
@@ -39,8 +51,8 @@ std::vector<int64_t> epochOrder(int64_t n, bool shuffle, uint64_t seed, int64_t 
 // InvalidArgument for a range outside `order` or an entry in it outside the data.
 void checkBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count);
 
-// Fills x (count * sample floats, normalised) and y for samples order[begin, begin+count)
-// (checked by checkBatch first).
+// Fills x (count * sample floats: normalised pixels, or token ids) and y (count *
+// labels_per_sample) for samples order[begin, begin+count) (checked by checkBatch first).
 void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t begin, int64_t count,
                  std::vector<float>& x, std::vector<int32_t>& y);
 

@@ -1,19 +1,22 @@
 #include "core/layers/registry.h"
 
 #include "core/error.h"
+#include "core/layers/attention.h"
 #include "core/layers/conv2d.h"
 #include "core/layers/elementwise.h"
 #include "core/layers/linear.h"
 #include "core/layers/normalization.h"
 #include "core/layers/pooling.h"
 #include "core/layers/residual.h"
+#include "core/layers/transformer.h"
 
 namespace tandem {
 
 const std::vector<std::string>& layerTypes() {
   static const std::vector<std::string> kTypes = {
-      "linear", "conv2d",  "maxpool2d", "avgpool2d", "globalavgpool", "relu",      "gelu",
-      "tanh",   "sigmoid", "flatten",   "dropout",   "layernorm",     "embedding", "residual"};
+      "linear",    "conv2d",   "maxpool2d",  "avgpool2d", "globalavgpool", "relu",
+      "gelu",      "tanh",     "sigmoid",    "flatten",   "dropout",       "layernorm",
+      "embedding", "residual", "positional", "attention", "transformer"};
   return kTypes;
 }
 
@@ -35,6 +38,9 @@ std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
   if (t == "layernorm") return std::make_unique<LayerNorm>(spec);
   if (t == "embedding") return std::make_unique<Embedding>(spec);
   if (t == "residual") return std::make_unique<Residual>(spec);
+  if (t == "positional") return std::make_unique<PositionalEmbedding>(spec);
+  if (t == "attention") return std::make_unique<Attention>(spec);
+  if (t == "transformer") return std::make_unique<TransformerBlock>(spec);
   std::string known;
   for (const auto& k : layerTypes()) known += (known.empty() ? "" : ", ") + k;
   throw InvalidArgument("unknown layer type '" + t + "' (known: " + known + ")");

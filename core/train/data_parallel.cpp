@@ -242,8 +242,9 @@ Optimizer& DataParallelTrainer::optimizer(size_t replica) {
 
 double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t n) {
   const int64_t per_sample = replicas_[0]->model.inputShape().numel();
+  const int64_t per_label = labelsPerSample(replicas_[0]->model);
   return run(n, [&](size_t, int64_t first, int64_t) {
-    return std::make_pair(x + first * per_sample, labels + first);
+    return std::make_pair(x + first * per_sample, labels + first * per_label);
   });
 }
 
@@ -337,9 +338,9 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
         };
         if (count > 0) {
           const auto [x, labels] = share(r, first, count);
-          Tensor h = be.empty(model.inputShape().withBatch(count));
-          be.upload(h, x);
-          Tensor y = be.empty({count}, DType::kI32);
+          const int64_t per_label = labelsPerSample(model);
+          Tensor h = uploadSamples(be, model, x, count);
+          Tensor y = be.empty({count * per_label}, DType::kI32);
           be.upload(y, labels);
           // Layer by layer, as one forward would (each layer seeds from its index).
           const ForwardContext ctx{true,
@@ -348,7 +349,9 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
           std::vector<Stash> stashes(L);
           for (size_t l = 0; l < L; ++l) h = model.forward(h, stashes[l], ctx, l, l + 1);
           Tensor g = be.empty(h.shape());
-          rep.loss_sum = softmaxCrossEntropy(be, h, y, 1.0f / static_cast<float>(n), g);
+          rep.loss_sum =
+              softmaxCrossEntropy(be, h, y, 1.0f / static_cast<float>(n * per_label), g) /
+              static_cast<double>(per_label);
           size_t first_param = L;
           for (size_t l = 0; l < L && first_param == L; ++l)
             if (model.layer(l).paramCount() > 0) first_param = l;

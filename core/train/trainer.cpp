@@ -20,9 +20,36 @@ void checkClassifier(const Model& model, const Dataset& data) {
   TANDEM_CHECK_MSG(model.inputShape() == data.sample_shape, InvalidArgument,
                    "model '" << model.name() << "' takes " << model.inputShape() << " but "
                              << data.name << " samples are " << data.sample_shape);
-  TANDEM_CHECK_MSG(model.outputShape() == Shape{data.classes}, InvalidArgument,
+  TANDEM_CHECK_MSG((model.inputDType() == DType::kI32) == data.tokens, InvalidArgument,
+                   "model '" << model.name() << "' takes "
+                             << (data.tokens ? "numbers" : "token ids") << " but " << data.name
+                             << " gives "
+                             << (data.tokens ? "token ids (start the model with an "
+                                               "embedding)"
+                                             : "numbers"));
+  TANDEM_CHECK_MSG(model.outputShape() == data.outputShape(), InvalidArgument,
                    "model '" << model.name() << "' outputs " << model.outputShape() << " but "
-                             << data.name << " has " << data.classes << " classes");
+                             << data.name
+                             << (data.tokens ? " needs " + data.outputShape().str() +
+                                                   " (a logit per token and byte: vocab " +
+                                                   std::to_string(data.classes) + ")"
+                                             : " has " + std::to_string(data.classes) +
+                                                   " classes"));
+}
+
+int64_t labelsPerSample(const Model& model) {
+  const Shape& out = model.outputShape();
+  return out.rank() <= 1 ? 1 : out.numel() / out[out.rank() - 1];
+}
+
+Tensor uploadSamples(Backend& backend, const Model& model, const float* x, int64_t n) {
+  const Shape shape = model.inputShape().withBatch(n);
+  Tensor values = backend.empty(shape);
+  backend.upload(values, x);
+  if (model.inputDType() != DType::kI32) return values;
+  Tensor ids = backend.empty(shape, DType::kI32);
+  backend.convert(values, ids);
+  return ids;
 }
 
 Trainer::Trainer(Model& model, Optimizer& optimizer, const TrainOptions& options)
@@ -37,25 +64,25 @@ double Trainer::step(const float* x, const int32_t* labels, int64_t n) {
   Backend& be = model_.backend();
   model_.zeroGrad();
   const int64_t per_sample = model_.inputShape().numel();
+  const int64_t per_label = labelsPerSample(model_);
   const std::vector<MicrobatchSlice> slices = splitBatch(n, options_.microbatches);
   double loss_sum = 0;
   for (size_t k = 0; k < slices.size(); ++k) {
     const MicrobatchSlice& mb = slices[k];
-    Tensor xt = be.empty(model_.inputShape().withBatch(mb.count));
-    be.upload(xt, x + mb.offset * per_sample);
-    Tensor yt = be.empty({mb.count}, DType::kI32);
-    be.upload(yt, labels + mb.offset);
+    Tensor xt = uploadSamples(be, model_, x + mb.offset * per_sample, mb.count);
+    Tensor yt = be.empty({mb.count * per_label}, DType::kI32);
+    be.upload(yt, labels + mb.offset * per_label);
     Stash stash;
     const ForwardContext ctx{true,
                              microbatchSeed(options_.seed, global_step_, static_cast<int64_t>(k))};
     Tensor logits = model_.forward(xt, stash, ctx);
     Tensor grad = be.empty(logits.shape());
-    loss_sum += softmaxCrossEntropy(be, logits, yt, 1.0f / static_cast<float>(n), grad);
+    loss_sum += softmaxCrossEntropy(be, logits, yt, 1.0f / static_cast<float>(n * per_label), grad);
     model_.backward(grad, stash);
   }
   optimizer_.step(model_.params());
   ++global_step_;
-  return loss_sum / static_cast<double>(n);
+  return loss_sum / static_cast<double>(n * per_label);
 }
 
 EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
@@ -119,9 +146,8 @@ EvalResult evaluate(Model& model, const Dataset& data, int64_t batch) {
   for (int64_t begin = 0; begin < data.size(); begin += batch) {
     const int64_t n = std::min(batch, data.size() - begin);
     gatherBatch(data, order, begin, n, x, y);
-    Tensor xt = be.empty(model.inputShape().withBatch(n));
-    be.upload(xt, x.data());
-    Tensor yt = be.empty({n}, DType::kI32);
+    Tensor xt = uploadSamples(be, model, x.data(), n);
+    Tensor yt = be.empty({static_cast<int64_t>(y.size())}, DType::kI32);
     be.upload(yt, y.data());
     Stash stash;
     Tensor logits = model.forward(xt, stash, ForwardContext{false, 0});
@@ -130,9 +156,10 @@ EvalResult evaluate(Model& model, const Dataset& data, int64_t batch) {
   }
   EvalResult r;
   r.samples = data.size();
+  const auto labels = static_cast<double>(data.labels.size());
   if (r.samples) {
-    r.loss = loss_sum / static_cast<double>(r.samples);
-    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
+    r.loss = loss_sum / labels;
+    r.accuracy = static_cast<double>(correct) / labels;
   }
   return r;
 }

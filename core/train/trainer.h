@@ -1,4 +1,5 @@
-// Single-device training and evaluation of a classifier on a Dataset.
+// Single-device training and evaluation of a classifier, or of a language model (a label
+// per token), on a Dataset.
 //
 // A step: clear gradients; per microbatch (one unless TrainOptions::microbatches): upload,
 // forward, softmax cross-entropy (scaled to the whole batch's mean), backward
@@ -34,8 +35,8 @@ struct StepReport {
 };
 
 struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
+  double loss = 0;      // mean per label: per sample, or per token for a language model
+  double accuracy = 0;  // of the labels (tokens) predicted as the largest logit
   int64_t samples = 0;
 };
 
@@ -77,6 +78,13 @@ EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
 
 // InvalidArgument unless `model` maps the data's samples to its classes.
 void checkClassifier(const Model& model, const Dataset& data);
+
+// Labels per sample the model's output takes: 1 for a classifier's [classes], T for a
+// language model's [T, vocab] (a label per token).
+int64_t labelsPerSample(const Model& model);
+// n samples of x (floats, as gatherBatch gives them) as a tensor on `backend` in the
+// model's input dtype: token ids become i32.
+Tensor uploadSamples(Backend& backend, const Model& model, const float* x, int64_t n);
 
 // One epoch over `data` in batches of `batch` (shuffled by (seed, epoch) if asked):
 // step(order, begin, n) trains samples order[begin, begin + n) of the data (gathering

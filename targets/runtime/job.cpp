@@ -188,7 +188,9 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     } else if (key == "data") {
       job.data = r.get<std::string>(v, key, "a dataset name");
       if (job.data != "fashion-mnist")
-        r.fail(v, "unknown dataset '" + job.data + "' (expected fashion-mnist)");
+        r.fail(v, "unknown dataset '" + job.data +
+                      "' (expected fashion-mnist; text:PATH trains with tandem train, not "
+                      "in jobs yet)");
     } else if (key == "data_dir") {
       job.data_dir = r.get<std::string>(v, key, "a directory");
     } else if (key == "train_limit") {

@@ -24,6 +24,16 @@ inline CLI::Validator positiveNumber() {
       "POSITIVE");
 }
 
+// A dataset: fashion-mnist, or text:PATH (a file or folder of text, byte tokens).
+inline CLI::Validator datasetName() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "fashion-mnist" || (text.rfind("text:", 0) == 0 && text.size() > 5)) return {};
+        return "must be fashion-mnist or text:PATH (a file or folder of text), got '" + text + "'";
+      },
+      "fashion-mnist|text:PATH");
+}
+
 // The node daemon program: `tandemd` beside this program (installed together), else in
 // the build tree's targets/tandemd/. Error if neither is there.
 std::string tandemdProgram();

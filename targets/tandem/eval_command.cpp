@@ -1,4 +1,5 @@
 // tandem eval: test accuracy of a saved model.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -18,7 +19,8 @@ void addEval(CLI::App& app) {
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("eval", "Evaluate a saved model on a test set");
   c->add_option("model", a->file, "Model file (.tdm)")->required()->check(CLI::ExistingFile);
-  c->add_option("--data", a->data, "Dataset name")->check(CLI::IsMember({"fashion-mnist"}));
+  c->add_option("--data", a->data, "fashion-mnist, or text:PATH (held out: its last 10%)")
+      ->check(datasetName());
   c->add_option("--data-dir", a->data_dir, "Directory holding the dataset files");
   c->add_option("--batch", a->batch, "Samples per forward pass")->check(positiveNumber());
   c->add_option("--threads", a->threads, "CPU threads")->check(CLI::Range(1, 1024));
@@ -28,10 +30,13 @@ void addEval(CLI::App& app) {
     const ModelFile file = readModelFile(a->file);
     auto backend = makeBackend(a->device, BackendOptions{a->threads});
     auto model = loadModel(file, *backend);
-    const Dataset test = loadDataset(a->data, a->data_dir, false, a->limit);
+    const Shape input = model->inputShape();
+    const Dataset test =
+        loadDataset(a->data, a->data_dir, false, a->limit, input.rank() == 1 ? input[0] : 0);
     const EvalResult r = evaluate(*model, test, a->batch);
-    std::printf("%lld samples: test loss %.4f\ntest accuracy: %.4f\n",
-                static_cast<long long>(r.samples), r.loss, r.accuracy);
+    std::printf("%lld samples: test loss %.4f\n", static_cast<long long>(r.samples), r.loss);
+    if (test.tokens) std::printf("test perplexity: %.2f\n", std::exp(r.loss));
+    std::printf("test accuracy: %.4f\n", r.accuracy);
   });
 }
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -90,8 +91,10 @@ void runTrain(TrainArgs a) {
                            100 * shares[r] / total, shares[r]);
     spdlog::info("batch shares from {}: {}", a.profile, split);
   }
-  const Dataset train = loadDataset(a.data, a.data_dir, true, a.train_limit);
-  const Dataset test = loadDataset(a.data, a.data_dir, false, a.test_limit);
+  const Shape input = Model(spec).inputShape();  // text data: windows of the context [T]
+  const int64_t context = input.rank() == 1 ? input[0] : 0;
+  const Dataset train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed);
+  const Dataset test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed);
   // One replica: the single-device trainer. More: data parallel over the in-process group.
   std::unique_ptr<Model> single;
   std::unique_ptr<Optimizer> single_opt;
@@ -140,10 +143,12 @@ void runTrain(TrainArgs a) {
     progress.finishEpoch();
     last = evaluate(model, test, a.batch);  // the training batch bounds memory
     std::printf(
-        "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f, "
+        "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f%s, "
         "%.2f s (%.0f samples/s)\n",
         static_cast<long long>(e + 1), static_cast<long long>(a.epochs), r.train_loss, last.loss,
-        last.accuracy, r.seconds, r.samples_per_s);
+        last.accuracy,
+        test.tokens ? fmt::format(", test perplexity {:.2f}", std::exp(last.loss)).c_str() : "",
+        r.seconds, r.samples_per_s);
     std::fflush(stdout);
   }
   std::printf("test accuracy: %.4f\n", last.accuracy);
@@ -168,7 +173,10 @@ void addTrain(CLI::App& app) {
                 "Model spec (YAML) or ONNX model (.onnx, starting from its weights)")
       ->required()
       ->check(CLI::ExistingFile);
-  c->add_option("--data", args->data, "Dataset name")->check(CLI::IsMember({"fashion-mnist"}));
+  c->add_option("--data", args->data,
+                "fashion-mnist, or text:PATH (a file or folder of text: byte tokens, windows "
+                "of the model's context; the last 10% held out)")
+      ->check(datasetName());
   c->add_option("--data-dir", args->data_dir, "Directory holding the dataset files");
   c->add_option("--epochs", args->epochs, "Passes over the training set");
   c->add_option("--batch", args->batch, "Samples per step");

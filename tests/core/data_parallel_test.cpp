@@ -175,6 +175,38 @@ TEST(DataParallelTest, UnequalSharesMatchTheFullBatchWithinRounding) {
   expectSameWeights(dp.trainer->model(0), dp.trainer->model(1), "replicas");
 }
 
+// A language model trains data parallel on text as one device does: a label per token,
+// the loss a mean per token. Not bitwise: an embedding's gradient adds token rows one by
+// one, so a replica's sum added to another's rounds otherwise than one running sum. (SGD:
+// AdamW would turn the keys' bias gradient, zero but for rounding, into steps of lr.)
+TEST(DataParallelTest, AGptOnTextMatchesOneDeviceWithinRounding) {
+  const Dataset data = testing::phrases(96, 8, 3);
+  DataParallelOptions o;
+  o.batch = 16;
+  OptimizerOptions opt;
+  opt.lr = 0.1f;
+  Replicas dp = makeReplicas(testing::kTinyGpt, 2, o, opt);
+  cpu::CpuBackend be;
+  Model ref(parseModelSpec(testing::kTinyGpt));
+  ref.build(be, o.seed);
+  Optimizer ref_opt(be, opt);
+  Trainer one(ref, ref_opt, TrainOptions{o.batch, o.seed, false, 2});
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  for (int64_t step = 0; step < 4; ++step) {
+    batchOf(data, step * o.batch, o.batch, x, y);
+    const double a = dp.trainer->step(x.data(), y.data(), o.batch);
+    const double b = one.step(x.data(), y.data(), o.batch);
+    EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << "step " << step;
+  }
+  for (size_t p = 0; p < ref.params().size(); ++p) {
+    const std::vector<float> w = toHost(dp.trainer->model(0).params()[p]->value);
+    const std::vector<float> v = toHost(ref.params()[p]->value);
+    for (size_t i = 0; i < w.size(); ++i)
+      ASSERT_NEAR(w[i], v[i], 1e-5f * (1 + std::abs(v[i]))) << ref.params()[p]->name << " " << i;
+  }
+}
+
 // The replicas gather their own shares (trainEpoch's steps): the same weights, bitwise,
 // as the step on the batch gathered beforehand; a bad batch is refused before any
 // replica starts, not after the others' timeout.

@@ -8,7 +8,9 @@
 
 #include "core/data/dataset.h"
 #include "core/data/idx.h"
+#include "core/data/text.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -127,6 +129,91 @@ TEST(DatasetTest, EpochOrderIsASeededPermutation) {
   const auto small = epochOrder(5, true, 1, 0);
   EXPECT_EQ(small, epochOrder(5, true, 1, 0));
   EXPECT_EQ(std::count(small.begin(), small.end(), 4), 1);
+}
+
+// Random letters: every 8-byte window occurs once, so a window tells where it was taken.
+std::string textOf(int64_t n) {
+  std::string t;
+  Rng rng(5);
+  for (int64_t i = 0; i < n; ++i) t += static_cast<char>('a' + rng.below(26));
+  return t;
+}
+
+std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Windows of the context from the first 90% (training, seeded starts) or the last 10%
+// (held out, consecutive), every token labelled with the byte after it.
+TEST(TextDataTest, WindowsAreLabelledWithTheNextByte) {
+  const std::string text = textOf(1000);
+  const std::string path = writeFile("corpus.txt", bytesOf(text), false);
+  const Dataset train = loadText(path, 8, true, 3);
+  const Dataset held = loadText(path, 8, false, 3);
+  EXPECT_TRUE(train.tokens);
+  EXPECT_EQ(train.sample_shape, Shape{8});
+  EXPECT_EQ(train.outputShape(), (Shape{8, 256}));
+  EXPECT_EQ(train.size(), (900 - 1) / 8);
+  EXPECT_EQ(held.size(), (100 - 1) / 8);
+  for (const Dataset* d : {&train, &held}) {
+    for (int64_t i = 0; i < d->size(); ++i) {
+      const std::string window(d->images.begin() + i * 8, d->images.begin() + i * 8 + 8);
+      const size_t at = d == &train ? text.find(window) : 900 + static_cast<size_t>(i) * 8;
+      ASSERT_EQ(text.substr(at, 8), window) << "sample " << i;
+      ASSERT_LT(at + 8, d == &train ? 900u : 1000u) << "a window's label crosses its split";
+      for (int64_t j = 0; j < 8; ++j)
+        ASSERT_EQ(d->labels[i * 8 + j], static_cast<unsigned char>(text[at + j + 1]));
+    }
+  }
+  // The windows' starts come from the seed; held-out data is the same for every seed.
+  EXPECT_EQ(loadText(path, 8, true, 3).images, train.images);
+  EXPECT_NE(loadText(path, 8, true, 4).images, train.images);
+  EXPECT_EQ(loadText(path, 8, false, 4).images, held.images);
+  EXPECT_EQ(loadText(path, 8, true, 3, 5).size(), 5);
+  // The batch a model sees: the ids as numbers, unnormalised, and a label per token.
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  gatherBatch(held, {1, 0}, 0, 2, x, y);
+  ASSERT_EQ(x.size(), 16u);
+  ASSERT_EQ(y.size(), 16u);
+  EXPECT_EQ(x[0], static_cast<float>(held.images[8]));
+  EXPECT_EQ(y[8], held.labels[0]);
+}
+
+TEST(TextDataTest, WhatIsNotTextIsRefusedWithWhereAndWhy) {
+  EXPECT_EQ(firstNonTextByte("plain ascii\n"), -1);
+  EXPECT_EQ(firstNonTextByte("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82"), -1);
+  EXPECT_EQ(firstNonTextByte(std::string("ab\0c", 4)), 2);
+  EXPECT_EQ(firstNonTextByte("ab\xff"), 2);
+  EXPECT_EQ(firstNonTextByte("ab\xc3"), 2);          // cut short
+  EXPECT_EQ(firstNonTextByte("\xc0\xaf"), 0);        // overlong
+  EXPECT_EQ(firstNonTextByte("x\xed\xa0\x80"), 1);  // a surrogate
+  const std::string binary = writeFile("binary.bin", {'a', 'b', 0, 'c'}, false);
+  expectThrowWith<FormatError>([&] { loadText(binary, 4, true, 1); },
+                               {binary, "is not text", "byte 0 at offset 2"});
+  const std::string tiny = writeFile("tiny.txt", bytesOf(textOf(50)), false);
+  expectThrowWith<FormatError>([&] { loadText(tiny, 8, true, 1); },
+                               {"50 bytes", "context of 8", "at least 9"});
+  expectThrowWith<IoError>([&] { loadText(::testing::TempDir() + "/absent", 8, true, 1); },
+                           {"not found", "absent"});
+  expectThrowWith<InvalidArgument>([&] { loadDataset("text:" + tiny, "", true, 0, 0); },
+                                   {"input is [T] token ids"});
+  expectThrowWith<InvalidArgument>([&] { loadDataset("text", "", true); },
+                                   {"unknown dataset 'text'", "text:PATH"});
+}
+
+// A folder: its text files in name order; binary files beside them (an index) are skipped.
+TEST(TextDataTest, AFolderReadsItsTextFilesInNameOrder) {
+  const std::string dir = testing::freshDir("text");
+  const std::string a = textOf(400), b = textOf(700).substr(300);
+  std::ofstream(dir + "/b") << b;
+  std::ofstream(dir + "/a") << a;
+  std::ofstream(dir + "/a.dat", std::ios::binary).write("\0\1\2\3", 4);
+  const Dataset held = loadText(dir, 10, false, 1);
+  const std::string all = a + b;
+  const size_t cut = all.size() - all.size() / 10;
+  EXPECT_EQ(std::string(held.images.begin(), held.images.begin() + 10), all.substr(cut, 10));
+  const std::string empty = testing::freshDir("binaries");
+  std::ofstream(empty + "/x.dat", std::ios::binary).write("\0\1", 2);
+  expectThrowWith<FormatError>([&] { loadText(empty, 4, true, 1); }, {"holds no text file"});
 }
 
 }  // namespace

@@ -220,6 +220,134 @@ TEST(LayerGradTest, ResidualWithLinearProjection) {
   g.run(testing::randomVector(16, 10));
 }
 
+TEST(LayerGradTest, CausalAttention) {
+  GradCheck g("attention: {heads: 2}", {2, 5, 8});
+  g.run(testing::randomVector(17, 80));
+}
+
+TEST(LayerGradTest, AttentionWithoutMaskOneHead) {
+  GradCheck g("attention: {heads: 1, causal: false}", {2, 4, 6});
+  g.run(testing::randomVector(18, 48));
+}
+
+TEST(LayerGradTest, PositionalEmbedding) {
+  GradCheck g("positional: {context: 6}", {2, 4, 3});
+  g.run(testing::randomVector(19, 24));
+}
+
+TEST(LayerGradTest, TransformerBlock) {
+  GradCheck g("transformer: {heads: 2, mlp: 12}", {2, 4, 8});
+  // Every parameter away from its initial 1 / 0 so layer norm's gradients are general.
+  for (Param* p : g.layer().params())
+    if (p->name.find("gamma") != std::string::npos || p->name.find("beta") != std::string::npos)
+      g.backend().upload(p->value, testing::randomVector(20, 8, 0.5f, 1.5f).data());
+  g.run(testing::randomVector(21, 64, -2, 2));
+  EXPECT_EQ(g.layer().params().size(), 12u);  // 2 norms, qkv, out, 2 MLP linears: w + b each
+}
+
+// Attention's forward against a plain reference written from the definition (PyTorch's
+// layout: in_proj rows are Q, K, V; head h owns columns [h*hs, (h+1)*hs) of each), in
+// double, with the causal mask applied as -inf before the softmax.
+TEST(LayerTest, AttentionComputesCausalMultiHeadAttention) {
+  const int64_t batch = 2, t = 5, d = 6, heads = 3, hs = 2;
+  cpu::CpuBackend be;
+  auto layer =
+      makeLayer(parseModelSpec("input: [1]\nlayers: [{attention: {heads: 3}}]\n").layers[0]);
+  layer->setup({t, d});
+  Rng rng(5);
+  layer->build(be, rng);
+  const auto w_qkv = toHost(layer->params()[0]->value), b_qkv = toHost(layer->params()[1]->value);
+  const auto w_out = toHost(layer->params()[2]->value), b_out = toHost(layer->params()[3]->value);
+  const auto x = testing::randomVector(22, batch * t * d, -2, 2);
+  Stash stash;
+  const auto y = toHost(layer->forward(toDevice(be, {batch, t, d}, x), stash, {}));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<double> qkv(t * 3 * d), merged(t * d);
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t o = 0; o < 3 * d; ++o) {
+        double acc = b_qkv[o];
+        for (int64_t k = 0; k < d; ++k) acc += w_qkv[o * d + k] * double(x[(b * t + i) * d + k]);
+        qkv[i * 3 * d + o] = acc;
+      }
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < t; ++i) {
+        std::vector<double> score(t, -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < hs; ++e)
+            dot += qkv[i * 3 * d + h * hs + e] * qkv[j * 3 * d + d + h * hs + e];
+          score[j] = dot / std::sqrt(double(hs));
+          mx = std::max(mx, score[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(score[j] - mx);
+        for (int64_t e = 0; e < hs; ++e) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            acc += std::exp(score[j] - mx) / sum * qkv[j * 3 * d + 2 * d + h * hs + e];
+          merged[i * d + h * hs + e] = acc;
+        }
+      }
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t o = 0; o < d; ++o) {
+        double want = b_out[o];
+        for (int64_t k = 0; k < d; ++k) want += w_out[o * d + k] * merged[i * d + k];
+        EXPECT_NEAR(y[(b * t + i) * d + o], want, 1e-5) << "sample " << b << " token " << i;
+      }
+  }
+}
+
+// Token i of a causal block's output depends on tokens 0..i only: changing the last
+// token changes the last output row and leaves every other row bitwise alone.
+TEST(LayerTest, ATransformerBlockNeverLooksAhead) {
+  cpu::CpuBackend be;
+  auto layer =
+      makeLayer(parseModelSpec("input: [1]\nlayers: [{transformer: {heads: 2}}]\n").layers[0]);
+  const int64_t t = 6, d = 8;
+  layer->setup({t, d});
+  Rng rng(6);
+  layer->build(be, rng);
+  auto x = testing::randomVector(23, t * d);
+  Stash s1, s2;
+  const auto y1 = toHost(layer->forward(toDevice(be, {1, t, d}, x), s1, {}));
+  for (int64_t k = 0; k < d; ++k) x[(t - 1) * d + k] += 0.5f;
+  const auto y2 = toHost(layer->forward(toDevice(be, {1, t, d}, x), s2, {}));
+  for (int64_t i = 0; i < (t - 1) * d; ++i) ASSERT_EQ(y1[i], y2[i]) << "element " << i;
+  bool last_changed = false;
+  for (int64_t i = (t - 1) * d; i < t * d; ++i) last_changed |= y1[i] != y2[i];
+  EXPECT_TRUE(last_changed);
+}
+
+TEST(LayerTest, TransformerLayersRefuseShapesTheyCannotTake) {
+  auto setup = [](const std::string& yaml, const Shape& in) {
+    auto l = makeLayer(parseModelSpec("input: [1]\nlayers:\n  - " + yaml + "\n").layers.at(0));
+    l->setup(in);
+  };
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        setup("attention: {heads: 3}", {4, 8});
+      },
+      {"3 heads do not divide the width 8"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        setup("transformer: {heads: 5}", {4, 8});
+      },
+      {"5 heads do not divide the width 8"});
+  testing::expectThrowWith<InvalidArgument>([&] { setup("attention: {heads: 2}", {8}); },
+                                            {"expected input [T, width]"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        setup("positional: {context: 4}", {5, 8});
+      },
+      {"a sequence of 5 is longer than the context 4"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        setup("attention: {heads: 0}", {4, 8});
+      },
+      {"'heads' must be positive"});
+}
+
 TEST(LayerTest, BackwardComputesInputGradientsOnlyWhenSomethingNeedsThem) {
   cpu::CpuBackend be;
   Model m(parseModelSpec(
@@ -247,10 +375,15 @@ TEST(LayerTest, BackwardComputesInputGradientsOnlyWhenSomethingNeedsThem) {
 TEST(LayerTest, SplitBackwardEqualsBackwardBitwise) {
   const std::string models = std::string(TANDEM_SOURCE_DIR) + "/examples/models/";
   const std::vector<ModelSpec> specs = {
-      loadModelSpec(models + "mlp.yaml"), loadModelSpec(models + "cnn.yaml"),
-      loadModelSpec(models + "resnet-mini.yaml"), parseModelSpec(testing::kTinyNet),
+      loadModelSpec(models + "mlp.yaml"),
+      loadModelSpec(models + "cnn.yaml"),
+      loadModelSpec(models + "resnet-mini.yaml"),
+      parseModelSpec(testing::kTinyNet),
       parseModelSpec("input: [5]\nlayers: [{residual: {layers: [{linear: {out: 3}}, sigmoid]}}, "
-                     "{linear: {out: 2}}]\n")};
+                     "{linear: {out: 2}}]\n"),
+      parseModelSpec(
+          "input: [4, 8]\nlayers: [{positional: {context: 4}}, {transformer: {heads: 2}},"
+          " layernorm, {linear: {out: 5}}]\n")};
   for (const ModelSpec& spec : specs) {
     cpu::CpuBackend be;
     Model whole(spec), split(spec);
@@ -290,6 +423,13 @@ TEST(LayerTest, CostFactsOfKnownLayers) {
             std::tuple(int64_t{0}, int64_t{4 * 16 * 4}, Shape{4, 4, 4}));
   EXPECT_EQ(std::get<0>(facts("embedding: {vocab: 100, dim: 8}", {5})), 800);
   EXPECT_EQ(std::get<0>(facts("layernorm", {3, 16})), 32);
+  EXPECT_EQ(facts("attention: {heads: 4}", {10, 16}),
+            std::tuple(int64_t{4 * 16 * 16 + 4 * 16},
+                       int64_t{2 * 10 * 16 * 64 + 4 * 10 * 16 + 4 * 10 * 10 * 16 + 5 * 4 * 10 * 10},
+                       Shape{10, 16}));
+  // A block: two norms (2 * 2D), attention (4D^2 + 4D), MLP D -> 32 -> D.
+  EXPECT_EQ(std::get<0>(facts("transformer: {heads: 2, mlp: 32}", {10, 16})),
+            4 * 16 + 4 * 16 * 16 + 4 * 16 + (16 * 32 + 32) + (32 * 16 + 16));
 }
 
 TEST(LayerTest, SameSeedGivesBitwiseSameWeights) {

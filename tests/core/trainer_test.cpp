@@ -88,5 +88,62 @@ TEST(LossTest, MseAndAccuracy) {
   EXPECT_EQ(countCorrect({0, 1, 5, 2, 3, 3}, {1, 0, 0}, 2), 3);  // ties go to the first
 }
 
+// A GPT learns a repeating phrase: the per-token loss falls from about ln 256 = 5.5 to
+// well under 1 (most next bytes are certain), and held-out accuracy is per token.
+TEST(TrainerTest, AGptLearnsTextAndIsScoredPerToken) {
+  cpu::CpuBackend be(cpu::CpuOptions{2});
+  Model m(parseModelSpec(testing::kTinyGpt));
+  m.build(be, 1);
+  EXPECT_EQ(labelsPerSample(m), 8);
+  OptimizerOptions o;
+  o.kind = "adamw";
+  o.lr = 0.01f;
+  Optimizer opt(be, o);
+  Trainer t(m, opt, TrainOptions{16, 1, true, 2});
+  const Dataset train = testing::phrases(320, 8, 1), held = testing::phrases(64, 8, 2);
+  const EvalResult before = evaluate(m, held, 32);
+  EXPECT_GT(before.loss, 4.0);
+  for (int e = 0; e < 4; ++e) t.trainEpoch(train, e, {});
+  const EvalResult after = evaluate(m, held, 32);
+  EXPECT_LT(after.loss, 1.0);
+  EXPECT_GT(after.accuracy, 0.7);
+  EXPECT_EQ(after.samples, 64);
+}
+
+TEST(TrainerTest, TextDataNeedsALanguageModelOfItsShape) {
+  cpu::CpuBackend be;
+  const Dataset text = testing::phrases(4, 8, 1);
+  Model classifier(parseModelSpec(testing::kTinyNet));
+  classifier.build(be, 1);
+  testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(classifier, text); },
+                                            {"takes [1, 8, 8]", "phrases samples are [8]"});
+  Model narrow(parseModelSpec("input: [8]\nlayers: [{embedding: {vocab: 100, dim: 8}}, "
+                              "{linear: {out: 100}}]\n"));
+  testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(narrow, text); },
+                                            {"outputs [8, 100]", "needs [8, 256]", "vocab 256"});
+  Model numbers(parseModelSpec("input: [8]\nlayers: [{linear: {out: 256}}]\n"));
+  testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(numbers, text); },
+                                            {"takes numbers", "gives token ids", "embedding"});
+}
+
+// A language model's logits [N, T, C] with labels [N, T]: every token is one row, so the
+// loss and gradient are those of the same rows written as [N*T, C].
+TEST(LossTest, TokenLevelCrossEntropyTreatsEveryTokenAsARow) {
+  cpu::CpuBackend be;
+  const std::vector<float> logits = testing::randomVector(3, 2 * 3 * 5, -2, 2);
+  const std::vector<int32_t> labels = {0, 4, 2, 1, 1, 3};
+  Tensor g3 = be.empty({2, 3, 5}), g2 = be.empty({6, 5});
+  const double l3 = softmaxCrossEntropy(be, toDevice(be, {2, 3, 5}, logits),
+                                        toDeviceI32(be, {2, 3}, labels), 0.5f, g3);
+  const double l2 =
+      softmaxCrossEntropy(be, toDevice(be, {6, 5}, logits), toDeviceI32(be, {6}, labels), 0.5f, g2);
+  EXPECT_EQ(l3, l2);
+  EXPECT_EQ(toHost(g3), toHost(g2));
+  EXPECT_GT(l3, 0.0);
+  EXPECT_THROW(softmaxCrossEntropy(be, toDevice(be, {2, 3, 5}, logits),
+                                   toDeviceI32(be, {2}, {0, 1}), 1.0f, Tensor()),
+               InvalidArgument);
+}
+
 }  // namespace
 }  // namespace tandem

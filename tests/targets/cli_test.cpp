@@ -14,6 +14,7 @@
 #include "backends/opencl/devices.h"
 #include "core/model_file.h"
 #include "tests/process_util.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -48,6 +49,34 @@ TEST(CliTest, TrainSaveEvalInspect) {
   ASSERT_EQ(i.code, 0) << i.out;
   EXPECT_NE(i.out.find("optimizer: sgd after 63 steps"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("parameters: 235146"), std::string::npos) << i.out;
+}
+
+// A language model from the command line: a small GPT trains on a text file (byte
+// tokens), reports held-out perplexity per epoch, saves, and evaluates to what it said.
+TEST(CliTest, TrainAGptOnTextAndEvalIt) {
+  const std::string dir = tandem::testing::freshDir("cli_text");
+  {
+    std::ofstream text(dir + "/corpus.txt");
+    for (int i = 0; i < 200; ++i) text << "line " << i % 7 << ": the cat sat on the mat.\n";
+  }
+  std::ofstream(dir + "/gpt.yaml")
+      << "name: gpt-test\ninput: [16]\nlayers:\n  - embedding: {vocab: 256, dim: 16}\n"
+      << "  - positional: {context: 16}\n  - transformer: {heads: 2}\n  - layernorm\n"
+      << "  - linear: {out: 256}\n";
+  const CliRun t = run("train --model " + dir + "/gpt.yaml --data text:" + dir +
+                       "/corpus.txt --epochs 2 --batch 16 --optimizer adamw --lr 0.01 "
+                       "--threads 2 --no-progress --save " + dir + "/gpt.tdm");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("epoch 2/2: train loss"), std::string::npos) << t.out;
+  const auto at = t.out.rfind("test perplexity ");
+  ASSERT_NE(at, std::string::npos) << t.out;
+  const double perplexity = std::stod(t.out.substr(at + 16));
+  EXPECT_LT(perplexity, 30.0) << "far below 256, the perplexity of a guess: " << t.out;
+  const CliRun e = run("eval " + dir + "/gpt.tdm --data text:" + dir + "/corpus.txt");
+  ASSERT_EQ(e.code, 0) << e.out;
+  char said[32];
+  std::snprintf(said, sizeof said, "test perplexity: %.2f", perplexity);
+  EXPECT_NE(e.out.find(said), std::string::npos) << said << "\n" << e.out;
 }
 
 // Data parallel from the command line: two replicas with unequal shares train, say so,
@@ -595,6 +624,14 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"train --model " + kModels + "mlp.yaml --batch 0", "--batch must be positive"},
       {"train --model " + kModels + "mlp.yaml --threads 0", "--threads"},
       {"train --model " + kModels + "mlp.yaml --data-dir /nonexistent", "dataset-fashion-mnist"},
+      {"train --model " + kModels + "mlp.yaml --data cifar",
+       "must be fashion-mnist or text:PATH"},
+      {"train --model " + kModels + "mlp.yaml --data text:" + bad_yaml,
+       "needs a model whose input is [T] token ids"},
+      {"train --model " + kModels + "gpt-mini.yaml --data text:" + std::string(TANDEM_CLI),
+       "is not text (UTF-8 without NUL bytes)"},
+      {"train --model " + kModels + "gpt-mini.yaml --data text:" + bad_yaml,
+       "too little for a context of 128"},
       {"train --model " + kModels + "mlp.yaml --device opencl:7", "no OpenCL device 7"},
       {"train --model /nonexistent.yaml", "nonexistent.yaml"},
       {"eval " + junk, "not a tandem model file"},

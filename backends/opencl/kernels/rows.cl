@@ -1,4 +1,5 @@
-// Row-wise kernels: layer normalisation, embedding lookup and softmax cross-entropy.
+// Row-wise kernels: layer normalisation, embedding lookup, softmax (attention's, with its
+// causal mask) and softmax cross-entropy.
 // One item per row (or per column for the sums over rows), accumulating in acc_t in
 // the CPU reference's order.
 
@@ -114,4 +115,35 @@ __kernel void softmax_xent_f32(__global const float* logits, ulong l_off,
     const acc_t p = exp((acc_t)(row[j] - mx) - log_sum);
     g[j] = (float)((p - (j == (ulong)label ? (acc_t)1 : (acc_t)0)) * grad_scale);
   }
+}
+
+// Softmax per row of x viewed as [n, tq, tk]; with causal, row i of each block sees keys
+// [0, tk - tq + i] and the rest of its y is 0. y may alias x.
+__kernel void softmax_f32(__global const float* x, ulong x_off, __global float* y, ulong y_off,
+                          int causal, ulong rows, ulong tq, ulong tk) {
+  const size_t r = get_global_id(0);
+  if (r >= rows) return;
+  __global const float* row = x + x_off + r * tk;
+  __global float* out = y + y_off + r * tk;
+  const ulong seen = causal ? tk - tq + r % tq + 1 : tk;
+  float mx = row[0];
+  for (ulong j = 1; j < seen; ++j) mx = fmax(mx, row[j]);
+  acc_t sum = 0;
+  for (ulong j = 0; j < seen; ++j) sum += exp((acc_t)(row[j] - mx));
+  for (ulong j = 0; j < seen; ++j) out[j] = (float)(exp((acc_t)(row[j] - mx)) / sum);
+  for (ulong j = seen; j < tk; ++j) out[j] = 0.0f;
+}
+
+// dx = y * (dy - sum(dy * y)) per row; dx may alias dy.
+__kernel void softmax_backward_f32(__global const float* y, ulong y_off, __global const float* dy,
+                                   ulong dy_off, __global float* dx, ulong dx_off, ulong rows,
+                                   ulong tk) {
+  const size_t r = get_global_id(0);
+  if (r >= rows) return;
+  __global const float* yr = y + y_off + r * tk;
+  __global const float* gr = dy + dy_off + r * tk;
+  acc_t dot = 0;
+  for (ulong j = 0; j < tk; ++j) dot += (acc_t)gr[j] * yr[j];
+  __global float* out = dx + dx_off + r * tk;
+  for (ulong j = 0; j < tk; ++j) out[j] = (float)(yr[j] * (gr[j] - dot));
 }

@@ -191,6 +191,38 @@ TEST_P(CpuOpsTest, SoftmaxCrossEntropyMatchesNaive) {
       {"label " + std::to_string(c), "sample 2"});
 }
 
+// Rows of [N, Tq, Tk] with the causal mask (query i sees keys 0..Tk-Tq+i) against the
+// definition, on one thread and three; the backward against y * (dy - <dy, y>).
+TEST_P(CpuOpsTest, CausalSoftmaxAndItsBackwardMatchNaive) {
+  const int64_t tk = GetParam() + 1, tq = (tk + 1) / 2, n = 3;
+  const auto x = randomVector(13, n * tq * tk, -5, 5);
+  const auto dy = randomVector(14, n * tq * tk);
+  for (cpu::CpuBackend* be : {&one_, &three_}) {
+    Tensor y = be->empty({n, tq, tk}), dx = be->empty({n, tq, tk});
+    be->softmax(toDevice(*be, {n, tq, tk}, x), true, y);
+    be->softmaxBackward(y, toDevice(*be, {n, tq, tk}, dy), dx);
+    const auto got = toHost(y), grad = toHost(dx);
+    for (int64_t r = 0; r < n * tq; ++r) {
+      const int64_t seen = tk - tq + r % tq + 1;
+      double z = 0, dot = 0;
+      for (int64_t j = 0; j < seen; ++j) z += std::exp(static_cast<double>(x[r * tk + j]));
+      for (int64_t j = 0; j < tk; ++j) {
+        const double p = j < seen ? std::exp(static_cast<double>(x[r * tk + j])) / z : 0.0;
+        ASSERT_NEAR(got[r * tk + j], p, 1e-6) << "row " << r << " key " << j;
+        dot += p * dy[r * tk + j];
+      }
+      for (int64_t j = 0; j < tk; ++j)
+        ASSERT_NEAR(grad[r * tk + j], got[r * tk + j] * (dy[r * tk + j] - dot), 1e-6);
+    }
+  }
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        Tensor wide = one_.empty({tk + 1, tk});
+        one_.softmax(wide, true, wide);
+      },
+      {"causal mask needs at least as many keys as queries"});
+}
+
 TEST_P(CpuOpsTest, LayerNormMatchesNaive) {
   const int64_t d = GetParam(), m = 4;
   const auto x = randomVector(13, m * d, -2, 2), gamma = randomVector(14, d),

@@ -44,7 +44,10 @@ TEST(OpenClBackendTest, EveryLayerForwardAndBackwardMatchesTheCpu) {
       parseModelSpec("name: pools\ninput: [2, 9, 9]\nlayers: [{avgpool2d: {kernel: 3, stride: 2, "
                      "padding: 1}}, tanh, flatten, sigmoid, {linear: {out: 3}}]\n"),
       parseModelSpec("name: tokens\ninput: [6]\nlayers: [{embedding: {vocab: 20, dim: 8}}, "
-                     "layernorm, flatten, {linear: {out: 5}}]\n")};
+                     "layernorm, flatten, {linear: {out: 5}}]\n"),
+      parseModelSpec("name: gpt\ninput: [6]\nlayers: [{embedding: {vocab: 20, dim: 8}}, "
+                     "{positional: {context: 8}}, {transformer: {heads: 2, mlp: 16}}, layernorm, "
+                     "{linear: {out: 20}}]\n")};
   cpu::CpuBackend cpu;
   opencl::OpenClBackend cl;
   for (const ModelSpec& spec : specs) {

@@ -265,6 +265,24 @@ std::vector<OpCase> cases() {
          return Outputs{toHost(y), toHost(table)};
        },
        1e-6},
+      // Whole sequences (Tq = Tk), a decoding step over a cache (Tq < Tk), no mask; in
+      // place as attention runs it, and its backward.
+      {"softmax",
+       [](Backend& be, int64_t n) {
+         const int64_t tk = n + 1, tq = (n + 1) / 2 + 1;
+         Tensor square = toDevice(be, {3, tk, tk}, randomVector(4, 3 * tk * tk, -6, 6));
+         Tensor cached = toDevice(be, {2, tq, tk}, randomVector(5, 2 * tq * tk, -6, 6));
+         Tensor plain = be.empty({2, tq, tk});
+         be.softmax(cached, false, plain);
+         be.softmax(square, true, square);
+         be.softmax(cached, true, cached);
+         Tensor dy = toDevice(be, {3, tk, tk}, randomVector(6, 3 * tk * tk));
+         Tensor dx = be.empty({3, tk, tk});
+         be.softmaxBackward(square, dy, dx);
+         be.softmaxBackward(square, dy, dy);
+         return Outputs{toHost(square), toHost(cached), toHost(plain), toHost(dx), toHost(dy)};
+       },
+       1e-6},
       {"softmax_cross_entropy",
        [](Backend& be, int64_t n) {
          const int64_t rows = 2 * n + 1, c = n + 2;

@@ -1,0 +1,124 @@
+#include "core/data/text.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+#include "core/error.h"
+#include "core/file.h"
+#include "core/random.h"
+
+namespace tandem {
+namespace fs = std::filesystem;
+
+int64_t firstNonTextByte(const std::string& bytes) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const auto n = static_cast<int64_t>(bytes.size());
+  for (int64_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c == 0) return i;
+    int64_t extra = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3, cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + extra >= n) return i;  // cut short
+    for (int64_t k = 1; k <= extra; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return i;
+    i += extra + 1;
+  }
+  return -1;
+}
+
+namespace {
+
+std::string readCorpus(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
+    throw IoError("text data not found: '" + path + "'" +
+                  (path.rfind(kTextCorpusDir, 0) == 0
+                       ? std::string(" (install the Debian package ") + kTextCorpusPackage + ")"
+                       : std::string()));
+  if (!fs::is_directory(st)) {
+    std::string bytes = readFile(path, "text data");
+    const int64_t bad = firstNonTextByte(bytes);
+    if (bad >= 0)
+      throw FormatError("'" + path + "' is not text (UTF-8 without NUL bytes): byte " +
+                        std::to_string(static_cast<unsigned char>(bytes[bad])) + " at offset " +
+                        std::to_string(bad));
+    return bytes;
+  }
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(path))
+    if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string all;
+  int64_t used = 0;
+  for (const fs::path& f : files) {
+    const std::string bytes = readFile(f.string(), "text data");
+    if (firstNonTextByte(bytes) >= 0) continue;  // an index or other binary file beside
+    all += bytes;
+    ++used;
+  }
+  TANDEM_CHECK_MSG(used > 0, FormatError,
+                   "folder '" << path << "' holds no text file (" << files.size()
+                              << " files, none UTF-8 without NUL bytes)");
+  return all;
+}
+
+}  // namespace
+
+Dataset loadText(const std::string& path, int64_t context, bool train, uint64_t seed,
+                 int64_t limit) {
+  TANDEM_CHECK_MSG(context > 0, InvalidArgument,
+                   "text data: the context must be positive, got " << context);
+  const std::string text = readCorpus(path);
+  const auto len = static_cast<int64_t>(text.size());
+  const int64_t cut = len - len / 10;
+  TANDEM_CHECK_MSG(len / 10 >= context + 1, FormatError,
+                   "'" << path << "' holds " << len << " bytes: too little for a context of "
+                       << context << " (the held-out last 10% needs at least " << context + 1
+                       << ")");
+  const char* base = text.data() + (train ? 0 : cut);
+  const int64_t span = train ? cut : len - cut;
+  int64_t count = (span - 1) / context;
+  if (limit > 0) count = std::min(count, limit);
+
+  Dataset d;
+  d.name = "text:" + path;
+  d.sample_shape = Shape{context};
+  d.labels_per_sample = context;
+  d.tokens = true;
+  d.classes = 256;
+  d.images.resize(static_cast<size_t>(count * context));
+  d.labels.resize(static_cast<size_t>(count * context));
+  Rng rng(seed);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t start =
+        train ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(span - context)))
+              : i * context;
+    for (int64_t j = 0; j < context; ++j) {
+      d.images[static_cast<size_t>(i * context + j)] = static_cast<uint8_t>(base[start + j]);
+      d.labels[static_cast<size_t>(i * context + j)] =
+          static_cast<unsigned char>(base[start + j + 1]);
+    }
+  }
+  return d;
+}
+
+}  // namespace tandem

@@ -1,0 +1,224 @@
+#include "core/layers/attention.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+// Block `index` of `rows` x `cols` in t viewed as a stack of such blocks.
+Tensor block(const Tensor& t, int64_t index, int64_t rows, int64_t cols) {
+  return t.reshape({t.numel() / cols, cols}).slice(index * rows, rows);
+}
+
+// [B, A, C, R] -> [B, C, A, R], sample by sample (transpose01 on each sample's block).
+void swapInner(Backend& be, const Tensor& src, const Tensor& dst, int64_t batch, int64_t a,
+               int64_t c, int64_t r) {
+  const int64_t n = a * c * r;
+  const Tensor s = src.reshape({batch, n}), d = dst.reshape({batch, n});
+  for (int64_t b = 0; b < batch; ++b)
+    be.transpose01(s.slice(b, 1).reshape({a, c, r}), d.slice(b, 1).reshape({c, a, r}));
+}
+
+}  // namespace
+
+Attention::Attention(const LayerSpec& spec) {
+  SpecReader r(spec);
+  heads_ = r.integer("heads");
+  causal_ = r.flag("causal", true);
+  r.finish();
+  TANDEM_CHECK_MSG(heads_ > 0, InvalidArgument,
+                   "attention: 'heads' must be positive, got " << heads_);
+}
+
+Shape Attention::infer(const Shape& input) {
+  TANDEM_CHECK_MSG(input.rank() == 2 && input[0] > 0 && input[1] > 0, InvalidArgument,
+                   "expected input [T, width], got " << input);
+  TANDEM_CHECK_MSG(input[1] % heads_ == 0, InvalidArgument,
+                   "attention: " << heads_ << " heads do not divide the width " << input[1]);
+  len_ = input[0];
+  dim_ = input[1];
+  head_size_ = dim_ / heads_;
+  return input;
+}
+
+void Attention::build(Backend& backend, Rng& rng) {
+  backend_ = &backend;
+  const float bound = 1.0f / std::sqrt(static_cast<float>(dim_));
+  w_qkv_ =
+      makeParam(backend, "qkv.weight", {3 * dim_, dim_}, uniformInit(rng, 3 * dim_ * dim_, bound));
+  b_qkv_ = makeParam(backend, "qkv.bias", {3 * dim_}, uniformInit(rng, 3 * dim_, bound));
+  w_out_ = makeParam(backend, "out.weight", {dim_, dim_}, uniformInit(rng, dim_ * dim_, bound));
+  b_out_ = makeParam(backend, "out.bias", {dim_}, uniformInit(rng, dim_, bound));
+}
+
+// Stash: x [B*T, D], heads [B, 3H, T, hs] (Q, K, V per head), probabilities [B, H, T, T],
+// merged head outputs [B*T, D].
+Tensor Attention::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
+  Backend& be = *backend_;
+  const int64_t batch = x.shape()[0], t = len_, h = heads_, hs = head_size_;
+  const int64_t rows = batch * t;
+  const Tensor x2 = x.reshape({rows, dim_});
+  Tensor qkv = be.empty({rows, 3 * dim_});
+  be.gemm(false, true, 1.0f, x2, w_qkv_.value, 0.0f, qkv);
+  be.addBias(qkv, b_qkv_.value);
+  Tensor heads = be.empty({batch, 3 * h, t, hs});
+  swapInner(be, qkv, heads, batch, t, 3 * h, hs);
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  Tensor probs = be.empty({batch, h, t, t});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < h; ++j)
+      be.gemm(false, true, scale, block(heads, (b * 3 + 0) * h + j, t, hs),
+              block(heads, (b * 3 + 1) * h + j, t, hs), 0.0f, block(probs, b * h + j, t, t));
+  be.softmax(probs, causal_, probs);
+
+  Tensor context = be.empty({batch, h, t, hs});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < h; ++j)
+      be.gemm(false, false, 1.0f, block(probs, b * h + j, t, t),
+              block(heads, (b * 3 + 2) * h + j, t, hs), 0.0f, block(context, b * h + j, t, hs));
+  Tensor merged = be.empty({rows, dim_});
+  swapInner(be, context, merged, batch, h, t, hs);
+
+  Tensor y = be.empty({rows, dim_});
+  be.gemm(false, true, 1.0f, merged, w_out_.value, 0.0f, y);
+  be.addBias(y, b_out_.value);
+  stash.saved = {x2, heads, probs, merged};
+  return y.reshape(x.shape());
+}
+
+Tensor Attention::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  // Weight gradients need dqkv, which is most of the way to dx: always go through it.
+  Tensor dx = backwardInput(dy, stash);
+  backwardWeights(stash);
+  return need_dx ? dx : Tensor();
+}
+
+// Leaves dy [B*T, D] and dqkv [B*T, 3D] in the stash for backwardWeights.
+Tensor Attention::backwardInput(const Tensor& dy, Stash& stash) {
+  TANDEM_CHECK_MSG(stash.saved.size() == 4, InvalidArgument, "attention: backward without forward");
+  Backend& be = *backend_;
+  const Tensor& heads = stash.saved[1];
+  const Tensor& probs = stash.saved[2];
+  const int64_t batch = heads.shape()[0], t = len_, h = heads_, hs = head_size_;
+  const int64_t rows = batch * t;
+  const Tensor dy2 = dy.reshape({rows, dim_});
+
+  Tensor dmerged = be.empty({rows, dim_});
+  be.gemm(false, false, 1.0f, dy2, w_out_.value, 0.0f, dmerged);
+  Tensor dcontext = be.empty({batch, h, t, hs});
+  swapInner(be, dmerged, dcontext, batch, t, h, hs);
+
+  Tensor dheads = be.empty({batch, 3 * h, t, hs});
+  Tensor dscores = be.empty({batch, h, t, t});
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j = 0; j < h; ++j) {
+      const Tensor dctx = block(dcontext, b * h + j, t, hs);
+      be.gemm(false, true, 1.0f, dctx, block(heads, (b * 3 + 2) * h + j, t, hs), 0.0f,
+              block(dscores, b * h + j, t, t));
+      be.gemm(true, false, 1.0f, block(probs, b * h + j, t, t), dctx, 0.0f,
+              block(dheads, (b * 3 + 2) * h + j, t, hs));
+    }
+  }
+  be.softmaxBackward(probs, dscores, dscores);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j = 0; j < h; ++j) {
+      const Tensor ds = block(dscores, b * h + j, t, t);
+      be.gemm(false, false, scale, ds, block(heads, (b * 3 + 1) * h + j, t, hs), 0.0f,
+              block(dheads, (b * 3 + 0) * h + j, t, hs));
+      be.gemm(true, false, scale, ds, block(heads, (b * 3 + 0) * h + j, t, hs), 0.0f,
+              block(dheads, (b * 3 + 1) * h + j, t, hs));
+    }
+  }
+  Tensor dqkv = be.empty({rows, 3 * dim_});
+  swapInner(be, dheads, dqkv, batch, 3 * h, t, hs);
+  Tensor dx = be.empty({rows, dim_});
+  be.gemm(false, false, 1.0f, dqkv, w_qkv_.value, 0.0f, dx);
+  stash.saved = {stash.saved[0], stash.saved[3], dy2, dqkv};
+  return dx.reshape(dy.shape());
+}
+
+void Attention::backwardWeights(Stash& stash) {
+  TANDEM_CHECK_MSG(stash.saved.size() == 4, InvalidArgument,
+                   "attention: backwardWeights without backwardInput");
+  Backend& be = *backend_;
+  const Tensor& x2 = stash.saved[0];
+  const Tensor& merged = stash.saved[1];
+  const Tensor& dy2 = stash.saved[2];
+  const Tensor& dqkv = stash.saved[3];
+  be.gemm(true, false, 1.0f, dy2, merged, 1.0f, w_out_.grad);
+  be.biasGrad(dy2, b_out_.grad);
+  be.gemm(true, false, 1.0f, dqkv, x2, 1.0f, w_qkv_.grad);
+  be.biasGrad(dqkv, b_qkv_.grad);
+  stash.clear();
+}
+
+int64_t Attention::flops() const {
+  const int64_t projections = 2 * len_ * dim_ * 4 * dim_ + 4 * len_ * dim_;
+  const int64_t products = 2 * 2 * len_ * len_ * dim_;  // Q K^T and P V over all heads
+  return projections + products + 5 * heads_ * len_ * len_;
+}
+
+int64_t Attention::stashBytes() const {
+  return (5 * len_ * dim_ + heads_ * len_ * len_) * 4;  // x, Q/K/V, merged; probabilities
+}
+
+LayerSpec Attention::spec() const {
+  LayerSpec s;
+  s.type = type();
+  s.attrs["heads"] = heads_;
+  if (!causal_) s.attrs["causal"] = std::string("false");
+  return s;
+}
+
+PositionalEmbedding::PositionalEmbedding(const LayerSpec& spec) {
+  SpecReader r(spec);
+  context_ = r.integer("context");
+  r.finish();
+  TANDEM_CHECK_MSG(context_ > 0, InvalidArgument,
+                   "positional: 'context' must be positive, got " << context_);
+}
+
+Shape PositionalEmbedding::infer(const Shape& input) {
+  TANDEM_CHECK_MSG(input.rank() == 2 && input[1] > 0, InvalidArgument,
+                   "expected input [T, width], got " << input);
+  TANDEM_CHECK_MSG(
+      input[0] <= context_, InvalidArgument,
+      "positional: a sequence of " << input[0] << " is longer than the context " << context_);
+  dim_ = input[1];
+  return input;
+}
+
+void PositionalEmbedding::build(Backend& backend, Rng& rng) {
+  backend_ = &backend;
+  std::vector<float> init(static_cast<size_t>(context_ * dim_));
+  for (float& v : init) v = 0.02f * rng.normal();  // GPT-2's N(0, 0.02^2)
+  table_ = makeParam(backend, "table", {context_, dim_}, init);
+}
+
+// addBias with y viewed as [B, T*D, 1] adds the table's first T rows to every sample.
+Tensor PositionalEmbedding::forward(const Tensor& x, Stash&, const ForwardContext&) {
+  const int64_t batch = x.shape()[0], n = x.numel() / batch;
+  Tensor y = backend_->empty(x.shape());
+  backend_->copy(x, y);
+  backend_->addBias(y.reshape({batch, n}), table_.value.reshape({context_ * dim_}).head({n}));
+  return y;
+}
+
+Tensor PositionalEmbedding::backward(const Tensor& dy, Stash&, bool need_dx) {
+  const int64_t batch = dy.shape()[0], n = dy.numel() / batch;
+  backend_->biasGrad(dy.reshape({batch, n}), table_.grad.reshape({context_ * dim_}).head({n}));
+  return need_dx ? dy : Tensor();
+}
+
+LayerSpec PositionalEmbedding::spec() const {
+  LayerSpec s;
+  s.type = type();
+  s.attrs["context"] = context_;
+  return s;
+}
+
+}  // namespace tandem

@@ -1,0 +1,64 @@
+// Causal multi-head self-attention and the learned positional embedding, the two layers a
+// GPT adds to the MLP/CNN set (the transformer block composes them: transformer.h).
+//
+// Attention over per-sample [T, D] with H heads of size D / H:
+//   qkv = x Wqkv^T + bqkv               [T, 3D]  (one fused projection, PyTorch's in_proj)
+//   per head h: S = Q_h K_h^T / sqrt(D/H), P = causal softmax(S), O_h = P V_h
+//   y = concat_h(O_h) Wo^T + bo         [T, D]
+// composed from gemm, transpose01 and the backend's softmax (the only new op: a row
+// softmax with the causal mask; the two per-head products are one gemm per sample and
+// head, B * H launches each way, which on the CPU costs nothing measurable and on OpenCL
+// is a launch per head).
+#pragma once
+
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+class Attention final : public Layer {
+ public:
+  explicit Attention(const LayerSpec& spec);
+  std::string type() const override { return "attention"; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override { return {&w_qkv_, &b_qkv_, &w_out_, &b_out_}; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  Tensor backwardInput(const Tensor& dy, Stash& stash) override;
+  void backwardWeights(Stash& stash) override;
+  int64_t paramCount() const override { return 4 * dim_ * dim_ + 4 * dim_; }
+  int64_t flops() const override;
+  int64_t stashBytes() const override;
+  LayerSpec spec() const override;
+  int64_t heads() const { return heads_; }
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  int64_t heads_, dim_ = 0, len_ = 0, head_size_ = 0;
+  bool causal_;
+  Param w_qkv_, b_qkv_, w_out_, b_out_;
+};
+
+// y = x + P[:T] for per-sample [T, D] with a learned table P [context, D].
+class PositionalEmbedding final : public Layer {
+ public:
+  explicit PositionalEmbedding(const LayerSpec& spec);
+  std::string type() const override { return "positional"; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override { return {&table_}; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t paramCount() const override { return context_ * dim_; }
+  int64_t flops() const override { return inputShape().numel(); }
+  LayerSpec spec() const override;
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  int64_t context_, dim_ = 0;
+  Param table_;
+};
+
+}  // namespace tandem
