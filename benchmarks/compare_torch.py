@@ -23,13 +23,14 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = [("MlpWide_b256", "mlp-wide:256", "MLP 784-1024-1024-10, batch 256"),
-         ("Cnn_b128", "cnn:128", "CNN (examples/models/cnn.yaml), batch 128")]
+         ("Cnn_b128", "cnn:128", "CNN (examples/models/cnn.yaml), batch 128"),
+         ("GptMini_b16", "gpt-mini:16", "GPT (examples/models/gpt-mini.yaml), batch 16")]
 
 
 def ours(build, threads):
     exe = os.path.join(build, "benchmarks", "train_step_bench")
     out = subprocess.run([exe, "--benchmark_format=json",
-                          "--benchmark_filter=(MlpWide_b256|Cnn_b128)/%d/" % threads],
+                          "--benchmark_filter=(MlpWide_b256|Cnn_b128|GptMini_b16)/%d/" % threads],
                          check=True, capture_output=True, text=True).stdout
     result = {}
     for b in json.loads(out)["benchmarks"]:

@@ -11,6 +11,7 @@ Prints one JSON object per case: {"case", "threads", "seconds_per_step" (median)
 import argparse
 import gzip
 import json
+import math
 import os
 import statistics
 import sys
@@ -37,7 +38,89 @@ def cnn():
                          nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-MODELS = {"mlp-wide": mlp_wide, "mlp": mlp, "cnn": cnn}
+class Block(nn.Module):
+    """tandem's transformer block: x + attn(ln1(x)); x + fc2(gelu(fc1(ln2(x)))), causal."""
+
+    def __init__(self, d, heads, mlp, context):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, mlp), nn.Linear(mlp, d)
+        mask = torch.triu(torch.ones(context, context, dtype=torch.bool), diagonal=1)
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        s = (h[0] @ h[1].transpose(-2, -1)) / math.sqrt(d // self.heads)
+        a = (s.masked_fill(self.mask[:t, :t], float("-inf")).softmax(-1) @ h[2])
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+    def step(self, x, cache):
+        """The new tokens x [B, tn, d] after those whose keys and values `cache` holds."""
+        b, tn, d = x.shape
+        h = self.qkv(self.ln1(x)).view(b, tn, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        k, v = h[1], h[2]
+        if cache:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        cache[:] = [k, v]
+        t = k.shape[2]
+        s = (h[0] @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        a = s.masked_fill(self.mask[t - tn:t, :t], float("-inf")).softmax(-1) @ v
+        x = x + self.out(a.transpose(1, 2).reshape(b, tn, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class Gpt(nn.Module):
+    """examples/models/gpt-mini.yaml: bytes, context 128, 4 blocks of width 128, 4 heads."""
+
+    def __init__(self, vocab=256, context=128, d=128, heads=4, mlp=512, blocks=4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(context, d) * 0.02)
+        self.blocks = nn.Sequential(*[Block(d, heads, mlp, context) for _ in range(blocks)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.embed(ids) + self.pos[:ids.shape[1]]
+        return self.head(self.ln(self.blocks(x)))
+
+    def step(self, ids, caches, past):
+        x = self.embed(ids) + self.pos[past:past + ids.shape[1]]
+        for block, cache in zip(self.blocks, caches):
+            x = block.step(x, cache)
+        return self.head(self.ln(x))
+
+
+def bench_generate(count, cache, context=640):
+    """Greedy decoding of `count` tokens after a 16-byte prompt, as generate_bench does:
+    with a key/value cache per block, or recomputing the prefix every step."""
+    torch.manual_seed(0)
+    model = Gpt(context=context).eval()
+    ids = torch.tensor([list(b"The cat sat on t")])
+    caches = [[] for _ in model.blocks]
+    times = []
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        feed, past = ids, 0
+        for _ in range(count):
+            logits = model.step(feed, caches, past) if cache else model(ids)
+            token = logits[0, -1].argmax().view(1, 1)
+            times.append(time.perf_counter())
+            if cache:
+                past += feed.shape[1]
+                feed = token
+            ids = torch.cat([ids, token], 1)
+    intervals = [b - a for a, b in zip(times, times[1:])]
+    return {"tokens_per_s": len(intervals) / sum(intervals),
+            "first_token_ms": 1e3 * (times[0] - t0)}
+
+
+MODELS = {"mlp-wide": mlp_wide, "mlp": mlp, "cnn": cnn, "gpt-mini": Gpt}
+TOKENS = {"gpt-mini": (256, 128)}  # language models: vocab, context
 
 
 def train_step(model, opt, loss_fn, x, y):
@@ -53,8 +136,15 @@ def bench_step(name, batch, steps, warmup):
     model = MODELS[name]()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(batch, 1, 28, 28)
-    y = torch.randint(0, 10, (batch,))
+    if name in TOKENS:  # a token-level loss: logits [B, T, V] as rows [B*T, V]
+        vocab, context = TOKENS[name]
+        x = torch.randint(0, vocab, (batch, context))
+        y = torch.randint(0, vocab, (batch * context,))
+        ce = nn.CrossEntropyLoss()
+        loss_fn = lambda logits, labels: ce(logits.reshape(-1, vocab), labels)
+    else:
+        x = torch.randn(batch, 1, 28, 28)
+        y = torch.randint(0, 10, (batch,))
     for _ in range(warmup):
         train_step(model, opt, loss_fn, x, y)
     times = []
@@ -96,7 +186,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--case", action="append", required=True,
-                   help="model:batch for a step, or epoch:model:batch")
+                   help="model:batch for a step, epoch:model:batch, or "
+                        "generate:TOKENS:cache|nocache")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
@@ -108,6 +199,8 @@ def main():
         parts = case.split(":")
         if parts[0] == "epoch":
             r = bench_epoch(parts[1], int(parts[2]), a.data_dir)
+        elif parts[0] == "generate":
+            r = bench_generate(int(parts[1]), parts[2] == "cache")
         else:
             r = bench_step(parts[0], int(parts[1]), a.steps, a.warmup)
         r.update({"case": case, "threads": a.threads, "torch": torch.__version__})

@@ -71,6 +71,21 @@ Tensor Model::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, 
   return layers_.forward(x, stash, ctx, begin, end);
 }
 
+Tensor Model::decode(const Tensor& x, DecodeState& state, size_t begin, size_t end) {
+  if (end == kEnd) end = size();
+  requireBuilt(begin, end);
+  const Shape& want = begin == 0 ? input_ : layers_.layer(begin - 1).outputShape();
+  // Like forward's, but any number of tokens in place of the sequence length.
+  TANDEM_CHECK_MSG(
+      x.shape().rank() == want.rank() + 1 && want.rank() >= 1 &&
+          x.shape().dropFirst().dropFirst() == want.dropFirst(),
+      InvalidArgument,
+      "model '" << name_ << "': decoding layer " << begin << " expects [B, tokens"
+                << (want.rank() > 1 ? ", " + want.dropFirst().str().substr(1) : std::string("]"))
+                << ", got " << x.shape());
+  return layers_.decode(x, state, begin, end);
+}
+
 Tensor Model::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end) {
   if (end == kEnd) end = size();
   requireBuilt(begin, end);

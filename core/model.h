@@ -54,6 +54,10 @@ class Model {
   Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin = 0, size_t end = kEnd);
   void backwardWeights(Stash& stash, size_t begin = 0, size_t end = kEnd);
 
+  // Layer::decode through layers [begin, end): the next tokens [B, Tnew] (ids, or the
+  // activations entering `begin`) of sequences whose earlier tokens `state` has seen.
+  Tensor decode(const Tensor& x, DecodeState& state, size_t begin = 0, size_t end = kEnd);
+
   int64_t paramCount(size_t begin = 0, size_t end = kEnd) const;
   ModelSpec spec() const;
 

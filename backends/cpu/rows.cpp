@@ -127,10 +127,15 @@ void CpuBackend::softmax(const Tensor& x, bool causal, const Tensor& y) {
       float* out = yp + r * v.tk;
       const int64_t seen = causal ? v.tk - v.tq + r % v.tq + 1 : v.tk;
       const float mx = *std::max_element(row, row + seen);
+      // One float exp per element (an exp in double costs twice as much, and this is most
+      // of attention's time outside gemm), summed in double; y may alias x.
       double sum = 0;
-      for (int64_t j = 0; j < seen; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
-      for (int64_t j = 0; j < seen; ++j)
-        out[j] = static_cast<float>(std::exp(static_cast<double>(row[j] - mx)) / sum);
+      for (int64_t j = 0; j < seen; ++j) {
+        out[j] = std::exp(row[j] - mx);
+        sum += out[j];
+      }
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < seen; ++j) out[j] *= inv;
       std::fill(out + seen, out + v.tk, 0.0f);
     }
   });

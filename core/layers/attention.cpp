@@ -89,6 +89,62 @@ Tensor Attention::forward(const Tensor& x, Stash& stash, const ForwardContext&) 
   return y.reshape(x.shape());
 }
 
+// state.cache: keys and values [B, H, T, hs] for the whole context; positions
+// [0, state.position) hold those of the tokens seen so far.
+Tensor Attention::decode(const Tensor& x, DecodeState& state) {
+  Backend& be = *backend_;
+  TANDEM_CHECK_MSG(x.shape().rank() == 3 && x.shape()[2] == dim_, InvalidArgument,
+                   "attention: decoding expects [B, tokens, " << dim_ << "], got " << x.shape());
+  const int64_t batch = x.shape()[0], fresh = x.shape()[1], h = heads_, hs = head_size_;
+  TANDEM_CHECK_MSG(causal_, Unsupported,
+                   "attention without the causal mask cannot decode token by token: each "
+                   "token's output would change with the tokens after it");
+  const int64_t past = state.position, seen = past + fresh, c = len_;
+  TANDEM_CHECK_MSG(seen <= c, InvalidArgument,
+                   "attention: " << seen << " tokens do not fit the context of " << c);
+  if (state.cache.empty()) state.cache = {be.empty({batch, h, c, hs}), be.empty({batch, h, c, hs})};
+  const Tensor& keys = state.cache[0];
+  const Tensor& values = state.cache[1];
+  TANDEM_CHECK_MSG(keys.shape()[0] == batch, InvalidArgument,
+                   "attention: a cache of " << keys.shape()[0] << " sequences given " << batch);
+
+  const int64_t rows = batch * fresh;
+  Tensor qkv = be.empty({rows, 3 * dim_});
+  be.gemm(false, true, 1.0f, x.reshape({rows, dim_}), w_qkv_.value, 0.0f, qkv);
+  be.addBias(qkv, b_qkv_.value);
+  Tensor heads = be.empty({batch, 3 * h, fresh, hs});
+  swapInner(be, qkv, heads, batch, fresh, 3 * h, hs);
+  // The new keys and values go into the cache, after those of the tokens seen before.
+  const Tensor key_rows = keys.reshape({batch * h * c, hs});
+  const Tensor value_rows = values.reshape({batch * h * c, hs});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < h; ++j) {
+      const int64_t at = (b * h + j) * c + past;
+      be.copy(block(heads, (b * 3 + 1) * h + j, fresh, hs), key_rows.slice(at, fresh));
+      be.copy(block(heads, (b * 3 + 2) * h + j, fresh, hs), value_rows.slice(at, fresh));
+    }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  Tensor probs = be.empty({batch, h, fresh, seen});
+  Tensor context = be.empty({batch, h, fresh, hs});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < h; ++j)
+      be.gemm(false, true, scale, block(heads, (b * 3 + 0) * h + j, fresh, hs),
+              key_rows.slice((b * h + j) * c, seen), 0.0f, block(probs, b * h + j, fresh, seen));
+  be.softmax(probs, causal_, probs);  // the new tokens see the past and each other causally
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < h; ++j)
+      be.gemm(false, false, 1.0f, block(probs, b * h + j, fresh, seen),
+              value_rows.slice((b * h + j) * c, seen), 0.0f, block(context, b * h + j, fresh, hs));
+  Tensor merged = be.empty({rows, dim_});
+  swapInner(be, context, merged, batch, h, fresh, hs);
+  Tensor y = be.empty({rows, dim_});
+  be.gemm(false, true, 1.0f, merged, w_out_.value, 0.0f, y);
+  be.addBias(y, b_out_.value);
+  state.position = seen;
+  return y.reshape(x.shape());
+}
+
 Tensor Attention::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   // Weight gradients need dqkv, which is most of the way to dx: always go through it.
   Tensor dx = backwardInput(dy, stash);
@@ -205,6 +261,23 @@ Tensor PositionalEmbedding::forward(const Tensor& x, Stash&, const ForwardContex
   Tensor y = backend_->empty(x.shape());
   backend_->copy(x, y);
   backend_->addBias(y.reshape({batch, n}), table_.value.reshape({context_ * dim_}).head({n}));
+  return y;
+}
+
+// The new tokens' rows of the table: positions [state.position, state.position + Tnew).
+Tensor PositionalEmbedding::decode(const Tensor& x, DecodeState& state) {
+  TANDEM_CHECK_MSG(x.shape().rank() == 3 && x.shape()[2] == dim_, InvalidArgument,
+                   "positional: decoding expects [B, tokens, " << dim_ << "], got " << x.shape());
+  const int64_t batch = x.shape()[0], fresh = x.shape()[1];
+  TANDEM_CHECK_MSG(
+      state.position + fresh <= context_, InvalidArgument,
+      "positional: " << state.position + fresh << " tokens do not fit the context of " << context_);
+  Tensor y = backend_->empty(x.shape());
+  backend_->copy(x, y);
+  backend_->addBias(
+      y.reshape({batch, fresh * dim_}),
+      table_.value.reshape({context_ * dim_}).slice(state.position * dim_, fresh * dim_));
+  state.position += fresh;
   return y;
 }
 

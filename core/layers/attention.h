@@ -23,6 +23,7 @@ class Attention final : public Layer {
   std::vector<Param*> params() override { return {&w_qkv_, &b_qkv_, &w_out_, &b_out_}; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  Tensor decode(const Tensor& x, DecodeState& state) override;
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override { return 4 * dim_ * dim_ + 4 * dim_; }
@@ -49,6 +50,7 @@ class PositionalEmbedding final : public Layer {
   std::vector<Param*> params() override { return {&table_}; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  Tensor decode(const Tensor& x, DecodeState& state) override;
   int64_t paramCount() const override { return context_ * dim_; }
   int64_t flops() const override { return inputShape().numel(); }
   LayerSpec spec() const override;

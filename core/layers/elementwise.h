@@ -12,6 +12,7 @@ class ActivationLayer final : public Layer {
   std::string type() const override;
   void build(Backend& backend, Rng&) override { backend_ = &backend; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t flops() const override;
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
@@ -32,6 +33,7 @@ class Dropout final : public Layer {
   std::string type() const override { return "dropout"; }
   void build(Backend& backend, Rng&) override { backend_ = &backend; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t flops() const override { return inputShape().numel(); }
   int64_t stashBytes() const override { return inputShape().numel() * 4; }

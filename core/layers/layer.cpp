@@ -1,5 +1,7 @@
 #include "core/layers/layer.h"
 
+#include "core/error.h"
+
 namespace tandem {
 
 Param makeParam(Backend& backend, std::string name, const Shape& shape,
@@ -9,6 +11,19 @@ Param makeParam(Backend& backend, std::string name, const Shape& shape,
   p.value = toDevice(backend, shape, init);
   p.grad = backend.zeros(shape);
   return p;
+}
+
+Tensor Layer::decode(const Tensor& x, DecodeState& state) {
+  (void)x, (void)state;
+  throw Unsupported("layer '" + type() +
+                    "' cannot decode token by token (a language model's layers can: embedding, "
+                    "positional, attention, transformer, residual, layernorm, linear, "
+                    "activations, dropout)");
+}
+
+Tensor Layer::forwardPerToken(const Tensor& x) {
+  Stash stash;
+  return forward(x, stash, ForwardContext{false, 0});
 }
 
 std::vector<float> uniformInit(Rng& rng, int64_t n, float bound) {

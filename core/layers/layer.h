@@ -39,6 +39,15 @@ struct Stash {
   }
 };
 
+// What a layer keeps between the steps of incremental decoding (generation, one token at a
+// time): attention's keys and values of the tokens seen so far, the position of the next
+// one. Owned by the caller, one per sequence batch, so several batches can be in flight.
+struct DecodeState {
+  int64_t position = 0;  // tokens this layer has seen
+  std::vector<Tensor> cache;
+  std::vector<DecodeState> children;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -75,6 +84,13 @@ class Layer {
   virtual Tensor backwardInput(const Tensor& dy, Stash& stash) { return backward(dy, stash, true); }
   virtual void backwardWeights(Stash& stash) { (void)stash; }
 
+  // Inference on the next tokens of sequences whose earlier tokens this state has seen:
+  // x is [B, Tnew, ...] (Tnew tokens from position state.position on), the result the
+  // rows forward would give those tokens with the whole sequence as input. Layers that
+  // work token by token run forward; attention reads and extends its key/value cache;
+  // the others (convolution, pooling, flatten) throw Unsupported.
+  virtual Tensor decode(const Tensor& x, DecodeState& state);
+
   // Cost facts, per sample, valid after setup.
   virtual int64_t paramCount() const { return 0; }
   virtual int64_t flops() const = 0;                // forward; a multiply-add is 2
@@ -86,6 +102,9 @@ class Layer {
 
  protected:
   virtual Shape infer(const Shape& input) = 0;
+  // decode() of a layer whose output row for a token depends on that token's input row
+  // only: an inference forward of the new rows.
+  Tensor forwardPerToken(const Tensor& x);
   // Backend that params live on; set by build().
   Backend* backend_ = nullptr;
 

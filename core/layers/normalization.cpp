@@ -77,7 +77,9 @@ void Embedding::build(Backend& backend, Rng& rng) {
 Tensor Embedding::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   TANDEM_CHECK_MSG(x.dtype() == DType::kI32, InvalidArgument,
                    "embedding expects i32 ids, got " << dtypeName(x.dtype()));
-  Tensor y = backend_->empty(outputShape().withBatch(x.shape()[0]));
+  std::vector<int64_t> dims = x.shape().dims();  // [N, T], or [N, Tnew] when decoding
+  dims.push_back(dim_);
+  Tensor y = backend_->empty(Shape(dims));
   backend_->embedding(x, table_.value, y);
   stash.saved = {x};
   return y;

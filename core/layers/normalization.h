@@ -12,6 +12,7 @@ class LayerNorm final : public Layer {
   void build(Backend& backend, Rng& rng) override;
   std::vector<Param*> params() override { return {&gamma_, &beta_}; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t paramCount() const override { return 2 * dim_; }
   int64_t flops() const override { return 8 * inputShape().numel(); }
@@ -37,6 +38,7 @@ class Embedding final : public Layer {
   std::vector<Param*> params() override { return {&table_}; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   // Ids have no gradient: dx is never produced.
+  Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t paramCount() const override { return vocab_ * dim_; }
   int64_t flops() const override { return 0; }

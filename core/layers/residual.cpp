@@ -68,6 +68,15 @@ Tensor Residual::forward(const Tensor& x, Stash& stash, const ForwardContext& ct
   return out;
 }
 
+Tensor Residual::decode(const Tensor& x, DecodeState& state) {
+  if (state.children.size() != 2) state.children.assign(2, DecodeState{});
+  Tensor y = body_.decode(x, state.children[0], 0, body_.size());
+  Tensor out = backend_->empty(y.shape());
+  backend_->copy(y, out);
+  backend_->axpby(1.0f, projection_ ? projection_->decode(x, state.children[1]) : x, 1.0f, out);
+  return out;
+}
+
 Tensor Residual::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   Tensor dx = body_.backward(dy, stash.children.at(0), need_dx, 0, body_.size());
   if (projection_) {

@@ -71,6 +71,16 @@ Tensor Sequence::forward(const Tensor& x, Stash& stash, const ForwardContext& ct
   return h;
 }
 
+Tensor Sequence::decode(const Tensor& x, DecodeState& state, size_t begin, size_t end) {
+  TANDEM_CHECK_MSG(
+      begin <= end && end <= layers_.size(), InvalidArgument,
+      "layer range [" << begin << ", " << end << ") outside a sequence of " << layers_.size());
+  if (state.children.size() != end - begin) state.children.assign(end - begin, DecodeState{});
+  Tensor h = x;
+  for (size_t i = begin; i < end; ++i) h = layers_[i]->decode(h, state.children[i - begin]);
+  return h;
+}
+
 namespace {
 
 void checkStash(const Stash& stash, size_t begin, size_t end) {

@@ -34,6 +34,9 @@ class Sequence {
   // Runs layers [begin, end); stash.children holds one Stash per layer of the range.
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,
                  size_t end);
+  // Layer::decode through layers [begin, end); state.children holds one state per layer
+  // of the range.
+  Tensor decode(const Tensor& x, DecodeState& state, size_t begin, size_t end);
   // Accumulates parameter gradients of layers [begin, end); returns the gradient of the
   // range's input when need_dx, else an undefined tensor. Layers below the first one with
   // parameters are skipped unless need_dx.

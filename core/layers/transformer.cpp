@@ -36,6 +36,10 @@ Tensor TransformerBlock::forward(const Tensor& x, Stash& stash, const ForwardCon
   return body_.forward(x, stash, ctx, 0, body_.size());
 }
 
+Tensor TransformerBlock::decode(const Tensor& x, DecodeState& state) {
+  return body_.decode(x, state, 0, body_.size());
+}
+
 Tensor TransformerBlock::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   return body_.backward(dy, stash, need_dx, 0, body_.size());
 }

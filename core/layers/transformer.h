@@ -18,6 +18,7 @@ class TransformerBlock final : public Layer {
   std::vector<Param*> params() override { return body_.params(); }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  Tensor decode(const Tensor& x, DecodeState& state) override;
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override;

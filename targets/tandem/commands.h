@@ -40,6 +40,7 @@ std::string tandemdProgram();
 
 void addTrain(CLI::App& app);
 void addEval(CLI::App& app);
+void addGenerate(CLI::App& app);
 void addInspect(CLI::App& app);
 void addImport(CLI::App& app);  // with TANDEM_ONNX
 void addExport(CLI::App& app);  // with TANDEM_ONNX

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::addTrain(app);
   tandem::cli::addEval(app);
+  tandem::cli::addGenerate(app);
   tandem::cli::addInspect(app);
 #ifdef TANDEM_HAS_ONNX
   tandem::cli::addImport(app);

@@ -107,6 +107,27 @@ void expectSameWeights(const Model& a, const Model& b, const std::string& what) 
   }
 }
 
+// `steps` batches through the replicas and through one device: the losses agree within
+// 1e-5 of their size, the weights within 1e-5 of theirs (not bitwise: the replicas' sums
+// are added in another order).
+void trainBesideOneDevice(DataParallelTrainer& dp, Trainer& one, const Model& ref,
+                          const Dataset& data, int64_t batch, int64_t steps) {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  for (int64_t step = 0; step < steps; ++step) {
+    batchOf(data, step * batch, batch, x, y);
+    const double a = dp.step(x.data(), y.data(), batch);
+    const double b = one.step(x.data(), y.data(), batch);
+    EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << "step " << step;
+  }
+  for (size_t p = 0; p < ref.params().size(); ++p) {
+    const std::vector<float> w = toHost(dp.model(0).params()[p]->value);
+    const std::vector<float> v = toHost(ref.params()[p]->value);
+    for (size_t i = 0; i < w.size(); ++i)
+      ASSERT_NEAR(w[i], v[i], 1e-5f * (1 + std::abs(v[i]))) << ref.params()[p]->name << " " << i;
+  }
+}
+
 TEST(DataParallelTest, EqualSharesAreBitwiseSingleDeviceAccumulation) {
   const Dataset data = testing::quadrants(200, 3);
   for (size_t replicas : {size_t{2}, size_t{3}}) {
@@ -156,22 +177,9 @@ TEST(DataParallelTest, UnequalSharesMatchTheFullBatchWithinRounding) {
   ref.build(be, o.seed);
   Optimizer ref_opt(be, opt);
   Trainer full(ref, ref_opt, TrainOptions{o.batch, o.seed, false, 1});
-  std::vector<float> x;
-  std::vector<int32_t> y;
-  for (int64_t step = 0; step < 5; ++step) {
-    batchOf(data, step * o.batch, o.batch, x, y);
-    const double a = dp.trainer->step(x.data(), y.data(), o.batch);
-    const double b = full.step(x.data(), y.data(), o.batch);
-    EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << "step " << step;
-  }
   // Bound: the weights agree to a few float roundings of their own size (sums of 36 and
   // 12 samples' gradients added in another order than 48's, over 5 steps).
-  for (size_t p = 0; p < ref.params().size(); ++p) {
-    const std::vector<float> w = toHost(dp.trainer->model(0).params()[p]->value);
-    const std::vector<float> v = toHost(ref.params()[p]->value);
-    for (size_t i = 0; i < w.size(); ++i)
-      ASSERT_NEAR(w[i], v[i], 1e-5f * (1 + std::abs(v[i]))) << ref.params()[p]->name << " " << i;
-  }
+  trainBesideOneDevice(*dp.trainer, full, ref, data, o.batch, 5);
   expectSameWeights(dp.trainer->model(0), dp.trainer->model(1), "replicas");
 }
 
@@ -191,20 +199,7 @@ TEST(DataParallelTest, AGptOnTextMatchesOneDeviceWithinRounding) {
   ref.build(be, o.seed);
   Optimizer ref_opt(be, opt);
   Trainer one(ref, ref_opt, TrainOptions{o.batch, o.seed, false, 2});
-  std::vector<float> x;
-  std::vector<int32_t> y;
-  for (int64_t step = 0; step < 4; ++step) {
-    batchOf(data, step * o.batch, o.batch, x, y);
-    const double a = dp.trainer->step(x.data(), y.data(), o.batch);
-    const double b = one.step(x.data(), y.data(), o.batch);
-    EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << "step " << step;
-  }
-  for (size_t p = 0; p < ref.params().size(); ++p) {
-    const std::vector<float> w = toHost(dp.trainer->model(0).params()[p]->value);
-    const std::vector<float> v = toHost(ref.params()[p]->value);
-    for (size_t i = 0; i < w.size(); ++i)
-      ASSERT_NEAR(w[i], v[i], 1e-5f * (1 + std::abs(v[i]))) << ref.params()[p]->name << " " << i;
-  }
+  trainBesideOneDevice(*dp.trainer, one, ref, data, o.batch, 4);
 }
 
 // The replicas gather their own shares (trainEpoch's steps): the same weights, bitwise,

@@ -65,7 +65,8 @@ TEST(CliTest, TrainAGptOnTextAndEvalIt) {
       << "  - linear: {out: 256}\n";
   const CliRun t = run("train --model " + dir + "/gpt.yaml --data text:" + dir +
                        "/corpus.txt --epochs 2 --batch 16 --optimizer adamw --lr 0.01 "
-                       "--threads 2 --no-progress --save " + dir + "/gpt.tdm");
+                       "--threads 2 --no-progress --save " +
+                       dir + "/gpt.tdm");
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_NE(t.out.find("epoch 2/2: train loss"), std::string::npos) << t.out;
   const auto at = t.out.rfind("test perplexity ");
@@ -77,6 +78,30 @@ TEST(CliTest, TrainAGptOnTextAndEvalIt) {
   char said[32];
   std::snprintf(said, sizeof said, "test perplexity: %.2f", perplexity);
   EXPECT_NE(e.out.find(said), std::string::npos) << said << "\n" << e.out;
+
+  // Generation: the prompt, then the new bytes, then the timing; the same text with the
+  // cache and without (greedy); --serve answers each stdin line with a line of JSON.
+  const std::string gen = "generate " + dir + "/gpt.tdm --tokens 6 ";
+  const CliRun g = run(gen + "--prompt 'the cat'");
+  ASSERT_EQ(g.code, 0) << g.out;
+  ASSERT_EQ(g.out.rfind("the cat", 0), 0u) << g.out;
+  EXPECT_NE(g.out.find("7 prompt tokens, 6 new: time to first token"), std::string::npos) << g.out;
+  EXPECT_NE(g.out.find("inter-token p50"), std::string::npos) << g.out;
+  const CliRun plain = run(gen + "--prompt 'the cat' --no-cache");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(plain.out.substr(0, 13), g.out.substr(0, 13));
+  const CliRun served = tandem::testing::runCommand(
+      "printf 'the cat\\nline 3: the\\n' | " + std::string(TANDEM_CLI) + " " + gen + "--serve");
+  ASSERT_EQ(served.code, 0) << served.out;
+  EXPECT_NE(served.out.find("{\"first_token_ms\":"), std::string::npos) << served.out;
+  EXPECT_NE(served.out.find("\"prompt\":\"line 3: the\""), std::string::npos) << served.out;
+  EXPECT_NE(served.out.find("served 2 prompts"), std::string::npos) << served.out;
+  const CliRun longer = run(gen + "--prompt 'a prompt longer than the context of sixteen'");
+  EXPECT_EQ(longer.code, 1) << longer.out;
+  EXPECT_EQ(
+      longer.out.rfind("error: a prompt of 43 tokens and 6 new ones exceed the context of 16", 0),
+      0u)
+      << longer.out;
 }
 
 // Data parallel from the command line: two replicas with unequal shares train, say so,
@@ -624,8 +649,7 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"train --model " + kModels + "mlp.yaml --batch 0", "--batch must be positive"},
       {"train --model " + kModels + "mlp.yaml --threads 0", "--threads"},
       {"train --model " + kModels + "mlp.yaml --data-dir /nonexistent", "dataset-fashion-mnist"},
-      {"train --model " + kModels + "mlp.yaml --data cifar",
-       "must be fashion-mnist or text:PATH"},
+      {"train --model " + kModels + "mlp.yaml --data cifar", "must be fashion-mnist or text:PATH"},
       {"train --model " + kModels + "mlp.yaml --data text:" + bad_yaml,
        "needs a model whose input is [T] token ids"},
       {"train --model " + kModels + "gpt-mini.yaml --data text:" + std::string(TANDEM_CLI),
@@ -635,6 +659,8 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
       {"train --model " + kModels + "mlp.yaml --device opencl:7", "no OpenCL device 7"},
       {"train --model /nonexistent.yaml", "nonexistent.yaml"},
       {"eval " + junk, "not a tandem model file"},
+      {"generate " + model_file + " --prompt hello", "is not a language model"},
+      {"generate " + model_file, "give --prompt TEXT, or --serve"},
       {"inspect " + bad_yaml, "layer 1 (linear"},
       {"frobnicate", "unknown command 'frobnicate'"},
       {"schedule --kind zb", "unknown schedule 'zb'"},

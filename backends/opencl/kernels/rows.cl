@@ -129,8 +129,13 @@ __kernel void softmax_f32(__global const float* x, ulong x_off, __global float* 
   float mx = row[0];
   for (ulong j = 1; j < seen; ++j) mx = fmax(mx, row[j]);
   acc_t sum = 0;
-  for (ulong j = 0; j < seen; ++j) sum += exp((acc_t)(row[j] - mx));
-  for (ulong j = 0; j < seen; ++j) out[j] = (float)(exp((acc_t)(row[j] - mx)) / sum);
+  for (ulong j = 0; j < seen; ++j) {
+    const float e = exp(row[j] - mx);  // row may alias out: read before the write
+    out[j] = e;
+    sum += e;
+  }
+  const float inv = (float)((acc_t)1 / sum);
+  for (ulong j = 0; j < seen; ++j) out[j] *= inv;
   for (ulong j = seen; j < tk; ++j) out[j] = 0.0f;
 }
 

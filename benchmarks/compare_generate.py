@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""Generation speed of tandem next to PyTorch, measured in the same run.
+
+    benchmarks/compare_generate.py [--build build/release] [--threads 1,2] [--rounds 2]
+
+The model is examples/models/gpt-mini.yaml's shape (width 128, 4 blocks of 4 heads,
+byte tokens) with a context of 640; both sides decode greedily after the same 16-byte
+prompt, 128 and 512 new tokens. Ours: benchmarks/generate_bench (core/generate.h, the
+key/value cache of each attention layer). PyTorch's: benchmarks/torch_peer.py
+`generate:N:cache`, the same model with its own cache loop (keys and values
+concatenated per block) under torch.no_grad(), in a fresh process per thread count
+(OPENBLAS_NUM_THREADS, OMP_NUM_THREADS). It prints decoding tokens/s (the steps after
+the first token) and the ratio tandem/torch (>= 1.0: we are at least as fast), then the
+cache's gain: tandem's tokens/s with the cache over without it.
+
+Needs python3-torch (scripts/setup --with-peer). Compare only figures from one run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_torch import ROOT, torch  # noqa: E402
+
+
+def ours(build, threads):
+    exe = os.path.join(build, "benchmarks", "generate_bench")
+    out = subprocess.run([exe, "--benchmark_format=json",
+                          "--benchmark_filter=threads:%d/" % threads],
+                         check=True, capture_output=True, text=True).stdout
+    result = {}
+    for b in json.loads(out)["benchmarks"]:
+        name = b["name"]  # BM_Generate/tokens:128/cache:1/threads:1/...
+        tokens = int(name.split("tokens:")[1].split("/")[0])
+        cache = name.split("cache:")[1].split("/")[0] == "1"
+        result[(tokens, cache)] = b["tokens_per_s"]
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    print("%-40s %7s %12s %12s %8s" % ("greedy decoding, tokens/s (best of %d)" % a.rounds,
+                                       "threads", "tandem", "torch", "ratio"))
+    gains = []
+    for t in [int(x) for x in a.threads.split(",")]:
+        mine, peer = {}, {}
+        for _ in range(a.rounds):
+            for key, v in ours(a.build, t).items():
+                mine[key] = max(mine.get(key, v), v)
+            for n in (128, 512):
+                case = "generate:%d:cache" % n
+                v = torch(t, [case])[case]["tokens_per_s"]
+                peer[n] = max(peer.get(n, v), v)
+        for n in (128, 512):
+            print("%-40s %7d %12.1f %12.1f %8.2f" % ("%d tokens, key/value cache" % n, t,
+                                                     mine[(n, True)], peer[n],
+                                                     mine[(n, True)] / peer[n]), flush=True)
+        for n in (128, 512):
+            gains.append((n, t, mine[(n, True)], mine[(n, False)]))
+    print("\n%-40s %7s %12s %12s %8s" % ("tandem: the cache's gain", "threads", "cache",
+                                         "no cache", "gain"))
+    for n, t, with_cache, without in gains:
+        print("%-40s %7d %12.1f %12.1f %8.2f" % ("%d tokens" % n, t, with_cache, without,
+                                                 with_cache / without))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+#include "core/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace tandem {
+int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, Rng& rng) {
+  TANDEM_CHECK_MSG(!logits.empty(), InvalidArgument, "no logits to choose a token from");
+  TANDEM_CHECK_MSG(o.temperature >= 0 && std::isfinite(o.temperature), InvalidArgument,
+                   "temperature must be 0 (greedy) or positive, got " << o.temperature);
+  TANDEM_CHECK_MSG(o.top_k >= 0, InvalidArgument,
+                   "top-k must be 0 (all) or positive, got " << o.top_k);
+  if (o.temperature == 0.0f)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Largest first; ties by index, so the choice does not depend on the sort's whims.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  const size_t k =
+      o.top_k > 0 ? std::min(order.size(), static_cast<size_t>(o.top_k)) : order.size();
+  std::vector<double> weight(k);
+  double total = 0;
+  for (size_t i = 0; i < k; ++i) {
+    weight[i] =
+        std::exp((static_cast<double>(logits[order[i]]) - logits[order[0]]) / o.temperature);
+    total += weight[i];
+  }
+  double draw = static_cast<double>(rng.uniform(0.0f, 1.0f)) * total;
+  for (size_t i = 0; i < k; ++i) {
+    draw -= weight[i];
+    if (draw < 0) return order[i];
+  }
+  return order[k - 1];
+}
+
+Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t count,
+                    const SamplingOptions& o, bool cache,
+                    const std::function<void(int32_t)>& on_token) {
+  const Shape& in = model.inputShape();
+  const Shape& out = model.outputShape();
+  TANDEM_CHECK_MSG(
+      model.inputDType() == DType::kI32 && in.rank() == 1 && out.rank() == 2 && out[0] == in[0],
+      InvalidArgument,
+      "model '" << model.name() << "' is not a language model: it takes " << in << " and outputs "
+                << out << " (generation needs [T] token ids in, [T, vocab] logits out)");
+  const int64_t context = in[0], vocab = out[1];
+  TANDEM_CHECK_MSG(!prompt.empty(), InvalidArgument, "the prompt is empty");
+  TANDEM_CHECK_MSG(count >= 0, InvalidArgument, "cannot generate " << count << " tokens");
+  const auto length = static_cast<int64_t>(prompt.size());
+  TANDEM_CHECK_MSG(length + count <= context, InvalidArgument,
+                   "a prompt of " << length << " tokens and " << count << " new ones exceed the "
+                                  << "context of " << context << " tokens of model '"
+                                  << model.name() << "'");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    TANDEM_CHECK_MSG(
+        prompt[i] >= 0 && prompt[i] < vocab, InvalidArgument,
+        "prompt token " << prompt[i] << " at " << i << " is outside the vocab of " << vocab);
+  Backend& be = model.backend();
+  Rng rng(o.seed);
+  Generation g;
+  std::vector<int32_t> sequence = prompt;
+  DecodeState state;
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto last = t0;
+  // Step 0 feeds the prompt; each later step the token chosen before it (with the
+  // cache) or the whole sequence so far (without).
+  for (int64_t step = 0; step < count; ++step) {
+    std::vector<int32_t> feed;
+    if (cache && step > 0) {
+      feed = {sequence.back()};
+    } else {
+      feed = sequence;
+      if (!cache) state = DecodeState{};
+    }
+    const auto n = static_cast<int64_t>(feed.size());
+    const Tensor logits = model.decode(toDeviceI32(be, {1, n}, feed), state);
+    const std::vector<float> all = toHost(logits);
+    std::vector<float> row(all.end() - vocab, all.end());
+    const int32_t token = chooseToken(row, o, rng);
+    const auto now = Clock::now();
+    if (step == 0) {
+      g.first_token_s = std::chrono::duration<double>(now - t0).count();
+    } else {
+      g.intervals_s.push_back(std::chrono::duration<double>(now - last).count());
+    }
+    last = now;
+    sequence.push_back(token);
+    g.tokens.push_back(token);
+    g.logits.push_back(std::move(row));
+    if (on_token) on_token(token);
+  }
+  return g;
+}
+
+}  // namespace tandem

@@ -1,0 +1,41 @@
+// Text generation with a language model (input [T] token ids, output [T, vocab] logits):
+// the prompt is decoded at once (prefill), then one token at a time, each step choosing
+// the next token from the last position's logits. With the key/value cache
+// (Layer::decode) a step computes the new token only; without it, each step runs the
+// whole prefix again (the reference the cache must equal, and the cache's gain).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/model.h"
+#include "core/random.h"
+
+namespace tandem {
+
+struct SamplingOptions {
+  float temperature = 0.0f;  // 0: greedy (the first largest logit)
+  int64_t top_k = 0;         // > 0: draw among the k largest logits only
+  uint64_t seed = 1;
+};
+
+// The next token from one position's logits; InvalidArgument for a negative temperature
+// or top_k. Draws from `rng` only when temperature > 0.
+int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, Rng& rng);
+
+struct Generation {
+  std::vector<int32_t> tokens;             // the new tokens, in order
+  std::vector<std::vector<float>> logits;  // the logits each new token was chosen from
+  double first_token_s = 0;                // prompt in, first new token chosen
+  std::vector<double> intervals_s;         // between consecutive new tokens
+};
+
+// Generates `count` tokens after `prompt` (ids in [0, vocab)). The prompt and the new
+// tokens must fit the model's context: InvalidArgument naming both lengths otherwise.
+// `on_token` (may be empty) hears each token as it is chosen.
+Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t count,
+                    const SamplingOptions& o, bool cache = true,
+                    const std::function<void(int32_t)>& on_token = {});
+
+}  // namespace tandem

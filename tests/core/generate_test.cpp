@@ -1,0 +1,155 @@
+// Incremental decoding and generation: decoding a sequence gives forward's rows; a
+// key/value cache gives the same tokens and bitwise the same logits as recomputing the
+// whole prefix each step; sampling is seeded and bounded by top-k; bad requests are named.
+#include "core/generate.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/model_spec.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+// Two blocks, so a cached layer feeds another.
+constexpr const char* kTwoBlocks = R"(name: two-blocks
+input: [12]
+layers:
+  - embedding: {vocab: 256, dim: 16}
+  - positional: {context: 12}
+  - transformer: {heads: 2, mlp: 24}
+  - transformer: {heads: 4}
+  - layernorm
+  - linear: {out: 256}
+)";
+
+std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
+  std::vector<int32_t> out;
+  Rng rng(seed);
+  for (int64_t i = 0; i < n; ++i) out.push_back(static_cast<int32_t>(rng.below(256)));
+  return out;
+}
+
+TEST(DecodeTest, DecodingWholeSequencesGivesForwardsRows) {
+  cpu::CpuBackend be(cpu::CpuOptions{2});
+  Model m(parseModelSpec(kTwoBlocks));
+  m.build(be, 3);
+  const Tensor x = toDeviceI32(be, {2, 12}, tokens(24, 1));
+  Stash stash;
+  const auto want = toHost(m.forward(x, stash, ForwardContext{false, 0}));
+  DecodeState state;
+  EXPECT_EQ(toHost(m.decode(x, state)), want);
+  // The same sequences fed in pieces: 5 tokens, then 1, then 6.
+  DecodeState pieces;
+  std::vector<float> got;
+  const auto ids = tokens(24, 1);
+  for (auto [from, n] : {std::pair<int64_t, int64_t>{0, 5}, {5, 1}, {6, 6}}) {
+    std::vector<int32_t> part;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t t = from; t < from + n; ++t) part.push_back(ids[b * 12 + t]);
+    const auto rows = toHost(m.decode(toDeviceI32(be, {2, n}, part), pieces));
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t v = 0; v < 256; ++v)
+          ASSERT_NEAR(rows[(b * n + t) * 256 + v], want[(b * 12 + from + t) * 256 + v], 1e-5)
+              << "sample " << b << " token " << from + t;
+  }
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        m.decode(toDeviceI32(be, {2, 1}, {1, 2}), pieces);
+      },
+      {"13 tokens do not fit the context of 12"});
+}
+
+// The acceptance check of generation: greedy decoding with the cache chooses the same
+// tokens from bitwise the same logits as decoding without it.
+TEST(DecodeTest, TheCacheGivesBitwiseTheLogitsOfRecomputingThePrefix) {
+  cpu::CpuBackend be(cpu::CpuOptions{2});
+  Model m(parseModelSpec(kTwoBlocks));
+  m.build(be, 4);
+  const std::vector<int32_t> prompt = tokens(3, 2);
+  for (float temperature : {0.0f, 0.8f}) {
+    const SamplingOptions o{temperature, 0, 9};
+    std::vector<int32_t> heard;
+    const Generation cached =
+        generate(m, prompt, 9, o, true, [&](int32_t t) { heard.push_back(t); });
+    const Generation plain = generate(m, prompt, 9, o, false);
+    ASSERT_EQ(cached.tokens.size(), 9u);
+    EXPECT_EQ(cached.tokens, plain.tokens);
+    EXPECT_EQ(heard, cached.tokens);
+    for (size_t i = 0; i < cached.logits.size(); ++i)
+      ASSERT_EQ(cached.logits[i], plain.logits[i]) << "token " << i;
+    EXPECT_EQ(cached.intervals_s.size(), 8u);
+    EXPECT_GT(cached.first_token_s, 0.0);
+  }
+}
+
+TEST(DecodeTest, RequestsThatCannotBeServedAreNamed) {
+  cpu::CpuBackend be;
+  Model m(parseModelSpec(kTwoBlocks));
+  m.build(be, 1);
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { generate(m, tokens(10, 1), 3, {}); },
+      {"a prompt of 10 tokens and 3 new ones exceed the context of 12"});
+  testing::expectThrowWith<InvalidArgument>([&] { generate(m, {}, 3, {}); }, {"prompt is empty"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        generate(m, {1, 300}, 3, {});
+      },
+      {"token 300 at 1", "vocab of 256"});
+  Model classifier(parseModelSpec(testing::kTinyNet));
+  classifier.build(be, 1);
+  testing::expectThrowWith<InvalidArgument>([&] { generate(classifier, {1}, 1, {}); },
+                                            {"is not a language model"});
+  Model cnn(
+      parseModelSpec("input: [4]\nlayers: [{embedding: {vocab: 9, dim: 4}}, flatten, "
+                     "{linear: {out: 9}}]\n"));
+  cnn.build(be, 1);
+  DecodeState state;
+  EXPECT_THROW(cnn.decode(toDeviceI32(be, {1, 2}, {1, 2}), state), Unsupported);
+  Model open(
+      parseModelSpec("input: [4]\nlayers: [{embedding: {vocab: 9, dim: 4}}, "
+                     "{attention: {heads: 1, causal: false}}, {linear: {out: 9}}]\n"));
+  open.build(be, 1);
+  DecodeState open_state;
+  testing::expectThrowWith<Unsupported>(
+      [&] {
+        open.decode(toDeviceI32(be, {1, 2}, {1, 2}), open_state);
+      },
+      {"without the causal mask cannot decode"});
+}
+
+TEST(SamplingTest, GreedyTakesTheFirstLargestAndTopKBoundsTheDraw) {
+  Rng rng(1);
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
+  EXPECT_EQ(chooseToken(logits, {}, rng), 1);
+  EXPECT_EQ(chooseToken(logits, {1.0f, 1, 5}, rng), 1);  // top-1: the first largest
+  std::set<int32_t> seen;
+  for (int i = 0; i < 200; ++i) seen.insert(chooseToken(logits, {1.0f, 3, 5}, rng));
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 3, 4}));
+  // Seeded: the same draws from the same seed.
+  Rng a(7), b(7);
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(chooseToken(logits, {0.7f, 0, 0}, a), chooseToken(logits, {0.7f, 0, 0}, b));
+  // A low temperature concentrates the draw on the largest logits.
+  int largest = 0;
+  for (int i = 0; i < 200; ++i) largest += chooseToken({0.0f, 3.0f}, {0.2f, 0, 0}, rng) == 1;
+  EXPECT_GT(largest, 195);
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        chooseToken(logits, {-1.0f, 0, 0}, rng);
+      },
+      {"temperature must be 0 (greedy) or positive"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        chooseToken(logits, {1.0f, -2, 0}, rng);
+      },
+      {"top-k must be 0 (all) or positive"});
+}
+
+}  // namespace
+}  // namespace tandem
