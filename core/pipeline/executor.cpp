@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/loss.h"
 #include "core/train/microbatch.h"
+#include "core/train/trainer.h"
 
 namespace tandem {
 
@@ -220,14 +221,21 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
     result.outputs.push_back({k, std::move(y), {}, 0, 0});
     return;
   }
+  // A language model's loss is a mean per token: its sum over a sample's tokens counts
+  // as that sample's loss divided by the tokens; `correct` counts tokens.
+  const int64_t per_label = labelsPerSample(model_);
+  const auto per = static_cast<double>(per_label);
   if (info.training) {
     f.dy = backend_.empty(y.shape());
-    result.loss_sum += softmaxCrossEntropy(backend_, y, f.labels,
-                                           1.0f / static_cast<float>(info.batch_samples), f.dy);
+    result.loss_sum +=
+        softmaxCrossEntropy(backend_, y, f.labels,
+                            1.0f / static_cast<float>(info.batch_samples * per_label), f.dy) /
+        per;
   } else {
-    const double loss = softmaxCrossEntropy(backend_, y, f.labels, 1.0f, Tensor());
+    const double loss = softmaxCrossEntropy(backend_, y, f.labels, 1.0f, Tensor()) / per;
     std::vector<float> host = toHost(y);
-    const int64_t correct = countCorrect(host, toHostI32(f.labels), y.shape()[1]);
+    const int64_t correct =
+        countCorrect(host, toHostI32(f.labels), y.shape()[y.shape().rank() - 1]);
     result.loss_sum += loss;
     result.correct += correct;
     if (info.outputs) result.outputs.push_back({k, std::move(y), std::move(host), loss, correct});

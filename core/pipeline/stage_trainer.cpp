@@ -28,12 +28,12 @@ StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& o
   if (range_.first()) gatherBatch(*data, order, begin, n, x_, y_);
   Backend& be = model_.backend();
   const int64_t per_sample = model_.inputShape().numel();
+  const int64_t per_label = labelsPerSample(model_);  // a language model's: one per token
   auto input = [&](int64_t k) {
     const MicrobatchSlice& s = slices.at(static_cast<size_t>(k));
-    MicrobatchInput in{be.empty(model_.inputShape().withBatch(s.count)),
-                       be.empty({s.count}, DType::kI32)};
-    be.upload(in.x, x_.data() + s.offset * per_sample);
-    be.upload(in.labels, y_.data() + s.offset);
+    MicrobatchInput in{uploadSamples(be, model_, x_.data() + s.offset * per_sample, s.count),
+                       be.empty({s.count * per_label}, DType::kI32)};
+    be.upload(in.labels, y_.data() + s.offset * per_label);
     return in;
   };
   const StepInfo info{global_step_, n, training, true, outputs};
@@ -109,7 +109,8 @@ EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t 
   if (range_.last() && samples > stream.from) {
     r.samples = samples - stream.from;
     r.loss = loss_sum / static_cast<double>(r.samples);
-    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
+    r.accuracy = static_cast<double>(correct) /
+                 static_cast<double>(r.samples * labelsPerSample(model_));  // per token
   }
   return r;
 }

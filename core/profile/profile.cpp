@@ -28,17 +28,19 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
   // kept it hot and predicted small layers 20-40% fast.
   const size_t n = model.size();
   // The loss, between the last forward and the first backward, where the last stage
-  // computes it: on logits of the output's shape and labels of its classes.
+  // computes it: on logits of the output's shape and labels of its classes (one per
+  // sample, or per token of a language model's [T, vocab]).
   const Shape out_shape = model.layer(n - 1).outputShape().withBatch(o.batch);
-  const bool classifier = out_shape.rank() == 2 && out_shape[1] > 0;
+  const int64_t classes = out_shape[out_shape.rank() - 1];
+  const bool classifier = out_shape.rank() >= 2 && classes > 0;
   Tensor logits, labels, dlogits;
   if (classifier) {
     Rng rng(o.seed);
     logits = toDevice(backend, out_shape, uniformInit(rng, out_shape.numel(), 1.0f));
-    std::vector<int32_t> ids(static_cast<size_t>(o.batch));
+    std::vector<int32_t> ids(static_cast<size_t>(out_shape.numel() / classes));
     for (size_t k = 0; k < ids.size(); ++k)
-      ids[k] = static_cast<int32_t>(static_cast<int64_t>(k) % out_shape[1]);
-    labels = toDeviceI32(backend, {o.batch}, ids);
+      ids[k] = static_cast<int32_t>(static_cast<int64_t>(k) % classes);
+    labels = toDeviceI32(backend, {static_cast<int64_t>(ids.size())}, ids);
     dlogits = backend.empty(out_shape);
   }
   std::vector<std::vector<double>> forward(n), backward(n);

@@ -187,10 +187,10 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.model = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else if (key == "data") {
       job.data = r.get<std::string>(v, key, "a dataset name");
-      if (job.data != "fashion-mnist")
+      if (job.data != "fashion-mnist" && (job.data.rfind("text:", 0) != 0 || job.data.size() < 6))
         r.fail(v, "unknown dataset '" + job.data +
-                      "' (expected fashion-mnist; text:PATH trains with tandem train, not "
-                      "in jobs yet)");
+                      "' (expected fashion-mnist or text:PATH, a file or folder of text on the "
+                      "first stage's node)");
     } else if (key == "data_dir") {
       job.data_dir = r.get<std::string>(v, key, "a directory");
     } else if (key == "train_limit") {

@@ -3,7 +3,8 @@
 //
 //   model: ../models/cnn.yaml      # relative to the job file; or an ONNX model (x.onnx):
 //                                  # its layers, and its weights unless `weights:` names others
-//   data: fashion-mnist
+//   data: fashion-mnist            # or text:PATH (a language model; read on the first
+//                                  # stage's node)
 //   epochs: 2
 //   batch: 32
 //   microbatches: 4

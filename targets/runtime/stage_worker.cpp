@@ -183,8 +183,15 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   }
   Dataset train, test;
   if (a.stage == 0) {  // every replica of the first stage reads the data (each its microbatches)
-    if (!a.infer) train = loadDataset(a.data, a.data_dir, true, a.train_limit);
-    test = loadDataset(a.data, a.data_dir, false, a.test_limit);
+    // Text data: windows of the model's context, the training ones drawn from the seed.
+    const Shape input = model.inputShape();
+    const int64_t context = input.rank() == 1 ? input[0] : 0;
+    if (!a.infer) train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed);
+    test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed);
+    checkClassifier(model, test);
+    TANDEM_CHECK_MSG(!a.infer || !test.tokens, Unsupported,
+                     "serving a language model's held-out text as a stream is not supported: "
+                     "generate text with tandem generate");
     ready.train_samples = a.infer ? 0 : train.size();
     ready.test_samples = test.size();
   }

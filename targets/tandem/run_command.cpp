@@ -322,11 +322,16 @@ int runJob(const RunArgs& args) {
   cb.epoch = [&](const runtime::EpochDone& m) {
     progress.finishEpoch();
     accuracy = m.test_accuracy;
+    // Text data: the losses are per token, and the held-out perplexity is e^loss.
+    const std::string perplexity =
+        job.data.rfind("text:", 0) == 0
+            ? fmt::format(", test perplexity {:.2f}", std::exp(m.test_loss))
+            : std::string();
     std::printf(
-        "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f, "
+        "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f%s, "
         "%.2f s (%.0f samples/s)\n",
         static_cast<long long>(m.epoch + 1), static_cast<long long>(job.epochs), m.loss,
-        m.test_loss, accuracy, m.seconds, m.samples_per_s);
+        m.test_loss, accuracy, perplexity.c_str(), m.seconds, m.samples_per_s);
     std::fflush(stdout);
   };
   cb.infer = [&](const runtime::InferDone& m) { infer_result = m; };

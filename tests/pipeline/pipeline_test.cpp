@@ -24,9 +24,10 @@ using namespace std::chrono_literals;
 
 using Weights = std::map<std::string, std::vector<float>>;
 
-Weights reference(const PipelineOptions& o, const Dataset& d, int epochs) {
+Weights reference(const PipelineOptions& o, const Dataset& d, int epochs,
+                  const char* spec = testing::kTinyNet) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
-  Model m(parseModelSpec(testing::kTinyNet));
+  Model m(parseModelSpec(spec));
   m.build(be, o.seed);
   Optimizer opt(be, OptimizerOptions{});
   TrainOptions t{o.batch, o.seed, o.shuffle, o.microbatches};
@@ -52,13 +53,14 @@ struct PipelineRun {
 // replicas of a stage share an in-process group.
 PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, int epochs,
                      transport::Codec codec = transport::Codec::kRaw, const Dataset* test = nullptr,
-                     std::vector<int> replicas = {}, const EvalStream* stream = nullptr) {
+                     std::vector<int> replicas = {}, const EvalStream* stream = nullptr,
+                     const char* spec = testing::kTinyNet) {
   static int run_id = 0;
   const std::string id = std::to_string(run_id++);
   replicas.resize(static_cast<size_t>(p), 1);
   auto R = [&](int s) { return replicas[static_cast<size_t>(s)]; };
   transport::Context ctx;
-  const auto ranges = runtime::equalStageRanges(Model(parseModelSpec(testing::kTinyNet)).size(), p);
+  const auto ranges = runtime::equalStageRanges(Model(parseModelSpec(spec)).size(), p);
   // down[s][i][j] is replica i of stage s's end of its link to replica j of stage s + 1;
   // up[s][i][j] the other end.
   using Links = std::vector<std::vector<std::unique_ptr<transport::ZmqLink>>>;
@@ -98,7 +100,7 @@ PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, in
       threads.emplace_back([&, s, r] {
         try {
           cpu::CpuBackend be(cpu::CpuOptions{1});
-          Model m(parseModelSpec(testing::kTinyNet));
+          Model m(parseModelSpec(spec));
           const auto [begin, end] = ranges[static_cast<size_t>(s)];
           m.build(be, options.seed, begin, end);
           Optimizer opt(be, OptimizerOptions{});
@@ -197,6 +199,39 @@ TEST(PipelineTest, BitwiseEqualToSingleDeviceAccumulation) {
       }
     }
   }
+}
+
+// A GPT across stages (token ids into the first, a label per token at the last) ends
+// bitwise where single-device accumulation does, and evaluates per token as one device.
+TEST(PipelineTest, AGptAcrossStagesIsBitwiseSingleDeviceAccumulation) {
+  const Dataset d = testing::phrases(72, 8, 1), test = testing::phrases(30, 8, 2);
+  for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+    for (const int64_t m : {1, 4}) {
+      const PipelineOptions o = sweepOptions(kind, m);
+      const Weights want = reference(o, d, 1, testing::kTinyGpt);
+      for (const int p : {2, 3}) {
+        const PipelineRun got =
+            pipeline(p, o, d, 1, transport::Codec::kRaw, &test, {}, nullptr, testing::kTinyGpt);
+        ASSERT_EQ(got.weights.size(), want.size());
+        for (const auto& [name, w] : want)
+          ASSERT_EQ(got.weights.at(name), w)
+              << name << ": " << scheduleName(kind) << " p=" << p << " m=" << m;
+        EXPECT_EQ(got.eval.samples, 30);
+        EXPECT_LE(got.eval.accuracy, 1.0);
+      }
+    }
+  }
+  // The evaluation matches one device's with the same (bitwise equal) weights, per token.
+  const PipelineOptions o = sweepOptions(ScheduleKind::k1F1B, 1);
+  const PipelineRun got =
+      pipeline(2, o, d, 1, transport::Codec::kRaw, &test, {}, nullptr, testing::kTinyGpt);
+  cpu::CpuBackend be;
+  Model one(parseModelSpec(testing::kTinyGpt));
+  one.build(be, o.seed);
+  for (Param* param : one.params()) be.upload(param->value, got.weights.at(param->name).data());
+  const EvalResult want = evaluate(one, test, 50);
+  EXPECT_NEAR(got.eval.loss, want.loss, 1e-5 * want.loss);
+  EXPECT_EQ(got.eval.accuracy, want.accuracy);
 }
 
 TEST(PipelineTest, TrainsAndEvaluatesLikeOneDevice) {

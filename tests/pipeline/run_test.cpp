@@ -21,6 +21,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/data/dataset.h"
+#include "core/data/text.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/train/trainer.h"
@@ -218,6 +219,43 @@ TEST(RunTest, StagesApplyTheLearningRateScheduleAsTheSingleDeviceDoes) {
   flat.lr_schedule = "constant";
   flat.warmup_steps = 0;
   EXPECT_NE(singleDevice(train, batch, m, flat).weights, want.weights);
+}
+
+// A GPT across 2 stage processes on a text file (token ids into the first stage, a label
+// per token to the last): bitwise the single device's weights, and the epoch reports the
+// held-out perplexity.
+TEST(RunTest, AGptTrainsOnTextAcrossStageProcessesAsOneDeviceDoes) {
+  const std::string dir = ::testing::TempDir();
+  const std::string corpus = dir + "/run_text.txt", spec = dir + "/run_gpt.yaml";
+  {
+    std::ofstream text(corpus);
+    for (int i = 0; i < 120; ++i) text << "fortune " << i % 9 << ": the cat sat on the mat.\n";
+  }
+  std::ofstream(spec) << "name: run-gpt\ninput: [16]\nlayers:\n"
+                      << "  - embedding: {vocab: 256, dim: 16}\n  - positional: {context: 16}\n"
+                      << "  - transformer: {heads: 2, mlp: 32}\n  - layernorm\n"
+                      << "  - linear: {out: 256}\n";
+  const int64_t batch = 16, m = 4;
+  const Dataset train = loadText(corpus, 16, true, 3, 96);
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model ref(loadModelSpec(spec));
+  ref.build(be, 3);
+  Optimizer opt(be, OptimizerOptions{});
+  Trainer trainer(ref, opt, TrainOptions{batch, 3, true, m});
+  trainer.trainEpoch(train, 0, {});
+  const std::string model = dir + "/run_gpt.tdm", job = dir + "/run_gpt_job.yaml";
+  std::filesystem::remove(model);
+  std::ofstream(job) << "model: " << spec << "\ndata: text:" << corpus
+                     << "\ntrain_limit: 96\ntest_limit: 20\nepochs: 1\nbatch: " << batch
+                     << "\nmicrobatches: " << m << "\nschedule: 1f1b\npartition: equal\n"
+                     << "stages: 2\nseed: 3\nsave: " << model << "\n";
+  RunProcess run(job);
+  ASSERT_EQ(run.wait(120s), 0) << run.output();
+  EXPECT_NE(run.output().find("test perplexity"), std::string::npos) << run.output();
+  const ModelFile saved = readModelFile(model);
+  ASSERT_EQ(saved.params.size(), ref.params().size());
+  for (const HostTensor& t : saved.params)
+    ASSERT_EQ(t.data, toHost(ref.param(t.name).value)) << t.name;
 }
 
 // Hybrid: a stage with replicas (each a worker process, gradients summed over a
