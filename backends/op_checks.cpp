@@ -151,6 +151,20 @@ GemmDims gemmDims(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, 
   return {m, n, k};
 }
 
+BatchedGemm batchedGemmDims(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                            const Tensor& c) {
+  TANDEM_CHECK_MSG(a.shape().rank() == 3 && b.shape().rank() == 3 && c.shape().rank() == 3 &&
+                       a.shape()[0] == b.shape()[0] && a.shape()[0] == c.shape()[0],
+                   InvalidArgument,
+                   "batched gemm needs 3-D tensors with one batch, got "
+                       << a.shape() << ", " << b.shape() << ", " << c.shape());
+  const int64_t batch = a.shape()[0];
+  auto block = [](const Tensor& t) { return t.reshape(t.shape().dropFirst()); };
+  if (batch == 0) return {0, {0, 0, 0}};
+  return {batch, gemmDims(trans_a, trans_b, block(a.slice(0, 1)), block(b.slice(0, 1)),
+                          block(c.slice(0, 1)))};
+}
+
 void checkIds(const int32_t* ids, int64_t count, int64_t limit, const char* what,
               const char* where) {
   for (int64_t i = 0; i < count; ++i) {

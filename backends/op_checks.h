@@ -80,6 +80,14 @@ struct GemmDims {
   int64_t m, n, k;
 };
 GemmDims gemmDims(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& c);
+// The blocks of a batched gemm: a, b and c rank 3 with the same first dimension; `matrix`
+// views one block [rows, cols] of each (the first) for gemmDims.
+struct BatchedGemm {
+  int64_t batch;
+  GemmDims dims;
+};
+BatchedGemm batchedGemmDims(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                            const Tensor& c);
 
 // Every id in [0, limit); the first that is not raises InvalidArgument, e.g.
 // checkIds(.., "embedding id", "at position") -> "embedding id 12 at position 3 is outside

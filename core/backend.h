@@ -99,6 +99,10 @@ class Backend {
   // c = alpha * op(a) * op(b) + beta * c, all 2-D row-major.
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, const Tensor& c) = 0;
+  // The same for each i < batch of a, b and c viewed as [batch, rows, cols] (one gemm per
+  // block, e.g. per sample and attention head); backends may run the blocks in parallel.
+  virtual void gemmBatched(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                           const Tensor& b, float beta, const Tensor& c) = 0;
   // y = alpha * x + beta * y
   virtual void axpby(float alpha, const Tensor& x, float beta, const Tensor& y) = 0;
   // out = a * b element-wise (out may alias a or b)

@@ -240,4 +240,41 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
   });
 }
 
+void CpuBackend::gemmBatched(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                             const Tensor& b, float beta, const Tensor& c) {
+  const backends::BatchedGemm g = backends::batchedGemmDims(trans_a, trans_b, a, b, c);
+  auto block = [](const Tensor& t, int64_t i) {
+    return t.slice(i, 1).reshape(t.shape().dropFirst());
+  };
+  // Fewer blocks than threads: each block's gemm uses the pool. Otherwise the blocks are
+  // shared out, each one gemm on one thread (the same products: each element's sum runs
+  // in the same order either way).
+  if (g.batch < pool_.threads()) {
+    for (int64_t i = 0; i < g.batch; ++i)
+      gemm(trans_a, trans_b, alpha, block(a, i), block(b, i), beta, block(c, i));
+    return;
+  }
+  if (g.dims.m == 0 || g.dims.n == 0) return;
+  const float* ap = f32(a);
+  const float* bp = f32(b);
+  float* cp = f32(c);
+  const int64_t sa = a.numel() / g.batch, sb = b.numel() / g.batch, sc = c.numel() / g.batch;
+  const auto lda = static_cast<blasint>(a.shape()[2]);
+  const auto ldb = static_cast<blasint>(b.shape()[2]);
+  const auto ldc = static_cast<blasint>(g.dims.n);
+  pool_.parallelFor(g.batch, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      if (g.dims.k == 0) {
+        float* ci = cp + i * sc;
+        for (int64_t e = 0; e < sc; ++e) ci[e] = beta == 0.0f ? 0.0f : beta * ci[e];
+        continue;
+      }
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                  trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(g.dims.m),
+                  static_cast<blasint>(g.dims.n), static_cast<blasint>(g.dims.k), alpha,
+                  ap + i * sa, lda, bp + i * sb, ldb, beta, cp + i * sc, ldc);
+    }
+  });
+}
+
 }  // namespace tandem::cpu

@@ -46,6 +46,8 @@ class CpuBackend final : public Backend {
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             const Tensor& c) override;
+  void gemmBatched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                   float beta, const Tensor& c) override;
   void axpby(float alpha, const Tensor& x, float beta, const Tensor& y) override;
   void mul(const Tensor& a, const Tensor& b, const Tensor& out) override;
   double dot(const Tensor& a, const Tensor& b) override;

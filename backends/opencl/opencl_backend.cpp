@@ -325,6 +325,39 @@ void OpenClBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& 
                                            << d.k << "x" << d.n << " on " << label_);
 }
 
+void OpenClBackend::gemmBatched(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                                const Tensor& b, float beta, const Tensor& c) {
+  const backends::BatchedGemm g = backends::batchedGemmDims(trans_a, trans_b, a, b, c);
+  requireF32(a, "gemmBatched");
+  requireF32(b, "gemmBatched");
+  requireF32(c, "gemmBatched");
+  const backends::GemmDims& d = g.dims;
+  if (g.batch == 0 || d.m == 0 || d.n == 0) return;
+  if (d.k == 0) {  // c = beta * c; CLBlast rejects k = 0
+    launch("scale_f32", static_cast<size_t>(c.numel()), c, static_cast<cl_ulong>(c.numel()), beta);
+    return;
+  }
+  const cl::Buffer& ab = buffer(a);
+  const cl::Buffer& bb = buffer(b);
+  const cl::Buffer& cb = buffer(c);
+  const auto stride = [&](const Tensor& t) { return static_cast<size_t>(t.numel() / g.batch); };
+  std::lock_guard<std::mutex> lock(launch_mutex_);
+  cl_command_queue q = queue_();
+  const clblast::StatusCode s = clblast::GemmStridedBatched<float>(
+      clblast::Layout::kRowMajor, trans_a ? clblast::Transpose::kYes : clblast::Transpose::kNo,
+      trans_b ? clblast::Transpose::kYes : clblast::Transpose::kNo, static_cast<size_t>(d.m),
+      static_cast<size_t>(d.n), static_cast<size_t>(d.k), alpha, ab(),
+      static_cast<size_t>(a.offset()), static_cast<size_t>(a.shape()[2]), stride(a), bb(),
+      static_cast<size_t>(b.offset()), static_cast<size_t>(b.shape()[2]), stride(b), beta, cb(),
+      static_cast<size_t>(c.offset()), static_cast<size_t>(d.n), stride(c),
+      static_cast<size_t>(g.batch), &q, nullptr);
+  TANDEM_CHECK_MSG(s == clblast::StatusCode::kSuccess, DeviceError,
+                   "CLBlast GemmStridedBatched failed: "
+                       << clblastStatus(s) << " (" << static_cast<int>(s) << ") on " << g.batch
+                       << " products of " << d.m << "x" << d.k << " by " << d.k << "x" << d.n
+                       << " on " << label_);
+}
+
 double OpenClBackend::dot(const Tensor& a, const Tensor& b) {
   backends::checkSameCount(a, b, label_, "dot");
   requireF32(a, "dot");

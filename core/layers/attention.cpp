@@ -53,8 +53,21 @@ void Attention::build(Backend& backend, Rng& rng) {
   b_out_ = makeParam(backend, "out.bias", {dim_}, uniformInit(rng, dim_, bound));
 }
 
-// Stash: x [B*T, D], heads [B, 3H, T, hs] (Q, K, V per head), probabilities [B, H, T, T],
-// merged head outputs [B*T, D].
+// Q, K and V of every sample and head as [3, B*H, T, hs] (so each is one batch of B*H
+// blocks) from qkv [B*T, 3D]: per sample [T, 3H, hs] -> [3H, T, hs], then [B, 3, H*T*hs]
+// -> [3, B, H*T*hs].
+Tensor Attention::splitHeads(const Tensor& qkv, int64_t batch, int64_t t) const {
+  Backend& be = *backend_;
+  const int64_t h = heads_, hs = head_size_;
+  Tensor per_sample = be.empty({batch, 3 * h, t, hs});
+  swapInner(be, qkv, per_sample, batch, t, 3 * h, hs);
+  Tensor heads = be.empty({3, batch * h, t, hs});
+  be.transpose01(per_sample.reshape({batch, 3, h * t * hs}), heads.reshape({3, batch, h * t * hs}));
+  return heads;
+}
+
+// Stash: x [B*T, D], heads [3, B*H, T, hs], probabilities [B*H, T, T], merged head
+// outputs [B*T, D].
 Tensor Attention::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   Backend& be = *backend_;
   const int64_t batch = x.shape()[0], t = len_, h = heads_, hs = head_size_;
@@ -63,22 +76,17 @@ Tensor Attention::forward(const Tensor& x, Stash& stash, const ForwardContext&) 
   Tensor qkv = be.empty({rows, 3 * dim_});
   be.gemm(false, true, 1.0f, x2, w_qkv_.value, 0.0f, qkv);
   be.addBias(qkv, b_qkv_.value);
-  Tensor heads = be.empty({batch, 3 * h, t, hs});
-  swapInner(be, qkv, heads, batch, t, 3 * h, hs);
+  const Tensor heads = splitHeads(qkv, batch, t);
+  const Tensor q = heads.slice(0, 1).reshape({batch * h, t, hs});
+  const Tensor k = heads.slice(1, 1).reshape({batch * h, t, hs});
+  const Tensor v = heads.slice(2, 1).reshape({batch * h, t, hs});
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  Tensor probs = be.empty({batch, h, t, t});
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t j = 0; j < h; ++j)
-      be.gemm(false, true, scale, block(heads, (b * 3 + 0) * h + j, t, hs),
-              block(heads, (b * 3 + 1) * h + j, t, hs), 0.0f, block(probs, b * h + j, t, t));
+  Tensor probs = be.empty({batch * h, t, t});
+  be.gemmBatched(false, true, scale, q, k, 0.0f, probs);
   be.softmax(probs, causal_, probs);
-
-  Tensor context = be.empty({batch, h, t, hs});
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t j = 0; j < h; ++j)
-      be.gemm(false, false, 1.0f, block(probs, b * h + j, t, t),
-              block(heads, (b * 3 + 2) * h + j, t, hs), 0.0f, block(context, b * h + j, t, hs));
+  Tensor context = be.empty({batch * h, t, hs});
+  be.gemmBatched(false, false, 1.0f, probs, v, 0.0f, context);
   Tensor merged = be.empty({rows, dim_});
   swapInner(be, context, merged, batch, h, t, hs);
 
@@ -158,39 +166,30 @@ Tensor Attention::backwardInput(const Tensor& dy, Stash& stash) {
   Backend& be = *backend_;
   const Tensor& heads = stash.saved[1];
   const Tensor& probs = stash.saved[2];
-  const int64_t batch = heads.shape()[0], t = len_, h = heads_, hs = head_size_;
+  const int64_t bh = probs.shape()[0], h = heads_, batch = bh / h, t = len_, hs = head_size_;
   const int64_t rows = batch * t;
   const Tensor dy2 = dy.reshape({rows, dim_});
+  auto part = [&](const Tensor& all, int64_t i) { return all.slice(i, 1).reshape({bh, t, hs}); };
 
   Tensor dmerged = be.empty({rows, dim_});
   be.gemm(false, false, 1.0f, dy2, w_out_.value, 0.0f, dmerged);
-  Tensor dcontext = be.empty({batch, h, t, hs});
+  Tensor dcontext = be.empty({bh, t, hs});
   swapInner(be, dmerged, dcontext, batch, t, h, hs);
 
-  Tensor dheads = be.empty({batch, 3 * h, t, hs});
-  Tensor dscores = be.empty({batch, h, t, t});
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t j = 0; j < h; ++j) {
-      const Tensor dctx = block(dcontext, b * h + j, t, hs);
-      be.gemm(false, true, 1.0f, dctx, block(heads, (b * 3 + 2) * h + j, t, hs), 0.0f,
-              block(dscores, b * h + j, t, t));
-      be.gemm(true, false, 1.0f, block(probs, b * h + j, t, t), dctx, 0.0f,
-              block(dheads, (b * 3 + 2) * h + j, t, hs));
-    }
-  }
+  Tensor dheads = be.empty({3, bh, t, hs});
+  Tensor dscores = be.empty({bh, t, t});
+  be.gemmBatched(false, true, 1.0f, dcontext, part(heads, 2), 0.0f, dscores);
+  be.gemmBatched(true, false, 1.0f, probs, dcontext, 0.0f, part(dheads, 2));
   be.softmaxBackward(probs, dscores, dscores);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t j = 0; j < h; ++j) {
-      const Tensor ds = block(dscores, b * h + j, t, t);
-      be.gemm(false, false, scale, ds, block(heads, (b * 3 + 1) * h + j, t, hs), 0.0f,
-              block(dheads, (b * 3 + 0) * h + j, t, hs));
-      be.gemm(true, false, scale, ds, block(heads, (b * 3 + 0) * h + j, t, hs), 0.0f,
-              block(dheads, (b * 3 + 1) * h + j, t, hs));
-    }
-  }
+  be.gemmBatched(false, false, scale, dscores, part(heads, 1), 0.0f, part(dheads, 0));
+  be.gemmBatched(true, false, scale, dscores, part(heads, 0), 0.0f, part(dheads, 1));
+  // Back to [B, 3H, T, hs], then per sample to [T, 3H, hs]: dqkv [B*T, 3D].
+  Tensor per_sample = be.empty({batch, 3 * h, t, hs});
+  be.transpose01(dheads.reshape({3, batch, h * t * hs}),
+                 per_sample.reshape({batch, 3, h * t * hs}));
   Tensor dqkv = be.empty({rows, 3 * dim_});
-  swapInner(be, dheads, dqkv, batch, 3 * h, t, hs);
+  swapInner(be, per_sample, dqkv, batch, 3 * h, t, hs);
   Tensor dx = be.empty({rows, dim_});
   be.gemm(false, false, 1.0f, dqkv, w_qkv_.value, 0.0f, dx);
   stash.saved = {stash.saved[0], stash.saved[3], dy2, dqkv};

@@ -5,10 +5,10 @@
 //   qkv = x Wqkv^T + bqkv               [T, 3D]  (one fused projection, PyTorch's in_proj)
 //   per head h: S = Q_h K_h^T / sqrt(D/H), P = causal softmax(S), O_h = P V_h
 //   y = concat_h(O_h) Wo^T + bo         [T, D]
-// composed from gemm, transpose01 and the backend's softmax (the only new op: a row
-// softmax with the causal mask; the two per-head products are one gemm per sample and
-// head, B * H launches each way, which on the CPU costs nothing measurable and on OpenCL
-// is a launch per head).
+// composed from gemm, transpose01 and two ops added for it: a row softmax with the causal
+// mask, and a batched gemm, so each per-head product is one call over every sample and
+// head (B * H blocks; the CPU shares them out among its threads, OpenCL runs CLBlast's
+// strided batched gemm). Decoding (a few tokens against a cache) runs a gemm per head.
 #pragma once
 
 #include "core/layers/layer.h"
@@ -36,6 +36,8 @@ class Attention final : public Layer {
   Shape infer(const Shape& input) override;
 
  private:
+  Tensor splitHeads(const Tensor& qkv, int64_t batch, int64_t t) const;
+
   int64_t heads_, dim_ = 0, len_ = 0, head_size_ = 0;
   bool causal_;
   Param w_qkv_, b_qkv_, w_out_, b_out_;

@@ -49,6 +49,32 @@ TEST_P(CpuOpsTest, GemmAllTransposesMatchNaive) {
   }
 }
 
+// Each block of a batched gemm equals the plain gemm of that block, bitwise, whether the
+// blocks are shared out among threads (7 blocks, 3 threads) or fewer than the threads.
+TEST_P(CpuOpsTest, BatchedGemmIsTheGemmOfEachBlock) {
+  const int64_t n = GetParam(), m = n + 3, k = 2 * n + 1;
+  for (const int64_t batch : {int64_t{7}, int64_t{2}}) {
+    const auto av = randomVector(20, batch * k * m), bv = randomVector(21, batch * k * n);
+    const auto cv = randomVector(22, batch * m * n);
+    Tensor a = toDevice(three_, {batch, k, m}, av), b = toDevice(three_, {batch, k, n}, bv);
+    Tensor c = toDevice(three_, {batch, m, n}, cv);
+    three_.gemmBatched(true, false, 0.5f, a, b, 1.5f, c);
+    const auto got = toHost(c);
+    for (int64_t i = 0; i < batch; ++i) {
+      Tensor ci = toDevice(one_, {m, n}, {cv.begin() + i * m * n, cv.begin() + (i + 1) * m * n});
+      one_.gemm(true, false, 0.5f,
+                toDevice(one_, {k, m}, {av.begin() + i * k * m, av.begin() + (i + 1) * k * m}),
+                toDevice(one_, {k, n}, {bv.begin() + i * k * n, bv.begin() + (i + 1) * k * n}),
+                1.5f, ci);
+      const auto want = toHost(ci);
+      for (int64_t e = 0; e < m * n; ++e) ASSERT_EQ(got[i * m * n + e], want[e]) << i << " " << e;
+    }
+  }
+  Tensor a = one_.empty({2, 3, 4}), b = one_.empty({3, 4, 5}), c = one_.empty({2, 3, 5});
+  testing::expectThrowWith<InvalidArgument>([&] { one_.gemmBatched(false, false, 1, a, b, 0, c); },
+                                            {"batched gemm needs 3-D tensors with one batch"});
+}
+
 TEST_P(CpuOpsTest, GemmRejectsMismatchedShapes) {
   const int64_t n = GetParam();
   Tensor a = one_.zeros({n, n + 1}), b = one_.zeros({n, n}), c = one_.zeros({n, n});

@@ -265,6 +265,20 @@ std::vector<OpCase> cases() {
          return Outputs{toHost(y), toHost(table)};
        },
        1e-6},
+      {"gemm_batched",
+       [](Backend& be, int64_t n) {
+         const int64_t batch = 3, m = n + 1, k = n + 2;
+         Tensor a = toDevice(be, {batch, k, m}, randomVector(1, batch * m * k));  // transposed
+         Tensor b = toDevice(be, {batch, n, k}, randomVector(2, batch * k * n));  // transposed
+         Tensor c = toDevice(be, {batch, m, n}, randomVector(3, batch * m * n));
+         be.gemmBatched(true, true, 0.5f, a, b, 2.0f, c);
+         Tensor d = be.empty({batch, m, n});
+         be.gemmBatched(false, false, 1.0f,
+                        toDevice(be, {batch, m, k}, randomVector(4, batch * m * k)),
+                        toDevice(be, {batch, k, n}, randomVector(5, batch * k * n)), 0.0f, d);
+         return Outputs{toHost(c), toHost(d)};
+       },
+       1e-5},
       // Whole sequences (Tq = Tk), a decoding step over a cache (Tq < Tk), no mask; in
       // place as attention runs it, and its backward.
       {"softmax",
