@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/train/trainer.h"
 
 namespace tandem {
 int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, Rng& rng) {
@@ -49,6 +50,11 @@ Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t co
       "model '" << model.name() << "' is not a language model: it takes " << in << " and outputs "
                 << out << " (generation needs [T] token ids in, [T, vocab] logits out)");
   const int64_t context = in[0], vocab = out[1];
+  // A chosen token is fed back: the embedding must know every id the head can choose.
+  TANDEM_CHECK_MSG(inputVocab(model) >= vocab, InvalidArgument,
+                   "model '" << model.name() << "' chooses among " << vocab
+                             << " tokens but embeds only " << inputVocab(model)
+                             << ": its embedding's vocab and its output disagree");
   TANDEM_CHECK_MSG(!prompt.empty(), InvalidArgument, "the prompt is empty");
   TANDEM_CHECK_MSG(count >= 0, InvalidArgument, "cannot generate " << count << " tokens");
   const auto length = static_cast<int64_t>(prompt.size());

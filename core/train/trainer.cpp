@@ -35,6 +35,15 @@ void checkClassifier(const Model& model, const Dataset& data) {
                                                    std::to_string(data.classes) + ")"
                                              : " has " + std::to_string(data.classes) +
                                                    " classes"));
+  TANDEM_CHECK_MSG(!data.tokens || inputVocab(model) >= data.classes, InvalidArgument,
+                   "model '" << model.name() << "' embeds " << inputVocab(model) << " token ids but "
+                             << data.name << " has " << data.classes
+                             << " (bytes): its embedding's vocab must be at least that");
+}
+
+int64_t inputVocab(const Model& model) {
+  if (model.size() == 0 || model.layer(0).type() != "embedding") return 0;
+  return std::get<int64_t>(model.layer(0).spec().attrs.at("vocab"));
 }
 
 int64_t labelsPerSample(const Model& model) {

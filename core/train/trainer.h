@@ -79,6 +79,9 @@ EpochReport runEpoch(int64_t epoch, int64_t samples, int64_t batch,
 // InvalidArgument unless `model` maps the data's samples to its classes.
 void checkClassifier(const Model& model, const Dataset& data);
 
+// The vocab of the model's first layer when it is an embedding (token ids in [0, vocab)),
+// else 0.
+int64_t inputVocab(const Model& model);
 // Labels per sample the model's output takes: 1 for a classifier's [classes], T for a
 // language model's [T, vocab] (a label per token).
 int64_t labelsPerSample(const Model& model);

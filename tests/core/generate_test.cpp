@@ -101,6 +101,11 @@ TEST(DecodeTest, RequestsThatCannotBeServedAreNamed) {
         generate(m, {1, 300}, 3, {});
       },
       {"token 300 at 1", "vocab of 256"});
+  Model mismatch(parseModelSpec("input: [4]\nlayers: [{embedding: {vocab: 9, dim: 4}}, "
+                                "{linear: {out: 12}}]\n"));
+  mismatch.build(be, 1);
+  testing::expectThrowWith<InvalidArgument>([&] { generate(mismatch, {1}, 1, {}); },
+                                            {"chooses among 12 tokens but embeds only 9"});
   Model classifier(parseModelSpec(testing::kTinyNet));
   classifier.build(be, 1);
   testing::expectThrowWith<InvalidArgument>([&] { generate(classifier, {1}, 1, {}); },

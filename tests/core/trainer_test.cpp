@@ -121,6 +121,10 @@ TEST(TrainerTest, TextDataNeedsALanguageModelOfItsShape) {
                               "{linear: {out: 100}}]\n"));
   testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(narrow, text); },
                                             {"outputs [8, 100]", "needs [8, 256]", "vocab 256"});
+  Model small(parseModelSpec("input: [8]\nlayers: [{embedding: {vocab: 100, dim: 8}}, "
+                             "{linear: {out: 256}}]\n"));
+  testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(small, text); },
+                                            {"embeds 100 token ids", "has 256 (bytes)"});
   Model numbers(parseModelSpec("input: [8]\nlayers: [{linear: {out: 256}}]\n"));
   testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(numbers, text); },
                                             {"takes numbers", "gives token ids", "embedding"});
