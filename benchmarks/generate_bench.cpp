@@ -4,11 +4,22 @@
 // (every step recomputes the prefix), at 1 and 2 threads. Counters: tokens_per_s over
 // the decoding steps (after the first token), first_token_ms (the prompt's prefill).
 // benchmarks/compare_generate.py runs it beside PyTorch's own cache loop.
+//
+// BM_PipelinedGenerate: 4 sequences of 128 tokens in flight through 2 stages (threads of
+// one thread each, inproc links, the feedback link from the last stage to the first;
+// core/pipeline/stage_decoder.h) against one single-threaded process generating the same
+// 4 one after another; counter `vs_one_process` is the ratio of tokens/s (ideal: 2, the
+// stages' count, when each stage has a core).
 #include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/generate.h"
 #include "core/model_spec.h"
+#include "core/pipeline/stage_decoder.h"
+#include "transport/zmq_link.h"
 
 namespace tandem::bench {
 namespace {
@@ -47,6 +58,71 @@ void BM_Generate(benchmark::State& state) {
   state.counters["first_token_ms"] = 1e3 * first_s / static_cast<double>(state.iterations());
   state.counters["threads"] = threads;
 }
+
+std::vector<int32_t> promptOf(const char* text) {
+  std::vector<int32_t> out;
+  for (const char* c = text; *c; ++c) out.push_back(static_cast<unsigned char>(*c));
+  return out;
+}
+
+// Seconds to generate `requests` through 2 stage threads of one thread each.
+double pipelinedSeconds(const std::vector<GenerationRequest>& requests, int run) {
+  using namespace std::chrono_literals;
+  transport::Context ctx;
+  auto pair = [&](const std::string& name) {
+    transport::LinkOptions a, b;
+    a.bind = "inproc://bench-" + name + "-a";
+    b.bind = "inproc://bench-" + name + "-b";
+    a.timeout = b.timeout = 60s;
+    auto la = std::make_unique<transport::ZmqLink>(ctx, a);
+    auto lb = std::make_unique<transport::ZmqLink>(ctx, b);
+    la->connect(lb->endpoint());
+    lb->connect(la->endpoint());
+    return std::make_pair(std::move(la), std::move(lb));
+  };
+  auto forward = pair("fwd" + std::to_string(run)), back = pair("back" + std::to_string(run));
+  const ModelSpec spec = parseModelSpec(kGpt640, "benchmark");
+  const size_t cut = Model(spec).size() / 2;  // embedding, positional, 2 blocks | the rest
+  const auto t0 = std::chrono::steady_clock::now();
+  auto stage = [&](int s) {
+    cpu::CpuBackend backend(cpu::CpuOptions{1});
+    Model model(spec);
+    const size_t begin = s == 0 ? 0 : cut, end = s == 0 ? cut : model.size();
+    model.build(backend, 1, begin, end);
+    StageDecoder d(model, StageRange{s, 2, begin, end}, s == 1 ? forward.second.get() : nullptr,
+                   s == 0 ? forward.first.get() : nullptr,
+                   s == 0 ? back.second.get() : back.first.get());
+    d.run(requests);
+  };
+  std::thread second(stage, 1);
+  stage(0);
+  second.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void BM_PipelinedGenerate(benchmark::State& state) {
+  std::vector<GenerationRequest> requests;
+  for (const char* p :
+       {"The cat sat on t", "Once upon a time", "A computer is a ", "The meaning of l"})
+    requests.push_back({promptOf(p), 128, SamplingOptions{}});
+  cpu::CpuBackend backend(cpu::CpuOptions{1});
+  Model model(parseModelSpec(kGpt640, "benchmark"));
+  model.build(backend, 1);
+  double pipelined = 0, alone = 0;
+  int run = 0;
+  for (auto _ : state) {
+    pipelined += pipelinedSeconds(requests, run++);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const GenerationRequest& r : requests) generate(model, r.prompt, r.count, r.sampling);
+    alone += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double tokens = 4.0 * 128 * static_cast<double>(state.iterations());
+  state.counters["pipelined_tokens_per_s"] = tokens / pipelined;
+  state.counters["one_process_tokens_per_s"] = tokens / alone;
+  state.counters["vs_one_process"] = alone / pipelined;
+}
+
+BENCHMARK(BM_PipelinedGenerate)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK(BM_Generate)
     ->ArgNames({"tokens", "cache", "threads"})

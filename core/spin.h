@@ -10,12 +10,10 @@
 namespace tandem {
 
 // How long one of `threads` threads that meet again and again (replicas, the ranks of
-// an in-process group) keeps trying, yielding, before it sleeps: 2 ms when each can
-// have a core, else 100 us. On this project's 2-vCPU VM two data-parallel replicas took
-// 15% less time per step at batch 1024 with 2 ms than with 100-200 us (medians of 4
-// alternated runs: 2.30 -> 1.93 s for 205 steps, and 2.53 -> 2.17 s in another set;
-// their waits fell from a median 10% to 7-8% of the step), likely because a thread that
-// sleeps leaves its virtual CPU idle, and waking it costs more than the wait saved.
+// an in-process group, a socket group's local ranks) keeps trying, yielding, before it
+// sleeps: 2 ms when each can have a core, else 100 us (then yielding only takes cores
+// from threads that could use them). A sleeping thread leaves its core idle and its
+// wake-up costs more than a short wait; docs/collectives.md says what was measured.
 inline std::chrono::microseconds waitBeforeSleeping(int threads) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   return std::chrono::microseconds(threads <= cores ? 2000 : 100);

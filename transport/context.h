@@ -20,8 +20,8 @@ struct ContextOptions {
 
 // ZeroMQ mallocs every received message. For large ones glibc maps fresh pages each time
 // and returns freed heap to the kernel at once, so each message would fault in newly
-// zeroed memory: a 16 MiB tcp link measured 0.7x a socket that reuses its buffer, and
-// 1.1x with freed blocks kept. This sets glibc's mmap threshold to its maximum (32 MiB on
+// zeroed memory, slower than a socket that reuses its buffer (docs/wire-format.md has the
+// link figures). This sets glibc's mmap threshold to its maximum (32 MiB on
 // 64-bit, 512 KiB on 32-bit: larger messages are still mapped fresh) and its trim
 // threshold to `bytes`: up to that many freed bytes stay resident for reuse. It changes
 // malloc for the whole process, so the library never calls it: a program whose links

@@ -1,8 +1,8 @@
 // TCP connections between processes of this machine: telling them apart from remote
-// ones, and choosing their congestion control. Loopback traffic has no path to probe, and
-// BBR (the default of some kernels, this project's VM among them) paced it unevenly and
-// more slowly than cubic (docs/collectives.md, docs/wire-format.md); the socket group and
-// the ZeroMQ links choose cubic for local connections and leave remote ones as they are.
+// ones, and choosing their congestion control. Loopback traffic has no path to probe:
+// BBR (some kernels' default) paces it by a bandwidth estimate that is noise there, so
+// the socket group and the ZeroMQ links choose cubic for local connections and leave
+// remote ones as they are (docs/collectives.md, docs/wire-format.md).
 #pragma once
 
 #include <string>

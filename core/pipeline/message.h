@@ -10,7 +10,14 @@ namespace tandem {
 
 // kCollective: a collective's chunks between the ranks of a group over links (ZmqGroup),
 // and a benchmark's acks; never the control protocol, which has its own channel.
-enum class MessageKind : uint8_t { kActivation = 0, kGradient = 1, kLabel = 2, kCollective = 3 };
+// kToken: a generated token, from the last stage back to the first (stage_decoder.h).
+enum class MessageKind : uint8_t {
+  kActivation = 0,
+  kGradient = 1,
+  kLabel = 2,
+  kCollective = 3,
+  kToken = 4
+};
 
 inline std::string_view messageKindName(MessageKind k) {
   switch (k) {
@@ -22,6 +29,8 @@ inline std::string_view messageKindName(MessageKind k) {
       return "label";
     case MessageKind::kCollective:
       return "collective";
+    case MessageKind::kToken:
+      return "token";
   }
   return "invalid";
 }
