@@ -137,6 +137,10 @@ int main(int argc, char** argv) {
   const Dataset data = loadDataset("fashion-mnist", "", true, 20000);
   std::printf("mlp, single-threaded replicas, %d steps per run, median of %d rounds\n", steps,
               rounds);
+  // What the CPU path does (docs/collectives.md, Data-parallel training): no overlap.
+  std::printf(
+      "CPU replicas reduce each parameter's gradient on their own compute thread as backward "
+      "produces it: no communication thread, no overlap of the reduction with backward\n");
   std::printf("%6s %14s %14s %8s %16s %8s\n", "batch", "1 (Trainer)", "2 replicas", "ratio",
               "2 independent", "ceiling");
   for (int64_t batch : {64, 256, 1024}) {
