@@ -45,6 +45,10 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
+    print("conditions, both sides: the same model shape and 16-byte prompt, greedy, one sequence, "
+          "CPU threads as in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = "
+          "threads, torch.no_grad), no warm-up run on either side, tokens/s over the steps "
+          "after the first token")
     print("%-40s %7s %12s %12s %8s" % ("greedy decoding, tokens/s (best of %d)" % a.rounds,
                                        "threads", "tandem", "torch", "ratio"))
     gains = []
