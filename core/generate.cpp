@@ -39,9 +39,7 @@ int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, 
   return order[k - 1];
 }
 
-Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t count,
-                    const SamplingOptions& o, bool cache,
-                    const std::function<void(int32_t)>& on_token) {
+TextShape textShape(const Model& model) {
   const Shape& in = model.inputShape();
   const Shape& out = model.outputShape();
   TANDEM_CHECK_MSG(
@@ -50,22 +48,34 @@ Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t co
       "model '" << model.name() << "' is not a language model: it takes " << in << " and outputs "
                 << out << " (generation needs [T] token ids in, [T, vocab] logits out)");
   const int64_t context = in[0], vocab = out[1];
-  // A chosen token is fed back: the embedding must know every id the head can choose.
   TANDEM_CHECK_MSG(inputVocab(model) >= vocab, InvalidArgument,
                    "model '" << model.name() << "' chooses among " << vocab
                              << " tokens but embeds only " << inputVocab(model)
                              << ": its embedding's vocab and its output disagree");
-  TANDEM_CHECK_MSG(!prompt.empty(), InvalidArgument, "the prompt is empty");
-  TANDEM_CHECK_MSG(count >= 0, InvalidArgument, "cannot generate " << count << " tokens");
+  return {context, vocab, model.name()};
+}
+
+void checkRequest(const TextShape& shape, const std::vector<int32_t>& prompt, int64_t count,
+                  const std::string& who) {
+  TANDEM_CHECK_MSG(!prompt.empty(), InvalidArgument, who << "the prompt is empty");
+  TANDEM_CHECK_MSG(count >= 0, InvalidArgument, who << "cannot generate " << count << " tokens");
   const auto length = static_cast<int64_t>(prompt.size());
-  TANDEM_CHECK_MSG(length + count <= context, InvalidArgument,
-                   "a prompt of " << length << " tokens and " << count << " new ones exceed the "
-                                  << "context of " << context << " tokens of model '"
-                                  << model.name() << "'");
+  TANDEM_CHECK_MSG(length <= shape.context && count <= shape.context - length, InvalidArgument,
+                   who << "a prompt of " << length << " tokens and " << count
+                       << " new ones exceed the context of " << shape.context
+                       << " tokens of model '" << shape.model << "'");
   for (size_t i = 0; i < prompt.size(); ++i)
-    TANDEM_CHECK_MSG(
-        prompt[i] >= 0 && prompt[i] < vocab, InvalidArgument,
-        "prompt token " << prompt[i] << " at " << i << " is outside the vocab of " << vocab);
+    TANDEM_CHECK_MSG(prompt[i] >= 0 && prompt[i] < shape.vocab, InvalidArgument,
+                     who << "prompt token " << prompt[i] << " at " << i
+                         << " is outside the vocab of " << shape.vocab);
+}
+
+Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t count,
+                    const SamplingOptions& o, bool cache,
+                    const std::function<void(int32_t)>& on_token) {
+  const TextShape shape = textShape(model);
+  checkRequest(shape, prompt, count);
+  const int64_t vocab = shape.vocab;
   Backend& be = model.backend();
   Rng rng(o.seed);
   Generation g;

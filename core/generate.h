@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/model.h"
@@ -23,6 +24,20 @@ struct SamplingOptions {
 // The next token from one position's logits; InvalidArgument for a negative temperature
 // or top_k. Draws from `rng` only when temperature > 0.
 int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, Rng& rng);
+
+// What generation needs of a model: [T] token ids in, [T, vocab] logits out, and an
+// embedding that takes every id its head can choose (a chosen token is fed back).
+struct TextShape {
+  int64_t context = 0, vocab = 0;
+  std::string model;  // its name, for messages
+};
+// InvalidArgument naming the model and its shapes when it is no such model.
+TextShape textShape(const Model& model);
+// InvalidArgument, after `who` (e.g. "request 3: "), when `prompt` and `count` new tokens
+// do not fit a model of `shape`: an empty prompt, an id outside the vocab, a count below
+// 0 or past the context.
+void checkRequest(const TextShape& shape, const std::vector<int32_t>& prompt, int64_t count,
+                  const std::string& who = "");
 
 struct Generation {
   std::vector<int32_t> tokens;             // the new tokens, in order

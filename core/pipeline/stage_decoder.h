@@ -2,15 +2,27 @@
 // its own layers with a key/value cache per sequence (Layer::decode), several sequences
 // in flight so that every stage has work while the others run.
 //
-// Stage 0 feeds each sequence's prompt, then each token the last stage chose for it; the
-// last stage chooses tokens (core/generate.h's chooseToken, a seeded Rng per sequence)
-// and sends each back to stage 0 over a feedback link. Sequences take turns in a fixed
-// order: step r of sequence q is message r * S + q (S sequences) on every link, so each
-// stage runs the same order and the tokens and logits are bitwise those of generating
-// each sequence alone in one process (tests/pipeline/generation_test.cpp).
+// Stage 0 admits requests from its source as they come (up to max_in_flight sequences
+// at once) and decides the order of the work: step n (0, 1, 2, ... over all sequences)
+// is a sequence's prompt or the token chosen for it at its step before. Every step
+// travels as a small header — (label, n): which sequence, which round, and, at its
+// first, the sampling options — followed by (activation, n); the other stages run the
+// steps in the order they arrive. The last stage chooses each token (core/generate.h's
+// chooseToken, a seeded Rng per sequence), hands it to its sink and, unless it was the
+// sequence's last, sends it back to stage 0 as (token, n) over the feedback link. Each
+// sequence is computed exactly as generating it alone in one process: the tokens and
+// logits are bitwise those of generate() (tests/pipeline/generation_test.cpp). With one
+// stage the feedback stays in the process.
+//
+// While stage 0 has nothing in flight and waits for requests, it sends a keep-alive
+// header every `keepalive`, so that the other stages' link time limits mark a peer that
+// is gone, not an idle one.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "core/generate.h"
@@ -21,27 +33,70 @@ namespace tandem {
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;
-  int64_t count = 0;  // new tokens
+  int64_t count = 0;  // new tokens, >= 1
   SamplingOptions sampling;
+  int64_t id = 0;  // names its tokens; in [0, 2^31), unique among the sequences in flight
+};
+
+// What stage 0's source answers: a request, none yet, or that none will come any more.
+struct RequestPoll {
+  std::optional<GenerationRequest> request;
+  bool ended = false;
+};
+// Waits up to the given time for the next request.
+using RequestSource = std::function<RequestPoll(std::chrono::milliseconds)>;
+
+// A token the last stage chose: the `index`th new token of request `id`, and the logits
+// it was chosen from.
+struct ChosenToken {
+  int64_t id = 0, index = 0, count = 0;  // count: the request's new tokens
+  int32_t token = 0;
+  const std::vector<float>& logits;
+};
+using TokenSink = std::function<void(const ChosenToken&)>;
+
+struct DecoderOptions {
+  int max_in_flight = 8;  // sequences stage 0 keeps going at once
+  std::chrono::milliseconds keepalive{5000};
 };
 
 class StageDecoder {
  public:
   // `prev`/`next`: the neighbouring stages' links (null at the ends); `feedback`: at the
   // last stage the link to stage 0, at stage 0 the link from the last stage (null
-  // elsewhere). A pipeline needs at least 2 stages; one process uses generate().
-  StageDecoder(Model& model, StageRange range, Link* prev, Link* next, Link* feedback);
+  // elsewhere, and with one stage).
+  StageDecoder(Model& model, StageRange range, Link* prev, Link* next, Link* feedback,
+               DecoderOptions options = {});
 
-  // Runs every request to the end. The last stage returns one Generation per request
-  // (tokens, logits, first-token time and intervals measured from this call's start at
-  // the last stage); the other stages return an empty list. Every stage must be given
-  // the same requests (only stage 0 reads the prompts, only the last the sampling).
+  // Serves requests until stage 0's source has ended and every sequence is done. Only
+  // stage 0 calls `source`, only the last stage `sink` (each may be empty elsewhere). A
+  // request that does not fit the model (an empty prompt, ids outside the vocab, more
+  // tokens than the context, an id in use) raises InvalidArgument at stage 0; a header
+  // that does not follow the protocol raises FormatError naming the peer.
+  void serve(const RequestSource& source, const TokenSink& sink);
+
+  // All of `requests` at once (ids are replaced by their indices). The last stage
+  // returns one Generation per request (tokens, logits, first-token time and intervals
+  // measured from this call's start at the last stage); the other stages return an
+  // empty list. Every stage must be given the same requests (only stage 0 reads them).
   std::vector<Generation> run(const std::vector<GenerationRequest>& requests);
 
  private:
+  struct Sequence;
+  void serveFirst(const RequestSource& source, const TokenSink& sink);
+  void serveRest(const TokenSink& sink);
+  // Runs one step of `s` on input `x` and passes it on (or, at the last stage, chooses
+  // its token); `header` is the step's header.
+  void step(Sequence& s, const Tensor& x, int64_t n, const std::vector<int32_t>& header,
+            const TokenSink& sink);
+
   Model& model_;
   StageRange range_;
   Link *prev_, *next_, *feedback_;
+  DecoderOptions options_;
+  TextShape shape_;
+  // With one stage: the tokens chosen, by step, waiting to be fed back.
+  std::vector<std::pair<int64_t, int32_t>> local_feedback_;
 };
 
 }  // namespace tandem

@@ -32,9 +32,11 @@ class Mailbox {
     std::string error;
   };
 
-  explicit Mailbox(std::vector<std::unique_ptr<Channel>>& channels) {
+  // Items of slot -1 are the prompts of `prompts`, if given.
+  explicit Mailbox(std::vector<std::unique_ptr<Channel>>& channels, PromptQueue* prompts) {
     for (size_t i = 0; i < channels.size(); ++i)
       pumps_.emplace_back([this, i, c = channels[i].get()] { pump(static_cast<int>(i), *c); });
+    if (prompts) pumps_.emplace_back([this, prompts] { pumpPrompts(*prompts); });
   }
   ~Mailbox() {
     stop_ = true;
@@ -64,6 +66,20 @@ class Mailbox {
       {
         std::lock_guard lock(mu_);
         items_.push_back(std::move(item));
+      }
+      cv_.notify_one();
+      if (last) return;
+    }
+  }
+
+  void pumpPrompts(PromptQueue& prompts) {
+    while (!stop_) {
+      std::optional<Message> m = prompts.pop(100ms);
+      if (!m) continue;
+      const bool last = std::holds_alternative<PromptsDone>(*m);
+      {
+        std::lock_guard lock(mu_);
+        items_.push_back(Item{-1, std::move(m), ""});
       }
       cv_.notify_one();
       if (last) return;
@@ -102,6 +118,10 @@ class Run {
       exchange();
       const std::string ended = launcher_.finish(30s);
       if (!ended.empty()) throw Error(ended);
+      if (!in_flight_.empty())
+        throw Error("the run ended with " + std::to_string(in_flight_.size()) +
+                    " prompts unanswered (the first: request " +
+                    std::to_string(in_flight_.begin()->first) + ")");
       return std::move(result_);
     } catch (...) {
       mailbox_.reset();
@@ -152,7 +172,7 @@ class Run {
       channels_[slot] = std::move(c);
       ++connected;
     }
-    mailbox_ = std::make_unique<Mailbox>(channels_);
+    mailbox_ = std::make_unique<Mailbox>(channels_, options_.prompts);
   }
 
   // Wires the workers together and relays what they say until every one has reported.
@@ -191,6 +211,11 @@ class Run {
         continue;
       }
       last_word = Clock::now();
+      if (item->slot < 0) {  // a prompt, or their end: for stage 0 once it has started
+        prompts_.push_back(std::move(*item->message));
+        if (started_) passPrompts();
+        continue;
+      }
       const int slot = item->slot;
       const auto s = static_cast<size_t>(slot);
       if (!item->message) {
@@ -239,6 +264,8 @@ class Run {
         checkpointed(slot, *k);
       } else if (const auto* an = std::get_if<Answer>(&m)) {
         answered(slot, *an);
+      } else if (const auto* t = std::get_if<Token>(&m)) {
+        generated(slot, *t);
       } else if (const auto* f = std::get_if<Failed>(&m)) {
         fail(slot, "failed: " + f->message);
       } else {
@@ -307,6 +334,35 @@ class Run {
     if (callbacks_.answer) callbacks_.answer(an);
   }
 
+  // Generation: the prompts that came so far go to stage 0, each noted as in flight.
+  void passPrompts() {
+    for (; !prompts_.empty(); prompts_.pop_front()) {
+      const Message& m = prompts_.front();
+      if (const auto* p = std::get_if<Prompt>(&m))
+        if (!in_flight_.emplace(p->id, std::pair<int64_t, int64_t>{0, p->count}).second)
+          throw InvalidArgument("prompt " + std::to_string(p->id) +
+                                " was given while one of that id is in flight");
+      channel(0, 0).send(m);
+    }
+  }
+
+  // Worker `slot` chose a token: passed on once checked to be the next of a prompt in
+  // flight.
+  void generated(int slot, const Token& t) {
+    const Assign& a = assignments_[static_cast<size_t>(slot)];
+    if (!a.generate || a.stage != a.stages - 1)
+      fail(slot, "sent a token, not being the last stage of a generation run");
+    const auto it = in_flight_.find(t.id);
+    if (it == in_flight_.end())
+      fail(slot, "sent a token for request " + std::to_string(t.id) + ", which is not in flight");
+    auto& [next, count] = it->second;
+    if (t.index != next)
+      fail(slot, "sent token " + std::to_string(t.index) + " of request " + std::to_string(t.id) +
+                     " where token " + std::to_string(next) + " was due");
+    if (++next == count) in_flight_.erase(it);
+    if (callbacks_.token) callbacks_.token(t);
+  }
+
   // Worker `slot` reported: its trained slice, if it was asked for one, must be whole.
   void takeSlice(int slot, const StageReport& report) {
     const auto s = static_cast<size_t>(slot);
@@ -320,7 +376,8 @@ class Run {
   }
 
   // Every worker is ready: replica r of stage s learns, from every replica of the stages
-  // beside it, the endpoint that replica bound for r.
+  // beside it, the endpoint that replica bound for r. (Generating, the first stage's
+  // `prev` is the last stage and the last's `next` the first.)
   void startAll() {
     int64_t train_samples = 0, test_samples = 0;
     for (int i = 0; i < n_; ++i)
@@ -334,13 +391,16 @@ class Run {
       Start start;
       start.train_samples = train_samples;
       start.test_samples = test_samples;
+      const int before = (a.stage + a.stages - 1) % a.stages, after = (a.stage + 1) % a.stages;
       for (int j = 0; j < a.prev_replicas; ++j)
-        start.prev.push_back(endpointFor(a.stage - 1, j, &Ready::next, a.replica));
+        start.prev.push_back(endpointFor(before, j, &Ready::next, a.replica));
       for (int j = 0; j < a.next_replicas; ++j)
-        start.next.push_back(endpointFor(a.stage + 1, j, &Ready::prev, a.replica));
+        start.next.push_back(endpointFor(after, j, &Ready::prev, a.replica));
       channels_[static_cast<size_t>(i)]->send(start);
     }
+    started_ = true;
     if (callbacks_.wired) callbacks_.wired();
+    passPrompts();
   }
 
   std::string endpointFor(int stage, int replica, std::vector<std::string> Ready::*side,
@@ -406,10 +466,41 @@ class Run {
   std::vector<std::optional<ChunkGatherer>> slices_;                  // by slot, while they come in
   std::map<int64_t, std::vector<std::vector<uint8_t>>> checkpoints_;  // step -> slices by slot
   int64_t test_samples_ = -1;  // the stream's samples, once every worker is ready
+  bool started_ = false;       // every worker was told its neighbours
+  // Generation: prompts not yet passed to stage 0 (until it starts), and those in flight
+  // (id -> the next token due and the tokens asked for).
+  std::deque<Message> prompts_;
+  std::map<int64_t, std::pair<int64_t, int64_t>> in_flight_;
   RunResult result_;
 };
 
 }  // namespace
+
+void PromptQueue::push(Prompt p) {
+  {
+    std::lock_guard lock(mu_);
+    TANDEM_CHECK_MSG(!closed_, InvalidArgument, "a prompt was pushed after the queue was closed");
+    queue_.push_back(std::move(p));
+  }
+  cv_.notify_one();
+}
+
+void PromptQueue::close() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_one();
+}
+
+std::optional<Message> PromptQueue::pop(std::chrono::milliseconds wait) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, wait, [&] { return closed_ || !queue_.empty(); })) return std::nullopt;
+  if (queue_.empty()) return Message{PromptsDone{}};
+  Prompt p = std::move(queue_.front());
+  queue_.pop_front();
+  return Message{std::move(p)};
+}
 
 RunResult coordinate(const std::vector<Assign>& assignments, const std::vector<std::string>& names,
                      Launcher& launcher, const RunCallbacks& callbacks, const RunOptions& options) {

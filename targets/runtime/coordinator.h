@@ -10,10 +10,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -94,6 +97,23 @@ std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          std::chrono::milliseconds timeout,
                                          const std::vector<WorkerNeeds>& needs = {});
 
+// Generation: the prompts a run's stage 0 serves, pushed by the caller as they come (from
+// any thread) and closed after the last. The coordinator passes them on in order once
+// the stages are wired.
+class PromptQueue {
+ public:
+  void push(Prompt p);
+  void close();
+  // The next prompt, or PromptsDone once closed and empty; nullopt if `wait` passes first.
+  std::optional<Message> pop(std::chrono::milliseconds wait);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Prompt> queue_;
+  bool closed_ = false;
+};
+
 struct RunCallbacks {
   std::function<void(int slot, int64_t pid)> started;
   std::function<void()> wired;  // every worker is ready and was told its neighbours
@@ -103,6 +123,9 @@ struct RunCallbacks {
   // Inference streams: each request's answer, as the last stage's workers send them
   // (checked to lie in the stream; in each worker's order).
   std::function<void(const Answer&)> answer;
+  // Generation: each token as the last stage sends it (checked to belong to a prompt in
+  // flight, in order within it).
+  std::function<void(const Token&)> token;
   // Every stage's slice (a model file) after `step` training steps, by slot (empty for the
   // replicas beyond the first, which hold the same): workers with checkpoint_every.
   std::function<void(int64_t step, const std::vector<std::vector<uint8_t>>& slices)> checkpoint;
@@ -117,6 +140,8 @@ struct RunOptions {
   // Set (to a signal's number) by whoever wants the run stopped, e.g. a signal handler:
   // seen within 200 ms, every worker is stopped and coordinate() raises Interrupted.
   const std::atomic<int>* interrupt = nullptr;
+  // Generation: where the prompts come from (assignments with `generate`).
+  PromptQueue* prompts = nullptr;
 };
 
 // A run ended by a worker killed by a signal or lost with its node — not by an error the

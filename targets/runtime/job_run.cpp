@@ -107,7 +107,10 @@ std::string nodeList(const partitioner::Cluster& cluster) {
 
 JobRun::JobRun(JobSpec job, JobRunOptions options)
     : job_(std::move(job)), options_(std::move(options)) {
-  if (!job_.save.empty() && !options_.infer) prepareSave(job_.save);
+  const bool serving = options_.infer || options_.generate;
+  TANDEM_CHECK_MSG(!options_.generate || options_.prompts, InvalidArgument,
+                   "a generation run needs a queue of prompts");
+  if (!job_.save.empty() && !serving) prepareSave(job_.save);
   // Read once: placed, shipped, merged. An ONNX model's weights start the run unless the
   // job names others.
   ModelSource source = readModelSource(job_.model);
@@ -119,7 +122,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     output_ = source.output;
   }
   if (!options_.resume.empty()) {  // the checkpoint's weights and step, checked against the job
-    TANDEM_CHECK_MSG(!options_.infer, InvalidArgument, "--resume continues training, not infer");
+    TANDEM_CHECK_MSG(!serving, InvalidArgument, "--resume continues training, not serving");
     std::optional<Checkpoint> c = newestCheckpoint(options_.resume);
     if (!c) throw InvalidArgument("no usable checkpoint in '" + options_.resume + "'");
     checkResumable(*c, checkpointJob(job_, model_spec_), job_.source);
@@ -169,13 +172,32 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
 
 void JobRun::place(const Model& model) {
   stages_ = jobStages(job_, model, planned_ ? planned_->yaml : "");
-  assignments_ = jobAssignments(job_, stages_, options_.infer, options_.spans, model_spec_,
+  const bool serving = options_.infer || options_.generate;
+  assignments_ = jobAssignments(job_, stages_, serving, options_.spans, model_spec_,
                                 weights_ ? contentHash(*weights_) : "",
                                 weights_ ? static_cast<int64_t>(weights_->size()) : 0);
+  if (options_.generate) {
+    // One worker per stage, each stage's KV caches its own; the first and the last stage
+    // linked for the chosen tokens.
+    for (const StagePlacement& st : stages_)
+      TANDEM_CHECK_MSG(st.replicas == 1, InvalidArgument,
+                       (job_.partition_where.empty() ? job_.source : job_.partition_where)
+                           << ": generation runs one worker per stage, but layers [" << st.begin
+                           << ", " << st.end << ") have " << st.replicas
+                           << " replicas (replicas are for training)");
+    const int stages = static_cast<int>(stages_.size());
+    for (Assign& a : assignments_) {
+      a.infer = false;
+      a.generate = true;
+      a.in_flight = options_.in_flight;
+      if (stages > 1 && a.stage == 0) a.prev_replicas = 1;
+      if (stages > 1 && a.stage == stages - 1) a.next_replicas = 1;
+    }
+  }
   for (Assign& a : assignments_) {
     a.start_step = start_step_;
     a.restore_optimizer = start_step_ > 0;
-    if (!options_.infer) a.checkpoint_every = job_.checkpoint.every_steps;
+    if (!serving) a.checkpoint_every = job_.checkpoint.every_steps;
     if (options_.infer) {  // a stream resumed after a loss: from its first unanswered batch
       a.infer_from = streamResumesAt();
       a.request_rate = options_.request_rate;
@@ -195,7 +217,8 @@ void JobRun::place(const Model& model) {
   }
   // Each worker's device and what it will hold, checked against its node's devices and
   // free memory before any worker starts.
-  const std::vector<int64_t> stage_bytes = stageMemory(job_, model, stages_, options_.infer);
+  const std::vector<int64_t> stage_bytes =
+      stageMemory(job_, model, stages_, options_.infer || options_.generate);
   needs_.clear();
   for (size_t i = 0; i < assignments_.size(); ++i)
     needs_.push_back({stage_bytes[static_cast<size_t>(assignments_[i].stage)],
@@ -207,7 +230,7 @@ JobRun::~JobRun() = default;
 RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
   resume_weights_ = weights_;
   resume_step_ = start_step_;
-  const bool recovers = (job_.checkpoint.every_steps > 0 || options_.infer) &&
+  const bool recovers = (job_.checkpoint.every_steps > 0 || options_.infer) && !options_.generate &&
                         options_.fork.empty() && job_.max_restarts > 0;
   for (int restarts = 0;;) {
     try {
@@ -349,8 +372,11 @@ void JobRun::rejoin(const std::string& name) {
 
 RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
   RunOptions ro;
-  ro.silence = std::chrono::seconds(2 * job_.timeout_s + 30);
+  // (A generation run waits for prompts as long as they take: its stages keep each other
+  // alive, and every channel has heartbeats.)
+  if (!options_.generate) ro.silence = std::chrono::seconds(2 * job_.timeout_s + 30);
   ro.interrupt = interrupt;
+  ro.prompts = options_.prompts;
   if (weights_) ro.weights[assignments_.front().weights_hash] = weights_;
   std::unique_ptr<Launcher> launcher;
   if (!options_.fork.empty()) {
@@ -402,7 +428,7 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
       answer(a, callbacks);
     };
   }
-  if (job_.checkpoint.every_steps > 0 && !options_.infer)
+  if (job_.checkpoint.every_steps > 0 && !options_.infer && !options_.generate)
     cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
       checkpoint(step, slices);
       if (callbacks.checkpoint) callbacks.checkpoint(step, slices);

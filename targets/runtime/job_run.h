@@ -41,6 +41,12 @@ struct JobRunOptions {
   // Inference: requests (microbatches) per second fed into the stream (0: as fast as the
   // pipeline takes them).
   double request_rate = 0;
+  // Generation (`tandem generate JOB.yaml`): the stages decode text from the job's
+  // weights, stage 0 taking the prompts of `prompts`, with `in_flight` sequences at once;
+  // one worker per stage. No recovery after a loss: the run ends with the error.
+  bool generate = false;
+  PromptQueue* prompts = nullptr;
+  int in_flight = 8;
 };
 
 // An inference stream's answers so far, as JobRun::run hands them on: in stream order,
@@ -61,6 +67,8 @@ class JobRun {
   JobRun& operator=(const JobRun&) = delete;
 
   const JobSpec& job() const { return job_; }
+  // The model spec's text (YAML) the workers are given.
+  const std::string& modelSpec() const { return model_spec_; }
   // The plan `partition: auto` made (nullopt for other jobs).
   const std::optional<PlannedJob>& planned() const { return planned_; }
   const std::vector<StagePlacement>& stages() const { return stages_; }
@@ -126,7 +134,7 @@ class JobRun {
   partitioner::Cluster cluster_;
   bool local_ = false;  // no node has an address: the nodes are this machine
   std::shared_ptr<const std::vector<uint8_t>> weights_;
-  std::string output_;  // outputActivation()
+  std::string output_;      // outputActivation()
   std::string model_spec_;  // the model spec's text
   int64_t start_step_ = 0;
   std::string last_checkpoint_;

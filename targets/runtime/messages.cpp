@@ -141,7 +141,8 @@ fb::Body bodyType(const Message& m) {
       fb::Body_WeightsChunk,   fb::Body_Ready,       fb::Body_Start,       fb::Body_GroupAddress,
       fb::Body_GroupAddresses, fb::Body_Progress,    fb::Body_EpochDone,   fb::Body_InferDone,
       fb::Body_StageReport,    fb::Body_Failed,      fb::Body_ProfileTask, fb::Body_ProfileResult,
-      fb::Body_Checkpointed,   fb::Body_Answer};
+      fb::Body_Checkpointed,   fb::Body_Answer,      fb::Body_Prompt,      fb::Body_PromptsDone,
+      fb::Body_Token};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -222,7 +223,8 @@ const char* messageName(const Message& m) {
                                            "start",           "group address", "group addresses",
                                            "progress",        "epoch done",    "infer done",
                                            "stage report",    "failed",        "profile task",
-                                           "profile result",  "checkpointed",  "answer"};
+                                           "profile result",  "checkpointed",  "answer",
+                                           "prompt",          "prompts done",  "token"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -394,6 +396,9 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
     case fb::Body_Failed:
     case fb::Body_Checkpointed:
     case fb::Body_Answer:
+    case fb::Body_Prompt:
+    case fb::Body_PromptsDone:
+    case fb::Body_Token:
       return readStageMessage(msg);
     default:
       throw FormatError("bad control message: unknown body type " +

@@ -26,7 +26,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{2, 1, 0};
+inline constexpr ProtocolVersion kProtocolVersion{2, 2, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -205,6 +205,11 @@ struct Assign {
   // second the first stage feeds (0: as fast as the pipeline takes them).
   int64_t infer_from = 0;
   double request_rate = 0;
+  // Generation (core/pipeline/stage_decoder.h): stage 0 takes `prompt`s, the last stage
+  // sends `token`s; with 2 or more stages, stage 0's prev link is the last stage's next
+  // (the chosen tokens come back over it). Sequences stage 0 keeps going at once.
+  bool generate = false;
+  int32_t in_flight = 8;
   bool operator==(const Assign&) const = default;
 };
 
@@ -303,6 +308,34 @@ struct StageReport {
   bool operator==(const StageReport&) const = default;
 };
 
+// Generation: a request to stage 0 (prompt token ids, new tokens, sampling), the end of
+// the requests, and a token the last stage chose (with the logit it was chosen by).
+inline constexpr size_t kMaxPromptTokens = size_t{1} << 20;
+inline constexpr int64_t kMaxRequestId = (int64_t{1} << 31) - 1;
+struct Prompt {
+  int64_t id = 0;
+  std::vector<int32_t> tokens;
+  int64_t count = 1;
+  float temperature = 0;
+  int64_t top_k = 0;
+  uint64_t seed = 1;
+  bool operator==(const Prompt&) const = default;
+};
+
+struct PromptsDone {
+  bool operator==(const PromptsDone&) const = default;
+};
+
+struct Token {
+  int64_t id = 0, index = 0;
+  int32_t token = 0;
+  float logit = 0;
+  bool operator==(const Token& o) const {  // bitwise, so a NaN logit compares too
+    return id == o.id && index == o.index && token == o.token &&
+           std::memcmp(&logit, &o.logit, sizeof logit) == 0;
+  }
+};
+
 struct Failed {
   std::string message;
   bool operator==(const Failed&) const = default;
@@ -320,7 +353,8 @@ using Message =
     std::variant<Hello, Proof, Refused, NodeInfo, Ping, Pong, Leave, ErrorReply, Launch, Launched,
                  WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign, WeightsRequest,
                  WeightsChunk, Ready, Start, GroupAddress, GroupAddresses, Progress, EpochDone,
-                 InferDone, StageReport, Failed, ProfileTask, ProfileResult, Checkpointed, Answer>;
+                 InferDone, StageReport, Failed, ProfileTask, ProfileResult, Checkpointed, Answer,
+                 Prompt, PromptsDone, Token>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

@@ -3,6 +3,7 @@
 // is used to build a model or open a link.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "targets/runtime/message_codec.h"
 
@@ -71,12 +72,24 @@ Assign readAssign(const fb::Assign* a) {
   range(m, "replicas", out.replicas, 1, kMaxReplicas);
   out.replica = a->replica();
   range(m, "replica", out.replica, 0, out.replicas - 1);
+  // Generation across stages links the first stage and the last (one replica each).
+  out.generate = a->generate();
+  const bool ring = out.generate && out.stages > 1;
+  if (out.generate) range(m, "replicas", out.replicas, 1, 1);
   out.prev_replicas = a->prev_replicas();
-  range(m, "prev_replicas", out.prev_replicas, out.stage == 0 ? 0 : 1,
-        out.stage == 0 ? 0 : kMaxReplicas);
+  const bool first = out.stage == 0 && !ring;
+  range(m, "prev_replicas", out.prev_replicas, first ? 0 : 1,
+        first          ? 0
+        : out.generate ? 1
+                       : kMaxReplicas);
   out.next_replicas = a->next_replicas();
-  const bool last = out.stage == out.stages - 1;
-  range(m, "next_replicas", out.next_replicas, last ? 0 : 1, last ? 0 : kMaxReplicas);
+  const bool last = out.stage == out.stages - 1 && !ring;
+  range(m, "next_replicas", out.next_replicas, last ? 0 : 1,
+        last           ? 0
+        : out.generate ? 1
+                       : kMaxReplicas);
+  out.in_flight = a->in_flight();
+  range(m, "in_flight", out.in_flight, 1, 1024);
   out.layer_begin = a->layer_begin();
   out.layer_end = a->layer_end();
   range(m, "layer_begin", out.layer_begin, 0, int64_t{1} << 20);
@@ -252,7 +265,8 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
                           grad, data, m.train_limit, m.test_limit, m.timeout_s, m.infer,
                           m.record_spans, m.save, host, transport, data_dir, weights_hash,
                           m.weights_bytes, m.encrypt, m.checkpoint_every, m.start_step,
-                          m.restore_optimizer, m.infer_from, m.request_rate)
+                          m.restore_optimizer, m.infer_from, m.request_rate, m.generate,
+                          m.in_flight)
       .Union();
 }
 
@@ -335,6 +349,21 @@ flatbuffers::Offset<void> build(B& b, const Answer& m) {
   return fb::CreateAnswer(b, m.first, m.count, m.columns, b.CreateVector(m.outputs), m.loss_sum,
                           m.correct)
       .Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const Prompt& m) {
+  checkCount("prompt", "tokens", m.tokens.size(), kMaxPromptTokens);
+  return fb::CreatePrompt(b, m.id, b.CreateVector(m.tokens), m.count, m.temperature, m.top_k,
+                          m.seed)
+      .Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const PromptsDone&) {
+  return fb::CreatePromptsDone(b).Union();
+}
+
+flatbuffers::Offset<void> build(B& b, const Token& m) {
+  return fb::CreateToken(b, m.id, m.index, m.token, m.logit).Union();
 }
 
 flatbuffers::Offset<void> build(B& b, const Failed& m) {
@@ -464,6 +493,40 @@ Message readStageMessage(const fb::Message* msg) {
       out.correct = a->correct();
       range(m, "correct", out.correct, 0, out.count);
       return out;
+    }
+    case fb::Body_Prompt: {
+      const fb::Prompt* p = msg->body_as_Prompt();
+      const char* m = "prompt";
+      Prompt out;
+      out.id = p->id();
+      range(m, "id", out.id, 0, kMaxRequestId);
+      const auto* v = p->tokens();
+      if (!v || v->size() == 0) bad(m, "no tokens");
+      if (v->size() > kMaxPromptTokens)
+        bad(m, std::to_string(v->size()) + " tokens exceed the limit of " +
+                   std::to_string(kMaxPromptTokens));
+      out.tokens.assign(v->begin(), v->end());
+      for (int32_t t : out.tokens)
+        if (t < 0) bad(m, "token " + std::to_string(t) + " is negative");
+      out.count = p->count();
+      range(m, "count", out.count, 1, int64_t{1} << 30);
+      out.temperature = p->temperature();
+      finiteNonNegative(m, "temperature", out.temperature);
+      out.top_k = p->top_k();
+      nonNegative(m, "top_k", out.top_k);
+      out.seed = p->seed();
+      return out;
+    }
+    case fb::Body_PromptsDone:
+      return PromptsDone{};
+    case fb::Body_Token: {
+      const fb::Token* t = msg->body_as_Token();
+      const char* m = "token";
+      Token out{t->id(), t->index(), t->token(), t->logit()};
+      range(m, "id", out.id, 0, kMaxRequestId);
+      range(m, "index", out.index, 0, int64_t{1} << 30);
+      range(m, "token", out.token, 0, std::numeric_limits<int32_t>::max());
+      return out;  // (a diverged model's logit is NaN: passed on)
     }
     default:
       bad("?", "not a stage worker's message");

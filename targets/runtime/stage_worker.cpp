@@ -10,12 +10,14 @@
 #include <iostream>
 #include <memory>
 #include <set>
+#include <utility>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "core/error.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
+#include "core/pipeline/stage_decoder.h"
 #include "core/pipeline/stage_trainer.h"
 #include "targets/runtime/chunks.h"
 #include "targets/runtime/handshake.h"
@@ -123,6 +125,44 @@ void sendCheckpoint(Channel& coordinator, const Model& model, const Optimizer& o
   coordinator.send(Checkpointed{step, hash, static_cast<int64_t>(slice.size())}, timeout);
 }
 
+// A generation run's stage (core/pipeline/stage_decoder.h): stage 0 takes the prompts
+// from the coordinator, the last stage sends it each token; the first and last stages'
+// outer links carry the chosen tokens back.
+void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, Link* next) {
+  Link* feedback = nullptr;
+  if (a.stages > 1 && a.stage == 0) feedback = std::exchange(prev, nullptr);
+  if (a.stages > 1 && a.stage == a.stages - 1) feedback = std::exchange(next, nullptr);
+  DecoderOptions o;
+  o.max_in_flight = a.in_flight;
+  o.keepalive = std::chrono::milliseconds(a.timeout_s * 1000 / 4);
+  StageDecoder decoder(model,
+                       StageRange{a.stage, a.stages, static_cast<size_t>(a.layer_begin),
+                                  static_cast<size_t>(a.layer_end)},
+                       prev, next, feedback, o);
+  const RequestSource prompts = [&](std::chrono::milliseconds wait) {
+    RequestPoll poll;
+    const std::optional<Message> m = coordinator.recv(wait);
+    if (!m) return poll;
+    if (const auto* p = std::get_if<Prompt>(&*m)) {
+      poll.request =
+          GenerationRequest{p->tokens, p->count, {p->temperature, p->top_k, p->seed}, p->id};
+    } else if (std::holds_alternative<PromptsDone>(*m)) {
+      poll.ended = true;
+    } else if (const auto* l = std::get_if<Leave>(&*m)) {
+      throw Error("the coordinator stopped the stage: " + l->reason);
+    } else {
+      throw FormatError("the coordinator sent '" + std::string(messageName(*m)) +
+                        "' where a prompt was due");
+    }
+    return poll;
+  };
+  const TokenSink tokens = [&](const ChosenToken& c) {
+    coordinator.send(Token{c.id, c.index, c.token, c.logits.at(static_cast<size_t>(c.token))},
+                     std::chrono::seconds(a.timeout_s));
+  };
+  decoder.serve(prompts, tokens);
+}
+
 void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
          const std::string& cache_dir) {
   const std::string who = "stage " + std::to_string(a.stage) +
@@ -171,18 +211,19 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   // gradients out, the next stage's activations.
   std::vector<std::unique_ptr<transport::ZmqLink>> prev_links, next_links;
   Ready ready;
+  // (Generating, the first stage's prev is the last stage, and the last's next the first.)
   for (int i = 0; i < a.prev_replicas; ++i) {
-    prev_links.push_back(
-        std::make_unique<transport::ZmqLink>(ctx, linkOptions(a.gradient_codec, a.stage - 1)));
+    prev_links.push_back(std::make_unique<transport::ZmqLink>(
+        ctx, linkOptions(a.gradient_codec, (a.stage + a.stages - 1) % a.stages)));
     ready.prev.push_back(prev_links.back()->endpoint());
   }
   for (int j = 0; j < a.next_replicas; ++j) {
-    next_links.push_back(
-        std::make_unique<transport::ZmqLink>(ctx, linkOptions(a.activation_codec, a.stage + 1)));
+    next_links.push_back(std::make_unique<transport::ZmqLink>(
+        ctx, linkOptions(a.activation_codec, (a.stage + 1) % a.stages)));
     ready.next.push_back(next_links.back()->endpoint());
   }
   Dataset train, test;
-  if (a.stage == 0) {  // every replica of the first stage reads the data (each its microbatches)
+  if (a.stage == 0 && !a.generate) {  // every replica of the first stage reads the data
     // Text data: windows of the model's context, the training ones drawn from the seed.
     const Shape input = model.inputShape();
     const int64_t context = input.rank() == 1 ? input[0] : 0;
@@ -195,6 +236,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
     ready.train_samples = a.infer ? 0 : train.size();
     ready.test_samples = test.size();
   }
+  if (a.stage == 0 && a.generate) ready.train_samples = ready.test_samples = 0;  // (prompts)
   ready.device = backend->info().name;
   coordinator.send(ready);
   const Start start = expect<Start>(coordinator, std::chrono::seconds(a.timeout_s), "start");
@@ -212,6 +254,18 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   };
   const std::unique_ptr<ReplicaLinks> prev = connect("prev", start.prev, prev_links);
   const std::unique_ptr<ReplicaLinks> next = connect("next", start.next, next_links);
+  if (a.generate) {
+    const auto t0 = Clock::now();
+    generate(coordinator, a, model, prev.get(), next.get());
+    report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (const auto* links : {&prev_links, &next_links})
+      for (const auto& l : *links) {
+        report.bytes_sent += l->stats().bytes_sent_wire;
+        report.bytes_received += l->stats().bytes_received_wire;
+      }
+    coordinator.send(report, std::chrono::seconds(a.timeout_s));
+    return;
+  }
   // The stage's replicas sum their gradients over a group of their own; they find each
   // other through the coordinator. On encrypted runs the group's links are ZeroMQ's with
   // the run's CurveZMQ keys, like the stages' links; otherwise plain sockets (faster,

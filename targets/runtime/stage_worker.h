@@ -10,6 +10,8 @@
 //   coordinator -> worker   start {the neighbours' endpoints, data sizes}
 //   worker <-> coordinator  group address / group addresses (a replicated stage)
 //   worker -> coordinator   progress, epoch done | infer done (the last stage's replica 0)
+//   coordinator -> worker   prompt..., prompts done (stage 0 of a generation run)
+//   worker -> coordinator   token... (the last stage of a generation run)
 //   worker -> coordinator   stage report (its last message)
 //
 // On any error it sends `failed` with the message, then raises it.

@@ -1,18 +1,32 @@
-// tandem generate: text from a saved language model, one process, with the key/value
-// cache (core/generate.h): the prompt's bytes are the tokens; time to first token,
-// tokens/s and the inter-token latency are reported.
+// tandem generate: text from a language model with the key/value cache — a saved model in
+// this process (core/generate.h), or a pipeline job's stages on their nodes' daemons
+// (core/pipeline/stage_decoder.h through the runtime), several prompts in flight. The
+// prompt's bytes are the tokens; time to first token, tokens/s and the inter-token
+// latency are reported (for a job, as this process sees them: across the nodes).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <deque>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "backends/registry.h"
 #include "core/error.h"
 #include "core/generate.h"
 #include "core/model_file.h"
+#include "core/model_spec.h"
+#include "targets/runtime/job.h"
+#include "targets/runtime/job_run.h"
 #include "targets/tandem/commands.h"
+#include "targets/tandem/interrupt.h"
 
 namespace tandem::cli {
 namespace {
@@ -23,6 +37,9 @@ struct GenerateArgs {
   SamplingOptions sampling;
   int threads = 1;
   bool serve = false, no_cache = false;
+  // A job file's: its nodes, its key, the weights to serve, sequences in flight.
+  std::string cluster, key, weights;
+  int in_flight = 8;
 };
 
 // The q-quantile of `v` by the nearest rank; 0 for none.
@@ -50,29 +67,235 @@ Timing timing(const Generation& g) {
           quantile(g.intervals_s, 0.5) * 1e3, quantile(g.intervals_s, 0.99) * 1e3};
 }
 
+// Prints a token as it comes, the prompt before the first (once the request was accepted).
+class Streamer {
+ public:
+  explicit Streamer(const std::string& prompt) : prompt_(prompt) {}
+  void operator()(int32_t token) {
+    if (first_) std::fputs(prompt_.c_str(), stdout);
+    first_ = false;
+    std::fputc(token, stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  const std::string& prompt_;
+  bool first_ = true;
+};
+
+// The line after a generated text: `how` says where ("", " (no cache)", " across 2
+// stages").
+void printSummary(const std::string& prompt, const Generation& g, const std::string& how) {
+  const Timing t = timing(g);
+  std::printf(
+      "\n---\n%zu prompt tokens, %zu new%s: time to first token %.2f ms, %.1f tokens/s, "
+      "inter-token p50 %.2f ms, p99 %.2f ms\n",
+      prompt.size(), g.tokens.size(), how.c_str(), t.first_ms, t.tokens_per_s, t.p50_ms, t.p99_ms);
+}
+
+// The JSON line answering one served prompt.
+std::string answerLine(const std::string& prompt, const Generation& g) {
+  const Timing t = timing(g);
+  nlohmann::json out{{"prompt", prompt}};
+  out["text"] = std::string(g.tokens.begin(), g.tokens.end());
+  out["first_token_ms"] = t.first_ms;
+  out["tokens_per_s"] = t.tokens_per_s;
+  out["inter_token_p50_ms"] = t.p50_ms;
+  out["inter_token_p99_ms"] = t.p99_ms;
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string errorLine(const std::string& prompt, const std::string& error) {
+  return nlohmann::json{{"prompt", prompt}, {"error", error}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+bool isJobFile(const std::string& path) {
+  const std::string ext = std::filesystem::path(path).extension().string();
+  return ext == ".yaml" || ext == ".yml";
+}
+
+// A job's stages serving prompts. Each request's times are taken here, from when its
+// prompt could go to stage 0 (pushed, and the stages wired) to each of its tokens.
+class JobGeneration {
+ public:
+  JobGeneration(const GenerateArgs& a) : a_(a) {
+    runtime::JobSpec job = runtime::loadJobSpec(a.file);
+    if (!a.weights.empty()) {
+      job.weights = a.weights;
+    } else if (job.weights.empty()) {
+      TANDEM_CHECK_MSG(!job.save.empty() && std::filesystem::exists(job.save), InvalidArgument,
+                       job.source << " names no trained weights to generate with: give it "
+                                  << "'weights:' (or train it with 'save:' first), or --weights");
+      job.weights = job.save;
+    }
+    runtime::JobRunOptions jo;
+    jo.cluster = a.cluster;
+    jo.key = a.key;
+    jo.tandemd = tandemdProgram();
+    jo.generate = true;
+    jo.prompts = &prompts_;
+    jo.in_flight = a.in_flight;
+    // Everything is checked and placed here, before any worker starts.
+    run_ = std::make_unique<runtime::JobRun>(std::move(job), jo);
+    shape_ = textShape(Model(parseModelSpec(run_->modelSpec(), run_->job().model)));
+  }
+
+  // Queues a prompt (from any thread); InvalidArgument when it does not fit the model.
+  void push(const std::string& text) {
+    const std::vector<int32_t> tokens = bytesOf(text);
+    checkRequest(shape_, tokens, a_.tokens);
+    std::lock_guard lock(mu_);
+    const auto id = static_cast<int64_t>(requests_.size());
+    requests_.push_back({text, Clock::now(), {}, {}});
+    prompts_.push(
+        {id, tokens, a_.tokens, a_.sampling.temperature, a_.sampling.top_k, a_.sampling.seed});
+  }
+  void close() { prompts_.close(); }
+
+  // Runs the job until every prompt is answered: `done` hears each request as its last
+  // token comes, `token` each token.
+  void run(const std::function<void(const std::string&, const Generation&)>& done,
+           const std::function<void(int64_t, int32_t)>& token) {
+    runtime::RunCallbacks cb;
+    cb.started = [&](int slot, int64_t pid) {
+      const runtime::Assign& as = run_->assignments()[static_cast<size_t>(slot)];
+      spdlog::info("{}: layers [{}, {}) on {} ({} threads), pid {}",
+                   run_->workerNames()[static_cast<size_t>(slot)], as.layer_begin, as.layer_end,
+                   as.device, as.threads, pid);
+    };
+    const auto t0 = Clock::now();
+    cb.wired = [&] {
+      std::lock_guard lock(mu_);
+      wired_ = Clock::now();
+      spdlog::info("{} stages started and wired in {:.2f} s", run_->stages().size(),
+                   std::chrono::duration<double>(*wired_ - t0).count());
+    };
+    cb.token = [&](const runtime::Token& t) {
+      const auto now = Clock::now();
+      std::unique_lock lock(mu_);
+      Request& r = requests_.at(static_cast<size_t>(t.id));
+      if (t.index == 0) {
+        r.g.first_token_s =
+            std::chrono::duration<double>(now - std::max(r.pushed, *wired_)).count();
+      } else {
+        r.g.intervals_s.push_back(std::chrono::duration<double>(now - r.last).count());
+      }
+      r.last = now;
+      r.g.tokens.push_back(t.token);
+      ++generated_;
+      first_ = std::min(first_, std::max(r.pushed, *wired_));
+      last_ = now;
+      lock.unlock();
+      if (token) token(t.id, t.token);
+      if (static_cast<int64_t>(r.g.tokens.size()) == a_.tokens && done) done(r.prompt, r.g);
+    };
+    run_->run(cb, &g_interrupt);
+  }
+
+  const runtime::JobRun& job() const { return *run_; }
+  // Tokens generated over the time from the first prompt's start to the last token.
+  double tokensPerSecond() const {
+    const double s = std::chrono::duration<double>(last_ - first_).count();
+    return s > 0 ? static_cast<double>(generated_) / s : 0;
+  }
+  int64_t generated() const { return generated_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Request {
+    std::string prompt;
+    Clock::time_point pushed, last{};
+    Generation g;
+  };
+  const GenerateArgs& a_;
+  runtime::PromptQueue prompts_;
+  std::unique_ptr<runtime::JobRun> run_;
+  TextShape shape_;
+  std::mutex mu_;
+  std::deque<Request> requests_;  // by id (a deque: references stay put as it grows)
+  std::optional<Clock::time_point> wired_;
+  Clock::time_point first_ = Clock::time_point::max(), last_{};
+  int64_t generated_ = 0;
+};
+
+void generateWithJob(const GenerateArgs& a) {
+  const InterruptGuard interrupt_guard;
+  auto job = std::make_shared<JobGeneration>(a);
+  const size_t stages = job->job().stages().size();
+  if (!a.serve) {
+    job->push(a.prompt);
+    job->close();
+    Generation got;
+    Streamer stream(a.prompt);
+    job->run([&](const std::string&, const Generation& g) { got = g; },
+             [&](int64_t, int32_t t) { stream(t); });
+    printSummary(a.prompt, got, " across " + std::to_string(stages) + " stages");
+    return;
+  }
+  // Prompts are read on a thread of their own while the stages serve those before; each
+  // answer is a JSON line as its last token comes (so not always in the order asked).
+  auto out = std::make_shared<std::mutex>();
+  auto print = [out](const std::string& line) {
+    std::lock_guard lock(*out);
+    std::puts(line.c_str());
+    std::fflush(stdout);
+  };
+  std::thread reader([job, print] {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      if (line.empty()) continue;
+      try {
+        job->push(line);
+      } catch (const InvalidArgument& e) {  // this prompt only: the next may be fine
+        print(errorLine(line, e.what()));
+      }
+    }
+    job->close();
+  });
+  std::vector<double> first_ms;
+  int64_t served = 0;
+  try {
+    job->run(
+        [&](const std::string& prompt, const Generation& g) {
+          print(answerLine(prompt, g));
+          first_ms.push_back(g.first_token_s * 1e3);
+          ++served;
+        },
+        {});
+  } catch (...) {
+    reader.detach();  // (blocked on stdin; it holds what it uses)
+    throw;
+  }
+  reader.join();
+  std::fprintf(stderr,
+               "served %lld prompts across %zu stages: %lld tokens, %.1f tokens/s overall, time "
+               "to first token p50 %.2f ms, p99 %.2f ms\n",
+               static_cast<long long>(served), stages, static_cast<long long>(job->generated()),
+               job->tokensPerSecond(), quantile(first_ms, 0.5), quantile(first_ms, 0.99));
+}
+
 void runGenerate(const GenerateArgs& a) {
   TANDEM_CHECK_MSG(a.tokens > 0, InvalidArgument, "--tokens must be positive, got " << a.tokens);
   TANDEM_CHECK_MSG(a.serve || !a.prompt.empty(), InvalidArgument,
                    "give --prompt TEXT, or --serve to read prompts from stdin");
+  if (isJobFile(a.file)) {
+    TANDEM_CHECK_MSG(!a.no_cache, InvalidArgument,
+                     "--no-cache is for a model file; a job's stages always keep their cache");
+    generateWithJob(a);
+    return;
+  }
+  TANDEM_CHECK_MSG(
+      a.cluster.empty() && a.key.empty() && a.weights.empty(), InvalidArgument,
+      "--cluster, --key and --weights are for a job file (JOB.yaml), not '" << a.file << "'");
   const ModelFile file = readModelFile(a.file);
   auto backend = makeBackend(a.device, BackendOptions{a.threads});
   auto model = loadModel(file, *backend);
   if (!a.serve) {
-    // The prompt is printed with the first token, once the request has been accepted.
-    bool first = true;
-    const Generation g =
-        generate(*model, bytesOf(a.prompt), a.tokens, a.sampling, !a.no_cache, [&](int32_t t) {
-          if (first) std::fputs(a.prompt.c_str(), stdout);
-          first = false;
-          std::fputc(t, stdout);
-          std::fflush(stdout);
-        });
-    const Timing t = timing(g);
-    std::printf(
-        "\n---\n%zu prompt tokens, %zu new%s: time to first token %.2f ms, %.1f tokens/s, "
-        "inter-token p50 %.2f ms, p99 %.2f ms\n",
-        a.prompt.size(), g.tokens.size(), a.no_cache ? " (no cache)" : "", t.first_ms,
-        t.tokens_per_s, t.p50_ms, t.p99_ms);
+    Streamer stream(a.prompt);
+    const Generation g = generate(*model, bytesOf(a.prompt), a.tokens, a.sampling, !a.no_cache,
+                                  [&](int32_t t) { stream(t); });
+    printSummary(a.prompt, g, a.no_cache ? " (no cache)" : "");
     return;
   }
   // One JSON object per prompt line: the text and its timing.
@@ -80,19 +303,13 @@ void runGenerate(const GenerateArgs& a) {
   int64_t served = 0;
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
-    nlohmann::json out{{"prompt", line}};
+    std::string out;
     try {
-      const Generation g = generate(*model, bytesOf(line), a.tokens, a.sampling, !a.no_cache);
-      const Timing t = timing(g);
-      out["text"] = std::string(g.tokens.begin(), g.tokens.end());
-      out["first_token_ms"] = t.first_ms;
-      out["tokens_per_s"] = t.tokens_per_s;
-      out["inter_token_p50_ms"] = t.p50_ms;
-      out["inter_token_p99_ms"] = t.p99_ms;
+      out = answerLine(line, generate(*model, bytesOf(line), a.tokens, a.sampling, !a.no_cache));
     } catch (const InvalidArgument& e) {  // this request only: the next may be fine
-      out["error"] = e.what();
+      out = errorLine(line, e.what());
     }
-    std::puts(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::puts(out.c_str());
     std::fflush(stdout);
     ++served;
   }
@@ -104,8 +321,12 @@ void runGenerate(const GenerateArgs& a) {
 void addGenerate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* c = app.add_subcommand(
-      "generate", "Generate text with a saved language model (byte tokens, key/value cache)");
-  c->add_option("model", a->file, "Model file (.tdm) of a language model")
+      "generate",
+      "Generate text with a language model (byte tokens, key/value cache): a saved model "
+      "here, or a job's stages on their nodes");
+  c->add_option("model", a->file,
+                "Model file (.tdm) of a language model, or a job file (.yaml) whose stages "
+                "generate from its `weights` (else its `save`)")
       ->required()
       ->check(CLI::ExistingFile);
   c->add_option("--prompt", a->prompt, "Text to continue");
@@ -120,6 +341,13 @@ void addGenerate(CLI::App& app) {
               "Read prompts from stdin, one per line; answer each with a line of JSON");
   c->add_flag("--no-cache", a->no_cache,
               "Recompute the whole prefix for every token (the cache's reference)");
+  c->add_option("--cluster", a->cluster,
+                "A job: run its stages on this cluster's node daemons (nodes with an `address`)");
+  c->add_option("--key", a->key, "A job: the cluster key file (default: the cluster file's)");
+  c->add_option("--weights", a->weights, "A job: generate from this model file's parameters")
+      ->check(CLI::ExistingFile);
+  c->add_option("--in-flight", a->in_flight, "A job: sequences its first stage keeps going at once")
+      ->check(CLI::Range(1, 1024));
   c->callback([a] { runGenerate(*a); });
 }
 

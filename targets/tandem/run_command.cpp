@@ -27,6 +27,7 @@
 #include "targets/runtime/job.h"
 #include "targets/runtime/job_run.h"
 #include "targets/tandem/commands.h"
+#include "targets/tandem/interrupt.h"
 #include "targets/tandem/progress.h"
 
 namespace tandem::cli {
@@ -209,31 +210,6 @@ struct RunArgs {
   bool infer = false;
   std::string answers;  // infer: write every sample's answer here
   double rate = 0;      // infer: requests per second fed in (0: as fast as they go)
-};
-
-// SIGINT and SIGTERM during a run: noted here for the coordinator, which stops every
-// worker and raises Interrupted (a second one ends the process at once, as usual).
-std::atomic<int> g_interrupt{0};
-
-void onInterrupt(int signal) {
-  g_interrupt.store(signal);
-  std::signal(signal, SIG_DFL);
-}
-
-// Catches SIGINT and SIGTERM while it lives.
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    g_interrupt.store(0);
-    std::signal(SIGINT, onInterrupt);
-    std::signal(SIGTERM, onInterrupt);
-  }
-  ~InterruptGuard() {
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
-  }
-  InterruptGuard(const InterruptGuard&) = delete;
-  InterruptGuard& operator=(const InterruptGuard&) = delete;
 };
 
 int runJob(const RunArgs& args) {

@@ -33,7 +33,10 @@ int main(int argc, char** argv) {
                          ProfileTask{"name: m\n", 8, 1, 2, {{"cpu", 1, 1}}},
                          ProfileResult{"{}", 0},
                          Checkpointed{6, std::string(64, 'a'), 100},
-                         Answer{8, 2, 2, {1, 2, 3, 4}, 0.5, 1}};
+                         Answer{8, 2, 2, {1, 2, 3, 4}, 0.5, 1},
+                         Prompt{2, {104, 105}, 8, 0.7f, 5, 3},
+                         PromptsDone{},
+                         Token{2, 1, 101, 1.5f}};
   int n = 0;
   for (const Message& m : all) {
     const auto bytes = encodeMessage(m);

@@ -4,6 +4,9 @@
 // logits of generating each alone in one process with the key/value cache.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -36,11 +39,12 @@ layers:
 struct Pair {
   std::unique_ptr<transport::ZmqLink> a, b;
 };
-Pair linkPair(transport::Context& ctx, const std::string& name) {
+Pair linkPair(transport::Context& ctx, const std::string& name,
+              std::chrono::milliseconds timeout = 20s) {
   transport::LinkOptions oa, ob;
   oa.bind = "inproc://" + name + "-a";
   ob.bind = "inproc://" + name + "-b";
-  oa.timeout = ob.timeout = 20s;
+  oa.timeout = ob.timeout = timeout;
   Pair p{std::make_unique<transport::ZmqLink>(ctx, oa),
          std::make_unique<transport::ZmqLink>(ctx, ob)};
   p.a->connect(p.b->endpoint());
@@ -48,15 +52,18 @@ Pair linkPair(transport::Context& ctx, const std::string& name) {
   return p;
 }
 
-std::vector<Generation> pipelined(int p, const std::vector<GenerationRequest>& requests) {
+// Runs `body` on p stage threads of the GPT (seed 7, equal cuts), each with its own
+// backend and its StageDecoder over inproc links with `timeout`.
+void onStages(int p, DecoderOptions o, std::chrono::milliseconds timeout,
+              const std::function<void(int s, StageDecoder&)>& body) {
   static int run = 0;
   const std::string id = "gen" + std::to_string(run++);
   transport::Context ctx;
   std::vector<Pair> links;
-  for (int s = 0; s + 1 < p; ++s) links.push_back(linkPair(ctx, id + "-" + std::to_string(s)));
-  Pair feedback = linkPair(ctx, id + "-feedback");  // a: the last stage's end, b: stage 0's
+  for (int s = 0; s + 1 < p; ++s)
+    links.push_back(linkPair(ctx, id + "-" + std::to_string(s), timeout));
+  Pair feedback = linkPair(ctx, id + "-feedback", timeout);  // a: the last stage's end
   const auto ranges = runtime::equalStageRanges(Model(parseModelSpec(kGpt)).size(), p);
-  std::vector<Generation> out;
   std::mutex mu;
   std::vector<std::exception_ptr> errors;
   std::vector<std::thread> threads;
@@ -69,11 +76,12 @@ std::vector<Generation> pipelined(int p, const std::vector<GenerationRequest>& r
         m.build(be, 7, begin, end);
         Link* prev = s > 0 ? links[static_cast<size_t>(s - 1)].b.get() : nullptr;
         Link* next = s + 1 < p ? links[static_cast<size_t>(s)].a.get() : nullptr;
-        Link* back = s == 0 ? feedback.b.get() : s == p - 1 ? feedback.a.get() : nullptr;
-        StageDecoder stage(m, StageRange{s, p, begin, end}, prev, next, back);
-        std::vector<Generation> g = stage.run(requests);
-        std::lock_guard lock(mu);
-        if (s == p - 1) out = std::move(g);
+        Link* back = p == 1       ? nullptr
+                     : s == 0     ? feedback.b.get()
+                     : s == p - 1 ? feedback.a.get()
+                                  : nullptr;
+        StageDecoder stage(m, StageRange{s, p, begin, end}, prev, next, back, o);
+        body(s, stage);
       } catch (...) {
         std::lock_guard lock(mu);
         errors.push_back(std::current_exception());
@@ -82,6 +90,15 @@ std::vector<Generation> pipelined(int p, const std::vector<GenerationRequest>& r
   }
   for (auto& t : threads) t.join();
   for (auto& e : errors) std::rethrow_exception(e);
+}
+
+// StageDecoder::run on p stages: the last stage's generations.
+std::vector<Generation> pipelined(int p, const std::vector<GenerationRequest>& requests) {
+  std::vector<Generation> out;
+  onStages(p, {}, 20s, [&](int s, StageDecoder& stage) {
+    std::vector<Generation> g = stage.run(requests);
+    if (s == p - 1) out = std::move(g);
+  });
   return out;
 }
 
@@ -95,7 +112,7 @@ TEST(GenerationPipelineTest, SequencesInFlightMatchGeneratingEachAlone) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
   Model whole(parseModelSpec(kGpt));
   whole.build(be, 7);  // layer i from (seed, i): the stages' layers are the same weights
-  for (const int p : {2, 3}) {
+  for (const int p : {1, 2, 3}) {
     const std::vector<Generation> got = pipelined(p, requests);
     ASSERT_EQ(got.size(), requests.size());
     for (size_t q = 0; q < requests.size(); ++q) {
@@ -111,15 +128,143 @@ TEST(GenerationPipelineTest, SequencesInFlightMatchGeneratingEachAlone) {
   }
 }
 
+// Requests handed to stage 0 one by one by another thread, with pauses between them.
+class Trickle {
+ public:
+  void push(GenerationRequest r) {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(r));
+    cv_.notify_one();
+  }
+  void close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    cv_.notify_one();
+  }
+  RequestPoll poll(std::chrono::milliseconds wait) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, wait, [&] { return closed_ || !queue_.empty(); });
+    RequestPoll p;
+    if (!queue_.empty()) {
+      p.request = std::move(queue_.front());
+      queue_.erase(queue_.begin());
+    } else {
+      p.ended = closed_;
+    }
+    return p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<GenerationRequest> queue_;
+  bool closed_ = false;
+};
+
+// Serves what `source` gives across p stage threads (links with `timeout`): each
+// request's tokens and logits, by id, as the last stage's sink heard them.
+std::map<int64_t, Generation> served(int p, const RequestSource& source, DecoderOptions o,
+                                     std::chrono::milliseconds timeout) {
+  std::map<int64_t, Generation> out;  // (only the last stage's sink writes it)
+  onStages(p, o, timeout, [&](int, StageDecoder& stage) {
+    stage.serve(source, [&](const ChosenToken& c) {
+      Generation& g = out[c.id];
+      EXPECT_EQ(c.index, static_cast<int64_t>(g.tokens.size())) << "request " << c.id;
+      g.tokens.push_back(c.token);
+      g.logits.push_back(c.logits);
+    });
+  });
+  return out;
+}
+
+TEST(GenerationPipelineTest, AStreamOfRequestsIsServedAsTheyComeAndEachIsExact) {
+  // Six requests, two in flight at most, arriving while others run and after idle
+  // pauses three times the links' time limit: the keep-alives hold the idle stages.
+  const std::vector<GenerationRequest> requests = {
+      {bytes("the cat"), 6, {0.0f, 0, 1}, 40}, {bytes("a"), 4, {0.9f, 10, 3}, 41},
+      {bytes("once"), 7, {0.7f, 0, 4}, 42},    {bytes("xy"), 1, {0.0f, 0, 1}, 43},
+      {bytes("zz top"), 3, {1.0f, 5, 9}, 44},  {bytes("q"), 5, {0.0f, 0, 2}, 45}};
+  Trickle trickle;
+  std::thread feeder([&] {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      trickle.push(requests[i]);
+      std::this_thread::sleep_for(i == 2 || i == 4 ? 900ms : 5ms);
+    }
+    trickle.close();
+  });
+  DecoderOptions o;
+  o.max_in_flight = 2;
+  o.keepalive = 50ms;
+  std::map<int64_t, Generation> got;
+  try {
+    got = served(
+        3, [&](std::chrono::milliseconds w) { return trickle.poll(w); }, o, 300ms);
+  } catch (...) {
+    feeder.join();
+    throw;
+  }
+  feeder.join();
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model whole(parseModelSpec(kGpt));
+  whole.build(be, 7);
+  ASSERT_EQ(got.size(), requests.size());
+  for (const GenerationRequest& r : requests) {
+    const Generation want = generate(whole, r.prompt, r.count, r.sampling);
+    EXPECT_EQ(got[r.id].tokens, want.tokens) << "request " << r.id;
+    EXPECT_EQ(got[r.id].logits, want.logits) << "request " << r.id;
+  }
+}
+
+TEST(GenerationPipelineTest, ARequestThatDoesNotFitTheModelIsRefusedNamingIt) {
+  cpu::CpuBackend be;
+  Model m(parseModelSpec(kGpt));
+  m.build(be, 1);
+  auto serveOne = [&](GenerationRequest r) {
+    StageDecoder stage(m, StageRange{0, 1, 0, m.size()}, nullptr, nullptr, nullptr);
+    bool given = false;
+    stage.serve(
+        [&](std::chrono::milliseconds) {
+          RequestPoll p;
+          if (!given) p.request = r;
+          p.ended = given;
+          given = true;
+          return p;
+        },
+        {});
+  };
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        serveOne({bytes(std::string(20, 'a')), 5, {}, 3});
+      },
+      {"request 3", "20 tokens and 5 new ones exceed the context of 24"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        serveOne({{}, 5, {}, 4});
+      },
+      {"request 4", "prompt is empty"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        serveOne({{65, 300}, 2, {}, 5});
+      },
+      {"prompt token 300 at 1", "vocab of 256"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        serveOne({{65}, 2, {-1.0f, 0, 1}, 6});
+      },
+      {"request 6", "temperature -1"});
+}
+
 TEST(GenerationPipelineTest, StagesWhoseLinksDoNotMatchTheirPlaceAreRefused) {
   cpu::CpuBackend be;
   Model m(parseModelSpec(kGpt));
   m.build(be, 1);
+  transport::Context ctx;
+  Pair pair = linkPair(ctx, "refused");
   testing::expectThrowWith<InvalidArgument>(
       [&] {
-        StageDecoder(m, StageRange{0, 1, 0, m.size()}, nullptr, nullptr, nullptr);
+        StageDecoder(m, StageRange{0, 1, 0, m.size()}, nullptr, nullptr, pair.a.get());
       },
-      {"needs 2 or more stages"});
+      {"stage 0 of 1: links do not match its place"});
   testing::expectThrowWith<InvalidArgument>(
       [&] {
         StageDecoder(m, StageRange{0, 2, 0, 3}, nullptr, nullptr, nullptr);

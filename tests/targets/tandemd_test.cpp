@@ -19,7 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/model_file.h"
+#include "core/model_spec.h"
 #include "tests/process_util.h"
 #include "tests/test_util.h"
 
@@ -217,7 +219,7 @@ TEST(TandemdTest, NodesAsksEachDaemonAndNamesTheOnesItCannotReach) {
   EXPECT_EQ(r.code, 1) << r.out;  // one node could not be asked
   EXPECT_NE(r.out.find("alpha        " + alpha.address()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tandem 0.1.0"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("protocol 2.1.0, node name 'alpha'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("protocol 2.2.0, node name 'alpha'"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("device cpu"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("gone         127.0.0.1:1            unreachable: cannot reach the node "
                        "at 127.0.0.1:1"),
@@ -681,6 +683,67 @@ TEST(TandemdTest, AJobOnTwoDaemonsTrainsBitwiseAsOnThisMachine) {
     EXPECT_EQ(there.params[i].name, here.params[i].name);
     EXPECT_EQ(there.params[i].data, here.params[i].data) << here.params[i].name;  // bitwise
   }
+}
+
+// Generation from a job's stages on two daemons: each prompt of a stream (greedy and
+// sampled) gets the text one process makes from the same model file; a prompt that does
+// not fit is answered with an error and the stream goes on; a replicated stage is refused.
+TEST(TandemdTest, AJobOnTwoDaemonsGeneratesTheTextOneProcessDoes) {
+  const std::string dir = tandem::testing::freshDir("cluster-generate");
+  TwoNodes nodes(dir);
+  ASSERT_TRUE(nodes.made);
+  std::ofstream(dir + "/gpt.yaml") << "name: gen\ninput: [24]\nlayers:\n"
+                                   << "  - embedding: {vocab: 256, dim: 16}\n"
+                                   << "  - positional: {context: 24}\n"
+                                   << "  - transformer: {heads: 2}\n"
+                                   << "  - transformer: {heads: 4, mlp: 32}\n"
+                                   << "  - layernorm\n  - linear: {out: 256}\n";
+  {
+    tandem::cpu::CpuBackend be;
+    tandem::Model m(tandem::loadModelSpec(dir + "/gpt.yaml"));
+    m.build(be, 11);
+    tandem::saveModel(dir + "/gpt.tdm", m, nullptr, {});
+  }
+  const std::string job = dir + "/gen.yaml";
+  std::ofstream(job) << "model: gpt.yaml\nweights: gpt.tdm\npartition: [[0, 3], [3, 6]]\n";
+  const std::string prompts = "printf 'the cat\\nonce upon a time, far away\\nq\\n' | ";
+  for (const std::string sampling : {"", " --temperature 0.9 --top-k 30 --seed 4"}) {
+    const std::string opts = " --serve --tokens 8" + sampling;
+    const Ran here = run(prompts + kCli + " generate " + dir + "/gpt.tdm" + opts);
+    ASSERT_EQ(here.code, 0) << here.out;
+    const Ran there = run(prompts + kCli + " generate " + job + opts + " --in-flight 2 --cluster " +
+                          nodes.cluster);
+    ASSERT_EQ(there.code, 0) << there.out;
+    EXPECT_NE(there.out.find("served 2 prompts across 2 stages: 16 tokens"), std::string::npos)
+        << there.out;
+    // Each answer line, whatever the order: the same text as the one process's.
+    for (const std::string p : {"the cat", "q"}) {
+      const std::string key = "\"prompt\":\"" + p + "\",\"text\":";
+      const auto at = here.out.find(key);
+      ASSERT_NE(at, std::string::npos) << here.out;
+      const std::string text = here.out.substr(at, here.out.find("\"tokens_per_s\"", at) - at);
+      EXPECT_NE(there.out.find(text), std::string::npos) << text << "\n" << there.out;
+    }
+    EXPECT_NE(there.out.find("\"error\":\"a prompt of 26 tokens and 8 new ones exceed the context "
+                             "of 24"),
+              std::string::npos)
+        << there.out;
+  }
+  EXPECT_NE(nodes.a.log().find("started worker 0"), std::string::npos) << nodes.a.log();
+  EXPECT_NE(nodes.b.log().find("started worker 1"), std::string::npos) << nodes.b.log();
+  std::ofstream(dir + "/replicated.yaml")
+      << "model: gpt.yaml\nweights: gpt.tdm\npartition: [[0, 3], {layers: [3, 6], replicas: 2}]\n";
+  const Ran replicated = run(kCli + " generate " + dir + "/replicated.yaml --prompt hi");
+  EXPECT_EQ(replicated.code, 1) << replicated.out;
+  EXPECT_NE(replicated.out.find("generation runs one worker per stage, but layers [3, 6) have 2 "
+                                "replicas"),
+            std::string::npos)
+      << replicated.out;
+  std::ofstream(dir + "/untrained.yaml") << "model: gpt.yaml\npartition: equal\nstages: 2\n";
+  const Ran untrained = run(kCli + " generate " + dir + "/untrained.yaml --prompt hi");
+  EXPECT_EQ(untrained.code, 1) << untrained.out;
+  EXPECT_NE(untrained.out.find("names no trained weights to generate with"), std::string::npos)
+      << untrained.out;
 }
 
 TEST(TandemdTest, ADaemonKilledMidRunEndsTheRunNamingTheNode) {

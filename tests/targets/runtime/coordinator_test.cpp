@@ -7,12 +7,14 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <map>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/data/dataset.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "core/generate.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/train/trainer.h"
@@ -229,6 +231,105 @@ TEST(CoordinatorTest, AWorkerThatCannotRunItsAssignmentEndsTheRunNamed) {
   testing::expectThrowWith<Error>(
       [&] { coordinate(as, names(as), *launcher, RunCallbacks{}, RunOptions{}); },
       {"stage 1 replica 0 failed: ", "no OpenCL device 99"});
+}
+
+constexpr const char* kGpt = R"(name: coord-gpt
+input: [20]
+layers:
+  - embedding: {vocab: 256, dim: 16}
+  - positional: {context: 20}
+  - transformer: {heads: 2, mlp: 24}
+  - transformer: {heads: 4}
+  - layernorm
+  - linear: {out: 256}
+)";
+
+// A generation run of the GPT's layers cut at `cuts` (ring-linked, one worker per stage).
+std::vector<Assign> generationAssignments(const std::vector<int64_t>& cuts, bool encrypt) {
+  std::vector<Assign> as;
+  const int p = static_cast<int>(cuts.size()) - 1;
+  for (int s = 0; s < p; ++s) {
+    Assign a;
+    a.job = "generation test";
+    a.model_spec = kGpt;
+    a.stage = s;
+    a.stages = p;
+    a.prev_replicas = s > 0 || p > 1 ? 1 : 0;
+    a.next_replicas = s + 1 < p || p > 1 ? 1 : 0;
+    a.layer_begin = cuts[static_cast<size_t>(s)];
+    a.layer_end = cuts[static_cast<size_t>(s) + 1];
+    a.seed = 5;
+    a.timeout_s = 30;
+    a.generate = true;
+    a.in_flight = 2;
+    a.encrypt = encrypt;
+    as.push_back(a);
+  }
+  return as;
+}
+
+TEST(CoordinatorTest, AGenerationRunGivesEachPromptTheTokensAndLogitsOfOneProcess) {
+  const std::vector<Prompt> prompts = {{0, {116, 104, 101}, 7, 0.0f, 0, 1},
+                                       {1, {97}, 5, 0.8f, 12, 3},
+                                       {2, {111, 110, 99, 101}, 9, 1.1f, 0, 4},
+                                       {3, {120}, 1, 0.0f, 0, 1},
+                                       {4, {122, 122, 32}, 6, 0.6f, 4, 8}};
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model whole(parseModelSpec(kGpt));
+  whole.build(be, 5);  // layer i from (seed, i): the stages build the same weights
+  for (const auto& [cuts, encrypt] : {std::pair{std::vector<int64_t>{0, 3, 6}, false},
+                                      std::pair{std::vector<int64_t>{0, 2, 4, 6}, true},
+                                      std::pair{std::vector<int64_t>{0, 6}, false}}) {
+    const std::vector<Assign> as = generationAssignments(cuts, encrypt);
+    PromptQueue queue;
+    // Two prompts before the run, the others while it runs.
+    queue.push(prompts[0]);
+    queue.push(prompts[1]);
+    std::map<int64_t, std::vector<Token>> got;
+    RunCallbacks cb;
+    cb.token = [&](const Token& t) {
+      got[t.id].push_back(t);
+      if (t.id == 0 && t.index == 2)
+        for (size_t i = 2; i < prompts.size(); ++i) queue.push(prompts[i]);
+      if (got.size() == prompts.size() &&
+          got[t.id].size() == static_cast<size_t>(prompts[t.id].count))
+        queue.close();
+    };
+    RunOptions ro;
+    ro.prompts = &queue;
+    auto launcher = threadLauncher();
+    const RunResult r = coordinate(as, names(as), *launcher, cb, ro);
+    ASSERT_EQ(r.reports.size(), as.size());
+    ASSERT_EQ(got.size(), prompts.size());
+    for (const Prompt& p : prompts) {
+      const Generation want =
+          generate(whole, p.tokens, p.count, SamplingOptions{p.temperature, p.top_k, p.seed});
+      const std::vector<Token>& tokens = got[p.id];
+      ASSERT_EQ(tokens.size(), want.tokens.size()) << "prompt " << p.id;
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        EXPECT_EQ(tokens[i].index, static_cast<int64_t>(i));
+        EXPECT_EQ(tokens[i].token, want.tokens[i]) << "prompt " << p.id << " token " << i;
+        const float logit = want.logits[i][static_cast<size_t>(want.tokens[i])];
+        EXPECT_EQ(std::memcmp(&tokens[i].logit, &logit, sizeof logit), 0)  // bitwise
+            << "prompt " << p.id << " token " << i << ": " << tokens[i].logit << " vs " << logit;
+      }
+    }
+  }
+}
+
+TEST(CoordinatorTest, APromptThatDoesNotFitTheModelEndsTheRunNamingIt) {
+  std::vector<Assign> as = generationAssignments({0, 3, 6}, false);
+  for (Assign& a : as) a.timeout_s = 2;  // (the worker threads left wait that long)
+  PromptQueue queue;
+  queue.push({7, std::vector<int32_t>(18, 65), 5, 0.0f, 0, 1});
+  queue.close();
+  RunOptions ro;
+  ro.prompts = &queue;
+  auto launcher = threadLauncher();
+  testing::expectThrowWith<Error>(
+      [&] { coordinate(as, names(as), *launcher, RunCallbacks{}, ro); },
+      {"stage 0 replica 0 failed: request 7: a prompt of 18 tokens and 5 new ones exceed the "
+       "context of 20"});
 }
 
 }  // namespace

@@ -245,7 +245,10 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       Checkpointed{300, std::string(64, 'd'), 4096},
       Answer{96, 2, 3, {0.5f, -1, 2, 3, 4, std::nanf("")}, 1.25, 1},
       ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}},
-      ProfileResult{"{\"schema\": \"tandem-profile\"}", 1}};
+      ProfileResult{"{\"schema\": \"tandem-profile\"}", 1},
+      Prompt{3, {104, 105}, 20, 0.8f, 40, uint64_t{1} << 40},
+      PromptsDone{},
+      Token{3, 19, 255, std::nanf("")}};
   for (const Message& m : all) {
     const Message back = decodeMessage(encodeMessage(m));
     EXPECT_EQ(back.index(), m.index()) << messageName(m);
@@ -285,6 +288,21 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](Assign& a) { a.infer_from = 10; }, "infer_from 10 is not a multiple of the batch 32"},
       {[](Assign& a) { a.request_rate = -1; }, "request_rate -1.000000 is not in [0, 1e6]"},
       {[](Assign& a) { a.request_rate = std::nan(""); }, "request_rate nan is not in"},
+      {[](Assign& a) { a.generate = true; }, "replicas 2 is not in [1, 1]"},
+      {[](Assign& a) {
+         a.generate = true;
+         a.replica = 0;
+         a.replicas = 1;
+       },
+       "next_replicas 2 is not in [1, 1]"},
+      {[](Assign& a) {
+         a.generate = true;
+         a.replica = 0;
+         a.replicas = 1;
+         a.next_replicas = 1;
+         a.in_flight = 0;
+       },
+       "in_flight 0 is not in [1, 1024]"},
   };
   for (const Case& c : cases) {
     Assign a = sampleAssign();
@@ -337,6 +355,45 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
         decodeMessage(encodeMessage(Answer{-4, 1, 1, {1}, 0, 0}));
       },
       {"'answer'", "first -4"});
+  // Generation: stage 0 and the last stage are linked (one worker each) when generating,
+  // and only then.
+  Assign ring = sampleAssign();
+  ring.generate = true;
+  ring.replica = 0;
+  ring.replicas = 1;
+  ring.stage = 0;
+  ring.next_replicas = 1;
+  const Message ring_back = decodeMessage(encodeMessage(ring));
+  EXPECT_EQ(std::get<Assign>(ring_back).prev_replicas, 1);
+  ring.generate = false;
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(ring)); },
+                               {"prev_replicas 1 is not in [0, 0]"});
+  // Prompts and tokens outside what a generation run can mean.
+  struct PromptCase {
+    Prompt p;
+    const char* expect;
+  } prompt_cases[] = {
+      {{0, {}, 5, 0, 0, 1}, "no tokens"},
+      {{0, {65, -2}, 5, 0, 0, 1}, "token -2 is negative"},
+      {{0, {65}, 0, 0, 0, 1}, "count 0 is not in [1,"},
+      {{-1, {65}, 5, 0, 0, 1}, "id -1 is not in [0, 2147483647]"},
+      {{0, {65}, 5, std::nanf(""), 0, 1}, "temperature nan"},
+      {{0, {65}, 5, -0.5f, 0, 1}, "temperature -0.5"},
+      {{0, {65}, 5, 0, -3, 1}, "top_k is negative"},
+  };
+  for (const PromptCase& c : prompt_cases)
+    expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(c.p)); },
+                                 {"'prompt'", c.expect});
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(Token{0, -1, 5, 0}));
+      },
+      {"'token'", "index -1"});
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(Token{0, 1, -5, 0}));
+      },
+      {"'token'", "token -5"});
   LinkTask odd{1, LinkTaskKind::kOpen, "h", "", 6, 1, 0, 1};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(odd)); },
                                {"'link task'", "message_bytes 6 is not a multiple of 4"});
