@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
@@ -15,8 +16,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A step's header: int32 values, the same on every link.
-enum HeaderField { kOp, kId, kRound, kCount, kTopK, kSeedLow, kSeedHigh, kTemperature, kFields };
+// A step's header: int32 values, the same on every link, followed in the same message by
+// the step's activation ([1, length, width] floats, their bits as int32: an int32 message
+// travels raw, so the header survives whatever codec the link has).
+enum HeaderField {
+  kOp,
+  kId,
+  kRound,
+  kCount,
+  kTopK,
+  kSeedLow,
+  kSeedHigh,
+  kTemperature,
+  kLength,
+  kFields
+};
 enum Op : int32_t { kStep = 0, kKeepAlive = 1, kEnd = 2 };
 
 std::vector<int32_t> header(Op op, int64_t id = 0, int64_t round = 0,
@@ -79,8 +93,16 @@ void StageDecoder::step(Sequence& s, const Tensor& x, int64_t n, const std::vect
   Backend& be = model_.backend();
   const Tensor y = model_.decode(x, s.state, range_.begin, range_.end);
   if (!range_.last()) {
-    next_->send({MessageKind::kLabel, n}, toDeviceI32(be, {kFields}, head));
-    next_->send({MessageKind::kActivation, n}, y);
+    TANDEM_CHECK_MSG(
+        y.shape().rank() == 3 && y.shape()[0] == 1, InvalidArgument,
+        "stage " << range_.stage << " decodes to " << y.shape() << ", not [1, tokens, width]");
+    const std::vector<float> values = toHost(y);
+    std::vector<int32_t> message(head);
+    message[kLength] = static_cast<int32_t>(y.shape()[1]);
+    message.resize(kFields + values.size());
+    std::memcpy(message.data() + kFields, values.data(), values.size() * sizeof(float));
+    next_->send({MessageKind::kActivation, n},
+                toDeviceI32(be, {static_cast<int64_t>(message.size())}, message));
     return;
   }
   const std::vector<float> all = toHost(y);
@@ -101,8 +123,8 @@ void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink
   std::map<int64_t, Sequence> live;                  // admitted, not every step sent yet
   std::deque<std::pair<int64_t, int64_t>> awaiting;  // (step, sequence) whose token comes back
   int64_t n = 0;
-  auto pass = [&](const std::vector<int32_t>& head) {  // a header with no step after it
-    if (next_) next_->send({MessageKind::kLabel, n++}, toDeviceI32(be, {kFields}, head));
+  auto pass = [&](const std::vector<int32_t>& head) {  // a header with no activation
+    if (next_) next_->send({MessageKind::kActivation, n++}, toDeviceI32(be, {kFields}, head));
   };
   // Runs the next step of sequence `id` on `x`; the sequence leaves once its last is sent.
   auto advance = [&](int64_t id, const Tensor& x) {
@@ -185,17 +207,19 @@ void StageDecoder::serveRest(const TokenSink& sink) {
   Backend& be = model_.backend();
   std::map<int64_t, Sequence> live;
   for (int64_t n = 0;; ++n) {
-    const Tensor h = prev_->recv({MessageKind::kLabel, n}, be);
-    TANDEM_CHECK_MSG(h.dtype() == DType::kI32 && h.numel() == kFields, FormatError,
-                     "step " << n << "'s header from " << prev_->peer() << " is not " << kFields
-                             << " int32 values");
-    const std::vector<int32_t> head = toHostI32(h);
+    const Tensor m = prev_->recv({MessageKind::kActivation, n}, be);
+    TANDEM_CHECK_MSG(m.dtype() == DType::kI32 && m.shape().rank() == 1 && m.numel() >= kFields,
+                     FormatError,
+                     "step " << n << " from " << prev_->peer() << " is not a header of " << kFields
+                             << " int32 values and an activation");
+    const std::vector<int32_t> message = toHostI32(m);
+    const std::vector<int32_t> head(message.begin(), message.begin() + kFields);
     auto bad = [&](const std::string& what) {
       throw FormatError("step " + std::to_string(n) + "'s header from " + prev_->peer() + ": " +
                         what);
     };
     if (head[kOp] == kKeepAlive || head[kOp] == kEnd) {
-      if (next_) next_->send({MessageKind::kLabel, n}, h);
+      if (next_) next_->send({MessageKind::kActivation, n}, toDeviceI32(be, {kFields}, head));
       if (head[kOp] == kEnd) {
         if (!live.empty())
           bad("the end came with " + std::to_string(live.size()) + " sequences unfinished");
@@ -225,7 +249,13 @@ void StageDecoder::serveRest(const TokenSink& sink) {
           (it == live.end() ? " is not in flight" : " is out of order"));
     }
     Sequence& s = it->second;
-    const Tensor x = prev_->recv({MessageKind::kActivation, n}, be);
+    const int64_t length = head[kLength], values = m.numel() - kFields;
+    if (length < 1 || length > shape_.context || values % length != 0 || values == 0)
+      bad("an activation of " + std::to_string(values) + " values for " + std::to_string(length) +
+          " tokens");
+    std::vector<float> activation(static_cast<size_t>(values));
+    std::memcpy(activation.data(), message.data() + kFields, activation.size() * sizeof(float));
+    const Tensor x = toDevice(be, {1, length, values / length}, activation);
     step(s, x, n, head, sink);
     if (++s.round == s.request.count) live.erase(it);
   }

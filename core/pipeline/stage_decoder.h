@@ -5,9 +5,10 @@
 // Stage 0 admits requests from its source as they come (up to max_in_flight sequences
 // at once) and decides the order of the work: step n (0, 1, 2, ... over all sequences)
 // is a sequence's prompt or the token chosen for it at its step before. Every step
-// travels as a small header — (label, n): which sequence, which round, and, at its
-// first, the sampling options — followed by (activation, n); the other stages run the
-// steps in the order they arrive. The last stage chooses each token (core/generate.h's
+// travels as one message (activation, n): a small header — which sequence, which round,
+// and, at its first, the sampling options — then the activation's float bits, all as
+// int32 (so the message goes raw: the link's codec does not apply to generation); the
+// other stages run the steps in the order they arrive. The last stage chooses each token (core/generate.h's
 // chooseToken, a seeded Rng per sequence), hands it to its sink and, unless it was the
 // sequence's last, sends it back to stage 0 as (token, n) over the feedback link. Each
 // sequence is computed exactly as generating it alone in one process: the tokens and

@@ -105,6 +105,28 @@ std::string answerLine(const std::string& prompt, const Generation& g) {
   return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// What --serve says at the end, on stderr: the prompts answered, their tokens, tokens/s
+// over the time from the first prompt's start to the last token, and the time to first
+// token p50/p99; `where` says where they ran ("", " across 2 stages").
+struct ServeTotals {
+  int64_t served = 0, tokens = 0;
+  double seconds = 0;
+  std::vector<double> first_ms;
+  void add(const Generation& g) {
+    ++served;
+    tokens += static_cast<int64_t>(g.tokens.size());
+    first_ms.push_back(g.first_token_s * 1e3);
+  }
+  void print(const std::string& where) const {
+    std::fprintf(stderr,
+                 "served %lld prompts%s: %lld tokens, %.1f tokens/s overall, time to first "
+                 "token p50 %.2f ms, p99 %.2f ms\n",
+                 static_cast<long long>(served), where.c_str(), static_cast<long long>(tokens),
+                 seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, quantile(first_ms, 0.5),
+                 quantile(first_ms, 0.99));
+  }
+};
+
 std::string errorLine(const std::string& prompt, const std::string& error) {
   return nlohmann::json{{"prompt", prompt}, {"error", error}}.dump(
       -1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -194,12 +216,10 @@ class JobGeneration {
   }
 
   const runtime::JobRun& job() const { return *run_; }
-  // Tokens generated over the time from the first prompt's start to the last token.
-  double tokensPerSecond() const {
-    const double s = std::chrono::duration<double>(last_ - first_).count();
-    return s > 0 ? static_cast<double>(generated_) / s : 0;
+  // From the first prompt's start (given, and the stages wired) to the last token.
+  double seconds() const {
+    return generated_ > 0 ? std::chrono::duration<double>(last_ - first_).count() : 0.0;
   }
-  int64_t generated() const { return generated_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -253,14 +273,12 @@ void generateWithJob(const GenerateArgs& a) {
     }
     job->close();
   });
-  std::vector<double> first_ms;
-  int64_t served = 0;
+  ServeTotals totals;
   try {
     job->run(
         [&](const std::string& prompt, const Generation& g) {
           print(answerLine(prompt, g));
-          first_ms.push_back(g.first_token_s * 1e3);
-          ++served;
+          totals.add(g);
         },
         {});
   } catch (...) {
@@ -268,11 +286,8 @@ void generateWithJob(const GenerateArgs& a) {
     throw;
   }
   reader.join();
-  std::fprintf(stderr,
-               "served %lld prompts across %zu stages: %lld tokens, %.1f tokens/s overall, time "
-               "to first token p50 %.2f ms, p99 %.2f ms\n",
-               static_cast<long long>(served), stages, static_cast<long long>(job->generated()),
-               job->tokensPerSecond(), quantile(first_ms, 0.5), quantile(first_ms, 0.99));
+  totals.seconds = job->seconds();
+  totals.print(" across " + std::to_string(stages) + " stages");
 }
 
 void runGenerate(const GenerateArgs& a) {
@@ -300,20 +315,25 @@ void runGenerate(const GenerateArgs& a) {
   }
   // One JSON object per prompt line: the text and its timing.
   std::string line;
-  int64_t served = 0;
+  ServeTotals totals;
+  std::optional<std::chrono::steady_clock::time_point> t0;
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
     std::string out;
+    if (!t0) t0 = std::chrono::steady_clock::now();
     try {
-      out = answerLine(line, generate(*model, bytesOf(line), a.tokens, a.sampling, !a.no_cache));
+      const Generation g = generate(*model, bytesOf(line), a.tokens, a.sampling, !a.no_cache);
+      out = answerLine(line, g);
+      totals.add(g);
+      totals.seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *t0).count();
     } catch (const InvalidArgument& e) {  // this request only: the next may be fine
       out = errorLine(line, e.what());
     }
     std::puts(out.c_str());
     std::fflush(stdout);
-    ++served;
   }
-  std::fprintf(stderr, "served %lld prompts\n", static_cast<long long>(served));
+  totals.print("");
 }
 
 }  // namespace

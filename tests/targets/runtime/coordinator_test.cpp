@@ -263,6 +263,9 @@ std::vector<Assign> generationAssignments(const std::vector<int64_t>& cuts, bool
     a.generate = true;
     a.in_flight = 2;
     a.encrypt = encrypt;
+    // (Generation's messages travel raw whatever the job's codecs: still bitwise.)
+    a.activation_codec = encrypt ? "fp16" : "fp32";
+    a.gradient_codec = encrypt ? "int8" : "fp32";
     as.push_back(a);
   }
   return as;
