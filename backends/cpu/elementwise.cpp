@@ -5,9 +5,11 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/fast_math.h"
 #include "backends/op_checks.h"
 #include "core/error.h"
 #include "core/random.h"
+#include "core/simd.h"
 
 namespace tandem::cpu {
 
@@ -198,18 +200,20 @@ void CpuBackend::biasGrad(const Tensor& dy, const Tensor& db) {
 
 namespace {
 
-float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
-float geluGrad(float x) {
-  const float cdf = 0.5f * (1.0f + std::erf(x * 0.70710678118654752f));
-  const float pdf = 0.39894228040143268f * std::exp(-0.5f * x * x);
+// The exact GELU, x Phi(x), with erf and exp that vectorise (fast_math.h).
+inline float gelu(float x) { return 0.5f * x * (1.0f + erfApprox(x * 0.70710678118654752f)); }
+inline float geluGrad(float x) {
+  const float cdf = 0.5f * (1.0f + erfApprox(x * 0.70710678118654752f));
+  const float pdf = 0.39894228040143268f * expApprox(-0.5f * x * x);
   return cdf + x * pdf;
 }
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // Kernels over one range, on plain local pointers: captured references would make the
 // compiler reload them after every store instead of vectorising. Inputs and outputs of
 // activations must not overlap (Backend's contract).
-void activationRange(Activation kind, const float* __restrict x, float* __restrict y, int64_t n) {
+TANDEM_CLONES void activationRange(Activation kind, const float* __restrict x, float* __restrict y,
+                                   int64_t n) {
   switch (kind) {
     case Activation::kReLU:
       for (int64_t i = 0; i < n; ++i) y[i] = std::max(x[i], 0.0f);
@@ -227,8 +231,9 @@ void activationRange(Activation kind, const float* __restrict x, float* __restri
 }
 
 // `s` is x for GELU, y for ReLU, tanh and sigmoid.
-void activationBackwardRange(Activation kind, const float* __restrict s, const float* __restrict dy,
-                             float* __restrict dx, int64_t n) {
+TANDEM_CLONES void activationBackwardRange(Activation kind, const float* __restrict s,
+                                           const float* __restrict dy, float* __restrict dx,
+                                           int64_t n) {
   switch (kind) {
     case Activation::kReLU:  // branch-free: the signs of real data defeat prediction
       for (int64_t i = 0; i < n; ++i) {

@@ -5,10 +5,106 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/fast_math.h"
 #include "backends/op_checks.h"
 #include "core/error.h"
+#include "core/simd.h"
 
 namespace tandem::cpu {
+
+namespace {
+
+// One row of a softmax over its first `seen` of `n` values (the rest 0): exp in floats
+// that vectorise (fast_math.h), summed in double; `out` may alias `row`.
+TANDEM_CLONES void softmaxRow(const float* row, float* out, int64_t seen, int64_t n) {
+  float mx = row[0];
+  for (int64_t j = 1; j < seen; ++j) mx = row[j] > mx ? row[j] : mx;
+  for (int64_t j = 0; j < seen; ++j) out[j] = expApprox(row[j] - mx);
+  double sum = 0;
+  for (int64_t j = 0; j < seen; ++j) sum += out[j];
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < seen; ++j) out[j] *= inv;
+  std::fill(out + seen, out + n, 0.0f);
+}
+
+// Sum of a[j] b[j]: 8 running float sums (j mod 8, in j's order: the same in every
+// clone, so it vectorises without depending on the CPU), added up in double.
+TANDEM_CLONES double dot8(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float lanes[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] += a[j + k] * b[j + k];
+  double sum = 0;
+  for (int k = 0; k < 8; ++k) sum += lanes[k];
+  for (; j < n; ++j) sum += static_cast<double>(a[j]) * b[j];
+  return sum;
+}
+
+// One row of layer norm's backward: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma.
+TANDEM_CLONES void layerNormBackwardRow(const float* __restrict x, const float* __restrict dy,
+                                        const float* __restrict gamma, float mean, float rstd,
+                                        float* __restrict dx, int64_t d) {
+  // dx holds g for a moment; the sums go in 8 lanes as dot8's.
+  float lanes_g[8] = {}, lanes_gx[8] = {};
+  for (int64_t i = 0; i < d; ++i) dx[i] = dy[i] * gamma[i];
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int k = 0; k < 8; ++k) {
+      lanes_g[k] += dx[i + k];
+      lanes_gx[k] += dx[i + k] * ((x[i + k] - mean) * rstd);
+    }
+  double sum_g = 0, sum_gx = 0;
+  for (int k = 0; k < 8; ++k) {
+    sum_g += lanes_g[k];
+    sum_gx += lanes_gx[k];
+  }
+  for (; i < d; ++i) {
+    sum_g += dx[i];
+    sum_gx += static_cast<double>(dx[i]) * ((x[i] - mean) * rstd);
+  }
+  const auto mean_g = static_cast<float>(sum_g / static_cast<double>(d));
+  const auto mean_gx = static_cast<float>(sum_gx / static_cast<double>(d));
+  for (int64_t j = 0; j < d; ++j)
+    dx[j] = rstd * (dx[j] - mean_g - ((x[j] - mean) * rstd) * mean_gx);
+}
+
+// One row's share of layer norm's gamma and beta gradients: per column, in double.
+TANDEM_CLONES void columnSumsRow(const float* __restrict x, const float* __restrict dy, float mean,
+                                 float rstd, double* __restrict sg, double* __restrict sb,
+                                 int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double xhat = (x[i] - mean) * rstd;
+    sg[i] += static_cast<double>(dy[i]) * xhat;
+    sb[i] += dy[i];
+  }
+}
+
+// One row of softmax's backward: dx = y (dy - y . dy).
+TANDEM_CLONES void softmaxBackwardRow(const float* __restrict y, const float* __restrict dy,
+                                      float* __restrict dx, int64_t n) {
+  const auto dot = static_cast<float>(dot8(dy, y, n));
+  for (int64_t j = 0; j < n; ++j) dx[j] = y[j] * (dy[j] - dot);
+}
+
+// One row's softmax cross-entropy against `label`: the loss, and in `out` the gradient
+// (p - onehot) * grad_scale when `grad`, else only e^(x - max) (scratch).
+TANDEM_CLONES float crossEntropyRow(const float* __restrict row, int32_t label, int64_t c,
+                                    float grad_scale, float* __restrict out, bool grad) {
+  float mx = row[0];
+  for (int64_t j = 1; j < c; ++j) mx = row[j] > mx ? row[j] : mx;
+  for (int64_t j = 0; j < c; ++j) out[j] = expApprox(row[j] - mx);
+  double sum = 0;
+  for (int64_t j = 0; j < c; ++j) sum += out[j];
+  const auto loss = static_cast<float>(std::log(sum) - (row[label] - mx));
+  if (grad) {
+    const auto scale = static_cast<float>(grad_scale / sum);
+    for (int64_t j = 0; j < c; ++j) out[j] *= scale;
+    out[label] -= grad_scale;
+  }
+  return loss;
+}
+
+}  // namespace
 
 void CpuBackend::layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                            const Tensor& y, const Tensor& mean, const Tensor& rstd) {
@@ -53,36 +149,18 @@ void CpuBackend::layerNormBackward(const Tensor& dy, const Tensor& x, const Tens
   float* gg = f32(dgamma);
   float* gb = f32(dbeta);
   pool_.parallelFor(m, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* row = xp + r * d;
-      const float* grow = gy + r * d;
-      double sum_g = 0, sum_gx = 0;
-      for (int64_t i = 0; i < d; ++i) {
-        const double xhat = (row[i] - mp[r]) * rp[r];
-        const double g = static_cast<double>(grow[i]) * gp[i];
-        sum_g += g;
-        sum_gx += g * xhat;
-      }
-      const double mean_g = sum_g / static_cast<double>(d);
-      const double mean_gx = sum_gx / static_cast<double>(d);
-      for (int64_t i = 0; i < d; ++i) {
-        const double xhat = (row[i] - mp[r]) * rp[r];
-        const double g = static_cast<double>(grow[i]) * gp[i];
-        gx[r * d + i] = static_cast<float>(rp[r] * (g - mean_g - xhat * mean_gx));
-      }
-    }
+    for (int64_t r = b; r < e; ++r)
+      layerNormBackwardRow(xp + r * d, gy + r * d, gp, mp[r], rp[r], gx + r * d, d);
   });
-  // Column sums over rows in row order: deterministic for any thread count.
+  // Column sums over rows in row order: deterministic for any thread count. Each range
+  // of columns walks the rows in order, a running sum per column (contiguous reads).
   pool_.parallelFor(d, 64, [&](int64_t b, int64_t e) {
+    std::vector<double> sg(static_cast<size_t>(e - b)), sb(static_cast<size_t>(e - b));
+    for (int64_t r = 0; r < m; ++r)
+      columnSumsRow(xp + r * d + b, gy + r * d + b, mp[r], rp[r], sg.data(), sb.data(), e - b);
     for (int64_t i = b; i < e; ++i) {
-      double sg = 0, sb = 0;
-      for (int64_t r = 0; r < m; ++r) {
-        const double xhat = (xp[r * d + i] - mp[r]) * rp[r];
-        sg += static_cast<double>(gy[r * d + i]) * xhat;
-        sb += gy[r * d + i];
-      }
-      gg[i] += static_cast<float>(sg);
-      gb[i] += static_cast<float>(sb);
+      gg[i] += static_cast<float>(sg[static_cast<size_t>(i - b)]);
+      gb[i] += static_cast<float>(sb[static_cast<size_t>(i - b)]);
     }
   });
 }
@@ -123,20 +201,8 @@ void CpuBackend::softmax(const Tensor& x, bool causal, const Tensor& y) {
   float* yp = f32(y);
   pool_.parallelFor(v.rows, 16, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      const float* row = xp + r * v.tk;
-      float* out = yp + r * v.tk;
       const int64_t seen = causal ? v.tk - v.tq + r % v.tq + 1 : v.tk;
-      const float mx = *std::max_element(row, row + seen);
-      // One float exp per element (an exp in double costs twice as much, and this is most
-      // of attention's time outside gemm), summed in double; y may alias x.
-      double sum = 0;
-      for (int64_t j = 0; j < seen; ++j) {
-        out[j] = std::exp(row[j] - mx);
-        sum += out[j];
-      }
-      const auto inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j < seen; ++j) out[j] *= inv;
-      std::fill(out + seen, out + v.tk, 0.0f);
+      softmaxRow(xp + r * v.tk, yp + r * v.tk, seen, v.tk);
     }
   });
 }
@@ -148,14 +214,8 @@ void CpuBackend::softmaxBackward(const Tensor& y, const Tensor& dy, const Tensor
   const float* gp = f32(dy);
   float* dp = f32(dx);
   pool_.parallelFor(v.rows, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* yr = yp + r * v.tk;
-      const float* gr = gp + r * v.tk;
-      double dot = 0;
-      for (int64_t j = 0; j < v.tk; ++j) dot += static_cast<double>(gr[j]) * yr[j];
-      float* out = dp + r * v.tk;
-      for (int64_t j = 0; j < v.tk; ++j) out[j] = static_cast<float>(yr[j] * (gr[j] - dot));
-    }
+    for (int64_t r = b; r < e; ++r)
+      softmaxBackwardRow(yp + r * v.tk, gp + r * v.tk, dp + r * v.tk, v.tk);
   });
 }
 
@@ -170,21 +230,10 @@ void CpuBackend::softmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
   float* loss = f32(losses);
   float* gp = dlogits.defined() ? f32(dlogits) : nullptr;
   pool_.parallelFor(n, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* row = xp + r * c;
-      const float mx = *std::max_element(row, row + c);
-      double sum = 0;
-      for (int64_t j = 0; j < c; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
-      const double log_sum = std::log(sum);
-      loss[r] = static_cast<float>(log_sum - (row[lp[r]] - mx));
-      if (gp) {
-        float* g = gp + r * c;
-        for (int64_t j = 0; j < c; ++j) {
-          const double p = std::exp(static_cast<double>(row[j] - mx) - log_sum);
-          g[j] = static_cast<float>((p - (j == lp[r] ? 1.0 : 0.0)) * grad_scale);
-        }
-      }
-    }
+    std::vector<float> scratch(gp ? 0 : static_cast<size_t>(c));
+    for (int64_t r = b; r < e; ++r)
+      loss[r] = crossEntropyRow(xp + r * c, lp[r], c, grad_scale, gp ? gp + r * c : scratch.data(),
+                                gp != nullptr);
   });
 }
 
