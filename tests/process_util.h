@@ -28,6 +28,16 @@ inline CommandRun runCommand(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// In the output of `tandem generate --serve` (a JSON line per prompt, keys in order):
+// the text answering `prompt` as `"prompt":"P","text":"..."`, or "" if there is none.
+inline std::string servedText(const std::string& out, const std::string& prompt) {
+  const std::string key = "\"prompt\":\"" + prompt + "\",\"text\":";
+  const auto at = out.find(key);
+  if (at == std::string::npos) return "";
+  const auto end = out.find(",\"tokens_per_s\"", at);
+  return end == std::string::npos ? "" : out.substr(at, end - at);
+}
+
 // True once process `pid` has finished: gone, or a zombie its parent has not reaped.
 inline bool processGone(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

@@ -164,6 +164,50 @@ TEST(NetnsTest, TheCnnJobAcrossThreeNamespacedDaemonsTrainsAsOnThisMachine) {
     EXPECT_NE(planned.out.find(s), std::string::npos) << s << "\n" << planned.out;
 }
 
+// A GPT across the namespaced hosts: `partition: auto` plans its blocks over the three
+// daemons from their own profiles (each sees the layers and their activation sizes) and
+// trains it on text; then `tandem generate` serves prompts from that job's stages on the
+// daemons — each stage's KV cache on its host, the tokens back across the shaped links —
+// and answers each prompt with the text one process generates from the saved model.
+TEST(NetnsTest, AGptPlannedAcrossNamespacedDaemonsTrainsThenGeneratesAsOneProcess) {
+  std::string why;
+  if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
+  NetnsCluster c("tnG");
+  ASSERT_EQ(c.up().code, 0) << c.up().out;
+  {
+    std::ofstream text(c.dir() + "/corpus.txt");
+    for (int i = 0; i < 300; ++i) text << "line " << i % 9 << ": the cat sat on the mat.\n";
+  }
+  std::ofstream(c.dir() + "/gpt.yaml")
+      << "name: netns-gpt\ninput: [24]\nlayers:\n  - embedding: {vocab: 256, dim: 32}\n"
+      << "  - positional: {context: 24}\n  - transformer: {heads: 4}\n"
+      << "  - transformer: {heads: 4}\n  - transformer: {heads: 4}\n  - layernorm\n"
+      << "  - linear: {out: 256}\n";
+  const std::string j = c.dir() + "/gpt-job.yaml";
+  std::ofstream(j) << "model: gpt.yaml\ndata: text:" << c.dir() << "/corpus.txt\n"
+                   << "batch: 16\nmicrobatches: 4\nepochs: 1\ntrain_limit: 320\n"
+                   << "optimizer: {kind: adamw, lr: 0.01}\npartition: auto\ncluster: "
+                   << c.cluster() << "\nsave: gpt.tdm\n";
+  const Ran trained = sh(c.tandem("run " + j + " --cluster " + c.cluster()));
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  for (const char* s :
+       {"3 device profiles measured by the nodes' daemons", "partition: auto: ", "test perplexity"})
+    EXPECT_NE(trained.out.find(s), std::string::npos) << s << "\n" << trained.out;
+
+  const std::string prompts = "printf 'line 3: the\\nline 7\\n' | ";
+  const Ran here = sh(prompts + kCli + " generate " + c.dir() + "/gpt.tdm --serve --tokens 10");
+  ASSERT_EQ(here.code, 0) << here.out;
+  const Ran there =
+      sh(prompts + c.tandem("generate " + j + " --serve --tokens 10 --cluster " + c.cluster()));
+  ASSERT_EQ(there.code, 0) << there.out;
+  EXPECT_NE(there.out.find("served 2 prompts across "), std::string::npos) << there.out;
+  for (const std::string p : {"line 3: the", "line 7"}) {
+    const std::string text = tandem::testing::servedText(here.out, p);
+    ASSERT_FALSE(text.empty()) << p << "\n" << here.out;
+    EXPECT_NE(there.out.find(text), std::string::npos) << text << "\n" << there.out;
+  }
+}
+
 // A node lost mid-run — its daemon killed, or its link cut — ends the run naming it, and
 // no worker is left in any namespace.
 TEST(NetnsTest, ALostNodeEndsTheRunNamedWithNoWorkerLeft) {

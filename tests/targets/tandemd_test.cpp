@@ -718,10 +718,8 @@ TEST(TandemdTest, AJobOnTwoDaemonsGeneratesTheTextOneProcessDoes) {
         << there.out;
     // Each answer line, whatever the order: the same text as the one process's.
     for (const std::string p : {"the cat", "q"}) {
-      const std::string key = "\"prompt\":\"" + p + "\",\"text\":";
-      const auto at = here.out.find(key);
-      ASSERT_NE(at, std::string::npos) << here.out;
-      const std::string text = here.out.substr(at, here.out.find("\"tokens_per_s\"", at) - at);
+      const std::string text = tandem::testing::servedText(here.out, p);
+      ASSERT_FALSE(text.empty()) << p << "\n" << here.out;
       EXPECT_NE(there.out.find(text), std::string::npos) << text << "\n" << there.out;
     }
     EXPECT_NE(there.out.find("\"error\":\"a prompt of 26 tokens and 8 new ones exceed the context "
