@@ -31,6 +31,7 @@ class Attention final : public Layer {
   int64_t stashBytes() const override;
   LayerSpec spec() const override;
   int64_t heads() const { return heads_; }
+  bool causal() const { return causal_; }
 
  protected:
   Shape infer(const Shape& input) override;

@@ -7,11 +7,14 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/layers/attention.h"
 #include "core/layers/residual.h"
+#include "core/layers/transformer.h"
 
 namespace tandem::onnx_io {
 
@@ -77,6 +80,78 @@ class Exporter {
     return init(p.name, p.value.shape().dims(), v.data(), v.size());
   }
   std::string scalar(const std::string& name, float v) { return init(name, {}, &v, 1); }
+  // An int64 initializer (a shape, indices, slice bounds).
+  std::string int64s(const std::string& name, const std::vector<int64_t>& dims,
+                     const std::vector<int64_t>& v) {
+    onnx::TensorProto* t = g_.add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    for (int64_t d : dims) t->add_dims(d);
+    t->set_raw_data(v.data(), v.size() * sizeof(int64_t));
+    return name;
+  }
+  // The weight [out, in] of a linear map as MatMul's [in, out], and its bias added after.
+  std::string matmulLinear(const std::string& x, const Param& w, const Param& b,
+                           const std::string& name) {
+    const std::vector<float> v = toHost(w.value);
+    const int64_t out = w.value.shape()[0], in = w.value.shape()[1];
+    std::vector<float> wt(v.size());
+    for (int64_t i = 0; i < out; ++i)
+      for (int64_t j = 0; j < in; ++j)
+        wt[static_cast<size_t>(j * out + i)] = v[static_cast<size_t>(i * in + j)];
+    node("MatMul", {x, init(w.name, {in, out}, wt.data(), wt.size())}, name + ".matmul",
+         name + ".matmul");
+    node("Add", {name + ".matmul", param(b)}, name, name + ".bias");
+    return name;
+  }
+
+  // Causal multi-head attention in the form PyTorch exports a module that writes it out
+  // (benchmarks/torch_peer.py's Block): qkv projection, Reshape [N, T, 3, H, hs],
+  // Transpose to [3, N, H, T, hs], Gather q, k and v, q k^T / sqrt(hs), the causal mask
+  // as Where(mask, -inf, scores), Softmax, times v, back to [N, T, D], out projection.
+  std::string attention(const Attention& a, const std::vector<Param*>& ps, const std::string& x,
+                        const std::string& name) {
+    const int64_t t = a.inputShape()[0], d = a.inputShape()[1], h = a.heads(), hs = d / h;
+    const std::string qkv = matmulLinear(x, *ps[0], *ps[1], name + ".qkv");
+    node("Reshape", {qkv, int64s(name + ".split_shape", {5}, {0, 0, 3, h, hs})}, name + ".split",
+         name + ".split");
+    ints(node("Transpose", {name + ".split"}, name + ".heads", name + ".heads"), "perm",
+         {2, 0, 3, 1, 4});
+    const char* parts[] = {"q", "k", "v"};
+    for (int64_t i = 0; i < 3; ++i) {
+      const std::string part = name + "." + parts[i];
+      integer(node("Gather", {name + ".heads", int64s(part + ".index", {}, {i})}, part, part),
+              "axis", 0);
+    }
+    ints(node("Transpose", {name + ".k"}, name + ".kt", name + ".kt"), "perm", {0, 1, 3, 2});
+    node("MatMul", {name + ".q", name + ".kt"}, name + ".qk", name + ".qk");
+    std::string scores = name + ".scores";
+    node("Div", {name + ".qk", scalar(name + ".sqrt_hs", std::sqrt(static_cast<float>(hs)))},
+         scores, scores);
+    if (a.causal()) {  // key j is hidden from query i when j > i
+      onnx::TensorProto* m = g_.add_initializer();
+      m->set_name(name + ".mask");
+      m->set_data_type(onnx::TensorProto::BOOL);
+      m->add_dims(t);
+      m->add_dims(t);
+      std::string bits(static_cast<size_t>(t * t), '\0');
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = i + 1; j < t; ++j) bits[static_cast<size_t>(i * t + j)] = 1;
+      m->set_raw_data(bits);
+      node("Where",
+           {name + ".mask", scalar(name + ".hidden", -std::numeric_limits<float>::infinity()),
+            scores},
+           name + ".masked", name + ".masked");
+      scores = name + ".masked";
+    }
+    integer(node("Softmax", {scores}, name + ".probs", name + ".probs"), "axis", -1);
+    node("MatMul", {name + ".probs", name + ".v"}, name + ".context", name + ".context");
+    ints(node("Transpose", {name + ".context"}, name + ".merged", name + ".merged"), "perm",
+         {0, 2, 1, 3});
+    node("Reshape", {name + ".merged", int64s(name + ".merge_shape", {3}, {0, 0, d})},
+         name + ".joined", name + ".joined");
+    return matmulLinear(name + ".joined", *ps[2], *ps[3], name);
+  }
 
   static std::vector<int64_t> pair(const LayerSpec& s, const std::string& key) {
     const auto& v = std::get<std::vector<int64_t>>(s.attrs.at(key));
@@ -96,15 +171,14 @@ class Exporter {
         return name;
       }
       // MatMul takes [in, out]: the weight transposed.
+      if (ps.size() > 1) return matmulLinear(x, *ps[0], *ps[1], name);
       const std::vector<float> v = toHost(ps[0]->value);
       const int64_t out = ps[0]->value.shape()[0], in = ps[0]->value.shape()[1];
       std::vector<float> wt(v.size());
       for (int64_t i = 0; i < out; ++i)
         for (int64_t j = 0; j < in; ++j)
           wt[static_cast<size_t>(j * out + i)] = v[static_cast<size_t>(i * in + j)];
-      const std::string mm = ps.size() > 1 ? name + ".matmul" : name;
-      node("MatMul", {x, init(ps[0]->name, {in, out}, wt.data(), wt.size())}, mm, mm);
-      if (ps.size() > 1) node("Add", {mm, param(*ps[1])}, name, name + ".bias");
+      node("MatMul", {x, init(ps[0]->name, {in, out}, wt.data(), wt.size())}, name, name);
       return name;
     }
     if (t == "conv2d") {
@@ -161,6 +235,18 @@ class Exporter {
       real(n, "epsilon", static_cast<float>(std::get<double>(s.attrs.at("eps"))));
       return name;
     }
+    if (t == "attention") return attention(dynamic_cast<const Attention&>(l), ps, x, name);
+    if (t == "positional") {  // x + P[:T]: the table whole, sliced to the input's length
+      const int64_t len = l.inputShape()[0];
+      node("Slice",
+           {param(*ps[0]), int64s(name + ".starts", {1}, {0}), int64s(name + ".ends", {1}, {len}),
+            int64s(name + ".axes", {1}, {0})},
+           name + ".rows", name + ".rows");
+      node("Add", {x, name + ".rows"}, name, name);
+      return name;
+    }
+    if (t == "transformer")  // its two residual blocks
+      return sequence(dynamic_cast<const TransformerBlock&>(l).body(), x, name + ".");
     if (t == "embedding") {
       integer(node("Gather", {param(*ps[0]), x}, name, name), "axis", 0);
       return name;

@@ -9,6 +9,11 @@
 //   dropout     Dropout (ratio as an input: the identity when run for inference)
 //   layernorm   LayerNormalization (axis -1);  embedding  Gather of int64 ids
 //   residual    the body, Add of it to the input or to its 1x1 Conv / Gemm projection
+//   positional  Slice of the table's rows [0, T), Add
+//   attention   qkv MatMul + Add, Reshape to heads, Transpose, Gather q/k/v, q k^T / sqrt(hs),
+//               Where (the causal mask, -inf), Softmax, times v, back to [N, T, D], out
+//               MatMul + Add — as PyTorch exports a GPT's attention written out
+//   transformer its two residual blocks
 // importOnnx() reads every one of these back: import of an export is bitwise the model.
 #pragma once
 

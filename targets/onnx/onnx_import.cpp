@@ -3,6 +3,7 @@
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -11,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -36,8 +38,17 @@ class Importer {
     // (ONNX's checker has made sure each value is made before it is used.)
     for (int i = 0; i < g.node_size(); ++i) {
       const onnx::NodeProto& node = g.node(i);
+      for (const std::string& out : node.output()) producer_[out] = i;
       if (node.op_type() == "Constant") {
         constant(node);
+        taken_[static_cast<size_t>(i)] = true;
+        continue;
+      }
+      // An Identity of a constant is that constant under another name (PyTorch's exporter
+      // makes one for each parameter whose values another's repeat, e.g. LayerNorms').
+      if (node.op_type() == "Identity" && node.input_size() == 1 &&
+          constants_.count(node.input(0)) && node.output_size() == 1) {
+        constants_[node.output(0)] = constants_.at(node.input(0));
         taken_[static_cast<size_t>(i)] = true;
         continue;
       }
@@ -60,6 +71,7 @@ class Importer {
     if (padded_) refuse(*padded_, "a Pad at the output is not supported");
     if (out_.spec.layers.empty())
       throw InvalidArgument(source_ + ": no layer is left once dropped nodes are removed");
+    mergeTransformers(out_.spec.layers);
     return std::move(out_);
   }
 
@@ -111,12 +123,18 @@ class Importer {
                                   "' holds integer ids: only an embedding (a Gather from an "
                                   "initializer) can take them");
       if (next.size() == 1) {
-        v = single(next[0], v);
+        if (auto end = attention(v, next[0])) {
+          v = *end;
+        } else if (auto end2 = positional(v, next[0])) {
+          v = *end2;
+        } else {
+          v = single(next[0], v);
+        }
       } else if (auto end = gelu(v, next)) {
         v = *end;
       } else if (auto end2 = layerNormPattern(v, next)) {
         v = *end2;
-      } else if (next.size() == 2) {
+      } else if (next.size() == 2 || sums(v, next) == 1) {
         v = residual(v, next);
       } else {
         refuse(node(next[2]), "'" + v + "' is read by " + std::to_string(next.size()) +
@@ -400,8 +418,272 @@ class Importer {
     return node.output(0);
   }
 
+  // --- transformer layers ----------------------------------------------------------
+
+  // A bool constant's values (raw bytes or int32_data), if `name` is one of `count`.
+  std::optional<std::vector<bool>> constBools(const std::string& name, int64_t count) const {
+    const auto it = constants_.find(name);
+    if (it == constants_.end() || it->second->data_type() != onnx::TensorProto::BOOL)
+      return std::nullopt;
+    const onnx::TensorProto& t = *it->second;
+    std::vector<bool> out;
+    if (!t.raw_data().empty()) {
+      if (static_cast<int64_t>(t.raw_data().size()) != count) return std::nullopt;
+      for (char c : t.raw_data()) out.push_back(c != 0);
+    } else {
+      if (t.int32_data_size() != count) return std::nullopt;
+      for (int32_t b : t.int32_data()) out.push_back(b != 0);
+    }
+    return out;
+  }
+
+  // The node of `op` that is the only reader of `value`, or a refusal naming what the
+  // attention pattern expected there.
+  int expect(const std::string& value, const std::string& op, const onnx::NodeProto& from) {
+    const int i = only(value, op);
+    if (i < 0)
+      refuse(from,
+             "in an attention pattern its output '" + value + "' must go to one " + op + " alone");
+    return i;
+  }
+
+  void expectPerm(const onnx::NodeProto& n, const std::vector<int64_t>& perm) const {
+    if (attrInts(n, "perm") == perm) return;
+    std::string list;
+    for (int64_t k : perm) list += (list.empty() ? "" : ", ") + std::to_string(k);
+    refuse(n, "in an attention pattern its perm must be (" + list + ")");
+  }
+
+  // The out-projection or qkv MatMul with a weight initializer [in, out] and the Add of a
+  // bias [out] after it: (weight [out, in], bias, the value made); nullopt if it is not.
+  std::optional<std::tuple<HostTensor, HostTensor, std::string, int>> projected(int mm,
+                                                                                int64_t in) {
+    const onnx::NodeProto& m = node(mm);
+    if (m.op_type() != "MatMul" || m.input_size() != 2 || !constants_.count(m.input(1)))
+      return std::nullopt;
+    const auto w = constants_.at(m.input(1));
+    if (w->dims_size() != 2 || w->dims(0) != in) return std::nullopt;
+    const int add = only(m.output(0), "Add");
+    if (add < 0) return std::nullopt;
+    const onnx::NodeProto& a = node(add);
+    const std::string& b = a.input(0) == m.output(0) ? a.input(1) : a.input(0);
+    if (!constants_.count(b)) return std::nullopt;
+    HostTensor weight = transposed(tensor(m, m.input(1)));
+    HostTensor bias = tensor(a, b);
+    if (static_cast<int64_t>(bias.data.size()) != weight.shape[0])
+      refuse(a, "its bias has " + std::to_string(bias.data.size()) + " values for " +
+                    std::to_string(weight.shape[0]) + " outputs");
+    bias.shape = Shape{weight.shape[0]};
+    return std::tuple{std::move(weight), std::move(bias), a.output(0), add};
+  }
+
+  // Multi-head self-attention as PyTorch exports a module written out (and as tandem
+  // exports it): x Wqkv + b, Reshape [N, T, 3, H, hs], Transpose (2, 0, 3, 1, 4), Gather
+  // 0, 1, 2 on axis 0 (q, k, v), MatMul q by k Transposed (0, 1, 3, 2), Div by sqrt(hs)
+  // (or Mul by its inverse), for a causal one Where(mask above the diagonal, -inf,
+  // scores), Softmax on the last axis, MatMul by v, Transpose (0, 2, 1, 3), Reshape
+  // [N, T, D], then x Wo + b. Not one: nullopt (a MatMul goes on as linear). Once the
+  // Reshape to heads is seen, anything else is refused naming the node.
+  std::optional<std::string> attention(const std::string& v, int mm) {
+    if (shape_.rank() != 2) return std::nullopt;
+    const int64_t t = shape_[0], d = shape_[1];
+    const onnx::NodeProto& first = node(mm);
+    if (first.op_type() != "MatMul" || first.input(0) != v) return std::nullopt;
+    const auto qkv = projected(mm, d);
+    if (!qkv || std::get<0>(*qkv).shape[0] != 3 * d) return std::nullopt;
+    const int rs = only(std::get<2>(*qkv), "Reshape");
+    if (rs < 0) return std::nullopt;
+    const onnx::NodeProto& split = node(rs);
+    if (split.input_size() != 2 || !constants_.count(split.input(1))) return std::nullopt;
+    const std::vector<int64_t> to = int64s(split, split.input(1));
+    if (to.size() != 5 || to[2] != 3 || to[3] <= 0 || to[3] * to[4] != d ||
+        !(to[1] == 0 || to[1] == t))
+      return std::nullopt;
+    const int64_t heads = to[3], hs = to[4];
+    std::vector<int> taken{mm, std::get<3>(*qkv), rs};
+    const int tp = expect(split.output(0), "Transpose", split);
+    expectPerm(node(tp), {2, 0, 3, 1, 4});
+    taken.push_back(tp);
+    const std::string& all = node(tp).output(0);
+    std::string part[3];
+    const std::vector<int> gathers = live(all);
+    if (gathers.size() != 3 || isOutput(all))
+      refuse(node(tp), "in an attention pattern its output goes to three Gathers (q, k, v)");
+    for (int g : gathers) {
+      const onnx::NodeProto& n = node(g);
+      std::vector<int64_t> index;
+      if (n.op_type() == "Gather" && n.input_size() == 2 && n.input(0) == all &&
+          constants_.count(n.input(1)))
+        index = int64s(n, n.input(1));
+      if (index.size() != 1 || index[0] < 0 || index[0] > 2 || attrInt(n, "axis", 0) != 0 ||
+          !part[index[0]].empty())
+        refuse(n, "in an attention pattern q, k and v are Gathers of index 0, 1 and 2 on axis 0");
+      part[index[0]] = n.output(0);
+      taken.push_back(g);
+    }
+    const int kt = expect(part[1], "Transpose", node(gathers[1]));
+    expectPerm(node(kt), {0, 1, 3, 2});
+    const int qk = expect(part[0], "MatMul", node(gathers[0]));
+    if (node(qk).input(0) != part[0] || node(qk).input(1) != node(kt).output(0) ||
+        only(node(kt).output(0), "MatMul") != qk)
+      refuse(node(qk), "in an attention pattern it multiplies q by k transposed");
+    taken.insert(taken.end(), {kt, qk});
+    const std::vector<int> after = live(node(qk).output(0));
+    const double root = std::sqrt(static_cast<double>(hs));
+    if (after.size() != 1 || isOutput(node(qk).output(0)) ||
+        !(withScalar(node(after[0]), "Div", node(qk).output(0), root, false) ||
+          withScalar(node(after[0]), "Mul", node(qk).output(0), 1.0 / root, true)))
+      refuse(node(qk), "in an attention pattern the scores go to one Div by sqrt(" +
+                           std::to_string(hs) + ") (or Mul by its inverse)");
+    taken.push_back(after[0]);
+    std::string scores = node(after[0]).output(0);
+    bool causal = false;
+    if (const int w = only(scores, "Where"); w >= 0) {
+      const onnx::NodeProto& n = node(w);
+      const auto mask = n.input_size() == 3 ? constBools(n.input(0), t * t) : std::nullopt;
+      const double fill = n.input_size() == 3 ? constScalar(n.input(1)).value_or(0.0) : 0.0;
+      bool is_causal = mask.has_value() && n.input(2) == scores;
+      for (int64_t i = 0; is_causal && i < t; ++i)
+        for (int64_t j = 0; j < t; ++j)
+          if ((*mask)[static_cast<size_t>(i * t + j)] != (j > i)) is_causal = false;
+      if (!is_causal || !(std::isinf(fill) && fill < 0))
+        refuse(n, "in an attention pattern a Where is the causal mask: Where(mask [" +
+                      std::to_string(t) + ", " + std::to_string(t) +
+                      "] true above the diagonal, -inf, scores)");
+      causal = true;
+      scores = n.output(0);
+      taken.push_back(w);
+    }
+    const int sm = expect(scores, "Softmax", node(taken.back()));
+    const int64_t axis = attrInt(node(sm), "axis", -1);
+    if (axis != -1 && axis != 3) refuse(node(sm), "in an attention pattern it is over the keys");
+    const int pv = expect(node(sm).output(0), "MatMul", node(sm));
+    if (node(pv).input(0) != node(sm).output(0) || node(pv).input(1) != part[2] ||
+        only(part[2], "MatMul") != pv)
+      refuse(node(pv), "in an attention pattern it multiplies the probabilities by v");
+    const int back = expect(node(pv).output(0), "Transpose", node(pv));
+    expectPerm(node(back), {0, 2, 1, 3});
+    const int join = expect(node(back).output(0), "Reshape", node(back));
+    const std::vector<int64_t> merged = node(join).input_size() == 2
+                                            ? int64s(node(join), node(join).input(1))
+                                            : std::vector<int64_t>{};
+    if (merged.size() != 3 || merged[2] != d || !(merged[1] == 0 || merged[1] == t))
+      refuse(node(join), "in an attention pattern it joins the heads to [N, " + std::to_string(t) +
+                             ", " + std::to_string(d) + "]");
+    taken.insert(taken.end(), {sm, pv, back, join});
+    const std::vector<int> out_readers = live(node(join).output(0));
+    const auto out = out_readers.size() == 1 && !isOutput(node(join).output(0))
+                         ? projected(out_readers[0], d)
+                         : std::nullopt;
+    if (!out || std::get<0>(*out).shape[0] != d)
+      refuse(node(join),
+             "in an attention pattern the heads go to the output projection: a "
+             "MatMul by a [" +
+                 std::to_string(d) + ", " + std::to_string(d) +
+                 "] initializer and the Add of a bias");
+    taken.insert(taken.end(), {out_readers[0], std::get<3>(*out)});
+    for (int i : taken) take({i});
+    std::map<std::string, AttrValue> attrs{{"heads", heads}};
+    if (!causal) attrs["causal"] = std::string("false");
+    add({"attention", attrs, {}, where(first)},
+        {std::move(std::get<0>(*qkv)), std::move(std::get<1>(*qkv)), std::move(std::get<0>(*out)),
+         std::move(std::get<1>(*out))});
+    return std::get<2>(*out);
+  }
+
+  // A learned positional embedding, y = x + P[:T]: an Add of x [T, D] and either an
+  // initializer [T, D] (PyTorch folds the slice of a table) or a Slice of rows [0, T) of
+  // an initializer table [C, D]. Else nullopt.
+  std::optional<std::string> positional(const std::string& v, int i) {
+    const onnx::NodeProto& a = node(i);
+    if (a.op_type() != "Add" || a.input_size() != 2 || shape_.rank() != 2 || ids_)
+      return std::nullopt;
+    const int64_t t = shape_[0], d = shape_[1];
+    const std::string& other = a.input(0) == v ? a.input(1) : a.input(0);
+    auto rowsOf = [&](const onnx::TensorProto& p) {
+      return p.dims_size() == 2 && p.dims(1) == d ? p.dims(0) : int64_t{-1};
+    };
+    std::optional<HostTensor> table;
+    int slice = -1;
+    if (const auto c = constants_.find(other); c != constants_.end()) {
+      if (rowsOf(*c->second) != t) return std::nullopt;
+      table = tensor(a, other);
+    } else if (const auto p = producer_.find(other); p != producer_.end()) {
+      const onnx::NodeProto& s = node(p->second);
+      if (s.op_type() != "Slice" || s.input_size() < 3 || !constants_.count(s.input(0)) ||
+          live(other).size() != 1)
+        return std::nullopt;
+      const int64_t rows = rowsOf(*constants_.at(s.input(0)));
+      const std::vector<int64_t> starts = int64s(s, s.input(1)), ends = int64s(s, s.input(2));
+      const std::vector<int64_t> axes = s.input_size() > 3 && !s.input(3).empty()
+                                            ? int64s(s, s.input(3))
+                                            : std::vector<int64_t>{0};
+      const std::vector<int64_t> steps = s.input_size() > 4 && !s.input(4).empty()
+                                             ? int64s(s, s.input(4))
+                                             : std::vector<int64_t>{1};
+      if (rows < t || starts != std::vector<int64_t>{0} || axes != std::vector<int64_t>{0} ||
+          steps != std::vector<int64_t>{1} || ends.size() != 1 || std::min(ends[0], rows) != t)
+        return std::nullopt;
+      table = tensor(s, s.input(0));
+      slice = p->second;
+    } else {
+      return std::nullopt;
+    }
+    take({i});
+    if (slice >= 0) take({slice});
+    add({"positional", {{"context", table->shape[0]}}, {}, where(a)}, {std::move(*table)});
+    return a.output(0);
+  }
+
+  // Two residual blocks that are a transformer block's — [layernorm, attention (causal)]
+  // then [layernorm, linear D->M, gelu, linear M->D], with default eps and biases — become
+  // one `transformer` layer (one cut point, as written in a spec); the parameters keep
+  // their order.
+  static void mergeTransformers(std::vector<LayerSpec>& layers) {
+    auto plainNorm = [](const LayerSpec& s) {
+      if (s.type != "layernorm") return false;
+      const auto e = s.attrs.find("eps");
+      return e == s.attrs.end() || static_cast<float>(std::get<double>(e->second)) == 1e-5f;
+    };
+    auto linearOf = [](const LayerSpec& s) -> std::pair<int64_t, int64_t> {
+      if (s.type != "linear" || s.attrs.count("bias")) return {-1, -1};
+      return {std::get<int64_t>(s.attrs.at("in")), std::get<int64_t>(s.attrs.at("out"))};
+    };
+    for (size_t i = 0; i + 1 < layers.size(); ++i) {
+      const LayerSpec& a = layers[i];
+      const LayerSpec& m = layers[i + 1];
+      if (a.type != "residual" || m.type != "residual" || a.children.size() != 2 ||
+          m.children.size() != 4 || !plainNorm(a.children[0]) || !plainNorm(m.children[0]) ||
+          a.children[1].type != "attention" || a.children[1].attrs.count("causal") ||
+          m.children[2].type != "gelu")
+        continue;
+      const auto [in1, hidden] = linearOf(m.children[1]);
+      const auto [in2, out2] = linearOf(m.children[3]);
+      if (in1 < 0 || in2 != hidden || out2 != in1) continue;
+      LayerSpec block{"transformer", {{"heads", a.children[1].attrs.at("heads")}}, {}, a.where};
+      if (hidden != 4 * in1) block.attrs["mlp"] = hidden;  // (4 D is the default)
+      layers[i] = std::move(block);
+      layers.erase(layers.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+
+  // An Add of two computed values, one of them `v`: a residual block's join.
+  bool sum(int i) const {
+    const onnx::NodeProto& n = node(i);
+    return n.op_type() == "Add" && n.input_size() == 2 && !constants_.count(n.input(0)) &&
+           !constants_.count(n.input(1)) && n.input(0) != n.input(1);
+  }
+  // How many of `next` (the readers of `v`) are such Adds.
+  int sums(const std::string& v, const std::vector<int>& next) const {
+    int n = 0;
+    for (int i : next) n += sum(i) && (node(i).input(0) == v || node(i).input(1) == v);
+    return n;
+  }
+
   // y = body(v) + shortcut: the node pair that reads `v` is the body's first node and
-  // either the Add (identity shortcut) or a projection whose only reader is the Add.
+  // either the Add (identity shortcut) or a projection whose only reader is the Add; or,
+  // when the body begins with a pattern of several nodes reading `v` (a LayerNorm as
+  // exporters before opset 17 write it, in a pre-norm block), those and the one Add.
   std::string residual(const std::string& v, const std::vector<int>& next) {
     // The shortcut: an Add of v and a computed value (identity); else a Conv / Gemm /
     // MatMul of v whose only reader is such an Add — the one shaped like tandem's
@@ -410,15 +692,14 @@ class Importer {
       int body, join, proj;
     };
     std::optional<Choice> pick;
-    const auto sum = [&](int i) {  // an Add of two computed values
-      const onnx::NodeProto& n = node(i);
-      return n.op_type() == "Add" && n.input_size() == 2 && !constants_.count(n.input(0)) &&
-             !constants_.count(n.input(1)) && n.input(0) != n.input(1);
-    };
-    for (int a = 0; a < 2 && !pick; ++a)
+    if (next.size() > 2) {
+      for (int i : next)
+        if (sum(i) && (node(i).input(0) == v || node(i).input(1) == v)) pick = Choice{-1, i, -1};
+    }
+    for (int a = 0; a < 2 && !pick && next.size() == 2; ++a)
       if (sum(next[1 - a])) pick = Choice{next[a], next[1 - a], -1};
     for (const bool strict : {true, false})
-      for (int a = 0; a < 2 && !pick; ++a) {
+      for (int a = 0; a < 2 && !pick && next.size() == 2; ++a) {
         const onnx::NodeProto& o = node(next[1 - a]);
         if ((o.op_type() != "Conv" && o.op_type() != "Gemm" && o.op_type() != "MatMul") ||
             o.input(0) != v || (strict && !projectionLike(o)))
@@ -884,6 +1165,7 @@ class Importer {
   std::map<std::string, const onnx::TensorProto*> constants_;
   std::deque<onnx::TensorProto> owned_;                // Constant nodes' tensors (stable addresses)
   std::map<std::string, std::vector<int>> consumers_;  // value -> the nodes reading it
+  std::map<std::string, int> producer_;                // value -> the node making it
   std::vector<bool> taken_;                            // per node: imported (or folded)
   ImportedModel out_;
   std::vector<LayerSpec>* layers_ = nullptr;  // where layers go: the model's or a block's

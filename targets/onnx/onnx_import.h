@@ -3,8 +3,10 @@
 // of core/ (which knows no protobuf): the CLI's `tandem import` and tests use it.
 //
 // The graph is followed from its one data input to its one output. A value read by one
-// node continues the chain; one read by two is a GELU or LayerNorm pattern, or a residual
-// block (a branch and an Add of it to the value or to a 1x1 Conv / Gemm projection of it):
+// node continues the chain (or begins an attention or positional pattern); one read by
+// two is a GELU or LayerNorm pattern, or a residual block (a branch and an Add of it to
+// the value or to a 1x1 Conv / Gemm projection of it); by three, a residual block whose
+// branch begins with the decomposed LayerNorm:
 //   Gemm (alpha = beta = 1, transA = 0), MatMul with an initializer (+ Add of one) -> linear
 //   Conv (no dilation, one group, symmetric pads)                              -> conv2d
 //   MaxPool / AveragePool (symmetric pads, no ceil mode; AveragePool counting
@@ -16,7 +18,13 @@
 //   (+ Mul, Add)                                                               -> layernorm
 //   Div by sqrt(2), Erf, Add 1, Mul by x and by 0.5                            -> gelu
 //   Gather of the integer input ids from an initializer                        -> embedding
-// Constant nodes feed other nodes' constant inputs. Anything else — an operator tandem has
+//   Add of a [T, D] initializer, or of a Slice of its rows [0, T)              -> positional
+//   qkv MatMul+Add, Reshape [N, T, 3, H, hs], Transpose, Gather q/k/v, q k^T / sqrt(hs),
+//   (Where: causal mask, -inf), Softmax, MatMul v, Transpose, Reshape, out MatMul+Add
+//                                                                              -> attention
+//   residual [layernorm, attention] then residual [layernorm, linear, gelu, linear]
+//                                                                              -> transformer
+// Constant nodes (and Identity nodes of constants) feed other nodes' constant inputs. Anything else — an operator tandem has
 // no layer for, an attribute it does not support, a branch that is no residual block, a
 // second data input — is refused naming the node, its operator and why: never a silently
 // different model.

@@ -27,7 +27,10 @@ int main(int argc, char** argv) {
       "input: [1, 4, 4]\nlayers: [{residual: {layers: [{conv2d: {out: 2, kernel: 3, stride: 2, "
       "padding: 1}}, gelu]}}, {residual: {layers: [relu]}}, globalavgpool, {linear: {out: 2}}]\n",
       "input: [3]\nlayers: [{embedding: {vocab: 5, dim: 2}}, layernorm, {residual: {layers: "
-      "[{linear: {out: 2}}]}}, flatten, {residual: {layers: [{linear: {out: 3}}]}}]\n"};
+      "[{linear: {out: 2}}]}}, flatten, {residual: {layers: [{linear: {out: 3}}]}}]\n",
+      "input: [3]\nlayers: [{embedding: {vocab: 5, dim: 4}}, {positional: {context: 4}}, "
+      "{transformer: {heads: 2, mlp: 4}}, {attention: {heads: 1, causal: false}}, "
+      "{linear: {out: 5}}]\n"};
   int n = 0;
   for (const char* yaml : specs) {
     cpu::CpuBackend be(cpu::CpuOptions{1});

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -381,6 +382,20 @@ layers:
   - linear: {out: 30}
 )";
 
+// A GPT: positional rows sliced from a longer table, transformer blocks (one with the
+// default MLP width), a non-causal attention layer of its own.
+const char* const kGptYaml = R"(name: gpt
+input: [6]
+layers:
+  - embedding: {vocab: 30, dim: 8}
+  - positional: {context: 9}
+  - transformer: {heads: 2, mlp: 12}
+  - transformer: {heads: 4}
+  - attention: {heads: 2, causal: false}
+  - layernorm
+  - linear: {out: 30}
+)";
+
 ModelFile savedModel(const std::string& yaml) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
   Model model(parseModelSpec(yaml, "export.yaml"));
@@ -417,7 +432,7 @@ void expectSameLayers(const std::vector<LayerSpec>& a, const std::vector<LayerSp
 }
 
 TEST(OnnxExportTest, EveryLayerTypeExportsAndImportsBackBitwise) {
-  for (const char* yaml : {kCnnYaml, kMlpYaml, kLmYaml}) {
+  for (const char* yaml : {kCnnYaml, kMlpYaml, kLmYaml, kGptYaml}) {
     const ModelFile file = savedModel(yaml);
     SCOPED_TRACE(file.spec.name);
     onnx::ModelProto m = exportOnnx(file);
@@ -588,6 +603,57 @@ onnx::ModelProto torchLayerNormGelu(float exponent) {
   ot->mutable_shape()->add_dim()->set_dim_param("N");
   ot->mutable_shape()->add_dim()->set_dim_value(3);
   return m;
+}
+
+// The GPT PyTorch 1.13 exports (tests/data/onnx-parity/gpt.onnx: attention written out,
+// LayerNorms decomposed, a positional table added whole, the duplicate LayerNorm
+// parameters as Identity nodes) imports as a spec would write it: two transformer blocks.
+TEST(OnnxImportTest, PyTorchsGptImportsAsTransformerBlocks) {
+  const ImportedModel imported =
+      importOnnx(std::string(TANDEM_SOURCE_DIR) + "/tests/data/onnx-parity/gpt.onnx");
+  std::vector<std::string> types;
+  for (const LayerSpec& l : imported.spec.layers) types.push_back(l.type);
+  EXPECT_EQ(types, (std::vector<std::string>{"embedding", "positional", "transformer",
+                                             "transformer", "layernorm", "linear"}));
+  ASSERT_EQ(types.size(), 6u);
+  EXPECT_TRUE(imported.spec.layers[2].attrs ==
+              (std::map<std::string, AttrValue>{{"heads", int64_t{2}}, {"mlp", int64_t{12}}}));
+  EXPECT_TRUE(imported.spec.layers[3].attrs ==
+              (std::map<std::string, AttrValue>{{"heads", int64_t{2}}, {"mlp", int64_t{16}}}));
+  EXPECT_EQ(std::get<int64_t>(imported.spec.layers[1].attrs.at("context")), 6);
+}
+
+// An attention pattern that tandem's layer would compute otherwise is refused at the node
+// where it departs: a mask that is not the causal one, a transpose of other axes, a scale
+// that is not 1/sqrt(head size).
+TEST(OnnxImportTest, AnAttentionPatternThatIsNotTandemsIsRefusedNamingTheNode) {
+  const onnx::ModelProto good = exportOnnx(savedModel(kGptYaml));
+  auto spoiled = [&](const std::function<void(onnx::GraphProto&)>& spoil) {
+    onnx::ModelProto m = good;
+    spoil(*m.mutable_graph());
+    return m;
+  };
+  const onnx::ModelProto mask = spoiled([](onnx::GraphProto& g) {
+    for (auto& t : *g.mutable_initializer())
+      if (t.name() == "2.0.1.mask") (*t.mutable_raw_data())[1] = 0;
+  });
+  testing::expectThrowWith<InvalidArgument>([&] { importOnnx(mask, "mask.onnx"); },
+                                            {"node '2.0.1.masked' (Where)", "causal mask"});
+  const onnx::ModelProto perm = spoiled([](onnx::GraphProto& g) {
+    for (auto& n : *g.mutable_node())
+      if (n.name() == "2.0.1.kt") n.mutable_attribute(0)->set_ints(2, 1);
+  });
+  testing::expectThrowWith<InvalidArgument>([&] { importOnnx(perm, "perm.onnx"); },
+                                            {"node '2.0.1.kt' (Transpose)", "perm must be"});
+  const onnx::ModelProto scale = spoiled([](onnx::GraphProto& g) {
+    for (auto& t : *g.mutable_initializer())
+      if (t.name() == "2.0.1.sqrt_hs") {
+        const float wrong = 3.0f;
+        t.set_raw_data(&wrong, 4);
+      }
+  });
+  testing::expectThrowWith<InvalidArgument>([&] { importOnnx(scale, "scale.onnx"); },
+                                            {"node '2.0.1.qk' (MatMul)", "Div by sqrt(4)"});
 }
 
 TEST(OnnxImportTest, PyTorchsLayerNormAndGeluPatternsImportAsTheLayers) {
