@@ -234,6 +234,32 @@ TEST(PipelineTest, AGptAcrossStagesIsBitwiseSingleDeviceAccumulation) {
   EXPECT_EQ(got.eval.accuracy, want.accuracy);
 }
 
+// A GPT trains across stages as the other models do: replicated stages (the embedding's
+// among them) end within rounding of the unreplicated pipeline, and fp16 / bf16
+// activations and gradients on the links run and end close to fp32's loss.
+TEST(PipelineTest, AGptWithReplicatedStagesOrCodecsTrainsAsOtherModelsDo) {
+  const Dataset d = testing::phrases(96, 8, 1);
+  const PipelineOptions o = sweepOptions(ScheduleKind::k1F1B, 4);
+  const PipelineRun plain =
+      pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, {}, nullptr, testing::kTinyGpt);
+  for (const std::vector<int>& replicas : {std::vector<int>{2, 1, 1}, {1, 2, 2}}) {
+    const PipelineRun got =
+        pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, replicas, nullptr, testing::kTinyGpt);
+    for (const auto& [name, w] : plain.weights) {
+      const std::vector<float>& g = got.weights.at(name);
+      ASSERT_EQ(g.size(), w.size());
+      for (size_t i = 0; i < w.size(); ++i)
+        ASSERT_NEAR(g[i], w[i], 1e-5f * (1 + std::abs(w[i])))
+            << "replicas " << replicas[0] << replicas[1] << replicas[2] << " " << name;
+    }
+  }
+  for (const transport::Codec codec : {transport::Codec::kF16, transport::Codec::kBF16}) {
+    const PipelineRun got = pipeline(3, o, d, 2, codec, nullptr, {}, nullptr, testing::kTinyGpt);
+    EXPECT_NE(got.weights, plain.weights);  // the codec really ran
+    EXPECT_NEAR(got.losses.back(), plain.losses.back(), 0.02 * plain.losses.back());
+  }
+}
+
 TEST(PipelineTest, TrainsAndEvaluatesLikeOneDevice) {
   const Dataset train = testing::quadrants(400, 1), test = testing::quadrants(200, 2);
   PipelineOptions o;
