@@ -1,7 +1,11 @@
-// Link throughput and latency beside what the medium allows, measured in the same run:
+// Link throughput and latency beside what the medium allows, measured in the same run, on
+// the path the pipeline's executor runs: ZmqLink::send, which copies (downloads) the
+// tensor into a pooled buffer that ZeroMQ then sends from:
 //   tcp link        vs a plain POSIX TCP socket pair over loopback moving the same bytes
 //   tcp link encrypted with CurveZMQ (as a cluster's stage links are) vs the plain tcp link
-//   inproc link     vs memcpy of the same bytes
+//   inproc link     vs memcpy of the same bytes (both copy the tensor once)
+//   tcp link sending in place (sendInPlace: ZeroMQ reads the tensor's own memory; not the
+//                   executor's path) vs the copying send, to show what the copy costs
 //   64-byte round trip over a tcp link vs a bare ZeroMQ REQ/REP round trip
 // Throughput runs send a batch of messages per iteration and wait for the receiver's
 // acknowledgement, so bytes still queued are never counted. The ratio table at the end
@@ -67,7 +71,8 @@ LinkPair makeLinks(Context& ctx_a, Context& ctx_b, const std::string& kind) {
   return p;
 }
 
-void linkThroughput(benchmark::State& state, const std::string& kind) {
+// `in_place`: sendInPlace instead of the executor's send.
+void linkThroughput(benchmark::State& state, const std::string& kind, bool in_place = false) {
   const int64_t bytes = state.range(0), batch = batchFor(bytes);
   Context ctx_a, ctx_b;
   cpu::CpuBackend be;
@@ -83,7 +88,13 @@ void linkThroughput(benchmark::State& state, const std::string& kind) {
   });
   int64_t mb = 0;
   for (auto _ : state) {
-    for (int64_t i = 0; i < batch; ++i) p.a->sendInPlace({MessageKind::kActivation, mb++}, t);
+    for (int64_t i = 0; i < batch; ++i) {
+      if (in_place) {
+        p.a->sendInPlace({MessageKind::kActivation, mb++}, t);
+      } else {
+        p.a->send({MessageKind::kActivation, mb++}, t);
+      }
+    }
     p.a->recv({MessageKind::kCollective, mb - 1}, be);
   }
   p.a->send({MessageKind::kActivation, mb}, be.zeros({1}));
@@ -94,6 +105,7 @@ void linkThroughput(benchmark::State& state, const std::string& kind) {
 void BM_TcpLink(benchmark::State& state) { linkThroughput(state, "tcp"); }
 void BM_TcpLinkCurve(benchmark::State& state) { linkThroughput(state, "tcp+curve"); }
 void BM_InprocLink(benchmark::State& state) { linkThroughput(state, "inproc"); }
+void BM_TcpLinkInPlace(benchmark::State& state) { linkThroughput(state, "tcp", true); }
 
 // A loopback TCP connection: {sender fd, receiver fd}.
 std::pair<int, int> tcpPair() {
@@ -232,6 +244,7 @@ void BM_ZmqReqRepRoundTrip(benchmark::State& state) {
 #define SIZES ->Arg(64 << 10)->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()
 BENCHMARK(BM_TcpLink) SIZES;
 BENCHMARK(BM_TcpLinkCurve) SIZES;
+BENCHMARK(BM_TcpLinkInPlace) SIZES;
 BENCHMARK(BM_PlainTcpSocket) SIZES;
 BENCHMARK(BM_InprocLink) SIZES;
 BENCHMARK(BM_Memcpy) SIZES;
@@ -246,12 +259,14 @@ int main(int argc, char** argv) {
   std::printf(
       "conditions: ours and every reference in this one process: loopback tcp with %s "
       "congestion control on both, glibc malloc keeping freed blocks "
-      "(transport::keepFreedMemory) for both\n",
+      "(transport::keepFreedMemory) for both; our links send as the executor does "
+      "(ZmqLink::send: one copy into a pooled buffer), except the in-place row\n",
       tandem::transport::kLinkCongestion.c_str());
   return tandem::bench::runWithRatios(
       argc, argv,
       {{"BM_TcpLink/", "BM_PlainTcpSocket/", "tcp link vs plain TCP socket"},
        {"BM_TcpLinkCurve/", "BM_TcpLink/", "CurveZMQ tcp link vs tcp link"},
        {"BM_InprocLink/", "BM_Memcpy/", "inproc link vs memcpy"},
+       {"BM_TcpLinkInPlace/", "BM_TcpLink/", "tcp in place vs the executor's copying send"},
        {"BM_TcpLinkRoundTrip", "BM_ZmqReqRepRoundTrip", "64 B round trip vs ZMQ REQ/REP"}});
 }
