@@ -67,8 +67,8 @@ constexpr std::string_view kUsage =
     "                 [--socket-buffer-kib K (the plain-socket group's; 0: the kernel's; -1: "
     "the group's own, 4 MiB)]\n"
     "                 [--spin-us U (the plain-socket group's spin before poll; -1: its own)]\n"
-    "                 [--congestion NAME|system (tcp congestion control of tandem's groups' "
-    "and the tcp limit's loopback connections; default: the groups' own, cubic)]\n"
+    "                 [--congestion NAME|system (tcp congestion control of every tcp column's "
+    "loopback connections, the peers' too; default: tandem's groups' own, cubic)]\n"
     "                 [--codec raw|fp16|bf16 (how tandem's cross-process groups carry values; "
     "Gloo and Open MPI always fp32)]\n"
     "                 [--bind-processes 1|0 (bind the worker processes as mpirun binds its "
@@ -83,7 +83,8 @@ int socket_buffer_kib = -1;
 std::string codec = "raw";
 // --spin-us: how long its transfers try before sleeping in poll (-1: its default).
 int spin_us = -1;
-// --congestion: local_congestion of tandem's two cross-process groups, applied by the
+// --congestion: local_congestion of tandem's two cross-process groups, and of the peers'
+// connections once made (chooseLocalCongestionForAll in the Gloo and MPI workers), applied by the
 // tcp limit too ("system": "", the system's).
 std::string congestion = transport::SocketGroupOptions{}.local_congestion;
 std::string localCongestion() { return congestion == "system" ? "" : congestion; }
@@ -351,6 +352,8 @@ int worker(const std::string& kind, int rank, int ranks, const std::string& dir,
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, ranks);
     context->connectFullMesh(store, device);
+    // Gloo's connections get the congestion control every other tcp column has.
+    transport::chooseLocalCongestionForAll(localCongestion());
     gloo::AllreduceRing<float> ring(context, {data.data()}, static_cast<int>(count));
     std::vector<float> token(1);
     gloo::AllreduceRing<float> sync(context, {token.data()}, 1);
@@ -408,7 +411,8 @@ double mpiSeconds(const std::string& mpi_bench, const std::string& btl, int rank
                   int iters) {
   return secondsFrom("mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
                      " --mca btl " + btl + " " + mpi_bench + " " + std::to_string(count) + " " +
-                     std::to_string(iters) + " " + std::to_string(warmups(count * sizeof(float))));
+                     std::to_string(iters) + " " + std::to_string(warmups(count * sizeof(float))) +
+                     " " + congestion);
 }
 
 }  // namespace
@@ -512,11 +516,10 @@ int main(int argc, char** argv) {
       "values\n",
       iters, repeats, codec.c_str());
   std::printf(
-      "tcp congestion control on loopback: %s for tandem's groups (sockets, ZeroMQ plain and "
-      "CurveZMQ-encrypted) and the tcp "
-      "limit (--congestion %s), %s (the system's) for Gloo and Open MPI\n",
-      loopbackCongestion(localCongestion()).c_str(), congestion.c_str(),
-      loopbackCongestion("").c_str());
+      "tcp congestion control on loopback: %s for every tcp column alike — tandem's groups "
+      "(sockets, ZeroMQ plain and CurveZMQ-encrypted), Gloo, Open MPI's tcp and the tcp limit "
+      "(--congestion %s; the peers' connections set once made)\n",
+      loopbackCongestion(localCongestion()).c_str(), congestion.c_str());
   cpu_set_t allowed;
   const int cpus = ::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
   std::string spins;

@@ -20,7 +20,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -230,8 +229,7 @@ void BM_ZmqReqRepRoundTrip(benchmark::State& state) {
   // this process (only this pair's, here) gets the links' congestion control.
   req.send(zmq::buffer(payload), zmq::send_flags::none);
   (void)req.recv(reply, zmq::recv_flags::none);
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
-    chooseLocalCongestion(std::stoi(entry.path().filename().string()), kLinkCongestion);
+  chooseLocalCongestionForAll(kLinkCongestion);
   for (auto _ : state) {
     req.send(zmq::buffer(payload), zmq::send_flags::none);
     (void)req.recv(reply, zmq::recv_flags::none);

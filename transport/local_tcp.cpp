@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <filesystem>
+#include <set>
 
 namespace tandem::transport {
 
@@ -43,6 +45,22 @@ std::string chooseLocalCongestion(int fd, const std::string& wanted) {
   socklen_t length = sizeof(name) - 1;
   if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &length) != 0) return "";
   return std::string(name, ::strnlen(name, length));
+}
+
+std::string chooseLocalCongestionForAll(const std::string& wanted) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string fd = entry.path().filename().string();
+    if (fd.empty() || fd.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int d = std::stoi(fd);
+    if (!peerIsLocal(d)) continue;
+    const std::string name = chooseLocalCongestion(d, wanted);
+    if (!name.empty()) names.insert(name);
+  }
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
 }  // namespace tandem::transport

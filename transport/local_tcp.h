@@ -20,4 +20,10 @@ bool peerIsLocal(int fd);
 // if it is not a TCP socket).
 std::string chooseLocalCongestion(int fd, const std::string& wanted);
 
+// chooseLocalCongestion on every descriptor this process holds: for connections made by
+// a library whose sockets we cannot reach otherwise (a benchmark's peer: Gloo, Open MPI,
+// bare ZeroMQ), so that it runs under the same congestion control as ours. Returns the
+// names the local TCP connections have afterwards ("cubic", "cubic, reno"; "" if none).
+std::string chooseLocalCongestionForAll(const std::string& wanted);
+
 }  // namespace tandem::transport
