@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/comm/reduce.h"
 #include "core/error.h"
 #include "core/spin.h"
 

@@ -25,7 +25,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/pipeline/group.h"
+#include "core/comm/group.h"
 
 namespace tandem::transport {
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/comm/reduce.h"
 #include "core/error.h"
 
 namespace tandem::transport {

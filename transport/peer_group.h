@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "core/pipeline/group.h"
+#include "core/comm/group.h"
 #include "transport/codec.h"
 
 namespace tandem::transport {

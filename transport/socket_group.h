@@ -29,7 +29,7 @@
 #include <optional>
 #include <string>
 
-#include "core/pipeline/group.h"
+#include "core/comm/group.h"
 #include "transport/codec.h"
 #include "transport/rendezvous.h"
 

@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "core/pipeline/message.h"
+#include "core/comm/message.h"
 #include "core/shape.h"
 #include "transport/codec.h"
 

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "core/backend.h"
-#include "core/pipeline/group.h"
+#include "core/comm/group.h"
 #include "transport/codec.h"
 #include "transport/context.h"
 #include "transport/rendezvous.h"

@@ -24,7 +24,7 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "core/pipeline/link.h"
+#include "core/comm/link.h"
 #include "transport/codec.h"
 #include "transport/context.h"
 #include "transport/curve.h"

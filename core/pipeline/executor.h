@@ -34,8 +34,8 @@
 
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "core/pipeline/group.h"
-#include "core/pipeline/link.h"
+#include "core/comm/group.h"
+#include "core/comm/link.h"
 #include "core/pipeline/schedule.h"
 
 namespace tandem {

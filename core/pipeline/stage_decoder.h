@@ -28,7 +28,7 @@
 
 #include "core/generate.h"
 #include "core/pipeline/executor.h"
-#include "core/pipeline/link.h"
+#include "core/comm/link.h"
 
 namespace tandem {
 

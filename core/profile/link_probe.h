@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "core/pipeline/link.h"
+#include "core/comm/link.h"
 #include "core/profile/measure.h"
 
 namespace tandem {

@@ -32,7 +32,7 @@
 #include "core/model.h"
 #include "core/model_spec.h"
 #include "core/optimizer.h"
-#include "core/pipeline/group.h"
+#include "core/comm/group.h"
 #include "core/profile/profile.h"
 #include "core/train/trainer.h"
 

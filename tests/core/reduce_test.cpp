@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/reduce.h"
 #include "core/error.h"
-#include "core/pipeline/group.h"
 #include "core/random.h"
 #include "core/simd.h"
 

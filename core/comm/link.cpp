@@ -1,4 +1,4 @@
-#include "core/pipeline/link.h"
+#include "core/comm/link.h"
 
 #include <utility>
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "core/pipeline/message.h"
+#include "core/comm/message.h"
 
 namespace tandem {
 
