@@ -68,7 +68,7 @@ void checkEveryLayerFits(const CostModel& cost) {
   const Problem& problem = cost.problem();
   int64_t largest = 0;
   std::string largest_name;
-  for (const Device& d : problem.devices)
+  for (const DeviceCosts& d : problem.devices)
     if (d.memory_bytes > largest) {
       largest = d.memory_bytes;
       largest_name = d.name;

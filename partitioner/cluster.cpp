@@ -18,9 +18,9 @@ std::string resolve(const std::string& source, const std::string& path) {
   return (dir / path).lexically_normal().string();
 }
 
-Link parseLink(const YamlReader& r, const YAML::Node& node, const std::string& what) {
+LinkCosts parseLink(const YamlReader& r, const YAML::Node& node, const std::string& what) {
   if (!node.IsMap()) r.fail(node, what + " must be a map {bandwidth: ..., latency: ...}");
-  Link l;
+  LinkCosts l;
   bool have_bandwidth = false;
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
@@ -207,7 +207,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
   for (const ClusterNode& n : cluster.nodes) p.node_names.push_back(n.name);
   const size_t nodes = cluster.nodes.size();
   // `local` within a node, `default` between nodes, then `between` over both.
-  std::vector<std::vector<std::optional<Link>>> links(nodes);
+  std::vector<std::vector<std::optional<LinkCosts>>> links(nodes);
   for (size_t a = 0; a < nodes; ++a)
     for (size_t z = 0; z < nodes; ++z)
       links[a].push_back(a == z ? cluster.local : cluster.fallback);
@@ -233,16 +233,16 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
                        cluster.measured << ": a link from '" << l.from << "' to '" << l.to
                                         << "', but the cluster " << cluster.source
                                         << " has no node '" << (a < nodes ? l.to : l.from) << "'");
-      links[z][a] = Link{l.bandwidth, l.latency_s};
+      links[z][a] = LinkCosts{l.bandwidth, l.latency_s};
     }
     for (const LinkProfile& l : it->second.links->links)
-      links[nodeIndex(l.from)][nodeIndex(l.to)] = Link{l.bandwidth, l.latency_s};
+      links[nodeIndex(l.from)][nodeIndex(l.to)] = LinkCosts{l.bandwidth, l.latency_s};
   }
   for (const ClusterLink& l : cluster.between) {
     const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);
     links[a][z] = links[z][a] = l.link;
   }
-  p.links.assign(nodes, std::vector<Link>(nodes));
+  p.links.assign(nodes, std::vector<LinkCosts>(nodes));
   for (size_t a = 0; a < nodes; ++a)
     for (size_t z = 0; z < nodes; ++z) {
       TANDEM_CHECK_MSG(links[a][z].has_value(), InvalidArgument,
@@ -270,7 +270,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       const Profile& prof = it->second;
       const DeviceProfile& dp =
           deviceProfile(prof, model, cd.profile_device, cd.where + ": profile " + path);
-      Device d;
+      DeviceCosts d;
       d.name = n.name + "/" + cd.name;
       d.node = static_cast<int>(ni);
       d.memory_bytes = cd.memory_bytes > 0 ? cd.memory_bytes : dp.device.memory_bytes;

@@ -59,7 +59,7 @@ struct ClusterNode {
 
 struct ClusterLink {
   std::string from, to;
-  Link link;
+  LinkCosts link;
   std::string where;
 };
 
@@ -67,10 +67,10 @@ struct Cluster {
   std::string source;
   std::string key;  // the cluster key file, by path (empty: none named)
   std::vector<ClusterNode> nodes;
-  std::optional<Link> local, fallback;  // `local` and `default`
-  std::vector<ClusterLink> between;     // each both ways
-  std::string measured;                 // a profile with links, by path
-  std::string measured_where;           // "cluster.yaml:12:13", for messages
+  std::optional<LinkCosts> local, fallback;  // `local` and `default`
+  std::vector<ClusterLink> between;          // each both ways
+  std::string measured;                      // a profile with links, by path
+  std::string measured_where;                // "cluster.yaml:12:13", for messages
 };
 
 Cluster parseCluster(const std::string& yaml_text, const std::string& source = "<string>");

@@ -42,7 +42,7 @@ void validate(const Problem& p) {
                                << p.links[a][b].bandwidth << " B/s and latency "
                                << p.links[a][b].latency_s << " s");
   }
-  for (const Device& d : p.devices) {
+  for (const DeviceCosts& d : p.devices) {
     TANDEM_CHECK_MSG(d.node >= 0 && static_cast<size_t>(d.node) < nodes, InvalidArgument,
                      "device " << d.name << " is on node " << d.node << " of " << nodes);
     TANDEM_CHECK_MSG(d.memory_bytes > 0, InvalidArgument,
@@ -70,7 +70,7 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
   type_of_.assign(devs.size(), -1);
   for (size_t d = 0; d < devs.size(); ++d) {
     for (size_t t = 0; t < types_.size(); ++t) {
-      const Device& r = devs[static_cast<size_t>(types_[t].devices.front())];
+      const DeviceCosts& r = devs[static_cast<size_t>(types_[t].devices.front())];
       if (r.node == devs[d].node && r.memory_bytes == devs[d].memory_bytes &&
           r.forward_s == devs[d].forward_s && r.backward_s == devs[d].backward_s) {
         types_[t].devices.push_back(static_cast<int>(d));
@@ -84,7 +84,7 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
     }
   }
   for (const DeviceType& t : types_) {
-    const Device& d = devs[static_cast<size_t>(t.devices.front())];
+    const DeviceCosts& d = devs[static_cast<size_t>(t.devices.front())];
     std::vector<double> prefix(n + 1, 0);
     for (size_t l = 0; l < n; ++l)
       prefix[l + 1] = prefix[l] + d.forward_s[l] + (training() ? d.backward_s[l] : 0);
@@ -130,7 +130,7 @@ double CostModel::compute(int type, size_t begin, size_t end) const {
 double CostModel::allreduce(int type, size_t begin, size_t end, int replicas) const {
   if (replicas <= 1 || !training()) return 0;
   const int node = types_[static_cast<size_t>(type)].node;
-  const Link& l = problem_.links[static_cast<size_t>(node)][static_cast<size_t>(node)];
+  const LinkCosts& l = problem_.links[static_cast<size_t>(node)][static_cast<size_t>(node)];
   const double k = replicas;
   return 2 * (k - 1) / k * static_cast<double>(paramBytes(begin, end)) / l.bandwidth +
          2 * (k - 1) * l.latency_s;
@@ -142,7 +142,7 @@ double CostModel::stage(int type, size_t begin, size_t end, int replicas) const 
 }
 
 double CostModel::linkTime(int64_t bytes, double ratio, int from_node, int to_node) const {
-  const Link& l = problem_.links[static_cast<size_t>(from_node)][static_cast<size_t>(to_node)];
+  const LinkCosts& l = problem_.links[static_cast<size_t>(from_node)][static_cast<size_t>(to_node)];
   return static_cast<double>(bytes) * ratio / l.bandwidth + l.latency_s;
 }
 
@@ -179,7 +179,7 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
     return state + working + transport;
   }
   const int64_t activations = stash_prefix_[end] - stash_prefix_[begin];
-  const int64_t depth = o.schedule == Schedule::kGPipe
+  const int64_t depth = o.schedule == ScheduleKind::kGPipe
                             ? o.microbatches
                             : std::min<int64_t>(o.microbatches, stages_to_end);
   const int64_t per_replica = (depth + replicas - 1) / replicas;

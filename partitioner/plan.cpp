@@ -112,7 +112,7 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
      << ", samples_per_s: " << number(plan.samples_per_s) << "}\n"
      << "stages:\n";
   for (const PlanStage& st : plan.stages) {
-    const Device& first = problem.devices[static_cast<size_t>(st.at.devices.front())];
+    const DeviceCosts& first = problem.devices[static_cast<size_t>(st.at.devices.front())];
     os << "  - layers: [" << st.at.begin << ", " << st.at.end << "]\n    devices: [";
     for (size_t i = 0; i < st.at.devices.size(); ++i)
       os << (i ? ", " : "") << problem.devices[static_cast<size_t>(st.at.devices[i])].name;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/pipeline/schedule.h"
+
 namespace tandem::partitioner {
 
 enum class Objective {
@@ -25,7 +27,7 @@ struct LayerBytes {
   int64_t stash_bytes = 0;   // what its forward keeps for its backward, one microbatch
 };
 
-struct Device {
+struct DeviceCosts {
   std::string name;  // "node/device", e.g. "jetson/opencl:0"
   int node = 0;      // index into Problem::node_names; links are per node pair
   int64_t memory_bytes = 0;
@@ -36,16 +38,14 @@ struct Device {
   int threads = 1;
 };
 
-struct Link {
+struct LinkCosts {
   double bandwidth = 0;  // bytes per second
   double latency_s = 0;  // per message
 };
 
-enum class Schedule { kGPipe, k1F1B };
-
 struct CostOptions {
   Objective objective = Objective::kTrainThroughput;
-  Schedule schedule = Schedule::k1F1B;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
   int64_t microbatches = 4;              // per training step (m)
   int64_t microbatch_size = 16;          // samples in one microbatch
   bool recompute = false;                // stash only each stage's input, recompute in backward
@@ -61,8 +61,8 @@ struct Problem {
   std::vector<LayerBytes> layers;
   int64_t input_bytes = 0;  // the model's input, one microbatch
   std::vector<std::string> node_names;
-  std::vector<Device> devices;
-  std::vector<std::vector<Link>> links;  // [from node][to node]; the diagonal: within a node
+  std::vector<DeviceCosts> devices;
+  std::vector<std::vector<LinkCosts>> links;  // [from node][to node]; the diagonal: within a node
   CostOptions options;
 };
 

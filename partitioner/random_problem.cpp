@@ -40,12 +40,13 @@ Problem randomProblem(const RandomProblemOptions& o) {
     kinds.push_back(std::move(kind));
   }
   for (int n = 0; n < o.nodes; ++n) p.node_names.push_back("node" + std::to_string(n));
-  p.links.assign(static_cast<size_t>(o.nodes), std::vector<Link>(static_cast<size_t>(o.nodes)));
+  p.links.assign(static_cast<size_t>(o.nodes),
+                 std::vector<LinkCosts>(static_cast<size_t>(o.nodes)));
   for (int a = 0; a < o.nodes; ++a)
     for (int b = 0; b < o.nodes; ++b)
       p.links[static_cast<size_t>(a)][static_cast<size_t>(b)] =
-          a == b ? Link{uniform(2e9, 1e10), uniform(1e-6, 2e-5)}
-                 : Link{uniform(1e7, 2e9), uniform(5e-5, 3e-3)};
+          a == b ? LinkCosts{uniform(2e9, 1e10), uniform(1e-6, 2e-5)}
+                 : LinkCosts{uniform(1e7, 2e9), uniform(5e-5, 3e-3)};
   // What the whole model needs alone on one device: the unit for device memory.
   Problem one = p;
   one.devices.push_back(
@@ -53,7 +54,7 @@ Problem randomProblem(const RandomProblemOptions& o) {
   const auto whole = static_cast<double>(CostModel(one).memory(0, L, 1, 1));
   for (int d = 0; d < o.devices; ++d) {
     const Kind& k = kinds[static_cast<size_t>(d % o.kinds)];
-    Device dev;
+    DeviceCosts dev;
     dev.node = d % o.nodes;
     dev.name = p.node_names[static_cast<size_t>(dev.node)] + "/dev" + std::to_string(d);
     dev.memory_bytes = std::max<int64_t>(1, static_cast<int64_t>(k.memory * whole));

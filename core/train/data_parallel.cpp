@@ -23,10 +23,10 @@ namespace {
 
 // A thread that runs one job at a time, handed over by run() and awaited by wait();
 // each side keeps trying for `spin` (yielding) before it sleeps.
-class Worker {
+class JobThread {
  public:
-  explicit Worker(std::chrono::microseconds spin) : spin_(spin), thread_([this] { loop(); }) {}
-  ~Worker() {
+  explicit JobThread(std::chrono::microseconds spin) : spin_(spin), thread_([this] { loop(); }) {}
+  ~JobThread() {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
@@ -160,7 +160,7 @@ struct DataParallelTrainer::Replica {
   Optimizer optimizer;
   std::vector<Bucket> buckets;
   std::vector<std::vector<size_t>> ready_at;  // by layer: buckets complete after it
-  Worker compute, comm;
+  JobThread compute, comm;
   // The communication queue: buckets handed over, in order; how many are reduced.
   std::mutex mutex;
   std::condition_variable cv;
@@ -397,7 +397,7 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
   } catch (...) {
     error = std::current_exception();
   }
-  auto join = [&error](Worker& w) {
+  auto join = [&error](JobThread& w) {
     try {
       w.wait();
     } catch (...) {

@@ -46,8 +46,7 @@ partitioner::CostModel loadCostModel(const Model& model, const std::string& clus
 partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   partitioner::CostOptions o;
   o.objective = partitioner::Objective::kTrainThroughput;
-  o.schedule = job.schedule == ScheduleKind::kGPipe ? partitioner::Schedule::kGPipe
-                                                    : partitioner::Schedule::k1F1B;
+  o.schedule = job.schedule;
   o.microbatches = job.microbatches;
   o.max_replicas = job.max_replicas;
   // Microbatch sizes differ by one when the batch does not divide: the largest is priced.
@@ -190,7 +189,7 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
   p.node_names = {"any"};
   p.devices.push_back({"any/device", 0, 1, std::vector<double>(model.size(), 0),
                        std::vector<double>(model.size(), 0), "cpu", 1});
-  p.links = {{partitioner::Link{1, 0}}};
+  p.links = {{partitioner::LinkCosts{1, 0}}};
   const partitioner::CostModel cost(std::move(p));
   std::vector<int64_t> out;
   const int n = static_cast<int>(stages.size());

@@ -64,8 +64,7 @@ void runPartition(const PartitionArgs& a) {
   const ScheduleKind kind = parseSchedule(a.schedule);
   TANDEM_CHECK_MSG(kind == ScheduleKind::kGPipe || kind == ScheduleKind::k1F1B, InvalidArgument,
                    "--schedule " << a.schedule << ": the partitioner costs gpipe or 1f1b");
-  o.schedule =
-      kind == ScheduleKind::kGPipe ? partitioner::Schedule::kGPipe : partitioner::Schedule::k1F1B;
+  o.schedule = kind;
   // As a job cuts it: microbatch sizes differ by one; the largest is priced.
   TANDEM_CHECK_MSG(a.microbatches <= a.batch, InvalidArgument,
                    "--microbatches " << a.microbatches << " exceeds --batch " << a.batch
@@ -143,7 +142,9 @@ void addPartition(CLI::App& app) {
   auto a = std::make_shared<PartitionArgs>();
   CLI::App* c = app.add_subcommand(
       "partition", "Split a model's layers over a cluster's devices from measured profiles");
-  c->add_option("--model", a->model, "Model spec (YAML) or ONNX model (.onnx)")->required()->check(CLI::ExistingFile);
+  c->add_option("--model", a->model, "Model spec (YAML) or ONNX model (.onnx)")
+      ->required()
+      ->check(CLI::ExistingFile);
   c->add_option("--cluster", a->cluster, "Cluster file (YAML): nodes, devices, links")
       ->required()
       ->check(CLI::ExistingFile);

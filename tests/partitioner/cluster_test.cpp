@@ -278,14 +278,14 @@ TEST(PlanTest, ReplicasKeepTheirOwnDevices) {
   p.input_bytes = 400;
   p.node_names = {"n"};
   for (int i = 0; i < 2; ++i) {
-    Device d;
+    DeviceCosts d;
     d.name = "n/gpu" + std::to_string(i);
     d.memory_bytes = int64_t{1} << 30;
     d.forward_s = d.backward_s = {1e-3, 1e-3};
     d.backend = "opencl:" + std::to_string(i);
     p.devices.push_back(d);
   }
-  p.links = {{Link{1e9, 1e-5}}};
+  p.links = {{LinkCosts{1e9, 1e-5}}};
   p.options.max_replicas = 2;
   const CostModel cost(p);
   const Plan plan = evaluate(cost, {Assignment{0, 2, {0, 1}}}, "replicated");

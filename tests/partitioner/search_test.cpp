@@ -90,7 +90,7 @@ std::vector<Instance> instances(Objective objective, int max_replicas) {
     o.nodes = 1 + static_cast<int>((seed / 2) % 3);
     o.memory_min = seed % 3 == 0 ? 0.15 : 0.4;  // a third tight: the model must be split
     o.cost.objective = objective;
-    o.cost.schedule = seed % 2 ? Schedule::k1F1B : Schedule::kGPipe;
+    o.cost.schedule = seed % 2 ? ScheduleKind::k1F1B : ScheduleKind::kGPipe;
     o.cost.recompute = seed % 5 == 0;
     o.cost.microbatches = 1 + static_cast<int64_t>(seed % 6);
     o.cost.max_replicas = max_replicas;
@@ -172,7 +172,7 @@ TEST(SearchTest, TightMemoryForcesAnUnevenSplit) {
   // a stage with layer 0 alone fits in 125 MiB.
   Problem p;
   p.node_names = {"n"};
-  p.links = {{Link{1e9, 1e-5}}};
+  p.links = {{LinkCosts{1e9, 1e-5}}};
   for (int l = 0; l < 6; ++l)
     p.layers.push_back({"l", l == 0 ? int64_t{40} << 20 : int64_t{2} << 20, 1 << 10});
   p.input_bytes = 1 << 10;
@@ -194,7 +194,7 @@ TEST(SearchTest, TightMemoryForcesAnUnevenSplit) {
 TEST(SearchTest, SlowDeviceGetsFewerLayers) {
   Problem p;
   p.node_names = {"n"};
-  p.links = {{Link{1e10, 1e-6}}};
+  p.links = {{LinkCosts{1e10, 1e-6}}};
   for (int l = 0; l < 10; ++l) p.layers.push_back({"l", 1000, 1000});
   p.input_bytes = 1000;
   p.devices.push_back({"n/fast", 0, int64_t{1} << 30, std::vector<double>(10, 1e-3),
@@ -225,7 +225,8 @@ TEST(SearchTest, LatencyKeepsASlowLinkOutOfTheChain) {
   // input costs more than running everything on the edge: latency runs it all there.
   Problem p;
   p.node_names = {"edge", "cloud"};
-  p.links = {{Link{1e9, 1e-6}, Link{1e5, 5e-2}}, {Link{1e5, 5e-2}, Link{1e9, 1e-6}}};
+  p.links = {{LinkCosts{1e9, 1e-6}, LinkCosts{1e5, 5e-2}},
+             {LinkCosts{1e5, 5e-2}, LinkCosts{1e9, 1e-6}}};
   for (int l = 0; l < 4; ++l) p.layers.push_back({"l", 1000, 100000 >> l});
   p.input_bytes = 200000;
   p.devices.push_back(
@@ -239,7 +240,7 @@ TEST(SearchTest, LatencyKeepsASlowLinkOutOfTheChain) {
   EXPECT_EQ(plan.stages[0].at.devices, std::vector<int>{0});
   EXPECT_NEAR(plan.seconds, 4e-2, 1e-12);
   // A fast link: send the input to the cloud and run everything there.
-  p.links[0][1] = p.links[1][0] = Link{1e10, 1e-6};
+  p.links[0][1] = p.links[1][0] = LinkCosts{1e10, 1e-6};
   const Plan fast = exactPlan(CostModel(p));
   ASSERT_EQ(fast.stages.size(), 1u);
   EXPECT_EQ(fast.stages[0].at.devices, std::vector<int>{1});
@@ -248,7 +249,7 @@ TEST(SearchTest, LatencyKeepsASlowLinkOutOfTheChain) {
 TEST(SearchTest, ALayerThatFitsNowhereIsNamed) {
   Problem p;
   p.node_names = {"n"};
-  p.links = {{Link{1e9, 1e-5}}};
+  p.links = {{LinkCosts{1e9, 1e-5}}};
   p.layers = {{"conv2d", 1000, 1000}, {"linear", int64_t{1} << 30, 100}};
   p.input_bytes = 100;
   p.devices.push_back({"n/pi", 0, int64_t{512} << 20, {1e-3, 1e-3}, {1e-3, 1e-3}});
@@ -264,7 +265,7 @@ TEST(SearchTest, ALayerThatFitsNowhereIsNamed) {
 TEST(SearchTest, AModelLargerThanAllDevicesTogetherIsRefused) {
   Problem p;
   p.node_names = {"n"};
-  p.links = {{Link{1e9, 1e-5}}};
+  p.links = {{LinkCosts{1e9, 1e-5}}};
   for (int l = 0; l < 4; ++l) p.layers.push_back({"linear", 100 << 20, 100});
   p.input_bytes = 100;
   for (int d = 0; d < 2; ++d)
