@@ -8,7 +8,6 @@
 
 #ifdef TANDEM_HAS_ONNX
 #include "backends/cpu/cpu_backend.h"
-#include "core/model_file.h"
 #include "targets/onnx/onnx_import.h"
 #endif
 
@@ -43,6 +42,12 @@ ModelSource readModelSource(const std::string& path) {
                         "as the ARM builds are): convert it with `tandem import` where "
                         "ONNX is built in");
 #endif
+}
+
+ModelFile readModelOrOnnx(const std::string& path) {
+  if (!isOnnxModel(path)) return readModelFile(path);
+  const ModelSource source = readModelSource(path);
+  return parseModelFile(*source.weights, path);
 }
 
 }  // namespace tandem::runtime

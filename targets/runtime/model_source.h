@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/model.h"
+#include "core/model_file.h"
 
 namespace tandem::runtime {
 
@@ -29,5 +30,9 @@ bool isOnnxModel(const std::string& path);
 // note per dropped node logged). A build without ONNX (TANDEM_ONNX=OFF, the ARM builds)
 // refuses an ONNX model with InvalidArgument saying so.
 ModelSource readModelSource(const std::string& path);
+
+// A model with its weights: a model file (.tdm, readModelFile's errors), or an ONNX model
+// imported as one (its metadata "output" when it ended in a softmax).
+ModelFile readModelOrOnnx(const std::string& path);
 
 }  // namespace tandem::runtime

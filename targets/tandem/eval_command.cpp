@@ -6,6 +6,7 @@
 #include "backends/registry.h"
 #include "core/model_file.h"
 #include "core/train/trainer.h"
+#include "targets/runtime/model_source.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {
@@ -18,7 +19,9 @@ void addEval(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("eval", "Evaluate a saved model on a test set");
-  c->add_option("model", a->file, "Model file (.tdm)")->required()->check(CLI::ExistingFile);
+  c->add_option("model", a->file, "Model file (.tdm) or ONNX model (.onnx)")
+      ->required()
+      ->check(CLI::ExistingFile);
   c->add_option("--data", a->data, "fashion-mnist, or text:PATH (held out: its last 10%)")
       ->check(datasetName());
   c->add_option("--data-dir", a->data_dir, "Directory holding the dataset files");
@@ -27,7 +30,7 @@ void addEval(CLI::App& app) {
   c->add_option("--device", a->device, "Device to evaluate on");
   c->add_option("--test-limit", a->limit, "Use only the first N test samples");
   c->callback([a] {
-    const ModelFile file = readModelFile(a->file);
+    const ModelFile file = runtime::readModelOrOnnx(a->file);
     auto backend = makeBackend(a->device, BackendOptions{a->threads});
     auto model = loadModel(file, *backend);
     const Shape input = model->inputShape();

@@ -25,6 +25,7 @@
 #include "core/model_spec.h"
 #include "targets/runtime/job.h"
 #include "targets/runtime/job_run.h"
+#include "targets/runtime/model_source.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/interrupt.h"
 
@@ -303,7 +304,7 @@ void runGenerate(const GenerateArgs& a) {
   TANDEM_CHECK_MSG(
       a.cluster.empty() && a.key.empty() && a.weights.empty(), InvalidArgument,
       "--cluster, --key and --weights are for a job file (JOB.yaml), not '" << a.file << "'");
-  const ModelFile file = readModelFile(a.file);
+  const ModelFile file = runtime::readModelOrOnnx(a.file);
   auto backend = makeBackend(a.device, BackendOptions{a.threads});
   auto model = loadModel(file, *backend);
   if (!a.serve) {
@@ -345,7 +346,8 @@ void addGenerate(CLI::App& app) {
       "Generate text with a language model (byte tokens, key/value cache): a saved model "
       "here, or a job's stages on their nodes");
   c->add_option("model", a->file,
-                "Model file (.tdm) of a language model, or a job file (.yaml) whose stages "
+                "Model file (.tdm) or ONNX model (.onnx) of a language model, or a job file "
+                "(.yaml) whose stages "
                 "generate from its `weights` (else its `save`)")
       ->required()
       ->check(CLI::ExistingFile);

@@ -96,6 +96,15 @@ TEST(CliTest, TrainAGptOnTextAndEvalIt) {
   EXPECT_NE(served.out.find("{\"first_token_ms\":"), std::string::npos) << served.out;
   EXPECT_NE(served.out.find("\"prompt\":\"line 3:\",\"text\":"), std::string::npos) << served.out;
   EXPECT_NE(served.out.find("served 2 prompts: 12 tokens, "), std::string::npos) << served.out;
+  if (TANDEM_HAS_ONNX) {  // exported as ONNX, it evaluates and generates as the model file
+    const CliRun exported = run("export " + dir + "/gpt.tdm --onnx " + dir + "/gpt.onnx");
+    ASSERT_EQ(exported.code, 0) << exported.out;
+    const CliRun onnx_eval = run("eval " + dir + "/gpt.onnx --data text:" + dir + "/corpus.txt");
+    EXPECT_NE(onnx_eval.out.find(said), std::string::npos) << said << "\n" << onnx_eval.out;
+    const CliRun onnx_gen = run("generate " + dir + "/gpt.onnx --tokens 6 --prompt 'the cat'");
+    ASSERT_EQ(onnx_gen.code, 0) << onnx_gen.out;
+    EXPECT_EQ(onnx_gen.out.substr(0, 13), g.out.substr(0, 13));
+  }
   const CliRun longer = run(gen + "--prompt 'a prompt longer than the context of sixteen'");
   EXPECT_EQ(longer.code, 1) << longer.out;
   EXPECT_EQ(
