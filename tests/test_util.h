@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -34,6 +36,20 @@ void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {
     for (const auto& p : parts)
       EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
   }
+}
+
+// Logits of decoding with the key/value cache against those of recomputing the whole
+// prefix: the same to within 1e-5 (relative above 1). Not bitwise in general: the cached
+// step multiplies one row per sequence where the recomputation multiplies the whole
+// prefix, and OpenBLAS rounds a row of a short product differently from the same row of a
+// long one with some kernels (its Haswell sgemm kernels, which OPENBLAS_CORETYPE=Haswell
+// selects on any AVX2 machine). Tokens are compared apart.
+inline void expectCloseLogits(const std::vector<float>& cached, const std::vector<float>& full,
+                              const std::string& what) {
+  ASSERT_EQ(cached.size(), full.size()) << what;
+  for (size_t v = 0; v < full.size(); ++v)
+    ASSERT_NEAR(cached[v], full[v], 1e-5 * std::max(1.0f, std::abs(full[v])))
+        << what << ", logit " << v;
 }
 
 // A new, empty directory under the test temp dir (mkdtemp): unique even when a later test
