@@ -41,6 +41,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -53,11 +54,13 @@
 #include "transport/local_group.h"
 #include "transport/local_tcp.h"
 #include "transport/socket_group.h"
+#include "transport/tcp/socket.h"
 #include "transport/zmq_group.h"
 
 namespace {
 
 using namespace tandem;
+namespace tcp = transport::tcp;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kUsage =
@@ -202,46 +205,28 @@ double tcpLimitSeconds(int rank, int ranks, const transport::Exchange& exchange,
     std::perror(what);
     std::exit(1);
   };
-  const int buffer = (socket_buffer_kib >= 0 ? socket_buffer_kib : 4096) << 10;
-  auto open = [&] {
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (s < 0) fail("socket");
-    if (buffer > 0) {
-      ::setsockopt(s, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
-      ::setsockopt(s, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
-    }
-    return s;
-  };
-  sockaddr_in here{};
-  here.sin_family = AF_INET;
-  here.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const int listener = open();
-  socklen_t length = sizeof(here);
-  if (::bind(listener, reinterpret_cast<sockaddr*>(&here), sizeof(here)) != 0 ||
-      ::listen(listener, 1) != 0 ||
-      ::getsockname(listener, reinterpret_cast<sockaddr*>(&here), &length) != 0)
-    fail("listen");
-  const std::vector<std::string> ports = exchange(std::to_string(ntohs(here.sin_port)));
-  sockaddr_in next = here;
-  next.sin_port =
-      htons(static_cast<uint16_t>(std::stoi(ports[static_cast<size_t>((rank + 1) % ranks)])));
+  const tcp::SocketOptions options{(socket_buffer_kib >= 0 ? socket_buffer_kib : 4096) << 10,
+                                   true};
+  const auto deadline = tcp::Clock::now() + std::chrono::seconds(60);
+  tcp::Listener listener(tcp::Address::loopback(), "the loopback", 1, options);
+  const std::vector<std::string> ports = exchange(std::to_string(listener.port()));
+  const tcp::Address next = tcp::Address::resolve(
+      "127.0.0.1", ports[static_cast<size_t>((rank + 1) % ranks)], false);
   // With two ranks the next rank is the previous one: one connection, both ways, as
   // the group has (each direction's acknowledgements ride on the other's data).
-  int out = -1, in = -1;
-  if (ranks > 2 || rank == 0) {
-    out = open();  // the next rank listens before it publishes its port
-    if (::connect(out, reinterpret_cast<sockaddr*>(&next), sizeof(next)) != 0) fail("connect");
-  }
+  tcp::Socket out_socket, in_socket;
+  if (ranks > 2 || rank == 0)  // the next rank listens before it publishes its port
+    out_socket = tcp::connectTo(next, options, deadline, "tcp limit: the next rank");
   if (ranks > 2 || rank == 1) {
-    in = ::accept(listener, nullptr, nullptr);
-    if (in < 0) fail("accept");
+    std::optional<tcp::Socket> accepted = listener.accept(deadline, options);
+    if (!accepted) fail("accept");
+    in_socket = std::move(*accepted);
   }
-  if (ranks == 2) out = in = std::max(out, in);
-  const int one = 1;
+  const int out = out_socket.valid() ? out_socket.get() : in_socket.get();
+  const int in = in_socket.valid() ? in_socket.get() : out_socket.get();
   for (int s : {out, in}) {
-    ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    tcp::setNoDelay(s);
     transport::chooseLocalCongestion(s, localCongestion());
-    ::fcntl(s, F_SETFL, ::fcntl(s, F_GETFL) | O_NONBLOCK);
   }
   const size_t steps = 2 * static_cast<size_t>(ranks - 1),
                slice = bytes / static_cast<size_t>(ranks);
@@ -279,31 +264,14 @@ double tcpLimitSeconds(int rank, int ranks, const transport::Exchange& exchange,
       }
     }
   });
-  ::close(out);
-  if (in != out) ::close(in);
-  ::close(listener);
   return s;
 }
 
 // The congestion control a loopback connection gets with `wanted`
 // (transport::chooseLocalCongestion), "?" if no connection could be made.
 std::string loopbackCongestion(const std::string& wanted) {
-  sockaddr_in here{};
-  here.sin_family = AF_INET;
-  here.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(here);
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0),
-            client = ::socket(AF_INET, SOCK_STREAM, 0);
-  std::string name = "?";
-  if (listener >= 0 && client >= 0 &&
-      ::bind(listener, reinterpret_cast<sockaddr*>(&here), sizeof(here)) == 0 &&
-      ::listen(listener, 1) == 0 &&
-      ::getsockname(listener, reinterpret_cast<sockaddr*>(&here), &length) == 0 &&
-      ::connect(client, reinterpret_cast<sockaddr*>(&here), sizeof(here)) == 0)
-    name = transport::chooseLocalCongestion(client, wanted);
-  for (int fd : {listener, client})
-    if (fd >= 0) ::close(fd);
-  return name;
+  const auto pair = tcp::loopbackPair();
+  return pair ? transport::chooseLocalCongestion(pair->first.get(), wanted) : "?";
 }
 
 // One rank of a process run: the group, then the timing; rank 0 prints it.

@@ -26,7 +26,9 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "benchmarks/ratio_reporter.h"
+#include "core/error.h"
 #include "transport/local_tcp.h"
+#include "transport/tcp/socket.h"
 #include "transport/zmq_link.h"
 
 namespace tandem::transport {
@@ -106,53 +108,34 @@ void BM_TcpLinkCurve(benchmark::State& state) { linkThroughput(state, "tcp+curve
 void BM_InprocLink(benchmark::State& state) { linkThroughput(state, "inproc"); }
 void BM_TcpLinkInPlace(benchmark::State& state) { linkThroughput(state, "tcp", true); }
 
-// A loopback TCP connection: {sender fd, receiver fd}.
-std::pair<int, int> tcpPair() {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  listen(listener, 1);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int out = socket(AF_INET, SOCK_STREAM, 0);
-  connect(out, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  const int in = accept(listener, nullptr, nullptr);
-  close(listener);
-  const int one = 1;
-  setsockopt(out, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  setsockopt(in, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  chooseLocalCongestion(out, kLinkCongestion);
-  chooseLocalCongestion(in, kLinkCongestion);
-  return {out, in};
+// A loopback TCP connection, blocking: {sender, receiver}.
+std::pair<tcp::Socket, tcp::Socket> tcpPair() {
+  auto pair = tcp::loopbackPair();
+  if (!pair) throw IoError("link_bench: no IPv4 loopback connection");
+  for (const tcp::Socket* s : {&pair->first, &pair->second}) {
+    tcp::setNoDelay(s->get());
+    chooseLocalCongestion(s->get(), kLinkCongestion);
+  }
+  return std::move(*pair);
 }
 
+// Blocking sockets: the deadline only bounds a peer that stops (the bench then fails).
 void writeAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n) {
-    const ssize_t w = write(fd, c, n);
-    if (w <= 0) return;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
+  if (!tcp::writeAll(fd, p, n, tcp::Clock::now() + 60s, "link_bench receiver"))
+    throw Timeout("link_bench: the receiver stopped reading");
 }
 
 void readAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n) {
-    const ssize_t r = read(fd, c, n);
-    if (r <= 0) return;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
+  if (!tcp::readAll(fd, p, n, tcp::Clock::now() + 60s, "link_bench sender"))
+    throw Timeout("link_bench: the sender stopped");
 }
 
 void BM_PlainTcpSocket(benchmark::State& state) {
   const int64_t bytes = state.range(0), batch = batchFor(bytes);
-  auto [out, in] = tcpPair();
+  const auto sockets = tcpPair();
+  const int out = sockets.first.get(), in = sockets.second.get();
   std::vector<char> send_buf(static_cast<size_t>(bytes)), recv_buf(static_cast<size_t>(bytes));
-  std::thread receiver([&, in = in] {
+  std::thread receiver([&] {
     for (int64_t m = 0;; ++m) {
       uint64_t size = 0;
       readAll(in, &size, sizeof size);
@@ -173,8 +156,6 @@ void BM_PlainTcpSocket(benchmark::State& state) {
   const uint64_t stop = 0;
   writeAll(out, &stop, sizeof stop);
   receiver.join();
-  close(out);
-  close(in);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * batch * bytes);
 }
 

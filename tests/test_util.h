@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
+#include <functional>
 #include <stdexcept>
+#include <thread>
 
 #include <string>
 #include <vector>
@@ -35,6 +38,34 @@ void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {
     const std::string what = e.what();
     for (const auto& p : parts)
       EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+  }
+}
+
+// Runs fn(rank) on one thread per rank; returns each rank's exception (or null).
+inline std::vector<std::exception_ptr> onThreads(int ranks, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+// Fails the test with each rank's error, named by rank.
+inline void expectNoErrors(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
   }
 }
 

@@ -350,6 +350,13 @@ void decode(Codec c, std::span<const uint8_t> payload, std::span<const float> sc
   throw FormatError("unknown codec " + std::to_string(static_cast<int>(c)));
 }
 
+void roundTrip(Codec c, std::span<float> x) {
+  if (c == Codec::kRaw || x.empty()) return;
+  Encoded e;
+  encode(c, x, e);
+  decode(c, e.payload, e.scales, e.block, x);
+}
+
 void ErrorFeedback::encode(Codec c, std::span<const float> values, Encoded& out, uint32_t block) {
   const size_t n = values.size();
   if (residual_.size() != n) residual_.assign(n, 0.0f);

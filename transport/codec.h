@@ -48,6 +48,8 @@ void encode(Codec c, std::span<const float> in, Encoded& out, uint32_t block = k
 // Decodes into `out` (out.size() values). Sizes are checked: FormatError on mismatch.
 void decode(Codec c, std::span<const uint8_t> payload, std::span<const float> scales,
             uint32_t block, std::span<float> out);
+// `x` as codec `c` carries it: encoded and decoded in place (unchanged for raw).
+void roundTrip(Codec c, std::span<float> x);
 
 // Array conversions behind the fp16 codec: F16C on x86 CPUs that have it, NEON on aarch64,
 // else the portable loops.

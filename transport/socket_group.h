@@ -1,26 +1,7 @@
 // The cross-process Group over plain stream sockets: one TCP (or Unix-domain) connection
-// between every pair of ranks, written and read by the calling thread itself — no I/O
-// thread, no message objects, no copy besides the kernel's. A transfer (peer_group.h)
-// tries its connections and moves whatever each will take or give, so a ring step's
-// send and receive run at once and each received piece is reduced while the rest is on
-// its way; all-gathered slices are received straight into the caller's buffer. When
-// nothing can move it keeps trying for `spin` (yielding the core) before it sleeps in
-// poll.
-//
-// Wire: per transfer and peer, a 32-byte header (magic, codec, collective, step, call
-// number, tag, element count; little-endian, as on every host tandem runs on) and then
-// the values, fp32 or fp16/bf16 (`codec`: encoded 128 Ki values at a time as they go out;
-// received values are decoded and accumulated in fp32). A receiver checks the header against what
-// it expects: ranks out of step (another collective, tag or call) or with another count are told so
-// — InvalidArgument naming the peer — after the rest of the message has been read and dropped, so
-// the connection stays usable. A peer that sends nothing in time is named in a Timeout, and one
-// that closes its connection in an IoError; after those the group is broken and every later call
-// raises at once.
-//
-// Rendezvous: each rank listens (tcp on `host`, port chosen by the system; ipc under
-// `ipc_dir`) and publishes its address through an Exchange (rendezvous.h); then it
-// connects to every lower rank and accepts every higher one, each connection opening
-// with the group id and both ranks, so a stray or foreign connection is turned away.
+// between every pair of ranks (made at the rendezvous: socket_mesh.h), driven by the
+// calling thread (socket_pairs.h: the transfers and their wire), with the collectives'
+// algorithms over them (core/comm/collectives.h).
 #pragma once
 
 #include <chrono>
@@ -30,6 +11,7 @@
 #include <string>
 
 #include "core/comm/group.h"
+#include "core/comm/pairs.h"
 #include "transport/codec.h"
 #include "transport/rendezvous.h"
 
@@ -66,15 +48,20 @@ struct SocketGroupOptions {
   std::string local_congestion = "cubic";
 };
 
+// This rank's pairs, connected to every other rank through `exchange`; InvalidArgument
+// for bad options, Timeout/IoError from the rendezvous.
+std::unique_ptr<Pairs> makeSocketPairs(const SocketGroupOptions& options, const Exchange& exchange);
+// The same as a Group (makePairGroup).
 std::unique_ptr<Group> makeSocketGroup(const SocketGroupOptions& options, const Exchange& exchange);
 
-// What a socket group made by makeSocketGroup chose for itself: how many of its ranks are
-// on this machine (this one included) and the spin its transfers use. InvalidArgument
-// for a group of another kind.
+// What socket pairs (or a group made by makeSocketGroup) chose for themselves: how many of
+// their ranks are on this machine (this one included) and the spin their transfers use.
+// InvalidArgument for pairs or a group of another kind.
 struct SocketGroupChoices {
   int ranks_here = 1;
   std::chrono::microseconds spin{0};
 };
+SocketGroupChoices socketGroupChoices(const Pairs& pairs);
 SocketGroupChoices socketGroupChoices(const Group& group);
 
 }  // namespace tandem::transport

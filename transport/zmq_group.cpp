@@ -5,17 +5,18 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "transport/peer_group.h"
+#include "core/comm/collectives.h"
+#include "transport/codec_pairs.h"
 #include "transport/zmq_link.h"
 
 namespace tandem::transport {
 
 namespace {
 
-class ZmqGroup final : public PeerGroup {
+class ZmqPairs final : public CodecPairs {
  public:
-  ZmqGroup(Context& ctx, Backend& host, const ZmqGroupOptions& o, const Exchange& exchange)
-      : PeerGroup(o.rank, o.size, o.codec), host_(host) {
+  ZmqPairs(Context& ctx, Backend& host, const ZmqGroupOptions& o, const Exchange& exchange)
+      : CodecPairs(o.rank, o.size, o.codec), host_(host) {
     TANDEM_CHECK_MSG(o.transport == "tcp" || o.transport == "ipc", InvalidArgument,
                      "group: transport '" << o.transport << "' (expected tcp or ipc)");
     const std::vector<float> probe(1);
@@ -68,8 +69,8 @@ class ZmqGroup final : public PeerGroup {
   static constexpr size_t kChunk = size_t{1} << 18;  // floats: 1 MiB
   static constexpr size_t kWindow = 4;
 
-  void transfer(const Call& c, int step, std::span<const Send> sends,
-                std::span<const Recv> recvs) override {
+  void transfer(const Transfer& t, std::span<const PairSend> sends,
+                std::span<const PairRecv> recvs) override {
     std::vector<size_t> sent(sends.size(), 0);
     auto sendRound = [&] {  // the next chunk of each buffer not yet all sent
       bool more = false;
@@ -77,17 +78,17 @@ class ZmqGroup final : public PeerGroup {
         const std::span<const float> x = sends[k].data;
         const size_t b = sent[k] * kChunk;
         if (b >= x.size()) continue;
-        send(c, sends[k].peer, step, x.subspan(b, std::min(kChunk, x.size() - b)), sent[k]++);
+        send(t, sends[k].peer, x.subspan(b, std::min(kChunk, x.size() - b)), sent[k]++);
         more = true;
       }
       return more;
     };
     for (size_t k = 0; k < kWindow; ++k) sendRound();
-    for (const Recv& r : recvs)
+    for (const PairRecv& r : recvs)
       for (size_t i = 0, b = 0; b < r.count; ++i, b += kChunk) {
-        const Tensor t = recv(c, r.peer, step, std::min(kChunk, r.count - b), i);
-        const std::span<const float> v{static_cast<const float*>(host_.hostData(t)),
-                                       static_cast<size_t>(t.numel())};
+        const Tensor got = recv(t, r.peer, std::min(kChunk, r.count - b), i);
+        const std::span<const float> v{static_cast<const float*>(host_.hostData(got)),
+                                       static_cast<size_t>(got.numel())};
         if (r.take) {
           r.take(b, v);
         } else {
@@ -102,36 +103,36 @@ class ZmqGroup final : public PeerGroup {
   // Messages of one collective are told apart by (tag, call number, step, chunk); the
   // tag makes ranks that disagree on it miss each other (and time out) rather than mix
   // data. 12 + 24 + 10 + 17 bits: a positive int64.
-  MessageTag tagOf(const Call& c, int step, size_t chunk) const {
-    const uint64_t id = ((c.tag & 0xfff) << 51) | ((c.seq & 0xffffff) << 27) |
-                        ((static_cast<uint64_t>(step) & 0x3ff) << 17) | (chunk & 0x1ffff);
+  MessageTag tagOf(const Transfer& t, size_t chunk) const {
+    const uint64_t id = ((t.tag & 0xfff) << 51) | ((t.seq & 0xffffff) << 27) |
+                        ((static_cast<uint64_t>(t.step) & 0x3ff) << 17) | (chunk & 0x1ffff);
     return {MessageKind::kCollective, static_cast<int64_t>(id)};
   }
 
-  void send(const Call& c, int peer, int step, std::span<const float> x, size_t chunk) {
+  void send(const Transfer& t, int peer, std::span<const float> x, size_t chunk) {
     ZmqLink& link = *links_[static_cast<size_t>(peer)];
     // A view of the caller's memory; send() copies it into the message.
-    const Tensor t(host_.adoptHost(const_cast<float*>(x.data()), x.size_bytes(), [] {}),
+    const Tensor view(host_.adoptHost(const_cast<float*>(x.data()), x.size_bytes(), [] {}),
                    Shape{static_cast<int64_t>(x.size())}, DType::kF32);
-    link.send(tagOf(c, step, chunk), t);
+    link.send(tagOf(t, chunk), view);
   }
 
-  Tensor recv(const Call& c, int peer, int step, size_t count, size_t chunk) {
+  Tensor recv(const Transfer& t, int peer, size_t count, size_t chunk) {
     ZmqLink& link = *links_[static_cast<size_t>(peer)];
     const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(c.deadline - Clock::now());
+        std::chrono::duration_cast<std::chrono::milliseconds>(t.deadline - Transfer::Clock::now());
     link.setTimeout(std::max(left, std::chrono::milliseconds(1)));
-    Tensor t;
+    Tensor got;
     try {
-      t = link.recv(tagOf(c, step, chunk), host_);
+      got = link.recv(tagOf(t, chunk), host_);
     } catch (const Timeout& e) {
-      throw Timeout(silentPeer(c, peer) + " (" + e.what() + ")");
+      throw Timeout(silentPeer(t, peer, size_) + " (" + e.what() + ")");
     }
-    TANDEM_CHECK_MSG(t.dtype() == DType::kF32 && static_cast<size_t>(t.numel()) == count,
+    TANDEM_CHECK_MSG(got.dtype() == DType::kF32 && static_cast<size_t>(got.numel()) == count,
                      InvalidArgument,
-                     callName(c) << ": rank " << peer << " sent " << t.numel()
+                     callName(t) << ": rank " << peer << " sent " << got.numel()
                                  << " values where this rank has " << count);
-    return t;
+    return got;
   }
 
   Backend& host_;
@@ -140,9 +141,14 @@ class ZmqGroup final : public PeerGroup {
 
 }  // namespace
 
+std::unique_ptr<Pairs> makeZmqPairs(Context& ctx, Backend& host, const ZmqGroupOptions& options,
+                                    const Exchange& exchange) {
+  return std::make_unique<ZmqPairs>(ctx, host, options, exchange);
+}
+
 std::unique_ptr<Group> makeZmqGroup(Context& ctx, Backend& host, const ZmqGroupOptions& options,
                                     const Exchange& exchange) {
-  return std::make_unique<ZmqGroup>(ctx, host, options, exchange);
+  return makePairGroup(makeZmqPairs(ctx, host, options, exchange));
 }
 
 }  // namespace tandem::transport

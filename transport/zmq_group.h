@@ -3,8 +3,9 @@
 // link's codec; received chunks are decoded and accumulated in fp32), optionally
 // encrypted and authenticated with CurveZMQ (what replicated stages use on a cluster).
 //
-// The collectives' algorithms are PeerGroup's (peer_group.h); here each buffer travels in
-// 1 MiB messages on the link to its peer, four of them ahead of what has been received.
+// ZmqPairs carry the transfers (core/comm/pairs.h), and the collectives' algorithms are
+// the free functions over them (core/comm/collectives.h): each buffer travels in 1 MiB
+// messages on the link to its peer, four of them ahead of what has been received.
 //
 // Rendezvous: each rank binds one link per peer and exchanges its endpoints with the
 // others through an Exchange — an all-gather of one string per rank, such as
@@ -18,6 +19,7 @@
 
 #include "core/backend.h"
 #include "core/comm/group.h"
+#include "core/comm/pairs.h"
 #include "transport/codec.h"
 #include "transport/context.h"
 #include "transport/rendezvous.h"
@@ -40,7 +42,10 @@ struct ZmqGroupOptions {
 };
 
 // `host` is a backend whose tensors are host memory (the CPU's): received chunks land
-// there. The Context and the backend must outlive the group.
+// there. The Context and the backend must outlive the pairs.
+std::unique_ptr<Pairs> makeZmqPairs(Context& ctx, Backend& host, const ZmqGroupOptions& options,
+                                    const Exchange& exchange);
+// The same as a Group (makePairGroup).
 std::unique_ptr<Group> makeZmqGroup(Context& ctx, Backend& host, const ZmqGroupOptions& options,
                                     const Exchange& exchange);
 

@@ -40,23 +40,9 @@ using namespace std::chrono_literals;
 using testing::congestionOfConnectedTcpSockets;
 using testing::expectThrowWith;
 using testing::loopbackPair;
+using testing::expectNoErrors;
+using testing::onThreads;
 using testing::systemCongestion;
-
-// Runs fn(rank) on one thread per rank; returns each rank's exception (or null).
-std::vector<std::exception_ptr> onThreads(int ranks, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  return errors;
-}
 
 // The ranks of one group, of either kind, with what they need to live.
 struct Ranks {
@@ -129,17 +115,6 @@ Ranks makeRanks(const std::string& kind, int world,
 std::vector<std::exception_ptr> onRanks(Ranks& ranks, const std::function<void(int, Group&)>& fn) {
   return onThreads(static_cast<int>(ranks.size()),
                    [&](int r) { fn(r, ranks[static_cast<size_t>(r)]); });
-}
-
-void expectNoErrors(const std::vector<std::exception_ptr>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r]) continue;
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  }
 }
 
 // Integer-valued, different on every rank and element, negative ones too.
@@ -420,21 +395,17 @@ std::vector<std::unique_ptr<Group>> socketPair(
 }
 
 // A raw tcp socket that connects to the socket-group rank 0 published `address` ("tcp
-// HOST PORT") and greets it as rank 1 of 2 of `job` (socket_group.h's hello).
-int greetAsRank1(const std::string& address, uint32_t group_id) {
+// HOST PORT") and greets it as rank 1 of 2 of `group_id` (socket_mesh.cpp's hello).
+tcp::Socket greetAsRank1(const std::string& address, uint32_t group_id) {
   std::istringstream words(address);
-  std::string kind, host;
-  int port = 0;
+  std::string kind, host, port;
   words >> kind >> host >> port;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, host.c_str(), &to.sin_addr);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  const auto deadline = tcp::Clock::now() + 5s;
+  tcp::Socket s = tcp::connectTo(tcp::Address::resolve(host, port, false), {}, deadline,
+                                 "greeting as rank 1");
   const uint32_t hello[6] = {0x4c454854, 2, 1, 0, group_id, 0};  // magic, size, from, to, group
-  EXPECT_EQ(::send(fd, hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
-  return fd;
+  EXPECT_TRUE(tcp::writeAll(s.get(), hello, sizeof(hello), deadline, "rank 0"));
+  return s;
 }
 
 // Over plain sockets a mismatch is seen in the message header: ranks that call with
@@ -540,7 +511,7 @@ TEST(SocketGroupTest, AGarbledStreamIsNamed) {
   };
   static_assert(sizeof(Header) == 32);
   // Rank 0 and the raw socket standing for rank 1.
-  auto pairWithHand = [](int& hand) {
+  auto pairWithHand = [](tcp::Socket& hand) {
     SocketGroupOptions o;
     o.size = 2;
     o.connect_timeout = 5s;
@@ -552,31 +523,29 @@ TEST(SocketGroupTest, AGarbledStreamIsNamed) {
   AllreduceOptions o;
   o.timeout = 300ms;
   std::vector<float> data(5, 1.0f);
-  auto sendAll = [](int fd, const void* p, size_t n) {
-    EXPECT_EQ(::send(fd, p, n, 0), static_cast<ssize_t>(n));
+  auto sendAll = [](const tcp::Socket& to, const void* p, size_t n) {
+    EXPECT_TRUE(tcp::writeAll(to.get(), p, n, tcp::Clock::now() + 5s, "rank 0"));
   };
   {
-    int hand = -1;
+    tcp::Socket hand;
     auto g = pairWithHand(hand);
     const std::string noise(32, 'x');
     sendAll(hand, noise.data(), noise.size());
     expectThrowWith<FormatError>([&] { allreduce(*g, data, o); },
                                  {"rank 1 of 2 sent bytes that are not a collective's message"});
     expectThrowWith<IoError>([&] { allreduce(*g, data, o); }, {"the group is broken"});
-    ::close(hand);
   }
   {
-    int hand = -1;
+    tcp::Socket hand;
     auto g = pairWithHand(hand);
     Header h;
     h.codec = 9;
     h.count = 5;
     sendAll(hand, &h, sizeof(h));
     expectThrowWith<FormatError>([&] { allreduce(*g, data, o); }, {"not a collective's message"});
-    ::close(hand);
   }
   {
-    int hand = -1;
+    tcp::Socket hand;
     auto g = pairWithHand(hand);
     Header h;
     h.count = 3;
@@ -594,7 +563,6 @@ TEST(SocketGroupTest, AGarbledStreamIsNamed) {
     sendAll(hand, three, 8);
     expectThrowWith<Timeout>([&] { allreduce(*g, data, o); },
                              {"allreduce (tag 0): rank 1 of 2 sent 40 of 52 bytes within 300 ms"});
-    ::close(hand);
   }
 }
 
@@ -606,7 +574,7 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
   o.group_id = 7;
   o.connect_timeout = 5s;
   auto stranger = [](const std::string& address) { return greetAsRank1(address, 99); };
-  std::vector<int> strangers;
+  std::vector<tcp::Socket> strangers;
   auto groups = socketPair(o, [&](int r, const std::string& address) {
     if (r == 0) strangers.push_back(stranger(address));
   });
@@ -627,7 +595,7 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
       },
       {"rank(s) 1 of 2 did not connect to rank 0 within 300 ms",
        "turned away: rank 1 of 2 of group 99 looking for rank 0"});
-  for (int fd : strangers) ::close(fd);
+  strangers.clear();
   o.rank = 1;
   expectThrowWith<FormatError>(
       [&] {
@@ -650,22 +618,16 @@ TEST(SocketGroupTest, TheRendezvousTurnsStrangersAway) {
 TEST(SocketGroupTest, LocalConnectionsGetTheChosenCongestionControl) {
   const std::string system = systemCongestion();
   ASSERT_FALSE(system.empty()) << "no /proc/sys/net/ipv4/tcp_congestion_control";
-  const auto [client6, accepted6] = loopbackPair(AF_INET6);
-  const bool ipv6 = client6 >= 0;
-  if (ipv6) {
-    ::close(client6);
-    ::close(accepted6);
-  }
+  const bool ipv6 = loopbackPair(AF_INET6).has_value();
   // Asked for: an algorithm the system does not use already, so that a group that set nothing
   // shows; where the kernel refuses it and falls back to reno, which is also the system's, the two
   // cannot be told apart here, but what the group set is still checked.
   const std::string wanted = system == "reno" ? "cubic" : "reno";
   std::string granted;
   {
-    auto [c, a] = loopbackPair();
-    granted = chooseLocalCongestion(c, wanted);
-    ::close(c);
-    ::close(a);
+    const auto v4 = loopbackPair();
+    ASSERT_TRUE(v4.has_value());
+    granted = chooseLocalCongestion(v4->first.get(), wanted);
   }
   std::vector<std::pair<std::string, std::string>> cases = {{"127.0.0.1", wanted},
                                                             {"127.0.0.1", ""}};

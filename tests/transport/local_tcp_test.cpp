@@ -20,18 +20,14 @@ using testing::systemCongestion;
 TEST(LocalTcpTest, LocalConnectionsGetTheChosenCongestionControl) {
   const std::string system = systemCongestion();
   ASSERT_FALSE(system.empty()) << "no /proc/sys/net/ipv4/tcp_congestion_control";
-  auto [client, accepted] = loopbackPair();
-  EXPECT_EQ(chooseLocalCongestion(client, ""), system);
-  EXPECT_EQ(chooseLocalCongestion(client, "reno"), "reno");
-  EXPECT_EQ(chooseLocalCongestion(accepted, "no_such_algorithm"), "reno");
-  ::close(client);
-  ::close(accepted);
-  const auto [client6, accepted6] = loopbackPair(AF_INET6);
-  if (client6 >= 0) {
-    EXPECT_EQ(chooseLocalCongestion(client6, "reno"), "reno");
-    EXPECT_EQ(chooseLocalCongestion(accepted6, "reno"), "reno");
-    ::close(client6);
-    ::close(accepted6);
+  const auto v4 = loopbackPair();
+  ASSERT_TRUE(v4.has_value());
+  EXPECT_EQ(chooseLocalCongestion(v4->first.get(), ""), system);
+  EXPECT_EQ(chooseLocalCongestion(v4->first.get(), "reno"), "reno");
+  EXPECT_EQ(chooseLocalCongestion(v4->second.get(), "no_such_algorithm"), "reno");
+  if (const auto v6 = loopbackPair(AF_INET6)) {
+    EXPECT_EQ(chooseLocalCongestion(v6->first.get(), "reno"), "reno");
+    EXPECT_EQ(chooseLocalCongestion(v6->second.get(), "reno"), "reno");
   }
   int unix_pair[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, unix_pair), 0);

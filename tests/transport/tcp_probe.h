@@ -6,44 +6,28 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "transport/tcp/socket.h"
+
 namespace tandem::testing {
 
-// A connected loopback TCP pair over IPv4 or IPv6: {client, accepted}, or {-1, -1}
-// where the family has no loopback (a machine without IPv6).
-inline std::pair<int, int> loopbackPair(int family = AF_INET) {
-  sockaddr_storage here{};
-  socklen_t length = sizeof(here);
-  if (family == AF_INET6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&here);
-    a->sin6_family = AF_INET6;
-    a->sin6_addr = in6addr_loopback;
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&here);
-    a->sin_family = AF_INET;
-    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  }
-  const int listener = ::socket(family, SOCK_STREAM, 0);
-  const int client = ::socket(family, SOCK_STREAM, 0);
-  auto* address = reinterpret_cast<sockaddr*>(&here);
-  if (listener < 0 || client < 0 || ::bind(listener, address, length) != 0 ||
-      ::listen(listener, 1) != 0 || ::getsockname(listener, address, &length) != 0 ||
-      ::connect(client, address, length) != 0) {
-    for (int fd : {listener, client})
-      if (fd >= 0) ::close(fd);
+// A connected loopback TCP pair over IPv4 or IPv6 (tcp::loopbackPair, blocking):
+// {client, accepted}, or nullopt where the family has no loopback (a machine without
+// IPv6), which for IPv4 fails the test.
+inline std::optional<std::pair<transport::tcp::Socket, transport::tcp::Socket>> loopbackPair(
+    int family = AF_INET) {
+  auto pair = transport::tcp::loopbackPair(family);
+  if (!pair) {
     EXPECT_EQ(family, AF_INET6) << "no IPv4 loopback connection";
-    return {-1, -1};
   }
-  const int accepted = ::accept(listener, nullptr, nullptr);
-  ::close(listener);
-  return {client, accepted};
+  return pair;
 }
 
 // The congestion control of every connected TCP socket of this process, by descriptor.
@@ -64,14 +48,7 @@ inline std::map<int, std::string> congestionOfConnectedTcpSockets() {
 
 // The port of a socket's own address (`peer`: of its peer's), 0 if it has none.
 inline int portOf(int fd, bool peer) {
-  sockaddr_storage a{};
-  socklen_t length = sizeof(a);
-  auto* address = reinterpret_cast<sockaddr*>(&a);
-  if ((peer ? ::getpeername(fd, address, &length) : ::getsockname(fd, address, &length)) != 0)
-    return 0;
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
-  return 0;
+  return (peer ? transport::tcp::peerAddress(fd) : transport::tcp::localAddress(fd)).port();
 }
 
 // net.ipv4.tcp_congestion_control ("" where it cannot be read).
