@@ -86,10 +86,11 @@ Tensor Model::decode(const Tensor& x, DecodeState& state, size_t begin, size_t e
   return layers_.decode(x, state, begin, end);
 }
 
-Tensor Model::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end) {
+Tensor Model::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end,
+                       const LayerDone& done) {
   if (end == kEnd) end = size();
   requireBuilt(begin, end);
-  return layers_.backward(dy, stash, need_dx, begin, end);
+  return layers_.backward(dy, stash, need_dx, begin, end, done);
 }
 
 Tensor Model::backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end) {
@@ -98,10 +99,10 @@ Tensor Model::backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t
   return layers_.backwardInput(dy, stash, begin, end);
 }
 
-void Model::backwardWeights(Stash& stash, size_t begin, size_t end) {
+void Model::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done) {
   if (end == kEnd) end = size();
   requireBuilt(begin, end);
-  layers_.backwardWeights(stash, begin, end);
+  layers_.backwardWeights(stash, begin, end, done);
 }
 
 int64_t Model::paramCount(size_t begin, size_t end) const {

@@ -47,12 +47,15 @@ class Model {
   // x is a batch [N, ...inputShape]; runs layers [begin, end).
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin = 0,
                  size_t end = kEnd);
+  // `done(i)`, if given, is called as soon as layer i's parameter gradients are final
+  // (Sequence::backward): a gradient bucket can leave while backward goes on.
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx = false, size_t begin = 0,
-                  size_t end = kEnd);
+                  size_t end = kEnd, const LayerDone& done = {});
   // backward(dy, stash, true, begin, end) in two halves (Layer::backwardInput): the
   // input's gradient first, the parameter gradients after; bitwise the same result.
   Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin = 0, size_t end = kEnd);
-  void backwardWeights(Stash& stash, size_t begin = 0, size_t end = kEnd);
+  void backwardWeights(Stash& stash, size_t begin = 0, size_t end = kEnd,
+                       const LayerDone& done = {});
 
   // Layer::decode through layers [begin, end): the next tokens [B, Tnew] (ids, or the
   // activations entering `begin`) of sequences whose earlier tokens `state` has seen.

@@ -91,7 +91,8 @@ void checkStash(const Stash& stash, size_t begin, size_t end) {
 
 }  // namespace
 
-Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end) {
+Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end,
+                          const LayerDone& done) {
   checkStash(stash, begin, end);
   // Below the first layer with parameters nothing needs a gradient unless the caller
   // asked for the range's input gradient: e.g. a linear layer after a flatten must not
@@ -104,8 +105,12 @@ Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t b
   for (size_t i = end; i-- > stop;) {
     g = layers_[i]->backward(g, stash.children[i - begin], need_dx || i > first_param);
     stash.children[i - begin].clear();  // free what backward no longer needs
+    if (done) done(i);
   }
-  for (size_t i = begin; i < stop; ++i) stash.children[i - begin].clear();
+  for (size_t i = stop; i-- > begin;) {
+    stash.children[i - begin].clear();
+    if (done) done(i);
+  }
   return need_dx ? g : Tensor();
 }
 
@@ -116,11 +121,12 @@ Tensor Sequence::backwardInput(const Tensor& dy, Stash& stash, size_t begin, siz
   return g;
 }
 
-void Sequence::backwardWeights(Stash& stash, size_t begin, size_t end) {
+void Sequence::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done) {
   checkStash(stash, begin, end);
   for (size_t i = end; i-- > begin;) {
     layers_[i]->backwardWeights(stash.children[i - begin]);
     stash.children[i - begin].clear();
+    if (done) done(i);
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +11,9 @@
 #include "core/layers/layer.h"
 
 namespace tandem {
+
+// Called with a layer's index once its parameter gradients are final in a backward.
+using LayerDone = std::function<void(size_t)>;
 
 class Sequence {
  public:
@@ -39,12 +43,14 @@ class Sequence {
   Tensor decode(const Tensor& x, DecodeState& state, size_t begin, size_t end);
   // Accumulates parameter gradients of layers [begin, end); returns the gradient of the
   // range's input when need_dx, else an undefined tensor. Layers below the first one with
-  // parameters are skipped unless need_dx.
-  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end);
+  // parameters are skipped unless need_dx. `done(i)`, if given, is called as soon as
+  // layer i's parameter gradients are final (every layer of the range, from the last).
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end,
+                  const LayerDone& done = {});
   // backward(dy, stash, true, begin, end) in the two halves of Layer::backwardInput and
-  // backwardWeights, layer by layer; backwardWeights frees the stash.
+  // backwardWeights, layer by layer; backwardWeights frees the stash (and calls `done`).
   Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end);
-  void backwardWeights(Stash& stash, size_t begin, size_t end);
+  void backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done = {});
 
   std::vector<LayerSpec> specs() const;
 

@@ -42,6 +42,18 @@ StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* n
   TANDEM_CHECK_MSG(range.last() == (next == nullptr), InvalidArgument,
                    "stage " << range.stage << ": a link to the next stage is needed exactly "
                             << "when the stage is not the last");
+  if (replicated() && optimizer != nullptr) {
+    BucketOptions bo;
+    bo.bucket_bytes = options.bucket_bytes;
+    bo.timeout = options.collective_timeout;
+    // A device's buckets are summed on a communication thread while the device runs
+    // the rest of backward; a CPU stage sums each bucket on its compute thread as it is
+    // ready, since the summing is CPU work that would compete with backward anyway
+    // (docs/collectives.md has the measurements behind this).
+    bo.comm_thread = backend_.hostData(backend_.empty({1})) == nullptr;
+    buckets_ =
+        std::make_unique<GradientBuckets>(model, range.begin, range.end, *options.replicas, bo);
+  }
 }
 
 void StageExecutor::record(ActionType type, int64_t k, Clock::time_point t0, double& counter) {
@@ -55,6 +67,17 @@ void StageExecutor::record(ActionType type, int64_t k, Clock::time_point t0, dou
 StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo& info,
                               const std::function<MicrobatchInput(int64_t)>& input,
                               const std::function<void(int64_t)>& before_input) {
+  try {
+    return runActions(actions, info, input, before_input);
+  } catch (...) {
+    if (buckets_) buckets_->abandon();  // its communication thread waits no more
+    throw;
+  }
+}
+
+StepResult StageExecutor::runActions(const std::vector<Action>& actions, const StepInfo& info,
+                                     const std::function<MicrobatchInput(int64_t)>& input,
+                                     const std::function<void(int64_t)>& before_input) {
   int64_t m = 0;
   bool split = false;  // backwards leave the weight gradients to their own action
   for (const Action& a : actions) {
@@ -69,6 +92,19 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
                    "stage " << range_.stage
                             << ": a replicated last stage cannot serve outputs without labels "
                                "(each replica holds only its own microbatches')");
+  // With replicas, this replica's last action that makes weight gradients reports them
+  // layer by layer, so that each gradient bucket leaves as soon as it is final.
+  const Action* last_gradient = nullptr;
+  const bool buckets = info.training && buckets_;
+  if (buckets) {
+    for (const Action& a : actions)
+      if (mine(a.microbatch) &&
+          a.type == (split ? ActionType::kWeightGradient : ActionType::kBackward))
+        last_gradient = &a;
+    buckets_->start(collectives_);
+    collectives_ += buckets_->size();
+  }
+  const LayerDone layer_done = [this](size_t l) { buckets_->layerDone(l); };
   if (info.training) model_.zeroGrad();
   StepResult result;
   int64_t stashed = 0;
@@ -108,7 +144,7 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
         record(a.type, k, t0, counters_.recv_wait_s);
         break;
       case ActionType::kBackward:
-        backward(k, info, split);
+        backward(k, info, split, &a == last_gradient ? layer_done : LayerDone());
         --stashed;
         if (range_.first()) inflight_.erase(k);
         record(a.type, k, t0, counters_.busy_s);
@@ -118,7 +154,8 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
         TANDEM_CHECK_MSG(
             f.split, InvalidArgument,
             "stage " << range_.stage << ": weight gradient " << k << " without its backward");
-        model_.backwardWeights(f.stash, range_.begin, range_.end);
+        model_.backwardWeights(f.stash, range_.begin, range_.end,
+                               &a == last_gradient ? layer_done : LayerDone());
         inflight_.erase(k);
         record(a.type, k, t0, counters_.busy_s);
         break;
@@ -134,7 +171,11 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
       case ActionType::kStep:
         TANDEM_CHECK_MSG(optimizer_ != nullptr, InvalidArgument,
                          "stage " << range_.stage << ": a step without an optimizer");
-        if (replicated()) allreduceGradients();
+        if (buckets) {
+          const auto w0 = Clock::now();
+          buckets_->finish();
+          counters_.allreduce_s += seconds(Clock::now() - w0);
+        }
         optimizer_->step(model_.params());
         {
           const double before = counters_.busy_s;
@@ -150,28 +191,6 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   tag_base_ += m;
   if (range_.last() && replicated()) allreduceResult(result);
   return result;
-}
-
-void StageExecutor::allreduceGradients() {
-  const auto t0 = Clock::now();
-  size_t n = 0;
-  for (const Param* p : model_.params()) n += static_cast<size_t>(p->grad.numel());
-  grads_.resize(n);
-  size_t at = 0;
-  for (const Param* p : model_.params()) {
-    backend_.download(p->grad, grads_.data() + at);
-    at += static_cast<size_t>(p->grad.numel());
-  }
-  AllreduceOptions o;
-  o.tag = collectives_++;
-  o.timeout = options_.collective_timeout;
-  allreduce(*options_.replicas, grads_, o);
-  at = 0;
-  for (Param* p : model_.params()) {
-    backend_.upload(p->grad, grads_.data() + at);
-    at += static_cast<size_t>(p->grad.numel());
-  }
-  counters_.allreduce_s += seconds(Clock::now() - t0);
 }
 
 void StageExecutor::allreduceResult(StepResult& result) {
@@ -243,7 +262,8 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
   f.labels = Tensor();
 }
 
-void StageExecutor::backward(int64_t k, const StepInfo& info, bool split) {
+void StageExecutor::backward(int64_t k, const StepInfo& info, bool split,
+                             const LayerDone& done) {
   InFlight& f = inflight_.at(k);
   TANDEM_CHECK_MSG(f.dy.defined(), InvalidArgument,
                    "stage " << range_.stage << ": backward " << k << " has no output gradient");
@@ -257,7 +277,7 @@ void StageExecutor::backward(int64_t k, const StepInfo& info, bool split) {
     f.dx = model_.backwardInput(f.dy, f.stash, range_.begin, range_.end);
     f.split = true;  // the stash stays for the weight gradient
   } else {
-    f.dx = model_.backward(f.dy, f.stash, !range_.first(), range_.begin, range_.end);
+    f.dx = model_.backward(f.dy, f.stash, !range_.first(), range_.begin, range_.end, done);
     f.stash.clear();
   }
   f.x = f.dy = Tensor();

@@ -18,10 +18,14 @@
 // executors, each with the same layers and a rank of a Group of R. Each runs the stage's
 // action list for the microbatches whose global number is its rank modulo R, in the
 // list's order (a subsequence of a deadlock-free schedule, so no new waits arise), and
-// its neighbours reach the right replica through a ReplicaLinks. At the flush the
-// replicas sum their gradients with an allreduce (in rank order, so they stay bitwise
-// identical) before every one takes the same optimizer step; a replicated last stage
-// also sums its loss and counts so that each replica returns the step's whole result.
+// its neighbours reach the right replica through a ReplicaLinks. The replicas sum their
+// gradients in buckets (GradientBuckets, core/train/gradient_buckets.h): during a
+// replica's last backward of the step each bucket is summed as soon as its layers are
+// done — on a communication thread while a device runs the rest of that backward, on
+// the compute thread between layers for a CPU stage — and at the flush the executor
+// waits for what is left; every replica takes the same optimizer step (the sums are
+// taken in one fixed order, so replicas stay bitwise identical). A replicated last stage also sums its loss and counts so that each replica
+// returns the step's whole result.
 //
 // Threading: one thread drives an executor.
 #pragma once
@@ -30,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "core/model.h"
@@ -37,6 +42,7 @@
 #include "core/comm/group.h"
 #include "core/comm/link.h"
 #include "core/pipeline/schedule.h"
+#include "core/train/gradient_buckets.h"
 
 namespace tandem {
 
@@ -55,6 +61,7 @@ struct ExecutorOptions {
   // outlive the executor.
   Group* replicas = nullptr;
   std::chrono::milliseconds collective_timeout{60000};
+  size_t bucket_bytes = size_t{1} << 20;  // replicas: gradient bytes per allreduce
 };
 
 // A microbatch as the first stage feeds it in.
@@ -101,7 +108,9 @@ struct StageCounters {
   double compute_cpu_s = 0;
   double recv_wait_s = 0;  // blocked in Link::recv
   double send_s = 0;       // in Link::send (copy or encode, then queue)
-  double allreduce_s = 0;  // replicas: summing gradients (and the last stage's loss)
+  // Replicas: waiting for the gradient sums at the flush (what the overlap did not hide)
+  // and summing the last stage's loss.
+  double allreduce_s = 0;
   int64_t peak_stash = 0;  // most microbatches forwarded and not yet backward
   int64_t microbatches = 0;
   bool operator==(const StageCounters&) const = default;
@@ -146,7 +155,8 @@ class StageExecutor {
 
   void forward(int64_t k, const StepInfo& info, StepResult& result,
                const std::function<MicrobatchInput(int64_t)>& input);
-  void backward(int64_t k, const StepInfo& info, bool split);
+  // `done`: the step's last gradient of this replica, reported layer by layer.
+  void backward(int64_t k, const StepInfo& info, bool split, const LayerDone& done);
   MessageTag tag(MessageKind kind, int64_t k) const { return {kind, tag_base_ + k}; }
   void record(ActionType type, int64_t k, Clock::time_point t0, double& counter);
   // Whether the stage has replicas besides this one.
@@ -156,7 +166,9 @@ class StageExecutor {
     return !options_.replicas ||
            (tag_base_ + k) % options_.replicas->size() == options_.replicas->rank();
   }
-  void allreduceGradients();
+  StepResult runActions(const std::vector<Action>& actions, const StepInfo& info,
+                        const std::function<MicrobatchInput(int64_t)>& input,
+                        const std::function<void(int64_t)>& before_input);
   void allreduceResult(StepResult& result);
 
   Model& model_;
@@ -168,7 +180,7 @@ class StageExecutor {
   std::map<int64_t, InFlight> inflight_;  // by microbatch of the current step
   int64_t tag_base_ = 0;                  // global number of this step's microbatch 0
   uint64_t collectives_ = 0;              // tags of the replicas' collectives
-  std::vector<float> grads_;              // the packed gradients, for the allreduce
+  std::unique_ptr<GradientBuckets> buckets_;  // replicas that train
   StageCounters counters_;
   std::vector<Span> spans_;
 };

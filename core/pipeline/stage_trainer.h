@@ -27,6 +27,7 @@ struct PipelineOptions {
   bool record_spans = false;
   Group* replicas = nullptr;  // this stage's replicas (executor.h); null: one
   std::chrono::milliseconds collective_timeout{60000};
+  size_t bucket_bytes = size_t{1} << 20;  // replicas: gradient bytes per allreduce
 };
 
 // One request's answer in an evaluation stream (StageTrainer::evaluate): a microbatch

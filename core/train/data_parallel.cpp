@@ -1,97 +1,20 @@
 #include "core/train/data_parallel.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <exception>
-#include <mutex>
 #include <numeric>
-#include <span>
-#include <thread>
 #include <utility>
 
 #include "core/error.h"
 #include "core/loss.h"
 #include "core/spin.h"
+#include "core/train/gradient_buckets.h"
+#include "core/train/job_thread.h"
 #include "core/train/microbatch.h"
 
 namespace tandem {
-
-namespace {
-
-// A thread that runs one job at a time, handed over by run() and awaited by wait();
-// each side keeps trying for `spin` (yielding) before it sleeps.
-class JobThread {
- public:
-  explicit JobThread(std::chrono::microseconds spin) : spin_(spin), thread_([this] { loop(); }) {}
-  ~JobThread() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void run(std::function<void()> job) {
-    {
-      std::lock_guard lock(mutex_);
-      job_ = std::move(job);
-      busy_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-  }
-  // Rethrows what the job threw.
-  void wait() {
-    yieldFor(spin_, [&] { return !busy_.load(std::memory_order_acquire); });
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return !busy_.load(std::memory_order_relaxed); });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      yieldFor(spin_, [&] { return busy_.load(std::memory_order_acquire); });
-      std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return busy_.load(std::memory_order_relaxed) || stop_; });
-      if (stop_) return;
-      std::function<void()> job = std::move(job_);
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        job();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      error_ = error;
-      busy_.store(false, std::memory_order_release);
-      cv_.notify_all();
-    }
-  }
-
-  const std::chrono::microseconds spin_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::function<void()> job_;
-  std::atomic<bool> busy_ = false;  // written under mutex_; read spinning without
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;  // last: starts once the rest is ready
-};
-
-// Gradients allreduced together: whole parameters, in the order backward finishes them.
-struct Bucket {
-  size_t lowest_layer = 0;  // ready once this layer's backward is done
-  std::vector<Param*> params;
-  std::vector<float> host;    // the gradients, flattened (device memory)
-  std::span<float> in_place;  // or one parameter's gradient itself (host memory)
-  std::span<float> data() { return in_place.empty() ? std::span<float>(host) : in_place; }
-};
-
-}  // namespace
 
 std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<double>& shares) {
   TANDEM_CHECK_MSG(replicas >= 1, InvalidArgument, "data parallel needs a replica");
@@ -152,20 +75,14 @@ std::vector<double> sharesFromProfile(const Profile& profile, const Model& model
 struct DataParallelTrainer::Replica {
   Replica(const ModelSpec& spec, Backend& be, Group& g, const OptimizerOptions& o,
           std::chrono::microseconds spin)
-      : backend(be), group(g), model(spec), optimizer(be, o), compute(spin), comm(spin) {}
+      : backend(be), group(g), model(spec), optimizer(be, o), compute(spin) {}
 
   Backend& backend;
   Group& group;
   Model model;
   Optimizer optimizer;
-  std::vector<Bucket> buckets;
-  std::vector<std::vector<size_t>> ready_at;  // by layer: buckets complete after it
-  JobThread compute, comm;
-  // The communication queue: buckets handed over, in order; how many are reduced.
-  std::mutex mutex;
-  std::condition_variable cv;
-  size_t handed = 0, reduced = 0;
-  bool failed = false;  // either thread gave up: the other stops waiting for it
+  std::unique_ptr<GradientBuckets> buckets;
+  JobThread compute;
   double loss_sum = 0;
   std::vector<float> x;  // this replica's share of the batch, when it gathers it
   std::vector<int32_t> y;
@@ -188,7 +105,6 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
   // Every replica must cut the same buckets: reduce in place only if all hold host memory.
   bool host_memory = true;
   for (Backend* be : backends) host_memory = host_memory && be->hostData(be->empty({1})) != nullptr;
-  inline_comm_ = host_memory;
   for (size_t r = 0; r < backends.size(); ++r) {
     TANDEM_CHECK_MSG(groups[r]->size() == static_cast<int>(backends.size()) &&
                          groups[r]->rank() == static_cast<int>(r),
@@ -198,37 +114,16 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
     auto rep = std::make_unique<Replica>(spec, *backends[r], *groups[r], optimizer,
                                          waitBeforeSleeping(static_cast<int>(backends.size())));
     rep->model.build(*backends[r], options.seed);
-    // Buckets from the last layer down, whole parameters, about bucket_bytes each.
-    const size_t L = rep->model.size();
-    rep->ready_at.resize(L);
-    Bucket current;
-    size_t bytes = 0;
-    // On backends of host memory each parameter is its own bucket, reduced where it
-    // lies: no copies.
-    auto close = [&] {
-      if (current.params.empty()) return;
-      size_t count = 0;
-      for (Param* p : current.params) count += static_cast<size_t>(p->grad.numel());
-      if (host_memory) {
-        const void* grad = backends[r]->hostData(current.params[0]->grad);
-        current.in_place = {const_cast<float*>(static_cast<const float*>(grad)), count};
-      } else {
-        current.host.resize(count);
-      }
-      rep->ready_at[current.lowest_layer].push_back(rep->buckets.size());
-      rep->buckets.push_back(std::move(current));
-      current = Bucket{};
-      bytes = 0;
-    };
-    for (size_t l = L; l-- > 0;) {
-      for (Param* p : rep->model.layer(l).params()) {
-        current.params.push_back(p);
-        current.lowest_layer = l;
-        bytes += p->grad.bytes();
-        if (host_memory) close();
-      }
-      if (bytes >= options.bucket_bytes || l == 0) close();
-    }
+    // Every replica must cut the same buckets: in place (one per parameter, summed where
+    // it lies on the compute thread) only if all hold host memory; else copied to the
+    // host and summed on a communication thread while the device runs backward.
+    BucketOptions bo;
+    bo.bucket_bytes = options.bucket_bytes;
+    bo.timeout = options.timeout;
+    bo.in_place = host_memory;
+    bo.comm_thread = !host_memory;
+    rep->buckets = std::make_unique<GradientBuckets>(rep->model, 0, rep->model.size(),
+                                                     *groups[r], bo);
     replicas_.push_back(std::move(rep));
   }
 }
@@ -270,72 +165,15 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
     Replica& rep = *replicas_[r];
     const int64_t count = counts[r], first = offset;
     offset += count;
-    rep.handed = rep.reduced = 0;
-    rep.failed = false;
     rep.loss_sum = 0;
-    auto failing = [&rep](const std::function<void()>& body) {
+    auto compute = [this, &rep, &share, n, count, first, global_step, r] {
+      Backend& be = rep.backend;
+      Model& model = rep.model;
+      GradientBuckets& buckets = *rep.buckets;
+      const size_t L = model.size();
+      model.zeroGrad();
+      buckets.start(0);
       try {
-        body();
-      } catch (...) {
-        std::lock_guard lock(rep.mutex);
-        rep.failed = true;
-        rep.cv.notify_all();
-        throw;
-      }
-    };
-    // Communication: each bucket as it is handed over, in order — on a thread of its
-    // own when the reduction can overlap the compute (device replicas: the host does the
-    // summing while the device runs backward), else on the compute thread as soon as
-    // the bucket is ready (CPU replicas: the summing is CPU work itself, and a hand-over
-    // to another thread costs a wake-up per bucket).
-    if (!inline_comm_)
-      rep.comm.run([this, &rep, failing] {
-        failing([&] {
-          AllreduceOptions o;
-          o.timeout = options_.timeout;
-          for (size_t b = 0; b < rep.buckets.size(); ++b) {
-            {
-              std::unique_lock lock(rep.mutex);
-              rep.cv.wait(lock, [&] { return rep.handed > b || rep.failed; });
-              if (rep.handed <= b) return;  // the compute thread failed
-            }
-            o.tag = b;
-            allreduce(rep.group, rep.buckets[b].data(), o);
-            std::lock_guard lock(rep.mutex);
-            rep.reduced = b + 1;
-            rep.cv.notify_all();
-          }
-        });
-      });
-    auto compute = [this, &rep, failing, &share, n, count, first, global_step, r] {
-      failing([&] {
-        Backend& be = rep.backend;
-        Model& model = rep.model;
-        const size_t L = model.size();
-        model.zeroGrad();
-        auto handOver = [&](size_t layer) {
-          for (size_t b : rep.ready_at[layer]) {
-            Bucket& bucket = rep.buckets[b];
-            if (bucket.in_place.empty()) {  // device memory: to the host first
-              size_t at = 0;
-              for (Param* p : bucket.params) {
-                be.download(p->grad, bucket.host.data() + at);
-                at += static_cast<size_t>(p->grad.numel());
-              }
-            }
-            if (inline_comm_) {
-              AllreduceOptions o;
-              o.timeout = options_.timeout;
-              o.tag = b;
-              allreduce(rep.group, bucket.data(), o);
-              rep.handed = rep.reduced = b + 1;
-              continue;
-            }
-            std::lock_guard lock(rep.mutex);
-            rep.handed = b + 1;
-            rep.cv.notify_all();
-          }
-        };
         if (count > 0) {
           const auto [x, labels] = share(r, first, count);
           const int64_t per_label = labelsPerSample(model);
@@ -358,29 +196,15 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
           for (size_t l = L; l-- > 0;) {
             if (l >= first_param) g = model.backward(g, stashes[l], l > first_param, l, l + 1);
             stashes[l].clear();
-            handOver(l);
+            buckets.layerDone(l);
           }
-        } else {
-          for (size_t l = L; l-- > 0;) handOver(l);  // zeros: this replica had no samples
-        }
-        {
-          std::unique_lock lock(rep.mutex);
-          rep.cv.wait(lock, [&] { return rep.reduced == rep.buckets.size() || rep.failed; });
-          TANDEM_CHECK_MSG(rep.reduced == rep.buckets.size(), Error,
-                           "replica " << r
-                                      << ": its gradients were not summed (see the "
-                                         "communication error)");
-        }
-        for (Bucket& bucket : rep.buckets) {
-          if (!bucket.in_place.empty()) continue;
-          size_t at = 0;
-          for (Param* p : bucket.params) {
-            be.upload(p->grad, bucket.host.data() + at);
-            at += static_cast<size_t>(p->grad.numel());
-          }
-        }
-        rep.optimizer.step(model.params());
-      });
+        }  // else zeros: this replica had no samples; finish() sends its buckets as they are
+        buckets.finish();
+      } catch (...) {
+        buckets.abandon();
+        throw;
+      }
+      rep.optimizer.step(model.params());
     };
     // Replica 0 computes on the caller's thread (one hand-over fewer per step).
     if (r == 0) {
@@ -389,7 +213,7 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
       rep.compute.run(std::move(compute));
     }
   }
-  // Every replica's threads finish (a failed collective times out the others); the first
+  // Every replica's thread finishes (a failed collective times out the others); the first
   // error is raised.
   std::exception_ptr error;
   try {
@@ -397,16 +221,12 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
   } catch (...) {
     error = std::current_exception();
   }
-  auto join = [&error](JobThread& w) {
+  for (size_t r = 1; r < replicas_.size(); ++r) {  // replica 0 ran on this thread
     try {
-      w.wait();
+      replicas_[r]->compute.wait();
     } catch (...) {
       if (!error) error = std::current_exception();
     }
-  };
-  for (size_t r = 0; r < replicas_.size(); ++r) {
-    if (!inline_comm_) join(replicas_[r]->comm);
-    if (r > 0) join(replicas_[r]->compute);  // replica 0 ran on this thread
   }
   if (error) std::rethrow_exception(error);
   ++global_step_;

@@ -7,14 +7,14 @@
 // its own share from the dataset on its own thread (DDP's per-replica loaders), so that
 // no replica waits while one thread loads the whole batch; replica r runs forward, the loss
 // scaled by 1/n (the whole batch's mean, so each sample's gradient counts once wherever
-// it was computed) and backward layer by layer from the last. As soon as a layer's
-// parameter gradients are final they join the current bucket; a full bucket is copied
-// to the host and handed to the replica's communication thread, which allreduces it
-// (sum) while backward goes on (DDP-style overlap). CPU replicas (host memory) reduce
-// each bucket on their compute thread instead, where it lies: the summing is CPU work
-// that would compete with backward anyway. Replica 0 computes on the caller's thread. Buckets are
-// cut and reduced in the same fixed order on every replica. When backward is done, the summed
-// buckets are copied back into the gradients and each replica's optimizer steps.
+// it was computed) and backward layer by layer from the last, its gradients summed in
+// buckets as they become final (GradientBuckets, core/train/gradient_buckets.h): device
+// replicas copy each full bucket to the host and sum it on a communication thread while
+// backward goes on (DDP-style overlap); CPU replicas (host memory) sum each parameter on
+// their compute thread, where it lies — the summing is CPU work that would compete with
+// backward anyway, and the in-process group's collectives cost no wire time to hide.
+// Replica 0 computes on the caller's thread. When backward is done and every bucket is
+// summed, each replica's optimizer steps.
 //
 // With equal shares on CPU replicas and the in-process group, the weights are bitwise
 // those of one device computing the R microbatches' gradients apart and adding them in
@@ -95,7 +95,6 @@ class DataParallelTrainer {
   double run(int64_t n, const Share& share);
   std::vector<std::unique_ptr<Replica>> replicas_;
   DataParallelOptions options_;
-  bool inline_comm_ = false;  // buckets reduced on the compute threads (all host memory)
   int64_t global_step_ = 0;
 };
 

@@ -316,6 +316,23 @@ TEST(PipelineTest, ReplicatedStagesMatchTheUnreplicatedPipeline) {
   }
 }
 
+// Replicas sum their gradients in buckets as their last backward of the step finishes
+// each layer (a split backward's weight gradients on the later stages, a whole backward
+// on the first): buckets of 64 bytes (one per parameter and more) give bitwise the
+// weights of one bucket per stage, since two replicas add the same pairs either way.
+TEST(PipelineTest, ReplicatedStagesSumTheSameInAnyBucketSize) {
+  const Dataset d = testing::quadrants(72, 1);
+  for (const std::vector<int>& replicas : {std::vector<int>{2, 1, 2}, {1, 2, 1}}) {
+    PipelineOptions o = sweepOptions(ScheduleKind::k1F1B, 3);
+    o.bucket_bytes = size_t{1} << 30;
+    const PipelineRun one = pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, replicas);
+    o.bucket_bytes = 64;
+    const PipelineRun many = pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, replicas);
+    EXPECT_EQ(many.weights, one.weights) << "replicas " << replicas[0] << replicas[1] << replicas[2];
+    EXPECT_EQ(many.losses, one.losses);
+  }
+}
+
 TEST(PipelineTest, ReplicatedLastStageEvaluatesTheWholeTestSet) {
   const Dataset train = testing::quadrants(200, 1), test = testing::quadrants(150, 2);
   PipelineOptions o;
