@@ -30,15 +30,15 @@ struct SocketGroupOptions {
   uint64_t group_id = 0;
   // SO_SNDBUF and SO_RCVBUF of every connection (the kernel caps them at
   // net.core.wmem_max / rmem_max); 0 leaves them to the kernel's autotuning. Large
-  // buffers let a whole ring piece sit in flight: worth about 20% at 16 MiB on loopback.
+  // buffers let a whole ring piece sit in flight (docs/collectives.md).
   int socket_buffer_bytes = 4 << 20;
   // How long a transfer that can move nothing keeps trying (yielding the core between
   // tries) before it sleeps in poll until a socket is ready; 0 sleeps at once. Unset, the
   // group chooses waitBeforeSleeping (core/spin.h) of the ranks on this machine (this one
   // and every peer reached over ipc or a local tcp connection): 2 ms when each can have a
   // core, else 100 us. Ranks that sleep on loopback are woken by their peer's send, and
-  // the kernel then tends to run both on one CPU, where an allreduce takes twice as long
-  // (docs/collectives.md); spinning longer leaves them apart more often.
+  // the kernel then tends to run both on one CPU, each at half speed (docs/collectives.md);
+  // spinning longer leaves them apart more often.
   std::optional<std::chrono::microseconds> spin;
   // TCP congestion control of the connections whose peer is on this machine (loopback or
   // this host's own address): this one where the kernel lets the process choose it, else
