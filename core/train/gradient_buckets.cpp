@@ -79,11 +79,8 @@ void GradientBuckets::finish() {
   // as they are, in order.
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (b >= next_) handOver(b);
-  if (comm_) {
-    running_ = false;
-    comm_->wait();  // rethrows the communication's error
-  }
   running_ = false;
+  if (comm_) comm_->wait();  // rethrows the communication's error
   for (Bucket& bucket : buckets_) {
     if (!bucket.in_place.empty()) continue;
     size_t at = 0;
