@@ -21,16 +21,12 @@
 // CPU as mpirun binds Open MPI's processes (bindLikeMpirun): left free, two processes talking over
 // loopback were often run on one CPU by the kernel for tens of milliseconds at a time, at half
 // speed (docs/collectives.md).
-#include <fcntl.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

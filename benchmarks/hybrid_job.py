@@ -22,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-MODEL = """name: wide-mlp
+# train_step_bench's mlp-wide (benchmarks/train_step_cases.h), written out for tandem run.
+MODEL = """name: mlp-wide
 input: [1, 28, 28]
 layers:
   - flatten

@@ -12,12 +12,7 @@
 // divides our rate by the reference's (> 1: faster). The references' loopback
 // connections get the congestion control the links choose for theirs
 // (LinkOptions::local_congestion), so both sides of a ratio run under the same one.
-#include <arpa/inet.h>
 #include <benchmark/benchmark.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <string>

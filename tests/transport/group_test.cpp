@@ -5,10 +5,7 @@
 // missing rank; ranks out of step are told so.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
