@@ -32,6 +32,23 @@ Spread spreadOf(std::vector<double> t) {
   return {median, t.front(), t.back(), static_cast<int>(n)};
 }
 
+SustainedRun runSustained(const std::function<void()>& pass, double window) {
+  SustainedRun r;
+  const auto t0 = std::chrono::steady_clock::now();
+  do {
+    pass();
+    ++r.passes;
+    r.window_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (r.window_s < window || r.passes < 2);
+  r.pass_s = r.window_s / r.passes;
+  return r;
+}
+
+double sustainWindow(double least, const CpuLimit& limit) {
+  if (limit.quota_cores <= 0 || limit.period_s <= 0) return least;
+  return std::max(least, std::min(4.0, 20 * limit.period_s));
+}
+
 namespace {
 
 // Uniform in [-1, 1) from its own stream.

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu_limit.h"
 #include "core/model.h"
 #include "core/model_spec.h"
 
@@ -28,6 +29,21 @@ Spread timeRepeated(const std::function<void()>& f, int warmup, int repeats);
 Spread spreadOf(std::vector<double> seconds);
 // Seconds f takes.
 double timeOnce(const std::function<void()>& f);
+
+// What a device keeps up: `pass` run back to back until `window` seconds and at least two
+// passes have gone by. Timing short runs and keeping their median hides a CPU quota (a
+// quarter-core node runs 25 ms of each 100 ms period at full speed and then waits), so
+// what must hold over time is measured over many periods.
+struct SustainedRun {
+  double pass_s = 0;  // wall seconds per pass
+  int passes = 0;
+  double window_s = 0;
+};
+SustainedRun runSustained(const std::function<void()>& pass, double window);
+// The window that crosses enough of `limit`'s quota periods: at least `least` seconds;
+// under a quota 20 periods (the phase of the last one then moves the figure by at most 5%),
+// at most 4 s.
+double sustainWindow(double least, const CpuLimit& limit);
 
 // Every layer of a built model with its own input: one forward pass from a random
 // batch (fixed seed) stores each layer's input, stash and an output-shaped gradient,

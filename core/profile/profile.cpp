@@ -2,11 +2,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu_limit.h"
 #include "core/error.h"
 #include "core/loss.h"
 #include "core/random.h"
 
 namespace tandem {
+
+double Sustained::scale() const {
+  return pass_s > 0 && burst_pass_s > 0 ? pass_s / burst_pass_s : 1.0;
+}
 
 DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const ProfileOptions& o) {
   DeviceProfile out;
@@ -45,6 +50,10 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
   }
   std::vector<std::vector<double>> forward(n), backward(n);
   std::vector<double> loss;
+  auto lossRun = [&] {
+    softmaxCrossEntropy(backend, logits, labels, 1.0f / static_cast<float>(o.batch), dlogits);
+    backend.synchronize();
+  };
   for (int r = 0; r < o.warmup + o.repeats; ++r) {
     const bool timed = r >= o.warmup;
     for (size_t i = 0; i < n; ++i) {
@@ -52,10 +61,7 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
       if (timed) forward[i].push_back(t);
     }
     if (classifier) {
-      const double t = timeOnce([&] {
-        softmaxCrossEntropy(backend, logits, labels, 1.0f / static_cast<float>(o.batch), dlogits);
-        backend.synchronize();
-      });
+      const double t = timeOnce(lossRun);
       if (timed) loss.push_back(t);
     }
     for (size_t i = n; i-- > 0;) {
@@ -76,6 +82,24 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     out.layers.push_back(std::move(l));
   }
   if (classifier) out.loss = spreadOf(std::move(loss));
+  Sustained& su = out.sustained;
+  for (const LayerProfile& l : out.layers) su.burst_pass_s += l.forward.median + l.backward.median;
+  su.burst_pass_s += out.loss.median;
+  if (o.sustain_s > 0) {
+    const CpuLimit limit = cpuLimit();
+    su.cpu_cores = limit.cores();
+    su.quota_cores = limit.quota_cores;
+    const SustainedRun run = runSustained(
+        [&] {
+          for (size_t i = 0; i < n; ++i) runner.forward(i);
+          if (classifier) lossRun();
+          for (size_t i = n; i-- > 0;) runner.backward(i);
+        },
+        sustainWindow(o.sustain_s, limit));
+    su.pass_s = run.pass_s;
+    su.passes = run.passes;
+    su.window_s = run.window_s;
+  }
   return out;
 }
 
@@ -182,6 +206,12 @@ std::string profileToJson(const Profile& p) {
                                          {"gemm", gemm},
                                          {"layers", layers}});
     if (d.loss.repeats > 0) dj["loss_s"] = spreadJson(d.loss);
+    if (d.sustained.passes > 0) {
+      const Sustained& su = d.sustained;
+      dj["sustained"] = {{"pass_s", su.pass_s},       {"burst_pass_s", su.burst_pass_s},
+                         {"window_s", su.window_s},   {"passes", su.passes},
+                         {"cpu_cores", su.cpu_cores}, {"quota_cores", su.quota_cores}};
+    }
   }
   json j = {{"schema", "tandem-profile"}, {"version", kProfileVersion}, {"devices", devices}};
   if (!p.devices.empty()) {
@@ -219,7 +249,7 @@ Profile parseProfile(const std::string& text, const std::string& where) {
   const Reader top(j, "", where);
   if (top.str("schema") != "tandem-profile") top.fail("schema", "is not \"tandem-profile\"");
   const int64_t version = top.integer("version");
-  if (version != 1 && version != kProfileVersion)
+  if (version < 1 || version > kProfileVersion)
     throw FormatError(where + ": profile version " + std::to_string(version) +
                       " is not supported (this build reads versions 1 to " +
                       std::to_string(kProfileVersion) + ")");
@@ -269,6 +299,21 @@ Profile parseProfile(const std::string& text, const std::string& where) {
       d.layers.push_back(std::move(lp));
     }
     if (version > 1 && r.has("loss_s")) d.loss = r.spread("loss_s");
+    if (version > 2 && r.has("sustained")) {
+      const Reader su = r.child(r.at("sustained", json::value_t::object), ".sustained");
+      Sustained& t = d.sustained;
+      t.pass_s = su.num("pass_s");
+      t.burst_pass_s = su.num("burst_pass_s");
+      t.window_s = su.num("window_s");
+      t.passes = static_cast<int>(su.integer("passes"));
+      t.cpu_cores = su.num("cpu_cores");
+      t.quota_cores = su.num("quota_cores");
+      if (!(t.pass_s > 0)) su.fail("pass_s", "is not positive");
+      if (!(t.burst_pass_s > 0)) su.fail("burst_pass_s", "is not positive");
+      if (!(t.window_s >= t.pass_s)) su.fail("window_s", "is shorter than one pass");
+      if (t.passes < 1) su.fail("passes", "is not positive");
+      if (!(t.cpu_cores >= 0) || !(t.quota_cores >= 0)) su.fail("", "has a negative core count");
+    }
     p.devices.push_back(std::move(d));
   }
   if (version > 1 && top.has("links")) {

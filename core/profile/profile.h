@@ -6,9 +6,10 @@
 // A profile may also hold the links between the nodes of a cluster, measured by
 // `tandem profile --links` (with or without devices).
 //
-// On disk it is JSON, schema "tandem-profile" version 2 (docs/profile.md, with the
+// On disk it is JSON, schema "tandem-profile" version 3 (docs/profile.md, with the
 // JSON Schema in docs/profile.schema.json). parseProfile() checks every field's
-// presence and type, reads version 1 too (no loss, no links) and refuses others,
+// presence and type, reads versions 1 (no loss, no links) and 2 (no sustained
+// measurement) too and refuses others,
 // naming the field.
 #pragma once
 
@@ -23,7 +24,7 @@
 
 namespace tandem {
 
-inline constexpr int kProfileVersion = 2;
+inline constexpr int kProfileVersion = 3;
 
 struct LayerProfile {
   int64_t index = 0;
@@ -40,6 +41,23 @@ struct GemmPoint {
   double gflops = 0;  // median
 };
 
+// What a device keeps up over time, beside what it bursts to. Each layer is timed in runs
+// far shorter than a CPU quota's period (a cgroup's `cpu.max`: 100 ms by default), and
+// the median keeps the runs the quota did not stall: a node capped at a quarter of a core
+// would profile as fast as an uncapped one. So whole training passes also run back to back
+// for a window that crosses many periods, and the partitioner multiplies every layer's
+// time by scale(): what the layers take when run on and on, as a stage runs them.
+struct Sustained {
+  double pass_s = 0;        // wall seconds per pass over the window; 0: not measured
+  double burst_pass_s = 0;  // the per-layer medians and the loss, summed
+  double window_s = 0;      // how long the passes ran
+  int passes = 0;
+  double cpu_cores = 0;    // cores the process could keep busy (its CPUs, its quota)
+  double quota_cores = 0;  // its control groups' CPU quota in cores; 0: none
+  // pass_s / burst_pass_s; 1 when not measured.
+  double scale() const;
+};
+
 struct DeviceProfile {
   DeviceInfo device;
   std::vector<GemmPoint> gemm;
@@ -48,6 +66,7 @@ struct DeviceProfile {
   // output, which the last stage adds to its layers. Zero when not measured (version 1,
   // or a model whose output is not [batch, classes]).
   Spread loss;
+  Sustained sustained;  // version 3; not measured in earlier versions
 };
 
 // One measured link: from == to is within a node (two processes there).
@@ -83,6 +102,9 @@ struct ProfileOptions {
   int repeats = 10;
   std::vector<int64_t> gemm_sizes = {256, 512, 1024};
   uint64_t seed = 1;
+  // The sustained window's least length (seconds): under a CPU quota at least 20 of its
+  // periods, at most 4 s; at least 2 passes. 0: no sustained measurement.
+  double sustain_s = 0.5;
 };
 
 // Measures `spec` on `backend` (builds its own copy of the model there).

@@ -59,7 +59,7 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const NodeInf
   auto cached = b.CreateVectorOfStrings(m.cached_weights);
   auto datasets = b.CreateVectorOfStrings(m.datasets);
   return fb::CreateNodeInfo(b, name, bld, arch, m.cpus, m.memory_bytes, m.free_memory_bytes, m.load,
-                            devs, cached, datasets)
+                            devs, cached, datasets, m.cpu_cores, m.cpu_quota)
       .Union();
 }
 
@@ -162,6 +162,11 @@ NodeInfo readNodeInfo(const fb::NodeInfo* n) {
   out.load = n->load();
   if (!std::isfinite(out.load) || out.load < 0)
     bad(m, "load " + std::to_string(out.load) + " is not a finite, non-negative number");
+  out.cpu_cores = n->cpu_cores();
+  out.cpu_quota = n->cpu_quota();
+  for (const auto& [field, v] : {std::pair{"cpu_cores", out.cpu_cores}, {"cpu_quota", out.cpu_quota}})
+    if (!std::isfinite(v) || v < 0 || v > 65536)
+      bad(m, std::string(field) + " " + std::to_string(v) + " is not a core count");
   if (const auto* devices = n->devices()) {
     if (devices->size() > kMaxDevices)
       bad(m, std::to_string(devices->size()) + " devices exceed the limit of " +

@@ -26,7 +26,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{2, 2, 0};
+inline constexpr ProtocolVersion kProtocolVersion{2, 3, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -76,6 +76,8 @@ struct NodeInfo {
   float load = 0;
   std::vector<NodeDevice> devices;
   std::vector<std::string> cached_weights, datasets;
+  float cpu_cores = 0;  // what it may keep busy: its CPUs, or its CPU quota if lower
+  float cpu_quota = 0;  // its control groups' CPU quota in cores; 0: none
   bool operator==(const NodeInfo&) const = default;
 };
 

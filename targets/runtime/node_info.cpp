@@ -11,6 +11,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
+#include "core/cpu_limit.h"
 #include "core/error.h"
 
 namespace tandem::runtime {
@@ -48,6 +49,9 @@ NodeInfo localNodeInfo(const std::string& name, bool opencl) {
   utsname u{};
   if (uname(&u) == 0) info.arch = u.machine;
   info.cpus = static_cast<int32_t>(std::thread::hardware_concurrency());
+  const CpuLimit cpu = cpuLimit();
+  info.cpu_cores = static_cast<float>(cpu.cores());
+  info.cpu_quota = static_cast<float>(cpu.quota_cores);
   info.memory_bytes = memInfo("MemTotal");
   info.free_memory_bytes = memInfo("MemAvailable");
   double load = 0;

@@ -3,11 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 
 #include "backends/registry.h"
+#include "core/cpu_limit.h"
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "core/profile/measure.h"
@@ -19,9 +21,14 @@ namespace tandem::runtime {
 namespace {
 
 // Everything a device's measurement depends on, hashed: the cache file's name.
-std::string cacheKey(const ProfileTask& task, const ProfileDevice& d) {
-  const std::string what = "tandem profile cache 1\n" + buildName() + "\n" + d.backend + "\n" +
+// The CPU the node grants (its quota) is part of it: a node whose quota changed measures
+// anew.
+std::string cacheKey(const ProfileTask& task, const ProfileDevice& d, const CpuLimit& cpu) {
+  char cores[32];
+  std::snprintf(cores, sizeof cores, "%.3f", cpu.cores());
+  const std::string what = "tandem profile cache 2\n" + buildName() + "\n" + d.backend + "\n" +
                            std::to_string(d.threads) + "\n" + std::to_string(d.load) + "\n" +
+                           cores + "\n" +
                            std::to_string(task.batch) + " " + std::to_string(task.warmup) + " " +
                            std::to_string(task.repeats) + "\n" + task.model_spec;
   return contentHash(std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
@@ -81,9 +88,10 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
   p.warmup = task.warmup;
   p.repeats = task.repeats;
   ProfileResult result;
+  const CpuLimit cpu = cpuLimit();
   for (const ProfileDevice& d : task.devices) {
     p.load = std::max(p.load, d.load);
-    const std::string path = dir.empty() ? "" : dir + "/" + cacheKey(task, d) + ".json";
+    const std::string path = dir.empty() ? "" : dir + "/" + cacheKey(task, d, cpu) + ".json";
     if (!path.empty())
       if (std::optional<DeviceProfile> hit = cached(path, model)) {
         p.devices.push_back(std::move(*hit));
@@ -95,7 +103,8 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
     o.warmup = task.warmup;
     o.repeats = task.repeats;
     o.gemm_sizes = {256};
-    const BackendOptions bo{d.threads};
+    // As a stage worker here would start it: no more threads than the quota grants.
+    const BackendOptions bo{usableThreads(d.threads, cpu)};
     auto backend = makeBackend(d.backend, bo);
     DeviceProfile measured;
     {
@@ -103,8 +112,11 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
           spec, [&] { return makeBackend(d.backend, bo); }, d.load, task.batch);
       measured = profileDevice(spec, *backend, o);
     }
-    spdlog::info("profiled model '{}' on {} ({} threads, load {}): {} layers", spec.name, d.backend,
-                 d.threads, d.load, measured.layers.size());
+    spdlog::info(
+        "profiled model '{}' on {} ({} threads, load {}): {} layers; sustained x{:.2f} of the "
+        "layers' medians over {:.2f} s, {:.2f} cores",
+        spec.name, d.backend, bo.threads, d.load, measured.layers.size(),
+        measured.sustained.scale(), measured.sustained.window_s, cpu.cores());
     if (!path.empty()) {
       Profile one = p;
       one.load = d.load;

@@ -1,5 +1,7 @@
 #include "targets/runtime/stage_worker.h"
 
+#include <spdlog/spdlog.h>
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
@@ -14,6 +16,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
+#include "core/cpu_limit.h"
 #include "core/error.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
@@ -169,8 +172,13 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
                           (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "");
   const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
   const auto begin = static_cast<size_t>(a.layer_begin), end = static_cast<size_t>(a.layer_end);
-  // The backend outlives everything that holds its memory (declared first).
-  auto backend = makeBackend(a.device, BackendOptions{a.threads});
+  // The backend outlives everything that holds its memory (declared first). No more
+  // threads than the node's CPU quota grants: the rest would only take turns at it.
+  const int threads = usableThreads(a.threads, cpuLimit());
+  if (threads < a.threads)
+    spdlog::info("{}: {} threads, not {}: this node's CPU quota grants {:.2f} cores", who, threads,
+                 a.threads, cpuLimit().quota_cores);
+  auto backend = makeBackend(a.device, BackendOptions{threads});
   Model model(spec);
   TANDEM_CHECK_MSG(
       end <= model.size(), InvalidArgument,

@@ -79,6 +79,9 @@ int runNodes(const NodesArgs& a) {
                   at.c_str(), r.info.build.c_str(), r.info.arch.c_str(), r.info.cpus, mem.c_str(),
                   r.info.load, r.clock.rtt_s * 1e3, r.clock.offset_s * 1e3);
       std::printf("  protocol %s, node name '%s'\n", r.version.str().c_str(), r.info.name.c_str());
+      if (r.info.cpu_quota > 0)
+        std::printf("  cpu quota: %.2f cores (its control group's), %.2f usable\n",
+                    r.info.cpu_quota, r.info.cpu_cores);
       for (const auto& d : r.info.devices)
         std::printf("  device %-10s %s, %d compute units, %s GiB%s\n", d.id.c_str(), d.name.c_str(),
                     d.compute_units, gib(d.memory_bytes).c_str(), d.fp16 ? ", fp16" : "");

@@ -35,6 +35,15 @@ void printDevice(const DeviceProfile& d) {
                 100 * spread(l.forward), l.backward.median * 1e3, 100 * spread(l.backward),
                 static_cast<long long>(l.activation_bytes), static_cast<long long>(l.param_bytes));
   }
+  const Sustained& su = d.sustained;
+  if (su.passes > 0) {
+    std::printf("  sustained: %.4f ms per pass over %.2f s (%d passes), %.4f ms in the layers' "
+                "medians: x%.2f; %.2f cores",
+                su.pass_s * 1e3, su.window_s, su.passes, su.burst_pass_s * 1e3, su.scale(),
+                su.cpu_cores);
+    if (su.quota_cores > 0) std::printf(" (cgroup quota %.2f)", su.quota_cores);
+    std::printf("\n");
+  }
 }
 
 // Per device and layer, this profile's medians over the earlier one's; the largest
@@ -130,6 +139,10 @@ void addProfile(CLI::App& app) {
   c->add_option("--out", a->out, "Write the profile (JSON) here");
   c->add_option("--against", a->against, "An earlier profile to compare medians with")
       ->check(CLI::ExistingFile);
+  c->add_option("--sustain", a->options.sustain_s,
+                 "Least seconds of back-to-back passes measuring what the device sustains "
+                 "(under a CPU quota: 20 of its periods, up to 4 s); 0: none")
+      ->check(CLI::Range(0.0, 60.0));
   c->add_option("--load", a->load,
                 "Copies of the model training on the same device beside the measured one, as "
                 "that many other stages of the node would (e.g. cores - 1)")

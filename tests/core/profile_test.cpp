@@ -2,6 +2,9 @@
 // reader's errors on bad files (every field named by its path).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/model_spec.h"
@@ -20,6 +23,7 @@ Profile tinyProfile() {
   o.warmup = 1;
   o.repeats = 3;
   o.gemm_sizes = {16, 32};
+  o.sustain_s = 0.05;
   const ModelSpec spec = parseModelSpec(testing::kTinyNet);
   Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, std::nullopt};
   p.devices.push_back(profileDevice(spec, be, o));
@@ -57,6 +61,55 @@ TEST(ProfileTest, EveryLayerIsMeasuredWithItsSizes) {
   EXPECT_EQ(d.loss.repeats, 3);
   EXPECT_GT(d.loss.min, 0);
   EXPECT_LE(d.loss.median, d.loss.max);
+  // Whole passes back to back for the window, beside the layers' medians and the loss.
+  const Sustained& su = d.sustained;
+  EXPECT_GE(su.passes, 2);
+  EXPECT_GE(su.window_s, 0.05);
+  EXPECT_DOUBLE_EQ(su.pass_s, su.window_s / su.passes);
+  double burst = d.loss.median;
+  for (const LayerProfile& l : d.layers) burst += l.forward.median + l.backward.median;
+  EXPECT_DOUBLE_EQ(su.burst_pass_s, burst);
+  EXPECT_DOUBLE_EQ(su.scale(), su.pass_s / su.burst_pass_s);
+  EXPECT_GT(su.cpu_cores, 0);
+}
+
+TEST(ProfileTest, ASustainedWindowSeesTheStallsThatMediansHide) {
+  // A device that works 1 ms per pass and, like a quarter-core quota, waits out three
+  // times its work every fourth pass: the median pass is 1 ms, what it keeps up is 2.5 ms.
+  int calls = 0;
+  auto spin = [](double s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(s);
+    while (std::chrono::steady_clock::now() < end) {
+    }
+  };
+  const SustainedRun r = runSustained(
+      [&] {
+        spin(1e-3);
+        if (++calls % 4 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(6));
+      },
+      0.2);
+  EXPECT_GE(r.window_s, 0.2);
+  EXPECT_EQ(r.passes, calls);
+  EXPECT_GT(r.pass_s, 1.5e-3);  // the sleeps alone add 1.5 ms per pass on average
+  // At least two passes, however long the window.
+  int slow = 0;
+  const SustainedRun two = runSustained([&] { ++slow; }, 0);
+  EXPECT_EQ(two.passes, 2);
+  EXPECT_EQ(slow, 2);
+}
+
+TEST(ProfileTest, TheWindowCrossesTwentyQuotaPeriods) {
+  CpuLimit none;
+  EXPECT_DOUBLE_EQ(sustainWindow(0.5, none), 0.5);
+  CpuLimit quarter;
+  quarter.quota_cores = 0.25;
+  quarter.period_s = 0.1;
+  EXPECT_DOUBLE_EQ(sustainWindow(0.5, quarter), 2.0);
+  EXPECT_DOUBLE_EQ(sustainWindow(3.0, quarter), 3.0);
+  quarter.period_s = 1.0;  // at most 4 s
+  EXPECT_DOUBLE_EQ(sustainWindow(0.5, quarter), 4.0);
+  quarter.period_s = 0.005;
+  EXPECT_DOUBLE_EQ(sustainWindow(0.5, quarter), 0.5);
 }
 
 LinkSet twoLinks() {
@@ -87,6 +140,12 @@ TEST(ProfileTest, JsonRoundTrips) {
     EXPECT_EQ(b.layers[i].activation_bytes, a.layers[i].activation_bytes);
   }
   EXPECT_EQ(b.loss.median, a.loss.median);
+  EXPECT_EQ(b.sustained.pass_s, a.sustained.pass_s);
+  EXPECT_EQ(b.sustained.burst_pass_s, a.sustained.burst_pass_s);
+  EXPECT_EQ(b.sustained.window_s, a.sustained.window_s);
+  EXPECT_EQ(b.sustained.passes, a.sustained.passes);
+  EXPECT_EQ(b.sustained.cpu_cores, a.sustained.cpu_cores);
+  EXPECT_EQ(b.sustained.quota_cores, a.sustained.quota_cores);
   EXPECT_FALSE(q.links.has_value());
 }
 
@@ -115,15 +174,21 @@ TEST(ProfileTest, LinksRoundTripWithOrWithoutDevices) {
   }
 }
 
-TEST(ProfileTest, VersionOneStillReads) {
-  std::string text = profileToJson(tinyProfile());
-  const size_t at = text.find("\"version\": 2");
-  ASSERT_NE(at, std::string::npos);
-  text.replace(at, 12, "\"version\": 1");
-  const Profile q = parseProfile(text, "old.json");
-  ASSERT_EQ(q.devices.size(), 1u);
-  EXPECT_EQ(q.devices[0].loss.repeats, 0);  // version 1 has no loss
-  EXPECT_EQ(q.model, "tiny");
+TEST(ProfileTest, EarlierVersionsStillRead) {
+  for (const char* version : {"1", "2"}) {
+    std::string text = profileToJson(tinyProfile());
+    const size_t at = text.find("\"version\": 3");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 12, std::string("\"version\": ") + version);
+    const Profile q = parseProfile(text, "old.json");
+    ASSERT_EQ(q.devices.size(), 1u);
+    if (version[0] == '1') {
+      EXPECT_EQ(q.devices[0].loss.repeats, 0);  // version 1 has no loss
+    }
+    EXPECT_EQ(q.devices[0].sustained.passes, 0);  // nor sustained before version 3
+    EXPECT_EQ(q.devices[0].sustained.scale(), 1.0);
+    EXPECT_EQ(q.model, "tiny");
+  }
 }
 
 TEST(ProfileTest, BadFilesNameTheField) {
@@ -136,8 +201,20 @@ TEST(ProfileTest, BadFilesNameTheField) {
   expectThrowWith<FormatError>([] { parseProfile("{", "p.json"); }, {"p.json: not JSON"});
   expectThrowWith<FormatError>([] { parseProfile("[]", "p.json"); }, {"is not an object"});
   expectThrowWith<FormatError>(
-      [&] { parseProfile(edited("\"version\": 2", "\"version\": 3"), "p"); },
-      {"profile version 3 is not supported", "reads versions 1 to 2"});
+      [&] { parseProfile(edited("\"version\": 3", "\"version\": 4"), "p"); },
+      {"profile version 4 is not supported", "reads versions 1 to 3"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"version\": 3", "\"version\": 0"), "p"); },
+      {"profile version 0 is not supported"});
+  expectThrowWith<FormatError>([&] { parseProfile(edited("\"pass_s\": ", "\"pass_s\": -"), "p"); },
+                               {"profile field devices[0].sustained.pass_s is not positive"});
+  expectThrowWith<FormatError>([&] { parseProfile(edited("\"passes\": ", "\"passes\": 0, \"x\": "), "p"); },
+                               {"devices[0].sustained.passes is not positive"});
+  expectThrowWith<FormatError>([&] { parseProfile(edited("\"window_s\": ", "\"window_s\": 0, \"x\": "), "p"); },
+                               {"devices[0].sustained.window_s is shorter than one pass"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"sustained\": {", "\"sustained\": {\"y\": 1}, \"z\": {"), "p"); },
+      {"devices[0].sustained.pass_s is missing"});
   expectThrowWith<FormatError>(
       [&] { parseProfile(edited("\"schema\": \"tandem-profile\"", "\"schema\": \"x\""), "p"); },
       {"profile field schema"});

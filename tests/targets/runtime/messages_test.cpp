@@ -30,6 +30,8 @@ NodeInfo sampleNode() {
                {"opencl:0", "VideoCore", int64_t{1} << 30, 12, true}};
   n.cached_weights = {"ab12", "cd34"};
   n.datasets = {"fashion-mnist"};
+  n.cpu_cores = 0.25f;
+  n.cpu_quota = 0.25f;
   return n;
 }
 
@@ -139,6 +141,15 @@ TEST(MessagesTest, FieldsBeyondTheirLimitsAreRefusedNamingTheField) {
                      fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, 50, std::nanf("")).Union()};
   });
   expectThrowWith<FormatError>([&] { decodeMessage(nan_load); }, {"load", "finite"});
+  for (const float cores : {-0.5f, std::nanf(""), 1e9f}) {
+    const auto bad_quota = raw([&](B& b) {
+      return std::pair{fb::Body_NodeInfo, fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, 50, 0, 0, 0, 0,
+                                                             1.0f, cores)
+                                              .Union()};
+    });
+    expectThrowWith<FormatError>([&] { decodeMessage(bad_quota); },
+                                 {"'node info'", "cpu_quota", "is not a core count"});
+  }
   const auto many_devices = raw([](B& b) {
     std::vector<flatbuffers::Offset<fb::Device>> devices;
     for (int i = 0; i < 65; ++i) devices.push_back(fb::CreateDevice(b));

@@ -1,0 +1,170 @@
+#include "core/cpu_limit.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace tandem {
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::string part;
+  std::istringstream s(text);
+  while (std::getline(s, part, sep)) out.push_back(part);
+  return out;
+}
+
+bool hasToken(const std::string& list, const std::string& token) {
+  const auto parts = split(list, ',');
+  return std::find(parts.begin(), parts.end(), token) != parts.end();
+}
+
+// A hierarchy's mount: where it is mounted and which of its folders is mounted there.
+struct Mount {
+  std::string root, point;
+};
+
+// The mount of the cgroup v2 hierarchy (`v2`) or of the v1 hierarchy with the cpu
+// controller, from /proc/self/mountinfo.
+std::optional<Mount> findMount(const std::string& mountinfo, bool v2) {
+  std::istringstream lines(mountinfo);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream f(line);
+    std::vector<std::string> fields;
+    for (std::string w; f >> w;) fields.push_back(w);
+    const auto dash = std::find(fields.begin(), fields.end(), "-");
+    // ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER-OPTIONS
+    if (fields.size() < 5 || dash == fields.end() || fields.end() - dash < 4) continue;
+    const std::string& type = dash[1];
+    const std::string& options = dash[3];
+    if (v2 ? type == "cgroup2" : (type == "cgroup" && hasToken(options, "cpu")))
+      return Mount{fields[3], fields[4]};
+  }
+  return std::nullopt;
+}
+
+// The process's group in the v2 hierarchy ("0::/path") or the v1 cpu hierarchy.
+std::optional<std::string> groupPath(const std::string& proc_cgroup, bool v2) {
+  std::istringstream lines(proc_cgroup);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1);
+    if (v2 ? (id == "0" && controllers.empty()) : hasToken(controllers, "cpu"))
+      return line.substr(b + 1);
+  }
+  return std::nullopt;
+}
+
+// The folders from the process's group up to the mount point, innermost first.
+std::vector<std::string> groupFolders(const Mount& m, const std::string& path,
+                                      const std::string& prefix) {
+  std::string rel = path;
+  if (m.root != "/" && rel.rfind(m.root, 0) == 0) rel = rel.substr(m.root.size());
+  if (rel.find("..") != std::string::npos) rel = "/";  // outside what is mounted
+  std::vector<std::string> out;
+  std::string point = m.point;
+  while (point.size() > 1 && point.back() == '/') point.pop_back();
+  for (;;) {
+    while (rel.size() > 1 && rel.back() == '/') rel.pop_back();
+    out.push_back(prefix + point + (rel == "/" ? "" : rel));
+    if (rel.empty() || rel == "/") break;
+    const size_t cut = rel.rfind('/');
+    rel = cut == 0 || cut == std::string::npos ? "/" : rel.substr(0, cut);
+  }
+  return out;
+}
+
+void takeSmaller(CpuLimit& limit, double cores, double period, const std::string& file) {
+  if (!(cores > 0) || !(period > 0)) return;
+  if (limit.quota_cores == 0 || cores < limit.quota_cores) {
+    limit.quota_cores = cores;
+    limit.period_s = period;
+    limit.quota_from = file;
+  }
+}
+
+std::optional<double> readNumber(const std::string& path) {
+  std::istringstream s(slurp(path));
+  double v = 0;
+  if (!(s >> v)) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+double CpuLimit::cores() const {
+  const double n = std::max(1, cpus);
+  return quota_cores > 0 ? std::min(quota_cores, n) : n;
+}
+
+std::optional<std::pair<double, double>> parseCpuMax(const std::string& text) {
+  std::istringstream s(text);
+  std::string quota;
+  double period = 0;
+  if (!(s >> quota >> period) || quota == "max" || !(period > 0)) return std::nullopt;
+  try {
+    size_t used = 0;
+    const double q = std::stod(quota, &used);
+    if (used != quota.size() || !(q > 0)) return std::nullopt;
+    return std::make_pair(q / period, period * 1e-6);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+CpuLimit cpuLimitFrom(const CpuLimitSources& s) {
+  CpuLimit limit;
+  limit.cpus = std::max(1, s.cpus);
+  for (const bool v2 : {true, false}) {
+    const std::optional<Mount> m = findMount(s.mountinfo, v2);
+    const std::optional<std::string> path = groupPath(s.proc_cgroup, v2);
+    if (!m || !path) continue;
+    for (const std::string& dir : groupFolders(*m, *path, s.root)) {
+      if (v2) {
+        if (auto q = parseCpuMax(slurp(dir + "/cpu.max")))
+          takeSmaller(limit, q->first, q->second, dir + "/cpu.max");
+        continue;
+      }
+      const std::optional<double> quota = readNumber(dir + "/cpu.cfs_quota_us");
+      const std::optional<double> period = readNumber(dir + "/cpu.cfs_period_us");
+      if (quota && period && *quota > 0)
+        takeSmaller(limit, *quota / *period, *period * 1e-6, dir + "/cpu.cfs_quota_us");
+    }
+  }
+  return limit;
+}
+
+CpuLimit cpuLimit() {
+  CpuLimitSources s;
+  s.proc_cgroup = slurp("/proc/self/cgroup");
+  s.mountinfo = slurp("/proc/self/mountinfo");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  s.cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return cpuLimitFrom(s);
+}
+
+int usableThreads(int requested, const CpuLimit& limit) {
+  const int want = std::max(1, requested);
+  if (limit.quota_cores <= 0) return want;
+  return std::clamp(static_cast<int>(std::ceil(limit.quota_cores - 1e-9)), 1, want);
+}
+
+}  // namespace tandem

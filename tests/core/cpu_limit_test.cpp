@@ -1,0 +1,129 @@
+// The CPU a process may use: cgroup v2 `cpu.max` and v1 CFS quotas found through
+// /proc/self/cgroup and /proc/self/mountinfo (here: files written into a test folder),
+// the smallest along the path to the root, and the threads worth starting under it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/cpu_limit.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+void write(const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+// A v2 hierarchy at /sys/fs/cgroup and a v1 cpu hierarchy at /sys/fs/cgroup/cpu,cpuacct,
+// under `root`.
+const char* kMounts =
+    "24 30 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    "31 23 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n";
+
+TEST(CpuLimitTest, CpuMaxReadsAQuotaOrNone) {
+  const auto q = parseCpuMax("25000 100000\n");
+  ASSERT_TRUE(q.has_value());
+  EXPECT_DOUBLE_EQ(q->first, 0.25);
+  EXPECT_DOUBLE_EQ(q->second, 0.1);
+  EXPECT_DOUBLE_EQ(parseCpuMax("150000 50000")->first, 3.0);
+  EXPECT_FALSE(parseCpuMax("max 100000").has_value());
+  EXPECT_FALSE(parseCpuMax("").has_value());
+  EXPECT_FALSE(parseCpuMax("25000").has_value());
+  EXPECT_FALSE(parseCpuMax("25000 0").has_value());
+  EXPECT_FALSE(parseCpuMax("-5 100000").has_value());
+  EXPECT_FALSE(parseCpuMax("25x00 100000").has_value());
+}
+
+TEST(CpuLimitTest, TheSmallestQuotaOnTheWayToTheRootCounts) {
+  const std::string root = testing::freshDir("cpu-limit-v2");
+  write(root + "/sys/fs/cgroup/cpu.max", "max 100000\n");
+  write(root + "/sys/fs/cgroup/cluster/cpu.max", "50000 100000\n");
+  write(root + "/sys/fs/cgroup/cluster/edge/cpu.max", "max 100000\n");
+  write(root + "/sys/fs/cgroup/cluster/edge/board/cpu.max", "30000 200000\n");
+  CpuLimitSources s{"0::/cluster/edge/board\n", kMounts, root, 4};
+  CpuLimit l = cpuLimitFrom(s);
+  EXPECT_DOUBLE_EQ(l.quota_cores, 0.15);
+  EXPECT_DOUBLE_EQ(l.period_s, 0.2);
+  EXPECT_EQ(l.quota_from, root + "/sys/fs/cgroup/cluster/edge/board/cpu.max");
+  EXPECT_EQ(l.cpus, 4);
+  EXPECT_DOUBLE_EQ(l.cores(), 0.15);
+  // One level up, the parent's half core.
+  s.proc_cgroup = "0::/cluster/edge\n";
+  l = cpuLimitFrom(s);
+  EXPECT_DOUBLE_EQ(l.quota_cores, 0.5);
+  EXPECT_EQ(l.quota_from, root + "/sys/fs/cgroup/cluster/cpu.max");
+  // A quota above the CPUs leaves the CPUs as the limit.
+  write(root + "/sys/fs/cgroup/cluster/cpu.max", "800000 100000\n");
+  s.cpus = 2;
+  l = cpuLimitFrom(s);
+  EXPECT_DOUBLE_EQ(l.quota_cores, 8.0);
+  EXPECT_DOUBLE_EQ(l.cores(), 2.0);
+}
+
+TEST(CpuLimitTest, VersionOneQuotasAreReadUnderTheirMount) {
+  const std::string root = testing::freshDir("cpu-limit-v1");
+  const std::string cpu = root + "/sys/fs/cgroup/cpu,cpuacct";
+  write(cpu + "/cpu.cfs_quota_us", "-1\n");
+  write(cpu + "/cpu.cfs_period_us", "100000\n");
+  write(cpu + "/tdm-n3/cpu.cfs_quota_us", "25000\n");
+  write(cpu + "/tdm-n3/cpu.cfs_period_us", "100000\n");
+  const std::string groups = "12:memory:/x\n4:cpu,cpuacct:/tdm-n3\n0::/\n";
+  const CpuLimit l = cpuLimitFrom({groups, kMounts, root, 2});
+  EXPECT_DOUBLE_EQ(l.quota_cores, 0.25);
+  EXPECT_DOUBLE_EQ(l.period_s, 0.1);
+  EXPECT_EQ(l.quota_from, cpu + "/tdm-n3/cpu.cfs_quota_us");
+  // A mount of a sub-folder (a container's view): paths are taken below its root.
+  const std::string mounted =
+      "31 23 0:29 /docker/abc /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpuacct,cpu\n";
+  write(cpu + "/inner/cpu.cfs_quota_us", "150000\n");
+  write(cpu + "/inner/cpu.cfs_period_us", "100000\n");
+  const CpuLimit c = cpuLimitFrom({"4:cpu,cpuacct:/docker/abc/inner\n", mounted, root, 2});
+  EXPECT_DOUBLE_EQ(c.quota_cores, 1.5);
+}
+
+TEST(CpuLimitTest, NothingReadableMeansNoQuota) {
+  const std::string root = testing::freshDir("cpu-limit-none");
+  for (const CpuLimitSources& s :
+       {CpuLimitSources{"", "", root, 3}, CpuLimitSources{"0::/a\n", kMounts, root, 3},
+        CpuLimitSources{"garbage\n::\n", "garbage - \n", root, 3},
+        CpuLimitSources{"0::/../../etc\n", kMounts, root, 3}}) {
+    const CpuLimit l = cpuLimitFrom(s);
+    EXPECT_EQ(l.quota_cores, 0);
+    EXPECT_EQ(l.period_s, 0);
+    EXPECT_TRUE(l.quota_from.empty());
+    EXPECT_DOUBLE_EQ(l.cores(), 3.0);
+  }
+  write(root + "/sys/fs/cgroup/cpu.max", "not a quota\n");
+  EXPECT_EQ(cpuLimitFrom({"0::/\n", kMounts, root, 1}).quota_cores, 0);
+}
+
+TEST(CpuLimitTest, ThreadsStopAtTheQuotaRoundedUp) {
+  CpuLimit none;
+  none.cpus = 2;
+  EXPECT_EQ(usableThreads(4, none), 4);  // no quota: as asked (the CPUs are the user's call)
+  EXPECT_EQ(usableThreads(0, none), 1);
+  CpuLimit quarter = none;
+  quarter.quota_cores = 0.25;
+  EXPECT_EQ(usableThreads(4, quarter), 1);
+  CpuLimit one_and_half = none;
+  one_and_half.quota_cores = 1.5;
+  EXPECT_EQ(usableThreads(4, one_and_half), 2);
+  EXPECT_EQ(usableThreads(1, one_and_half), 1);
+  CpuLimit two = none;
+  two.quota_cores = 2.0;
+  EXPECT_EQ(usableThreads(8, two), 2);
+}
+
+TEST(CpuLimitTest, ThisProcessHasALimit) {
+  const CpuLimit l = cpuLimit();
+  EXPECT_GE(l.cpus, 1);
+  EXPECT_GT(l.cores(), 0);
+  EXPECT_LE(l.cores(), l.cpus);
+}
+
+}  // namespace
+}  // namespace tandem
