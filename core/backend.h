@@ -67,6 +67,13 @@ class Backend {
 
   // --- buffers ---
   virtual std::shared_ptr<Storage> allocate(size_t bytes) = 0;
+  // Bytes of device memory held for live tensors now, and the most held so far: what the
+  // partitioner's memory model prices (weights, gradients, optimizer state, activations,
+  // link buffers). -1 where a backend does not count them.
+  struct MemoryUse {
+    int64_t live = -1, peak = -1;
+  };
+  virtual MemoryUse memoryUse() const { return {}; }
   Tensor empty(const Shape& shape, DType dtype = DType::kF32);
   Tensor zeros(const Shape& shape, DType dtype = DType::kF32);
   // Copies dst.bytes() bytes from host memory into dst.

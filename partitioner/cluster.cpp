@@ -288,6 +288,13 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       // The loss runs on the last stage, with the last layer; training pays for it.
       if (options.objective == Objective::kTrainThroughput)
         d.forward_s.back() += dp.loss.median * scale;
+      // Under a CPU quota the layers' medians are its burst speed, and it keeps up the
+      // sustained rate's share of each period at that speed.
+      const Sustained& su = dp.sustained;
+      if (su.quota_cores > 0 && su.quota_period_s > 0 && su.scale() > 1) {
+        d.burst_ratio = 1 / su.scale();
+        d.burst_budget_s = d.burst_ratio * su.quota_period_s;
+      }
       p.devices.push_back(std::move(d));
     }
   }

@@ -53,6 +53,10 @@ void validate(const Problem& p) {
     for (size_t l = 0; l < layers; ++l)
       TANDEM_CHECK_MSG(d.forward_s[l] >= 0 && d.backward_s[l] >= 0, InvalidArgument,
                        "device " << d.name << " has a negative time for layer " << l);
+    TANDEM_CHECK_MSG(d.burst_ratio > 0 && d.burst_ratio <= 1 && d.burst_budget_s >= 0,
+                     InvalidArgument,
+                     "device " << d.name << " bursts at " << d.burst_ratio << " of its times for "
+                               << d.burst_budget_s << " s (a ratio in (0, 1], a budget >= 0)");
   }
   const CostOptions& o = p.options;
   TANDEM_CHECK_MSG(o.microbatches >= 1 && o.microbatch_size >= 1, InvalidArgument,
@@ -72,7 +76,8 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
     for (size_t t = 0; t < types_.size(); ++t) {
       const DeviceCosts& r = devs[static_cast<size_t>(types_[t].devices.front())];
       if (r.node == devs[d].node && r.memory_bytes == devs[d].memory_bytes &&
-          r.forward_s == devs[d].forward_s && r.backward_s == devs[d].backward_s) {
+          r.forward_s == devs[d].forward_s && r.backward_s == devs[d].backward_s &&
+          r.burst_ratio == devs[d].burst_ratio && r.burst_budget_s == devs[d].burst_budget_s) {
         types_[t].devices.push_back(static_cast<int>(d));
         type_of_[d] = static_cast<int>(t);
         break;
@@ -85,10 +90,17 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
   }
   for (const DeviceType& t : types_) {
     const DeviceCosts& d = devs[static_cast<size_t>(t.devices.front())];
-    std::vector<double> prefix(n + 1, 0);
-    for (size_t l = 0; l < n; ++l)
+    std::vector<double> prefix(n + 1, 0), f(n + 1, 0), b(n + 1, 0), w(n + 1, 0);
+    for (size_t l = 0; l < n; ++l) {
       prefix[l + 1] = prefix[l] + d.forward_s[l] + (training() ? d.backward_s[l] : 0);
+      f[l + 1] = f[l] + d.forward_s[l];
+      b[l + 1] = b[l] + d.backward_s[l];
+      w[l + 1] = w[l] + (problem_.layers[l].param_bytes > 0 ? 0.5 * d.backward_s[l] : 0.0);
+    }
     time_prefix_.push_back(std::move(prefix));
+    forward_prefix_.push_back(std::move(f));
+    backward_prefix_.push_back(std::move(b));
+    weight_prefix_.push_back(std::move(w));
   }
   param_prefix_.assign(n + 1, 0);
   stash_prefix_.assign(n + 1, 0);
@@ -125,6 +137,30 @@ int64_t CostModel::stateBytes(size_t begin, size_t end) const {
 double CostModel::compute(int type, size_t begin, size_t end) const {
   const auto& p = time_prefix_[static_cast<size_t>(type)];
   return p[end] - p[begin];
+}
+
+double CostModel::forward(int type, size_t begin, size_t end) const {
+  const auto& p = forward_prefix_[static_cast<size_t>(type)];
+  return p[end] - p[begin];
+}
+
+double CostModel::backward(int type, size_t begin, size_t end) const {
+  const auto& p = backward_prefix_[static_cast<size_t>(type)];
+  return p[end] - p[begin];
+}
+
+double CostModel::weightGradient(int type, size_t begin, size_t end) const {
+  const auto& p = weight_prefix_[static_cast<size_t>(type)];
+  return p[end] - p[begin];
+}
+
+const DeviceCosts& CostModel::deviceOf(int type) const {
+  return problem_.devices[static_cast<size_t>(types_[static_cast<size_t>(type)].devices.front())];
+}
+
+const LinkCosts& CostModel::linkCosts(int from, int to) const {
+  const int a = types_[static_cast<size_t>(from)].node, b = types_[static_cast<size_t>(to)].node;
+  return problem_.links[static_cast<size_t>(a)][static_cast<size_t>(b)];
 }
 
 double CostModel::allreduce(int type, size_t begin, size_t end, int replicas) const {

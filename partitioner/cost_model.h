@@ -47,14 +47,27 @@ class CostModel {
   const CostOptions& options() const { return problem_.options; }
   size_t layers() const { return problem_.layers.size(); }
   const std::vector<DeviceType>& types() const { return types_; }
+  // A type's first device (every device of a type has the same costs).
+  const DeviceCosts& deviceOf(int type) const;
   int typeOf(int device) const { return type_of_[static_cast<size_t>(device)]; }
   bool training() const { return options().objective == Objective::kTrainThroughput; }
 
   double compute(int type, size_t begin, size_t end) const;
+  // The parts of compute, one microbatch on one device: the layers' forward (with the
+  // loss on the last layer), their whole backward, and of that backward the share that
+  // computes parameter gradients ("weight gradient", which stages after the first run
+  // after sending the input's gradient on). Profiles time whole backwards; a layer with
+  // parameters is taken to spend half of it on them (the weight GEMM is as large as the
+  // input's), a layer without none.
+  double forward(int type, size_t begin, size_t end) const;
+  double backward(int type, size_t begin, size_t end) const;
+  double weightGradient(int type, size_t begin, size_t end) const;
   double allreduce(int type, size_t begin, size_t end, int replicas) const;
   double stage(int type, size_t begin, size_t end, int replicas) const;
   // The link carrying layer end-1's output from type `from` to type `to`.
   double link(size_t end, int from, int to) const;
+  // The link from type `from`'s node to type `to`'s (within a node: its `local` link).
+  const LinkCosts& linkCosts(int from, int to) const;
   // Latency objective: the input's trip from the source device to type `to` (0 when
   // there is no source or `to` is the source's type).
   double sourceLink(int to) const;
@@ -73,8 +86,10 @@ class CostModel {
   Problem problem_;
   std::vector<DeviceType> types_;
   std::vector<int> type_of_;
-  // Per type, prefix sums over layers of the time a stage spends per microbatch.
-  std::vector<std::vector<double>> time_prefix_;
+  // Per type, prefix sums over layers of the time a stage spends per microbatch, and of
+  // the forward, backward and weight-gradient parts.
+  std::vector<std::vector<double>> time_prefix_, forward_prefix_, backward_prefix_,
+      weight_prefix_;
   std::vector<int64_t> param_prefix_, stash_prefix_;
   // Sparse table of max(input + output bytes) over layer ranges (serving memory).
   std::vector<std::vector<int64_t>> working_max_;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/yaml_reader.h"
+#include "partitioner/simulate.h"
 
 namespace tandem::partitioner {
 
@@ -80,14 +81,15 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
     }
     plan.stages.push_back(std::move(st));
   }
-  plan.samples_per_s =
-      plan.seconds > 0 ? static_cast<double>(cost.options().microbatch_size) / plan.seconds : 0;
+  if (cost.training()) {
+    const StepPrediction step = predictStep(cost, plan);
+    plan.step_s = step.step_s;
+    plan.samples_per_s = step.samples_per_s;
+  } else {
+    plan.samples_per_s =
+        plan.seconds > 0 ? static_cast<double>(cost.options().microbatch_size) / plan.seconds : 0;
+  }
   return plan;
-}
-
-double stepSeconds(const CostModel& cost, const Plan& plan) {
-  const double m = static_cast<double>(cost.options().microbatches);
-  return (m + static_cast<double>(plan.stages.size()) - 1) * plan.seconds;
 }
 
 namespace {
@@ -96,6 +98,16 @@ std::string number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
+}
+
+// A YAML double-quoted scalar.
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c == '\n' ? ' ' : c;
+  }
+  return out + "\"";
 }
 
 }  // namespace
@@ -108,9 +120,16 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
      << "algorithm: " << plan.algorithm << "\n"
      << "microbatch_size: " << cost.options().microbatch_size << "\n"
      << "microbatches: " << cost.options().microbatches << "\n"
-     << "predicted: {bottleneck: " << plan.bottleneck << ", seconds: " << number(plan.seconds)
-     << ", samples_per_s: " << number(plan.samples_per_s) << "}\n"
-     << "stages:\n";
+     << "predicted: {bottleneck: " << plan.bottleneck << ", seconds: " << number(plan.seconds);
+  if (plan.step_s > 0) os << ", step_s: " << number(plan.step_s);
+  os << ", samples_per_s: " << number(plan.samples_per_s) << "}\n";
+  if (!plan.left_out.empty()) {
+    os << "left_out:\n";
+    for (const LeftOut& l : plan.left_out)
+      os << "  - {device: " << problem.devices[static_cast<size_t>(l.device)].name
+         << ", reason: " << quoted(l.reason) << "}\n";
+  }
+  os << "stages:\n";
   for (const PlanStage& st : plan.stages) {
     const DeviceCosts& first = problem.devices[static_cast<size_t>(st.at.devices.front())];
     os << "  - layers: [" << st.at.begin << ", " << st.at.end << "]\n    devices: [";

@@ -9,7 +9,10 @@
 //   algorithm: exact
 //   microbatch_size: 8
 //   microbatches: 4
-//   predicted: {bottleneck: stage 1 compute, seconds: 0.0123, samples_per_s: 650.4}
+//   predicted: {bottleneck: stage 1 compute, seconds: 0.0123, step_s: 0.0651,
+//               samples_per_s: 491.5}
+//   left_out:                  # devices the plan does not use, and why
+//     - {device: edge/cpu, reason: "..."}
 //   stages:
 //     - {layers: [0, 3], devices: [local/cpu0], backend: cpu, threads: 1,
 //        compute_s: 0.0034, allreduce_s: 0, link_s: 0.0001, memory_bytes: 1234567}
@@ -43,24 +46,31 @@ struct PlanStage {
   int64_t memory_bytes = 0;  // per device
 };
 
+// A device the chosen plan does not use, and why (choosePlan, search.h).
+struct LeftOut {
+  int device = 0;  // index into Problem::devices
+  std::string reason;
+};
+
 struct Plan {
   std::string algorithm;
   Objective objective = Objective::kTrainThroughput;
   std::vector<PlanStage> stages;
   double seconds = 0;        // the slowest stage or link per microbatch; for latency, the sum
   std::string bottleneck;    // "stage 1 compute", "link 0 -> 1", or "sum" for latency
-  double samples_per_s = 0;  // steady state: microbatch size / seconds
-  std::string infeasible;    // empty when every device's memory suffices
+  // Training: one step, its schedule run with each action's time (predictStep,
+  // simulate.h), fill and drain included; 0 for the serving objectives.
+  double step_s = 0;
+  // Training: a step's samples over step_s; serving: microbatch size / seconds (steady state).
+  double samples_per_s = 0;
+  std::string infeasible;        // empty when every device's memory suffices
+  std::vector<LeftOut> left_out;  // set by choosePlan
 };
 
 // Prices `stages`; InvalidArgument if they do not cover the layers exactly once in order,
 // repeat a device, or replicate over devices of different types.
 Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
               const std::string& algorithm);
-
-// Training: the time of one step with the pipeline's fill and drain,
-// (m + p - 1) * seconds, and the samples/s that gives for a whole batch.
-double stepSeconds(const CostModel& cost, const Plan& plan);
 
 std::string planToYaml(const CostModel& cost, const Plan& plan);
 

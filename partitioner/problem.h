@@ -31,11 +31,20 @@ struct DeviceCosts {
   std::string name;  // "node/device", e.g. "jetson/opencl:0"
   int node = 0;      // index into Problem::node_names; links are per node pair
   int64_t memory_bytes = 0;
-  // Per layer, one microbatch: forward and backward seconds on this device.
+  // Per layer, one microbatch: forward and backward seconds on this device, as it
+  // sustains them when kept busy.
   std::vector<double> forward_s, backward_s;
   // How `tandem run` starts a stage on it (carried into plans, not used for costs).
   std::string backend = "cpu";
   int threads = 1;
+  // A device under a CPU quota runs at full speed until its share of a period is spent,
+  // then waits: in bursts it takes `burst_ratio` of the sustained times (1: no bursts),
+  // and it holds up to `burst_budget_s` seconds of full-speed running in reserve (the
+  // quota's share of a period), refilled at burst_ratio per second. A stage that idles
+  // between microbatches (the pipeline's fill and drain) runs them faster than it could
+  // keep up. The simulation of a step uses these (simulate.h); the search's pace does not.
+  double burst_ratio = 1;
+  double burst_budget_s = 0;
 };
 
 struct LinkCosts {

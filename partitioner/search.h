@@ -44,6 +44,16 @@ Plan heuristicPlan(const CostModel& cost, const SearchOptions& o = {});
 // The heuristic, then (within exact_state_limit, or when asked) the exact search.
 Plan bestPlan(const CostModel& cost, const SearchOptions& o = {});
 
+// The plan to run. Serving: bestPlan. Training: the search's split has the slowest stage
+// as short as any, but a step also fills and drains the pipeline, and a device that
+// shortens the slowest stage a little can lengthen the step (prima.cpp's Halda leaves
+// such devices out). So, while it makes the predicted step (predictStep, simulate.h)
+// shorter, the device whose absence helps most is left out and the rest searched again
+// (at most 64 searches); then the whole model on each single device is priced too. The
+// plan with the shortest predicted step wins: never predicted slower than the best single
+// device. Every device it does not use is in `left_out`, with why.
+Plan choosePlan(const CostModel& cost, const SearchOptions& o = {});
+
 // Equal layers, equal parameters and memory-proportional (exo's) splits over every
 // device in the cluster's order (the first min(devices, layers) of them).
 std::vector<Plan> baselinePlans(const CostModel& cost);

@@ -117,6 +117,15 @@ DeviceInfo CpuBackend::hostInfo(int threads) {
 
 void* CpuBackend::takeBlock(size_t bytes, size_t& capacity) {
   const size_t size = roundUp(std::max<size_t>(bytes, 1));
+  void* p = takeCachedOrNew(size, capacity);
+  const int64_t live = live_bytes_ += static_cast<int64_t>(capacity);
+  int64_t peak = peak_bytes_.load();
+  while (live > peak && !peak_bytes_.compare_exchange_weak(peak, live)) {
+  }
+  return p;
+}
+
+void* CpuBackend::takeCachedOrNew(size_t size, size_t& capacity) {
   {
     // Best fit among cached blocks of at most twice the size. A repeating step converges
     // to a set of blocks that serves every request without allocating, and a smaller
@@ -132,13 +141,13 @@ void* CpuBackend::takeBlock(size_t bytes, size_t& capacity) {
     }
   }
   void* p = systemAlloc(size);
-  TANDEM_CHECK_MSG(p != nullptr, DeviceError,
-                   "cpu: out of memory allocating " << bytes << " bytes");
+  TANDEM_CHECK_MSG(p != nullptr, DeviceError, "cpu: out of memory allocating " << size << " bytes");
   capacity = size;
   return p;
 }
 
 void CpuBackend::returnBlock(void* p, size_t capacity) {
+  live_bytes_ -= static_cast<int64_t>(capacity);
   {
     std::lock_guard<std::mutex> lock(blocks_mutex_);
     if (free_bytes_ + capacity <= pool_limit_) {

@@ -4,6 +4,7 @@
 // order that does not depend on the thread count.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -91,11 +92,14 @@ class CpuBackend final : public Backend {
   float* f32(const Tensor& t) const;
   int32_t* i32(const Tensor& t) const;
   ThreadPool& pool() { return pool_; }
+  // The blocks live tensors hold (a block may be up to twice its tensor, takeBlock).
+  MemoryUse memoryUse() const override { return {live_bytes_.load(), peak_bytes_.load()}; }
 
  private:
   friend class CpuStorage;
   // A block of at least `bytes`; its real size goes to `capacity`.
   void* takeBlock(size_t bytes, size_t& capacity);
+  void* takeCachedOrNew(size_t size, size_t& capacity);
   void returnBlock(void* p, size_t capacity);
 
   ThreadPool pool_;
@@ -103,6 +107,7 @@ class CpuBackend final : public Backend {
   std::mutex blocks_mutex_;
   std::multimap<size_t, void*> free_blocks_;  // guarded by blocks_mutex_
   size_t free_bytes_ = 0;                     // guarded by blocks_mutex_
+  std::atomic<int64_t> live_bytes_{0}, peak_bytes_{0};
 };
 
 }  // namespace tandem::cpu

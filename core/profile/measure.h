@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/cpu_limit.h"
+#include "core/host_limits.h"
 #include "core/model.h"
 #include "core/model_spec.h"
 

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/cpu_limit.h"
+#include "core/host_limits.h"
 #include "core/error.h"
 #include "core/loss.h"
 #include "core/random.h"
@@ -89,6 +89,7 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     const CpuLimit limit = cpuLimit();
     su.cpu_cores = limit.cores();
     su.quota_cores = limit.quota_cores;
+    su.quota_period_s = limit.period_s;
     const SustainedRun run = runSustained(
         [&] {
           for (size_t i = 0; i < n; ++i) runner.forward(i);
@@ -208,9 +209,13 @@ std::string profileToJson(const Profile& p) {
     if (d.loss.repeats > 0) dj["loss_s"] = spreadJson(d.loss);
     if (d.sustained.passes > 0) {
       const Sustained& su = d.sustained;
-      dj["sustained"] = {{"pass_s", su.pass_s},       {"burst_pass_s", su.burst_pass_s},
-                         {"window_s", su.window_s},   {"passes", su.passes},
-                         {"cpu_cores", su.cpu_cores}, {"quota_cores", su.quota_cores}};
+      dj["sustained"] = {{"pass_s", su.pass_s},
+                         {"burst_pass_s", su.burst_pass_s},
+                         {"window_s", su.window_s},
+                         {"passes", su.passes},
+                         {"cpu_cores", su.cpu_cores},
+                         {"quota_cores", su.quota_cores},
+                         {"quota_period_s", su.quota_period_s}};
     }
   }
   json j = {{"schema", "tandem-profile"}, {"version", kProfileVersion}, {"devices", devices}};
@@ -308,11 +313,14 @@ Profile parseProfile(const std::string& text, const std::string& where) {
       t.passes = static_cast<int>(su.integer("passes"));
       t.cpu_cores = su.num("cpu_cores");
       t.quota_cores = su.num("quota_cores");
+      t.quota_period_s = su.num("quota_period_s");
       if (!(t.pass_s > 0)) su.fail("pass_s", "is not positive");
       if (!(t.burst_pass_s > 0)) su.fail("burst_pass_s", "is not positive");
       if (!(t.window_s >= t.pass_s)) su.fail("window_s", "is shorter than one pass");
       if (t.passes < 1) su.fail("passes", "is not positive");
       if (!(t.cpu_cores >= 0) || !(t.quota_cores >= 0)) su.fail("", "has a negative core count");
+      if (!(t.quota_period_s >= 0) || (t.quota_cores > 0) != (t.quota_period_s > 0))
+        su.fail("quota_period_s", "does not go with quota_cores (both 0, or both positive)");
     }
     p.devices.push_back(std::move(d));
   }

@@ -54,6 +54,7 @@ struct Sustained {
   int passes = 0;
   double cpu_cores = 0;    // cores the process could keep busy (its CPUs, its quota)
   double quota_cores = 0;  // its control groups' CPU quota in cores; 0: none
+  double quota_period_s = 0;  // the quota's period; 0: none
   // pass_s / burst_pass_s; 1 when not measured.
   double scale() const;
 };

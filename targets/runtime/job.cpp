@@ -178,7 +178,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   job.source = source;
   const std::string dir = std::filesystem::path(source).parent_path().string();
   // Where 'partition' and 'stages' were given, if they were.
-  std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline;
+  std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline, schedule;
   int64_t reference_batch = 0;  // > 0: the optimizer's lr_scale: linear
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
@@ -202,10 +202,16 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     } else if (key == "batch") {
       job.batch = r.positive(v, key);
     } else if (key == "microbatches") {
-      job.microbatches = r.positive(v, key);
       microbatches = v;
+      if (v.IsScalar() && v.Scalar() == "auto")
+        job.microbatches_auto = true;
+      else
+        job.microbatches = r.positive(v, key);
+    } else if (key == "schedule" && v.IsScalar() && v.Scalar() == "auto") {
+      job.schedule_auto = true;
+      schedule = v;
     } else if (key == "schedule") {
-      const auto name = r.get<std::string>(v, key, "gpipe or 1f1b");
+      const auto name = r.get<std::string>(v, key, "gpipe, 1f1b or auto");
       try {
         job.schedule = parseSchedule(name);
       } catch (const InvalidArgument& e) {
@@ -302,6 +308,11 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     r.fail(*stages, "'stages' is " + std::to_string(job.stages) + " but the partition lists " +
                         std::to_string(job.ranges.size()) + " ranges");
   if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size());
+  if (job.microbatches_auto && !job.auto_partition)
+    r.fail(*microbatches, "'microbatches: auto' is for 'partition: auto' (the partitioner chooses)");
+  if (job.schedule_auto && !job.auto_partition)
+    r.fail(*schedule, "'schedule: auto' is for 'partition: auto' (the partitioner chooses)");
+  if (job.microbatches_auto) job.microbatches = std::min<int64_t>(job.microbatches, job.batch);
   // A microbatch holds a sample at least; a batch that does not divide evenly is cut into
   // microbatches whose sizes differ by one.
   if (job.microbatches > job.batch)

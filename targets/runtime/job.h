@@ -7,8 +7,8 @@
 //                                  # stage's node)
 //   epochs: 2
 //   batch: 32
-//   microbatches: 4
-//   schedule: 1f1b                 # gpipe | 1f1b
+//   microbatches: 4                # or auto (with `partition: auto`): the partitioner chooses
+//   schedule: 1f1b                 # gpipe | 1f1b | auto (with `partition: auto`)
 //   recompute: false
 //   optimizer: {kind: sgd, lr: 0.01, momentum: 0.9}   # + warmup_steps, lr_schedule
 //                                  # (constant | step | cosine), decay_steps, decay_factor,
@@ -59,6 +59,10 @@ struct JobSpec {
   int64_t batch = 64;
   int64_t microbatches = 4;
   ScheduleKind schedule = ScheduleKind::k1F1B;
+  // `microbatches: auto`, `schedule: auto` (with `partition: auto`): the planner prices the
+  // candidates and the run takes the fastest that fits (planning.h, planJob); until then
+  // `microbatches` and `schedule` hold the defaults.
+  bool microbatches_auto = false, schedule_auto = false;
   bool recompute = false;
   uint64_t seed = 1;
   int threads = 1;  // CPU threads per stage

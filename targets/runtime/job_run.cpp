@@ -125,6 +125,12 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     TANDEM_CHECK_MSG(!serving, InvalidArgument, "--resume continues training, not serving");
     std::optional<Checkpoint> c = newestCheckpoint(options_.resume);
     if (!c) throw InvalidArgument("no usable checkpoint in '" + options_.resume + "'");
+    // The microbatch count decides how gradients are summed: a run that let the planner
+    // choose it resumes with the one the checkpoint was taken with.
+    if (job_.microbatches_auto) {
+      job_.microbatches = c->job.microbatches;
+      job_.microbatches_auto = false;
+    }
     checkResumable(*c, checkpointJob(job_, model_spec_), job_.source);
     if (weights_)
       spdlog::warn("{} names 'weights', but the run resumes from {}", job_.source, c->model_path);
@@ -166,6 +172,11 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     daemons_ = std::make_unique<ClusterDaemons>(cluster_, options_.key, options_.tandemd);
   if (job_.auto_partition) {
     planned_ = planJob(job_, model, *daemons_);
+    // What the planner chose stays for the whole run: a re-plan after a lost node keeps
+    // the microbatch count (and so the sums) the run started with.
+    job_.microbatches = planned_->microbatches;
+    job_.schedule = planned_->schedule;
+    job_.microbatches_auto = job_.schedule_auto = false;
     place(model);
   }
 }

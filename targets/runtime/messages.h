@@ -307,6 +307,21 @@ struct StageReport {
   int64_t weights_shipped = 0;  // starting weights received from the coordinator (bytes)
   double weights_ship_s = 0;
   bool weights_cached = false, weights_corrupted = false;
+  // Training: the mean step, from one step's end to the next's on this stage (a step
+  // flushes the pipeline, so every stage sees the same period), over `steps_timed` steps:
+  // the first and the last of each epoch are left out (the start, a partial batch). The
+  // mean, not the median: a node under a CPU quota runs a few fast steps and then waits
+  // out its period, and only the mean says what it keeps up.
+  double step_mean_s = 0;
+  int64_t steps_timed = 0;
+  // The worker's resident memory before its model was built, and at its peak.
+  int64_t start_rss_bytes = 0, peak_rss_bytes = 0;
+  // The most its backend held for live tensors (Backend::memoryUse); -1: not counted.
+  int64_t peak_tensor_bytes = -1;
+  // The worker's CPU time over the training epochs, every thread (compute, the links' I/O,
+  // the control channel): beside counters.compute_cpu_s, what a stage costs its node
+  // beyond its layers' work (a CPU quota pays for all of it).
+  double process_cpu_s = 0;
   bool operator==(const StageReport&) const = default;
 };
 

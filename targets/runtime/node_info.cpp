@@ -11,7 +11,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
-#include "core/cpu_limit.h"
+#include "core/host_limits.h"
 #include "core/error.h"
 
 namespace tandem::runtime {
@@ -52,8 +52,14 @@ NodeInfo localNodeInfo(const std::string& name, bool opencl) {
   const CpuLimit cpu = cpuLimit();
   info.cpu_cores = static_cast<float>(cpu.cores());
   info.cpu_quota = static_cast<float>(cpu.quota_cores);
+  // The machine's memory, or its control group's limit when that is lower.
   info.memory_bytes = memInfo("MemTotal");
   info.free_memory_bytes = memInfo("MemAvailable");
+  const MemoryLimit mem = memoryLimit();
+  if (mem.limit_bytes > 0 && (info.memory_bytes <= 0 || mem.limit_bytes < info.memory_bytes))
+    info.memory_bytes = mem.limit_bytes;
+  if (mem.free_bytes >= 0 && mem.free_bytes < info.free_memory_bytes)
+    info.free_memory_bytes = mem.free_bytes;
   double load = 0;
   if (getloadavg(&load, 1) == 1) info.load = static_cast<float>(load);
   const std::vector<DeviceInfo> devices =

@@ -8,10 +8,12 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/profile/profile.h"
+#include "partitioner/cluster.h"
 #include "targets/runtime/channel.h"
 #include "targets/runtime/messages.h"
 
@@ -22,6 +24,13 @@ namespace tandem::runtime {
 // a model this node cannot hold (its parameters and activations at the batch over half
 // the free memory) or a device it lacks.
 ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir);
+
+// What node `node` of `cluster` measures of `model_spec` at `batch`: each of its devices
+// (one entry per backend and thread count) that `measure` accepts; a CPU device with the
+// node's other CPU devices' stages training beside it, as they will when a job runs.
+ProfileTask nodeProfileTask(const partitioner::ClusterNode& node, const std::string& model_spec,
+                            int64_t batch,
+                            const std::function<bool(const partitioner::ClusterDevice&)>& measure);
 
 // The coordinator's side: sends every node its task (one channel each, in order), then
 // gathers the answers, each parsed and checked to hold one device per task device with

@@ -61,7 +61,8 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
 partitioner::CostModel measuredCostModel(const Model& model, const std::string& model_spec,
                                          const ClusterDaemons& daemons,
                                          const std::string& default_profile,
-                                         const partitioner::CostOptions& options) {
+                                         const partitioner::CostOptions& options,
+                                         std::optional<LinkSet>* known_links) {
   partitioner::Cluster cluster = daemons.cluster();
   std::map<std::string, Profile> profiles;
   for (const std::string& path : partitioner::profilePaths(cluster, default_profile))
@@ -74,23 +75,25 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
   std::vector<std::vector<partitioner::ClusterDevice*>> measured(nodes);
   for (size_t i = 0; i < nodes; ++i) {
     partitioner::ClusterNode& n = cluster.nodes[i];
-    int cpus = 0;
-    for (const partitioner::ClusterDevice& d : n.devices) cpus += d.backend == "cpu";
-    ProfileTask& t = tasks[i];
-    t.model_spec = model_spec;
-    t.batch = options.microbatch_size;  // the partitioner scales from the profile's batch
-    for (partitioner::ClusterDevice& d : n.devices) {
-      if (!d.profile.empty() || !n.profile.empty() || !default_profile.empty()) continue;
-      const ProfileDevice want{d.backend, d.threads, d.backend == "cpu" ? cpus - 1 : 0};
-      if (std::find(t.devices.begin(), t.devices.end(), want) == t.devices.end())
-        t.devices.push_back(want);
-      measured[i].push_back(&d);
-    }
+    auto unpriced = [&](const partitioner::ClusterDevice& d) {
+      return d.profile.empty() && n.profile.empty() && default_profile.empty();
+    };
+    // The partitioner scales from the profile's batch: measured at the microbatch size.
+    tasks[i] = nodeProfileTask(n, model_spec, options.microbatch_size, unpriced);
+    for (partitioner::ClusterDevice& d : n.devices)
+      if (unpriced(d)) measured[i].push_back(&d);
   }
   // Links the cluster file does not state (`between`, `measured`, `local` within a node;
   // `default` is a guess, and measuring replaces it): measured by the daemons.
   std::vector<std::pair<size_t, size_t>> pairs;
-  if (cluster.measured.empty())
+  const std::string links_name = "the links measured by the daemons";
+  if (known_links && known_links->has_value()) {  // measured for another candidate already
+    Profile links;
+    links.links = **known_links;
+    cluster.measured = links_name;
+    cluster.measured_where = cluster.source;
+    profiles.emplace(cluster.measured, std::move(links));
+  } else if (cluster.measured.empty())
     for (size_t a = 0; a < nodes; ++a)
       for (size_t z = 0; z < nodes; ++z) {
         bool given = a == z ? cluster.local.has_value() : false;
@@ -143,7 +146,8 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
       lo.probe.repeats = 5;
       Profile links;
       links.links = surveyLinks(daemons, sessions, pairs, lo);
-      cluster.measured = "the links measured by the daemons";
+      if (known_links) *known_links = links.links;
+      cluster.measured = links_name;
       cluster.measured_where = cluster.source;
       profiles.emplace(cluster.measured, std::move(links));
     }
@@ -158,11 +162,65 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
       partitioner::makeProblem(model, cluster, profiles, default_profile, options));
 }
 
+namespace {
+
+// The microbatch counts `microbatches: auto` prices: 1, 2, 4, ... up to the batch, at most 64.
+std::vector<int64_t> microbatchCandidates(int64_t batch) {
+  std::vector<int64_t> out;
+  for (int64_t m = 1; m <= std::min<int64_t>(batch, 64); m *= 2) out.push_back(m);
+  return out;
+}
+
+}  // namespace
+
 PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons) {
-  const partitioner::CostModel cost = measuredCostModel(model, readFile(job.model, "model spec"),
-                                                        daemons, job.profile, jobCostOptions(job));
+  const std::string spec = readFile(job.model, "model spec");
+  const std::vector<int64_t> counts =
+      job.microbatches_auto ? microbatchCandidates(job.batch) : std::vector{job.microbatches};
+  const std::vector<ScheduleKind> kinds =
+      job.schedule_auto ? std::vector{ScheduleKind::k1F1B, ScheduleKind::kGPipe}
+                        : std::vector{job.schedule};
+  const bool choosing = counts.size() > 1 || kinds.size() > 1;
+  std::optional<LinkSet> links;
+  std::optional<partitioner::CostModel> chosen_cost;
   PlannedJob out;
-  out.searched = partitioner::bestPlan(cost);
+  for (const int64_t m : counts) {
+    JobSpec candidate = job;
+    candidate.microbatches = m;
+    for (const ScheduleKind kind : kinds) {
+      candidate.schedule = kind;
+      partitioner::CostModel cost = measuredCostModel(model, spec, daemons, job.profile,
+                                                      jobCostOptions(candidate), &links);
+      PlanCandidate c{m, kind, 0, 0, ""};
+      partitioner::Plan plan;
+      try {
+        plan = partitioner::choosePlan(cost);
+        c.step_s = plan.step_s;
+        c.samples_per_s = plan.samples_per_s;
+        c.infeasible = plan.infeasible;
+      } catch (const InvalidArgument& e) {
+        if (!choosing) throw;
+        c.infeasible = e.what();
+      }
+      out.candidates.push_back(c);
+      // A job that fixes both is planned as it says: a plan that does not fit is returned
+      // with `infeasible`, for the run to name.
+      if (!c.infeasible.empty() && choosing) continue;
+      // The same batch either way: the most samples per second is the shortest step per
+      // sample.
+      if (!chosen_cost || c.samples_per_s > out.searched.samples_per_s) {
+        out.searched = plan;
+        out.microbatches = m;
+        out.schedule = kind;
+        chosen_cost.emplace(std::move(cost));
+      }
+    }
+  }
+  TANDEM_CHECK_MSG(chosen_cost, InvalidArgument,
+                   job.partition_where << ": no microbatch count or schedule gives a plan that "
+                                          "fits: " << out.candidates.front().infeasible);
+  if (!choosing) out.candidates.clear();
+  const partitioner::CostModel& cost = *chosen_cost;
   out.baselines = partitioner::baselinePlans(cost);
   out.plan = out.searched;
   if (!job.baseline.empty()) {

@@ -2,8 +2,8 @@
 // `tandem run` and `partition: auto` share.
 #pragma once
 
+#include <optional>
 #include <string>
-
 #include <vector>
 
 #include "core/model.h"
@@ -35,22 +35,38 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job);
 // device with a profile file (its own, its node's, or `default_profile`) is priced from
 // it; the others are measured by their node's daemon (a profile task, cached there by
 // model and device). Links the cluster file does not give (`between`, `measured`,
-// `local` within a node) are measured by the daemons.
+// `local` within a node) are measured by the daemons, or taken from `links` when it holds
+// some (it receives what was measured: planning several microbatch sizes measures once).
 partitioner::CostModel measuredCostModel(const Model& model, const std::string& model_spec,
                                          const ClusterDaemons& daemons,
                                          const std::string& default_profile,
-                                         const partitioner::CostOptions& options);
+                                         const partitioner::CostOptions& options,
+                                         std::optional<LinkSet>* links = nullptr);
 
 // `partition: auto`: plans the job with the partitioner over the daemons' cluster (priced
 // as measuredCostModel does, with the job's `profile`): the plan that runs (the search's,
 // or the job's `baseline`), priced, and its YAML (for jobStages); the search's plan and
 // the baselines, priced on the same cost model, for the run to print beside it.
+//
+// With `microbatches: auto` or `schedule: auto` it plans every candidate — microbatch
+// counts 1, 2, 4, ... up to the batch (at most 64), each profiled at its microbatch size;
+// schedules 1f1b and gpipe — and takes the one with the shortest predicted step whose
+// plan fits in memory; `microbatches` and `schedule` say which.
+struct PlanCandidate {
+  int64_t microbatches = 0;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  double step_s = 0, samples_per_s = 0;
+  std::string infeasible;  // why it does not fit (empty: it does)
+};
 struct PlannedJob {
   partitioner::Plan plan;
   std::string yaml;
   partitioner::Plan searched;
   std::vector<partitioner::Plan> baselines;
   std::vector<std::string> devices;  // the cost model's devices ("node/device"), which plans index
+  int64_t microbatches = 0;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  std::vector<PlanCandidate> candidates;  // every one priced, when the job let it choose
 };
 PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons);
 

@@ -230,6 +230,18 @@ StageReport readReport(const fb::StageReport* r) {
   finiteNonNegative(m, "weights_ship_s", out.weights_ship_s);
   out.weights_cached = r->weights_cached();
   out.weights_corrupted = r->weights_corrupted();
+  out.step_mean_s = r->step_mean_s();
+  finiteNonNegative(m, "step_mean_s", out.step_mean_s);
+  out.steps_timed = r->steps_timed();
+  out.start_rss_bytes = r->start_rss_bytes();
+  out.peak_rss_bytes = r->peak_rss_bytes();
+  nonNegative(m, "steps_timed", out.steps_timed);
+  nonNegative(m, "start_rss_bytes", out.start_rss_bytes);
+  nonNegative(m, "peak_rss_bytes", out.peak_rss_bytes);
+  out.peak_tensor_bytes = r->peak_tensor_bytes();
+  out.process_cpu_s = r->process_cpu_s();
+  finiteNonNegative(m, "process_cpu_s", out.process_cpu_s);
+  range(m, "peak_tensor_bytes", out.peak_tensor_bytes, -1, std::numeric_limits<int64_t>::max());
   return out;
 }
 
@@ -335,7 +347,9 @@ flatbuffers::Offset<void> build(B& b, const StageReport& m) {
   return fb::CreateStageReport(b, c.busy_s, c.step_s, c.compute_cpu_s, c.recv_wait_s, c.send_s,
                                c.allreduce_s, c.peak_stash, c.microbatches, m.run_s, m.bytes_sent,
                                m.bytes_received, span_vector, m.weights_shipped, m.weights_ship_s,
-                               m.weights_cached, m.weights_corrupted, model_hash, m.model_bytes)
+                               m.weights_cached, m.weights_corrupted, model_hash, m.model_bytes,
+                               m.step_mean_s, m.steps_timed, m.start_rss_bytes, m.peak_rss_bytes,
+                               m.peak_tensor_bytes, m.process_cpu_s)
       .Union();
 }
 

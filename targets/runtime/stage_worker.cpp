@@ -5,18 +5,21 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
-#include "core/cpu_limit.h"
+#include "core/host_limits.h"
 #include "core/error.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
@@ -33,6 +36,20 @@
 namespace tandem::runtime {
 
 namespace {
+
+// The most resident memory this process has held so far.
+int64_t peakRssBytes() {
+  rusage u{};
+  return getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) * 1024 : 0;
+}
+
+// CPU seconds this process has used, every thread, user and system.
+double processCpuSeconds() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -172,6 +189,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
                           (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "");
   const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
   const auto begin = static_cast<size_t>(a.layer_begin), end = static_cast<size_t>(a.layer_end);
+  const int64_t start_rss = peakRssBytes();
   // The backend outlives everything that holds its memory (declared first). No more
   // threads than the node's CPU quota grants: the rest would only take turns at it.
   const int threads = usableThreads(a.threads, cpuLimit());
@@ -185,6 +203,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
       who << ": layers [" << begin << ", " << end << ") but the model has " << model.size());
   model.build(*backend, a.seed, begin, end);
   StageReport report;
+  report.start_rss_bytes = start_rss;
   Optimizer optimizer(*backend, a.optimizer);
   if (!a.weights_hash.empty()) {
     const ModelFile start_from = parseModelFile(startingWeights(coordinator, a, cache_dir, report),
@@ -358,9 +377,15 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   }
   // Replica 0 of each stage sends its slice every checkpoint_every steps.
   const bool checkpoints = a.checkpoint_every > 0 && a.replica == 0;
+  std::vector<double> step_times;  // from one step's end to the next's, within an epoch
   for (int64_t e = first_epoch; !a.infer && e < a.epochs; ++e) {
     auto sent = Clock::now() - 1h;
+    std::optional<Clock::time_point> last_step;
     auto progress = [&](const StepReport& r) {
+      const auto now = Clock::now();
+      if (last_step && r.step < r.steps)
+        step_times.push_back(std::chrono::duration<double>(now - *last_step).count());
+      last_step = now;
       if (checkpoints && trainer.stepsTaken() % a.checkpoint_every == 0)
         sendCheckpoint(coordinator, model, optimizer, trainer.stepsTaken(),
                        std::chrono::seconds(a.timeout_s));
@@ -369,6 +394,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
       coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});
     };
     const StageCounters before = trainer.executor().counters();
+    const double cpu_before = processCpuSeconds();
     const int64_t first_step = e == first_epoch ? a.start_step - first_epoch * steps_per_epoch : 0;
     const EpochReport r =
         trainer.trainEpoch(train_data, start.train_samples, e, progress, first_step);
@@ -381,6 +407,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
     training.allreduce_s += after.allreduce_s - before.allreduce_s;
     training.microbatches += after.microbatches - before.microbatches;
     report.run_s += r.seconds;
+    report.process_cpu_s += processCpuSeconds() - cpu_before;
     const EvalResult ev = trainer.evaluate(test_data, start.test_samples, a.batch);
     if (reports)
       coordinator.send(
@@ -388,6 +415,14 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   }
   report.counters = a.infer ? trainer.executor().counters() : training;
   report.counters.peak_stash = trainer.executor().counters().peak_stash;
+  if (!step_times.empty()) {
+    double sum = 0;
+    for (const double t : step_times) sum += t;
+    report.step_mean_s = sum / static_cast<double>(step_times.size());
+    report.steps_timed = static_cast<int64_t>(step_times.size());
+  }
+  report.peak_rss_bytes = peakRssBytes();
+  report.peak_tensor_bytes = backend->memoryUse().peak;
   if (a.record_spans) {
     // Spans are taken on this machine's steady clock; reported on its realtime clock
     // (seconds since the epoch), which the coordinator can line up with other hosts'.

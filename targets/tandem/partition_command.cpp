@@ -93,7 +93,7 @@ void runPartition(const PartitionArgs& a) {
   const auto start = std::chrono::steady_clock::now();
   partitioner::SearchOptions so;
   so.algorithm = a.algorithm;
-  partitioner::Plan plan = partitioner::bestPlan(cost, so);
+  partitioner::Plan plan = partitioner::choosePlan(cost, so);
   const double planning_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::vector<partitioner::Plan> baselines = partitioner::baselinePlans(cost);
@@ -106,27 +106,34 @@ void runPartition(const PartitionArgs& a) {
   }
 
   const bool latency = o.objective == partitioner::Objective::kInferLatency;
+  const bool training = o.objective == partitioner::Objective::kTrainThroughput;
+  // Training plans compare by their predicted step, serving ones by their pace.
+  auto time = [&](const partitioner::Plan& p) { return training ? p.step_s : p.seconds; };
   std::printf("plan for %s on %s (%s, %s%s, %zu of %zu devices, %lld microbatches of %lld)\n",
               model.name().c_str(), a.cluster.c_str(), a.objective.c_str(), plan.algorithm.c_str(),
               a.baseline.empty() ? " search" : " baseline", devicesUsed(plan),
               cost.problem().devices.size(), static_cast<long long>(o.microbatches),
               static_cast<long long>(o.microbatch_size));
   printPlan(cost, plan);
-  std::printf("predicted: %s%.3f ms per microbatch (%s), %.0f samples/s", latency ? "latency " : "",
-              plan.seconds * 1e3, plan.bottleneck.c_str(), plan.samples_per_s);
-  if (o.objective == partitioner::Objective::kTrainThroughput)
-    std::printf(", a training step %.3f ms with the pipeline's fill and drain",
-                partitioner::stepSeconds(cost, plan) * 1e3);
-  std::printf("\nplanning took %.1f ms\n\n", planning_s * 1e3);
-  std::printf("%-20s %14s %12s %16s\n", "baseline", "ms/microbatch", "samples/s",
-              "search's speedup");
+  std::printf("predicted: %s%.3f ms per microbatch (%s)", latency ? "latency " : "",
+              plan.seconds * 1e3, plan.bottleneck.c_str());
+  if (training)
+    std::printf(", a training step %.3f ms (its schedule run with these times: fill and drain)",
+                plan.step_s * 1e3);
+  std::printf(", %.0f samples/s\n", plan.samples_per_s);
+  for (const partitioner::LeftOut& l : plan.left_out)
+    std::printf("  %s: %s\n", cost.problem().devices[static_cast<size_t>(l.device)].name.c_str(),
+                l.reason.c_str());
+  std::printf("planning took %.1f ms\n\n", planning_s * 1e3);
+  std::printf("%-20s %14s %12s %12s %16s\n", "baseline", "ms/microbatch", "step ms", "samples/s",
+              "plan's speedup");
   for (const partitioner::Plan& b : baselines) {
     if (!b.infeasible.empty()) {
       std::printf("%-20s does not fit: %s\n", b.algorithm.c_str(), b.infeasible.c_str());
       continue;
     }
-    std::printf("%-20s %14.3f %12.0f %15.2fx\n", b.algorithm.c_str(), b.seconds * 1e3,
-                b.samples_per_s, b.seconds / searched.seconds);
+    std::printf("%-20s %14.3f %12.3f %12.0f %15.2fx\n", b.algorithm.c_str(), b.seconds * 1e3,
+                b.step_s * 1e3, b.samples_per_s, time(b) / time(searched));
   }
   if (!a.out.empty()) {
     std::ofstream out(a.out, std::ios::trunc);

@@ -3,6 +3,7 @@
 // partitioner reads (docs/profile.md).
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -15,6 +16,8 @@
 #include "partitioner/cluster.h"
 #include "targets/runtime/cluster_daemons.h"
 #include "targets/runtime/model_source.h"
+#include "targets/runtime/node_profile.h"
+#include "targets/runtime/weight_cache.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {
@@ -109,21 +112,98 @@ void printLinks(const LinkSet& set) {
   }
 }
 
+// Each node's devices beside the fastest: what they sustain, as the partitioner prices
+// them (a whole pass at the sustained rate).
+void printNodeSpeeds(const std::vector<std::string>& names, const std::vector<Profile>& got) {
+  double fastest = 0;
+  for (const Profile& p : got)
+    for (const DeviceProfile& d : p.devices) {
+      const double pass = d.sustained.burst_pass_s * d.sustained.scale();
+      if (pass > 0 && (fastest == 0 || pass < fastest)) fastest = pass;
+    }
+  std::printf("\n%-14s %-10s %14s %12s %10s %8s\n", "node", "device", "pass ms", "burst ms",
+              "speed", "quota");
+  for (size_t i = 0; i < got.size(); ++i)
+    for (const DeviceProfile& d : got[i].devices) {
+      const Sustained& su = d.sustained;
+      const double pass = su.burst_pass_s * su.scale();
+      std::printf("%-14s %-10s %14.3f %12.3f %10.3f %8s\n", names[i].c_str(),
+                  d.device.name.c_str(), pass * 1e3, su.burst_pass_s * 1e3,
+                  pass > 0 ? fastest / pass : 0.0,
+                  su.quota_cores > 0 ? std::to_string(su.quota_cores).substr(0, 4).c_str() : "-");
+    }
+  std::printf("(speed: the fastest device's sustained pass time over this one's)\n");
+}
+
+struct ProfileArgs {
+  std::string model, out, against, cluster, out_dir;
+  std::vector<std::string> devices{"cpu"};
+  ProfileOptions options;
+  int threads = 1;
+  bool links = false;
+  runtime::LinkSurveyOptions survey;
+  std::string key;
+  int link_timeout_s = 30;
+  int load = 0;
+};
+
+// --model with --cluster: every node's daemon measures the devices the cluster file lists
+// for it (a profile task, as `partition: auto` sends; cached there), and --links the links.
+void profileNodes(ProfileArgs& a) {
+  const runtime::ModelSource source = runtime::readModelSource(a.model);
+  if (!a.out_dir.empty()) std::filesystem::create_directories(a.out_dir);
+  const runtime::ClusterDaemons daemons(partitioner::loadCluster(a.cluster), a.key,
+                                        tandemdProgram());
+  a.survey.timeout = std::chrono::seconds(a.link_timeout_s);
+  auto sessions = daemons.connect("tandem profile", a.survey.timeout);
+  std::vector<runtime::Channel*> channels;
+  std::vector<std::string> names;
+  std::vector<runtime::ProfileTask> tasks;
+  for (size_t i = 0; i < daemons.nodes().size(); ++i) {
+    runtime::ProfileTask t =
+        runtime::nodeProfileTask(daemons.cluster().nodes[i], source.spec_yaml, a.options.batch,
+                                 [](const partitioner::ClusterDevice&) { return true; });
+    t.warmup = a.options.warmup;
+    t.repeats = a.options.repeats;
+    channels.push_back(sessions[i].get());
+    names.push_back(daemons.nodes()[i].name);
+    tasks.push_back(std::move(t));
+  }
+  std::vector<int> cached;
+  const std::vector<Profile> got =
+      runtime::profileOnNodes(channels, names, tasks, std::chrono::seconds(600), &cached);
+  for (size_t i = 0; i < got.size(); ++i) {
+    std::printf("\nnode %s%s:", names[i].c_str(), cached[i] ? " (from its cache)" : "");
+    for (const DeviceProfile& d : got[i].devices) printDevice(d);
+    if (!a.out_dir.empty()) {
+      const std::string path = a.out_dir + "/" + names[i] + ".json";
+      const std::string json = profileToJson(got[i]);
+      runtime::writeFileAtomically(
+          path, std::span(reinterpret_cast<const uint8_t*>(json.data()), json.size()), 0666);
+      std::printf("wrote %s\n", path.c_str());
+    }
+  }
+  printNodeSpeeds(names, got);
+  if (a.links) {
+    Profile links;
+    links.links = runtime::surveyLinks(daemons, sessions,
+                                       runtime::allLinkPairs(daemons.nodes().size()), a.survey);
+    printLinks(*links.links);
+    if (!a.out_dir.empty()) {
+      const std::string path = a.out_dir + "/links.json";
+      const std::string json = profileToJson(links);
+      runtime::writeFileAtomically(
+          path, std::span(reinterpret_cast<const uint8_t*>(json.data()), json.size()), 0666);
+      std::printf("wrote %s\n", path.c_str());
+    }
+  }
+  runtime::leaveAll(sessions, "profiling is done");
+}
+
 }  // namespace
 
 void addProfile(CLI::App& app) {
-  struct Args {
-    std::string model, out, against, cluster;
-    std::vector<std::string> devices{"cpu"};
-    ProfileOptions options;
-    int threads = 1;
-    bool links = false;
-    runtime::LinkSurveyOptions survey;
-    std::string key;
-    int link_timeout_s = 30;
-    int load = 0;
-  };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<ProfileArgs>();
   CLI::App* c = app.add_subcommand(
       "profile",
       "Measure each layer of a model on each device, and/or the links between the nodes of a "
@@ -137,6 +217,8 @@ void addProfile(CLI::App& app) {
   c->add_option("--warmup", a->options.warmup, "Untimed runs first")->check(CLI::Range(0, 1000));
   c->add_option("--threads", a->threads, "CPU threads")->check(CLI::Range(1, 1024));
   c->add_option("--out", a->out, "Write the profile (JSON) here");
+  c->add_option("--out-dir", a->out_dir,
+                "With --model and --cluster: write each node's profile as DIR/NODE.json");
   c->add_option("--against", a->against, "An earlier profile to compare medians with")
       ->check(CLI::ExistingFile);
   c->add_option("--sustain", a->options.sustain_s,
@@ -149,7 +231,9 @@ void addProfile(CLI::App& app) {
       ->check(CLI::Range(0, 256));
   c->add_flag("--links", a->links,
               "Measure bandwidth and latency between the nodes of --cluster (and within each)");
-  c->add_option("--cluster", a->cluster, "Cluster file whose nodes --links measures")
+  c->add_option("--cluster", a->cluster,
+                "Cluster file whose nodes' daemons measure: with --model, their devices (as "
+                "`partition: auto` has them measured); with --links, the links between them")
       ->check(CLI::ExistingFile);
   c->add_option("--link-bytes", a->survey.probe.message_bytes,
                 "Bytes per message of the bandwidth runs (a multiple of 4)")
@@ -165,8 +249,20 @@ void addProfile(CLI::App& app) {
   c->callback([a] {
     TANDEM_CHECK_MSG(!a->model.empty() || a->links, InvalidArgument,
                      "profile needs --model (devices) or --links --cluster (links), or both");
-    TANDEM_CHECK_MSG(a->links == !a->cluster.empty(), InvalidArgument,
-                     (a->links ? "--links needs --cluster" : "--cluster is for --links"));
+    TANDEM_CHECK_MSG(!a->links || !a->cluster.empty(), InvalidArgument, "--links needs --cluster");
+    const bool on_nodes = !a->cluster.empty() && !a->model.empty();
+    TANDEM_CHECK_MSG(a->out_dir.empty() || on_nodes, InvalidArgument,
+                     "--out-dir is for --model with --cluster (a profile per node)");
+    TANDEM_CHECK_MSG(!on_nodes || (a->out.empty() && a->against.empty()), InvalidArgument,
+                     "--model with --cluster profiles every node: write them with --out-dir "
+                     "(--out and --against are for this machine's devices)");
+    TANDEM_CHECK_MSG(!on_nodes || a->devices == std::vector<std::string>{"cpu"}, InvalidArgument,
+                     "--model with --cluster measures the devices the cluster file lists; "
+                     "--devices is for this machine");
+    if (on_nodes) {
+      profileNodes(*a);
+      return;
+    }
     TANDEM_CHECK_MSG(a->against.empty() || !a->model.empty(), InvalidArgument,
                      "--against compares device profiles: give --model");
     // Read and checked before measuring, so that a bad file is named at once.

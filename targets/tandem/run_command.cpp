@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/model_spec.h"
 #include "core/file.h"
 #include "core/pipeline/timeline.h"
 #include "targets/runtime/job.h"
@@ -245,9 +246,28 @@ int runJob(const RunArgs& args) {
     const partitioner::Plan& p = planned->plan;
     spdlog::info(
         "partition: auto: {} stages by the {} {} ({}), predicted {:.3f} ms per "
-        "microbatch ({}), {:.0f} samples/s",
+        "microbatch ({}), a step {:.3f} ms, {:.0f} samples/s",
         p.stages.size(), p.algorithm, job.baseline.empty() ? "search" : "baseline",
-        stageRanges(p, planned->devices), p.seconds * 1e3, p.bottleneck, p.samples_per_s);
+        stageRanges(p, planned->devices), p.seconds * 1e3, p.bottleneck, p.step_s * 1e3,
+        p.samples_per_s);
+    for (const partitioner::LeftOut& l : planned->searched.left_out)
+      spdlog::info("  {}: {}", planned->devices.at(static_cast<size_t>(l.device)), l.reason);
+    if (!planned->candidates.empty()) {
+      std::string priced;
+      for (const runtime::PlanCandidate& c : planned->candidates) {
+        priced += "; " + std::to_string(c.microbatches) + " " + std::string(scheduleName(c.schedule));
+        if (c.infeasible.empty()) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, ": %.3f ms, %.0f samples/s", c.step_s * 1e3,
+                        c.samples_per_s);
+          priced += buf;
+        } else {
+          priced += ": does not fit";
+        }
+      }
+      spdlog::info("  chose {} microbatches, {} (predicted step per candidate{})",
+                   planned->microbatches, scheduleName(planned->schedule), priced);
+    }
     // The other splits on the same cost model, for comparison.
     for (const partitioner::Plan* other : planAlternatives(*planned)) {
       if (!other->infeasible.empty()) {
@@ -255,10 +275,10 @@ int runJob(const RunArgs& args) {
         continue;
       }
       spdlog::info(
-          "  beside it: {} {}: predicted {:.3f} ms per microbatch ({}), {:.0f} "
-          "samples/s ({:.2f}x this plan's time)",
+          "  beside it: {} {}: predicted {:.3f} ms per microbatch ({}), a step {:.3f} ms, "
+          "{:.0f} samples/s ({:.2f}x this plan's step)",
           other->algorithm, stageRanges(*other, planned->devices), other->seconds * 1e3,
-          other->bottleneck, other->samples_per_s, other->seconds / p.seconds);
+          other->bottleneck, other->step_s * 1e3, other->samples_per_s, other->step_s / p.step_s);
     }
   }
   // The placement: after a recovery (runtime::JobRun::run) the one the run ended on.
@@ -379,9 +399,9 @@ int runJob(const RunArgs& args) {
   // prediction if there is one.
   // A replicated stage has a row per replica ("1.0", "1.1"), with the share of its time
   // spent summing gradients with the other replicas (sync %).
-  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %6s %11s %11s %10s %8s %10s\n", "stage", "layers",
-              "device", "busy %", "waiting %", "sending %", "sync %", "stash", "MB sent",
-              "MB received", "ms/micro", "cpu ms", "predicted");
+  std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %6s %11s %11s %10s %8s %8s %10s\n", "stage",
+              "layers", "device", "busy %", "waiting %", "sending %", "sync %", "stash", "MB sent",
+              "MB received", "ms/micro", "cpu ms", "all cpu", "predicted");
   double busy = 0, span = 0;
   for (int i = 0; i < n; ++i) {
     const runtime::Assign& a = as[static_cast<size_t>(i)];
@@ -399,20 +419,53 @@ int runJob(const RunArgs& args) {
     const double predicted = stages[static_cast<size_t>(a.stage)].predicted_compute_s;
     const std::string predicted_text =
         predicted >= 0 ? std::to_string(predicted * 1e3).substr(0, 6) : "-";
-    std::printf("%-6s %-10s %-8s %7.1f %9.1f %9.1f %6.1f %6lld %11.2f %11.2f %10.3f %8.3f %10s\n",
-                row.c_str(), range.c_str(), result.ready[static_cast<size_t>(i)].device.c_str(),
-                100 * c.busy_s / t, 100 * c.recv_wait_s / t, 100 * c.send_s / t,
-                100 * c.allreduce_s / t, static_cast<long long>(c.peak_stash),
-                static_cast<double>(r.bytes_sent) / 1e6,
-                static_cast<double>(r.bytes_received) / 1e6, per_micro * 1e3, cpu_per_micro * 1e3,
-                predicted_text.c_str());
+    std::printf(
+        "%-6s %-10s %-8s %7.1f %9.1f %9.1f %6.1f %6lld %11.2f %11.2f %10.3f %8.3f %8.3f %10s\n",
+        row.c_str(), range.c_str(), result.ready[static_cast<size_t>(i)].device.c_str(),
+        100 * c.busy_s / t, 100 * c.recv_wait_s / t, 100 * c.send_s / t, 100 * c.allreduce_s / t,
+        static_cast<long long>(c.peak_stash), static_cast<double>(r.bytes_sent) / 1e6,
+        static_cast<double>(r.bytes_received) / 1e6, per_micro * 1e3, cpu_per_micro * 1e3,
+        r.process_cpu_s / micro * 1e3, predicted_text.c_str());
     busy += c.busy_s;
     span = std::max(span, t);
   }
   const double m = static_cast<double>(job.microbatches);
-  if (!args.infer)
+  if (!args.infer) {
     std::printf("bubble: measured %.3f (idle share of stage time), formula (p-1)/(m+p-1) = %.3f\n",
                 1.0 - busy / (n * span), (p - 1) / (m + p - 1));
+    // The steady step: stage 0's median (every stage's period is the same: a step flushes).
+    const runtime::StageReport& first = result.reports.front();
+    if (first.steps_timed > 0) {
+      std::printf("step: measured %.3f ms (mean of %lld steps)", first.step_mean_s * 1e3,
+                  static_cast<long long>(first.steps_timed));
+      if (const auto& planned = jr.planned(); planned && planned->plan.step_s > 0)
+        std::printf(", predicted %.3f ms: measured / predicted %.2f", planned->plan.step_s * 1e3,
+                    first.step_mean_s / planned->plan.step_s);
+      std::printf("\n");
+    }
+  }
+  // Each worker's memory: what it grew by from before its model was built to its peak,
+  // beside the partitioner's model of a stage (weights, gradients, optimizer state,
+  // activations in flight, link buffers).
+  {
+    const Model model(parseModelSpec(jr.modelSpec(), job.source));
+    const std::vector<int64_t> predicted = runtime::stageMemory(job, model, stages, args.infer);
+    std::printf("memory MiB per worker: tensors at peak / predicted (resident at peak):");
+    for (int i = 0; i < n; ++i) {
+      const runtime::Assign& a = as[static_cast<size_t>(i)];
+      const runtime::StageReport& r = result.reports[static_cast<size_t>(i)];
+      const std::string tensors =
+          r.peak_tensor_bytes < 0
+              ? "-"
+              : std::to_string(static_cast<double>(r.peak_tensor_bytes) / (1 << 20)).substr(0, 6);
+      std::printf(" %s%s %s/%.1f (%.1f)", std::to_string(a.stage).c_str(),
+                  a.replicas > 1 ? ("." + std::to_string(a.replica)).c_str() : "",
+                  tensors.c_str(),
+                  static_cast<double>(predicted.at(static_cast<size_t>(a.stage))) / (1 << 20),
+                  static_cast<double>(r.peak_rss_bytes) / (1 << 20));
+    }
+    std::printf("\n");
+  }
   if (accuracy >= 0) std::printf("test accuracy: %.4f\n", accuracy);
   std::fflush(stdout);
   if (!args.infer && !job.save.empty()) {

@@ -108,6 +108,38 @@ TEST(ClusterTest, MakeProblemScalesTimesToTheMicrobatchAndFillsTheLinkMatrix) {
                                    {"no link within node 'a'", "links.local"});
 }
 
+TEST(ClusterTest, ADeviceIsPricedAtWhatItSustains) {
+  const Model model(parseModelSpec(tandem::testing::kTinyNet));
+  const Cluster c = parseCluster(kCluster, "c.yaml");
+  Profile quota = profileFor(model, {"cpu", "opencl:0"});
+  // The cpu under a quarter-core quota: passes back to back took 4.5x the layers' medians.
+  Sustained& su = quota.devices[0].sustained;
+  su.burst_pass_s = 0.01;
+  su.pass_s = 0.045;
+  su.window_s = 2;
+  su.passes = 44;
+  su.cpu_cores = su.quota_cores = 0.25;
+  su.quota_period_s = 0.1;
+  // The other device sustains what the medians say, a little faster even: no quota.
+  Sustained& steady = quota.devices[1].sustained;
+  steady = {0.0095, 0.01, 0.5, 52, 2, 0, 0};
+  CostOptions o;
+  o.microbatch_size = 4;
+  const Problem p = makeProblem(model, c, {{"p.json", quota}}, "p.json", o);
+  EXPECT_DOUBLE_EQ(p.devices[0].forward_s[1], 4.5 * 2e-3);   // edge/cpu
+  EXPECT_DOUBLE_EQ(p.devices[0].backward_s[0], 4.5 * 2e-3);
+  EXPECT_DOUBLE_EQ(p.devices[0].burst_ratio, 1 / 4.5);
+  EXPECT_DOUBLE_EQ(p.devices[0].burst_budget_s, 0.1 / 4.5);
+  EXPECT_DOUBLE_EQ(p.devices[1].forward_s[1], 0.95 * 2e-3);  // cloud/gpu
+  EXPECT_EQ(p.devices[1].burst_ratio, 1);                    // no quota: no bursts
+  EXPECT_EQ(p.devices[1].burst_budget_s, 0);
+  // A profile without the sustained measurement (before version 3) is taken as it is.
+  const Problem old = makeProblem(model, c, {{"p.json", profileFor(model, {"cpu", "opencl:0"})}},
+                                  "p.json", o);
+  EXPECT_DOUBLE_EQ(old.devices[0].forward_s[1], 2e-3);
+  EXPECT_EQ(old.devices[0].burst_ratio, 1);
+}
+
 // Measured links (`tandem profile --links`) fill the matrix where the cluster file lists
 // no link between the two nodes; listed links win; one-way measurements serve both ways.
 TEST(ClusterTest, MeasuredLinksFillTheMatrixUnderListedOnes) {

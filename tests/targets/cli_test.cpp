@@ -337,7 +337,8 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
                        " --profile " + profile + " --batch 32 --microbatches 4 --out " + plan);
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* s : {"plan for cnn on", "local/cpu", "equal-layers", "equal-params",
-                        "memory-proportional", "search's speedup", "predicted:", "wrote"})
+                        "memory-proportional", "plan's speedup", "a training step", "predicted:",
+                        "wrote"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 
   // A baseline written as a plan, to run it beside the search's.
@@ -446,6 +447,71 @@ TEST(CliTest, AutoWithoutAProfileIsMeasuredByTheNodesDaemons) {
   EXPECT_NE(stated.out.find("2 links measured"), std::string::npos) << stated.out;
 }
 
+// `microbatches: auto` and `schedule: auto`: the planner prices every microbatch count
+// (1, 2, 4, 8 for a batch of 8), each profiled by the daemons at its microbatch size, with
+// each schedule, and the run trains with the fastest, saying what it priced and chose;
+// every device the plan leaves out is named with why.
+TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
+  const std::string dir = ::testing::TempDir();
+  const std::string cluster = dir + "cli_choose_cluster.yaml", job = dir + "cli_choose_job.yaml";
+  std::ofstream(cluster) << "nodes:\n"
+                            "  - {name: a, devices: [{name: cpu, backend: cpu}]}\n"
+                            "  - {name: b, devices: [{name: cpu, backend: cpu}]}\n";
+  std::ofstream(job) << "model: " << kModels << "mlp.yaml\ntrain_limit: 256\ntest_limit: 64\n"
+                     << "batch: 8\nmicrobatches: auto\nschedule: auto\npartition: auto\n"
+                     << "cluster: " << cluster << "\n";
+  const CliRun r = run("run " + job);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"1 1f1b: ", "1 gpipe: ", "2 1f1b: ", "4 gpipe: ", "8 1f1b: ",
+                        "(predicted step per candidate", "step: measured", "test accuracy"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  const size_t chose = r.out.find("chose ");
+  ASSERT_NE(chose, std::string::npos) << r.out;
+  const int m = std::stoi(r.out.substr(chose + 6));
+  EXPECT_TRUE(m == 1 || m == 2 || m == 4 || m == 8) << r.out;
+  // The run trains with the microbatches it chose.
+  EXPECT_NE(r.out.find(std::to_string(m) + " microbatches of a 8-sample batch"), std::string::npos)
+      << r.out;
+  // A plan on one of the two devices names the other.
+  if (r.out.find("1 stages by") != std::string::npos) {
+    EXPECT_TRUE(r.out.find("  a/cpu: ") != std::string::npos ||
+                r.out.find("  b/cpu: ") != std::string::npos)
+        << r.out;
+  }
+}
+
+// tandem profile --model --cluster: each node's daemon profiles the devices the cluster
+// file lists for it; one profile per node (schema-valid), and their sustained speeds
+// side by side.
+TEST(CliTest, ProfileOnTheNodesWritesOneProfilePerNode) {
+  const std::string dir = tandem::testing::freshDir("cli-profile-nodes");
+  const std::string cluster = dir + "/cluster.yaml";
+  std::ofstream(cluster) << "nodes:\n"
+                            "  - {name: edge, devices: [{name: cpu, backend: cpu}]}\n"
+                            "  - {name: cloud, devices: [{name: cpu, backend: cpu, threads: 2}]}\n";
+  const CliRun r = run("profile --model " + kModels + "mlp.yaml --cluster " + cluster +
+                       " --batch 4 --repeats 2 --warmup 0 --out-dir " + dir + "/nodes");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"node edge", "node cloud", "sustained: ", "pass ms", "speed"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  for (const char* node : {"edge", "cloud"}) {
+    const std::string check = "python3 -c \"import json, jsonschema; p = json.load(open('" + dir +
+                              "/nodes/" + node +
+                              ".json')); jsonschema.validate(p, json.load(open('" TANDEM_SOURCE_DIR
+                              "/docs/profile.schema.json'))); assert p['devices'][0]['sustained']"
+                              "['passes'] >= 2\" 2>&1";
+    EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  }
+  const CliRun both = run("profile --model " + kModels + "mlp.yaml --cluster " + cluster +
+                          " --out " + dir + "/p.json");
+  EXPECT_EQ(both.code, 1);
+  EXPECT_NE(both.out.find("write them with --out-dir"), std::string::npos) << both.out;
+  const CliRun dir_alone = run("profile --model " + kModels + "mlp.yaml --out-dir " + dir);
+  EXPECT_EQ(dir_alone.code, 1);
+  EXPECT_NE(dir_alone.out.find("--out-dir is for --model with --cluster"), std::string::npos)
+      << dir_alone.out;
+}
+
 // A job whose stages need more memory than their node has free is refused before any
 // worker starts (the model is never built: a 20M-wide layer of 784 inputs is 60 GB).
 TEST(CliTest, AJobThatDoesNotFitItsNodesIsRefusedBeforeAnythingStarts) {
@@ -491,24 +557,30 @@ TEST(CliTest, RunReportsThePlansPredictionPerStage) {
   std::getline(lines, line);  // the header
   int stages = 0;
   while (std::getline(lines, line) && !line.empty() && std::isdigit(line[0])) {
-    // The row's first fields name it; its last three are ms/micro, cpu ms and predicted.
+    // The row's first fields name it; its last four are ms/micro, cpu ms, all cpu and
+    // predicted.
     std::istringstream f(line);
     std::vector<std::string> fields;
     for (std::string field; f >> field;) fields.push_back(field);
     ASSERT_GE(fields.size(), 7u) << line;
     const std::string &stage = fields[0], &from = fields[1], &to = fields[2];
     const size_t n = fields.size();
-    const double wall = std::stod(fields[n - 3]), cpu = std::stod(fields[n - 2]),
-                 predicted = std::stod(fields[n - 1]);
+    const double wall = std::stod(fields[n - 4]), cpu = std::stod(fields[n - 3]),
+                 all_cpu = std::stod(fields[n - 2]), predicted = std::stod(fields[n - 1]);
     std::printf("stage %s %s %s: cpu/predicted %.2f, wall/predicted %.2f\n", stage.c_str(),
                 from.c_str(), to.c_str(), cpu / predicted, wall / predicted);
     EXPECT_EQ(stage, std::to_string(stages)) << line;
     EXPECT_GT(cpu, 0) << line;
     EXPECT_GT(predicted, 0) << line;
     EXPECT_GE(wall, cpu * 0.5) << line;  // compute is part of the stage's wall time
+    EXPECT_GE(all_cpu, cpu * 0.99) << line;  // the compute thread is one of the worker's
     ++stages;
   }
   EXPECT_EQ(stages, 3) << r.out;
+  // The mean step beside the plan's prediction, and each worker's memory beside its model.
+  for (const char* s : {"step: measured ", "measured / predicted ",
+                        "memory MiB per worker: tensors at peak / predicted"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }
 
 // tandem profile --links: each node's daemon (here a tandemd on loopback started for each

@@ -142,6 +142,14 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:5:15", "'microbatches' is 64 but a batch of 32 samples makes at most 32"}},
       {"model: m.yaml\npartition: equal\nstages: 2\nmicrobatches: 65\n",
        {"j.yaml:4:15", "a batch of 64 samples"}},  // the default batch
+      {"model: m.yaml\npartition: equal\nstages: 2\nmicrobatches: auto\n",
+       {"j.yaml:4:15", "'microbatches: auto' is for 'partition: auto'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nschedule: auto\n",
+       {"j.yaml:4:11", "'schedule: auto' is for 'partition: auto'"}},
+      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nmicrobatches: many\n",
+       {"j.yaml:4:15"}},
+      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nschedule: fast\n",
+       {"j.yaml:4:11", "unknown schedule 'fast'"}},
   };
   for (const Case& c : cases)
     expectThrowWith<InvalidArgument>([&] { parseJobSpec(c.yaml, "j.yaml"); }, c.expect);
@@ -163,6 +171,16 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
   EXPECT_EQ(a.cluster, "jobs/c.yaml");
   EXPECT_EQ(a.profile, "jobs/p.json");
   EXPECT_TRUE(a.ranges.empty());
+  EXPECT_FALSE(a.microbatches_auto);
+  EXPECT_FALSE(a.schedule_auto);
+  // The planner may choose the microbatch count and the schedule.
+  const JobSpec chooses = parseJobSpec(
+      "model: m.yaml\npartition: auto\ncluster: c.yaml\nbatch: 8\nmicrobatches: auto\n"
+      "schedule: auto\n",
+      "j.yaml");
+  EXPECT_TRUE(chooses.microbatches_auto);
+  EXPECT_TRUE(chooses.schedule_auto);
+  EXPECT_LE(chooses.microbatches, 8);  // a placeholder until planned, within the batch
 }
 
 TEST(JobTest, AStageMayHaveReplicas) {

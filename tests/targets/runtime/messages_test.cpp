@@ -233,6 +233,11 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   report.weights_shipped = 5000;
   report.weights_ship_s = 0.25;
   report.weights_corrupted = true;
+  report.step_mean_s = 0.021;
+  report.steps_timed = 126;
+  report.start_rss_bytes = 50 << 20;
+  report.peak_rss_bytes = 90 << 20;
+  report.peak_tensor_bytes = 17 << 20;
   const Assign plain;
   const std::vector<Message> all = {
       sampleAssign(),
@@ -336,6 +341,19 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   r.model_hash.clear();
   r.counters.busy_s = -1;
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"busy_s -1"});
+  r.counters.busy_s = 0;
+  r.step_mean_s = std::nan("");
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"step_mean_s"});
+  r.step_mean_s = 0;
+  r.peak_rss_bytes = -5;
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); },
+                               {"peak_rss_bytes is negative"});
+  r.peak_rss_bytes = 0;
+  r.peak_tensor_bytes = -2;
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); },
+                               {"peak_tensor_bytes -2 is not in [-1,"});
+  r.peak_tensor_bytes = -1;  // not counted: fine
+  EXPECT_EQ(std::get<StageReport>(decodeMessage(encodeMessage(r))).peak_tensor_bytes, -1);
   // A diverged run's loss is NaN: it still gets through (and a fuzzer's value compare
   // must not trip on it); an accuracy outside [0, 1] does not.
   const Message nan_loss = decodeMessage(encodeMessage(InferDone{10, std::nan(""), 0.5, 1}));

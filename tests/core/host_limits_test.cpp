@@ -1,12 +1,13 @@
-// The CPU a process may use: cgroup v2 `cpu.max` and v1 CFS quotas found through
-// /proc/self/cgroup and /proc/self/mountinfo (here: files written into a test folder),
-// the smallest along the path to the root, and the threads worth starting under it.
+// What a process may use of its host: cgroup v2 `cpu.max` and v1 CFS quotas, v2
+// `memory.max` and v1 memory limits, found through /proc/self/cgroup and
+// /proc/self/mountinfo (here: files written into a test folder), the smallest along the
+// path to the root, and the threads worth starting under the CPU quota.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "core/cpu_limit.h"
+#include "core/host_limits.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -44,7 +45,7 @@ TEST(CpuLimitTest, TheSmallestQuotaOnTheWayToTheRootCounts) {
   write(root + "/sys/fs/cgroup/cluster/cpu.max", "50000 100000\n");
   write(root + "/sys/fs/cgroup/cluster/edge/cpu.max", "max 100000\n");
   write(root + "/sys/fs/cgroup/cluster/edge/board/cpu.max", "30000 200000\n");
-  CpuLimitSources s{"0::/cluster/edge/board\n", kMounts, root, 4};
+  LimitSources s{"0::/cluster/edge/board\n", kMounts, root, 4};
   CpuLimit l = cpuLimitFrom(s);
   EXPECT_DOUBLE_EQ(l.quota_cores, 0.15);
   EXPECT_DOUBLE_EQ(l.period_s, 0.2);
@@ -87,10 +88,10 @@ TEST(CpuLimitTest, VersionOneQuotasAreReadUnderTheirMount) {
 
 TEST(CpuLimitTest, NothingReadableMeansNoQuota) {
   const std::string root = testing::freshDir("cpu-limit-none");
-  for (const CpuLimitSources& s :
-       {CpuLimitSources{"", "", root, 3}, CpuLimitSources{"0::/a\n", kMounts, root, 3},
-        CpuLimitSources{"garbage\n::\n", "garbage - \n", root, 3},
-        CpuLimitSources{"0::/../../etc\n", kMounts, root, 3}}) {
+  for (const LimitSources& s :
+       {LimitSources{"", "", root, 3}, LimitSources{"0::/a\n", kMounts, root, 3},
+        LimitSources{"garbage\n::\n", "garbage - \n", root, 3},
+        LimitSources{"0::/../../etc\n", kMounts, root, 3}}) {
     const CpuLimit l = cpuLimitFrom(s);
     EXPECT_EQ(l.quota_cores, 0);
     EXPECT_EQ(l.period_s, 0);
@@ -118,11 +119,47 @@ TEST(CpuLimitTest, ThreadsStopAtTheQuotaRoundedUp) {
   EXPECT_EQ(usableThreads(8, two), 2);
 }
 
+TEST(MemoryLimitTest, TheSmallestLimitAndTheLeastRoomCount) {
+  const std::string root = testing::freshDir("memory-limit");
+  const std::string v1 = root + "/sys/fs/cgroup/memory";
+  write(v1 + "/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "no limit"
+  write(v1 + "/memory.usage_in_bytes", "5000000000\n");
+  write(v1 + "/box/memory.limit_in_bytes", "4294967296\n");
+  write(v1 + "/box/memory.usage_in_bytes", "4000000000\n");
+  write(v1 + "/box/node/memory.limit_in_bytes", "1073741824\n");
+  write(v1 + "/box/node/memory.usage_in_bytes", "73741824\n");
+  const std::string groups = "4:memory:/box/node\n1:cpu:/\n0::/\n";
+  const MemoryLimit m = memoryLimitFrom({groups, kMounts, root, 2});
+  EXPECT_EQ(m.limit_bytes, int64_t{1} << 30);
+  EXPECT_EQ(m.limit_from, v1 + "/box/node/memory.limit_in_bytes");
+  // The node may hold 1 GiB but its parent has only 294967296 bytes left.
+  EXPECT_EQ(m.free_bytes, 294967296);
+  // v2: "max" is no limit.
+  write(root + "/sys/fs/cgroup/memory.max", "max\n");
+  write(root + "/sys/fs/cgroup/a/memory.max", "536870912\n");
+  write(root + "/sys/fs/cgroup/a/memory.current", "36870912\n");
+  const MemoryLimit v2 = memoryLimitFrom({"0::/a\n", kMounts, root, 2});
+  EXPECT_EQ(v2.limit_bytes, 536870912);
+  EXPECT_EQ(v2.free_bytes, 500000000);
+  const MemoryLimit none = memoryLimitFrom({"0::/\n", kMounts, root, 2});
+  EXPECT_EQ(none.limit_bytes, 0);
+  EXPECT_EQ(none.free_bytes, -1);
+  EXPECT_TRUE(none.limit_from.empty());
+  // A limit without a usage file still limits; usage over the limit leaves no room.
+  write(root + "/sys/fs/cgroup/b/memory.max", "100000000\n");
+  EXPECT_EQ(memoryLimitFrom({"0::/b\n", kMounts, root, 2}).free_bytes, -1);
+  write(root + "/sys/fs/cgroup/b/memory.current", "200000000\n");
+  EXPECT_EQ(memoryLimitFrom({"0::/b\n", kMounts, root, 2}).free_bytes, 0);
+}
+
 TEST(CpuLimitTest, ThisProcessHasALimit) {
   const CpuLimit l = cpuLimit();
   EXPECT_GE(l.cpus, 1);
   EXPECT_GT(l.cores(), 0);
   EXPECT_LE(l.cores(), l.cpus);
+  const MemoryLimit m = memoryLimit();
+  EXPECT_GE(m.limit_bytes, 0);
+  EXPECT_LE(m.free_bytes, m.limit_bytes);
 }
 
 }  // namespace

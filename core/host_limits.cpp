@@ -1,4 +1,4 @@
-#include "core/cpu_limit.h"
+#include "core/host_limits.h"
 
 #include <sched.h>
 
@@ -38,9 +38,9 @@ struct Mount {
   std::string root, point;
 };
 
-// The mount of the cgroup v2 hierarchy (`v2`) or of the v1 hierarchy with the cpu
-// controller, from /proc/self/mountinfo.
-std::optional<Mount> findMount(const std::string& mountinfo, bool v2) {
+// The mount of the cgroup v2 hierarchy (`controller` empty) or of the v1 hierarchy with
+// `controller`, from /proc/self/mountinfo.
+std::optional<Mount> findMount(const std::string& mountinfo, const std::string& controller) {
   std::istringstream lines(mountinfo);
   std::string line;
   while (std::getline(lines, line)) {
@@ -52,21 +52,23 @@ std::optional<Mount> findMount(const std::string& mountinfo, bool v2) {
     if (fields.size() < 5 || dash == fields.end() || fields.end() - dash < 4) continue;
     const std::string& type = dash[1];
     const std::string& options = dash[3];
-    if (v2 ? type == "cgroup2" : (type == "cgroup" && hasToken(options, "cpu")))
+    if (controller.empty() ? type == "cgroup2"
+                           : (type == "cgroup" && hasToken(options, controller)))
       return Mount{fields[3], fields[4]};
   }
   return std::nullopt;
 }
 
-// The process's group in the v2 hierarchy ("0::/path") or the v1 cpu hierarchy.
-std::optional<std::string> groupPath(const std::string& proc_cgroup, bool v2) {
+// The process's group in the v2 hierarchy ("0::/path") or the v1 hierarchy of `controller`.
+std::optional<std::string> groupPath(const std::string& proc_cgroup,
+                                     const std::string& controller) {
   std::istringstream lines(proc_cgroup);
   std::string line;
   while (std::getline(lines, line)) {
     const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
     if (b == std::string::npos) continue;
     const std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1);
-    if (v2 ? (id == "0" && controllers.empty()) : hasToken(controllers, "cpu"))
+    if (controller.empty() ? (id == "0" && controllers.empty()) : hasToken(controllers, controller))
       return line.substr(b + 1);
   }
   return std::nullopt;
@@ -91,13 +93,19 @@ std::vector<std::string> groupFolders(const Mount& m, const std::string& path,
   return out;
 }
 
-void takeSmaller(CpuLimit& limit, double cores, double period, const std::string& file) {
-  if (!(cores > 0) || !(period > 0)) return;
-  if (limit.quota_cores == 0 || cores < limit.quota_cores) {
-    limit.quota_cores = cores;
-    limit.period_s = period;
-    limit.quota_from = file;
+// Every group folder of the process in the v2 hierarchy (v2: true) and in v1's
+// `controller` hierarchy, innermost first.
+std::vector<std::pair<bool, std::string>> allFolders(const LimitSources& s,
+                                                     const std::string& controller) {
+  std::vector<std::pair<bool, std::string>> out;
+  for (const bool v2 : {true, false}) {
+    const std::string c = v2 ? "" : controller;
+    const std::optional<Mount> m = findMount(s.mountinfo, c);
+    const std::optional<std::string> path = groupPath(s.proc_cgroup, c);
+    if (!m || !path) continue;
+    for (std::string& dir : groupFolders(*m, *path, s.root)) out.emplace_back(v2, std::move(dir));
   }
+  return out;
 }
 
 std::optional<double> readNumber(const std::string& path) {
@@ -129,37 +137,70 @@ std::optional<std::pair<double, double>> parseCpuMax(const std::string& text) {
   }
 }
 
-CpuLimit cpuLimitFrom(const CpuLimitSources& s) {
+CpuLimit cpuLimitFrom(const LimitSources& s) {
   CpuLimit limit;
   limit.cpus = std::max(1, s.cpus);
-  for (const bool v2 : {true, false}) {
-    const std::optional<Mount> m = findMount(s.mountinfo, v2);
-    const std::optional<std::string> path = groupPath(s.proc_cgroup, v2);
-    if (!m || !path) continue;
-    for (const std::string& dir : groupFolders(*m, *path, s.root)) {
-      if (v2) {
-        if (auto q = parseCpuMax(slurp(dir + "/cpu.max")))
-          takeSmaller(limit, q->first, q->second, dir + "/cpu.max");
-        continue;
-      }
-      const std::optional<double> quota = readNumber(dir + "/cpu.cfs_quota_us");
-      const std::optional<double> period = readNumber(dir + "/cpu.cfs_period_us");
-      if (quota && period && *quota > 0)
-        takeSmaller(limit, *quota / *period, *period * 1e-6, dir + "/cpu.cfs_quota_us");
+  auto take = [&](double cores, double period, const std::string& file) {
+    if (!(cores > 0) || !(period > 0)) return;
+    if (limit.quota_cores == 0 || cores < limit.quota_cores) {
+      limit.quota_cores = cores;
+      limit.period_s = period;
+      limit.quota_from = file;
     }
+  };
+  for (const auto& [v2, dir] : allFolders(s, "cpu")) {
+    if (v2) {
+      if (auto q = parseCpuMax(slurp(dir + "/cpu.max")))
+        take(q->first, q->second, dir + "/cpu.max");
+      continue;
+    }
+    const std::optional<double> quota = readNumber(dir + "/cpu.cfs_quota_us");
+    const std::optional<double> period = readNumber(dir + "/cpu.cfs_period_us");
+    if (quota && period && *quota > 0)
+      take(*quota / *period, *period * 1e-6, dir + "/cpu.cfs_quota_us");
   }
   return limit;
 }
 
-CpuLimit cpuLimit() {
-  CpuLimitSources s;
+MemoryLimit memoryLimitFrom(const LimitSources& s) {
+  MemoryLimit limit;
+  // v1 says "no limit" with a number near 2^63 (rounded to pages), v2 with "max".
+  constexpr double kNone = 0x1p62;
+  for (const auto& [v2, dir] : allFolders(s, "memory")) {
+    const std::string file = dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes");
+    const std::optional<double> bytes = readNumber(file);
+    if (!bytes || !(*bytes > 0) || *bytes >= kNone) continue;
+    const auto cap = static_cast<int64_t>(*bytes);
+    if (limit.limit_bytes == 0 || cap < limit.limit_bytes) {
+      limit.limit_bytes = cap;
+      limit.limit_from = file;
+    }
+    const std::optional<double> used =
+        readNumber(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"));
+    if (!used) continue;
+    const int64_t room = std::max<int64_t>(0, cap - static_cast<int64_t>(*used));
+    if (limit.free_bytes < 0 || room < limit.free_bytes) limit.free_bytes = room;
+  }
+  return limit;
+}
+
+namespace {
+
+LimitSources thisProcess() {
+  LimitSources s;
   s.proc_cgroup = slurp("/proc/self/cgroup");
   s.mountinfo = slurp("/proc/self/mountinfo");
   cpu_set_t set;
   CPU_ZERO(&set);
   s.cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  return cpuLimitFrom(s);
+  return s;
 }
+
+}  // namespace
+
+CpuLimit cpuLimit() { return cpuLimitFrom(thisProcess()); }
+
+MemoryLimit memoryLimit() { return memoryLimitFrom(thisProcess()); }
 
 int usableThreads(int requested, const CpuLimit& limit) {
   const int want = std::max(1, requested);

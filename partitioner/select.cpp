@@ -1,0 +1,131 @@
+// choosePlan (search.h): the search's split, then which devices to use at all, by the
+// predicted training step.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "partitioner/search.h"
+
+namespace tandem::partitioner {
+
+namespace {
+
+// Searches of the greedy removal at most: a plan stays quick and its result independent
+// of the machine's speed.
+constexpr int kMaxSelectionSearches = 64;
+
+// The problem with only the devices `keep` marks; `map` receives each kept device's index
+// in the full problem.
+Problem keeping(const Problem& full, const std::vector<bool>& keep, std::vector<int>& map) {
+  Problem p = full;
+  p.devices.clear();
+  map.clear();
+  for (size_t d = 0; d < full.devices.size(); ++d)
+    if (keep[d]) {
+      p.devices.push_back(full.devices[d]);
+      map.push_back(static_cast<int>(d));
+    }
+  return p;
+}
+
+// A plan over a sub-problem's devices as a plan over the full problem's, priced there.
+Plan lift(const CostModel& full, const Plan& sub, const std::vector<int>& map) {
+  std::vector<Assignment> stages;
+  for (const PlanStage& s : sub.stages) {
+    Assignment a = s.at;
+    for (int& d : a.devices) d = map[static_cast<size_t>(d)];
+    stages.push_back(std::move(a));
+  }
+  return evaluate(full, stages, sub.algorithm);
+}
+
+bool fits(const Plan& p) { return !p.stages.empty() && p.infeasible.empty(); }
+
+// Strictly faster, by a margin below which two predictions are a tie.
+bool faster(const Plan& a, const Plan& b) {
+  return fits(a) && (!fits(b) || a.step_s < b.step_s * (1 - 1e-6));
+}
+
+std::set<int> devicesOf(const Plan& p) {
+  std::set<int> used;
+  for (const PlanStage& s : p.stages) used.insert(s.at.devices.begin(), s.at.devices.end());
+  return used;
+}
+
+std::string ms(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", seconds * 1e3);
+  return buf;
+}
+
+}  // namespace
+
+Plan choosePlan(const CostModel& cost, const SearchOptions& o) {
+  const Plan searched = bestPlan(cost, o);
+  if (!cost.training()) return searched;
+  const Problem& problem = cost.problem();
+  const size_t n = problem.devices.size();
+  Plan best = searched;
+  std::vector<bool> keep(n, true);
+  // Each device the greedy removal left out: the step with it and without it.
+  std::map<int, std::pair<double, double>> removed;
+  int searches = 0;
+  for (;;) {
+    const std::set<int> used = devicesOf(best);
+    if (used.size() <= 1) break;
+    Plan round;
+    int dropped = -1;
+    for (const int d : used) {
+      if (searches >= kMaxSelectionSearches) break;
+      std::vector<bool> without = keep;
+      without[static_cast<size_t>(d)] = false;
+      std::vector<int> map;
+      Problem sub = keeping(problem, without, map);
+      if (sub.devices.empty()) continue;
+      ++searches;
+      try {
+        const CostModel sub_cost(std::move(sub));
+        const Plan candidate = lift(cost, bestPlan(sub_cost, o), map);
+        if (faster(candidate, dropped < 0 ? best : round)) {
+          round = candidate;
+          dropped = d;
+        }
+      } catch (const InvalidArgument&) {
+        // Nothing fits without it: it stays.
+      }
+    }
+    if (dropped < 0 || !faster(round, best)) break;
+    removed[dropped] = {best.step_s, round.step_s};
+    keep[static_cast<size_t>(dropped)] = false;
+    best = round;
+  }
+  // The whole model on one device, each in turn: the plan is never predicted slower than
+  // the fastest single device it could use.
+  for (size_t d = 0; d < n; ++d) {
+    const Plan alone =
+        evaluate(cost, {Assignment{0, cost.layers(), {static_cast<int>(d)}}}, searched.algorithm);
+    if (faster(alone, best)) best = alone;
+  }
+  const std::set<int> used = devicesOf(best), searched_used = devicesOf(searched);
+  for (size_t d = 0; d < n; ++d) {
+    const int i = static_cast<int>(d);
+    if (used.count(i)) continue;
+    std::string why;
+    if (const auto it = removed.find(i); it != removed.end()) {
+      why = "left out: the step is predicted " + ms(it->second.first) + " with it, " +
+            ms(it->second.second) + " without";
+    } else if (searched_used.count(i)) {
+      why = "left out: the fastest split using it is predicted " + ms(searched.step_s) +
+            " per step, this plan " + ms(best.step_s);
+    } else {
+      why = "not used: no split gains from it (the fastest split's slowest stage takes " +
+            ms(searched.seconds) + " per microbatch without it)";
+    }
+    best.left_out.push_back({i, why});
+  }
+  return best;
+}
+
+}  // namespace tandem::partitioner

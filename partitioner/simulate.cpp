@@ -1,0 +1,190 @@
+#include "partitioner/simulate.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace tandem::partitioner {
+
+namespace {
+
+// Steps simulated back to back: the first fills an empty pipeline with empty burst
+// budgets, which idle stages refill; the last one's length is the steady step.
+constexpr int kSteps = 5;
+
+// One direction of a link between neighbouring stages: messages queue, one on the wire at
+// a time.
+struct Wire {
+  double free_at = 0;
+  double seconds_per_byte = 0, latency_s = 0;
+  // Sends `bytes` at `now`: when it arrives.
+  double send(double now, double bytes) {
+    const double start = std::max(now, free_at);
+    free_at = start + bytes * seconds_per_byte;
+    return free_at + latency_s;
+  }
+};
+
+// A device's burst budget (DeviceCosts::burst_ratio, burst_budget_s): a token bucket of
+// full-speed seconds, refilled at `ratio` per second up to `capacity`, drained while it
+// runs at full speed; empty, it runs at the sustained rate.
+struct Burst {
+  double ratio = 1, capacity = 0, tokens = 0, last = 0;
+  // Wall seconds for `work` sustained seconds of compute starting at `now`.
+  double run(double now, double work) {
+    if (ratio >= 1 || capacity <= 0) return work;
+    tokens = std::min(capacity, tokens + ratio * std::max(0.0, now - last));
+    const double burst = work * ratio;  // full-speed seconds it needs
+    double wall = burst;
+    if (tokens >= burst * (1 - ratio)) {
+      tokens -= burst * (1 - ratio);
+    } else {
+      const double fast = tokens / (1 - ratio);  // full-speed seconds the budget covers
+      wall = fast + (burst - fast) / ratio;
+      tokens = 0;
+    }
+    last = now + wall;
+    return wall;
+  }
+};
+
+struct Stage {
+  double forward = 0, backward = 0, weight = 0, step = 0;  // sustained seconds
+  double out_bytes = 0, in_bytes = 0;  // activation sent on, gradient sent back (wire bytes)
+  Wire next, prev;                     // to stage s + 1, to stage s - 1
+  Burst burst;
+  std::vector<Action> actions;  // kSteps steps, microbatches numbered on across them
+  size_t pc = 0;
+  int steps_done = 0;
+  double clock = 0, busy = 0;
+  std::vector<double> step_end;  // when each step's optimizer step ended
+};
+
+}  // namespace
+
+StepPrediction predictStep(const CostModel& cost, const Plan& plan) {
+  return predictStep(cost, plan, cost.options().schedule);
+}
+
+StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind schedule) {
+  TANDEM_CHECK_MSG(cost.training(), InvalidArgument,
+                   "a training step is predicted for the training objective only");
+  TANDEM_CHECK_MSG(isTraining(schedule), InvalidArgument,
+                   "a training step needs a training schedule, not " << scheduleName(schedule));
+  const CostOptions& o = cost.options();
+  const int p = static_cast<int>(plan.stages.size());
+  TANDEM_CHECK_MSG(p > 0, InvalidArgument, "a plan with no stages");
+  const int64_t m = o.microbatches;
+  std::vector<Stage> st(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    const PlanStage& ps = plan.stages[static_cast<size_t>(s)];
+    Stage& x = st[static_cast<size_t>(s)];
+    const int t = cost.typeOf(ps.at.devices.front());
+    const double k = static_cast<double>(ps.at.devices.size());
+    x.forward = cost.forward(t, ps.at.begin, ps.at.end) / k;
+    const double whole = cost.backward(t, ps.at.begin, ps.at.end) / k;
+    x.weight = s > 0 ? cost.weightGradient(t, ps.at.begin, ps.at.end) / k : 0;
+    x.backward = whole - x.weight;
+    x.step = cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
+    const DeviceCosts& d = cost.deviceOf(t);
+    // The budget starts empty: a stage kept busy never refills it, one that idles does
+    // within a step, and the last step is measured.
+    x.burst = {d.burst_ratio, d.burst_budget_s, 0, 0};
+    for (int step = 0; step < kSteps; ++step)
+      for (Action a : stageActions(schedule, s, p, m)) {
+        a.microbatch += step * m;
+        x.actions.push_back(a);
+      }
+    if (s + 1 < p) {
+      const int u = cost.typeOf(plan.stages[static_cast<size_t>(s + 1)].at.devices.front());
+      const LinkCosts& there = cost.linkCosts(t, u);
+      const LinkCosts& back = cost.linkCosts(u, t);
+      const auto bytes = static_cast<double>(cost.problem().layers[ps.at.end - 1].output_bytes);
+      x.out_bytes = bytes * o.activation_ratio;
+      x.next = {0, 1 / there.bandwidth, there.latency_s};
+      Stage& y = st[static_cast<size_t>(s + 1)];
+      y.in_bytes = bytes * o.gradient_ratio;
+      y.prev = {0, 1 / back.bandwidth, back.latency_s};
+    }
+  }
+  // When each message arrives (-1: not sent yet): activations into stage s, gradients
+  // into stage s (from s + 1).
+  const auto all = static_cast<size_t>(kSteps * m);
+  std::vector<std::vector<double>> act(static_cast<size_t>(p), std::vector<double>(all, -1));
+  std::vector<std::vector<double>> grad = act;
+  // Runs stage s's next action; false when it waits for a message not yet sent.
+  auto advance = [&](int s) {
+    Stage& x = st[static_cast<size_t>(s)];
+    const Action& a = x.actions[x.pc];
+    const auto k = static_cast<size_t>(a.microbatch);
+    double work = -1;
+    switch (a.type) {
+      case ActionType::kRecvActivation:
+        if (act[static_cast<size_t>(s)][k] < 0) return false;
+        x.clock = std::max(x.clock, act[static_cast<size_t>(s)][k]);
+        break;
+      case ActionType::kRecvGradient:
+        if (grad[static_cast<size_t>(s)][k] < 0) return false;
+        x.clock = std::max(x.clock, grad[static_cast<size_t>(s)][k]);
+        break;
+      case ActionType::kSendActivation:
+        act[static_cast<size_t>(s + 1)][k] = x.next.send(x.clock, x.out_bytes);
+        break;
+      case ActionType::kSendGradient:
+        grad[static_cast<size_t>(s - 1)][k] = x.prev.send(x.clock, x.in_bytes);
+        break;
+      case ActionType::kForward:
+        work = x.forward;
+        break;
+      case ActionType::kBackward:
+        work = x.backward;
+        break;
+      case ActionType::kWeightGradient:
+        work = x.weight;
+        break;
+      case ActionType::kStep:
+        x.clock += x.step;  // waiting on the other replicas, not computing
+        x.step_end.push_back(x.clock);
+        break;
+    }
+    if (work >= 0) {
+      const double wall = x.burst.run(x.clock, work);
+      x.clock += wall;
+      x.busy += wall;
+    }
+    ++x.pc;
+    return true;
+  };
+  // Sends never block, so running every stage as far as it can, in turns, completes
+  // (the schedules are validated deadlock-free; a stuck round means a bad list).
+  for (;;) {
+    bool progress = false, done = true;
+    for (int s = 0; s < p; ++s) {
+      Stage& x = st[static_cast<size_t>(s)];
+      while (x.pc < x.actions.size() && advance(s)) progress = true;
+      done = done && x.pc == x.actions.size();
+    }
+    if (done) break;
+    TANDEM_CHECK_MSG(progress, InvalidArgument,
+                     "predictStep: the " << scheduleName(schedule) << " lists for " << p
+                                         << " stages do not complete");
+  }
+  // A step ends when its last stage to finish does; the steady step is the last one.
+  std::vector<double> ends(kSteps, 0);
+  for (const Stage& x : st)
+    for (int step = 0; step < kSteps; ++step)
+      ends[static_cast<size_t>(step)] = std::max(ends[static_cast<size_t>(step)],
+                                                 x.step_end.at(static_cast<size_t>(step)));
+  StepPrediction r;
+  r.step_s = ends[kSteps - 1] - ends[kSteps - 2];
+  double busy = 0;
+  for (const Stage& x : st) {
+    r.busy_s.push_back(x.busy / kSteps);
+    busy += x.busy / kSteps;
+  }
+  r.samples_per_s = r.step_s > 0 ? static_cast<double>(m * o.microbatch_size) / r.step_s : 0;
+  r.bubble = r.step_s > 0 ? std::max(0.0, 1 - busy / (p * r.step_s)) : 0;
+  return r;
+}
+
+}  // namespace tandem::partitioner

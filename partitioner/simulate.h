@@ -1,0 +1,46 @@
+// A training step of a plan, predicted by running its schedule: every stage's action list
+// (core/pipeline/schedule.h) against the others, each action taking the time the cost
+// model gives it, as validateSchedule runs them in unit ticks. The slowest stage sets the
+// pace in steady state, but a step also fills and drains the pipeline, and its stages
+// differ: the prediction is the time from the first forward to the last optimizer step.
+//
+//   forward k         the stage's layers' forward (the last stage's includes the loss)
+//   backward k        the first stage: its whole backward; later stages: less the
+//                     weight-gradient share (CostModel::weightGradient)
+//   weight gradient k that share, after the input's gradient went upstream
+//   send ...          never blocks the stage; each direction of a link carries one
+//                     message at a time: bytes (after the codec) over the bandwidth, then
+//                     the latency until it arrives
+//   receive ...       waits for the message to arrive
+//   step              the replicas' gradient allreduce (a replicated stage)
+// A replicated stage runs each microbatch split over its replicas (compute / k). A device
+// under a CPU quota computes at full speed while its burst budget lasts (DeviceCosts::
+// burst_ratio, burst_budget_s: a token bucket), at the sustained rate after. Five steps
+// run back to back, as a run's do (no barrier between steps: a stage starts the next
+// step's work when its messages allow); the last one's length is the step.
+//
+// What it leaves out: the optimizer's own update, data loading, the executor's and the
+// transport's own work per message, and stages sharing a host's cores (docs/partitioner.md
+// says how far the predictions hold, and scripts/plan-fidelity measures it).
+#pragma once
+
+#include <vector>
+
+#include "core/pipeline/schedule.h"
+#include "partitioner/plan.h"
+
+namespace tandem::partitioner {
+
+struct StepPrediction {
+  double step_s = 0;           // the steady step: one step's end to the next's
+  double samples_per_s = 0;    // the step's samples (microbatches x microbatch size) / step_s
+  std::vector<double> busy_s;  // per stage: computing, per step
+  double bubble = 0;           // idle share of stage time: 1 - sum(busy) / (stages x step)
+};
+
+// The step of `plan` under `cost`'s options (schedule, microbatches, codecs). A training
+// objective only (InvalidArgument otherwise); `schedule` overrides the options' kind.
+StepPrediction predictStep(const CostModel& cost, const Plan& plan);
+StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind schedule);
+
+}  // namespace tandem::partitioner
