@@ -93,16 +93,18 @@ Tensor Model::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begi
   return layers_.backward(dy, stash, need_dx, begin, end, done);
 }
 
-Tensor Model::backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end) {
+Tensor Model::backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end,
+                            bool need_dx) {
   if (end == kEnd) end = size();
   requireBuilt(begin, end);
-  return layers_.backwardInput(dy, stash, begin, end);
+  return layers_.backwardInput(dy, stash, begin, end, need_dx);
 }
 
-void Model::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done) {
+void Model::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done,
+                            bool first_done) {
   if (end == kEnd) end = size();
   requireBuilt(begin, end);
-  layers_.backwardWeights(stash, begin, end, done);
+  layers_.backwardWeights(stash, begin, end, done, first_done);
 }
 
 int64_t Model::paramCount(size_t begin, size_t end) const {

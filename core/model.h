@@ -53,9 +53,12 @@ class Model {
                   size_t end = kEnd, const LayerDone& done = {});
   // backward(dy, stash, true, begin, end) in two halves (Layer::backwardInput): the
   // input's gradient first, the parameter gradients after; bitwise the same result.
-  Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin = 0, size_t end = kEnd);
+  // need_dx false (a pipeline's first stage): layer `begin` runs whole here, without the
+  // input's gradient, and backwardWeights(..., first_done = true) leaves it out.
+  Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin = 0, size_t end = kEnd,
+                       bool need_dx = true);
   void backwardWeights(Stash& stash, size_t begin = 0, size_t end = kEnd,
-                       const LayerDone& done = {});
+                       const LayerDone& done = {}, bool first_done = false);
 
   // Layer::decode through layers [begin, end): the next tokens [B, Tnew] (ids, or the
   // activations entering `begin`) of sequences whose earlier tokens `state` has seen.

@@ -280,7 +280,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       // best prediction. And a device is priced at what it sustains over time, not at
       // what it bursts to (a CPU quota, throttling: Sustained in core/profile/profile.h).
       const double scale = static_cast<double>(b) / static_cast<double>(prof.batch) *
-                           dp.sustained.scale();
+                           dp.sustained.throttle();
       for (const LayerProfile& lp : dp.layers) {
         d.forward_s.push_back(lp.forward.median * scale);
         d.backward_s.push_back(lp.backward.median * scale);
@@ -291,8 +291,8 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       // Under a CPU quota the layers' medians are its burst speed, and it keeps up the
       // sustained rate's share of each period at that speed.
       const Sustained& su = dp.sustained;
-      if (su.quota_cores > 0 && su.quota_period_s > 0 && su.scale() > 1) {
-        d.burst_ratio = 1 / su.scale();
+      if (su.quota_cores > 0 && su.quota_period_s > 0 && su.throttle() > 1) {
+        d.burst_ratio = 1 / su.throttle();
         d.burst_budget_s = d.burst_ratio * su.quota_period_s;
       }
       p.devices.push_back(std::move(d));

@@ -198,7 +198,8 @@ double CostModel::sourceLink(int to) const {
                   types_[static_cast<size_t>(to)].node);
 }
 
-int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int replicas) const {
+int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int replicas,
+                          int stages) const {
   const CostOptions& o = options();
   const int64_t in = inputBytes(begin);
   const int64_t out = problem_.layers[end - 1].output_bytes;
@@ -215,9 +216,12 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
     return state + working + transport;
   }
   const int64_t activations = stash_prefix_[end] - stash_prefix_[begin];
-  const int64_t depth = o.schedule == ScheduleKind::kGPipe
-                            ? o.microbatches
-                            : std::min<int64_t>(o.microbatches, stages_to_end);
+  const int64_t depth =
+      o.schedule == ScheduleKind::kGPipe          ? o.microbatches
+      : o.schedule == ScheduleKind::kZeroBubbleH1 ? std::min<int64_t>(o.microbatches,
+                                                                       stages > 0 ? stages
+                                                                                  : o.microbatches)
+                                                  : std::min<int64_t>(o.microbatches, stages_to_end);
   const int64_t per_replica = (depth + replicas - 1) / replicas;
   const int64_t stash = o.recompute ? per_replica * in + activations : per_replica * activations;
   return state + stash + transport;

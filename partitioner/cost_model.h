@@ -19,7 +19,8 @@
 // Memory per device (bytes), training:
 //   weights + gradients + optimizer state (a multiple of the weights)
 //   + in-flight microbatches' stash: m for GPipe, min(m, r) for 1F1B where r counts the
-//     stages from this one to the last; each is what the layers keep for backward (with
+//     stages from this one to the last, min(m, p) for ZB-H1 (every stage holds up to what
+//     1F1B's first does); each is what the layers keep for backward (with
 //     recompute: the stage input only, plus one microbatch's stash while recomputing);
 //     a replica holds ceil(in-flight / k) of them
 //   + transport buffers: `transport_buffers` messages per direction on each link.
@@ -71,8 +72,10 @@ class CostModel {
   // Latency objective: the input's trip from the source device to type `to` (0 when
   // there is no source or `to` is the source's type).
   double sourceLink(int to) const;
-  // `stages_to_end` counts this stage and those after it (1F1B stash depth).
-  int64_t memory(size_t begin, size_t end, int stages_to_end, int replicas) const;
+  // `stages_to_end` counts this stage and those after it (1F1B stash depth); `stages` all
+  // of the plan's (ZB-H1's depth, min(m, stages); 0 where the search does not know it yet:
+  // then m, which no plan exceeds).
+  int64_t memory(size_t begin, size_t end, int stages_to_end, int replicas, int stages = 0) const;
   int64_t paramBytes(size_t begin, size_t end) const;
   // What layers [begin, end) hold whatever the split: weights, and when training their
   // gradients and optimizer state. A lower bound on any stage's memory that holds them.

@@ -58,7 +58,7 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
     st.compute_s = cost.stage(t, a.begin, a.end, k);
     st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
     if (s + 1 < p) st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()));
-    st.memory_bytes = cost.memory(a.begin, a.end, p - s, k);
+    st.memory_bytes = cost.memory(a.begin, a.end, p - s, k, p);
     const int64_t have = cost.types()[static_cast<size_t>(t)].memory_bytes;
     if (st.memory_bytes > have && plan.infeasible.empty()) {
       std::ostringstream os;

@@ -81,9 +81,16 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
     Stage& x = st[static_cast<size_t>(s)];
     const int t = cost.typeOf(ps.at.devices.front());
     const double k = static_cast<double>(ps.at.devices.size());
+    const std::vector<Action> one = stageActions(schedule, s, p, m);
+    const bool splits = std::any_of(one.begin(), one.end(), [](const Action& a) {
+      return a.type == ActionType::kWeightGradient;
+    });
     x.forward = cost.forward(t, ps.at.begin, ps.at.end) / k;
     const double whole = cost.backward(t, ps.at.begin, ps.at.end) / k;
-    x.weight = s > 0 ? cost.weightGradient(t, ps.at.begin, ps.at.end) / k : 0;
+    // A first stage that splits runs its first layer whole in the backward.
+    const size_t split_from = s == 0 ? ps.at.begin + 1 : ps.at.begin;
+    x.weight = splits && split_from < ps.at.end ? cost.weightGradient(t, split_from, ps.at.end) / k
+                                                 : 0;
     x.backward = whole - x.weight;
     x.step = cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
     const DeviceCosts& d = cost.deviceOf(t);
@@ -91,7 +98,7 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
     // within a step, and the last step is measured.
     x.burst = {d.burst_ratio, d.burst_budget_s, 0, 0};
     for (int step = 0; step < kSteps; ++step)
-      for (Action a : stageActions(schedule, s, p, m)) {
+      for (Action a : one) {
         a.microbatch += step * m;
         x.actions.push_back(a);
       }

@@ -114,17 +114,23 @@ Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t b
   return need_dx ? g : Tensor();
 }
 
-Tensor Sequence::backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end) {
+Tensor Sequence::backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end,
+                               bool need_dx) {
   checkStash(stash, begin, end);
   Tensor g = dy;
-  for (size_t i = end; i-- > begin;) g = layers_[i]->backwardInput(g, stash.children[i - begin]);
-  return g;
+  const size_t last = need_dx ? begin : begin + 1;  // the layers split in two
+  for (size_t i = end; i-- > last;) g = layers_[i]->backwardInput(g, stash.children[i - begin]);
+  if (need_dx) return g;
+  layers_[begin]->backward(g, stash.children[0], false);
+  stash.children[0].clear();
+  return Tensor();
 }
 
-void Sequence::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done) {
+void Sequence::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done,
+                               bool first_done) {
   checkStash(stash, begin, end);
   for (size_t i = end; i-- > begin;) {
-    layers_[i]->backwardWeights(stash.children[i - begin]);
+    if (!(first_done && i == begin)) layers_[i]->backwardWeights(stash.children[i - begin]);
     stash.children[i - begin].clear();
     if (done) done(i);
   }

@@ -49,8 +49,13 @@ class Sequence {
                   const LayerDone& done = {});
   // backward(dy, stash, true, begin, end) in the two halves of Layer::backwardInput and
   // backwardWeights, layer by layer; backwardWeights frees the stash (and calls `done`).
-  Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end);
-  void backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done = {});
+  // need_dx false (the model's first layers, where nothing wants the input's gradient):
+  // layer `begin` runs its whole backward here without an input gradient (an empty tensor
+  // is returned), and backwardWeights(..., first_done = true) leaves it out.
+  Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end,
+                       bool need_dx = true);
+  void backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done = {},
+                       bool first_done = false);
 
   std::vector<LayerSpec> specs() const;
 

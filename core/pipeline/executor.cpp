@@ -145,8 +145,8 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
         break;
       case ActionType::kBackward:
         backward(k, info, split, &a == last_gradient ? layer_done : LayerDone());
-        --stashed;
-        if (range_.first()) inflight_.erase(k);
+        if (!split) --stashed;  // else its weight gradient still needs the stash
+        if (range_.first() && !split) inflight_.erase(k);  // a split one waits for its W
         record(a.type, k, t0, counters_.busy_s);
         break;
       case ActionType::kWeightGradient: {
@@ -155,8 +155,9 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
             f.split, InvalidArgument,
             "stage " << range_.stage << ": weight gradient " << k << " without its backward");
         model_.backwardWeights(f.stash, range_.begin, range_.end,
-                               &a == last_gradient ? layer_done : LayerDone());
+                               &a == last_gradient ? layer_done : LayerDone(), range_.first());
         inflight_.erase(k);
+        --stashed;
         record(a.type, k, t0, counters_.busy_s);
         break;
       }
@@ -272,9 +273,8 @@ void StageExecutor::backward(int64_t k, const StepInfo& info, bool split,
     model_.forward(f.x, f.stash, ctx, range_.begin, range_.end);
   }
   if (split) {
-    TANDEM_CHECK_MSG(!range_.first(), InvalidArgument,
-                     "stage 0: a split backward has no input gradient to send");
-    f.dx = model_.backwardInput(f.dy, f.stash, range_.begin, range_.end);
+    // The first stage wants no input gradient: its first layer runs whole here.
+    f.dx = model_.backwardInput(f.dy, f.stash, range_.begin, range_.end, !range_.first());
     f.split = true;  // the stash stays for the weight gradient
   } else {
     f.dx = model_.backward(f.dy, f.stash, !range_.first(), range_.begin, range_.end, done);

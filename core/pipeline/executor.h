@@ -111,7 +111,9 @@ struct StageCounters {
   // Replicas: waiting for the gradient sums at the flush (what the overlap did not hide)
   // and summing the last stage's loss.
   double allreduce_s = 0;
-  int64_t peak_stash = 0;  // most microbatches forwarded and not yet backward
+  // Most microbatches held at once: forwarded, not yet through their backward (or their
+  // weight gradient, on a stage that splits backwards).
+  int64_t peak_stash = 0;
   int64_t microbatches = 0;
   bool operator==(const StageCounters&) const = default;
 };

@@ -15,15 +15,18 @@ std::string_view scheduleName(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kForwardOnly:
       return "forward";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
   }
   return "invalid";
 }
 
 ScheduleKind parseSchedule(std::string_view name) {
-  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kForwardOnly})
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZeroBubbleH1,
+                         ScheduleKind::kForwardOnly})
     if (name == scheduleName(k)) return k;
   std::ostringstream os;
-  os << "unknown schedule '" << name << "' (expected gpipe, 1f1b or forward)";
+  os << "unknown schedule '" << name << "' (expected gpipe, 1f1b, zb-h1 or forward)";
   throw InvalidArgument(os.str());
 }
 
@@ -47,6 +50,71 @@ void addBackward(std::vector<Action>& out, int s, int p, int64_t k) {
   }
 }
 
+// ZB-H1's lists (ScheduleKind::kZeroBubbleH1): every stage run in unit ticks, each
+// choosing its next compute action as the kind's comment says; the communication actions
+// go around them as in the other schedules.
+std::vector<std::vector<Action>> zeroBubbleH1(int p, int64_t m) {
+  struct St {
+    int64_t next_f = 0, next_b = 0, held = 0;
+    std::vector<int64_t> weights;  // backwards whose weight gradient is pending, in order
+    int64_t busy_until = 0;        // the tick its current action ends
+    std::vector<Action> out;
+  };
+  const int64_t limit = std::min<int64_t>(p, m);  // what 1F1B's first stage holds
+  std::vector<St> st(static_cast<size_t>(p));
+  constexpr int64_t kNever = -1;
+  // When stage s's forward / backward of microbatch k ended (kNever: not yet).
+  std::vector<std::vector<int64_t>> f_end(static_cast<size_t>(p),
+                                          std::vector<int64_t>(static_cast<size_t>(m), kNever));
+  std::vector<std::vector<int64_t>> b_end = f_end;
+  auto ended = [](const std::vector<int64_t>& ends, int64_t k, int64_t t) {
+    return ends[static_cast<size_t>(k)] != kNever && ends[static_cast<size_t>(k)] <= t;
+  };
+  auto done = [&] {
+    for (const St& x : st)
+      if (x.next_b < m || !x.weights.empty()) return false;
+    return true;
+  };
+  for (int64_t t = 0; !done(); ++t) {
+    for (int s = 0; s < p; ++s) {
+      St& x = st[static_cast<size_t>(s)];
+      if (x.busy_until > t) continue;
+      const bool grad_in =
+          x.next_b < m && (s == p - 1 || ended(b_end[static_cast<size_t>(s + 1)], x.next_b, t));
+      const bool act_in =
+          x.next_f < m && (s == 0 || ended(f_end[static_cast<size_t>(s - 1)], x.next_f, t));
+      if (x.next_b < x.next_f && grad_in) {
+        const int64_t k = x.next_b++;
+        if (s < p - 1) x.out.push_back({ActionType::kRecvGradient, k});
+        x.out.push_back({ActionType::kBackward, k});
+        if (s > 0) x.out.push_back({ActionType::kSendGradient, k});
+        x.weights.push_back(k);
+        x.busy_until = t + 1;
+        b_end[static_cast<size_t>(s)][static_cast<size_t>(k)] = x.busy_until;
+      } else if (x.held < limit && act_in) {
+        const int64_t k = x.next_f++;
+        ++x.held;
+        if (s > 0) x.out.push_back({ActionType::kRecvActivation, k});
+        x.out.push_back({ActionType::kForward, k});
+        if (s < p - 1) x.out.push_back({ActionType::kSendActivation, k});
+        x.busy_until = t + 1;
+        f_end[static_cast<size_t>(s)][static_cast<size_t>(k)] = x.busy_until;
+      } else if (!x.weights.empty()) {
+        x.out.push_back({ActionType::kWeightGradient, x.weights.front()});
+        x.weights.erase(x.weights.begin());
+        --x.held;
+        x.busy_until = t + 1;
+      }
+    }
+  }
+  std::vector<std::vector<Action>> lists;
+  for (St& x : st) {
+    x.out.push_back({ActionType::kStep, 0});
+    lists.push_back(std::move(x.out));
+  }
+  return lists;
+}
+
 }  // namespace
 
 std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64_t microbatches) {
@@ -61,6 +129,8 @@ std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64
     case ScheduleKind::kForwardOnly:
       for (int64_t k = 0; k < m; ++k) addForward(out, s, p, k);
       return out;
+    case ScheduleKind::kZeroBubbleH1:
+      return zeroBubbleH1(p, m)[static_cast<size_t>(s)];
     case ScheduleKind::kGPipe:
       for (int64_t k = 0; k < m; ++k) addForward(out, s, p, k);
       for (int64_t k = 0; k < m; ++k) addBackward(out, s, p, k);
@@ -84,6 +154,10 @@ std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64
 
 std::vector<std::vector<Action>> scheduleActions(ScheduleKind kind, int stages,
                                                  int64_t microbatches) {
+  if (kind == ScheduleKind::kZeroBubbleH1) {  // every stage's list comes out of one run
+    stageActions(kind, 0, stages, microbatches);  // the argument checks
+    return zeroBubbleH1(stages, microbatches);
+  }
   std::vector<std::vector<Action>> lists;
   for (int s = 0; s < stages; ++s) lists.push_back(stageActions(kind, s, stages, microbatches));
   return lists;
@@ -134,13 +208,17 @@ struct StageState {
 
 class Simulation {
  public:
-  Simulation(const std::vector<std::vector<Action>>& lists, int64_t m, bool training, int bticks)
-      : lists_(lists), m_(m), training_(training), bticks_(bticks), st_(lists.size()) {
-    for (StageState& s : st_) {
+  Simulation(const std::vector<std::vector<Action>>& lists, int64_t m, bool training, int bticks,
+             int wticks)
+      : lists_(lists), m_(m), training_(training), bticks_(bticks), wticks_(wticks),
+        st_(lists.size()) {
+    for (size_t i = 0; i < st_.size(); ++i) {
+      StageState& s = st_[i];
       s.forwarded.assign(static_cast<size_t>(m), 0);
       s.backwarded = s.weighted = s.act_in = s.grad_in = s.forwarded;
       s.act_out.assign(static_cast<size_t>(m), -1);
       s.grad_out = s.act_out;
+      for (const Action& a : lists[i]) s.splits = s.splits || a.type == ActionType::kWeightGradient;
     }
     report_.ticks.resize(lists.size());
   }
@@ -231,14 +309,15 @@ class Simulation {
         if (!st.forwarded[k]) fail(s, "runs before its forward");
         if (s < last && !st.grad_in[k]) fail(s, "runs before its gradient is received");
         st.backwarded[k] = 1;
-        compute(s, a, bticks_);
-        --st.stash;
+        compute(s, a, st.splits ? bticks_ : bticks_ + wticks_);
+        if (!st.splits) --st.stash;  // else its weight gradient still needs the stash
         break;
       case ActionType::kWeightGradient:
         if (st.weighted[k]) fail(s, "weight gradient twice");
         if (!st.backwarded[k]) fail(s, "runs before its backward");
         st.weighted[k] = 1;
-        st.splits = true;
+        if (wticks_ > 0) compute(s, a, wticks_);
+        --st.stash;
         break;
       case ActionType::kSendGradient:
         if (s == 0) fail(s, "the first stage has no previous stage");
@@ -304,7 +383,7 @@ class Simulation {
   const std::vector<std::vector<Action>>& lists_;
   int64_t m_;
   bool training_;
-  int bticks_;
+  int bticks_, wticks_;
   std::vector<StageState> st_;
   ScheduleReport report_;
 };
@@ -312,17 +391,28 @@ class Simulation {
 }  // namespace
 
 ScheduleReport validateSchedule(const std::vector<std::vector<Action>>& lists, int64_t microbatches,
-                                bool training, int backward_ticks) {
+                                bool training, int backward_ticks, int weight_ticks) {
   TANDEM_CHECK_MSG(!lists.empty(), InvalidArgument, "schedule: no stages");
   TANDEM_CHECK_MSG(microbatches > 0, InvalidArgument,
                    "schedule: needs at least 1 microbatch, got " << microbatches);
-  TANDEM_CHECK_MSG(backward_ticks > 0, InvalidArgument, "schedule: backward_ticks must be > 0");
-  return Simulation(lists, microbatches, training, backward_ticks).run();
+  TANDEM_CHECK_MSG(backward_ticks > 0 && weight_ticks >= 0, InvalidArgument,
+                   "schedule: backward_ticks must be > 0 and weight_ticks >= 0");
+  return Simulation(lists, microbatches, training, backward_ticks, weight_ticks).run();
+}
+
+double bubbleFormula(ScheduleKind kind, int stages, int64_t microbatches) {
+  const double p = stages, m = static_cast<double>(microbatches);
+  if (kind == ScheduleKind::kZeroBubbleH1) return (p - 1) / (3 * m + p - 1);
+  if (kind == ScheduleKind::kForwardOnly) return (p - 1) / (m + p - 1);
+  return (p - 1) / (m + p - 1);
 }
 
 std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches) {
   const auto lists = scheduleActions(kind, stages, microbatches);
-  const ScheduleReport r = validateSchedule(lists, microbatches, isTraining(kind));
+  // GPipe and 1F1B as their papers draw them (a backward one tick, weight gradients in
+  // it); ZB-H1 with its weight gradients a tick of their own, as its paper's formula has.
+  const bool zb = kind == ScheduleKind::kZeroBubbleH1;
+  const ScheduleReport r = validateSchedule(lists, microbatches, isTraining(kind), 1, zb ? 1 : 0);
   std::ostringstream os;
   os << scheduleName(kind) << ": " << stages << " stage(s), " << microbatches
      << " microbatch(es)\n\n";
@@ -337,16 +427,20 @@ std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches) 
     os << "stage " << s << " |";
     for (const auto& c : r.ticks[s]) {
       std::ostringstream cell;
-      if (c.busy) cell << (c.type == ActionType::kForward ? 'F' : 'B') << c.microbatch;
+      if (c.busy)
+        cell << (c.type == ActionType::kForward          ? 'F'
+                 : c.type == ActionType::kWeightGradient ? 'W'
+                                                         : 'B')
+             << c.microbatch;
       std::string text = cell.str();
       text.resize(width, c.busy ? ' ' : '.');
       os << text << "|";
     }
     os << "\n";
   }
-  const double formula =
-      static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
-  os << "\nbubble: " << r.bubble << " of stage time (formula (p-1)/(m+p-1): " << formula << ")\n";
+  os << "\nbubble: " << r.bubble << " of stage time (formula "
+     << (kind == ScheduleKind::kZeroBubbleH1 ? "(p-1)/(3m+p-1)" : "(p-1)/(m+p-1)") << ": "
+     << bubbleFormula(kind, stages, microbatches) << ")\n";
   os << "peak stashed microbatches per stage:";
   for (int64_t n : r.peak_stash) os << " " << n;
   os << "\n";

@@ -12,8 +12,9 @@
 // gradient, "send gradient k" passes it upstream at once, and "weight gradient k" then
 // accumulates the parameter gradients while the previous stage already works on it
 // (the B/W split of zero-bubble pipelines, Qi et al. 2023). The first stage sends no
-// gradient and runs whole backwards. In the unit-time model a weight gradient takes no
-// time (its cost is counted in its backward).
+// gradient and runs whole backwards, but in ZB-H1, where its backward leaves the weight
+// gradients of all but its first layer to their own action. In the unit-time model a
+// weight gradient takes no time unless asked (validateSchedule's weight_ticks).
 #pragma once
 
 #include <cstdint>
@@ -44,10 +45,19 @@ enum class ScheduleKind : uint8_t {
   kGPipe,        // all forwards, then all backwards: stashes m microbatches
   k1F1B,         // PipeDream-Flush: p - s warm-up forwards, then alternate: stashes <= p - s
   kForwardOnly,  // inference and evaluation: forwards streamed through
+  // Zero bubble H1 (Qi et al. 2023): every stage splits its backwards (the first stage's
+  // too: its backward then only leaves the weight gradients) and runs a weight gradient
+  // only when nothing else is ready, so input gradients go upstream first and weight
+  // gradients fill what 1F1B leaves idle; each stage holds at most min(p, m) microbatches
+  // until their weight gradients — 1F1B's peak, which only its first stage reaches. Built
+  // by running the stages in unit time (forward, backward and weight gradient one tick
+  // each) choosing, at each free tick, a backward whose gradient is in, else a forward
+  // within the limit whose activation is in, else the oldest weight gradient pending.
+  kZeroBubbleH1,
 };
 
 std::string_view scheduleName(ScheduleKind kind);
-// "gpipe", "1f1b", "forward"; InvalidArgument naming the choices otherwise.
+// "gpipe", "1f1b", "zb-h1", "forward"; InvalidArgument naming the choices otherwise.
 ScheduleKind parseSchedule(std::string_view name);
 bool isTraining(ScheduleKind kind);
 
@@ -60,9 +70,13 @@ std::vector<std::vector<Action>> scheduleActions(ScheduleKind kind, int stages,
 std::string describe(const Action& a);  // "forward 3", "send gradient 0", "step"
 
 struct ScheduleReport {
-  std::vector<int64_t> peak_stash;  // per stage: most microbatches forwarded, not yet backward
-  // Unit-time simulation (a forward takes 1 tick, a backward `backward_ticks`, transfers
-  // are instant): per stage, per tick, the compute action running (or none).
+  // Per stage: most microbatches whose activations it held at once — forwarded and not
+  // yet through their backward, or their weight gradient on a stage that splits.
+  std::vector<int64_t> peak_stash;
+  // Unit-time simulation (a forward takes 1 tick, a backward `backward_ticks`, a weight
+  // gradient `weight_ticks` — a stage without weight gradients runs whole backwards of
+  // backward_ticks + weight_ticks —, transfers are instant): per stage, per tick, the
+  // compute action running (or none).
   struct Cell {
     bool busy = false;
     ActionType type = ActionType::kForward;
@@ -80,11 +94,18 @@ struct ScheduleReport {
 // deadlock (naming each stuck stage and what it waits for). `training` says whether
 // backwards and the step are required.
 ScheduleReport validateSchedule(const std::vector<std::vector<Action>>& lists, int64_t microbatches,
-                                bool training, int backward_ticks = 1);
+                                bool training, int backward_ticks = 1, int weight_ticks = 0);
+
+// The bubble each schedule's paper gives for unit ticks (forward, backward and weight
+// gradient one tick each): (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(3m+p-1) for ZB-H1
+// (its bubble is (p-1)(F+B-W) of stage time, against 1F1B's (p-1)(F+B+W)).
+double bubbleFormula(ScheduleKind kind, int stages, int64_t microbatches);
 
 // Text: each stage's action list, then a diagram with stages as rows and ticks as
-// columns ("F3" forward of microbatch 3, "B3" its backward, ".." idle), then the bubble
-// fraction beside the formula (p-1)/(m+p-1).
+// columns ("F3" forward of microbatch 3, "B3" its backward, "W3" its weight gradient,
+// ".." idle) — GPipe and 1F1B with a backward one tick and weight gradients inside it, as
+// their papers draw them; ZB-H1 with weight gradients a tick of their own (and the first
+// stage's whole backward two) — then the bubble beside the formula.
 std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches);
 
 }  // namespace tandem

@@ -13,6 +13,11 @@ double Sustained::scale() const {
   return pass_s > 0 && burst_pass_s > 0 ? pass_s / burst_pass_s : 1.0;
 }
 
+double Sustained::throttle() const {
+  if (quota_cores > 0) return scale();
+  return scale() > kThrottleNoise ? scale() : 1.0;
+}
+
 DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const ProfileOptions& o) {
   DeviceProfile out;
   out.device = backend.info();

@@ -25,6 +25,7 @@
 namespace tandem {
 
 inline constexpr int kProfileVersion = 3;
+inline constexpr double kThrottleNoise = 1.25;
 
 struct LayerProfile {
   int64_t index = 0;
@@ -57,6 +58,12 @@ struct Sustained {
   double quota_period_s = 0;  // the quota's period; 0: none
   // pass_s / burst_pass_s; 1 when not measured.
   double scale() const;
+  // What the partitioner multiplies a layer's median by: scale() under a CPU quota; without
+  // one, scale() only beyond kThrottleNoise — a window of a second on a shared machine
+  // drifts by 20% either way (measured 0.78-1.15 on this VM, unthrottled), and the
+  // medians are the steadier figure there; a throttled device (a hot board, a burstable VM
+  // out of credits) shows well beyond that.
+  double throttle() const;
 };
 
 struct DeviceProfile {

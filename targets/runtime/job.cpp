@@ -211,14 +211,14 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.schedule_auto = true;
       schedule = v;
     } else if (key == "schedule") {
-      const auto name = r.get<std::string>(v, key, "gpipe, 1f1b or auto");
+      const auto name = r.get<std::string>(v, key, "gpipe, 1f1b, zb-h1 or auto");
       try {
         job.schedule = parseSchedule(name);
       } catch (const InvalidArgument& e) {
         r.fail(v, e.what());
       }
       if (!isTraining(job.schedule))
-        r.fail(v, "schedule '" + name + "' cannot train (expected gpipe or 1f1b)");
+        r.fail(v, "schedule '" + name + "' cannot train (expected gpipe, 1f1b or zb-h1)");
     } else if (key == "recompute") {
       job.recompute = r.get<bool>(v, key, "true or false");
     } else if (key == "seed") {

@@ -19,6 +19,13 @@
 
 namespace tandem::runtime {
 
+namespace {
+
+// The largest batch a node's daemon profiles a model at for planning.
+constexpr int64_t kLargestProfiledBatch = 64;
+
+}  // namespace
+
 double codecRatio(const std::string& codec) {
   const std::vector<float> block(4096, 1.0f);
   transport::Encoded e;
@@ -78,8 +85,12 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
     auto unpriced = [&](const partitioner::ClusterDevice& d) {
       return d.profile.empty() && n.profile.empty() && default_profile.empty();
     };
-    // The partitioner scales from the profile's batch: measured at the microbatch size.
-    tasks[i] = nodeProfileTask(n, model_spec, options.microbatch_size, unpriced);
+    // The partitioner scales times from the profile's batch: measured at the microbatch
+    // size, up to kLargestProfiledBatch (beyond it a layer's time grows in proportion to
+    // the batch, and a large microbatch's passes would make profiling a slow node take
+    // minutes).
+    tasks[i] = nodeProfileTask(n, model_spec,
+                               std::min(options.microbatch_size, kLargestProfiledBatch), unpriced);
     for (partitioner::ClusterDevice& d : n.devices)
       if (unpriced(d)) measured[i].push_back(&d);
   }
@@ -178,7 +189,8 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
   const std::vector<int64_t> counts =
       job.microbatches_auto ? microbatchCandidates(job.batch) : std::vector{job.microbatches};
   const std::vector<ScheduleKind> kinds =
-      job.schedule_auto ? std::vector{ScheduleKind::k1F1B, ScheduleKind::kGPipe}
+      job.schedule_auto
+          ? std::vector{ScheduleKind::k1F1B, ScheduleKind::kGPipe, ScheduleKind::kZeroBubbleH1}
                         : std::vector{job.schedule};
   const bool choosing = counts.size() > 1 || kinds.size() > 1;
   std::optional<LinkSet> links;
@@ -253,7 +265,7 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
   const int n = static_cast<int>(stages.size());
   for (int s = 0; s < n; ++s) {
     const StagePlacement& st = stages[static_cast<size_t>(s)];
-    out.push_back(cost.memory(st.begin, st.end, n - s, st.replicas));
+    out.push_back(cost.memory(st.begin, st.end, n - s, st.replicas, n));
   }
   return out;
 }

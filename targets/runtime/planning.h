@@ -50,7 +50,7 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
 //
 // With `microbatches: auto` or `schedule: auto` it plans every candidate — microbatch
 // counts 1, 2, 4, ... up to the batch (at most 64), each profiled at its microbatch size;
-// schedules 1f1b and gpipe — and takes the one with the shortest predicted step whose
+// schedules 1f1b, gpipe and zb-h1 — and takes the one with the shortest predicted step whose
 // plan fits in memory; `microbatches` and `schedule` say which.
 struct PlanCandidate {
   int64_t microbatches = 0;

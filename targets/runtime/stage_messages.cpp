@@ -97,8 +97,10 @@ Assign readAssign(const fb::Assign* a) {
   out.device = text(m, "device", a->device(), kMaxNameBytes);
   out.threads = a->threads();
   range(m, "threads", out.threads, 1, 1024);
-  range(m, "schedule", a->schedule(), 0, 1);
-  out.schedule = a->schedule() == 0 ? ScheduleKind::kGPipe : ScheduleKind::k1F1B;
+  range(m, "schedule", a->schedule(), 0, 2);
+  out.schedule = a->schedule() == 0   ? ScheduleKind::kGPipe
+                 : a->schedule() == 1 ? ScheduleKind::k1F1B
+                                      : ScheduleKind::kZeroBubbleH1;
   out.batch = a->batch();
   range(m, "batch", out.batch, 1, int64_t{1} << 30);
   out.microbatches = a->microbatches();
@@ -270,7 +272,11 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   auto transport = b.CreateString(m.transport);
   auto data_dir = b.CreateString(m.data_dir);
   auto weights_hash = b.CreateString(m.weights_hash);
-  const int8_t schedule = m.schedule == ScheduleKind::kGPipe ? 0 : 1;
+  TANDEM_CHECK_MSG(isTraining(m.schedule), InvalidArgument,
+                   "assign: schedule " << scheduleName(m.schedule) << " cannot train");
+  const int8_t schedule = m.schedule == ScheduleKind::kGPipe  ? 0
+                          : m.schedule == ScheduleKind::k1F1B ? 1
+                                                              : 2;
   return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
                           m.next_replicas, m.layer_begin, m.layer_end, device, m.threads, schedule,
                           m.microbatches, m.batch, m.epochs, m.seed, m.recompute, optimizer, act,

@@ -31,11 +31,35 @@ struct PartitionArgs {
   std::string objective = "train", schedule = "1f1b", algorithm = "auto";
   std::string codec = "fp32", gradient_codec = "fp32", optimizer = "sgd", source;
   std::string baseline;  // write this baseline as the plan instead of the search's
+  std::string evaluate;  // price this plan file instead of searching
   int64_t batch = 64, microbatches = 4;
   float momentum = 0.9f;
   bool recompute = false;
   int max_replicas = 1;
 };
+
+// A plan file's split (its stages' layers and devices, by name) priced on `cost`: its
+// predictions made anew. InvalidArgument naming the plan's line for a device the cluster
+// does not have.
+partitioner::Plan givenPlan(const partitioner::CostModel& cost, const std::string& path) {
+  const auto& devices = cost.problem().devices;
+  std::vector<partitioner::Assignment> stages;
+  for (const partitioner::PlanStageSpec& s :
+       partitioner::parsePlan(readFile(path, "plan file"), path)) {
+    partitioner::Assignment a{s.begin, s.end, {}};
+    for (const std::string& name : s.devices) {
+      int found = -1;
+      for (size_t d = 0; d < devices.size(); ++d)
+        if (devices[d].name == name) found = static_cast<int>(d);
+      TANDEM_CHECK_MSG(found >= 0, InvalidArgument,
+                       s.where << ": device '" << name
+                               << "' is not one of the cluster's (named node/device)");
+      a.devices.push_back(found);
+    }
+    stages.push_back(std::move(a));
+  }
+  return partitioner::evaluate(cost, stages, "given");
+}
 
 void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan) {
   const auto& devices = cost.problem().devices;
@@ -62,8 +86,8 @@ void runPartition(const PartitionArgs& a) {
   partitioner::CostOptions o;
   o.objective = partitioner::parseObjective(a.objective);
   const ScheduleKind kind = parseSchedule(a.schedule);
-  TANDEM_CHECK_MSG(kind == ScheduleKind::kGPipe || kind == ScheduleKind::k1F1B, InvalidArgument,
-                   "--schedule " << a.schedule << ": the partitioner costs gpipe or 1f1b");
+  TANDEM_CHECK_MSG(isTraining(kind), InvalidArgument,
+                   "--schedule " << a.schedule << ": the partitioner costs gpipe, 1f1b or zb-h1");
   o.schedule = kind;
   // As a job cuts it: microbatch sizes differ by one; the largest is priced.
   TANDEM_CHECK_MSG(a.microbatches <= a.batch, InvalidArgument,
@@ -90,10 +114,13 @@ void runPartition(const PartitionArgs& a) {
     cost = partitioner::CostModel(std::move(p));
   }
 
+  TANDEM_CHECK_MSG(a.evaluate.empty() || a.baseline.empty(), InvalidArgument,
+                   "--evaluate prices a given plan; --baseline makes one: give one of them");
   const auto start = std::chrono::steady_clock::now();
   partitioner::SearchOptions so;
   so.algorithm = a.algorithm;
-  partitioner::Plan plan = partitioner::choosePlan(cost, so);
+  partitioner::Plan plan =
+      a.evaluate.empty() ? partitioner::choosePlan(cost, so) : givenPlan(cost, a.evaluate);
   const double planning_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::vector<partitioner::Plan> baselines = partitioner::baselinePlans(cost);
@@ -111,7 +138,8 @@ void runPartition(const PartitionArgs& a) {
   auto time = [&](const partitioner::Plan& p) { return training ? p.step_s : p.seconds; };
   std::printf("plan for %s on %s (%s, %s%s, %zu of %zu devices, %lld microbatches of %lld)\n",
               model.name().c_str(), a.cluster.c_str(), a.objective.c_str(), plan.algorithm.c_str(),
-              a.baseline.empty() ? " search" : " baseline", devicesUsed(plan),
+              !a.evaluate.empty() ? " plan file" : a.baseline.empty() ? " search" : " baseline",
+              devicesUsed(plan),
               cost.problem().devices.size(), static_cast<long long>(o.microbatches),
               static_cast<long long>(o.microbatch_size));
   printPlan(cost, plan);
@@ -162,8 +190,9 @@ void addPartition(CLI::App& app) {
   c->add_option("--batch", a->batch, "Samples per training step")->check(positiveNumber());
   c->add_option("--microbatches", a->microbatches, "Microbatches per step")
       ->check(positiveNumber());
-  c->add_option("--schedule", a->schedule, "gpipe or 1f1b (the stash each stage holds)")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  c->add_option("--schedule", a->schedule,
+                "gpipe, 1f1b or zb-h1 (the order of each stage's work, the stash it holds)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb-h1"}));
   c->add_flag("--recompute", a->recompute, "Stash stage inputs only, recompute in backward");
   c->add_option("--optimizer", a->optimizer, "sgd or adamw (the state each parameter has)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
@@ -180,6 +209,9 @@ void addPartition(CLI::App& app) {
   c->add_option("--baseline", a->baseline,
                 "Make the plan this baseline split instead (to run it for comparison)")
       ->check(CLI::IsMember({"equal-layers", "equal-params", "memory-proportional"}));
+  c->add_option("--evaluate", a->evaluate,
+                "Price this plan file's split (its layers and devices) instead of searching")
+      ->check(CLI::ExistingFile);
   c->add_option("--out", a->out, "Write the plan (YAML) here");
   c->callback([a] { runPartition(*a); });
 }

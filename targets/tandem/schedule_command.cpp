@@ -16,7 +16,7 @@ void addSchedule(CLI::App& app) {
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand(
       "schedule", "Print a pipeline schedule: each stage's actions and a timeline diagram");
-  c->add_option("--kind", a->kind, "gpipe, 1f1b or forward")->capture_default_str();
+  c->add_option("--kind", a->kind, "gpipe, 1f1b, zb-h1 or forward")->capture_default_str();
   c->add_option("-p,--stages", a->stages, "Pipeline stages")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();

@@ -137,11 +137,61 @@ TEST(ScheduleTest, TheValidatorNamesWhatIsWrong) {
                                    {"stage 0 never forwards microbatch 2"});
 }
 
+// ZB-H1: every list validates; each stage holds at most what 1F1B's first stage does
+// (min(p, m) microbatches until their weight gradients); every stage splits its backwards
+// and runs backwards and weight gradients in ascending microbatch order (the gradient sums
+// of single-device accumulation); with a forward, a backward and a weight gradient one
+// tick each it never takes longer than 1F1B under the same ticks, and with m = p its bubble
+// is the paper's (p-1)(F+B-W) of stage time.
+TEST(ScheduleTest, ZeroBubbleFillsTheBubbleWithWeightGradients) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int64_t m = 1; m <= 32; ++m) {
+      const auto zb = scheduleActions(ScheduleKind::kZeroBubbleH1, p, m);
+      ScheduleReport r;
+      ASSERT_NO_THROW(r = validateSchedule(zb, m, true, 1, 1)) << "p=" << p << " m=" << m;
+      const ScheduleReport one =
+          validateSchedule(scheduleActions(ScheduleKind::k1F1B, p, m), m, true, 1, 1);
+      for (int s = 0; s < p; ++s) {
+        const auto& list = zb[static_cast<size_t>(s)];
+        EXPECT_EQ(list, stageActions(ScheduleKind::kZeroBubbleH1, s, p, m));
+        EXPECT_LE(r.peak_stash[static_cast<size_t>(s)], std::min<int64_t>(p, m))
+            << "p=" << p << " m=" << m << " s=" << s;
+        int64_t next_b = 0, next_w = 0;
+        for (const Action& a : list) {
+          if (a.type == ActionType::kBackward) {
+            EXPECT_EQ(a.microbatch, next_b++);
+          }
+          if (a.type == ActionType::kWeightGradient) {
+            EXPECT_EQ(a.microbatch, next_w++);
+          }
+        }
+        EXPECT_EQ(next_w, m);
+      }
+      EXPECT_LE(r.makespan, one.makespan) << "p=" << p << " m=" << m;
+      EXPECT_EQ(*std::max_element(r.peak_stash.begin(), r.peak_stash.end()),
+                *std::max_element(one.peak_stash.begin(), one.peak_stash.end()));
+      if (m == p) {
+        EXPECT_NEAR(r.bubble, bubbleFormula(ScheduleKind::kZeroBubbleH1, p, m), 1e-12)
+            << "p=" << p << " m=" << m;
+      }
+    }
+  }
+  EXPECT_NEAR(bubbleFormula(ScheduleKind::kZeroBubbleH1, 4, 8), 3.0 / 27, 1e-12);
+  EXPECT_NEAR(bubbleFormula(ScheduleKind::k1F1B, 4, 8), 3.0 / 11, 1e-12);
+  // The weight gradients wait: on the third stage of four the first runs after the
+  // backward of a later microbatch.
+  const auto s1 = stageActions(ScheduleKind::kZeroBubbleH1, 2, 4, 8);
+  const auto w0 = std::find(s1.begin(), s1.end(), Action{ActionType::kWeightGradient, 0});
+  const auto b1 = std::find(s1.begin(), s1.end(), Action{ActionType::kBackward, 1});
+  EXPECT_LT(b1 - s1.begin(), w0 - s1.begin());
+}
+
 TEST(ScheduleTest, NamesAndBadArguments) {
-  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kForwardOnly})
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZeroBubbleH1,
+                         ScheduleKind::kForwardOnly})
     EXPECT_EQ(parseSchedule(scheduleName(k)), k);
-  expectThrowWith<InvalidArgument>([] { parseSchedule("zb-h1"); },
-                                   {"'zb-h1'", "gpipe, 1f1b or forward"});
+  expectThrowWith<InvalidArgument>([] { parseSchedule("zb-v"); },
+                                   {"'zb-v'", "gpipe, 1f1b, zb-h1 or forward"});
   EXPECT_THROW(stageActions(ScheduleKind::kGPipe, 3, 3, 4), InvalidArgument);
   EXPECT_THROW(stageActions(ScheduleKind::kGPipe, 0, 3, 0), InvalidArgument);
 }
@@ -153,6 +203,12 @@ TEST(ScheduleTest, TheDiagramShowsEveryCellAndTheBubble) {
   EXPECT_NE(text.find("stage 1 |..|F0|F1|B0|B1|..|"), std::string::npos) << text;
   EXPECT_NE(text.find("bubble: 0.333333"), std::string::npos) << text;
   EXPECT_NE(text.find("stage 1: receive activation 0, forward 0"), std::string::npos) << text;
+  // ZB-H1 draws its weight gradients, the first stage's too.
+  const std::string zb = renderSchedule(ScheduleKind::kZeroBubbleH1, 2, 2);
+  EXPECT_NE(zb.find("|W0|"), std::string::npos) << zb;
+  EXPECT_NE(zb.find("receive gradient 0, backward 0, weight gradient 0"), std::string::npos)
+      << zb;
+  EXPECT_NE(zb.find("formula (p-1)/(3m+p-1)"), std::string::npos) << zb;
 }
 
 }  // namespace

@@ -120,7 +120,8 @@ TEST(ClusterTest, ADeviceIsPricedAtWhatItSustains) {
   su.passes = 44;
   su.cpu_cores = su.quota_cores = 0.25;
   su.quota_period_s = 0.1;
-  // The other device sustains what the medians say, a little faster even: no quota.
+  // The other device sustains about what the medians say (a little faster: noise): no
+  // quota, and within kThrottleNoise, so its medians stand.
   Sustained& steady = quota.devices[1].sustained;
   steady = {0.0095, 0.01, 0.5, 52, 2, 0, 0};
   CostOptions o;
@@ -130,9 +131,14 @@ TEST(ClusterTest, ADeviceIsPricedAtWhatItSustains) {
   EXPECT_DOUBLE_EQ(p.devices[0].backward_s[0], 4.5 * 2e-3);
   EXPECT_DOUBLE_EQ(p.devices[0].burst_ratio, 1 / 4.5);
   EXPECT_DOUBLE_EQ(p.devices[0].burst_budget_s, 0.1 / 4.5);
-  EXPECT_DOUBLE_EQ(p.devices[1].forward_s[1], 0.95 * 2e-3);  // cloud/gpu
+  EXPECT_DOUBLE_EQ(p.devices[1].forward_s[1], 2e-3);  // cloud/gpu
   EXPECT_EQ(p.devices[1].burst_ratio, 1);                    // no quota: no bursts
   EXPECT_EQ(p.devices[1].burst_budget_s, 0);
+  // Without a quota, a device that sustains much less than its medians is throttled.
+  steady.pass_s = 0.02;
+  const Problem hot = makeProblem(model, c, {{"p.json", quota}}, "p.json", o);
+  EXPECT_DOUBLE_EQ(hot.devices[1].forward_s[1], 2 * 2e-3);
+  EXPECT_EQ(hot.devices[1].burst_ratio, 1);  // no quota: it does not burst back
   // A profile without the sustained measurement (before version 3) is taken as it is.
   const Problem old = makeProblem(model, c, {{"p.json", profileFor(model, {"cpu", "opencl:0"})}},
                                   "p.json", o);

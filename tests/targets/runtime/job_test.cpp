@@ -93,8 +93,8 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:4:27", "positive"}},
       {"model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 5, often: 1}\n",
        {"j.yaml:4:30", "unknown checkpoint key 'often'"}},
-      {"model: m.yaml\npartition: equal\nstages: 2\nschedule: zb-h1\n",
-       {"j.yaml:4:11", "unknown schedule 'zb-h1'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nschedule: zb-v\n",
+       {"j.yaml:4:11", "unknown schedule 'zb-v'", "gpipe, 1f1b, zb-h1 or forward"}},
       {"model: m.yaml\npartition: equal\nstages: 2\nschedule: forward\n",
        {"j.yaml:4:11", "cannot train"}},
       {"model: m.yaml\npartition: equal\n", {"j.yaml:2:12", "needs 'stages: N'"}},
@@ -180,6 +180,9 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
       "j.yaml");
   EXPECT_TRUE(chooses.microbatches_auto);
   EXPECT_TRUE(chooses.schedule_auto);
+  EXPECT_EQ(parseJobSpec("model: m.yaml\npartition: equal\nstages: 2\nschedule: zb-h1\n", "j.yaml")
+                .schedule,
+            ScheduleKind::kZeroBubbleH1);
   EXPECT_LE(chooses.microbatches, 8);  // a placeholder until planned, within the batch
 }
 

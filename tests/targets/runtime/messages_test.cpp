@@ -239,9 +239,12 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   report.peak_rss_bytes = 90 << 20;
   report.peak_tensor_bytes = 17 << 20;
   const Assign plain;
+  Assign zero_bubble = sampleAssign();
+  zero_bubble.schedule = ScheduleKind::kZeroBubbleH1;
   const std::vector<Message> all = {
       sampleAssign(),
       plain,
+      zero_bubble,
       Ready{{"tcp://127.0.0.1:5000"}, {"a", "b"}, "cpu", 300, 100},
       Start{{}, {"tcp://x:1"}, 300, 100},
       GroupAddress{"tcp://127.0.0.1:6000"},
