@@ -30,6 +30,9 @@ struct DeviceInfo {
   std::string vendor;                // as the driver or CPU reports it
   int64_t max_allocation_bytes = 0;  // largest single buffer
   bool fp16 = false;                 // half-precision arithmetic
+  // It computes on the host's CPU cores (the CPU backend; an OpenCL CPU device such as
+  // POCL's): stages on it and on the node's other host devices share those cores.
+  bool host_cores = false;
 };
 
 enum class Activation { kReLU, kGELU, kTanh, kSigmoid };

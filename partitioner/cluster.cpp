@@ -254,6 +254,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       p.links[a][z] = *links[a][z];
     }
 
+  p.node_cores.assign(nodes, 0);
   for (size_t ni = 0; ni < nodes; ++ni) {
     const ClusterNode& n = cluster.nodes[ni];
     for (const ClusterDevice& cd : n.devices) {
@@ -295,6 +296,12 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
         d.burst_ratio = 1 / su.throttle();
         d.burst_budget_s = d.burst_ratio * su.quota_period_s;
       }
+      // A device measured alone on the host's cores shares them with the node's other
+      // stages when the job runs; one measured with its neighbours training beside it
+      // (`load`) has that in its times already.
+      if (dp.device.host_cores && prof.load == 0)
+        d.host_threads = dp.device.kind == "cpu" ? cd.threads : dp.device.compute_units;
+      p.node_cores[ni] = std::max(p.node_cores[ni], su.cpu_cores);
       p.devices.push_back(std::move(d));
     }
   }

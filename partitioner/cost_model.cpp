@@ -53,11 +53,17 @@ void validate(const Problem& p) {
     for (size_t l = 0; l < layers; ++l)
       TANDEM_CHECK_MSG(d.forward_s[l] >= 0 && d.backward_s[l] >= 0, InvalidArgument,
                        "device " << d.name << " has a negative time for layer " << l);
+    TANDEM_CHECK_MSG(d.host_threads >= 0, InvalidArgument,
+                     "device " << d.name << " keeps " << d.host_threads << " host threads busy");
     TANDEM_CHECK_MSG(d.burst_ratio > 0 && d.burst_ratio <= 1 && d.burst_budget_s >= 0,
                      InvalidArgument,
                      "device " << d.name << " bursts at " << d.burst_ratio << " of its times for "
                                << d.burst_budget_s << " s (a ratio in (0, 1], a budget >= 0)");
   }
+  TANDEM_CHECK_MSG(p.node_cores.empty() || p.node_cores.size() == nodes, InvalidArgument,
+                   "cores for " << p.node_cores.size() << " of " << nodes << " nodes");
+  for (const double c : p.node_cores)
+    TANDEM_CHECK_MSG(c >= 0, InvalidArgument, "a node with " << c << " cores");
   const CostOptions& o = p.options;
   TANDEM_CHECK_MSG(o.microbatches >= 1 && o.microbatch_size >= 1, InvalidArgument,
                    o.microbatches << " microbatches of " << o.microbatch_size << " samples");
@@ -77,7 +83,8 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
       const DeviceCosts& r = devs[static_cast<size_t>(types_[t].devices.front())];
       if (r.node == devs[d].node && r.memory_bytes == devs[d].memory_bytes &&
           r.forward_s == devs[d].forward_s && r.backward_s == devs[d].backward_s &&
-          r.burst_ratio == devs[d].burst_ratio && r.burst_budget_s == devs[d].burst_budget_s) {
+          r.burst_ratio == devs[d].burst_ratio && r.burst_budget_s == devs[d].burst_budget_s &&
+          r.host_threads == devs[d].host_threads) {
         types_[t].devices.push_back(static_cast<int>(d));
         type_of_[d] = static_cast<int>(t);
         break;
@@ -156,6 +163,11 @@ double CostModel::weightGradient(int type, size_t begin, size_t end) const {
 
 const DeviceCosts& CostModel::deviceOf(int type) const {
   return problem_.devices[static_cast<size_t>(types_[static_cast<size_t>(type)].devices.front())];
+}
+
+double CostModel::nodeCores(int node) const {
+  const auto& c = problem_.node_cores;
+  return c.empty() ? 0 : c[static_cast<size_t>(node)];
 }
 
 const LinkCosts& CostModel::linkCosts(int from, int to) const {

@@ -45,6 +45,11 @@ struct DeviceCosts {
   // keep up. The simulation of a step uses these (simulate.h); the search's pace does not.
   double burst_ratio = 1;
   double burst_budget_s = 0;
+  // Threads of its node's CPU cores it keeps busy while it computes (the CPU backend's
+  // threads, an OpenCL CPU device's compute units; 0: it computes elsewhere, a GPU, or its
+  // profile already had its neighbours running beside it). Stages on one node's host
+  // devices share Problem::node_cores (simulate.h).
+  double host_threads = 0;
 };
 
 struct LinkCosts {
@@ -72,6 +77,9 @@ struct Problem {
   std::vector<std::string> node_names;
   std::vector<DeviceCosts> devices;
   std::vector<std::vector<LinkCosts>> links;  // [from node][to node]; the diagonal: within a node
+  // Per node: the CPU cores its host devices share (its CPUs, or its quota when lower);
+  // empty or 0: not known, no sharing priced.
+  std::vector<double> node_cores;
   CostOptions options;
 };
 

@@ -1,6 +1,7 @@
 #include "partitioner/simulate.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -11,6 +12,8 @@ namespace {
 // Steps simulated back to back: the first fills an empty pipeline with empty burst
 // budgets, which idle stages refill; the last one's length is the steady step.
 constexpr int kSteps = 5;
+// Rounds of the node-sharing fixed point (predictStep) at most.
+constexpr int kSharingRounds = 12;
 
 // One direction of a link between neighbouring stages: messages queue, one on the wire at
 // a time.
@@ -54,11 +57,92 @@ struct Stage {
   Wire next, prev;                     // to stage s + 1, to stage s - 1
   Burst burst;
   std::vector<Action> actions;  // kSteps steps, microbatches numbered on across them
-  size_t pc = 0;
-  int steps_done = 0;
-  double clock = 0, busy = 0;
-  std::vector<double> step_end;  // when each step's optimizer step ended
+  int node = 0;
+  double threads = 0;  // of its node's cores, while it computes (DeviceCosts::host_threads)
 };
+
+// One run of the stages' lists: when each step ended (its last stage to finish), and each
+// stage's compute time in them. `stretch` multiplies each stage's compute (sharing).
+struct Run {
+  std::vector<double> ends;
+  std::vector<double> busy;
+};
+
+Run runStages(std::vector<Stage> st, int64_t m, const std::vector<double>& stretch,
+              ScheduleKind schedule) {
+  const int p = static_cast<int>(st.size());
+  std::vector<size_t> pc(st.size(), 0);
+  std::vector<double> clock(st.size(), 0);
+  Run r{std::vector<double>(kSteps, 0), std::vector<double>(st.size(), 0)};
+  std::vector<int> steps_done(st.size(), 0);
+  // When each message arrives (-1: not sent yet): activations into stage s, gradients
+  // into stage s (from s + 1).
+  const auto all = static_cast<size_t>(kSteps * m);
+  std::vector<std::vector<double>> act(st.size(), std::vector<double>(all, -1));
+  std::vector<std::vector<double>> grad = act;
+  // Runs stage s's next action; false when it waits for a message not yet sent.
+  auto advance = [&](int s) {
+    const auto i = static_cast<size_t>(s);
+    Stage& x = st[i];
+    double& now = clock[i];
+    const Action& a = x.actions[pc[i]];
+    const auto k = static_cast<size_t>(a.microbatch);
+    double work = -1;
+    switch (a.type) {
+      case ActionType::kRecvActivation:
+        if (act[i][k] < 0) return false;
+        now = std::max(now, act[i][k]);
+        break;
+      case ActionType::kRecvGradient:
+        if (grad[i][k] < 0) return false;
+        now = std::max(now, grad[i][k]);
+        break;
+      case ActionType::kSendActivation:
+        act[i + 1][k] = x.next.send(now, x.out_bytes);
+        break;
+      case ActionType::kSendGradient:
+        grad[i - 1][k] = x.prev.send(now, x.in_bytes);
+        break;
+      case ActionType::kForward:
+        work = x.forward;
+        break;
+      case ActionType::kBackward:
+        work = x.backward;
+        break;
+      case ActionType::kWeightGradient:
+        work = x.weight;
+        break;
+      case ActionType::kStep:
+        now += x.step;  // waiting on the other replicas, not computing
+        r.ends[static_cast<size_t>(steps_done[i])] =
+            std::max(r.ends[static_cast<size_t>(steps_done[i])], now);
+        ++steps_done[i];
+        break;
+    }
+    if (work >= 0) {
+      const double wall = x.burst.run(now, work * stretch[i]);
+      now += wall;
+      r.busy[i] += wall;
+    }
+    ++pc[i];
+    return true;
+  };
+  // Sends never block, so running every stage as far as it can, in turns, completes
+  // (the schedules are validated deadlock-free; a stuck round means a bad list).
+  for (;;) {
+    bool progress = false, done = true;
+    for (int s = 0; s < p; ++s) {
+      const auto i = static_cast<size_t>(s);
+      while (pc[i] < st[i].actions.size() && advance(s)) progress = true;
+      done = done && pc[i] == st[i].actions.size();
+    }
+    if (done) break;
+    TANDEM_CHECK_MSG(progress, InvalidArgument,
+                     "predictStep: the " << scheduleName(schedule) << " lists for " << p
+                                         << " stages do not complete");
+  }
+  return r;
+}
 
 }  // namespace
 
@@ -97,6 +181,8 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
     // The budget starts empty: a stage kept busy never refills it, one that idles does
     // within a step, and the last step is measured.
     x.burst = {d.burst_ratio, d.burst_budget_s, 0, 0};
+    x.node = d.node;
+    x.threads = d.host_threads;
     for (int step = 0; step < kSteps; ++step)
       for (Action a : one) {
         a.microbatch += step * m;
@@ -114,80 +200,39 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
       y.prev = {0, 1 / back.bandwidth, back.latency_s};
     }
   }
-  // When each message arrives (-1: not sent yet): activations into stage s, gradients
-  // into stage s (from s + 1).
-  const auto all = static_cast<size_t>(kSteps * m);
-  std::vector<std::vector<double>> act(static_cast<size_t>(p), std::vector<double>(all, -1));
-  std::vector<std::vector<double>> grad = act;
-  // Runs stage s's next action; false when it waits for a message not yet sent.
-  auto advance = [&](int s) {
-    Stage& x = st[static_cast<size_t>(s)];
-    const Action& a = x.actions[x.pc];
-    const auto k = static_cast<size_t>(a.microbatch);
-    double work = -1;
-    switch (a.type) {
-      case ActionType::kRecvActivation:
-        if (act[static_cast<size_t>(s)][k] < 0) return false;
-        x.clock = std::max(x.clock, act[static_cast<size_t>(s)][k]);
-        break;
-      case ActionType::kRecvGradient:
-        if (grad[static_cast<size_t>(s)][k] < 0) return false;
-        x.clock = std::max(x.clock, grad[static_cast<size_t>(s)][k]);
-        break;
-      case ActionType::kSendActivation:
-        act[static_cast<size_t>(s + 1)][k] = x.next.send(x.clock, x.out_bytes);
-        break;
-      case ActionType::kSendGradient:
-        grad[static_cast<size_t>(s - 1)][k] = x.prev.send(x.clock, x.in_bytes);
-        break;
-      case ActionType::kForward:
-        work = x.forward;
-        break;
-      case ActionType::kBackward:
-        work = x.backward;
-        break;
-      case ActionType::kWeightGradient:
-        work = x.weight;
-        break;
-      case ActionType::kStep:
-        x.clock += x.step;  // waiting on the other replicas, not computing
-        x.step_end.push_back(x.clock);
-        break;
+  // Stages on one node's host devices share its cores: when the threads they keep busy,
+  // over a step on average, outnumber the cores, each computes that much slower. The
+  // slowdown changes the step, which changes how busy they are: a few damped rounds.
+  std::vector<double> stretch(static_cast<size_t>(p), 1.0);
+  Run run = runStages(st, m, stretch, schedule);
+  for (int round = 0; round < kSharingRounds; ++round) {
+    const double step = run.ends[kSteps - 1] - run.ends[kSteps - 2];
+    if (!(step > 0)) break;
+    // Threads present on each node on average (processor sharing: a stretched action
+    // keeps its threads there longer, each getting cores / present of a core).
+    std::vector<double> demand(cost.problem().node_names.size(), 0);
+    for (size_t s = 0; s < st.size(); ++s)
+      demand[static_cast<size_t>(st[s].node)] += run.busy[s] / kSteps / step * st[s].threads;
+    bool changed = false;
+    for (size_t s = 0; s < st.size(); ++s) {
+      const double cores = cost.nodeCores(st[s].node);
+      const double want =
+          cores > 0 && st[s].threads > 0
+              ? std::max(1.0, demand[static_cast<size_t>(st[s].node)] / cores)
+              : 1.0;
+      const double next = 0.5 * (stretch[s] + want);
+      changed = changed || std::abs(next - stretch[s]) > 1e-3 * stretch[s];
+      stretch[s] = next;
     }
-    if (work >= 0) {
-      const double wall = x.burst.run(x.clock, work);
-      x.clock += wall;
-      x.busy += wall;
-    }
-    ++x.pc;
-    return true;
-  };
-  // Sends never block, so running every stage as far as it can, in turns, completes
-  // (the schedules are validated deadlock-free; a stuck round means a bad list).
-  for (;;) {
-    bool progress = false, done = true;
-    for (int s = 0; s < p; ++s) {
-      Stage& x = st[static_cast<size_t>(s)];
-      while (x.pc < x.actions.size() && advance(s)) progress = true;
-      done = done && x.pc == x.actions.size();
-    }
-    if (done) break;
-    TANDEM_CHECK_MSG(progress, InvalidArgument,
-                     "predictStep: the " << scheduleName(schedule) << " lists for " << p
-                                         << " stages do not complete");
+    if (!changed) break;
+    run = runStages(st, m, stretch, schedule);
   }
-  // A step ends when its last stage to finish does; the steady step is the last one.
-  std::vector<double> ends(kSteps, 0);
-  for (const Stage& x : st)
-    for (int step = 0; step < kSteps; ++step)
-      ends[static_cast<size_t>(step)] = std::max(ends[static_cast<size_t>(step)],
-                                                 x.step_end.at(static_cast<size_t>(step)));
   StepPrediction r;
-  r.step_s = ends[kSteps - 1] - ends[kSteps - 2];
+  r.step_s = run.ends[kSteps - 1] - run.ends[kSteps - 2];
   double busy = 0;
-  for (const Stage& x : st) {
-    r.busy_s.push_back(x.busy / kSteps);
-    busy += x.busy / kSteps;
+  for (const double b : run.busy) {
+    r.busy_s.push_back(b / kSteps);
+    busy += b / kSteps;
   }
   r.samples_per_s = r.step_s > 0 ? static_cast<double>(m * o.microbatch_size) / r.step_s : 0;
   r.bubble = r.step_s > 0 ? std::max(0.0, 1 - busy / (p * r.step_s)) : 0;

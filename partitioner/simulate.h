@@ -19,9 +19,14 @@
 // run back to back, as a run's do (no barrier between steps: a stage starts the next
 // step's work when its messages allow); the last one's length is the step.
 //
+// Stages on one node's host devices (DeviceCosts::host_threads) share its cores
+// (Problem::node_cores): when the threads they keep busy, on average over a step,
+// outnumber the cores, each computes that much slower (a damped fixed point of runs).
+//
 // What it leaves out: the optimizer's own update, data loading, the executor's and the
-// transport's own work per message, and stages sharing a host's cores (docs/partitioner.md
-// says how far the predictions hold, and scripts/plan-fidelity measures it).
+// transport's own work per message, memory bandwidth and caches that co-located stages
+// share, and nodes that share a machine without knowing it (docs/partitioner.md says how
+// far the predictions hold, and scripts/plan-fidelity measures it).
 #pragma once
 
 #include <vector>

@@ -112,6 +112,7 @@ DeviceInfo CpuBackend::hostInfo(int threads) {
   if (d.model.empty()) d.model = "host CPU";
   d.vendor = cpuinfoField("vendor_id");
   d.max_allocation_bytes = d.memory_bytes;
+  d.host_cores = true;
   return d;
 }
 

@@ -47,6 +47,7 @@ std::vector<ClDevice> listClDevices() {
         const std::string extensions = d.getInfo<CL_DEVICE_EXTENSIONS>();
         c.fp16 = extensions.find("cl_khr_fp16") != std::string::npos;
         c.fp64 = extensions.find("cl_khr_fp64") != std::string::npos;
+        c.cpu = (d.getInfo<CL_DEVICE_TYPE>() & CL_DEVICE_TYPE_CPU) != 0;
       });
       out.push_back(std::move(c));
     }

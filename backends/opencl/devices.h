@@ -21,6 +21,7 @@ struct ClDevice {
   int64_t max_allocation = 0;  // largest single buffer, bytes
   bool fp16 = false;           // cl_khr_fp16
   bool fp64 = false;           // cl_khr_fp64: kernels accumulate in double
+  bool cpu = false;            // CL_DEVICE_TYPE_CPU: it runs on the host's cores
 
   std::string label() const { return "opencl:" + std::to_string(index); }
 };

@@ -108,6 +108,7 @@ DeviceInfo OpenClBackend::deviceInfo(const ClDevice& d) {
   info.vendor = d.vendor;
   info.max_allocation_bytes = d.max_allocation;
   info.fp16 = d.fp16;
+  info.host_cores = d.cpu;
   return info;
 }
 

@@ -34,19 +34,41 @@ Spread spreadOf(std::vector<double> t) {
 
 SustainedRun runSustained(const std::function<void()>& pass, double window) {
   SustainedRun r;
+  std::vector<double> ends;  // seconds from the start to each pass's end
   const auto t0 = std::chrono::steady_clock::now();
   do {
     pass();
     ++r.passes;
     r.window_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ends.push_back(r.window_s);
   } while (r.window_s < window || r.passes < 2);
-  r.pass_s = r.window_s / r.passes;
+  r.pass_s = medianPartPass(ends, kSustainedParts);
   return r;
+}
+
+double medianPartPass(const std::vector<double>& ends, int parts) {
+  TANDEM_CHECK_MSG(!ends.empty() && parts >= 1, InvalidArgument,
+                   "a sustained window of " << ends.size() << " passes in " << parts << " parts");
+  const double window = ends.back();
+  std::vector<double> times;
+  size_t first = 0;
+  double start = 0;
+  for (int part = 1; part <= parts; ++part) {
+    const double until = window * part / parts;
+    size_t last = first;
+    while (last < ends.size() && (ends[last] <= until || part == parts)) ++last;
+    if (last > first) {
+      times.push_back((ends[last - 1] - start) / static_cast<double>(last - first));
+      start = ends[last - 1];
+      first = last;
+    }
+  }
+  return spreadOf(times).median;
 }
 
 double sustainWindow(double least, const CpuLimit& limit) {
   if (limit.quota_cores <= 0 || limit.period_s <= 0) return least;
-  return std::max(least, std::min(4.0, 20 * limit.period_s));
+  return std::max(least, std::min(4.0, kSustainedPeriods * limit.period_s));
 }
 
 namespace {

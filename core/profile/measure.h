@@ -35,14 +35,21 @@ double timeOnce(const std::function<void()>& f);
 // quarter-core node runs 25 ms of each 100 ms period at full speed and then waits), so
 // what must hold over time is measured over many periods.
 struct SustainedRun {
-  double pass_s = 0;  // wall seconds per pass
+  double pass_s = 0;  // wall seconds per pass: the median over the window's parts
   int passes = 0;
   double window_s = 0;
 };
+inline constexpr int kSustainedParts = 5;
+inline constexpr int kSustainedPeriods = 40;
 SustainedRun runSustained(const std::function<void()>& pass, double window);
+// Passes that ended at `ends` (seconds from the window's start, ascending) cut into
+// `parts` consecutive runs of whole passes by time: the median of the parts' time per
+// pass — a burst of noise from another process spoils one part, not the figure (each part
+// still crosses kSustainedPeriods / kSustainedParts quota periods).
+double medianPartPass(const std::vector<double>& ends, int parts);
 // The window that crosses enough of `limit`'s quota periods: at least `least` seconds;
-// under a quota 20 periods (the phase of the last one then moves the figure by at most 5%),
-// at most 4 s.
+// under a quota kSustainedPeriods periods (8 in each of the 5 parts: the phase of the last
+// one moves a part by at most 12%, and the median steadies it), at most 4 s.
 double sustainWindow(double least, const CpuLimit& limit);
 
 // Every layer of a built model with its own input: one forward pass from a random

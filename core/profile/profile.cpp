@@ -2,8 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/host_limits.h"
 #include "core/error.h"
+#include "core/host_limits.h"
 #include "core/loss.h"
 #include "core/random.h"
 
@@ -209,6 +209,7 @@ std::string profileToJson(const Profile& p) {
                                          {"memory_bytes", i.memory_bytes},
                                          {"max_allocation_bytes", i.max_allocation_bytes},
                                          {"fp16", i.fp16},
+                                         {"host_cores", i.host_cores},
                                          {"gemm", gemm},
                                          {"layers", layers}});
     if (d.loss.repeats > 0) dj["loss_s"] = spreadJson(d.loss);
@@ -288,6 +289,8 @@ Profile parseProfile(const std::string& text, const std::string& where) {
     d.device.memory_bytes = r.integer("memory_bytes");
     d.device.max_allocation_bytes = r.integer("max_allocation_bytes");
     d.device.fp16 = r.boolean("fp16");
+    // Before version 3: the CPU is the host device there is.
+    d.device.host_cores = version > 2 ? r.boolean("host_cores") : d.device.kind == "cpu";
     const json& gemm = r.array("gemm");
     for (size_t gi = 0; gi < gemm.size(); ++gi) {
       const Reader g = r.child(gemm[gi], ".gemm[" + std::to_string(gi) + "]");

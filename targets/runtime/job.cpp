@@ -289,10 +289,6 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
         resolve(dir, "checkpoints/" + std::filesystem::path(source).stem().string());
   if (!partition) throw InvalidArgument(source + ": 'partition' is required ('equal' or ranges)");
   const bool planned = job.auto_partition || !job.plan.empty();
-  if (job.auto_partition && job.cluster.empty())
-    r.fail(*partition,
-           "'partition: auto' needs 'cluster: FILE' (the devices to plan over; their "
-           "daemons profile them unless 'profile: FILE' is given)");
   if (planned && stages) r.fail(*stages, "'stages' comes from the plan; leave it out");
   if (baseline && !job.auto_partition)
     r.fail(*baseline,

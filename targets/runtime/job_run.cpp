@@ -140,6 +140,11 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     spdlog::info("resuming from {} (step {})", c->model_path, c->step);
   }
   const std::string cluster_path = !options_.cluster.empty() ? options_.cluster : job_.cluster;
+  TANDEM_CHECK_MSG(!job_.auto_partition || !cluster_path.empty(), InvalidArgument,
+                   job_.partition_where
+                       << ": 'partition: auto' needs a cluster to plan over: 'cluster: FILE' in "
+                          "the job or --cluster (its daemons profile the devices unless "
+                          "'profile: FILE' is given)");
   cluster_ = !cluster_path.empty() ? partitioner::loadCluster(cluster_path)
                                    : localCluster(1, job_.threads);
   for (const partitioner::ClusterNode& n : cluster_.nodes) node_order_.push_back(n.name);

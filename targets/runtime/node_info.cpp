@@ -11,8 +11,8 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
-#include "core/host_limits.h"
 #include "core/error.h"
+#include "core/host_limits.h"
 
 namespace tandem::runtime {
 

@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "backends/registry.h"
-#include "core/host_limits.h"
 #include "core/error.h"
+#include "core/host_limits.h"
 #include "core/model_spec.h"
 #include "core/profile/measure.h"
 #include "targets/runtime/node_info.h"
@@ -60,6 +60,34 @@ int64_t trainingBytes(const Model& model, int64_t batch) {
   return bytes;
 }
 
+// How far a cached profile's pass may be from a check's before it is measured again, and
+// the shortest pass (seconds) that is checked.
+constexpr double kStaleProfile = 1.3;
+constexpr double kCheckedPass = 1e-3;
+
+// The median of whole training passes (every layer forward, then backward) of `spec` on
+// `d` over a short window (0.3 s, at least 3 passes), with its load beside it: what the
+// device does now, to hold a cached profile's sum of medians against.
+double quickPass(const ModelSpec& spec, const ProfileDevice& d, const BackendOptions& bo,
+                 int64_t batch) {
+  auto backend = makeBackend(d.backend, bo);
+  Model model(spec);
+  model.build(*backend, 1);
+  LayerRunner runner(model, batch, 1);
+  const BackgroundLoad load(
+      spec, [&] { return makeBackend(d.backend, bo); }, d.load, batch);
+  std::vector<double> passes;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (passes.size() < 3 ||
+         std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300)) {
+    passes.push_back(timeOnce([&] {
+      for (size_t i = 0; i < runner.size(); ++i) runner.forward(i);
+      for (size_t i = runner.size(); i-- > 0;) runner.backward(i);
+    }));
+  }
+  return spreadOf(passes).median;
+}
+
 }  // namespace
 
 ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir) {
@@ -92,19 +120,31 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
   for (const ProfileDevice& d : task.devices) {
     p.load = std::max(p.load, d.load);
     const std::string path = dir.empty() ? "" : dir + "/" + cacheKey(task, d, cpu) + ".json";
+    // As a stage worker here would start it: no more threads than the quota grants.
+    const BackendOptions bo{usableThreads(d.threads, cpu)};
     if (!path.empty())
       if (std::optional<DeviceProfile> hit = cached(path, model)) {
-        p.devices.push_back(std::move(*hit));
-        ++result.cached;
-        continue;
+        // The machine's speed drifts (other tenants, clocks): a cached profile is checked
+        // against a few whole passes now — the cached window's pass, or under a quota its
+        // medians' sum (short passes mostly miss the stalls) — and measured again when it
+        // is far off. Passes under a millisecond are timer and launch noise: kept.
+        const Sustained& su = hit->sustained;
+        const double then = su.quota_cores > 0 ? su.burst_pass_s : su.pass_s;
+        const double now = then >= kCheckedPass ? quickPass(spec, d, bo, task.batch) : then;
+        if (then <= 0 || (now <= kStaleProfile * then && now * kStaleProfile >= then)) {
+          p.devices.push_back(std::move(*hit));
+          ++result.cached;
+          continue;
+        }
+        spdlog::info("the cached profile of '{}' on {} said {:.3f} ms a pass, a check now {:.3f}: "
+                     "measuring again",
+                     spec.name, d.backend, then * 1e3, now * 1e3);
       }
     ProfileOptions o;
     o.batch = task.batch;
     o.warmup = task.warmup;
     o.repeats = task.repeats;
     o.gemm_sizes = {256};
-    // As a stage worker here would start it: no more threads than the quota grants.
-    const BackendOptions bo{usableThreads(d.threads, cpu)};
     auto backend = makeBackend(d.backend, bo);
     DeviceProfile measured;
     {

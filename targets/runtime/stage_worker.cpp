@@ -19,8 +19,8 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
-#include "core/host_limits.h"
 #include "core/error.h"
+#include "core/host_limits.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_decoder.h"

@@ -223,7 +223,7 @@ void addProfile(CLI::App& app) {
       ->check(CLI::ExistingFile);
   c->add_option("--sustain", a->options.sustain_s,
                  "Least seconds of back-to-back passes measuring what the device sustains "
-                 "(under a CPU quota: 20 of its periods, up to 4 s); 0: none")
+                 "(under a CPU quota: 40 of its periods, up to 4 s); 0: none")
       ->check(CLI::Range(0.0, 60.0));
   c->add_option("--load", a->load,
                 "Copies of the model training on the same device beside the measured one, as "

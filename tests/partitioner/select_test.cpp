@@ -130,6 +130,46 @@ TEST(SimulateTest, AQuotaNodeBurstsWhileIdleButNotWhenKeptBusy) {
               1e-9);
 }
 
+TEST(SimulateTest, StagesOnOneNodeShareItsCores) {
+  // A CPU stage (one thread) and an OpenCL CPU device's stage (two compute units) on one
+  // node of two cores: both busy, they ask for three, and each computes slower.
+  Problem problem = uniformProblem(8, 2, 0.001, 0.002);
+  problem.node_names = {"host"};
+  problem.links = {{LinkCosts{1e15, 0}}};
+  for (DeviceCosts& d : problem.devices) d.node = 0;
+  problem.devices[0].host_threads = 1;
+  problem.devices[1].host_threads = 2;
+  problem.options.microbatches = 8;
+  const CostModel unknown(problem);  // no cores known: nothing shared
+  const double alone = predictStep(unknown, evenPlan(unknown, 2)).step_s;
+  problem.node_cores = {2};
+  const CostModel shared(problem);
+  const StepPrediction r = predictStep(shared, evenPlan(shared, 2));
+  EXPECT_GT(r.step_s, alone * 1.2);
+  EXPECT_LT(r.step_s, alone * 1.6);  // at most the 3/2 of everything busy all the time
+  // Threads within the cores share nothing.
+  problem.devices[1].host_threads = 1;
+  const CostModel fits(problem);
+  EXPECT_NEAR(predictStep(fits, evenPlan(fits, 2)).step_s, alone, 1e-12);
+  // Nor do stages on different nodes.
+  Problem two = uniformProblem(8, 2, 0.001, 0.002);
+  two.devices[0].host_threads = two.devices[1].host_threads = 2;
+  two.node_cores = {2, 2};
+  two.options.microbatches = 8;
+  const CostModel apart(two);
+  EXPECT_NEAR(predictStep(apart, evenPlan(apart, 2)).step_s, alone, 1e-9);
+  // The planner then keeps the model on one of them when sharing makes the split slower:
+  // an OpenCL CPU device three times slower than the CPU's one thread. Split two layers
+  // to one, the stages would balance at 18 ms a microbatch (162 ms a step) alone, but
+  // together they keep 2.67 threads busy on two cores: 216 ms, against 192 on the CPU.
+  problem.devices[1].host_threads = 2;
+  for (double& t : problem.devices[1].forward_s) t *= 3;
+  for (double& t : problem.devices[1].backward_s) t *= 3;
+  const Plan plan = choosePlan(CostModel(problem));
+  EXPECT_EQ(plan.stages.size(), 1u);
+  EXPECT_EQ(plan.stages[0].at.devices, std::vector<int>{0});
+}
+
 TEST(SimulateTest, ServingObjectivesAreRefused) {
   Problem problem = uniformProblem(4, 1, 0.001, 0.001);
   problem.options.objective = Objective::kInferThroughput;

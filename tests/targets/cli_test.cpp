@@ -480,6 +480,26 @@ TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
   }
 }
 
+// `partition: auto` plans over `--cluster`'s cluster when the job names none (as
+// docs/runtime.md says: the cluster is --cluster's, else the job's `cluster:`), and a run
+// with neither says what is missing, naming the job's line.
+TEST(CliTest, AutoPlansOverTheClusterGivenOnTheCommandLine) {
+  const std::string dir = tandem::testing::freshDir("cli-auto-cluster");
+  std::ofstream(dir + "/cluster.yaml") << "nodes:\n"
+                                          "  - {name: a, devices: [{name: cpu, backend: cpu}]}\n";
+  std::ofstream(dir + "/job.yaml") << "model: " << kModels
+                                   << "mlp.yaml\ntrain_limit: 128\ntest_limit: 32\n"
+                                   << "batch: 32\nmicrobatches: 2\npartition: auto\n";
+  const CliRun r = run("run " + dir + "/job.yaml --cluster " + dir + "/cluster.yaml");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("partition: auto: 1 stages"), std::string::npos) << r.out;
+  const CliRun none = run("run " + dir + "/job.yaml");
+  EXPECT_EQ(none.code, 1) << none.out;
+  EXPECT_NE(none.out.find("job.yaml:6:12: 'partition: auto' needs a cluster to plan over"),
+            std::string::npos)
+      << none.out;
+}
+
 // tandem profile --model --cluster: each node's daemon profiles the devices the cluster
 // file lists for it; one profile per node (schema-valid), and their sustained speeds
 // side by side.

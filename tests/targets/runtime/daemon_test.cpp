@@ -382,6 +382,44 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
   EXPECT_EQ(ask(task).second, 2);  // still serving
 }
 
+// A cached profile far from what the device does now (a profile taken in a slow minute
+// of a shared machine) is measured again; one that agrees is used.
+TEST_F(DaemonTest, ACachedProfileFarFromTheDeviceNowIsMeasuredAgain) {
+  finish();
+  DaemonOptions o;
+  o.cache_dir = testing::freshDir("daemon-stale-profile");
+  start(o);
+  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+  next(*c);  // node info
+  // Passes of a few milliseconds: long enough to be checked.
+  const std::string spec =
+      "name: mid\ninput: [512]\nlayers:\n  - linear: {out: 512}\n  - relu\n"
+      "  - linear: {out: 512}\n";
+  const ProfileTask task{spec, 64, 1, 3, {{"cpu", 1, 0}}};
+  auto cachedCount = [&] {
+    std::vector<int> cached;
+    Channel* ch = c.get();
+    profileOnNodes({ch}, {"alpha"}, {task}, 30s, &cached);
+    return cached.at(0);
+  };
+  EXPECT_EQ(cachedCount(), 0);
+  // The cached profile says the device is ten times slower than it is.
+  const auto file = std::filesystem::directory_iterator(o.cache_dir + "/profiles")->path();
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("\"pass_s\": ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const size_t value = at + 10, end = text.find_first_of(",\n}", value);
+  const double pass = std::stod(text.substr(value, end - value));
+  ASSERT_GT(pass * 10, 1e-3) << "the check needs passes of a millisecond at least";
+  const std::string spoiled = text.replace(value, end - value, std::to_string(pass * 10));
+  std::ofstream(file, std::ios::trunc) << spoiled;
+  EXPECT_EQ(cachedCount(), 0);  // measured again, and the cache holds the new measurement
+  std::ifstream again(file);
+  EXPECT_NE(std::string((std::istreambuf_iterator<char>(again)), std::istreambuf_iterator<char>()),
+            spoiled);
+}
+
 TEST(DaemonSetupTest, AnAddressItCannotListenOnIsNamed) {
   DaemonOptions o;
   o.listen = "127.0.0.1:nope";

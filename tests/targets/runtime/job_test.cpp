@@ -118,7 +118,6 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"partition: equal\nstages: 2\n", {"'model' is required"}},
       {"model: m.yaml\n", {"'partition' is required"}},
       {"model: m.yaml\npartition: [[0, 2]]\nstages: 3\n", {"j.yaml:3:9", "lists 1 ranges"}},
-      {"model: m.yaml\npartition: auto\n", {"j.yaml:2:12", "needs 'cluster: FILE'"}},
       {"model: m.yaml\npartition: p.yaml\nstages: 2\n", {"j.yaml:3:9", "comes from the plan"}},
       {"model: m.yaml\npartition: best\n", {"j.yaml:2:12", "'auto', a plan file"}},
       {"model: m.yaml\npartition: equal\nstages: 2\nmax_replicas: 2\n",
