@@ -195,10 +195,15 @@ double CostModel::linkTime(int64_t bytes, double ratio, int from_node, int to_no
 }
 
 double CostModel::link(size_t end, int from, int to) const {
+  return link(end, from, to, options().activation_ratio, options().gradient_ratio);
+}
+
+double CostModel::link(size_t end, int from, int to, double activation_ratio,
+                       double gradient_ratio) const {
   const int a = types_[static_cast<size_t>(from)].node, b = types_[static_cast<size_t>(to)].node;
   const int64_t bytes = problem_.layers[end - 1].output_bytes;
-  double t = linkTime(bytes, options().activation_ratio, a, b);
-  if (training()) t += linkTime(bytes, options().gradient_ratio, b, a);
+  double t = linkTime(bytes, activation_ratio, a, b);
+  if (training()) t += linkTime(bytes, gradient_ratio, b, a);
   return t;
 }
 

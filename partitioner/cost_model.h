@@ -67,6 +67,8 @@ class CostModel {
   double stage(int type, size_t begin, size_t end, int replicas) const;
   // The link carrying layer end-1's output from type `from` to type `to`.
   double link(size_t end, int from, int to) const;
+  // The same with these codecs' ratios on the link.
+  double link(size_t end, int from, int to, double activation_ratio, double gradient_ratio) const;
   // The cores a node's host devices share (0: not known).
   double nodeCores(int node) const;
   // The link from type `from`'s node to type `to`'s (within a node: its `local` link).

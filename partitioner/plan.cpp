@@ -12,7 +12,7 @@
 namespace tandem::partitioner {
 
 Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
-              const std::string& algorithm) {
+              const std::string& algorithm, const std::vector<LinkCodec>& links) {
   const Problem& problem = cost.problem();
   Plan plan;
   plan.algorithm = algorithm;
@@ -45,6 +45,11 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
   }
   TANDEM_CHECK_MSG(expect == cost.layers(), InvalidArgument,
                    algorithm << ": the stages end at layer " << expect << " of " << cost.layers());
+  TANDEM_CHECK_MSG(
+      links.empty() || links.size() + 1 == stages.size(), InvalidArgument,
+      algorithm << ": " << links.size() << " link codecs for " << stages.size() << " stages");
+  const CostOptions& o = cost.options();
+  const LinkCodec fixed{o.activation_codec, o.gradient_codec, o.activation_ratio, o.gradient_ratio};
 
   const bool latency = plan.objective == Objective::kInferLatency;
   plan.seconds = latency ? cost.sourceLink(cost.typeOf(stages[0].devices[0])) : 0;
@@ -55,9 +60,12 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
     const int k = static_cast<int>(a.devices.size());
     PlanStage st;
     st.at = a;
+    st.next = s + 1 < p && !links.empty() ? links[static_cast<size_t>(s)] : fixed;
     st.compute_s = cost.stage(t, a.begin, a.end, k);
     st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
-    if (s + 1 < p) st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()));
+    if (s + 1 < p)
+      st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()),
+                            st.next.activation_ratio, st.next.gradient_ratio);
     st.memory_bytes = cost.memory(a.begin, a.end, p - s, k, p);
     const int64_t have = cost.types()[static_cast<size_t>(t)].memory_bytes;
     if (st.memory_bytes > have && plan.infeasible.empty()) {
@@ -142,6 +150,9 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
         os << (i ? ", " : "") << problem.devices[static_cast<size_t>(st.at.devices[i])].backend;
       os << "]";
     }
+    if (&st != &plan.stages.back())
+      os << "\n    codec: {activations: " << st.next.activations
+         << ", gradients: " << st.next.gradients << "}";
     os << "\n    threads: " << first.threads << "\n    compute_s: " << number(st.compute_s)
        << "\n    allreduce_s: " << number(st.allreduce_s) << "\n    link_s: " << number(st.link_s)
        << "\n    memory_bytes: " << st.memory_bytes << "\n";
@@ -190,6 +201,21 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         backends = v;
       } else if (key == "threads") {
         spec.threads = static_cast<int>(r.positive(v, key));
+      } else if (key == "codec") {
+        if (!v.IsMap()) r.fail(v, "'codec' is a map {activations: ..., gradients: ...}");
+        for (const auto& c : v) {
+          const std::string which = c.first.as<std::string>();
+          const auto name = r.get<std::string>(c.second, which, "fp32, fp16, bf16 or int8");
+          if (name != "fp32" && name != "fp16" && name != "bf16" && name != "int8")
+            r.fail(c.second, "unknown codec '" + name + "' (expected fp32, fp16, bf16 or int8)");
+          if (which == "activations")
+            spec.activation_codec = name;
+          else if (which == "gradients")
+            spec.gradient_codec = name;
+          else
+            r.fail(c.first,
+                   "unknown codec key '" + which + "' (expected activations or gradients)");
+        }
       } else if (key == "compute_s") {
         spec.compute_s = r.nonNegative(v, key);
       } else if (key == "allreduce_s") {
@@ -198,7 +224,7 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         r.nonNegative(v, key);
       } else {
         r.fail(kv.first, "unknown stage key '" + key +
-                             "' (expected layers, devices, backend, backends, threads, "
+                             "' (expected layers, devices, backend, backends, threads, codec, "
                              "compute_s, allreduce_s, link_s or memory_bytes)");
       }
     }

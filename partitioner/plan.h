@@ -18,6 +18,7 @@
 //        compute_s: 0.0034, allreduce_s: 0, link_s: 0.0001, memory_bytes: 1234567}
 //     - {layers: [3, 9], devices: [local/gpu0, local/gpu1], backend: opencl:0,
 //        backends: [opencl:0, opencl:1], ...}     # replicas: each on its own device
+//        codec: {activations: fp16, gradients: fp32}  # its link to the next stage
 // Reading takes the layer ranges, device names, backends and threads; the predicted
 // figures are informational.
 #pragma once
@@ -38,8 +39,17 @@ struct Assignment {
   std::vector<int> devices;  // indices into Problem::devices
 };
 
+// The codecs of one link's two directions: activations on to the next stage, gradients
+// back.
+struct LinkCodec {
+  std::string activations = "fp32", gradients = "fp32";
+  double activation_ratio = 1, gradient_ratio = 1;
+  bool operator==(const LinkCodec&) const = default;
+};
+
 struct PlanStage {
   Assignment at;
+  LinkCodec next;            // the link to the next stage (the last stage's is unused)
   double compute_s = 0;      // per microbatch, with the replicas' allreduce share
   double allreduce_s = 0;    // per step
   double link_s = 0;         // to the next stage, per microbatch (0 for the last)
@@ -68,15 +78,18 @@ struct Plan {
 };
 
 // Prices `stages`; InvalidArgument if they do not cover the layers exactly once in order,
-// repeat a device, or replicate over devices of different types.
+// repeat a device, or replicate over devices of different types. Links carry the
+// options' codecs, or `links` (one per link, stages - 1) when given.
 Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
-              const std::string& algorithm);
+              const std::string& algorithm, const std::vector<LinkCodec>& links = {});
 
 std::string planToYaml(const CostModel& cost, const Plan& plan);
 
 // A plan file as `tandem run` needs it.
 struct PlanStageSpec {
   size_t begin = 0, end = 0;
+  // `codec: {activations, gradients}` of the link to the next stage (empty: the job's).
+  std::string activation_codec, gradient_codec;
   std::vector<std::string> devices;
   std::string backend;
   std::vector<std::string> backends;  // per replica, in devices' order (empty: `backend`)

@@ -57,6 +57,14 @@ struct LinkCosts {
   double latency_s = 0;  // per message
 };
 
+// A codec a link may carry tensors in: its name ("fp16") and the wire bytes per fp32 byte
+// it sends (measured with the transport's codec by the caller: the partitioner does not
+// know the transport).
+struct CodecChoice {
+  std::string name;
+  double ratio = 1;
+};
+
 struct CostOptions {
   Objective objective = Objective::kTrainThroughput;
   ScheduleKind schedule = ScheduleKind::k1F1B;
@@ -64,8 +72,15 @@ struct CostOptions {
   int64_t microbatch_size = 16;          // samples in one microbatch
   bool recompute = false;                // stash only each stage's input, recompute in backward
   double optimizer_state_per_param = 1;  // bytes of optimizer state per parameter byte
-  // Bytes on the wire per fp32 byte, after the link's codec (fp16: 0.5).
+  // Bytes on the wire per fp32 byte, after the link's codec (fp16: 0.5), and the codecs'
+  // names, for every link unless chosen per link.
   double activation_ratio = 1, gradient_ratio = 1;
+  std::string activation_codec = "fp32", gradient_codec = "fp32";
+  // Per-link codecs (choosePlan): each link's activations and/or gradients get the most
+  // exact of `codecs` (listed most exact first) whose predicted step is within
+  // kCodecTolerance of the fastest codec's on that link.
+  bool choose_activation_codec = false, choose_gradient_codec = false;
+  std::vector<CodecChoice> codecs;
   int transport_buffers = 2;  // messages each link may queue per direction
   int max_replicas = 1;       // > 1: a stage may be replicated over devices of one type
   int source = -1;            // latency: the device the input arrives at (-1: any)

@@ -52,7 +52,20 @@ Plan bestPlan(const CostModel& cost, const SearchOptions& o = {});
 // (at most 64 searches); then the whole model on each single device is priced too. The
 // plan with the shortest predicted step wins: never predicted slower than the best single
 // device. Every device it does not use is in `left_out`, with why.
+//
+// Where the options choose codecs per link (CostOptions::choose_activation_codec, ...), the
+// split is searched with the links at the options' codecs and at the cheapest candidate,
+// each then given per-link codecs by chooseCodecs; the faster plan wins.
 Plan choosePlan(const CostModel& cost, const SearchOptions& o = {});
+
+// Per-link codecs for `plan`'s split: every link starts from the most exact candidates;
+// then each link in turn takes the most exact pair (activations, gradients) whose predicted
+// step is within kCodecTolerance of the fastest pair's on that link (twice over the links:
+// one link's choice moves the others' bottleneck). A slow link gets compressed where that
+// shortens the step; a link that does not limit it stays exact. Returns `plan` itself when
+// the options choose no codec.
+inline constexpr double kCodecTolerance = 0.02;
+Plan chooseCodecs(const CostModel& cost, const Plan& plan);
 
 // Equal layers, equal parameters and memory-proportional (exo's) splits over every
 // device in the cluster's order (the first min(devices, layers) of them).

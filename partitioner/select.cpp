@@ -60,9 +60,109 @@ std::string ms(double seconds) {
   return buf;
 }
 
+std::vector<Assignment> assignments(const Plan& p) {
+  std::vector<Assignment> out;
+  for (const PlanStage& s : p.stages) out.push_back(s.at);
+  return out;
+}
+
+std::vector<LinkCodec> linksOf(const Plan& p) {
+  std::vector<LinkCodec> out;
+  for (size_t s = 0; s + 1 < p.stages.size(); ++s) out.push_back(p.stages[s].next);
+  return out;
+}
+
+// The options' codecs on every link, and where the options choose, the most compressing
+// candidate instead: the split the search finds for links at their cheapest.
+CostModel cheapestLinks(const CostModel& cost) {
+  Problem p = cost.problem();
+  CostOptions& o = p.options;
+  for (const CodecChoice& c : o.codecs) {
+    if (o.choose_activation_codec && c.ratio < o.activation_ratio) {
+      o.activation_ratio = c.ratio;
+      o.activation_codec = c.name;
+    }
+    if (o.choose_gradient_codec && c.ratio < o.gradient_ratio) {
+      o.gradient_ratio = c.ratio;
+      o.gradient_codec = c.name;
+    }
+  }
+  return CostModel(std::move(p));
+}
+
+// Device selection (the greedy removal, then every single device) for `cost`'s options.
+Plan selectDevices(const CostModel& cost, const SearchOptions& o);
+
 }  // namespace
 
+Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
+  const CostOptions& o = cost.options();
+  if (!cost.training() || plan.stages.size() < 2 ||
+      !(o.choose_activation_codec || o.choose_gradient_codec) || o.codecs.empty())
+    return plan;
+  // Each direction's candidates: the options' own codec when it is not chosen.
+  const std::vector<CodecChoice> fixed_act = {{o.activation_codec, o.activation_ratio}};
+  const std::vector<CodecChoice> fixed_grad = {{o.gradient_codec, o.gradient_ratio}};
+  const std::vector<CodecChoice>& acts = o.choose_activation_codec ? o.codecs : fixed_act;
+  const std::vector<CodecChoice>& grads = o.choose_gradient_codec ? o.codecs : fixed_grad;
+  const std::vector<Assignment> stages = assignments(plan);
+  std::vector<LinkCodec> links = linksOf(plan);
+  // Every link from the most exact codecs, then each in turn to the most exact choice within
+  // kCodecTolerance of its fastest; twice, as a link's choice moves the others' bottleneck.
+  for (LinkCodec& l : links)
+    l = {acts.front().name, grads.front().name, acts.front().ratio, grads.front().ratio};
+  Plan best = evaluate(cost, stages, plan.algorithm, links);
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < links.size(); ++i) {
+      struct Option {
+        LinkCodec codec;
+        double step;
+        size_t rank;  // how inexact: the sum of both directions' places in the lists
+      };
+      std::vector<Option> options;
+      double fastest = 0;
+      for (size_t a = 0; a < acts.size(); ++a)
+        for (size_t g = 0; g < grads.size(); ++g) {
+          std::vector<LinkCodec> trial = links;
+          trial[i] = {acts[a].name, grads[g].name, acts[a].ratio, grads[g].ratio};
+          const double step = evaluate(cost, stages, plan.algorithm, trial).step_s;
+          options.push_back({trial[i], step, a + g});
+          if (fastest == 0 || step < fastest) fastest = step;
+        }
+      const Option* pick = nullptr;
+      for (const Option& x : options)
+        if (x.step <= fastest * (1 + kCodecTolerance) &&
+            (!pick || x.rank < pick->rank || (x.rank == pick->rank && x.step < pick->step)))
+          pick = &x;
+      links[i] = pick->codec;
+      best = evaluate(cost, stages, plan.algorithm, links);
+    }
+  best.left_out = plan.left_out;
+  return best;
+}
+
 Plan choosePlan(const CostModel& cost, const SearchOptions& o) {
+  const CostOptions& opt = cost.options();
+  if (!cost.training() || !(opt.choose_activation_codec || opt.choose_gradient_codec))
+    return selectDevices(cost, o);
+  // Links chosen per link: the split found with the links at the options' codecs and the
+  // one found with them at their cheapest, each given its links' codecs; the faster wins.
+  // (The options' codecs on every link stay the answer unless a choice is faster: a
+  // link's pick may give up kCodecTolerance for exactness.)
+  const Plan plain = selectDevices(cost, o);
+  const Plan exact = chooseCodecs(cost, plain);
+  const CostModel cheap = cheapestLinks(cost);
+  const Plan cheap_plan = selectDevices(cheap, o);
+  Plan lifted = evaluate(cost, assignments(cheap_plan), cheap_plan.algorithm);
+  lifted.left_out = cheap_plan.left_out;
+  const Plan compressed = chooseCodecs(cost, lifted);
+  const Plan& chosen = faster(compressed, exact) ? compressed : exact;
+  return faster(chosen, plain) ? chosen : plain;
+}
+
+namespace {
+
+Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   const Plan searched = bestPlan(cost, o);
   if (!cost.training()) return searched;
   const Problem& problem = cost.problem();
@@ -127,5 +227,7 @@ Plan choosePlan(const CostModel& cost, const SearchOptions& o) {
   }
   return best;
 }
+
+}  // namespace
 
 }  // namespace tandem::partitioner

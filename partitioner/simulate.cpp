@@ -193,10 +193,10 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
       const LinkCosts& there = cost.linkCosts(t, u);
       const LinkCosts& back = cost.linkCosts(u, t);
       const auto bytes = static_cast<double>(cost.problem().layers[ps.at.end - 1].output_bytes);
-      x.out_bytes = bytes * o.activation_ratio;
+      x.out_bytes = bytes * ps.next.activation_ratio;
       x.next = {0, 1 / there.bandwidth, there.latency_s};
       Stage& y = st[static_cast<size_t>(s + 1)];
-      y.in_bytes = bytes * o.gradient_ratio;
+      y.in_bytes = bytes * ps.next.gradient_ratio;
       y.prev = {0, 1 / back.bandwidth, back.latency_s};
     }
   }

@@ -79,16 +79,19 @@ void parseOptimizer(const YamlReader& r, const YAML::Node& node, OptimizerOption
 
 void parseCodec(const YamlReader& r, const YAML::Node& node, JobSpec& job) {
   if (!node.IsMap()) r.fail(node, "'codec' must be a map {activations: ..., gradients: ...}");
-  const std::set<std::string> names = {"fp32", "fp16", "bf16", "int8"};
+  const std::set<std::string> names = {"fp32", "fp16", "bf16", "int8", "auto"};
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
-    const auto value = r.get<std::string>(kv.second, key, "fp32, fp16, bf16 or int8");
+    const auto value = r.get<std::string>(kv.second, key, "fp32, fp16, bf16, int8 or auto");
     if (!names.count(value))
-      r.fail(kv.second, "unknown codec '" + value + "' (expected fp32, fp16, bf16 or int8)");
+      r.fail(kv.second, "unknown codec '" + value + "' (expected fp32, fp16, bf16, int8 or auto)");
+    if (value == "auto") job.codec_where = r.at(kv.second);
     if (key == "activations") {
       job.activation_codec = value;
+      job.activation_codec_given = true;
     } else if (key == "gradients") {
       job.gradient_codec = value;
+      job.gradient_codec_given = true;
     } else {
       r.fail(kv.first, "unknown codec key '" + key + "' (expected activations or gradients)");
     }
@@ -308,6 +311,10 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     r.fail(*microbatches, "'microbatches: auto' is for 'partition: auto' (the partitioner chooses)");
   if (job.schedule_auto && !job.auto_partition)
     r.fail(*schedule, "'schedule: auto' is for 'partition: auto' (the partitioner chooses)");
+  if (!job.codec_where.empty() && !job.auto_partition && job.plan.empty())
+    throw InvalidArgument(job.codec_where +
+                          ": a codec of 'auto' is each link's in a plan: it needs 'partition: "
+                          "auto' (the partitioner chooses them) or 'partition: PLAN.yaml'");
   if (job.microbatches_auto) job.microbatches = std::min<int64_t>(job.microbatches, job.batch);
   // A microbatch holds a sample at least; a batch that does not divide evenly is cut into
   // microbatches whose sizes differ by one.

@@ -13,7 +13,7 @@
 //   optimizer: {kind: sgd, lr: 0.01, momentum: 0.9}   # + warmup_steps, lr_schedule
 //                                  # (constant | step | cosine), decay_steps, decay_factor,
 //                                  # min_lr; lr_scale: linear with reference_batch
-//   codec: {activations: fp32, gradients: fp32}
+//   codec: {activations: fp32, gradients: fp32}   # or auto (with `partition: auto`): per link
 //   transport: tcp                 # tcp | ipc (loopback)
 //   partition: equal               # or a list of layer ranges: [[0, 4], [4, 9], [9, 11]],
 //                                  # where a stage may have data-parallel replicas:
@@ -67,7 +67,12 @@ struct JobSpec {
   uint64_t seed = 1;
   int threads = 1;  // CPU threads per stage
   OptimizerOptions optimizer;
+  // "fp32", "fp16", "bf16", "int8", or "auto": each link's is the plan's (`partition:
+  // auto` chooses them; a plan file may state them). A direction the job fixes is that on
+  // every link, whatever a plan file says; one it leaves out is a plan file's, else fp32.
   std::string activation_codec = "fp32", gradient_codec = "fp32";
+  bool activation_codec_given = false, gradient_codec_given = false;
+  std::string codec_where;  // "job.yaml:9:22": where a codec is auto, for messages
   std::string transport = "tcp";
   int64_t timeout_s = 60;  // every link's blocking calls
   // Either explicit layer ranges [begin, end) or, when empty, `stages` equal parts.

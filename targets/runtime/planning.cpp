@@ -60,8 +60,16 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   o.microbatch_size = (job.batch + job.microbatches - 1) / job.microbatches;
   o.recompute = job.recompute;
   o.optimizer_state_per_param = optimizerStatePerParam(job.optimizer.kind, job.optimizer.momentum);
-  o.activation_ratio = codecRatio(job.activation_codec);
-  o.gradient_ratio = codecRatio(job.gradient_codec);
+  // A codec of "auto": each link's is chosen (chooseCodecs), from fp32 up.
+  o.choose_activation_codec = job.activation_codec == "auto";
+  o.choose_gradient_codec = job.gradient_codec == "auto";
+  o.activation_codec = o.choose_activation_codec ? "fp32" : job.activation_codec;
+  o.gradient_codec = o.choose_gradient_codec ? "fp32" : job.gradient_codec;
+  o.activation_ratio = codecRatio(o.activation_codec);
+  o.gradient_ratio = codecRatio(o.gradient_codec);
+  if (o.choose_activation_codec || o.choose_gradient_codec)
+    for (const char* name : {"fp32", "fp16", "bf16", "int8"})  // most exact first
+      o.codecs.push_back({name, codecRatio(name)});
   return o;
 }
 
@@ -270,6 +278,18 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
   return out;
 }
 
+namespace {
+
+// One direction of one link: the job's codec where it fixes one, else the plan's for that
+// link, else fp32 (JobSpec::activation_codec).
+std::string linkCodec(const std::string& job_codec, bool given, const std::string& planned) {
+  if (given && job_codec != "auto") return job_codec;
+  if (!planned.empty()) return planned;
+  return job_codec == "auto" ? "fp32" : job_codec;
+}
+
+}  // namespace
+
 std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
                                    bool infer, bool spans, const std::string& spec,
                                    const std::string& weights_hash, int64_t weights_bytes) {
@@ -280,6 +300,11 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
     for (int r = 0; r < place.replicas; ++r) {
       Assign a;
       a.job = job.source;
+      // Each link's codecs, from the plan where it chose them: this stage's activations go
+      // on its link to the next, its gradients back on the previous stage's link.
+      const std::string next_activations = place.next_activation_codec;
+      const std::string prev_gradients =
+          s > 0 ? stages[static_cast<size_t>(s - 1)].next_gradient_codec : std::string();
       a.model_spec = spec;
       a.stage = s;
       a.stages = p;
@@ -298,8 +323,9 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       a.seed = job.seed;
       a.recompute = job.recompute;
       a.optimizer = job.optimizer;
-      a.activation_codec = job.activation_codec;
-      a.gradient_codec = job.gradient_codec;
+      a.activation_codec =
+          linkCodec(job.activation_codec, job.activation_codec_given, next_activations);
+      a.gradient_codec = linkCodec(job.gradient_codec, job.gradient_codec_given, prev_gradients);
       a.data = job.data;
       a.data_dir = job.data_dir;
       a.train_limit = job.train_limit;
@@ -325,15 +351,14 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     TANDEM_CHECK_MSG(!job.auto_partition, InvalidArgument,
                      job.source << ": 'partition: auto' is planned by `tandem run`");
     const auto ranges = stageRanges(job, model);
-    for (size_t s = 0; s < ranges.size(); ++s)
-      out.push_back({ranges[s].first,
-                     ranges[s].second,
-                     "cpu",
-                     job.threads,
-                     -1,
-                     s < job.range_replicas.size() ? job.range_replicas[s] : 1,
-                     {},
-                     {}});
+    for (size_t s = 0; s < ranges.size(); ++s) {
+      StagePlacement place;
+      place.begin = ranges[s].first;
+      place.end = ranges[s].second;
+      place.threads = job.threads;
+      place.replicas = s < job.range_replicas.size() ? job.range_replicas[s] : 1;
+      out.push_back(std::move(place));
+    }
     return out;
   }
   const auto specs =
@@ -356,7 +381,18 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
         s.compute_s < 0
             ? -1
             : (s.compute_s - s.allreduce_s / static_cast<double>(job.microbatches)) * replicas;
-    out.push_back({s.begin, s.end, s.backend, s.threads, one, replicas, s.backends, s.devices});
+    StagePlacement place;
+    place.begin = s.begin;
+    place.end = s.end;
+    place.backend = s.backend;
+    place.threads = s.threads;
+    place.predicted_compute_s = one;
+    place.replicas = replicas;
+    place.replica_backends = s.backends;
+    place.replica_devices = s.devices;
+    place.next_activation_codec = s.activation_codec;
+    place.next_gradient_codec = s.gradient_codec;
+    out.push_back(std::move(place));
   }
   return out;
 }

@@ -79,6 +79,8 @@ struct StagePlacement {
   int replicas = 1;                           // data-parallel replicas, each a worker of its own
   std::vector<std::string> replica_backends;  // each replica's device (empty: `backend`)
   std::vector<std::string> replica_devices;   // from a plan: each replica's "node/device"
+  // From a plan: the codecs of its link to the next stage (empty: the job's).
+  std::string next_activation_codec, next_gradient_codec;
   const std::string& backendOf(int replica) const {
     return replica_backends.empty() ? backend : replica_backends.at(static_cast<size_t>(replica));
   }

@@ -43,9 +43,25 @@ struct PartitionArgs {
 // does not have.
 partitioner::Plan givenPlan(const partitioner::CostModel& cost, const std::string& path) {
   const auto& devices = cost.problem().devices;
+  const partitioner::CostOptions& o = cost.options();
   std::vector<partitioner::Assignment> stages;
-  for (const partitioner::PlanStageSpec& s :
-       partitioner::parsePlan(readFile(path, "plan file"), path)) {
+  // Each link's codecs as the plan states them (else the options'), priced by their ratios.
+  std::vector<partitioner::LinkCodec> links;
+  const auto specs = partitioner::parsePlan(readFile(path, "plan file"), path);
+  for (size_t s = 0; s + 1 < specs.size(); ++s) {
+    partitioner::LinkCodec l{o.activation_codec, o.gradient_codec, o.activation_ratio,
+                             o.gradient_ratio};
+    if (!specs[s].activation_codec.empty()) {
+      l.activations = specs[s].activation_codec;
+      l.activation_ratio = runtime::codecRatio(l.activations);
+    }
+    if (!specs[s].gradient_codec.empty()) {
+      l.gradients = specs[s].gradient_codec;
+      l.gradient_ratio = runtime::codecRatio(l.gradients);
+    }
+    links.push_back(std::move(l));
+  }
+  for (const partitioner::PlanStageSpec& s : specs) {
     partitioner::Assignment a{s.begin, s.end, {}};
     for (const std::string& name : s.devices) {
       int found = -1;
@@ -58,13 +74,14 @@ partitioner::Plan givenPlan(const partitioner::CostModel& cost, const std::strin
     }
     stages.push_back(std::move(a));
   }
-  return partitioner::evaluate(cost, stages, "given");
+  return partitioner::evaluate(cost, stages, "given", links);
 }
 
 void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan) {
   const auto& devices = cost.problem().devices;
-  std::printf("%-6s %-10s %-24s %11s %12s %9s %14s %12s\n", "stage", "layers", "devices",
-              "compute ms", "allreduce ms", "link ms", "memory MiB", "device MiB");
+  std::printf("%-6s %-10s %-24s %11s %12s %9s %14s %12s  %s\n", "stage", "layers", "devices",
+              "compute ms", "allreduce ms", "link ms", "memory MiB", "device MiB",
+              "link codecs (activations/gradients)");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const partitioner::PlanStage& st = plan.stages[s];
     std::string names;
@@ -72,11 +89,14 @@ void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan
       names += (names.empty() ? "" : ",") + devices[static_cast<size_t>(d)].name;
     const std::string range =
         "[" + std::to_string(st.at.begin) + ", " + std::to_string(st.at.end) + ")";
-    std::printf("%-6zu %-10s %-24s %11.3f %12.3f %9.3f %14.1f %12.1f\n", s, range.c_str(),
+    const std::string codecs =
+        s + 1 < plan.stages.size() ? st.next.activations + "/" + st.next.gradients : "-";
+    std::printf("%-6zu %-10s %-24s %11.3f %12.3f %9.3f %14.1f %12.1f  %s\n", s, range.c_str(),
                 names.c_str(), st.compute_s * 1e3, st.allreduce_s * 1e3, st.link_s * 1e3,
                 static_cast<double>(st.memory_bytes) / (1 << 20),
                 static_cast<double>(devices[static_cast<size_t>(st.at.devices[0])].memory_bytes) /
-                    (1 << 20));
+                    (1 << 20),
+                codecs.c_str());
   }
 }
 
@@ -97,8 +117,19 @@ void runPartition(const PartitionArgs& a) {
   o.microbatch_size = (a.batch + a.microbatches - 1) / a.microbatches;
   o.recompute = a.recompute;
   o.optimizer_state_per_param = runtime::optimizerStatePerParam(a.optimizer, a.momentum);
-  o.activation_ratio = runtime::codecRatio(a.codec);
-  o.gradient_ratio = runtime::codecRatio(a.gradient_codec);
+  {  // the job's rules: "auto" chooses each link's codec
+    runtime::JobSpec codecs;
+    codecs.activation_codec = a.codec;
+    codecs.gradient_codec = a.gradient_codec;
+    const partitioner::CostOptions c = runtime::jobCostOptions(codecs);
+    o.activation_ratio = c.activation_ratio;
+    o.gradient_ratio = c.gradient_ratio;
+    o.activation_codec = c.activation_codec;
+    o.gradient_codec = c.gradient_codec;
+    o.choose_activation_codec = c.choose_activation_codec;
+    o.choose_gradient_codec = c.choose_gradient_codec;
+    o.codecs = c.codecs;
+  }
   o.max_replicas = a.max_replicas;
   partitioner::CostModel cost = runtime::loadCostModel(model, a.cluster, a.profile, o);
   if (!a.source.empty()) {
@@ -197,10 +228,11 @@ void addPartition(CLI::App& app) {
   c->add_option("--optimizer", a->optimizer, "sgd or adamw (the state each parameter has)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
   c->add_option("--momentum", a->momentum, "SGD momentum (0: no state)");
-  c->add_option("--codec", a->codec, "Activations on the wire: fp32, fp16, bf16, int8")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8"}));
-  c->add_option("--gradient-codec", a->gradient_codec, "Gradients on the wire")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8"}));
+  c->add_option("--codec", a->codec,
+                "Activations on the wire: fp32, fp16, bf16, int8, or auto (chosen per link)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8", "auto"}));
+  c->add_option("--gradient-codec", a->gradient_codec, "Gradients on the wire (or auto)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8", "auto"}));
   c->add_option("--max-replicas", a->max_replicas, "Replicas a stage may have (data parallel)")
       ->check(CLI::Range(1, 64));
   c->add_option("--source", a->source, "latency: the device (node/device) the input arrives at");

@@ -142,6 +142,30 @@ std::string stageRanges(const partitioner::Plan& plan, const std::vector<std::st
   return out;
 }
 
+// The links' codecs as the workers were given them: "fp32" (or "fp16/fp32": activations,
+// gradients) when every link has the same, else each link's ("0->1 int8/fp32, 1->2 fp32").
+std::string linkCodecs(const std::vector<runtime::Assign>& as) {
+  std::map<int, const runtime::Assign*> first;  // each stage's first replica
+  for (const runtime::Assign& a : as) first.emplace(a.stage, &a);
+  std::vector<std::string> links;
+  for (auto it = first.begin(); std::next(it) != first.end(); ++it) {
+    const std::string& act = it->second->activation_codec;
+    const std::string& grad = std::next(it)->second->gradient_codec;
+    links.push_back(act == grad ? act : act + "/" + grad);
+  }
+  if (links.empty()) {  // one stage: the job's, unused
+    const runtime::Assign& a = as.front();
+    return a.activation_codec == a.gradient_codec ? a.activation_codec
+                                                  : a.activation_codec + "/" + a.gradient_codec;
+  }
+  if (std::all_of(links.begin(), links.end(), [&](const std::string& l) { return l == links[0]; }))
+    return links[0];
+  std::string out;
+  for (size_t s = 0; s < links.size(); ++s)
+    out += (s ? ", " : "") + std::to_string(s) + "->" + std::to_string(s + 1) + " " + links[s];
+  return out;
+}
+
 // What a `partition: auto` run prints beside its plan: the search's plan (when a baseline
 // runs) and every baseline that does not.
 std::vector<const partitioner::Plan*> planAlternatives(const runtime::PlannedJob& planned) {
@@ -296,14 +320,11 @@ int runJob(const RunArgs& args) {
                  a.layer_begin, a.layer_end, a.device, a.threads, pid);
   };
   cb.wired = [&] {
+    const std::string codecs = linkCodecs(as);
     spdlog::info(
         "{} stages ({} workers) up: {} schedule, {} microbatches of a {}-sample batch, {} over {}",
         stages.size(), as.size(), args.infer ? "forward" : scheduleName(job.schedule),
-        job.microbatches, job.batch,
-        job.activation_codec == job.gradient_codec
-            ? job.activation_codec
-            : job.activation_codec + "/" + job.gradient_codec,
-        job.transport);
+        job.microbatches, job.batch, codecs, job.transport);
   };
   bool stepped = false;
   cb.progress = [&](const runtime::Progress& m) {

@@ -231,6 +231,118 @@ TEST(SelectTest, NeverPredictedSlowerThanTheBestSingleDevice) {
   }
 }
 
+// The codecs a link may carry, most exact first, with int8's ratio at its 256-value blocks.
+std::vector<CodecChoice> wireCodecs() {
+  return {{"fp32", 1}, {"fp16", 0.5}, {"bf16", 0.5}, {"int8", 0.2578}};
+}
+
+// Three nodes: n0 - n1 fast, n2 an edge node 100 kB/s from both. A microbatch's
+// activations (1000 bytes) take 10 ms at fp32 on its links, against 4 ms of a stage's
+// forward.
+Problem slowLastLink() {
+  Problem problem = uniformProblem(12, 3, 0.001, 0.002, 1e12, 1e-5);
+  for (const size_t other : {0, 1}) problem.links[other][2] = problem.links[2][other] = {1e5, 1e-5};
+  problem.options.microbatches = 4;
+  problem.options.codecs = wireCodecs();
+  problem.options.choose_activation_codec = problem.options.choose_gradient_codec = true;
+  return problem;
+}
+
+TEST(SelectTest, ASlowLinkIsCompressedAndAFastOneStaysExact) {
+  const CostModel cost(slowLastLink());
+  const Plan exact = evenPlan(cost, 3);
+  const Plan chosen = chooseCodecs(cost, exact);
+  ASSERT_EQ(chosen.stages.size(), 3u);
+  const LinkCodec fast = chosen.stages[0].next, slow = chosen.stages[1].next;
+  EXPECT_EQ(fast.activations, "fp32");
+  EXPECT_EQ(fast.gradients, "fp32");
+  EXPECT_TRUE(slow.activations != "fp32" || slow.gradients != "fp32") << planToYaml(cost, chosen);
+  // Shorter than fp32 on every link, and within the tolerance of the fastest pair there.
+  EXPECT_LT(chosen.step_s, exact.step_s * 0.9) << planToYaml(cost, chosen);
+  std::vector<Assignment> stages;
+  for (const PlanStage& s : exact.stages) stages.push_back(s.at);
+  double fastest = exact.step_s;
+  for (const CodecChoice& a : wireCodecs())
+    for (const CodecChoice& g : wireCodecs()) {
+      const LinkCodec trial{a.name, g.name, a.ratio, g.ratio};
+      const double step = evaluate(cost, stages, "trial", {fast, trial}).step_s;
+      fastest = std::min(fastest, step);
+    }
+  EXPECT_LE(chosen.step_s, fastest * (1 + kCodecTolerance) * (1 + 1e-9));
+  // The plan says so, and reads back.
+  const std::string yaml = planToYaml(cost, chosen);
+  EXPECT_NE(yaml.find("codec: {activations: fp32, gradients: fp32}"), std::string::npos) << yaml;
+  const auto specs = parsePlan(yaml, "plan.yaml");
+  ASSERT_EQ(specs.size(), 3u);
+  EXPECT_EQ(specs[0].activation_codec, "fp32");
+  EXPECT_EQ(specs[1].activation_codec, slow.activations);
+  EXPECT_EQ(specs[1].gradient_codec, slow.gradients);
+  EXPECT_EQ(specs[2].activation_codec, "");  // the last stage has no link after it
+}
+
+TEST(SelectTest, CodecsAreChosenOnlyWhereTheJobLeavesThemOpen) {
+  Problem problem = slowLastLink();
+  // Activations fixed at fp16, gradients chosen: every link's activations stay fp16.
+  problem.options.choose_activation_codec = false;
+  problem.options.activation_codec = "fp16";
+  problem.options.activation_ratio = 0.5;
+  const CostModel cost(problem);
+  const Plan chosen = chooseCodecs(cost, evenPlan(cost, 3));
+  for (size_t s = 0; s + 1 < chosen.stages.size(); ++s)
+    EXPECT_EQ(chosen.stages[s].next.activations, "fp16");
+  EXPECT_EQ(chosen.stages[0].next.gradients, "fp32");
+  // Nothing chosen: the plan as it was, the options' codecs on every link.
+  problem.options.choose_gradient_codec = false;
+  const CostModel fixed(problem);
+  const Plan same = chooseCodecs(fixed, evenPlan(fixed, 3));
+  for (size_t s = 0; s + 1 < same.stages.size(); ++s)
+    EXPECT_EQ(same.stages[s].next, (LinkCodec{"fp16", "fp32", 0.5, 1}));
+  // Serving plans keep the options' codecs (the step is what is priced).
+  problem.options.objective = Objective::kInferThroughput;
+  problem.options.choose_activation_codec = true;
+  const CostModel serving(problem);
+  const Plan served = chooseCodecs(serving, evenPlan(serving, 3));
+  EXPECT_EQ(served.stages[1].next.activations, "fp16");
+}
+
+TEST(SelectTest, ChoosingCodecsNeverPredictsASlowerStep) {
+  // Device selection with per-link codecs against the same with fp32 everywhere: never
+  // slower, and where the slow node is used its links are compressed.
+  Problem problem = slowLastLink();
+  const CostModel choosing(problem);
+  problem.options.choose_activation_codec = problem.options.choose_gradient_codec = false;
+  const CostModel exact(problem);
+  const Plan with = choosePlan(choosing), without = choosePlan(exact);
+  EXPECT_LE(with.step_s, without.step_s * (1 + 1e-9));
+  // Compressed, the edge node's links carry a microbatch in less than a stage's forward:
+  // the plan uses all three nodes, and is faster than any plan in fp32.
+  EXPECT_EQ(with.stages.size(), 3u) << planToYaml(choosing, with);
+  EXPECT_LT(with.step_s, without.step_s * 0.95) << planToYaml(exact, without);
+  for (size_t s = 0; s + 1 < with.stages.size(); ++s) {
+    const int a = with.stages[s].at.devices[0], b = with.stages[s + 1].at.devices[0];
+    if ((a == 2) != (b == 2)) {
+      EXPECT_NE(with.stages[s].next, (LinkCodec{"fp32", "fp32", 1, 1}))
+          << planToYaml(choosing, with);
+    }
+  }
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    RandomProblemOptions o;
+    o.layers = 8;
+    o.devices = 4;
+    o.nodes = 3;
+    o.memory_min = 1.2;
+    o.memory_max = 3;
+    o.seed = seed;
+    o.cost.microbatches = static_cast<int64_t>(1 + seed % 6);
+    Problem p = randomProblem(o);
+    const Plan plain = choosePlan(CostModel(p));
+    p.options.codecs = wireCodecs();
+    p.options.choose_activation_codec = p.options.choose_gradient_codec = true;
+    const Plan coded = choosePlan(CostModel(p));
+    EXPECT_LE(coded.step_s, plain.step_s * (1 + 1e-9)) << "seed " << seed;
+  }
+}
+
 TEST(SelectTest, ServingPlansAreTheSearchs) {
   RandomProblemOptions o;
   o.cost.objective = Objective::kInferThroughput;

@@ -145,10 +145,15 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:4:15", "'microbatches: auto' is for 'partition: auto'"}},
       {"model: m.yaml\npartition: equal\nstages: 2\nschedule: auto\n",
        {"j.yaml:4:11", "'schedule: auto' is for 'partition: auto'"}},
-      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nmicrobatches: many\n",
-       {"j.yaml:4:15"}},
+      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nmicrobatches: many\n", {"j.yaml:4:15"}},
       {"model: m.yaml\npartition: auto\ncluster: c.yaml\nschedule: fast\n",
        {"j.yaml:4:11", "unknown schedule 'fast'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\ncodec: {gradients: auto}\n",
+       {"j.yaml:4:20", "a codec of 'auto' is each link's in a plan", "'partition: auto'"}},
+      {"model: m.yaml\npartition: [[0, 2], [2, 4]]\ncodec: {activations: auto}\n",
+       {"j.yaml:3:22", "a codec of 'auto'"}},
+      {"model: m.yaml\npartition: auto\ncluster: c.yaml\ncodec: {activations: best}\n",
+       {"j.yaml:4:22", "unknown codec 'best'", "int8 or auto"}},
   };
   for (const Case& c : cases)
     expectThrowWith<InvalidArgument>([&] { parseJobSpec(c.yaml, "j.yaml"); }, c.expect);
@@ -183,6 +188,22 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
                 .schedule,
             ScheduleKind::kZeroBubbleH1);
   EXPECT_LE(chooses.microbatches, 8);  // a placeholder until planned, within the batch
+}
+
+// `codec: auto` takes each link's from the plan (chosen by `partition: auto`, or stated by a
+// plan file); a direction the job states is its on every link.
+TEST(JobTest, CodecsMayBeEachLinksInThePlan) {
+  const JobSpec a = parseJobSpec(
+      "model: m.yaml\npartition: auto\ncluster: c.yaml\ncodec: {activations: auto}\n", "j.yaml");
+  EXPECT_EQ(a.activation_codec, "auto");
+  EXPECT_TRUE(a.activation_codec_given);
+  EXPECT_EQ(a.gradient_codec, "fp32");
+  EXPECT_FALSE(a.gradient_codec_given);
+  const JobSpec p = parseJobSpec(
+      "model: m.yaml\npartition: p.yaml\ncodec: {activations: auto, gradients: int8}\n", "j.yaml");
+  EXPECT_EQ(p.activation_codec, "auto");
+  EXPECT_EQ(p.gradient_codec, "int8");
+  EXPECT_TRUE(p.gradient_codec_given);
 }
 
 TEST(JobTest, AStageMayHaveReplicas) {

@@ -1,0 +1,60 @@
+// A plan's per-link codecs reach the workers: stage s sends its activations in link s's
+// activation codec, and its gradients back in link s-1's gradient codec; a direction the
+// job fixes is the job's on every link.
+#include "targets/runtime/planning.h"
+
+#include <gtest/gtest.h>
+
+#include "core/model_spec.h"
+#include "targets/runtime/job.h"
+
+namespace tandem::runtime {
+namespace {
+
+const char* kSpec = "input: [4]\nlayers:\n  - linear: {out: 4}\n  - relu\n  - linear: {out: 4}\n";
+
+// Three stages on three nodes: int8 activations and fp16 gradients on the first link, the
+// second link as the job says.
+const char* kPlan =
+    "stages:\n"
+    "  - {layers: [0, 1], devices: [a/cpu], backend: cpu,\n"
+    "     codec: {activations: int8, gradients: fp16}}\n"
+    "  - {layers: [1, 2], devices: [b/cpu, c/cpu], backend: cpu}\n"
+    "  - {layers: [2, 3], devices: [d/cpu], backend: cpu}\n";
+
+// Each worker's (stage, activation codec, gradient codec).
+std::vector<std::tuple<int, std::string, std::string>> codecs(const std::string& codec_line) {
+  const JobSpec job = parseJobSpec("model: m.yaml\npartition: p.yaml\n" + codec_line, "j.yaml");
+  const Model model(parseModelSpec(kSpec));
+  const auto stages = jobStages(job, model, kPlan);
+  EXPECT_EQ(stages[0].next_activation_codec, "int8");
+  EXPECT_EQ(stages[0].next_gradient_codec, "fp16");
+  EXPECT_EQ(stages[1].next_activation_codec, "");
+  std::vector<std::tuple<int, std::string, std::string>> out;
+  for (const Assign& a : jobAssignments(job, stages, false, false, kSpec, "", 0))
+    out.emplace_back(a.stage, a.activation_codec, a.gradient_codec);
+  return out;
+}
+
+using Codecs = std::vector<std::tuple<int, std::string, std::string>>;
+
+TEST(PlanningTest, EachLinkCarriesThePlansCodecs) {
+  // Stage 0 sends int8 activations; both replicas of stage 1 send fp16 gradients back to it
+  // and fp32 activations on; stage 2 sends fp32 gradients back.
+  const Codecs planned = {
+      {0, "int8", "fp32"}, {1, "fp32", "fp16"}, {1, "fp32", "fp16"}, {2, "fp32", "fp32"}};
+  EXPECT_EQ(codecs(""), planned);
+  EXPECT_EQ(codecs("codec: {activations: auto, gradients: auto}\n"), planned);
+}
+
+TEST(PlanningTest, ADirectionTheJobFixesIsItsOnEveryLink) {
+  EXPECT_EQ(
+      codecs("codec: {activations: bf16}\n"),
+      (Codecs{{0, "bf16", "fp32"}, {1, "bf16", "fp16"}, {1, "bf16", "fp16"}, {2, "bf16", "fp32"}}));
+  EXPECT_EQ(
+      codecs("codec: {activations: auto, gradients: fp32}\n"),
+      (Codecs{{0, "int8", "fp32"}, {1, "fp32", "fp32"}, {1, "fp32", "fp32"}, {2, "fp32", "fp32"}}));
+}
+
+}  // namespace
+}  // namespace tandem::runtime
