@@ -11,17 +11,23 @@
 
 namespace tandem {
 
-Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit) {
+Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit,
+                         const DataAccess& access) {
   const std::string prefix = dir + "/" + (train ? "train" : "t10k");
   const std::string image_path = prefix + "-images-idx3-ubyte.gz";
   const std::string label_path = prefix + "-labels-idx1-ubyte.gz";
   for (const std::string& p : {image_path, label_path}) {
-    if (!std::filesystem::exists(p))
+    if (access.roots.empty() && !std::filesystem::exists(p))
       throw IoError("Fashion-MNIST file not found: '" + p + "' (install the Debian package " +
                     kFashionMnistPackage + ", or pass the directory that holds it)");
   }
-  IdxArray images = readIdx(image_path);
-  IdxArray labels = readIdx(label_path);
+  // Both checked before either is opened; the arrays they declare are held to the node's
+  // limit too (a small gzip file may unpack to gigabytes).
+  const std::string images_file = checkDataFile(access, image_path, "Fashion-MNIST file");
+  const std::string labels_file = checkDataFile(access, label_path, "Fashion-MNIST file");
+  const auto most = static_cast<uint64_t>(access.max_file_bytes);
+  IdxArray images = readIdx(images_file, most);
+  IdxArray labels = readIdx(labels_file, most);
   if (images.dims.size() != 3)
     throw FormatError("'" + image_path + "': expected a rank-3 image array, got rank " +
                       std::to_string(images.dims.size()));
@@ -52,14 +58,14 @@ Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit) {
 }
 
 Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit,
-                    int64_t context, uint64_t seed) {
+                    int64_t context, uint64_t seed, const DataAccess& access) {
   if (name == "fashion-mnist")
-    return loadFashionMnist(dir.empty() ? kFashionMnistDir : dir, train, limit);
+    return loadFashionMnist(dir.empty() ? kFashionMnistDir : dir, train, limit, access);
   if (name.rfind("text:", 0) == 0) {
     TANDEM_CHECK_MSG(name.size() > 5, InvalidArgument, "'text:' needs a file or folder: text:PATH");
     TANDEM_CHECK_MSG(context > 0, InvalidArgument,
                      "text data needs a model whose input is [T] token ids (the context)");
-    return loadText(name.substr(5), context, train, seed, limit);
+    return loadText(name.substr(5), context, train, seed, limit, access);
   }
   throw InvalidArgument("unknown dataset '" + name + "' (known: fashion-mnist, text:PATH)");
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/data/data_access.h"
 #include "core/shape.h"
 
 namespace tandem {
@@ -35,14 +36,17 @@ inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mni
 inline constexpr const char* kFashionMnistPackage = "dataset-fashion-mnist";
 
 // Loads the train or test split; `limit` > 0 keeps the first `limit` samples. A missing
-// file raises IoError naming the path looked at and the Debian package that provides it.
-Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit = 0);
+// file raises IoError naming the path looked at and the Debian package that provides it
+// (under a node's rules, `access` with roots, the uniform refusal of checkDataFile).
+Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit = 0,
+                         const DataAccess& access = {});
 
 // Loads a dataset by name: "fashion-mnist" (from `dir`, empty for the Debian package's),
 // or "text:PATH" (loadText; `context` is the model's sequence length, `seed` draws the
-// training windows); unknown names raise InvalidArgument.
+// training windows); unknown names raise InvalidArgument. Files are read only where
+// `access` allows (data_access.h).
 Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit = 0,
-                    int64_t context = 0, uint64_t seed = 0);
+                    int64_t context = 0, uint64_t seed = 0, const DataAccess& access = {});
 
 // The sample order of one epoch: identity without shuffling, else a Fisher-Yates
 // permutation from (seed, epoch) that is the same on every platform.

@@ -36,7 +36,7 @@ void readExact(gzFile f, void* dst, size_t n, const std::string& path, const cha
 
 }  // namespace
 
-IdxArray readIdx(const std::string& path) {
+IdxArray readIdx(const std::string& path, uint64_t max_elements) {
   // gzopen reads plain files transparently, so both forms take this path.
   std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));
   if (!f) throw IoError("cannot open IDX file '" + path + "'");
@@ -61,6 +61,9 @@ IdxArray readIdx(const std::string& path) {
     total *= d;
     if (total > (uint64_t{1} << 32))
       throw FormatError("IDX file '" + path + "': more than 2^32 elements declared");
+    if (total > max_elements)
+      throw FormatError("IDX file '" + path + "': more than " + std::to_string(max_elements) +
+                        " elements declared (the limit)");
   }
   a.data.resize(total);
   readExact(f.get(), a.data.data(), total, path, "data");

@@ -14,7 +14,8 @@ struct IdxArray {
 };
 
 // Reads an unsigned-byte IDX file; throws IoError if it cannot be opened and FormatError
-// naming the path and the defect if it is not a valid, complete IDX file.
-IdxArray readIdx(const std::string& path);
+// naming the path and the defect if it is not a valid, complete IDX file, or if it declares
+// more than `max_elements` elements (at most 2^32 in any case).
+IdxArray readIdx(const std::string& path, uint64_t max_elements = uint64_t{1} << 32);
 
 }  // namespace tandem

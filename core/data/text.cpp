@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "core/data/data_access.h"
 #include "core/error.h"
-#include "core/file.h"
 #include "core/random.h"
 
 namespace tandem {
@@ -46,16 +46,19 @@ int64_t firstNonTextByte(const std::string& bytes) {
 
 namespace {
 
-std::string readCorpus(const std::string& path) {
+std::string readCorpus(const std::string& path, const DataAccess& access) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
-  if (ec || !fs::exists(st))
+  // Without roots (this user's own run) a missing corpus is named, with the package that
+  // has the default one; under a node's rules nothing is said of what the path holds.
+  if (access.roots.empty() && (ec || !fs::exists(st)))
     throw IoError("text data not found: '" + path + "'" +
                   (path.rfind(kTextCorpusDir, 0) == 0
                        ? std::string(" (install the Debian package ") + kTextCorpusPackage + ")"
                        : std::string()));
-  if (!fs::is_directory(st)) {
-    std::string bytes = readFile(path, "text data");
+  if (ec || !fs::is_directory(st)) {
+    const std::string file = checkDataFile(access, path, "text data");
+    std::string bytes = readDataFile(access, file, "text data");
     const int64_t bad = firstNonTextByte(bytes);
     if (bad >= 0)
       throw FormatError("'" + path + "' is not text (UTF-8 without NUL bytes): byte " +
@@ -63,17 +66,22 @@ std::string readCorpus(const std::string& path) {
                         std::to_string(bad));
     return bytes;
   }
+  const std::string folder = checkDataFolder(access, path, "text data");
   std::vector<fs::path> files;
-  for (const fs::directory_entry& e : fs::directory_iterator(path))
+  for (const fs::directory_entry& e : fs::directory_iterator(folder))
     if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path());
   std::sort(files.begin(), files.end());
   std::string all;
   int64_t used = 0;
   for (const fs::path& f : files) {
-    const std::string bytes = readFile(f.string(), "text data");
+    const std::string bytes =
+        readDataFile(access, checkDataFile(access, f.string(), "text data"), "text data");
     if (firstNonTextByte(bytes) >= 0) continue;  // an index or other binary file beside
     all += bytes;
     ++used;
+    TANDEM_CHECK_MSG(static_cast<int64_t>(all.size()) <= access.max_file_bytes, InvalidArgument,
+                     "folder '" << path << "' holds more than " << access.max_file_bytes
+                                << " bytes of text, this node's limit");
   }
   TANDEM_CHECK_MSG(used > 0, FormatError,
                    "folder '" << path << "' holds no text file (" << files.size()
@@ -83,11 +91,11 @@ std::string readCorpus(const std::string& path) {
 
 }  // namespace
 
-Dataset loadText(const std::string& path, int64_t context, bool train, uint64_t seed,
-                 int64_t limit) {
+Dataset loadText(const std::string& path, int64_t context, bool train, uint64_t seed, int64_t limit,
+                 const DataAccess& access) {
   TANDEM_CHECK_MSG(context > 0, InvalidArgument,
                    "text data: the context must be positive, got " << context);
-  const std::string text = readCorpus(path);
+  const std::string text = readCorpus(path, access);
   const auto len = static_cast<int64_t>(text.size());
   const int64_t cut = len - len / 10;
   TANDEM_CHECK_MSG(len / 10 >= context + 1, FormatError,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/data/data_access.h"
 #include "core/data/dataset.h"
 
 namespace tandem {
@@ -19,8 +20,9 @@ inline constexpr const char* kTextCorpusPackage = "fortunes";
 // held-out (the last 10%) data. Training samples are (len - 1) / context windows at
 // starts drawn uniformly from `seed`; held-out samples are the consecutive windows, so an
 // evaluation is the same for every seed. `limit` > 0 keeps the first `limit` windows.
+// Every file is read only if `access` allows it (a node's rules: checkDataFile).
 Dataset loadText(const std::string& path, int64_t context, bool train, uint64_t seed,
-                 int64_t limit = 0);
+                 int64_t limit = 0, const DataAccess& access = {});
 
 // The offset of the first byte that makes `bytes` not text (a NUL, or not UTF-8), or -1.
 int64_t firstNonTextByte(const std::string& bytes);

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "targets/runtime/weight_cache.h"
 
 namespace tandem::runtime {
 
@@ -54,15 +55,9 @@ ClusterKey generateClusterKey() {
 }
 
 void writeClusterKey(const ClusterKey& key, const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw IoError("cannot write the key file '" + path + "': " + std::strerror(errno));
   const std::string hex = clusterKeyHex(key) + "\n";
-  const bool ok = ::fchmod(fd, 0600) == 0 &&
-                  ::write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size()) &&
-                  ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!ok) throw IoError("cannot write the key file '" + path + "': " + std::strerror(err));
+  writeFileAtomically(path, {reinterpret_cast<const uint8_t*>(hex.data()), hex.size()}, 0600,
+                      FileReaders::kOwnerOnly);
 }
 
 ClusterKey readClusterKey(const std::string& path) {

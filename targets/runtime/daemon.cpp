@@ -16,6 +16,7 @@
 #include "core/profile/link_probe.h"
 #include "targets/runtime/channel_io.h"
 #include "targets/runtime/coordinator.h"
+#include "targets/runtime/link_rules.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/node_profile.h"
 #include "targets/runtime/weight_cache.h"
@@ -203,6 +204,7 @@ struct Daemon::Impl {
       links.backend = makeBackend("cpu");
     }
     auto options = [&] {
+      checkBindHost(t.bind_host);
       transport::LinkOptions o;
       o.bind = "tcp://" + t.bind_host + ":*";
       o.timeout = std::chrono::seconds(30);
@@ -235,6 +237,7 @@ struct Daemon::Impl {
           throw InvalidArgument("pair " + std::to_string(t.pair) + " was never opened");
         std::unique_ptr<transport::ZmqLink> link = std::move(it->second);
         links.open.erase(it);
+        checkPeerEndpoint(t.peer);
         link->connect(t.peer);
         if (t.kind == LinkTaskKind::kServe) {
           echoLink(*link, *links.backend);

@@ -1,8 +1,8 @@
 // The two launchers of coordinator.h: worker processes on this machine, and worker
 // threads of this process (for tests).
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "targets/runtime/child_process.h"
 #include "targets/runtime/coordinator.h"
 #include "targets/runtime/handshake.h"
 #include "targets/runtime/node_info.h"
@@ -60,15 +61,18 @@ class ProcessLauncher final : public Launcher {
     for (std::string& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);
     int in[2];
-    if (pipe(in) != 0) throw Error("cannot start a worker: pipe failed");
+    if (pipe2(in, O_CLOEXEC) != 0) throw Error("cannot start a worker: pipe failed");
+    const pid_t parent = getpid();
     const pid_t pid = fork();
-    if (pid < 0) throw Error("cannot start a worker: fork failed");
-    if (pid == 0) {
-      // The worker dies with the thread that started it (a daemon's connection, a run).
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      dup2(in[0], STDIN_FILENO);
+    if (pid < 0) {
       close(in[0]);
       close(in[1]);
+      throw Error("cannot start a worker: fork failed");
+    }
+    if (pid == 0) {
+      // The worker dies with the thread that started it (a daemon's connection, a run),
+      // and holds the key's pipe as its standard input and nothing of the daemon's.
+      if (!prepareChild(parent, {{in[0], STDIN_FILENO}})) _exit(126);
       execv(program_.c_str(), cargv.data());
       _exit(127);
     }

@@ -1,8 +1,8 @@
 #include "targets/runtime/local_daemon.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "targets/runtime/child_process.h"
 
 namespace tandem::runtime {
 
@@ -37,19 +38,29 @@ void stop(pid_t pid) {
 LocalDaemon::LocalDaemon(const std::string& program, const ClusterKey& key,
                          const std::string& name) {
   int in[2], out[2];
-  if (pipe(in) != 0 || pipe(out) != 0) throw Error("cannot start tandemd: pipe failed");
+  if (pipe2(in, O_CLOEXEC) != 0) throw Error("cannot start tandemd: pipe failed");
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    close(in[0]);
+    close(in[1]);
+    throw Error("cannot start tandemd: pipe failed");
+  }
+  // A local run's daemon is this user's own: its workers read the job's data wherever
+  // this user can (regular files within the size limit still).
   std::vector<std::string> argv = {program,  "--listen", "127.0.0.1:0", "--key", "-",
-                                   "--name", name,       "--log-level", "warn"};
+                                   "--name", name,       "--log-level", "warn",  "--data-root",
+                                   "/"};
   std::vector<char*> cargv;
   for (std::string& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
+  const pid_t parent = getpid();
   pid_ = fork();
-  if (pid_ < 0) throw Error("cannot start tandemd: fork failed");
-  if (pid_ == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // it dies with the run
-    dup2(in[0], STDIN_FILENO);
-    dup2(out[1], STDOUT_FILENO);
+  if (pid_ < 0) {
     for (int fd : {in[0], in[1], out[0], out[1]}) close(fd);
+    throw Error("cannot start tandemd: fork failed");
+  }
+  if (pid_ == 0) {
+    // It dies with the run, and holds only its two pipes (and stderr).
+    if (!prepareChild(parent, {{in[0], STDIN_FILENO}, {out[1], STDOUT_FILENO}})) _exit(126);
     execv(program.c_str(), cargv.data());
     _exit(127);
   }

@@ -27,6 +27,7 @@
 #include "core/pipeline/stage_trainer.h"
 #include "targets/runtime/chunks.h"
 #include "targets/runtime/handshake.h"
+#include "targets/runtime/link_rules.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/weight_cache.h"
 #include "transport/socket_group.h"
@@ -55,7 +56,6 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 // A node's weight cache holds at most this much (the oldest files go first).
-constexpr uint64_t kCacheBytes = uint64_t{8} << 30;
 
 // The next message, which must be a `T`; a `leave` or anything else is an error naming
 // what came instead.
@@ -94,12 +94,12 @@ class FolderLock {
 };
 
 // The starting weights of `a`: from the cache, else from the coordinator (then cached).
-std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a,
-                                     const std::string& cache_dir, StageReport& report) {
+std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a, const WorkerOptions& o,
+                                     StageReport& report) {
   std::unique_ptr<WeightCache> cache;
   std::unique_ptr<FolderLock> turn;
-  if (!cache_dir.empty()) {
-    cache = std::make_unique<WeightCache>(cache_dir, kCacheBytes);
+  if (!o.cache_dir.empty()) {
+    cache = std::make_unique<WeightCache>(o.cache_dir, o.cache_max_bytes);
     turn = std::make_unique<FolderLock>(cache->dir());
     if (auto cached = cache->get(a.weights_hash, &report.weights_corrupted)) {
       report.weights_cached = true;
@@ -183,8 +183,7 @@ void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, L
   decoder.serve(prompts, tokens);
 }
 
-void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
-         const std::string& cache_dir) {
+void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const WorkerOptions& o) {
   const std::string who = "stage " + std::to_string(a.stage) +
                           (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "");
   const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
@@ -206,8 +205,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   report.start_rss_bytes = start_rss;
   Optimizer optimizer(*backend, a.optimizer);
   if (!a.weights_hash.empty()) {
-    const ModelFile start_from = parseModelFile(startingWeights(coordinator, a, cache_dir, report),
-                                                who + "'s starting weights");
+    const ModelFile start_from =
+        parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
     loadWeights(model, start_from, false);
     if (a.restore_optimizer) restoreOptimizer(optimizer, model, *backend, start_from, who);
   }
@@ -222,6 +221,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
   // key, so each admits exactly the run's other workers.
   const DataPlaneKeys curve = a.encrypt ? dataPlaneKeys(run_key) : DataPlaneKeys{};
   int endpoint_count = 0;
+  if (!ipc) checkBindHost(a.bind_host);
   auto linkOptions = [&](const std::string& codec, int peer) {
     transport::LinkOptions o;
     o.bind = ipc ? "ipc://" + ipc_name + "-l" + std::to_string(endpoint_count++)
@@ -254,8 +254,9 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
     // Text data: windows of the model's context, the training ones drawn from the seed.
     const Shape input = model.inputShape();
     const int64_t context = input.rank() == 1 ? input[0] : 0;
-    if (!a.infer) train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed);
-    test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed);
+    if (!a.infer)
+      train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed, o.data);
+    test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed, o.data);
     checkClassifier(model, test);
     TANDEM_CHECK_MSG(!a.infer || !test.tokens, Unsupported,
                      "serving a language model's held-out text as a stream is not supported: "
@@ -274,6 +275,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
                         " '" + side + "' endpoints, not " + std::to_string(links.size()));
     std::vector<Link*> out;
     for (size_t i = 0; i < links.size(); ++i) {
+      checkPeerEndpoint(endpoints[i], a.transport);
       links[i]->connect(endpoints[i]);
       out.push_back(links[i].get());
     }
@@ -450,11 +452,11 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
 
 }  // namespace
 
-void runStageWorker(Channel& coordinator, const ClusterKey& run_key, const std::string& cache_dir,
+void runStageWorker(Channel& coordinator, const ClusterKey& run_key, const WorkerOptions& o,
                     std::chrono::milliseconds wait) {
   try {
     const Assign a = expect<Assign>(coordinator, wait, "assignment");
-    run(coordinator, a, run_key, cache_dir);
+    run(coordinator, a, run_key, o);
   } catch (const std::exception& e) {
     try {
       coordinator.send(Failed{e.what()}, 2s);
@@ -465,18 +467,18 @@ void runStageWorker(Channel& coordinator, const ClusterKey& run_key, const std::
   }
 }
 
-void runWorkerProcess(const std::string& control, int slot, const std::string& cache_dir) {
+void runWorkerProcess(const std::string& control, int slot, const WorkerOptions& o) {
   // Dies with the process that started it: no worker outlives its run or its daemon.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   transport::keepFreedMemory();  // its links receive activations and gradients
   std::string line;
   std::getline(std::cin, line);
   const ClusterKey key = parseClusterKey(line, "the key on standard input");
-  HandshakeOptions o;
-  o.build = buildName();
-  std::unique_ptr<Channel> c = connectChannel(parseEndpoint(control), key, o);
+  HandshakeOptions hello;
+  hello.build = buildName();
+  std::unique_ptr<Channel> c = connectChannel(parseEndpoint(control), key, hello);
   c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
-  runStageWorker(*c, key, cache_dir);
+  runStageWorker(*c, key, o);
   c->close();
 }
 

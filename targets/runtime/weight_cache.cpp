@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sodium.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -41,12 +43,33 @@ std::string defaultWeightCacheDir() {
   return "/tmp/tandem-weights";
 }
 
-void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes, unsigned mode) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+namespace {
+
+// Opens a new file beside `path` under a random name (`tmp`): made by this call, not
+// through a link; -1 with errno if it cannot be.
+int openTemporary(const std::string& path, unsigned mode, std::string& tmp) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof suffix, ".tmp-%08x%08x", randombytes_random(),
+                  randombytes_random());
+    tmp = path + suffix;
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  return -1;
+}
+
+}  // namespace
+
+void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes, unsigned mode,
+                         FileReaders readers) {
+  if (sodium_init() < 0) throw Error("libsodium could not be initialised");
+  std::string tmp;
+  const int fd = openTemporary(path, mode, tmp);
   if (fd < 0) throw IoError("cannot write '" + tmp + "': " + std::strerror(errno));
   size_t done = 0;
-  bool ok = true;
+  // A secret is the owner's whatever the umask and mode said.
+  bool ok = readers == FileReaders::kMode || ::fchmod(fd, 0600) == 0;
   while (ok && done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     ok = n > 0;
@@ -68,6 +91,18 @@ WeightCache::WeightCache(std::string dir, uint64_t max_bytes)
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_))
     throw IoError("cannot make the weight cache '" + dir_ + "': " + ec.message());
+  // Another user's folder (a /tmp fallback made first by someone else) could swap the
+  // files under us: refused. Our own loses group and other write access.
+  struct stat st {};
+  if (::stat(dir_.c_str(), &st) != 0)
+    throw IoError("cannot read the weight cache '" + dir_ + "': " + std::strerror(errno));
+  if (st.st_uid != ::geteuid())
+    throw IoError("the weight cache '" + dir_ + "' belongs to another user (uid " +
+                  std::to_string(st.st_uid) +
+                  "): give the daemon a folder of its own (--cache-dir)");
+  if ((st.st_mode & 022) != 0 && ::chmod(dir_.c_str(), st.st_mode & 07755) != 0)
+    throw IoError("cannot make the weight cache '" + dir_ +
+                  "' its owner's to write: " + std::strerror(errno));
 }
 
 std::optional<std::vector<uint8_t>> WeightCache::get(const std::string& hash, bool* corrupted) {
@@ -94,7 +129,8 @@ void WeightCache::put(const std::string& hash, std::span<const uint8_t> bytes) {
     throw FormatError("weights of " + std::to_string(bytes.size()) + " bytes do not hash to '" +
                       hash + "'");
   writeFileAtomically(dir_ + "/" + hash, bytes);
-  // Over the cap: the least recently used go first.
+  // Over the cap: the least recently used go first, the file just written last (if it
+  // alone is over the cap it goes too: the caller holds its bytes).
   std::vector<std::pair<fs::file_time_type, fs::path>> files;
   uint64_t total = 0;
   std::error_code ec;
@@ -106,7 +142,6 @@ void WeightCache::put(const std::string& hash, std::span<const uint8_t> bytes) {
   std::sort(files.begin(), files.end());
   for (const auto& [time, file] : files) {
     if (total <= max_bytes_) break;
-    if (file.filename() == hash) continue;
     std::error_code size_ec;
     const uint64_t size = fs::file_size(file, size_ec);
     if (fs::remove(file, size_ec)) total -= size;

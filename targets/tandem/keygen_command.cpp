@@ -1,13 +1,12 @@
 // tandem keygen: a cluster key (--cluster: what every daemon and coordinator of a cluster
 // shares, targets/runtime/cluster_key.h), or a CurveZMQ key pair for encrypted links.
-#include <sys/stat.h>
-
 #include <cstdio>
-#include <fstream>
 #include <memory>
+#include <span>
 
 #include "core/error.h"
 #include "targets/runtime/cluster_key.h"
+#include "targets/runtime/weight_cache.h"
 #include "targets/tandem/commands.h"
 #include "transport/zmq_link.h"
 
@@ -35,15 +34,14 @@ void addKeygen(CLI::App& app) {
     }
     const transport::CurveKeyPair keys = transport::generateCurveKeyPair();
     const std::string secret = *prefix + ".key", pub = *prefix + ".pub";
-    {
-      std::ofstream out(secret, std::ios::trunc);
-      if (!out) throw IoError("cannot write '" + secret + "'");
-      out << keys.secret_key << "\n";
-    }
-    chmod(secret.c_str(), 0600);  // the secret stays the owner's
-    std::ofstream out(pub, std::ios::trunc);
-    if (!out) throw IoError("cannot write '" + pub + "'");
-    out << keys.public_key << "\n";
+    const auto bytes = [](const std::string& text) {
+      return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size());
+    };
+    // The secret is the owner's alone whatever the umask (its mode set and checked).
+    const std::string secret_text = keys.secret_key + "\n", public_text = keys.public_key + "\n";
+    runtime::writeFileAtomically(secret, bytes(secret_text), 0600,
+                                 runtime::FileReaders::kOwnerOnly);
+    runtime::writeFileAtomically(pub, bytes(public_text), 0644);
     std::printf("wrote %s (secret, mode 0600) and %s (public)\n", secret.c_str(), pub.c_str());
   });
 }

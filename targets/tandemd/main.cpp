@@ -14,6 +14,7 @@
 #include <iostream>
 #include <thread>
 
+#include "core/data/text.h"
 #include "core/error.h"
 #include "targets/runtime/daemon.h"
 #include "targets/runtime/handshake.h"
@@ -52,6 +53,27 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
+  // What a job's data may be read from (core/data/data_access.h): the Debian datasets'
+  // folder, the example corpus and the daemon's data folder unless the node says
+  // otherwise.
+  WorkerOptions wo;
+  tandem::DataAccess& data = wo.data;
+  data.roots = {"/usr/share/datasets", tandem::kTextCorpusDir, "/var/lib/tandem/data"};
+  auto workerOptions = [&](CLI::App* on) {
+    on->add_option("--cache-max-bytes", wo.cache_max_bytes,
+                   "The weight cache's size: past it the least recently used files go")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    on->add_option("--data-root", data.roots,
+                   "A folder a job's data may be read from (repeat for several; / admits "
+                   "any file this daemon can read)")
+        ->capture_default_str();
+    on->add_option("--max-data-bytes", data.max_file_bytes,
+                   "The largest data file (or text folder) a job may read")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+  };
+  workerOptions(&app);
   std::string emulator;
   app.add_option("--emulator", emulator,
                  "Start stage workers through this program (the path of qemu-aarch64 or "
@@ -67,6 +89,7 @@ int main(int argc, char** argv) {
   worker->add_option("--control", control, "The coordinator's HOST:PORT")->required();
   worker->add_option("--slot", slot, "Which of the coordinator's workers this is")->required();
   worker->add_option("--cache-dir", cache_dir, "The node's weight cache");
+  workerOptions(worker);
   try {
     app.parse(argc, argv);
     if (!worker->parsed() && key_file.empty()) throw CLI::RequiredError("--key");
@@ -79,7 +102,8 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (worker->parsed()) {
     try {
-      runWorkerProcess(control, slot, cache_dir);
+      wo.cache_dir = cache_dir;
+      runWorkerProcess(control, slot, wo);
       return 0;
     } catch (const std::exception& e) {
       std::cerr << "tandemd worker " << slot << ": error: " << e.what() << "\n";
@@ -113,7 +137,15 @@ int main(int argc, char** argv) {
     o.name = name;
     // Under qemu-user, /proc/self/exe is the emulated program, as it should be.
     o.worker_program = std::filesystem::read_symlink("/proc/self/exe").string();
-    o.worker_args = {"worker", "--cache-dir", cache_dir};
+    o.worker_args = {"worker",
+                     "--cache-dir",
+                     cache_dir,
+                     "--cache-max-bytes",
+                     std::to_string(wo.cache_max_bytes),
+                     "--max-data-bytes",
+                     std::to_string(data.max_file_bytes)};
+    for (const std::string& root : data.roots)
+      o.worker_args.insert(o.worker_args.end(), {"--data-root", root});
     if (!emulator.empty()) {
       o.worker_args.insert(o.worker_args.begin(), o.worker_program);
       o.worker_program = std::filesystem::absolute(emulator).string();
@@ -126,6 +158,10 @@ int main(int argc, char** argv) {
           "listening on {}, which other machines can reach: every connection must prove the "
           "cluster key and is encrypted with it; keep {} secret",
           at.str(), key_file);
+    std::string roots;
+    for (const std::string& r : data.roots) roots += (roots.empty() ? "" : ", ") + r;
+    spdlog::info("jobs' data is read from {} (files of at most {} bytes)", roots,
+                 data.max_file_bytes);
     // The bound address on stdout, for scripts that asked for port 0.
     std::cout << "listening " << at.str() << std::endl;
     std::thread waiter([&] {

@@ -1,10 +1,12 @@
-// IDX reading (plain and gzip), Fashion-MNIST loading errors, shuffling and batching.
+// IDX reading (plain and gzip), Fashion-MNIST loading errors, shuffling and batching, and
+// the rules of what a node reads.
 #include <gtest/gtest.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "core/data/dataset.h"
 #include "core/data/idx.h"
@@ -214,6 +216,98 @@ TEST(TextDataTest, AFolderReadsItsTextFilesInNameOrder) {
   const std::string empty = testing::freshDir("binaries");
   std::ofstream(empty + "/x.dat", std::ios::binary).write("\0\1", 2);
   expectThrowWith<FormatError>([&] { loadText(empty, 4, true, 1); }, {"holds no text file"});
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// What a refusal says, with the path it names replaced by "P".
+std::string refusalOf(const std::function<void()>& f, const std::string& path) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    std::string out;
+    size_t from = 0;
+    for (size_t at = m.find(path); at != std::string::npos; at = m.find(path, from)) {
+      out.append(m, from, at - from).push_back('P');
+      from = at + path.size();
+    }
+    return out.append(m, from, std::string::npos);
+  }
+  return "(no refusal)";
+}
+
+// A node's data rules: only regular files under its roots, of at most the size limit, and
+// the same words for every refusal whatever the file is (missing, a device, a secret, too
+// large, a link out of the root) — a peer learns nothing of the node's files from them.
+TEST(DataAccessTest, ANodeReadsOnlyRegularFilesUnderItsRoots) {
+  const std::string root = testing::freshDir("data-root");
+  std::ofstream(root + "/corpus.txt") << textOf(400);
+  std::ofstream(root + "/big.txt") << textOf(5000);
+  std::filesystem::create_symlink("/etc/hostname", root + "/escape");
+  DataAccess access;
+  access.roots = {root, "/nonexistent-root"};
+  access.max_file_bytes = 4096;
+  EXPECT_EQ(loadText(root + "/corpus.txt", 8, true, 1, 0, access).size(), 44);
+  EXPECT_EQ(loadDataset("text:" + root + "/corpus.txt", "", false, 0, 8, 1, access).size(), 4);
+  const std::vector<std::string> refused = {
+      "/etc/shadow",    "/proc/self/environ", "/dev/zero",          root + "/../../etc/passwd",
+      root + "/escape", root + "/big.txt",    root + "/absent.txt", "/etc"};
+  std::string first;
+  for (const std::string& path : refused) {
+    const std::string m = refusalOf([&] { loadText(path, 8, true, 1, 0, access); }, path);
+    // (Appended: GCC 12 at -O3 warns falsely (-Wrestrict) on a literal plus a string.)
+    const std::string said =
+        std::string(
+            "text data 'P' is not readable under this node's data rules (regular "
+            "files of at most 4096 bytes under ")
+            .append(root)
+            .append(", /nonexistent-root; tandemd --data-root, --max-data-bytes)");
+    EXPECT_NE(m.find(said), std::string::npos) << path << ": " << m;
+    if (first.empty()) first = m;
+    EXPECT_EQ(m, first) << path;
+  }
+  // Fashion-MNIST from a folder outside the roots (a job's `data_dir: /etc`).
+  const std::string m =
+      refusalOf([&] { loadDataset("fashion-mnist", "/etc", true, 0, 0, 0, access); },
+                "/etc/train-images-idx3-ubyte.gz");
+  EXPECT_NE(m.find("Fashion-MNIST file 'P' is not readable under this node's data rules"),
+            std::string::npos)
+      << m;
+  // A folder under a root is read file by file, each within the rules; one outside is not.
+  const std::string folder = root + "/texts";
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/a") << textOf(300);
+  EXPECT_GT(loadText(folder, 8, true, 1, 0, access).size(), 0);
+  expectThrowWith<InvalidArgument>([&] { loadText("/usr/share", 8, true, 1, 0, access); },
+                                   {"'/usr/share' is not readable under this node's data rules"});
+  std::ofstream(folder + "/b") << textOf(4000);  // the folder now holds over 4096 bytes
+  expectThrowWith<InvalidArgument>([&] { loadText(folder, 8, true, 1, 0, access); },
+                                   {"holds more than 4096 bytes of text, this node's limit"});
+}
+
+// Without roots (this user's own run) the rules still hold, and say what is wrong.
+TEST(DataAccessTest, WithoutRootsDevicesAndOversizedFilesAreStillRefused) {
+  DataAccess anywhere;
+  anywhere.max_file_bytes = 1000;
+  expectThrowWith<InvalidArgument>([&] { loadText("/dev/zero", 8, true, 1, 0, anywhere); },
+                                   {"text data '/dev/zero' is not a regular file"});
+  const std::string big = writeFile("big-text.txt", bytesOf(textOf(2000)), false);
+  expectThrowWith<InvalidArgument>([&] { loadText(big, 8, true, 1, 0, anywhere); },
+                                   {"holds 2000 bytes, over the limit of 1000"});
+  expectThrowWith<IoError>([&] { loadText("/nonexistent.txt", 8, true, 1, 0, anywhere); },
+                           {"not found", "/nonexistent.txt"});
+  // A gzip file that declares more elements than the limit is refused before it unpacks.
+  std::filesystem::create_directories(::testing::TempDir() + "/fm-bomb");
+  writeFile("fm-bomb/train-images-idx3-ubyte.gz", idxBytes({100, 28, 28}, {}), true);
+  writeFile("fm-bomb/train-labels-idx1-ubyte.gz", idxBytes({100}, {}), true);
+  expectThrowWith<FormatError>(
+      [&] { loadFashionMnist(::testing::TempDir() + "/fm-bomb", true, 0, anywhere); },
+      {"train-images-idx3-ubyte.gz", "more than 1000 elements declared"});
 }
 
 }  // namespace

@@ -642,6 +642,43 @@ TEST(TandemdTest, AClusterRunNamesTheNodeItCannotUse) {
   EXPECT_NE(r.out.find("half.yaml:4:5: node 'near' has no 'address'"), std::string::npos) << r.out;
 }
 
+// A node reads a job's data only under its --data-root folders (default: the Debian
+// datasets, the fortunes, its data folder): a coordinator that names a secret, a device or
+// another folder is refused before the file is opened, and the node serves the next job.
+TEST(TandemdTest, ADaemonReadsAJobsDataOnlyUnderItsRoots) {
+  const std::string dir = tandem::testing::freshDir("cluster-data");
+  TwoNodes nodes(dir);
+  ASSERT_TRUE(nodes.made);
+  std::ofstream(dir + "/gpt.yaml") << "name: t\ninput: [8]\nlayers:\n"
+                                   << "  - embedding: {vocab: 256, dim: 8}\n"
+                                   << "  - positional: {context: 8}\n"
+                                   << "  - linear: {out: 256}\n";
+  for (const std::string data : {"text:/etc/shadow", "text:/proc/self/environ", "text:/dev/zero"}) {
+    const std::string job = dir + "/text.yaml";
+    std::ofstream(job) << "model: gpt.yaml\ndata: " << data << "\nbatch: 8\nmicrobatches: 2\n"
+                       << "partition: equal\nstages: 2\ntrain_limit: 16\n";
+    const Ran r = run(kCli + " run " + job + " --cluster " + nodes.cluster);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("text data '" + data.substr(5) +
+                         "' is not readable under this node's data rules (regular files of at "
+                         "most 1073741824 bytes under /usr/share/datasets"),
+              std::string::npos)
+        << r.out;
+  }
+  const Ran etc = run(kCli + " run " + writeJob(dir, "etc", "train_limit: 64\ndata_dir: /etc\n") +
+                      " --cluster " + nodes.cluster);
+  EXPECT_EQ(etc.code, 1) << etc.out;
+  EXPECT_NE(etc.out.find("Fashion-MNIST file '/etc/train-images-idx3-ubyte.gz' is not readable "
+                         "under this node's data rules"),
+            std::string::npos)
+      << etc.out;
+  const Ran fine = run(kCli + " run " + writeJob(dir, "fine", "train_limit: 64\ntest_limit: 32\n") +
+                       " --cluster " + nodes.cluster);
+  EXPECT_EQ(fine.code, 0) << fine.out;
+  EXPECT_NE(nodes.a.log().find("jobs' data is read from /usr/share/datasets"), std::string::npos)
+      << nodes.a.log();
+}
+
 TEST(TandemdTest, TheLinksBetweenDaemonsAreMeasuredThroughThem) {
   const std::string dir = tandem::testing::freshDir("cluster-links");
   TwoNodes nodes(dir);

@@ -280,6 +280,38 @@ TEST_F(DaemonTest, ADaemonWithoutAWorkerProgramStartsNoWorkers) {
   EXPECT_NE(std::get<ErrorReply>(m).message.find("starts no workers"), std::string::npos);
 }
 
+// A link task listens on one address of the node and connects to tcp:// peers only: a
+// wildcard bind (every interface) and an ipc:// or inproc:// peer (this node's own
+// sockets) are answered with an error, and the connection serves on.
+TEST_F(DaemonTest, LinkTasksBindOneAddressAndConnectOnlyToTcpPeers) {
+  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+  next(*c);  // node info
+  for (const std::string host : {"0.0.0.0", "::", "[::]", "0"}) {
+    c->send(LinkTask{1, LinkTaskKind::kOpen, host, "", 65536, 1, 0, 1});
+    const Message m = next(*c);
+    ASSERT_TRUE(std::holds_alternative<ErrorReply>(m)) << host << ": " << messageName(m);
+    EXPECT_NE(std::get<ErrorReply>(m).message.find("not '" + host + "' (every interface)"),
+              std::string::npos)
+        << std::get<ErrorReply>(m).message;
+  }
+  for (const std::string peer : {"ipc://@tandem-1-0-0-l0", "inproc://x", "udp://127.0.0.1:9"}) {
+    c->send(LinkTask{2, LinkTaskKind::kOpen, "127.0.0.1", "", 65536, 1, 0, 1});
+    Message m = next(*c);
+    ASSERT_TRUE(std::holds_alternative<LinkResult>(m)) << messageName(m);
+    c->send(LinkTask{2, LinkTaskKind::kServe, "127.0.0.1", peer, 65536, 1, 0, 1});
+    m = next(*c);
+    ASSERT_TRUE(std::holds_alternative<ErrorReply>(m)) << peer << ": " << messageName(m);
+    EXPECT_NE(std::get<ErrorReply>(m).message.find("connects to 'tcp://...' endpoints only, not '" +
+                                                   peer + "'"),
+              std::string::npos)
+        << std::get<ErrorReply>(m).message;
+  }
+  c->send(LinkTask{3, LinkTaskKind::kOpen, "127.0.0.1", "", 65536, 1, 0, 1});
+  const Message m = next(*c);
+  ASSERT_TRUE(std::holds_alternative<LinkResult>(m)) << messageName(m);
+  EXPECT_EQ(std::get<LinkResult>(m).endpoint.rfind("tcp://127.0.0.1:", 0), 0u);
+}
+
 TEST_F(DaemonTest, LaunchedWorkersAreReportedAndStoppedWithTheirRun) {
   finish();
   DaemonOptions o;

@@ -1,9 +1,12 @@
 #include "targets/runtime/weight_cache.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "targets/runtime/chunks.h"
@@ -97,6 +100,65 @@ TEST(WeightCacheTest, TheOldestGoWhenTheCapIsPassed) {
   EXPECT_FALSE(cache.get(hashes[1]).has_value());
   EXPECT_TRUE(cache.get(hashes[2]).has_value());
   EXPECT_TRUE(cache.get(contentHash(bytes(1000, 9))).has_value());
+  // A file larger than the cap is not kept either: the cache never stays over it.
+  const auto huge = bytes(3000, 5);
+  cache.put(contentHash(huge), huge);
+  EXPECT_FALSE(cache.get(contentHash(huge)).has_value());
+  uint64_t total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) total += e.file_size();
+  EXPECT_LE(total, 2500u);
+}
+
+// Writing leaves no file but the one named (a random temporary name, made exclusively, never
+// through a link); a secret is the owner's alone whatever the umask; a link planted where a
+// temporary name might go is not followed.
+TEST(WeightCacheTest, FilesAreWrittenWholeWithoutFollowingLinks) {
+  const std::string dir = testing::freshDir("atomic");
+  std::ofstream(dir + "/victim") << "unchanged";
+  for (int pid : {0, ::getpid()})  // the old predictable names
+    std::filesystem::create_symlink(dir + "/victim", dir + "/key.tmp-" + std::to_string(pid));
+  const mode_t before = ::umask(0);
+  const std::string text = "secret\n";
+  writeFileAtomically(dir + "/key", {reinterpret_cast<const uint8_t*>(text.data()), text.size()},
+                      0644, FileReaders::kOwnerOnly);
+  writeFileAtomically(dir + "/shared", {reinterpret_cast<const uint8_t*>(text.data()), 3}, 0644);
+  ::umask(before);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir + "/key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat((dir + "/shared").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  std::stringstream victim;
+  victim << std::ifstream(dir + "/victim").rdbuf();
+  EXPECT_EQ(victim.str(), "unchanged");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 5);  // victim, two links, key, shared: no temporary left
+  // Writing over a link replaces the link, not what it points to.
+  std::filesystem::create_symlink(dir + "/victim", dir + "/through");
+  writeFileAtomically(dir + "/through", {reinterpret_cast<const uint8_t*>(text.data()), 3});
+  EXPECT_FALSE(std::filesystem::is_symlink(dir + "/through"));
+  victim.str("");
+  victim << std::ifstream(dir + "/victim").rdbuf();
+  EXPECT_EQ(victim.str(), "unchanged");
+}
+
+// A cache folder others may write to loses that right; one of another user is refused.
+TEST(WeightCacheTest, TheCacheFolderIsItsOwnersAlone) {
+  const std::string dir = testing::freshDir("wcache-mode");
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  WeightCache cache(dir, 1000);
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0755u);
+  if (::geteuid() != 0) GTEST_SKIP() << "changing a folder's owner needs root";
+  const std::string theirs = testing::freshDir("wcache-theirs");
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  testing::expectThrowWith<IoError>([&] { WeightCache(theirs, 1000); },
+                                    {theirs, "belongs to another user (uid 65534)"});
 }
 
 }  // namespace
