@@ -155,6 +155,15 @@ struct Daemon::Impl {
     }
   };
 
+  // True once no other connection's run holds this node (waiting up to kOwnerWait for one
+  // that is stopping its workers): a node in a run serves only that run's coordinator,
+  // node information aside.
+  bool freeOfOtherRuns(const Channel& channel) {
+    std::unique_lock lock(mu);
+    return owner_freed.wait_for(lock, kOwnerWait,
+                                [&] { return !job_owner || job_owner == &channel; });
+  }
+
   void launch(Channel& channel, const Launch& l, Workers& workers) {
     if (options.worker_program.empty())
       return channel.send(ErrorReply{"this daemon starts no workers"});
@@ -300,6 +309,13 @@ struct Daemon::Impl {
         return;
       }
       if (!m) continue;
+      if ((std::holds_alternative<LinkTask>(*m) || std::holds_alternative<ProfileTask>(*m)) &&
+          !freeOfOtherRuns(channel)) {
+        channel.send(ErrorReply{std::string(messageName(*m)) +
+                                ": this node runs another run's workers; only that run's "
+                                "coordinator may give it tasks"});
+        continue;
+      }
       if (const auto* ping = std::get_if<Ping>(&*m)) {
         const int64_t received = realtimeNs();
         channel.send(Pong{ping->id, ping->sent_ns, received, realtimeNs()});

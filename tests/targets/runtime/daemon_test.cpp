@@ -345,6 +345,14 @@ TEST_F(DaemonTest, LaunchedWorkersAreReportedAndStoppedWithTheirRun) {
   m = next(*other);
   ASSERT_TRUE(std::holds_alternative<ErrorReply>(m)) << messageName(m);
   EXPECT_NE(std::get<ErrorReply>(m).message.find("another run"), std::string::npos);
+  // Nor may it give the node tasks meanwhile (node information it has: it came first).
+  other->send(LinkTask{1, LinkTaskKind::kOpen, "127.0.0.1", "", 65536, 1, 0, 1});
+  m = next(*other);
+  ASSERT_TRUE(std::holds_alternative<ErrorReply>(m)) << messageName(m);
+  EXPECT_NE(std::get<ErrorReply>(m).message.find(
+                "link task: this node runs another run's workers; only that run's coordinator"),
+            std::string::npos)
+      << std::get<ErrorReply>(m).message;
   // The run's connection vanishes: its worker is stopped, and the next run may start.
   c.reset();
   for (int i = 0; i < 500 && ::kill(sleeper, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
@@ -357,6 +365,9 @@ TEST_F(DaemonTest, LaunchedWorkersAreReportedAndStoppedWithTheirRun) {
     if (!launched) std::this_thread::sleep_for(20ms);
   }
   EXPECT_TRUE(launched);
+  other->send(LinkTask{2, LinkTaskKind::kOpen, "127.0.0.1", "", 65536, 1, 0, 1});
+  m = next(*other);
+  EXPECT_TRUE(std::holds_alternative<LinkResult>(m)) << messageName(m);  // its own run's task
 }
 
 // A profile task: measured on the node's devices, cached by model and device so that the
