@@ -29,7 +29,17 @@ struct DaemonOptions {
   ClusterKey key;
   std::string name;  // the node's name (default: the host name)
   HandshakeOptions handshake;
-  int max_connections = 16;  // beyond: refused as busy
+  int max_connections = 16;  // authenticated ones; beyond: refused as busy after the hello
+  // Connections that have sent nothing yet wait without a thread, at most this many in all
+  // and from one source address; past either limit the oldest of them is closed. Silent
+  // for the handshake's timeout, one is closed too. A client that says its hello at once
+  // is never among them for long: a flood of idle connections does not lock it out.
+  int max_waiting = 512, max_waiting_per_source = 256;
+  // Connections in their handshake (each on a thread), in all and from one source. Past
+  // either limit a new one takes the place of the oldest that has not said hello yet and
+  // has nothing waiting to be read (it is shut); when there is none, the new one is
+  // closed unanswered.
+  int max_pending = 64, max_pending_per_source = 32;
   // How to start a stage worker on this node: `program args... --control HOST:PORT
   // --slot N`, the run's key on its standard input (tandemd: itself, `worker`). Empty:
   // this daemon starts no workers.
@@ -41,7 +51,8 @@ struct DaemonOptions {
 // Counters, for the log and for tests.
 struct DaemonStats {
   uint64_t accepted = 0;  // connections that passed the handshake
-  uint64_t refused = 0;   // handshakes refused or failed
+  uint64_t refused = 0;   // handshakes refused or failed, connections closed unanswered
+  uint64_t evicted = 0;   // idle connections shut to make room for new ones
   uint64_t bad_messages = 0;
 };
 

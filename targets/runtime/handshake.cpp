@@ -184,6 +184,7 @@ std::unique_ptr<Channel> acceptChannel(std::unique_ptr<asio::io_context> io, tcp
   if (!theirs)
     refuse(Refusal::kBadMessage, std::string("expected a hello, got '") + messageName(m) + "'");
   const Hello client = *theirs;
+  if (options.on_hello) options.on_hello();
   if (client.version.major != mine.version.major)
     refuse(Refusal::kVersion, "this daemon speaks " + speaks(mine) + ", the client " +
                                   speaks(client) + ": the major versions must match");

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,9 @@ struct HandshakeOptions {
   std::chrono::milliseconds timeout{5000};     // connecting, and each handshake message
   ProtocolVersion version = kProtocolVersion;  // tests speak other versions with it
   ChannelOptions channel;
+  // Accepting: called on the accepting thread once the client's hello has been read (a
+  // daemon no longer treats the connection as idle).
+  std::function<void()> on_hello;
 };
 
 // A peer turned us away, or we turned it away: the reason and the peer's words.

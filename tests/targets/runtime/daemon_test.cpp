@@ -5,8 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -223,6 +230,103 @@ TEST_F(DaemonTest, ABadMessageAfterTheHandshakeGetsAnErrorAndTheConnectionLives)
   EXPECT_NE(std::get<ErrorReply>(*m).message.find("unexpected 'hello'"), std::string::npos);
   EXPECT_EQ(estimateClock(*c, 2).rounds, 2);  // still served
   EXPECT_EQ(daemon_->stats().bad_messages, 2u);
+}
+
+// A peer without the key holding `count` idle connections to `at`, reopening each as it
+// is dropped, until destroyed (at most 30 s).
+class IdleFlood {
+ public:
+  IdleFlood(const Endpoint& at, int count) {
+    thread_ = std::thread([this, at, count] {
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(at.port);
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      auto open = [&] {
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+          ::close(fd);
+          return -1;
+        }
+        return fd;
+      };
+      std::vector<pollfd> fds(static_cast<size_t>(count));
+      for (pollfd& p : fds) p = {open(), POLLIN, 0};
+      const auto until = std::chrono::steady_clock::now() + 30s;
+      while (!stop_ && std::chrono::steady_clock::now() < until) {
+        if (::poll(fds.data(), fds.size(), 50) < 0) break;
+        for (pollfd& p : fds)
+          if (p.fd < 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+            if (p.fd >= 0) ::close(p.fd);  // dropped by the daemon
+            p.fd = open();
+            p.revents = 0;
+            ++reopened_;
+          }
+      }
+      for (pollfd& p : fds)
+        if (p.fd >= 0) ::close(p.fd);
+    });
+    std::this_thread::sleep_for(500ms);  // up
+  }
+  ~IdleFlood() {
+    stop_ = true;
+    thread_.join();
+  }
+  uint64_t reopened() const { return reopened_; }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> reopened_{0};
+  std::thread thread_;
+};
+
+// A peer without the key holds 200 idle connections to the daemon, reopening each as the
+// daemon drops it (after the handshake's timeout, 1 s here): a client with the key still
+// gets node information on at least 19 of 20 tries within 5 s, while the flood goes on for
+// several of those timeouts. With a waiting room smaller than the flood the oldest idle
+// connections are closed to make room, and a client is still served after the flood.
+TEST_F(DaemonTest, AFloodOfIdleConnectionsDoesNotLockOutAClientWithTheKey) {
+  finish();
+  DaemonOptions o;
+  o.handshake.timeout = 1s;
+  start(o);
+  const Endpoint at = daemon_->endpoint();
+  int served = 0;
+  std::string last;
+  uint64_t reopened = 0;
+  {
+    IdleFlood flood(at, 200);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 20; ++i) {
+      try {
+        std::unique_ptr<Channel> c = connectChannel(at, key_, options());
+        const std::optional<Message> info = c->recv(5s);
+        if (info && std::holds_alternative<NodeInfo>(*info)) ++served;
+        c->send(Leave{"done"});
+        c->close();
+      } catch (const Error& e) {
+        last = e.what();
+      }
+      // Spread over about 3 s: the flood's connections time out and come back meanwhile.
+      std::this_thread::sleep_until(t0 + (i + 1) * 150ms);
+    }
+    reopened = flood.reopened();
+  }
+  EXPECT_GE(served, 19) << "last failure: " << last;
+  EXPECT_GT(reopened, 0u) << "the daemon never dropped an idle connection";
+  std::printf("served %d of 20 through a flood of 200 idle connections (%llu reopened)\n", served,
+              static_cast<unsigned long long>(reopened));
+
+  finish();
+  o.max_waiting = 64;
+  o.max_waiting_per_source = 32;
+  start(o);
+  {
+    IdleFlood flood(daemon_->endpoint(), 200);
+    std::this_thread::sleep_for(500ms);
+  }
+  EXPECT_GT(daemon_->stats().evicted, 0u);
+  expectServed();
 }
 
 TEST_F(DaemonTest, ConnectionsBeyondTheLimitAreToldTheDaemonIsBusy) {
