@@ -159,9 +159,33 @@ std::unique_ptr<Channel> connectChannel(const Endpoint& to, const ClusterKey& ke
   return startChannel(std::move(io), std::move(socket), keys, server, to.str(), options.channel);
 }
 
+namespace {
+
+std::unique_ptr<Channel> acceptOn(std::unique_ptr<asio::io_context>& io, tcp::socket& socket,
+                                  const ClusterKey& key, const HandshakeOptions& options,
+                                  bool busy);
+
+}  // namespace
+
 std::unique_ptr<Channel> acceptChannel(std::unique_ptr<asio::io_context> io, tcp::socket socket,
                                        const ClusterKey& key, const HandshakeOptions& options,
                                        bool busy) {
+  try {
+    return acceptOn(io, socket, key, options, busy);
+  } catch (...) {
+    // Closed now, while its io_context lives: the caller destroys the arguments after the
+    // call, the io_context possibly first, and an open socket's destructor reaches into it.
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    throw;
+  }
+}
+
+namespace {
+
+std::unique_ptr<Channel> acceptOn(std::unique_ptr<asio::io_context>& io, tcp::socket& socket,
+                                  const ClusterKey& key, const HandshakeOptions& options,
+                                  bool busy) {
   const std::string peer = peerName(socket);
   Step step{*io, socket, peer, Clock::now() + options.timeout};
   auto refuse = [&](Refusal reason, const std::string& why) {
@@ -204,5 +228,7 @@ std::unique_ptr<Channel> acceptChannel(std::unique_ptr<asio::io_context> io, tcp
   const SessionKeys keys = sessionKeys(key, Side::kServer, client, mine);
   return startChannel(std::move(io), std::move(socket), keys, client, peer, options.channel);
 }
+
+}  // namespace
 
 }  // namespace tandem::runtime
