@@ -66,12 +66,6 @@ std::vector<Assignment> assignments(const Plan& p) {
   return out;
 }
 
-std::vector<LinkCodec> linksOf(const Plan& p) {
-  std::vector<LinkCodec> out;
-  for (size_t s = 0; s + 1 < p.stages.size(); ++s) out.push_back(p.stages[s].next);
-  return out;
-}
-
 // The options' codecs on every link, and where the options choose, the most compressing
 // candidate instead: the split the search finds for links at their cheapest.
 CostModel cheapestLinks(const CostModel& cost) {
@@ -106,12 +100,11 @@ Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
   const std::vector<CodecChoice>& acts = o.choose_activation_codec ? o.codecs : fixed_act;
   const std::vector<CodecChoice>& grads = o.choose_gradient_codec ? o.codecs : fixed_grad;
   const std::vector<Assignment> stages = assignments(plan);
-  std::vector<LinkCodec> links = linksOf(plan);
   // Every link from the most exact codecs, then each in turn to the most exact choice within
   // kCodecTolerance of its fastest; twice, as a link's choice moves the others' bottleneck.
-  for (LinkCodec& l : links)
-    l = {acts.front().name, grads.front().name, acts.front().ratio, grads.front().ratio};
-  Plan best = evaluate(cost, stages, plan.algorithm, links);
+  std::vector<LinkCodec> links(
+      plan.stages.size() - 1,
+      LinkCodec{acts.front().name, grads.front().name, acts.front().ratio, grads.front().ratio});
   for (int pass = 0; pass < 2; ++pass)
     for (size_t i = 0; i < links.size(); ++i) {
       struct Option {
@@ -135,8 +128,8 @@ Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
             (!pick || x.rank < pick->rank || (x.rank == pick->rank && x.step < pick->step)))
           pick = &x;
       links[i] = pick->codec;
-      best = evaluate(cost, stages, plan.algorithm, links);
     }
+  Plan best = evaluate(cost, stages, plan.algorithm, links);
   best.left_out = plan.left_out;
   return best;
 }
