@@ -50,6 +50,21 @@ class Mailbox {
     return item;
   }
 
+  // What worker `slot` said when it failed, if it says so within `timeout`: the channel
+  // to a worker that fails breaks as it goes, and a send may see that before its
+  // `failed` message is read. Other workers' items are dropped: the run is ending.
+  std::optional<std::string> failureOf(int slot, std::chrono::milliseconds timeout) {
+    const auto until = Clock::now() + timeout;
+    while (Clock::now() < until) {
+      const auto item = next(std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - Clock::now() + 1ms));
+      if (!item || item->slot != slot) continue;
+      if (!item->message) return std::nullopt;  // it went without saying why
+      if (const auto* f = std::get_if<Failed>(&*item->message)) return f->message;
+    }
+    return std::nullopt;
+  }
+
  private:
   void pump(int slot, Channel& c) {
     while (!stop_) {
@@ -234,7 +249,7 @@ class Run {
         if (static_cast<int>(groups[a.stage].size()) == a.replicas) {
           GroupAddresses all;
           for (const auto& [replica, address] : groups[a.stage]) all.addresses.push_back(address);
-          for (int r = 0; r < a.replicas; ++r) channel(a.stage, r).send(all);
+          for (int r = 0; r < a.replicas; ++r) sendTo(slotOf(a.stage, r), all);
           groups.erase(a.stage);
         }
       } else if (const auto* w = std::get_if<WeightsRequest>(&m)) {
@@ -278,7 +293,12 @@ class Run {
   void ship(int slot, const std::string& hash) {
     const auto it = options_.weights.find(hash);
     if (it == options_.weights.end()) fail(slot, "asked for weights the run does not have");
-    sendChunks(*channels_[static_cast<size_t>(slot)], hash, *it->second, std::chrono::seconds(60));
+    try {
+      sendChunks(*channels_[static_cast<size_t>(slot)], hash, *it->second,
+                 std::chrono::seconds(60));
+    } catch (const IoError& e) {
+      failSending(slot, e);
+    }
   }
 
   // A piece of worker `slot`'s trained slice, which comes before its report.
@@ -342,7 +362,7 @@ class Run {
         if (!in_flight_.emplace(p->id, std::pair<int64_t, int64_t>{0, p->count}).second)
           throw InvalidArgument("prompt " + std::to_string(p->id) +
                                 " was given while one of that id is in flight");
-      channel(0, 0).send(m);
+      sendTo(slotOf(0, 0), m);
     }
   }
 
@@ -396,7 +416,7 @@ class Run {
         start.prev.push_back(endpointFor(before, j, &Ready::next, a.replica));
       for (int j = 0; j < a.next_replicas; ++j)
         start.next.push_back(endpointFor(after, j, &Ready::prev, a.replica));
-      channels_[static_cast<size_t>(i)]->send(start);
+      sendTo(i, start);
     }
     started_ = true;
     if (callbacks_.wired) callbacks_.wired();
@@ -429,8 +449,18 @@ class Run {
                             " replica " + std::to_string(replica));
     return it->second;
   }
-  Channel& channel(int stage, int replica) {
-    return *channels_[static_cast<size_t>(slotOf(stage, replica))];
+  // Sends worker `slot` `m`; a channel that has broken fails the run with what the worker
+  // said when it failed, if it did, rather than with the broken channel.
+  void sendTo(int slot, const Message& m) {
+    try {
+      channels_[static_cast<size_t>(slot)]->send(m);
+    } catch (const IoError& e) {
+      failSending(slot, e);
+    }
+  }
+  [[noreturn]] void failSending(int slot, const IoError& e) {
+    if (const auto said = mailbox_->failureOf(slot, 1s)) fail(slot, "failed: " + *said);
+    fail(slot, std::string("lost its connection: ") + e.what());
   }
 
   // Raises the failure of `slot`. A worker killed by a signal is the likely cause of
