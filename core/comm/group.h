@@ -1,7 +1,8 @@
 // Group: collectives among the ranks of a data-parallel set (replicas of a stage, or of
 // a whole model). Implementations live in transport/ (in-process: ranks are threads
 // sharing memory; cross-process: over links); callers use the free functions below,
-// each taking an options struct with an explicit tag and a timeout (STYLE.md).
+// each taking an options struct with an explicit tag and a timeout, so that no call can
+// match another's messages or wait forever.
 //
 // Every rank of a group calls the same collectives in the same order with the same tag
 // and element count; a mismatch is an InvalidArgument naming the ranks. A rank that does

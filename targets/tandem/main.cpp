@@ -40,9 +40,13 @@ int main(int argc, char** argv) {
     try {
       app.get_subcommand(argv[1]);
     } catch (const CLI::OptionNotFound&) {
-      std::cerr << "error: unknown command '" << argv[1]
-                << "' (commands: train, run, infer, eval, inspect, devices, profile, partition, "
-                   "schedule, keygen, nodes; see --help)\n";
+      // The commands --help lists (the hidden worker command is not one a user types).
+      std::string commands;
+      for (const CLI::App* sub :
+           app.get_subcommands([](CLI::App* a) { return !a->get_group().empty(); }))
+        commands += (commands.empty() ? "" : ", ") + sub->get_name();
+      std::cerr << "error: unknown command '" << argv[1] << "' (commands: " << commands
+                << "; see --help)\n";
       return 2;
     }
   }

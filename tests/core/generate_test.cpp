@@ -1,6 +1,7 @@
 // Incremental decoding and generation: decoding a sequence gives forward's rows; a
-// key/value cache gives the same tokens and bitwise the same logits as recomputing the
-// whole prefix each step; sampling is seeded and bounded by top-k; bad requests are named.
+// key/value cache gives the same tokens, and the same logits to 1e-5 (the products run in
+// other shapes, so the BLAS rounds them differently), as recomputing the whole prefix;
+// sampling is seeded and bounded by top-k; bad requests are named.
 #include "core/generate.h"
 
 #include <gtest/gtest.h>
@@ -67,7 +68,7 @@ TEST(DecodeTest, DecodingWholeSequencesGivesForwardsRows) {
 
 // The acceptance check of generation: decoding with the cache chooses the same tokens as
 // decoding without it, from the same logits (to the BLAS's rounding: expectCloseLogits).
-TEST(DecodeTest, TheCacheGivesBitwiseTheLogitsOfRecomputingThePrefix) {
+TEST(DecodeTest, TheCacheGivesTheTokensAndCloseLogitsOfRecomputingThePrefix) {
   cpu::CpuBackend be(cpu::CpuOptions{2});
   Model m(parseModelSpec(kTwoBlocks));
   m.build(be, 4);

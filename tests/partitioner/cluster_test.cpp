@@ -249,6 +249,8 @@ TEST(ClusterTest, MalformedFilesNameTheLine) {
        {"c.yaml:2:16", "needs a 'bandwidth'"}},
       {"nodes: [{name: a, devices: [{backend: cpu}, {backend: cpu}]}]\n",
        {"c.yaml:1:45", "a second device named 'cpu'"}},
+      {"nodes: [{name: a, devices: [{backend: cpu}]}, {name: a, devices: [{backend: cpu}]}]\n",
+       {"c.yaml:1:", "a second node named 'a'"}},
       {"nodes: [{name: a, devices: [{backend: cpu}]}]\nlinks: {between: [{from: a, to: b, "
        "bandwidth: 1}]}\n",
        {"c.yaml:2:19", "names node 'b'"}},

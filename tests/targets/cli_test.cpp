@@ -378,6 +378,28 @@ TEST(CliTest, ExitCodesAreTheDocumentedOnes) {
   EXPECT_NE(help.out.find("--batch INT=64 "), std::string::npos) << help.out;
 }
 
+TEST(CliTest, AnUnknownCommandIsToldEveryCommandTheHelpLists) {
+  const CliRun help = run("--help");
+  ASSERT_EQ(help.code, 0) << help.out;
+  const size_t from = help.out.find("Subcommands:");
+  ASSERT_NE(from, std::string::npos) << help.out;
+  std::vector<std::string> commands;
+  std::istringstream lines(help.out.substr(from));
+  std::string line;
+  std::getline(lines, line);
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    if (std::string word; words >> word) commands.push_back(word);
+  }
+  ASSERT_GE(commands.size(), 10u) << help.out;
+  const CliRun r = run("frobnicate");
+  EXPECT_EQ(r.code, 2) << r.out;
+  for (const std::string& c : commands)
+    EXPECT_NE(r.out.find(" " + c + (c == commands.back() ? ";" : ",")), std::string::npos)
+        << c << " not in: " << r.out;
+  EXPECT_EQ(r.out.find("stage"), std::string::npos) << r.out;  // the hidden worker command
+}
+
 TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
   const std::string bad_yaml = ::testing::TempDir() + "/cli_bad.yaml";
   std::ofstream(bad_yaml) << "input: [1, 28, 28]\nlayers:\n  - flatten\n  - linear: {out: ten}\n";
