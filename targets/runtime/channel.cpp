@@ -26,6 +26,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kTagBytes = crypto_aead_chacha20poly1305_ietf_ABYTES;
+constexpr size_t kKeptBodyBytes = size_t{1} << 20;  // a frame buffer kept between frames
 
 // The 12-byte nonce of message number `n` in one direction (each direction has its own
 // key, so the counter alone keeps every nonce unique under its key).
@@ -96,15 +97,18 @@ struct Channel::Impl {
         return fail("a frame from " + peer +
                     " failed authentication (altered, replayed or not sealed with this "
                     "session's key)");
+      // A large frame's buffer is not kept for an idle connection.
+      if (body.capacity() > kKeptBodyBytes) std::vector<uint8_t>().swap(body);
       std::unique_lock lock(mu);
       last_heard = Clock::now();
       if (plain.empty()) {  // a heartbeat
         lock.unlock();
         return readHeader();
       }
+      queued_bytes += plain.size();
       queue.push_back(std::move(plain));
       cv.notify_all();
-      if (queue.size() >= options.max_queued) {
+      if (queue.size() >= options.max_queued || queued_bytes >= options.max_queued_bytes) {
         paused = true;  // recv() starts reading again when it takes one
         return;
       }
@@ -249,7 +253,9 @@ struct Channel::Impl {
     }
     std::vector<uint8_t> m = std::move(queue.front());
     queue.pop_front();
-    if (paused && !ended) {
+    queued_bytes -= m.size();
+    if (paused && !ended && queue.size() < options.max_queued &&
+        queued_bytes < options.max_queued_bytes) {
       paused = false;
       asio::post(*io, [this] { readHeader(); });
     }
@@ -275,6 +281,7 @@ struct Channel::Impl {
   uint64_t sent_count = 0;  // the next send nonce
   std::condition_variable cv;
   std::deque<std::vector<uint8_t>> queue;   // received, not yet taken
+  size_t queued_bytes = 0;                  // in `queue`
   std::deque<std::vector<uint8_t>> writes;  // sealed frames, the front one being written
   size_t unsent = 0;                        // bytes in `writes`
   bool paused = false;                      // reading stopped: `queue` is full
@@ -339,6 +346,11 @@ const Hello& Channel::peerHello() const { return impl_->peer_hello; }
 std::string Channel::failure() const {
   std::lock_guard lock(impl_->mu);
   return impl_->failure;
+}
+
+size_t Channel::queuedBytes() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->queued_bytes;
 }
 
 std::unique_ptr<Channel> startChannel(std::unique_ptr<asio::io_context> io, tcp::socket socket,

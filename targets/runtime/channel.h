@@ -29,6 +29,9 @@ struct ChannelOptions {
   int strikes = 3;                              // heartbeats missed before the peer is gone
   size_t max_message_bytes = size_t{16} << 20;  // larger frames end the channel
   size_t max_queued = 64;                       // received messages not yet taken by recv()
+  // ... and their bytes: reading stops once the queue holds this much, so a connection
+  // holds at most this plus one frame being read (and opened) of what its peer sent.
+  size_t max_queued_bytes = size_t{32} << 20;
   size_t max_unsent_bytes = size_t{32} << 20;   // send() waits while more is queued
 };
 
@@ -64,6 +67,8 @@ class Channel {
   const Hello& peerHello() const;
   // Why the channel ended; empty while it lives.
   std::string failure() const;
+  // The bytes of the received messages recv() has not taken yet.
+  size_t queuedBytes() const;
 
  private:
   std::unique_ptr<Impl> impl_;

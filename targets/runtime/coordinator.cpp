@@ -168,14 +168,9 @@ class Run {
                       std::to_string(options_.connect_timeout.count() / 1000) + " s");
       if (const auto e = launcher_.ended())
         throw Error(names_[static_cast<size_t>(e->slot)] + " " + e->how + " before connecting");
-      std::unique_ptr<Channel> c;
-      try {
-        c = listener.accept(200ms);
-      } catch (const Error& e) {
-        // Not one of ours (no run key, a port scan): it does not end the run.
-        spdlog::warn("refused a connection to the run: {}", e.what());
-        continue;
-      }
+      // (Connections without the run's key are refused and logged by the listener: they
+      // do not end the run.)
+      std::unique_ptr<Channel> c = listener.accept(200ms);
       if (!c) continue;
       const std::optional<Message> m = c->recv(10s);
       const auto* hello = m ? std::get_if<WorkerHello>(&*m) : nullptr;

@@ -49,6 +49,13 @@ std::string hostName() {
 
 }  // namespace
 
+HandshakeOptions daemonHandshakeOptions() {
+  HandshakeOptions o;
+  o.channel.max_message_bytes = size_t{4} << 20;
+  o.channel.max_queued_bytes = size_t{8} << 20;
+  return o;
+}
+
 bool isLoopbackHost(const std::string& host) {
   if (host == "localhost") return true;
   boost::system::error_code ec;
@@ -60,40 +67,16 @@ struct Daemon::Impl {
   struct Conn {
     std::thread thread;
     std::atomic<bool> done{false};
-    // Under mu. Until its handshake ends the connection is pending: `kill_fd` (a duplicate
-    // of its socket, closed only when it stops pending, so never a reused number) shuts it
-    // down if it is evicted while still idle (no hello yet).
-    std::string source;  // the peer's address
-    bool pending = true, hello = false, evicted = false, authenticated = false;
-    int kill_fd = -1;
+    bool authenticated = false;  // under mu
   };
 
-  // Refusals and evictions are logged at most kLogBurst times per kLogWindow; the rest are
-  // counted and summed up in the next window's first line. Under mu.
-  static constexpr int kLogBurst = 10;
-  static constexpr std::chrono::seconds kLogWindow{10};
-  std::chrono::steady_clock::time_point log_window_start{};
-  int logged_in_window = 0;
-  uint64_t unlogged = 0;
-  bool mayLog() {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - log_window_start >= kLogWindow) {
-      if (unlogged > 0)
-        spdlog::warn("{} more refused or evicted connections were not logged in the last {} s",
-                     unlogged, kLogWindow.count());
-      log_window_start = now;
-      logged_in_window = 0;
-      unlogged = 0;
-    }
-    if (logged_in_window < kLogBurst) {
-      ++logged_in_window;
-      return true;
-    }
-    ++unlogged;
-    return false;
-  }
-
-  explicit Impl(DaemonOptions o) : options(std::move(o)), acceptor(io) {
+  explicit Impl(DaemonOptions o)
+      : options(std::move(o)),
+        acceptor(io),
+        admission(io, admissionOptions(options), "tandemd",
+                  [this](tcp::socket s, std::shared_ptr<Admission::Ticket> ticket) {
+                    startSession(std::move(s), std::move(ticket));
+                  }) {
     if (options.name.empty()) options.name = hostName();
     if (options.handshake.build.empty()) options.handshake.build = buildName();
     const Endpoint at = parseEndpoint(options.listen, /*allow_any_port=*/true);
@@ -112,87 +95,27 @@ struct Daemon::Impl {
     info = localNodeInfo(options.name);
   }
 
-  // A connection that has said nothing yet waits here, on the acceptor's thread, with no
-  // thread of its own: an idle flood costs a descriptor and a timer per connection, never
-  // a handshake slot. Its first bytes move it to a handshake thread (startHandshake);
-  // silence for the handshake's timeout, or being the oldest when the waiting room is
-  // full, closes it. Only the io thread touches `waiting`.
-  struct Waiting {
-    Waiting(asio::io_context& io, tcp::socket s, std::string from)
-        : socket(std::move(s)), timer(io), source(std::move(from)) {}
-    tcp::socket socket;
-    asio::steady_timer timer;
-    std::string source;
-    bool done = false;
-  };
-  std::list<std::shared_ptr<Waiting>> waiting;  // in accept order
-
-  void dropWaiting(const std::shared_ptr<Waiting>& w) {
-    w->done = true;
-    boost::system::error_code ignored;
-    w->timer.cancel();
-    w->socket.close(ignored);
-    waiting.remove(w);
+  static AdmissionOptions admissionOptions(const DaemonOptions& o) {
+    AdmissionOptions a = o.admission;
+    a.hello_timeout = o.handshake.timeout;
+    return a;
   }
 
   void accept() {
     acceptor.async_accept(io, [this](boost::system::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || stopping) return;
-      if (ec) {
+      if (ec)
         spdlog::warn("accepting a connection failed: {}", ec.message());
-        return accept();
-      }
-      boost::system::error_code addr_ec;
-      const auto remote = socket.remote_endpoint(addr_ec);
-      const std::string source = addr_ec ? std::string("?") : remote.address().to_string();
-      // A full waiting room (in all, or for this source) gives up its oldest connection.
-      const auto from_source = std::count_if(waiting.begin(), waiting.end(),
-                                             [&](const auto& w) { return w->source == source; });
-      const bool source_full = from_source >= options.max_waiting_per_source;
-      if (source_full || static_cast<int>(waiting.size()) >= options.max_waiting) {
-        for (const auto& w : waiting)
-          if (!source_full || w->source == source) {
-            const std::shared_ptr<Waiting> oldest = w;
-            {
-              std::lock_guard lock(mu);
-              ++stats.evicted;
-              if (mayLog())
-                spdlog::warn("closed an idle connection from {} to make room for one from {}",
-                             oldest->source, source);
-            }
-            dropWaiting(oldest);
-            break;
-          }
-      }
-      auto w = std::make_shared<Waiting>(io, std::move(socket), source);
-      waiting.push_back(w);
-      w->timer.expires_after(options.handshake.timeout);
-      w->timer.async_wait([this, w](boost::system::error_code timer_ec) {
-        if (timer_ec || w->done) return;
-        {
-          std::lock_guard lock(mu);
-          ++stats.refused;
-          if (mayLog())
-            spdlog::warn("closed a connection from {}: it said nothing within {} ms", w->source,
-                         options.handshake.timeout.count());
-        }
-        dropWaiting(w);
-      });
-      w->socket.async_wait(tcp::socket::wait_read, [this, w](boost::system::error_code wait_ec) {
-        if (w->done) return;
-        w->done = true;
-        w->timer.cancel();
-        waiting.remove(w);
-        if (wait_ec || stopping) return;
-        startHandshake(std::move(w->socket), w->source);
-      });
+      else
+        admission.add(std::move(socket));
       accept();
     });
   }
 
-  // A connection that has sent its first bytes: a thread of its own for the handshake and
-  // the session, within the pending limits (admit).
-  void startHandshake(tcp::socket socket, const std::string& source) {
+  // A connection that holds a handshake slot: a thread of its own for the handshake and
+  // the session. On the io thread.
+  void startSession(tcp::socket socket, std::shared_ptr<Admission::Ticket> ticket) {
+    if (stopping) return;
     boost::system::error_code ec;
     const auto protocol = socket.local_endpoint(ec).protocol();
     if (ec) return;
@@ -205,97 +128,38 @@ struct Daemon::Impl {
       c.thread.join();
       return true;
     });
-    if (!admit(source)) {
-      ++stats.refused;
-      if (mayLog())
-        spdlog::warn(
-            "closed a connection from {} unanswered: {} connections are in their "
-            "handshake and none is idle",
-            source, options.max_pending);
-      boost::system::error_code ignored;
-      moved.close(ignored);
-      return;
-    }
     int authenticated = 0;
     for (const Conn& c : conns) authenticated += c.authenticated ? 1 : 0;
     Conn& c = conns.emplace_back();
-    c.source = source;
-    c.kill_fd = ::fcntl(moved.native_handle(), F_DUPFD_CLOEXEC, 0);
-    c.thread = std::thread([this, &c, io = std::move(conn_io), s = std::move(moved),
-                            busy = authenticated >= options.max_connections]() mutable {
-      serve(std::move(io), std::move(s), busy, c);
-      c.done = true;
-    });
-  }
-
-  // Whether a new connection from `source` may start its handshake: within the pending
-  // limits, or once the oldest idle pending connection (of that source, when its own
-  // limit is what is reached) has been shut to make room. Under mu.
-  bool admit(const std::string& source) {
-    int pending = 0, from_source = 0;
-    for (const Conn& c : conns)
-      if (c.pending && !c.evicted) {
-        ++pending;
-        if (c.source == source) ++from_source;
-      }
-    const bool source_full = from_source >= options.max_pending_per_source;
-    if (pending < options.max_pending && !source_full) return true;
-    // Idle: no hello read yet, and none waiting to be read (its thread may not have run
-    // yet on a loaded machine).
-    auto idle = [](const Conn& c) {
-      int waiting = 0;
-      return !c.hello && c.kill_fd >= 0 && ::ioctl(c.kill_fd, FIONREAD, &waiting) == 0 &&
-             waiting == 0;
-    };
-    Conn* victim = nullptr;
-    for (Conn& c : conns)  // oldest first: conns is in accept order
-      if (c.pending && !c.evicted && (!source_full || c.source == source) && idle(c)) {
-        victim = &c;
-        break;
-      }
-    if (!victim) return false;
-    ::shutdown(victim->kill_fd, SHUT_RDWR);  // its handshake's read ends; its thread exits
-    victim->evicted = true;
-    ++stats.evicted;
-    if (mayLog())
-      spdlog::warn("shut an idle connection from {} (no hello yet) to make room for one from {}",
-                   victim->source, source);
-    return true;
-  }
-
-  // The connection's handshake is over: it stops pending (its duplicate descriptor closed).
-  void settle(Conn& c, bool authenticated) {
-    std::lock_guard lock(mu);
-    c.pending = false;
-    c.authenticated = authenticated;
-    if (c.kill_fd >= 0) ::close(c.kill_fd);
-    c.kill_fd = -1;
+    c.thread =
+        std::thread([this, &c, io = std::move(conn_io), s = std::move(moved), t = std::move(ticket),
+                     busy = authenticated >= options.max_connections]() mutable {
+          serve(std::move(io), std::move(s), busy, c, *t);
+          t.reset();
+          c.done = true;
+        });
   }
 
   // One connection, on its own thread. Never throws: nothing a peer does ends the daemon.
-  void serve(std::unique_ptr<asio::io_context> conn_io, tcp::socket socket, bool busy,
-             Conn& conn) noexcept {
+  void serve(std::unique_ptr<asio::io_context> conn_io, tcp::socket socket, bool busy, Conn& conn,
+             Admission::Ticket& ticket) noexcept {
     const std::string peer = peerName(socket);
     try {
       std::unique_ptr<Channel> channel;
       try {
         HandshakeOptions handshake = options.handshake;
-        handshake.on_hello = [this, &conn] {
-          std::lock_guard lock(mu);
-          conn.hello = true;
-        };
+        handshake.on_hello = [&ticket] { ticket.hello(); };
         channel =
             acceptChannel(std::move(conn_io), std::move(socket), options.key, handshake, busy);
       } catch (const Error& e) {
-        settle(conn, false);
-        std::lock_guard lock(mu);
-        ++stats.refused;
-        if (!conn.evicted && mayLog()) spdlog::warn("refused {}", e.what());
+        ticket.settle();
+        admission.refused(e.what(), ticket.evicted());
         return;
       }
-      settle(conn, true);
+      ticket.settle();
       {
         std::lock_guard lock(mu);
+        conn.authenticated = true;
         ++stats.accepted;
       }
       spdlog::info("{} connected ({})", peer, channel->peerHello().build);
@@ -314,9 +178,7 @@ struct Daemon::Impl {
       spdlog::warn("connection with {} ended: {}", peer, e.what());
     }
     std::lock_guard lock(mu);
-    conn.pending = conn.authenticated = false;  // its slot is free (its thread is ending)
-    if (conn.kill_fd >= 0) ::close(conn.kill_fd);
-    conn.kill_fd = -1;
+    conn.authenticated = false;  // its slot is free (its thread is ending)
   }
 
   // The workers a connection started: stopped however the connection ends.
@@ -551,6 +413,7 @@ struct Daemon::Impl {
   // then SIGKILL after 3 s).
   static constexpr std::chrono::milliseconds kOwnerWait{5000};
   std::atomic<bool> stopping{false};
+  Admission admission;
   mutable std::mutex mu;  // conns, stats
   std::list<Conn> conns;
   DaemonStats stats;
@@ -588,13 +451,20 @@ void Daemon::stop() {
   asio::post(impl_->io, [this] {
     boost::system::error_code ignored;
     impl_->acceptor.close(ignored);
-    while (!impl_->waiting.empty()) impl_->dropWaiting(impl_->waiting.front());
+    impl_->admission.stop();
   });
 }
 
 DaemonStats Daemon::stats() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->stats;
+  DaemonStats s;
+  {
+    std::lock_guard lock(impl_->mu);
+    s = impl_->stats;
+  }
+  const AdmissionStats a = impl_->admission.stats();
+  s.refused = a.refused;
+  s.evicted = a.evicted;
+  return s;
 }
 
 }  // namespace tandem::runtime

@@ -19,27 +19,27 @@
 #include <thread>
 #include <vector>
 
+#include "targets/runtime/admission.h"
 #include "targets/runtime/cluster_key.h"
 #include "targets/runtime/handshake.h"
 
 namespace tandem::runtime {
 
+// The daemon's side of its control connections: they carry tasks, pings and leaves (the
+// largest a profile task's model spec), never weights, so a frame is at most 4 MiB and a
+// connection queues at most 8 MiB of them unread: with the frame being read, about 16 MiB
+// a connection, 256 MiB for max_connections (16) whatever the clients send.
+HandshakeOptions daemonHandshakeOptions();
+
 struct DaemonOptions {
   std::string listen = "127.0.0.1:7600";  // HOST:PORT; port 0 takes a free one
   ClusterKey key;
   std::string name;  // the node's name (default: the host name)
-  HandshakeOptions handshake;
+  HandshakeOptions handshake = daemonHandshakeOptions();
   int max_connections = 16;  // authenticated ones; beyond: refused as busy after the hello
-  // Connections that have sent nothing yet wait without a thread, at most this many in all
-  // and from one source address; past either limit the oldest of them is closed. Silent
-  // for the handshake's timeout, one is closed too. A client that says its hello at once
-  // is never among them for long: a flood of idle connections does not lock it out.
-  int max_waiting = 512, max_waiting_per_source = 256;
-  // Connections in their handshake (each on a thread), in all and from one source. Past
-  // either limit a new one takes the place of the oldest that has not said hello yet and
-  // has nothing waiting to be read (it is shut); when there is none, the new one is
-  // closed unanswered.
-  int max_pending = 64, max_pending_per_source = 32;
+  // Before the handshake (admission.h): the waiting room for connections that have said
+  // nothing and the handshake slots; its hello_timeout is the handshake's timeout.
+  AdmissionOptions admission;
   // How to start a stage worker on this node: `program args... --control HOST:PORT
   // --slot N`, the run's key on its standard input (tandemd: itself, `worker`). Empty:
   // this daemon starts no workers.

@@ -1,6 +1,8 @@
 // Listener: where a coordinator waits for the workers it started to connect back. Each
-// accepted connection goes through the handshake (handshake.h) on the cluster key before
-// it is handed out as a channel.
+// accepted connection is admitted as a daemon admits its own (admission.h: a threadless
+// waiting room until it speaks, bounded handshake slots, idle ones evicted for new ones)
+// and goes through the handshake (handshake.h) on the cluster key on a thread of its
+// own, so that connections without the key, idle or slow, hold up no worker's.
 #pragma once
 
 #include <chrono>
@@ -8,6 +10,7 @@
 #include <string>
 
 #include "core/endpoint.h"
+#include "targets/runtime/admission.h"
 #include "targets/runtime/channel.h"
 #include "targets/runtime/cluster_key.h"
 #include "targets/runtime/handshake.h"
@@ -16,13 +19,18 @@ namespace tandem::runtime {
 
 class Listener {
  public:
-  // Binds `listen` (HOST:PORT, port 0: any). IoError naming the address if it cannot.
-  Listener(const std::string& listen, const ClusterKey& key, const HandshakeOptions& options);
+  // Binds `listen` (HOST:PORT, port 0: any) and accepts on a thread of its own from now
+  // on. IoError naming the address if it cannot bind. The admission's hello timeout is
+  // the handshake's.
+  Listener(const std::string& listen, const ClusterKey& key, const HandshakeOptions& options,
+           AdmissionOptions admission = {});
   ~Listener();
   Endpoint endpoint() const;
-  // The next authenticated channel, or nullptr when `timeout` passes first. A peer that
-  // fails the handshake raises what the handshake raised (HandshakeRefused, Timeout).
+  // The next authenticated channel, in the order their handshakes ended, or nullptr when
+  // `timeout` passes first. A peer that fails the handshake is logged (at a bounded rate)
+  // and counted, not raised.
   std::unique_ptr<Channel> accept(std::chrono::milliseconds timeout);
+  AdmissionStats stats() const;
 
  private:
   struct Impl;

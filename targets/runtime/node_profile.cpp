@@ -51,14 +51,16 @@ std::optional<DeviceProfile> cached(const std::string& path, const Model& model)
   }
 }
 
-// The bytes a training pass of `model` at `batch` holds at least: parameters with their
-// gradients and optimizer state, every layer's output and its gradient, and the stash.
+}  // namespace
+
 int64_t trainingBytes(const Model& model, int64_t batch) {
   int64_t bytes = model.paramCount() * 4 * 3;
   for (size_t l = 0; l < model.size(); ++l)
     bytes += (2 * model.layer(l).outputBytes() + model.layer(l).stashBytes()) * batch;
   return bytes;
 }
+
+namespace {
 
 // How far a cached profile's pass may be from a check's before it is measured again, and
 // the shortest pass (seconds) that is checked.
@@ -93,12 +95,31 @@ double quickPass(const ModelSpec& spec, const ProfileDevice& d, const BackendOpt
 ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir) {
   const ModelSpec spec = parseModelSpec(task.model_spec, "the model to profile");
   const Model model(spec);
-  const int64_t need = trainingBytes(model, task.batch);
+  const CpuLimit cpu = cpuLimit();
+  // What a task may start here: per device, no more threads than the node's CPUs, and no
+  // more copies of the model training beside the measurement than that either (each a
+  // thread with a backend of as many threads); every copy it builds (the measured one and
+  // the load's) must fit in half the node's free memory.
+  std::vector<ProfileDevice> devices = task.devices;
+  int most_copies = 1;
+  for (ProfileDevice& d : devices) {
+    if (d.threads > cpu.cpus || d.load > cpu.cpus)
+      spdlog::info(
+          "profiling {} with {} threads and a load of {} (asked {} and {}): this node "
+          "has {} CPUs",
+          d.backend, std::min(d.threads, cpu.cpus), std::min(d.load, cpu.cpus), d.threads, d.load,
+          cpu.cpus);
+    d.threads = std::clamp(d.threads, 1, cpu.cpus);
+    d.load = std::clamp(d.load, 0, cpu.cpus);
+    most_copies = std::max(most_copies, 1 + d.load);
+  }
+  const int64_t need = trainingBytes(model, task.batch) * most_copies;
   const int64_t free = localNodeInfo("").free_memory_bytes;
   TANDEM_CHECK_MSG(free <= 0 || need <= free / 2, InvalidArgument,
-                   "model '" << spec.name << "' at batch " << task.batch << " needs about "
-                             << (need >> 20) << " MiB, over half of this node's free "
-                             << (free >> 20) << " MiB");
+                   "model '" << spec.name << "' at batch " << task.batch << ", " << most_copies
+                             << (most_copies == 1 ? " copy" : " copies (the load's too)")
+                             << ", needs about " << (need >> 20)
+                             << " MiB, over half of this node's free " << (free >> 20) << " MiB");
   std::string dir;
   if (!cache_dir.empty()) {
     dir = cache_dir + "/profiles";
@@ -116,8 +137,7 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
   p.warmup = task.warmup;
   p.repeats = task.repeats;
   ProfileResult result;
-  const CpuLimit cpu = cpuLimit();
-  for (const ProfileDevice& d : task.devices) {
+  for (const ProfileDevice& d : devices) {
     p.load = std::max(p.load, d.load);
     const std::string path = dir.empty() ? "" : dir + "/" + cacheKey(task, d, cpu) + ".json";
     // As a stage worker here would start it: no more threads than the quota grants.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/model.h"
 #include "core/profile/profile.h"
 #include "partitioner/cluster.h"
 #include "targets/runtime/channel.h"
@@ -19,10 +20,16 @@
 
 namespace tandem::runtime {
 
+// The bytes a training pass of `model` at `batch` holds at least: parameters with their
+// gradients and optimizer state, every layer's output and its gradient, and the stash.
+int64_t trainingBytes(const Model& model, int64_t batch);
+
 // The daemon's side: measures `task` here, each device from the cache in `cache_dir`
-// (empty: no cache) when present and valid, else measured and stored. InvalidArgument for
-// a model this node cannot hold (its parameters and activations at the batch over half
-// the free memory) or a device it lacks.
+// (empty: no cache) when present and valid, else measured and stored. Each device gets at
+// most this node's CPUs as threads and as copies of the model training beside it (the
+// load). InvalidArgument for a model this node cannot hold (every copy the task builds,
+// parameters and activations at the batch, over half the free memory) or a device it
+// lacks.
 ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir);
 
 // What node `node` of `cluster` measures of `model_spec` at `batch`: each of its devices

@@ -8,9 +8,11 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 #include <future>
+#include <thread>
 
 #include "core/error.h"
 #include "targets/runtime/handshake.h"
+#include "targets/runtime/listener.h"
 #include "tests/test_util.h"
 
 namespace tandem::runtime {
@@ -125,6 +127,47 @@ TEST(ChannelTest, AnOversizedFrameEndsTheChannel) {
   expectThrowWith<IoError>([&] { c->recv(10s); }, {"frame of 1000 bytes", "limit is 100"});
   expectThrowWith<InvalidArgument>([&] { c->sendBytes(std::vector<uint8_t>(101, 1)); },
                                    {"101 bytes exceeds the limit of 100"});
+}
+
+// A peer that sends faster than the channel's reader takes fills the receive queue only
+// to its byte limit (then TCP pushes back on the peer), and nothing is lost.
+TEST(ChannelTest, TheReceiveQueueHoldsNoMoreThanItsBytes) {
+  const ClusterKey key = generateClusterKey();
+  HandshakeOptions o;
+  o.channel.max_queued_bytes = size_t{2} << 20;
+  Listener listener("127.0.0.1:0", key, o);
+  auto client = std::async(std::launch::async, [&] {
+    return connectChannel(listener.endpoint(), key, HandshakeOptions{});
+  });
+  std::unique_ptr<Channel> server = listener.accept(10s);
+  ASSERT_TRUE(server);
+  std::unique_ptr<Channel> c = client.get();
+  constexpr int kMessages = 24;
+  constexpr int64_t kBytes = int64_t{1} << 20;
+  constexpr size_t kSize = size_t{1} << 20;
+  for (int i = 0; i < kMessages; ++i)
+    c->send(WeightsChunk{std::string(64, 'a'), static_cast<int64_t>(i) * kBytes, kMessages * kBytes,
+                         std::vector<uint8_t>(kSize, static_cast<uint8_t>(i))},
+            10s);
+  // Let the frames that can arrive arrive: the queue stops at its limit plus one message.
+  size_t most = 0;
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(25ms);
+    most = std::max(most, server->queuedBytes());
+  }
+  EXPECT_GE(most, o.channel.max_queued_bytes);  // it did fill up to the limit
+  EXPECT_LT(most, o.channel.max_queued_bytes + 2 * kSize);
+  for (int i = 0; i < kMessages; ++i) {
+    const std::optional<Message> m = server->recv(10s);
+    ASSERT_TRUE(m) << i;
+    const auto* chunk = std::get_if<WeightsChunk>(&*m);
+    ASSERT_TRUE(chunk) << i;
+    EXPECT_EQ(chunk->offset, static_cast<int64_t>(i) * kBytes);
+    ASSERT_EQ(chunk->bytes.size(), kSize);
+    EXPECT_EQ(chunk->bytes.front(), static_cast<uint8_t>(i));
+    EXPECT_LT(server->queuedBytes(), o.channel.max_queued_bytes + 2 * kSize);
+  }
+  EXPECT_EQ(server->queuedBytes(), 0u);
 }
 
 }  // namespace

@@ -19,8 +19,10 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/model_spec.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/node_profile.h"
+#include "tests/targets/runtime/flood.h"
 #include "tests/targets/runtime/raw_peer.h"
 #include "tests/test_util.h"
 
@@ -29,6 +31,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::expectThrowWith;
+using testing::IdleFlood;
 using testing::RawPeer;
 
 class DaemonTest : public ::testing::Test {
@@ -232,53 +235,23 @@ TEST_F(DaemonTest, ABadMessageAfterTheHandshakeGetsAnErrorAndTheConnectionLives)
   EXPECT_EQ(daemon_->stats().bad_messages, 2u);
 }
 
-// A peer without the key holding `count` idle connections to `at`, reopening each as it
-// is dropped, until destroyed (at most 30 s).
-class IdleFlood {
- public:
-  IdleFlood(const Endpoint& at, int count) {
-    thread_ = std::thread([this, at, count] {
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_port = htons(at.port);
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      auto open = [&] {
-        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-          ::close(fd);
-          return -1;
-        }
-        return fd;
-      };
-      std::vector<pollfd> fds(static_cast<size_t>(count));
-      for (pollfd& p : fds) p = {open(), POLLIN, 0};
-      const auto until = std::chrono::steady_clock::now() + 30s;
-      while (!stop_ && std::chrono::steady_clock::now() < until) {
-        if (::poll(fds.data(), fds.size(), 50) < 0) break;
-        for (pollfd& p : fds)
-          if (p.fd < 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-            if (p.fd >= 0) ::close(p.fd);  // dropped by the daemon
-            p.fd = open();
-            p.revents = 0;
-            ++reopened_;
-          }
-      }
-      for (pollfd& p : fds)
-        if (p.fd >= 0) ::close(p.fd);
-    });
-    std::this_thread::sleep_for(500ms);  // up
-  }
-  ~IdleFlood() {
-    stop_ = true;
-    thread_.join();
-  }
-  uint64_t reopened() const { return reopened_; }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> reopened_{0};
-  std::thread thread_;
-};
+// A client with the key cannot make the daemon hold more than its frame limit at once: a
+// 5 MiB frame (over the daemon's 4 MiB) ends that connection, and the next client is
+// served. (How much a connection queues is ChannelTest's.)
+TEST_F(DaemonTest, AFrameOverTheDaemonsLimitEndsOnlyThatConnection) {
+  EXPECT_EQ(daemonHandshakeOptions().channel.max_message_bytes, size_t{4} << 20);
+  EXPECT_EQ(daemonHandshakeOptions().channel.max_queued_bytes, size_t{8} << 20);
+  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+  ASSERT_TRUE(c->recv(5s).has_value());  // node info
+  c->sendBytes(std::vector<uint8_t>(size_t{5} << 20, 0x7f));
+  // The daemon closes it (seen as closed, reset, or a write that fails, by timing).
+  expectThrowWith<IoError>(
+      [&] {
+        for (int i = 0; i < 50; ++i) c->recv(100ms);
+      },
+      {daemon_->endpoint().str()});
+  expectServed();
+}
 
 // A peer without the key holds 200 idle connections to the daemon, reopening each as the
 // daemon drops it (after the handshake's timeout, 1 s here): a client with the key still
@@ -318,8 +291,8 @@ TEST_F(DaemonTest, AFloodOfIdleConnectionsDoesNotLockOutAClientWithTheKey) {
               static_cast<unsigned long long>(reopened));
 
   finish();
-  o.max_waiting = 64;
-  o.max_waiting_per_source = 32;
+  o.admission.max_waiting = 64;
+  o.admission.max_waiting_per_source = 32;
   start(o);
   {
     IdleFlood flood(daemon_->endpoint(), 200);
@@ -526,6 +499,32 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
   huge.model_spec = "name: huge\ninput: [100000]\nlayers:\n  - linear: {out: 100000000}\n";
   expectThrowWith<Error>([&] { ask(huge); },
                          {"profiling on node 'alpha'", "over half of this node"});
+  // Every copy a task builds counts: a model of about a third of the free memory fits
+  // once, not with a copy training beside it (a load of 1).
+  const int64_t free = localNodeInfo("").free_memory_bytes;
+  ASSERT_GT(free, 0);
+  auto wide = [](int64_t w) {
+    return "name: wide\ninput: [" + std::to_string(w) +
+           "]\nlayers:\n  - linear: {out: " + std::to_string(w) + "}\n";
+  };
+  int64_t lo = 16, hi = int64_t{1} << 22;  // the narrowest model of at least 0.3 x free
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (trainingBytes(Model(parseModelSpec(wide(mid))), 4) >= free * 3 / 10)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  ProfileTask loaded = task;
+  loaded.model_spec = wide(lo);
+  loaded.devices = {{"cpu", 1, 1}};
+  expectThrowWith<Error>(
+      [&] { ask(loaded); },
+      {"profiling on node 'alpha'", "2 copies (the load's too)", "over half of this node"});
+  // Threads and load beyond this node's CPUs are measured with as many as it has.
+  ProfileTask greedy = task;
+  greedy.devices = {{"cpu", 1024, 256}};
+  EXPECT_EQ(ask(greedy).first.devices.size(), 1u);
   EXPECT_EQ(ask(task).second, 2);  // still serving
 }
 
