@@ -17,20 +17,24 @@ std::string_view scheduleName(ScheduleKind kind) {
       return "forward";
     case ScheduleKind::kZeroBubbleH1:
       return "zb-h1";
+    case ScheduleKind::kInterleaved1F1B:
+      return "interleaved";
   }
   return "invalid";
 }
 
 ScheduleKind parseSchedule(std::string_view name) {
   for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZeroBubbleH1,
-                         ScheduleKind::kForwardOnly})
+                         ScheduleKind::kInterleaved1F1B, ScheduleKind::kForwardOnly})
     if (name == scheduleName(k)) return k;
   std::ostringstream os;
-  os << "unknown schedule '" << name << "' (expected gpipe, 1f1b, zb-h1 or forward)";
+  os << "unknown schedule '" << name << "' (expected gpipe, 1f1b, zb-h1, interleaved or forward)";
   throw InvalidArgument(os.str());
 }
 
 bool isTraining(ScheduleKind kind) { return kind != ScheduleKind::kForwardOnly; }
+
+bool runsInJobs(ScheduleKind kind) { return kind != ScheduleKind::kInterleaved1F1B; }
 
 namespace {
 
@@ -115,13 +119,54 @@ std::vector<std::vector<Action>> zeroBubbleH1(int p, int64_t m) {
   return lists;
 }
 
+// Interleaved 1F1B's list for stage s of p with v chunks (ScheduleKind::kInterleaved1F1B):
+// the i-th forward is of chunk (i / p) % v and microbatch (i / (p v)) p + i % p; the i-th
+// backward the same with the chunks in reverse.
+std::vector<Action> interleaved(int s, int p, int64_t m, int v) {
+  const int64_t total = v * m, group = static_cast<int64_t>(p) * v;
+  const int64_t last = group - 1;  // the last virtual stage
+  auto microbatch = [&](int64_t i) { return (i / group) * p + i % p; };
+  auto forward = [&](std::vector<Action>& out, int64_t i) {
+    const auto c = static_cast<int32_t>((i / p) % v);
+    const int64_t k = microbatch(i), vs = static_cast<int64_t>(c) * p + s;
+    if (vs > 0) out.push_back({ActionType::kRecvActivation, k, c});
+    out.push_back({ActionType::kForward, k, c});
+    if (vs < last) out.push_back({ActionType::kSendActivation, k, c});
+  };
+  auto backward = [&](std::vector<Action>& out, int64_t i) {
+    const auto c = static_cast<int32_t>(v - 1 - (i / p) % v);
+    const int64_t k = microbatch(i), vs = static_cast<int64_t>(c) * p + s;
+    if (vs < last) out.push_back({ActionType::kRecvGradient, k, c});
+    out.push_back({ActionType::kBackward, k, c});
+    if (vs > 0) {
+      out.push_back({ActionType::kSendGradient, k, c});
+      out.push_back({ActionType::kWeightGradient, k, c});
+    }
+  };
+  const int64_t warmup =
+      std::min<int64_t>(2 * (p - s - 1) + static_cast<int64_t>(v - 1) * p, total);
+  std::vector<Action> out;
+  for (int64_t i = 0; i < warmup; ++i) forward(out, i);
+  for (int64_t i = 0; i < total - warmup; ++i) {
+    forward(out, warmup + i);
+    backward(out, i);
+  }
+  for (int64_t i = total - warmup; i < total; ++i) backward(out, i);
+  out.push_back({ActionType::kStep, 0});
+  return out;
+}
+
 }  // namespace
 
-std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64_t microbatches) {
+std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64_t microbatches,
+                                 int chunks) {
   TANDEM_CHECK_MSG(stages > 0 && stage >= 0 && stage < stages, InvalidArgument,
                    "stage " << stage << " of " << stages << " does not exist");
   TANDEM_CHECK_MSG(microbatches > 0, InvalidArgument,
                    "a schedule needs at least 1 microbatch, got " << microbatches);
+  TANDEM_CHECK_MSG(chunks == 1 || kind == ScheduleKind::kInterleaved1F1B, InvalidArgument,
+                   "schedule '" << scheduleName(kind) << "' runs one chunk per stage, not "
+                                << chunks << " (chunks are for interleaved)");
   const int s = stage, p = stages;
   const int64_t m = microbatches;
   std::vector<Action> out;
@@ -131,6 +176,13 @@ std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64
       return out;
     case ScheduleKind::kZeroBubbleH1:
       return zeroBubbleH1(p, m)[static_cast<size_t>(s)];
+    case ScheduleKind::kInterleaved1F1B:
+      TANDEM_CHECK_MSG(chunks >= 1 && chunks <= 64, InvalidArgument,
+                       "interleaved: chunks per stage must be 1 to 64, got " << chunks);
+      TANDEM_CHECK_MSG(m % p == 0, InvalidArgument,
+                       "interleaved: the microbatches ("
+                           << m << ") must be a multiple of the stages (" << p << ")");
+      return interleaved(s, p, m, chunks);
     case ScheduleKind::kGPipe:
       for (int64_t k = 0; k < m; ++k) addForward(out, s, p, k);
       for (int64_t k = 0; k < m; ++k) addBackward(out, s, p, k);
@@ -153,13 +205,14 @@ std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64
 }
 
 std::vector<std::vector<Action>> scheduleActions(ScheduleKind kind, int stages,
-                                                 int64_t microbatches) {
+                                                 int64_t microbatches, int chunks) {
   if (kind == ScheduleKind::kZeroBubbleH1) {  // every stage's list comes out of one run
-    stageActions(kind, 0, stages, microbatches);  // the argument checks
+    stageActions(kind, 0, stages, microbatches, chunks);  // the argument checks
     return zeroBubbleH1(stages, microbatches);
   }
   std::vector<std::vector<Action>> lists;
-  for (int s = 0; s < stages; ++s) lists.push_back(stageActions(kind, s, stages, microbatches));
+  for (int s = 0; s < stages; ++s)
+    lists.push_back(stageActions(kind, s, stages, microbatches, chunks));
   return lists;
 }
 
@@ -191,17 +244,21 @@ std::string describe(const Action& a) {
       return "step";
   }
   // Appends: GCC 12 at -O3 warns falsely (-Wrestrict) on a literal plus a string.
-  return std::string(name).append(std::to_string(a.microbatch));
+  std::string out = std::string(name).append(std::to_string(a.microbatch));
+  if (a.chunk != 0) out.append(" of chunk ").append(std::to_string(a.chunk));
+  return out;
 }
 
 namespace {
 
-// One stage's state while the lists run against each other.
+// One stage's state while the lists run against each other. Per (chunk, microbatch)
+// flags are indexed chunk * m + microbatch.
 struct StageState {
   size_t pc = 0;
   int64_t clock = 0;
   std::vector<char> forwarded, backwarded, weighted, act_in, grad_in;
-  bool splits = false;                     // any weight gradient: then every backward must have one
+  // Per chunk: any weight gradient, so every backward of that chunk must have one.
+  std::vector<char> splits;
   std::vector<int64_t> act_out, grad_out;  // tick the message was sent; -1: not sent
   int64_t stash = 0, peak = 0, steps = 0;
 };
@@ -210,15 +267,30 @@ class Simulation {
  public:
   Simulation(const std::vector<std::vector<Action>>& lists, int64_t m, bool training, int bticks,
              int wticks)
-      : lists_(lists), m_(m), training_(training), bticks_(bticks), wticks_(wticks),
+      : lists_(lists),
+        m_(m),
+        training_(training),
+        bticks_(bticks),
+        wticks_(wticks),
+        p_(static_cast<int64_t>(lists.size())),
         st_(lists.size()) {
+    for (size_t i = 0; i < lists.size(); ++i)
+      for (size_t a = 0; a < lists[i].size(); ++a) {
+        TANDEM_CHECK_MSG(lists[i][a].chunk >= 0 && lists[i][a].chunk < 64, InvalidArgument,
+                         "schedule: stage " << i << ", action " << a << " ("
+                                            << describe(lists[i][a]) << "): chunk outside 0..63");
+        chunks_ = std::max<int64_t>(chunks_, lists[i][a].chunk + 1);
+      }
+    const auto cells = static_cast<size_t>(chunks_ * m);
     for (size_t i = 0; i < st_.size(); ++i) {
       StageState& s = st_[i];
-      s.forwarded.assign(static_cast<size_t>(m), 0);
+      s.forwarded.assign(cells, 0);
       s.backwarded = s.weighted = s.act_in = s.grad_in = s.forwarded;
-      s.act_out.assign(static_cast<size_t>(m), -1);
+      s.act_out.assign(cells, -1);
       s.grad_out = s.act_out;
-      for (const Action& a : lists[i]) s.splits = s.splits || a.type == ActionType::kWeightGradient;
+      s.splits.assign(static_cast<size_t>(chunks_), 0);
+      for (const Action& a : lists[i])
+        if (a.type == ActionType::kWeightGradient) s.splits[static_cast<size_t>(a.chunk)] = 1;
     }
     report_.ticks.resize(lists.size());
   }
@@ -234,7 +306,6 @@ class Simulation {
       if (!progress) deadlock();
     }
     checkComplete();
-    const auto p = static_cast<int64_t>(st_.size());
     int64_t busy = 0;
     for (size_t s = 0; s < st_.size(); ++s) {
       report_.makespan = std::max(report_.makespan, st_[s].clock);
@@ -242,7 +313,7 @@ class Simulation {
       for (const auto& c : report_.ticks[s]) busy += c.busy;
     }
     for (auto& row : report_.ticks) row.resize(static_cast<size_t>(report_.makespan));
-    const int64_t total = p * report_.makespan;
+    const int64_t total = p_ * report_.makespan;
     report_.bubble = total ? 1.0 - static_cast<double>(busy) / static_cast<double>(total) : 0.0;
     return report_;
   }
@@ -260,16 +331,21 @@ class Simulation {
     auto& row = report_.ticks[s];
     row.resize(static_cast<size_t>(st.clock + ticks));
     for (int64_t t = st.clock; t < st.clock + ticks; ++t)
-      row[static_cast<size_t>(t)] = {true, a.type, a.microbatch};
+      row[static_cast<size_t>(t)] = {true, a.type, a.microbatch, a.chunk};
     st.clock += ticks;
   }
+
+  // Virtual stage `vs` (chunk vs / p of stage vs % p): its stage, and the flag index of
+  // microbatch k there.
+  size_t stageOf(int64_t vs) const { return static_cast<size_t>(vs % p_); }
+  size_t at(int64_t vs, int64_t k) const { return static_cast<size_t>((vs / p_) * m_ + k); }
 
   // Runs stage s's next action; false if it must wait for a message.
   bool advance(size_t s) {
     StageState& st = st_[s];
     const Action& a = lists_[s][st.pc];
-    const size_t last = st_.size() - 1;
-    const auto k = static_cast<size_t>(a.microbatch);
+    const int64_t vs = a.chunk * p_ + static_cast<int64_t>(s), last = chunks_ * p_ - 1;
+    const size_t i = at(vs, a.microbatch);
     if (a.type != ActionType::kStep && (a.microbatch < 0 || a.microbatch >= m_))
       fail(s, std::string("microbatch outside 0..").append(std::to_string(m_ - 1)));
     if (!training_ && (a.type == ActionType::kBackward || a.type == ActionType::kWeightGradient ||
@@ -277,68 +353,75 @@ class Simulation {
                        a.type == ActionType::kStep))
       fail(s, "not allowed in a forward-only schedule");
     switch (a.type) {
-      case ActionType::kRecvActivation:
-        if (s == 0) fail(s, "the first stage has no previous stage");
-        if (st.act_in[k]) fail(s, "received twice");
-        if (st_[s - 1].act_out[k] < 0) return false;
-        st.act_in[k] = 1;
-        st.clock = std::max(st.clock, st_[s - 1].act_out[k]);
+      case ActionType::kRecvActivation: {
+        if (vs == 0) fail(s, "the first stage has no previous stage");
+        if (st.act_in[i]) fail(s, "received twice");
+        const int64_t sent = st_[stageOf(vs - 1)].act_out[at(vs - 1, a.microbatch)];
+        if (sent < 0) return false;
+        st.act_in[i] = 1;
+        st.clock = std::max(st.clock, sent);
         break;
+      }
       case ActionType::kForward:
-        if (st.forwarded[k]) fail(s, "forwarded twice");
-        if (s > 0 && !st.act_in[k]) fail(s, "runs before its activation is received");
-        st.forwarded[k] = 1;
+        if (st.forwarded[i]) fail(s, "forwarded twice");
+        if (vs > 0 && !st.act_in[i]) fail(s, "runs before its activation is received");
+        st.forwarded[i] = 1;
         compute(s, a, 1);
         if (training_) st.peak = std::max(st.peak, ++st.stash);
         break;
       case ActionType::kSendActivation:
-        if (s == last) fail(s, "the last stage has no next stage");
-        if (!st.forwarded[k]) fail(s, "sends an activation not yet computed");
-        if (st.act_out[k] >= 0) fail(s, "sent twice");
-        st.act_out[k] = st.clock;
+        if (vs == last) fail(s, "the last stage has no next stage");
+        if (!st.forwarded[i]) fail(s, "sends an activation not yet computed");
+        if (st.act_out[i] >= 0) fail(s, "sent twice");
+        st.act_out[i] = st.clock;
         break;
-      case ActionType::kRecvGradient:
-        if (s == last) fail(s, "the last stage has no next stage");
-        if (st.grad_in[k]) fail(s, "received twice");
-        if (st_[s + 1].grad_out[k] < 0) return false;
-        st.grad_in[k] = 1;
-        st.clock = std::max(st.clock, st_[s + 1].grad_out[k]);
+      case ActionType::kRecvGradient: {
+        if (vs == last) fail(s, "the last stage has no next stage");
+        if (st.grad_in[i]) fail(s, "received twice");
+        const int64_t sent = st_[stageOf(vs + 1)].grad_out[at(vs + 1, a.microbatch)];
+        if (sent < 0) return false;
+        st.grad_in[i] = 1;
+        st.clock = std::max(st.clock, sent);
         break;
-      case ActionType::kBackward:
-        if (st.backwarded[k]) fail(s, "backward twice");
-        if (!st.forwarded[k]) fail(s, "runs before its forward");
-        if (s < last && !st.grad_in[k]) fail(s, "runs before its gradient is received");
-        st.backwarded[k] = 1;
-        compute(s, a, st.splits ? bticks_ : bticks_ + wticks_);
-        if (!st.splits) --st.stash;  // else its weight gradient still needs the stash
+      }
+      case ActionType::kBackward: {
+        const bool splits = st.splits[static_cast<size_t>(a.chunk)];
+        if (st.backwarded[i]) fail(s, "backward twice");
+        if (!st.forwarded[i]) fail(s, "runs before its forward");
+        if (vs < last && !st.grad_in[i]) fail(s, "runs before its gradient is received");
+        st.backwarded[i] = 1;
+        compute(s, a, splits ? bticks_ : bticks_ + wticks_);
+        if (!splits) --st.stash;  // else its weight gradient still needs the stash
         break;
+      }
       case ActionType::kWeightGradient:
-        if (st.weighted[k]) fail(s, "weight gradient twice");
-        if (!st.backwarded[k]) fail(s, "runs before its backward");
-        st.weighted[k] = 1;
+        if (st.weighted[i]) fail(s, "weight gradient twice");
+        if (!st.backwarded[i]) fail(s, "runs before its backward");
+        st.weighted[i] = 1;
         if (wticks_ > 0) compute(s, a, wticks_);
         --st.stash;
         break;
       case ActionType::kSendGradient:
-        if (s == 0) fail(s, "the first stage has no previous stage");
-        if (!st.backwarded[k]) fail(s, "sends a gradient not yet computed");
-        if (st.grad_out[k] >= 0) fail(s, "sent twice");
-        st.grad_out[k] = st.clock;
+        if (vs == 0) fail(s, "the first stage has no previous stage");
+        if (!st.backwarded[i]) fail(s, "sends a gradient not yet computed");
+        if (st.grad_out[i] >= 0) fail(s, "sent twice");
+        st.grad_out[i] = st.clock;
         break;
       case ActionType::kStep:
         if (st.steps++) fail(s, "a second step");
-        if (auto it = std::find(st.backwarded.begin(), st.backwarded.end(), 0);
-            it != st.backwarded.end()) {
-          std::ostringstream os;
-          os << "a step before the backward of microbatch " << it - st.backwarded.begin();
-          fail(s, os.str());
-        }
-        if (auto it = std::find(st.weighted.begin(), st.weighted.end(), 0);
-            st.splits && it != st.weighted.end()) {
-          std::ostringstream os;
-          os << "a step before the weight gradient of microbatch " << it - st.weighted.begin();
-          fail(s, os.str());
-        }
+        for (int64_t c = 0; c < chunks_; ++c)
+          for (int64_t k = 0; k < m_; ++k) {
+            const auto j = static_cast<size_t>(c * m_ + k);
+            std::ostringstream os;
+            if (!st.backwarded[j])
+              os << "a step before the backward of microbatch " << k;
+            else if (st.splits[static_cast<size_t>(c)] && !st.weighted[j])
+              os << "a step before the weight gradient of microbatch " << k;
+            else
+              continue;
+            if (c > 0) os << " of chunk " << c;
+            fail(s, os.str());
+          }
         if (st.pc + 1 != lists_[s].size()) fail(s, "the step must be the stage's last action");
         break;
     }
@@ -357,33 +440,43 @@ class Simulation {
   }
 
   void checkComplete() const {
-    const size_t last = st_.size() - 1;
+    const int64_t last = chunks_ * p_ - 1;
     for (size_t s = 0; s < st_.size(); ++s) {
       const StageState& st = st_[s];
-      auto missing = [&](const char* what, int64_t k = -1) {
-        std::ostringstream os;
-        os << "schedule: stage " << s << " never " << what;
-        if (k >= 0) os << " microbatch " << k;
-        throw InvalidArgument(os.str());
-      };
-      for (int64_t k = 0; k < m_; ++k) {
-        const auto i = static_cast<size_t>(k);
-        if (!st.forwarded[i]) missing("forwards", k);
-        if (s < last && st.act_out[i] < 0) missing("sends the activation of", k);
-        if (s > 0 && !st.act_in[i]) missing("receives the activation of", k);
-        if (!training_) continue;
-        if (!st.backwarded[i]) missing("runs the backward of", k);
-        if (s > 0 && st.grad_out[i] < 0) missing("sends the gradient of", k);
-        if (s < last && !st.grad_in[i]) missing("receives the gradient of", k);
+      for (int64_t c = 0; c < chunks_; ++c) {
+        const int64_t vs = c * p_ + static_cast<int64_t>(s);
+        auto missing = [&](const char* what, int64_t k = -1) {
+          std::ostringstream os;
+          os << "schedule: stage " << s << " never " << what;
+          if (k >= 0) os << " microbatch " << k;
+          if (k >= 0 && c > 0) os << " of chunk " << c;
+          throw InvalidArgument(os.str());
+        };
+        for (int64_t k = 0; k < m_; ++k) {
+          const size_t i = at(vs, k);
+          if (!st.forwarded[i]) missing("forwards", k);
+          if (vs < last && st.act_out[i] < 0) missing("sends the activation of", k);
+          if (vs > 0 && !st.act_in[i]) missing("receives the activation of", k);
+          if (!training_) continue;
+          if (!st.backwarded[i]) missing("runs the backward of", k);
+          if (vs > 0 && st.grad_out[i] < 0) missing("sends the gradient of", k);
+          if (vs < last && !st.grad_in[i]) missing("receives the gradient of", k);
+        }
       }
-      if (training_ && st.steps != 1) missing("steps the optimizer");
+      if (training_ && st.steps != 1) missingStep(s);
     }
+  }
+  [[noreturn]] static void missingStep(size_t s) {
+    std::ostringstream os;
+    os << "schedule: stage " << s << " never steps the optimizer";
+    throw InvalidArgument(os.str());
   }
 
   const std::vector<std::vector<Action>>& lists_;
   int64_t m_;
   bool training_;
   int bticks_, wticks_;
+  int64_t p_, chunks_ = 1;
   std::vector<StageState> st_;
   ScheduleReport report_;
 };
@@ -400,28 +493,30 @@ ScheduleReport validateSchedule(const std::vector<std::vector<Action>>& lists, i
   return Simulation(lists, microbatches, training, backward_ticks, weight_ticks).run();
 }
 
-double bubbleFormula(ScheduleKind kind, int stages, int64_t microbatches) {
+double bubbleFormula(ScheduleKind kind, int stages, int64_t microbatches, int chunks) {
   const double p = stages, m = static_cast<double>(microbatches);
   if (kind == ScheduleKind::kZeroBubbleH1) return (p - 1) / (3 * m + p - 1);
+  if (kind == ScheduleKind::kInterleaved1F1B) return (p - 1) / (chunks * m + p - 1);
   if (kind == ScheduleKind::kForwardOnly) return (p - 1) / (m + p - 1);
   return (p - 1) / (m + p - 1);
 }
 
-std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches) {
-  const auto lists = scheduleActions(kind, stages, microbatches);
+std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches, int chunks) {
+  const auto lists = scheduleActions(kind, stages, microbatches, chunks);
   // GPipe and 1F1B as their papers draw them (a backward one tick, weight gradients in
   // it); ZB-H1 with its weight gradients a tick of their own, as its paper's formula has.
   const bool zb = kind == ScheduleKind::kZeroBubbleH1;
   const ScheduleReport r = validateSchedule(lists, microbatches, isTraining(kind), 1, zb ? 1 : 0);
   std::ostringstream os;
-  os << scheduleName(kind) << ": " << stages << " stage(s), " << microbatches
-     << " microbatch(es)\n\n";
+  os << scheduleName(kind) << ": " << stages << " stage(s), " << microbatches << " microbatch(es)";
+  if (chunks > 1) os << ", " << chunks << " chunks per stage";
+  os << "\n\n";
   for (size_t s = 0; s < lists.size(); ++s) {
     os << "stage " << s << ":";
     for (size_t i = 0; i < lists[s].size(); ++i) os << (i ? ", " : " ") << describe(lists[s][i]);
     os << "\n";
   }
-  const size_t width = std::to_string(microbatches - 1).size() + 1;
+  const size_t width = std::to_string(microbatches - 1).size() + (chunks > 1 ? 2 : 1);
   os << "\n";
   for (size_t s = 0; s < r.ticks.size(); ++s) {
     os << "stage " << s << " |";
@@ -432,6 +527,7 @@ std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches) 
                  : c.type == ActionType::kWeightGradient ? 'W'
                                                          : 'B')
              << c.microbatch;
+      if (c.busy && chunks > 1) cell << static_cast<char>('a' + c.chunk);
       std::string text = cell.str();
       text.resize(width, c.busy ? ' ' : '.');
       os << text << "|";
@@ -439,8 +535,10 @@ std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches) 
     os << "\n";
   }
   os << "\nbubble: " << r.bubble << " of stage time (formula "
-     << (kind == ScheduleKind::kZeroBubbleH1 ? "(p-1)/(3m+p-1)" : "(p-1)/(m+p-1)") << ": "
-     << bubbleFormula(kind, stages, microbatches) << ")\n";
+     << (kind == ScheduleKind::kZeroBubbleH1      ? "(p-1)/(3m+p-1)"
+         : kind == ScheduleKind::kInterleaved1F1B ? "(p-1)/(vm+p-1)"
+                                                  : "(p-1)/(m+p-1)")
+     << ": " << bubbleFormula(kind, stages, microbatches, chunks) << ")\n";
   os << "peak stashed microbatches per stage:";
   for (int64_t n : r.peak_stash) os << " " << n;
   os << "\n";

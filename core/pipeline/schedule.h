@@ -38,6 +38,10 @@ enum class ActionType : uint8_t {
 struct Action {
   ActionType type;
   int64_t microbatch = 0;  // unused by kStep
+  // Interleaved schedules: which of the stage's model chunks (0 for every other kind).
+  // Chunk c of stage s is virtual stage c * p + s: its activations go to virtual stage
+  // c * p + s + 1 (stage s + 1's chunk c, or stage 0's chunk c + 1 after the last stage).
+  int32_t chunk = 0;
   bool operator==(const Action&) const = default;
 };
 
@@ -54,20 +58,38 @@ enum class ScheduleKind : uint8_t {
   // each) choosing, at each free tick, a backward whose gradient is in, else a forward
   // within the limit whose activation is in, else the oldest weight gradient pending.
   kZeroBubbleH1,
+  // Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): each stage holds v model
+  // chunks, not one contiguous range (chunk c of stage s is virtual stage c*p + s), so a
+  // forward runs in v shorter pieces and the pipeline fills v times faster: the bubble
+  // falls from (p-1)/(m+p-1) to (p-1)/(v*m+p-1) of stage time. Forwards go in groups of
+  // p microbatches, chunk 0's group, then chunk 1's, ...; backwards the same with the
+  // chunks in reverse; stage s warms up with 2*(p-s-1) + (v-1)*p forwards, then
+  // alternates, then drains. m must be a multiple of p. Schedule data only: the stage
+  // executor runs one contiguous range per stage, so jobs refuse it.
+  kInterleaved1F1B,
 };
 
 std::string_view scheduleName(ScheduleKind kind);
-// "gpipe", "1f1b", "zb-h1", "forward"; InvalidArgument naming the choices otherwise.
+// "gpipe", "1f1b", "zb-h1", "interleaved", "forward"; InvalidArgument naming the choices
+// otherwise.
 ScheduleKind parseSchedule(std::string_view name);
 bool isTraining(ScheduleKind kind);
+// Whether a job's stages can run it (one contiguous range of layers per stage): every
+// kind but the interleaved one.
+bool runsInJobs(ScheduleKind kind);
 
-// Stage `stage`'s actions (0-based, of `stages`) for `microbatches` microbatches.
-std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64_t microbatches);
+// Stage `stage`'s actions (0-based, of `stages`) for `microbatches` microbatches; `chunks`
+// model chunks per stage (interleaved only; 1 for every other kind). InvalidArgument
+// naming what is wrong.
+std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64_t microbatches,
+                                 int chunks = 1);
 // Every stage's list, index = stage.
 std::vector<std::vector<Action>> scheduleActions(ScheduleKind kind, int stages,
-                                                 int64_t microbatches);
+                                                 int64_t microbatches, int chunks = 1);
 
-std::string describe(const Action& a);  // "forward 3", "send gradient 0", "step"
+// "forward 3", "send gradient 0", "step"; a chunk after the first is named: "forward 3
+// of chunk 1".
+std::string describe(const Action& a);
 
 struct ScheduleReport {
   // Per stage: most microbatches whose activations it held at once — forwarded and not
@@ -81,31 +103,36 @@ struct ScheduleReport {
     bool busy = false;
     ActionType type = ActionType::kForward;
     int64_t microbatch = 0;
+    int32_t chunk = 0;
   };
   std::vector<std::vector<Cell>> ticks;
   int64_t makespan = 0;  // ticks until the last stage finishes
   double bubble = 0;     // idle share of stages x makespan
 };
 
-// Runs the lists against each other. Throws InvalidArgument naming the stage and action
-// if a list is incomplete (a microbatch never forwarded or backward, no step or two, a
-// send without its receive or the reverse), out of order (a backward before its forward,
-// a send before what it sends exists, a step before the last backward), or if the stages
-// deadlock (naming each stuck stage and what it waits for). `training` says whether
-// backwards and the step are required.
+// Runs the lists against each other (with chunks when an action names one: the model is
+// then 1 + the largest chunk times the stages' virtual stages, each chunk of each stage
+// checked as a stage of its own, the stage's clock and stash shared by its chunks).
+// Throws InvalidArgument naming the stage and action if a list is incomplete (a microbatch never
+// forwarded or backward, no step or two, a send without its receive or the reverse), out of order
+// (a backward before its forward, a send before what it sends exists, a step before the last
+// backward), or if the stages deadlock (naming each stuck stage and what it waits for). `training`
+// says whether backwards and the step are required.
 ScheduleReport validateSchedule(const std::vector<std::vector<Action>>& lists, int64_t microbatches,
                                 bool training, int backward_ticks = 1, int weight_ticks = 0);
 
 // The bubble each schedule's paper gives for unit ticks (forward, backward and weight
 // gradient one tick each): (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(3m+p-1) for ZB-H1
-// (its bubble is (p-1)(F+B-W) of stage time, against 1F1B's (p-1)(F+B+W)).
-double bubbleFormula(ScheduleKind kind, int stages, int64_t microbatches);
+// (its bubble is (p-1)(F+B-W) of stage time, against 1F1B's (p-1)(F+B+W)), and
+// (p-1)/(v*m+p-1) for interleaved 1F1B with v chunks (a chunk's forward one tick).
+double bubbleFormula(ScheduleKind kind, int stages, int64_t microbatches, int chunks = 1);
 
 // Text: each stage's action list, then a diagram with stages as rows and ticks as
 // columns ("F3" forward of microbatch 3, "B3" its backward, "W3" its weight gradient,
 // ".." idle) — GPipe and 1F1B with a backward one tick and weight gradients inside it, as
 // their papers draw them; ZB-H1 with weight gradients a tick of their own (and the first
 // stage's whole backward two) — then the bubble beside the formula.
-std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches);
+// Interleaved: a cell names the chunk by a letter after the microbatch ("F3a", "B3b").
+std::string renderSchedule(ScheduleKind kind, int stages, int64_t microbatches, int chunks = 1);
 
 }  // namespace tandem

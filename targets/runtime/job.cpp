@@ -222,6 +222,11 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       }
       if (!isTraining(job.schedule))
         r.fail(v, "schedule '" + name + "' cannot train (expected gpipe, 1f1b or zb-h1)");
+      if (!runsInJobs(job.schedule))
+        r.fail(v, "schedule '" + name +
+                      "' is not run by jobs yet (its stages hold several chunks of the model; "
+                      "`tandem schedule --kind " +
+                      name + "` shows it): expected gpipe, 1f1b or zb-h1");
     } else if (key == "recompute") {
       job.recompute = r.get<bool>(v, key, "true or false");
     } else if (key == "seed") {

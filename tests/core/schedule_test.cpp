@@ -186,12 +186,72 @@ TEST(ScheduleTest, ZeroBubbleFillsTheBubbleWithWeightGradients) {
   EXPECT_LT(b1 - s1.begin(), w0 - s1.begin());
 }
 
+// Interleaved 1F1B: every list for p <= 8, v <= 4 and m a multiple of p up to 32
+// validates; with a chunk's forward and backward one tick each its bubble is exactly the
+// formula (p-1)/(vm+p-1), v times smaller in ticks than 1F1B's over the same work (each
+// 1F1B tick a whole stage: v chunks' worth); each chunk runs its backwards in ascending
+// microbatch order (single-device accumulation's sums); a stage stashes no more than
+// Megatron's warm-up plus one, and chunk 1 of stage 0 receives from the last stage.
+TEST(ScheduleTest, InterleavedOneFOneBShrinksTheBubbleByItsChunks) {
+  for (int p = 1; p <= 8; ++p)
+    for (int v = 1; v <= 4; ++v)
+      for (int64_t m = p; m <= 32; m += p) {
+        const auto lists = scheduleActions(ScheduleKind::kInterleaved1F1B, p, m, v);
+        ScheduleReport r;
+        ASSERT_NO_THROW(r = validateSchedule(lists, m, true))
+            << "p=" << p << " v=" << v << " m=" << m;
+        EXPECT_NEAR(r.bubble, bubbleFormula(ScheduleKind::kInterleaved1F1B, p, m, v), 1e-12)
+            << "p=" << p << " v=" << v << " m=" << m;
+        EXPECT_EQ(r.makespan, 2 * (v * m + p - 1)) << "p=" << p << " v=" << v << " m=" << m;
+        for (int s = 0; s < p; ++s) {
+          const auto& list = lists[static_cast<size_t>(s)];
+          EXPECT_EQ(list, stageActions(ScheduleKind::kInterleaved1F1B, s, p, m, v));
+          std::vector<int64_t> next_b(static_cast<size_t>(v), 0);
+          for (const Action& a : list)
+            if (a.type == ActionType::kBackward) {
+              EXPECT_EQ(a.microbatch, next_b[static_cast<size_t>(a.chunk)]++);
+            }
+          for (int64_t n : next_b) EXPECT_EQ(n, m);
+          const int64_t warmup = std::min<int64_t>(2 * (p - s - 1) + (v - 1) * p, v * m);
+          EXPECT_LE(r.peak_stash[static_cast<size_t>(s)], warmup + 1);
+        }
+      }
+  // One chunk is 1F1B's timing.
+  EXPECT_EQ(
+      validateSchedule(scheduleActions(ScheduleKind::kInterleaved1F1B, 4, 8, 1), 8, true).makespan,
+      validateSchedule(scheduleActions(ScheduleKind::k1F1B, 4, 8), 8, true).makespan);
+  EXPECT_NEAR(bubbleFormula(ScheduleKind::kInterleaved1F1B, 4, 8, 2), 3.0 / 19, 1e-12);
+  // Stage 0's chunk 1 is virtual stage p: its activations come from the last stage's chunk 0.
+  const auto s0 = stageActions(ScheduleKind::kInterleaved1F1B, 0, 2, 2, 2);
+  EXPECT_NE(std::find(s0.begin(), s0.end(), Action{ActionType::kRecvActivation, 0, 1}), s0.end());
+  EXPECT_EQ(std::find(s0.begin(), s0.end(), Action{ActionType::kRecvActivation, 0, 0}), s0.end());
+  // A list that sends chunk 1's activation before chunk 0's forward made it is caught.
+  auto bad = scheduleActions(ScheduleKind::kInterleaved1F1B, 2, 2, 2);
+  auto& l1 = bad[1];
+  const auto f = std::find(l1.begin(), l1.end(), Action{ActionType::kForward, 0, 0});
+  ASSERT_NE(f, l1.end());
+  l1.erase(f);
+  expectThrowWith<InvalidArgument>([&] { validateSchedule(bad, 2, true); },
+                                   {"stage 1", "send activation 0", "not yet computed"});
+  expectThrowWith<InvalidArgument>([] { stageActions(ScheduleKind::kInterleaved1F1B, 0, 4, 6, 2); },
+                                   {"microbatches (6) must be a multiple of the stages (4)"});
+  expectThrowWith<InvalidArgument>([] { stageActions(ScheduleKind::k1F1B, 0, 4, 8, 2); },
+                                   {"'1f1b' runs one chunk per stage", "interleaved"});
+  EXPECT_FALSE(runsInJobs(ScheduleKind::kInterleaved1F1B));
+  EXPECT_TRUE(runsInJobs(ScheduleKind::kZeroBubbleH1));
+  const std::string text = renderSchedule(ScheduleKind::kInterleaved1F1B, 2, 2, 2);
+  EXPECT_NE(text.find("2 chunks per stage"), std::string::npos) << text;
+  EXPECT_NE(text.find("stage 0 |F0a|F1a|F0b|"), std::string::npos) << text;
+  EXPECT_NE(text.find("receive activation 0 of chunk 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("formula (p-1)/(vm+p-1)"), std::string::npos) << text;
+}
+
 TEST(ScheduleTest, NamesAndBadArguments) {
   for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZeroBubbleH1,
-                         ScheduleKind::kForwardOnly})
+                         ScheduleKind::kInterleaved1F1B, ScheduleKind::kForwardOnly})
     EXPECT_EQ(parseSchedule(scheduleName(k)), k);
   expectThrowWith<InvalidArgument>([] { parseSchedule("zb-v"); },
-                                   {"'zb-v'", "gpipe, 1f1b, zb-h1 or forward"});
+                                   {"'zb-v'", "gpipe, 1f1b, zb-h1, interleaved or forward"});
   EXPECT_THROW(stageActions(ScheduleKind::kGPipe, 3, 3, 4), InvalidArgument);
   EXPECT_THROW(stageActions(ScheduleKind::kGPipe, 0, 3, 0), InvalidArgument);
 }

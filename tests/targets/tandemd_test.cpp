@@ -20,9 +20,11 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/endpoint.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "tests/process_util.h"
+#include "tests/targets/runtime/flood.h"
 #include "tests/targets/tandemd_util.h"
 #include "tests/test_util.h"
 
@@ -237,6 +239,23 @@ TEST(TandemdTest, AJobOnTwoDaemonsTrainsBitwiseAsOnThisMachine) {
     EXPECT_EQ(there.params[i].name, here.params[i].name);
     EXPECT_EQ(there.params[i].data, here.params[i].data) << here.params[i].name;  // bitwise
   }
+}
+
+// A job's launch gets through floods on both its daemons from a peer without the key:
+// 300 idle connections on one, 100 that each sent a byte and stalled on the other (more
+// than the daemon's handshake slots: they are evicted for the job's connections).
+TEST(TandemdTest, AJobRunsThroughAFloodOfConnectionsWithoutTheKey) {
+  const std::string dir = tandem::testing::freshDir("cluster-flood");
+  TwoNodes nodes(dir);
+  ASSERT_TRUE(nodes.made);
+  const std::string job = writeJob(dir, "job", "epochs: 1\ntrain_limit: 640\ntest_limit: 200\n");
+  tandem::testing::IdleFlood idle(tandem::parseEndpoint(nodes.a.address()), 300);
+  tandem::testing::IdleFlood stalled(tandem::parseEndpoint(nodes.b.address()), 100,
+                                     /*first_byte=*/true);
+  const Ran r = run(kCli + " run " + job + " --cluster " + nodes.cluster);
+  ASSERT_EQ(r.code, 0) << r.out << "\nnode b:\n" << nodes.b.log();
+  EXPECT_NE(r.out.find("test accuracy: "), std::string::npos) << r.out;
+  EXPECT_NE(nodes.b.log().find("to make room for one from"), std::string::npos) << nodes.b.log();
 }
 
 // Generation from a job's stages on two daemons: each prompt of a stream (greedy and
