@@ -211,11 +211,13 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
     if (a.restore_optimizer) restoreOptimizer(optimizer, model, *backend, start_from, who);
   }
 
-  // Unix sockets (transport: ipc) are named in Linux's abstract namespace, unique to this
-  // worker: no file is made, so a worker that is killed leaves none behind.
-  const std::string ipc_name = "@tandem-" + std::to_string(::getpid()) + "-" +
-                               std::to_string(a.stage) + "-" + std::to_string(a.replica);
+  // Unix sockets (transport: ipc) live in a folder only this user can enter: Linux's
+  // abstract names, which any local process may connect to, would let another user feed
+  // the run activations.
   const bool ipc = a.transport == "ipc";
+  std::optional<PrivateSocketDir> socket_dir;
+  if (ipc) socket_dir.emplace();
+  const std::string ipc_name = ipc ? socket_dir->path() : std::string();
   transport::Context ctx;
   // Encrypted links: every link of the run holds the key pair derived from the run's
   // key, so each admits exactly the run's other workers.
@@ -224,7 +226,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
   if (!ipc) checkBindHost(a.bind_host);
   auto linkOptions = [&](const std::string& codec, int peer) {
     transport::LinkOptions o;
-    o.bind = ipc ? "ipc://" + ipc_name + "-l" + std::to_string(endpoint_count++)
+    o.bind = ipc ? "ipc://" + ipc_name + "/l" + std::to_string(endpoint_count++)
                  : "tcp://" + a.bind_host + ":*";
     o.codec = transport::parseCodec(codec);
     o.timeout = std::chrono::seconds(a.timeout_s);
