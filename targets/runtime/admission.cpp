@@ -15,11 +15,17 @@ namespace tandem::runtime {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
+namespace {
+// How long a connection in its handshake may leave bytes unread before it counts as idle.
+constexpr std::chrono::milliseconds kUnreadGrace{250};
+}  // namespace
+
 // A handshake slot. Under State::mu. `kill_fd` (a duplicate of the socket, closed only
 // when the slot is settled, so never a reused number) shuts the connection down if it is
 // evicted while still idle.
 struct Admission::Ticket::Slot {
   std::string source;
+  std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
   bool hello = false, evicted = false, settled = false;
   int kill_fd = -1;
 };
@@ -105,6 +111,17 @@ void Admission::dropWaiting(const std::shared_ptr<Waiting>& w) {
   waiting_.remove(w);
 }
 
+void Admission::acceptFrom(tcp::acceptor& acceptor) {
+  acceptor.async_accept(io_, [this, &acceptor](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || stopped_) return;
+    if (ec)
+      spdlog::warn("{}: accepting a connection failed: {}", what_, ec.message());
+    else
+      add(std::move(socket));
+    acceptFrom(acceptor);
+  });
+}
+
 void Admission::add(tcp::socket socket) {
   boost::system::error_code addr_ec;
   const auto remote = socket.remote_endpoint(addr_ec);
@@ -147,7 +164,7 @@ void Admission::add(tcp::socket socket) {
     w->done = true;
     w->timer.cancel();
     waiting_.remove(w);
-    if (ec) return;
+    if (ec || stopped_) return;
     startHandshake(std::move(w->socket), w->source);
   });
 }
@@ -163,12 +180,13 @@ void Admission::startHandshake(tcp::socket socket, const std::string& source) {
         state_->pending.begin(), state_->pending.end(), [](const auto& p) { return !p->evicted; }));
     const bool source_full = from_source >= options_.max_pending_per_source;
     if (pending >= options_.max_pending || source_full) {
-      // Idle: no hello read yet, and none waiting to be read (its thread may not have run
-      // yet on a loaded machine).
-      auto idle = [](const Ticket::Slot& s) {
+      // Idle: no hello read yet, and nothing waiting to be read (its thread may not have
+      // run yet on a loaded machine) unless it has had kUnreadGrace to read it.
+      const auto now = std::chrono::steady_clock::now();
+      auto idle = [&](const Ticket::Slot& s) {
         int unread = 0;
         return !s.hello && s.kill_fd >= 0 && ::ioctl(s.kill_fd, FIONREAD, &unread) == 0 &&
-               unread == 0;
+               (unread == 0 || now - s.since >= kUnreadGrace);
       };
       std::shared_ptr<Ticket::Slot> victim;
       for (const auto& p : state_->pending)  // oldest first
@@ -200,10 +218,19 @@ void Admission::startHandshake(tcp::socket socket, const std::string& source) {
     slot->kill_fd = ::fcntl(socket.native_handle(), F_DUPFD_CLOEXEC, 0);
     state_->pending.push_back(slot);
   }
-  ready_(std::move(socket), std::make_shared<Ticket>(state_, std::move(slot)));
+  auto ticket = std::make_shared<Ticket>(state_, std::move(slot));
+  // The connection's own io_context, for the thread its owner starts.
+  boost::system::error_code ec;
+  const auto protocol = socket.local_endpoint(ec).protocol();
+  if (ec) return;  // gone already (the ticket settles as it goes)
+  auto conn_io = std::make_unique<asio::io_context>();
+  tcp::socket moved(*conn_io, protocol, socket.release(ec));
+  if (ec) return;
+  ready_(std::move(conn_io), std::move(moved), std::move(ticket));
 }
 
 void Admission::stop() {
+  stopped_ = true;
   while (!waiting_.empty()) dropWaiting(waiting_.front());
   std::lock_guard lock(state_->mu);
   for (const auto& p : state_->pending)

@@ -8,11 +8,12 @@
 // silent for `hello_timeout` is closed too. Its first bytes give it a handshake slot
 // (a Ticket), for which its owner starts a thread: at most `max_pending` in all and
 // `max_pending_per_source` from one address. Past either a new connection takes the slot
-// of the oldest that has not said hello and has nothing waiting to be read (it is shut
-// down, so its handshake's read ends); when there is none, the new one is closed
-// unanswered. A client that says its hello at once is never idle for long, so a flood of
-// idle (or one-byte) connections does not keep it out. Refusals and evictions are
-// counted, and logged at most 10 times per 10 s (the rest summed up in a line).
+// of the oldest that has not said hello and has nothing waiting to be read, or has left
+// it unread for 250 ms (it is shut down, so its handshake's read ends); when there is
+// none, the new one is closed unanswered (connectChannelRetrying tries again). A client that says
+// its hello at once is never idle for long, so a flood of idle (or one-byte) connections does not
+// keep it out. Refusals and evictions are counted, and logged at most 10 times per 10 s (the rest
+// summed up in a line).
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -58,10 +59,11 @@ class Admission {
     std::shared_ptr<Slot> slot_;
   };
 
-  // Called on the io thread for a connection that has spoken and holds a slot: start its
-  // handshake on a thread of its own (moving the socket off `io` as needed).
+  // Called on the io thread for a connection that has spoken and holds a slot, its socket
+  // moved onto an io_context of its own: start its handshake on a thread of its own.
   using Ready =
-      std::function<void(boost::asio::ip::tcp::socket socket, std::shared_ptr<Ticket> ticket)>;
+      std::function<void(std::unique_ptr<boost::asio::io_context> io,
+                         boost::asio::ip::tcp::socket socket, std::shared_ptr<Ticket> ticket)>;
 
   // `what` names the listener in log lines ("the daemon", "the run").
   Admission(boost::asio::io_context& io, AdmissionOptions options, std::string what, Ready ready);
@@ -69,10 +71,13 @@ class Admission {
   Admission(const Admission&) = delete;
   Admission& operator=(const Admission&) = delete;
 
+  // Accepts on `acceptor` (on the admission's io) into the waiting room, again and again,
+  // until stop() or the acceptor is closed; a failed accept is logged.
+  void acceptFrom(boost::asio::ip::tcp::acceptor& acceptor);
   // A connection just accepted: into the waiting room. On the io thread.
   void add(boost::asio::ip::tcp::socket socket);
-  // Closes every waiting connection and shuts every pending handshake down. On the io
-  // thread; add() is not called after it.
+  // Stops accepting, closes every waiting connection and shuts every pending handshake
+  // down. On the io thread.
   void stop();
   // A handshake that failed (counted, logged at the bounded rate); `evicted` ones that
   // were shut to make room are counted already and not logged again.
@@ -90,6 +95,7 @@ class Admission {
   Ready ready_;
   std::shared_ptr<Ticket::State> state_;
   std::list<std::shared_ptr<Waiting>> waiting_;  // the room, in accept order (io thread only)
+  bool stopped_ = false;                         // io thread only
 };
 
 }  // namespace tandem::runtime

@@ -74,8 +74,9 @@ struct Daemon::Impl {
       : options(std::move(o)),
         acceptor(io),
         admission(io, admissionOptions(options), "tandemd",
-                  [this](tcp::socket s, std::shared_ptr<Admission::Ticket> ticket) {
-                    startSession(std::move(s), std::move(ticket));
+                  [this](std::unique_ptr<asio::io_context> conn_io, tcp::socket s,
+                         std::shared_ptr<Admission::Ticket> ticket) {
+                    startSession(std::move(conn_io), std::move(s), std::move(ticket));
                   }) {
     if (options.name.empty()) options.name = hostName();
     if (options.handshake.build.empty()) options.handshake.build = buildName();
@@ -101,27 +102,11 @@ struct Daemon::Impl {
     return a;
   }
 
-  void accept() {
-    acceptor.async_accept(io, [this](boost::system::error_code ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || stopping) return;
-      if (ec)
-        spdlog::warn("accepting a connection failed: {}", ec.message());
-      else
-        admission.add(std::move(socket));
-      accept();
-    });
-  }
-
   // A connection that holds a handshake slot: a thread of its own for the handshake and
   // the session. On the io thread.
-  void startSession(tcp::socket socket, std::shared_ptr<Admission::Ticket> ticket) {
+  void startSession(std::unique_ptr<asio::io_context> conn_io, tcp::socket moved,
+                    std::shared_ptr<Admission::Ticket> ticket) {
     if (stopping) return;
-    boost::system::error_code ec;
-    const auto protocol = socket.local_endpoint(ec).protocol();
-    if (ec) return;
-    auto conn_io = std::make_unique<asio::io_context>();
-    tcp::socket moved(*conn_io, protocol, socket.release(ec));
-    if (ec) return;
     std::lock_guard lock(mu);
     conns.remove_if([](Conn& c) {
       if (!c.done) return false;
@@ -436,7 +421,7 @@ Endpoint Daemon::endpoint() const {
 void Daemon::run() {
   spdlog::info("tandemd {} ({}) listening on {} as node '{}'", impl_->info.build, impl_->info.arch,
                endpoint().str(), impl_->options.name);
-  impl_->accept();
+  impl_->admission.acceptFrom(impl_->acceptor);
   impl_->io.run();
   std::list<Impl::Conn> conns;
   {

@@ -1,5 +1,8 @@
 #include "targets/runtime/handshake.h"
 
+#include <algorithm>
+#include <thread>
+
 #include <sodium.h>
 
 #include <boost/asio/connect.hpp>
@@ -230,5 +233,20 @@ std::unique_ptr<Channel> acceptOn(std::unique_ptr<asio::io_context>& io, tcp::so
 }
 
 }  // namespace
+
+std::unique_ptr<Channel> connectChannelRetrying(const Endpoint& to, const ClusterKey& key,
+                                                const HandshakeOptions& options, int attempts) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return connectChannel(to, key, options);
+    } catch (const HandshakeRefused&) {
+      throw;
+    } catch (const Error&) {
+      if (attempt >= attempts) throw;
+      std::this_thread::sleep_for(
+          std::min(std::chrono::milliseconds(100) * attempt, std::chrono::milliseconds(1000)));
+    }
+  }
+}
 
 }  // namespace tandem::runtime

@@ -51,4 +51,11 @@ class HandshakeRefused : public IoError {
 std::unique_ptr<Channel> connectChannel(const Endpoint& to, const ClusterKey& key,
                                         const HandshakeOptions& options);
 
+// connectChannel, tried again when the connection is closed, fails or times out before
+// the handshake ends — what a listener does to new connections while a flood without the
+// key holds its handshake slots (admission.h) — up to `attempts` times, waiting 100 ms
+// longer before each (at most 1 s). A refusal with a reason (HandshakeRefused) is final.
+std::unique_ptr<Channel> connectChannelRetrying(const Endpoint& to, const ClusterKey& key,
+                                                const HandshakeOptions& options, int attempts = 8);
+
 }  // namespace tandem::runtime

@@ -25,8 +25,9 @@ struct Listener::Impl {
         options(o),
         acceptor(io),
         admission(io, withTimeout(a, o), "the run's listener",
-                  [this](tcp::socket s, std::shared_ptr<Admission::Ticket> t) {
-                    startHandshake(std::move(s), std::move(t));
+                  [this](std::unique_ptr<asio::io_context> conn_io, tcp::socket s,
+                         std::shared_ptr<Admission::Ticket> t) {
+                    startHandshake(std::move(conn_io), std::move(s), std::move(t));
                   }) {
     const Endpoint at = parseEndpoint(listen, /*allow_any_port=*/true);
     boost::system::error_code ec;
@@ -37,7 +38,7 @@ struct Listener::Impl {
     if (!ec) acceptor.bind(e, ec);
     if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) throw IoError("cannot listen on " + at.str() + ": " + ec.message());
-    accept();
+    admission.acceptFrom(acceptor);
     io_thread = std::thread([this] { io.run(); });
   }
 
@@ -57,32 +58,16 @@ struct Listener::Impl {
     return a;
   }
 
-  void accept() {
-    acceptor.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || stopping) return;
-      if (ec)
-        spdlog::warn("the run's listener: accepting a connection failed: {}", ec.message());
-      else
-        admission.add(std::move(socket));
-      accept();
-    });
-  }
-
   // A connection that holds a handshake slot: its handshake on a thread of its own, so
   // that a slow or silent peer holds up no other. On the io thread.
-  void startHandshake(tcp::socket socket, std::shared_ptr<Admission::Ticket> ticket) {
+  void startHandshake(std::unique_ptr<asio::io_context> conn_io, tcp::socket moved,
+                      std::shared_ptr<Admission::Ticket> ticket) {
     handshakes.remove_if([](Handshake& h) {
       if (!h.done) return false;
       h.thread.join();
       return true;
     });
     if (stopping) return;
-    boost::system::error_code ec;
-    const auto protocol = socket.local_endpoint(ec).protocol();
-    if (ec) return;
-    auto conn_io = std::make_unique<asio::io_context>();
-    tcp::socket moved(*conn_io, protocol, socket.release(ec));
-    if (ec) return;
     Handshake& h = handshakes.emplace_back();
     h.thread = std::thread([this, &h, conn_io = std::move(conn_io), s = std::move(moved),
                             t = std::move(ticket)]() mutable {

@@ -478,7 +478,8 @@ void runWorkerProcess(const std::string& control, int slot, const WorkerOptions&
   const ClusterKey key = parseClusterKey(line, "the key on standard input");
   HandshakeOptions hello;
   hello.build = buildName();
-  std::unique_ptr<Channel> c = connectChannel(parseEndpoint(control), key, hello);
+  // (The coordinator's listener may close a connection unanswered under a flood: again.)
+  std::unique_ptr<Channel> c = connectChannelRetrying(parseEndpoint(control), key, hello);
   c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
   runStageWorker(*c, key, o);
   c->close();

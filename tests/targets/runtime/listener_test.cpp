@@ -17,13 +17,14 @@ namespace {
 using namespace std::chrono_literals;
 using testing::IdleFlood;
 
-// `n` clients with `key` connecting at once; the listener must hand out all of them
-// within `within`. Returns how many it handed out.
+// `n` clients with `key` connecting at once, as workers do (trying again when closed
+// unanswered); the listener must hand out all of them within `within`. Returns how many
+// it handed out.
 int connectAll(Listener& listener, const ClusterKey& key, int n, std::chrono::seconds within) {
   std::vector<std::future<std::unique_ptr<Channel>>> clients;
   for (int i = 0; i < n; ++i)
     clients.push_back(std::async(std::launch::async, [&] {
-      return connectChannel(listener.endpoint(), key, HandshakeOptions{});
+      return connectChannelRetrying(listener.endpoint(), key, HandshakeOptions{});
     }));
   int got = 0;
   const auto until = std::chrono::steady_clock::now() + within;
