@@ -52,7 +52,8 @@ std::vector<std::unique_ptr<Channel>> ClusterDaemons::connect(const std::string&
   std::vector<std::unique_ptr<Channel>> out;
   for (const DaemonNode& n : nodes_) {
     try {
-      std::unique_ptr<Channel> c = connectChannel(n.address, key_, ho);
+      // (A daemon under a flood may close a new connection unanswered: again, twice.)
+      std::unique_ptr<Channel> c = connectChannelRetrying(n.address, key_, ho, 3);
       const std::optional<Message> first = c->recv(timeout);
       if (!first || !std::holds_alternative<NodeInfo>(*first))
         throw FormatError("it did not say who it is");

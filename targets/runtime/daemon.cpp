@@ -106,7 +106,13 @@ struct Daemon::Impl {
   // the session. On the io thread.
   void startSession(std::unique_ptr<asio::io_context> conn_io, tcp::socket moved,
                     std::shared_ptr<Admission::Ticket> ticket) {
-    if (stopping) return;
+    if (stopping) {
+      // Closed here: the parameters may go in any order, and an open socket must not
+      // outlive its io_context.
+      boost::system::error_code ignored;
+      moved.close(ignored);
+      return;
+    }
     std::lock_guard lock(mu);
     conns.remove_if([](Conn& c) {
       if (!c.done) return false;

@@ -33,7 +33,8 @@ class DaemonLauncher final : public Launcher {
     for (int n : used) {
       const DaemonNode& node = nodes.at(static_cast<size_t>(n));
       try {
-        auto c = connectChannel(node.address, key, o);
+        // (A daemon under a flood may close a new connection unanswered: again, twice.)
+        auto c = connectChannelRetrying(node.address, key, o, 3);
         const std::optional<Message> first = c->recv(timeout);
         if (!first || !std::holds_alternative<NodeInfo>(*first))
           throw FormatError("it did not say who it is");

@@ -164,7 +164,7 @@ class ThreadLauncher final : public Launcher {
       try {
         HandshakeOptions o;
         o.build = buildName();
-        std::unique_ptr<Channel> c = connectChannel(coordinator, key, o);
+        std::unique_ptr<Channel> c = connectChannelRetrying(coordinator, key, o);  // as workers do
         c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
         runStageWorker(*c, key);
         c->close();

@@ -67,7 +67,13 @@ struct Listener::Impl {
       h.thread.join();
       return true;
     });
-    if (stopping) return;
+    if (stopping) {
+      // Closed here: the parameters may go in any order, and an open socket must not
+      // outlive its io_context.
+      boost::system::error_code ignored;
+      moved.close(ignored);
+      return;
+    }
     Handshake& h = handshakes.emplace_back();
     h.thread = std::thread([this, &h, conn_io = std::move(conn_io), s = std::move(moved),
                             t = std::move(ticket)]() mutable {
