@@ -35,6 +35,21 @@ inline std::string slurp(const std::string& path) {
   return s.str();
 }
 
+// Child `pid`'s exit code once it ends within `limit` (`reaped` set), -1 if it does not
+// or was killed by a signal.
+inline int reapWithin(pid_t pid, std::chrono::milliseconds limit, bool& reaped) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      reaped = true;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return -1;
+}
+
 // A tandemd child process on a free loopback port, its log in a file; stopped (SIGKILL
 // if still running) when destroyed.
 class DaemonProcess {
@@ -80,15 +95,7 @@ class DaemonProcess {
   // SIGTERM, then its exit code (-1 if it had to be killed after 10 s).
   int terminate() {
     kill(pid_, SIGTERM);
-    for (int i = 0; i < 1000; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
+    return reapWithin(pid_, std::chrono::seconds(10), reaped_);
   }
 
  private:
@@ -133,18 +140,7 @@ class Background {
     return false;
   }
   // Its exit code, -1 if it did not end within `limit` or was killed.
-  int wait(std::chrono::seconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < until) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
-  }
+  int wait(std::chrono::seconds limit) { return reapWithin(pid_, limit, reaped_); }
 
  private:
   std::string log_;
