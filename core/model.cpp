@@ -1,10 +1,18 @@
 #include "core/model.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "core/error.h"
 
 namespace tandem {
+
+std::string describe(const std::vector<LayerRange>& ranges) {
+  std::ostringstream out;
+  for (size_t i = 0; i < ranges.size(); ++i)
+    out << (i ? ", [" : "[") << ranges[i].begin << ", " << ranges[i].end << ")";
+  return out.str();
+}
 
 Model::Model(const ModelSpec& spec) : name_(spec.name), input_(spec.input), layers_(spec.layers) {
   TANDEM_CHECK_MSG(input_.rank() > 0 && input_.numel() > 0, InvalidArgument,
@@ -17,31 +25,46 @@ DType Model::inputDType() const { return layers_.layer(0).inputDType(); }
 
 void Model::build(Backend& backend, uint64_t seed, size_t begin, size_t end) {
   if (end == kEnd) end = size();
-  TANDEM_CHECK_MSG(begin < end && end <= size(), InvalidArgument,
-                   "model '" << name_ << "': layer range [" << begin << ", " << end
-                             << ") is empty or outside its " << size() << " layers");
+  build(backend, seed, std::vector<LayerRange>{{begin, end}});
+}
+
+void Model::build(Backend& backend, uint64_t seed, const std::vector<LayerRange>& ranges) {
+  TANDEM_CHECK_MSG(!ranges.empty(), InvalidArgument, "model '" << name_ << "': no layers to build");
+  int64_t count = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const auto [begin, end] = ranges[i];
+    TANDEM_CHECK_MSG(begin < end && end <= size(), InvalidArgument,
+                     "model '" << name_ << "': layer range [" << begin << ", " << end
+                               << ") is empty or outside its " << size() << " layers");
+    TANDEM_CHECK_MSG(i == 0 || ranges[i - 1].end <= begin, InvalidArgument,
+                     "model '" << name_ << "': layer range [" << begin << ", " << end
+                               << ") does not come after [" << ranges[i - 1].begin << ", "
+                               << ranges[i - 1].end << ")");
+    count += paramCount(begin, end);
+  }
   // Parameters, their gradients and up to two optimizer slots must fit on the device.
   const DeviceInfo device = backend.info();
-  const int64_t count = paramCount(begin, end);
   const int64_t need = count * 4 * 4;
   TANDEM_CHECK_MSG(need <= device.memory_bytes, InvalidArgument,
-                   "model '" << name_ << "' has " << count << " parameters in layers [" << begin
-                             << ", " << end << "), needing " << need
+                   "model '" << name_ << "' has " << count << " parameters in layers "
+                             << describe(ranges) << ", needing " << need
                              << " bytes with gradients and optimizer state; " << device.name
                              << " has " << device.memory_bytes << " bytes");
-  layers_.build(backend, seed, begin, end);
+  params_.clear();
+  for (const auto& [begin, end] : ranges) {
+    layers_.build(backend, seed, begin, end);
+    for (Param* p : layers_.params(begin, end)) params_.push_back(p);
+  }
   backend_ = &backend;
-  built_begin_ = begin;
-  built_end_ = end;
-  params_ = layers_.params(begin, end);
+  built_ = ranges;
 }
 
 void Model::requireBuilt(size_t begin, size_t end) const {
   TANDEM_CHECK_MSG(backend_ != nullptr, InvalidArgument, "model '" << name_ << "' is not built");
-  TANDEM_CHECK_MSG(begin >= built_begin_ && end <= built_end_, InvalidArgument,
-                   "model '" << name_ << "': layers [" << begin << ", " << end
-                             << ") run, but only [" << built_begin_ << ", " << built_end_
-                             << ") are built");
+  for (const LayerRange& r : built_)
+    if (begin >= r.begin && end <= r.end) return;
+  throw InvalidArgument("model '" + name_ + "': layers [" + std::to_string(begin) + ", " +
+                        std::to_string(end) + ") run, but only " + describe(built_) + " are built");
 }
 
 Backend& Model::backend() const {

@@ -11,6 +11,14 @@
 
 namespace tandem {
 
+// Layers [begin, end) of a model.
+struct LayerRange {
+  size_t begin = 0, end = 0;
+  bool operator==(const LayerRange&) const = default;
+};
+// "[0, 3)", or "[0, 3), [6, 9)" for several.
+std::string describe(const std::vector<LayerRange>& ranges);
+
 struct ModelSpec {
   std::string name;
   Shape input;  // per sample, e.g. [1, 28, 28]
@@ -37,6 +45,9 @@ class Model {
   // builds only its own). Layer i draws from its own stream (seed, i), so a layer's
   // initial weights do not depend on which other layers are built.
   void build(Backend& backend, uint64_t seed, size_t begin = 0, size_t end = kEnd);
+  // The same for several ranges (an interleaved stage's model chunks): ascending,
+  // disjoint, non-empty; params() lists them in order.
+  void build(Backend& backend, uint64_t seed, const std::vector<LayerRange>& ranges);
   bool built() const { return backend_ != nullptr; }
   Backend& backend() const;
   // The built layers' parameters.
@@ -75,7 +86,7 @@ class Model {
   Shape input_, output_;
   Sequence layers_;
   Backend* backend_ = nullptr;
-  size_t built_begin_ = 0, built_end_ = 0;
+  std::vector<LayerRange> built_;  // ascending
   std::vector<Param*> params_;
 };
 

@@ -22,6 +22,13 @@ double threadCpuSeconds() {
 }
 }  // namespace
 
+StageRange StageRange::interleaved(int stage, int stages, std::vector<LayerRange> chunks) {
+  TANDEM_CHECK_MSG(!chunks.empty(), InvalidArgument, "stage " << stage << " has no chunks");
+  StageRange r(stage, stages, chunks.front().begin, chunks.back().end);
+  if (chunks.size() > 1) r.chunks = std::move(chunks);
+  return r;
+}
+
 StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* next,
                              Optimizer* optimizer, ExecutorOptions options)
     : model_(model),
@@ -33,15 +40,32 @@ StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* n
       options_(options) {
   TANDEM_CHECK_MSG(range.stages > 0 && range.stage >= 0 && range.stage < range.stages,
                    InvalidArgument, "stage " << range.stage << " of " << range.stages);
-  TANDEM_CHECK_MSG(range.begin < range.end && range.end <= model.size(), InvalidArgument,
-                   "stage " << range.stage << ": layers [" << range.begin << ", " << range.end
-                            << ") of a model with " << model.size());
-  TANDEM_CHECK_MSG(range.first() == (prev == nullptr), InvalidArgument,
+  const int v = range.chunkCount();
+  for (int c = 0; c < v; ++c) {
+    const LayerRange r = range.chunk(c);
+    TANDEM_CHECK_MSG(
+        r.begin < r.end && r.end <= model.size() && (c == 0 || range.chunk(c - 1).end <= r.begin),
+        InvalidArgument,
+        "stage " << range.stage << ": layers " << describe({r})
+                 << (v > 1 ? " (chunk " + std::to_string(c) + ")" : std::string())
+                 << (c > 0 && range.chunk(c - 1).end > r.begin
+                         ? " do not come after the chunk before"
+                         : " of a model with " + std::to_string(model.size())));
+  }
+  TANDEM_CHECK_MSG(v == 1 || range.stages > 1, InvalidArgument,
+                   "an interleaved stage needs other stages to pass its chunks through");
+  TANDEM_CHECK_MSG(v == 1 || !replicated(), Unsupported,
+                   "stage " << range.stage << ": interleaved stages cannot have replicas");
+  // Interleaved: the first stage's chunks after the first take their input from the
+  // last stage, whose chunks but the last send to it.
+  TANDEM_CHECK_MSG((range.first() && v == 1) == (prev == nullptr), InvalidArgument,
                    "stage " << range.stage << ": a link to the previous stage is needed exactly "
-                            << "when the stage is not the first");
-  TANDEM_CHECK_MSG(range.last() == (next == nullptr), InvalidArgument,
+                            << "when the stage is not the first"
+                            << (v > 1 ? " or holds several chunks" : ""));
+  TANDEM_CHECK_MSG((range.last() && v == 1) == (next == nullptr), InvalidArgument,
                    "stage " << range.stage << ": a link to the next stage is needed exactly "
-                            << "when the stage is not the last");
+                            << "when the stage is not the last"
+                            << (v > 1 ? " or holds several chunks" : ""));
   if (replicated() && optimizer != nullptr) {
     BucketOptions bo;
     bo.bucket_bytes = options.bucket_bytes;
@@ -78,11 +102,17 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
 StepResult StageExecutor::runActions(const std::vector<Action>& actions, const StepInfo& info,
                                      const std::function<MicrobatchInput(int64_t)>& input,
                                      const std::function<void(int64_t)>& before_input) {
+  const int v = range_.chunkCount();
   int64_t m = 0;
-  bool split = false;  // backwards leave the weight gradients to their own action
+  // Per chunk: backwards leave the weight gradients to their own action.
+  std::vector<bool> split(static_cast<size_t>(v), false);
   for (const Action& a : actions) {
-    if (a.type != ActionType::kStep) m = std::max(m, a.microbatch + 1);
-    split = split || a.type == ActionType::kWeightGradient;
+    if (a.type == ActionType::kStep) continue;
+    m = std::max(m, a.microbatch + 1);
+    TANDEM_CHECK_MSG(
+        a.chunk >= 0 && a.chunk < v, InvalidArgument,
+        "stage " << range_.stage << ": an action on chunk " << a.chunk << " of a stage with " << v);
+    if (a.type == ActionType::kWeightGradient) split[static_cast<size_t>(a.chunk)] = true;
   }
   TANDEM_CHECK_MSG(!info.training || info.batch_samples > 0, InvalidArgument,
                    "stage " << range_.stage << ": a training step needs its batch size");
@@ -99,7 +129,7 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
   if (buckets) {
     for (const Action& a : actions)
       if (mine(a.microbatch) &&
-          a.type == (split ? ActionType::kWeightGradient : ActionType::kBackward))
+          a.type == (split[0] ? ActionType::kWeightGradient : ActionType::kBackward))
         last_gradient = &a;
     buckets_->start(collectives_);
     collectives_ += buckets_->size();
@@ -110,62 +140,68 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
   int64_t stashed = 0;
   for (const Action& a : actions) {
     const int64_t k = a.microbatch;
+    const int c = a.chunk;
     if (a.type != ActionType::kStep && !mine(k)) continue;  // another replica's
-    if (a.type == ActionType::kForward && range_.first() && before_input) before_input(k);
+    if (a.type == ActionType::kForward && firstVirtual(c) && before_input) before_input(k);
     const auto t0 = Clock::now();
     const bool compute = a.type == ActionType::kForward || a.type == ActionType::kBackward ||
                          a.type == ActionType::kWeightGradient;
     const double cpu0 = compute ? threadCpuSeconds() : 0;
+    const auto key = std::make_pair(k, c);
     switch (a.type) {
       case ActionType::kRecvActivation: {
-        InFlight& f = inflight_[k];
-        f.x = prev_->recv(tag(MessageKind::kActivation, k), backend_);
-        if (info.labels) f.labels = prev_->recv(tag(MessageKind::kLabel, k), backend_);
+        InFlight& f = inflight_[key];
+        const int b = inputBoundary(c);
+        f.x = prev_->recv(tag(MessageKind::kActivation, k, b), backend_);
+        if (info.labels) f.labels = prev_->recv(tag(MessageKind::kLabel, k, b), backend_);
         record(a.type, k, t0, counters_.recv_wait_s);
         break;
       }
       case ActionType::kForward:
-        forward(k, info, result, input);
+        forward(k, c, info, result, input);
         if (info.training) counters_.peak_stash = std::max(counters_.peak_stash, ++stashed);
-        ++counters_.microbatches;
+        if (c == 0) ++counters_.microbatches;
         record(a.type, k, t0, counters_.busy_s);
         break;
       case ActionType::kSendActivation: {
-        InFlight& f = inflight_.at(k);
-        next_->send(tag(MessageKind::kActivation, k), f.y);
-        if (info.labels) next_->send(tag(MessageKind::kLabel, k), f.labels);
+        InFlight& f = inflight_.at(key);
+        next_->send(tag(MessageKind::kActivation, k, c), f.y);
+        if (info.labels) next_->send(tag(MessageKind::kLabel, k, c), f.labels);
         f.y = Tensor();
-        if (!info.training) inflight_.erase(k);  // nothing more to do for it here
+        if (!info.training) inflight_.erase(key);  // nothing more to do for it here
         record(a.type, k, t0, counters_.send_s);
         break;
       }
       case ActionType::kRecvGradient:
-        inflight_.at(k).dy = next_->recv(tag(MessageKind::kGradient, k), backend_);
+        inflight_.at(key).dy = next_->recv(tag(MessageKind::kGradient, k, c), backend_);
         record(a.type, k, t0, counters_.recv_wait_s);
         break;
-      case ActionType::kBackward:
-        backward(k, info, split, &a == last_gradient ? layer_done : LayerDone());
-        if (!split) --stashed;  // else its weight gradient still needs the stash
-        if (range_.first() && !split) inflight_.erase(k);  // a split one waits for its W
+      case ActionType::kBackward: {
+        const bool s = split[static_cast<size_t>(c)];
+        backward(k, c, info, s, &a == last_gradient ? layer_done : LayerDone());
+        if (!s) --stashed;  // else its weight gradient still needs the stash
+        if (firstVirtual(c) && !s) inflight_.erase(key);  // a split one waits for its W
         record(a.type, k, t0, counters_.busy_s);
         break;
+      }
       case ActionType::kWeightGradient: {
-        InFlight& f = inflight_.at(k);
+        InFlight& f = inflight_.at(key);
         TANDEM_CHECK_MSG(
             f.split, InvalidArgument,
             "stage " << range_.stage << ": weight gradient " << k << " without its backward");
-        model_.backwardWeights(f.stash, range_.begin, range_.end,
-                               &a == last_gradient ? layer_done : LayerDone(), range_.first());
-        inflight_.erase(k);
+        const LayerRange r = range_.chunk(c);
+        model_.backwardWeights(f.stash, r.begin, r.end,
+                               &a == last_gradient ? layer_done : LayerDone(), firstVirtual(c));
+        inflight_.erase(key);
         --stashed;
         record(a.type, k, t0, counters_.busy_s);
         break;
       }
       case ActionType::kSendGradient: {
-        InFlight& f = inflight_.at(k);
-        prev_->send(tag(MessageKind::kGradient, k), f.dx);
+        InFlight& f = inflight_.at(key);
+        prev_->send(tag(MessageKind::kGradient, k, inputBoundary(c)), f.dx);
         f.dx = Tensor();
-        if (!f.split) inflight_.erase(k);
+        if (!f.split) inflight_.erase(key);
         record(a.type, k, t0, counters_.send_s);
         break;
       }
@@ -210,10 +246,11 @@ void StageExecutor::allreduceResult(StepResult& result) {
   counters_.allreduce_s += seconds(Clock::now() - t0);
 }
 
-void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
+void StageExecutor::forward(int64_t k, int c, const StepInfo& info, StepResult& result,
                             const std::function<MicrobatchInput(int64_t)>& input) {
-  InFlight& f = inflight_[k];
-  if (range_.first()) {
+  InFlight& f = inflight_[{k, c}];
+  const LayerRange r = range_.chunk(c);
+  if (firstVirtual(c)) {
     MicrobatchInput in = input(k);
     f.x = std::move(in.x);
     f.labels = std::move(in.labels);
@@ -225,13 +262,13 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
   Tensor y;
   if (info.training && options_.recompute) {
     Stash scratch;  // dropped: backward recomputes it from f.x
-    y = model_.forward(f.x, scratch, ctx, range_.begin, range_.end);
+    y = model_.forward(f.x, scratch, ctx, r.begin, r.end);
   } else {
-    y = model_.forward(f.x, f.stash, ctx, range_.begin, range_.end);
+    y = model_.forward(f.x, f.stash, ctx, r.begin, r.end);
     if (!info.training) f.stash.clear();
   }
   if (!(info.training && options_.recompute)) f.x = Tensor();  // the stash has what it needs
-  if (!range_.last()) {
+  if (!lastVirtual(c)) {
     f.y = std::move(y);
     return;
   }
@@ -263,21 +300,22 @@ void StageExecutor::forward(int64_t k, const StepInfo& info, StepResult& result,
   f.labels = Tensor();
 }
 
-void StageExecutor::backward(int64_t k, const StepInfo& info, bool split,
+void StageExecutor::backward(int64_t k, int c, const StepInfo& info, bool split,
                              const LayerDone& done) {
-  InFlight& f = inflight_.at(k);
+  InFlight& f = inflight_.at({k, c});
+  const LayerRange r = range_.chunk(c);
   TANDEM_CHECK_MSG(f.dy.defined(), InvalidArgument,
                    "stage " << range_.stage << ": backward " << k << " has no output gradient");
   if (options_.recompute) {
     const ForwardContext ctx{true, microbatchSeed(options_.seed, info.step, k)};
-    model_.forward(f.x, f.stash, ctx, range_.begin, range_.end);
+    model_.forward(f.x, f.stash, ctx, r.begin, r.end);
   }
   if (split) {
     // The first stage wants no input gradient: its first layer runs whole here.
-    f.dx = model_.backwardInput(f.dy, f.stash, range_.begin, range_.end, !range_.first());
+    f.dx = model_.backwardInput(f.dy, f.stash, r.begin, r.end, !firstVirtual(c));
     f.split = true;  // the stash stays for the weight gradient
   } else {
-    f.dx = model_.backward(f.dy, f.stash, !range_.first(), range_.begin, range_.end, done);
+    f.dx = model_.backward(f.dy, f.stash, !firstVirtual(c), r.begin, r.end, done);
     f.stash.clear();
   }
   f.x = f.dy = Tensor();

@@ -14,6 +14,15 @@
 // Message tags are global microbatch numbers (a running count over the executor's
 // steps), so a stage that runs ahead into the next step never confuses its messages.
 //
+// Interleaved stages (StageRange::chunks, ScheduleKind::kInterleaved1F1B) hold v model
+// chunks and run each action on the chunk it names. Chunk c's activations go to virtual
+// stage c*p + s + 1: the next stage's chunk c, or, from the last stage, the first stage's
+// chunk c + 1 over a link that closes the ring (the first stage's `prev` and the last's
+// `next`). Every link then carries v boundaries, so a message's tag is its global
+// microbatch number times v plus the chunk on the boundary's sending side. Each
+// parameter belongs to one chunk, whose backwards run in microbatch order, so an
+// interleaved pipeline is bitwise single-device accumulation too. Not with replicas.
+//
 // Replicas (the hybrid of pipeline and data parallelism): a stage may run as R
 // executors, each with the same layers and a rank of a Group of R. Each runs the stage's
 // action list for the microbatches whose global number is its rank modulo R, in the
@@ -24,8 +33,8 @@
 // done — on a communication thread while a device runs the rest of that backward, on
 // the compute thread between layers for a CPU stage — and at the flush the executor
 // waits for what is left; every replica takes the same optimizer step (the sums are
-// taken in one fixed order, so replicas stay bitwise identical). A replicated last stage also sums its loss and counts so that each replica
-// returns the step's whole result.
+// taken in one fixed order, so replicas stay bitwise identical). A replicated last stage also sums
+// its loss and counts so that each replica returns the step's whole result.
 //
 // Threading: one thread drives an executor.
 #pragma once
@@ -47,10 +56,23 @@
 namespace tandem {
 
 struct StageRange {
+  StageRange() = default;
+  StageRange(int stage_, int stages_, size_t begin_, size_t end_)
+      : stage(stage_), stages(stages_), begin(begin_), end(end_) {}
   int stage = 0, stages = 1;
   size_t begin = 0, end = 0;  // the stage's layers of the model
-  bool first() const { return stage == 0; }
-  bool last() const { return stage == stages - 1; }
+  // Interleaved schedules: the stage's model chunks when it holds several, ascending
+  // (begin and end then span them all); chunk c is virtual stage c * stages + stage.
+  // Empty: one chunk, [begin, end).
+  std::vector<LayerRange> chunks;
+  bool first() const { return stage == 0; }          // takes the input (in chunk 0)
+  bool last() const { return stage == stages - 1; }  // computes the loss (in its last chunk)
+  int chunkCount() const { return chunks.empty() ? 1 : static_cast<int>(chunks.size()); }
+  LayerRange chunk(int c) const {
+    return chunks.empty() ? LayerRange{begin, end} : chunks.at(static_cast<size_t>(c));
+  }
+  // Stage `stage` of `stages` holding `chunks` (several: interleaved).
+  static StageRange interleaved(int stage, int stages, std::vector<LayerRange> chunks);
 };
 
 struct ExecutorOptions {
@@ -112,15 +134,16 @@ struct StageCounters {
   // and summing the last stage's loss.
   double allreduce_s = 0;
   // Most microbatches held at once: forwarded, not yet through their backward (or their
-  // weight gradient, on a stage that splits backwards).
+  // weight gradient, on a stage that splits backwards). Interleaved: chunks' microbatches
+  // (one microbatch in two chunks counts twice).
   int64_t peak_stash = 0;
-  int64_t microbatches = 0;
+  int64_t microbatches = 0;  // forwards (an interleaved stage's first chunk's)
   bool operator==(const StageCounters&) const = default;
 };
 
 struct Span {
   ActionType type;
-  int64_t microbatch;  // global
+  int64_t microbatch;  // global (an interleaved stage's spans do not name the chunk)
   // Seconds on the steady clock (CLOCK_MONOTONIC on Linux: one clock for every process
   // of the machine, so stage processes' spans line up).
   double start_s, end_s;
@@ -129,8 +152,9 @@ struct Span {
 
 class StageExecutor {
  public:
-  // `prev` is null on the first stage, `next` on the last; `optimizer` may be null when
-  // only evaluating or serving. The model must have the stage's layers built.
+  // `prev` is null on the first stage, `next` on the last (interleaved: both are the
+  // ring's); `optimizer` may be null when only evaluating or serving. The model must have
+  // the stage's layers built.
   StageExecutor(Model& model, StageRange range, Link* prev, Link* next, Optimizer* optimizer,
                 ExecutorOptions options);
 
@@ -155,11 +179,22 @@ class StageExecutor {
   };
   using Clock = std::chrono::steady_clock;
 
-  void forward(int64_t k, const StepInfo& info, StepResult& result,
+  void forward(int64_t k, int c, const StepInfo& info, StepResult& result,
                const std::function<MicrobatchInput(int64_t)>& input);
   // `done`: the step's last gradient of this replica, reported layer by layer.
-  void backward(int64_t k, const StepInfo& info, bool split, const LayerDone& done);
-  MessageTag tag(MessageKind kind, int64_t k) const { return {kind, tag_base_ + k}; }
+  void backward(int64_t k, int c, const StepInfo& info, bool split, const LayerDone& done);
+  // The tag of microbatch k's message over the boundary whose sending side is chunk c.
+  MessageTag tag(MessageKind kind, int64_t k, int c) const {
+    return {kind, (tag_base_ + k) * range_.chunkCount() + c};
+  }
+  // Virtual stages: chunk c's, and whether it takes the input or computes the loss.
+  int virtualStage(int c) const { return c * range_.stages + range_.stage; }
+  bool firstVirtual(int c) const { return virtualStage(c) == 0; }
+  bool lastVirtual(int c) const {
+    return virtualStage(c) == range_.stages * range_.chunkCount() - 1;
+  }
+  // The chunk on the sending side of chunk c's input boundary.
+  int inputBoundary(int c) const { return range_.first() ? c - 1 : c; }
   void record(ActionType type, int64_t k, Clock::time_point t0, double& counter);
   // Whether the stage has replicas besides this one.
   bool replicated() const { return options_.replicas && options_.replicas->size() > 1; }
@@ -179,7 +214,8 @@ class StageExecutor {
   Link *prev_, *next_;
   Optimizer* optimizer_;
   ExecutorOptions options_;
-  std::map<int64_t, InFlight> inflight_;  // by microbatch of the current step
+  // By microbatch of the current step and chunk.
+  std::map<std::pair<int64_t, int>, InFlight> inflight_;
   int64_t tag_base_ = 0;                  // global number of this step's microbatch 0
   uint64_t collectives_ = 0;              // tags of the replicas' collectives
   std::unique_ptr<GradientBuckets> buckets_;  // replicas that train

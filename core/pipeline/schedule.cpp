@@ -1,7 +1,10 @@
 #include "core/pipeline/schedule.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -119,23 +122,35 @@ std::vector<std::vector<Action>> zeroBubbleH1(int p, int64_t m) {
   return lists;
 }
 
-// Interleaved 1F1B's list for stage s of p with v chunks (ScheduleKind::kInterleaved1F1B):
-// the i-th forward is of chunk (i / p) % v and microbatch (i / (p v)) p + i % p; the i-th
-// backward the same with the chunks in reverse.
-std::vector<Action> interleaved(int s, int p, int64_t m, int v) {
-  const int64_t total = v * m, group = static_cast<int64_t>(p) * v;
-  const int64_t last = group - 1;  // the last virtual stage
-  auto microbatch = [&](int64_t i) { return (i / group) * p + i % p; };
+// Interleaved 1F1B's order of (microbatch, chunk) forwards: groups of p microbatches (the
+// last one smaller when p does not divide m), each through chunk 0, then chunk 1, ...;
+// backwards the same with the chunks in reverse.
+std::vector<std::pair<int64_t, int32_t>> interleavedOrder(int p, int64_t m, int v, bool backward) {
+  std::vector<std::pair<int64_t, int32_t>> order;
+  for (int64_t g = 0; g < m; g += p)
+    for (int c = 0; c < v; ++c)
+      for (int64_t k = g; k < std::min<int64_t>(m, g + p); ++k)
+        order.emplace_back(k, static_cast<int32_t>(backward ? v - 1 - c : c));
+  return order;
+}
+
+// Interleaved 1F1B's list for stage s of p with v chunks (ScheduleKind::kInterleaved1F1B).
+// `warmup`: forwards before the first backward (-1: the kind's own count).
+std::vector<Action> interleaved(int s, int p, int64_t m, int v, int64_t warmup) {
+  const int64_t total = v * m;
+  const int64_t last = static_cast<int64_t>(p) * v - 1;  // the last virtual stage
+  const auto forwards = interleavedOrder(p, m, v, false);
+  const auto backwards = interleavedOrder(p, m, v, true);
   auto forward = [&](std::vector<Action>& out, int64_t i) {
-    const auto c = static_cast<int32_t>((i / p) % v);
-    const int64_t k = microbatch(i), vs = static_cast<int64_t>(c) * p + s;
+    const auto [k, c] = forwards[static_cast<size_t>(i)];
+    const int64_t vs = static_cast<int64_t>(c) * p + s;
     if (vs > 0) out.push_back({ActionType::kRecvActivation, k, c});
     out.push_back({ActionType::kForward, k, c});
     if (vs < last) out.push_back({ActionType::kSendActivation, k, c});
   };
   auto backward = [&](std::vector<Action>& out, int64_t i) {
-    const auto c = static_cast<int32_t>(v - 1 - (i / p) % v);
-    const int64_t k = microbatch(i), vs = static_cast<int64_t>(c) * p + s;
+    const auto [k, c] = backwards[static_cast<size_t>(i)];
+    const int64_t vs = static_cast<int64_t>(c) * p + s;
     if (vs < last) out.push_back({ActionType::kRecvGradient, k, c});
     out.push_back({ActionType::kBackward, k, c});
     if (vs > 0) {
@@ -143,8 +158,8 @@ std::vector<Action> interleaved(int s, int p, int64_t m, int v) {
       out.push_back({ActionType::kWeightGradient, k, c});
     }
   };
-  const int64_t warmup =
-      std::min<int64_t>(2 * (p - s - 1) + static_cast<int64_t>(v - 1) * p, total);
+  if (warmup < 0) warmup = 2 * (p - s - 1) + static_cast<int64_t>(v - 1) * p;
+  warmup = std::min(warmup, total);
   std::vector<Action> out;
   for (int64_t i = 0; i < warmup; ++i) forward(out, i);
   for (int64_t i = 0; i < total - warmup; ++i) {
@@ -156,6 +171,26 @@ std::vector<Action> interleaved(int s, int p, int64_t m, int v) {
   return out;
 }
 
+// Whether interleaved 1F1B's own warm-up holds for p, m and v: always when p divides m;
+// with a smaller last group the lists are run against each other once (and cached).
+bool interleavedWarmupHolds(int p, int64_t m, int v) {
+  if (m % p == 0) return true;
+  static std::mutex mu;
+  static std::map<std::tuple<int, int64_t, int>, bool> known;
+  std::lock_guard lock(mu);
+  const auto key = std::make_tuple(p, m, v);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  std::vector<std::vector<Action>> lists;
+  for (int s = 0; s < p; ++s) lists.push_back(interleaved(s, p, m, v, -1));
+  bool holds = true;
+  try {
+    validateSchedule(lists, m, true);
+  } catch (const InvalidArgument&) {
+    holds = false;
+  }
+  return known[key] = holds;
+}
+
 }  // namespace
 
 std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64_t microbatches,
@@ -164,25 +199,37 @@ std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64
                    "stage " << stage << " of " << stages << " does not exist");
   TANDEM_CHECK_MSG(microbatches > 0, InvalidArgument,
                    "a schedule needs at least 1 microbatch, got " << microbatches);
-  TANDEM_CHECK_MSG(chunks == 1 || kind == ScheduleKind::kInterleaved1F1B, InvalidArgument,
-                   "schedule '" << scheduleName(kind) << "' runs one chunk per stage, not "
-                                << chunks << " (chunks are for interleaved)");
+  TANDEM_CHECK_MSG(
+      chunks == 1 || kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kForwardOnly,
+      InvalidArgument,
+      "schedule '" << scheduleName(kind) << "' runs one chunk per stage, not " << chunks
+                   << " (chunks are for interleaved)");
+  TANDEM_CHECK_MSG(chunks >= 1 && chunks <= 64, InvalidArgument,
+                   "chunks per stage must be 1 to 64, got " << chunks);
   const int s = stage, p = stages;
   const int64_t m = microbatches;
   std::vector<Action> out;
   switch (kind) {
     case ScheduleKind::kForwardOnly:
-      for (int64_t k = 0; k < m; ++k) addForward(out, s, p, k);
+      if (chunks == 1) {
+        for (int64_t k = 0; k < m; ++k) addForward(out, s, p, k);
+        return out;
+      }
+      // Interleaved stages: in interleaved 1F1B's order of forwards.
+      for (const auto& [k, c] : interleavedOrder(p, m, chunks, false)) {
+        const int64_t vs = static_cast<int64_t>(c) * p + s;
+        if (vs > 0) out.push_back({ActionType::kRecvActivation, k, c});
+        out.push_back({ActionType::kForward, k, c});
+        if (vs < static_cast<int64_t>(p) * chunks - 1)
+          out.push_back({ActionType::kSendActivation, k, c});
+      }
       return out;
     case ScheduleKind::kZeroBubbleH1:
       return zeroBubbleH1(p, m)[static_cast<size_t>(s)];
     case ScheduleKind::kInterleaved1F1B:
-      TANDEM_CHECK_MSG(chunks >= 1 && chunks <= 64, InvalidArgument,
-                       "interleaved: chunks per stage must be 1 to 64, got " << chunks);
-      TANDEM_CHECK_MSG(m % p == 0, InvalidArgument,
-                       "interleaved: the microbatches ("
-                           << m << ") must be a multiple of the stages (" << p << ")");
-      return interleaved(s, p, m, chunks);
+      // A last group smaller than p (a step's microbatches not a multiple of the stages)
+      // may not fit the kind's warm-up: then every forward goes first.
+      return interleaved(s, p, m, chunks, interleavedWarmupHolds(p, m, chunks) ? -1 : chunks * m);
     case ScheduleKind::kGPipe:
       for (int64_t k = 0; k < m; ++k) addForward(out, s, p, k);
       for (int64_t k = 0; k < m; ++k) addBackward(out, s, p, k);

@@ -64,8 +64,9 @@ enum class ScheduleKind : uint8_t {
   // falls from (p-1)/(m+p-1) to (p-1)/(v*m+p-1) of stage time. Forwards go in groups of
   // p microbatches, chunk 0's group, then chunk 1's, ...; backwards the same with the
   // chunks in reverse; stage s warms up with 2*(p-s-1) + (v-1)*p forwards, then
-  // alternates, then drains. m must be a multiple of p. Schedule data only: the stage
-  // executor runs one contiguous range per stage, so jobs refuse it.
+  // alternates, then drains. When p does not divide m the last group is smaller, and
+  // where the lists would then deadlock (validateSchedule says) every forward goes first.
+  // The executor runs it on stages with StageRange::chunks; jobs do not offer it yet.
   kInterleaved1F1B,
 };
 
@@ -79,8 +80,9 @@ bool isTraining(ScheduleKind kind);
 bool runsInJobs(ScheduleKind kind);
 
 // Stage `stage`'s actions (0-based, of `stages`) for `microbatches` microbatches; `chunks`
-// model chunks per stage (interleaved only; 1 for every other kind). InvalidArgument
-// naming what is wrong.
+// model chunks per stage (interleaved, and forward-only on interleaved stages, which then
+// forwards in interleaved 1F1B's order; 1 for every other kind). InvalidArgument naming
+// what is wrong.
 std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64_t microbatches,
                                  int chunks = 1);
 // Every stage's list, index = stage.

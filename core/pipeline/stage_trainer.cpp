@@ -20,6 +20,11 @@ StageTrainer::StageTrainer(Model& model, StageRange range, Link* prev, Link* nex
                    "batch size " << options.batch << " must be positive");
   TANDEM_CHECK_MSG(options.microbatches > 0, InvalidArgument,
                    "microbatches " << options.microbatches << " must be positive");
+  TANDEM_CHECK_MSG(range.chunkCount() == 1 || options.schedule == ScheduleKind::kInterleaved1F1B,
+                   InvalidArgument,
+                   "stage " << range.stage << " holds " << range.chunkCount()
+                            << " model chunks, which only the interleaved schedule runs, not '"
+                            << scheduleName(options.schedule) << "'");
 }
 
 StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin,
@@ -43,7 +48,7 @@ StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& o
     next_feed_ += interval_;
   };
   return executor_.run(
-      stageActions(kind, range_.stage, range_.stages, m), info, input,
+      stageActions(kind, range_.stage, range_.stages, m, range_.chunkCount()), info, input,
       interval_.count() > 0 ? std::function<void(int64_t)>(pace) : std::function<void(int64_t)>());
 }
 

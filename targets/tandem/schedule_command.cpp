@@ -25,8 +25,7 @@ void addSchedule(CLI::App& app) {
   c->add_option("-m,--microbatches", a->microbatches, "Microbatches per step")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}))
       ->capture_default_str();
-  c->add_option("-v,--chunks", a->chunks,
-                "Model chunks per stage (interleaved; the microbatches a multiple of the stages)")
+  c->add_option("-v,--chunks", a->chunks, "Model chunks per stage (interleaved)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   c->callback([a] {

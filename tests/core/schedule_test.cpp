@@ -233,8 +233,9 @@ TEST(ScheduleTest, InterleavedOneFOneBShrinksTheBubbleByItsChunks) {
   l1.erase(f);
   expectThrowWith<InvalidArgument>([&] { validateSchedule(bad, 2, true); },
                                    {"stage 1", "send activation 0", "not yet computed"});
-  expectThrowWith<InvalidArgument>([] { stageActions(ScheduleKind::kInterleaved1F1B, 0, 4, 6, 2); },
-                                   {"microbatches (6) must be a multiple of the stages (4)"});
+  expectThrowWith<InvalidArgument>(
+      [] { stageActions(ScheduleKind::kInterleaved1F1B, 0, 4, 8, 65); },
+      {"chunks per stage must be 1 to 64, got 65"});
   expectThrowWith<InvalidArgument>([] { stageActions(ScheduleKind::k1F1B, 0, 4, 8, 2); },
                                    {"'1f1b' runs one chunk per stage", "interleaved"});
   EXPECT_FALSE(runsInJobs(ScheduleKind::kInterleaved1F1B));
@@ -244,6 +245,52 @@ TEST(ScheduleTest, InterleavedOneFOneBShrinksTheBubbleByItsChunks) {
   EXPECT_NE(text.find("stage 0 |F0a|F1a|F0b|"), std::string::npos) << text;
   EXPECT_NE(text.find("receive activation 0 of chunk 1"), std::string::npos) << text;
   EXPECT_NE(text.find("formula (p-1)/(vm+p-1)"), std::string::npos) << text;
+}
+
+// A step whose microbatches the stages do not divide (an epoch's last, short batch) still
+// gets complete, deadlock-free lists that run each chunk's backwards in microbatch order,
+// holding no more than every forward; where the kind's warm-up fits, it is kept. An
+// interleaved stage's forward-only lists pass each microbatch through every chunk.
+TEST(ScheduleTest, InterleavedRunsAnyMicrobatchCountAndForwardsInItsOrder) {
+  int warmups_kept = 0;
+  for (int p = 2; p <= 6; ++p)
+    for (int v = 2; v <= 3; ++v)
+      for (int64_t m = 1; m <= 3 * p; ++m) {
+        const std::string what =
+            "p=" + std::to_string(p) + " v=" + std::to_string(v) + " m=" + std::to_string(m);
+        const auto lists = scheduleActions(ScheduleKind::kInterleaved1F1B, p, m, v);
+        ScheduleReport r;
+        ASSERT_NO_THROW(r = validateSchedule(lists, m, true)) << what;
+        for (const auto& list : lists) {
+          std::vector<int64_t> next_b(static_cast<size_t>(v), 0);
+          for (const Action& a : list)
+            if (a.type == ActionType::kBackward) {
+              EXPECT_EQ(a.microbatch, next_b[static_cast<size_t>(a.chunk)]++) << what;
+            }
+          for (int64_t n : next_b) EXPECT_EQ(n, m) << what;
+        }
+        for (int64_t peak : r.peak_stash) EXPECT_LE(peak, v * m) << what;
+        // The last stage's warm-up is (v - 1) p forwards when the kind's fits.
+        int64_t forwards = 0;
+        for (const Action& a : lists.back()) {
+          if (a.type == ActionType::kBackward) break;
+          forwards += a.type == ActionType::kForward;
+        }
+        if (m % p != 0 && forwards == std::min<int64_t>((v - 1) * p, v * m) + 1) ++warmups_kept;
+        const auto eval = scheduleActions(ScheduleKind::kForwardOnly, p, m, v);
+        ASSERT_NO_THROW(validateSchedule(eval, m, false)) << what;
+        int64_t last_forwards = 0;
+        for (const Action& a : eval.back())
+          last_forwards += a.type == ActionType::kForward && a.chunk == v - 1;
+        EXPECT_EQ(last_forwards, m) << what;
+        EXPECT_EQ(std::count_if(eval[0].begin(), eval[0].end(),
+                                [](const Action& a) { return a.type == ActionType::kBackward; }),
+                  0);
+      }
+  EXPECT_GT(warmups_kept, 0);
+  // Forward-only lists name a chunk only on interleaved stages.
+  expectThrowWith<InvalidArgument>([] { stageActions(ScheduleKind::kGPipe, 0, 2, 4, 2); },
+                                   {"'gpipe' runs one chunk per stage"});
 }
 
 TEST(ScheduleTest, NamesAndBadArguments) {

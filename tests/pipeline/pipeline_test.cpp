@@ -54,24 +54,26 @@ struct PipelineRun {
 PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, int epochs,
                      transport::Codec codec = transport::Codec::kRaw, const Dataset* test = nullptr,
                      std::vector<int> replicas = {}, const EvalStream* stream = nullptr,
-                     const char* spec = testing::kTinyNet) {
+                     const char* spec = testing::kTinyNet, int chunks = 1) {
   static int run_id = 0;
   const std::string id = std::to_string(run_id++);
   replicas.resize(static_cast<size_t>(p), 1);
   auto R = [&](int s) { return replicas[static_cast<size_t>(s)]; };
   transport::Context ctx;
-  const auto ranges = runtime::equalStageRanges(Model(parseModelSpec(spec)).size(), p);
+  // Interleaved (chunks > 1): stage s holds the equal split's ranges s, p + s, ...
+  const auto ranges = runtime::equalStageRanges(Model(parseModelSpec(spec)).size(), p * chunks);
   // down[s][i][j] is replica i of stage s's end of its link to replica j of stage s + 1;
-  // up[s][i][j] the other end.
+  // up[s][i][j] the other end. Interleaved, the last stage's link goes to the first.
   using Links = std::vector<std::vector<std::unique_ptr<transport::ZmqLink>>>;
   std::vector<Links> down(static_cast<size_t>(p)), up(static_cast<size_t>(p));
-  for (int s = 0; s + 1 < p; ++s) {
+  auto R1 = [&](int s) { return R(s % p); };
+  for (int s = 0; s + 1 < p || (chunks > 1 && s < p); ++s) {
     auto& ds = down[static_cast<size_t>(s)];
     auto& us = up[static_cast<size_t>(s)];
     ds.resize(static_cast<size_t>(R(s)));
     us.resize(static_cast<size_t>(R(s)));
     for (int i = 0; i < R(s); ++i) {
-      for (int j = 0; j < R(s + 1); ++j) {
+      for (int j = 0; j < R1(s + 1); ++j) {
         transport::LinkOptions a, b;
         const std::string name = "inproc://pipe" + id + "-" + std::to_string(s) + "-" +
                                  std::to_string(i) + "-" + std::to_string(j);
@@ -101,15 +103,20 @@ PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, in
         try {
           cpu::CpuBackend be(cpu::CpuOptions{1});
           Model m(parseModelSpec(spec));
-          const auto [begin, end] = ranges[static_cast<size_t>(s)];
-          m.build(be, options.seed, begin, end);
+          std::vector<LayerRange> mine;
+          for (int c = 0; c < chunks; ++c)
+            mine.push_back({ranges[static_cast<size_t>(c * p + s)].first,
+                            ranges[static_cast<size_t>(c * p + s)].second});
+          m.build(be, options.seed, mine);
           Optimizer opt(be, OptimizerOptions{});
           std::vector<Link*> prev_links, next_links;
-          for (int i = 0; s > 0 && i < R(s - 1); ++i)
+          const bool ring = chunks > 1;
+          const int before = (s + p - 1) % p;
+          for (int i = 0; (s > 0 || ring) && i < R(before); ++i)
             prev_links.push_back(
-                up[static_cast<size_t>(s - 1)][static_cast<size_t>(i)][static_cast<size_t>(r)]
+                up[static_cast<size_t>(before)][static_cast<size_t>(i)][static_cast<size_t>(r)]
                     .get());
-          for (int j = 0; s + 1 < p && j < R(s + 1); ++j)
+          for (int j = 0; (s + 1 < p || ring) && j < R1(s + 1); ++j)
             next_links.push_back(
                 down[static_cast<size_t>(s)][static_cast<size_t>(r)][static_cast<size_t>(j)].get());
           std::optional<ReplicaLinks> prev, next;
@@ -117,7 +124,7 @@ PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, in
           if (!next_links.empty()) next.emplace(next_links);
           PipelineOptions o = options;
           o.replicas = groups[static_cast<size_t>(s)][static_cast<size_t>(r)].get();
-          StageTrainer st(m, StageRange{s, p, begin, end}, prev ? &*prev : nullptr,
+          StageTrainer st(m, StageRange::interleaved(s, p, mine), prev ? &*prev : nullptr,
                           next ? &*next : nullptr, &opt, o);
           const Dataset* data = s == 0 ? &d : nullptr;
           std::vector<double> losses;
@@ -203,6 +210,55 @@ TEST(PipelineTest, BitwiseEqualToSingleDeviceAccumulation) {
       }
     }
   }
+}
+
+// Interleaved 1F1B: each of p stages holds v chunks of the equal split into p v ranges,
+// the last stage's chunks passing on to the first's over a ring link. The weights are
+// bitwise single-device accumulation's for every p, v and microbatch count (one that
+// p does not divide among them, and an epoch's short last batch), with or without
+// recomputation; a stage holds no more chunk-microbatches than the schedule's warm-up
+// plus one; the evaluation passes every chunk and matches one device.
+TEST(PipelineTest, InterleavedStagesAreBitwiseSingleDeviceAccumulation) {
+  const Dataset d = testing::quadrants(72, 1), test = testing::quadrants(40, 2);
+  for (const int64_t m : {2, 4, 6, 8}) {
+    PipelineOptions o = sweepOptions(ScheduleKind::kInterleaved1F1B, m);
+    const Weights want = reference(o, d, 1);
+    for (const auto& [p, v] :
+         std::vector<std::pair<int, int>>{{2, 2}, {3, 2}, {4, 2}, {2, 4}, {3, 3}}) {
+      for (const bool recompute : {false, true}) {
+        if (recompute && m != 4) continue;
+        o.recompute = recompute;
+        const PipelineRun got =
+            pipeline(p, o, d, 1, transport::Codec::kRaw, &test, {}, nullptr, testing::kTinyNet, v);
+        const std::string what = "p=" + std::to_string(p) + " v=" + std::to_string(v) +
+                                 " m=" + std::to_string(m) +
+                                 " recompute=" + std::to_string(recompute);
+        ASSERT_EQ(got.weights.size(), want.size()) << what;
+        for (const auto& [name, w] : want)
+          ASSERT_EQ(got.weights.at(name), w) << name << " " << what;
+        EXPECT_EQ(got.eval.samples, 40) << what;
+        for (int s = 0; s < p; ++s) {
+          const StageCounters& c = got.counters[static_cast<size_t>(s)];
+          if (m % p == 0) {
+            EXPECT_LE(c.peak_stash, std::min<int64_t>(2 * (p - s - 1) + (v - 1) * p + 1, v * m))
+                << what << " stage " << s;
+          }
+          EXPECT_GT(c.microbatches, 0) << what;
+        }
+      }
+    }
+  }
+  // The evaluation through the chunks is one device's with the same weights.
+  const PipelineOptions o = sweepOptions(ScheduleKind::kInterleaved1F1B, 4);
+  const PipelineRun got =
+      pipeline(2, o, d, 1, transport::Codec::kRaw, &test, {}, nullptr, testing::kTinyNet, 2);
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model one(parseModelSpec(testing::kTinyNet));
+  one.build(be, o.seed);
+  for (Param* param : one.params()) be.upload(param->value, got.weights.at(param->name).data());
+  const EvalResult want = evaluate(one, test, 50);
+  EXPECT_EQ(got.eval.accuracy, want.accuracy);
+  EXPECT_NEAR(got.eval.loss, want.loss, 1e-5 * want.loss);
 }
 
 // A GPT across stages (token ids into the first, a label per token at the last) ends
@@ -458,6 +514,50 @@ TEST(PipelineTest, MisconfiguredStagesAreNamed) {
         m.forward(be.zeros({1, 16, 4, 4}), st, {}, 3, 5);
       },
       {"layers [3, 5) run, but only [0, 3) are built"});
+  // Interleaved stages: chunks in order, a ring link on both sides, no replicas, and
+  // only the interleaved schedule; a model built in chunks runs only those.
+  Model chunked(parseModelSpec(testing::kTinyNet));
+  chunked.build(be, 1, {{0, 2}, {5, 7}});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        Stash st;
+        chunked.forward(be.zeros({1, 4, 4, 4}), st, {}, 2, 5);
+      },
+      {"layers [2, 5) run, but only [0, 2), [5, 7) are built"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        chunked.build(be, 1, {{5, 7}, {0, 2}});
+      },
+      {"[0, 2) does not come after [5, 7)"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        StageExecutor(chunked, StageRange::interleaved(0, 2, {{0, 2}, {1, 7}}), nullptr, nullptr,
+                      nullptr, {});
+      },
+      {"stage 0", "(chunk 1)", "do not come after the chunk before"});
+  transport::Context ctx;
+  transport::LinkOptions lo;
+  lo.bind = "inproc://misconfigured-ring";
+  transport::ZmqLink ring(ctx, lo);
+  const StageRange two = StageRange::interleaved(0, 2, {{0, 2}, {5, 7}});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { StageExecutor(chunked, two, nullptr, &ring, nullptr, {}); },
+      {"stage 0", "link to the previous stage", "or holds several chunks"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        StageExecutor(chunked, StageRange::interleaved(0, 1, {{0, 2}, {5, 7}}), &ring, &ring,
+                      nullptr, {});
+      },
+      {"an interleaved stage needs other stages"});
+  const auto pair = transport::makeLocalGroup(2);
+  ExecutorOptions replicated;
+  replicated.replicas = pair[0].get();
+  testing::expectThrowWith<Unsupported>(
+      [&] { StageExecutor(chunked, two, &ring, &ring, nullptr, replicated); },
+      {"stage 0", "interleaved stages cannot have replicas"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { StageTrainer(chunked, two, &ring, &ring, nullptr, PipelineOptions{}); },
+      {"stage 0 holds 2 model chunks", "only the interleaved schedule", "'1f1b'"});
   const Dataset d = testing::quadrants(8, 1);
   StageTrainer lone(m, StageRange{0, 1, 0, 3}, nullptr, nullptr, nullptr, PipelineOptions{});
   testing::expectThrowWith<InvalidArgument>([&] { lone.trainEpoch(nullptr, 8, 0, {}); },
