@@ -33,7 +33,8 @@ Answer ask(const Endpoint& at, const runtime::ClusterKey& key, std::chrono::mill
   runtime::HandshakeOptions o;
   o.build = runtime::buildName();
   o.timeout = timeout;
-  std::unique_ptr<runtime::Channel> c = runtime::connectChannel(at, key, o);
+  // (A daemon under a flood of connections without the key may close ours unanswered.)
+  std::unique_ptr<runtime::Channel> c = runtime::connectChannelRetrying(at, key, o, 3);
   Answer a;
   a.version = c->peerHello().version;
   const std::optional<runtime::Message> first = c->recv(timeout);
