@@ -37,8 +37,6 @@ ScheduleKind parseSchedule(std::string_view name) {
 
 bool isTraining(ScheduleKind kind) { return kind != ScheduleKind::kForwardOnly; }
 
-bool runsInJobs(ScheduleKind kind) { return kind != ScheduleKind::kInterleaved1F1B; }
-
 namespace {
 
 // The actions around one forward or backward of microbatch k at stage s of p.

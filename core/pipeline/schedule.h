@@ -66,7 +66,7 @@ enum class ScheduleKind : uint8_t {
   // chunks in reverse; stage s warms up with 2*(p-s-1) + (v-1)*p forwards, then
   // alternates, then drains. When p does not divide m the last group is smaller, and
   // where the lists would then deadlock (validateSchedule says) every forward goes first.
-  // The executor runs it on stages with StageRange::chunks; jobs do not offer it yet.
+  // The executor runs it on stages with StageRange::chunks (jobs: `chunks:`).
   kInterleaved1F1B,
 };
 
@@ -75,9 +75,6 @@ std::string_view scheduleName(ScheduleKind kind);
 // otherwise.
 ScheduleKind parseSchedule(std::string_view name);
 bool isTraining(ScheduleKind kind);
-// Whether a job's stages can run it (one contiguous range of layers per stage): every
-// kind but the interleaved one.
-bool runsInJobs(ScheduleKind kind);
 
 // Stage `stage`'s actions (0-based, of `stages`) for `microbatches` microbatches; `chunks`
 // model chunks per stage (interleaved, and forward-only on interleaved stages, which then

@@ -315,7 +315,7 @@ class Run {
   void checkpointed(int slot, const Checkpointed& c) {
     const auto s = static_cast<size_t>(slot);
     const Assign& a = assignments_[s];
-    if (a.checkpoint_every == 0 || a.replica != 0 || c.step % a.checkpoint_every != 0)
+    if (!sendsCheckpoints(a) || c.step % a.checkpoint_every != 0)
       fail(slot, "sent a checkpoint at step " + std::to_string(c.step) + " it was not asked for");
     std::optional<ChunkGatherer>& g = slices_[s];
     if (!g || !g->done() || g->hash() != c.hash || g->total() != c.bytes)
@@ -329,7 +329,7 @@ class Run {
     g.reset();
     for (int i = 0; i < n_; ++i) {
       const Assign& other = assignments_[static_cast<size_t>(i)];
-      if (other.checkpoint_every > 0 && other.replica == 0 && at[static_cast<size_t>(i)].empty())
+      if (sendsCheckpoints(other) && at[static_cast<size_t>(i)].empty())
         return;  // still on its way
     }
     if (callbacks_.checkpoint) callbacks_.checkpoint(c.step, at);

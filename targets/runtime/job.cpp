@@ -181,7 +181,8 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   job.source = source;
   const std::string dir = std::filesystem::path(source).parent_path().string();
   // Where 'partition' and 'stages' were given, if they were.
-  std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline, schedule;
+  std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline, schedule,
+      chunks;
   int64_t reference_batch = 0;  // > 0: the optimizer's lr_scale: linear
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
@@ -214,19 +215,20 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.schedule_auto = true;
       schedule = v;
     } else if (key == "schedule") {
-      const auto name = r.get<std::string>(v, key, "gpipe, 1f1b, zb-h1 or auto");
+      const auto name = r.get<std::string>(v, key, "gpipe, 1f1b, zb-h1, interleaved or auto");
       try {
         job.schedule = parseSchedule(name);
       } catch (const InvalidArgument& e) {
         r.fail(v, e.what());
       }
       if (!isTraining(job.schedule))
-        r.fail(v, "schedule '" + name + "' cannot train (expected gpipe, 1f1b or zb-h1)");
-      if (!runsInJobs(job.schedule))
-        r.fail(v, "schedule '" + name +
-                      "' is not run by jobs yet (its stages hold several chunks of the model; "
-                      "`tandem schedule --kind " +
-                      name + "` shows it): expected gpipe, 1f1b or zb-h1");
+        r.fail(v,
+               "schedule '" + name + "' cannot train (expected gpipe, 1f1b, zb-h1 or interleaved)");
+      schedule = v;
+    } else if (key == "chunks") {
+      chunks = v;
+      job.chunks = static_cast<int>(r.positive(v, key));
+      if (job.chunks < 2 || job.chunks > 64) r.fail(v, "'chunks' must be from 2 to 64");
     } else if (key == "recompute") {
       job.recompute = r.get<bool>(v, key, "true or false");
     } else if (key == "seed") {
@@ -281,7 +283,8 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     } else {
       r.fail(kv.first, "unknown key '" + key +
                            "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
-                           "batch, microbatches, schedule, recompute, seed, threads, optimizer, "
+                           "batch, microbatches, schedule, chunks, recompute, seed, threads, "
+                           "optimizer, "
                            "codec, transport, timeout_s, partition, stages, cluster, profile, "
                            "max_replicas, baseline, save, weights, checkpoint, max_restarts or "
                            "rejoin_after_s)");
@@ -308,10 +311,31 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
            "partition ({layers: [b, e], replicas: N}) or the plan");
   if (!planned && job.ranges.empty() && job.stages == 0)
     r.fail(*partition, "'partition: equal' needs 'stages: N'");
-  if (!job.ranges.empty() && stages && static_cast<size_t>(job.stages) != job.ranges.size())
+  // Interleaved: each of the stages holds `chunks` of the model's ranges.
+  const bool interleaved = job.schedule == ScheduleKind::kInterleaved1F1B;
+  if (chunks && !interleaved)
+    r.fail(*chunks, "'chunks' is for 'schedule: interleaved' (a stage's model chunks)");
+  if (interleaved && !chunks) job.chunks = 2;
+  if (interleaved && planned)
+    r.fail(*schedule,
+           "the partitioner does not plan interleaved stages yet: give 'partition: equal' with "
+           "'stages', or the ranges");
+  if (interleaved)
+    for (size_t i = 0; i < job.range_replicas.size(); ++i)
+      if (job.range_replicas[i] > 1)
+        throw InvalidArgument(job.range_where[i] + ": interleaved stages cannot have replicas");
+  const auto per = static_cast<size_t>(job.chunks);
+  if (!job.ranges.empty() && job.ranges.size() % per != 0)
+    r.fail(*partition, "the partition lists " + std::to_string(job.ranges.size()) +
+                           " ranges, not a multiple of the " + std::to_string(per) +
+                           " chunks per stage");
+  if (!job.ranges.empty() && stages && static_cast<size_t>(job.stages) * per != job.ranges.size())
     r.fail(*stages, "'stages' is " + std::to_string(job.stages) + " but the partition lists " +
-                        std::to_string(job.ranges.size()) + " ranges");
-  if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size());
+                        std::to_string(job.ranges.size()) + " ranges" +
+                        (per > 1 ? " (" + std::to_string(per) + " chunks per stage)" : ""));
+  if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size() / per);
+  if (interleaved && job.stages < 2)
+    r.fail(stages ? *stages : *partition, "interleaved stages need 2 stages or more");
   if (job.microbatches_auto && !job.auto_partition)
     r.fail(*microbatches, "'microbatches: auto' is for 'partition: auto' (the partitioner chooses)");
   if (job.schedule_auto && !job.auto_partition)
@@ -350,10 +374,14 @@ std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stage
 std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Model& model) {
   const size_t layers = model.size();
   if (job.ranges.empty()) {
-    TANDEM_CHECK_MSG(job.stages >= 1 && static_cast<size_t>(job.stages) <= layers, InvalidArgument,
-                     job.source << ": " << job.stages << " stages for a model of " << layers
-                                << " layers (each stage needs at least one)");
-    return equalStageRanges(layers, job.stages);
+    const int parts = job.stages * job.chunks;
+    TANDEM_CHECK_MSG(job.stages >= 1 && static_cast<size_t>(parts) <= layers, InvalidArgument,
+                     job.source << ": " << job.stages << " stages"
+                                << (job.chunks > 1 ? " of " + std::to_string(job.chunks) + " chunks"
+                                                   : std::string())
+                                << " for a model of " << layers << " layers (each "
+                                << (job.chunks > 1 ? "chunk" : "stage") << " needs at least one)");
+    return equalStageRanges(layers, parts);
   }
   size_t expect = 0;
   for (size_t s = 0; s < job.ranges.size(); ++s) {

@@ -8,7 +8,10 @@
 //   epochs: 2
 //   batch: 32
 //   microbatches: 4                # or auto (with `partition: auto`): the partitioner chooses
-//   schedule: 1f1b                 # gpipe | 1f1b | auto (with `partition: auto`)
+//   schedule: 1f1b                 # gpipe | 1f1b | zb-h1 | interleaved | auto (with
+//                                  # `partition: auto`)
+//   chunks: 2                      # interleaved: model chunks per stage (default 2); stage
+//                                  # s holds ranges s, s + stages, ... of the partition
 //   recompute: false
 //   optimizer: {kind: sgd, lr: 0.01, momentum: 0.9}   # + warmup_steps, lr_schedule
 //                                  # (constant | step | cosine), decay_steps, decay_factor,
@@ -63,6 +66,9 @@ struct JobSpec {
   // candidates and the run takes the fastest that fits (planning.h, planJob); until then
   // `microbatches` and `schedule` hold the defaults.
   bool microbatches_auto = false, schedule_auto = false;
+  // Interleaved 1F1B: each stage holds this many of the partition's ranges (stage s the
+  // ranges s, s + stages, ...), which then number stages x chunks. 1 for other schedules.
+  int chunks = 1;
   bool recompute = false;
   uint64_t seed = 1;
   int threads = 1;  // CPU threads per stage
@@ -117,7 +123,8 @@ JobSpec loadJobSpec(const std::string& path);
 
 // The stages' layer ranges for `model`: the explicit ranges, checked to cover every
 // layer once, in order (InvalidArgument names the job file and the range at fault), or
-// `stages` parts of nearly equal layer counts. Not for plans (job.plan, auto_partition).
+// `stages` parts of nearly equal layer counts (stages x chunks when interleaved: stage s
+// then holds ranges s, s + stages, ...). Not for plans (job.plan, auto_partition).
 std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Model& model);
 // `layers` split into `stages` contiguous ranges whose sizes differ by at most one.
 std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages);

@@ -193,6 +193,9 @@ void JobRun::place(const Model& model) {
                                 weights_ ? contentHash(*weights_) : "",
                                 weights_ ? static_cast<int64_t>(weights_->size()) : 0);
   if (options_.generate) {
+    TANDEM_CHECK_MSG(job_.chunks == 1, InvalidArgument,
+                     job_.source << ": generation runs one model chunk per stage, not "
+                                 << job_.chunks << " (interleaved is a training schedule)");
     // One worker per stage, each stage's KV caches its own; the first and the last stage
     // linked for the chosen tokens.
     for (const StagePlacement& st : stages_)

@@ -26,7 +26,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{2, 3, 0};
+inline constexpr ProtocolVersion kProtocolVersion{2, 4, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -212,8 +212,16 @@ struct Assign {
   // (the chosen tokens come back over it). Sequences stage 0 keeps going at once.
   bool generate = false;
   int32_t in_flight = 8;
+  // Interleaved 1F1B: the stage's model chunks, ascending, from layer_begin to layer_end
+  // (empty: one chunk). With 2 or more, stage 0's prev link is the last stage's next, as
+  // when generating.
+  std::vector<LayerRange> chunks;
   bool operator==(const Assign&) const = default;
 };
+
+// Whether the worker given `a` sends its slice at checkpoints: replica 0 of each stage
+// (replicas hold the same weights), when the run checkpoints at all.
+inline bool sendsCheckpoints(const Assign& a) { return a.checkpoint_every > 0 && a.replica == 0; }
 
 inline constexpr size_t kMaxWeightsChunk = size_t{4} << 20;
 inline constexpr int64_t kMaxWeightsBytes = int64_t{64} << 30;

@@ -273,7 +273,18 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
   const int n = static_cast<int>(stages.size());
   for (int s = 0; s < n; ++s) {
     const StagePlacement& st = stages[static_cast<size_t>(s)];
-    out.push_back(cost.memory(st.begin, st.end, n - s, st.replicas, n));
+    if (st.chunks.empty()) {
+      out.push_back(cost.memory(st.begin, st.end, n - s, st.replicas, n));
+      continue;
+    }
+    // Interleaved: each chunk's weights and state, and the stash of as many microbatches
+    // as the schedule's warm-up forwards (the most any chunk of the stage can hold).
+    const auto v = static_cast<int>(st.chunks.size());
+    const int held =
+        std::min<int>(2 * (n - s - 1) + (v - 1) * n + 1, static_cast<int>(job.microbatches) * v);
+    int64_t bytes = 0;
+    for (const LayerRange& c : st.chunks) bytes += cost.memory(c.begin, c.end, held, 1, n);
+    out.push_back(bytes);
   }
   return out;
 }
@@ -303,6 +314,8 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       // Each link's codecs, from the plan where it chose them: this stage's activations go
       // on its link to the next, its gradients back on the previous stage's link.
       const std::string next_activations = place.next_activation_codec;
+      // Interleaved stages are a ring: the last stage's chunks pass on to the first's.
+      const bool ring = !place.chunks.empty() && p > 1;
       const std::string prev_gradients =
           s > 0 ? stages[static_cast<size_t>(s - 1)].next_gradient_codec : std::string();
       a.model_spec = spec;
@@ -310,10 +323,11 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       a.stages = p;
       a.replica = r;
       a.replicas = place.replicas;
-      a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : 0;
-      a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : 0;
+      a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : ring ? 1 : 0;
+      a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : ring ? 1 : 0;
       a.layer_begin = static_cast<int64_t>(place.begin);
       a.layer_end = static_cast<int64_t>(place.end);
+      a.chunks = place.chunks;
       a.device = place.backendOf(r);
       a.threads = place.threads;
       a.schedule = job.schedule;
@@ -351,10 +365,17 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     TANDEM_CHECK_MSG(!job.auto_partition, InvalidArgument,
                      job.source << ": 'partition: auto' is planned by `tandem run`");
     const auto ranges = stageRanges(job, model);
-    for (size_t s = 0; s < ranges.size(); ++s) {
+    // Interleaved: stage s holds ranges s, s + stages, ...
+    const size_t stages = ranges.size() / static_cast<size_t>(job.chunks);
+    for (size_t s = 0; s < stages; ++s) {
       StagePlacement place;
       place.begin = ranges[s].first;
       place.end = ranges[s].second;
+      if (job.chunks > 1) {
+        for (size_t i = s; i < ranges.size(); i += stages)
+          place.chunks.push_back({ranges[i].first, ranges[i].second});
+        place.end = place.chunks.back().end;
+      }
       place.threads = job.threads;
       place.replicas = s < job.range_replicas.size() ? job.range_replicas[s] : 1;
       out.push_back(std::move(place));

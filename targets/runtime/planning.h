@@ -73,6 +73,8 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
 // One stage of a job as `tandem run` starts it.
 struct StagePlacement {
   size_t begin = 0, end = 0;
+  // Interleaved: the stage's model chunks, ascending from begin to end (empty: one).
+  std::vector<LayerRange> chunks;
   std::string backend = "cpu";
   int threads = 1;
   double predicted_compute_s = -1;            // from the plan, per microbatch (-1: no plan)

@@ -72,35 +72,55 @@ Assign readAssign(const fb::Assign* a) {
   range(m, "replicas", out.replicas, 1, kMaxReplicas);
   out.replica = a->replica();
   range(m, "replica", out.replica, 0, out.replicas - 1);
-  // Generation across stages links the first stage and the last (one replica each).
+  // Generation and interleaved stages link the first stage and the last (one replica each).
   out.generate = a->generate();
-  const bool ring = out.generate && out.stages > 1;
-  if (out.generate) range(m, "replicas", out.replicas, 1, 1);
+  const size_t chunk_values = a->chunks() ? a->chunks()->size() : 0;
+  if (chunk_values % 2 != 0 || chunk_values > 2 * 64 || chunk_values == 2)
+    bad(m, std::to_string(chunk_values) +
+               " chunk bounds: expected begin, end pairs of 2 to 64 chunks, or none");
+  const bool interleaved = chunk_values > 0;
+  const bool ring = (out.generate || interleaved) && out.stages > 1;
+  if (out.generate || interleaved) range(m, "replicas", out.replicas, 1, 1);
+  if (out.generate && interleaved) bad(m, "a generating stage holds one chunk");
+  if (interleaved && out.stages == 1) bad(m, "chunks on a pipeline of one stage");
   out.prev_replicas = a->prev_replicas();
   const bool first = out.stage == 0 && !ring;
-  range(m, "prev_replicas", out.prev_replicas, first ? 0 : 1,
-        first          ? 0
-        : out.generate ? 1
-                       : kMaxReplicas);
+  range(m, "prev_replicas", out.prev_replicas, first ? 0 : 1, first ? 0 : ring ? 1 : kMaxReplicas);
   out.next_replicas = a->next_replicas();
   const bool last = out.stage == out.stages - 1 && !ring;
-  range(m, "next_replicas", out.next_replicas, last ? 0 : 1,
-        last           ? 0
-        : out.generate ? 1
-                       : kMaxReplicas);
+  range(m, "next_replicas", out.next_replicas, last ? 0 : 1, last ? 0 : ring ? 1 : kMaxReplicas);
   out.in_flight = a->in_flight();
   range(m, "in_flight", out.in_flight, 1, 1024);
   out.layer_begin = a->layer_begin();
   out.layer_end = a->layer_end();
   range(m, "layer_begin", out.layer_begin, 0, int64_t{1} << 20);
   range(m, "layer_end", out.layer_end, out.layer_begin + 1, int64_t{1} << 20);
+  for (size_t i = 0; i < chunk_values; i += 2) {
+    const int64_t begin = a->chunks()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    const int64_t end = a->chunks()->Get(static_cast<flatbuffers::uoffset_t>(i + 1));
+    const int64_t after =
+        out.chunks.empty() ? out.layer_begin : static_cast<int64_t>(out.chunks.back().end);
+    if (begin < after || end <= begin || end > out.layer_end)
+      bad(m, "chunk " + std::to_string(i / 2) + " [" + std::to_string(begin) + ", " +
+                 std::to_string(end) + ") is empty, out of order or outside layers [" +
+                 std::to_string(out.layer_begin) + ", " + std::to_string(out.layer_end) + ")");
+    out.chunks.push_back({static_cast<size_t>(begin), static_cast<size_t>(end)});
+  }
+  if (interleaved && (static_cast<int64_t>(out.chunks.front().begin) != out.layer_begin ||
+                      static_cast<int64_t>(out.chunks.back().end) != out.layer_end))
+    bad(m, "the chunks do not span layers [" + std::to_string(out.layer_begin) + ", " +
+               std::to_string(out.layer_end) + ")");
   out.device = text(m, "device", a->device(), kMaxNameBytes);
   out.threads = a->threads();
   range(m, "threads", out.threads, 1, 1024);
-  range(m, "schedule", a->schedule(), 0, 2);
+  range(m, "schedule", a->schedule(), 0, 3);
   out.schedule = a->schedule() == 0   ? ScheduleKind::kGPipe
                  : a->schedule() == 1 ? ScheduleKind::k1F1B
-                                      : ScheduleKind::kZeroBubbleH1;
+                 : a->schedule() == 2 ? ScheduleKind::kZeroBubbleH1
+                                      : ScheduleKind::kInterleaved1F1B;
+  if (interleaved != (out.schedule == ScheduleKind::kInterleaved1F1B) && !out.generate)
+    bad(m, interleaved ? "chunks need the interleaved schedule"
+                       : "the interleaved schedule needs 2 or more chunks");
   out.batch = a->batch();
   range(m, "batch", out.batch, 1, int64_t{1} << 30);
   out.microbatches = a->microbatches();
@@ -274,9 +294,17 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   auto weights_hash = b.CreateString(m.weights_hash);
   TANDEM_CHECK_MSG(isTraining(m.schedule), InvalidArgument,
                    "assign: schedule " << scheduleName(m.schedule) << " cannot train");
-  const int8_t schedule = m.schedule == ScheduleKind::kGPipe  ? 0
-                          : m.schedule == ScheduleKind::k1F1B ? 1
-                                                              : 2;
+  const int8_t schedule = m.schedule == ScheduleKind::kGPipe          ? 0
+                          : m.schedule == ScheduleKind::k1F1B         ? 1
+                          : m.schedule == ScheduleKind::kZeroBubbleH1 ? 2
+                                                                      : 3;
+  std::vector<int64_t> bounds;
+  for (const LayerRange& r : m.chunks) {
+    bounds.push_back(static_cast<int64_t>(r.begin));
+    bounds.push_back(static_cast<int64_t>(r.end));
+  }
+  auto chunks =
+      bounds.empty() ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>() : b.CreateVector(bounds);
   return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
                           m.next_replicas, m.layer_begin, m.layer_end, device, m.threads, schedule,
                           m.microbatches, m.batch, m.epochs, m.seed, m.recompute, optimizer, act,
@@ -284,7 +312,7 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
                           m.record_spans, m.save, host, transport, data_dir, weights_hash,
                           m.weights_bytes, m.encrypt, m.checkpoint_every, m.start_step,
                           m.restore_optimizer, m.infer_from, m.request_rate, m.generate,
-                          m.in_flight)
+                          m.in_flight, chunks)
       .Union();
 }
 

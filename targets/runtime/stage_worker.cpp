@@ -200,7 +200,10 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
   TANDEM_CHECK_MSG(
       end <= model.size(), InvalidArgument,
       who << ": layers [" << begin << ", " << end << ") but the model has " << model.size());
-  model.build(*backend, a.seed, begin, end);
+  // An interleaved stage builds its chunks only.
+  const std::vector<LayerRange> chunks =
+      a.chunks.empty() ? std::vector<LayerRange>{{begin, end}} : a.chunks;
+  model.build(*backend, a.seed, chunks);
   StageReport report;
   report.start_rss_bytes = start_rss;
   Optimizer optimizer(*backend, a.optimizer);
@@ -240,7 +243,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
   // gradients out, the next stage's activations.
   std::vector<std::unique_ptr<transport::ZmqLink>> prev_links, next_links;
   Ready ready;
-  // (Generating, the first stage's prev is the last stage, and the last's next the first.)
+  // (Generating or interleaved, the first stage's prev is the last stage, and the last's
+  // next the first.)
   for (int i = 0; i < a.prev_replicas; ++i) {
     prev_links.push_back(std::make_unique<transport::ZmqLink>(
         ctx, linkOptions(a.gradient_codec, (a.stage + a.stages - 1) % a.stages)));
@@ -343,8 +347,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
   po.record_spans = a.record_spans;
   po.replicas = group.get();
   po.collective_timeout = std::chrono::seconds(a.timeout_s);
-  StageTrainer trainer(model, StageRange{a.stage, a.stages, begin, end}, prev.get(), next.get(),
-                       &optimizer, po);
+  StageTrainer trainer(model, StageRange::interleaved(a.stage, a.stages, chunks), prev.get(),
+                       next.get(), &optimizer, po);
   // Replicas of the last stage all hold the step's whole loss; the first reports it.
   const bool reports = a.stage == a.stages - 1 && a.replica == 0;
   const Dataset* train_data = a.stage == 0 ? &train : nullptr;
@@ -380,7 +384,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
     trainer.resumeAt(a.start_step);
   }
   // Replica 0 of each stage sends its slice every checkpoint_every steps.
-  const bool checkpoints = a.checkpoint_every > 0 && a.replica == 0;
+  const bool checkpoints = sendsCheckpoints(a);
   std::vector<double> step_times;  // from one step's end to the next's, within an epoch
   for (int64_t e = first_epoch; !a.infer && e < a.epochs; ++e) {
     auto sent = Clock::now() - 1h;

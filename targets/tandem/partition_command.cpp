@@ -106,7 +106,7 @@ void runPartition(const PartitionArgs& a) {
   partitioner::CostOptions o;
   o.objective = partitioner::parseObjective(a.objective);
   const ScheduleKind kind = parseSchedule(a.schedule);
-  TANDEM_CHECK_MSG(isTraining(kind) && runsInJobs(kind), InvalidArgument,
+  TANDEM_CHECK_MSG(isTraining(kind) && kind != ScheduleKind::kInterleaved1F1B, InvalidArgument,
                    "--schedule " << a.schedule << ": the partitioner costs gpipe, 1f1b or zb-h1");
   o.schedule = kind;
   // As a job cuts it: microbatch sizes differ by one; the largest is priced.

@@ -130,6 +130,17 @@ void printInference(const std::vector<StageSpans>& all, const runtime::InferDone
                   static_cast<double>(std::max<int64_t>(stream.samples, 1)));
 }
 
+// A worker's layers: "[0, 7)", or an interleaved stage's chunks "[0,2)+[5,7)" (one word,
+// as the table's column is).
+std::string layersOf(const runtime::Assign& a) {
+  if (a.chunks.empty())
+    return "[" + std::to_string(a.layer_begin) + ", " + std::to_string(a.layer_end) + ")";
+  std::string out;
+  for (const LayerRange& c : a.chunks)
+    out += (out.empty() ? "[" : "+[") + std::to_string(c.begin) + "," + std::to_string(c.end) + ")";
+  return out;
+}
+
 // A plan's stages as "[0, 7) n0/cpu, [7, 10) n1/cpu".
 std::string stageRanges(const partitioner::Plan& plan, const std::vector<std::string>& devices) {
   std::string out;
@@ -316,8 +327,8 @@ int runJob(const RunArgs& args) {
   runtime::RunCallbacks cb;
   cb.started = [&](int slot, int64_t pid) {
     const runtime::Assign& a = as[static_cast<size_t>(slot)];
-    spdlog::info("{}: layers [{}, {}) on {} ({} threads), pid {}", names[static_cast<size_t>(slot)],
-                 a.layer_begin, a.layer_end, a.device, a.threads, pid);
+    spdlog::info("{}: layers {} on {} ({} threads), pid {}", names[static_cast<size_t>(slot)],
+                 layersOf(a), a.device, a.threads, pid);
   };
   cb.wired = [&] {
     const std::string codecs = linkCodecs(as);
@@ -432,8 +443,7 @@ int runJob(const RunArgs& args) {
                                 ? std::to_string(a.stage) + "." + std::to_string(a.replica)
                                 : std::to_string(a.stage);
     const double t = std::max(r.run_s, 1e-9);
-    const std::string range =
-        "[" + std::to_string(a.layer_begin) + ", " + std::to_string(a.layer_end) + ")";
+    const std::string range = layersOf(a);
     const double micro = static_cast<double>(std::max<int64_t>(1, c.microbatches));
     const double per_micro = (c.busy_s - c.step_s) / micro;
     const double cpu_per_micro = c.compute_cpu_s / micro;
@@ -452,8 +462,15 @@ int runJob(const RunArgs& args) {
   }
   const double m = static_cast<double>(job.microbatches);
   if (!args.infer) {
-    std::printf("bubble: measured %.3f (idle share of stage time), formula (p-1)/(m+p-1) = %.3f\n",
-                1.0 - busy / (n * span), (p - 1) / (m + p - 1));
+    if (job.chunks > 1)
+      std::printf(
+          "bubble: measured %.3f (idle share of stage time), formula (p-1)/(vm+p-1) = %.3f\n",
+          1.0 - busy / (n * span),
+          bubbleFormula(job.schedule, static_cast<int>(p), job.microbatches, job.chunks));
+    else
+      std::printf(
+          "bubble: measured %.3f (idle share of stage time), formula (p-1)/(m+p-1) = %.3f\n",
+          1.0 - busy / (n * span), (p - 1) / (m + p - 1));
     // The steady step: stage 0's median (every stage's period is the same: a step flushes).
     const runtime::StageReport& first = result.reports.front();
     if (first.steps_timed > 0) {

@@ -238,8 +238,6 @@ TEST(ScheduleTest, InterleavedOneFOneBShrinksTheBubbleByItsChunks) {
       {"chunks per stage must be 1 to 64, got 65"});
   expectThrowWith<InvalidArgument>([] { stageActions(ScheduleKind::k1F1B, 0, 4, 8, 2); },
                                    {"'1f1b' runs one chunk per stage", "interleaved"});
-  EXPECT_FALSE(runsInJobs(ScheduleKind::kInterleaved1F1B));
-  EXPECT_TRUE(runsInJobs(ScheduleKind::kZeroBubbleH1));
   const std::string text = renderSchedule(ScheduleKind::kInterleaved1F1B, 2, 2, 2);
   EXPECT_NE(text.find("2 chunks per stage"), std::string::npos) << text;
   EXPECT_NE(text.find("stage 0 |F0a|F1a|F0b|"), std::string::npos) << text;

@@ -185,6 +185,50 @@ TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
   EXPECT_EQ(runs, 48);
 }
 
+// Interleaved stages across processes: each holds several chunks of the model, the last
+// stage's links reaching back to the first; the saved weights and optimizer steps are
+// still single-device accumulation's, bitwise (a microbatch count the stages do not
+// divide among them; one configuration over ipc).
+TEST(RunTest, InterleavedStageProcessesMatchSingleDeviceAccumulationBitwise) {
+  const int64_t train_limit = 300, batch = 32;
+  const Dataset train = loadFashionMnist(kFashionMnistDir, true, train_limit);
+  const std::string model = ::testing::TempDir() + "/run_interleaved.tdm";
+  struct Config {
+    int stages, chunks;
+    int64_t m;
+    const char* transport;
+    const char* layers;  // stage 1's row in the table
+  };
+  for (const Config& c :
+       {Config{2, 2, 4, "tcp", "[2,4)+[5,6)"}, Config{3, 2, 4, "ipc", "[1,2)+[4,5)"},
+        Config{2, 3, 2, "tcp", "[1,2)+[3,4)+[5,6)"}}) {
+    const std::string config = "p=" + std::to_string(c.stages) + " v=" + std::to_string(c.chunks) +
+                               " m=" + std::to_string(c.m) + " " + c.transport;
+    std::ostringstream body;
+    body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
+         << "\nmicrobatches: " << c.m << "\nschedule: interleaved\nchunks: " << c.chunks
+         << "\ntransport: " << c.transport << "\npartition: equal\nstages: " << c.stages
+         << "\nseed: 3\nsave: " << model << "\n";
+    std::filesystem::remove(model);
+    RunProcess run(writeJob("run_interleaved", body.str()));
+    ASSERT_EQ(run.wait(120s), 0) << config << "\n" << run.output();
+    EXPECT_NE(run.output().find("formula (p-1)/(vm+p-1)"), std::string::npos) << run.output();
+    EXPECT_NE(run.output().find(std::string("\n1      ") + c.layers), std::string::npos)
+        << config << "\n"
+        << run.output();
+    EXPECT_NE(run.output().find("test accuracy"), std::string::npos) << run.output();
+    const ModelFile saved = readModelFile(model);
+    const Reference want = singleDevice(train, batch, c.m);
+    ASSERT_EQ(saved.params.size(), want.weights.size()) << config;
+    for (const HostTensor& t : saved.params) {
+      ASSERT_EQ(want.weights.count(t.name), 1u) << t.name << ": " << config;
+      ASSERT_EQ(t.data, want.weights.at(t.name)) << t.name << ": " << config;
+    }
+    ASSERT_TRUE(saved.optimizer.has_value()) << config;
+    EXPECT_EQ(saved.optimizer->steps, want.steps) << config;
+  }
+}
+
 // A learning-rate schedule (warm-up, then cosine decay) and the linear scaling rule, as
 // a job's stages apply them: bitwise the single device's weights under the same rates.
 TEST(RunTest, StagesApplyTheLearningRateScheduleAsTheSingleDeviceDoes) {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "targets/runtime/planning.h"
+
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "tests/test_util.h"
@@ -97,8 +99,24 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:4:11", "unknown schedule 'zb-v'", "gpipe, 1f1b, zb-h1, interleaved or forward"}},
       {"model: m.yaml\npartition: equal\nstages: 2\nschedule: forward\n",
        {"j.yaml:4:11", "cannot train"}},
-      {"model: m.yaml\npartition: equal\nstages: 2\nschedule: interleaved\n",
-       {"j.yaml:4:11", "'interleaved' is not run by jobs yet", "expected gpipe, 1f1b or zb-h1"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nchunks: 2\n",
+       {"j.yaml:4:9", "'chunks' is for 'schedule: interleaved'"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nschedule: interleaved\nchunks: 1\n",
+       {"j.yaml:5:9", "'chunks' must be from 2 to 64"}},
+      {"model: m.yaml\npartition: equal\nstages: 1\nschedule: interleaved\n",
+       {"j.yaml:3:9", "interleaved stages need 2 stages or more"}},
+      {"model: m.yaml\npartition: [[0, 1], [1, 2], [2, 3]]\nschedule: interleaved\n",
+       {"j.yaml:2:12", "lists 3 ranges, not a multiple of the 2 chunks per stage"}},
+      {"model: m.yaml\npartition: [[0, 1], [1, 2], [2, 3], [3, 4]]\nstages: 4\n"
+       "schedule: interleaved\n",
+       {"j.yaml:3:9", "'stages' is 4 but the partition lists 4 ranges (2 chunks per stage)"}},
+      {"model: m.yaml\npartition: [[0, 1], [1, 2]]\nschedule: interleaved\nchunks: 2\n",
+       {"j.yaml:2:12", "interleaved stages need 2 stages or more"}},
+      {"model: m.yaml\npartition: [[0, 1], {layers: [1, 2], replicas: 2}, [2, 3], [3, 4]]\n"
+       "schedule: interleaved\n",
+       {"j.yaml:2:30", "interleaved stages cannot have replicas"}},
+      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nschedule: interleaved\n",
+       {"j.yaml:4:11", "the partitioner does not plan interleaved stages yet"}},
       {"model: m.yaml\npartition: equal\n", {"j.yaml:2:12", "needs 'stages: N'"}},
       {"model: m.yaml\npartition: [[0, 2], [2, 2]]\n", {"j.yaml:2:21", "[2, 2) is empty"}},
       {"model: m.yaml\npartition: [[0, 2], 5]\n", {"j.yaml:2:21", "range [begin, end]"}},
@@ -237,6 +255,49 @@ TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {
   const JobSpec too_many = parseJobSpec("model: m.yaml\npartition: equal\nstages: 5\n", "j.yaml");
   expectThrowWith<InvalidArgument>([&] { stageRanges(too_many, m); },
                                    {"5 stages for a model of 4 layers"});
+}
+
+// Interleaved: the partition's ranges (equal ones cut stages x chunks) go to the stages in
+// turn, stage s holding ranges s, s + stages, ...; the first and the last stage are
+// linked both ways (the ring the chunks go round), and each worker is told its chunks.
+TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
+  const Model m(parseModelSpec(
+      "input: [4]\nlayers:\n  - linear: {out: 4}\n  - relu\n  - linear: {out: 4}\n  - relu\n"
+      "  - linear: {out: 4}\n  - relu\n  - linear: {out: 2}\n"));
+  const JobSpec equal = parseJobSpec(
+      "model: m.yaml\npartition: equal\nstages: 2\nschedule: interleaved\nmicrobatches: 2\n",
+      "j.yaml");
+  EXPECT_EQ(equal.chunks, 2);
+  EXPECT_EQ(equal.stages, 2);
+  const std::vector<StagePlacement> stages = jobStages(equal, m);
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[0].chunks, (std::vector<LayerRange>{{0, 2}, {4, 6}}));
+  EXPECT_EQ(stages[1].chunks, (std::vector<LayerRange>{{2, 4}, {6, 7}}));
+  EXPECT_EQ(stages[1].begin, 2u);
+  EXPECT_EQ(stages[1].end, 7u);
+  const std::vector<Assign> as = jobAssignments(equal, stages, false, false, "spec", "", 0);
+  ASSERT_EQ(as.size(), 2u);
+  EXPECT_EQ(as[0].prev_replicas, 1);
+  EXPECT_EQ(as[0].next_replicas, 1);
+  EXPECT_EQ(as[1].prev_replicas, 1);
+  EXPECT_EQ(as[1].next_replicas, 1);
+  EXPECT_EQ(as[1].chunks, stages[1].chunks);
+  EXPECT_EQ(as[0].schedule, ScheduleKind::kInterleaved1F1B);
+  // Each stage's memory counts every chunk's weights.
+  const std::vector<int64_t> bytes = stageMemory(equal, m, stages, false);
+  EXPECT_GT(bytes[0], 4 * 4 * (m.paramCount(0, 2) + m.paramCount(4, 6)) - 1);
+  const JobSpec ranges = parseJobSpec(
+      "model: m.yaml\npartition: [[0, 1], [1, 2], [2, 3], [3, 5], [5, 6], [6, 7]]\n"
+      "schedule: interleaved\nchunks: 3\n",
+      "j.yaml");
+  EXPECT_EQ(ranges.stages, 2);
+  const std::vector<StagePlacement> three = jobStages(ranges, m);
+  EXPECT_EQ(three[0].chunks, (std::vector<LayerRange>{{0, 1}, {2, 3}, {5, 6}}));
+  EXPECT_EQ(three[1].chunks, (std::vector<LayerRange>{{1, 2}, {3, 5}, {6, 7}}));
+  const JobSpec too_many =
+      parseJobSpec("model: m.yaml\npartition: equal\nstages: 4\nschedule: interleaved\n", "j.yaml");
+  expectThrowWith<InvalidArgument>([&] { stageRanges(too_many, m); },
+                                   {"4 stages of 2 chunks for a model of 7 layers"});
 }
 
 }  // namespace

@@ -241,10 +241,17 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   const Assign plain;
   Assign zero_bubble = sampleAssign();
   zero_bubble.schedule = ScheduleKind::kZeroBubbleH1;
+  Assign interleaved = sampleAssign();  // stage 1 of 3, layers [3, 6) in two chunks
+  interleaved.schedule = ScheduleKind::kInterleaved1F1B;
+  interleaved.replica = 0;
+  interleaved.replicas = 1;
+  interleaved.next_replicas = 1;
+  interleaved.chunks = {{3, 4}, {5, 6}};
   const std::vector<Message> all = {
       sampleAssign(),
       plain,
       zero_bubble,
+      interleaved,
       Ready{{"tcp://127.0.0.1:5000"}, {"a", "b"}, "cpu", 300, 100},
       Start{{}, {"tcp://x:1"}, 300, 100},
       GroupAddress{"tcp://127.0.0.1:6000"},
@@ -325,6 +332,51 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   };
   for (const Case& c : cases) {
     Assign a = sampleAssign();
+    c.spoil(a);
+    expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(a)); }, {"'assign'", c.expect});
+  }
+  // An interleaved stage's chunks: pairs in order within its layers, with the schedule,
+  // one replica and the ring's links.
+  const Case interleaved[] = {
+      {[](Assign& a) {
+         a.chunks = {{3, 4}, {3, 6}};
+       },
+       "chunk 1 [3, 6) is empty, out of order"},
+      {[](Assign& a) {
+         a.chunks = {{3, 4}, {5, 7}};
+       },
+       "outside layers [3, 6)"},
+      {[](Assign& a) {
+         a.chunks = {{4, 5}, {5, 6}};
+       },
+       "do not span layers [3, 6)"},
+      {[](Assign& a) {
+         a.chunks = {{3, 6}};
+       },
+       "2 chunk bounds: expected begin, end pairs"},
+      {[](Assign& a) { a.schedule = ScheduleKind::k1F1B; }, "chunks need the interleaved schedule"},
+      {[](Assign& a) { a.chunks.clear(); }, "the interleaved schedule needs 2 or more chunks"},
+      {[](Assign& a) { a.replicas = 2; }, "replicas 2 is not in [1, 1]"},
+      {[](Assign& a) {
+         a.stage = 2;
+         a.next_replicas = 0;
+       },
+       "next_replicas 0 is not in [1, 1]"},
+      {[](Assign& a) {
+         a.stage = 0;
+         a.stages = 1;
+         a.prev_replicas = a.next_replicas = 0;
+       },
+       "chunks on a pipeline of one stage"},
+  };
+  for (const Case& c : interleaved) {
+    Assign a = sampleAssign();
+    a.schedule = ScheduleKind::kInterleaved1F1B;
+    a.replica = 0;
+    a.replicas = 1;
+    a.next_replicas = 1;
+    a.chunks = {{3, 4}, {5, 6}};
+    ASSERT_NO_THROW(decodeMessage(encodeMessage(a)));
     c.spoil(a);
     expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(a)); }, {"'assign'", c.expect});
   }
