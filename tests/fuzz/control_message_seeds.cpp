@@ -22,7 +22,15 @@ int main(int argc, char** argv) {
       1 << 30,   1 << 29,
       0.5f,      {{"cpu", "Cortex-A72", 1 << 30, 4, false}, {"opencl:0", "GPU", 1 << 28, 8, true}},
       {"00ff"},  {"fashion-mnist"}};
+  Assign interleaved;  // stage 0 of 2 holding two chunks, linked to the last stage both ways
+  interleaved.stages = 2;
+  interleaved.prev_replicas = interleaved.next_replicas = 1;
+  interleaved.layer_end = 3;
+  interleaved.schedule = tandem::ScheduleKind::kInterleaved1F1B;
+  interleaved.chunks = {{0, 1}, {2, 3}};
   const Message all[] = {hello,
+                         Assign{},
+                         interleaved,
                          proof,
                          Refused{Refusal::kAuth, "no"},
                          node,
