@@ -2,6 +2,7 @@
 
 #include <sodium.h>
 
+#include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
@@ -131,8 +132,9 @@ struct Channel::Impl {
   }
 
   void armTimer() {
-    timer.expires_after(options.heartbeat);
-    timer.async_wait([this](boost::system::error_code ec) {
+    const auto tick = std::max(options.heartbeat / 2, std::chrono::milliseconds(1));
+    timer.expires_after(tick);
+    timer.async_wait([this, tick](boost::system::error_code ec) {
       if (ec) return;
       const auto now = Clock::now();
       std::unique_lock lock(mu);
@@ -147,7 +149,7 @@ struct Channel::Impl {
                     std::to_string(options.heartbeat.count()) + " ms missed)");
       }
       // Closing: this side has sent its FIN and sends nothing more.
-      const bool idle = !closing && now - last_sent >= options.heartbeat && writes.empty();
+      const bool idle = !closing && now - last_sent >= tick && writes.empty();
       lock.unlock();
       if (idle) queueHeartbeat();
       armTimer();

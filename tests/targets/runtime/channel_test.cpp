@@ -91,6 +91,34 @@ TEST(ChannelTest, APeerThatFallsSilentIsDeclaredGoneAfterItsStrikes) {
   EXPECT_NE(c->failure().find("heartbeats"), std::string::npos);
 }
 
+// Two live channels that say nothing for 10 of their strike windows stay up: each side's
+// heartbeats reach the other well inside the window (a false alarm would end them), and
+// messages then pass both ways.
+TEST(ChannelTest, HeartbeatsKeepAQuietChannelAlive) {
+  const ClusterKey key = generateClusterKey();
+  HandshakeOptions o;
+  o.channel.heartbeat = 100ms;
+  o.channel.strikes = 3;
+  Listener listener("127.0.0.1:0", key, o);
+  auto client =
+      std::async(std::launch::async, [&] { return connectChannel(listener.endpoint(), key, o); });
+  std::unique_ptr<Channel> server = listener.accept(5s);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Channel> c = client.get();
+  EXPECT_FALSE(c->recv(3s).has_value());  // nothing but heartbeats for 3 s
+  EXPECT_FALSE(server->recv(10ms).has_value());
+  EXPECT_EQ(c->failure(), "");
+  EXPECT_EQ(server->failure(), "");
+  c->send(Leave{"from the client"});
+  const std::optional<Message> got = server->recv(5s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(std::get<Leave>(*got).reason, "from the client");
+  server->send(Leave{"from the server"});
+  const std::optional<Message> back = c->recv(5s);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(std::get<Leave>(*back).reason, "from the server");
+}
+
 TEST(ChannelTest, APeerThatClosesIsNoticedAtOnce) {
   const ClusterKey key = generateClusterKey();
   HandServer server;
