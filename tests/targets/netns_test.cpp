@@ -69,6 +69,10 @@ class NetnsCluster {
   void cut(int i) const {
     sh(kSource + "/scripts/netns-cluster cut " + std::to_string(i) + " --prefix " + prefix_);
   }
+  // Node i drops what it sends to the cluster; its link stays up (no reset, no refusal).
+  void blackhole(int i) const {
+    sh(kSource + "/scripts/netns-cluster blackhole " + std::to_string(i) + " --prefix " + prefix_);
+  }
 
  private:
   std::string prefix_, dir_;
@@ -208,13 +212,14 @@ TEST(NetnsTest, AGptPlannedAcrossNamespacedDaemonsTrainsThenGeneratesAsOneProces
   }
 }
 
-// A node lost mid-run — its daemon killed, or its link cut — ends the run naming it, and
-// no worker is left in any namespace.
+// A node lost mid-run — its daemon killed, its link cut, or blackholed (it drops what it
+// sends while its link stays up) — ends the run naming it, and no worker is left in any
+// namespace.
 TEST(NetnsTest, ALostNodeEndsTheRunNamedWithNoWorkerLeft) {
   std::string why;
   if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
-  for (const std::string kind : {"kill", "cut"}) {
-    NetnsCluster c(kind == "kill" ? "tnK" : "tnC");
+  for (const std::string kind : {"kill", "cut", "blackhole"}) {
+    NetnsCluster c(kind == "kill" ? "tnK" : kind == "cut" ? "tnC" : "tnB");
     ASSERT_EQ(c.up().code, 0) << c.up().out;
     const std::string j = job(c.dir(), "epochs: 100\ntimeout_s: 20\n");
     const std::string log = c.dir() + "/run.log";
@@ -222,8 +227,10 @@ TEST(NetnsTest, ALostNodeEndsTheRunNamedWithNoWorkerLeft) {
     ASSERT_TRUE(waitFor(log, "epoch 1/100 step", 60s)) << slurp(log);
     if (kind == "kill")
       kill(c.daemon(1), SIGKILL);
-    else
+    else if (kind == "cut")
       c.cut(1);
+    else
+      c.blackhole(1);
     EXPECT_EQ(waitExit(pid, 30s), 1) << kind << ": the run did not end with 1:\n" << slurp(log);
     const std::string out = slurp(log);
     EXPECT_TRUE(out.find("node 'n1'") != std::string::npos ||
