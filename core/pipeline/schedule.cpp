@@ -37,21 +37,28 @@ ScheduleKind parseSchedule(std::string_view name) {
 
 bool isTraining(ScheduleKind kind) { return kind != ScheduleKind::kForwardOnly; }
 
-namespace {
-
-// The actions around one forward or backward of microbatch k at stage s of p.
-void addForward(std::vector<Action>& out, int s, int p, int64_t k) {
-  if (s > 0) out.push_back({ActionType::kRecvActivation, k});
-  out.push_back({ActionType::kForward, k});
-  if (s < p - 1) out.push_back({ActionType::kSendActivation, k});
+int64_t interleavedWarmup(int stage, int stages, int chunks) {
+  return 2 * static_cast<int64_t>(stages - stage - 1) + static_cast<int64_t>(chunks - 1) * stages;
 }
 
-void addBackward(std::vector<Action>& out, int s, int p, int64_t k) {
-  if (s < p - 1) out.push_back({ActionType::kRecvGradient, k});
-  out.push_back({ActionType::kBackward, k});
-  if (s > 0) {
-    out.push_back({ActionType::kSendGradient, k});
-    out.push_back({ActionType::kWeightGradient, k});
+namespace {
+
+// The actions around one forward or backward of microbatch k at stage s of p, on chunk c
+// of v (virtual stage c * p + s of p * v; one chunk for every kind but the interleaved).
+void addForward(std::vector<Action>& out, int s, int p, int64_t k, int32_t c = 0, int v = 1) {
+  const int64_t vs = static_cast<int64_t>(c) * p + s, last = static_cast<int64_t>(p) * v - 1;
+  if (vs > 0) out.push_back({ActionType::kRecvActivation, k, c});
+  out.push_back({ActionType::kForward, k, c});
+  if (vs < last) out.push_back({ActionType::kSendActivation, k, c});
+}
+
+void addBackward(std::vector<Action>& out, int s, int p, int64_t k, int32_t c = 0, int v = 1) {
+  const int64_t vs = static_cast<int64_t>(c) * p + s, last = static_cast<int64_t>(p) * v - 1;
+  if (vs < last) out.push_back({ActionType::kRecvGradient, k, c});
+  out.push_back({ActionType::kBackward, k, c});
+  if (vs > 0) {
+    out.push_back({ActionType::kSendGradient, k, c});
+    out.push_back({ActionType::kWeightGradient, k, c});
   }
 }
 
@@ -136,27 +143,17 @@ std::vector<std::pair<int64_t, int32_t>> interleavedOrder(int p, int64_t m, int 
 // `warmup`: forwards before the first backward (-1: the kind's own count).
 std::vector<Action> interleaved(int s, int p, int64_t m, int v, int64_t warmup) {
   const int64_t total = v * m;
-  const int64_t last = static_cast<int64_t>(p) * v - 1;  // the last virtual stage
   const auto forwards = interleavedOrder(p, m, v, false);
   const auto backwards = interleavedOrder(p, m, v, true);
   auto forward = [&](std::vector<Action>& out, int64_t i) {
     const auto [k, c] = forwards[static_cast<size_t>(i)];
-    const int64_t vs = static_cast<int64_t>(c) * p + s;
-    if (vs > 0) out.push_back({ActionType::kRecvActivation, k, c});
-    out.push_back({ActionType::kForward, k, c});
-    if (vs < last) out.push_back({ActionType::kSendActivation, k, c});
+    addForward(out, s, p, k, c, v);
   };
   auto backward = [&](std::vector<Action>& out, int64_t i) {
     const auto [k, c] = backwards[static_cast<size_t>(i)];
-    const int64_t vs = static_cast<int64_t>(c) * p + s;
-    if (vs < last) out.push_back({ActionType::kRecvGradient, k, c});
-    out.push_back({ActionType::kBackward, k, c});
-    if (vs > 0) {
-      out.push_back({ActionType::kSendGradient, k, c});
-      out.push_back({ActionType::kWeightGradient, k, c});
-    }
+    addBackward(out, s, p, k, c, v);
   };
-  if (warmup < 0) warmup = 2 * (p - s - 1) + static_cast<int64_t>(v - 1) * p;
+  if (warmup < 0) warmup = interleavedWarmup(s, p, v);
   warmup = std::min(warmup, total);
   std::vector<Action> out;
   for (int64_t i = 0; i < warmup; ++i) forward(out, i);
@@ -214,13 +211,8 @@ std::vector<Action> stageActions(ScheduleKind kind, int stage, int stages, int64
         return out;
       }
       // Interleaved stages: in interleaved 1F1B's order of forwards.
-      for (const auto& [k, c] : interleavedOrder(p, m, chunks, false)) {
-        const int64_t vs = static_cast<int64_t>(c) * p + s;
-        if (vs > 0) out.push_back({ActionType::kRecvActivation, k, c});
-        out.push_back({ActionType::kForward, k, c});
-        if (vs < static_cast<int64_t>(p) * chunks - 1)
-          out.push_back({ActionType::kSendActivation, k, c});
-      }
+      for (const auto& [k, c] : interleavedOrder(p, m, chunks, false))
+        addForward(out, s, p, k, c, chunks);
       return out;
     case ScheduleKind::kZeroBubbleH1:
       return zeroBubbleH1(p, m)[static_cast<size_t>(s)];

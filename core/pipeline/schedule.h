@@ -75,6 +75,9 @@ std::string_view scheduleName(ScheduleKind kind);
 // otherwise.
 ScheduleKind parseSchedule(std::string_view name);
 bool isTraining(ScheduleKind kind);
+// Interleaved 1F1B's warm-up at stage s of p with v chunks: 2(p-s-1) + (v-1)p forwards
+// before the first backward (at most all v m of them).
+int64_t interleavedWarmup(int stage, int stages, int chunks);
 
 // Stage `stage`'s actions (0-based, of `stages`) for `microbatches` microbatches; `chunks`
 // model chunks per stage (interleaved, and forward-only on interleaved stages, which then

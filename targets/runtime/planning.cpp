@@ -280,8 +280,8 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
     // Interleaved: each chunk's weights and state, and the stash of as many microbatches
     // as the schedule's warm-up forwards (the most any chunk of the stage can hold).
     const auto v = static_cast<int>(st.chunks.size());
-    const int held =
-        std::min<int>(2 * (n - s - 1) + (v - 1) * n + 1, static_cast<int>(job.microbatches) * v);
+    const auto held =
+        static_cast<int>(std::min<int64_t>(interleavedWarmup(s, n, v) + 1, job.microbatches * v));
     int64_t bytes = 0;
     for (const LayerRange& c : st.chunks) bytes += cost.memory(c.begin, c.end, held, 1, n);
     out.push_back(bytes);
