@@ -1,6 +1,7 @@
 #include "core/host_limits.h"
 
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cmath>
@@ -201,6 +202,12 @@ LimitSources thisProcess() {
 CpuLimit cpuLimit() { return cpuLimitFrom(thisProcess()); }
 
 MemoryLimit memoryLimit() { return memoryLimitFrom(thisProcess()); }
+
+double processCpuSeconds() {
+  timespec t{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 int usableThreads(int requested, const CpuLimit& limit) {
   const int want = std::max(1, requested);

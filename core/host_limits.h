@@ -52,6 +52,9 @@ MemoryLimit memoryLimitFrom(const LimitSources& s);
 // period in seconds; nullopt when it grants no limit or cannot be read.
 std::optional<std::pair<double, double>> parseCpuMax(const std::string& text);
 
+// CPU seconds this process has used so far, every thread, user and system.
+double processCpuSeconds();
+
 // Threads worth starting for `requested` under `limit`: at most the cores the quota
 // grants, rounded up, and at least one. Threads beyond the quota only take turns at it.
 int usableThreads(int requested, const CpuLimit& limit);

@@ -255,6 +255,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
     }
 
   p.node_cores.assign(nodes, 0);
+  p.node_message_cpu.assign(nodes, {});
   for (size_t ni = 0; ni < nodes; ++ni) {
     const ClusterNode& n = cluster.nodes[ni];
     for (const ClusterDevice& cd : n.devices) {
@@ -289,6 +290,20 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       // The loss runs on the last stage, with the last layer; training pays for it.
       if (options.objective == Objective::kTrainThroughput)
         d.forward_s.back() += dp.loss.median * scale;
+      // The update runs once per step over the stage's parameters; profiles before
+      // version 4 did not measure it. It runs for milliseconds, long enough for a CPU
+      // quota to stall it (most of its repeats on a quarter-core node): there its fastest
+      // repeat is its burst speed, which the throttle then scales like the layers'.
+      const auto update = dp.update.find(options.optimizer);
+      int64_t param_bytes = 0;
+      for (const LayerBytes& l : p.layers) param_bytes += l.param_bytes;
+      if (options.objective == Objective::kTrainThroughput && update != dp.update.end() &&
+          param_bytes > 0) {
+        const Spread& u = update->second;
+        const double burst = dp.sustained.quota_cores > 0 ? u.min : u.median;
+        d.update_s_per_param_byte =
+            burst * dp.sustained.throttle() / static_cast<double>(param_bytes);
+      }
       // Under a CPU quota the layers' medians are its burst speed, and it keeps up the
       // sustained rate's share of each period at that speed.
       const Sustained& su = dp.sustained;
@@ -302,6 +317,17 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       if (dp.device.host_cores && prof.load == 0)
         d.host_threads = dp.device.kind == "cpu" ? cd.threads : dp.device.compute_units;
       p.node_cores[ni] = std::max(p.node_cores[ni], su.cpu_cores);
+      // The node's message cost: the line through its smallest and largest measured
+      // messages (a single point: a fixed cost), never negative.
+      if (!prof.message_cpu.empty()) {
+        const MessageCpu &a = prof.message_cpu.front(), &z = prof.message_cpu.back();
+        MessageCpuCost c;
+        if (z.bytes > a.bytes)
+          c.per_byte_s =
+              std::max(0.0, (z.cpu_s - a.cpu_s) / static_cast<double>(z.bytes - a.bytes));
+        c.fixed_s = std::max(0.0, a.cpu_s - c.per_byte_s * static_cast<double>(a.bytes));
+        p.node_message_cpu[ni] = c;
+      }
       p.devices.push_back(std::move(d));
     }
   }

@@ -53,6 +53,8 @@ void validate(const Problem& p) {
     for (size_t l = 0; l < layers; ++l)
       TANDEM_CHECK_MSG(d.forward_s[l] >= 0 && d.backward_s[l] >= 0, InvalidArgument,
                        "device " << d.name << " has a negative time for layer " << l);
+    TANDEM_CHECK_MSG(d.update_s_per_param_byte >= 0, InvalidArgument,
+                     "device " << d.name << " has a negative update time");
     TANDEM_CHECK_MSG(d.host_threads >= 0, InvalidArgument,
                      "device " << d.name << " keeps " << d.host_threads << " host threads busy");
     TANDEM_CHECK_MSG(d.burst_ratio > 0 && d.burst_ratio <= 1 && d.burst_budget_s >= 0,
@@ -64,6 +66,13 @@ void validate(const Problem& p) {
                    "cores for " << p.node_cores.size() << " of " << nodes << " nodes");
   for (const double c : p.node_cores)
     TANDEM_CHECK_MSG(c >= 0, InvalidArgument, "a node with " << c << " cores");
+  TANDEM_CHECK_MSG(
+      p.node_message_cpu.empty() || p.node_message_cpu.size() == nodes, InvalidArgument,
+      "message costs for " << p.node_message_cpu.size() << " of " << nodes << " nodes");
+  for (const MessageCpuCost& m : p.node_message_cpu)
+    TANDEM_CHECK_MSG(
+        m.fixed_s >= 0 && m.per_byte_s >= 0, InvalidArgument,
+        "a message costing " << m.fixed_s << " s and " << m.per_byte_s << " s per byte of CPU");
   const CostOptions& o = p.options;
   TANDEM_CHECK_MSG(o.microbatches >= 1 && o.microbatch_size >= 1, InvalidArgument,
                    o.microbatches << " microbatches of " << o.microbatch_size << " samples");
@@ -84,7 +93,8 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
       if (r.node == devs[d].node && r.memory_bytes == devs[d].memory_bytes &&
           r.forward_s == devs[d].forward_s && r.backward_s == devs[d].backward_s &&
           r.burst_ratio == devs[d].burst_ratio && r.burst_budget_s == devs[d].burst_budget_s &&
-          r.host_threads == devs[d].host_threads) {
+          r.host_threads == devs[d].host_threads &&
+          r.update_s_per_param_byte == devs[d].update_s_per_param_byte) {
         types_[t].devices.push_back(static_cast<int>(d));
         type_of_[d] = static_cast<int>(t);
         break;
@@ -170,6 +180,11 @@ double CostModel::nodeCores(int node) const {
   return c.empty() ? 0 : c[static_cast<size_t>(node)];
 }
 
+double CostModel::messageCpu(int node, double bytes) const {
+  const auto& m = problem_.node_message_cpu;
+  return m.empty() ? 0 : m[static_cast<size_t>(node)].of(bytes);
+}
+
 const LinkCosts& CostModel::linkCosts(int from, int to) const {
   const int a = types_[static_cast<size_t>(from)].node, b = types_[static_cast<size_t>(to)].node;
   return problem_.links[static_cast<size_t>(a)][static_cast<size_t>(b)];
@@ -184,9 +199,15 @@ double CostModel::allreduce(int type, size_t begin, size_t end, int replicas) co
          2 * (k - 1) * l.latency_s;
 }
 
+double CostModel::update(int type, size_t begin, size_t end) const {
+  if (!training()) return 0;
+  return static_cast<double>(paramBytes(begin, end)) * deviceOf(type).update_s_per_param_byte;
+}
+
 double CostModel::stage(int type, size_t begin, size_t end, int replicas) const {
   return compute(type, begin, end) / replicas +
-         allreduce(type, begin, end, replicas) / static_cast<double>(options().microbatches);
+         (allreduce(type, begin, end, replicas) + update(type, begin, end)) /
+             static_cast<double>(options().microbatches);
 }
 
 double CostModel::linkTime(int64_t bytes, double ratio, int from_node, int to_node) const {

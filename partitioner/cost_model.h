@@ -8,7 +8,9 @@
 //
 // Time per microbatch (seconds):
 //   compute(t, [b, e))   = sum of forward (+ backward when training) times on type t
-//   stage(t, [b, e), k)  = compute / k + allreduce / m      (k replicas, m microbatches)
+//   stage(t, [b, e), k)  = compute / k + (allreduce + update) / m
+//                          (k replicas, m microbatches; update: the optimizer's, once a
+//                          step over the stage's parameters, on every replica)
 //   allreduce            = ring over the k replicas' node link:
 //                          2(k-1)/k * gradient bytes / bandwidth + 2(k-1) * latency
 //   link(e, u -> v)      = out bytes * activation ratio / bandwidth + latency
@@ -64,6 +66,8 @@ class CostModel {
   double backward(int type, size_t begin, size_t end) const;
   double weightGradient(int type, size_t begin, size_t end) const;
   double allreduce(int type, size_t begin, size_t end, int replicas) const;
+  // The optimizer's update of layers [begin, end) once per step (0 when not training).
+  double update(int type, size_t begin, size_t end) const;
   double stage(int type, size_t begin, size_t end, int replicas) const;
   // The link carrying layer end-1's output from type `from` to type `to`.
   double link(size_t end, int from, int to) const;
@@ -71,6 +75,8 @@ class CostModel {
   double link(size_t end, int from, int to, double activation_ratio, double gradient_ratio) const;
   // The cores a node's host devices share (0: not known).
   double nodeCores(int node) const;
+  // CPU seconds a message of `bytes` costs node `node`, both ends together (0: not known).
+  double messageCpu(int node, double bytes) const;
   // The link from type `from`'s node to type `to`'s (within a node: its `local` link).
   const LinkCosts& linkCosts(int from, int to) const;
   // Latency objective: the input's trip from the source device to type `to` (0 when

@@ -50,6 +50,17 @@ struct DeviceCosts {
   // profile already had its neighbours running beside it). Stages on one node's host
   // devices share Problem::node_cores (simulate.h).
   double host_threads = 0;
+  // The optimizer's update once per training step (gradients zeroed, then the step), per
+  // parameter byte a stage holds, as it sustains it (the profile's update_s for the job's
+  // optimizer over the model's parameter bytes, scaled like the layers). 0: not measured.
+  double update_s_per_param_byte = 0;
+};
+
+// The CPU a message costs its node's cores (both ends together): fixed + per_byte * bytes
+// (the line through a profile's MessageCpu points).
+struct MessageCpuCost {
+  double fixed_s = 0, per_byte_s = 0;
+  double of(double bytes) const { return fixed_s + per_byte_s * bytes; }
 };
 
 struct LinkCosts {
@@ -72,6 +83,7 @@ struct CostOptions {
   int64_t microbatch_size = 16;          // samples in one microbatch
   bool recompute = false;                // stash only each stage's input, recompute in backward
   double optimizer_state_per_param = 1;  // bytes of optimizer state per parameter byte
+  std::string optimizer = "sgd";         // whose update the profiles' update_s prices
   // Bytes on the wire per fp32 byte, after the link's codec (fp16: 0.5), and the codecs'
   // names, for every link unless chosen per link.
   double activation_ratio = 1, gradient_ratio = 1;
@@ -95,6 +107,10 @@ struct Problem {
   // Per node: the CPU cores its host devices share (its CPUs, or its quota when lower);
   // empty or 0: not known, no sharing priced.
   std::vector<double> node_cores;
+  // Per node: what a message costs its cores; a message between stages is charged half
+  // to the sender's node and half to the receiver's, where the cores are known
+  // (simulate.h). Empty: not measured.
+  std::vector<MessageCpuCost> node_message_cpu;
   CostOptions options;
 };
 

@@ -52,7 +52,9 @@ struct Burst {
 };
 
 struct Stage {
-  double forward = 0, backward = 0, weight = 0, step = 0;  // sustained seconds
+  // Sustained seconds: compute per microbatch; the replicas' allreduce and the
+  // optimizer's update once per step.
+  double forward = 0, backward = 0, weight = 0, step = 0, update = 0;
   double out_bytes = 0, in_bytes = 0;  // activation sent on, gradient sent back (wire bytes)
   Wire next, prev;                     // to stage s + 1, to stage s - 1
   Burst burst;
@@ -114,15 +116,18 @@ Run runStages(std::vector<Stage> st, int64_t m, const std::vector<double>& stret
         break;
       case ActionType::kStep:
         now += x.step;  // waiting on the other replicas, not computing
-        r.ends[static_cast<size_t>(steps_done[i])] =
-            std::max(r.ends[static_cast<size_t>(steps_done[i])], now);
-        ++steps_done[i];
+        work = x.update;
         break;
     }
     if (work >= 0) {
       const double wall = x.burst.run(now, work * stretch[i]);
       now += wall;
       r.busy[i] += wall;
+    }
+    if (a.type == ActionType::kStep) {
+      r.ends[static_cast<size_t>(steps_done[i])] =
+          std::max(r.ends[static_cast<size_t>(steps_done[i])], now);
+      ++steps_done[i];
     }
     ++pc[i];
     return true;
@@ -177,12 +182,16 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
                                                  : 0;
     x.backward = whole - x.weight;
     x.step = cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
+    x.update = cost.update(t, ps.at.begin, ps.at.end);
     const DeviceCosts& d = cost.deviceOf(t);
     // The budget starts empty: a stage kept busy never refills it, one that idles does
     // within a step, and the last step is measured.
     x.burst = {d.burst_ratio, d.burst_budget_s, 0, 0};
     x.node = d.node;
-    x.threads = d.host_threads;
+    // Its times are what it sustains on the node (under a CPU quota, at the quota's rate):
+    // computing, it keeps at most the node's cores busy, however many threads it has.
+    const double cores = cost.nodeCores(d.node);
+    x.threads = cores > 0 ? std::min(d.host_threads, cores) : d.host_threads;
     for (int step = 0; step < kSteps; ++step)
       for (Action a : one) {
         a.microbatch += step * m;
@@ -200,9 +209,21 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
       y.prev = {0, 1 / back.bandwidth, back.latency_s};
     }
   }
-  // Stages on one node's host devices share its cores: when the threads they keep busy,
-  // over a step on average, outnumber the cores, each computes that much slower. The
-  // slowdown changes the step, which changes how busy they are: a few damped rounds.
+  // Stages on one node's host devices share its cores, with the messages' CPU there: when
+  // the threads they keep busy, over a step on average, outnumber the cores, each computes
+  // that much slower. The slowdown changes the step, which changes how busy they are: a
+  // few damped rounds.
+  // The messages' CPU on each node per step (CostModel::messageCpu): each link carries m
+  // activations and m gradients, half of a message's cost charged to either end's node.
+  std::vector<double> messages(cost.problem().node_names.size(), 0);
+  for (size_t s = 0; s + 1 < st.size(); ++s) {
+    const int a = st[s].node, z = st[s + 1].node;
+    const double mb = static_cast<double>(m);
+    for (const double bytes : {st[s].out_bytes, st[s + 1].in_bytes}) {
+      messages[static_cast<size_t>(a)] += 0.5 * mb * cost.messageCpu(a, bytes);
+      messages[static_cast<size_t>(z)] += 0.5 * mb * cost.messageCpu(z, bytes);
+    }
+  }
   std::vector<double> stretch(static_cast<size_t>(p), 1.0);
   Run run = runStages(st, m, stretch, schedule);
   for (int round = 0; round < kSharingRounds; ++round) {
@@ -210,7 +231,8 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
     if (!(step > 0)) break;
     // Threads present on each node on average (processor sharing: a stretched action
     // keeps its threads there longer, each getting cores / present of a core).
-    std::vector<double> demand(cost.problem().node_names.size(), 0);
+    std::vector<double> demand(messages.size(), 0);
+    for (size_t n = 0; n < messages.size(); ++n) demand[n] = messages[n] / step;
     for (size_t s = 0; s < st.size(); ++s)
       demand[static_cast<size_t>(st[s].node)] += run.busy[s] / kSteps / step * st[s].threads;
     bool changed = false;

@@ -12,7 +12,8 @@
 //                     message at a time: bytes (after the codec) over the bandwidth, then
 //                     the latency until it arrives
 //   receive ...       waits for the message to arrive
-//   step              the replicas' gradient allreduce (a replicated stage)
+//   step              the replicas' gradient allreduce (a replicated stage), then the
+//                     optimizer's update of the stage's parameters (CostModel::update)
 // A replicated stage runs each microbatch split over its replicas (compute / k). A device
 // under a CPU quota computes at full speed while its burst budget lasts (DeviceCosts::
 // burst_ratio, burst_budget_s: a token bucket), at the sustained rate after. Five steps
@@ -22,9 +23,14 @@
 // Stages on one node's host devices (DeviceCosts::host_threads) share its cores
 // (Problem::node_cores): when the threads they keep busy, on average over a step,
 // outnumber the cores, each computes that much slower (a damped fixed point of runs).
+// A stage computing keeps at most the node's cores busy (a quarter-core quota: a quarter,
+// whatever its threads), since its times are what it sustains there. The messages a step
+// sends and receives keep the cores busy too (Problem::node_message_cpu, measured by the
+// node's daemon): half of each message's CPU on the sender's node, half on the
+// receiver's. On a node with cores to spare it costs nothing; on a quarter-core node whose
+// stage is busy all the time it lengthens the step by that CPU over the quota.
 //
-// What it leaves out: the optimizer's own update, data loading, the executor's and the
-// transport's own work per message, memory bandwidth and caches that co-located stages
+// What it leaves out: data loading, memory bandwidth and caches that co-located stages
 // share, and nodes that share a machine without knowing it (docs/partitioner.md says how
 // far the predictions hold, and scripts/plan-fidelity measures it).
 #pragma once

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/host_limits.h"
 #include "core/loss.h"
+#include "core/optimizer.h"
 #include "core/random.h"
 
 namespace tandem {
@@ -87,6 +88,20 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     out.layers.push_back(std::move(l));
   }
   if (classifier) out.loss = spreadOf(std::move(loss));
+  // The update after the pass left gradients in every parameter: zeroed and stepped as
+  // the executor does once per training step (the optimizers' own defaults otherwise).
+  for (const char* kind : {"sgd", "adamw"}) {
+    OptimizerOptions oo;
+    oo.kind = kind;
+    Optimizer optimizer(backend, oo);
+    out.update[kind] = timeRepeated(
+        [&] {
+          model.zeroGrad();
+          optimizer.step(model.params());
+          backend.synchronize();
+        },
+        o.warmup, o.repeats);
+  }
   Sustained& su = out.sustained;
   for (const LayerProfile& l : out.layers) su.burst_pass_s += l.forward.median + l.backward.median;
   su.burst_pass_s += out.loss.median;
@@ -213,6 +228,11 @@ std::string profileToJson(const Profile& p) {
                                          {"gemm", gemm},
                                          {"layers", layers}});
     if (d.loss.repeats > 0) dj["loss_s"] = spreadJson(d.loss);
+    if (!d.update.empty()) {
+      json update = json::object();
+      for (const auto& [kind, s] : d.update) update[kind] = spreadJson(s);
+      dj["update_s"] = update;
+    }
     if (d.sustained.passes > 0) {
       const Sustained& su = d.sustained;
       dj["sustained"] = {{"pass_s", su.pass_s},
@@ -232,6 +252,12 @@ std::string profileToJson(const Profile& p) {
     j["warmup"] = p.warmup;
     j["repeats"] = p.repeats;
     j["load"] = p.load;
+  }
+  if (!p.message_cpu.empty()) {
+    json points = json::array();
+    for (const MessageCpu& m : p.message_cpu)
+      points.push_back({{"bytes", m.bytes}, {"cpu_s", m.cpu_s}});
+    j["message_cpu"] = points;
   }
   if (p.links) {
     json links = json::array();
@@ -312,6 +338,15 @@ Profile parseProfile(const std::string& text, const std::string& where) {
       d.layers.push_back(std::move(lp));
     }
     if (version > 1 && r.has("loss_s")) d.loss = r.spread("loss_s");
+    if (version > 3 && r.has("update_s")) {
+      const json& uj = r.at("update_s", json::value_t::object);
+      const Reader u = r.child(uj, ".update_s");
+      for (const auto& item : uj.items()) {
+        const std::string& kind = item.key();
+        if (kind != "sgd" && kind != "adamw") u.fail(kind, "is not an optimizer (sgd, adamw)");
+        d.update[kind] = u.spread(kind.c_str());
+      }
+    }
     if (version > 2 && r.has("sustained")) {
       const Reader su = r.child(r.at("sustained", json::value_t::object), ".sustained");
       Sustained& t = d.sustained;
@@ -331,6 +366,18 @@ Profile parseProfile(const std::string& text, const std::string& where) {
         su.fail("quota_period_s", "does not go with quota_cores (both 0, or both positive)");
     }
     p.devices.push_back(std::move(d));
+  }
+  if (version > 3 && top.has("message_cpu")) {
+    const json& points = top.array("message_cpu");
+    for (size_t i = 0; i < points.size(); ++i) {
+      const Reader m = top.child(points[i], "message_cpu[" + std::to_string(i) + "]");
+      const MessageCpu point{m.integer("bytes"), m.num("cpu_s")};
+      if (point.bytes < 1) m.fail("bytes", "is not positive");
+      if (!(point.cpu_s >= 0)) m.fail("cpu_s", "is negative");
+      if (!p.message_cpu.empty() && point.bytes <= p.message_cpu.back().bytes)
+        m.fail("bytes", "is not larger than the point before");
+      p.message_cpu.push_back(point);
+    }
   }
   if (version > 1 && top.has("links")) {
     const Reader l = top.child(top.at("links", json::value_t::object), "links");

@@ -6,14 +6,14 @@
 // A profile may also hold the links between the nodes of a cluster, measured by
 // `tandem profile --links` (with or without devices).
 //
-// On disk it is JSON, schema "tandem-profile" version 3 (docs/profile.md, with the
+// On disk it is JSON, schema "tandem-profile" version 4 (docs/profile.md, with the
 // JSON Schema in docs/profile.schema.json). parseProfile() checks every field's
-// presence and type, reads versions 1 (no loss, no links) and 2 (no sustained
-// measurement) too and refuses others,
-// naming the field.
+// presence and type, reads versions 1 (no loss, no links), 2 (no sustained
+// measurement) and 3 (no optimizer update) too and refuses others, naming the field.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,7 +24,7 @@
 
 namespace tandem {
 
-inline constexpr int kProfileVersion = 3;
+inline constexpr int kProfileVersion = 4;
 inline constexpr double kThrottleNoise = 1.5;
 
 struct LayerProfile {
@@ -75,6 +75,11 @@ struct DeviceProfile {
   // or a model whose output is not [batch, classes]).
   Spread loss;
   Sustained sustained;  // version 3; not measured in earlier versions
+  // Version 4: one optimizer update of every parameter of the model (the gradients
+  // zeroed, then the step), as a stage runs it once per training step, per optimizer
+  // kind ("sgd" with momentum, "adamw"); seconds, median and spread over the repeats.
+  // Empty: not measured.
+  std::map<std::string, Spread> update;
 };
 
 // One measured link: from == to is within a node (two processes there).
@@ -83,6 +88,15 @@ struct LinkProfile {
   double bandwidth = 0;  // bytes per second, one way
   double latency_s = 0;  // half the median round trip
   Spread round_trip;     // seconds
+};
+
+// What a message costs a node's CPU: sent and received over the transport the stages use,
+// both ends in one process on the node's loopback, one message at a time each way (as a
+// pipeline's activations and gradients go), CPU seconds of the whole process per message
+// of `bytes` — both ends together, every thread (the transport's I/O threads too).
+struct MessageCpu {
+  int64_t bytes = 0;
+  double cpu_s = 0;
 };
 
 struct LinkSet {
@@ -101,6 +115,9 @@ struct Profile {
   int warmup = 0, repeats = 0;
   int load = 0;  // model copies training beside the measured one (tandem profile --load)
   std::vector<DeviceProfile> devices;
+  // Version 4, measured by a node's daemon: at a few message sizes, ascending. Empty:
+  // not measured (`tandem profile` without daemons, earlier versions).
+  std::vector<MessageCpu> message_cpu;
   std::optional<LinkSet> links;
 };
 

@@ -7,14 +7,17 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 #include "backends/registry.h"
 #include "core/error.h"
 #include "core/host_limits.h"
 #include "core/model_spec.h"
 #include "core/profile/measure.h"
+#include "targets/runtime/cluster_key.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/weight_cache.h"
+#include "transport/zmq_link.h"
 
 namespace tandem::runtime {
 
@@ -26,11 +29,11 @@ namespace {
 std::string cacheKey(const ProfileTask& task, const ProfileDevice& d, const CpuLimit& cpu) {
   char cores[32];
   std::snprintf(cores, sizeof cores, "%.3f", cpu.cores());
-  const std::string what = "tandem profile cache 2\n" + buildName() + "\n" + d.backend + "\n" +
+  const std::string what = "tandem profile cache 3\n" + buildName() + "\n" + d.backend + "\n" +
                            std::to_string(d.threads) + "\n" + std::to_string(d.load) + "\n" +
-                           cores + "\n" +
-                           std::to_string(task.batch) + " " + std::to_string(task.warmup) + " " +
-                           std::to_string(task.repeats) + "\n" + task.model_spec;
+                           cores + "\n" + std::to_string(task.batch) + " " +
+                           std::to_string(task.warmup) + " " + std::to_string(task.repeats) + "\n" +
+                           task.model_spec;
   return contentHash(std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
 }
 
@@ -88,6 +91,61 @@ double quickPass(const ModelSpec& spec, const ProfileDevice& d, const BackendOpt
     }));
   }
   return spreadOf(passes).median;
+}
+
+// The message sizes whose CPU is measured (the partitioner draws the line through them)
+// and the round trips timed at each, after a few untimed.
+constexpr int64_t kMessageSizes[] = {int64_t{4} << 10, int64_t{256} << 10};
+constexpr int kMessageWarmup = 10, kMessageRounds = 100;
+
+// A node's CPU per message (core/profile/profile.h, MessageCpu): two links over this
+// node's loopback, encrypted as a cluster run's stages' are (with a throwaway key), a
+// tensor sent one way and the same size answered, one at a time; the process's CPU over
+// the timed round trips, per message.
+std::vector<MessageCpu> measureMessageCpu() {
+  transport::Context context;
+  transport::LinkOptions o;
+  o.bind = "tcp://127.0.0.1:*";
+  o.timeout = std::chrono::seconds(30);
+  const DataPlaneKeys keys = dataPlaneKeys(generateClusterKey());
+  o.curve_secret_key = keys.secret_key;
+  o.curve_peer_public_key = keys.public_key;
+  transport::ZmqLink near(context, o), far(context, o);
+  near.connect(far.endpoint());
+  far.connect(near.endpoint());
+  auto backend = makeBackend("cpu");
+  std::vector<MessageCpu> out;
+  int64_t tag = 0;
+  for (const int64_t bytes : kMessageSizes) {
+    const Tensor t = backend->zeros(Shape{bytes / 4});
+    const int64_t first = tag, rounds = kMessageWarmup + kMessageRounds;
+    std::exception_ptr echo_error;
+    std::thread echo([&] {
+      try {
+        auto b = makeBackend("cpu");
+        for (int64_t k = first; k < first + rounds; ++k)
+          far.send({MessageKind::kGradient, k}, far.recv({MessageKind::kActivation, k}, *b));
+      } catch (...) {
+        echo_error = std::current_exception();
+      }
+    });
+    double cpu0 = 0;
+    std::exception_ptr error;
+    try {
+      for (; tag < first + rounds; ++tag) {
+        if (tag == first + kMessageWarmup) cpu0 = processCpuSeconds();
+        near.send({MessageKind::kActivation, tag}, t);
+        near.recv({MessageKind::kGradient, tag}, *backend);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    echo.join();
+    if (error) std::rethrow_exception(error);
+    if (echo_error) std::rethrow_exception(echo_error);
+    out.push_back({bytes, (processCpuSeconds() - cpu0) / (2.0 * kMessageRounds)});
+  }
+  return out;
 }
 
 }  // namespace
@@ -191,6 +249,10 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
     }
     p.devices.push_back(std::move(measured));
   }
+  p.message_cpu = measureMessageCpu();
+  spdlog::info("a message costs this node {:.1f} us of CPU at {} KiB, {:.1f} us at {} KiB",
+               p.message_cpu.front().cpu_s * 1e6, p.message_cpu.front().bytes >> 10,
+               p.message_cpu.back().cpu_s * 1e6, p.message_cpu.back().bytes >> 10);
   result.profile = profileToJson(p);
   return result;
 }

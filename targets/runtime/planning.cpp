@@ -60,6 +60,7 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   o.microbatch_size = (job.batch + job.microbatches - 1) / job.microbatches;
   o.recompute = job.recompute;
   o.optimizer_state_per_param = optimizerStatePerParam(job.optimizer.kind, job.optimizer.momentum);
+  o.optimizer = job.optimizer.kind;
   // A codec of "auto": each link's is chosen (chooseCodecs), from fp32 up.
   o.choose_activation_codec = job.activation_codec == "auto";
   o.choose_gradient_codec = job.gradient_codec == "auto";

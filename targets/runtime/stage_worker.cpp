@@ -44,14 +44,6 @@ int64_t peakRssBytes() {
   return getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) * 1024 : 0;
 }
 
-// CPU seconds this process has used, every thread, user and system.
-double processCpuSeconds() {
-  rusage u{};
-  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
-  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; };
-  return s(u.ru_utime) + s(u.ru_stime);
-}
-
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 

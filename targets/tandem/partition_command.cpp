@@ -117,6 +117,7 @@ void runPartition(const PartitionArgs& a) {
   o.microbatch_size = (a.batch + a.microbatches - 1) / a.microbatches;
   o.recompute = a.recompute;
   o.optimizer_state_per_param = runtime::optimizerStatePerParam(a.optimizer, a.momentum);
+  o.optimizer = a.optimizer;
   {  // the job's rules: "auto" chooses each link's codec
     runtime::JobSpec codecs;
     codecs.activation_codec = a.codec;

@@ -25,7 +25,7 @@ Profile tinyProfile() {
   o.gemm_sizes = {16, 32};
   o.sustain_s = 0.05;
   const ModelSpec spec = parseModelSpec(testing::kTinyNet);
-  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, std::nullopt};
+  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, {}, std::nullopt};
   p.devices.push_back(profileDevice(spec, be, o));
   return p;
 }
@@ -72,6 +72,15 @@ TEST(ProfileTest, EveryLayerIsMeasuredWithItsSizes) {
   EXPECT_DOUBLE_EQ(su.burst_pass_s, burst);
   EXPECT_DOUBLE_EQ(su.scale(), su.pass_s / su.burst_pass_s);
   EXPECT_GT(su.cpu_cores, 0);
+  // One optimizer update of every parameter, per kind.
+  ASSERT_EQ(d.update.size(), 2u);
+  for (const char* kind : {"sgd", "adamw"}) {
+    ASSERT_EQ(d.update.count(kind), 1u) << kind;
+    const Spread& s = d.update.at(kind);
+    EXPECT_EQ(s.repeats, 3);
+    EXPECT_GT(s.min, 0);
+    EXPECT_LE(s.median, s.max);
+  }
 }
 
 // Keeps this thread busy for `s` seconds: work, as a device's pass is.
@@ -164,6 +173,15 @@ TEST(ProfileTest, JsonRoundTrips) {
   EXPECT_EQ(b.sustained.passes, a.sustained.passes);
   EXPECT_EQ(b.sustained.cpu_cores, a.sustained.cpu_cores);
   EXPECT_EQ(b.sustained.quota_cores, a.sustained.quota_cores);
+  EXPECT_TRUE(q.message_cpu.empty());
+  p.message_cpu = {{4096, 8e-5}, {262144, 6e-4}};
+  const Profile r = parseProfile(profileToJson(p), "mem");
+  ASSERT_EQ(r.message_cpu.size(), 2u);
+  EXPECT_EQ(r.message_cpu[1].bytes, 262144);
+  EXPECT_EQ(r.message_cpu[1].cpu_s, 6e-4);
+  ASSERT_EQ(b.update.size(), 2u);
+  EXPECT_EQ(b.update.at("sgd").median, a.update.at("sgd").median);
+  EXPECT_EQ(b.update.at("adamw").max, a.update.at("adamw").max);
   EXPECT_FALSE(q.links.has_value());
 }
 
@@ -193,9 +211,9 @@ TEST(ProfileTest, LinksRoundTripWithOrWithoutDevices) {
 }
 
 TEST(ProfileTest, EarlierVersionsStillRead) {
-  for (const char* version : {"1", "2"}) {
+  for (const char* version : {"1", "2", "3"}) {
     std::string text = profileToJson(tinyProfile());
-    const size_t at = text.find("\"version\": 3");
+    const size_t at = text.find("\"version\": 4");
     ASSERT_NE(at, std::string::npos);
     text.replace(at, 12, std::string("\"version\": ") + version);
     const Profile q = parseProfile(text, "old.json");
@@ -203,8 +221,12 @@ TEST(ProfileTest, EarlierVersionsStillRead) {
     if (version[0] == '1') {
       EXPECT_EQ(q.devices[0].loss.repeats, 0);  // version 1 has no loss
     }
-    EXPECT_EQ(q.devices[0].sustained.passes, 0);  // nor sustained before version 3
-    EXPECT_EQ(q.devices[0].sustained.scale(), 1.0);
+    if (version[0] != '3') {
+      EXPECT_EQ(q.devices[0].sustained.passes, 0);  // nor sustained before version 3
+      EXPECT_EQ(q.devices[0].sustained.scale(), 1.0);
+    }
+    EXPECT_TRUE(q.devices[0].update.empty());  // nor an update before version 4
+
     EXPECT_EQ(q.model, "tiny");
   }
 }
@@ -219,10 +241,10 @@ TEST(ProfileTest, BadFilesNameTheField) {
   expectThrowWith<FormatError>([] { parseProfile("{", "p.json"); }, {"p.json: not JSON"});
   expectThrowWith<FormatError>([] { parseProfile("[]", "p.json"); }, {"is not an object"});
   expectThrowWith<FormatError>(
-      [&] { parseProfile(edited("\"version\": 3", "\"version\": 4"), "p"); },
-      {"profile version 4 is not supported", "reads versions 1 to 3"});
+      [&] { parseProfile(edited("\"version\": 4", "\"version\": 5"), "p"); },
+      {"profile version 5 is not supported", "reads versions 1 to 4"});
   expectThrowWith<FormatError>(
-      [&] { parseProfile(edited("\"version\": 3", "\"version\": 0"), "p"); },
+      [&] { parseProfile(edited("\"version\": 4", "\"version\": 0"), "p"); },
       {"profile version 0 is not supported"});
   expectThrowWith<FormatError>([&] { parseProfile(edited("\"pass_s\": ", "\"pass_s\": -"), "p"); },
                                {"profile field devices[0].sustained.pass_s is not positive"});
@@ -256,6 +278,32 @@ TEST(ProfileTest, BadFilesNameTheField) {
   expectThrowWith<FormatError>(
       [&] { parseProfile(edited("\"loss_s\": {", "\"loss_s\": 5, \"x\": {"), "p"); },
       {"profile field devices[0].loss_s has the wrong type"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"update_s\": {", "\"update_s\": {\"lamb\": 1, "), "p"); },
+      {"profile field devices[0].update_s.lamb is not an optimizer (sgd, adamw)"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"update_s\": {", "\"update_s\": 2, \"x\": {"), "p"); },
+      {"profile field devices[0].update_s has the wrong type"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"sgd\": {", "\"sgd\": 7, \"x\": {"), "p"); },
+      {"profile field devices[0].update_s.sgd has the wrong type"});
+  Profile messages = tinyProfile();
+  messages.message_cpu = {{4096, 8e-5}, {262144, 6e-4}};
+  const std::string with = profileToJson(messages);
+  auto editedWith = [&](const std::string& from, const std::string& to) {
+    const size_t at = with.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return std::string(with).replace(at, from.size(), to);
+  };
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedWith("\"bytes\": 262144", "\"bytes\": 4096"), "p"); },
+      {"profile field message_cpu[1].bytes is not larger than the point before"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedWith("\"bytes\": 4096", "\"bytes\": 0"), "p"); },
+      {"profile field message_cpu[0].bytes is not positive"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedWith("\"message_cpu\": [", "\"message_cpu\": [7, "), "p"); },
+      {"profile field message_cpu[0] is not an object"});
   // Links: each field named with its place in the list.
   Profile linked = tinyProfile();
   linked.links = twoLinks();

@@ -144,6 +144,29 @@ TEST(ClusterTest, ADeviceIsPricedAtWhatItSustains) {
                                   "p.json", o);
   EXPECT_DOUBLE_EQ(old.devices[0].forward_s[1], 2e-3);
   EXPECT_EQ(old.devices[0].burst_ratio, 1);
+  EXPECT_EQ(old.devices[0].update_s_per_param_byte, 0);  // nor the update (version 4)
+  // The optimizer's update over the model's parameters, for the job's optimizer, scaled
+  // like the layers.
+  // Under the quota its fastest repeat: the others were stalled by it.
+  quota.devices[0].update = {{"sgd", {0.009, 0.002, 0.05, 3}}, {"adamw", {0.02, 0.005, 0.06, 3}}};
+  // Without a quota the median (this one throttled twice over, as its layers are).
+  quota.devices[1].update = {{"sgd", {0.003, 0.001, 0.004, 3}}};
+  int64_t params = 0;
+  for (size_t l = 0; l < model.size(); ++l) params += model.layer(l).paramCount() * 4;
+  ASSERT_GT(params, 0);
+  for (const char* kind : {"sgd", "adamw"}) {
+    o.optimizer = kind;
+    const Problem u = makeProblem(model, c, {{"p.json", quota}}, "p.json", o);
+    const double update = kind[0] == 's' ? 0.002 : 0.005;
+    EXPECT_DOUBLE_EQ(u.devices[0].update_s_per_param_byte,
+                     update * 4.5 / static_cast<double>(params))
+        << kind;
+    EXPECT_DOUBLE_EQ(u.devices[1].update_s_per_param_byte,
+                     kind[0] == 's' ? 0.003 * 2 / static_cast<double>(params) : 0)
+        << kind;  // adamw: not measured there
+    const CostModel cost(u);
+    EXPECT_NEAR(cost.update(0, 0, model.size()), update * 4.5, 1e-12);
+  }
 }
 
 // Measured links (`tandem profile --links`) fill the matrix where the cluster file lists

@@ -170,6 +170,88 @@ TEST(SimulateTest, StagesOnOneNodeShareItsCores) {
   EXPECT_EQ(plan.stages[0].at.devices, std::vector<int>{0});
 }
 
+TEST(SimulateTest, AQuotaNodesTimesAreNotSlowedByItsQuotaAgain) {
+  // A node held to a quarter of a core: its times are what it sustains there, so one stage
+  // on it, busy all the time, keeps exactly its quarter busy and runs at those times.
+  Problem problem = uniformProblem(8, 2, 0.004, 0.004);
+  problem.node_names = {"board"};
+  problem.links = {{LinkCosts{1e15, 0}}};
+  for (DeviceCosts& d : problem.devices) {
+    d.node = 0;
+    d.host_threads = 1;
+  }
+  problem.node_cores = {0.25};
+  problem.options.microbatches = 4;
+  const CostModel quota(problem);
+  Problem one = problem;
+  one.devices.pop_back();
+  const CostModel alone_cost(one);
+  EXPECT_NEAR(predictStep(alone_cost, evenPlan(alone_cost, 1)).step_s, 4 * 8 * 0.008, 1e-9);
+  // Two stages on it share that quarter: the pipeline is no faster than one stage alone
+  // (each computes at half its times while both are busy), never the 4x of counting the
+  // quota twice.
+  const double shared = predictStep(quota, evenPlan(quota, 2)).step_s;
+  EXPECT_GT(shared, 4 * 8 * 0.008 * 0.95);
+  EXPECT_LT(shared, 4 * 8 * 0.008 * 1.5);
+}
+
+TEST(SimulateTest, MessagesCostTheirNodesCoresWhereTheyAreShort) {
+  // Two stages on two nodes, each message 1000 bytes, 8 microbatches: each node's stage
+  // receives or sends one activation and one gradient per microbatch.
+  Problem problem = uniformProblem(8, 2, 0.004, 0.004);
+  problem.options.microbatches = 8;
+  for (DeviceCosts& d : problem.devices) d.host_threads = 1;
+  problem.node_cores = {0.25, 4};
+  const CostModel plain(problem);
+  const double without = predictStep(plain, evenPlan(plain, 2)).step_s;
+  // 4 ms of CPU per message (both ends): 2 ms on each node per message, 4 ms per
+  // microbatch on each.
+  problem.node_message_cpu = {{0.002, 2e-6}, {0.002, 2e-6}};
+  const CostModel cost(problem);
+  EXPECT_NEAR(cost.messageCpu(0, 1000), 0.004, 1e-15);
+  const double with = predictStep(cost, evenPlan(cost, 2)).step_s;
+  // The quarter-core node computes 64 ms of CPU a step (256 ms at its quarter) and now
+  // also 32 ms of messages: 96 ms of CPU, 384 ms at a quarter of a core at the least,
+  // where its stage idled 32 of 288 ms before. Sharing stretches the stage's compute and
+  // leaves the pipeline's fill and drain idle, so the step comes within 10% of that bound.
+  EXPECT_GT(with, 0.384 * 0.9);
+  EXPECT_LT(with, without + 0.128 + 1e-9);
+  // With cores to spare on both nodes, messages cost the step nothing.
+  problem.node_cores = {4, 4};
+  const CostModel spare(problem);
+  EXPECT_NEAR(predictStep(spare, evenPlan(spare, 2)).step_s, without, 1e-12);
+  // Costs for some nodes only, or negative ones, are refused.
+  problem.node_message_cpu.pop_back();
+  testing::expectThrowWith<InvalidArgument>([&] { CostModel bad(problem); },
+                                            {"message costs for 1 of 2"});
+  problem.node_message_cpu = {{-1, 0}, {0, 0}};
+  testing::expectThrowWith<InvalidArgument>([&] { CostModel bad(problem); },
+                                            {"a message costing -1"});
+}
+
+TEST(SimulateTest, EachStageUpdatesItsParametersOncePerStep) {
+  // Layers with parameters: the optimizer's update, once per step, over each stage's
+  // share of them, after its last backward.
+  Problem problem = uniformProblem(4, 2, 0.001, 0.002);
+  for (LayerBytes& l : problem.layers) l.param_bytes = 1000;
+  problem.options.microbatches = 4;
+  const CostModel none(problem);
+  const double without = predictStep(none, evenPlan(none, 1)).step_s;
+  EXPECT_NEAR(without, 4 * 4 * 0.003, 1e-12);
+  for (DeviceCosts& d : problem.devices) d.update_s_per_param_byte = 1e-6;  // 1 ms per layer
+  const CostModel cost(problem);
+  EXPECT_NEAR(cost.update(0, 0, 4), 0.004, 1e-15);
+  EXPECT_NEAR(cost.stage(0, 1, 3, 1), 2 * 0.003 + 0.002 / 4, 1e-15);
+  EXPECT_NEAR(predictStep(cost, evenPlan(cost, 1)).step_s, without + 0.004, 1e-12);
+  // Two stages: each updates its two layers once it is done; the first stage finishes
+  // last (its final backward waits on the second's), so the step grows by its update.
+  const double two_without = predictStep(none, evenPlan(none, 2)).step_s;
+  EXPECT_NEAR(predictStep(cost, evenPlan(cost, 2)).step_s, two_without + 0.002, 1e-12);
+  // Serving has no update.
+  problem.options.objective = Objective::kInferThroughput;
+  EXPECT_EQ(CostModel(problem).update(0, 0, 4), 0);
+}
+
 TEST(SimulateTest, ServingObjectivesAreRefused) {
   Problem problem = uniformProblem(4, 1, 0.001, 0.001);
   problem.options.objective = Objective::kInferThroughput;

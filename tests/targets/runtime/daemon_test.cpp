@@ -474,7 +474,13 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
   EXPECT_EQ(first.batch, 4);
   ASSERT_EQ(first.devices[0].layers.size(), 3u);
   EXPECT_GT(first.devices[0].layers[0].forward.median, 0);
+  // What a message costs the node, at a small size and a large one, measured each time.
+  ASSERT_EQ(first.message_cpu.size(), 2u);
+  EXPECT_LT(first.message_cpu[0].bytes, first.message_cpu[1].bytes);
+  EXPECT_GT(first.message_cpu[0].cpu_s, 0);
+  EXPECT_GT(first.message_cpu[1].cpu_s, 0);
   auto [again, cached_again] = ask(task);
+  EXPECT_EQ(again.message_cpu.size(), 2u);
   EXPECT_EQ(cached_again, 2);
   EXPECT_EQ(again.devices[1].layers[2].forward.median, first.devices[1].layers[2].forward.median);
   // Another batch is another measurement.
