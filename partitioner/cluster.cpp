@@ -198,6 +198,21 @@ Problem modelProblem(const Model& model, const CostOptions& options) {
   return p;
 }
 
+namespace {
+
+// The line through a node's smallest and largest measured messages (a single point: a
+// fixed cost), never negative.
+MessageCpuCost messageCpuCost(const std::vector<MessageCpu>& points) {
+  const MessageCpu &a = points.front(), &z = points.back();
+  MessageCpuCost c;
+  if (z.bytes > a.bytes)
+    c.per_byte_s = std::max(0.0, (z.cpu_s - a.cpu_s) / static_cast<double>(z.bytes - a.bytes));
+  c.fixed_s = std::max(0.0, a.cpu_s - c.per_byte_s * static_cast<double>(a.bytes));
+  return c;
+}
+
+}  // namespace
+
 Problem makeProblem(const Model& model, const Cluster& cluster,
                     const std::map<std::string, Profile>& profiles,
                     const std::string& default_profile, const CostOptions& options) {
@@ -256,6 +271,8 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
 
   p.node_cores.assign(nodes, 0);
   p.node_message_cpu.assign(nodes, {});
+  int64_t param_bytes = 0;  // the model's, which a profile's update_s updated
+  for (const LayerBytes& l : p.layers) param_bytes += l.param_bytes;
   for (size_t ni = 0; ni < nodes; ++ni) {
     const ClusterNode& n = cluster.nodes[ni];
     for (const ClusterDevice& cd : n.devices) {
@@ -295,8 +312,6 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       // quota to stall it (most of its repeats on a quarter-core node): there its fastest
       // repeat is its burst speed, which the throttle then scales like the layers'.
       const auto update = dp.update.find(options.optimizer);
-      int64_t param_bytes = 0;
-      for (const LayerBytes& l : p.layers) param_bytes += l.param_bytes;
       if (options.objective == Objective::kTrainThroughput && update != dp.update.end() &&
           param_bytes > 0) {
         const Spread& u = update->second;
@@ -317,17 +332,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       if (dp.device.host_cores && prof.load == 0)
         d.host_threads = dp.device.kind == "cpu" ? cd.threads : dp.device.compute_units;
       p.node_cores[ni] = std::max(p.node_cores[ni], su.cpu_cores);
-      // The node's message cost: the line through its smallest and largest measured
-      // messages (a single point: a fixed cost), never negative.
-      if (!prof.message_cpu.empty()) {
-        const MessageCpu &a = prof.message_cpu.front(), &z = prof.message_cpu.back();
-        MessageCpuCost c;
-        if (z.bytes > a.bytes)
-          c.per_byte_s =
-              std::max(0.0, (z.cpu_s - a.cpu_s) / static_cast<double>(z.bytes - a.bytes));
-        c.fixed_s = std::max(0.0, a.cpu_s - c.per_byte_s * static_cast<double>(a.bytes));
-        p.node_message_cpu[ni] = c;
-      }
+      if (!prof.message_cpu.empty()) p.node_message_cpu[ni] = messageCpuCost(prof.message_cpu);
       p.devices.push_back(std::move(d));
     }
   }

@@ -209,10 +209,6 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
       y.prev = {0, 1 / back.bandwidth, back.latency_s};
     }
   }
-  // Stages on one node's host devices share its cores, with the messages' CPU there: when
-  // the threads they keep busy, over a step on average, outnumber the cores, each computes
-  // that much slower. The slowdown changes the step, which changes how busy they are: a
-  // few damped rounds.
   // The messages' CPU on each node per step (CostModel::messageCpu): each link carries m
   // activations and m gradients, half of a message's cost charged to either end's node.
   std::vector<double> messages(cost.problem().node_names.size(), 0);
@@ -224,6 +220,10 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
       messages[static_cast<size_t>(z)] += 0.5 * mb * cost.messageCpu(z, bytes);
     }
   }
+  // Stages on one node's host devices share its cores, with the messages' CPU there: when
+  // the threads they keep busy, over a step on average, outnumber the cores, each computes
+  // that much slower. The slowdown changes the step, which changes how busy they are: a
+  // few damped rounds.
   std::vector<double> stretch(static_cast<size_t>(p), 1.0);
   Run run = runStages(st, m, stretch, schedule);
   for (int round = 0; round < kSharingRounds; ++round) {

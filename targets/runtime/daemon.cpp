@@ -293,26 +293,14 @@ struct Daemon::Impl {
         transport::ZmqLink near(*links.ctx, options()), far(*links.ctx, options());
         near.connect(far.endpoint());
         far.connect(near.endpoint());
-        std::exception_ptr echo_error;
-        std::thread echo([&] {
-          try {
-            auto backend = makeBackend("cpu");
-            echoLink(far, *backend);
-          } catch (...) {
-            echo_error = std::current_exception();
-          }
-        });
-        std::optional<LinkMeasurement> measured;
-        std::exception_ptr error;
-        try {
-          measured = measureLink(near, *links.backend, probe);
-        } catch (...) {
-          error = std::current_exception();
-        }
-        echo.join();
-        if (error) std::rethrow_exception(error);
-        if (echo_error) std::rethrow_exception(echo_error);
-        return channel.send(result(*measured));
+        LinkMeasurement measured;
+        bothEnds(
+            [&] {
+              auto backend = makeBackend("cpu");
+              echoLink(far, *backend);
+            },
+            [&] { measured = measureLink(near, *links.backend, probe); });
+        return channel.send(result(measured));
       }
     }
   }

@@ -119,36 +119,45 @@ std::vector<MessageCpu> measureMessageCpu() {
   for (const int64_t bytes : kMessageSizes) {
     const Tensor t = backend->zeros(Shape{bytes / 4});
     const int64_t first = tag, rounds = kMessageWarmup + kMessageRounds;
-    std::exception_ptr echo_error;
-    std::thread echo([&] {
-      try {
-        auto b = makeBackend("cpu");
-        for (int64_t k = first; k < first + rounds; ++k)
-          far.send({MessageKind::kGradient, k}, far.recv({MessageKind::kActivation, k}, *b));
-      } catch (...) {
-        echo_error = std::current_exception();
-      }
-    });
     double cpu0 = 0;
-    std::exception_ptr error;
-    try {
-      for (; tag < first + rounds; ++tag) {
-        if (tag == first + kMessageWarmup) cpu0 = processCpuSeconds();
-        near.send({MessageKind::kActivation, tag}, t);
-        near.recv({MessageKind::kGradient, tag}, *backend);
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-    echo.join();
-    if (error) std::rethrow_exception(error);
-    if (echo_error) std::rethrow_exception(echo_error);
+    bothEnds(
+        [&] {
+          auto b = makeBackend("cpu");
+          for (int64_t k = first; k < first + rounds; ++k)
+            far.send({MessageKind::kGradient, k}, far.recv({MessageKind::kActivation, k}, *b));
+        },
+        [&] {
+          for (; tag < first + rounds; ++tag) {
+            if (tag == first + kMessageWarmup) cpu0 = processCpuSeconds();
+            near.send({MessageKind::kActivation, tag}, t);
+            near.recv({MessageKind::kGradient, tag}, *backend);
+          }
+        });
     out.push_back({bytes, (processCpuSeconds() - cpu0) / (2.0 * kMessageRounds)});
   }
   return out;
 }
 
 }  // namespace
+
+void bothEnds(const std::function<void()>& far, const std::function<void()>& near) {
+  std::exception_ptr far_error, near_error;
+  std::thread other([&] {
+    try {
+      far();
+    } catch (...) {
+      far_error = std::current_exception();
+    }
+  });
+  try {
+    near();
+  } catch (...) {
+    near_error = std::current_exception();
+  }
+  other.join();
+  if (near_error) std::rethrow_exception(near_error);
+  if (far_error) std::rethrow_exception(far_error);
+}
 
 ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir) {
   const ModelSpec spec = parseModelSpec(task.model_spec, "the model to profile");

@@ -32,6 +32,11 @@ int64_t trainingBytes(const Model& model, int64_t batch);
 // lacks.
 ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir);
 
+// The two ends of a link within this node, each driven by its own thread (one thread
+// drives a link): `far` on a new thread, `near` on this one. Returns once both are done;
+// rethrows near's error, else far's.
+void bothEnds(const std::function<void()>& far, const std::function<void()>& near);
+
 // What node `node` of `cluster` measures of `model_spec` at `batch`: each of its devices
 // (one entry per backend and thread count) that `measure` accepts; a CPU device with the
 // node's other CPU devices' stages training beside it, as they will when a job runs.
