@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/flatbuffers_read.h"
 #include "targets/runtime/message_codec.h"
 
 namespace tandem::runtime::detail {
@@ -74,7 +75,9 @@ Assign readAssign(const fb::Assign* a) {
   range(m, "replica", out.replica, 0, out.replicas - 1);
   // Generation and interleaved stages link the first stage and the last (one replica each).
   out.generate = a->generate();
-  const size_t chunk_values = a->chunks() ? a->chunks()->size() : 0;
+  // Copied out: a crafted buffer may misalign the vector (core/flatbuffers_read.h).
+  const std::vector<int64_t> chunk_bounds = copyInt64s(a->chunks());
+  const size_t chunk_values = chunk_bounds.size();
   if (chunk_values % 2 != 0 || chunk_values > 2 * 64 || chunk_values == 2)
     bad(m, std::to_string(chunk_values) +
                " chunk bounds: expected begin, end pairs of 2 to 64 chunks, or none");
@@ -96,8 +99,7 @@ Assign readAssign(const fb::Assign* a) {
   range(m, "layer_begin", out.layer_begin, 0, int64_t{1} << 20);
   range(m, "layer_end", out.layer_end, out.layer_begin + 1, int64_t{1} << 20);
   for (size_t i = 0; i < chunk_values; i += 2) {
-    const int64_t begin = a->chunks()->Get(static_cast<flatbuffers::uoffset_t>(i));
-    const int64_t end = a->chunks()->Get(static_cast<flatbuffers::uoffset_t>(i + 1));
+    const int64_t begin = chunk_bounds[i], end = chunk_bounds[i + 1];
     const int64_t after =
         out.chunks.empty() ? out.layer_begin : static_cast<int64_t>(out.chunks.back().end);
     if (begin < after || end <= begin || end > out.layer_end)
