@@ -31,10 +31,12 @@ TEST(LaunchersTest, AWorkerHoldsNoneOfItsParentsDescriptors) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   ASSERT_EQ(::listen(listener, 4), 0);
-  // The "worker" lists its descriptors (ls execs in the shell's place: /proc/self is it).
+  // The "worker" reads its key, as a worker does (one that has exited before the key is
+  // written fails the launch), then lists its descriptors (ls execs in the shell's place:
+  // /proc/self is it).
   const std::string listing = dir + "/fds";
   auto launcher = processLauncher(
-      "/bin/sh", {"-c", "exec ls -l /proc/self/fd >" + listing + " 2>&1", "worker"});
+      "/bin/sh", {"-c", "read key; exec ls -l /proc/self/fd >" + listing + " 2>&1", "worker"});
   launcher->start(0, parseEndpoint("127.0.0.1:1"), generateClusterKey());
   EXPECT_EQ(launcher->finish(std::chrono::seconds(10)), "");
   ::close(file);
