@@ -298,8 +298,8 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       // Times grow in proportion to the batch: profile at the microbatch size for the
       // best prediction. And a device is priced at what it sustains over time, not at
       // what it bursts to (a CPU quota, throttling: Sustained in core/profile/profile.h).
-      const double scale = static_cast<double>(b) / static_cast<double>(prof.batch) *
-                           dp.sustained.throttle();
+      const double scale =
+          static_cast<double>(b) / static_cast<double>(dp.batchIn(prof)) * dp.sustained.throttle();
       for (const LayerProfile& lp : dp.layers) {
         d.forward_s.push_back(lp.forward.median * scale);
         d.backward_s.push_back(lp.backward.median * scale);

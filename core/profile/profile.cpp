@@ -14,6 +14,8 @@ double Sustained::scale() const {
   return pass_s > 0 && burst_pass_s > 0 ? pass_s / burst_pass_s : 1.0;
 }
 
+int64_t DeviceProfile::batchIn(const Profile& p) const { return batch > 0 ? batch : p.batch; }
+
 double Sustained::throttle() const {
   if (quota_cores > 0) return scale();
   return scale() > kThrottleNoise ? scale() : 1.0;
@@ -227,6 +229,7 @@ std::string profileToJson(const Profile& p) {
                                          {"host_cores", i.host_cores},
                                          {"gemm", gemm},
                                          {"layers", layers}});
+    if (d.batch > 0) dj["batch"] = d.batch;
     if (d.loss.repeats > 0) dj["loss_s"] = spreadJson(d.loss);
     if (!d.update.empty()) {
       json update = json::object();
@@ -336,6 +339,10 @@ Profile parseProfile(const std::string& text, const std::string& where) {
       lp.param_bytes = l.integer("param_bytes");
       lp.flops = l.integer("flops_per_sample");
       d.layers.push_back(std::move(lp));
+    }
+    if (version > 4 && r.has("batch")) {
+      d.batch = r.integer("batch");
+      if (d.batch < 1) r.fail("batch", "is not positive");
     }
     if (version > 1 && r.has("loss_s")) d.loss = r.spread("loss_s");
     if (version > 3 && r.has("update_s")) {

@@ -24,7 +24,7 @@
 
 namespace tandem {
 
-inline constexpr int kProfileVersion = 4;
+inline constexpr int kProfileVersion = 5;
 inline constexpr double kThrottleNoise = 1.5;
 
 struct LayerProfile {
@@ -66,6 +66,8 @@ struct Sustained {
   double throttle() const;
 };
 
+struct Profile;
+
 struct DeviceProfile {
   DeviceInfo device;
   std::vector<GemmPoint> gemm;
@@ -80,6 +82,13 @@ struct DeviceProfile {
   // kind ("sgd" with momentum, "adamw"); seconds, median and spread over the repeats.
   // Empty: not measured.
   std::map<std::string, Spread> update;
+  // Version 5: the batch this device was measured at where it is not the profile's (a
+  // node's daemon measures a fast device at a large microbatch and a slow one at a
+  // smaller: targets/runtime/node_profile.h); 0: the profile's. Its layers' times,
+  // activation bytes, loss and sustained passes are at this batch.
+  int64_t batch = 0;
+  // The batch the layers were measured at: `batch`, or else the profile's.
+  int64_t batchIn(const Profile& p) const;
 };
 
 // One measured link: from == to is within a node (two processes there).

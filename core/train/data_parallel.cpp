@@ -67,7 +67,7 @@ std::vector<double> sharesFromProfile(const Profile& profile, const Model& model
     TANDEM_CHECK_MSG(
         seconds > 0 && std::isfinite(seconds), InvalidArgument,
         where << ": device '" << name << "' has no time measured (" << seconds << " s)");
-    shares.push_back(static_cast<double>(profile.batch) / seconds);  // samples per second
+    shares.push_back(static_cast<double>(d.batchIn(profile)) / seconds);  // samples per second
   }
   return shares;
 }

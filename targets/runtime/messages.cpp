@@ -124,7 +124,7 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Profile
   }
   auto spec = b.CreateString(m.model_spec);
   auto devs = b.CreateVector(devices);
-  return fb::CreateProfileTask(b, spec, m.batch, m.warmup, m.repeats, devs).Union();
+  return fb::CreateProfileTask(b, spec, m.batch, m.warmup, m.repeats, devs, m.least_batch).Union();
 }
 
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const ProfileResult& m) {
@@ -366,6 +366,10 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
         bad(m, "batch " + std::to_string(out.batch) + " is not from 1 to 65536");
       if (out.warmup < 0 || out.warmup > 1000 || out.repeats < 1 || out.repeats > 10000)
         bad(m, "warmup or repeats out of range");
+      out.least_batch = t->least_batch();
+      if (out.least_batch < 0 || out.least_batch > out.batch)
+        bad(m, "least batch " + std::to_string(out.least_batch) + " is not from 0 to the batch (" +
+                   std::to_string(out.batch) + ")");
       const auto* devices = t->devices();
       if (!devices || devices->size() == 0 || devices->size() > kMaxProfileDevices)
         bad(m, "it must name 1 to " + std::to_string(kMaxProfileDevices) + " devices");

@@ -162,6 +162,10 @@ struct ProfileTask {
   int64_t batch = 8;
   int32_t warmup = 3, repeats = 10;
   std::vector<ProfileDevice> devices;
+  // 0: every device is measured at `batch`. Else a device whose measurement at `batch`
+  // would take too long is measured at a smaller one, halving down to this
+  // (profileBatch in node_profile.h); its profile says which.
+  int64_t least_batch = 0;
   bool operator==(const ProfileTask&) const = default;
 };
 

@@ -29,11 +29,11 @@ namespace {
 std::string cacheKey(const ProfileTask& task, const ProfileDevice& d, const CpuLimit& cpu) {
   char cores[32];
   std::snprintf(cores, sizeof cores, "%.3f", cpu.cores());
-  const std::string what = "tandem profile cache 3\n" + buildName() + "\n" + d.backend + "\n" +
+  const std::string what = "tandem profile cache 4\n" + buildName() + "\n" + d.backend + "\n" +
                            std::to_string(d.threads) + "\n" + std::to_string(d.load) + "\n" +
                            cores + "\n" + std::to_string(task.batch) + " " +
-                           std::to_string(task.warmup) + " " + std::to_string(task.repeats) + "\n" +
-                           task.model_spec;
+                           std::to_string(task.least_batch) + " " + std::to_string(task.warmup) +
+                           " " + std::to_string(task.repeats) + "\n" + task.model_spec;
   return contentHash(std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
 }
 
@@ -61,6 +61,16 @@ int64_t trainingBytes(const Model& model, int64_t batch) {
   for (size_t l = 0; l < model.size(); ++l)
     bytes += (2 * model.layer(l).outputBytes() + model.layer(l).stashBytes()) * batch;
   return bytes;
+}
+
+int64_t profileBatch(int64_t batch, int64_t least, double least_pass_s, int passes, double budget_s,
+                     const std::function<bool(int64_t)>& fits) {
+  if (least <= 0 || least >= batch) return batch;
+  const double per_sample = least_pass_s / static_cast<double>(least) * passes;
+  int64_t b = batch;
+  while (b > least && (per_sample * static_cast<double>(b) > budget_s || !fits(b)))
+    b = std::max(least, b / 2);
+  return b;
 }
 
 namespace {
@@ -180,10 +190,12 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
     d.load = std::clamp(d.load, 0, cpu.cpus);
     most_copies = std::max(most_copies, 1 + d.load);
   }
-  const int64_t need = trainingBytes(model, task.batch) * most_copies;
+  const bool shrinks = task.least_batch > 0 && task.least_batch < task.batch;
+  const int64_t least = shrinks ? task.least_batch : task.batch;
+  const int64_t need = trainingBytes(model, least) * most_copies;
   const int64_t free = localNodeInfo("").free_memory_bytes;
   TANDEM_CHECK_MSG(free <= 0 || need <= free / 2, InvalidArgument,
-                   "model '" << spec.name << "' at batch " << task.batch << ", " << most_copies
+                   "model '" << spec.name << "' at batch " << least << ", " << most_copies
                              << (most_copies == 1 ? " copy" : " copies (the load's too)")
                              << ", needs about " << (need >> 20)
                              << " MiB, over half of this node's free " << (free >> 20) << " MiB");
@@ -217,7 +229,7 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
         // is far off. Passes under a millisecond are timer and launch noise: kept.
         const Sustained& su = hit->sustained;
         const double then = su.quota_cores > 0 ? su.burst_pass_s : su.pass_s;
-        const double now = then >= kCheckedPass ? quickPass(spec, d, bo, task.batch) : then;
+        const double now = then >= kCheckedPass ? quickPass(spec, d, bo, hit->batchIn(p)) : then;
         if (then <= 0 || (now <= kStaleProfile * then && now * kStaleProfile >= then)) {
           p.devices.push_back(std::move(*hit));
           ++result.cached;
@@ -229,6 +241,12 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
       }
     ProfileOptions o;
     o.batch = task.batch;
+    if (shrinks)
+      o.batch =
+          profileBatch(task.batch, least, quickPass(spec, d, bo, least), task.warmup + task.repeats,
+                       kProfileBudgetSeconds, [&](int64_t b) {
+                         return free <= 0 || trainingBytes(model, b) * (1 + d.load) <= free / 2;
+                       });
     o.warmup = task.warmup;
     o.repeats = task.repeats;
     o.gemm_sizes = {256};
@@ -236,13 +254,14 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
     DeviceProfile measured;
     {
       const BackgroundLoad load(
-          spec, [&] { return makeBackend(d.backend, bo); }, d.load, task.batch);
+          spec, [&] { return makeBackend(d.backend, bo); }, d.load, o.batch);
       measured = profileDevice(spec, *backend, o);
     }
+    if (o.batch != p.batch) measured.batch = o.batch;
     spdlog::info(
-        "profiled model '{}' on {} ({} threads, load {}): {} layers; sustained x{:.2f} of the "
-        "layers' medians over {:.2f} s, {:.2f} cores",
-        spec.name, d.backend, bo.threads, d.load, measured.layers.size(),
+        "profiled model '{}' on {} ({} threads, load {}) at batch {}: {} layers; sustained "
+        "x{:.2f} of the layers' medians over {:.2f} s, {:.2f} cores",
+        spec.name, d.backend, bo.threads, d.load, o.batch, measured.layers.size(),
         measured.sustained.scale(), measured.sustained.window_s, cpu.cores());
     if (!path.empty()) {
       Profile one = p;

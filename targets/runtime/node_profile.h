@@ -24,12 +24,25 @@ namespace tandem::runtime {
 // gradients and optimizer state, every layer's output and its gradient, and the stash.
 int64_t trainingBytes(const Model& model, int64_t batch);
 
+// The longest a device's layer timing should take when a task lets it measure at a smaller
+// batch (ProfileTask::least_batch): seconds, estimated before measuring.
+inline constexpr double kProfileBudgetSeconds = 1.5;
+
+// The batch a device is measured at for a task asking `batch` down to `least` (0, or not
+// below `batch`: `batch` itself): the largest of batch, batch / 2, ... (not below `least`)
+// whose layer timing — `passes` training passes, each taking `least_pass_s` (measured at
+// `least`) grown in proportion to the batch — fits in `budget_s`, and that `fits`
+// (memory). A fast device (a GPU, launch-bound at small batches) is so measured at the
+// microbatch the job runs; a slow one at a smaller batch, scaled from there.
+int64_t profileBatch(int64_t batch, int64_t least, double least_pass_s, int passes, double budget_s,
+                     const std::function<bool(int64_t)>& fits);
+
 // The daemon's side: measures `task` here, each device from the cache in `cache_dir`
 // (empty: no cache) when present and valid, else measured and stored. Each device gets at
 // most this node's CPUs as threads and as copies of the model training beside it (the
-// load). InvalidArgument for a model this node cannot hold (every copy the task builds,
-// parameters and activations at the batch, over half the free memory) or a device it
-// lacks.
+// load), at the batch profileBatch picks. InvalidArgument for a model this node cannot
+// hold (every copy the task builds, parameters and activations at the least batch, over
+// half the free memory) or a device it lacks.
 ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir);
 
 // The two ends of a link within this node, each driven by its own thread (one thread

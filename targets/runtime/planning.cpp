@@ -21,8 +21,9 @@ namespace tandem::runtime {
 
 namespace {
 
-// The largest batch a node's daemon profiles a model at for planning.
-constexpr int64_t kLargestProfiledBatch = 64;
+// The batch a node's daemon may measure a slow device at for planning, where measuring at
+// the microbatch would take long (node_profile.h, profileBatch).
+constexpr int64_t kLeastProfiledBatch = 64;
 
 }  // namespace
 
@@ -94,12 +95,13 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
     auto unpriced = [&](const partitioner::ClusterDevice& d) {
       return d.profile.empty() && n.profile.empty() && default_profile.empty();
     };
-    // The partitioner scales times from the profile's batch: measured at the microbatch
-    // size, up to kLargestProfiledBatch (beyond it a layer's time grows in proportion to
-    // the batch, and a large microbatch's passes would make profiling a slow node take
-    // minutes).
-    tasks[i] = nodeProfileTask(n, model_spec,
-                               std::min(options.microbatch_size, kLargestProfiledBatch), unpriced);
+    // The partitioner scales times from the batch a device was measured at: the
+    // microbatch, or on a device too slow to measure it within the daemon's budget a
+    // smaller batch, down to kLeastProfiledBatch (a large microbatch's passes would make
+    // profiling a slow node take minutes). Time does not grow in proportion to the batch
+    // on a GPU: a launch-bound pass at 16 samples takes what one at 64 does.
+    tasks[i] = nodeProfileTask(n, model_spec, options.microbatch_size, unpriced);
+    tasks[i].least_batch = std::min(options.microbatch_size, kLeastProfiledBatch);
     for (partitioner::ClusterDevice& d : n.devices)
       if (unpriced(d)) measured[i].push_back(&d);
   }
@@ -208,10 +210,18 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
   for (const int64_t m : counts) {
     JobSpec candidate = job;
     candidate.microbatches = m;
+    // The devices' costs depend on the microbatch, not on the schedule: measured once per
+    // count, priced under each schedule.
+    std::optional<partitioner::Problem> measured;
     for (const ScheduleKind kind : kinds) {
       candidate.schedule = kind;
-      partitioner::CostModel cost = measuredCostModel(model, spec, daemons, job.profile,
-                                                      jobCostOptions(candidate), &links);
+      if (!measured)
+        measured =
+            measuredCostModel(model, spec, daemons, job.profile, jobCostOptions(candidate), &links)
+                .problem();
+      partitioner::Problem problem = *measured;
+      problem.options = jobCostOptions(candidate);
+      partitioner::CostModel cost(std::move(problem));
       PlanCandidate c{m, kind, 0, 0, ""};
       partitioner::Plan plan;
       try {

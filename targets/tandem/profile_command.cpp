@@ -25,8 +25,10 @@ namespace tandem::cli {
 namespace {
 
 void printDevice(const DeviceProfile& d) {
-  std::printf("\n%s (%s): %d units, %.1f GiB\n", d.device.name.c_str(), d.device.model.c_str(),
+  std::printf("\n%s (%s): %d units, %.1f GiB", d.device.name.c_str(), d.device.model.c_str(),
               d.device.compute_units, static_cast<double>(d.device.memory_bytes) / (1 << 30));
+  if (d.batch > 0) std::printf(", measured at batch %lld", static_cast<long long>(d.batch));
+  std::printf("\n");
   for (const GemmPoint& g : d.gemm)
     std::printf("  sgemm %lld: %.1f GFLOP/s\n", static_cast<long long>(g.n), g.gflops);
   std::printf("  %-5s %-14s %12s %8s %12s %8s %12s %10s\n", "layer", "type", "forward ms", "spread",
@@ -63,6 +65,12 @@ void compare(const Profile& now, const Profile& before, const std::string& befor
       if (o.device.name == d.device.name) old = &o;
     if (!old || old->layers.size() != d.layers.size()) {
       std::printf("  %s: not in %s\n", d.device.name.c_str(), before_path.c_str());
+      continue;
+    }
+    if (old->batchIn(before) != d.batchIn(now)) {
+      std::printf("  %s: measured at batch %lld there, %lld here\n", d.device.name.c_str(),
+                  static_cast<long long>(old->batchIn(before)),
+                  static_cast<long long>(d.batchIn(now)));
       continue;
     }
     // Over all layers, and over those taking 1 ms or more (sub-millisecond layers are

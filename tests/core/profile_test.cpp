@@ -183,6 +183,14 @@ TEST(ProfileTest, JsonRoundTrips) {
   EXPECT_EQ(b.update.at("sgd").median, a.update.at("sgd").median);
   EXPECT_EQ(b.update.at("adamw").max, a.update.at("adamw").max);
   EXPECT_FALSE(q.links.has_value());
+  // A device measured at the profile's batch says none of its own; one at another does.
+  EXPECT_EQ(profileToJson(p).find("\"batch\": 16"), std::string::npos);
+  EXPECT_EQ(b.batch, 0);
+  EXPECT_EQ(b.batchIn(q), 4);
+  p.devices[0].batch = 16;
+  const Profile s = parseProfile(profileToJson(p), "mem");
+  EXPECT_EQ(s.devices[0].batch, 16);
+  EXPECT_EQ(s.devices[0].batchIn(s), 16);
 }
 
 TEST(ProfileTest, LinksRoundTripWithOrWithoutDevices) {
@@ -211,9 +219,11 @@ TEST(ProfileTest, LinksRoundTripWithOrWithoutDevices) {
 }
 
 TEST(ProfileTest, EarlierVersionsStillRead) {
-  for (const char* version : {"1", "2", "3"}) {
-    std::string text = profileToJson(tinyProfile());
-    const size_t at = text.find("\"version\": 4");
+  Profile with_batch = tinyProfile();
+  with_batch.devices[0].batch = 16;
+  for (const char* version : {"1", "2", "3", "4"}) {
+    std::string text = profileToJson(with_batch);
+    const size_t at = text.find("\"version\": 5");
     ASSERT_NE(at, std::string::npos);
     text.replace(at, 12, std::string("\"version\": ") + version);
     const Profile q = parseProfile(text, "old.json");
@@ -221,11 +231,14 @@ TEST(ProfileTest, EarlierVersionsStillRead) {
     if (version[0] == '1') {
       EXPECT_EQ(q.devices[0].loss.repeats, 0);  // version 1 has no loss
     }
-    if (version[0] != '3') {
+    if (version[0] < '3') {
       EXPECT_EQ(q.devices[0].sustained.passes, 0);  // nor sustained before version 3
       EXPECT_EQ(q.devices[0].sustained.scale(), 1.0);
     }
-    EXPECT_TRUE(q.devices[0].update.empty());  // nor an update before version 4
+    EXPECT_EQ(q.devices[0].batch, 0);  // a device's own batch came with version 5
+    if (version[0] < '4') {
+      EXPECT_TRUE(q.devices[0].update.empty());  // nor an update before version 4
+    }
 
     EXPECT_EQ(q.model, "tiny");
   }
@@ -241,11 +254,14 @@ TEST(ProfileTest, BadFilesNameTheField) {
   expectThrowWith<FormatError>([] { parseProfile("{", "p.json"); }, {"p.json: not JSON"});
   expectThrowWith<FormatError>([] { parseProfile("[]", "p.json"); }, {"is not an object"});
   expectThrowWith<FormatError>(
-      [&] { parseProfile(edited("\"version\": 4", "\"version\": 5"), "p"); },
-      {"profile version 5 is not supported", "reads versions 1 to 4"});
+      [&] { parseProfile(edited("\"version\": 5", "\"version\": 6"), "p"); },
+      {"profile version 6 is not supported", "reads versions 1 to 5"});
   expectThrowWith<FormatError>(
-      [&] { parseProfile(edited("\"version\": 4", "\"version\": 0"), "p"); },
+      [&] { parseProfile(edited("\"version\": 5", "\"version\": 0"), "p"); },
       {"profile version 0 is not supported"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"gemm\": ", "\"batch\": 0, \"gemm\": "), "p"); },
+      {"profile field devices[0].batch is not positive"});
   expectThrowWith<FormatError>([&] { parseProfile(edited("\"pass_s\": ", "\"pass_s\": -"), "p"); },
                                {"profile field devices[0].sustained.pass_s is not positive"});
   expectThrowWith<FormatError>([&] { parseProfile(edited("\"passes\": ", "\"passes\": 0, \"x\": "), "p"); },

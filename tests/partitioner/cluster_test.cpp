@@ -82,6 +82,7 @@ TEST(ClusterTest, MakeProblemScalesTimesToTheMicrobatchAndFillsTheLinkMatrix) {
   EXPECT_EQ(p.devices[0].memory_bytes, int64_t{1} << 30);
   EXPECT_EQ(p.devices[2].memory_bytes, int64_t{4} << 30);  // the profile's
   EXPECT_DOUBLE_EQ(p.devices[0].forward_s[1], 2 * 2e-3);
+  EXPECT_DOUBLE_EQ(p.devices[1].forward_s[1], 2 * 2e-3);
   EXPECT_DOUBLE_EQ(p.links[0][1].bandwidth, 12.5e6);
   EXPECT_DOUBLE_EQ(p.links[1][1].bandwidth, 5e9);
   EXPECT_EQ(p.layers.size(), model.size());
@@ -106,6 +107,24 @@ TEST(ClusterTest, MakeProblemScalesTimesToTheMicrobatchAndFillsTheLinkMatrix) {
       parseCluster("nodes: [{name: a, devices: [{backend: cpu}]}]\n", "n.yaml");
   expectThrowWith<InvalidArgument>([&] { makeProblem(model, no_links, profiles, "p.json", o); },
                                    {"no link within node 'a'", "links.local"});
+}
+
+// A daemon measures a fast device at the microbatch and a slow one at a smaller batch:
+// each device's times scale from the batch it was measured at, not the profile's.
+TEST(ClusterTest, ADeviceMeasuredAtItsOwnBatchScalesFromIt) {
+  const Model model(parseModelSpec(tandem::testing::kTinyNet));
+  const Cluster c = parseCluster(kCluster, "c.yaml");
+  Profile prof = profileFor(model, {"cpu", "opencl:0"});
+  prof.devices[1].batch = 16;  // the GPU at 16, the CPU at the profile's 4
+  CostOptions o;
+  o.microbatch_size = 16;
+  const Problem p = makeProblem(model, c, {{"p.json", prof}}, "p.json", o);
+  EXPECT_DOUBLE_EQ(p.devices[0].forward_s[1], 4 * 2e-3);
+  EXPECT_DOUBLE_EQ(p.devices[1].forward_s[1], 2e-3);
+  EXPECT_DOUBLE_EQ(p.devices[1].backward_s[0], 2e-3);
+  o.microbatch_size = 8;
+  EXPECT_DOUBLE_EQ(makeProblem(model, c, {{"p.json", prof}}, "p.json", o).devices[1].forward_s[1],
+                   1e-3);
 }
 
 TEST(ClusterTest, ADeviceIsPricedAtWhatItSustains) {

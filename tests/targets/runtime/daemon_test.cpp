@@ -534,6 +534,51 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
   EXPECT_EQ(ask(task).second, 2);  // still serving
 }
 
+// The batch a device is measured at: the one asked where its passes fit the budget and
+// memory, else halved, never below the least.
+TEST(ProfileBatchTest, HalvesTheBatchUntilTheMeasurementFitsItsBudget) {
+  const auto any = [](int64_t) { return true; };
+  EXPECT_EQ(profileBatch(1024, 0, 10, 13, 1.5, any), 1024);  // no least: as asked
+  EXPECT_EQ(profileBatch(64, 64, 10, 13, 1.5, any), 64);
+  // 10 ms a pass at 64, 10 passes: 1.56 ms a sample, 960 samples in 1.5 s.
+  EXPECT_EQ(profileBatch(1024, 64, 0.01, 10, 1.5, any), 512);
+  EXPECT_EQ(profileBatch(256, 64, 0.01, 10, 1.5, any), 256);
+  EXPECT_EQ(profileBatch(4096, 64, 1e-3, 10, 1.5, any), 4096);  // a launch-bound GPU
+  EXPECT_EQ(profileBatch(4096, 64, 1e-3, 10, 1.5, [](int64_t b) { return b <= 128; }), 128);
+  EXPECT_EQ(profileBatch(1024, 64, 10.0, 10, 1.5, any), 64);  // over budget even at the least
+  EXPECT_EQ(profileBatch(100, 64, 10.0, 10, 1.5, any), 64);   // halving stops at the least
+}
+
+// A task that lets a device measure at a smaller batch (least_batch): a cheap model is
+// measured at the batch asked; a costly one at a smaller batch, which its profile names
+// and its layers' sizes follow.
+TEST_F(DaemonTest, ADeviceTooSlowForTheBatchIsMeasuredAtASmallerOne) {
+  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+  next(*c);  // node info
+  auto ask = [&](const ProfileTask& t) {
+    Channel* ch = c.get();
+    return profileOnNodes({ch}, {"alpha"}, {t}, 60s).at(0);
+  };
+  const std::string tiny = "name: tiny\ninput: [4]\nlayers:\n  - linear: {out: 8}\n";
+  const Profile cheap = ask(ProfileTask{tiny, 256, 0, 2, {{"cpu", 1, 0}}, 4});
+  EXPECT_EQ(cheap.batch, 256);
+  ASSERT_EQ(cheap.devices.size(), 1u);
+  EXPECT_EQ(cheap.devices[0].batchIn(cheap), 256);
+  EXPECT_EQ(cheap.devices[0].layers[0].activation_bytes, 256 * 8 * 4);
+  // About a GFLOP a pass at 64: far over the budget at 65536.
+  const std::string wide =
+      "name: wide\ninput: [1024]\nlayers:\n  - linear: {out: 1024}\n  - relu\n"
+      "  - linear: {out: 1024}\n";
+  const Profile costly = ask(ProfileTask{wide, 65536, 1, 3, {{"cpu", 1, 0}}, 64});
+  EXPECT_EQ(costly.batch, 65536);
+  ASSERT_EQ(costly.devices.size(), 1u);
+  const int64_t b = costly.devices[0].batch;
+  EXPECT_GE(b, 64);
+  EXPECT_LT(b, 65536);
+  EXPECT_EQ(costly.devices[0].batchIn(costly), b);
+  EXPECT_EQ(costly.devices[0].layers[0].activation_bytes, b * 1024 * 4);
+}
+
 // A cached profile far from what the device does now (a profile taken in a slow minute
 // of a shared machine) is measured again; one that agrees is used.
 TEST_F(DaemonTest, ACachedProfileFarFromTheDeviceNowIsMeasuredAgain) {

@@ -311,7 +311,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       Failed{"stage 1 failed"},
       Checkpointed{300, std::string(64, 'd'), 4096},
       Answer{96, 2, 3, {0.5f, -1, 2, 3, 4, std::nanf("")}, 1.25, 1},
-      ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}},
+      ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}, 4},
       ProfileResult{"{\"schema\": \"tandem-profile\"}", 1},
       Prompt{3, {104, 105}, 20, 0.8f, 40, uint64_t{1} << 40},
       PromptsDone{},
@@ -532,6 +532,8 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](ProfileTask& t) { t.devices[0].threads = 0; }, "device 'cpu': threads or load"},
       {[](ProfileTask& t) { t.devices[0].load = 257; }, "device 'cpu': threads or load"},
       {[](ProfileTask& t) { t.devices[0].backend.clear(); }, "a device without a backend"},
+      {[](ProfileTask& t) { t.least_batch = 9; }, "least batch 9 is not from 0 to the batch (8)"},
+      {[](ProfileTask& t) { t.least_batch = -1; }, "least batch -1 is not from 0"},
   };
   for (const ProfileCase& c : profile_cases) {
     ProfileTask t{"name: m\n", 8, 1, 5, {{"cpu", 1, 0}}};
