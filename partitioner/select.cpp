@@ -48,6 +48,18 @@ bool faster(const Plan& a, const Plan& b) {
   return fits(a) && (!fits(b) || a.step_s < b.step_s * (1 - 1e-6));
 }
 
+std::string ms(double seconds);
+
+// Why a plan predicted slower than one using a device is kept: the gain is within the
+// margin. Empty when the plan without the device is predicted no slower.
+std::string marginNote(double with_s, double without_s) {
+  if (!(without_s > with_s * (1 + 1e-6))) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (a gain of %.0f%%, within the %.0f%% a device must bring)",
+                100 * (without_s / with_s - 1), 100 * kSelectionMargin);
+  return buf;
+}
+
 std::set<int> devicesOf(const Plan& p) {
   std::set<int> used;
   for (const PlanStage& s : p.stages) used.insert(s.at.devices.begin(), s.at.devices.end());
@@ -161,6 +173,14 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   const Problem& problem = cost.problem();
   const size_t n = problem.devices.size();
   Plan best = searched;
+  // The shortest step priced so far: a plan on fewer devices is taken when it is within
+  // kSelectionMargin of it (measured against the fastest, so margins do not compound).
+  double fastest = fits(searched) ? searched.step_s : 0;
+  auto withinMargin = [&](const Plan& fewer) {
+    if (!fits(fewer)) return false;
+    if (!fits(best)) return true;
+    return fewer.step_s <= fastest * (1 + kSelectionMargin);
+  };
   std::vector<bool> keep(n, true);
   // Each device the greedy removal left out: the step with it and without it.
   std::map<int, std::pair<double, double>> removed;
@@ -189,18 +209,24 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
         // Nothing fits without it: it stays.
       }
     }
-    if (dropped < 0 || !faster(round, best)) break;
+    if (dropped < 0 || !withinMargin(round)) break;
+    if (fits(round) && (fastest == 0 || round.step_s < fastest)) fastest = round.step_s;
     removed[dropped] = {best.step_s, round.step_s};
     keep[static_cast<size_t>(dropped)] = false;
     best = round;
   }
-  // The whole model on one device, each in turn: the plan is never predicted slower than
-  // the fastest single device it could use.
+  // The whole model on one device, each in turn: the fastest of them, taken when within
+  // the margin; so the plan is never predicted slower than the best single device.
+  Plan best_alone;
   for (size_t d = 0; d < n; ++d) {
     const Plan alone =
         evaluate(cost, {Assignment{0, cost.layers(), {static_cast<int>(d)}}}, searched.algorithm);
-    if (faster(alone, best)) best = alone;
+    if (faster(alone, best_alone)) best_alone = alone;
   }
+  if (fits(best_alone) && (fastest == 0 || best_alone.step_s < fastest))
+    fastest = best_alone.step_s;
+  if (devicesOf(best).size() > 1 ? withinMargin(best_alone) : faster(best_alone, best))
+    best = best_alone;
   const std::set<int> used = devicesOf(best), searched_used = devicesOf(searched);
   for (size_t d = 0; d < n; ++d) {
     const int i = static_cast<int>(d);
@@ -208,10 +234,10 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
     std::string why;
     if (const auto it = removed.find(i); it != removed.end()) {
       why = "left out: the step is predicted " + ms(it->second.first) + " with it, " +
-            ms(it->second.second) + " without";
+            ms(it->second.second) + " without" + marginNote(it->second.first, it->second.second);
     } else if (searched_used.count(i)) {
       why = "left out: the fastest split using it is predicted " + ms(searched.step_s) +
-            " per step, this plan " + ms(best.step_s);
+            " per step, this plan " + ms(best.step_s) + marginNote(searched.step_s, best.step_s);
     } else {
       why = "not used: no split gains from it (the fastest split's slowest stage takes " +
             ms(searched.seconds) + " per microbatch without it)";

@@ -296,10 +296,11 @@ TEST(NetnsTest, ACheckpointedRunRecoversFromALostNodeBitwise) {
 
 // A mixed cluster: an x86 node and an ARM board — the aarch64 cross build of tandemd under
 // qemu-aarch64 — behind a 100 Mbit/s link. With partition: auto each daemon profiles its
-// own device (the emulated one is many times slower, as a board is), the plan gives the
-// board fewer layers than an equal split, and the run trains as this machine does. Not
-// bitwise: the board's OpenBLAS (NEON kernels, another summation order) rounds its
-// products differently from the x86 one; the bound below is what we observe, checked.
+// own device; the emulated board is about 200x slower, so any split through it gains less
+// than the selection margin and the plan leaves it out, saying why. A split through it
+// (the board holding the classifier) trains as this machine does. Not bitwise: the
+// board's OpenBLAS (NEON kernels, another summation order) rounds its products
+// differently from the x86 one; the bound below is what we observe, checked.
 TEST(NetnsTest, AMixedX86AndArmClusterPlansAroundTheSlowBoardAndTrainsAsHere) {
   std::string why;
   if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
@@ -319,21 +320,20 @@ TEST(NetnsTest, AMixedX86AndArmClusterPlansAroundTheSlowBoardAndTrainsAsHere) {
                            "epochs: 1\ntrain_limit: 640\ntest_limit: 200\nsave: m.tdm\n";
   const std::string auto_job = c.dir() + "/auto.yaml";
   std::ofstream(auto_job) << body << "partition: auto\ncluster: " << c.cluster() << "\n";
-  const Ran there = sh(c.tandem("run " + auto_job + " --cluster " + c.cluster()));
+  const Ran planned = sh(c.tandem("run " + auto_job + " --cluster " + c.cluster()));
+  ASSERT_EQ(planned.code, 0) << planned.out;
+  EXPECT_NE(planned.out.find("1 stages by the exact search ([0, 10) n0/cpu)"), std::string::npos)
+      << planned.out;
+  EXPECT_NE(planned.out.find("n1/cpu: left out: "), std::string::npos) << planned.out;
+  EXPECT_NE(planned.out.find("beside it: equal-layers [0, 5) n0/cpu, [5, 10) n1/cpu"),
+            std::string::npos)
+      << planned.out;
+  const std::string split_job = c.dir() + "/split.yaml";
+  std::ofstream(split_job) << body << "partition: [[0, 8], [8, 10]]\ncluster: " << c.cluster()
+                           << "\n";
+  const Ran there = sh(c.tandem("run " + split_job + " --cluster " + c.cluster()));
   ASSERT_EQ(there.code, 0) << there.out;
-  // "2 stages by the exact search ([0, K) n0/cpu, [K, 10) n1/cpu), ..." beside the equal
-  // split "[0, 5) n0/cpu, [5, 10) n1/cpu".
-  const std::string head = "2 stages by the exact search ([0, ";
-  const size_t at = there.out.find(head);
-  ASSERT_NE(at, std::string::npos) << there.out;
-  const int cut = std::stoi(there.out.substr(at + head.size()));
-  EXPECT_NE(there.out.find(") n0/cpu, [" + std::to_string(cut) + ", 10) n1/cpu)"),
-            std::string::npos)
-      << there.out;
-  EXPECT_GT(cut, 5) << "the board got no fewer layers than an equal split:\n" << there.out;
-  EXPECT_NE(there.out.find("beside it: equal-layers [0, 5) n0/cpu, [5, 10) n1/cpu"),
-            std::string::npos)
-      << there.out;
+  EXPECT_NE(there.out.find("2 stages (2 workers) up"), std::string::npos) << there.out;
   std::filesystem::rename(c.dir() + "/m.tdm", c.dir() + "/there.tdm");
 
   const std::string here_job = c.dir() + "/here.yaml";
