@@ -143,9 +143,9 @@ TEST(CliTest, AutoWithoutAProfileIsMeasuredByTheNodesDaemons) {
 }
 
 // `microbatches: auto` and `schedule: auto`: the planner prices every microbatch count
-// (1, 2, 4, 8 for a batch of 8), each profiled by the daemons at its microbatch size, with
-// each schedule, and the run trains with the fastest, saying what it priced and chose;
-// every device the plan leaves out is named with why.
+// (1, 2, 4, 8 for a batch of 8), each profiled by the daemons at its microbatch size (once,
+// whatever the schedule), with each schedule, and the run trains with the fastest, saying what it
+// priced and chose; every device the plan leaves out is named with why.
 TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
   const std::string dir = ::testing::TempDir();
   const std::string cluster = dir + "cli_choose_cluster.yaml", job = dir + "cli_choose_job.yaml";
@@ -160,6 +160,13 @@ TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
   for (const char* s : {"1 1f1b: ", "1 gpipe: ", "2 1f1b: ", "4 gpipe: ", "8 1f1b: ",
                         "(predicted step per candidate", "step: measured", "test accuracy"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  // The daemons measure once per microbatch count, not once per count and schedule.
+  int asked = 0;
+  for (size_t at = r.out.find("device profiles measured by the nodes' daemons");
+       at != std::string::npos;
+       at = r.out.find("device profiles measured by the nodes' daemons", at + 1))
+    ++asked;
+  EXPECT_EQ(asked, 4) << r.out;
   const size_t chose = r.out.find("chose ");
   ASSERT_NE(chose, std::string::npos) << r.out;
   const int m = std::stoi(r.out.substr(chose + 6));
