@@ -48,18 +48,6 @@ bool faster(const Plan& a, const Plan& b) {
   return fits(a) && (!fits(b) || a.step_s < b.step_s * (1 - 1e-6));
 }
 
-std::string ms(double seconds);
-
-// Why a plan predicted slower than one using a device is kept: the gain is within the
-// margin. Empty when the plan without the device is predicted no slower.
-std::string marginNote(double with_s, double without_s) {
-  if (!(without_s > with_s * (1 + 1e-6))) return "";
-  char buf[96];
-  std::snprintf(buf, sizeof buf, " (a gain of %.0f%%, within the %.0f%% a device must bring)",
-                100 * (without_s / with_s - 1), 100 * kSelectionMargin);
-  return buf;
-}
-
 std::set<int> devicesOf(const Plan& p) {
   std::set<int> used;
   for (const PlanStage& s : p.stages) used.insert(s.at.devices.begin(), s.at.devices.end());
@@ -69,6 +57,16 @@ std::set<int> devicesOf(const Plan& p) {
 std::string ms(double seconds) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3f ms", seconds * 1e3);
+  return buf;
+}
+
+// Why a plan predicted slower than one using a device is kept: the gain is within the
+// margin. Empty when the plan without the device is predicted no slower.
+std::string marginNote(double with_s, double without_s) {
+  if (!(without_s > with_s * (1 + 1e-6))) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (a gain of %.0f%%, within the %.0f%% a device must bring)",
+                100 * (without_s / with_s - 1), 100 * kSelectionMargin);
   return buf;
 }
 
@@ -175,7 +173,11 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   Plan best = searched;
   // The shortest step priced so far: a plan on fewer devices is taken when it is within
   // kSelectionMargin of it (measured against the fastest, so margins do not compound).
-  double fastest = fits(searched) ? searched.step_s : 0;
+  double fastest = 0;
+  auto priced = [&](const Plan& p) {
+    if (fits(p) && (fastest == 0 || p.step_s < fastest)) fastest = p.step_s;
+  };
+  priced(searched);
   auto withinMargin = [&](const Plan& fewer) {
     if (!fits(fewer)) return false;
     if (!fits(best)) return true;
@@ -210,7 +212,7 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
       }
     }
     if (dropped < 0 || !withinMargin(round)) break;
-    if (fits(round) && (fastest == 0 || round.step_s < fastest)) fastest = round.step_s;
+    priced(round);
     removed[dropped] = {best.step_s, round.step_s};
     keep[static_cast<size_t>(dropped)] = false;
     best = round;
@@ -223,8 +225,7 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
         evaluate(cost, {Assignment{0, cost.layers(), {static_cast<int>(d)}}}, searched.algorithm);
     if (faster(alone, best_alone)) best_alone = alone;
   }
-  if (fits(best_alone) && (fastest == 0 || best_alone.step_s < fastest))
-    fastest = best_alone.step_s;
+  priced(best_alone);
   if (devicesOf(best).size() > 1 ? withinMargin(best_alone) : faster(best_alone, best))
     best = best_alone;
   const std::set<int> used = devicesOf(best), searched_used = devicesOf(searched);

@@ -75,11 +75,11 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   return o;
 }
 
-partitioner::CostModel measuredCostModel(const Model& model, const std::string& model_spec,
-                                         const ClusterDaemons& daemons,
-                                         const std::string& default_profile,
-                                         const partitioner::CostOptions& options,
-                                         std::optional<LinkSet>* known_links) {
+partitioner::Problem measuredProblem(const Model& model, const std::string& model_spec,
+                                     const ClusterDaemons& daemons,
+                                     const std::string& default_profile,
+                                     const partitioner::CostOptions& options,
+                                     std::optional<LinkSet>* known_links) {
   partitioner::Cluster cluster = daemons.cluster();
   std::map<std::string, Profile> profiles;
   for (const std::string& path : partitioner::profilePaths(cluster, default_profile))
@@ -180,8 +180,7 @@ partitioner::CostModel measuredCostModel(const Model& model, const std::string& 
         devices, hits, pairs.size(),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
-  return partitioner::CostModel(
-      partitioner::makeProblem(model, cluster, profiles, default_profile, options));
+  return partitioner::makeProblem(model, cluster, profiles, default_profile, options);
 }
 
 namespace {
@@ -212,14 +211,11 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
     candidate.microbatches = m;
     // The devices' costs depend on the microbatch, not on the schedule: measured once per
     // count, priced under each schedule.
-    std::optional<partitioner::Problem> measured;
+    const partitioner::Problem measured =
+        measuredProblem(model, spec, daemons, job.profile, jobCostOptions(candidate), &links);
     for (const ScheduleKind kind : kinds) {
       candidate.schedule = kind;
-      if (!measured)
-        measured =
-            measuredCostModel(model, spec, daemons, job.profile, jobCostOptions(candidate), &links)
-                .problem();
-      partitioner::Problem problem = *measured;
+      partitioner::Problem problem = measured;
       problem.options = jobCostOptions(candidate);
       partitioner::CostModel cost(std::move(problem));
       PlanCandidate c{m, kind, 0, 0, ""};

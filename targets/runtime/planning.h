@@ -31,25 +31,27 @@ partitioner::CostModel loadCostModel(const Model& model, const std::string& clus
 // The cost options a job implies (schedule, microbatches, optimizer, codecs).
 partitioner::CostOptions jobCostOptions(const JobSpec& job);
 
-// The cost model for `model` (its spec's text: `model_spec`) on the daemons' cluster: a
+// The partitioner's problem for `model` (its spec's text: `model_spec`) on the daemons'
+// cluster — the devices' and links' costs, which depend on the microbatch size and not on
+// the schedule — under `options`: a
 // device with a profile file (its own, its node's, or `default_profile`) is priced from
 // it; the others are measured by their node's daemon (a profile task, cached there by
 // model and device). Links the cluster file does not give (`between`, `measured`,
 // `local` within a node) are measured by the daemons, or taken from `links` when it holds
 // some (it receives what was measured: planning several microbatch sizes measures once).
-partitioner::CostModel measuredCostModel(const Model& model, const std::string& model_spec,
-                                         const ClusterDaemons& daemons,
-                                         const std::string& default_profile,
-                                         const partitioner::CostOptions& options,
-                                         std::optional<LinkSet>* links = nullptr);
+partitioner::Problem measuredProblem(const Model& model, const std::string& model_spec,
+                                     const ClusterDaemons& daemons,
+                                     const std::string& default_profile,
+                                     const partitioner::CostOptions& options,
+                                     std::optional<LinkSet>* links = nullptr);
 
 // `partition: auto`: plans the job with the partitioner over the daemons' cluster (priced
-// as measuredCostModel does, with the job's `profile`): the plan that runs (the search's,
+// as measuredProblem does, with the job's `profile`): the plan that runs (the search's,
 // or the job's `baseline`), priced, and its YAML (for jobStages); the search's plan and
 // the baselines, priced on the same cost model, for the run to print beside it.
 //
 // With `microbatches: auto` or `schedule: auto` it plans every candidate — microbatch
-// counts 1, 2, 4, ... up to the batch (at most 64), each profiled at its microbatch size;
+// counts 1, 2, 4, ... up to the batch (at most 64), each profiled once at its microbatch size;
 // schedules 1f1b, gpipe and zb-h1 — and takes the one with the shortest predicted step whose
 // plan fits in memory; `microbatches` and `schedule` say which.
 struct PlanCandidate {
