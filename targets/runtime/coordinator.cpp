@@ -131,6 +131,13 @@ class Run {
     try {
       connectAll();
       exchange();
+      // Every worker has reported: they may close their links now (awaitRunEnd).
+      for (const std::unique_ptr<Channel>& c : channels_) {
+        try {
+          c->send(Leave{"the run is over"}, 1s);
+        } catch (const Error&) {  // it has gone already
+        }
+      }
       const std::string ended = launcher_.finish(30s);
       if (!ended.empty()) throw Error(ended);
       if (!in_flight_.empty())

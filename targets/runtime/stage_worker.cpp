@@ -175,6 +175,23 @@ void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, L
   decoder.serve(prompts, tokens);
 }
 
+// After its report a worker keeps its links open until the coordinator has every report
+// and says `leave` (or its channel ends, or `limit` passes): the last messages a stage
+// sent may still be on their way to the next, and ZeroMQ drops what an ipc socket still
+// queues when it closes under the receiver's high-water mark (libzmq #4660, LINGER
+// notwithstanding) — a stream's last microbatches were lost that way.
+void awaitRunEnd(Channel& coordinator, std::chrono::seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  try {
+    while (Clock::now() < deadline) {
+      const std::optional<Message> m = coordinator.recv(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+      if (!m || std::holds_alternative<Leave>(*m)) return;
+    }
+  } catch (const IoError&) {  // the coordinator has gone: so has the run
+  }
+}
+
 void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const WorkerOptions& o) {
   const std::string who = "stage " + std::to_string(a.stage) +
                           (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "");
@@ -291,6 +308,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
         report.bytes_received += l->stats().bytes_received_wire;
       }
     coordinator.send(report, std::chrono::seconds(a.timeout_s));
+    awaitRunEnd(coordinator, std::chrono::seconds(a.timeout_s));
     return;
   }
   // The stage's replicas sum their gradients over a group of their own; they find each
@@ -446,6 +464,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
     sendChunks(coordinator, report.model_hash, slice, std::chrono::seconds(a.timeout_s));
   }
   coordinator.send(report, std::chrono::seconds(a.timeout_s));
+  awaitRunEnd(coordinator, std::chrono::seconds(a.timeout_s));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <future>
 #include <map>
 
 #include "backends/cpu/cpu_backend.h"
@@ -18,12 +19,17 @@
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/train/trainer.h"
+#include "targets/runtime/handshake.h"
+#include "targets/runtime/listener.h"
 #include "targets/runtime/node_info.h"
+#include "targets/runtime/stage_worker.h"
 #include "targets/runtime/weight_cache.h"
 #include "tests/test_util.h"
 
 namespace tandem::runtime {
 namespace {
+
+using namespace std::chrono_literals;
 
 const std::string kMlp = std::string(TANDEM_SOURCE_DIR) + "/examples/models/mlp.yaml";
 
@@ -231,6 +237,34 @@ TEST(CoordinatorTest, AWorkerThatCannotRunItsAssignmentEndsTheRunNamed) {
   testing::expectThrowWith<Error>(
       [&] { coordinate(as, names(as), *launcher, RunCallbacks{}, RunOptions{}); },
       {"stage 1 replica 0 failed: ", "no OpenCL device 99"});
+}
+
+// A worker that has reported keeps its links open (what it sent last may still be on its
+// way to the next stage) until its coordinator says the run is over, then ends at once.
+TEST(CoordinatorTest, AWorkerThatReportedWaitsForTheCoordinatorsLeave) {
+  const ClusterKey key = generateClusterKey();
+  Listener listener("127.0.0.1:0", key, HandshakeOptions{});
+  std::vector<Assign> as = assignments({{0, 6, 1}}, ScheduleKind::k1F1B);
+  as[0].save = false;
+  as[0].record_spans = false;
+  auto worker = std::async(std::launch::async, [&] {
+    std::unique_ptr<Channel> c = connectChannel(listener.endpoint(), key, HandshakeOptions{});
+    runStageWorker(*c, key);
+  });
+  std::unique_ptr<Channel> w = listener.accept(10s);
+  ASSERT_TRUE(w);
+  w->send(as[0]);
+  std::optional<Message> m = w->recv(30s);
+  ASSERT_TRUE(m && std::holds_alternative<Ready>(*m));
+  const Ready ready = std::get<Ready>(*m);
+  w->send(Start{{}, {}, ready.train_samples, ready.test_samples});
+  for (m = w->recv(30s); m && !std::holds_alternative<StageReport>(*m); m = w->recv(30s))
+    ASSERT_FALSE(std::holds_alternative<Failed>(*m)) << std::get<Failed>(*m).message;
+  ASSERT_TRUE(m) << "no report";
+  EXPECT_EQ(worker.wait_for(500ms), std::future_status::timeout) << "it left before the leave";
+  w->send(Leave{"the run is over"});
+  EXPECT_EQ(worker.wait_for(5s), std::future_status::ready);
+  worker.get();
 }
 
 constexpr const char* kGpt = R"(name: coord-gpt
