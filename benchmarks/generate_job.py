@@ -64,8 +64,8 @@ def measure(a, tandem, tmp, name, model, prompts):
                    check=True, capture_output=True)
     job = os.path.join(tmp, name + "-stages.yaml")
     with open(job, "w") as f:
-        f.write("model: %s\nweights: %s\npartition: equal\nstages: %d\nthreads: 1\n"
-                "transport: tcp\n" % (model, weights, a.stages))
+        f.write("model: %s\nweights: %s\npartition: equal\nstages: %d\nthreads: 1\n" %
+                (model, weights, a.stages))
     one, staged = None, None
     for _ in range(a.rounds):
         o = serve([tandem, "generate", weights, "--serve", "--tokens", str(a.tokens),

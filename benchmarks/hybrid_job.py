@@ -43,7 +43,6 @@ batch: 128
 microbatches: 4
 schedule: 1f1b
 optimizer: {{kind: sgd, lr: 0.01, momentum: 0.9}}
-transport: tcp
 partition: [{{layers: [0, 4], replicas: 2}}, [4, 6]]
 seed: 1
 """

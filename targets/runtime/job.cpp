@@ -241,6 +241,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       parseCodec(r, v, job);
     } else if (key == "transport") {
       job.transport = r.get<std::string>(v, key, "tcp or ipc");
+      job.transport_where = r.at(v);
       if (job.transport != "tcp" && job.transport != "ipc")
         r.fail(v, "unknown transport '" + job.transport + "' (expected tcp or ipc)");
     } else if (key == "timeout_s") {

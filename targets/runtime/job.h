@@ -79,7 +79,12 @@ struct JobSpec {
   std::string activation_codec = "fp32", gradient_codec = "fp32";
   bool activation_codec_given = false, gradient_codec_given = false;
   std::string codec_where;  // "job.yaml:9:22": where a codec is auto, for messages
-  std::string transport = "tcp";
+  // "tcp" or "ipc"; "" lets the run choose: ipc (Unix sockets in folders only the user can
+  // enter) when every node is this machine, tcp on a cluster with addresses. A run on
+  // this machine over tcp encrypts its links with the run's key, as a cluster's are, so
+  // they admit only the run's workers (docs/runtime.md, Security).
+  std::string transport;
+  std::string transport_where;  // "job.yaml:7:12" where the job sets it, for messages
   int64_t timeout_s = 60;  // every link's blocking calls
   // Either explicit layer ranges [begin, end) or, when empty, `stages` equal parts.
   std::vector<std::pair<size_t, size_t>> ranges;

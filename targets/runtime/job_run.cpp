@@ -150,6 +150,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
   for (const partitioner::ClusterNode& n : cluster_.nodes) node_order_.push_back(n.name);
   local_ = std::none_of(cluster_.nodes.begin(), cluster_.nodes.end(),
                         [](const partitioner::ClusterNode& n) { return n.address.has_value(); });
+  resolveTransport();
   const bool fork = !options_.fork.empty();
   if (!job_.auto_partition) {
     place(model);
@@ -184,6 +185,20 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     job_.microbatches_auto = job_.schedule_auto = false;
     place(model);
   }
+}
+
+void JobRun::resolveTransport() {
+  if (job_.transport.empty()) {
+    job_.transport = local_ ? "ipc" : "tcp";
+    return;
+  }
+  if (job_.transport != "ipc" || local_) return;
+  for (const partitioner::ClusterNode& n : cluster_.nodes)
+    if (n.address)
+      throw InvalidArgument((job_.transport_where.empty() ? job_.source : job_.transport_where) +
+                            ": 'transport: ipc' links processes on one " + "machine, but node '" +
+                            n.name + "' is at " + n.address->str() +
+                            " (leave 'transport' out, or say tcp)");
 }
 
 void JobRun::place(const Model& model) {
@@ -226,14 +241,15 @@ void JobRun::place(const Model& model) {
   for (const Assign& a : assignments_)
     names_.push_back("stage " + std::to_string(a.stage) +
                      (a.replicas > 1 ? " replica " + std::to_string(a.replica) : ""));
+  // Links over tcp are CurveZMQ-encrypted with keys from the run's key, so they admit only
+  // the run's workers: between a cluster's hosts, and on this machine, where any local
+  // process could otherwise connect to them. Over ipc only the user's processes can reach
+  // them (PrivateSocketDir), and they stay in the clear.
+  for (Assign& a : assignments_) a.encrypt = a.transport == "tcp";
   if (!options_.fork.empty()) return;
   node_of_ = nodeOfSlot(cluster_, assignments_, stages_);
-  for (size_t i = 0; i < assignments_.size(); ++i) {
-    Assign& a = assignments_[i];
-    a.bind_host = cluster_.nodes[static_cast<size_t>(node_of_[i])].host;
-    // Links between a cluster's hosts: CurveZMQ, keys from the run's key.
-    a.encrypt = !local_;
-  }
+  for (size_t i = 0; i < assignments_.size(); ++i)
+    assignments_[i].bind_host = cluster_.nodes[static_cast<size_t>(node_of_[i])].host;
   // Each worker's device and what it will hold, checked against its node's devices and
   // free memory before any worker starts.
   const std::vector<int64_t> stage_bytes =

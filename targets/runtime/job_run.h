@@ -103,6 +103,9 @@ class JobRun {
 
  private:
   // Stages (from the plan, if one was made), assignments, names, nodes and needs.
+  // The job's transport, or the run's choice where it gives none (JobSpec::transport);
+  // ipc on a cluster with addresses is refused, named.
+  void resolveTransport();
   void place(const Model& model);
   RunResult runOnce(const RunCallbacks& callbacks, const std::atomic<int>* interrupt);
   // A stream's answer from a worker: handed on in order once, or dropped as a repeat.

@@ -99,7 +99,8 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
 
 // Every worker's assignment (slot order: stage by stage, replicas within): the job and its
 // placement, carried in-band; `spec` is the model spec's text, the weights (if any) named
-// by content hash and size; `spans`: record spans for a timeline.
+// by content hash and size; `spans`: record spans for a timeline. The job's transport is
+// copied as it is: a run resolves an unset one first (JobRun).
 std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
                                    bool infer, bool spans, const std::string& spec,
                                    const std::string& weights_hash, int64_t weights_bytes);

@@ -335,7 +335,8 @@ int runJob(const RunArgs& args) {
     spdlog::info(
         "{} stages ({} workers) up: {} schedule, {} microbatches of a {}-sample batch, {} over {}",
         stages.size(), as.size(), args.infer ? "forward" : scheduleName(job.schedule),
-        job.microbatches, job.batch, codecs, job.transport);
+        job.microbatches, job.batch, codecs,
+        as.front().transport + (as.front().encrypt ? " (encrypted)" : ""));
   };
   bool stepped = false;
   cb.progress = [&](const runtime::Progress& m) {

@@ -16,16 +16,20 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <zmq.hpp>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/data/dataset.h"
 #include "core/data/text.h"
+#include "core/file.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/train/trainer.h"
 #include "tests/process_util.h"
+#include "transport/wire.h"
 
 extern char** environ;
 
@@ -146,7 +150,8 @@ Reference singleDevice(const Dataset& train, int64_t batch, int64_t m,
 }
 
 // The whole matrix of the issue: p = 2, 3, 4; m = 1, 2, 4, 8; GPipe and 1F1B; with and
-// without recomputation; tcp loopback (one configuration also over ipc).
+// without recomputation; over tcp loopback (encrypted with the run's key) without
+// recomputation, and over the transport a local run chooses (ipc) with it.
 TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
   const int64_t train_limit = 300, batch = 32;
   const Dataset train = loadFashionMnist(kFashionMnistDir, true, train_limit);
@@ -158,19 +163,23 @@ TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
     for (const int64_t m : {1, 2, 4, 8})
       for (const char* schedule : {"gpipe", "1f1b"})
         for (const bool recompute : {false, true}) {
-          const char* transport = stages == 2 && m == 4 && recompute ? "ipc" : "tcp";
+          const std::string transport = recompute ? "" : "transport: tcp\n";
           const std::string config = std::string(schedule) + " p=" + std::to_string(stages) +
                                      " m=" + std::to_string(m) + (recompute ? " recompute " : " ") +
                                      transport;
           std::ostringstream body;
           body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
-               << "\nmicrobatches: " << m << "\nschedule: " << schedule
-               << "\ntransport: " << transport << "\nrecompute: " << (recompute ? "true" : "false")
+               << "\nmicrobatches: " << m << "\nschedule: " << schedule << "\n"
+               << transport << "recompute: " << (recompute ? "true" : "false")
                << "\npartition: equal\nstages: " << stages << "\nseed: 3\nsave: " << model << "\n";
           std::filesystem::remove(model);
           RunProcess run(writeJob("run_equal", body.str()));
           ASSERT_EQ(run.wait(120s), 0) << config << "\n" << run.output();
           EXPECT_NE(run.output().find("bubble: measured"), std::string::npos) << run.output();
+          EXPECT_NE(
+              run.output().find(recompute ? "fp32 over ipc\n" : "fp32 over tcp (encrypted)\n"),
+              std::string::npos)
+              << run.output();
           const ModelFile saved = readModelFile(model);
           const auto& [weights, steps] = reference.at(m);
           ASSERT_EQ(saved.params.size(), weights.size()) << config;
@@ -349,6 +358,95 @@ TEST(RunTest, ReplicatedStagesMatchSingleDeviceAccumulationWithinRounding) {
     }
     EXPECT_EQ(saved.optimizer->steps, want.steps) << c.partition;
   }
+}
+
+// The tcp ports a process listens on (its sockets in LISTEN, from /proc).
+std::vector<int> listeningPorts(pid_t pid) {
+  std::set<std::string> sockets;
+  std::error_code ec;
+  const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& e : std::filesystem::directory_iterator(fds, ec)) {
+    const std::string to = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && to.rfind("socket:[", 0) == 0) sockets.insert(to.substr(8, to.size() - 9));
+  }
+  std::vector<int> out;
+  std::ifstream table("/proc/" + std::to_string(pid) + "/net/tcp");
+  std::string line;
+  std::getline(table, line);  // the header
+  while (std::getline(table, line)) {
+    std::istringstream in(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    in >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >>
+        inode;
+    if (state == "0A" && sockets.count(inode) && local.find(':') != std::string::npos)
+      out.push_back(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+  }
+  return out;
+}
+
+// A local run over tcp: any process on the machine can connect to its workers' links.
+// One that pushes well-formed activations and gradients (for every microbatch the run
+// will send, of a shape no stage takes) into every port the workers listen on, from their
+// start to their end, gets nothing in: the links admit only the run's workers (encrypted
+// with the run's key), and the run saves bitwise what the undisturbed run saves.
+TEST(RunTest, ALocalRunsLinksOverTcpAdmitOnlyItsWorkers) {
+  const std::string model = ::testing::TempDir() + "/run_intruded.tdm";
+  const std::string job =
+      writeJob("run_intruded",
+               "train_limit: 1600\ntest_limit: 100\nepochs: 1\nbatch: 32\nmicrobatches: 4\n"
+               "transport: tcp\npartition: equal\nstages: 2\nseed: 3\nsave: " +
+                   model + "\n");
+  std::filesystem::remove(model);
+  {
+    RunProcess run(job);
+    ASSERT_EQ(run.wait(120s), 0) << run.output();
+  }
+  const std::string want = readFile(model, "the saved model");
+  ASSERT_FALSE(want.empty());
+  std::filesystem::remove(model);
+  // What the intruder sends: header and payload frames, as a link does.
+  std::vector<std::pair<std::vector<uint8_t>, std::vector<float>>> messages;
+  for (int64_t tag = 0; tag < 260; ++tag)
+    for (const MessageKind kind : {MessageKind::kActivation, MessageKind::kGradient}) {
+      transport::WireHeader h;
+      h.kind = kind;
+      h.microbatch = tag;
+      h.shape = Shape{8, 3};
+      h.payload_bytes = 8 * 3 * sizeof(float);
+      messages.emplace_back(transport::encodeHeader(h), std::vector<float>(24, 1e30f));
+    }
+
+  RunProcess run(job);
+  std::vector<pid_t> workers;
+  for (const char* stage : {"stage 0: layers ", "stage 1: layers "}) {
+    const std::optional<std::string> line = run.waitForLine(stage, 60s);
+    ASSERT_TRUE(line && line->find("pid ") != std::string::npos) << run.output();
+    workers.push_back(static_cast<pid_t>(std::stol(line->substr(line->find("pid ") + 4))));
+  }
+  zmq::context_t ctx;
+  std::vector<zmq::socket_t> intruders;
+  std::set<int> reached;
+  const auto until = Clock::now() + 60s;
+  while (Clock::now() < until &&
+         !std::all_of(workers.begin(), workers.end(), testing::processGone)) {
+    for (pid_t w : workers)
+      for (int port : listeningPorts(w)) {
+        if (!reached.insert(port).second) continue;
+        zmq::socket_t& push = intruders.emplace_back(ctx, zmq::socket_type::push);
+        push.set(zmq::sockopt::linger, 0);
+        push.connect("tcp://127.0.0.1:" + std::to_string(port));
+        for (const auto& [header, payload] : messages) {
+          (void)push.send(zmq::buffer(header),
+                          zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+          (void)push.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+        }
+      }
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_EQ(run.wait(120s), 0) << run.output();
+  EXPECT_GE(reached.size(), 2u) << "the workers' links were not found listening";
+  EXPECT_NE(run.output().find("over tcp (encrypted)"), std::string::npos) << run.output();
+  EXPECT_TRUE(readFile(model, "the saved model") == want) << "a run with an intruder: not bitwise";
 }
 
 TEST(RunTest, AKilledReplicaEndsTheRunNamed) {

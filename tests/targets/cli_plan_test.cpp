@@ -348,12 +348,12 @@ TEST(CliTest, EachLinkCarriesThePlansCodecs) {
   };
   const CliRun exact = job("exact-job.yaml", "exact.yaml", "");
   ASSERT_EQ(exact.code, 0) << exact.out;
-  EXPECT_NE(exact.out.find("microbatches of a 32-sample batch, fp32 over tcp"), std::string::npos)
+  EXPECT_NE(exact.out.find("microbatches of a 32-sample batch, fp32 over ipc"), std::string::npos)
       << exact.out;
   const CliRun coded =
       job("coded-job.yaml", "coded.yaml", "codec: {activations: auto, gradients: auto}\n");
   ASSERT_EQ(coded.code, 0) << coded.out;
-  EXPECT_NE(coded.out.find("0->1 int8/fp32, 1->2 fp32/fp16 over tcp"), std::string::npos)
+  EXPECT_NE(coded.out.find("0->1 int8/fp32, 1->2 fp32/fp16 over ipc"), std::string::npos)
       << coded.out;
   const std::vector<double> a = megabytesSent(exact.out), b = megabytesSent(coded.out);
   ASSERT_EQ(a.size(), 3u) << exact.out;
@@ -372,7 +372,7 @@ TEST(CliTest, EachLinkCarriesThePlansCodecs) {
   // The job fixes its activations: fp16 on every link, the plan's gradients kept.
   const CliRun fixed = job("fixed-job.yaml", "coded.yaml", "codec: {activations: fp16}\n");
   ASSERT_EQ(fixed.code, 0) << fixed.out;
-  EXPECT_NE(fixed.out.find("0->1 fp16/fp32, 1->2 fp16 over tcp"), std::string::npos) << fixed.out;
+  EXPECT_NE(fixed.out.find("0->1 fp16/fp32, 1->2 fp16 over ipc"), std::string::npos) << fixed.out;
 }
 
 // tandem profile --links: each node's daemon (here a tandemd on loopback started for each

@@ -159,6 +159,14 @@ TEST(TandemdTest, AClusterRunNamesTheNodeItCannotUse) {
   r = run(kCli + " run " + job + " --cluster " + dir + "/half.yaml");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("half.yaml:4:5: node 'near' has no 'address'"), std::string::npos) << r.out;
+  // Unix sockets link processes on one machine: not a cluster's nodes.
+  const std::string ipc = writeJob(dir, "ipc", "epochs: 1\ntrain_limit: 64\ntransport: ipc\n");
+  r = run(kCli + " run " + ipc + " --cluster " + dir + "/gone.yaml");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("ipc.yaml:9:12: 'transport: ipc' links processes on one machine, but "
+                       "node 'gone' is at 127.0.0.1:1"),
+            std::string::npos)
+      << r.out;
 }
 
 // A node reads a job's data only under its --data-root folders (default: the Debian
