@@ -20,9 +20,11 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/endpoint.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "tests/process_util.h"
+#include "tests/targets/runtime/flood.h"
 #include "tests/targets/tandemd_util.h"
 #include "tests/test_util.h"
 
@@ -239,6 +241,46 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
   }
   for (const char* node : {"a-", "b-", "c-"})
     EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
+}
+
+// A recovery gets through floods on the daemons that survive, from a peer without the
+// key: 300 idle connections on one (more than the 256 a daemon lets one address keep
+// waiting: the oldest are closed and reopened all the while), and 100 that each sent a byte
+// and stalled on the other, from before the run starts to after it ends. The node killed
+// mid-run is left out, the run resumes from its checkpoint on the flooded daemons and
+// saves bitwise what the run that lost nothing saves.
+TEST(TandemdTest, ARecoveryGetsThroughFloodsOnTheSurvivingDaemons) {
+  const std::string dir = tandem::testing::freshDir("recover-flood");
+  ASSERT_EQ(run(kCli + " keygen --cluster --out " + dir + "/c").code, 0);
+  const std::string key = dir + "/c.key";
+  DaemonProcess a(dir, key, "a"), c(dir, key, "c");
+  auto b = std::make_unique<DaemonProcess>(dir, key, "b");
+  std::ofstream(dir + "/abc.yaml")
+      << "key: c.key\nnodes:\n"
+      << "  - {name: a, address: '" << a.address() << "', devices: [{}]}\n"
+      << "  - {name: b, address: '" << b->address() << "', devices: [{}]}\n"
+      << "  - {name: c, address: '" << c.address() << "', devices: [{}]}\n";
+  auto job = [&](const std::string& name, const std::string& extra) {
+    return threeStageJob(dir, name, "mlp", "epochs: 2\ntrain_limit: 1280\n", "abc.yaml", extra);
+  };
+  const std::string want = uninterrupted(job("whole", ""), dir + "/out/whole.tdm");
+  ASSERT_FALSE(want.empty());
+  tandem::testing::IdleFlood idle(tandem::parseEndpoint(a.address()), 300);
+  tandem::testing::IdleFlood stalled(tandem::parseEndpoint(c.address()), 100,
+                                     /*first_byte=*/true);
+  Background lossy(
+      "exec " + kCli + " run " + job("lossy", "checkpoint: {every_steps: 3, dir: ck}\n"),
+      dir + "/lossy.log");
+  ASSERT_TRUE(lossy.waitFor("checkpoint at step 6:", 60s)) << lossy.output();
+  b->kill9();
+  EXPECT_EQ(lossy.wait(120s), 0) << lossy.output() << "\nnode a:\n" << a.log();
+  const std::string out = lossy.output();
+  for (const std::string& s :
+       {std::string("recovering (1 of 3 restarts): node 'b' is left out; resuming from step "),
+        std::string("3 stages on a, c"), std::string("training again ")})
+    EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+  EXPECT_TRUE(slurp(dir + "/out/lossy.tdm") == want) << "recovered under a flood: not bitwise";
+  EXPECT_GT(idle.reopened(), 0u) << "the flood did not go on through the run";
 }
 
 TEST(TandemdTest, ALostNodeThatComesBackRejoinsAtACheckpointAndAgainLaterBitwise) {

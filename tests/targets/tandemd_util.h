@@ -86,6 +86,7 @@ class DaemonProcess {
     }
   }
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
   std::string log() const { return slurp(log_); }
   void kill9() {
     kill(pid_, SIGKILL);
