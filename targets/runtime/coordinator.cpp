@@ -347,7 +347,7 @@ class Run {
   // against the stream (the caller drops what it has already).
   void answered(int slot, const Answer& an) {
     const Assign& a = assignments_[static_cast<size_t>(slot)];
-    if (!a.infer || a.stage != a.stages - 1)
+    if (a.mode != RunMode::kInfer || a.stage != a.stages - 1)
       fail(slot, "sent an answer, not being the last stage of an inference stream");
     if (test_samples_ < 0 || an.first < a.infer_from || an.first + an.count > test_samples_)
       fail(slot, "answered samples [" + std::to_string(an.first) + ", " +
@@ -372,7 +372,7 @@ class Run {
   // flight.
   void generated(int slot, const Token& t) {
     const Assign& a = assignments_[static_cast<size_t>(slot)];
-    if (!a.generate || a.stage != a.stages - 1)
+    if (a.mode != RunMode::kGenerate || a.stage != a.stages - 1)
       fail(slot, "sent a token, not being the last stage of a generation run");
     const auto it = in_flight_.find(t.id);
     if (it == in_flight_.end())

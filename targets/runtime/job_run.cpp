@@ -107,8 +107,8 @@ std::string nodeList(const partitioner::Cluster& cluster) {
 
 JobRun::JobRun(JobSpec job, JobRunOptions options)
     : job_(std::move(job)), options_(std::move(options)) {
-  const bool serving = options_.infer || options_.generate;
-  TANDEM_CHECK_MSG(!options_.generate || options_.prompts, InvalidArgument,
+  const bool serving = options_.mode != RunMode::kTrain;
+  TANDEM_CHECK_MSG(options_.mode != RunMode::kGenerate || options_.prompts, InvalidArgument,
                    "a generation run needs a queue of prompts");
   if (!job_.save.empty() && !serving) prepareSave(job_.save);
   // Read once: placed, shipped, merged. An ONNX model's weights start the run unless the
@@ -203,11 +203,11 @@ void JobRun::resolveTransport() {
 
 void JobRun::place(const Model& model) {
   stages_ = jobStages(job_, model, planned_ ? planned_->yaml : "");
-  const bool serving = options_.infer || options_.generate;
-  assignments_ = jobAssignments(job_, stages_, serving, options_.spans, model_spec_,
+  const bool serving = options_.mode != RunMode::kTrain;
+  assignments_ = jobAssignments(job_, stages_, options_.mode, options_.spans, model_spec_,
                                 weights_ ? contentHash(*weights_) : "",
                                 weights_ ? static_cast<int64_t>(weights_->size()) : 0);
-  if (options_.generate) {
+  if (options_.mode == RunMode::kGenerate) {
     TANDEM_CHECK_MSG(job_.chunks == 1, InvalidArgument,
                      job_.source << ": generation runs one model chunk per stage, not "
                                  << job_.chunks << " (interleaved is a training schedule)");
@@ -221,8 +221,6 @@ void JobRun::place(const Model& model) {
                            << " replicas (replicas are for training)");
     const int stages = static_cast<int>(stages_.size());
     for (Assign& a : assignments_) {
-      a.infer = false;
-      a.generate = true;
       a.in_flight = options_.in_flight;
       if (stages > 1 && a.stage == 0) a.prev_replicas = 1;
       if (stages > 1 && a.stage == stages - 1) a.next_replicas = 1;
@@ -232,7 +230,8 @@ void JobRun::place(const Model& model) {
     a.start_step = start_step_;
     a.restore_optimizer = start_step_ > 0;
     if (!serving) a.checkpoint_every = job_.checkpoint.every_steps;
-    if (options_.infer) {  // a stream resumed after a loss: from its first unanswered batch
+    if (options_.mode ==
+        RunMode::kInfer) {  // a stream resumed after a loss: from its first unanswered batch
       a.infer_from = streamResumesAt();
       a.request_rate = options_.request_rate;
     }
@@ -252,8 +251,7 @@ void JobRun::place(const Model& model) {
     assignments_[i].bind_host = cluster_.nodes[static_cast<size_t>(node_of_[i])].host;
   // Each worker's device and what it will hold, checked against its node's devices and
   // free memory before any worker starts.
-  const std::vector<int64_t> stage_bytes =
-      stageMemory(job_, model, stages_, options_.infer || options_.generate);
+  const std::vector<int64_t> stage_bytes = stageMemory(job_, model, stages_, options_.mode);
   needs_.clear();
   for (size_t i = 0; i < assignments_.size(); ++i)
     needs_.push_back({stage_bytes[static_cast<size_t>(assignments_[i].stage)],
@@ -265,12 +263,12 @@ JobRun::~JobRun() = default;
 RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
   resume_weights_ = weights_;
   resume_step_ = start_step_;
-  const bool recovers = (job_.checkpoint.every_steps > 0 || options_.infer) && !options_.generate &&
+  const bool recovers = (job_.checkpoint.every_steps > 0 || infers()) && !generates() &&
                         options_.fork.empty() && job_.max_restarts > 0;
   for (int restarts = 0;;) {
     try {
       RunResult result = runOnce(callbacks, interrupt);
-      if (options_.infer) checkStreamAnswered(result);
+      if (infers()) checkStreamAnswered(result);
       return result;
     } catch (const NodeRejoins& r) {  // (not a failure: no restart counted)
       if (interrupt && interrupt->load() != 0) throw Interrupted("the run was interrupted");
@@ -284,14 +282,14 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
           cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(e.slot)))).name;
       spdlog::warn("{}", e.what());
       const std::string from =
-          options_.infer ? "the stream from sample " + std::to_string(streamResumesAt()) + " (" +
-                               std::to_string(totals_.requests) + " requests answered)"
+          infers() ? "the stream from sample " + std::to_string(streamResumesAt()) + " (" +
+                         std::to_string(totals_.requests) + " requests answered)"
           : resume_step_ > 0 ? "step " + std::to_string(resume_step_)
                              : "the start";
       spdlog::warn(
           "recovering ({} of {} restarts): node '{}' is left out; resuming {} on the {} nodes "
           "left",
-          restarts, job_.max_restarts, lost, (options_.infer ? "" : "from ") + from,
+          restarts, job_.max_restarts, lost, (infers() ? "" : "from ") + from,
           cluster_.nodes.size() - 1);
       leaveOut(e.slot);
       changed_at_ = t0;
@@ -322,7 +320,7 @@ void JobRun::leaveOut(int slot) {
   // Tried again after the back-off: nodes with addresses (a local node's daemon was
   // this run's own), in a training run with checkpoints to rejoin at.
   const int losses = ++losses_[lost];
-  if (job_.rejoin_after_s > 0 && !local_ && !options_.infer && job_.checkpoint.every_steps > 0) {
+  if (job_.rejoin_after_s > 0 && !local_ && !infers() && job_.checkpoint.every_steps > 0) {
     const double wait = backOff(lost);
     out.retry_at = std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -409,7 +407,7 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
   RunOptions ro;
   // (A generation run waits for prompts as long as they take: its stages keep each other
   // alive, and every channel has heartbeats.)
-  if (!options_.generate) ro.silence = std::chrono::seconds(2 * job_.timeout_s + 30);
+  if (!generates()) ro.silence = std::chrono::seconds(2 * job_.timeout_s + 30);
   ro.interrupt = interrupt;
   ro.prompts = options_.prompts;
   if (weights_) ro.weights[assignments_.front().weights_hash] = weights_;
@@ -443,7 +441,7 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
         "{:.3f} s",
         what, since(*changed_at_, now), change_, since(*changed_at_, launched),
         since(launched, started), weights_ ? static_cast<double>(weights_->size()) / 1e6 : 0.0,
-        since(started, wired), options_.infer ? "request" : "step", since(wired, now));
+        since(started, wired), infers() ? "request" : "step", since(wired, now));
   };
   cb.started = [&](int slot, int64_t pid) {
     if (++starts == assignments_.size()) started = Clock::now();
@@ -457,13 +455,13 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
     firstAgain("training");
     if (callbacks.progress) callbacks.progress(p);
   };
-  if (options_.infer) {
+  if (infers()) {
     cb.answer = [&](const Answer& a) {
       firstAgain("answering");
       answer(a, callbacks);
     };
   }
-  if (job_.checkpoint.every_steps > 0 && !options_.infer && !options_.generate)
+  if (job_.checkpoint.every_steps > 0 && !infers() && !generates())
     cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
       checkpoint(step, slices);
       if (callbacks.checkpoint) callbacks.checkpoint(step, slices);

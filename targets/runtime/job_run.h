@@ -33,7 +33,11 @@ struct JobRunOptions {
   // Workers forked by this process (`program args... --control HOST:PORT --slot N`)
   // instead of started by the nodes' daemons: kept to measure the daemon path against.
   std::vector<std::string> fork;
-  bool infer = false;  // stream the test set forward instead of training
+  // Train; stream the test set forward (infer); or generate: the stages decode text from
+  // the job's weights, stage 0 taking the prompts of `prompts`, with `in_flight`
+  // sequences at once, one worker per stage, and no recovery after a loss (the run ends
+  // with the error).
+  RunMode mode = RunMode::kTrain;
   bool spans = false;  // the workers record spans (timelines, inference latencies)
   // Continue from the newest usable checkpoint in this folder (checkpoint.h): its weights
   // and optimizer state, from its step; the job must match what it was taken with.
@@ -41,10 +45,6 @@ struct JobRunOptions {
   // Inference: requests (microbatches) per second fed into the stream (0: as fast as the
   // pipeline takes them).
   double request_rate = 0;
-  // Generation (`tandem generate JOB.yaml`): the stages decode text from the job's
-  // weights, stage 0 taking the prompts of `prompts`, with `in_flight` sequences at once;
-  // one worker per stage. No recovery after a loss: the run ends with the error.
-  bool generate = false;
   PromptQueue* prompts = nullptr;
   int in_flight = 8;
 };
@@ -103,6 +103,8 @@ class JobRun {
 
  private:
   // Stages (from the plan, if one was made), assignments, names, nodes and needs.
+  bool infers() const { return options_.mode == RunMode::kInfer; }
+  bool generates() const { return options_.mode == RunMode::kGenerate; }
   // The job's transport, or the run's choice where it gives none (JobSpec::transport);
   // ipc on a cluster with addresses is refused, named.
   void resolveTransport();

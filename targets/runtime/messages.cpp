@@ -218,6 +218,18 @@ const char* refusalName(Refusal r) {
   return "?";
 }
 
+const char* runModeName(RunMode mode) {
+  switch (mode) {
+    case RunMode::kTrain:
+      return "train";
+    case RunMode::kInfer:
+      return "infer";
+    case RunMode::kGenerate:
+      return "generate";
+  }
+  return "?";
+}
+
 const char* messageName(const Message& m) {
   static constexpr const char* kNames[] = {"hello",           "proof",         "refused",
                                            "node info",       "ping",          "pong",

@@ -183,6 +183,11 @@ inline constexpr int kMaxStages = 1024;
 inline constexpr int kMaxReplicas = 64;
 inline constexpr size_t kMaxSpans = size_t{1} << 20;
 
+// What a run does with its stages: train them, stream the test set forward through
+// them (inference), or generate text from prompts.
+enum class RunMode : uint8_t { kTrain, kInfer, kGenerate };
+const char* runModeName(RunMode mode);  // "train", "infer", "generate"
+
 // One stage worker's whole task (schema/control.fbs, table Assign).
 struct Assign {
   std::string job, model_spec;
@@ -197,7 +202,8 @@ struct Assign {
   OptimizerOptions optimizer;
   std::string activation_codec = "fp32", gradient_codec = "fp32", data = "fashion-mnist";
   int64_t train_limit = 0, test_limit = 0, timeout_s = 60;
-  bool infer = false, record_spans = false, save = false;
+  RunMode mode = RunMode::kTrain;
+  bool record_spans = false, save = false;
   std::string bind_host = "127.0.0.1";
   std::string transport = "tcp", data_dir;
   std::string weights_hash;  // a model file to start from (contentHash), or empty
@@ -214,7 +220,6 @@ struct Assign {
   // Generation (core/pipeline/stage_decoder.h): stage 0 takes `prompt`s, the last stage
   // sends `token`s; with 2 or more stages, stage 0's prev link is the last stage's next
   // (the chosen tokens come back over it). Sequences stage 0 keeps going at once.
-  bool generate = false;
   int32_t in_flight = 8;
   // Interleaved 1F1B: the stage's model chunks, ascending, from layer_begin to layer_end
   // (empty: one chunk). With 2 or more, stage 0's prev link is the last stage's next, as

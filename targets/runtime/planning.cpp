@@ -265,11 +265,11 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
 }
 
 std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
-                                 const std::vector<StagePlacement>& stages, bool infer) {
+                                 const std::vector<StagePlacement>& stages, RunMode mode) {
   // The partitioner's memory model, which depends on the layers' bytes and the options
   // only: a placeholder device and link stand in for the cluster.
   partitioner::CostOptions options = jobCostOptions(job);
-  if (infer) options.objective = partitioner::Objective::kInferThroughput;
+  if (mode != RunMode::kTrain) options.objective = partitioner::Objective::kInferThroughput;
   partitioner::Problem p = partitioner::modelProblem(model, options);
   p.node_names = {"any"};
   p.devices.push_back({"any/device", 0, 1, std::vector<double>(model.size(), 0),
@@ -309,7 +309,7 @@ std::string linkCodec(const std::string& job_codec, bool given, const std::strin
 }  // namespace
 
 std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
-                                   bool infer, bool spans, const std::string& spec,
+                                   RunMode mode, bool spans, const std::string& spec,
                                    const std::string& weights_hash, int64_t weights_bytes) {
   std::vector<Assign> out;
   const int p = static_cast<int>(stages.size());
@@ -352,9 +352,9 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       a.train_limit = job.train_limit;
       a.test_limit = job.test_limit;
       a.timeout_s = job.timeout_s;
-      a.infer = infer;
+      a.mode = mode;
       a.record_spans = spans;
-      a.save = !infer && !job.save.empty() && r == 0;  // replicas are identical
+      a.save = mode == RunMode::kTrain && !job.save.empty() && r == 0;  // replicas: identical
       a.transport = job.transport;
       a.weights_hash = weights_hash;
       a.weights_bytes = weights_bytes;

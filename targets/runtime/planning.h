@@ -102,13 +102,13 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
 // by content hash and size; `spans`: record spans for a timeline. The job's transport is
 // copied as it is: a run resolves an unset one first (JobRun).
 std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
-                                   bool infer, bool spans, const std::string& spec,
+                                   RunMode mode, bool spans, const std::string& spec,
                                    const std::string& weights_hash, int64_t weights_bytes);
 
 // The memory each stage's worker needs, as the partitioner prices it (weights, and when
 // training their gradients and optimizer state, the activations the schedule keeps in
 // flight, transport buffers), one entry per stage, for one replica of it.
 std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
-                                 const std::vector<StagePlacement>& stages, bool infer);
+                                 const std::vector<StagePlacement>& stages, RunMode mode);
 
 }  // namespace tandem::runtime

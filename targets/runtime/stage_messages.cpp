@@ -74,7 +74,9 @@ Assign readAssign(const fb::Assign* a) {
   out.replica = a->replica();
   range(m, "replica", out.replica, 0, out.replicas - 1);
   // Generation and interleaved stages link the first stage and the last (one replica each).
-  out.generate = a->generate();
+  if (a->infer() && a->generate()) bad(m, "a stage cannot both infer and generate");
+  out.mode = a->generate() ? RunMode::kGenerate : a->infer() ? RunMode::kInfer : RunMode::kTrain;
+  const bool generates = out.mode == RunMode::kGenerate;
   // Copied out: a crafted buffer may misalign the vector (core/flatbuffers_read.h).
   const std::vector<int64_t> chunk_bounds = copyInt64s(a->chunks());
   const size_t chunk_values = chunk_bounds.size();
@@ -82,9 +84,9 @@ Assign readAssign(const fb::Assign* a) {
     bad(m, std::to_string(chunk_values) +
                " chunk bounds: expected begin, end pairs of 2 to 64 chunks, or none");
   const bool interleaved = chunk_values > 0;
-  const bool ring = (out.generate || interleaved) && out.stages > 1;
-  if (out.generate || interleaved) range(m, "replicas", out.replicas, 1, 1);
-  if (out.generate && interleaved) bad(m, "a generating stage holds one chunk");
+  const bool ring = (generates || interleaved) && out.stages > 1;
+  if (generates || interleaved) range(m, "replicas", out.replicas, 1, 1);
+  if (generates && interleaved) bad(m, "a generating stage holds one chunk");
   if (interleaved && out.stages == 1) bad(m, "chunks on a pipeline of one stage");
   out.prev_replicas = a->prev_replicas();
   const bool first = out.stage == 0 && !ring;
@@ -120,7 +122,7 @@ Assign readAssign(const fb::Assign* a) {
                  : a->schedule() == 1 ? ScheduleKind::k1F1B
                  : a->schedule() == 2 ? ScheduleKind::kZeroBubbleH1
                                       : ScheduleKind::kInterleaved1F1B;
-  if (interleaved != (out.schedule == ScheduleKind::kInterleaved1F1B) && !out.generate)
+  if (interleaved != (out.schedule == ScheduleKind::kInterleaved1F1B) && !generates)
     bad(m, interleaved ? "chunks need the interleaved schedule"
                        : "the interleaved schedule needs 2 or more chunks");
   out.batch = a->batch();
@@ -163,7 +165,6 @@ Assign readAssign(const fb::Assign* a) {
   nonNegative(m, "test_limit", out.test_limit);
   out.timeout_s = a->timeout_s();
   range(m, "timeout_s", out.timeout_s, 1, 86400);
-  out.infer = a->infer();
   out.record_spans = a->record_spans();
   out.save = a->save();
   out.bind_host = text(m, "bind_host", a->bind_host(), kMaxNameBytes);
@@ -310,11 +311,11 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
                           m.next_replicas, m.layer_begin, m.layer_end, device, m.threads, schedule,
                           m.microbatches, m.batch, m.epochs, m.seed, m.recompute, optimizer, act,
-                          grad, data, m.train_limit, m.test_limit, m.timeout_s, m.infer,
-                          m.record_spans, m.save, host, transport, data_dir, weights_hash,
-                          m.weights_bytes, m.encrypt, m.checkpoint_every, m.start_step,
-                          m.restore_optimizer, m.infer_from, m.request_rate, m.generate,
-                          m.in_flight, chunks)
+                          grad, data, m.train_limit, m.test_limit, m.timeout_s,
+                          m.mode == RunMode::kInfer, m.record_spans, m.save, host, transport,
+                          data_dir, weights_hash, m.weights_bytes, m.encrypt, m.checkpoint_every,
+                          m.start_step, m.restore_optimizer, m.infer_from, m.request_rate,
+                          m.mode == RunMode::kGenerate, m.in_flight, chunks)
       .Union();
 }
 

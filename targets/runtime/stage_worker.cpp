@@ -192,68 +192,117 @@ void awaitRunEnd(Channel& coordinator, std::chrono::seconds limit) {
   }
 }
 
-void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const WorkerOptions& o) {
-  const std::string who = "stage " + std::to_string(a.stage) +
-                          (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "");
+// What a worker builds before its mode's body runs: its layers with their starting
+// weights, its links to the neighbouring stages wired as the coordinator's `start` says,
+// and on the first stage its data. Members go in reverse order: the links before their
+// context before their socket folder, everything holding tensors before the backend.
+class StageSetup {
+ public:
+  StageSetup(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
+             const WorkerOptions& o);
+
+  const std::string who;
+  std::unique_ptr<Backend> backend;
+  std::optional<Model> model;
+  std::vector<LayerRange> chunks;  // the layers built: one range, or an interleaved stage's
+  std::optional<Optimizer> optimizer;
+  StageReport report;
+  // Unix sockets (transport: ipc) live in a folder only this user can enter: Linux's
+  // abstract names, which any local process may connect to, would let another user feed
+  // the run activations.
+  std::optional<PrivateSocketDir> socket_dir;
+  transport::Context ctx;
+  // Encrypted links: every link of the run holds the key pair derived from the run's
+  // key, so each admits exactly the run's other workers.
+  DataPlaneKeys curve;
+  // One link to each replica of each neighbouring stage: the previous stage's carry
+  // gradients out, the next stage's activations. (Generating or interleaved, the first
+  // stage's prev is the last stage, and the last's next the first.)
+  std::vector<std::unique_ptr<transport::ZmqLink>> prev_links, next_links;
+  std::unique_ptr<ReplicaLinks> prev, next;
+  // A replicated stage's group (replicaGroup), kept like the links until the run is over;
+  // `group_host` is where an encrypted group receives.
+  cpu::CpuBackend group_host{cpu::CpuOptions{1}};
+  std::unique_ptr<Group> group;
+  Dataset train, test;  // the first stage's
+  Start start;
+
+  // The bytes the links moved, into the report.
+  void countLinkBytes() {
+    for (const auto* links : {&prev_links, &next_links})
+      for (const auto& l : *links) {
+        report.bytes_sent += l->stats().bytes_sent_wire;
+        report.bytes_received += l->stats().bytes_received_wire;
+      }
+  }
+
+ private:
+  void buildLayers(Channel& coordinator, const Assign& a, const WorkerOptions& o);
+  void openLinks(const Assign& a, Ready& ready);
+  void readData(const Assign& a, const WorkerOptions& o, Ready& ready);
+  std::unique_ptr<ReplicaLinks> connect(const Assign& a, const char* side,
+                                        const std::vector<std::string>& endpoints,
+                                        std::vector<std::unique_ptr<transport::ZmqLink>>& links);
+};
+
+StageSetup::StageSetup(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
+                       const WorkerOptions& o)
+    : who("stage " + std::to_string(a.stage) +
+          (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "")),
+      curve(a.encrypt ? dataPlaneKeys(run_key) : DataPlaneKeys{}) {
+  buildLayers(coordinator, a, o);
+  Ready ready;
+  openLinks(a, ready);
+  readData(a, o, ready);
+  ready.device = backend->info().name;
+  coordinator.send(ready);
+  start = expect<Start>(coordinator, std::chrono::seconds(a.timeout_s), "start");
+  prev = connect(a, "prev", start.prev, prev_links);
+  next = connect(a, "next", start.next, next_links);
+}
+
+void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const WorkerOptions& o) {
   const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
   const auto begin = static_cast<size_t>(a.layer_begin), end = static_cast<size_t>(a.layer_end);
-  const int64_t start_rss = peakRssBytes();
-  // The backend outlives everything that holds its memory (declared first). No more
-  // threads than the node's CPU quota grants: the rest would only take turns at it.
+  report.start_rss_bytes = peakRssBytes();
+  // No more threads than the node's CPU quota grants: the rest would only take turns at it.
   const int threads = usableThreads(a.threads, cpuLimit());
   if (threads < a.threads)
     spdlog::info("{}: {} threads, not {}: this node's CPU quota grants {:.2f} cores", who, threads,
                  a.threads, cpuLimit().quota_cores);
-  auto backend = makeBackend(a.device, BackendOptions{threads});
-  Model model(spec);
+  backend = makeBackend(a.device, BackendOptions{threads});
+  model.emplace(spec);
   TANDEM_CHECK_MSG(
-      end <= model.size(), InvalidArgument,
-      who << ": layers [" << begin << ", " << end << ") but the model has " << model.size());
+      end <= model->size(), InvalidArgument,
+      who << ": layers [" << begin << ", " << end << ") but the model has " << model->size());
   // An interleaved stage builds its chunks only.
-  const std::vector<LayerRange> chunks =
-      a.chunks.empty() ? std::vector<LayerRange>{{begin, end}} : a.chunks;
-  model.build(*backend, a.seed, chunks);
-  StageReport report;
-  report.start_rss_bytes = start_rss;
-  Optimizer optimizer(*backend, a.optimizer);
-  if (!a.weights_hash.empty()) {
-    const ModelFile start_from =
-        parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
-    loadWeights(model, start_from, false);
-    if (a.restore_optimizer) restoreOptimizer(optimizer, model, *backend, start_from, who);
-  }
+  chunks = a.chunks.empty() ? std::vector<LayerRange>{{begin, end}} : a.chunks;
+  model->build(*backend, a.seed, chunks);
+  optimizer.emplace(*backend, a.optimizer);
+  if (a.weights_hash.empty()) return;
+  const ModelFile start_from =
+      parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
+  loadWeights(*model, start_from, false);
+  if (a.restore_optimizer) restoreOptimizer(*optimizer, *model, *backend, start_from, who);
+}
 
-  // Unix sockets (transport: ipc) live in a folder only this user can enter: Linux's
-  // abstract names, which any local process may connect to, would let another user feed
-  // the run activations.
+void StageSetup::openLinks(const Assign& a, Ready& ready) {
   const bool ipc = a.transport == "ipc";
-  std::optional<PrivateSocketDir> socket_dir;
   if (ipc) socket_dir.emplace();
-  const std::string ipc_name = ipc ? socket_dir->path() : std::string();
-  transport::Context ctx;
-  // Encrypted links: every link of the run holds the key pair derived from the run's
-  // key, so each admits exactly the run's other workers.
-  const DataPlaneKeys curve = a.encrypt ? dataPlaneKeys(run_key) : DataPlaneKeys{};
-  int endpoint_count = 0;
   if (!ipc) checkBindHost(a.bind_host);
+  int endpoint_count = 0;
   auto linkOptions = [&](const std::string& codec, int peer) {
-    transport::LinkOptions o;
-    o.bind = ipc ? "ipc://" + ipc_name + "/l" + std::to_string(endpoint_count++)
-                 : "tcp://" + a.bind_host + ":*";
-    o.codec = transport::parseCodec(codec);
-    o.timeout = std::chrono::seconds(a.timeout_s);
-    o.stage = a.stage;
-    o.peer_stage = peer;
-    o.curve_secret_key = curve.secret_key;
-    o.curve_peer_public_key = curve.public_key;
-    return o;
+    transport::LinkOptions lo;
+    lo.bind = ipc ? "ipc://" + socket_dir->path() + "/l" + std::to_string(endpoint_count++)
+                  : "tcp://" + a.bind_host + ":*";
+    lo.codec = transport::parseCodec(codec);
+    lo.timeout = std::chrono::seconds(a.timeout_s);
+    lo.stage = a.stage;
+    lo.peer_stage = peer;
+    lo.curve_secret_key = curve.secret_key;
+    lo.curve_peer_public_key = curve.public_key;
+    return lo;
   };
-  // One link to each replica of each neighbouring stage: the previous stage's carry
-  // gradients out, the next stage's activations.
-  std::vector<std::unique_ptr<transport::ZmqLink>> prev_links, next_links;
-  Ready ready;
-  // (Generating or interleaved, the first stage's prev is the last stage, and the last's
-  // next the first.)
   for (int i = 0; i < a.prev_replicas; ++i) {
     prev_links.push_back(std::make_unique<transport::ZmqLink>(
         ctx, linkOptions(a.gradient_codec, (a.stage + a.stages - 1) % a.stages)));
@@ -264,131 +313,116 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
         ctx, linkOptions(a.activation_codec, (a.stage + 1) % a.stages)));
     ready.next.push_back(next_links.back()->endpoint());
   }
-  Dataset train, test;
-  if (a.stage == 0 && !a.generate) {  // every replica of the first stage reads the data
-    // Text data: windows of the model's context, the training ones drawn from the seed.
-    const Shape input = model.inputShape();
-    const int64_t context = input.rank() == 1 ? input[0] : 0;
-    if (!a.infer)
-      train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed, o.data);
-    test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed, o.data);
-    checkClassifier(model, test);
-    TANDEM_CHECK_MSG(!a.infer || !test.tokens, Unsupported,
-                     "serving a language model's held-out text as a stream is not supported: "
-                     "generate text with tandem generate");
-    ready.train_samples = a.infer ? 0 : train.size();
-    ready.test_samples = test.size();
-  }
-  if (a.stage == 0 && a.generate) ready.train_samples = ready.test_samples = 0;  // (prompts)
-  ready.device = backend->info().name;
-  coordinator.send(ready);
-  const Start start = expect<Start>(coordinator, std::chrono::seconds(a.timeout_s), "start");
-  auto connect = [&](const char* side, const std::vector<std::string>& endpoints,
-                     std::vector<std::unique_ptr<transport::ZmqLink>>& links) {
-    if (endpoints.size() != links.size())
-      throw FormatError(who + ": the start message lists " + std::to_string(endpoints.size()) +
-                        " '" + side + "' endpoints, not " + std::to_string(links.size()));
-    std::vector<Link*> out;
-    for (size_t i = 0; i < links.size(); ++i) {
-      checkPeerEndpoint(endpoints[i], a.transport);
-      links[i]->connect(endpoints[i]);
-      out.push_back(links[i].get());
-    }
-    return out.empty() ? nullptr : std::make_unique<ReplicaLinks>(out);
-  };
-  const std::unique_ptr<ReplicaLinks> prev = connect("prev", start.prev, prev_links);
-  const std::unique_ptr<ReplicaLinks> next = connect("next", start.next, next_links);
-  if (a.generate) {
-    const auto t0 = Clock::now();
-    generate(coordinator, a, model, prev.get(), next.get());
-    report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    for (const auto* links : {&prev_links, &next_links})
-      for (const auto& l : *links) {
-        report.bytes_sent += l->stats().bytes_sent_wire;
-        report.bytes_received += l->stats().bytes_received_wire;
-      }
-    coordinator.send(report, std::chrono::seconds(a.timeout_s));
-    awaitRunEnd(coordinator, std::chrono::seconds(a.timeout_s));
+}
+
+// Every replica of the first stage reads the data (generation's first stage takes
+// prompts instead); text data in windows of the model's context, the training ones drawn
+// from the seed.
+void StageSetup::readData(const Assign& a, const WorkerOptions& o, Ready& ready) {
+  if (a.stage != 0) return;
+  if (a.mode == RunMode::kGenerate) {
+    ready.train_samples = ready.test_samples = 0;  // (prompts)
     return;
   }
-  // The stage's replicas sum their gradients over a group of their own; they find each
-  // other through the coordinator. On encrypted runs the group's links are ZeroMQ's with
-  // the run's CurveZMQ keys, like the stages' links; otherwise plain sockets (faster,
-  // docs/collectives.md). Both sum in the same order.
+  const Shape input = model->inputShape();
+  const int64_t context = input.rank() == 1 ? input[0] : 0;
+  const bool infers = a.mode == RunMode::kInfer;
+  if (!infers)
+    train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed, o.data);
+  test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed, o.data);
+  checkClassifier(*model, test);
+  TANDEM_CHECK_MSG(!infers || !test.tokens, Unsupported,
+                   "serving a language model's held-out text as a stream is not supported: "
+                   "generate text with tandem generate");
+  ready.train_samples = infers ? 0 : train.size();
+  ready.test_samples = test.size();
+}
+
+std::unique_ptr<ReplicaLinks> StageSetup::connect(
+    const Assign& a, const char* side, const std::vector<std::string>& endpoints,
+    std::vector<std::unique_ptr<transport::ZmqLink>>& links) {
+  if (endpoints.size() != links.size())
+    throw FormatError(who + ": the start message lists " + std::to_string(endpoints.size()) + " '" +
+                      side + "' endpoints, not " + std::to_string(links.size()));
+  std::vector<Link*> out;
+  for (size_t i = 0; i < links.size(); ++i) {
+    checkPeerEndpoint(endpoints[i], a.transport);
+    links[i]->connect(endpoints[i]);
+    out.push_back(links[i].get());
+  }
+  return out.empty() ? nullptr : std::make_unique<ReplicaLinks>(out);
+}
+
+// The stage's replicas sum their gradients over a group of their own; they find each
+// other through the coordinator. On encrypted runs the group's links are ZeroMQ's with
+// the run's CurveZMQ keys, like the stages' links; otherwise plain sockets (faster,
+// docs/collectives.md). Both sum in the same order. Null for a stage of one replica.
+std::unique_ptr<Group> replicaGroup(Channel& coordinator, const Assign& a, StageSetup& s) {
+  if (a.replicas == 1) return nullptr;
   auto exchange = [&](const std::string& mine) {
     coordinator.send(GroupAddress{mine});
     GroupAddresses all = expect<GroupAddresses>(coordinator, std::chrono::seconds(a.timeout_s),
                                                 "the group's addresses");
     if (all.addresses.size() != static_cast<size_t>(a.replicas))
-      throw FormatError(who + ": " + std::to_string(all.addresses.size()) +
+      throw FormatError(s.who + ": " + std::to_string(all.addresses.size()) +
                         " group addresses for " + std::to_string(a.replicas) + " replicas");
     return all.addresses;
   };
-  cpu::CpuBackend group_host(cpu::CpuOptions{1});  // where the encrypted group receives
-  std::unique_ptr<Group> group;
   auto common = [&](auto& go) {  // what the two kinds of group options share
     go.rank = a.replica;
     go.size = a.replicas;
     go.transport = a.transport;
     go.host = a.bind_host;
-    if (ipc) go.ipc_dir = ipc_name;
+    if (s.socket_dir) go.ipc_dir = s.socket_dir->path();
     go.group_id = static_cast<uint64_t>(a.stage);  // a stage's replicas are one group
   };
-  if (a.replicas > 1 && a.encrypt) {
+  if (a.encrypt) {
     transport::ZmqGroupOptions go;
     common(go);
     go.link_timeout = std::chrono::seconds(a.timeout_s);
-    go.curve_secret_key = curve.secret_key;
-    go.curve_public_key = curve.public_key;
-    group = transport::makeZmqGroup(ctx, group_host, go, exchange);
-  } else if (a.replicas > 1) {
-    transport::SocketGroupOptions go;
-    common(go);
-    go.connect_timeout = std::chrono::seconds(a.timeout_s);
-    group = transport::makeSocketGroup(go, exchange);
+    go.curve_secret_key = s.curve.secret_key;
+    go.curve_public_key = s.curve.public_key;
+    return transport::makeZmqGroup(s.ctx, s.group_host, go, exchange);
   }
+  transport::SocketGroupOptions go;
+  common(go);
+  go.connect_timeout = std::chrono::seconds(a.timeout_s);
+  return transport::makeSocketGroup(go, exchange);
+}
 
-  PipelineOptions po;
-  po.schedule = a.schedule;
-  po.microbatches = a.microbatches;
-  po.batch = a.batch;
-  po.seed = a.seed;
-  po.recompute = a.recompute;
-  po.record_spans = a.record_spans;
-  po.replicas = group.get();
-  po.collective_timeout = std::chrono::seconds(a.timeout_s);
-  StageTrainer trainer(model, StageRange::interleaved(a.stage, a.stages, chunks), prev.get(),
-                       next.get(), &optimizer, po);
-  // Replicas of the last stage all hold the step's whole loss; the first reports it.
-  const bool reports = a.stage == a.stages - 1 && a.replica == 0;
-  const Dataset* train_data = a.stage == 0 ? &train : nullptr;
-  const Dataset* test_data = a.stage == 0 ? &test : nullptr;
-  if (a.infer) {
-    // Every replica of the last stage answers its own requests as they come out; the
-    // first stage's replicas share the request rate.
-    EvalStream stream;
-    stream.from = a.infer_from;
-    if (a.request_rate > 0)
-      stream.interval = std::chrono::microseconds(
-          static_cast<int64_t>(1e6 * (a.stage == 0 ? a.replicas : 1) / a.request_rate));
-    if (a.stage == a.stages - 1)
-      stream.answer = [&](const EvalAnswer& e) {
-        coordinator.send(Answer{e.first, e.count, static_cast<int32_t>(e.columns), e.outputs,
-                                e.loss_sum, e.correct},
-                         std::chrono::seconds(a.timeout_s));
-      };
-    const auto t0 = Clock::now();
-    const EvalResult ev = trainer.evaluate(test_data, start.test_samples, a.batch, stream);
-    report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (reports) coordinator.send(InferDone{ev.samples, ev.loss, ev.accuracy, report.run_s});
-  }
-  StageCounters training;  // over the training epochs, without the evaluations between
+// An inference stream: every replica of the last stage answers its own requests as they
+// come out; the first stage's replicas share the request rate.
+void infer(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& trainer,
+           bool reports) {
+  EvalStream stream;
+  stream.from = a.infer_from;
+  if (a.request_rate > 0)
+    stream.interval = std::chrono::microseconds(
+        static_cast<int64_t>(1e6 * (a.stage == 0 ? a.replicas : 1) / a.request_rate));
+  if (a.stage == a.stages - 1)
+    stream.answer = [&](const EvalAnswer& e) {
+      coordinator.send(Answer{e.first, e.count, static_cast<int32_t>(e.columns), e.outputs,
+                              e.loss_sum, e.correct},
+                       std::chrono::seconds(a.timeout_s));
+    };
+  const auto t0 = Clock::now();
+  const EvalResult ev =
+      trainer.evaluate(a.stage == 0 ? &s.test : nullptr, s.start.test_samples, a.batch, stream);
+  s.report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (reports) coordinator.send(InferDone{ev.samples, ev.loss, ev.accuracy, s.report.run_s});
+  s.report.counters = trainer.executor().counters();
+}
+
+// The training epochs (from a resumed run's step), each followed by an evaluation;
+// progress, checkpoints and each epoch's figures go to the coordinator as they come.
+void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& trainer,
+           bool reports) {
   // A resumed run starts where its checkpoint was taken: epoch and step within it.
-  const int64_t steps_per_epoch = (start.train_samples + a.batch - 1) / a.batch;
+  const int64_t steps_per_epoch = (s.start.train_samples + a.batch - 1) / a.batch;
   const int64_t first_epoch = steps_per_epoch > 0 ? a.start_step / steps_per_epoch : 0;
-  if (a.start_step > 0 && !a.infer) {
+  if (a.start_step > 0) {
     if (first_epoch >= a.epochs)
-      throw InvalidArgument(who + ": asked to resume after step " + std::to_string(a.start_step) +
+      throw InvalidArgument(s.who + ": asked to resume after step " + std::to_string(a.start_step) +
                             ", past the job's " + std::to_string(a.epochs) + " epochs of " +
                             std::to_string(steps_per_epoch) + " steps");
     trainer.resumeAt(a.start_step);
@@ -396,7 +430,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
   // Replica 0 of each stage sends its slice every checkpoint_every steps.
   const bool checkpoints = sendsCheckpoints(a);
   std::vector<double> step_times;  // from one step's end to the next's, within an epoch
-  for (int64_t e = first_epoch; !a.infer && e < a.epochs; ++e) {
+  StageCounters& training = s.report.counters;  // the epochs, without the evaluations
+  for (int64_t e = first_epoch; e < a.epochs; ++e) {
     auto sent = Clock::now() - 1h;
     std::optional<Clock::time_point> last_step;
     auto progress = [&](const StepReport& r) {
@@ -405,7 +440,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
         step_times.push_back(std::chrono::duration<double>(now - *last_step).count());
       last_step = now;
       if (checkpoints && trainer.stepsTaken() % a.checkpoint_every == 0)
-        sendCheckpoint(coordinator, model, optimizer, trainer.stepsTaken(),
+        sendCheckpoint(coordinator, *s.model, *s.optimizer, trainer.stepsTaken(),
                        std::chrono::seconds(a.timeout_s));
       if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
       sent = Clock::now();
@@ -414,8 +449,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
     const StageCounters before = trainer.executor().counters();
     const double cpu_before = processCpuSeconds();
     const int64_t first_step = e == first_epoch ? a.start_step - first_epoch * steps_per_epoch : 0;
-    const EpochReport r =
-        trainer.trainEpoch(train_data, start.train_samples, e, progress, first_step);
+    const EpochReport r = trainer.trainEpoch(a.stage == 0 ? &s.train : nullptr,
+                                             s.start.train_samples, e, progress, first_step);
     const StageCounters after = trainer.executor().counters();
     training.busy_s += after.busy_s - before.busy_s;
     training.step_s += after.step_s - before.step_s;
@@ -424,46 +459,76 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
     training.send_s += after.send_s - before.send_s;
     training.allreduce_s += after.allreduce_s - before.allreduce_s;
     training.microbatches += after.microbatches - before.microbatches;
-    report.run_s += r.seconds;
-    report.process_cpu_s += processCpuSeconds() - cpu_before;
-    const EvalResult ev = trainer.evaluate(test_data, start.test_samples, a.batch);
+    s.report.run_s += r.seconds;
+    s.report.process_cpu_s += processCpuSeconds() - cpu_before;
+    const EvalResult ev =
+        trainer.evaluate(a.stage == 0 ? &s.test : nullptr, s.start.test_samples, a.batch);
     if (reports)
       coordinator.send(
           EpochDone{e, r.train_loss, r.seconds, r.samples_per_s, ev.loss, ev.accuracy});
   }
-  report.counters = a.infer ? trainer.executor().counters() : training;
-  report.counters.peak_stash = trainer.executor().counters().peak_stash;
   if (!step_times.empty()) {
     double sum = 0;
     for (const double t : step_times) sum += t;
-    report.step_mean_s = sum / static_cast<double>(step_times.size());
-    report.steps_timed = static_cast<int64_t>(step_times.size());
+    s.report.step_mean_s = sum / static_cast<double>(step_times.size());
+    s.report.steps_timed = static_cast<int64_t>(step_times.size());
   }
-  report.peak_rss_bytes = peakRssBytes();
-  report.peak_tensor_bytes = backend->memoryUse().peak;
+}
+
+// A training or inference stage: the executor over the stage's links (and its replicas'
+// group), the mode's body, then what the report says of the executor.
+void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
+  s.group = replicaGroup(coordinator, a, s);
+  PipelineOptions po;
+  po.schedule = a.schedule;
+  po.microbatches = a.microbatches;
+  po.batch = a.batch;
+  po.seed = a.seed;
+  po.recompute = a.recompute;
+  po.record_spans = a.record_spans;
+  po.replicas = s.group.get();
+  po.collective_timeout = std::chrono::seconds(a.timeout_s);
+  StageTrainer trainer(*s.model, StageRange::interleaved(a.stage, a.stages, s.chunks), s.prev.get(),
+                       s.next.get(), &*s.optimizer, po);
+  // Replicas of the last stage all hold the step's whole loss; the first reports it.
+  const bool reports = a.stage == a.stages - 1 && a.replica == 0;
+  if (a.mode == RunMode::kInfer)
+    infer(coordinator, a, s, trainer, reports);
+  else
+    train(coordinator, a, s, trainer, reports);
+  s.report.counters.peak_stash = trainer.executor().counters().peak_stash;
+  s.report.peak_rss_bytes = peakRssBytes();
+  s.report.peak_tensor_bytes = s.backend->memoryUse().peak;
   if (a.record_spans) {
     // Spans are taken on this machine's steady clock; reported on its realtime clock
     // (seconds since the epoch), which the coordinator can line up with other hosts'.
     const double shift = static_cast<double>(realtimeNs()) * 1e-9 -
                          std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-    report.spans = trainer.executor().spans();
-    for (Span& span : report.spans) {
+    s.report.spans = trainer.executor().spans();
+    for (Span& span : s.report.spans) {
       span.start_s += shift;
       span.end_s += shift;
     }
   }
-  for (const auto* links : {&prev_links, &next_links})
-    for (const auto& l : *links) {
-      report.bytes_sent += l->stats().bytes_sent_wire;
-      report.bytes_received += l->stats().bytes_received_wire;
-    }
-  if (a.save && !a.infer) {  // the trained slice goes first, in chunks
-    const std::vector<uint8_t> slice = serializeModel(model, &optimizer, {});
-    report.model_hash = contentHash(slice);
-    report.model_bytes = static_cast<int64_t>(slice.size());
-    sendChunks(coordinator, report.model_hash, slice, std::chrono::seconds(a.timeout_s));
+  if (a.save && a.mode == RunMode::kTrain) {  // the trained slice goes first, in chunks
+    const std::vector<uint8_t> slice = serializeModel(*s.model, &*s.optimizer, {});
+    s.report.model_hash = contentHash(slice);
+    s.report.model_bytes = static_cast<int64_t>(slice.size());
+    sendChunks(coordinator, s.report.model_hash, slice, std::chrono::seconds(a.timeout_s));
   }
-  coordinator.send(report, std::chrono::seconds(a.timeout_s));
+}
+
+void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const WorkerOptions& o) {
+  StageSetup s(coordinator, a, run_key, o);
+  if (a.mode == RunMode::kGenerate) {
+    const auto t0 = Clock::now();
+    generate(coordinator, a, *s.model, s.prev.get(), s.next.get());
+    s.report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  } else {
+    runStage(coordinator, a, s);
+  }
+  s.countLinkBytes();
+  coordinator.send(s.report, std::chrono::seconds(a.timeout_s));
   awaitRunEnd(coordinator, std::chrono::seconds(a.timeout_s));
 }
 

@@ -156,7 +156,7 @@ class JobGeneration {
     jo.cluster = a.cluster;
     jo.key = a.key;
     jo.tandemd = tandemdProgram();
-    jo.generate = true;
+    jo.mode = runtime::RunMode::kGenerate;
     jo.prompts = &prompts_;
     jo.in_flight = a.in_flight;
     // Everything is checked and placed here, before any worker starts.

@@ -243,7 +243,7 @@ class AnswerWriter {
 struct RunArgs {
   std::string job, timeline, cluster, key, resume;
   std::string launcher = "daemon";  // or "fork": workers forked by tandem run itself
-  bool infer = false;
+  runtime::RunMode mode = runtime::RunMode::kTrain;  // or kInfer
   std::string answers;  // infer: write every sample's answer here
   double rate = 0;      // infer: requests per second fed in (0: as fast as they go)
 };
@@ -252,7 +252,8 @@ int runJob(const RunArgs& args) {
   const InterruptGuard interrupt_guard;
   const auto started = std::chrono::steady_clock::now();
   const std::string& timeline = args.timeline;
-  const bool spans_wanted = args.infer || !timeline.empty();
+  const bool infer = args.mode == runtime::RunMode::kInfer;
+  const bool spans_wanted = infer || !timeline.empty();
   if (!timeline.empty()) {  // made now, so that a path that cannot be one is named at once
     std::error_code ec;
     std::filesystem::create_directories(timeline, ec);
@@ -263,7 +264,7 @@ int runJob(const RunArgs& args) {
   runtime::JobRunOptions jo;
   jo.cluster = args.cluster;
   jo.key = args.key;
-  jo.infer = args.infer;
+  jo.mode = args.mode;
   jo.spans = spans_wanted;
   jo.resume = args.resume;
   jo.request_rate = args.rate;
@@ -274,7 +275,7 @@ int runJob(const RunArgs& args) {
   // Everything is checked, planned and placed here, before any worker starts.
   runtime::JobRun jr(runtime::loadJobSpec(args.job), jo);
   const JobSpec& job = jr.job();
-  if (args.infer && !jr.startsFromWeights())
+  if (infer && !jr.startsFromWeights())
     spdlog::warn("{} names no 'weights': serving freshly initialised (untrained) parameters",
                  job.source);
   if (const auto& planned = jr.planned()) {
@@ -334,9 +335,8 @@ int runJob(const RunArgs& args) {
     const std::string codecs = linkCodecs(as);
     spdlog::info(
         "{} stages ({} workers) up: {} schedule, {} microbatches of a {}-sample batch, {} over {}",
-        stages.size(), as.size(), args.infer ? "forward" : scheduleName(job.schedule),
-        job.microbatches, job.batch, codecs,
-        as.front().transport + (as.front().encrypt ? " (encrypted)" : ""));
+        stages.size(), as.size(), infer ? "forward" : scheduleName(job.schedule), job.microbatches,
+        job.batch, codecs, as.front().transport + (as.front().encrypt ? " (encrypted)" : ""));
   };
   bool stepped = false;
   cb.progress = [&](const runtime::Progress& m) {
@@ -413,7 +413,7 @@ int runJob(const RunArgs& args) {
         {a.stage, result.reports[static_cast<size_t>(i)].spans, a.replicas > 1 ? a.replica : -1});
   }
   if (!timeline.empty()) writeTimeline(timeline, spans);
-  if (args.infer) {
+  if (infer) {
     if (!infer_result) {
       spdlog::error("the last stage reported no inference result");
       return 1;
@@ -462,7 +462,7 @@ int runJob(const RunArgs& args) {
     span = std::max(span, t);
   }
   const double m = static_cast<double>(job.microbatches);
-  if (!args.infer) {
+  if (!infer) {
     if (job.chunks > 1)
       std::printf(
           "bubble: measured %.3f (idle share of stage time), formula (p-1)/(vm+p-1) = %.3f\n",
@@ -488,7 +488,7 @@ int runJob(const RunArgs& args) {
   // activations in flight, link buffers).
   {
     const Model model(parseModelSpec(jr.modelSpec(), job.source));
-    const std::vector<int64_t> predicted = runtime::stageMemory(job, model, stages, args.infer);
+    const std::vector<int64_t> predicted = runtime::stageMemory(job, model, stages, args.mode);
     std::printf("memory MiB per worker: tensors at peak / predicted (resident at peak):");
     for (int i = 0; i < n; ++i) {
       const runtime::Assign& a = as[static_cast<size_t>(i)];
@@ -507,7 +507,7 @@ int runJob(const RunArgs& args) {
   }
   if (accuracy >= 0) std::printf("test accuracy: %.4f\n", accuracy);
   std::fflush(stdout);
-  if (!args.infer && !job.save.empty()) {
+  if (!infer && !job.save.empty()) {
     spdlog::info("saving the trained model to {}", job.save);
     jr.save(result);
     spdlog::info("saved {}", job.save);
@@ -517,7 +517,7 @@ int runJob(const RunArgs& args) {
   if (const int s = g_interrupt.load(); s != 0) {
     spdlog::warn("interrupted by {} after the workers had finished{}",
                  s == SIGINT ? "SIGINT" : "SIGTERM",
-                 !args.infer && !job.save.empty() ? "; the model was saved whole" : "");
+                 !infer && !job.save.empty() ? "; the model was saved whole" : "");
     throw Interrupted("the run was interrupted");
   }
   return 0;
@@ -550,7 +550,7 @@ void addRun(CLI::App& app) {
 
 void addInfer(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
-  a->infer = true;
+  a->mode = runtime::RunMode::kInfer;
   CLI::App* c = app.add_subcommand(
       "infer", "Stream the test set through a pipeline job's stages: throughput, latency");
   c->add_option("job", a->job, "Job file; its `weights` are served (else fresh ones)")->required();

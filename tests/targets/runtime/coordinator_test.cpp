@@ -294,7 +294,7 @@ std::vector<Assign> generationAssignments(const std::vector<int64_t>& cuts, bool
     a.layer_end = cuts[static_cast<size_t>(s) + 1];
     a.seed = 5;
     a.timeout_s = 30;
-    a.generate = true;
+    a.mode = RunMode::kGenerate;
     a.in_flight = 2;
     a.encrypt = encrypt;
     // (Generation's messages travel raw whatever the job's codecs: still bitwise.)

@@ -275,7 +275,8 @@ TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
   EXPECT_EQ(stages[1].chunks, (std::vector<LayerRange>{{2, 4}, {6, 7}}));
   EXPECT_EQ(stages[1].begin, 2u);
   EXPECT_EQ(stages[1].end, 7u);
-  const std::vector<Assign> as = jobAssignments(equal, stages, false, false, "spec", "", 0);
+  const std::vector<Assign> as =
+      jobAssignments(equal, stages, RunMode::kTrain, false, "spec", "", 0);
   ASSERT_EQ(as.size(), 2u);
   EXPECT_EQ(as[0].prev_replicas, 1);
   EXPECT_EQ(as[0].next_replicas, 1);
@@ -284,7 +285,7 @@ TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
   EXPECT_EQ(as[1].chunks, stages[1].chunks);
   EXPECT_EQ(as[0].schedule, ScheduleKind::kInterleaved1F1B);
   // Each stage's memory counts every chunk's weights.
-  const std::vector<int64_t> bytes = stageMemory(equal, m, stages, false);
+  const std::vector<int64_t> bytes = stageMemory(equal, m, stages, RunMode::kTrain);
   EXPECT_GT(bytes[0], 4 * 4 * (m.paramCount(0, 2) + m.paramCount(4, 6)) - 1);
   const JobSpec ranges = parseJobSpec(
       "model: m.yaml\npartition: [[0, 1], [1, 2], [2, 3], [3, 5], [5, 6], [6, 7]]\n"

@@ -355,15 +355,15 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](Assign& a) { a.infer_from = 10; }, "infer_from 10 is not a multiple of the batch 32"},
       {[](Assign& a) { a.request_rate = -1; }, "request_rate -1.000000 is not in [0, 1e6]"},
       {[](Assign& a) { a.request_rate = std::nan(""); }, "request_rate nan is not in"},
-      {[](Assign& a) { a.generate = true; }, "replicas 2 is not in [1, 1]"},
+      {[](Assign& a) { a.mode = RunMode::kGenerate; }, "replicas 2 is not in [1, 1]"},
       {[](Assign& a) {
-         a.generate = true;
+         a.mode = RunMode::kGenerate;
          a.replica = 0;
          a.replicas = 1;
        },
        "next_replicas 2 is not in [1, 1]"},
       {[](Assign& a) {
-         a.generate = true;
+         a.mode = RunMode::kGenerate;
          a.replica = 0;
          a.replicas = 1;
          a.next_replicas = 1;
@@ -483,16 +483,29 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   // Generation: stage 0 and the last stage are linked (one worker each) when generating,
   // and only then.
   Assign ring = sampleAssign();
-  ring.generate = true;
+  ring.mode = RunMode::kGenerate;
   ring.replica = 0;
   ring.replicas = 1;
   ring.stage = 0;
   ring.next_replicas = 1;
   const Message ring_back = decodeMessage(encodeMessage(ring));
   EXPECT_EQ(std::get<Assign>(ring_back).prev_replicas, 1);
-  ring.generate = false;
+  ring.mode = RunMode::kTrain;
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(ring)); },
                                {"prev_replicas 1 is not in [0, 0]"});
+  // A stage runs one mode: the wire's infer and generate flags are never both set.
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(raw([](flatbuffers::FlatBufferBuilder& b) {
+          fb::AssignBuilder ab(b);
+          ab.add_stages(1);
+          ab.add_replicas(1);
+          ab.add_infer(true);
+          ab.add_generate(true);
+          return std::pair{fb::Body_Assign, ab.Finish().Union()};
+        }));
+      },
+      {"'assign'", "a stage cannot both infer and generate"});
   // Prompts and tokens outside what a generation run can mean.
   struct PromptCase {
     Prompt p;

@@ -31,7 +31,7 @@ std::vector<std::tuple<int, std::string, std::string>> codecs(const std::string&
   EXPECT_EQ(stages[0].next_gradient_codec, "fp16");
   EXPECT_EQ(stages[1].next_activation_codec, "");
   std::vector<std::tuple<int, std::string, std::string>> out;
-  for (const Assign& a : jobAssignments(job, stages, false, false, kSpec, "", 0))
+  for (const Assign& a : jobAssignments(job, stages, RunMode::kTrain, false, kSpec, "", 0))
     out.emplace_back(a.stage, a.activation_codec, a.gradient_codec);
   return out;
 }
