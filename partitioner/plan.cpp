@@ -120,6 +120,34 @@ std::string quoted(const std::string& text) {
 
 }  // namespace
 
+std::vector<PlanStageSpec> planStageSpecs(const CostModel& cost, const Plan& plan,
+                                          const std::string& where) {
+  const Problem& problem = cost.problem();
+  std::vector<PlanStageSpec> out;
+  for (const PlanStage& st : plan.stages) {
+    PlanStageSpec spec;
+    spec.begin = st.at.begin;
+    spec.end = st.at.end;
+    for (const int d : st.at.devices)
+      spec.devices.push_back(problem.devices[static_cast<size_t>(d)].name);
+    const DeviceCosts& first = problem.devices[static_cast<size_t>(st.at.devices.front())];
+    spec.backend = first.backend;
+    if (st.at.devices.size() > 1)  // each replica's own (two GPUs: opencl:0, opencl:1)
+      for (const int d : st.at.devices)
+        spec.backends.push_back(problem.devices[static_cast<size_t>(d)].backend);
+    if (&st != &plan.stages.back()) {
+      spec.activation_codec = st.next.activations;
+      spec.gradient_codec = st.next.gradients;
+    }
+    spec.threads = first.threads;
+    spec.compute_s = st.compute_s;
+    spec.allreduce_s = st.allreduce_s;
+    spec.where = where;
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
 std::string planToYaml(const CostModel& cost, const Plan& plan) {
   const Problem& problem = cost.problem();
   std::ostringstream os;
@@ -138,23 +166,26 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
          << ", reason: " << quoted(l.reason) << "}\n";
   }
   os << "stages:\n";
-  for (const PlanStage& st : plan.stages) {
-    const DeviceCosts& first = problem.devices[static_cast<size_t>(st.at.devices.front())];
-    os << "  - layers: [" << st.at.begin << ", " << st.at.end << "]\n    devices: [";
-    for (size_t i = 0; i < st.at.devices.size(); ++i)
-      os << (i ? ", " : "") << problem.devices[static_cast<size_t>(st.at.devices[i])].name;
-    os << "]\n    backend: " << first.backend;
-    if (st.at.devices.size() > 1) {  // each replica's own (two GPUs: opencl:0, opencl:1)
+  const std::vector<PlanStageSpec> specs = planStageSpecs(cost, plan, "");
+  auto list = [&](const std::vector<std::string>& names) {
+    for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
+  };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const PlanStageSpec& spec = specs[i];
+    const PlanStage& st = plan.stages[i];
+    os << "  - layers: [" << spec.begin << ", " << spec.end << "]\n    devices: [";
+    list(spec.devices);
+    os << "]\n    backend: " << spec.backend;
+    if (!spec.backends.empty()) {
       os << "\n    backends: [";
-      for (size_t i = 0; i < st.at.devices.size(); ++i)
-        os << (i ? ", " : "") << problem.devices[static_cast<size_t>(st.at.devices[i])].backend;
+      list(spec.backends);
       os << "]";
     }
-    if (&st != &plan.stages.back())
-      os << "\n    codec: {activations: " << st.next.activations
-         << ", gradients: " << st.next.gradients << "}";
-    os << "\n    threads: " << first.threads << "\n    compute_s: " << number(st.compute_s)
-       << "\n    allreduce_s: " << number(st.allreduce_s) << "\n    link_s: " << number(st.link_s)
+    if (!spec.activation_codec.empty())
+      os << "\n    codec: {activations: " << spec.activation_codec
+         << ", gradients: " << spec.gradient_codec << "}";
+    os << "\n    threads: " << spec.threads << "\n    compute_s: " << number(spec.compute_s)
+       << "\n    allreduce_s: " << number(spec.allreduce_s) << "\n    link_s: " << number(st.link_s)
        << "\n    memory_bytes: " << st.memory_bytes << "\n";
   }
   return os.str();

@@ -99,5 +99,10 @@ struct PlanStageSpec {
   std::string where;       // "plan.yaml:7:5", for messages
 };
 std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::string& source);
+// A plan's stages as its file states them (what parsePlan reads back from planToYaml, but
+// with the predicted times unrounded), each named by `where` in messages: how `tandem
+// run` takes the plan it made for `partition: auto` without a trip through YAML text.
+std::vector<PlanStageSpec> planStageSpecs(const CostModel& cost, const Plan& plan,
+                                          const std::string& where);
 
 }  // namespace tandem::partitioner

@@ -202,7 +202,7 @@ void JobRun::resolveTransport() {
 }
 
 void JobRun::place(const Model& model) {
-  stages_ = jobStages(job_, model, planned_ ? planned_->yaml : "");
+  stages_ = jobStages(job_, model, planned_ ? &planned_->stages : nullptr);
   const bool serving = options_.mode != RunMode::kTrain;
   assignments_ = jobAssignments(job_, stages_, options_.mode, options_.spans, model_spec_,
                                 weights_ ? contentHash(*weights_) : "",

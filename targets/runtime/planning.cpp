@@ -259,7 +259,8 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
                      job.source << ": the " << job.baseline
                                 << " split does not fit the cluster: " << out.plan.infeasible);
   }
-  out.yaml = partitioner::planToYaml(cost, out.plan);
+  out.stages =
+      partitioner::planStageSpecs(cost, out.plan, job.partition_where + " (the auto plan)");
   for (const auto& d : cost.problem().devices) out.devices.push_back(d.name);
   return out;
 }
@@ -365,10 +366,9 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
 }
 
 std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
-                                      const std::string& plan_yaml) {
-  const std::string path = !plan_yaml.empty() ? job.partition_where + " (the auto plan)" : job.plan;
+                                      const std::vector<partitioner::PlanStageSpec>* planned) {
   std::vector<StagePlacement> out;
-  if (path.empty()) {
+  if (!planned && job.plan.empty()) {
     TANDEM_CHECK_MSG(!job.auto_partition, InvalidArgument,
                      job.source << ": 'partition: auto' is planned by `tandem run`");
     const auto ranges = stageRanges(job, model);
@@ -389,8 +389,8 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     }
     return out;
   }
-  const auto specs =
-      partitioner::parsePlan(!plan_yaml.empty() ? plan_yaml : readFile(path, "plan file"), path);
+  const std::vector<partitioner::PlanStageSpec> specs =
+      planned ? *planned : partitioner::parsePlan(readFile(job.plan, "plan file"), job.plan);
   JobSpec ranges = job;  // the job's own coverage checks, naming the plan's lines
   ranges.ranges.clear();
   ranges.range_where.clear();

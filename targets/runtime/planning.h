@@ -62,7 +62,7 @@ struct PlanCandidate {
 };
 struct PlannedJob {
   partitioner::Plan plan;
-  std::string yaml;
+  std::vector<partitioner::PlanStageSpec> stages;  // the plan's, as a plan file states them
   partitioner::Plan searched;
   std::vector<partitioner::Plan> baselines;
   std::vector<std::string> devices;  // the cost model's devices ("node/device"), which plans index
@@ -90,12 +90,13 @@ struct StagePlacement {
   }
 };
 
-// The job's stages: from `plan_yaml` when given (the plan `tandem run` made for
+// The job's stages: from `planned` when given (the plan `tandem run` made for
 // `partition: auto`), else the job's plan file, else its ranges or equal split on the
 // CPU with the job's threads. Plans are checked to cover the model exactly once; a
 // plan's stage on several devices has that many replicas.
-std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
-                                      const std::string& plan_yaml = "");
+std::vector<StagePlacement> jobStages(
+    const JobSpec& job, const Model& model,
+    const std::vector<partitioner::PlanStageSpec>* planned = nullptr);
 
 // Every worker's assignment (slot order: stage by stage, replicas within): the job and its
 // placement, carried in-band; `spec` is the model spec's text, the weights (if any) named

@@ -319,6 +319,27 @@ TEST(ClusterTest, MalformedFilesNameTheLine) {
                                {"YAML syntax error"});
 }
 
+// The stages a plan file states, read back from planToYaml, are those planStageSpecs
+// makes without the file (to its rounding of the predicted times).
+void expectTheSameStages(const CostModel& cost, const Plan& plan) {
+  const std::vector<PlanStageSpec> read = parsePlan(planToYaml(cost, plan), "plan.yaml");
+  const std::vector<PlanStageSpec> made = planStageSpecs(cost, plan, "the auto plan");
+  ASSERT_EQ(read.size(), made.size());
+  for (size_t s = 0; s < read.size(); ++s) {
+    EXPECT_EQ(made[s].begin, read[s].begin);
+    EXPECT_EQ(made[s].end, read[s].end);
+    EXPECT_EQ(made[s].devices, read[s].devices);
+    EXPECT_EQ(made[s].backend, read[s].backend);
+    EXPECT_EQ(made[s].backends, read[s].backends);
+    EXPECT_EQ(made[s].activation_codec, read[s].activation_codec);
+    EXPECT_EQ(made[s].gradient_codec, read[s].gradient_codec);
+    EXPECT_EQ(made[s].threads, read[s].threads);
+    EXPECT_NEAR(made[s].compute_s, read[s].compute_s, 1e-5 * made[s].compute_s);
+    EXPECT_NEAR(made[s].allreduce_s, read[s].allreduce_s, 1e-5 * made[s].allreduce_s);
+    EXPECT_EQ(made[s].where, "the auto plan");
+  }
+}
+
 TEST(PlanTest, WrittenPlansReadBack) {
   RandomProblemOptions o;
   o.layers = 9;
@@ -334,6 +355,12 @@ TEST(PlanTest, WrittenPlansReadBack) {
               cost.problem().devices[static_cast<size_t>(plan.stages[s].at.devices[0])].name);
     EXPECT_NEAR(specs[s].compute_s, plan.stages[s].compute_s, 1e-6 * plan.stages[s].compute_s);
   }
+  expectTheSameStages(cost, plan);
+  // With each link's codecs chosen.
+  std::vector<LinkCodec> codecs(plan.stages.size() - 1, LinkCodec{"int8", "fp16"});
+  std::vector<Assignment> at;
+  for (const PlanStage& st : plan.stages) at.push_back(st.at);
+  expectTheSameStages(cost, evaluate(cost, at, "coded", codecs));
   expectThrowWith<InvalidArgument>(
       [&] { parsePlan("stages:\n  - {layers: [3, 1], devices: [a], backend: cpu}\n", "p.yaml"); },
       {"p.yaml:2:14", "[3, 1) is empty"});
@@ -376,6 +403,7 @@ TEST(PlanTest, ReplicasKeepTheirOwnDevices) {
   EXPECT_EQ(specs[0].devices, (std::vector<std::string>{"n/gpu0", "n/gpu1"}));
   EXPECT_EQ(specs[0].backends, (std::vector<std::string>{"opencl:0", "opencl:1"}));
   EXPECT_GT(specs[0].allreduce_s, 0);
+  expectTheSameStages(cost, plan);
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ const char* kPlan =
 std::vector<std::tuple<int, std::string, std::string>> codecs(const std::string& codec_line) {
   const JobSpec job = parseJobSpec("model: m.yaml\npartition: p.yaml\n" + codec_line, "j.yaml");
   const Model model(parseModelSpec(kSpec));
-  const auto stages = jobStages(job, model, kPlan);
+  const std::vector<partitioner::PlanStageSpec> planned = partitioner::parsePlan(kPlan, "p.yaml");
+  const auto stages = jobStages(job, model, &planned);
   EXPECT_EQ(stages[0].next_activation_codec, "int8");
   EXPECT_EQ(stages[0].next_gradient_codec, "fp16");
   EXPECT_EQ(stages[1].next_activation_codec, "");
