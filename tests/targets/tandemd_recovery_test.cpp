@@ -193,6 +193,15 @@ std::string threeStageJob(const std::string& dir, const std::string& name, const
   return dir + "/" + name + ".yaml";
 }
 
+// DIR/abc.yaml: nodes a, b and c at these daemons' addresses, with the key DIR/c.key.
+void writeAbcCluster(const std::string& dir, const std::string& a, const std::string& b,
+                     const std::string& c) {
+  std::ofstream(dir + "/abc.yaml") << "key: c.key\nnodes:\n"
+                                   << "  - {name: a, address: '" << a << "', devices: [{}]}\n"
+                                   << "  - {name: b, address: '" << b << "', devices: [{}]}\n"
+                                   << "  - {name: c, address: '" << c << "', devices: [{}]}\n";
+}
+
 // What `job` saves at `saved` when nothing goes wrong ("" if the run failed).
 std::string uninterrupted(const std::string& job, const std::string& saved) {
   const Ran r = run(kCli + " run " + job);
@@ -255,11 +264,7 @@ TEST(TandemdTest, ARecoveryGetsThroughFloodsOnTheSurvivingDaemons) {
   const std::string key = dir + "/c.key";
   DaemonProcess a(dir, key, "a"), c(dir, key, "c");
   auto b = std::make_unique<DaemonProcess>(dir, key, "b");
-  std::ofstream(dir + "/abc.yaml")
-      << "key: c.key\nnodes:\n"
-      << "  - {name: a, address: '" << a.address() << "', devices: [{}]}\n"
-      << "  - {name: b, address: '" << b->address() << "', devices: [{}]}\n"
-      << "  - {name: c, address: '" << c.address() << "', devices: [{}]}\n";
+  writeAbcCluster(dir, a.address(), b->address(), c.address());
   auto job = [&](const std::string& name, const std::string& extra) {
     return threeStageJob(dir, name, "mlp", "epochs: 2\ntrain_limit: 1280\n", "abc.yaml", extra);
   };
@@ -290,11 +295,7 @@ TEST(TandemdTest, ALostNodeThatComesBackRejoinsAtACheckpointAndAgainLaterBitwise
   DaemonProcess a(dir, key, "a"), c(dir, key, "c");
   auto b = std::make_unique<DaemonProcess>(dir, key, "b");
   const std::string b_address = b->address();
-  std::ofstream(dir + "/abc.yaml")
-      << "key: c.key\nnodes:\n"
-      << "  - {name: a, address: '" << a.address() << "', devices: [{}]}\n"
-      << "  - {name: b, address: '" << b_address << "', devices: [{}]}\n"
-      << "  - {name: c, address: '" << c.address() << "', devices: [{}]}\n";
+  writeAbcCluster(dir, a.address(), b_address, c.address());
   auto job = [&](const std::string& name, const std::string& extra) {
     return threeStageJob(dir, name, "cnn", "epochs: 1\ntrain_limit: 3200\nschedule: gpipe\n",
                          "abc.yaml", extra);
