@@ -6,8 +6,8 @@
 
 The product's path on this machine: `tandem generate JOB.yaml --serve` starts one worker
 process per stage through a local node daemon (the model cut into `--stages` equal
-stages, 1 thread each, tcp links on loopback), all prompts piped in at
-once with `--in-flight` = the prompts; beside it `tandem generate M.tdm --serve
+stages, 1 thread each, Unix-socket (ipc) links: what a local run chooses), all prompts
+piped in at once with `--in-flight` = the prompts; beside it `tandem generate M.tdm --serve
 --threads 1`, one process answering the same prompts one after another. Both print
 their totals (tokens, tokens/s from the first prompt's start to the last token, time to
 first token p50/p99) and the script prints the ratio of tokens/s beside the ideal: the
@@ -64,8 +64,8 @@ def measure(a, tandem, tmp, name, model, prompts):
                    check=True, capture_output=True)
     job = os.path.join(tmp, name + "-stages.yaml")
     with open(job, "w") as f:
-        f.write("model: %s\nweights: %s\npartition: equal\nstages: %d\nthreads: 1\n" %
-                (model, weights, a.stages))
+        f.write("model: %s\nweights: %s\npartition: equal\nstages: %d\nthreads: 1\n"
+                "transport: ipc\n" % (model, weights, a.stages))
     one, staged = None, None
     for _ in range(a.rounds):
         o = serve([tandem, "generate", weights, "--serve", "--tokens", str(a.tokens),
@@ -91,7 +91,7 @@ def main():
     prompts = PROMPTS[:a.prompts]
     print("conditions: %d prompts of %d new tokens, greedy; one process: 1 thread, the "
           "prompts one after another; %d stages: a worker process each (1 thread) started by "
-          "a local daemon, tcp on loopback, all prompts in flight; best tokens/s of %d rounds; "
+          "a local daemon, ipc links, all prompts in flight; best tokens/s of %d rounds; "
           "%d cores here" % (a.prompts, a.tokens, a.stages, a.rounds, os.cpu_count()))
     print("%-30s %10s %10s %8s %7s %14s %14s" % ("model", "one proc", "%d stages" % a.stages,
                                                 "ratio", "ideal", "1st token p50",

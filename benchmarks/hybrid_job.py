@@ -7,7 +7,9 @@
 The product's path: `tandem run JOB.yaml` on a local node daemon, a 784-1024-1024-10
 MLP (1.9 M parameters, 7.5 MB of gradients) in two stages, the first (flatten and both
 wide linears) as two replicas that sum their gradients every step, the second (the
-classifier) alone: three worker processes, one thread each, tcp on loopback; 1F1B,
+classifier) alone: three worker processes, one thread each, Unix-socket (ipc) links and
+group, named in the job so that an older `--before` build runs them too (ipc is what a
+local run chooses now; before it chose tcp on loopback); 1F1B,
 4 microbatches of 128, SGD, `--train-limit` Fashion-MNIST samples for one epoch. Each
 round runs the `--before` build's tandem, then the `--after` build's, and prints both
 runs' samples/s (the run's own figure) and the ratio after / before; then the median
@@ -43,6 +45,7 @@ batch: 128
 microbatches: 4
 schedule: 1f1b
 optimizer: {{kind: sgd, lr: 0.01, momentum: 0.9}}
+transport: ipc
 partition: [{{layers: [0, 4], replicas: 2}}, [4, 6]]
 seed: 1
 """
@@ -78,7 +81,7 @@ def main():
         with open(job, "w") as f:
             f.write(JOB.format(model=model, limit=a.train_limit))
         print(f"conditions: {a.before} then {a.after} each round, one local daemon, 3 worker "
-              f"processes of 1 thread, tcp loopback, {a.train_limit} samples, {os.cpu_count()} CPUs")
+              f"processes of 1 thread, ipc links and group, {a.train_limit} samples, {os.cpu_count()} CPUs")
         print(f"{'round':>5} {'before/s':>9} {'after/s':>9} {'after/before':>13}  train loss")
         ratios = []
         for r in range(a.rounds):
