@@ -108,7 +108,7 @@ std::string nodeList(const partitioner::Cluster& cluster) {
 JobRun::JobRun(JobSpec job, JobRunOptions options)
     : job_(std::move(job)), options_(std::move(options)) {
   const bool serving = options_.mode != RunMode::kTrain;
-  TANDEM_CHECK_MSG(options_.mode != RunMode::kGenerate || options_.prompts, InvalidArgument,
+  TANDEM_CHECK_MSG(!generates() || options_.prompts, InvalidArgument,
                    "a generation run needs a queue of prompts");
   if (!job_.save.empty() && !serving) prepareSave(job_.save);
   // Read once: placed, shipped, merged. An ONNX model's weights start the run unless the
@@ -196,7 +196,7 @@ void JobRun::resolveTransport() {
   for (const partitioner::ClusterNode& n : cluster_.nodes)
     if (n.address)
       throw InvalidArgument((job_.transport_where.empty() ? job_.source : job_.transport_where) +
-                            ": 'transport: ipc' links processes on one " + "machine, but node '" +
+                            ": 'transport: ipc' links processes on one machine, but node '" +
                             n.name + "' is at " + n.address->str() +
                             " (leave 'transport' out, or say tcp)");
 }
@@ -207,7 +207,7 @@ void JobRun::place(const Model& model) {
   assignments_ = jobAssignments(job_, stages_, options_.mode, options_.spans, model_spec_,
                                 weights_ ? contentHash(*weights_) : "",
                                 weights_ ? static_cast<int64_t>(weights_->size()) : 0);
-  if (options_.mode == RunMode::kGenerate) {
+  if (generates()) {
     TANDEM_CHECK_MSG(job_.chunks == 1, InvalidArgument,
                      job_.source << ": generation runs one model chunk per stage, not "
                                  << job_.chunks << " (interleaved is a training schedule)");
@@ -230,8 +230,7 @@ void JobRun::place(const Model& model) {
     a.start_step = start_step_;
     a.restore_optimizer = start_step_ > 0;
     if (!serving) a.checkpoint_every = job_.checkpoint.every_steps;
-    if (options_.mode ==
-        RunMode::kInfer) {  // a stream resumed after a loss: from its first unanswered batch
+    if (infers()) {  // a stream resumed after a loss: from its first unanswered batch
       a.infer_from = streamResumesAt();
       a.request_rate = options_.request_rate;
     }
