@@ -47,8 +47,6 @@ int64_t peakRssBytes() {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// A node's weight cache holds at most this much (the oldest files go first).
-
 // The next message, which must be a `T`; a `leave` or anything else is an error naming
 // what came instead.
 template <typename T>
@@ -288,8 +286,10 @@ void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const Worker
 
 void StageSetup::openLinks(const Assign& a, Ready& ready) {
   const bool ipc = a.transport == "ipc";
-  if (ipc) socket_dir.emplace();
-  if (!ipc) checkBindHost(a.bind_host);
+  if (ipc)
+    socket_dir.emplace();
+  else
+    checkBindHost(a.bind_host);
   int endpoint_count = 0;
   auto linkOptions = [&](const std::string& codec, int peer) {
     transport::LinkOptions lo;
