@@ -12,16 +12,23 @@
 namespace tandem::partitioner {
 
 Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
-              const std::string& algorithm, const std::vector<LinkCodec>& links) {
+              const std::string& algorithm, const std::vector<LinkCodec>& links, int chunks) {
   const Problem& problem = cost.problem();
   Plan plan;
   plan.algorithm = algorithm;
   plan.objective = problem.options.objective;
+  plan.chunks = chunks;
   TANDEM_CHECK_MSG(!stages.empty(), InvalidArgument, algorithm << ": a plan with no stages");
+  const int n = static_cast<int>(stages.size());
+  TANDEM_CHECK_MSG(chunks >= 1 && n % chunks == 0, InvalidArgument,
+                   algorithm << ": " << n << " model chunks are not " << chunks << " per stage");
+  // The stages (an interleaved plan's: its chunks' devices, chunk k on k % p's).
+  const int p = n / chunks;
+  TANDEM_CHECK_MSG(chunks == 1 || (p >= 2 && cost.training()), InvalidArgument,
+                   algorithm << ": interleaved chunks need 2 stages or more and training");
   size_t expect = 0;
   std::set<int> used;
-  const int p = static_cast<int>(stages.size());
-  for (int s = 0; s < p; ++s) {
+  for (int s = 0; s < n; ++s) {
     const Assignment& a = stages[static_cast<size_t>(s)];
     TANDEM_CHECK_MSG(
         a.begin == expect && a.end > a.begin && a.end <= cost.layers(), InvalidArgument,
@@ -29,6 +36,14 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
                   << ") but should start at layer " << expect << " of " << cost.layers());
     TANDEM_CHECK_MSG(!a.devices.empty(), InvalidArgument,
                      algorithm << ": stage " << s << " has no device");
+    expect = a.end;
+    if (s >= p) {  // a later chunk of stage s % p: on its device
+      TANDEM_CHECK_MSG(a.devices == stages[static_cast<size_t>(s % p)].devices, InvalidArgument,
+                       algorithm << ": chunk " << s << " is not on stage " << s % p << "'s device");
+      continue;
+    }
+    TANDEM_CHECK_MSG(chunks == 1 || a.devices.size() == 1, InvalidArgument,
+                     algorithm << ": interleaved stages cannot have replicas (stage " << s << ")");
     for (int d : a.devices) {
       TANDEM_CHECK_MSG(d >= 0 && static_cast<size_t>(d) < problem.devices.size(), InvalidArgument,
                        algorithm << ": stage " << s << " names device " << d);
@@ -41,7 +56,6 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
                                  << ", " << problem.devices[static_cast<size_t>(a.devices[0])].name
                                  << ")");
     }
-    expect = a.end;
   }
   TANDEM_CHECK_MSG(expect == cost.layers(), InvalidArgument,
                    algorithm << ": the stages end at layer " << expect << " of " << cost.layers());
@@ -54,40 +68,56 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
   const bool latency = plan.objective == Objective::kInferLatency;
   plan.seconds = latency ? cost.sourceLink(cost.typeOf(stages[0].devices[0])) : 0;
   plan.bottleneck = latency ? "sum" : "";
-  for (int s = 0; s < p; ++s) {
+  // Per stage (an interleaved one: over its chunks): compute per microbatch, memory.
+  std::vector<double> compute(static_cast<size_t>(p), 0), link(static_cast<size_t>(p), 0);
+  std::vector<int64_t> memory(static_cast<size_t>(p), 0);
+  for (int s = 0; s < n; ++s) {
     const Assignment& a = stages[static_cast<size_t>(s)];
     const int t = cost.typeOf(a.devices.front());
     const int k = static_cast<int>(a.devices.size());
     PlanStage st;
     st.at = a;
-    st.next = s + 1 < p && !links.empty() ? links[static_cast<size_t>(s)] : fixed;
+    st.next = s + 1 < n && !links.empty() ? links[static_cast<size_t>(s)] : fixed;
     st.compute_s = cost.stage(t, a.begin, a.end, k);
     st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
-    if (s + 1 < p)
+    if (s + 1 < n)
       st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()),
                             st.next.activation_ratio, st.next.gradient_ratio);
-    st.memory_bytes = cost.memory(a.begin, a.end, p - s, k, p);
+    const int at = s % p;
+    const int held = chunks == 1
+                         ? p - s
+                         : static_cast<int>(std::min<int64_t>(interleavedWarmup(at, p, chunks) + 1,
+                                                              o.microbatches * chunks));
+    st.memory_bytes = cost.memory(a.begin, a.end, held, k, p);
+    compute[static_cast<size_t>(at)] += st.compute_s;
+    link[static_cast<size_t>(at)] += st.link_s;
+    memory[static_cast<size_t>(at)] += st.memory_bytes;
+    if (latency) plan.seconds += st.compute_s + st.link_s;
+    plan.stages.push_back(std::move(st));
+  }
+  for (int s = 0; s < p; ++s) {
+    const Assignment& a = stages[static_cast<size_t>(s)];
+    const int t = cost.typeOf(a.devices.front());
     const int64_t have = cost.types()[static_cast<size_t>(t)].memory_bytes;
-    if (st.memory_bytes > have && plan.infeasible.empty()) {
+    if (memory[static_cast<size_t>(s)] > have && plan.infeasible.empty()) {
       std::ostringstream os;
-      os << "stage " << s << " (layers [" << a.begin << ", " << a.end << ")) needs "
-         << st.memory_bytes << " bytes on "
+      os << "stage " << s << " (layers [" << a.begin << ", "
+         << stages[static_cast<size_t>(s + (chunks - 1) * p)].end << ")"
+         << (chunks > 1 ? " in " + std::to_string(chunks) + " chunks" : "") << ") needs "
+         << memory[static_cast<size_t>(s)] << " bytes on "
          << problem.devices[static_cast<size_t>(a.devices.front())].name << ", which has " << have;
       plan.infeasible = os.str();
     }
-    if (latency) {
-      plan.seconds += st.compute_s + st.link_s;
-    } else {
-      if (st.compute_s > plan.seconds || plan.bottleneck.empty()) {
-        plan.seconds = st.compute_s;
-        plan.bottleneck = "stage " + std::to_string(s) + " compute";
-      }
-      if (st.link_s > plan.seconds) {
-        plan.seconds = st.link_s;
-        plan.bottleneck = "link " + std::to_string(s) + " -> " + std::to_string(s + 1);
-      }
+    if (latency) continue;
+    if (compute[static_cast<size_t>(s)] > plan.seconds || plan.bottleneck.empty()) {
+      plan.seconds = compute[static_cast<size_t>(s)];
+      plan.bottleneck = "stage " + std::to_string(s) + " compute";
     }
-    plan.stages.push_back(std::move(st));
+    if (link[static_cast<size_t>(s)] > plan.seconds) {
+      plan.seconds = link[static_cast<size_t>(s)];
+      plan.bottleneck =
+          "link " + std::to_string(s) + " -> " + std::to_string(s + 1 < p ? s + 1 : 0);
+    }
   }
   if (cost.training()) {
     const StepPrediction step = predictStep(cost, plan);

@@ -65,6 +65,10 @@ struct LeftOut {
 struct Plan {
   std::string algorithm;
   Objective objective = Objective::kTrainThroughput;
+  // Interleaved 1F1B (chunks > 1): `stages` lists the stages x chunks model chunks in
+  // layer order, each a virtual stage; chunk k runs where stage k % (stages.size() /
+  // chunks) does, so a stage's chunks are k, k + p, k + 2p, ... (as a job's ranges are).
+  int chunks = 1;
   std::vector<PlanStage> stages;
   double seconds = 0;        // the slowest stage or link per microbatch; for latency, the sum
   std::string bottleneck;    // "stage 1 compute", "link 0 -> 1", or "sum" for latency
@@ -80,8 +84,16 @@ struct Plan {
 // Prices `stages`; InvalidArgument if they do not cover the layers exactly once in order,
 // repeat a device, or replicate over devices of different types. Links carry the
 // options' codecs, or `links` (one per link, stages - 1) when given.
+//
+// `chunks` > 1: `stages` are an interleaved plan's model chunks (Plan::chunks), each on
+// one device, chunk k on chunk k % p's device (p = stages / chunks, at least 2); a
+// stage's memory is its chunks' weights and state with the stash interleaved 1F1B keeps
+// (its warm-up forwards + 1, at most chunks x microbatches), its compute per microbatch
+// (the `seconds` a stage paces) the sum of its chunks', and its step predicted under
+// interleaved 1F1B.
 Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
-              const std::string& algorithm, const std::vector<LinkCodec>& links = {});
+              const std::string& algorithm, const std::vector<LinkCodec>& links = {},
+              int chunks = 1);
 
 std::string planToYaml(const CostModel& cost, const Plan& plan);
 

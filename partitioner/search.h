@@ -76,6 +76,14 @@ inline constexpr double kCodecTolerance = 0.02;
 inline constexpr double kSelectionMargin = 0.15;
 Plan chooseCodecs(const CostModel& cost, const Plan& plan);
 
+// Interleaved 1F1B over `base`'s stages (two or more, one device each): the model cut
+// into stages x `chunks` chunks, chunk k on stage k % p's device, the cuts chosen so the
+// slowest chunk (or link between chunks) is as short as any (a DP over chunk and layer,
+// O(stages x chunks x layers^2)); priced by evaluate with `chunks`, so its step is
+// interleaved 1F1B's. InvalidArgument when `base` cannot be interleaved (one stage,
+// replicas, fewer layers than chunks). The plan keeps `base`'s algorithm and left_out.
+Plan interleavedPlan(const CostModel& cost, const Plan& base, int chunks);
+
 // Equal layers, equal parameters and memory-proportional (exo's) splits over every
 // device in the cluster's order (the first min(devices, layers) of them).
 std::vector<Plan> baselinePlans(const CostModel& cost);

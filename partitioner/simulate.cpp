@@ -51,12 +51,20 @@ struct Burst {
   }
 };
 
-struct Stage {
-  // Sustained seconds: compute per microbatch; the replicas' allreduce and the
-  // optimizer's update once per step.
-  double forward = 0, backward = 0, weight = 0, step = 0, update = 0;
+// One model chunk of a stage (every stage has one, an interleaved stage several).
+struct Chunk {
+  // Sustained seconds of compute per microbatch.
+  double forward = 0, backward = 0, weight = 0;
   double out_bytes = 0, in_bytes = 0;  // activation sent on, gradient sent back (wire bytes)
-  Wire next, prev;                     // to stage s + 1, to stage s - 1
+};
+
+struct Stage {
+  std::vector<Chunk> chunks;
+  // Sustained seconds once per step: the replicas' allreduce and the optimizer's update.
+  double step = 0, update = 0;
+  // To the next stage, to the one before; an interleaved plan's stages are a ring (the
+  // last stage's chunks pass on to the first stage's next chunks).
+  Wire next, prev;
   Burst burst;
   std::vector<Action> actions;  // kSteps steps, microbatches numbered on across them
   int node = 0;
@@ -77,10 +85,11 @@ Run runStages(std::vector<Stage> st, int64_t m, const std::vector<double>& stret
   std::vector<double> clock(st.size(), 0);
   Run r{std::vector<double>(kSteps, 0), std::vector<double>(st.size(), 0)};
   std::vector<int> steps_done(st.size(), 0);
-  // When each message arrives (-1: not sent yet): activations into stage s, gradients
-  // into stage s (from s + 1).
+  // When each message arrives (-1: not sent yet), per virtual stage (chunk c of stage s
+  // is c * p + s): activations into it, gradients into it (from the one after).
+  const size_t chunks = st.front().chunks.size();
   const auto all = static_cast<size_t>(kSteps * m);
-  std::vector<std::vector<double>> act(st.size(), std::vector<double>(all, -1));
+  std::vector<std::vector<double>> act(st.size() * chunks, std::vector<double>(all, -1));
   std::vector<std::vector<double>> grad = act;
   // Runs stage s's next action; false when it waits for a message not yet sent.
   auto advance = [&](int s) {
@@ -89,30 +98,33 @@ Run runStages(std::vector<Stage> st, int64_t m, const std::vector<double>& stret
     double& now = clock[i];
     const Action& a = x.actions[pc[i]];
     const auto k = static_cast<size_t>(a.microbatch);
+    const auto c = static_cast<size_t>(a.chunk);
+    const size_t v = c * st.size() + i;  // the virtual stage
+    const Chunk& h = x.chunks[c];
     double work = -1;
     switch (a.type) {
       case ActionType::kRecvActivation:
-        if (act[i][k] < 0) return false;
-        now = std::max(now, act[i][k]);
+        if (act[v][k] < 0) return false;
+        now = std::max(now, act[v][k]);
         break;
       case ActionType::kRecvGradient:
-        if (grad[i][k] < 0) return false;
-        now = std::max(now, grad[i][k]);
+        if (grad[v][k] < 0) return false;
+        now = std::max(now, grad[v][k]);
         break;
       case ActionType::kSendActivation:
-        act[i + 1][k] = x.next.send(now, x.out_bytes);
+        act[v + 1][k] = x.next.send(now, h.out_bytes);
         break;
       case ActionType::kSendGradient:
-        grad[i - 1][k] = x.prev.send(now, x.in_bytes);
+        grad[v - 1][k] = x.prev.send(now, h.in_bytes);
         break;
       case ActionType::kForward:
-        work = x.forward;
+        work = h.forward;
         break;
       case ActionType::kBackward:
-        work = x.backward;
+        work = h.backward;
         break;
       case ActionType::kWeightGradient:
-        work = x.weight;
+        work = h.weight;
         break;
       case ActionType::kStep:
         now += x.step;  // waiting on the other replicas, not computing
@@ -149,40 +161,36 @@ Run runStages(std::vector<Stage> st, int64_t m, const std::vector<double>& stret
   return r;
 }
 
-}  // namespace
-
-StepPrediction predictStep(const CostModel& cost, const Plan& plan) {
-  return predictStep(cost, plan, cost.options().schedule);
-}
-
-StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind schedule) {
-  TANDEM_CHECK_MSG(cost.training(), InvalidArgument,
-                   "a training step is predicted for the training objective only");
-  TANDEM_CHECK_MSG(isTraining(schedule), InvalidArgument,
-                   "a training step needs a training schedule, not " << scheduleName(schedule));
-  const CostOptions& o = cost.options();
-  const int p = static_cast<int>(plan.stages.size());
-  TANDEM_CHECK_MSG(p > 0, InvalidArgument, "a plan with no stages");
-  const int64_t m = o.microbatches;
+// The plan's stages (p of them; an interleaved plan's chunks grouped by stage) with their
+// chunks' times, the wires between them, and kSteps steps of `schedule`'s lists.
+std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, int64_t m,
+                              ScheduleKind schedule) {
+  const int chunks = plan.chunks;
+  const int n = static_cast<int>(plan.stages.size());
   std::vector<Stage> st(static_cast<size_t>(p));
   for (int s = 0; s < p; ++s) {
-    const PlanStage& ps = plan.stages[static_cast<size_t>(s)];
     Stage& x = st[static_cast<size_t>(s)];
-    const int t = cost.typeOf(ps.at.devices.front());
-    const double k = static_cast<double>(ps.at.devices.size());
-    const std::vector<Action> one = stageActions(schedule, s, p, m);
+    const PlanStage& first = plan.stages[static_cast<size_t>(s)];
+    const int t = cost.typeOf(first.at.devices.front());
+    const double k = static_cast<double>(first.at.devices.size());
+    const std::vector<Action> one = stageActions(schedule, s, p, m, chunks);
     const bool splits = std::any_of(one.begin(), one.end(), [](const Action& a) {
       return a.type == ActionType::kWeightGradient;
     });
-    x.forward = cost.forward(t, ps.at.begin, ps.at.end) / k;
-    const double whole = cost.backward(t, ps.at.begin, ps.at.end) / k;
-    // A first stage that splits runs its first layer whole in the backward.
-    const size_t split_from = s == 0 ? ps.at.begin + 1 : ps.at.begin;
-    x.weight = splits && split_from < ps.at.end ? cost.weightGradient(t, split_from, ps.at.end) / k
-                                                 : 0;
-    x.backward = whole - x.weight;
-    x.step = cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
-    x.update = cost.update(t, ps.at.begin, ps.at.end);
+    x.chunks.resize(static_cast<size_t>(chunks));
+    for (int c = 0; c < chunks; ++c) {
+      const PlanStage& ps = plan.stages[static_cast<size_t>(c * p + s)];
+      Chunk& h = x.chunks[static_cast<size_t>(c)];
+      h.forward = cost.forward(t, ps.at.begin, ps.at.end) / k;
+      const double whole = cost.backward(t, ps.at.begin, ps.at.end) / k;
+      // A first stage that splits runs its first layer whole in the backward.
+      const size_t split_from = s == 0 ? ps.at.begin + 1 : ps.at.begin;
+      h.weight =
+          splits && split_from < ps.at.end ? cost.weightGradient(t, split_from, ps.at.end) / k : 0;
+      h.backward = whole - h.weight;
+      x.step += cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
+      x.update += cost.update(t, ps.at.begin, ps.at.end);
+    }
     const DeviceCosts& d = cost.deviceOf(t);
     // The budget starts empty: a stage kept busy never refills it, one that idles does
     // within a step, and the last step is measured.
@@ -197,25 +205,60 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
         a.microbatch += step * m;
         x.actions.push_back(a);
       }
-    if (s + 1 < p) {
-      const int u = cost.typeOf(plan.stages[static_cast<size_t>(s + 1)].at.devices.front());
-      const LinkCosts& there = cost.linkCosts(t, u);
-      const LinkCosts& back = cost.linkCosts(u, t);
-      const auto bytes = static_cast<double>(cost.problem().layers[ps.at.end - 1].output_bytes);
-      x.out_bytes = bytes * ps.next.activation_ratio;
-      x.next = {0, 1 / there.bandwidth, there.latency_s};
-      Stage& y = st[static_cast<size_t>(s + 1)];
-      y.in_bytes = bytes * ps.next.gradient_ratio;
-      y.prev = {0, 1 / back.bandwidth, back.latency_s};
-    }
   }
-  // The messages' CPU on each node per step (CostModel::messageCpu): each link carries m
-  // activations and m gradients, half of a message's cost charged to either end's node.
+  // The wires between neighbouring chunks: each stage's to the next (the last stage's to
+  // the first, for an interleaved plan's next chunks) and back.
+  for (int v = 0; v + 1 < n; ++v) {
+    const PlanStage& ps = plan.stages[static_cast<size_t>(v)];
+    Stage& x = st[static_cast<size_t>(v % p)];
+    Stage& y = st[static_cast<size_t>((v + 1) % p)];
+    const int t = cost.typeOf(ps.at.devices.front());
+    const int u = cost.typeOf(plan.stages[static_cast<size_t>(v + 1)].at.devices.front());
+    const LinkCosts& there = cost.linkCosts(t, u);
+    const LinkCosts& back = cost.linkCosts(u, t);
+    const auto bytes = static_cast<double>(cost.problem().layers[ps.at.end - 1].output_bytes);
+    x.chunks[static_cast<size_t>(v / p)].out_bytes = bytes * ps.next.activation_ratio;
+    x.next = {0, 1 / there.bandwidth, there.latency_s};
+    y.chunks[static_cast<size_t>((v + 1) / p)].in_bytes = bytes * ps.next.gradient_ratio;
+    y.prev = {0, 1 / back.bandwidth, back.latency_s};
+  }
+  return st;
+}
+
+}  // namespace
+
+StepPrediction predictStep(const CostModel& cost, const Plan& plan) {
+  return predictStep(cost, plan, cost.options().schedule);
+}
+
+StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind schedule) {
+  TANDEM_CHECK_MSG(cost.training(), InvalidArgument,
+                   "a training step is predicted for the training objective only");
+  TANDEM_CHECK_MSG(isTraining(schedule), InvalidArgument,
+                   "a training step needs a training schedule, not " << scheduleName(schedule));
+  const CostOptions& o = cost.options();
+  const int chunks = plan.chunks;
+  const int n = static_cast<int>(plan.stages.size());  // virtual stages (chunks)
+  TANDEM_CHECK_MSG(n > 0 && chunks >= 1 && n % chunks == 0, InvalidArgument,
+                   "a plan of " << n << " stages in chunks of " << chunks);
+  const int p = n / chunks;
+  // An interleaved plan runs interleaved 1F1B whatever the options say; one chunk per
+  // stage is 1F1B.
+  if (chunks > 1) schedule = ScheduleKind::kInterleaved1F1B;
+  if (chunks == 1 && schedule == ScheduleKind::kInterleaved1F1B) schedule = ScheduleKind::k1F1B;
+  const int64_t m = o.microbatches;
+  std::vector<Stage> st = planStages(cost, plan, p, m, schedule);
+  // The messages' CPU on each node per step (CostModel::messageCpu): each link between
+  // chunks carries m activations and m gradients, half of a message's cost charged to
+  // either end's node.
   std::vector<double> messages(cost.problem().node_names.size(), 0);
-  for (size_t s = 0; s + 1 < st.size(); ++s) {
-    const int a = st[s].node, z = st[s + 1].node;
+  for (int v = 0; v + 1 < n; ++v) {
+    const Stage& x = st[static_cast<size_t>(v % p)];
+    const Stage& y = st[static_cast<size_t>((v + 1) % p)];
+    const int a = x.node, z = y.node;
     const double mb = static_cast<double>(m);
-    for (const double bytes : {st[s].out_bytes, st[s + 1].in_bytes}) {
+    for (const double bytes : {x.chunks[static_cast<size_t>(v / p)].out_bytes,
+                               y.chunks[static_cast<size_t>((v + 1) / p)].in_bytes}) {
       messages[static_cast<size_t>(a)] += 0.5 * mb * cost.messageCpu(a, bytes);
       messages[static_cast<size_t>(z)] += 0.5 * mb * cost.messageCpu(z, bytes);
     }
@@ -238,10 +281,9 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
     bool changed = false;
     for (size_t s = 0; s < st.size(); ++s) {
       const double cores = cost.nodeCores(st[s].node);
-      const double want =
-          cores > 0 && st[s].threads > 0
-              ? std::max(1.0, demand[static_cast<size_t>(st[s].node)] / cores)
-              : 1.0;
+      const double want = cores > 0 && st[s].threads > 0
+                              ? std::max(1.0, demand[static_cast<size_t>(st[s].node)] / cores)
+                              : 1.0;
       const double next = 0.5 * (stretch[s] + want);
       changed = changed || std::abs(next - stretch[s]) > 1e-3 * stretch[s];
       stretch[s] = next;

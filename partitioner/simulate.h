@@ -14,7 +14,10 @@
 //   receive ...       waits for the message to arrive
 //   step              the replicas' gradient allreduce (a replicated stage), then the
 //                     optimizer's update of the stage's parameters (CostModel::update)
-// A replicated stage runs each microbatch split over its replicas (compute / k). A device
+// A replicated stage runs each microbatch split over its replicas (compute / k). An
+// interleaved plan (Plan::chunks > 1) runs interleaved 1F1B over its stages' chunks, each
+// action on its chunk's times, the messages between chunks on the wires between their
+// stages (the last stage's to the first carrying chunks on to the next). A device
 // under a CPU quota computes at full speed while its burst budget lasts (DeviceCosts::
 // burst_ratio, burst_budget_s: a token bucket), at the sustained rate after. Five steps
 // run back to back, as a run's do (no barrier between steps: a stage starts the next

@@ -317,10 +317,10 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   if (chunks && !interleaved)
     r.fail(*chunks, "'chunks' is for 'schedule: interleaved' (a stage's model chunks)");
   if (interleaved && !chunks) job.chunks = 2;
-  if (interleaved && planned)
+  if (interleaved && !job.plan.empty())
     r.fail(*schedule,
-           "the partitioner does not plan interleaved stages yet: give 'partition: equal' with "
-           "'stages', or the ranges");
+           "a plan file's stages are one range each: interleaved stages come from 'partition: "
+           "auto', 'partition: equal' with 'stages', or the ranges");
   if (interleaved)
     for (size_t i = 0; i < job.range_replicas.size(); ++i)
       if (job.range_replicas[i] > 1)
@@ -335,7 +335,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
                         std::to_string(job.ranges.size()) + " ranges" +
                         (per > 1 ? " (" + std::to_string(per) + " chunks per stage)" : ""));
   if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size() / per);
-  if (interleaved && job.stages < 2)
+  if (interleaved && !planned && job.stages < 2)
     r.fail(stages ? *stages : *partition, "interleaved stages need 2 stages or more");
   if (job.microbatches_auto && !job.auto_partition)
     r.fail(*microbatches, "'microbatches: auto' is for 'partition: auto' (the partitioner chooses)");

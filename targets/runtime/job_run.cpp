@@ -182,6 +182,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     // the microbatch count (and so the sums) the run started with.
     job_.microbatches = planned_->microbatches;
     job_.schedule = planned_->schedule;
+    job_.chunks = planned_->chunks;
     job_.microbatches_auto = job_.schedule_auto = false;
     place(model);
   }
@@ -343,7 +344,12 @@ void JobRun::replace() {
   daemons_ = std::make_unique<ClusterDaemons>(cluster_, options_.key, options_.tandemd);
   weights_ = resume_weights_;
   start_step_ = resume_step_;
-  if (job_.auto_partition) planned_ = planJob(job_, model, *daemons_);
+  if (job_.auto_partition) {
+    planned_ = planJob(job_, model, *daemons_);
+    // Interleaved stages whose survivors are one device run it with 1F1B.
+    job_.schedule = planned_->schedule;
+    job_.chunks = planned_->chunks;
+  }
   place(model);
 }
 

@@ -199,8 +199,8 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
   const std::vector<int64_t> counts =
       job.microbatches_auto ? microbatchCandidates(job.batch) : std::vector{job.microbatches};
   const std::vector<ScheduleKind> kinds =
-      job.schedule_auto
-          ? std::vector{ScheduleKind::k1F1B, ScheduleKind::kGPipe, ScheduleKind::kZeroBubbleH1}
+      job.schedule_auto ? std::vector{ScheduleKind::k1F1B, ScheduleKind::kGPipe,
+                                      ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B}
                         : std::vector{job.schedule};
   const bool choosing = counts.size() > 1 || kinds.size() > 1;
   std::optional<LinkSet> links;
@@ -213,15 +213,43 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
     // count, priced under each schedule.
     const partitioner::Problem measured =
         measuredProblem(model, spec, daemons, job.profile, jobCostOptions(candidate), &links);
+    // Interleaved stages are the 1F1B plan's stages, each cut into chunks: that plan first.
+    std::optional<partitioner::Plan> one_f_one_b;
     for (const ScheduleKind kind : kinds) {
-      candidate.schedule = kind;
+      const bool interleaved = kind == ScheduleKind::kInterleaved1F1B;
+      candidate.schedule = interleaved ? ScheduleKind::k1F1B : kind;
       partitioner::Problem problem = measured;
       problem.options = jobCostOptions(candidate);
       partitioner::CostModel cost(std::move(problem));
-      PlanCandidate c{m, kind, 0, 0, ""};
+      const int chunks = !interleaved ? 1 : job.schedule == kind ? job.chunks : 2;
+      PlanCandidate c{m, kind, chunks, 0, 0, ""};
       partitioner::Plan plan;
+      ScheduleKind runs = kind;
       try {
-        plan = partitioner::choosePlan(cost);
+        if (!interleaved || !one_f_one_b) plan = partitioner::choosePlan(cost);
+        if (!interleaved) {
+          if (kind == ScheduleKind::k1F1B) one_f_one_b = plan;
+        } else {
+          const partitioner::Plan& base = one_f_one_b ? *one_f_one_b : plan;
+          if (base.stages.size() >= 2) {
+            candidate.schedule = kind;
+            partitioner::Problem chunked = measured;
+            chunked.options = jobCostOptions(candidate);
+            cost = partitioner::CostModel(std::move(chunked));
+            plan = partitioner::interleavedPlan(cost, base, chunks);
+          } else if (choosing) {
+            throw InvalidArgument("interleaved stages need 2 stages or more; the plan uses " +
+                                  std::string(base.stages.empty() ? "none" : "one device"));
+          } else {
+            // The job asked for interleaved stages, but its plan is one device (chosen as
+            // the fastest, or all a re-plan's survivors hold): that runs 1F1B.
+            spdlog::info("{}: the plan is one stage, which runs 1f1b, not interleaved",
+                         job.partition_where);
+            plan = base;
+            runs = ScheduleKind::k1F1B;
+            c.chunks = 1;
+          }
+        }
         c.step_s = plan.step_s;
         c.samples_per_s = plan.samples_per_s;
         c.infeasible = plan.infeasible;
@@ -238,7 +266,8 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
       if (!chosen_cost || c.samples_per_s > out.searched.samples_per_s) {
         out.searched = plan;
         out.microbatches = m;
-        out.schedule = kind;
+        out.schedule = runs;
+        out.chunks = c.chunks;
         chosen_cost.emplace(std::move(cost));
       }
     }
@@ -251,6 +280,10 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
   out.baselines = partitioner::baselinePlans(cost);
   out.plan = out.searched;
   if (!job.baseline.empty()) {
+    TANDEM_CHECK_MSG(out.chunks == 1, InvalidArgument,
+                     job.source << ": the " << job.baseline
+                                << " split is one range per stage; interleaved stages are "
+                                   "the search's (leave 'baseline' out)");
     for (const partitioner::Plan& b : out.baselines)
       if (b.algorithm == job.baseline) out.plan = b;
     TANDEM_CHECK_MSG(out.plan.algorithm == job.baseline, InvalidArgument,
@@ -401,23 +434,41 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     ranges.range_where.push_back(s.where);
   }
   stageRanges(ranges, model);
-  for (const partitioner::PlanStageSpec& s : specs) {
+  // An interleaved plan (the job's chunks > 1, which only `partition: auto` plans) lists
+  // its stages' chunks: stage s holds chunks s, s + stages, ..., as a job's ranges do.
+  const auto chunks = static_cast<size_t>(job.chunks);
+  TANDEM_CHECK_MSG(specs.size() % chunks == 0 && (chunks == 1 || specs.size() / chunks >= 2),
+                   InvalidArgument,
+                   specs.front().where << ": " << specs.size() << " ranges are not " << chunks
+                                       << " chunks for each of 2 stages or more");
+  const size_t stages = specs.size() / chunks;
+  for (size_t st = 0; st < stages; ++st) {
+    const partitioner::PlanStageSpec& s = specs[st];
     // The plan's compute is the stage's per microbatch, shared by its replicas and with
     // their allreduce spread over the step; one replica computes a whole microbatch.
     const auto replicas = static_cast<int>(s.devices.size());
-    const double one =
-        s.compute_s < 0
-            ? -1
-            : (s.compute_s - s.allreduce_s / static_cast<double>(job.microbatches)) * replicas;
+    double one = 0;
     StagePlacement place;
+    for (size_t i = st; i < specs.size(); i += stages) {
+      const partitioner::PlanStageSpec& c = specs[i];
+      TANDEM_CHECK_MSG(c.devices == s.devices, InvalidArgument,
+                       c.where << ": chunk " << i << " is not on stage " << st << "'s devices");
+      one = s.compute_s < 0 || one < 0
+                ? -1
+                : one + (c.compute_s - c.allreduce_s / static_cast<double>(job.microbatches)) *
+                            replicas;
+      if (chunks > 1) place.chunks.push_back({c.begin, c.end});
+    }
     place.begin = s.begin;
-    place.end = s.end;
+    place.end = chunks > 1 ? place.chunks.back().end : s.end;
     place.backend = s.backend;
     place.threads = s.threads;
     place.predicted_compute_s = one;
     place.replicas = replicas;
     place.replica_backends = s.backends;
     place.replica_devices = s.devices;
+    // The link to the next stage: the codecs of its last chunk's (its first chunk's on an
+    // interleaved plan, which lists the others' links after it).
     place.next_activation_codec = s.activation_codec;
     place.next_gradient_codec = s.gradient_codec;
     out.push_back(std::move(place));

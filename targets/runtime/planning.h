@@ -52,11 +52,15 @@ partitioner::Problem measuredProblem(const Model& model, const std::string& mode
 //
 // With `microbatches: auto` or `schedule: auto` it plans every candidate — microbatch
 // counts 1, 2, 4, ... up to the batch (at most 64), each profiled once at its microbatch size;
-// schedules 1f1b, gpipe and zb-h1 — and takes the one with the shortest predicted step whose
-// plan fits in memory; `microbatches` and `schedule` say which.
+// schedules 1f1b, gpipe, zb-h1 and interleaved (2 chunks per stage) — and takes the one with
+// the shortest predicted step whose plan fits in memory; `microbatches`, `schedule` and
+// `chunks` say which. Interleaved stages are the 1F1B plan's (after its device selection),
+// each cut into chunks (partitioner::interleavedPlan); a job that asks for interleaved
+// stages (`chunks` of them) whose plan is one device runs that device with 1F1B.
 struct PlanCandidate {
   int64_t microbatches = 0;
   ScheduleKind schedule = ScheduleKind::k1F1B;
+  int chunks = 1;  // interleaved: model chunks per stage
   double step_s = 0, samples_per_s = 0;
   std::string infeasible;  // why it does not fit (empty: it does)
 };
@@ -68,6 +72,7 @@ struct PlannedJob {
   std::vector<std::string> devices;  // the cost model's devices ("node/device"), which plans index
   int64_t microbatches = 0;
   ScheduleKind schedule = ScheduleKind::k1F1B;
+  int chunks = 1;  // interleaved: model chunks per stage (the plan's stages are chunks)
   std::vector<PlanCandidate> candidates;  // every one priced, when the job let it choose
 };
 PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons);

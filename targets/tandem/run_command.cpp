@@ -281,17 +281,19 @@ int runJob(const RunArgs& args) {
   if (const auto& planned = jr.planned()) {
     const partitioner::Plan& p = planned->plan;
     spdlog::info(
-        "partition: auto: {} stages by the {} {} ({}), predicted {:.3f} ms per "
+        "partition: auto: {} stages{} by the {} {} ({}), predicted {:.3f} ms per "
         "microbatch ({}), a step {:.3f} ms, {:.0f} samples/s",
-        p.stages.size(), p.algorithm, job.baseline.empty() ? "search" : "baseline",
-        stageRanges(p, planned->devices), p.seconds * 1e3, p.bottleneck, p.step_s * 1e3,
-        p.samples_per_s);
+        p.stages.size() / static_cast<size_t>(p.chunks),
+        p.chunks > 1 ? fmt::format(" of {} chunks", p.chunks) : std::string(), p.algorithm,
+        job.baseline.empty() ? "search" : "baseline", stageRanges(p, planned->devices),
+        p.seconds * 1e3, p.bottleneck, p.step_s * 1e3, p.samples_per_s);
     for (const partitioner::LeftOut& l : planned->searched.left_out)
       spdlog::info("  {}: {}", planned->devices.at(static_cast<size_t>(l.device)), l.reason);
     if (!planned->candidates.empty()) {
       std::string priced;
       for (const runtime::PlanCandidate& c : planned->candidates) {
         priced += "; " + std::to_string(c.microbatches) + " " + std::string(scheduleName(c.schedule));
+        if (c.chunks > 1) priced += " x" + std::to_string(c.chunks);
         if (c.infeasible.empty()) {
           char buf[64];
           std::snprintf(buf, sizeof buf, ": %.3f ms, %.0f samples/s", c.step_s * 1e3,
@@ -301,8 +303,10 @@ int runJob(const RunArgs& args) {
           priced += ": does not fit";
         }
       }
-      spdlog::info("  chose {} microbatches, {} (predicted step per candidate{})",
-                   planned->microbatches, scheduleName(planned->schedule), priced);
+      spdlog::info("  chose {} microbatches, {}{} (predicted step per candidate{})",
+                   planned->microbatches, scheduleName(planned->schedule),
+                   planned->chunks > 1 ? fmt::format(" x{}", planned->chunks) : std::string(),
+                   priced);
     }
     // The other splits on the same cost model, for comparison.
     for (const partitioner::Plan* other : planAlternatives(*planned)) {

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -236,6 +237,51 @@ TEST(RunTest, InterleavedStageProcessesMatchSingleDeviceAccumulationBitwise) {
     ASSERT_TRUE(saved.optimizer.has_value()) << config;
     EXPECT_EQ(saved.optimizer->steps, want.steps) << config;
   }
+}
+
+// `partition: auto` with `schedule: interleaved`: the planner cuts its stages into chunks
+// (over two equal nodes, on a profile whose layers are slow enough that splitting pays
+// whatever the links cost), the workers run them, and the saved weights and optimizer
+// steps are single-device accumulation's, bitwise.
+TEST(RunTest, AnInterleavedAutoPlanMatchesSingleDeviceAccumulationBitwise) {
+  const int64_t train_limit = 300, batch = 32, m = 4;
+  const std::string dir = ::testing::TempDir();
+  const std::string profile = dir + "/run_il_profile.json", cluster = dir + "/run_il_cluster.yaml";
+  const std::string model = dir + "/run_il.tdm";
+  RunProcess measure("--model",
+                     {kMlp, "--batch", "8", "--repeats", "2", "--warmup", "1", "--out", profile},
+                     "profile");
+  ASSERT_EQ(measure.wait(60s), 0) << measure.output();
+  nlohmann::json measured = nlohmann::json::parse(readFile(profile, "profile"));
+  for (auto& device : measured["devices"])
+    for (auto& layer : device["layers"])
+      for (const char* pass : {"forward_s", "backward_s"})
+        for (const char* stat : {"min", "median", "max"})
+          layer[pass][stat] = layer[pass][stat].get<double>() * 1000;
+  std::ofstream(profile) << measured.dump();
+  std::ofstream(cluster) << "nodes:\n  - {name: a, devices: [{name: cpu, backend: cpu}]}\n"
+                            "  - {name: b, devices: [{name: cpu, backend: cpu}]}\n";
+  std::ostringstream body;
+  body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
+       << "\nmicrobatches: " << m
+       << "\nschedule: interleaved\npartition: auto\ncluster: " << cluster
+       << "\nprofile: " << profile << "\nseed: 3\nsave: " << model << "\n";
+  std::filesystem::remove(model);
+  RunProcess run(writeJob("run_interleaved_auto", body.str()));
+  ASSERT_EQ(run.wait(120s), 0) << run.output();
+  for (const char* s : {"partition: auto: 2 stages of 2 chunks by the", "interleaved schedule",
+                        "formula (p-1)/(vm+p-1)", ")+[", "test accuracy"})
+    EXPECT_NE(run.output().find(s), std::string::npos) << s << "\n" << run.output();
+  const ModelFile saved = readModelFile(model);
+  const Reference want =
+      singleDevice(loadFashionMnist(kFashionMnistDir, true, train_limit), batch, m);
+  ASSERT_EQ(saved.params.size(), want.weights.size());
+  for (const HostTensor& t : saved.params) {
+    ASSERT_EQ(want.weights.count(t.name), 1u) << t.name;
+    ASSERT_EQ(t.data, want.weights.at(t.name)) << t.name;
+  }
+  ASSERT_TRUE(saved.optimizer.has_value());
+  EXPECT_EQ(saved.optimizer->steps, want.steps);
 }
 
 // A learning-rate schedule (warm-up, then cosine decay) and the linear scaling rule, as

@@ -157,8 +157,9 @@ TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
                      << "cluster: " << cluster << "\n";
   const CliRun r = run("run " + job);
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const char* s : {"1 1f1b: ", "1 gpipe: ", "2 1f1b: ", "4 gpipe: ", "8 1f1b: ",
-                        "(predicted step per candidate", "step: measured", "test accuracy"})
+  for (const char* s :
+       {"1 1f1b: ", "1 gpipe: ", "2 1f1b: ", "4 gpipe: ", "8 1f1b: ", "2 interleaved x2: ",
+        "(predicted step per candidate", "step: measured", "test accuracy"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   // The daemons measure once per microbatch count, not once per count and schedule.
   int asked = 0;

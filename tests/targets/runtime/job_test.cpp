@@ -115,8 +115,8 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"model: m.yaml\npartition: [[0, 1], {layers: [1, 2], replicas: 2}, [2, 3], [3, 4]]\n"
        "schedule: interleaved\n",
        {"j.yaml:2:30", "interleaved stages cannot have replicas"}},
-      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nschedule: interleaved\n",
-       {"j.yaml:4:11", "the partitioner does not plan interleaved stages yet"}},
+      {"model: m.yaml\npartition: p.yaml\nschedule: interleaved\n",
+       {"j.yaml:3:11", "a plan file's stages are one range each"}},
       {"model: m.yaml\npartition: equal\n", {"j.yaml:2:12", "needs 'stages: N'"}},
       {"model: m.yaml\npartition: [[0, 2], [2, 2]]\n", {"j.yaml:2:21", "[2, 2) is empty"}},
       {"model: m.yaml\npartition: [[0, 2], 5]\n", {"j.yaml:2:21", "range [begin, end]"}},
@@ -299,6 +299,47 @@ TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
       parseJobSpec("model: m.yaml\npartition: equal\nstages: 4\nschedule: interleaved\n", "j.yaml");
   expectThrowWith<InvalidArgument>([&] { stageRanges(too_many, m); },
                                    {"4 stages of 2 chunks for a model of 7 layers"});
+}
+
+// An interleaved plan (partition: auto) lists its stages' chunks in layer order, chunk k
+// on stage k % p's devices: each stage gets its chunks, and its predicted compute is
+// theirs summed; a chunk on another device, or chunks that make fewer than 2 stages, are
+// refused naming the plan.
+TEST(JobTest, AnInterleavedPlansChunksGoToTheirStages) {
+  const Model m(parseModelSpec(
+      "input: [4]\nlayers:\n  - linear: {out: 4}\n  - relu\n  - linear: {out: 4}\n  - relu\n"
+      "  - linear: {out: 4}\n  - relu\n  - linear: {out: 2}\n"));
+  JobSpec job = parseJobSpec(
+      "model: m.yaml\npartition: auto\ncluster: c.yaml\nschedule: interleaved\nmicrobatches: 2\n",
+      "j.yaml");
+  EXPECT_EQ(job.chunks, 2);
+  auto spec = [](size_t b, size_t e, const char* device, double compute) {
+    partitioner::PlanStageSpec s;
+    s.begin = b;
+    s.end = e;
+    s.devices = {device};
+    s.backend = "cpu";
+    s.compute_s = compute;
+    s.where = "the auto plan";
+    return s;
+  };
+  std::vector<partitioner::PlanStageSpec> plan = {spec(0, 3, "a/cpu", 1), spec(3, 4, "b/cpu", 2),
+                                                  spec(4, 6, "a/cpu", 3), spec(6, 7, "b/cpu", 4)};
+  const std::vector<StagePlacement> stages = jobStages(job, m, &plan);
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[0].chunks, (std::vector<LayerRange>{{0, 3}, {4, 6}}));
+  EXPECT_EQ(stages[1].chunks, (std::vector<LayerRange>{{3, 4}, {6, 7}}));
+  EXPECT_EQ(stages[1].begin, 3u);
+  EXPECT_EQ(stages[1].end, 7u);
+  EXPECT_EQ(stages[0].replica_devices, std::vector<std::string>{"a/cpu"});
+  EXPECT_DOUBLE_EQ(stages[0].predicted_compute_s, 4);
+  EXPECT_DOUBLE_EQ(stages[1].predicted_compute_s, 6);
+  plan[3].devices = {"c/cpu"};
+  expectThrowWith<InvalidArgument>([&] { jobStages(job, m, &plan); },
+                                   {"the auto plan: chunk 3 is not on stage 1's devices"});
+  plan = {spec(0, 3, "a/cpu", 1), spec(3, 7, "b/cpu", 2)};
+  expectThrowWith<InvalidArgument>([&] { jobStages(job, m, &plan); },
+                                   {"2 ranges are not 2 chunks for each of 2 stages or more"});
 }
 
 }  // namespace
