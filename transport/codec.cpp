@@ -243,28 +243,9 @@ void halfsToFloat(const uint16_t* in, float* out, size_t n) {
   halfsToFloatPortable(in, out, n);
 }
 
-std::string_view codecName(Codec c) {
-  switch (c) {
-    case Codec::kRaw:
-      return "raw";
-    case Codec::kF16:
-      return "fp16";
-    case Codec::kBF16:
-      return "bf16";
-    case Codec::kI8:
-      return "int8";
-  }
-  return "invalid";
-}
+std::string_view codecName(Codec c) { return c == Codec::kRaw ? "raw" : wireCodecName(c); }
 
-Codec parseCodec(std::string_view name) {
-  if (name == "raw" || name == "fp32") return Codec::kRaw;
-  if (name == "fp16") return Codec::kF16;
-  if (name == "bf16") return Codec::kBF16;
-  if (name == "int8") return Codec::kI8;
-  throw InvalidArgument("unknown codec '" + std::string(name) +
-                        "' (expected fp32, fp16, bf16 or int8)");
-}
+Codec parseCodec(std::string_view name) { return parseWireCodec(name); }
 
 uint64_t encodedBytes(Codec c, DType dtype, uint64_t numel) {
   if (c == Codec::kRaw) return numel * dtypeSize(dtype);

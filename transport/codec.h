@@ -22,11 +22,13 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/wire_codec.h"
 
 namespace tandem::transport {
 
-enum class Codec : uint8_t { kRaw = 0, kF16 = 1, kBF16 = 2, kI8 = 3 };
+using Codec = WireCodec;  // core/wire_codec.h
 
+// The name a message header's codec goes by ("raw" for fp32).
 std::string_view codecName(Codec c);
 // "raw" (also "fp32"), "fp16", "bf16", "int8"; InvalidArgument names the text otherwise.
 Codec parseCodec(std::string_view name);

@@ -98,7 +98,7 @@ Checkpoint readCheckpoint(const std::string& dir, int64_t step) {
 
 CheckpointJob checkpointJob(const JobSpec& job, const std::string& model_spec) {
   const std::vector<uint8_t> spec(model_spec.begin(), model_spec.end());
-  const OptimizerOptions& o = job.optimizer;
+  const OptimizerOptions& o = job.train.optimizer;
   char optimizer[384];
   std::snprintf(optimizer, sizeof optimizer,
                 "%s lr %g momentum %g nesterov %d weight_decay %g beta1 %g beta2 %g eps %g "
@@ -106,8 +106,13 @@ CheckpointJob checkpointJob(const JobSpec& job, const std::string& model_spec) {
                 o.kind.c_str(), o.lr, o.momentum, o.nesterov ? 1 : 0, o.weight_decay, o.beta1,
                 o.beta2, o.eps, o.lr_schedule.c_str(), static_cast<long long>(o.warmup_steps),
                 static_cast<long long>(o.decay_steps), o.decay_factor, o.min_lr);
-  return {contentHash(spec), job.batch, job.microbatches, job.train_limit,
-          job.seed,          job.data,  optimizer};
+  return {contentHash(spec),
+          job.train.batch,
+          job.train.microbatches,
+          job.data.train_limit,
+          job.train.seed,
+          job.data.name,
+          optimizer};
 }
 
 void writeCheckpoint(const std::string& dir, int64_t step, const std::vector<uint8_t>& model,

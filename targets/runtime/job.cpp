@@ -86,11 +86,15 @@ void parseCodec(const YamlReader& r, const YAML::Node& node, JobSpec& job) {
     if (!names.count(value))
       r.fail(kv.second, "unknown codec '" + value + "' (expected fp32, fp16, bf16, int8 or auto)");
     if (value == "auto") job.codec_where = r.at(kv.second);
+    const bool choose = value == "auto";
+    const WireCodec codec = choose ? WireCodec::kRaw : parseWireCodec(value);
     if (key == "activations") {
-      job.activation_codec = value;
+      job.wire.activations = codec;
+      job.activations_auto = choose;
       job.activation_codec_given = true;
     } else if (key == "gradients") {
-      job.gradient_codec = value;
+      job.wire.gradients = codec;
+      job.gradients_auto = choose;
       job.gradient_codec_given = true;
     } else {
       r.fail(kv.first, "unknown codec key '" + key + "' (expected activations or gradients)");
@@ -190,38 +194,39 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     if (key == "model") {
       job.model = resolve(dir, r.get<std::string>(v, key, "a path"));
     } else if (key == "data") {
-      job.data = r.get<std::string>(v, key, "a dataset name");
-      if (job.data != "fashion-mnist" && (job.data.rfind("text:", 0) != 0 || job.data.size() < 6))
-        r.fail(v, "unknown dataset '" + job.data +
+      job.data.name = r.get<std::string>(v, key, "a dataset name");
+      if (job.data.name != "fashion-mnist" &&
+          (job.data.name.rfind("text:", 0) != 0 || job.data.name.size() < 6))
+        r.fail(v, "unknown dataset '" + job.data.name +
                       "' (expected fashion-mnist or text:PATH, a file or folder of text on the "
                       "first stage's node)");
     } else if (key == "data_dir") {
-      job.data_dir = r.get<std::string>(v, key, "a directory");
+      job.data.dir = r.get<std::string>(v, key, "a directory");
     } else if (key == "train_limit") {
-      job.train_limit = r.positive(v, key);
+      job.data.train_limit = r.positive(v, key);
     } else if (key == "test_limit") {
-      job.test_limit = r.positive(v, key);
+      job.data.test_limit = r.positive(v, key);
     } else if (key == "epochs") {
-      job.epochs = r.positive(v, key);
+      job.train.epochs = r.positive(v, key);
     } else if (key == "batch") {
-      job.batch = r.positive(v, key);
+      job.train.batch = r.positive(v, key);
     } else if (key == "microbatches") {
       microbatches = v;
       if (v.IsScalar() && v.Scalar() == "auto")
         job.microbatches_auto = true;
       else
-        job.microbatches = r.positive(v, key);
+        job.train.microbatches = r.positive(v, key);
     } else if (key == "schedule" && v.IsScalar() && v.Scalar() == "auto") {
       job.schedule_auto = true;
       schedule = v;
     } else if (key == "schedule") {
       const auto name = r.get<std::string>(v, key, "gpipe, 1f1b, zb-h1, interleaved or auto");
       try {
-        job.schedule = parseSchedule(name);
+        job.train.schedule = parseSchedule(name);
       } catch (const InvalidArgument& e) {
         r.fail(v, e.what());
       }
-      if (!isTraining(job.schedule))
+      if (!isTraining(job.train.schedule))
         r.fail(v,
                "schedule '" + name + "' cannot train (expected gpipe, 1f1b, zb-h1 or interleaved)");
       schedule = v;
@@ -230,13 +235,13 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.chunks = static_cast<int>(r.positive(v, key));
       if (job.chunks < 2 || job.chunks > 64) r.fail(v, "'chunks' must be from 2 to 64");
     } else if (key == "recompute") {
-      job.recompute = r.get<bool>(v, key, "true or false");
+      job.train.recompute = r.get<bool>(v, key, "true or false");
     } else if (key == "seed") {
-      job.seed = r.get<unsigned long long>(v, key, "a non-negative integer");
+      job.train.seed = r.get<unsigned long long>(v, key, "a non-negative integer");
     } else if (key == "threads") {
       job.threads = static_cast<int>(r.positive(v, key));
     } else if (key == "optimizer") {
-      parseOptimizer(r, v, job.optimizer, reference_batch);
+      parseOptimizer(r, v, job.train.optimizer, reference_batch);
     } else if (key == "codec") {
       parseCodec(r, v, job);
     } else if (key == "transport") {
@@ -245,7 +250,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       if (job.transport != "tcp" && job.transport != "ipc")
         r.fail(v, "unknown transport '" + job.transport + "' (expected tcp or ipc)");
     } else if (key == "timeout_s") {
-      job.timeout_s = r.positive(v, key);
+      job.wire.timeout_s = r.positive(v, key);
     } else if (key == "max_replicas") {
       job.max_replicas = static_cast<int>(r.positive(v, key));
       if (job.max_replicas > 64) r.fail(v, "'max_replicas' must be at most 64");
@@ -293,8 +298,10 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");
   if (reference_batch > 0) {  // the linear scaling rule: the rate for this global batch
-    job.optimizer.lr = linearlyScaledLr(job.optimizer.lr, job.batch, reference_batch);
-    job.optimizer.min_lr = linearlyScaledLr(job.optimizer.min_lr, job.batch, reference_batch);
+    job.train.optimizer.lr =
+        linearlyScaledLr(job.train.optimizer.lr, job.train.batch, reference_batch);
+    job.train.optimizer.min_lr =
+        linearlyScaledLr(job.train.optimizer.min_lr, job.train.batch, reference_batch);
   }
   if (job.checkpoint.every_steps > 0 && job.checkpoint.dir.empty())
     job.checkpoint.dir =
@@ -313,7 +320,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   if (!planned && job.ranges.empty() && job.stages == 0)
     r.fail(*partition, "'partition: equal' needs 'stages: N'");
   // Interleaved: each of the stages holds `chunks` of the model's ranges.
-  const bool interleaved = job.schedule == ScheduleKind::kInterleaved1F1B;
+  const bool interleaved = job.train.schedule == ScheduleKind::kInterleaved1F1B;
   if (chunks && !interleaved)
     r.fail(*chunks, "'chunks' is for 'schedule: interleaved' (a stage's model chunks)");
   if (interleaved && !chunks) job.chunks = 2;
@@ -345,14 +352,15 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     throw InvalidArgument(job.codec_where +
                           ": a codec of 'auto' is each link's in a plan: it needs 'partition: "
                           "auto' (the partitioner chooses them) or 'partition: PLAN.yaml'");
-  if (job.microbatches_auto) job.microbatches = std::min<int64_t>(job.microbatches, job.batch);
+  if (job.microbatches_auto)
+    job.train.microbatches = std::min<int64_t>(job.train.microbatches, job.train.batch);
   // A microbatch holds a sample at least; a batch that does not divide evenly is cut into
   // microbatches whose sizes differ by one.
-  if (job.microbatches > job.batch)
+  if (job.train.microbatches > job.train.batch)
     r.fail(microbatches ? *microbatches : root,
-           "'microbatches' is " + std::to_string(job.microbatches) + " but a batch of " +
-               std::to_string(job.batch) + " samples makes at most " + std::to_string(job.batch) +
-               " microbatches");
+           "'microbatches' is " + std::to_string(job.train.microbatches) + " but a batch of " +
+               std::to_string(job.train.batch) + " samples makes at most " +
+               std::to_string(job.train.batch) + " microbatches");
   return job;
 }
 

@@ -44,6 +44,7 @@
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "core/pipeline/schedule.h"
+#include "targets/runtime/job_settings.h"
 
 namespace tandem::runtime {
 
@@ -55,28 +56,22 @@ inline constexpr int64_t kDefaultCheckpointSteps = 200;
 struct JobSpec {
   std::string source;  // the job file, for messages
   std::string model;   // model spec (or .onnx) path, resolved against the job file's directory
-  std::string data = "fashion-mnist";
-  std::string data_dir;                     // empty: the Debian package's directory
-  int64_t train_limit = 0, test_limit = 0;  // > 0: use only the first so many samples
-  int64_t epochs = 1;
-  int64_t batch = 64;
-  int64_t microbatches = 4;
-  ScheduleKind schedule = ScheduleKind::k1F1B;
+  DataSettings data;
+  TrainSettings train;
   // `microbatches: auto`, `schedule: auto` (with `partition: auto`): the planner prices the
   // candidates and the run takes the fastest that fits (planning.h, planJob); until then
-  // `microbatches` and `schedule` hold the defaults.
+  // `train.microbatches` and `train.schedule` hold the defaults.
   bool microbatches_auto = false, schedule_auto = false;
   // Interleaved 1F1B: each stage holds this many of the partition's ranges (stage s the
   // ranges s, s + stages, ...), which then number stages x chunks. 1 for other schedules.
   int chunks = 1;
-  bool recompute = false;
-  uint64_t seed = 1;
   int threads = 1;  // CPU threads per stage
-  OptimizerOptions optimizer;
-  // "fp32", "fp16", "bf16", "int8", or "auto": each link's is the plan's (`partition:
-  // auto` chooses them; a plan file may state them). A direction the job fixes is that on
+  // `codec: {activations, gradients}` and `timeout_s`. A codec of "auto" (the `_auto`
+  // flags; `wire` then holds fp32) is each link's from the plan (`partition: auto`
+  // chooses them; a plan file may state them). A direction the job fixes is that on
   // every link, whatever a plan file says; one it leaves out is a plan file's, else fp32.
-  std::string activation_codec = "fp32", gradient_codec = "fp32";
+  WireSettings wire;
+  bool activations_auto = false, gradients_auto = false;
   bool activation_codec_given = false, gradient_codec_given = false;
   std::string codec_where;  // "job.yaml:9:22": where a codec is auto, for messages
   // "tcp" or "ipc"; "" lets the run choose: ipc (Unix sockets in folders only the user can
@@ -85,7 +80,6 @@ struct JobSpec {
   // they admit only the run's workers (docs/runtime.md, Security).
   std::string transport;
   std::string transport_where;  // "job.yaml:7:12" where the job sets it, for messages
-  int64_t timeout_s = 60;  // every link's blocking calls
   // Either explicit layer ranges [begin, end) or, when empty, `stages` equal parts.
   std::vector<std::pair<size_t, size_t>> ranges;
   std::vector<std::string> range_where;  // "job.yaml:12:5" per range, for messages

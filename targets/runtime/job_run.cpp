@@ -128,7 +128,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     // The microbatch count decides how gradients are summed: a run that let the planner
     // choose it resumes with the one the checkpoint was taken with.
     if (job_.microbatches_auto) {
-      job_.microbatches = c->job.microbatches;
+      job_.train.microbatches = c->job.microbatches;
       job_.microbatches_auto = false;
     }
     checkResumable(*c, checkpointJob(job_, model_spec_), job_.source);
@@ -180,8 +180,8 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     planned_ = planJob(job_, model, *daemons_);
     // What the planner chose stays for the whole run: a re-plan after a lost node keeps
     // the microbatch count (and so the sums) the run started with.
-    job_.microbatches = planned_->microbatches;
-    job_.schedule = planned_->schedule;
+    job_.train.microbatches = planned_->microbatches;
+    job_.train.schedule = planned_->schedule;
     job_.chunks = planned_->chunks;
     job_.microbatches_auto = job_.schedule_auto = false;
     place(model);
@@ -347,7 +347,7 @@ void JobRun::replace() {
   if (job_.auto_partition) {
     planned_ = planJob(job_, model, *daemons_);
     // Interleaved stages whose survivors are one device run it with 1F1B.
-    job_.schedule = planned_->schedule;
+    job_.train.schedule = planned_->schedule;
     job_.chunks = planned_->chunks;
   }
   place(model);
@@ -359,7 +359,9 @@ double JobRun::backOff(const std::string& node) const {
   return job_.rejoin_after_s * std::pow(2.0, std::min(losses - 1, 20));
 }
 
-int64_t JobRun::streamResumesAt() const { return next_answer_ / job_.batch * job_.batch; }
+int64_t JobRun::streamResumesAt() const {
+  return next_answer_ / job_.train.batch * job_.train.batch;
+}
 
 void JobRun::offerRejoin(int64_t step) {
   using Clock = std::chrono::steady_clock;
@@ -412,7 +414,7 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
   RunOptions ro;
   // (A generation run waits for prompts as long as they take: its stages keep each other
   // alive, and every channel has heartbeats.)
-  if (!generates()) ro.silence = std::chrono::seconds(2 * job_.timeout_s + 30);
+  if (!generates()) ro.silence = std::chrono::seconds(2 * job_.wire.timeout_s + 30);
   ro.interrupt = interrupt;
   ro.prompts = options_.prompts;
   if (weights_) ro.weights[assignments_.front().weights_hash] = weights_;
@@ -520,7 +522,7 @@ void JobRun::checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& s
 std::vector<uint8_t> JobRun::merge(const std::vector<std::vector<uint8_t>>& slices) const {
   cpu::CpuBackend be;
   Model model(parseModelSpec(model_spec_, job_.model));
-  model.build(be, job_.seed);
+  model.build(be, job_.train.seed);
   std::vector<std::pair<std::string, Tensor>> state;
   int64_t steps = 0;
   ModelFile all;
@@ -535,9 +537,9 @@ std::vector<uint8_t> JobRun::merge(const std::vector<std::vector<uint8_t>>& slic
     }
   }
   loadWeights(model, all, true);  // every parameter, from exactly one stage
-  Optimizer optimizer(be, job_.optimizer);
+  Optimizer optimizer(be, job_.train.optimizer);
   optimizer.restore(state, steps);
-  return serializeModel(model, &optimizer, {{"seed", static_cast<int64_t>(job_.seed)}});
+  return serializeModel(model, &optimizer, {{"seed", static_cast<int64_t>(job_.train.seed)}});
 }
 
 void JobRun::save(const RunResult& result) const {

@@ -17,6 +17,7 @@
 #include "core/optimizer.h"
 #include "core/pipeline/executor.h"
 #include "core/pipeline/schedule.h"
+#include "targets/runtime/job_settings.h"
 
 namespace tandem::runtime {
 
@@ -26,7 +27,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{2, 5, 0};
+inline constexpr ProtocolVersion kProtocolVersion{3, 0, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -195,17 +196,13 @@ struct Assign {
   int64_t layer_begin = 0, layer_end = 1;
   std::string device = "cpu";
   int32_t threads = 1;
-  ScheduleKind schedule = ScheduleKind::k1F1B;
-  int64_t microbatches = 1, batch = 1, epochs = 1;
-  uint64_t seed = 1;
-  bool recompute = false;
-  OptimizerOptions optimizer;
-  std::string activation_codec = "fp32", gradient_codec = "fp32", data = "fashion-mnist";
-  int64_t train_limit = 0, test_limit = 0, timeout_s = 60;
+  TrainSettings train;
+  DataSettings data;
+  WireSettings wire;  // activations to the next stage, gradients to the previous
   RunMode mode = RunMode::kTrain;
   bool record_spans = false, save = false;
   std::string bind_host = "127.0.0.1";
-  std::string transport = "tcp", data_dir;
+  std::string transport = "tcp";
   std::string weights_hash;  // a model file to start from (contentHash), or empty
   int64_t weights_bytes = 0;
   bool encrypt = false;            // CurveZMQ on the links, keys from the run's key

@@ -54,19 +54,20 @@ partitioner::CostModel loadCostModel(const Model& model, const std::string& clus
 partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   partitioner::CostOptions o;
   o.objective = partitioner::Objective::kTrainThroughput;
-  o.schedule = job.schedule;
-  o.microbatches = job.microbatches;
+  o.schedule = job.train.schedule;
+  o.microbatches = job.train.microbatches;
   o.max_replicas = job.max_replicas;
   // Microbatch sizes differ by one when the batch does not divide: the largest is priced.
-  o.microbatch_size = (job.batch + job.microbatches - 1) / job.microbatches;
-  o.recompute = job.recompute;
-  o.optimizer_state_per_param = optimizerStatePerParam(job.optimizer.kind, job.optimizer.momentum);
-  o.optimizer = job.optimizer.kind;
+  o.microbatch_size = (job.train.batch + job.train.microbatches - 1) / job.train.microbatches;
+  o.recompute = job.train.recompute;
+  o.optimizer_state_per_param =
+      optimizerStatePerParam(job.train.optimizer.kind, job.train.optimizer.momentum);
+  o.optimizer = job.train.optimizer.kind;
   // A codec of "auto": each link's is chosen (chooseCodecs), from fp32 up.
-  o.choose_activation_codec = job.activation_codec == "auto";
-  o.choose_gradient_codec = job.gradient_codec == "auto";
-  o.activation_codec = o.choose_activation_codec ? "fp32" : job.activation_codec;
-  o.gradient_codec = o.choose_gradient_codec ? "fp32" : job.gradient_codec;
+  o.choose_activation_codec = job.activations_auto;
+  o.choose_gradient_codec = job.gradients_auto;
+  o.activation_codec = wireCodecName(job.wire.activations);
+  o.gradient_codec = wireCodecName(job.wire.gradients);
   o.activation_ratio = codecRatio(o.activation_codec);
   o.gradient_ratio = codecRatio(o.gradient_codec);
   if (o.choose_activation_codec || o.choose_gradient_codec)
@@ -196,19 +197,27 @@ std::vector<int64_t> microbatchCandidates(int64_t batch) {
 
 PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons) {
   const std::string spec = readFile(job.model, "model spec");
-  const std::vector<int64_t> counts =
-      job.microbatches_auto ? microbatchCandidates(job.batch) : std::vector{job.microbatches};
+  const std::vector<int64_t> counts = job.microbatches_auto ? microbatchCandidates(job.train.batch)
+                                                            : std::vector{job.train.microbatches};
   const std::vector<ScheduleKind> kinds =
       job.schedule_auto ? std::vector{ScheduleKind::k1F1B, ScheduleKind::kGPipe,
                                       ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B}
-                        : std::vector{job.schedule};
+                        : std::vector{job.train.schedule};
   const bool choosing = counts.size() > 1 || kinds.size() > 1;
   std::optional<LinkSet> links;
-  std::optional<partitioner::CostModel> chosen_cost;
+  // The fastest candidate with one chunk per stage, and the fastest interleaved one.
+  struct Choice {
+    partitioner::Plan plan;
+    int64_t microbatches = 0;
+    ScheduleKind schedule = ScheduleKind::k1F1B;
+    int chunks = 1;
+    std::optional<partitioner::CostModel> cost;
+  };
+  Choice flat, chunked;
   PlannedJob out;
   for (const int64_t m : counts) {
     JobSpec candidate = job;
-    candidate.microbatches = m;
+    candidate.train.microbatches = m;
     // The devices' costs depend on the microbatch, not on the schedule: measured once per
     // count, priced under each schedule.
     const partitioner::Problem measured =
@@ -217,11 +226,11 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
     std::optional<partitioner::Plan> one_f_one_b;
     for (const ScheduleKind kind : kinds) {
       const bool interleaved = kind == ScheduleKind::kInterleaved1F1B;
-      candidate.schedule = interleaved ? ScheduleKind::k1F1B : kind;
+      candidate.train.schedule = interleaved ? ScheduleKind::k1F1B : kind;
       partitioner::Problem problem = measured;
       problem.options = jobCostOptions(candidate);
       partitioner::CostModel cost(std::move(problem));
-      const int chunks = !interleaved ? 1 : job.schedule == kind ? job.chunks : 2;
+      const int chunks = !interleaved ? 1 : job.train.schedule == kind ? job.chunks : 2;
       PlanCandidate c{m, kind, chunks, 0, 0, ""};
       partitioner::Plan plan;
       ScheduleKind runs = kind;
@@ -232,7 +241,7 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
         } else {
           const partitioner::Plan& base = one_f_one_b ? *one_f_one_b : plan;
           if (base.stages.size() >= 2) {
-            candidate.schedule = kind;
+            candidate.train.schedule = kind;
             partitioner::Problem chunked = measured;
             chunked.options = jobCostOptions(candidate);
             cost = partitioner::CostModel(std::move(chunked));
@@ -263,20 +272,30 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
       if (!c.infeasible.empty() && choosing) continue;
       // The same batch either way: the most samples per second is the shortest step per
       // sample.
-      if (!chosen_cost || c.samples_per_s > out.searched.samples_per_s) {
-        out.searched = plan;
-        out.microbatches = m;
-        out.schedule = runs;
-        out.chunks = c.chunks;
-        chosen_cost.emplace(std::move(cost));
-      }
+      Choice& best = c.chunks > 1 ? chunked : flat;
+      if (!best.cost || c.samples_per_s > best.plan.samples_per_s)
+        best = {plan, m, runs, c.chunks, std::move(cost)};
     }
   }
-  TANDEM_CHECK_MSG(chosen_cost, InvalidArgument,
+  // Interleaved stages send each microbatch over chunks times the links, whose cost the
+  // model prices least well (docs/partitioner.md): they are taken only when predicted
+  // faster than the best plan without them by more than the model's error, as a device
+  // must be to be used (kSelectionMargin).
+  const bool take_chunked =
+      chunked.cost &&
+      (!flat.cost ||
+       chunked.plan.samples_per_s > flat.plan.samples_per_s * (1 + partitioner::kSelectionMargin));
+  Choice& chosen = take_chunked ? chunked : flat;
+  TANDEM_CHECK_MSG(chosen.cost, InvalidArgument,
                    job.partition_where << ": no microbatch count or schedule gives a plan that "
-                                          "fits: " << out.candidates.front().infeasible);
+                                          "fits: "
+                                       << out.candidates.front().infeasible);
+  out.searched = std::move(chosen.plan);
+  out.microbatches = chosen.microbatches;
+  out.schedule = chosen.schedule;
+  out.chunks = chosen.chunks;
   if (!choosing) out.candidates.clear();
-  const partitioner::CostModel& cost = *chosen_cost;
+  const partitioner::CostModel& cost = *chosen.cost;
   out.baselines = partitioner::baselinePlans(cost);
   out.plan = out.searched;
   if (!job.baseline.empty()) {
@@ -321,8 +340,8 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
     // Interleaved: each chunk's weights and state, and the stash of as many microbatches
     // as the schedule's warm-up forwards (the most any chunk of the stage can hold).
     const auto v = static_cast<int>(st.chunks.size());
-    const auto held =
-        static_cast<int>(std::min<int64_t>(interleavedWarmup(s, n, v) + 1, job.microbatches * v));
+    const auto held = static_cast<int>(
+        std::min<int64_t>(interleavedWarmup(s, n, v) + 1, job.train.microbatches * v));
     int64_t bytes = 0;
     for (const LayerRange& c : st.chunks) bytes += cost.memory(c.begin, c.end, held, 1, n);
     out.push_back(bytes);
@@ -333,11 +352,10 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
 namespace {
 
 // One direction of one link: the job's codec where it fixes one, else the plan's for that
-// link, else fp32 (JobSpec::activation_codec).
-std::string linkCodec(const std::string& job_codec, bool given, const std::string& planned) {
-  if (given && job_codec != "auto") return job_codec;
-  if (!planned.empty()) return planned;
-  return job_codec == "auto" ? "fp32" : job_codec;
+// link, else fp32.
+WireCodec linkCodec(WireCodec job_codec, bool fixed, const std::optional<WireCodec>& planned) {
+  if (fixed) return job_codec;
+  return planned.value_or(job_codec);
 }
 
 }  // namespace
@@ -354,11 +372,12 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       a.job = job.source;
       // Each link's codecs, from the plan where it chose them: this stage's activations go
       // on its link to the next, its gradients back on the previous stage's link.
-      const std::string next_activations = place.next_activation_codec;
+      const std::optional<WireCodec>& next_activations = place.next_activation_codec;
       // Interleaved stages are a ring: the last stage's chunks pass on to the first's.
       const bool ring = !place.chunks.empty() && p > 1;
-      const std::string prev_gradients =
-          s > 0 ? stages[static_cast<size_t>(s - 1)].next_gradient_codec : std::string();
+      static const std::optional<WireCodec> kNone;
+      const std::optional<WireCodec>& prev_gradients =
+          s > 0 ? stages[static_cast<size_t>(s - 1)].next_gradient_codec : kNone;
       a.model_spec = spec;
       a.stage = s;
       a.stages = p;
@@ -371,21 +390,14 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       a.chunks = place.chunks;
       a.device = place.backendOf(r);
       a.threads = place.threads;
-      a.schedule = job.schedule;
-      a.microbatches = job.microbatches;
-      a.batch = job.batch;
-      a.epochs = job.epochs;
-      a.seed = job.seed;
-      a.recompute = job.recompute;
-      a.optimizer = job.optimizer;
-      a.activation_codec =
-          linkCodec(job.activation_codec, job.activation_codec_given, next_activations);
-      a.gradient_codec = linkCodec(job.gradient_codec, job.gradient_codec_given, prev_gradients);
+      a.train = job.train;
       a.data = job.data;
-      a.data_dir = job.data_dir;
-      a.train_limit = job.train_limit;
-      a.test_limit = job.test_limit;
-      a.timeout_s = job.timeout_s;
+      a.wire = job.wire;
+      a.wire.activations =
+          linkCodec(job.wire.activations, job.activation_codec_given && !job.activations_auto,
+                    next_activations);
+      a.wire.gradients = linkCodec(job.wire.gradients,
+                                   job.gradient_codec_given && !job.gradients_auto, prev_gradients);
       a.mode = mode;
       a.record_spans = spans;
       a.save = mode == RunMode::kTrain && !job.save.empty() && r == 0;  // replicas: identical
@@ -453,10 +465,11 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
       const partitioner::PlanStageSpec& c = specs[i];
       TANDEM_CHECK_MSG(c.devices == s.devices, InvalidArgument,
                        c.where << ": chunk " << i << " is not on stage " << st << "'s devices");
-      one = s.compute_s < 0 || one < 0
-                ? -1
-                : one + (c.compute_s - c.allreduce_s / static_cast<double>(job.microbatches)) *
-                            replicas;
+      one =
+          s.compute_s < 0 || one < 0
+              ? -1
+              : one + (c.compute_s - c.allreduce_s / static_cast<double>(job.train.microbatches)) *
+                          replicas;
       if (chunks > 1) place.chunks.push_back({c.begin, c.end});
     }
     place.begin = s.begin;
@@ -469,8 +482,9 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     place.replica_devices = s.devices;
     // The link to the next stage: the codecs of its last chunk's (its first chunk's on an
     // interleaved plan, which lists the others' links after it).
-    place.next_activation_codec = s.activation_codec;
-    place.next_gradient_codec = s.gradient_codec;
+    if (!s.activation_codec.empty())
+      place.next_activation_codec = parseWireCodec(s.activation_codec);
+    if (!s.gradient_codec.empty()) place.next_gradient_codec = parseWireCodec(s.gradient_codec);
     out.push_back(std::move(place));
   }
   return out;

@@ -53,7 +53,9 @@ partitioner::Problem measuredProblem(const Model& model, const std::string& mode
 // With `microbatches: auto` or `schedule: auto` it plans every candidate — microbatch
 // counts 1, 2, 4, ... up to the batch (at most 64), each profiled once at its microbatch size;
 // schedules 1f1b, gpipe, zb-h1 and interleaved (2 chunks per stage) — and takes the one with
-// the shortest predicted step whose plan fits in memory; `microbatches`, `schedule` and
+// the shortest predicted step whose plan fits in memory — an interleaved one only when
+// its step is predicted shorter than the best other's by more than kSelectionMargin (it
+// sends each microbatch over `chunks` times the links) —; `microbatches`, `schedule` and
 // `chunks` say which. Interleaved stages are the 1F1B plan's (after its device selection),
 // each cut into chunks (partitioner::interleavedPlan); a job that asks for interleaved
 // stages (`chunks` of them) whose plan is one device runs that device with 1F1B.
@@ -88,8 +90,8 @@ struct StagePlacement {
   int replicas = 1;                           // data-parallel replicas, each a worker of its own
   std::vector<std::string> replica_backends;  // each replica's device (empty: `backend`)
   std::vector<std::string> replica_devices;   // from a plan: each replica's "node/device"
-  // From a plan: the codecs of its link to the next stage (empty: the job's).
-  std::string next_activation_codec, next_gradient_codec;
+  // From a plan: the codecs of its link to the next stage (none: the job's).
+  std::optional<WireCodec> next_activation_codec, next_gradient_codec;
   const std::string& backendOf(int replica) const {
     return replica_backends.empty() ? backend : replica_backends.at(static_cast<size_t>(replica));
   }

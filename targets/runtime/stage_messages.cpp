@@ -15,8 +15,6 @@ namespace {
 using B = flatbuffers::FlatBufferBuilder;
 using Strings = flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>;
 
-const char* const kCodecs[] = {"fp32", "fp16", "bf16", "int8"};
-
 bool isHash(const std::string& s) {
   if (s.size() != 64) return false;
   for (char c : s)
@@ -53,11 +51,75 @@ void finiteNonNegative(const char* message, const char* field, double v) {
         std::string(field) + " " + std::to_string(v) + " is not a finite, non-negative number");
 }
 
-std::string codec(const char* message, const char* field, const flatbuffers::String* s) {
-  const std::string name = text(message, field, s, 16);
-  for (const char* c : kCodecs)
-    if (name == c) return name;
-  bad(message, std::string(field) + " '" + name + "' is not fp32, fp16, bf16 or int8");
+WireCodec codec(const char* message, const char* field, uint8_t v) {
+  range(message, field, v, 0, 3);
+  return static_cast<WireCodec>(v);
+}
+
+// The settings an assignment carries (job_settings.h), each read and checked here only.
+TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
+  if (!t) bad(m, "no train settings");
+  TrainSettings out;
+  range(m, "schedule", t->schedule(), 0, 3);
+  out.schedule = t->schedule() == 0   ? ScheduleKind::kGPipe
+                 : t->schedule() == 1 ? ScheduleKind::k1F1B
+                 : t->schedule() == 2 ? ScheduleKind::kZeroBubbleH1
+                                      : ScheduleKind::kInterleaved1F1B;
+  out.batch = t->batch();
+  range(m, "batch", out.batch, 1, int64_t{1} << 30);
+  out.microbatches = t->microbatches();
+  range(m, "microbatches", out.microbatches, 1, out.batch);
+  out.epochs = t->epochs();
+  range(m, "epochs", out.epochs, 0, int64_t{1} << 20);
+  out.seed = t->seed();
+  out.recompute = t->recompute();
+  OptimizerOptions& o = out.optimizer;
+  if (const fb::OptimizerSettings* f = t->optimizer()) {
+    o.kind = text(m, "optimizer kind", f->kind(), 16);
+    o.lr = f->lr();
+    o.momentum = f->momentum();
+    o.nesterov = f->nesterov();
+    o.weight_decay = f->weight_decay();
+    o.beta1 = f->beta1();
+    o.beta2 = f->beta2();
+    o.eps = f->eps();
+    o.lr_schedule = text(m, "optimizer lr_schedule", f->lr_schedule(), 16);
+    if (o.lr_schedule.empty()) o.lr_schedule = "constant";
+    o.warmup_steps = f->warmup_steps();
+    range(m, "warmup_steps", o.warmup_steps, 0, int64_t{1} << 40);
+    o.decay_steps = f->decay_steps();
+    range(m, "decay_steps", o.decay_steps, 0, int64_t{1} << 40);
+    o.decay_factor = f->decay_factor();
+    o.min_lr = f->min_lr();
+  }
+  try {
+    validate(o);
+  } catch (const InvalidArgument& e) {
+    bad(m, e.what());
+  }
+  return out;
+}
+
+DataSettings readData(const char* m, const fb::DataSettings* d) {
+  if (!d) bad(m, "no data settings");
+  DataSettings out;
+  out.name = text(m, "data", d->name(), kMaxNameBytes);
+  out.dir = text(m, "data dir", d->dir(), 4096);
+  out.train_limit = d->train_limit();
+  out.test_limit = d->test_limit();
+  nonNegative(m, "train_limit", out.train_limit);
+  nonNegative(m, "test_limit", out.test_limit);
+  return out;
+}
+
+WireSettings readWire(const char* m, const fb::WireSettings* w) {
+  if (!w) bad(m, "no wire settings");
+  WireSettings out;
+  out.activations = codec(m, "activations codec", w->activations());
+  out.gradients = codec(m, "gradients codec", w->gradients());
+  out.timeout_s = w->timeout_s();
+  range(m, "timeout_s", out.timeout_s, 1, 86400);
+  return out;
 }
 
 Assign readAssign(const fb::Assign* a) {
@@ -117,54 +179,12 @@ Assign readAssign(const fb::Assign* a) {
   out.device = text(m, "device", a->device(), kMaxNameBytes);
   out.threads = a->threads();
   range(m, "threads", out.threads, 1, 1024);
-  range(m, "schedule", a->schedule(), 0, 3);
-  out.schedule = a->schedule() == 0   ? ScheduleKind::kGPipe
-                 : a->schedule() == 1 ? ScheduleKind::k1F1B
-                 : a->schedule() == 2 ? ScheduleKind::kZeroBubbleH1
-                                      : ScheduleKind::kInterleaved1F1B;
-  if (interleaved != (out.schedule == ScheduleKind::kInterleaved1F1B) && !generates)
+  out.train = readTrain(m, a->train());
+  out.data = readData(m, a->data());
+  out.wire = readWire(m, a->wire());
+  if (interleaved != (out.train.schedule == ScheduleKind::kInterleaved1F1B) && !generates)
     bad(m, interleaved ? "chunks need the interleaved schedule"
                        : "the interleaved schedule needs 2 or more chunks");
-  out.batch = a->batch();
-  range(m, "batch", out.batch, 1, int64_t{1} << 30);
-  out.microbatches = a->microbatches();
-  range(m, "microbatches", out.microbatches, 1, out.batch);
-  out.epochs = a->epochs();
-  range(m, "epochs", out.epochs, 0, int64_t{1} << 20);
-  out.seed = a->seed();
-  out.recompute = a->recompute();
-  if (const fb::OptimizerSettings* o = a->optimizer()) {
-    out.optimizer.kind = text(m, "optimizer kind", o->kind(), 16);
-    out.optimizer.lr = o->lr();
-    out.optimizer.momentum = o->momentum();
-    out.optimizer.nesterov = o->nesterov();
-    out.optimizer.weight_decay = o->weight_decay();
-    out.optimizer.beta1 = o->beta1();
-    out.optimizer.beta2 = o->beta2();
-    out.optimizer.eps = o->eps();
-    out.optimizer.lr_schedule = text(m, "optimizer lr_schedule", o->lr_schedule(), 16);
-    if (out.optimizer.lr_schedule.empty()) out.optimizer.lr_schedule = "constant";
-    out.optimizer.warmup_steps = o->warmup_steps();
-    range(m, "warmup_steps", out.optimizer.warmup_steps, 0, int64_t{1} << 40);
-    out.optimizer.decay_steps = o->decay_steps();
-    range(m, "decay_steps", out.optimizer.decay_steps, 0, int64_t{1} << 40);
-    out.optimizer.decay_factor = o->decay_factor();
-    out.optimizer.min_lr = o->min_lr();
-  }
-  try {
-    validate(out.optimizer);
-  } catch (const InvalidArgument& e) {
-    bad(m, e.what());
-  }
-  out.activation_codec = codec(m, "activation_codec", a->activation_codec());
-  out.gradient_codec = codec(m, "gradient_codec", a->gradient_codec());
-  out.data = text(m, "data", a->data(), kMaxNameBytes);
-  out.train_limit = a->train_limit();
-  out.test_limit = a->test_limit();
-  nonNegative(m, "train_limit", out.train_limit);
-  nonNegative(m, "test_limit", out.test_limit);
-  out.timeout_s = a->timeout_s();
-  range(m, "timeout_s", out.timeout_s, 1, 86400);
   out.record_spans = a->record_spans();
   out.save = a->save();
   out.bind_host = text(m, "bind_host", a->bind_host(), kMaxNameBytes);
@@ -173,7 +193,6 @@ Assign readAssign(const fb::Assign* a) {
   out.transport = text(m, "transport", a->transport(), 8);
   if (out.transport != "tcp" && out.transport != "ipc")
     bad(m, "transport '" + out.transport + "' is not tcp or ipc");
-  out.data_dir = text(m, "data_dir", a->data_dir(), 4096);
   out.weights_hash = text(m, "weights_hash", a->weights_hash(), 64);
   out.weights_bytes = a->weights_bytes();
   if (!out.weights_hash.empty() && !isHash(out.weights_hash))
@@ -190,9 +209,9 @@ Assign readAssign(const fb::Assign* a) {
     bad(m, "restore_optimizer without starting weights to restore it from");
   out.infer_from = a->infer_from();
   range(m, "infer_from", out.infer_from, 0, int64_t{1} << 40);
-  if (out.infer_from % out.batch != 0)
+  if (out.infer_from % out.train.batch != 0)
     bad(m, "infer_from " + std::to_string(out.infer_from) + " is not a multiple of the batch " +
-               std::to_string(out.batch));
+               std::to_string(out.train.batch));
   out.request_rate = a->request_rate();
   if (!(out.request_rate >= 0 && out.request_rate <= 1e6))  // (NaN fails too)
     bad(m, "request_rate " + std::to_string(out.request_rate) + " is not in [0, 1e6]");
@@ -272,35 +291,51 @@ StageReport readReport(const fb::StageReport* r) {
 
 }  // namespace
 
+// The settings an assignment carries, each written here only.
+flatbuffers::Offset<fb::TrainSettings> buildTrain(B& b, const TrainSettings& t) {
+  const auto& o = t.optimizer;
+  checkText("assign", "optimizer lr_schedule", o.lr_schedule, 16);
+  auto optimizer = fb::CreateOptimizerSettings(b, b.CreateString(o.kind), o.lr, o.momentum,
+                                               o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps,
+                                               b.CreateString(o.lr_schedule), o.warmup_steps,
+                                               o.decay_steps, o.decay_factor, o.min_lr);
+  TANDEM_CHECK_MSG(isTraining(t.schedule), InvalidArgument,
+                   "assign: schedule " << scheduleName(t.schedule) << " cannot train");
+  const int8_t schedule = t.schedule == ScheduleKind::kGPipe          ? 0
+                          : t.schedule == ScheduleKind::k1F1B         ? 1
+                          : t.schedule == ScheduleKind::kZeroBubbleH1 ? 2
+                                                                      : 3;
+  return fb::CreateTrainSettings(b, t.epochs, t.batch, t.microbatches, schedule, t.recompute,
+                                 t.seed, optimizer);
+}
+
+flatbuffers::Offset<fb::DataSettings> buildData(B& b, const DataSettings& d) {
+  checkText("assign", "data", d.name, kMaxNameBytes);
+  auto name = b.CreateString(d.name);
+  auto dir = b.CreateString(d.dir);
+  return fb::CreateDataSettings(b, name, dir, d.train_limit, d.test_limit);
+}
+
+flatbuffers::Offset<fb::WireSettings> buildWire(B& b, const WireSettings& w) {
+  return fb::CreateWireSettings(b, static_cast<uint8_t>(w.activations),
+                                static_cast<uint8_t>(w.gradients), w.timeout_s);
+}
+
 flatbuffers::Offset<void> build(B& b, const Assign& m) {
   const char* name = "assign";
   checkText(name, "job", m.job, kMaxNameBytes);
   checkText(name, "model_spec", m.model_spec, kMaxModelSpecBytes);
   checkText(name, "device", m.device, kMaxNameBytes);
-  checkText(name, "data", m.data, kMaxNameBytes);
   checkText(name, "bind_host", m.bind_host, kMaxNameBytes);
-  const auto& o = m.optimizer;
-  checkText(name, "optimizer lr_schedule", o.lr_schedule, 16);
-  auto optimizer = fb::CreateOptimizerSettings(b, b.CreateString(o.kind), o.lr, o.momentum,
-                                               o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps,
-                                               b.CreateString(o.lr_schedule), o.warmup_steps,
-                                               o.decay_steps, o.decay_factor, o.min_lr);
+  auto train = buildTrain(b, m.train);
+  auto data = buildData(b, m.data);
+  auto wire = buildWire(b, m.wire);
   auto job = b.CreateString(m.job);
   auto spec = b.CreateString(m.model_spec);
   auto device = b.CreateString(m.device);
-  auto act = b.CreateString(m.activation_codec);
-  auto grad = b.CreateString(m.gradient_codec);
-  auto data = b.CreateString(m.data);
   auto host = b.CreateString(m.bind_host);
   auto transport = b.CreateString(m.transport);
-  auto data_dir = b.CreateString(m.data_dir);
   auto weights_hash = b.CreateString(m.weights_hash);
-  TANDEM_CHECK_MSG(isTraining(m.schedule), InvalidArgument,
-                   "assign: schedule " << scheduleName(m.schedule) << " cannot train");
-  const int8_t schedule = m.schedule == ScheduleKind::kGPipe          ? 0
-                          : m.schedule == ScheduleKind::k1F1B         ? 1
-                          : m.schedule == ScheduleKind::kZeroBubbleH1 ? 2
-                                                                      : 3;
   std::vector<int64_t> bounds;
   for (const LayerRange& r : m.chunks) {
     bounds.push_back(static_cast<int64_t>(r.begin));
@@ -309,11 +344,9 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   auto chunks =
       bounds.empty() ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>() : b.CreateVector(bounds);
   return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
-                          m.next_replicas, m.layer_begin, m.layer_end, device, m.threads, schedule,
-                          m.microbatches, m.batch, m.epochs, m.seed, m.recompute, optimizer, act,
-                          grad, data, m.train_limit, m.test_limit, m.timeout_s,
-                          m.mode == RunMode::kInfer, m.record_spans, m.save, host, transport,
-                          data_dir, weights_hash, m.weights_bytes, m.encrypt, m.checkpoint_every,
+                          m.next_replicas, m.layer_begin, m.layer_end, device, m.threads, train,
+                          data, wire, m.mode == RunMode::kInfer, m.record_spans, m.save, host,
+                          transport, weights_hash, m.weights_bytes, m.encrypt, m.checkpoint_every,
                           m.start_step, m.restore_optimizer, m.infer_from, m.request_rate,
                           m.mode == RunMode::kGenerate, m.in_flight, chunks)
       .Union();

@@ -100,7 +100,7 @@ std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a, cons
   coordinator.send(WeightsRequest{a.weights_hash});
   ChunkGatherer weights("the starting weights", a.weights_hash, a.weights_bytes);
   while (!weights.add(
-      expect<WeightsChunk>(coordinator, std::chrono::seconds(a.timeout_s), "weights"))) {
+      expect<WeightsChunk>(coordinator, std::chrono::seconds(a.wire.timeout_s), "weights"))) {
   }
   std::vector<uint8_t> bytes = weights.take();
   report.weights_shipped = static_cast<int64_t>(bytes.size());
@@ -144,7 +144,7 @@ void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, L
   if (a.stages > 1 && a.stage == a.stages - 1) feedback = std::exchange(next, nullptr);
   DecoderOptions o;
   o.max_in_flight = a.in_flight;
-  o.keepalive = std::chrono::milliseconds(a.timeout_s * 1000 / 4);
+  o.keepalive = std::chrono::milliseconds(a.wire.timeout_s * 1000 / 4);
   StageDecoder decoder(model,
                        StageRange{a.stage, a.stages, static_cast<size_t>(a.layer_begin),
                                   static_cast<size_t>(a.layer_end)},
@@ -168,7 +168,7 @@ void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, L
   };
   const TokenSink tokens = [&](const ChosenToken& c) {
     coordinator.send(Token{c.id, c.index, c.token, c.logits.at(static_cast<size_t>(c.token))},
-                     std::chrono::seconds(a.timeout_s));
+                     std::chrono::seconds(a.wire.timeout_s));
   };
   decoder.serve(prompts, tokens);
 }
@@ -254,7 +254,7 @@ StageSetup::StageSetup(Channel& coordinator, const Assign& a, const ClusterKey& 
   readData(a, o, ready);
   ready.device = backend->info().name;
   coordinator.send(ready);
-  start = expect<Start>(coordinator, std::chrono::seconds(a.timeout_s), "start");
+  start = expect<Start>(coordinator, std::chrono::seconds(a.wire.timeout_s), "start");
   prev = connect(a, "prev", start.prev, prev_links);
   next = connect(a, "next", start.next, next_links);
 }
@@ -275,8 +275,8 @@ void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const Worker
       who << ": layers [" << begin << ", " << end << ") but the model has " << model->size());
   // An interleaved stage builds its chunks only.
   chunks = a.chunks.empty() ? std::vector<LayerRange>{{begin, end}} : a.chunks;
-  model->build(*backend, a.seed, chunks);
-  optimizer.emplace(*backend, a.optimizer);
+  model->build(*backend, a.train.seed, chunks);
+  optimizer.emplace(*backend, a.train.optimizer);
   if (a.weights_hash.empty()) return;
   const ModelFile start_from =
       parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
@@ -291,12 +291,12 @@ void StageSetup::openLinks(const Assign& a, Ready& ready) {
   else
     checkBindHost(a.bind_host);
   int endpoint_count = 0;
-  auto linkOptions = [&](const std::string& codec, int peer) {
+  auto linkOptions = [&](WireCodec codec, int peer) {
     transport::LinkOptions lo;
     lo.bind = ipc ? "ipc://" + socket_dir->path() + "/l" + std::to_string(endpoint_count++)
                   : "tcp://" + a.bind_host + ":*";
-    lo.codec = transport::parseCodec(codec);
-    lo.timeout = std::chrono::seconds(a.timeout_s);
+    lo.codec = codec;
+    lo.timeout = std::chrono::seconds(a.wire.timeout_s);
     lo.stage = a.stage;
     lo.peer_stage = peer;
     lo.curve_secret_key = curve.secret_key;
@@ -305,12 +305,12 @@ void StageSetup::openLinks(const Assign& a, Ready& ready) {
   };
   for (int i = 0; i < a.prev_replicas; ++i) {
     prev_links.push_back(std::make_unique<transport::ZmqLink>(
-        ctx, linkOptions(a.gradient_codec, (a.stage + a.stages - 1) % a.stages)));
+        ctx, linkOptions(a.wire.gradients, (a.stage + a.stages - 1) % a.stages)));
     ready.prev.push_back(prev_links.back()->endpoint());
   }
   for (int j = 0; j < a.next_replicas; ++j) {
     next_links.push_back(std::make_unique<transport::ZmqLink>(
-        ctx, linkOptions(a.activation_codec, (a.stage + 1) % a.stages)));
+        ctx, linkOptions(a.wire.activations, (a.stage + 1) % a.stages)));
     ready.next.push_back(next_links.back()->endpoint());
   }
 }
@@ -328,8 +328,10 @@ void StageSetup::readData(const Assign& a, const WorkerOptions& o, Ready& ready)
   const int64_t context = input.rank() == 1 ? input[0] : 0;
   const bool infers = a.mode == RunMode::kInfer;
   if (!infers)
-    train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed, o.data);
-  test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed, o.data);
+    train = loadDataset(a.data.name, a.data.dir, true, a.data.train_limit, context, a.train.seed,
+                        o.data);
+  test =
+      loadDataset(a.data.name, a.data.dir, false, a.data.test_limit, context, a.train.seed, o.data);
   checkClassifier(*model, test);
   TANDEM_CHECK_MSG(!infers || !test.tokens, Unsupported,
                    "serving a language model's held-out text as a stream is not supported: "
@@ -361,7 +363,7 @@ std::unique_ptr<Group> replicaGroup(Channel& coordinator, const Assign& a, Stage
   if (a.replicas == 1) return nullptr;
   auto exchange = [&](const std::string& mine) {
     coordinator.send(GroupAddress{mine});
-    GroupAddresses all = expect<GroupAddresses>(coordinator, std::chrono::seconds(a.timeout_s),
+    GroupAddresses all = expect<GroupAddresses>(coordinator, std::chrono::seconds(a.wire.timeout_s),
                                                 "the group's addresses");
     if (all.addresses.size() != static_cast<size_t>(a.replicas))
       throw FormatError(s.who + ": " + std::to_string(all.addresses.size()) +
@@ -379,14 +381,14 @@ std::unique_ptr<Group> replicaGroup(Channel& coordinator, const Assign& a, Stage
   if (a.encrypt) {
     transport::ZmqGroupOptions go;
     common(go);
-    go.link_timeout = std::chrono::seconds(a.timeout_s);
+    go.link_timeout = std::chrono::seconds(a.wire.timeout_s);
     go.curve_secret_key = s.curve.secret_key;
     go.curve_public_key = s.curve.public_key;
     return transport::makeZmqGroup(s.ctx, s.group_host, go, exchange);
   }
   transport::SocketGroupOptions go;
   common(go);
-  go.connect_timeout = std::chrono::seconds(a.timeout_s);
+  go.connect_timeout = std::chrono::seconds(a.wire.timeout_s);
   return transport::makeSocketGroup(go, exchange);
 }
 
@@ -403,11 +405,11 @@ void infer(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
     stream.answer = [&](const EvalAnswer& e) {
       coordinator.send(Answer{e.first, e.count, static_cast<int32_t>(e.columns), e.outputs,
                               e.loss_sum, e.correct},
-                       std::chrono::seconds(a.timeout_s));
+                       std::chrono::seconds(a.wire.timeout_s));
     };
   const auto t0 = Clock::now();
-  const EvalResult ev =
-      trainer.evaluate(a.stage == 0 ? &s.test : nullptr, s.start.test_samples, a.batch, stream);
+  const EvalResult ev = trainer.evaluate(a.stage == 0 ? &s.test : nullptr, s.start.test_samples,
+                                         a.train.batch, stream);
   s.report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (reports) coordinator.send(InferDone{ev.samples, ev.loss, ev.accuracy, s.report.run_s});
   s.report.counters = trainer.executor().counters();
@@ -418,12 +420,12 @@ void infer(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
 void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& trainer,
            bool reports) {
   // A resumed run starts where its checkpoint was taken: epoch and step within it.
-  const int64_t steps_per_epoch = (s.start.train_samples + a.batch - 1) / a.batch;
+  const int64_t steps_per_epoch = (s.start.train_samples + a.train.batch - 1) / a.train.batch;
   const int64_t first_epoch = steps_per_epoch > 0 ? a.start_step / steps_per_epoch : 0;
   if (a.start_step > 0) {
-    if (first_epoch >= a.epochs)
+    if (first_epoch >= a.train.epochs)
       throw InvalidArgument(s.who + ": asked to resume after step " + std::to_string(a.start_step) +
-                            ", past the job's " + std::to_string(a.epochs) + " epochs of " +
+                            ", past the job's " + std::to_string(a.train.epochs) + " epochs of " +
                             std::to_string(steps_per_epoch) + " steps");
     trainer.resumeAt(a.start_step);
   }
@@ -431,7 +433,7 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
   const bool checkpoints = sendsCheckpoints(a);
   std::vector<double> step_times;  // from one step's end to the next's, within an epoch
   StageCounters& training = s.report.counters;  // the epochs, without the evaluations
-  for (int64_t e = first_epoch; e < a.epochs; ++e) {
+  for (int64_t e = first_epoch; e < a.train.epochs; ++e) {
     auto sent = Clock::now() - 1h;
     std::optional<Clock::time_point> last_step;
     auto progress = [&](const StepReport& r) {
@@ -441,7 +443,7 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
       last_step = now;
       if (checkpoints && trainer.stepsTaken() % a.checkpoint_every == 0)
         sendCheckpoint(coordinator, *s.model, *s.optimizer, trainer.stepsTaken(),
-                       std::chrono::seconds(a.timeout_s));
+                       std::chrono::seconds(a.wire.timeout_s));
       if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
       sent = Clock::now();
       coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});
@@ -462,7 +464,7 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
     s.report.run_s += r.seconds;
     s.report.process_cpu_s += processCpuSeconds() - cpu_before;
     const EvalResult ev =
-        trainer.evaluate(a.stage == 0 ? &s.test : nullptr, s.start.test_samples, a.batch);
+        trainer.evaluate(a.stage == 0 ? &s.test : nullptr, s.start.test_samples, a.train.batch);
     if (reports)
       coordinator.send(
           EpochDone{e, r.train_loss, r.seconds, r.samples_per_s, ev.loss, ev.accuracy});
@@ -480,14 +482,14 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
 void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
   s.group = replicaGroup(coordinator, a, s);
   PipelineOptions po;
-  po.schedule = a.schedule;
-  po.microbatches = a.microbatches;
-  po.batch = a.batch;
-  po.seed = a.seed;
-  po.recompute = a.recompute;
+  po.schedule = a.train.schedule;
+  po.microbatches = a.train.microbatches;
+  po.batch = a.train.batch;
+  po.seed = a.train.seed;
+  po.recompute = a.train.recompute;
   po.record_spans = a.record_spans;
   po.replicas = s.group.get();
-  po.collective_timeout = std::chrono::seconds(a.timeout_s);
+  po.collective_timeout = std::chrono::seconds(a.wire.timeout_s);
   StageTrainer trainer(*s.model, StageRange::interleaved(a.stage, a.stages, s.chunks), s.prev.get(),
                        s.next.get(), &*s.optimizer, po);
   // Replicas of the last stage all hold the step's whole loss; the first reports it.
@@ -514,7 +516,7 @@ void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
     const std::vector<uint8_t> slice = serializeModel(*s.model, &*s.optimizer, {});
     s.report.model_hash = contentHash(slice);
     s.report.model_bytes = static_cast<int64_t>(slice.size());
-    sendChunks(coordinator, s.report.model_hash, slice, std::chrono::seconds(a.timeout_s));
+    sendChunks(coordinator, s.report.model_hash, slice, std::chrono::seconds(a.wire.timeout_s));
   }
 }
 
@@ -528,8 +530,8 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
     runStage(coordinator, a, s);
   }
   s.countLinkBytes();
-  coordinator.send(s.report, std::chrono::seconds(a.timeout_s));
-  awaitRunEnd(coordinator, std::chrono::seconds(a.timeout_s));
+  coordinator.send(s.report, std::chrono::seconds(a.wire.timeout_s));
+  awaitRunEnd(coordinator, std::chrono::seconds(a.wire.timeout_s));
 }
 
 }  // namespace

@@ -120,8 +120,10 @@ void runPartition(const PartitionArgs& a) {
   o.optimizer = a.optimizer;
   {  // the job's rules: "auto" chooses each link's codec
     runtime::JobSpec codecs;
-    codecs.activation_codec = a.codec;
-    codecs.gradient_codec = a.gradient_codec;
+    codecs.activations_auto = a.codec == "auto";
+    codecs.gradients_auto = a.gradient_codec == "auto";
+    if (!codecs.activations_auto) codecs.wire.activations = parseWireCodec(a.codec);
+    if (!codecs.gradients_auto) codecs.wire.gradients = parseWireCodec(a.gradient_codec);
     const partitioner::CostOptions c = runtime::jobCostOptions(codecs);
     o.activation_ratio = c.activation_ratio;
     o.gradient_ratio = c.gradient_ratio;

@@ -155,20 +155,21 @@ std::string stageRanges(const partitioner::Plan& plan, const std::vector<std::st
 
 // The links' codecs as the workers were given them: "fp32" (or "fp16/fp32": activations,
 // gradients) when every link has the same, else each link's ("0->1 int8/fp32, 1->2 fp32").
+// "fp16" when both directions carry it, else "int8/fp16" (activations/gradients).
+std::string pair(WireCodec activations, WireCodec gradients) {
+  const std::string act(wireCodecName(activations)), grad(wireCodecName(gradients));
+  return act == grad ? act : act + "/" + grad;
+}
+
 std::string linkCodecs(const std::vector<runtime::Assign>& as) {
   std::map<int, const runtime::Assign*> first;  // each stage's first replica
   for (const runtime::Assign& a : as) first.emplace(a.stage, &a);
   std::vector<std::string> links;
   for (auto it = first.begin(); std::next(it) != first.end(); ++it) {
-    const std::string& act = it->second->activation_codec;
-    const std::string& grad = std::next(it)->second->gradient_codec;
-    links.push_back(act == grad ? act : act + "/" + grad);
+    links.push_back(pair(it->second->wire.activations, std::next(it)->second->wire.gradients));
   }
-  if (links.empty()) {  // one stage: the job's, unused
-    const runtime::Assign& a = as.front();
-    return a.activation_codec == a.gradient_codec ? a.activation_codec
-                                                  : a.activation_codec + "/" + a.gradient_codec;
-  }
+  if (links.empty())  // one stage: the job's, unused
+    return pair(as.front().wire.activations, as.front().wire.gradients);
   if (std::all_of(links.begin(), links.end(), [&](const std::string& l) { return l == links[0]; }))
     return links[0];
   std::string out;
@@ -326,7 +327,7 @@ int runJob(const RunArgs& args) {
   const std::vector<runtime::Assign>& as = jr.assignments();
   const std::vector<std::string>& names = jr.workerNames();
 
-  Progress progress(job.epochs);
+  Progress progress(job.train.epochs);
   double accuracy = -1;
   std::optional<runtime::InferDone> infer_result;
   runtime::RunCallbacks cb;
@@ -339,8 +340,9 @@ int runJob(const RunArgs& args) {
     const std::string codecs = linkCodecs(as);
     spdlog::info(
         "{} stages ({} workers) up: {} schedule, {} microbatches of a {}-sample batch, {} over {}",
-        stages.size(), as.size(), infer ? "forward" : scheduleName(job.schedule), job.microbatches,
-        job.batch, codecs, as.front().transport + (as.front().encrypt ? " (encrypted)" : ""));
+        stages.size(), as.size(), infer ? "forward" : scheduleName(job.train.schedule),
+        job.train.microbatches, job.train.batch, codecs,
+        as.front().transport + (as.front().encrypt ? " (encrypted)" : ""));
   };
   bool stepped = false;
   cb.progress = [&](const runtime::Progress& m) {
@@ -357,13 +359,13 @@ int runJob(const RunArgs& args) {
     accuracy = m.test_accuracy;
     // Text data: the losses are per token, and the held-out perplexity is e^loss.
     const std::string perplexity =
-        job.data.rfind("text:", 0) == 0
+        job.data.name.rfind("text:", 0) == 0
             ? fmt::format(", test perplexity {:.2f}", std::exp(m.test_loss))
             : std::string();
     std::printf(
         "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f%s, "
         "%.2f s (%.0f samples/s)\n",
-        static_cast<long long>(m.epoch + 1), static_cast<long long>(job.epochs), m.loss,
+        static_cast<long long>(m.epoch + 1), static_cast<long long>(job.train.epochs), m.loss,
         m.test_loss, accuracy, perplexity.c_str(), m.seconds, m.samples_per_s);
     std::fflush(stdout);
   };
@@ -422,7 +424,8 @@ int runJob(const RunArgs& args) {
       spdlog::error("the last stage reported no inference result");
       return 1;
     }
-    printInference(spans, *infer_result, jr.streamTotals(), job.batch, job.microbatches);
+    printInference(spans, *infer_result, jr.streamTotals(), job.train.batch,
+                   job.train.microbatches);
     if (!args.answers.empty())
       spdlog::info("answers: {} ({} samples{})", args.answers, jr.streamTotals().samples,
                    jr.outputActivation().empty()
@@ -465,13 +468,14 @@ int runJob(const RunArgs& args) {
     busy += c.busy_s;
     span = std::max(span, t);
   }
-  const double m = static_cast<double>(job.microbatches);
+  const double m = static_cast<double>(job.train.microbatches);
   if (!infer) {
     if (job.chunks > 1)
       std::printf(
           "bubble: measured %.3f (idle share of stage time), formula (p-1)/(vm+p-1) = %.3f\n",
           1.0 - busy / (n * span),
-          bubbleFormula(job.schedule, static_cast<int>(p), job.microbatches, job.chunks));
+          bubbleFormula(job.train.schedule, static_cast<int>(p), job.train.microbatches,
+                        job.chunks));
     else
       std::printf(
           "bubble: measured %.3f (idle share of stage time), formula (p-1)/(m+p-1) = %.3f\n",

@@ -90,7 +90,10 @@ TEST(TandemdTest, NodesAsksEachDaemonAndNamesTheOnesItCannotReach) {
   EXPECT_EQ(r.code, 1) << r.out;  // one node could not be asked
   EXPECT_NE(r.out.find("alpha        " + alpha.address()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tandem 0.1.0"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("protocol 2.5.0, node name 'alpha'"), std::string::npos) << r.out;
+  EXPECT_NE(
+      r.out.find("protocol " + tandem::runtime::kProtocolVersion.str() + ", node name 'alpha'"),
+      std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("device cpu"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("gone         127.0.0.1:1            unreachable: cannot reach the node "
                        "at 127.0.0.1:1"),

@@ -56,14 +56,14 @@ std::vector<Assign> assignments(const std::vector<Stage>& stages, ScheduleKind s
       a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : 0;
       a.layer_begin = stages[static_cast<size_t>(s)].begin;
       a.layer_end = stages[static_cast<size_t>(s)].end;
-      a.schedule = schedule;
-      a.microbatches = 4;
-      a.batch = 32;
-      a.epochs = 1;
-      a.seed = 3;
-      a.train_limit = 96;
-      a.test_limit = 64;
-      a.timeout_s = 30;
+      a.train.schedule = schedule;
+      a.train.microbatches = 4;
+      a.train.batch = 32;
+      a.train.epochs = 1;
+      a.train.seed = 3;
+      a.data.train_limit = 96;
+      a.data.test_limit = 64;
+      a.wire.timeout_s = 30;
       a.record_spans = true;
       a.save = true;
       out.push_back(a);
@@ -164,9 +164,9 @@ TEST(CoordinatorTest, ATrainedSliceLargerThanAMessageComesBackWhole) {
       "  - linear: {out: 8192}\n  - relu\n  - linear: {out: 10}\n";
   std::vector<Assign> as = assignments({{0, 2, 1}, {2, 4, 1}}, ScheduleKind::k1F1B, wide);
   for (Assign& a : as) {
-    a.optimizer.kind = "adamw";
-    a.train_limit = 32;
-    a.test_limit = 32;
+    a.train.optimizer.kind = "adamw";
+    a.data.train_limit = 32;
+    a.data.test_limit = 32;
   }
   auto launcher = threadLauncher();
   const RunResult r = coordinate(as, names(as), *launcher, RunCallbacks{}, RunOptions{});
@@ -292,14 +292,14 @@ std::vector<Assign> generationAssignments(const std::vector<int64_t>& cuts, bool
     a.next_replicas = s + 1 < p || p > 1 ? 1 : 0;
     a.layer_begin = cuts[static_cast<size_t>(s)];
     a.layer_end = cuts[static_cast<size_t>(s) + 1];
-    a.seed = 5;
-    a.timeout_s = 30;
+    a.train.seed = 5;
+    a.wire.timeout_s = 30;
     a.mode = RunMode::kGenerate;
     a.in_flight = 2;
     a.encrypt = encrypt;
     // (Generation's messages travel raw whatever the job's codecs: still bitwise.)
-    a.activation_codec = encrypt ? "fp16" : "fp32";
-    a.gradient_codec = encrypt ? "int8" : "fp32";
+    a.wire.activations = encrypt ? WireCodec::kF16 : WireCodec::kRaw;
+    a.wire.gradients = encrypt ? WireCodec::kI8 : WireCodec::kRaw;
     as.push_back(a);
   }
   return as;
@@ -356,7 +356,7 @@ TEST(CoordinatorTest, AGenerationRunGivesEachPromptTheTokensAndLogitsOfOneProces
 
 TEST(CoordinatorTest, APromptThatDoesNotFitTheModelEndsTheRunNamingIt) {
   std::vector<Assign> as = generationAssignments({0, 3, 6}, false);
-  for (Assign& a : as) a.timeout_s = 2;  // (the worker threads left wait that long)
+  for (Assign& a : as) a.wire.timeout_s = 2;  // (the worker threads left wait that long)
   PromptQueue queue;
   queue.push({7, std::vector<int32_t>(18, 65), 5, 0.0f, 0, 1});
   queue.close();

@@ -37,23 +37,23 @@ TEST(JobTest, ReadsEverySetting) {
   EXPECT_EQ(j.model, "examples/models/cnn.yaml");
   EXPECT_EQ(j.save, "out/cnn.tdm");
   EXPECT_EQ(j.weights, "/models/start.tdm");
-  EXPECT_EQ(j.epochs, 2);
-  EXPECT_EQ(j.batch, 32);
-  EXPECT_EQ(j.microbatches, 8);
-  EXPECT_EQ(j.schedule, ScheduleKind::kGPipe);
-  EXPECT_TRUE(j.recompute);
-  EXPECT_EQ(j.seed, 7u);
+  EXPECT_EQ(j.train.epochs, 2);
+  EXPECT_EQ(j.train.batch, 32);
+  EXPECT_EQ(j.train.microbatches, 8);
+  EXPECT_EQ(j.train.schedule, ScheduleKind::kGPipe);
+  EXPECT_TRUE(j.train.recompute);
+  EXPECT_EQ(j.train.seed, 7u);
   EXPECT_EQ(j.threads, 2);
-  EXPECT_EQ(j.optimizer.kind, "adamw");
-  EXPECT_FLOAT_EQ(j.optimizer.lr, 0.002f);  // linear scaling: batch 32 over 16
-  EXPECT_FLOAT_EQ(j.optimizer.min_lr, 0.0002f);
-  EXPECT_EQ(j.optimizer.lr_schedule, "cosine");
-  EXPECT_EQ(j.optimizer.warmup_steps, 10);
-  EXPECT_EQ(j.optimizer.decay_steps, 100);
-  EXPECT_EQ(j.activation_codec, "fp16");
-  EXPECT_EQ(j.gradient_codec, "int8");
+  EXPECT_EQ(j.train.optimizer.kind, "adamw");
+  EXPECT_FLOAT_EQ(j.train.optimizer.lr, 0.002f);  // linear scaling: batch 32 over 16
+  EXPECT_FLOAT_EQ(j.train.optimizer.min_lr, 0.0002f);
+  EXPECT_EQ(j.train.optimizer.lr_schedule, "cosine");
+  EXPECT_EQ(j.train.optimizer.warmup_steps, 10);
+  EXPECT_EQ(j.train.optimizer.decay_steps, 100);
+  EXPECT_EQ(j.wire.activations, WireCodec::kF16);
+  EXPECT_EQ(j.wire.gradients, WireCodec::kI8);
   EXPECT_EQ(j.transport, "ipc");
-  EXPECT_EQ(j.timeout_s, 5);
+  EXPECT_EQ(j.wire.timeout_s, 5);
   EXPECT_EQ(j.stages, 3);
   EXPECT_EQ(j.ranges, (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 9}, {9, 11}}));
   EXPECT_EQ(j.checkpoint.every_steps, 0);  // none unless asked
@@ -205,9 +205,9 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
   EXPECT_TRUE(chooses.microbatches_auto);
   EXPECT_TRUE(chooses.schedule_auto);
   EXPECT_EQ(parseJobSpec("model: m.yaml\npartition: equal\nstages: 2\nschedule: zb-h1\n", "j.yaml")
-                .schedule,
+                .train.schedule,
             ScheduleKind::kZeroBubbleH1);
-  EXPECT_LE(chooses.microbatches, 8);  // a placeholder until planned, within the batch
+  EXPECT_LE(chooses.train.microbatches, 8);  // a placeholder until planned, within the batch
 }
 
 // `codec: auto` takes each link's from the plan (chosen by `partition: auto`, or stated by a
@@ -215,14 +215,16 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
 TEST(JobTest, CodecsMayBeEachLinksInThePlan) {
   const JobSpec a = parseJobSpec(
       "model: m.yaml\npartition: auto\ncluster: c.yaml\ncodec: {activations: auto}\n", "j.yaml");
-  EXPECT_EQ(a.activation_codec, "auto");
+  EXPECT_TRUE(a.activations_auto);
   EXPECT_TRUE(a.activation_codec_given);
-  EXPECT_EQ(a.gradient_codec, "fp32");
+  EXPECT_FALSE(a.gradients_auto);
+  EXPECT_EQ(a.wire.gradients, WireCodec::kRaw);
   EXPECT_FALSE(a.gradient_codec_given);
   const JobSpec p = parseJobSpec(
       "model: m.yaml\npartition: p.yaml\ncodec: {activations: auto, gradients: int8}\n", "j.yaml");
-  EXPECT_EQ(p.activation_codec, "auto");
-  EXPECT_EQ(p.gradient_codec, "int8");
+  EXPECT_TRUE(p.activations_auto);
+  EXPECT_FALSE(p.gradients_auto);
+  EXPECT_EQ(p.wire.gradients, WireCodec::kI8);
   EXPECT_TRUE(p.gradient_codec_given);
 }
 
@@ -283,7 +285,7 @@ TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
   EXPECT_EQ(as[1].prev_replicas, 1);
   EXPECT_EQ(as[1].next_replicas, 1);
   EXPECT_EQ(as[1].chunks, stages[1].chunks);
-  EXPECT_EQ(as[0].schedule, ScheduleKind::kInterleaved1F1B);
+  EXPECT_EQ(as[0].train.schedule, ScheduleKind::kInterleaved1F1B);
   // Each stage's memory counts every chunk's weights.
   const std::vector<int64_t> bytes = stageMemory(equal, m, stages, RunMode::kTrain);
   EXPECT_GT(bytes[0], 4 * 4 * (m.paramCount(0, 2) + m.paramCount(4, 6)) - 1);

@@ -28,12 +28,12 @@ std::vector<std::tuple<int, std::string, std::string>> codecs(const std::string&
   const Model model(parseModelSpec(kSpec));
   const std::vector<partitioner::PlanStageSpec> planned = partitioner::parsePlan(kPlan, "p.yaml");
   const auto stages = jobStages(job, model, &planned);
-  EXPECT_EQ(stages[0].next_activation_codec, "int8");
-  EXPECT_EQ(stages[0].next_gradient_codec, "fp16");
-  EXPECT_EQ(stages[1].next_activation_codec, "");
+  EXPECT_EQ(stages[0].next_activation_codec, WireCodec::kI8);
+  EXPECT_EQ(stages[0].next_gradient_codec, WireCodec::kF16);
+  EXPECT_FALSE(stages[1].next_activation_codec.has_value());
   std::vector<std::tuple<int, std::string, std::string>> out;
   for (const Assign& a : jobAssignments(job, stages, RunMode::kTrain, false, kSpec, "", 0))
-    out.emplace_back(a.stage, a.activation_codec, a.gradient_codec);
+    out.emplace_back(a.stage, wireCodecName(a.wire.activations), wireCodecName(a.wire.gradients));
   return out;
 }
 
