@@ -195,6 +195,11 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
       os << "  - {device: " << problem.devices[static_cast<size_t>(l.device)].name
          << ", reason: " << quoted(l.reason) << "}\n";
   }
+  if (plan.chunks > 1)
+    os << "# Interleaved: the stages below are " << plan.chunks << " model chunks for each of "
+       << plan.stages.size() / static_cast<size_t>(plan.chunks)
+       << " stages, chunk k on stage k % stages (a job runs it with 'schedule: interleaved' and "
+       << "'chunks: " << plan.chunks << "').\nchunks: " << plan.chunks << "\n";
   os << "stages:\n";
   const std::vector<PlanStageSpec> specs = planStageSpecs(cost, plan, "");
   auto list = [&](const std::vector<std::string>& names) {
@@ -221,7 +226,8 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
   return os.str();
 }
 
-std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::string& source) {
+std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::string& source,
+                                     int* chunks) {
   const YamlReader r(source);
   const YAML::Node root = r.load(yaml_text);
   if (!root.IsMap()) throw InvalidArgument(source + ": a plan is a map with 'stages'");
@@ -229,6 +235,17 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
   if (!stages) throw InvalidArgument(source + ": a plan needs 'stages'");
   if (!stages.IsSequence() || stages.size() == 0)
     r.fail(stages, "'stages' must be a list of {layers, devices, backend, threads}");
+  int per = 1;
+  if (const YAML::Node c = root["chunks"]) {
+    const int64_t v = r.positive(c, "chunks");
+    if (v < 2 || v > 64) r.fail(c, "'chunks' must be from 2 to 64");
+    per = static_cast<int>(v);
+    if (stages.size() % static_cast<size_t>(per) != 0 ||
+        stages.size() / static_cast<size_t>(per) < 2)
+      r.fail(c, "the plan lists " + std::to_string(stages.size()) + " stages, not " +
+                    std::to_string(per) + " chunks for each of 2 stages or more");
+  }
+  if (chunks) *chunks = per;
   std::vector<PlanStageSpec> out;
   for (const YAML::Node& st : stages) {
     if (!st.IsMap()) r.fail(st, "a stage is a map {layers: [begin, end], devices, backend}");

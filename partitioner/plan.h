@@ -110,7 +110,11 @@ struct PlanStageSpec {
   double allreduce_s = 0;  // a replicated stage's predicted allreduce per step
   std::string where;       // "plan.yaml:7:5", for messages
 };
-std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::string& source);
+// `chunks`, when given, receives the plan's model chunks per stage (`chunks:`, 1 when it
+// states none): an interleaved plan lists stages x chunks ranges, chunk k on stage k %
+// stages (Plan::chunks).
+std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::string& source,
+                                     int* chunks = nullptr);
 // A plan's stages as its file states them (what parsePlan reads back from planToYaml, but
 // with the predicted times unrounded), each named by `where` in messages: how `tandem
 // run` takes the plan it made for `partition: auto` without a trip through YAML text.

@@ -324,10 +324,6 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   if (chunks && !interleaved)
     r.fail(*chunks, "'chunks' is for 'schedule: interleaved' (a stage's model chunks)");
   if (interleaved && !chunks) job.chunks = 2;
-  if (interleaved && !job.plan.empty())
-    r.fail(*schedule,
-           "a plan file's stages are one range each: interleaved stages come from 'partition: "
-           "auto', 'partition: equal' with 'stages', or the ranges");
   if (interleaved)
     for (size_t i = 0; i < job.range_replicas.size(); ++i)
       if (job.range_replicas[i] > 1)

@@ -434,8 +434,18 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     }
     return out;
   }
+  int plan_chunks = job.chunks;  // a plan file's own
   const std::vector<partitioner::PlanStageSpec> specs =
-      planned ? *planned : partitioner::parsePlan(readFile(job.plan, "plan file"), job.plan);
+      planned ? *planned
+              : partitioner::parsePlan(readFile(job.plan, "plan file"), job.plan, &plan_chunks);
+  TANDEM_CHECK_MSG(plan_chunks == job.chunks, InvalidArgument,
+                   job.plan << ": the plan's stages are in " << plan_chunks
+                            << " chunks each, the job's "
+                            << (job.chunks > 1 ? "in " + std::to_string(job.chunks)
+                                               : std::string("one range each"))
+                            << (plan_chunks > 1 ? " (give 'schedule: interleaved' with 'chunks: " +
+                                                      std::to_string(plan_chunks) + "')"
+                                                : std::string()));
   JobSpec ranges = job;  // the job's own coverage checks, naming the plan's lines
   ranges.ranges.clear();
   ranges.range_where.clear();
@@ -446,8 +456,9 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     ranges.range_where.push_back(s.where);
   }
   stageRanges(ranges, model);
-  // An interleaved plan (the job's chunks > 1, which only `partition: auto` plans) lists
-  // its stages' chunks: stage s holds chunks s, s + stages, ..., as a job's ranges do.
+  // An interleaved plan (the job's chunks > 1: `partition: auto`'s, or a plan file with
+  // `chunks:`) lists its stages' chunks: stage s holds chunks s, s + stages, ..., as a
+  // job's ranges do.
   const auto chunks = static_cast<size_t>(job.chunks);
   TANDEM_CHECK_MSG(specs.size() % chunks == 0 && (chunks == 1 || specs.size() / chunks >= 2),
                    InvalidArgument,

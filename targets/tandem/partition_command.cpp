@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -21,9 +22,10 @@ namespace {
 
 // Devices a plan uses: every replica of every stage.
 size_t devicesUsed(const partitioner::Plan& plan) {
-  size_t n = 0;
-  for (const partitioner::PlanStage& s : plan.stages) n += s.at.devices.size();
-  return n;
+  std::set<int> used;  // (an interleaved plan's chunks share their stage's devices)
+  for (const partitioner::PlanStage& s : plan.stages)
+    used.insert(s.at.devices.begin(), s.at.devices.end());
+  return used.size();
 }
 
 struct PartitionArgs {
@@ -36,6 +38,7 @@ struct PartitionArgs {
   float momentum = 0.9f;
   bool recompute = false;
   int max_replicas = 1;
+  int chunks = 2;  // --schedule interleaved: model chunks per stage
 };
 
 // A plan file's split (its stages' layers and devices, by name) priced on `cost`: its
@@ -47,7 +50,8 @@ partitioner::Plan givenPlan(const partitioner::CostModel& cost, const std::strin
   std::vector<partitioner::Assignment> stages;
   // Each link's codecs as the plan states them (else the options'), priced by their ratios.
   std::vector<partitioner::LinkCodec> links;
-  const auto specs = partitioner::parsePlan(readFile(path, "plan file"), path);
+  int chunks = 1;
+  const auto specs = partitioner::parsePlan(readFile(path, "plan file"), path, &chunks);
   for (size_t s = 0; s + 1 < specs.size(); ++s) {
     partitioner::LinkCodec l{o.activation_codec, o.gradient_codec, o.activation_ratio,
                              o.gradient_ratio};
@@ -67,14 +71,14 @@ partitioner::Plan givenPlan(const partitioner::CostModel& cost, const std::strin
       int found = -1;
       for (size_t d = 0; d < devices.size(); ++d)
         if (devices[d].name == name) found = static_cast<int>(d);
-      TANDEM_CHECK_MSG(found >= 0, InvalidArgument,
-                       s.where << ": device '" << name
-                               << "' is not one of the cluster's (named node/device)");
+      TANDEM_CHECK_MSG(
+          found >= 0, InvalidArgument,
+          s.where << ": device '" << name << "' is not one of the cluster's (named node/device)");
       a.devices.push_back(found);
     }
     stages.push_back(std::move(a));
   }
-  return partitioner::evaluate(cost, stages, "given", links);
+  return partitioner::evaluate(cost, stages, "given", links, chunks);
 }
 
 void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan) {
@@ -106,9 +110,12 @@ void runPartition(const PartitionArgs& a) {
   partitioner::CostOptions o;
   o.objective = partitioner::parseObjective(a.objective);
   const ScheduleKind kind = parseSchedule(a.schedule);
-  TANDEM_CHECK_MSG(isTraining(kind) && kind != ScheduleKind::kInterleaved1F1B, InvalidArgument,
-                   "--schedule " << a.schedule << ": the partitioner costs gpipe, 1f1b or zb-h1");
-  o.schedule = kind;
+  TANDEM_CHECK_MSG(
+      isTraining(kind), InvalidArgument,
+      "--schedule " << a.schedule << ": the partitioner costs gpipe, 1f1b, zb-h1 or interleaved");
+  const bool interleaved = kind == ScheduleKind::kInterleaved1F1B;
+  // Interleaved stages are the 1F1B plan's, each cut into chunks: searched under 1F1B.
+  o.schedule = interleaved ? ScheduleKind::k1F1B : kind;
   // As a job cuts it: microbatch sizes differ by one; the largest is priced.
   TANDEM_CHECK_MSG(a.microbatches <= a.batch, InvalidArgument,
                    "--microbatches " << a.microbatches << " exceeds --batch " << a.batch
@@ -155,6 +162,19 @@ void runPartition(const PartitionArgs& a) {
   so.algorithm = a.algorithm;
   partitioner::Plan plan =
       a.evaluate.empty() ? partitioner::choosePlan(cost, so) : givenPlan(cost, a.evaluate);
+  if (interleaved && a.evaluate.empty()) {
+    TANDEM_CHECK_MSG(
+        a.baseline.empty(), InvalidArgument,
+        "--baseline " << a.baseline << ": a baseline split is one range per stage, not chunks");
+    partitioner::Problem chunked = cost.problem();
+    chunked.options.schedule = kind;
+    cost = partitioner::CostModel(std::move(chunked));
+    TANDEM_CHECK_MSG(plan.stages.size() >= 2, InvalidArgument,
+                     "--schedule interleaved: the plan is one stage ("
+                         << plan.stages.front().at.end << " layers on one device), which has "
+                         << "nothing to interleave");
+    plan = partitioner::interleavedPlan(cost, plan, a.chunks);
+  }
   const double planning_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::vector<partitioner::Plan> baselines = partitioner::baselinePlans(cost);
@@ -172,10 +192,15 @@ void runPartition(const PartitionArgs& a) {
   auto time = [&](const partitioner::Plan& p) { return training ? p.step_s : p.seconds; };
   std::printf("plan for %s on %s (%s, %s%s, %zu of %zu devices, %lld microbatches of %lld)\n",
               model.name().c_str(), a.cluster.c_str(), a.objective.c_str(), plan.algorithm.c_str(),
-              !a.evaluate.empty() ? " plan file" : a.baseline.empty() ? " search" : " baseline",
-              devicesUsed(plan),
-              cost.problem().devices.size(), static_cast<long long>(o.microbatches),
-              static_cast<long long>(o.microbatch_size));
+              !a.evaluate.empty()  ? " plan file"
+              : a.baseline.empty() ? " search"
+                                   : " baseline",
+              devicesUsed(plan), cost.problem().devices.size(),
+              static_cast<long long>(o.microbatches), static_cast<long long>(o.microbatch_size));
+  if (plan.chunks > 1)
+    std::printf("interleaved: %zu stages of %d chunks, chunk k on stage k %% %zu\n",
+                plan.stages.size() / static_cast<size_t>(plan.chunks), plan.chunks,
+                plan.stages.size() / static_cast<size_t>(plan.chunks));
   printPlan(cost, plan);
   std::printf("predicted: %s%.3f ms per microbatch (%s)", latency ? "latency " : "",
               plan.seconds * 1e3, plan.bottleneck.c_str());
@@ -225,8 +250,11 @@ void addPartition(CLI::App& app) {
   c->add_option("--microbatches", a->microbatches, "Microbatches per step")
       ->check(positiveNumber());
   c->add_option("--schedule", a->schedule,
-                "gpipe, 1f1b or zb-h1 (the order of each stage's work, the stash it holds)")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "zb-h1"}));
+                "gpipe, 1f1b, zb-h1 or interleaved (the order of each stage's work, the stash "
+                "it holds)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb-h1", "interleaved"}));
+  c->add_option("--chunks", a->chunks, "interleaved: model chunks per stage")
+      ->check(CLI::Range(2, 64));
   c->add_flag("--recompute", a->recompute, "Stash stage inputs only, recompute in backward");
   c->add_option("--optimizer", a->optimizer, "sgd or adamw (the state each parameter has)")
       ->check(CLI::IsMember({"sgd", "adamw"}));

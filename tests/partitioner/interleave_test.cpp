@@ -165,5 +165,43 @@ TEST(InterleaveTest, TheCutsMakeTheSlowestChunkAsShortAsAnyOther) {
       }
 }
 
+// A plan file states an interleaved plan's chunks (`chunks:`) and lists them in layer
+// order; read back, they are the plan's, and a `chunks:` its stages cannot hold is refused
+// naming the line.
+TEST(InterleaveTest, PlanFilesCarryTheirChunks) {
+  Problem problem = chainProblem(12, {1, 2});
+  problem.options.microbatches = 4;
+  problem.options.schedule = ScheduleKind::kInterleaved1F1B;
+  const CostModel cost(problem);
+  const Plan plan = interleavedPlan(cost, evaluate(cost, {{0, 8, {0}}, {8, 12, {1}}}, "exact"), 2);
+  const std::string yaml = planToYaml(cost, plan);
+  int chunks = 0;
+  const std::vector<PlanStageSpec> read = parsePlan(yaml, "plan.yaml", &chunks);
+  EXPECT_EQ(chunks, 2) << yaml;
+  ASSERT_EQ(read.size(), 4u) << yaml;
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(read[k].begin, plan.stages[k].at.begin) << k;
+    EXPECT_EQ(read[k].end, plan.stages[k].at.end) << k;
+    EXPECT_EQ(read[k].devices, std::vector<std::string>{k % 2 == 0 ? "n0/cpu" : "n1/cpu"}) << k;
+  }
+  int none = 0;
+  parsePlan("stages:\n  - {layers: [0, 12], devices: [n0/cpu], backend: cpu}\n", "p.yaml", &none);
+  EXPECT_EQ(none, 1);
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        parsePlan(
+            "chunks: 2\nstages:\n  - {layers: [0, 6], devices: [a], backend: cpu}\n"
+            "  - {layers: [6, 12], devices: [b], backend: cpu}\n",
+            "p.yaml");
+      },
+      {"p.yaml:1:9", "lists 2 stages, not 2 chunks for each of 2 stages or more"});
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        parsePlan("chunks: 1\nstages:\n  - {layers: [0, 6], devices: [a], backend: cpu}\n",
+                  "p.yaml");
+      },
+      {"p.yaml:1:9", "'chunks' must be from 2 to 64"});
+}
+
 }  // namespace
 }  // namespace tandem::partitioner

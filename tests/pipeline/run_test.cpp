@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -30,6 +29,7 @@
 #include "core/model_spec.h"
 #include "core/train/trainer.h"
 #include "tests/process_util.h"
+#include "tests/profile_util.h"
 #include "transport/wire.h"
 
 extern char** environ;
@@ -137,9 +137,9 @@ struct Reference {
   int64_t steps = 0;
 };
 Reference singleDevice(const Dataset& train, int64_t batch, int64_t m,
-                       const OptimizerOptions& options = {}) {
+                       const OptimizerOptions& options = {}, const std::string& model = kMlp) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
-  Model ref(loadModelSpec(kMlp));
+  Model ref(loadModelSpec(model));
   ref.build(be, 3);
   Optimizer opt(be, options);
   Trainer trainer(ref, opt, TrainOptions{batch, 3, true, m});
@@ -240,25 +240,21 @@ TEST(RunTest, InterleavedStageProcessesMatchSingleDeviceAccumulationBitwise) {
 }
 
 // `partition: auto` with `schedule: interleaved`: the planner cuts its stages into chunks
-// (over two equal nodes, on a profile whose layers are slow enough that splitting pays
-// whatever the links cost), the workers run them, and the saved weights and optimizer
-// steps are single-device accumulation's, bitwise.
+// (mlp-deep over two equal nodes, on a profile whose layers are slow enough that
+// splitting pays whatever the links cost), the workers run them, and the saved weights
+// and optimizer steps are single-device accumulation's, bitwise.
 TEST(RunTest, AnInterleavedAutoPlanMatchesSingleDeviceAccumulationBitwise) {
   const int64_t train_limit = 300, batch = 32, m = 4;
   const std::string dir = ::testing::TempDir();
   const std::string profile = dir + "/run_il_profile.json", cluster = dir + "/run_il_cluster.yaml";
   const std::string model = dir + "/run_il.tdm";
+  // Six equal hidden layers: an even split over two equal nodes is the plan.
+  const std::string deep = std::string(TANDEM_SOURCE_DIR) + "/examples/models/mlp-deep.yaml";
   RunProcess measure("--model",
-                     {kMlp, "--batch", "8", "--repeats", "2", "--warmup", "1", "--out", profile},
+                     {deep, "--batch", "8", "--repeats", "2", "--warmup", "1", "--out", profile},
                      "profile");
   ASSERT_EQ(measure.wait(60s), 0) << measure.output();
-  nlohmann::json measured = nlohmann::json::parse(readFile(profile, "profile"));
-  for (auto& device : measured["devices"])
-    for (auto& layer : device["layers"])
-      for (const char* pass : {"forward_s", "backward_s"})
-        for (const char* stat : {"min", "median", "max"})
-          layer[pass][stat] = layer[pass][stat].get<double>() * 1000;
-  std::ofstream(profile) << measured.dump();
+  tandem::testing::scaleProfileTimes(profile, 1000);
   std::ofstream(cluster) << "nodes:\n  - {name: a, devices: [{name: cpu, backend: cpu}]}\n"
                             "  - {name: b, devices: [{name: cpu, backend: cpu}]}\n";
   std::ostringstream body;
@@ -267,14 +263,16 @@ TEST(RunTest, AnInterleavedAutoPlanMatchesSingleDeviceAccumulationBitwise) {
        << "\nschedule: interleaved\npartition: auto\ncluster: " << cluster
        << "\nprofile: " << profile << "\nseed: 3\nsave: " << model << "\n";
   std::filesystem::remove(model);
-  RunProcess run(writeJob("run_interleaved_auto", body.str()));
+  const std::string job = dir + "/run_interleaved_auto.yaml";
+  std::ofstream(job) << "model: " << deep << "\n" << body.str();
+  RunProcess run(job);
   ASSERT_EQ(run.wait(120s), 0) << run.output();
   for (const char* s : {"partition: auto: 2 stages of 2 chunks by the", "interleaved schedule",
                         "formula (p-1)/(vm+p-1)", ")+[", "test accuracy"})
     EXPECT_NE(run.output().find(s), std::string::npos) << s << "\n" << run.output();
   const ModelFile saved = readModelFile(model);
   const Reference want =
-      singleDevice(loadFashionMnist(kFashionMnistDir, true, train_limit), batch, m);
+      singleDevice(loadFashionMnist(kFashionMnistDir, true, train_limit), batch, m, {}, deep);
   ASSERT_EQ(saved.params.size(), want.weights.size());
   for (const HostTensor& t : saved.params) {
     ASSERT_EQ(want.weights.count(t.name), 1u) << t.name;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/file.h"
+#include "tests/profile_util.h"
 #include "tests/targets/cli_util.h"
 #include "tests/test_util.h"
 
@@ -180,6 +182,63 @@ TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
     EXPECT_TRUE(r.out.find("  a/cpu: ") != std::string::npos ||
                 r.out.find("  b/cpu: ") != std::string::npos)
         << r.out;
+  }
+}
+
+// tandem partition --schedule interleaved writes a plan whose stages are cut into chunks
+// (mlp-deep over two equal devices, on a profile whose layers are slow enough that
+// splitting pays);
+// a job runs the file with `schedule: interleaved` and the same `chunks`, and a job
+// without them is refused, naming the plan's chunks.
+TEST(CliTest, AnInterleavedPlanFileRuns) {
+  const std::string dir = tandem::testing::freshDir("cli-interleaved-plan");
+  const std::string profile = dir + "/profile.json", plan = dir + "/plan.yaml";
+  ASSERT_EQ(run("profile --model " + kModels +
+                "mlp-deep.yaml --batch 8 --repeats 2 --warmup 1 --out " + profile)
+                .code,
+            0);
+  tandem::testing::scaleProfileTimes(profile, 1000);
+  std::ofstream(dir + "/cluster.yaml")
+      << "nodes:\n  - name: local\n    devices:\n"
+         "      - {name: cpu0, backend: cpu, threads: 1, memory: 2GiB}\n"
+         "      - {name: cpu1, backend: cpu, threads: 1, memory: 2GiB}\n"
+         "links:\n  local: {bandwidth: 2GB/s, latency: 50us}\n";
+  const CliRun p =
+      run("partition --model " + kModels + "mlp-deep.yaml --cluster " + dir +
+          "/cluster.yaml --profile " + profile +
+          " --batch 32 --microbatches 4 --schedule interleaved --chunks 2 --out " + plan);
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("interleaved: 2 stages of 2 chunks"), std::string::npos) << p.out;
+  EXPECT_NE(tandem::readFile(plan, "plan").find("\nchunks: 2\n"), std::string::npos);
+  // Priced again from the file, the same step.
+  const CliRun e =
+      run("partition --model " + kModels + "mlp-deep.yaml --cluster " + dir +
+          "/cluster.yaml --profile " + profile + " --batch 32 --microbatches 4 --evaluate " + plan);
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("interleaved: 2 stages of 2 chunks"), std::string::npos) << e.out;
+  const auto step = [](const std::string& out) {
+    const size_t at = out.find("a training step ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 16));
+  };
+  EXPECT_NEAR(step(e.out), step(p.out), 1e-3 * step(p.out)) << p.out << e.out;
+  for (const bool interleaved : {true, false}) {
+    std::ofstream(dir + "/job.yaml")
+        << "model: " << kModels << "mlp-deep.yaml\ntrain_limit: 256\ntest_limit: 64\nbatch: 32\n"
+        << "microbatches: 4\n"
+        << (interleaved ? "schedule: interleaved\nchunks: 2\n" : "") << "partition: " << plan
+        << "\ncluster: " << dir << "/cluster.yaml\n";
+    const CliRun j = run("run " + dir + "/job.yaml");
+    if (interleaved) {
+      ASSERT_EQ(j.code, 0) << j.out;
+      EXPECT_NE(j.out.find("interleaved schedule"), std::string::npos) << j.out;
+      EXPECT_NE(j.out.find(")+["), std::string::npos) << j.out;
+    } else {
+      EXPECT_EQ(j.code, 1) << j.out;
+      EXPECT_NE(j.out.find("the plan's stages are in 2 chunks each, the job's one range each "
+                           "(give 'schedule: interleaved' with 'chunks: 2')"),
+                std::string::npos)
+          << j.out;
+    }
   }
 }
 

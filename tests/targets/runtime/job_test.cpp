@@ -115,8 +115,6 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"model: m.yaml\npartition: [[0, 1], {layers: [1, 2], replicas: 2}, [2, 3], [3, 4]]\n"
        "schedule: interleaved\n",
        {"j.yaml:2:30", "interleaved stages cannot have replicas"}},
-      {"model: m.yaml\npartition: p.yaml\nschedule: interleaved\n",
-       {"j.yaml:3:11", "a plan file's stages are one range each"}},
       {"model: m.yaml\npartition: equal\n", {"j.yaml:2:12", "needs 'stages: N'"}},
       {"model: m.yaml\npartition: [[0, 2], [2, 2]]\n", {"j.yaml:2:21", "[2, 2) is empty"}},
       {"model: m.yaml\npartition: [[0, 2], 5]\n", {"j.yaml:2:21", "range [begin, end]"}},
