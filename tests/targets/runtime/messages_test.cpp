@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstring>
 
 #include <cmath>
@@ -143,9 +145,8 @@ TEST(MessagesTest, FieldsBeyondTheirLimitsAreRefusedNamingTheField) {
   expectThrowWith<FormatError>([&] { decodeMessage(nan_load); }, {"load", "finite"});
   for (const float cores : {-0.5f, std::nanf(""), 1e9f}) {
     const auto bad_quota = raw([&](B& b) {
-      return std::pair{fb::Body_NodeInfo, fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, 50, 0, 0, 0, 0,
-                                                             1.0f, cores)
-                                              .Union()};
+      return std::pair{fb::Body_NodeInfo,
+                       fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, 50, 0, 0, 0, 0, 1.0f, cores).Union()};
     });
     expectThrowWith<FormatError>([&] { decodeMessage(bad_quota); },
                                  {"'node info'", "cpu_quota", "is not a core count"});
@@ -221,10 +222,12 @@ TEST(MessagesTest, AReportAtAnOddAddressDecodesItsSpans) {
   EXPECT_EQ(std::get<StageReport>(back).spans, report.spans);
 }
 
-// An assignment whose chunk vector lies at 4 mod 8 (the verifier checks a vector's length
-// for alignment, not its elements; the fuzzer found such a buffer): the chunks are copied
-// out, not read in place (undefined behaviour, which UBSan in the sanitizer build
-// reports), and a chunk outside the stage's layers is refused by name.
+// An assignment whose chunk vector lies at 4 mod 8 in the buffer (the verifier checks a
+// vector's length for alignment, not its elements; the fuzzer found such a buffer): the
+// chunks are copied out, not read in place (undefined behaviour, which UBSan in the
+// sanitizer build reports), and a chunk outside the stage's layers is refused by name.
+// The buffer: an encoded assignment whose chunks field is pointed at a copy of its
+// vector appended at 4 mod 8.
 TEST(MessagesTest, AnAssignsChunksOffTheirAlignmentAreCopiedOut) {
   Assign a = sampleAssign();  // stage 1 of 3, layers [3, 6)
   a.train.schedule = ScheduleKind::kInterleaved1F1B;
@@ -232,14 +235,32 @@ TEST(MessagesTest, AnAssignsChunksOffTheirAlignmentAreCopiedOut) {
   a.replicas = 1;
   a.next_replicas = 1;
   a.chunks = {{3, 4}, {5, 7}};
-  const std::vector<uint8_t> bytes = encodeMessage(a);
-  std::vector<uint64_t> storage(bytes.size() / 8 + 2);  // 8-byte aligned
-  auto* odd = reinterpret_cast<uint8_t*>(storage.data()) + 4;
-  std::memcpy(odd, bytes.data(), bytes.size());
+  std::vector<uint8_t> bytes = encodeMessage(a);
+  // The vector as FlatBuffers lays it out: its length, then the bounds.
+  std::vector<uint8_t> vector(4 + 4 * 8, 0);
+  const uint32_t length = 4;
+  std::memcpy(vector.data(), &length, 4);
+  const int64_t bounds[] = {3, 4, 5, 7};
+  std::memcpy(vector.data() + 4, bounds, sizeof bounds);
+  const auto found = std::search(bytes.begin(), bytes.end(), vector.begin(), vector.end());
+  ASSERT_NE(found, bytes.end());
+  const auto at = static_cast<uint32_t>(found - bytes.begin());
+  ASSERT_EQ(at % 8, 4u);  // its elements 8-aligned, as built
+  // The field that points at it: a forward offset from its own place.
+  uint32_t field = 0;
+  for (uint32_t f = 0; f + 4 <= at; f += 4) {
+    uint32_t offset = 0;
+    std::memcpy(&offset, bytes.data() + f, 4);
+    if (f + offset == at) field = f;
+  }
+  ASSERT_NE(field, 0u);
+  while (bytes.size() % 8 != 0) bytes.push_back(0);
+  const auto moved = static_cast<uint32_t>(bytes.size());   // the length at 0 mod 8, the
+  bytes.insert(bytes.end(), vector.begin(), vector.end());  // bounds at 4 mod 8
+  const uint32_t offset = moved - field;
+  std::memcpy(bytes.data() + field, &offset, 4);
   expectThrowWith<FormatError>(
-      [&] {
-        decodeMessage({odd, bytes.size()});
-      },
+      [&] { decodeMessage(bytes); },
       {"bad control message 'assign': chunk 1 [5, 7)", "outside layers [3, 6)"});
 }
 
