@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   interleaved.stages = 2;
   interleaved.prev_replicas = interleaved.next_replicas = 1;
   interleaved.layer_end = 3;
-  interleaved.schedule = tandem::ScheduleKind::kInterleaved1F1B;
+  interleaved.train.schedule = tandem::ScheduleKind::kInterleaved1F1B;
   interleaved.chunks = {{0, 1}, {2, 3}};
   const Message all[] = {hello,
                          Assign{},
