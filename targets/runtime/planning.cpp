@@ -195,6 +195,10 @@ std::vector<int64_t> microbatchCandidates(int64_t batch) {
 
 }  // namespace
 
+bool prefersInterleaved(double interleaved_samples_per_s, double other_samples_per_s) {
+  return interleaved_samples_per_s > other_samples_per_s * (1 + partitioner::kSelectionMargin);
+}
+
 PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons) {
   const std::string spec = readFile(job.model, "model spec");
   const std::vector<int64_t> counts = job.microbatches_auto ? microbatchCandidates(job.train.batch)
@@ -277,14 +281,9 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
         best = {plan, m, runs, c.chunks, std::move(cost)};
     }
   }
-  // Interleaved stages send each microbatch over chunks times the links, whose cost the
-  // model prices least well (docs/partitioner.md): they are taken only when predicted
-  // faster than the best plan without them by more than the model's error, as a device
-  // must be to be used (kSelectionMargin).
   const bool take_chunked =
       chunked.cost &&
-      (!flat.cost ||
-       chunked.plan.samples_per_s > flat.plan.samples_per_s * (1 + partitioner::kSelectionMargin));
+      (!flat.cost || prefersInterleaved(chunked.plan.samples_per_s, flat.plan.samples_per_s));
   Choice& chosen = take_chunked ? chunked : flat;
   TANDEM_CHECK_MSG(chosen.cost, InvalidArgument,
                    job.partition_where << ": no microbatch count or schedule gives a plan that "

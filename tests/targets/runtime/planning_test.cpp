@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "core/model_spec.h"
+#include "partitioner/search.h"
 #include "targets/runtime/job.h"
 
 namespace tandem::runtime {
@@ -55,6 +56,16 @@ TEST(PlanningTest, ADirectionTheJobFixesIsItsOnEveryLink) {
   EXPECT_EQ(
       codecs("codec: {activations: auto, gradients: fp32}\n"),
       (Codecs{{0, "int8", "fp32"}, {1, "fp32", "fp32"}, {1, "fp32", "fp32"}, {2, "fp32", "fp32"}}));
+}
+
+// `schedule: auto` takes interleaved stages only when they are predicted faster than the
+// best other plan by more than the selection margin (15%).
+TEST(PlanningTest, InterleavedStagesMustBeatTheOthersByTheSelectionMargin) {
+  EXPECT_FALSE(prefersInterleaved(1000, 1000));
+  EXPECT_FALSE(prefersInterleaved(1100, 1000));
+  EXPECT_FALSE(prefersInterleaved(1000 * (1 + partitioner::kSelectionMargin), 1000));
+  EXPECT_TRUE(prefersInterleaved(1000 * (1 + partitioner::kSelectionMargin) + 1, 1000));
+  EXPECT_FALSE(prefersInterleaved(900, 1000));
 }
 
 }  // namespace
