@@ -251,7 +251,7 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
             cost = partitioner::CostModel(std::move(chunked));
             plan = partitioner::interleavedPlan(cost, base, chunks);
           } else if (choosing) {
-            throw InvalidArgument("interleaved stages need 2 stages or more; the plan uses " +
+            throw InvalidArgument("interleaved stages need 2 stages or more, and the plan is " +
                                   std::string(base.stages.empty() ? "none" : "one device"));
           } else {
             // The job asked for interleaved stages, but its plan is one device (chosen as
@@ -269,6 +269,7 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
       } catch (const InvalidArgument& e) {
         if (!choosing) throw;
         c.infeasible = e.what();
+        c.refused = true;
       }
       out.candidates.push_back(c);
       // A job that fixes both is planned as it says: a plan that does not fit is returned

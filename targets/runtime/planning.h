@@ -65,6 +65,7 @@ struct PlanCandidate {
   int chunks = 1;  // interleaved: model chunks per stage
   double step_s = 0, samples_per_s = 0;
   std::string infeasible;  // why it does not fit (empty: it does)
+  bool refused = false;    // `infeasible` is why it could not be planned at all
 };
 struct PlannedJob {
   partitioner::Plan plan;

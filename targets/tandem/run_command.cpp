@@ -301,7 +301,7 @@ int runJob(const RunArgs& args) {
                         c.samples_per_s);
           priced += buf;
         } else {
-          priced += ": does not fit";
+          priced += c.refused ? ": not planned: " + c.infeasible : ": does not fit";
         }
       }
       spdlog::info("  chose {} microbatches, {}{} (predicted step per candidate{})",

@@ -432,12 +432,14 @@ std::vector<int> listeningPorts(pid_t pid) {
 // One that pushes well-formed activations and gradients (for every microbatch the run
 // will send, of a shape no stage takes) into every port the workers listen on, from their
 // start to their end, gets nothing in: the links admit only the run's workers (encrypted
-// with the run's key), and the run saves bitwise what the undisturbed run saves.
+// with the run's key), and the run saves bitwise what the undisturbed run saves. (200
+// steps: long enough, on a loaded machine, for the workers' ports to be found while they
+// run; with 50, a full ctest once ended a run before its second worker's port was seen.)
 TEST(RunTest, ALocalRunsLinksOverTcpAdmitOnlyItsWorkers) {
   const std::string model = ::testing::TempDir() + "/run_intruded.tdm";
   const std::string job =
       writeJob("run_intruded",
-               "train_limit: 1600\ntest_limit: 100\nepochs: 1\nbatch: 32\nmicrobatches: 4\n"
+               "train_limit: 6400\ntest_limit: 100\nepochs: 1\nbatch: 32\nmicrobatches: 4\n"
                "transport: tcp\npartition: equal\nstages: 2\nseed: 3\nsave: " +
                    model + "\n");
   std::filesystem::remove(model);

@@ -161,6 +161,7 @@ TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* s :
        {"1 1f1b: ", "1 gpipe: ", "2 1f1b: ", "4 gpipe: ", "8 1f1b: ", "2 interleaved x2: ",
+        "1 interleaved x2: ",  // (priced, or "not planned: ..." when its plan is one device)
         "(predicted step per candidate", "step: measured", "test accuracy"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   // The daemons measure once per microbatch count, not once per count and schedule.
