@@ -477,7 +477,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
       TANDEM_CHECK_MSG(c.devices == s.devices, InvalidArgument,
                        c.where << ": chunk " << i << " is not on stage " << st << "'s devices");
       one =
-          s.compute_s < 0 || one < 0
+          c.compute_s < 0 || one < 0
               ? -1
               : one + (c.compute_s - c.allreduce_s / static_cast<double>(job.train.microbatches)) *
                           replicas;
