@@ -80,6 +80,7 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
     st.next = s + 1 < n && !links.empty() ? links[static_cast<size_t>(s)] : fixed;
     st.compute_s = cost.stage(t, a.begin, a.end, k);
     st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
+    if (cost.training()) st.update_s = cost.update(t, a.begin, a.end);
     if (s + 1 < n)
       st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()),
                             st.next.activation_ratio, st.next.gradient_ratio);
@@ -172,6 +173,7 @@ std::vector<PlanStageSpec> planStageSpecs(const CostModel& cost, const Plan& pla
     spec.threads = first.threads;
     spec.compute_s = st.compute_s;
     spec.allreduce_s = st.allreduce_s;
+    spec.update_s = st.update_s;
     spec.where = where;
     out.push_back(std::move(spec));
   }
@@ -220,7 +222,8 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
       os << "\n    codec: {activations: " << spec.activation_codec
          << ", gradients: " << spec.gradient_codec << "}";
     os << "\n    threads: " << spec.threads << "\n    compute_s: " << number(spec.compute_s)
-       << "\n    allreduce_s: " << number(spec.allreduce_s) << "\n    link_s: " << number(st.link_s)
+       << "\n    allreduce_s: " << number(spec.allreduce_s)
+       << "\n    update_s: " << number(spec.update_s) << "\n    link_s: " << number(st.link_s)
        << "\n    memory_bytes: " << st.memory_bytes << "\n";
   }
   return os.str();
@@ -298,12 +301,14 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         spec.compute_s = r.nonNegative(v, key);
       } else if (key == "allreduce_s") {
         spec.allreduce_s = r.nonNegative(v, key);
+      } else if (key == "update_s") {
+        spec.update_s = r.nonNegative(v, key);
       } else if (key == "link_s" || key == "memory_bytes") {
         r.nonNegative(v, key);
       } else {
         r.fail(kv.first, "unknown stage key '" + key +
                              "' (expected layers, devices, backend, backends, threads, codec, "
-                             "compute_s, allreduce_s, link_s or memory_bytes)");
+                             "compute_s, allreduce_s, update_s, link_s or memory_bytes)");
       }
     }
     if (!have_layers) r.fail(st, "the stage has no 'layers'");

@@ -15,7 +15,8 @@
 //     - {device: edge/cpu, reason: "..."}
 //   stages:
 //     - {layers: [0, 3], devices: [local/cpu0], backend: cpu, threads: 1,
-//        compute_s: 0.0034, allreduce_s: 0, link_s: 0.0001, memory_bytes: 1234567}
+//        compute_s: 0.0034, allreduce_s: 0, update_s: 0.0002, link_s: 0.0001,
+//        memory_bytes: 1234567}
 //     - {layers: [3, 9], devices: [local/gpu0, local/gpu1], backend: opencl:0,
 //        backends: [opencl:0, opencl:1], ...}     # replicas: each on its own device
 //        codec: {activations: fp16, gradients: fp32}  # its link to the next stage
@@ -50,8 +51,9 @@ struct LinkCodec {
 struct PlanStage {
   Assignment at;
   LinkCodec next;            // the link to the next stage (the last stage's is unused)
-  double compute_s = 0;      // per microbatch, with the replicas' allreduce share
+  double compute_s = 0;      // per microbatch, with the replicas' allreduce and update share
   double allreduce_s = 0;    // per step
+  double update_s = 0;       // per step: the optimizer's update of the stage's parameters
   double link_s = 0;         // to the next stage, per microbatch (0 for the last)
   int64_t memory_bytes = 0;  // per device
 };
@@ -108,6 +110,7 @@ struct PlanStageSpec {
   int threads = 1;
   double compute_s = -1;   // the predicted compute per microbatch, if the plan has it
   double allreduce_s = 0;  // a replicated stage's predicted allreduce per step
+  double update_s = 0;     // its predicted optimizer update per step (0: not stated)
   std::string where;       // "plan.yaml:7:5", for messages
 };
 // `chunks`, when given, receives the plan's model chunks per stage (`chunks:`, 1 when it

@@ -92,7 +92,9 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
   if (classifier) out.loss = spreadOf(std::move(loss));
   // The update after the pass left gradients in every parameter: zeroed and stepped as
   // the executor does once per training step (the optimizers' own defaults otherwise).
-  for (const char* kind : {"sgd", "adamw"}) {
+  const std::vector<const char*> kinds =
+      o.update ? std::vector<const char*>{"sgd", "adamw"} : std::vector<const char*>{};
+  for (const char* kind : kinds) {
     OptimizerOptions oo;
     oo.kind = kind;
     Optimizer optimizer(backend, oo);

@@ -139,6 +139,9 @@ struct ProfileOptions {
   // The sustained window's least length (seconds): under a CPU quota at least 40 of its
   // periods, at most 4 s; at least 2 passes. 0: no sustained measurement.
   double sustain_s = 0.5;
+  // Whether the optimizers' update is timed (DeviceProfile::update); it does not depend
+  // on the batch, so one measurement serves a model's profiles at several batches.
+  bool update = true;
 };
 
 // Measures `spec` on `backend` (builds its own copy of the model there).

@@ -1,5 +1,6 @@
 #include "targets/runtime/messages.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -122,14 +123,33 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Profile
     checkText("profile task", "backend", d.backend, kMaxNameBytes);
     devices.push_back(fb::CreateProfileDevice(b, b.CreateString(d.backend), d.threads, d.load));
   }
+  checkCount("profile task", "more_batches", m.more_batches.size(), kMaxMoreBatches);
   auto spec = b.CreateString(m.model_spec);
   auto devs = b.CreateVector(devices);
-  return fb::CreateProfileTask(b, spec, m.batch, m.warmup, m.repeats, devs, m.least_batch).Union();
+  flatbuffers::Offset<flatbuffers::Vector<int64_t>> more;
+  if (!m.more_batches.empty()) more = b.CreateVector(m.more_batches);
+  return fb::CreateProfileTask(b, spec, m.batch, m.warmup, m.repeats, devs, m.least_batch, more)
+      .Union();
 }
 
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const ProfileResult& m) {
   checkText("profile result", "profile", m.profile, kMaxProfileBytes);
-  return fb::CreateProfileResult(b, b.CreateString(m.profile), m.cached).Union();
+  checkCount("profile result", "more", m.more.size(), kMaxMoreBatches);
+  size_t total = m.profile.size();
+  std::vector<flatbuffers::Offset<flatbuffers::String>> more;
+  for (const std::string& p : m.more) {
+    checkText("profile result", "more", p, kMaxProfileBytes);
+    total += p.size();
+    more.push_back(b.CreateString(p));
+  }
+  if (total > kMaxProfileResultBytes)
+    throw InvalidArgument("control message 'profile result': its profiles take " +
+                          std::to_string(total) + " bytes, over the limit of " +
+                          std::to_string(kMaxProfileResultBytes));
+  auto profile = b.CreateString(m.profile);
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> list;
+  if (!more.empty()) list = b.CreateVector(more);
+  return fb::CreateProfileResult(b, profile, m.cached, list).Union();
 }
 
 fb::Body bodyType(const Message& m) {
@@ -392,14 +412,41 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
           bad(m, "device '" + pd.backend + "': threads or load out of range");
         out.devices.push_back(std::move(pd));
       }
+      if (const auto* more = t->more_batches()) {
+        if (more->size() > kMaxMoreBatches)
+          bad(m, "it asks " + std::to_string(more->size()) + " more batches, over " +
+                     std::to_string(kMaxMoreBatches));
+        for (const int64_t b : *more) {
+          if (b < 1 || b > 65536)
+            bad(m, "more batch " + std::to_string(b) + " is not from 1 to 65536");
+          if (b == out.batch || std::find(out.more_batches.begin(), out.more_batches.end(), b) !=
+                                    out.more_batches.end())
+            bad(m, "batch " + std::to_string(b) + " is asked twice");
+          out.more_batches.push_back(b);
+        }
+      }
       return out;
     }
     case fb::Body_ProfileResult: {
       const fb::ProfileResult* r = msg->body_as_ProfileResult();
-      ProfileResult out{text("profile result", "profile", r->profile(), kMaxProfileBytes),
-                        r->cached()};
-      if (out.cached < 0 || out.cached > static_cast<int32_t>(kMaxProfileDevices))
-        bad("profile result", "cached " + std::to_string(out.cached) + " is out of range");
+      const char* m = "profile result";
+      ProfileResult out{text(m, "profile", r->profile(), kMaxProfileBytes), r->cached(), {}};
+      if (const auto* more = r->more()) {
+        if (more->size() > kMaxMoreBatches)
+          bad(m, "it holds " + std::to_string(more->size()) + " more profiles, over " +
+                     std::to_string(kMaxMoreBatches));
+        size_t total = out.profile.size();
+        for (const flatbuffers::String* p : *more) {
+          out.more.push_back(text(m, "more", p, kMaxProfileBytes));
+          total += out.more.back().size();
+        }
+        if (total > kMaxProfileResultBytes)
+          bad(m, "its profiles take " + std::to_string(total) + " bytes, over " +
+                     std::to_string(kMaxProfileResultBytes));
+      }
+      const size_t profiles = 1 + out.more.size();
+      if (out.cached < 0 || static_cast<size_t>(out.cached) > kMaxProfileDevices * profiles)
+        bad(m, "cached " + std::to_string(out.cached) + " is out of range");
       return out;
     }
     case fb::Body_WorkerHello:

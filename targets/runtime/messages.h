@@ -27,7 +27,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{3, 0, 0};
+inline constexpr ProtocolVersion kProtocolVersion{3, 1, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -151,6 +151,10 @@ struct LinkResult {
 
 inline constexpr size_t kMaxProfileBytes = size_t{4} << 20;
 inline constexpr size_t kMaxProfileDevices = 64;
+// Batches one task measures besides its own (ProfileTask::more_batches), and what their
+// profiles may take together with the first.
+inline constexpr size_t kMaxMoreBatches = 15;
+inline constexpr size_t kMaxProfileResultBytes = size_t{12} << 20;
 
 struct ProfileDevice {
   std::string backend = "cpu";
@@ -167,12 +171,18 @@ struct ProfileTask {
   // would take too long is measured at a smaller one, halving down to this
   // (profileBatch in node_profile.h); its profile says which.
   int64_t least_batch = 0;
+  // Other batches measured in the same task (a plan pricing several microbatch counts),
+  // each as its own profile; they share the first batch's sustained window, update and
+  // message measurements, which do not depend on the batch (node_profile.h). Each from 1
+  // to 65536, none twice nor `batch`; at most kMaxMoreBatches.
+  std::vector<int64_t> more_batches = {};
   bool operator==(const ProfileTask&) const = default;
 };
 
 struct ProfileResult {
   std::string profile;  // tandem-profile JSON
-  int32_t cached = 0;
+  int32_t cached = 0;   // devices that came from the node's cache, over every batch
+  std::vector<std::string> more = {};  // one profile per ProfileTask::more_batches, in order
   bool operator==(const ProfileResult&) const = default;
 };
 

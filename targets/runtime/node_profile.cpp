@@ -26,14 +26,15 @@ namespace {
 // Everything a device's measurement depends on, hashed: the cache file's name.
 // The CPU the node grants (its quota) is part of it: a node whose quota changed measures
 // anew.
-std::string cacheKey(const ProfileTask& task, const ProfileDevice& d, const CpuLimit& cpu) {
+std::string cacheKey(const ProfileTask& task, int64_t batch, int64_t least, const ProfileDevice& d,
+                     const CpuLimit& cpu) {
   char cores[32];
   std::snprintf(cores, sizeof cores, "%.3f", cpu.cores());
   const std::string what = "tandem profile cache 4\n" + buildName() + "\n" + d.backend + "\n" +
                            std::to_string(d.threads) + "\n" + std::to_string(d.load) + "\n" +
-                           cores + "\n" + std::to_string(task.batch) + " " +
-                           std::to_string(task.least_batch) + " " + std::to_string(task.warmup) +
-                           " " + std::to_string(task.repeats) + "\n" + task.model_spec;
+                           cores + "\n" + std::to_string(batch) + " " + std::to_string(least) +
+                           " " + std::to_string(task.warmup) + " " + std::to_string(task.repeats) +
+                           "\n" + task.model_spec;
   return contentHash(std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
 }
 
@@ -169,6 +170,113 @@ void bothEnds(const std::function<void()>& far, const std::function<void()>& nea
   if (far_error) std::rethrow_exception(far_error);
 }
 
+namespace {
+
+// One batch of a task: the batch asked and the least it may be measured at (0: as asked).
+struct TaskBatch {
+  int64_t batch = 0, least = 0;
+};
+
+// The task's batches, its own first: each of the others may shrink down to the task's
+// least batch too, where that is below it.
+std::vector<TaskBatch> taskBatches(const ProfileTask& task) {
+  std::vector<TaskBatch> out{{task.batch, task.least_batch}};
+  for (const int64_t b : task.more_batches)
+    out.push_back({b, task.least_batch > 0 && task.least_batch < b ? task.least_batch : 0});
+  return out;
+}
+
+// What a measurement at another batch takes from the task's first one: the sustained
+// window's ratio to the layers' medians (a CPU quota's or throttling's, which do not
+// depend on the batch) and the optimizers' update (which does not either).
+void shareFirst(const DeviceProfile& first, DeviceProfile& other) {
+  Sustained& su = other.sustained;
+  const Sustained& from = first.sustained;
+  su.pass_s = from.pass_s > 0 ? su.burst_pass_s * from.scale() : 0;
+  su.window_s = from.window_s;
+  su.passes = from.passes;
+  su.cpu_cores = from.cpu_cores;
+  su.quota_cores = from.quota_cores;
+  su.quota_period_s = from.quota_period_s;
+  other.update = first.update;
+  other.gemm = first.gemm;
+}
+
+// Device `d`'s profile of `model` at one of the task's batches, for `p` (its batch):
+// from the cache at `path` (empty: none) when it holds one that agrees with a few passes
+// now (`hit` set), else measured and cached. `first`: the device's profile at the task's
+// first batch, whose sustained window, update and GEMM rate a later batch takes.
+DeviceProfile deviceAt(const ModelSpec& spec, const Model& model, const ProfileTask& task,
+                       const Profile& p, const ProfileDevice& d, const TaskBatch& tb,
+                       const DeviceProfile* first, const std::string& path, bool& hit) {
+  const CpuLimit cpu = cpuLimit();
+  // As a stage worker here would start it: no more threads than the quota grants.
+  const BackendOptions bo{usableThreads(d.threads, cpu)};
+  if (!path.empty())
+    if (std::optional<DeviceProfile> cached_one = cached(path, model)) {
+      // The machine's speed drifts (other tenants, clocks): a cached profile is checked
+      // against a few whole passes now — the cached window's pass, or under a quota its
+      // medians' sum (short passes mostly miss the stalls) — and measured again when it
+      // is far off. Passes under a millisecond are timer and launch noise: kept.
+      const Sustained& su = cached_one->sustained;
+      const double then = su.quota_cores > 0 ? su.burst_pass_s : su.pass_s;
+      const double now =
+          then >= kCheckedPass ? quickPass(spec, d, bo, cached_one->batchIn(p)) : then;
+      if (then <= 0 || (now <= kStaleProfile * then && now * kStaleProfile >= then)) {
+        hit = true;
+        return std::move(*cached_one);
+      }
+      spdlog::info(
+          "the cached profile of '{}' on {} said {:.3f} ms a pass, a check now {:.3f}: "
+          "measuring again",
+          spec.name, d.backend, then * 1e3, now * 1e3);
+    }
+  const int64_t free = localNodeInfo("").free_memory_bytes;
+  ProfileOptions o;
+  o.batch = tb.batch;
+  if (tb.least > 0 && tb.least < tb.batch)
+    o.batch = profileBatch(tb.batch, tb.least, quickPass(spec, d, bo, tb.least),
+                           task.warmup + task.repeats, kProfileBudgetSeconds, [&](int64_t b) {
+                             return free <= 0 || trainingBytes(model, b) * (1 + d.load) <= free / 2;
+                           });
+  o.warmup = task.warmup;
+  o.repeats = task.repeats;
+  // The first batch's sustained window, update and GEMM rate serve the others.
+  o.gemm_sizes = first ? std::vector<int64_t>{} : std::vector<int64_t>{256};
+  o.sustain_s = first ? 0 : o.sustain_s;
+  o.update = first == nullptr;
+  auto backend = makeBackend(d.backend, bo);
+  DeviceProfile measured;
+  {
+    const BackgroundLoad load(
+        spec, [&] { return makeBackend(d.backend, bo); }, d.load, o.batch);
+    measured = profileDevice(spec, *backend, o);
+  }
+  if (first) shareFirst(*first, measured);
+  if (o.batch != p.batch) measured.batch = o.batch;
+  spdlog::info(
+      "profiled model '{}' on {} ({} threads, load {}) at batch {}: {} layers; sustained "
+      "x{:.2f} of the layers' medians over {:.2f} s{}, {:.2f} cores",
+      spec.name, d.backend, bo.threads, d.load, o.batch, measured.layers.size(),
+      measured.sustained.scale(), measured.sustained.window_s, first ? " (the first batch's)" : "",
+      cpu.cores());
+  if (!path.empty()) {
+    Profile one = p;
+    one.load = d.load;
+    one.devices = {measured};
+    const std::string json = profileToJson(one);
+    try {
+      writeFileAtomically(path,
+                          std::span(reinterpret_cast<const uint8_t*>(json.data()), json.size()));
+    } catch (const Error& e) {
+      spdlog::warn("cannot cache the profile: {}", e.what());
+    }
+  }
+  return measured;
+}
+
+}  // namespace
+
 ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir) {
   const ModelSpec spec = parseModelSpec(task.model_spec, "the model to profile");
   const Model model(spec);
@@ -190,8 +298,9 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
     d.load = std::clamp(d.load, 0, cpu.cpus);
     most_copies = std::max(most_copies, 1 + d.load);
   }
-  const bool shrinks = task.least_batch > 0 && task.least_batch < task.batch;
-  const int64_t least = shrinks ? task.least_batch : task.batch;
+  const std::vector<TaskBatch> batches = taskBatches(task);
+  int64_t least = 0;  // the largest batch any of them must be measured at
+  for (const TaskBatch& tb : batches) least = std::max(least, tb.least > 0 ? tb.least : tb.batch);
   const int64_t need = trainingBytes(model, least) * most_copies;
   const int64_t free = localNodeInfo("").free_memory_bytes;
   TANDEM_CHECK_MSG(free <= 0 || need <= free / 2, InvalidArgument,
@@ -209,79 +318,36 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
       dir.clear();
     }
   }
-  Profile p;
-  p.model = spec.name;
-  p.input = spec.input;
-  p.batch = task.batch;
-  p.warmup = task.warmup;
-  p.repeats = task.repeats;
-  ProfileResult result;
-  for (const ProfileDevice& d : devices) {
-    p.load = std::max(p.load, d.load);
-    const std::string path = dir.empty() ? "" : dir + "/" + cacheKey(task, d, cpu) + ".json";
-    // As a stage worker here would start it: no more threads than the quota grants.
-    const BackendOptions bo{usableThreads(d.threads, cpu)};
-    if (!path.empty())
-      if (std::optional<DeviceProfile> hit = cached(path, model)) {
-        // The machine's speed drifts (other tenants, clocks): a cached profile is checked
-        // against a few whole passes now — the cached window's pass, or under a quota its
-        // medians' sum (short passes mostly miss the stalls) — and measured again when it
-        // is far off. Passes under a millisecond are timer and launch noise: kept.
-        const Sustained& su = hit->sustained;
-        const double then = su.quota_cores > 0 ? su.burst_pass_s : su.pass_s;
-        const double now = then >= kCheckedPass ? quickPass(spec, d, bo, hit->batchIn(p)) : then;
-        if (then <= 0 || (now <= kStaleProfile * then && now * kStaleProfile >= then)) {
-          p.devices.push_back(std::move(*hit));
-          ++result.cached;
-          continue;
-        }
-        spdlog::info("the cached profile of '{}' on {} said {:.3f} ms a pass, a check now {:.3f}: "
-                     "measuring again",
-                     spec.name, d.backend, then * 1e3, now * 1e3);
-      }
-    ProfileOptions o;
-    o.batch = task.batch;
-    if (shrinks)
-      o.batch =
-          profileBatch(task.batch, least, quickPass(spec, d, bo, least), task.warmup + task.repeats,
-                       kProfileBudgetSeconds, [&](int64_t b) {
-                         return free <= 0 || trainingBytes(model, b) * (1 + d.load) <= free / 2;
-                       });
-    o.warmup = task.warmup;
-    o.repeats = task.repeats;
-    o.gemm_sizes = {256};
-    auto backend = makeBackend(d.backend, bo);
-    DeviceProfile measured;
-    {
-      const BackgroundLoad load(
-          spec, [&] { return makeBackend(d.backend, bo); }, d.load, o.batch);
-      measured = profileDevice(spec, *backend, o);
-    }
-    if (o.batch != p.batch) measured.batch = o.batch;
-    spdlog::info(
-        "profiled model '{}' on {} ({} threads, load {}) at batch {}: {} layers; sustained "
-        "x{:.2f} of the layers' medians over {:.2f} s, {:.2f} cores",
-        spec.name, d.backend, bo.threads, d.load, o.batch, measured.layers.size(),
-        measured.sustained.scale(), measured.sustained.window_s, cpu.cores());
-    if (!path.empty()) {
-      Profile one = p;
-      one.load = d.load;
-      one.devices = {measured};
-      const std::string json = profileToJson(one);
-      try {
-        writeFileAtomically(path,
-                            std::span(reinterpret_cast<const uint8_t*>(json.data()), json.size()));
-      } catch (const Error& e) {
-        spdlog::warn("cannot cache the profile: {}", e.what());
-      }
-    }
-    p.devices.push_back(std::move(measured));
+  std::vector<Profile> profiles(batches.size());
+  for (size_t k = 0; k < batches.size(); ++k) {
+    Profile& p = profiles[k];
+    p.model = spec.name;
+    p.input = spec.input;
+    p.batch = batches[k].batch;
+    p.warmup = task.warmup;
+    p.repeats = task.repeats;
   }
-  p.message_cpu = measureMessageCpu();
+  ProfileResult result;
+  for (const ProfileDevice& d : devices)
+    for (size_t k = 0; k < batches.size(); ++k) {
+      Profile& p = profiles[k];
+      p.load = std::max(p.load, d.load);
+      const DeviceProfile* first = k == 0 ? nullptr : &profiles[0].devices.back();
+      const std::string path =
+          dir.empty()
+              ? ""
+              : dir + "/" + cacheKey(task, batches[k].batch, batches[k].least, d, cpu) + ".json";
+      bool hit = false;
+      p.devices.push_back(deviceAt(spec, model, task, p, d, batches[k], first, path, hit));
+      result.cached += hit;
+    }
+  const std::vector<MessageCpu> message_cpu = measureMessageCpu();
   spdlog::info("a message costs this node {:.1f} us of CPU at {} KiB, {:.1f} us at {} KiB",
-               p.message_cpu.front().cpu_s * 1e6, p.message_cpu.front().bytes >> 10,
-               p.message_cpu.back().cpu_s * 1e6, p.message_cpu.back().bytes >> 10);
-  result.profile = profileToJson(p);
+               message_cpu.front().cpu_s * 1e6, message_cpu.front().bytes >> 10,
+               message_cpu.back().cpu_s * 1e6, message_cpu.back().bytes >> 10);
+  for (Profile& p : profiles) p.message_cpu = message_cpu;
+  result.profile = profileToJson(profiles[0]);
+  for (size_t k = 1; k < profiles.size(); ++k) result.more.push_back(profileToJson(profiles[k]));
   return result;
 }
 
@@ -302,39 +368,79 @@ ProfileTask nodeProfileTask(const partitioner::ClusterNode& node, const std::str
   return t;
 }
 
+namespace {
+
+// Sends `task` on `channel` and waits for its answer (node info between is skipped).
+ProfileResult askProfile(Channel& channel, const ProfileTask& task, std::chrono::seconds timeout) {
+  channel.send(task);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Message m = [&] {
+    for (;;) {
+      const auto left = deadline - std::chrono::steady_clock::now();
+      if (left <= std::chrono::seconds(0))
+        throw Timeout("no profile within " + std::to_string(timeout.count()) + " s");
+      std::optional<Message> got =
+          channel.recv(std::chrono::duration_cast<std::chrono::milliseconds>(left));
+      if (got && !std::holds_alternative<NodeInfo>(*got)) return std::move(*got);
+    }
+  }();
+  if (const auto* e = std::get_if<ErrorReply>(&m)) throw Error(e->message);
+  auto* r = std::get_if<ProfileResult>(&m);
+  if (!r)
+    throw FormatError(std::string("sent '") + messageName(m) + "' where a profile result was due");
+  return std::move(*r);
+}
+
+// A profile the node answered for `task` at `batch`, checked to hold its devices.
+Profile parseAnswer(const std::string& json, const ProfileTask& task, int64_t batch) {
+  Profile p = parseProfile(json, "its profile");
+  TANDEM_CHECK_MSG(p.devices.size() == task.devices.size(), FormatError,
+                   "its profile holds " << p.devices.size() << " devices, not the "
+                                        << task.devices.size() << " asked for");
+  TANDEM_CHECK_MSG(p.batch == batch, FormatError,
+                   "its profile is at batch " << p.batch << ", not the " << batch << " asked for");
+  return p;
+}
+
+}  // namespace
+
 std::vector<Profile> profileOnNodes(const std::vector<Channel*>& channels,
                                     const std::vector<std::string>& names,
                                     const std::vector<ProfileTask>& tasks,
-                                    std::chrono::seconds timeout, std::vector<int>* cached_out) {
+                                    std::chrono::seconds timeout, std::vector<int>* cached_out,
+                                    std::vector<std::vector<Profile>>* more_out) {
   TANDEM_CHECK(channels.size() == tasks.size() && names.size() == tasks.size());
   std::vector<Profile> out;
   // One node after another: nodes that share a machine (a test cluster, namespaces)
   // would otherwise slow each other's measurements down.
   for (size_t i = 0; i < tasks.size(); ++i) {
     try {
-      channels[i]->send(tasks[i]);
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      Message m = [&] {
-        for (;;) {
-          const auto left = deadline - std::chrono::steady_clock::now();
-          if (left <= std::chrono::seconds(0))
-            throw Timeout("no profile within " + std::to_string(timeout.count()) + " s");
-          std::optional<Message> got =
-              channels[i]->recv(std::chrono::duration_cast<std::chrono::milliseconds>(left));
-          if (got && !std::holds_alternative<NodeInfo>(*got)) return std::move(*got);
+      const ProfileTask& task = tasks[i];
+      ProfileResult r = askProfile(*channels[i], task, timeout);
+      out.push_back(parseAnswer(r.profile, task, task.batch));
+      int cached = r.cached;
+      std::vector<Profile> more;
+      if (r.more.empty() && !task.more_batches.empty()) {
+        // A daemon before protocol 3.1 measures the task's own batch only: the others
+        // one task each.
+        for (const int64_t b : task.more_batches) {
+          ProfileTask one = task;
+          one.batch = b;
+          one.more_batches.clear();
+          if (one.least_batch > b) one.least_batch = 0;
+          const ProfileResult o = askProfile(*channels[i], one, timeout);
+          more.push_back(parseAnswer(o.profile, one, b));
+          cached += o.cached;
         }
-      }();
-      if (const auto* e = std::get_if<ErrorReply>(&m)) throw Error(e->message);
-      const auto* r = std::get_if<ProfileResult>(&m);
-      if (!r)
-        throw FormatError(std::string("sent '") + messageName(m) +
-                          "' where a profile result was due");
-      Profile p = parseProfile(r->profile, "its profile");
-      TANDEM_CHECK_MSG(p.devices.size() == tasks[i].devices.size(), FormatError,
-                       "its profile holds " << p.devices.size() << " devices, not the "
-                                            << tasks[i].devices.size() << " asked for");
-      if (cached_out) cached_out->push_back(r->cached);
-      out.push_back(std::move(p));
+      } else {
+        TANDEM_CHECK_MSG(r.more.size() == task.more_batches.size(), FormatError,
+                         "it answered " << r.more.size() << " more batches, not the "
+                                        << task.more_batches.size() << " asked for");
+        for (size_t k = 0; k < r.more.size(); ++k)
+          more.push_back(parseAnswer(r.more[k], task, task.more_batches[k]));
+      }
+      if (cached_out) cached_out->push_back(cached);
+      if (more_out) more_out->push_back(std::move(more));
     } catch (const Error& e) {
       throw Error("profiling on node '" + names[i] + "': " + e.what());
     }

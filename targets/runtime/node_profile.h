@@ -1,8 +1,11 @@
 // Profiling a model on a node's devices for the partitioner (`partition: auto` without a
 // profile file): the coordinator sends each node's daemon a `profile task` naming its
 // devices; the daemon measures each layer forward and backward (core/profile/profile.h)
-// and answers with a tandem-profile document. Results are cached in the node's cache
-// folder by a hash of everything the measurement depends on — the model spec's text, the
+// and answers with a tandem-profile document, one per batch the task asks (a plan pricing
+// several microbatch counts asks them all at once: the sustained window, the optimizers'
+// update and the message CPU, which do not depend on the batch, are measured once for all
+// of them, so the plans it compares share those measurements). Results are cached in the node's
+// cache folder by a hash of everything the measurement depends on — the model spec's text, the
 // batch, warm-up and repeats, the device's backend, threads and load, and the build — so a
 // second plan of the same model on the same node measures nothing.
 #pragma once
@@ -59,12 +62,15 @@ ProfileTask nodeProfileTask(const partitioner::ClusterNode& node, const std::str
 
 // The coordinator's side: sends every node its task (one channel each, in order), then
 // gathers the answers, each parsed and checked to hold one device per task device with
-// the model's layers. Error naming the node (`names`) that failed or did not answer
-// within `timeout`. `cached` (optional) gets the devices each node had cached.
+// the model's layers, at the batch asked. Error naming the node (`names`) that failed or
+// did not answer within `timeout`. `cached` (optional) gets the devices each node had
+// cached; `more` (optional) each node's profiles at its task's more_batches, in order (a
+// daemon too old to measure them in one task is asked once per batch).
 std::vector<Profile> profileOnNodes(const std::vector<Channel*>& channels,
                                     const std::vector<std::string>& names,
                                     const std::vector<ProfileTask>& tasks,
                                     std::chrono::seconds timeout,
-                                    std::vector<int>* cached = nullptr);
+                                    std::vector<int>* cached = nullptr,
+                                    std::vector<std::vector<Profile>>* more = nullptr);
 
 }  // namespace tandem::runtime

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -76,15 +77,46 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   return o;
 }
 
-partitioner::Problem measuredProblem(const Model& model, const std::string& model_spec,
-                                     const ClusterDaemons& daemons,
-                                     const std::string& default_profile,
-                                     const partitioner::CostOptions& options,
-                                     std::optional<LinkSet>* known_links) {
+namespace {
+
+// The node pairs (from, to; a node with itself too) whose link the cluster file states
+// neither `between` them nor, within a node, as `local`.
+std::vector<std::pair<size_t, size_t>> unstatedLinks(const partitioner::Cluster& cluster) {
+  std::vector<std::pair<size_t, size_t>> pairs;
+  const size_t nodes = cluster.nodes.size();
+  for (size_t a = 0; a < nodes; ++a)
+    for (size_t z = 0; z < nodes; ++z) {
+      bool given = a == z ? cluster.local.has_value() : false;
+      for (const partitioner::ClusterLink& l : cluster.between)
+        given = given || (l.from == cluster.nodes[a].name && l.to == cluster.nodes[z].name) ||
+                (l.to == cluster.nodes[a].name && l.from == cluster.nodes[z].name);
+      if (!given) pairs.push_back({a, z});
+    }
+  return pairs;
+}
+
+// The microbatch sizes `options` price, largest first (the one each profile task is
+// asked for; the others are its more_batches), each once.
+std::vector<int64_t> microbatchSizes(const std::vector<partitioner::CostOptions>& options) {
+  std::vector<int64_t> sizes;
+  for (const partitioner::CostOptions& o : options) sizes.push_back(o.microbatch_size);
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
+
+}  // namespace
+
+std::vector<partitioner::Problem> measuredProblems(
+    const Model& model, const std::string& model_spec, const ClusterDaemons& daemons,
+    const std::string& default_profile, const std::vector<partitioner::CostOptions>& options,
+    std::optional<LinkSet>* known_links) {
+  TANDEM_CHECK(!options.empty());
   partitioner::Cluster cluster = daemons.cluster();
   std::map<std::string, Profile> profiles;
   for (const std::string& path : partitioner::profilePaths(cluster, default_profile))
     profiles.emplace(path, parseProfile(readFile(path, "profile"), path));
+  const std::vector<int64_t> sizes = microbatchSizes(options);
   // Per node, the devices no profile file prices, one task entry per backend and thread
   // count; a CPU device is measured with the node's other CPU devices' stages loading
   // the machine beside it, as they will when the job runs.
@@ -101,30 +133,31 @@ partitioner::Problem measuredProblem(const Model& model, const std::string& mode
     // smaller batch, down to kLeastProfiledBatch (a large microbatch's passes would make
     // profiling a slow node take minutes). Time does not grow in proportion to the batch
     // on a GPU: a launch-bound pass at 16 samples takes what one at 64 does.
-    tasks[i] = nodeProfileTask(n, model_spec, options.microbatch_size, unpriced);
-    tasks[i].least_batch = std::min(options.microbatch_size, kLeastProfiledBatch);
+    tasks[i] = nodeProfileTask(n, model_spec, sizes.front(), unpriced);
+    tasks[i].least_batch = std::min(sizes.front(), kLeastProfiledBatch);
+    tasks[i].more_batches.assign(sizes.begin() + 1, sizes.end());
     for (partitioner::ClusterDevice& d : n.devices)
       if (unpriced(d)) measured[i].push_back(&d);
   }
+  // Per size, the profiles its problem is made from (the files', the links', and the
+  // daemons' measurements at that size).
+  std::vector<std::map<std::string, Profile>> at(sizes.size(), profiles);
   // Links the cluster file does not state (`between`, `measured`, `local` within a node;
   // `default` is a guess, and measuring replaces it): measured by the daemons.
   std::vector<std::pair<size_t, size_t>> pairs;
   const std::string links_name = "the links measured by the daemons";
-  if (known_links && known_links->has_value()) {  // measured for another candidate already
-    Profile links;
-    links.links = **known_links;
+  auto useLinks = [&](const LinkSet& links) {
     cluster.measured = links_name;
     cluster.measured_where = cluster.source;
-    profiles.emplace(cluster.measured, std::move(links));
-  } else if (cluster.measured.empty())
-    for (size_t a = 0; a < nodes; ++a)
-      for (size_t z = 0; z < nodes; ++z) {
-        bool given = a == z ? cluster.local.has_value() : false;
-        for (const partitioner::ClusterLink& l : cluster.between)
-          given = given || (l.from == cluster.nodes[a].name && l.to == cluster.nodes[z].name) ||
-                  (l.to == cluster.nodes[a].name && l.from == cluster.nodes[z].name);
-        if (!given) pairs.push_back({a, z});
-      }
+    Profile p;
+    p.links = links;
+    for (auto& one : at) one.emplace(cluster.measured, p);
+  };
+  if (known_links && known_links->has_value()) {  // measured for another plan already
+    useLinks(**known_links);
+  } else if (cluster.measured.empty()) {
+    pairs = unstatedLinks(cluster);
+  }
   bool any = !pairs.empty();
   for (const ProfileTask& t : tasks) any = any || !t.devices.empty();
   if (any) {
@@ -142,46 +175,64 @@ partitioner::Problem measuredProblem(const Model& model, const std::string& mode
         node_of.push_back(i);
       }
     std::vector<int> cached;
+    std::vector<std::vector<Profile>> more;
     const std::vector<Profile> got =
-        profileOnNodes(channels, names, asked, std::chrono::seconds(600), &cached);
+        profileOnNodes(channels, names, asked, std::chrono::seconds(600), &cached, &more);
     int devices = 0, hits = 0;
     for (size_t k = 0; k < got.size(); ++k) {
       const size_t i = node_of[k];
       hits += cached[k];
-      devices += static_cast<int>(asked[k].devices.size());
+      devices += static_cast<int>(asked[k].devices.size() * sizes.size());
       for (partitioner::ClusterDevice* d : measured[i]) {
-        size_t at = 0;
-        while (asked[k].devices[at].backend != d->backend ||
-               asked[k].devices[at].threads != d->threads)
-          ++at;
+        size_t where = 0;
+        while (asked[k].devices[where].backend != d->backend ||
+               asked[k].devices[where].threads != d->threads)
+          ++where;
         const std::string key = "node '" + cluster.nodes[i].name + "' (" + d->backend + ", " +
                                 std::to_string(d->threads) + " threads, measured by its daemon)";
-        Profile one = got[k];
-        one.devices = {got[k].devices[at]};
         d->profile = key;
-        d->profile_device = one.devices[0].device.name;
-        profiles.emplace(key, std::move(one));
+        d->profile_device = got[k].devices[where].device.name;
+        for (size_t b = 0; b < sizes.size(); ++b) {
+          Profile one = b == 0 ? got[k] : more[k][b - 1];
+          one.devices = {one.devices[where]};
+          at[b].emplace(key, std::move(one));
+        }
       }
     }
     if (!pairs.empty()) {
       LinkSurveyOptions lo;
       lo.probe.message_bytes = int64_t{1} << 20;  // enough to see a link's rate, quickly
       lo.probe.repeats = 5;
-      Profile links;
-      links.links = surveyLinks(daemons, sessions, pairs, lo);
-      if (known_links) *known_links = links.links;
-      cluster.measured = links_name;
-      cluster.measured_where = cluster.source;
-      profiles.emplace(cluster.measured, std::move(links));
+      const LinkSet links = surveyLinks(daemons, sessions, pairs, lo);
+      if (known_links) *known_links = links;
+      useLinks(links);
     }
     leaveAll(sessions, "planning is done");
     spdlog::info(
         "partition: auto: {} device profiles measured by the nodes' daemons ({} from "
-        "their caches), {} links measured, in {:.2f} s",
-        devices, hits, pairs.size(),
+        "their caches){}, {} links measured, in {:.2f} s",
+        devices, hits,
+        sizes.size() > 1 ? " at " + std::to_string(sizes.size()) + " microbatch sizes" : "",
+        pairs.size(),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
-  return partitioner::makeProblem(model, cluster, profiles, default_profile, options);
+  std::vector<partitioner::Problem> out;
+  for (const partitioner::CostOptions& o : options) {
+    const size_t b = static_cast<size_t>(std::find(sizes.begin(), sizes.end(), o.microbatch_size) -
+                                         sizes.begin());
+    out.push_back(partitioner::makeProblem(model, cluster, at[b], default_profile, o));
+  }
+  return out;
+}
+
+partitioner::Problem measuredProblem(const Model& model, const std::string& model_spec,
+                                     const ClusterDaemons& daemons,
+                                     const std::string& default_profile,
+                                     const partitioner::CostOptions& options,
+                                     std::optional<LinkSet>* known_links) {
+  return std::move(
+      measuredProblems(model, model_spec, daemons, default_profile, {options}, known_links)
+          .front());
 }
 
 namespace {
@@ -190,6 +241,18 @@ namespace {
 std::vector<int64_t> microbatchCandidates(int64_t batch) {
   std::vector<int64_t> out;
   for (int64_t m = 1; m <= std::min<int64_t>(batch, 64); m *= 2) out.push_back(m);
+  return out;
+}
+
+// The cost options of `job` with each of these microbatch counts.
+std::vector<partitioner::CostOptions> countOptions(const JobSpec& job,
+                                                   const std::vector<int64_t>& counts) {
+  std::vector<partitioner::CostOptions> out;
+  for (const int64_t m : counts) {
+    JobSpec candidate = job;
+    candidate.train.microbatches = m;
+    out.push_back(jobCostOptions(candidate));
+  }
   return out;
 }
 
@@ -219,13 +282,15 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
   };
   Choice flat, chunked;
   PlannedJob out;
-  for (const int64_t m : counts) {
+  // The devices' costs depend on the microbatch, not on the schedule: measured once per
+  // count (every count in one task per node), priced under each schedule.
+  const std::vector<partitioner::Problem> problems =
+      measuredProblems(model, spec, daemons, job.profile, countOptions(job, counts), &links);
+  for (size_t ci = 0; ci < counts.size(); ++ci) {
+    const int64_t m = counts[ci];
     JobSpec candidate = job;
     candidate.train.microbatches = m;
-    // The devices' costs depend on the microbatch, not on the schedule: measured once per
-    // count, priced under each schedule.
-    const partitioner::Problem measured =
-        measuredProblem(model, spec, daemons, job.profile, jobCostOptions(candidate), &links);
+    const partitioner::Problem& measured = problems[ci];
     // Interleaved stages are the 1F1B plan's stages, each cut into chunks: that plan first.
     std::optional<partitioner::Plan> one_f_one_b;
     for (const ScheduleKind kind : kinds) {
@@ -468,7 +533,8 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
   for (size_t st = 0; st < stages; ++st) {
     const partitioner::PlanStageSpec& s = specs[st];
     // The plan's compute is the stage's per microbatch, shared by its replicas and with
-    // their allreduce spread over the step; one replica computes a whole microbatch.
+    // their allreduce and the update spread over the step; one replica computes a whole
+    // microbatch, and the run's rows show its compute without the update.
     const auto replicas = static_cast<int>(s.devices.size());
     double one = 0;
     StagePlacement place;
@@ -476,11 +542,11 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
       const partitioner::PlanStageSpec& c = specs[i];
       TANDEM_CHECK_MSG(c.devices == s.devices, InvalidArgument,
                        c.where << ": chunk " << i << " is not on stage " << st << "'s devices");
-      one =
-          c.compute_s < 0 || one < 0
-              ? -1
-              : one + (c.compute_s - c.allreduce_s / static_cast<double>(job.train.microbatches)) *
-                          replicas;
+      one = c.compute_s < 0 || one < 0
+                ? -1
+                : one + (c.compute_s - (c.allreduce_s + c.update_s) /
+                                           static_cast<double>(job.train.microbatches)) *
+                            replicas;
       if (chunks > 1) place.chunks.push_back({c.begin, c.end});
     }
     place.begin = s.begin;

@@ -45,6 +45,16 @@ partitioner::Problem measuredProblem(const Model& model, const std::string& mode
                                      const partitioner::CostOptions& options,
                                      std::optional<LinkSet>* links = nullptr);
 
+// The problems of several cost options (one per microbatch count a plan prices), as
+// measuredProblem makes each, in order: each node's daemon measures every microbatch
+// size in one profile task, so they share its sustained window, update and message
+// measurements (node_profile.h) and the plans compared differ by their microbatches
+// only.
+std::vector<partitioner::Problem> measuredProblems(
+    const Model& model, const std::string& model_spec, const ClusterDaemons& daemons,
+    const std::string& default_profile, const std::vector<partitioner::CostOptions>& options,
+    std::optional<LinkSet>* links = nullptr);
+
 // `partition: auto`: plans the job with the partitioner over the daemons' cluster (priced
 // as measuredProblem does, with the job's `profile`): the plan that runs (the search's,
 // or the job's `baseline`), priced, and its YAML (for jobStages); the search's plan and

@@ -32,10 +32,10 @@ int main(int argc, char** argv) {
   raw.insert(raw.end(), h.begin(), h.end());
   write(dir + "/raw-hello", raw);
   write(dir + "/raw-hello-cut", std::vector<uint8_t>(raw.begin(), raw.begin() + raw.size() / 2));
-  const std::vector<Message> session = {Ping{1, 2}, Launch{0, "127.0.0.1:9", {}},
-                                        ProfileTask{"name: m\n", 8, 1, 2, {{"cpu", 1, 1}}},
-                                        LinkTask{1, LinkTaskKind::kOpen, "127.0.0.1", "", 65536, 1, 0, 1},
-                                        Leave{"bye"}};
+  const std::vector<Message> session = {
+      Ping{1, 2}, Launch{0, "127.0.0.1:9", {}},
+      ProfileTask{"name: m\n", 8, 1, 2, {{"cpu", 1, 1}}, 0, {4, 2}},
+      LinkTask{1, LinkTaskKind::kOpen, "127.0.0.1", "", 65536, 1, 0, 1}, Leave{"bye"}};
   std::vector<uint8_t> sealed = {1};
   int n = 2;
   for (const Message& m : session) {

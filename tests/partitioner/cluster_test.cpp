@@ -336,6 +336,7 @@ void expectTheSameStages(const CostModel& cost, const Plan& plan) {
     EXPECT_EQ(made[s].threads, read[s].threads);
     EXPECT_NEAR(made[s].compute_s, read[s].compute_s, 1e-5 * made[s].compute_s);
     EXPECT_NEAR(made[s].allreduce_s, read[s].allreduce_s, 1e-5 * made[s].allreduce_s);
+    EXPECT_NEAR(made[s].update_s, read[s].update_s, 1e-5 * made[s].update_s);
     EXPECT_EQ(made[s].where, "the auto plan");
   }
 }
@@ -396,6 +397,7 @@ TEST(PlanTest, ReplicasKeepTheirOwnDevices) {
   }
   p.links = {{LinkCosts{1e9, 1e-5}}};
   p.options.max_replicas = 2;
+  for (DeviceCosts& d : p.devices) d.update_s_per_param_byte = 1e-9;
   const CostModel cost(p);
   const Plan plan = evaluate(cost, {Assignment{0, 2, {0, 1}}}, "replicated");
   const auto specs = parsePlan(planToYaml(cost, plan), "plan.yaml");
@@ -403,6 +405,9 @@ TEST(PlanTest, ReplicasKeepTheirOwnDevices) {
   EXPECT_EQ(specs[0].devices, (std::vector<std::string>{"n/gpu0", "n/gpu1"}));
   EXPECT_EQ(specs[0].backends, (std::vector<std::string>{"opencl:0", "opencl:1"}));
   EXPECT_GT(specs[0].allreduce_s, 0);
+  // The stage's update per step: its parameter bytes at the device's rate.
+  EXPECT_GT(specs[0].update_s, 0);
+  EXPECT_NEAR(specs[0].update_s, cost.update(cost.typeOf(0), 0, 2), 1e-5 * specs[0].update_s);
   expectTheSameStages(cost, plan);
 }
 

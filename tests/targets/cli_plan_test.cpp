@@ -92,14 +92,16 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
   std::ofstream(replicated) << "stages:\n"
                             << "  - {layers: [0, 3], devices: [local/cpu0], backend: cpu}\n"
                             << "  - {layers: [3, 10], devices: [local/cpu1, local/cpu2], "
-                            << "backend: cpu, compute_s: 0.002, allreduce_s: 0.004}\n";
+                            << "backend: cpu, compute_s: 0.003, allreduce_s: 0.004, "
+                            << "update_s: 0.004}\n";
   const std::string job = dir + "cli_replicated_job.yaml";
   std::ofstream(job) << "model: " << kModels << "cnn.yaml\ntrain_limit: 256\ntest_limit: 64\n"
                      << "batch: 32\nmicrobatches: 4\npartition: " << replicated << "\n";
   const CliRun rep = run("run " + job);
   ASSERT_EQ(rep.code, 0) << rep.out;
   EXPECT_NE(rep.out.find("stage 1 replica 1: layers [3, 10)"), std::string::npos) << rep.out;
-  // One replica computes a whole microbatch: (0.002 - 0.004 / 4) x 2 = 2 ms predicted.
+  // One replica computes a whole microbatch, without its share of the allreduce and the
+  // update: (0.003 - (0.004 + 0.004) / 4) x 2 = 2 ms predicted.
   EXPECT_NE(rep.out.find("\n1.1    [3, 10)"), std::string::npos) << rep.out;
   EXPECT_NE(rep.out.find("2.0000\n"), std::string::npos) << rep.out;
 
@@ -145,9 +147,9 @@ TEST(CliTest, AutoWithoutAProfileIsMeasuredByTheNodesDaemons) {
 }
 
 // `microbatches: auto` and `schedule: auto`: the planner prices every microbatch count
-// (1, 2, 4, 8 for a batch of 8), each profiled by the daemons at its microbatch size (once,
-// whatever the schedule), with each schedule, and the run trains with the fastest, saying what it
-// priced and chose; every device the plan leaves out is named with why.
+// (1, 2, 4, 8 for a batch of 8), each profiled by the daemons at its microbatch size (all
+// four in one task per node, whatever the schedule), with each schedule, and the run trains with
+// the fastest, saying what it priced and chose; every device the plan leaves out is named with why.
 TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
   const std::string dir = ::testing::TempDir();
   const std::string cluster = dir + "cli_choose_cluster.yaml", job = dir + "cli_choose_job.yaml";
@@ -164,13 +166,17 @@ TEST(CliTest, AutoChoosesTheMicrobatchCountAndSchedule) {
         "1 interleaved x2: ",  // (priced, or "not planned: ..." when its plan is one device)
         "(predicted step per candidate", "step: measured", "test accuracy"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
-  // The daemons measure once per microbatch count, not once per count and schedule.
+  // The daemons measure every count's microbatch size in one task each, not once per
+  // count nor per count and schedule.
   int asked = 0;
   for (size_t at = r.out.find("device profiles measured by the nodes' daemons");
        at != std::string::npos;
        at = r.out.find("device profiles measured by the nodes' daemons", at + 1))
     ++asked;
-  EXPECT_EQ(asked, 4) << r.out;
+  EXPECT_EQ(asked, 1) << r.out;
+  for (const char* s : {"8 device profiles measured by the nodes' daemons (",  // 2 nodes x 4
+                        "caches) at 4 microbatch sizes, "})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   const size_t chose = r.out.find("chose ");
   ASSERT_NE(chose, std::string::npos) << r.out;
   const int m = std::stoi(r.out.substr(chose + 6));

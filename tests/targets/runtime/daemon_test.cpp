@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/model_spec.h"
+#include "targets/runtime/listener.h"
 #include "targets/runtime/node_info.h"
 #include "targets/runtime/node_profile.h"
 #include "tests/targets/runtime/flood.h"
@@ -534,6 +535,137 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
   EXPECT_EQ(ask(task).second, 2);  // still serving
 }
 
+// One task at several batches (a plan pricing several microbatch counts): a profile per
+// batch, each with its own layers, sharing the first batch's sustained window (its ratio
+// to the layers' medians), update and message CPU; each batch cached on its own, so a
+// later task at one of them alone measures nothing.
+TEST_F(DaemonTest, OneTaskMeasuresEveryBatchAndSharesWhatTheBatchDoesNotChange) {
+  finish();
+  DaemonOptions o;
+  o.cache_dir = testing::freshDir("daemon-profile-batches");
+  start(o);
+  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+  next(*c);  // node info
+  const std::string spec =
+      "name: mid\ninput: [128]\nlayers:\n  - linear: {out: 128}\n  - relu\n"
+      "  - linear: {out: 10}\n";
+  const ProfileTask task{spec, 16, 0, 2, {{"cpu", 1, 0}}, 0, {8, 2}};
+  auto ask = [&](const ProfileTask& t, std::vector<std::vector<Profile>>* more) {
+    std::vector<int> cached;
+    Channel* ch = c.get();
+    const std::vector<Profile> p = profileOnNodes({ch}, {"alpha"}, {t}, 30s, &cached, more);
+    return std::pair{p.at(0), cached.at(0)};
+  };
+  std::vector<std::vector<Profile>> more;
+  auto [first, hits] = ask(task, &more);
+  EXPECT_EQ(hits, 0);
+  ASSERT_EQ(more.size(), 1u);
+  ASSERT_EQ(more[0].size(), 2u);
+  const DeviceProfile& f = first.devices.at(0);
+  EXPECT_EQ(first.batch, 16);
+  EXPECT_GT(f.sustained.passes, 0);
+  for (size_t k = 0; k < 2; ++k) {
+    const Profile& p = more[0][k];
+    const int64_t b = task.more_batches[k];
+    EXPECT_EQ(p.batch, b);
+    ASSERT_EQ(p.devices.size(), 1u);
+    const DeviceProfile& d = p.devices[0];
+    EXPECT_EQ(d.layers.at(0).activation_bytes, b * 128 * 4);
+    EXPECT_GT(d.layers[0].forward.median, 0);
+    EXPECT_EQ(d.sustained.passes, f.sustained.passes);
+    EXPECT_EQ(d.sustained.window_s, f.sustained.window_s);
+    EXPECT_NEAR(d.sustained.scale(), f.sustained.scale(), 1e-9 * f.sustained.scale());
+    EXPECT_NE(d.sustained.burst_pass_s, f.sustained.burst_pass_s);  // its own medians
+    EXPECT_EQ(d.update.at("sgd").median, f.update.at("sgd").median);
+    EXPECT_EQ(p.message_cpu.size(), 2u);
+    EXPECT_EQ(p.message_cpu[1].cpu_s, first.message_cpu[1].cpu_s);
+  }
+  std::vector<std::vector<Profile>> again;
+  EXPECT_EQ(ask(task, &again).second, 3);
+  EXPECT_EQ(again[0][1].devices[0].layers[2].forward.median,
+            more[0][1].devices[0].layers[2].forward.median);
+  ProfileTask alone = task;
+  alone.batch = 8;
+  alone.more_batches.clear();
+  EXPECT_EQ(ask(alone, nullptr).second, 1);
+}
+
+// A daemon before protocol 3.1 ignores more_batches and answers the task's own batch:
+// the coordinator asks it for each other batch in a task of its own.
+TEST(ProfileOnNodesTest, ADaemonThatMeasuresOneBatchIsAskedForEachOther) {
+  const ClusterKey key = generateClusterKey();
+  Listener listener("127.0.0.1:0", key, HandshakeOptions{});
+  std::vector<int64_t> asked;
+  std::thread old_daemon([&] {
+    std::unique_ptr<Channel> c = listener.accept(10s);
+    ASSERT_TRUE(c);
+    try {
+      for (std::optional<Message> m = c->recv(10s); m; m = c->recv(2s)) {
+        ProfileTask t = std::get<ProfileTask>(*m);
+        asked.push_back(t.batch);
+        t.more_batches.clear();
+        c->send(profileHere(t, ""));
+      }
+    } catch (const IoError&) {  // the client closed the channel
+    }
+  });
+  {
+    std::unique_ptr<Channel> c = connectChannel(listener.endpoint(), key, HandshakeOptions{});
+    const std::string spec = "name: tiny\ninput: [4]\nlayers:\n  - linear: {out: 3}\n";
+    std::vector<int> cached;
+    std::vector<std::vector<Profile>> more;
+    Channel* ch = c.get();
+    const std::vector<Profile> first =
+        profileOnNodes({ch}, {"old"}, {ProfileTask{spec, 8, 0, 1, {{"cpu", 1, 0}}, 0, {4, 1}}}, 30s,
+                       &cached, &more);
+    EXPECT_EQ(first.at(0).batch, 8);
+    ASSERT_EQ(more.at(0).size(), 2u);
+    EXPECT_EQ(more[0][0].batch, 4);
+    EXPECT_EQ(more[0][1].batch, 1);
+    EXPECT_EQ(more[0][1].devices.at(0).layers.at(0).activation_bytes, 1 * 3 * 4);
+    c->close();
+  }
+  old_daemon.join();
+  EXPECT_EQ(asked, (std::vector<int64_t>{8, 4, 1}));
+}
+
+// A daemon that answers another batch than asked, or fewer of them, is named.
+TEST(ProfileOnNodesTest, AnAnswerAtOtherBatchesIsRefused) {
+  const ClusterKey key = generateClusterKey();
+  Listener listener("127.0.0.1:0", key, HandshakeOptions{});
+  const std::string spec = "name: tiny\ninput: [4]\nlayers:\n  - linear: {out: 3}\n";
+  std::thread liar([&] {
+    std::unique_ptr<Channel> c = listener.accept(10s);
+    ASSERT_TRUE(c);
+    try {
+      for (std::optional<Message> m = c->recv(10s); m; m = c->recv(2s)) {
+        ProfileTask t = std::get<ProfileTask>(*m);
+        ProfileResult r = profileHere(ProfileTask{spec, 2, 0, 1, {{"cpu", 1, 0}}, 0, {}}, "");
+        if (t.more_batches.size() == 2) r.more = {r.profile};  // one of two
+        c->send(r);
+      }
+    } catch (const IoError&) {  // the client closed the channel
+    }
+  });
+  {
+    std::unique_ptr<Channel> c = connectChannel(listener.endpoint(), key, HandshakeOptions{});
+    Channel* ch = c.get();
+    expectThrowWith<Error>(
+        [&] {
+          profileOnNodes({ch}, {"liar"}, {ProfileTask{spec, 8, 0, 1, {{"cpu", 1, 0}}, 0, {}}}, 30s);
+        },
+        {"profiling on node 'liar'", "its profile is at batch 2, not the 8 asked for"});
+    expectThrowWith<Error>(
+        [&] {
+          profileOnNodes({ch}, {"liar"}, {ProfileTask{spec, 2, 0, 1, {{"cpu", 1, 0}}, 0, {4, 1}}},
+                         30s);
+        },
+        {"profiling on node 'liar'", "it answered 1 more batches, not the 2 asked for"});
+    c->close();
+  }
+  liar.join();
+}
+
 // The batch a device is measured at: the one asked where its passes fit the budget and
 // memory, else halved, never below the least.
 TEST(ProfileBatchTest, HalvesTheBatchUntilTheMeasurementFitsItsBudget) {
@@ -560,7 +692,7 @@ TEST_F(DaemonTest, ADeviceTooSlowForTheBatchIsMeasuredAtASmallerOne) {
     return profileOnNodes({ch}, {"alpha"}, {t}, 60s).at(0);
   };
   const std::string tiny = "name: tiny\ninput: [4]\nlayers:\n  - linear: {out: 8}\n";
-  const Profile cheap = ask(ProfileTask{tiny, 256, 0, 2, {{"cpu", 1, 0}}, 4});
+  const Profile cheap = ask(ProfileTask{tiny, 256, 0, 2, {{"cpu", 1, 0}}, 4, {}});
   EXPECT_EQ(cheap.batch, 256);
   ASSERT_EQ(cheap.devices.size(), 1u);
   EXPECT_EQ(cheap.devices[0].batchIn(cheap), 256);
@@ -569,7 +701,7 @@ TEST_F(DaemonTest, ADeviceTooSlowForTheBatchIsMeasuredAtASmallerOne) {
   const std::string wide =
       "name: wide\ninput: [1024]\nlayers:\n  - linear: {out: 1024}\n  - relu\n"
       "  - linear: {out: 1024}\n";
-  const Profile costly = ask(ProfileTask{wide, 65536, 1, 3, {{"cpu", 1, 0}}, 64});
+  const Profile costly = ask(ProfileTask{wide, 65536, 1, 3, {{"cpu", 1, 0}}, 64, {}});
   EXPECT_EQ(costly.batch, 65536);
   ASSERT_EQ(costly.devices.size(), 1u);
   const int64_t b = costly.devices[0].batch;

@@ -313,8 +313,8 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       Failed{"stage 1 failed"},
       Checkpointed{300, std::string(64, 'd'), 4096},
       Answer{96, 2, 3, {0.5f, -1, 2, 3, 4, std::nanf("")}, 1.25, 1},
-      ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}, 4},
-      ProfileResult{"{\"schema\": \"tandem-profile\"}", 1},
+      ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}, 4, {4, 2, 1}},
+      ProfileResult{"{\"schema\": \"tandem-profile\"}", 1, {"{}", "{\"a\": 1}"}},
       Prompt{3, {104, 105}, 20, 0.8f, 40, uint64_t{1} << 40},
       PromptsDone{},
       Token{3, 19, 255, std::nanf("")}};
@@ -551,18 +551,54 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](ProfileTask& t) { t.devices[0].backend.clear(); }, "a device without a backend"},
       {[](ProfileTask& t) { t.least_batch = 9; }, "least batch 9 is not from 0 to the batch (8)"},
       {[](ProfileTask& t) { t.least_batch = -1; }, "least batch -1 is not from 0"},
+      {[](ProfileTask& t) {
+         t.more_batches = {4, 0};
+       },
+       "more batch 0 is not from 1 to 65536"},
+      {[](ProfileTask& t) { t.more_batches = {65537}; }, "more batch 65537 is not from 1"},
+      {[](ProfileTask& t) {
+         t.more_batches = {4, 8};
+       },
+       "batch 8 is asked twice"},
+      {[](ProfileTask& t) {
+         t.more_batches = {4, 2, 4};
+       },
+       "batch 4 is asked twice"},
   };
   for (const ProfileCase& c : profile_cases) {
-    ProfileTask t{"name: m\n", 8, 1, 5, {{"cpu", 1, 0}}};
+    ProfileTask t{"name: m\n", 8, 1, 5, {{"cpu", 1, 0}}, 0, {}};
     c.spoil(t);
     expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(t)); },
                                  {"'profile task'", c.expect});
   }
   expectThrowWith<FormatError>(
       [] {
-        decodeMessage(encodeMessage(ProfileResult{"{}", -1}));
+        decodeMessage(encodeMessage(ProfileResult{"{}", -1, {}}));
       },
       {"'profile result'", "cached -1 is out of range"});
+  // Devices cached over every batch: at most the devices' limit per profile.
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(ProfileResult{"{}", 129, {"{}"}}));
+      },
+      {"'profile result'", "cached 129 is out of range"});
+  EXPECT_NO_THROW(decodeMessage(encodeMessage(ProfileResult{"{}", 128, {"{}"}})));
+  // What no sender may send: more than 15 other batches, profiles over their limits.
+  ProfileTask many{"name: m\n", 100, 1, 5, {{"cpu", 1, 0}}, 0, {}};
+  for (int64_t b = 1; b <= 16; ++b) many.more_batches.push_back(b);
+  expectThrowWith<InvalidArgument>([&] { encodeMessage(many); },
+                                   {"'profile task'", "16 more_batches exceed the limit of 15"});
+  const std::string big(kMaxProfileBytes, ' ');
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        encodeMessage(ProfileResult{big, 0, {big, big, "x"}});
+      },
+      {"'profile result'", "its profiles take 12582913 bytes, over the limit of 12582912"});
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        encodeMessage(ProfileResult{"{}", 0, {big + " "}});
+      },
+      {"'profile result'", "more of 4194305 bytes exceeds the limit"});
   WeightsChunk past{std::string(64, 'c'), 8, 10, {1, 2, 3}};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(past)); },
                                {"'weights chunk'", "3 bytes at offset 8 of 10"});
