@@ -21,6 +21,7 @@
 
 #include "core/model_file.h"
 #include "tests/process_util.h"
+#include "tests/targets/capture.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -166,6 +167,64 @@ TEST(NetnsTest, TheCnnJobAcrossThreeNamespacedDaemonsTrainsAsOnThisMachine) {
   for (const char* s : {"3 device profiles measured by the nodes' daemons", "9 links measured",
                         "link n0 -> n2:", "partition: auto: ", "test accuracy: "})
     EXPECT_NE(planned.out.find(s), std::string::npos) << s << "\n" << planned.out;
+}
+
+// What crosses the wire of a cluster run: every frame through the hub's bridge, captured
+// while the CNN job trains across the three namespaced daemons and saves. The capture
+// sees the run (megabytes of it, and the plaintext of the handshakes' hellos, which name
+// the build), yet no 32 bytes of the trained weights appear in it, and every connection
+// that carried 64 KiB or more — activations and gradients between the stages, the
+// trained slices to the coordinator — is as dense as random bytes (at least 7.9 bits a
+// byte; measured 7.998-8.000, where the trained weights' own bytes, plaintext floats,
+// have 7.33).
+TEST(NetnsTest, ACapturedClusterRunCarriesNoPlaintextWeightsOrActivations) {
+  std::string why;
+  if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
+  NetnsCluster c("tnW");
+  ASSERT_EQ(c.up().code, 0) << c.up().out;
+  const std::string capture = c.dir() + "/wire.frames";
+  tandem::testing::PacketCapture wire("tnW-hub", capture);
+  const std::string j = job(c.dir(), "epochs: 1\ntrain_limit: 640\ntest_limit: 200\nsave: m.tdm\n");
+  const Ran ran = sh(c.tandem("run " + j + " --cluster " + c.cluster()));
+  ASSERT_TRUE(wire.stop()) << "the capture did not run (root, a packet socket in tnW-hub)";
+  ASSERT_EQ(ran.code, 0) << ran.out;
+  const std::map<std::string, std::string> streams = tandem::testing::tcpStreams(capture);
+  size_t total = 0;
+  bool hello = false;
+  for (const auto& [flow, bytes] : streams) {
+    total += bytes.size();
+    hello = hello || bytes.find("tandem " TANDEM_VERSION_TEXT) != std::string::npos;
+  }
+  EXPECT_GT(total, size_t{1} << 20) << streams.size() << " connections";
+  EXPECT_TRUE(hello) << "no hello in the capture: it did not see the run";
+  constexpr double kDense = 7.9;
+  int dense = 0;
+  for (const auto& [flow, bytes] : streams) {
+    if (bytes.size() < 65536) continue;
+    const double bits = tandem::testing::entropyBits(bytes);
+    std::printf("  %s: %zu bytes, %.4f bits a byte\n", flow.c_str(), bytes.size(), bits);
+    EXPECT_GE(bits, kDense) << flow << ": " << bytes.size() << " bytes";
+    ++dense;
+  }
+  EXPECT_GE(dense, 4) << "the stages' links and the slices to the coordinator";
+  const tandem::ModelFile trained = tandem::readModelFile(c.dir() + "/m.tdm");
+  std::string weights;
+  std::vector<std::string> windows;
+  for (const tandem::HostTensor& t : trained.params) {
+    const std::string bytes(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 4);
+    weights += bytes;
+    for (size_t at = 0; at + 32 <= bytes.size() && windows.size() < 64; at += 4096)
+      windows.push_back(bytes.substr(at, 32));
+  }
+  ASSERT_GE(windows.size(), 16u);
+  const double plain = tandem::testing::entropyBits(weights);
+  std::printf("  the trained weights in the clear: %zu bytes, %.4f bits a byte\n", weights.size(),
+              plain);
+  EXPECT_LT(plain, kDense);  // what plaintext would show
+  for (const auto& [flow, bytes] : streams)
+    for (const std::string& w : windows)
+      EXPECT_EQ(bytes.find(w), std::string::npos) << flow << " carries trained weights";
+  std::filesystem::remove(capture);  // tens of megabytes
 }
 
 // A GPT across the namespaced hosts: `partition: auto` plans its blocks over the three
