@@ -85,4 +85,18 @@ void checkEveryLayerFits(const CostModel& cost) {
   }
 }
 
+std::string noSplitFits(const CostModel& cost, const std::string& algorithm) {
+  const Problem& problem = cost.problem();
+  int64_t have = 0;
+  for (const DeviceCosts& d : problem.devices) have += d.memory_bytes;
+  const size_t layers = cost.layers();
+  std::ostringstream os;
+  os << "the " << algorithm << " search found no split of the " << layers << " layers over the "
+     << problem.devices.size() << " devices that fits in memory: the model needs more than "
+     << cost.stateBytes(0, layers) << " bytes (its weights, " << cost.paramBytes(0, layers)
+     << " bytes" << (cost.training() ? ", with their gradients and optimizer state" : "")
+     << ", and each stage's activations), the devices have " << have << " in all";
+  return os.str();
+}
+
 }  // namespace tandem::partitioner

@@ -176,11 +176,7 @@ Plan exactPlan(const CostModel& cost, const Plan* bound) {
     same.algorithm = "exact";
     return same;
   }
-  std::ostringstream os;
-  os << "no split of the " << cost.layers() << " layers over the " << cost.problem().devices.size()
-     << " devices fits in memory (the weights alone are " << cost.paramBytes(0, cost.layers())
-     << " bytes)";
-  throw InvalidArgument(os.str());
+  throw InvalidArgument(noSplitFits(cost, "exact"));
 }
 
 }  // namespace tandem::partitioner

@@ -255,11 +255,7 @@ class LocalSearch {
 Plan heuristicPlan(const CostModel& cost, const SearchOptions& o) {
   checkEveryLayerFits(cost);
   Plan plan = LocalSearch(cost, o.max_passes).run();
-  TANDEM_CHECK_MSG(!plan.stages.empty(), InvalidArgument,
-                   "the heuristic found no split of the "
-                       << cost.layers() << " layers over the " << cost.problem().devices.size()
-                       << " devices that fits in memory (the weights alone are "
-                       << cost.paramBytes(0, cost.layers()) << " bytes)");
+  TANDEM_CHECK_MSG(!plan.stages.empty(), InvalidArgument, noSplitFits(cost, "heuristic"));
   return plan;
 }
 

@@ -92,4 +92,9 @@ std::vector<Plan> baselinePlans(const CostModel& cost);
 // layer fits on no device even alone.
 void checkEveryLayerFits(const CostModel& cost);
 
+// Why no split fits (`algorithm`: "exact", "heuristic"): the model's layers and devices,
+// the bytes it holds at least (its weights, with their gradients and optimizer state when
+// training) and what the devices have in all.
+std::string noSplitFits(const CostModel& cost, const std::string& algorithm);
+
 }  // namespace tandem::partitioner

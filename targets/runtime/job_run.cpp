@@ -148,6 +148,8 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
   cluster_ = !cluster_path.empty() ? partitioner::loadCluster(cluster_path)
                                    : localCluster(1, job_.threads);
   for (const partitioner::ClusterNode& n : cluster_.nodes) node_order_.push_back(n.name);
+  given_schedule_ = job_.train.schedule;
+  given_chunks_ = job_.chunks;
   local_ = std::none_of(cluster_.nodes.begin(), cluster_.nodes.end(),
                         [](const partitioner::ClusterNode& n) { return n.address.has_value(); });
   resolveTransport();
@@ -349,8 +351,41 @@ void JobRun::replace() {
     // Interleaved stages whose survivors are one device run it with 1F1B.
     job_.train.schedule = planned_->schedule;
     job_.chunks = planned_->chunks;
+  } else if (job_.plan.empty() && options_.mode == RunMode::kTrain) {
+    replanOwnRanges(model);
   }
   place(model);
+}
+
+void JobRun::replanOwnRanges(const Model& model) {
+  job_.train.schedule = given_schedule_;
+  job_.chunks = given_chunks_;
+  if (cluster_.nodes.size() == node_order_.size()) {
+    planned_.reset();
+    return;
+  }
+  JobSpec j = job_;
+  j.auto_partition = true;
+  j.ranges.clear();
+  j.range_where.clear();
+  j.range_replicas.clear();
+  if (j.partition_where.empty()) j.partition_where = job_.source;
+  const std::string nodes = std::to_string(cluster_.nodes.size()) + " node" +
+                            (cluster_.nodes.size() == 1 ? "" : "s") + " left (" +
+                            nodeList(cluster_) + ")";
+  try {
+    planned_ = planJob(j, model, *daemons_);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("the " + nodes + " cannot hold the job's stages: " + e.what());
+  }
+  job_.train.schedule = planned_->schedule;
+  job_.chunks = planned_->chunks;
+  std::string ranges;
+  for (const partitioner::PlanStageSpec& st : planned_->stages)
+    ranges += (ranges.empty() ? "" : ", ") + std::string("[") + std::to_string(st.begin) + ", " +
+              std::to_string(st.end) + ") " + st.devices.front();
+  spdlog::info("partition: the job's {} re-planned by the partitioner over the {}: {}",
+               job_.ranges.empty() ? "equal split" : "layer ranges", nodes, ranges);
 }
 
 double JobRun::backOff(const std::string& node) const {

@@ -129,6 +129,11 @@ class JobRun {
   // The daemons, the plan (`partition: auto`) and the placement for cluster_ as it is
   // now, from the newest checkpoint.
   void replace();
+  // A training job of its own ranges or `equal` (made for the whole cluster) with nodes
+  // left out: its layers planned over the nodes left by the partitioner; with the whole
+  // cluster back, its own ranges again. InvalidArgument naming the nodes and the memory
+  // when they cannot hold the model.
+  void replanOwnRanges(const Model& model);
   // One model file of the whole model and its optimizer state from the stages' slices
   // (by slot; empty for the slots that send none).
   std::vector<uint8_t> merge(const std::vector<std::vector<uint8_t>>& slices) const;
@@ -159,6 +164,9 @@ class JobRun {
   std::vector<LeftOut> left_out_;
   std::map<std::string, int> losses_;    // by node name
   std::vector<std::string> node_order_;  // the cluster file's, kept when a node rejoins
+  // The job's own schedule and chunks, which a plan over fewer nodes may change.
+  ScheduleKind given_schedule_ = ScheduleKind::k1F1B;
+  int given_chunks_ = 1;
   std::string probing_;                  // the left-out node being tried, if any
   std::future<bool> probe_;              // whether its daemon answered
   // An inference stream: the first sample not yet handed on, the answers that came

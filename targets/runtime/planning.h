@@ -61,7 +61,8 @@ std::vector<partitioner::Problem> measuredProblems(
 // the baselines, priced on the same cost model, for the run to print beside it.
 //
 // With `microbatches: auto` or `schedule: auto` it plans every candidate — microbatch
-// counts 1, 2, 4, ... up to the batch (at most 64), each profiled once at its microbatch size;
+// counts 1, 2, 4, ... up to the batch (at most 64), profiled at their microbatch sizes in
+// one task per node (measuredProblems);
 // schedules 1f1b, gpipe, zb-h1 and interleaved (2 chunks per stage) — and takes the one with
 // the shortest predicted step whose plan fits in memory — an interleaved one only when
 // its step is predicted shorter than the best other's by more than kSelectionMargin (it

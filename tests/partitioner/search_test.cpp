@@ -272,9 +272,16 @@ TEST(SearchTest, AModelLargerThanAllDevicesTogetherIsRefused) {
     p.devices.push_back({"n/d" + std::to_string(d), 0, int64_t{500} << 20,
                          std::vector<double>(4, 1e-3), std::vector<double>(4, 1e-3)});
   const CostModel cost(p);
-  expectThrowWith<InvalidArgument>([&] { exactPlan(cost); },
-                                   {"no split of the 4 layers over the 2 devices fits"});
-  expectThrowWith<InvalidArgument>([&] { heuristicPlan(cost); }, {"found no split"});
+  // Named with what the model needs at least and what the devices have in all.
+  const std::string needs = "the model needs more than " + std::to_string(cost.stateBytes(0, 4)) +
+                            " bytes (its weights, 419430400 bytes, with their gradients";
+  expectThrowWith<InvalidArgument>(
+      [&] { exactPlan(cost); },
+      {"the exact search found no split of the 4 layers over the 2 devices that fits in memory",
+       needs, "the devices have 1048576000 in all"});
+  expectThrowWith<InvalidArgument>(
+      [&] { heuristicPlan(cost); },
+      {"the heuristic search found no split", needs, "the devices have 1048576000 in all"});
 }
 
 TEST(SearchTest, EvaluateRefusesPlansThatDropOrRepeat) {

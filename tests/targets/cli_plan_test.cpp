@@ -84,7 +84,8 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
                        << "\nprofile: " << profile << "\n";
   const CliRun no_fit = run("run " + tight);
   EXPECT_EQ(no_fit.code, 1) << no_fit.out;
-  for (const char* s : {"found no split of the 10 layers over the 2 devices that fits in memory"})
+  for (const char* s : {"found no split of the 10 layers over the 2 devices that fits in memory",
+                        "the devices have 10485760 in all"})
     EXPECT_NE(no_fit.out.find(s), std::string::npos) << s << "\n" << no_fit.out;
   EXPECT_EQ(no_fit.out.find("pid "), std::string::npos) << no_fit.out;
   // A plan's stage on two devices runs as two replicas (a row each in the stage table).

@@ -175,9 +175,10 @@ TEST(TandemdTest, ARunResumedFromACheckpointEndsBitwiseAsTheUninterruptedOne) {
   }
 }
 
-// Losing a node mid-run: the run leaves it out, places its stages on the nodes left,
-// resumes from the newest checkpoint and saves bitwise the model of a run that lost
-// nothing. Without restarts left it ends naming the node, as before.
+// Losing a node mid-run: the run leaves it out, plans the job's layers over the nodes
+// left with the partitioner (its equal split was made for three), resumes from the
+// newest checkpoint and saves bitwise the model of a run that lost nothing. Without
+// restarts left it ends naming the node, as before.
 // A job of examples/models/MODEL.yaml in three equal stages on the cluster file
 // `cluster` (in `dir`), batch 32 in 4 microbatches, seed 3, with `data` (epochs and
 // limits) and `extra`, saving out/NAME.tdm; its path.
@@ -232,7 +233,10 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
     for (const std::string& s :
          {"was lost with node 'b-" + tag + "'",
           "recovering (1 of 3 restarts): node 'b-" + tag + "' is left out; resuming from step ",
-          "3 stages on a-" + tag + ", c-" + tag, std::string("training again ")})
+          "partition: the job's equal split re-planned by the partitioner over the 2 nodes "
+          "left (a-" +
+              tag + ", c-" + tag + "): [0, ",
+          "stages on a-" + tag + ", c-" + tag, std::string("training again ")})
       EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
   }
   EXPECT_TRUE(slurp(dir + "/out/lossy.tdm") == want) << "recovered run: not bitwise";
@@ -248,6 +252,37 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
         << run.output();
     EXPECT_NE(run.output().find("the newest checkpoint is "), std::string::npos) << run.output();
   }
+  for (const char* node : {"a-", "b-", "c-"})
+    EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
+}
+
+// Nodes left that cannot hold the model: the recovery ends the run naming them, what
+// the model needs and what they have (mlp-deep's weights with their gradients and
+// momentum, 20.6 MB, on three devices of 8.5 MiB in three stages; two of them hold 17.8 MB).
+TEST(TandemdTest, ARecoveryOnNodesThatCannotHoldTheModelEndsNamingTheMemory) {
+  const std::string dir = tandem::testing::freshDir("recover-memory");
+  const std::string tag = std::to_string(getpid());
+  std::ofstream(dir + "/c.yaml") << "nodes:\n  - {name: a-" << tag
+                                 << ", devices: [{memory: 8704KiB}]}\n"
+                                 << "  - {name: b-" << tag << ", devices: [{memory: 8704KiB}]}\n"
+                                 << "  - {name: c-" << tag << ", devices: [{memory: 8704KiB}]}\n";
+  std::ofstream(dir + "/j.yaml") << "model: " << TANDEM_SOURCE_DIR
+                                 << "/examples/models/mlp-deep.yaml\n"
+                                 << "batch: 32\nmicrobatches: 4\nseed: 3\ntest_limit: 64\n"
+                                 << "epochs: 2\ntrain_limit: 1280\n"
+                                 << "partition: [[0, 4], [4, 8], [8, 14]]\ncluster: c.yaml\n"
+                                 << "checkpoint: {every_steps: 3, dir: ck}\n";
+  Background run("exec " + kCli + " run " + dir + "/j.yaml", dir + "/j.log");
+  ASSERT_TRUE(run.waitFor("checkpoint at step 6:", 60s)) << run.output();
+  ASSERT_TRUE(killTheOneProcessWith("--name b-" + tag)) << "node b's tandemd";
+  EXPECT_EQ(run.wait(60s), 1) << run.output();
+  for (const std::string& s :
+       {"recovering (1 of 3 restarts): node 'b-" + tag + "' is left out",
+        "the 2 nodes left (a-" + tag + ", c-" + tag + ") cannot hold the job's stages: ",
+        std::string("found no split of the 14 layers over the 2 devices that fits in memory: "
+                    "the model needs more than "),
+        std::string("the devices have 17825792 in all")})
+    EXPECT_NE(run.output().find(s), std::string::npos) << s << "\n" << run.output();
   for (const char* node : {"a-", "b-", "c-"})
     EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
 }
@@ -282,7 +317,8 @@ TEST(TandemdTest, ARecoveryGetsThroughFloodsOnTheSurvivingDaemons) {
   const std::string out = lossy.output();
   for (const std::string& s :
        {std::string("recovering (1 of 3 restarts): node 'b' is left out; resuming from step "),
-        std::string("3 stages on a, c"), std::string("training again ")})
+        std::string("re-planned by the partitioner over the 2 nodes left (a, c)"),
+        std::string("stages on a, c"), std::string("training again ")})
     EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
   EXPECT_TRUE(slurp(dir + "/out/lossy.tdm") == want) << "recovered under a flood: not bitwise";
   EXPECT_GT(idle.reopened(), 0u) << "the flood did not go on through the run";
@@ -324,7 +360,9 @@ TEST(TandemdTest, ALostNodeThatComesBackRejoinsAtACheckpointAndAgainLaterBitwise
   EXPECT_EQ(lossy.wait(120s), 0) << lossy.output();
   const std::string out = lossy.output();
   for (const std::string& s :
-       {std::string("3 stages on a, c"), std::string("stages on a, b, c"),
+       {std::string("re-planned by the partitioner over the 2 nodes left (a, c)"),
+        std::string("rejoins at the checkpoint at step "),
+        std::string("3 stages on a, b, c"),  // the job's own ranges again
         std::string("after node 'b' rejoined"),
         std::string("membership: node 'b' left (lost 2 times); tried again at a checkpoint "
                     "after 1.0 s")})
