@@ -58,7 +58,9 @@ Plan interleavedPlan(const CostModel& cost, const Plan& base, int chunks) {
   }
   Plan plan = evaluate(cost, stages, base.algorithm, {}, chunks);
   plan.left_out = base.left_out;
-  return plan;
+  // Each link's codecs where the options let the planner choose them (chooseCodecs: one
+  // per link between stages, whichever chunks cross it).
+  return chooseCodecs(cost, plan);
 }
 
 }  // namespace tandem::partitioner

@@ -65,8 +65,10 @@ Plan choosePlan(const CostModel& cost, const SearchOptions& o = {});
 // then each link in turn takes the most exact pair (activations, gradients) whose predicted
 // step is within kCodecTolerance of the fastest pair's on that link (twice over the links:
 // one link's choice moves the others' bottleneck). A slow link gets compressed where that
-// shortens the step; a link that does not limit it stays exact. Returns `plan` itself when
-// the options choose no codec.
+// shortens the step; a link that does not limit it stays exact. An interleaved plan's
+// links are those between its stages (the last stage's to the first too), each one
+// codec pair for every chunk that crosses it. Returns `plan` itself when the options
+// choose no codec.
 inline constexpr double kCodecTolerance = 0.02;
 // How much faster a plan must be predicted to be to use more devices than another
 // (choosePlan): about the cost model's mean error (docs/partitioner.md, plan fidelity:

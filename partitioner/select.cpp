@@ -110,10 +110,23 @@ Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
   const std::vector<CodecChoice>& acts = o.choose_activation_codec ? o.codecs : fixed_act;
   const std::vector<CodecChoice>& grads = o.choose_gradient_codec ? o.codecs : fixed_grad;
   const std::vector<Assignment> stages = assignments(plan);
+  // The links between stages; an interleaved plan's chunks cross p of them (stage s to
+  // s + 1, the last to the first), each carrying its chunks' messages with one codec:
+  // chunk k's link to chunk k + 1 is link k % p.
+  const size_t n = plan.stages.size();
+  const size_t p = n / static_cast<size_t>(plan.chunks);
+  auto chunkLinks = [&](const std::vector<LinkCodec>& between) {
+    std::vector<LinkCodec> out;
+    for (size_t k = 0; k + 1 < n; ++k) out.push_back(between[plan.chunks > 1 ? k % p : k]);
+    return out;
+  };
+  auto price = [&](const std::vector<LinkCodec>& between) {
+    return evaluate(cost, stages, plan.algorithm, chunkLinks(between), plan.chunks);
+  };
   // Every link from the most exact codecs, then each in turn to the most exact choice within
   // kCodecTolerance of its fastest; twice, as a link's choice moves the others' bottleneck.
   std::vector<LinkCodec> links(
-      plan.stages.size() - 1,
+      plan.chunks > 1 ? p : n - 1,
       LinkCodec{acts.front().name, grads.front().name, acts.front().ratio, grads.front().ratio});
   for (int pass = 0; pass < 2; ++pass)
     for (size_t i = 0; i < links.size(); ++i) {
@@ -128,7 +141,7 @@ Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
         for (size_t g = 0; g < grads.size(); ++g) {
           std::vector<LinkCodec> trial = links;
           trial[i] = {acts[a].name, grads[g].name, acts[a].ratio, grads[g].ratio};
-          const double step = evaluate(cost, stages, plan.algorithm, trial).step_s;
+          const double step = price(trial).step_s;
           options.push_back({trial[i], step, a + g});
           if (fastest == 0 || step < fastest) fastest = step;
         }
@@ -139,7 +152,7 @@ Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
           pick = &x;
       links[i] = pick->codec;
     }
-  Plan best = evaluate(cost, stages, plan.algorithm, links);
+  Plan best = price(links);
   best.left_out = plan.left_out;
   return best;
 }

@@ -442,7 +442,9 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       const bool ring = !place.chunks.empty() && p > 1;
       static const std::optional<WireCodec> kNone;
       const std::optional<WireCodec>& prev_gradients =
-          s > 0 ? stages[static_cast<size_t>(s - 1)].next_gradient_codec : kNone;
+          s > 0  ? stages[static_cast<size_t>(s - 1)].next_gradient_codec
+          : ring ? stages.back().next_gradient_codec
+                 : kNone;
       a.model_spec = spec;
       a.stage = s;
       a.stages = p;

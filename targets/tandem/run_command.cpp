@@ -170,11 +170,17 @@ std::string linkCodecs(const std::vector<runtime::Assign>& as) {
   }
   if (links.empty())  // one stage: the job's, unused
     return pair(as.front().wire.activations, as.front().wire.gradients);
+  // Interleaved stages are a ring: the last stage's chunks pass on to the first's.
+  const bool ring = !as.front().chunks.empty();
+  if (ring)
+    links.push_back(
+        pair(first.rbegin()->second->wire.activations, first.begin()->second->wire.gradients));
   if (std::all_of(links.begin(), links.end(), [&](const std::string& l) { return l == links[0]; }))
     return links[0];
   std::string out;
   for (size_t s = 0; s < links.size(); ++s)
-    out += (s ? ", " : "") + std::to_string(s) + "->" + std::to_string(s + 1) + " " + links[s];
+    out += (s ? ", " : "") + std::to_string(s) + "->" +
+           std::to_string(s + 1 < first.size() ? s + 1 : 0) + " " + links[s];
   return out;
 }
 

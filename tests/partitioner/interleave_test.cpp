@@ -168,6 +168,36 @@ TEST(InterleaveTest, TheCutsMakeTheSlowestChunkAsShortAsAnyOther) {
 // A plan file states an interleaved plan's chunks (`chunks:`) and lists them in layer
 // order; read back, they are the plan's, and a `chunks:` its stages cannot hold is refused
 // naming the line.
+// Codecs chosen per link (codec: auto): an interleaved plan's chunks cross the links
+// between its stages, the last stage's to the first too, each one codec pair for all its
+// chunks — a slow link compressed, the fast ones exact, and the step shorter than with
+// every link exact.
+TEST(InterleaveTest, EachLinkBetweenStagesGetsItsCodecs) {
+  Problem problem = chainProblem(12, {1, 1, 1});
+  // n1 <-> n2 at 100 kB/s (10 ms a 1000-byte message, against 1 ms a layer); the others free.
+  problem.links[1][2] = problem.links[2][1] = LinkCosts{1e5, 0};
+  problem.options.microbatches = 4;
+  problem.options.schedule = ScheduleKind::kInterleaved1F1B;
+  problem.options.choose_activation_codec = problem.options.choose_gradient_codec = true;
+  problem.options.codecs = {{"fp32", 1}, {"fp16", 0.5}, {"bf16", 0.5}, {"int8", 0.26}};
+  const CostModel cost(problem);
+  const Plan base = evaluate(cost, {{0, 4, {0}}, {4, 8, {1}}, {8, 12, {2}}}, "given");
+  const Plan plan = interleavedPlan(cost, base, 2);
+  ASSERT_EQ(plan.stages.size(), 6u);
+  // Chunk k's link to chunk k + 1 is link k % 3: 0 -> 1, 1 -> 2 (slow), 2 -> 0.
+  for (const size_t k : {0u, 2u, 3u}) {
+    EXPECT_EQ(plan.stages[k].next.activations, "fp32") << "chunk " << k;
+    EXPECT_EQ(plan.stages[k].next.gradients, "fp32") << "chunk " << k;
+  }
+  EXPECT_NE(plan.stages[1].next.activations, "fp32");
+  EXPECT_NE(plan.stages[1].next.gradients, "fp32");
+  EXPECT_EQ(plan.stages[4].next, plan.stages[1].next);  // the same link
+  std::vector<Assignment> chunks;
+  for (const PlanStage& st : plan.stages) chunks.push_back(st.at);
+  const Plan exact = evaluate(cost, chunks, "exact links", {}, 2);
+  EXPECT_LT(plan.step_s, exact.step_s);
+}
+
 TEST(InterleaveTest, PlanFilesCarryTheirChunks) {
   Problem problem = chainProblem(12, {1, 2});
   problem.options.microbatches = 4;

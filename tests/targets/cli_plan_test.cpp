@@ -20,6 +20,26 @@ namespace {
 using tandem::testing::cli::CliRun;
 using tandem::testing::cli::kModels;
 using tandem::testing::cli::run;
+
+// The "MB sent" column of each stage's row in `tandem run`'s stage table.
+std::vector<double> megabytesSent(const std::string& out) {
+  std::vector<double> sent;
+  const size_t table = out.find("\nstage  ");
+  if (table == std::string::npos) return sent;
+  std::istringstream lines(out.substr(table + 1));
+  std::string line;
+  std::getline(lines, line);  // the header
+  while (std::getline(lines, line) && !line.empty() && std::isdigit(line[0])) {
+    std::istringstream f(line);
+    std::vector<std::string> fields;
+    for (std::string field; f >> field;) fields.push_back(field);
+    if (fields.size() < 10) break;
+    // ... MB sent, MB received, ms/micro, cpu ms, all cpu, predicted (the layers are one
+    // field or two: "[0, 3)", "[0,2)+[5,8)").
+    sent.push_back(std::stod(fields[fields.size() - 6]));
+  }
+  return sent;
+}
 // profile -> partition -> a job that runs the written plan, and one that plans itself
 // (partition: auto): the stages are the plan's, and the run shows the prediction.
 TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
@@ -248,6 +268,49 @@ TEST(CliTest, AnInterleavedPlanFileRuns) {
           << j.out;
     }
   }
+  // Codecs per link in a plan file (chunk 0's: stage 0 to 1; chunk 1's: the ring, stage 1
+  // to 0), with the job's codecs auto: every chunk crossing a link carries its codecs.
+  // Cuts after layers 2, 5 and 8, each 512 wide.
+  auto interleavedPlan = [&](const std::string& name, const std::string& first,
+                             const std::string& second) {
+    std::ofstream(dir + "/" + name)
+        << "chunks: 2\nstages:\n"
+        << "  - {layers: [0, 3], devices: [local/cpu0], backend: cpu" << first << "}\n"
+        << "  - {layers: [3, 6], devices: [local/cpu1], backend: cpu" << second << "}\n"
+        << "  - {layers: [6, 9], devices: [local/cpu0], backend: cpu}\n"
+        << "  - {layers: [9, 14], devices: [local/cpu1], backend: cpu}\n";
+  };
+  interleavedPlan("exact.yaml", "", "");
+  interleavedPlan("coded.yaml", ", codec: {activations: int8, gradients: fp32}",
+                  ", codec: {activations: bf16, gradients: fp16}");
+  auto codedJob = [&](const std::string& file) {
+    std::ofstream(dir + "/job.yaml") << "model: " << kModels << "mlp-deep.yaml\ntrain_limit: 256\n"
+                                     << "test_limit: 64\nbatch: 32\nmicrobatches: 4\n"
+                                     << "schedule: interleaved\nchunks: 2\npartition: " << dir
+                                     << "/" << file << "\ncluster: " << dir << "/cluster.yaml\n"
+                                     << "codec: {activations: auto, gradients: auto}\n";
+    return run("run " + dir + "/job.yaml");
+  };
+  const CliRun exact_links = codedJob("exact.yaml");
+  ASSERT_EQ(exact_links.code, 0) << exact_links.out;
+  EXPECT_NE(exact_links.out.find("batch, fp32 over ipc"), std::string::npos) << exact_links.out;
+  const std::string exact_run = exact_links.out;
+  const CliRun coded = codedJob("coded.yaml");
+  ASSERT_EQ(coded.code, 0) << coded.out;
+  EXPECT_NE(coded.out.find("0->1 int8/fp32, 1->0 bf16/fp16 over ipc"), std::string::npos)
+      << coded.out;
+  EXPECT_NE(coded.out.find("test accuracy"), std::string::npos) << coded.out;
+  // Every cut is 512 wide. Per training sample stage 0 sends two activations on link
+  // 0 -> 1 (int8: 0.258 of fp32) and one gradient back on the ring (fp16), stage 1 one
+  // activation on the ring (bf16) and two gradients back on link 0 -> 1 (fp32); each of
+  // the 64 test samples adds stage 0's two activations and stage 1's one.
+  const std::vector<double> a = megabytesSent(exact_run), b = megabytesSent(coded.out);
+  ASSERT_EQ(a.size(), 2u) << exact_run;
+  ASSERT_EQ(b.size(), 2u) << coded.out;
+  EXPECT_NEAR(b[0] / a[0], (256 * (2 * 0.258 + 0.5) + 64 * 2 * 0.258) / (256 * 3 + 64 * 2), 0.02)
+      << exact_run << coded.out;
+  EXPECT_NEAR(b[1] / a[1], (256 * (0.5 + 2) + 64 * 0.5) / (256 * 3 + 64), 0.02)
+      << exact_run << coded.out;
 }
 
 // `partition: auto` plans over `--cluster`'s cluster when the job names none (as
@@ -371,24 +434,6 @@ TEST(CliTest, RunReportsThePlansPredictionPerStage) {
   for (const char* s : {"step: measured ", "measured / predicted ",
                         "memory MiB per worker: tensors at peak / predicted"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
-}
-
-// The "MB sent" column of each stage's row in `tandem run`'s stage table.
-std::vector<double> megabytesSent(const std::string& out) {
-  std::vector<double> sent;
-  const size_t table = out.find("\nstage  ");
-  if (table == std::string::npos) return sent;
-  std::istringstream lines(out.substr(table + 1));
-  std::string line;
-  std::getline(lines, line);  // the header
-  while (std::getline(lines, line) && !line.empty() && std::isdigit(line[0])) {
-    std::istringstream f(line);
-    std::vector<std::string> fields;
-    for (std::string field; f >> field;) fields.push_back(field);
-    if (fields.size() < 10) break;
-    sent.push_back(std::stod(fields[9]));  // stage, layers (2 fields), device, 4 %, stash
-  }
-  return sent;
 }
 
 // Per-link codecs reach the wire: a plan that sends int8 activations on its first link

@@ -334,6 +334,22 @@ TEST(JobTest, AnInterleavedPlansChunksGoToTheirStages) {
   EXPECT_EQ(stages[0].replica_devices, std::vector<std::string>{"a/cpu"});
   EXPECT_DOUBLE_EQ(stages[0].predicted_compute_s, 4);
   EXPECT_DOUBLE_EQ(stages[1].predicted_compute_s, 6);
+  // Each link's codecs (codec: auto): stage 0's to stage 1 from chunk 0's, and the ring's
+  // from the last stage to the first from chunk 1's; every chunk crossing a link uses them.
+  JobSpec coded = job;
+  coded.activations_auto = coded.gradients_auto = true;
+  std::vector<partitioner::PlanStageSpec> ring = plan;
+  ring[0].activation_codec = "int8";
+  ring[0].gradient_codec = "fp32";
+  ring[1].activation_codec = "bf16";
+  ring[1].gradient_codec = "fp16";
+  const std::vector<Assign> as =
+      jobAssignments(coded, jobStages(coded, m, &ring), RunMode::kTrain, false, "spec", "", 0);
+  ASSERT_EQ(as.size(), 2u);
+  EXPECT_EQ(as[0].wire.activations, WireCodec::kI8);    // 0 -> 1
+  EXPECT_EQ(as[1].wire.gradients, WireCodec::kRaw);     // 1 -> 0, back
+  EXPECT_EQ(as[1].wire.activations, WireCodec::kBF16);  // 1 -> 0, the ring
+  EXPECT_EQ(as[0].wire.gradients, WireCodec::kF16);     // 0 -> 1, the ring's back
   plan[3].devices = {"c/cpu"};
   expectThrowWith<InvalidArgument>([&] { jobStages(job, m, &plan); },
                                    {"the auto plan: chunk 3 is not on stage 1's devices"});
