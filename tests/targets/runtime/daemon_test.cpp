@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "core/error.h"
@@ -590,24 +591,31 @@ TEST_F(DaemonTest, OneTaskMeasuresEveryBatchAndSharesWhatTheBatchDoesNotChange) 
   EXPECT_EQ(ask(alone, nullptr).second, 1);
 }
 
+// A peer accepted on `listener` that answers each profile task with `answer(task)` until
+// its client closes the channel.
+std::thread answerProfileTasks(Listener& listener,
+                               std::function<ProfileResult(const ProfileTask&)> answer) {
+  return std::thread([&listener, answer = std::move(answer)] {
+    std::unique_ptr<Channel> c = listener.accept(10s);
+    ASSERT_TRUE(c);
+    try {
+      for (std::optional<Message> m = c->recv(10s); m; m = c->recv(2s))
+        c->send(answer(std::get<ProfileTask>(*m)));
+    } catch (const IoError&) {  // the client closed the channel
+    }
+  });
+}
+
 // A daemon before protocol 3.1 ignores more_batches and answers the task's own batch:
 // the coordinator asks it for each other batch in a task of its own.
 TEST(ProfileOnNodesTest, ADaemonThatMeasuresOneBatchIsAskedForEachOther) {
   const ClusterKey key = generateClusterKey();
   Listener listener("127.0.0.1:0", key, HandshakeOptions{});
   std::vector<int64_t> asked;
-  std::thread old_daemon([&] {
-    std::unique_ptr<Channel> c = listener.accept(10s);
-    ASSERT_TRUE(c);
-    try {
-      for (std::optional<Message> m = c->recv(10s); m; m = c->recv(2s)) {
-        ProfileTask t = std::get<ProfileTask>(*m);
-        asked.push_back(t.batch);
-        t.more_batches.clear();
-        c->send(profileHere(t, ""));
-      }
-    } catch (const IoError&) {  // the client closed the channel
-    }
+  std::thread old_daemon = answerProfileTasks(listener, [&](ProfileTask t) {
+    asked.push_back(t.batch);
+    t.more_batches.clear();
+    return profileHere(t, "");
   });
   {
     std::unique_ptr<Channel> c = connectChannel(listener.endpoint(), key, HandshakeOptions{});
@@ -634,18 +642,10 @@ TEST(ProfileOnNodesTest, AnAnswerAtOtherBatchesIsRefused) {
   const ClusterKey key = generateClusterKey();
   Listener listener("127.0.0.1:0", key, HandshakeOptions{});
   const std::string spec = "name: tiny\ninput: [4]\nlayers:\n  - linear: {out: 3}\n";
-  std::thread liar([&] {
-    std::unique_ptr<Channel> c = listener.accept(10s);
-    ASSERT_TRUE(c);
-    try {
-      for (std::optional<Message> m = c->recv(10s); m; m = c->recv(2s)) {
-        ProfileTask t = std::get<ProfileTask>(*m);
-        ProfileResult r = profileHere(ProfileTask{spec, 2, 0, 1, {{"cpu", 1, 0}}, 0, {}}, "");
-        if (t.more_batches.size() == 2) r.more = {r.profile};  // one of two
-        c->send(r);
-      }
-    } catch (const IoError&) {  // the client closed the channel
-    }
+  std::thread liar = answerProfileTasks(listener, [&](const ProfileTask& t) {
+    ProfileResult r = profileHere(ProfileTask{spec, 2, 0, 1, {{"cpu", 1, 0}}, 0, {}}, "");
+    if (t.more_batches.size() == 2) r.more = {r.profile};  // one of two
+    return r;
   });
   {
     std::unique_ptr<Channel> c = connectChannel(listener.endpoint(), key, HandshakeOptions{});
