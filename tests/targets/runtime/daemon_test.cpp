@@ -80,6 +80,17 @@ class DaemonTest : public ::testing::Test {
     return m && std::holds_alternative<Hello>(*m) ? std::get<Hello>(*m) : Hello{};
   }
 
+  // The daemon anew with its profile cache in `cache_dir`, and a client past its node info.
+  std::unique_ptr<Channel> restartWithCache(const std::string& cache_dir) {
+    finish();
+    DaemonOptions o;
+    o.cache_dir = cache_dir;
+    start(o);
+    std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
+    if (!c->recv(10s)) throw Timeout("no node info within 10 s");
+    return c;
+  }
+
   // The daemon counts a refusal just after it has closed the connection: wait for it.
   uint64_t refusedSoon(uint64_t expected) {
     for (int i = 0; i < 200 && daemon_->stats().refused < expected; ++i)
@@ -454,12 +465,8 @@ TEST_F(DaemonTest, LaunchedWorkersAreReportedAndStoppedWithTheirRun) {
 // again; a device the node lacks and a model it cannot hold get error replies, and the
 // daemon serves on.
 TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
-  finish();
-  DaemonOptions o;
-  o.cache_dir = testing::freshDir("daemon-profile-cache");
-  start(o);
-  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
-  next(*c);  // node info
+  const std::string cache_dir = testing::freshDir("daemon-profile-cache");
+  std::unique_ptr<Channel> c = restartWithCache(cache_dir);
   const std::string spec =
       "name: tiny\ninput: [4]\nlayers:\n  - linear: {out: 8}\n  - relu\n  - linear: {out: 3}\n";
   const ProfileTask task{spec, 4, 0, 2, {{"cpu", 1, 0}, {"cpu", 2, 0}}};
@@ -491,7 +498,7 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
   EXPECT_EQ(ask(other).second, 0);
   // A cache file spoiled on disk is discarded, and measured again.
   int spoiled = 0;
-  for (const auto& e : std::filesystem::directory_iterator(o.cache_dir + "/profiles")) {
+  for (const auto& e : std::filesystem::directory_iterator(cache_dir + "/profiles")) {
     std::ofstream(e.path()) << "{\"schema\": ";
     ++spoiled;
   }
@@ -541,12 +548,8 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
 // to the layers' medians), update and message CPU; each batch cached on its own, so a
 // later task at one of them alone measures nothing.
 TEST_F(DaemonTest, OneTaskMeasuresEveryBatchAndSharesWhatTheBatchDoesNotChange) {
-  finish();
-  DaemonOptions o;
-  o.cache_dir = testing::freshDir("daemon-profile-batches");
-  start(o);
-  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
-  next(*c);  // node info
+  const std::string cache_dir = testing::freshDir("daemon-profile-batches");
+  std::unique_ptr<Channel> c = restartWithCache(cache_dir);
   const std::string spec =
       "name: mid\ninput: [128]\nlayers:\n  - linear: {out: 128}\n  - relu\n"
       "  - linear: {out: 10}\n";
@@ -714,12 +717,8 @@ TEST_F(DaemonTest, ADeviceTooSlowForTheBatchIsMeasuredAtASmallerOne) {
 // A cached profile far from what the device does now (a profile taken in a slow minute
 // of a shared machine) is measured again; one that agrees is used.
 TEST_F(DaemonTest, ACachedProfileFarFromTheDeviceNowIsMeasuredAgain) {
-  finish();
-  DaemonOptions o;
-  o.cache_dir = testing::freshDir("daemon-stale-profile");
-  start(o);
-  std::unique_ptr<Channel> c = connectChannel(daemon_->endpoint(), key_, options());
-  next(*c);  // node info
+  const std::string cache_dir = testing::freshDir("daemon-stale-profile");
+  std::unique_ptr<Channel> c = restartWithCache(cache_dir);
   // Passes of a few milliseconds: long enough to be checked.
   const std::string spec =
       "name: mid\ninput: [512]\nlayers:\n  - linear: {out: 512}\n  - relu\n"
@@ -733,7 +732,7 @@ TEST_F(DaemonTest, ACachedProfileFarFromTheDeviceNowIsMeasuredAgain) {
   };
   EXPECT_EQ(cachedCount(), 0);
   // The cached profile says the device is ten times slower than it is.
-  const auto file = std::filesystem::directory_iterator(o.cache_dir + "/profiles")->path();
+  const auto file = std::filesystem::directory_iterator(cache_dir + "/profiles")->path();
   std::ifstream in(file);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t at = text.find("\"pass_s\": ");
