@@ -202,14 +202,28 @@ void shareFirst(const DeviceProfile& first, DeviceProfile& other) {
   other.gemm = first.gemm;
 }
 
-// Device `d`'s profile of `model` at one of the task's batches, for `p` (its batch):
-// from the cache at `path` (empty: none) when it holds one that agrees with a few passes
-// now (`hit` set), else measured and cached. `first`: the device's profile at the task's
-// first batch, whose sustained window, update and GEMM rate a later batch takes.
-DeviceProfile deviceAt(const ModelSpec& spec, const Model& model, const ProfileTask& task,
-                       const Profile& p, const ProfileDevice& d, const TaskBatch& tb,
-                       const DeviceProfile* first, const std::string& path, bool& hit) {
-  const CpuLimit cpu = cpuLimit();
+// What one profile task measures against, read once for all its devices and batches.
+struct TaskContext {
+  const ProfileTask& task;
+  const ModelSpec& spec;
+  const Model& model;
+  CpuLimit cpu;      // this node's CPUs and quota
+  int64_t free = 0;  // this node's free memory (0: not known)
+  std::string dir;   // the profile cache's folder ("": none)
+};
+
+// Device `d`'s profile of the task's model at one of its batches, for `p` (its batch):
+// from the cache when it holds one that agrees with a few passes now (`hit` set), else
+// measured and cached. `first`: the device's profile at the task's first batch, whose
+// sustained window, update and GEMM rate a later batch takes.
+DeviceProfile deviceAt(const TaskContext& ctx, const Profile& p, const ProfileDevice& d,
+                       const TaskBatch& tb, const DeviceProfile* first, bool& hit) {
+  const ProfileTask& task = ctx.task;
+  const ModelSpec& spec = ctx.spec;
+  const Model& model = ctx.model;
+  const CpuLimit& cpu = ctx.cpu;
+  const std::string path =
+      ctx.dir.empty() ? "" : ctx.dir + "/" + cacheKey(task, tb.batch, tb.least, d, cpu) + ".json";
   // As a stage worker here would start it: no more threads than the quota grants.
   const BackendOptions bo{usableThreads(d.threads, cpu)};
   if (!path.empty())
@@ -231,7 +245,7 @@ DeviceProfile deviceAt(const ModelSpec& spec, const Model& model, const ProfileT
           "measuring again",
           spec.name, d.backend, then * 1e3, now * 1e3);
     }
-  const int64_t free = localNodeInfo("").free_memory_bytes;
+  const int64_t free = ctx.free;
   ProfileOptions o;
   o.batch = tb.batch;
   if (tb.least > 0 && tb.least < tb.batch)
@@ -327,18 +341,15 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
     p.warmup = task.warmup;
     p.repeats = task.repeats;
   }
+  const TaskContext ctx{task, spec, model, cpu, free, dir};
   ProfileResult result;
   for (const ProfileDevice& d : devices)
     for (size_t k = 0; k < batches.size(); ++k) {
       Profile& p = profiles[k];
       p.load = std::max(p.load, d.load);
       const DeviceProfile* first = k == 0 ? nullptr : &profiles[0].devices.back();
-      const std::string path =
-          dir.empty()
-              ? ""
-              : dir + "/" + cacheKey(task, batches[k].batch, batches[k].least, d, cpu) + ".json";
       bool hit = false;
-      p.devices.push_back(deviceAt(spec, model, task, p, d, batches[k], first, path, hit));
+      p.devices.push_back(deviceAt(ctx, p, d, batches[k], first, hit));
       result.cached += hit;
     }
   const std::vector<MessageCpu> message_cpu = measureMessageCpu();
