@@ -551,9 +551,11 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
 TEST_F(DaemonTest, OneTaskMeasuresEveryBatchAndSharesWhatTheBatchDoesNotChange) {
   const std::string cache_dir = testing::freshDir("daemon-profile-batches");
   std::unique_ptr<Channel> c = restartWithCache(cache_dir);
+  // Passes well under a millisecond, even emulated, so that a cached profile is used
+  // without the check of a few passes now (which a noisy machine may fail).
   const std::string spec =
-      "name: mid\ninput: [128]\nlayers:\n  - linear: {out: 128}\n  - relu\n"
-      "  - linear: {out: 10}\n";
+      "name: small\ninput: [16]\nlayers:\n  - linear: {out: 16}\n  - relu\n"
+      "  - linear: {out: 4}\n";
   const ProfileTask task{spec, 16, 0, 2, {{"cpu", 1, 0}}, 0, {8, 2}};
   auto ask = [&](const ProfileTask& t, std::vector<std::vector<Profile>>* more) {
     std::vector<int> cached;
@@ -575,7 +577,7 @@ TEST_F(DaemonTest, OneTaskMeasuresEveryBatchAndSharesWhatTheBatchDoesNotChange) 
     EXPECT_EQ(p.batch, b);
     ASSERT_EQ(p.devices.size(), 1u);
     const DeviceProfile& d = p.devices[0];
-    EXPECT_EQ(d.layers.at(0).activation_bytes, b * 128 * 4);
+    EXPECT_EQ(d.layers.at(0).activation_bytes, b * 16 * 4);
     EXPECT_GT(d.layers[0].forward.median, 0);
     EXPECT_EQ(d.sustained.passes, f.sustained.passes);
     EXPECT_EQ(d.sustained.window_s, f.sustained.window_s);
