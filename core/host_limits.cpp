@@ -2,6 +2,7 @@
 
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -207,6 +208,32 @@ double processCpuSeconds() {
   timespec t{};
   if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return 0;
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+std::optional<double> hostBusyFromStat(const std::string& text, double ticks_per_second) {
+  // cpu  user nice system idle iowait irq softirq steal guest guest_nice
+  std::istringstream first(text.substr(0, text.find('\n')));
+  std::string label;
+  if (!(first >> label) || label != "cpu" || !(ticks_per_second > 0)) return std::nullopt;
+  std::vector<double> v;
+  for (double x; first >> x;) v.push_back(x);
+  if (v.size() < 7) return std::nullopt;
+  const double busy = v[0] + v[1] + v[2] + v[5] + v[6] + (v.size() > 7 ? v[7] : 0);
+  return busy / ticks_per_second;
+}
+
+double hostBusyCpuSeconds() {
+  std::ifstream in("/proc/stat");
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  return hostBusyFromStat(line, static_cast<double>(sysconf(_SC_CLK_TCK))).value_or(0);
+}
+
+std::string hostBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id)) return "";
+  return id.size() <= 64 ? id : "";
 }
 
 int usableThreads(int requested, const CpuLimit& limit) {

@@ -55,6 +55,20 @@ std::optional<std::pair<double, double>> parseCpuMax(const std::string& text);
 // CPU seconds this process has used so far, every thread, user and system.
 double processCpuSeconds();
 
+// CPU seconds the whole host has spent busy since it booted, every CPU: user, system,
+// interrupts and softirqs (the kernel's packet processing, which lands on whatever task
+// runs or on no task at all), from the first line of /proc/stat; 0 when it cannot be read.
+// Every container and network namespace on a host reads the same counters. Resolution:
+// the kernel's USER_HZ ticks (10 ms).
+double hostBusyCpuSeconds();
+// The same from the text of /proc/stat and its ticks per second; nullopt when the text
+// has no "cpu " line of numbers.
+std::optional<double> hostBusyFromStat(const std::string& text, double ticks_per_second);
+// What tells one running kernel from another (/proc/sys/kernel/random/boot_id): the same
+// for every container and namespace on a host, so nodes that share a machine say so;
+// empty when it cannot be read.
+std::string hostBootId();
+
 // Threads worth starting for `requested` under `limit`: at most the cores the quota
 // grants, rounded up, and at least one. Threads beyond the quota only take turns at it.
 int usableThreads(int requested, const CpuLimit& limit);

@@ -248,10 +248,11 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
                        cluster.measured << ": a link from '" << l.from << "' to '" << l.to
                                         << "', but the cluster " << cluster.source
                                         << " has no node '" << (a < nodes ? l.to : l.from) << "'");
-      links[z][a] = LinkCosts{l.bandwidth, l.latency_s};
+      links[z][a] = LinkCosts{l.bandwidth, l.latency_s, l.cpu_s_per_byte};
     }
     for (const LinkProfile& l : it->second.links->links)
-      links[nodeIndex(l.from)][nodeIndex(l.to)] = LinkCosts{l.bandwidth, l.latency_s};
+      links[nodeIndex(l.from)][nodeIndex(l.to)] =
+          LinkCosts{l.bandwidth, l.latency_s, l.cpu_s_per_byte};
   }
   for (const ClusterLink& l : cluster.between) {
     const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);

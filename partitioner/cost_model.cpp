@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -36,11 +37,15 @@ void validate(const Problem& p) {
     TANDEM_CHECK_MSG(p.links[a].size() == nodes, InvalidArgument,
                      "link matrix row " << a << " has " << p.links[a].size() << " entries for "
                                         << nodes << " nodes");
-    for (size_t b = 0; b < nodes; ++b)
-      TANDEM_CHECK_MSG(p.links[a][b].bandwidth > 0 && p.links[a][b].latency_s >= 0, InvalidArgument,
+    for (size_t b = 0; b < nodes; ++b) {
+      const LinkCosts& l = p.links[a][b];
+      TANDEM_CHECK_MSG(l.bandwidth > 0 && l.latency_s >= 0, InvalidArgument,
                        "link " << p.node_names[a] << " -> " << p.node_names[b] << " has bandwidth "
-                               << p.links[a][b].bandwidth << " B/s and latency "
-                               << p.links[a][b].latency_s << " s");
+                               << l.bandwidth << " B/s and latency " << l.latency_s << " s");
+      TANDEM_CHECK_MSG(l.cpu_s_per_byte >= 0 && std::isfinite(l.cpu_s_per_byte), InvalidArgument,
+                       "link " << p.node_names[a] << " -> " << p.node_names[b] << " costs "
+                               << l.cpu_s_per_byte << " s of CPU per byte");
+    }
   }
   for (const DeviceCosts& d : p.devices) {
     TANDEM_CHECK_MSG(d.node >= 0 && static_cast<size_t>(d.node) < nodes, InvalidArgument,
@@ -180,9 +185,15 @@ double CostModel::nodeCores(int node) const {
   return c.empty() ? 0 : c[static_cast<size_t>(node)];
 }
 
-double CostModel::messageCpu(int node, double bytes) const {
+double CostModel::messageCpu(int node, int from_node, int to_node, double bytes) const {
   const auto& m = problem_.node_message_cpu;
-  return m.empty() ? 0 : m[static_cast<size_t>(node)].of(bytes);
+  const MessageCpuCost own = m.empty() ? MessageCpuCost{} : m[static_cast<size_t>(node)];
+  const double link =
+      from_node == to_node
+          ? 0
+          : problem_.links[static_cast<size_t>(from_node)][static_cast<size_t>(to_node)]
+                .cpu_s_per_byte;
+  return own.fixed_s + std::max(own.per_byte_s, link) * bytes;
 }
 
 const LinkCosts& CostModel::linkCosts(int from, int to) const {

@@ -75,8 +75,11 @@ class CostModel {
   double link(size_t end, int from, int to, double activation_ratio, double gradient_ratio) const;
   // The cores a node's host devices share (0: not known).
   double nodeCores(int node) const;
-  // CPU seconds a message of `bytes` costs node `node`, both ends together (0: not known).
-  double messageCpu(int node, double bytes) const;
+  // CPU seconds a message of `bytes` from node `from_node` to `to_node` costs, both ends
+  // together, as node `node` (one of the two) measured it: its fixed cost per message plus
+  // its cost per byte, or the link's measured cost per byte where that is higher (a
+  // slow or shaped link's packets cost the hosts more than loopback's). 0: not known.
+  double messageCpu(int node, int from_node, int to_node, double bytes) const;
   // The link from type `from`'s node to type `to`'s (within a node: its `local` link).
   const LinkCosts& linkCosts(int from, int to) const;
   // Latency objective: the input's trip from the source device to type `to` (0 when

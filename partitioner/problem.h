@@ -66,6 +66,9 @@ struct MessageCpuCost {
 struct LinkCosts {
   double bandwidth = 0;  // bytes per second
   double latency_s = 0;  // per message
+  // The CPU its bytes cost both ends' hosts, per byte (LinkProfile::cpu_s_per_byte; 0:
+  // not measured): CostModel::messageCpu.
+  double cpu_s_per_byte = 0;
 };
 
 // A codec a link may carry tensors in: its name ("fp16") and the wire bytes per fp32 byte

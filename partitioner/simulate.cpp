@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -14,6 +15,9 @@ namespace {
 constexpr int kSteps = 5;
 // Rounds of the node-sharing fixed point (predictStep) at most.
 constexpr int kSharingRounds = 12;
+// What the messages leave of a node's cores at the least, as a share: a node whose messages
+// alone would take every core still computes, slowly (and the step says so).
+constexpr double kLeastCoresLeft = 0.05;
 
 // One direction of a link between neighbouring stages: messages queue, one on the wire at
 // a time.
@@ -30,20 +34,23 @@ struct Wire {
 
 // A device's burst budget (DeviceCosts::burst_ratio, burst_budget_s): a token bucket of
 // full-speed seconds, refilled at `ratio` per second up to `capacity`, drained while it
-// runs at full speed; empty, it runs at the sustained rate.
+// runs at full speed; empty, it runs at the sustained rate. `refill` (at most 1) is the
+// share of the quota's refill left to compute: the node's messages spend the rest.
 struct Burst {
-  double ratio = 1, capacity = 0, tokens = 0, last = 0;
+  double ratio = 1, capacity = 0, tokens = 0, last = 0, refill = 1;
   // Wall seconds for `work` sustained seconds of compute starting at `now`.
+  bool bursts() const { return ratio < 1 && capacity > 0; }
   double run(double now, double work) {
-    if (ratio >= 1 || capacity <= 0) return work;
-    tokens = std::min(capacity, tokens + ratio * std::max(0.0, now - last));
+    if (!bursts()) return work;
+    const double r = ratio * refill;  // what the quota gives compute, per second
+    tokens = std::min(capacity, tokens + r * std::max(0.0, now - last));
     const double burst = work * ratio;  // full-speed seconds it needs
     double wall = burst;
-    if (tokens >= burst * (1 - ratio)) {
-      tokens -= burst * (1 - ratio);
+    if (tokens >= burst * (1 - r)) {
+      tokens -= burst * (1 - r);
     } else {
-      const double fast = tokens / (1 - ratio);  // full-speed seconds the budget covers
-      wall = fast + (burst - fast) / ratio;
+      const double fast = tokens / (1 - r);  // full-speed seconds the budget covers
+      wall = fast + (burst - fast) / r;
       tokens = 0;
     }
     last = now + wall;
@@ -194,7 +201,7 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     const DeviceCosts& d = cost.deviceOf(t);
     // The budget starts empty: a stage kept busy never refills it, one that idles does
     // within a step, and the last step is measured.
-    x.burst = {d.burst_ratio, d.burst_budget_s, 0, 0};
+    x.burst = {d.burst_ratio, d.burst_budget_s, 0, 0, 1};
     x.node = d.node;
     // Its times are what it sustains on the node (under a CPU quota, at the quota's rate):
     // computing, it keeps at most the node's cores busy, however many threads it has.
@@ -257,10 +264,12 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
     const Stage& y = st[static_cast<size_t>((v + 1) % p)];
     const int a = x.node, z = y.node;
     const double mb = static_cast<double>(m);
-    for (const double bytes : {x.chunks[static_cast<size_t>(v / p)].out_bytes,
-                               y.chunks[static_cast<size_t>((v + 1) / p)].in_bytes}) {
-      messages[static_cast<size_t>(a)] += 0.5 * mb * cost.messageCpu(a, bytes);
-      messages[static_cast<size_t>(z)] += 0.5 * mb * cost.messageCpu(z, bytes);
+    // The activation goes a -> z, its gradient z -> a.
+    const double forward = x.chunks[static_cast<size_t>(v / p)].out_bytes;
+    const double backward = y.chunks[static_cast<size_t>((v + 1) / p)].in_bytes;
+    for (const auto& [bytes, from, to] : {std::tuple{forward, a, z}, std::tuple{backward, z, a}}) {
+      messages[static_cast<size_t>(a)] += 0.5 * mb * cost.messageCpu(a, from, to, bytes);
+      messages[static_cast<size_t>(z)] += 0.5 * mb * cost.messageCpu(z, from, to, bytes);
     }
   }
   // Stages on one node's host devices share its cores, with the messages' CPU there: when
@@ -273,20 +282,32 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
     const double step = run.ends[kSteps - 1] - run.ends[kSteps - 2];
     if (!(step > 0)) break;
     // Threads present on each node on average (processor sharing: a stretched action
-    // keeps its threads there longer, each getting cores / present of a core).
+    // keeps its threads there longer, each getting a share of the cores). The messages'
+    // CPU comes off the cores first (the transport's threads wake, do a little and sleep
+    // again, which the scheduler serves before a thread that computes on): the stages
+    // share what is left of them.
     std::vector<double> demand(messages.size(), 0);
-    for (size_t n = 0; n < messages.size(); ++n) demand[n] = messages[n] / step;
     for (size_t s = 0; s < st.size(); ++s)
       demand[static_cast<size_t>(st[s].node)] += run.busy[s] / kSteps / step * st[s].threads;
     bool changed = false;
     for (size_t s = 0; s < st.size(); ++s) {
+      const auto node = static_cast<size_t>(st[s].node);
       const double cores = cost.nodeCores(st[s].node);
-      const double want = cores > 0 && st[s].threads > 0
-                              ? std::max(1.0, demand[static_cast<size_t>(st[s].node)] / cores)
-                              : 1.0;
+      const double left = std::max(cores - messages[node] / step, kLeastCoresLeft * cores);
+      // Under a quota the budget's refill pays for the messages (what they leave of the
+      // quota refills it); elsewhere they stretch the stages' compute.
+      Burst& burst = st[s].burst;
+      const double shared = burst.bursts() ? cores : left;
+      const double want =
+          cores > 0 && st[s].threads > 0 ? std::max(1.0, demand[node] / shared) : 1.0;
       const double next = 0.5 * (stretch[s] + want);
       changed = changed || std::abs(next - stretch[s]) > 1e-3 * stretch[s];
       stretch[s] = next;
+      if (burst.bursts() && cores > 0) {
+        const double refill = 0.5 * (burst.refill + left / cores);
+        changed = changed || std::abs(refill - burst.refill) > 1e-3 * burst.refill;
+        burst.refill = refill;
+      }
     }
     if (!changed) break;
     run = runStages(st, m, stretch, schedule);

@@ -29,9 +29,12 @@
 // A stage computing keeps at most the node's cores busy (a quarter-core quota: a quarter,
 // whatever its threads), since its times are what it sustains there. The messages a step
 // sends and receives keep the cores busy too (Problem::node_message_cpu, measured by the
-// node's daemon): half of each message's CPU on the sender's node, half on the
-// receiver's. On a node with cores to spare it costs nothing; on a quarter-core node whose
-// stage is busy all the time it lengthens the step by that CPU over the quota.
+// node's daemon, or the link's own cost per byte where it measured higher): half of each
+// message's CPU on the sender's node, half on the receiver's. The messages' CPU comes off
+// a node's cores before its stages share them (under a quota: what the messages leave of
+// it refills the burst budget). On a node with cores to spare it costs nothing; on a
+// quarter-core node whose stage is busy all the time it lengthens the step by that CPU
+// over the quota.
 //
 // What it leaves out: data loading, memory bandwidth and caches that co-located stages
 // share, and nodes that share a machine without knowing it (docs/partitioner.md says how

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/host_limits.h"
 
 namespace tandem {
 
@@ -40,6 +41,7 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
     const double t = timeOnce([&] { roundTrip(ping); });
     if (r >= o.warmup) rtt.push_back(t);
   }
+  const double busy_before = hostBusyCpuSeconds();
   for (int r = 0; r < o.warmup + o.repeats; ++r) {
     const double t = timeOnce([&] {
       for (int w = 0; w < o.window; ++w) link.send(out(n++), data);
@@ -47,8 +49,11 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
     });
     if (r >= o.warmup) transfer.push_back(t);
   }
+  const double busy_after = hostBusyCpuSeconds();
   roundTrip(toDevice(backend, {1}, std::vector<float>{kStop}));
   LinkMeasurement m;
+  m.host_cpu_s = std::max(busy_after - busy_before, 0.0);
+  m.data_bytes = static_cast<int64_t>(o.warmup + o.repeats) * o.window * o.message_bytes;
   m.round_trip = spreadOf(std::move(rtt));
   m.transfer = spreadOf(std::move(transfer));
   m.latency_s = m.round_trip.median / 2;
@@ -60,15 +65,20 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
   return m;
 }
 
-void echoLink(Link& link, Backend& backend) {
+double echoLink(Link& link, Backend& backend) {
+  double busy_from = -1;  // the host's busy CPU at the first data message
   for (int64_t n = 0;; ++n) {
     const Tensor t = link.recv(out(n), backend);
     TANDEM_CHECK_MSG(t.dtype() == DType::kF32 && t.numel() > 0, FormatError,
                      "link probe: message " << n << " from " << link.peer()
                                             << " is not a probe's (an empty or non-f32 tensor)");
-    if (t.numel() > 1) continue;
+    if (t.numel() > 1) {
+      if (busy_from < 0) busy_from = hostBusyCpuSeconds();
+      continue;
+    }
     link.send(back(n), t);
-    if (toHost(t)[0] == kStop) return;
+    if (toHost(t)[0] == kStop)
+      return busy_from < 0 ? 0 : std::max(hostBusyCpuSeconds() - busy_from, 0.0);
   }
 }
 

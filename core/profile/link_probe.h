@@ -8,7 +8,9 @@
 // (gradient, n), takes larger ones (data) without an answer, and returns after a ping
 // holding 1 (stop). Bandwidth: `window` data messages then a ping, timed to the answer,
 // less one small round trip, so that a single message's latency is not counted as
-// transfer time.
+// transfer time. Each side also reads what its host's CPUs spent busy while the data
+// went (hostBusyCpuSeconds: the transport's threads, and the kernel's packet handling,
+// which on a slow or shaped link costs more per byte than on loopback).
 #pragma once
 
 #include <cstdint>
@@ -30,13 +32,19 @@ struct LinkMeasurement {
   double latency_s = 0;       // half the median round trip
   double bandwidth = 0;       // bytes per second, one way
   int64_t message_bytes = 0;  // as measured
+  // The host's busy CPU seconds over the bandwidth runs (warm-up included), and the
+  // bytes those runs sent.
+  double host_cpu_s = 0;
+  int64_t data_bytes = 0;
 };
 
 // The measuring side; ends by stopping the echo side. InvalidArgument for bad options;
 // Timeout (from the link) if the echo side does not answer.
 LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions& options);
 
-// The echo side: answers until stopped. FormatError if a message is not a probe's.
-void echoLink(Link& link, Backend& backend);
+// The echo side: answers until stopped; returns its host's busy CPU seconds from the
+// first data message to the stop (0 without data). FormatError if a message is not a
+// probe's.
+double echoLink(Link& link, Backend& backend);
 
 }  // namespace tandem

@@ -1,5 +1,6 @@
 #include "core/profile/profile.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -266,12 +267,15 @@ std::string profileToJson(const Profile& p) {
   }
   if (p.links) {
     json links = json::array();
-    for (const LinkProfile& l : p.links->links)
-      links.push_back({{"from", l.from},
-                       {"to", l.to},
-                       {"bandwidth_bytes_per_s", l.bandwidth},
-                       {"latency_s", l.latency_s},
-                       {"round_trip_s", spreadJson(l.round_trip)}});
+    for (const LinkProfile& l : p.links->links) {
+      json one = {{"from", l.from},
+                  {"to", l.to},
+                  {"bandwidth_bytes_per_s", l.bandwidth},
+                  {"latency_s", l.latency_s},
+                  {"round_trip_s", spreadJson(l.round_trip)}};
+      if (l.cpu_s_per_byte > 0) one["cpu_s_per_byte"] = l.cpu_s_per_byte;
+      links.push_back(std::move(one));
+    }
     j["links"] = {{"transport", p.links->transport},
                   {"message_bytes", p.links->message_bytes},
                   {"warmup", p.links->warmup},
@@ -402,6 +406,11 @@ Profile parseProfile(const std::string& text, const std::string& where) {
                      m.spread("round_trip_s")};
       if (!(lp.bandwidth > 0)) m.fail("bandwidth_bytes_per_s", "is not positive");
       if (!(lp.latency_s >= 0)) m.fail("latency_s", "is negative");
+      if (m.has("cpu_s_per_byte")) {
+        lp.cpu_s_per_byte = m.num("cpu_s_per_byte");
+        if (!(lp.cpu_s_per_byte >= 0 && std::isfinite(lp.cpu_s_per_byte)))
+          m.fail("cpu_s_per_byte", "is not a finite, non-negative number");
+      }
       for (const LinkProfile& other : set.links)
         if (other.from == lp.from && other.to == lp.to) m.fail("", "measures a link twice");
       set.links.push_back(std::move(lp));

@@ -97,6 +97,10 @@ struct LinkProfile {
   double bandwidth = 0;  // bytes per second, one way
   double latency_s = 0;  // half the median round trip
   Spread round_trip;     // seconds
+  // The CPU its bytes cost the hosts at both ends together, per byte: what the hosts
+  // spent busy while the bandwidth runs went, over their bytes (a host both ends share
+  // counted once). 0: not measured (a daemon before protocol 3.2, or no tick passed).
+  double cpu_s_per_byte = 0;
 };
 
 // What a message costs a node's CPU: sent and received over the transport the stages use,

@@ -106,9 +106,11 @@ class Survey {
 
   LinkProfile measure(size_t from, size_t to, int64_t pair) {
     LinkResult m;
+    double cpu_s = 0;  // both ends' hosts, busy while the data went
     if (from == to) {
       send(from, task(pair, LinkTaskKind::kLocal, from));
       m = result(from, pair);
+      cpu_s = m.host_cpu_s;
     } else {
       send(from, task(pair, LinkTaskKind::kOpen, from));
       send(to, task(pair, LinkTaskKind::kOpen, to));
@@ -117,19 +119,23 @@ class Survey {
       send(to, task(pair, LinkTaskKind::kServe, to, from_end));
       send(from, task(pair, LinkTaskKind::kMeasure, from, to_end));
       m = result(from, pair);
-      result(to, pair);
+      const LinkResult echo = result(to, pair);
+      // Two ends on one host (namespaces, containers) read the same CPUs: once.
+      const bool one_host = !m.host.empty() && m.host == echo.host;
+      cpu_s = m.host_cpu_s + (one_host ? 0 : echo.host_cpu_s);
     }
     const std::string &a = cluster_.nodes[from].name, &z = cluster_.nodes[to].name;
     LinkProfile l{a,
                   z,
                   m.bandwidth,
                   m.latency_s,
-                  {m.rtt_median, m.rtt_min, m.rtt_max, static_cast<int>(m.rtt_repeats)}};
+                  {m.rtt_median, m.rtt_min, m.rtt_max, static_cast<int>(m.rtt_repeats)},
+                  m.data_bytes > 0 ? cpu_s / static_cast<double>(m.data_bytes) : 0};
     if (!(l.bandwidth > 0))
       throw FormatError("node '" + a + "' measured bandwidth " + std::to_string(l.bandwidth) +
                         " to '" + z + "'");
-    spdlog::info("link {} -> {}: {:.1f} MB/s, latency {:.1f} us", a, z, l.bandwidth / 1e6,
-                 l.latency_s * 1e6);
+    spdlog::info("link {} -> {}: {:.1f} MB/s, latency {:.1f} us, host CPU {:.2f} us per KiB", a, z,
+                 l.bandwidth / 1e6, l.latency_s * 1e6, l.cpu_s_per_byte * 1024 * 1e6);
     return l;
   }
 

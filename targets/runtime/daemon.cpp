@@ -18,6 +18,7 @@
 
 #include "backends/registry.h"
 #include "core/error.h"
+#include "core/host_limits.h"
 #include "core/profile/link_probe.h"
 #include "targets/runtime/channel_io.h"
 #include "targets/runtime/coordinator.h"
@@ -261,7 +262,10 @@ struct Daemon::Impl {
                         m.round_trip.median,
                         m.round_trip.min,
                         m.round_trip.max,
-                        static_cast<int32_t>(m.round_trip.repeats)};
+                        static_cast<int32_t>(m.round_trip.repeats),
+                        m.host_cpu_s,
+                        m.data_bytes,
+                        hostBootId()};
     };
     switch (t.kind) {
       case LinkTaskKind::kOpen: {
@@ -282,8 +286,8 @@ struct Daemon::Impl {
         checkPeerEndpoint(t.peer);
         link->connect(t.peer);
         if (t.kind == LinkTaskKind::kServe) {
-          echoLink(*link, *links.backend);
-          return channel.send(LinkResult{t.pair, "", 0, 0, 0, 0, 0, 0});
+          const double cpu = echoLink(*link, *links.backend);
+          return channel.send(LinkResult{t.pair, "", 0, 0, 0, 0, 0, 0, cpu, 0, hostBootId()});
         }
         return channel.send(result(measureLink(*link, *links.backend, probe)));
       }

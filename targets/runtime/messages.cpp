@@ -92,8 +92,10 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const LinkTas
 
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const LinkResult& m) {
   checkText("link result", "endpoint", m.endpoint, kMaxEndpointBytes);
+  checkText("link result", "host", m.host, kMaxNameBytes);
   return fb::CreateLinkResult(b, m.pair, b.CreateString(m.endpoint), m.bandwidth, m.latency_s,
-                              m.rtt_median, m.rtt_min, m.rtt_max, m.rtt_repeats)
+                              m.rtt_median, m.rtt_min, m.rtt_max, m.rtt_repeats, m.host_cpu_s,
+                              m.data_bytes, b.CreateString(m.host))
       .Union();
 }
 
@@ -375,12 +377,21 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
     case fb::Body_LinkResult: {
       const fb::LinkResult* r = msg->body_as_LinkResult();
       const char* m = "link result";
-      LinkResult out{r->pair(),       text(m, "endpoint", r->endpoint(), kMaxEndpointBytes),
-                     r->bandwidth(),  r->latency_s(),
-                     r->rtt_median(), r->rtt_min(),
-                     r->rtt_max(),    r->rtt_repeats()};
+      LinkResult out{r->pair(),
+                     text(m, "endpoint", r->endpoint(), kMaxEndpointBytes),
+                     r->bandwidth(),
+                     r->latency_s(),
+                     r->rtt_median(),
+                     r->rtt_min(),
+                     r->rtt_max(),
+                     r->rtt_repeats(),
+                     r->host_cpu_s(),
+                     r->data_bytes(),
+                     text(m, "host", r->host(), kMaxNameBytes)};
       nonNegative(m, "pair", out.pair);
-      for (double v : {out.bandwidth, out.latency_s, out.rtt_median, out.rtt_min, out.rtt_max})
+      nonNegative(m, "data_bytes", out.data_bytes);
+      for (double v :
+           {out.bandwidth, out.latency_s, out.rtt_median, out.rtt_min, out.rtt_max, out.host_cpu_s})
         if (!(v >= 0 && std::isfinite(v)))
           bad(m, "a measurement is not a finite, non-negative number");
       if (out.rtt_repeats < 0) bad(m, "rtt_repeats is negative");

@@ -27,7 +27,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{3, 1, 0};
+inline constexpr ProtocolVersion kProtocolVersion{3, 2, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -144,6 +144,12 @@ struct LinkResult {
   std::string endpoint;
   double bandwidth = 0, latency_s = 0, rtt_median = 0, rtt_min = 0, rtt_max = 0;
   int32_t rtt_repeats = 0;
+  // What the end's host spent busy while the data went (LinkMeasurement::host_cpu_s; the
+  // echo side's from its first data message), the bytes sent, and the host's boot id
+  // (hostBootId): two ends on one host read the same CPUs. 0, 0, "": before 3.2.
+  double host_cpu_s = 0;
+  int64_t data_bytes = 0;
+  std::string host = {};
   bool operator==(const LinkResult&) const = default;
 };
 

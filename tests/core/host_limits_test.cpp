@@ -4,6 +4,7 @@
 // path to the root, and the threads worth starting under the CPU quota.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -37,6 +38,30 @@ TEST(CpuLimitTest, CpuMaxReadsAQuotaOrNone) {
   EXPECT_FALSE(parseCpuMax("25000 0").has_value());
   EXPECT_FALSE(parseCpuMax("-5 100000").has_value());
   EXPECT_FALSE(parseCpuMax("25x00 100000").has_value());
+}
+
+// The host's busy time: user, nice, system, irq, softirq and steal ticks, not idle or
+// iowait; per-CPU lines and a missing or short first line are not read as the total.
+TEST(CpuLimitTest, TheHostsBusyTimeCountsEveryTickButIdleAndWaiting) {
+  const auto busy =
+      hostBusyFromStat("cpu  100 20 30 5000 70 4 6 2 0 0\ncpu0 50 10 15 2500 35 2 3 1 0 0\n", 100);
+  ASSERT_TRUE(busy.has_value());
+  EXPECT_DOUBLE_EQ(*busy, (100 + 20 + 30 + 4 + 6 + 2) / 100.0);
+  EXPECT_DOUBLE_EQ(*hostBusyFromStat("cpu 1 2 3 4 5 6 7", 10), (1 + 2 + 3 + 6 + 7) / 10.0);
+  EXPECT_FALSE(hostBusyFromStat("cpu0 50 10 15 2500 35 2 3 1 0 0\n", 100).has_value());
+  EXPECT_FALSE(hostBusyFromStat("cpu  1 2 3\n", 100).has_value());
+  EXPECT_FALSE(hostBusyFromStat("", 100).has_value());
+  EXPECT_FALSE(hostBusyFromStat("cpu  1 2 3 4 5 6 7", 0).has_value());
+  // This host's: counting up while this test spins (at most 5 s).
+  const double before = hostBusyCpuSeconds();
+  EXPECT_GT(before, 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  volatile double spin = 0;
+  while (hostBusyCpuSeconds() <= before && std::chrono::steady_clock::now() < until)
+    for (int i = 0; i < 100000; ++i) spin = spin + i;
+  EXPECT_GT(hostBusyCpuSeconds(), before);
+  EXPECT_FALSE(hostBootId().empty());
+  EXPECT_EQ(hostBootId(), hostBootId());
 }
 
 TEST(CpuLimitTest, TheSmallestQuotaOnTheWayToTheRootCounts) {

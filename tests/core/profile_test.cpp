@@ -141,8 +141,8 @@ TEST(ProfileTest, TheSustainedFigureIsTheMedianPart) {
 
 LinkSet twoLinks() {
   LinkSet s{"tcp", 1 << 20, 1, 5, {}};
-  s.links.push_back({"edge", "cloud", 1.25e8, 2e-4, {4e-4, 3e-4, 9e-4, 5}});
-  s.links.push_back({"edge", "edge", 3e9, 2.5e-5, {5e-5, 4e-5, 7e-5, 5}});
+  s.links.push_back({"edge", "cloud", 1.25e8, 2e-4, {4e-4, 3e-4, 9e-4, 5}, 4.5e-8});
+  s.links.push_back({"edge", "edge", 3e9, 2.5e-5, {5e-5, 4e-5, 7e-5, 5}, 0});
   return s;
 }
 
@@ -214,8 +214,17 @@ TEST(ProfileTest, LinksRoundTripWithOrWithoutDevices) {
     EXPECT_EQ(l.bandwidth, 1.25e8);
     EXPECT_EQ(l.latency_s, 2e-4);
     EXPECT_EQ(l.round_trip.max, 9e-4);
+    EXPECT_EQ(l.cpu_s_per_byte, 4.5e-8);
     EXPECT_EQ(q.links->links[1].to, "edge");
+    EXPECT_EQ(q.links->links[1].cpu_s_per_byte, 0);  // not measured: not written
   }
+  const std::string text = profileToJson(p);
+  EXPECT_EQ(text.find("cpu_s_per_byte"), text.rfind("cpu_s_per_byte")) << text;
+  std::string negative = text;
+  negative.replace(negative.find("4.5e-08"), 7, "-1e-08");
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(negative, "l.json"); },
+      {"l.json", "links.measured[0].cpu_s_per_byte", "not a finite, non-negative number"});
 }
 
 TEST(ProfileTest, EarlierVersionsStillRead) {

@@ -205,7 +205,7 @@ TEST(ClusterTest, MeasuredLinksFillTheMatrixUnderListedOnes) {
   links.links->links = {{"edge", "edge", 2e9, 1e-5, {}},
                         {"cloud", "edge", 3e8, 4e-4, {}},   // listed in the file: ignored
                         {"cloud", "cloud", 7e9, 2e-5, {}},  // only one way: both ways
-                        {"edge", "cloud", 4e8, 5e-4, {}}};
+                        {"edge", "cloud", 4e8, 5e-4, {}, 3e-9}};
   std::map<std::string, Profile> profiles = {{"p.json", profileFor(model, {"cpu", "opencl:0"})},
                                              {"dir/links.json", links}};
   CostOptions o;
@@ -228,6 +228,9 @@ TEST(ClusterTest, MeasuredLinksFillTheMatrixUnderListedOnes) {
   EXPECT_DOUBLE_EQ(q.links[0][1].bandwidth, 4e8);
   EXPECT_DOUBLE_EQ(q.links[1][0].bandwidth, 3e8);
   EXPECT_DOUBLE_EQ(q.links[1][0].latency_s, 4e-4);
+  // With the CPU its bytes cost the hosts, where the daemons measured it.
+  EXPECT_DOUBLE_EQ(q.links[0][1].cpu_s_per_byte, 3e-9);
+  EXPECT_DOUBLE_EQ(q.links[1][0].cpu_s_per_byte, 0);
 
   // A profile without links, and links naming nodes the cluster lacks, are refused.
   profiles["links.json"] = profileFor(model, {"cpu"});

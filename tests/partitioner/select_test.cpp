@@ -208,7 +208,7 @@ TEST(SimulateTest, MessagesCostTheirNodesCoresWhereTheyAreShort) {
   // microbatch on each.
   problem.node_message_cpu = {{0.002, 2e-6}, {0.002, 2e-6}};
   const CostModel cost(problem);
-  EXPECT_NEAR(cost.messageCpu(0, 1000), 0.004, 1e-15);
+  EXPECT_NEAR(cost.messageCpu(0, 0, 1, 1000), 0.004, 1e-15);
   const double with = predictStep(cost, evenPlan(cost, 2)).step_s;
   // The quarter-core node computes 64 ms of CPU a step (256 ms at its quarter) and now
   // also 32 ms of messages: 96 ms of CPU, 384 ms at a quarter of a core at the least,
@@ -216,6 +216,22 @@ TEST(SimulateTest, MessagesCostTheirNodesCoresWhereTheyAreShort) {
   // leaves the pipeline's fill and drain idle, so the step comes within 10% of that bound.
   EXPECT_GT(with, 0.384 * 0.9);
   EXPECT_LT(with, without + 0.128 + 1e-9);
+  // A link whose bytes were measured to cost the hosts more than the node's loopback
+  // messages do (a slow or shaped link's packets): its cost per byte, on top of the
+  // node's fixed cost per message, and the quarter-core node's step grows by it.
+  problem.links[0][1].cpu_s_per_byte = problem.links[1][0].cpu_s_per_byte = 6e-6;
+  const CostModel costly(problem);
+  EXPECT_NEAR(costly.messageCpu(0, 0, 1, 1000), 0.002 + 0.006, 1e-15);
+  EXPECT_NEAR(costly.messageCpu(1, 1, 0, 1000), 0.002 + 0.006, 1e-15);
+  EXPECT_NEAR(costly.messageCpu(0, 0, 0, 1000), 0.004, 1e-15);  // within a node: its own
+  // 64 ms of compute and 64 ms of messages a step: 512 ms at a quarter of a core at least.
+  EXPECT_GT(predictStep(costly, evenPlan(costly, 2)).step_s, 0.512 * 0.9);
+  EXPECT_GT(predictStep(costly, evenPlan(costly, 2)).step_s, with + 0.1);
+  // One measured below the node's own cost per byte changes nothing.
+  problem.links[0][1].cpu_s_per_byte = problem.links[1][0].cpu_s_per_byte = 1e-7;
+  const CostModel cheap(problem);
+  EXPECT_NEAR(predictStep(cheap, evenPlan(cheap, 2)).step_s, with, 1e-12);
+  problem.links[0][1].cpu_s_per_byte = problem.links[1][0].cpu_s_per_byte = 6e-6;
   // With cores to spare on both nodes, messages cost the step nothing.
   problem.node_cores = {4, 4};
   const CostModel spare(problem);
@@ -227,6 +243,10 @@ TEST(SimulateTest, MessagesCostTheirNodesCoresWhereTheyAreShort) {
   problem.node_message_cpu = {{-1, 0}, {0, 0}};
   testing::expectThrowWith<InvalidArgument>([&] { CostModel bad(problem); },
                                             {"a message costing -1"});
+  problem.node_message_cpu = {{0, 0}, {0, 0}};
+  problem.links[1][0].cpu_s_per_byte = -1e-9;
+  testing::expectThrowWith<InvalidArgument>([&] { CostModel bad(problem); },
+                                            {"link", "costs -1e-09 s of CPU per byte"});
 }
 
 TEST(SimulateTest, EachStageUpdatesItsParametersOncePerStep) {

@@ -356,10 +356,11 @@ TEST_P(LinkTest, ProbeMeasuresAndStopsTheEcho) {
   o.timeout = 5s;
   Pair p = makePair(ctx_, GetParam(), o);
   std::exception_ptr echo_error;
+  double echo_cpu = -1;
   std::thread echo([&] {
     try {
       cpu::CpuBackend be;
-      echoLink(*p.b, be);
+      echo_cpu = echoLink(*p.b, be);
     } catch (...) {
       echo_error = std::current_exception();
     }
@@ -380,6 +381,11 @@ TEST_P(LinkTest, ProbeMeasuresAndStopsTheEcho) {
   // No more than the whole transfer's bytes over a tenth of its time (the floor).
   EXPECT_LE(m.bandwidth, 3.0 * (64 << 10) / (0.1 * m.transfer.median) * 1.0000001);
   EXPECT_EQ(m.message_bytes, 64 << 10);
+  // The host's CPU over the data runs, read by either end (ticks of 10 ms: maybe none).
+  EXPECT_EQ(m.data_bytes, 5 * 3 * (64 << 10));
+  EXPECT_GE(m.host_cpu_s, 0);
+  EXPECT_GE(echo_cpu, 0);
+  EXPECT_TRUE(std::isfinite(m.host_cpu_s) && std::isfinite(echo_cpu));
   // Every data message and ping was taken: 1 + 4 pings, 5 x (3 data + ping), the stop.
   EXPECT_EQ(p.b->stats().messages_received, 5u + 5 * 4 + 1);
   EXPECT_EQ(p.a->stats().messages_received, 5u + 5 + 1);

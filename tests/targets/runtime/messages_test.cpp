@@ -138,6 +138,19 @@ TEST(MessagesTest, FieldsBeyondTheirLimitsAreRefusedNamingTheField) {
   });
   expectThrowWith<FormatError>([&] { decodeMessage(negative_memory); },
                                {"'node info'", "free_memory_bytes is negative"});
+  // A link result's host CPU and bytes (3.2) are checked like its measurements.
+  const auto nan_cpu = raw([](B& b) {
+    return std::pair{fb::Body_LinkResult,
+                     fb::CreateLinkResult(b, 1, 0, 1e6, 0, 0, 0, 0, 1, std::nan("")).Union()};
+  });
+  expectThrowWith<FormatError>([&] { decodeMessage(nan_cpu); },
+                               {"'link result'", "not a finite, non-negative number"});
+  const auto negative_bytes = raw([](B& b) {
+    return std::pair{fb::Body_LinkResult,
+                     fb::CreateLinkResult(b, 1, 0, 1e6, 0, 0, 0, 0, 1, 0.5, -8).Union()};
+  });
+  expectThrowWith<FormatError>([&] { decodeMessage(negative_bytes); },
+                               {"'link result'", "data_bytes is negative"});
   const auto nan_load = raw([](B& b) {
     return std::pair{fb::Body_NodeInfo,
                      fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, 50, std::nanf("")).Union()};
@@ -304,7 +317,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       Launched{2, 77},
       WorkerEnded{2, "(pid 77) exited with code 0", false},
       LinkTask{5, LinkTaskKind::kMeasure, "10.0.0.2", "tcp://x:1", 65536, 4, 1, 3},
-      LinkResult{5, "tcp://10.0.0.2:4000", 1e9, 1e-5, 2e-5, 1e-5, 3e-5, 3},
+      LinkResult{5, "tcp://10.0.0.2:4000", 1e9, 1e-5, 2e-5, 1e-5, 3e-5, 3, 0.25, 1 << 20, "b0a1"},
       GroupAddresses{{"x", "y"}},
       Progress{0, 3, 10, 0.5, 100, 1},
       EpochDone{1, 0.4, 10, 3000, 0.45, 0.88},
