@@ -38,8 +38,8 @@ struct Wire {
 // share of the quota's refill left to compute: the node's messages spend the rest.
 struct Burst {
   double ratio = 1, capacity = 0, tokens = 0, last = 0, refill = 1;
-  // Wall seconds for `work` sustained seconds of compute starting at `now`.
   bool bursts() const { return ratio < 1 && capacity > 0; }
+  // Wall seconds for `work` sustained seconds of compute starting at `now`.
   double run(double now, double work) {
     if (!bursts()) return work;
     const double r = ratio * refill;  // what the quota gives compute, per second
