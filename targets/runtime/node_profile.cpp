@@ -190,14 +190,10 @@ std::vector<TaskBatch> taskBatches(const ProfileTask& task) {
 // window's ratio to the layers' medians (a CPU quota's or throttling's, which do not
 // depend on the batch) and the optimizers' update (which does not either).
 void shareFirst(const DeviceProfile& first, DeviceProfile& other) {
-  Sustained& su = other.sustained;
-  const Sustained& from = first.sustained;
-  su.pass_s = from.pass_s > 0 ? su.burst_pass_s * from.scale() : 0;
-  su.window_s = from.window_s;
-  su.passes = from.passes;
-  su.cpu_cores = from.cpu_cores;
-  su.quota_cores = from.quota_cores;
-  su.quota_period_s = from.quota_period_s;
+  const double burst = other.sustained.burst_pass_s;  // its own medians
+  other.sustained = first.sustained;
+  other.sustained.burst_pass_s = burst;
+  other.sustained.pass_s = first.sustained.pass_s > 0 ? burst * first.sustained.scale() : 0;
   other.update = first.update;
   other.gemm = first.gemm;
 }
