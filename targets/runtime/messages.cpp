@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/flatbuffers_read.h"
 #include "targets/runtime/message_codec.h"
 
 namespace tandem::runtime {
@@ -427,7 +428,8 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
         if (more->size() > kMaxMoreBatches)
           bad(m, "it asks " + std::to_string(more->size()) + " more batches, over " +
                      std::to_string(kMaxMoreBatches));
-        for (const int64_t b : *more) {
+        // Copied out: a crafted buffer may misalign the vector (core/flatbuffers_read.h).
+        for (const int64_t b : copyInt64s(more)) {
           if (b < 1 || b > 65536)
             bad(m, "more batch " + std::to_string(b) + " is not from 1 to 65536");
           if (b == out.batch || std::find(out.more_batches.begin(), out.more_batches.end(), b) !=

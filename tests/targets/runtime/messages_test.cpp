@@ -235,30 +235,21 @@ TEST(MessagesTest, AReportAtAnOddAddressDecodesItsSpans) {
   EXPECT_EQ(std::get<StageReport>(back).spans, report.spans);
 }
 
-// An assignment whose chunk vector lies at 4 mod 8 in the buffer (the verifier checks a
-// vector's length for alignment, not its elements; the fuzzer found such a buffer): the
-// chunks are copied out, not read in place (undefined behaviour, which UBSan in the
-// sanitizer build reports), and a chunk outside the stage's layers is refused by name.
-// The buffer: an encoded assignment whose chunks field is pointed at a copy of its
-// vector appended at 4 mod 8.
-TEST(MessagesTest, AnAssignsChunksOffTheirAlignmentAreCopiedOut) {
-  Assign a = sampleAssign();  // stage 1 of 3, layers [3, 6)
-  a.train.schedule = ScheduleKind::kInterleaved1F1B;
-  a.replica = 0;
-  a.replicas = 1;
-  a.next_replicas = 1;
-  a.chunks = {{3, 4}, {5, 7}};
-  std::vector<uint8_t> bytes = encodeMessage(a);
-  // The vector as FlatBuffers lays it out: its length, then the bounds.
-  std::vector<uint8_t> vector(4 + 4 * 8, 0);
-  const uint32_t length = 4;
+// The verifier checks a vector's length for alignment, not its elements; the fuzzer found
+// buffers whose 8-byte elements lie at 4 mod 8, read in place by the decoder (undefined
+// behaviour, which UBSan in the sanitizer build reports). This moves the encoded vector of
+// `values` in `bytes` to the end, its elements at 4 mod 8, and points its field there.
+std::vector<uint8_t> moveOffAlignment(std::vector<uint8_t> bytes,
+                                      const std::vector<int64_t>& values) {
+  // The vector as FlatBuffers lays it out: its length, then the values.
+  std::vector<uint8_t> vector(4 + values.size() * 8, 0);
+  const auto length = static_cast<uint32_t>(values.size());
   std::memcpy(vector.data(), &length, 4);
-  const int64_t bounds[] = {3, 4, 5, 7};
-  std::memcpy(vector.data() + 4, bounds, sizeof bounds);
+  std::memcpy(vector.data() + 4, values.data(), values.size() * 8);
   const auto found = std::search(bytes.begin(), bytes.end(), vector.begin(), vector.end());
-  ASSERT_NE(found, bytes.end());
+  EXPECT_NE(found, bytes.end());
   const auto at = static_cast<uint32_t>(found - bytes.begin());
-  ASSERT_EQ(at % 8, 4u);  // its elements 8-aligned, as built
+  EXPECT_EQ(at % 8, 4u);  // its elements 8-aligned, as built
   // The field that points at it: a forward offset from its own place.
   uint32_t field = 0;
   for (uint32_t f = 0; f + 4 <= at; f += 4) {
@@ -266,15 +257,46 @@ TEST(MessagesTest, AnAssignsChunksOffTheirAlignmentAreCopiedOut) {
     std::memcpy(&offset, bytes.data() + f, 4);
     if (f + offset == at) field = f;
   }
-  ASSERT_NE(field, 0u);
+  EXPECT_NE(field, 0u);
   while (bytes.size() % 8 != 0) bytes.push_back(0);
   const auto moved = static_cast<uint32_t>(bytes.size());   // the length at 0 mod 8, the
-  bytes.insert(bytes.end(), vector.begin(), vector.end());  // bounds at 4 mod 8
+  bytes.insert(bytes.end(), vector.begin(), vector.end());  // values at 4 mod 8
   const uint32_t offset = moved - field;
   std::memcpy(bytes.data() + field, &offset, 4);
+  return bytes;
+}
+
+// An assignment's chunks off their alignment are copied out, not read in place, and a
+// chunk outside the stage's layers is refused by name.
+TEST(MessagesTest, AnAssignsChunksOffTheirAlignmentAreCopiedOut) {
+  Assign a = sampleAssign();  // stage 1 of 3, layers [3, 6)
+  a.train.schedule = ScheduleKind::kInterleaved1F1B;
+  a.replica = 0;
+  a.replicas = 1;
+  a.next_replicas = 1;
+  a.chunks = {{3, 4}, {5, 7}};
+  const std::vector<uint8_t> bytes = moveOffAlignment(encodeMessage(a), {3, 4, 5, 7});
   expectThrowWith<FormatError>(
       [&] { decodeMessage(bytes); },
       {"bad control message 'assign': chunk 1 [5, 7)", "outside layers [3, 6)"});
+}
+
+// So are a profile task's more batches (the fuzzer found it after protocol 3.1 added them).
+TEST(MessagesTest, AProfileTasksBatchesOffTheirAlignmentAreCopiedOut) {
+  ProfileTask t;
+  t.model_spec = "name: m";
+  t.batch = 8;
+  t.devices = {{"cpu", 1, 0}};
+  t.more_batches = {2, 4, 16};
+  const std::vector<uint8_t> bytes = moveOffAlignment(encodeMessage(t), {2, 4, 16});
+  const Message back = decodeMessage(bytes);
+  ASSERT_TRUE(std::holds_alternative<ProfileTask>(back)) << messageName(back);
+  EXPECT_EQ(std::get<ProfileTask>(back).more_batches, t.more_batches);
+  std::vector<uint8_t> repeated = bytes;
+  const int64_t four = 4;
+  std::memcpy(repeated.data() + repeated.size() - 8, &four, 8);  // 2, 4, 4
+  expectThrowWith<FormatError>([&] { decodeMessage(repeated); },
+                               {"'profile task'", "batch 4 is asked twice"});
 }
 
 TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
