@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/random.h"
-#include "targets/onnx/onnx_import.h"
+#include "onnx/onnx_import.h"
 
 namespace {
 

@@ -84,7 +84,7 @@ struct DeviceProfile {
   std::map<std::string, Spread> update;
   // Version 5: the batch this device was measured at where it is not the profile's (a
   // node's daemon measures a fast device at a large microbatch and a slow one at a
-  // smaller: targets/runtime/node_profile.h); 0: the profile's. Its layers' times,
+  // smaller: runtime/node/node_profile.h); 0: the profile's. Its layers' times,
   // activation bytes, loss and sustained passes are at this batch.
   int64_t batch = 0;
   // The batch the layers were measured at: `batch`, or else the profile's.

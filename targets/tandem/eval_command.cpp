@@ -6,7 +6,7 @@
 #include "backends/registry.h"
 #include "core/model_file.h"
 #include "core/train/trainer.h"
-#include "targets/runtime/model_source.h"
+#include "runtime/job/model_source.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {

@@ -23,9 +23,9 @@
 #include "core/generate.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
-#include "targets/runtime/job.h"
-#include "targets/runtime/job_run.h"
-#include "targets/runtime/model_source.h"
+#include "runtime/job/job.h"
+#include "runtime/job/job_run.h"
+#include "runtime/job/model_source.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/interrupt.h"
 

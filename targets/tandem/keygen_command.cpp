@@ -1,12 +1,12 @@
 // tandem keygen: a cluster key (--cluster: what every daemon and coordinator of a cluster
-// shares, targets/runtime/cluster_key.h), or a CurveZMQ key pair for encrypted links.
+// shares, runtime/control/cluster_key.h), or a CurveZMQ key pair for encrypted links.
 #include <cstdio>
 #include <memory>
 #include <span>
 
 #include "core/error.h"
-#include "targets/runtime/cluster_key.h"
-#include "targets/runtime/weight_cache.h"
+#include "runtime/control/cluster_key.h"
+#include "runtime/control/files.h"
 #include "targets/tandem/commands.h"
 #include "transport/zmq_link.h"
 

@@ -9,9 +9,9 @@
 
 #include "core/error.h"
 #include "partitioner/cluster.h"
-#include "targets/runtime/cluster_daemons.h"
-#include "targets/runtime/handshake.h"
-#include "targets/runtime/node_info.h"
+#include "runtime/control/handshake.h"
+#include "runtime/job/cluster_daemons.h"
+#include "runtime/node/node_info.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {

@@ -8,8 +8,8 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "core/model_file.h"
-#include "targets/onnx/onnx_export.h"
-#include "targets/onnx/onnx_import.h"
+#include "onnx/onnx_export.h"
+#include "onnx/onnx_import.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {

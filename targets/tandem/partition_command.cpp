@@ -12,8 +12,8 @@
 #include "core/model_spec.h"
 #include "core/pipeline/schedule.h"
 #include "partitioner/search.h"
-#include "targets/runtime/model_source.h"
-#include "targets/runtime/planning.h"
+#include "runtime/job/model_source.h"
+#include "runtime/job/planning.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {

@@ -14,10 +14,10 @@
 #include "core/model_spec.h"
 #include "core/profile/profile.h"
 #include "partitioner/cluster.h"
-#include "targets/runtime/cluster_daemons.h"
-#include "targets/runtime/model_source.h"
-#include "targets/runtime/node_profile.h"
-#include "targets/runtime/weight_cache.h"
+#include "runtime/control/files.h"
+#include "runtime/job/cluster_daemons.h"
+#include "runtime/job/model_source.h"
+#include "runtime/node/node_profile.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {

@@ -1,5 +1,5 @@
 // tandem run and tandem infer: options in, figures out. The runtime does the run
-// (targets/runtime/job_run.h): one worker process per stage (per replica of a replicated
+// (runtime/job/job_run.h): one worker process per stage (per replica of a replicated
 // stage), started by the nodes' daemons and given its assignment in-band. Printed here:
 // the plan, the last stage's progress and per-epoch summary, then a table per stage and
 // the measured bubble beside (p-1)/(m+p-1), or the inference figures. A worker that fails
@@ -22,11 +22,11 @@
 #include <memory>
 
 #include "core/error.h"
-#include "core/model_spec.h"
 #include "core/file.h"
+#include "core/model_spec.h"
 #include "core/pipeline/timeline.h"
-#include "targets/runtime/job.h"
-#include "targets/runtime/job_run.h"
+#include "runtime/job/job.h"
+#include "runtime/job/job_run.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/interrupt.h"
 #include "targets/tandem/progress.h"

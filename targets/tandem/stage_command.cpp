@@ -1,11 +1,11 @@
 // tandem stage: one stage worker process, started by `tandem run` (the runtime's process
 // launcher). It reads the run's key from its standard input, connects back to the
 // coordinator, says which worker it is, and runs the assignment it is given
-// (targets/runtime/stage_worker.h). Any error is reported to the coordinator before the
+// (runtime/worker/stage_worker.h). Any error is reported to the coordinator before the
 // process exits 1.
 #include <memory>
 
-#include "targets/runtime/stage_worker.h"
+#include "runtime/worker/stage_worker.h"
 #include "targets/tandem/commands.h"
 
 namespace tandem::cli {

@@ -14,7 +14,7 @@
 #include "core/model_spec.h"
 #include "core/train/data_parallel.h"
 #include "core/train/trainer.h"
-#include "targets/runtime/model_source.h"
+#include "runtime/job/model_source.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/progress.h"
 #include "transport/local_group.h"

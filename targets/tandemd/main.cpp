@@ -1,6 +1,6 @@
 // tandemd: the node daemon. Listens for coordinators (`tandem run`, `tandem nodes`) on one
 // TCP address, authenticates each on the cluster key, and answers them
-// (targets/runtime/daemon.h). SIGTERM or SIGINT: it says goodbye to connected peers and
+// (runtime/daemon/daemon.h). SIGTERM or SIGINT: it says goodbye to connected peers and
 // exits 0. Exit codes: 0 stopped by a signal, 1 could not start (address, key), 2 usage.
 #include <fcntl.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -18,11 +18,11 @@
 
 #include "core/data/text.h"
 #include "core/error.h"
-#include "targets/runtime/daemon.h"
-#include "targets/runtime/handshake.h"
-#include "targets/runtime/node_info.h"
-#include "targets/runtime/stage_worker.h"
-#include "targets/runtime/weight_cache.h"
+#include "runtime/control/handshake.h"
+#include "runtime/daemon/daemon.h"
+#include "runtime/node/node_info.h"
+#include "runtime/node/weight_cache.h"
+#include "runtime/worker/stage_worker.h"
 #include "transport/context.h"
 
 namespace {
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
                  "without binfmt_misc)")
       ->check(CLI::ExistingFile);
   // The stage workers this daemon starts: the same program, given the run's key on
-  // standard input (targets/runtime/stage_worker.h).
+  // standard input (runtime/worker/stage_worker.h).
   std::string control;
   int slot = 0;
   CLI::App* worker = app.add_subcommand("worker", "One stage worker (started by this daemon)");

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "targets/runtime/messages.h"
+#include "runtime/control/messages.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tandem::runtime;

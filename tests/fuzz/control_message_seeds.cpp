@@ -4,7 +4,7 @@
 #include <fstream>
 #include <string>
 
-#include "targets/runtime/messages.h"
+#include "runtime/control/messages.h"
 
 int main(int argc, char** argv) {
   using namespace tandem::runtime;

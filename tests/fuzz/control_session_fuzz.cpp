@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "targets/runtime/channel_io.h"
-#include "targets/runtime/handshake.h"
+#include "runtime/control/channel_io.h"
+#include "runtime/control/handshake.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "targets/runtime/messages.h"
+#include "runtime/control/messages.h"
 
 namespace {
 

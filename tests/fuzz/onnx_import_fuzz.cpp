@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "targets/onnx/onnx_import.h"
+#include "onnx/onnx_import.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   onnx::ModelProto m;

@@ -10,7 +10,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
-#include "targets/onnx/onnx_export.h"
+#include "onnx/onnx_export.h"
 
 int main(int argc, char** argv) {
   using namespace tandem;

@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_decoder.h"
-#include "targets/runtime/job.h"
+#include "runtime/job/job.h"
 #include "tests/test_util.h"
 #include "transport/zmq_link.h"
 

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_trainer.h"
-#include "targets/runtime/job.h"
+#include "runtime/job/job.h"
 #include "tests/test_util.h"
 #include "transport/local_group.h"
 #include "transport/zmq_link.h"

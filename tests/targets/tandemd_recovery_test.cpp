@@ -24,7 +24,7 @@
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "tests/process_util.h"
-#include "tests/targets/runtime/flood.h"
+#include "tests/runtime/flood.h"
 #include "tests/targets/tandemd_util.h"
 #include "tests/test_util.h"
 

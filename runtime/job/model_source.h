@@ -1,0 +1,38 @@
+// A job's or a command's `model`: a YAML model spec, or an ONNX model (`.onnx`) imported
+// as one (onnx/) with its initializers as the starting weights. The spec travels
+// as YAML text either way, so nodes never see ONNX.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+#include "core/model_file.h"
+
+namespace tandem::runtime {
+
+struct ModelSource {
+  std::string spec_yaml;  // the spec's text, as placed, shipped to nodes and hashed
+  ModelSpec spec;
+  // An ONNX model's weights as a model file's bytes; null for a YAML spec.
+  std::shared_ptr<const std::vector<uint8_t>> weights;
+  // What serving applies to the outputs ("softmax", "log_softmax"; "" for nothing): an
+  // ONNX model's dropped output node.
+  std::string output;
+};
+
+// True when `path` names an ONNX model (ends in ".onnx").
+bool isOnnxModel(const std::string& path);
+
+// Reads `path`: a spec (loadModelSpec's errors) or an ONNX model (importOnnx's; with a
+// note per dropped node logged). A build without ONNX (TANDEM_ONNX=OFF, the ARM builds)
+// refuses an ONNX model with InvalidArgument saying so.
+ModelSource readModelSource(const std::string& path);
+
+// A model with its weights: a model file (.tdm, readModelFile's errors), or an ONNX model
+// imported as one (its metadata "output" when it ended in a softmax).
+ModelFile readModelOrOnnx(const std::string& path);
+
+}  // namespace tandem::runtime

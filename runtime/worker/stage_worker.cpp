@@ -1,0 +1,570 @@
+#include "runtime/worker/stage_worker.h"
+
+#include <spdlog/spdlog.h>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/registry.h"
+#include "core/error.h"
+#include "core/host_limits.h"
+#include "core/model_file.h"
+#include "core/model_spec.h"
+#include "core/pipeline/stage_decoder.h"
+#include "core/pipeline/stage_trainer.h"
+#include "runtime/control/handshake.h"
+#include "runtime/node/chunks.h"
+#include "runtime/node/link_rules.h"
+#include "runtime/node/node_info.h"
+#include "runtime/node/weight_cache.h"
+#include "transport/socket_group.h"
+#include "transport/zmq_group.h"
+#include "transport/zmq_link.h"
+
+namespace tandem::runtime {
+
+namespace {
+
+// The most resident memory this process has held so far.
+int64_t peakRssBytes() {
+  rusage u{};
+  return getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) * 1024 : 0;
+}
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// The next message, which must be a `T`; a `leave` or anything else is an error naming
+// what came instead.
+template <typename T>
+T expect(Channel& c, std::chrono::milliseconds timeout, const char* what) {
+  const std::optional<Message> m = c.recv(timeout);
+  if (!m)
+    throw Timeout("no " + std::string(what) + " from the coordinator at " + c.peer() + " within " +
+                  std::to_string(timeout.count() / 1000) + " s");
+  if (const auto* v = std::get_if<T>(&*m)) return *v;
+  if (const auto* l = std::get_if<Leave>(&*m))
+    throw Error("the coordinator stopped the stage: " + l->reason);
+  throw FormatError("the coordinator sent '" + std::string(messageName(*m)) + "' where " + what +
+                    " was due");
+}
+
+// An exclusive lock on a folder (flock), held while it lives: the workers of one node
+// take turns at its weight cache, so the first fetches and stores and the others find
+// the weights there — one fetch per node, however many of its workers start from them.
+class FolderLock {
+ public:
+  explicit FolderLock(const std::string& dir)
+      : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+    if (fd_ >= 0)
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+  }
+  ~FolderLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// The starting weights of `a`: from the cache, else from the coordinator (then cached).
+std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a, const WorkerOptions& o,
+                                     StageReport& report) {
+  std::unique_ptr<WeightCache> cache;
+  std::unique_ptr<FolderLock> turn;
+  if (!o.cache_dir.empty()) {
+    cache = std::make_unique<WeightCache>(o.cache_dir, o.cache_max_bytes);
+    turn = std::make_unique<FolderLock>(cache->dir());
+    if (auto cached = cache->get(a.weights_hash, &report.weights_corrupted)) {
+      report.weights_cached = true;
+      return *cached;
+    }
+  }
+  const auto t0 = Clock::now();
+  coordinator.send(WeightsRequest{a.weights_hash});
+  ChunkGatherer weights("the starting weights", a.weights_hash, a.weights_bytes);
+  while (!weights.add(
+      expect<WeightsChunk>(coordinator, std::chrono::seconds(a.wire.timeout_s), "weights"))) {
+  }
+  std::vector<uint8_t> bytes = weights.take();
+  report.weights_shipped = static_cast<int64_t>(bytes.size());
+  report.weights_ship_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (cache) cache->put(a.weights_hash, bytes);
+  return bytes;
+}
+
+// The optimizer's state for this stage's parameters, from a model file of the whole model
+// (a checkpoint): FormatError naming `who` when the file has none.
+void restoreOptimizer(Optimizer& optimizer, const Model& model, Backend& backend,
+                      const ModelFile& file, const std::string& who) {
+  if (!file.optimizer)
+    throw FormatError(who + ": the starting weights carry no optimizer state to resume from");
+  std::set<std::string> mine;
+  for (const Param* p : model.params()) mine.insert(p->name);
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (const HostTensor& t : file.optimizer->tensors) {
+    const size_t dot = t.name.rfind('.');
+    if (dot != std::string::npos && mine.count(t.name.substr(0, dot)))
+      state.push_back({t.name, toDevice(backend, t.shape, t.data)});
+  }
+  optimizer.restore(state, file.optimizer->steps);
+}
+
+// Sends this stage's slice at a checkpoint: chunks, then `checkpointed`.
+void sendCheckpoint(Channel& coordinator, const Model& model, const Optimizer& optimizer,
+                    int64_t step, std::chrono::milliseconds timeout) {
+  const std::vector<uint8_t> slice = serializeModel(model, &optimizer, {});
+  const std::string hash = contentHash(slice);
+  sendChunks(coordinator, hash, slice, timeout);
+  coordinator.send(Checkpointed{step, hash, static_cast<int64_t>(slice.size())}, timeout);
+}
+
+// A generation run's stage (core/pipeline/stage_decoder.h): stage 0 takes the prompts
+// from the coordinator, the last stage sends it each token; the first and last stages'
+// outer links carry the chosen tokens back.
+void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, Link* next) {
+  Link* feedback = nullptr;
+  if (a.stages > 1 && a.stage == 0) feedback = std::exchange(prev, nullptr);
+  if (a.stages > 1 && a.stage == a.stages - 1) feedback = std::exchange(next, nullptr);
+  DecoderOptions o;
+  o.max_in_flight = a.in_flight;
+  o.keepalive = std::chrono::milliseconds(a.wire.timeout_s * 1000 / 4);
+  StageDecoder decoder(model,
+                       StageRange{a.stage, a.stages, static_cast<size_t>(a.layer_begin),
+                                  static_cast<size_t>(a.layer_end)},
+                       prev, next, feedback, o);
+  const RequestSource prompts = [&](std::chrono::milliseconds wait) {
+    RequestPoll poll;
+    const std::optional<Message> m = coordinator.recv(wait);
+    if (!m) return poll;
+    if (const auto* p = std::get_if<Prompt>(&*m)) {
+      poll.request =
+          GenerationRequest{p->tokens, p->count, {p->temperature, p->top_k, p->seed}, p->id};
+    } else if (std::holds_alternative<PromptsDone>(*m)) {
+      poll.ended = true;
+    } else if (const auto* l = std::get_if<Leave>(&*m)) {
+      throw Error("the coordinator stopped the stage: " + l->reason);
+    } else {
+      throw FormatError("the coordinator sent '" + std::string(messageName(*m)) +
+                        "' where a prompt was due");
+    }
+    return poll;
+  };
+  const TokenSink tokens = [&](const ChosenToken& c) {
+    coordinator.send(Token{c.id, c.index, c.token, c.logits.at(static_cast<size_t>(c.token))},
+                     std::chrono::seconds(a.wire.timeout_s));
+  };
+  decoder.serve(prompts, tokens);
+}
+
+// After its report a worker keeps its links open until the coordinator has every report
+// and says `leave` (or its channel ends, or `limit` passes): the last messages a stage
+// sent may still be on their way to the next, and ZeroMQ drops what an ipc socket still
+// queues when it closes under the receiver's high-water mark (libzmq #4660, LINGER
+// notwithstanding) — a stream's last microbatches were lost that way.
+void awaitRunEnd(Channel& coordinator, std::chrono::seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  try {
+    while (Clock::now() < deadline) {
+      const std::optional<Message> m = coordinator.recv(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+      if (!m || std::holds_alternative<Leave>(*m)) return;
+    }
+  } catch (const IoError&) {  // the coordinator has gone: so has the run
+  }
+}
+
+// What a worker builds before its mode's body runs: its layers with their starting
+// weights, its links to the neighbouring stages wired as the coordinator's `start` says,
+// and on the first stage its data. Members go in reverse order: the links before their
+// context before their socket folder, everything holding tensors before the backend.
+class StageSetup {
+ public:
+  StageSetup(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
+             const WorkerOptions& o);
+
+  const std::string who;
+  std::unique_ptr<Backend> backend;
+  std::optional<Model> model;
+  std::vector<LayerRange> chunks;  // the layers built: one range, or an interleaved stage's
+  std::optional<Optimizer> optimizer;
+  StageReport report;
+  // Unix sockets (transport: ipc) live in a folder only this user can enter: Linux's
+  // abstract names, which any local process may connect to, would let another user feed
+  // the run activations.
+  std::optional<PrivateSocketDir> socket_dir;
+  transport::Context ctx;
+  // Encrypted links: every link of the run holds the key pair derived from the run's
+  // key, so each admits exactly the run's other workers.
+  DataPlaneKeys curve;
+  // One link to each replica of each neighbouring stage: the previous stage's carry
+  // gradients out, the next stage's activations. (Generating or interleaved, the first
+  // stage's prev is the last stage, and the last's next the first.)
+  std::vector<std::unique_ptr<transport::ZmqLink>> prev_links, next_links;
+  std::unique_ptr<ReplicaLinks> prev, next;
+  // A replicated stage's group (replicaGroup), kept like the links until the run is over;
+  // `group_host` is where an encrypted group receives.
+  cpu::CpuBackend group_host{cpu::CpuOptions{1}};
+  std::unique_ptr<Group> group;
+  Dataset train, test;  // the first stage's
+  Start start;
+
+  // The bytes the links moved, into the report.
+  void countLinkBytes() {
+    for (const auto* links : {&prev_links, &next_links})
+      for (const auto& l : *links) {
+        report.bytes_sent += l->stats().bytes_sent_wire;
+        report.bytes_received += l->stats().bytes_received_wire;
+      }
+  }
+
+ private:
+  void buildLayers(Channel& coordinator, const Assign& a, const WorkerOptions& o);
+  void openLinks(const Assign& a, Ready& ready);
+  void readData(const Assign& a, const WorkerOptions& o, Ready& ready);
+  std::unique_ptr<ReplicaLinks> connect(const Assign& a, const char* side,
+                                        const std::vector<std::string>& endpoints,
+                                        std::vector<std::unique_ptr<transport::ZmqLink>>& links);
+};
+
+StageSetup::StageSetup(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
+                       const WorkerOptions& o)
+    : who("stage " + std::to_string(a.stage) +
+          (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "")),
+      curve(a.encrypt ? dataPlaneKeys(run_key) : DataPlaneKeys{}) {
+  buildLayers(coordinator, a, o);
+  Ready ready;
+  openLinks(a, ready);
+  readData(a, o, ready);
+  ready.device = backend->info().name;
+  coordinator.send(ready);
+  start = expect<Start>(coordinator, std::chrono::seconds(a.wire.timeout_s), "start");
+  prev = connect(a, "prev", start.prev, prev_links);
+  next = connect(a, "next", start.next, next_links);
+}
+
+void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const WorkerOptions& o) {
+  const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
+  const auto begin = static_cast<size_t>(a.layer_begin), end = static_cast<size_t>(a.layer_end);
+  report.start_rss_bytes = peakRssBytes();
+  // No more threads than the node's CPU quota grants: the rest would only take turns at it.
+  const int threads = usableThreads(a.threads, cpuLimit());
+  if (threads < a.threads)
+    spdlog::info("{}: {} threads, not {}: this node's CPU quota grants {:.2f} cores", who, threads,
+                 a.threads, cpuLimit().quota_cores);
+  backend = makeBackend(a.device, BackendOptions{threads});
+  model.emplace(spec);
+  TANDEM_CHECK_MSG(
+      end <= model->size(), InvalidArgument,
+      who << ": layers [" << begin << ", " << end << ") but the model has " << model->size());
+  // An interleaved stage builds its chunks only.
+  chunks = a.chunks.empty() ? std::vector<LayerRange>{{begin, end}} : a.chunks;
+  model->build(*backend, a.train.seed, chunks);
+  optimizer.emplace(*backend, a.train.optimizer);
+  if (a.weights_hash.empty()) return;
+  const ModelFile start_from =
+      parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
+  loadWeights(*model, start_from, false);
+  if (a.restore_optimizer) restoreOptimizer(*optimizer, *model, *backend, start_from, who);
+}
+
+void StageSetup::openLinks(const Assign& a, Ready& ready) {
+  const bool ipc = a.transport == "ipc";
+  if (ipc)
+    socket_dir.emplace();
+  else
+    checkBindHost(a.bind_host);
+  int endpoint_count = 0;
+  auto linkOptions = [&](WireCodec codec, int peer) {
+    transport::LinkOptions lo;
+    lo.bind = ipc ? "ipc://" + socket_dir->path() + "/l" + std::to_string(endpoint_count++)
+                  : "tcp://" + a.bind_host + ":*";
+    lo.codec = codec;
+    lo.timeout = std::chrono::seconds(a.wire.timeout_s);
+    lo.stage = a.stage;
+    lo.peer_stage = peer;
+    lo.curve_secret_key = curve.secret_key;
+    lo.curve_peer_public_key = curve.public_key;
+    return lo;
+  };
+  for (int i = 0; i < a.prev_replicas; ++i) {
+    prev_links.push_back(std::make_unique<transport::ZmqLink>(
+        ctx, linkOptions(a.wire.gradients, (a.stage + a.stages - 1) % a.stages)));
+    ready.prev.push_back(prev_links.back()->endpoint());
+  }
+  for (int j = 0; j < a.next_replicas; ++j) {
+    next_links.push_back(std::make_unique<transport::ZmqLink>(
+        ctx, linkOptions(a.wire.activations, (a.stage + 1) % a.stages)));
+    ready.next.push_back(next_links.back()->endpoint());
+  }
+}
+
+// Every replica of the first stage reads the data (generation's first stage takes
+// prompts instead); text data in windows of the model's context, the training ones drawn
+// from the seed.
+void StageSetup::readData(const Assign& a, const WorkerOptions& o, Ready& ready) {
+  if (a.stage != 0) return;
+  if (a.mode == RunMode::kGenerate) {
+    ready.train_samples = ready.test_samples = 0;  // (prompts)
+    return;
+  }
+  const Shape input = model->inputShape();
+  const int64_t context = input.rank() == 1 ? input[0] : 0;
+  const bool infers = a.mode == RunMode::kInfer;
+  if (!infers)
+    train = loadDataset(a.data.name, a.data.dir, true, a.data.train_limit, context, a.train.seed,
+                        o.data);
+  test =
+      loadDataset(a.data.name, a.data.dir, false, a.data.test_limit, context, a.train.seed, o.data);
+  checkClassifier(*model, test);
+  TANDEM_CHECK_MSG(!infers || !test.tokens, Unsupported,
+                   "serving a language model's held-out text as a stream is not supported: "
+                   "generate text with tandem generate");
+  ready.train_samples = infers ? 0 : train.size();
+  ready.test_samples = test.size();
+}
+
+std::unique_ptr<ReplicaLinks> StageSetup::connect(
+    const Assign& a, const char* side, const std::vector<std::string>& endpoints,
+    std::vector<std::unique_ptr<transport::ZmqLink>>& links) {
+  if (endpoints.size() != links.size())
+    throw FormatError(who + ": the start message lists " + std::to_string(endpoints.size()) + " '" +
+                      side + "' endpoints, not " + std::to_string(links.size()));
+  std::vector<Link*> out;
+  for (size_t i = 0; i < links.size(); ++i) {
+    checkPeerEndpoint(endpoints[i], a.transport);
+    links[i]->connect(endpoints[i]);
+    out.push_back(links[i].get());
+  }
+  return out.empty() ? nullptr : std::make_unique<ReplicaLinks>(out);
+}
+
+// The stage's replicas sum their gradients over a group of their own; they find each
+// other through the coordinator. On encrypted runs the group's links are ZeroMQ's with
+// the run's CurveZMQ keys, like the stages' links; otherwise plain sockets (faster,
+// docs/collectives.md). Both sum in the same order. Null for a stage of one replica.
+std::unique_ptr<Group> replicaGroup(Channel& coordinator, const Assign& a, StageSetup& s) {
+  if (a.replicas == 1) return nullptr;
+  auto exchange = [&](const std::string& mine) {
+    coordinator.send(GroupAddress{mine});
+    GroupAddresses all = expect<GroupAddresses>(coordinator, std::chrono::seconds(a.wire.timeout_s),
+                                                "the group's addresses");
+    if (all.addresses.size() != static_cast<size_t>(a.replicas))
+      throw FormatError(s.who + ": " + std::to_string(all.addresses.size()) +
+                        " group addresses for " + std::to_string(a.replicas) + " replicas");
+    return all.addresses;
+  };
+  auto common = [&](auto& go) {  // what the two kinds of group options share
+    go.rank = a.replica;
+    go.size = a.replicas;
+    go.transport = a.transport;
+    go.host = a.bind_host;
+    if (s.socket_dir) go.ipc_dir = s.socket_dir->path();
+    go.group_id = static_cast<uint64_t>(a.stage);  // a stage's replicas are one group
+  };
+  if (a.encrypt) {
+    transport::ZmqGroupOptions go;
+    common(go);
+    go.link_timeout = std::chrono::seconds(a.wire.timeout_s);
+    go.curve_secret_key = s.curve.secret_key;
+    go.curve_public_key = s.curve.public_key;
+    return transport::makeZmqGroup(s.ctx, s.group_host, go, exchange);
+  }
+  transport::SocketGroupOptions go;
+  common(go);
+  go.connect_timeout = std::chrono::seconds(a.wire.timeout_s);
+  return transport::makeSocketGroup(go, exchange);
+}
+
+// An inference stream: every replica of the last stage answers its own requests as they
+// come out; the first stage's replicas share the request rate.
+void infer(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& trainer,
+           bool reports) {
+  EvalStream stream;
+  stream.from = a.infer_from;
+  if (a.request_rate > 0)
+    stream.interval = std::chrono::microseconds(
+        static_cast<int64_t>(1e6 * (a.stage == 0 ? a.replicas : 1) / a.request_rate));
+  if (a.stage == a.stages - 1)
+    stream.answer = [&](const EvalAnswer& e) {
+      coordinator.send(Answer{e.first, e.count, static_cast<int32_t>(e.columns), e.outputs,
+                              e.loss_sum, e.correct},
+                       std::chrono::seconds(a.wire.timeout_s));
+    };
+  const auto t0 = Clock::now();
+  const EvalResult ev = trainer.evaluate(a.stage == 0 ? &s.test : nullptr, s.start.test_samples,
+                                         a.train.batch, stream);
+  s.report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (reports) coordinator.send(InferDone{ev.samples, ev.loss, ev.accuracy, s.report.run_s});
+  s.report.counters = trainer.executor().counters();
+}
+
+// The training epochs (from a resumed run's step), each followed by an evaluation;
+// progress, checkpoints and each epoch's figures go to the coordinator as they come.
+void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& trainer,
+           bool reports) {
+  // A resumed run starts where its checkpoint was taken: epoch and step within it.
+  const int64_t steps_per_epoch = (s.start.train_samples + a.train.batch - 1) / a.train.batch;
+  const int64_t first_epoch = steps_per_epoch > 0 ? a.start_step / steps_per_epoch : 0;
+  if (a.start_step > 0) {
+    if (first_epoch >= a.train.epochs)
+      throw InvalidArgument(s.who + ": asked to resume after step " + std::to_string(a.start_step) +
+                            ", past the job's " + std::to_string(a.train.epochs) + " epochs of " +
+                            std::to_string(steps_per_epoch) + " steps");
+    trainer.resumeAt(a.start_step);
+  }
+  // Replica 0 of each stage sends its slice every checkpoint_every steps.
+  const bool checkpoints = sendsCheckpoints(a);
+  std::vector<double> step_times;  // from one step's end to the next's, within an epoch
+  StageCounters& training = s.report.counters;  // the epochs, without the evaluations
+  for (int64_t e = first_epoch; e < a.train.epochs; ++e) {
+    auto sent = Clock::now() - 1h;
+    std::optional<Clock::time_point> last_step;
+    auto progress = [&](const StepReport& r) {
+      const auto now = Clock::now();
+      if (last_step && r.step < r.steps)
+        step_times.push_back(std::chrono::duration<double>(now - *last_step).count());
+      last_step = now;
+      if (checkpoints && trainer.stepsTaken() % a.checkpoint_every == 0)
+        sendCheckpoint(coordinator, *s.model, *s.optimizer, trainer.stepsTaken(),
+                       std::chrono::seconds(a.wire.timeout_s));
+      if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
+      sent = Clock::now();
+      coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});
+    };
+    const StageCounters before = trainer.executor().counters();
+    const double cpu_before = processCpuSeconds();
+    const int64_t first_step = e == first_epoch ? a.start_step - first_epoch * steps_per_epoch : 0;
+    const EpochReport r = trainer.trainEpoch(a.stage == 0 ? &s.train : nullptr,
+                                             s.start.train_samples, e, progress, first_step);
+    const StageCounters after = trainer.executor().counters();
+    training.busy_s += after.busy_s - before.busy_s;
+    training.step_s += after.step_s - before.step_s;
+    training.compute_cpu_s += after.compute_cpu_s - before.compute_cpu_s;
+    training.recv_wait_s += after.recv_wait_s - before.recv_wait_s;
+    training.send_s += after.send_s - before.send_s;
+    training.allreduce_s += after.allreduce_s - before.allreduce_s;
+    training.microbatches += after.microbatches - before.microbatches;
+    s.report.run_s += r.seconds;
+    s.report.process_cpu_s += processCpuSeconds() - cpu_before;
+    const EvalResult ev =
+        trainer.evaluate(a.stage == 0 ? &s.test : nullptr, s.start.test_samples, a.train.batch);
+    if (reports)
+      coordinator.send(
+          EpochDone{e, r.train_loss, r.seconds, r.samples_per_s, ev.loss, ev.accuracy});
+  }
+  if (!step_times.empty()) {
+    double sum = 0;
+    for (const double t : step_times) sum += t;
+    s.report.step_mean_s = sum / static_cast<double>(step_times.size());
+    s.report.steps_timed = static_cast<int64_t>(step_times.size());
+  }
+}
+
+// A training or inference stage: the executor over the stage's links (and its replicas'
+// group), the mode's body, then what the report says of the executor.
+void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
+  s.group = replicaGroup(coordinator, a, s);
+  PipelineOptions po;
+  po.schedule = a.train.schedule;
+  po.microbatches = a.train.microbatches;
+  po.batch = a.train.batch;
+  po.seed = a.train.seed;
+  po.recompute = a.train.recompute;
+  po.record_spans = a.record_spans;
+  po.replicas = s.group.get();
+  po.collective_timeout = std::chrono::seconds(a.wire.timeout_s);
+  StageTrainer trainer(*s.model, StageRange::interleaved(a.stage, a.stages, s.chunks), s.prev.get(),
+                       s.next.get(), &*s.optimizer, po);
+  // Replicas of the last stage all hold the step's whole loss; the first reports it.
+  const bool reports = a.stage == a.stages - 1 && a.replica == 0;
+  if (a.mode == RunMode::kInfer)
+    infer(coordinator, a, s, trainer, reports);
+  else
+    train(coordinator, a, s, trainer, reports);
+  s.report.counters.peak_stash = trainer.executor().counters().peak_stash;
+  s.report.peak_rss_bytes = peakRssBytes();
+  s.report.peak_tensor_bytes = s.backend->memoryUse().peak;
+  if (a.record_spans) {
+    // Spans are taken on this machine's steady clock; reported on its realtime clock
+    // (seconds since the epoch), which the coordinator can line up with other hosts'.
+    const double shift = static_cast<double>(realtimeNs()) * 1e-9 -
+                         std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    s.report.spans = trainer.executor().spans();
+    for (Span& span : s.report.spans) {
+      span.start_s += shift;
+      span.end_s += shift;
+    }
+  }
+  if (a.save && a.mode == RunMode::kTrain) {  // the trained slice goes first, in chunks
+    const std::vector<uint8_t> slice = serializeModel(*s.model, &*s.optimizer, {});
+    s.report.model_hash = contentHash(slice);
+    s.report.model_bytes = static_cast<int64_t>(slice.size());
+    sendChunks(coordinator, s.report.model_hash, slice, std::chrono::seconds(a.wire.timeout_s));
+  }
+}
+
+void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const WorkerOptions& o) {
+  StageSetup s(coordinator, a, run_key, o);
+  if (a.mode == RunMode::kGenerate) {
+    const auto t0 = Clock::now();
+    generate(coordinator, a, *s.model, s.prev.get(), s.next.get());
+    s.report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  } else {
+    runStage(coordinator, a, s);
+  }
+  s.countLinkBytes();
+  coordinator.send(s.report, std::chrono::seconds(a.wire.timeout_s));
+  awaitRunEnd(coordinator, std::chrono::seconds(a.wire.timeout_s));
+}
+
+}  // namespace
+
+void runStageWorker(Channel& coordinator, const ClusterKey& run_key, const WorkerOptions& o,
+                    std::chrono::milliseconds wait) {
+  try {
+    const Assign a = expect<Assign>(coordinator, wait, "assignment");
+    run(coordinator, a, run_key, o);
+  } catch (const std::exception& e) {
+    try {
+      coordinator.send(Failed{e.what()}, 2s);
+      coordinator.close(2s);
+    } catch (const Error&) {  // the coordinator is gone too; the caller still learns why
+    }
+    throw;
+  }
+}
+
+void runWorkerProcess(const std::string& control, int slot, const WorkerOptions& o) {
+  // Dies with the process that started it: no worker outlives its run or its daemon.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  transport::keepFreedMemory();  // its links receive activations and gradients
+  std::string line;
+  std::getline(std::cin, line);
+  const ClusterKey key = parseClusterKey(line, "the key on standard input");
+  HandshakeOptions hello;
+  hello.build = buildName();
+  // (The coordinator's listener may close a connection unanswered under a flood: again.)
+  std::unique_ptr<Channel> c = connectChannelRetrying(parseEndpoint(control), key, hello);
+  c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
+  runStageWorker(*c, key, o);
+  c->close();
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,72 @@
+// A plan's per-link codecs reach the workers: stage s sends its activations in link s's
+// activation codec, and its gradients back in link s-1's gradient codec; a direction the
+// job fixes is the job's on every link.
+#include "runtime/job/planning.h"
+
+#include <gtest/gtest.h>
+
+#include "core/model_spec.h"
+#include "partitioner/search.h"
+#include "runtime/job/job.h"
+
+namespace tandem::runtime {
+namespace {
+
+const char* kSpec = "input: [4]\nlayers:\n  - linear: {out: 4}\n  - relu\n  - linear: {out: 4}\n";
+
+// Three stages on three nodes: int8 activations and fp16 gradients on the first link, the
+// second link as the job says.
+const char* kPlan =
+    "stages:\n"
+    "  - {layers: [0, 1], devices: [a/cpu], backend: cpu,\n"
+    "     codec: {activations: int8, gradients: fp16}}\n"
+    "  - {layers: [1, 2], devices: [b/cpu, c/cpu], backend: cpu}\n"
+    "  - {layers: [2, 3], devices: [d/cpu], backend: cpu}\n";
+
+// Each worker's (stage, activation codec, gradient codec).
+std::vector<std::tuple<int, std::string, std::string>> codecs(const std::string& codec_line) {
+  const JobSpec job = parseJobSpec("model: m.yaml\npartition: p.yaml\n" + codec_line, "j.yaml");
+  const Model model(parseModelSpec(kSpec));
+  const std::vector<partitioner::PlanStageSpec> planned = partitioner::parsePlan(kPlan, "p.yaml");
+  const auto stages = jobStages(job, model, &planned);
+  EXPECT_EQ(stages[0].next_activation_codec, WireCodec::kI8);
+  EXPECT_EQ(stages[0].next_gradient_codec, WireCodec::kF16);
+  EXPECT_FALSE(stages[1].next_activation_codec.has_value());
+  std::vector<std::tuple<int, std::string, std::string>> out;
+  for (const Assign& a : jobAssignments(job, stages, RunMode::kTrain, false, kSpec, "", 0))
+    out.emplace_back(a.stage, wireCodecName(a.wire.activations), wireCodecName(a.wire.gradients));
+  return out;
+}
+
+using Codecs = std::vector<std::tuple<int, std::string, std::string>>;
+
+TEST(PlanningTest, EachLinkCarriesThePlansCodecs) {
+  // Stage 0 sends int8 activations; both replicas of stage 1 send fp16 gradients back to it
+  // and fp32 activations on; stage 2 sends fp32 gradients back.
+  const Codecs planned = {
+      {0, "int8", "fp32"}, {1, "fp32", "fp16"}, {1, "fp32", "fp16"}, {2, "fp32", "fp32"}};
+  EXPECT_EQ(codecs(""), planned);
+  EXPECT_EQ(codecs("codec: {activations: auto, gradients: auto}\n"), planned);
+}
+
+TEST(PlanningTest, ADirectionTheJobFixesIsItsOnEveryLink) {
+  EXPECT_EQ(
+      codecs("codec: {activations: bf16}\n"),
+      (Codecs{{0, "bf16", "fp32"}, {1, "bf16", "fp16"}, {1, "bf16", "fp16"}, {2, "bf16", "fp32"}}));
+  EXPECT_EQ(
+      codecs("codec: {activations: auto, gradients: fp32}\n"),
+      (Codecs{{0, "int8", "fp32"}, {1, "fp32", "fp32"}, {1, "fp32", "fp32"}, {2, "fp32", "fp32"}}));
+}
+
+// `schedule: auto` takes interleaved stages only when they are predicted faster than the
+// best other plan by more than the selection margin (15%).
+TEST(PlanningTest, InterleavedStagesMustBeatTheOthersByTheSelectionMargin) {
+  EXPECT_FALSE(prefersInterleaved(1000, 1000));
+  EXPECT_FALSE(prefersInterleaved(1100, 1000));
+  EXPECT_FALSE(prefersInterleaved(1000 * (1 + partitioner::kSelectionMargin), 1000));
+  EXPECT_TRUE(prefersInterleaved(1000 * (1 + partitioner::kSelectionMargin) + 1, 1000));
+  EXPECT_FALSE(prefersInterleaved(900, 1000));
+}
+
+}  // namespace
+}  // namespace tandem::runtime
