@@ -211,15 +211,11 @@ MessageCpuCost messageCpuCost(const std::vector<MessageCpu>& points) {
   return c;
 }
 
-}  // namespace
-
-Problem makeProblem(const Model& model, const Cluster& cluster,
-                    const std::map<std::string, Profile>& profiles,
-                    const std::string& default_profile, const CostOptions& options) {
-  Problem p = modelProblem(model, options);
-  const int64_t b = options.microbatch_size;
-
-  for (const ClusterNode& n : cluster.nodes) p.node_names.push_back(n.name);
+// Every ordered pair of the cluster's nodes' link: `local` within a node, `default`
+// between nodes, the cluster's measured profile's links over those, then `between`;
+// InvalidArgument for a pair with none, or a measurement of a node the cluster lacks.
+std::vector<std::vector<LinkCosts>> linkCosts(const Cluster& cluster,
+                                              const std::map<std::string, Profile>& profiles) {
   const size_t nodes = cluster.nodes.size();
   // `local` within a node, `default` between nodes, then `between` over both.
   std::vector<std::vector<std::optional<LinkCosts>>> links(nodes);
@@ -258,7 +254,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
     const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);
     links[a][z] = links[z][a] = l.link;
   }
-  p.links.assign(nodes, std::vector<LinkCosts>(nodes));
+  std::vector<std::vector<LinkCosts>> out(nodes, std::vector<LinkCosts>(nodes));
   for (size_t a = 0; a < nodes; ++a)
     for (size_t z = 0; z < nodes; ++z) {
       TANDEM_CHECK_MSG(links[a][z].has_value(), InvalidArgument,
@@ -267,8 +263,22 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
                                       << (a == z ? "" : " and '" + cluster.nodes[z].name + "'")
                                       << ": give links." << (a == z ? "local" : "default")
                                       << " or list it under links.between");
-      p.links[a][z] = *links[a][z];
+      out[a][z] = *links[a][z];
     }
+  return out;
+}
+
+}  // namespace
+
+Problem makeProblem(const Model& model, const Cluster& cluster,
+                    const std::map<std::string, Profile>& profiles,
+                    const std::string& default_profile, const CostOptions& options) {
+  Problem p = modelProblem(model, options);
+  const int64_t b = options.microbatch_size;
+
+  for (const ClusterNode& n : cluster.nodes) p.node_names.push_back(n.name);
+  const size_t nodes = cluster.nodes.size();
+  p.links = linkCosts(cluster, profiles);
 
   p.node_cores.assign(nodes, 0);
   p.node_message_cpu.assign(nodes, {});

@@ -99,9 +99,8 @@ StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo
   }
 }
 
-StepResult StageExecutor::runActions(const std::vector<Action>& actions, const StepInfo& info,
-                                     const std::function<MicrobatchInput(int64_t)>& input,
-                                     const std::function<void(int64_t)>& before_input) {
+std::pair<int64_t, std::vector<bool>> StageExecutor::checkActions(
+    const std::vector<Action>& actions, const StepInfo& info) const {
   const int v = range_.chunkCount();
   int64_t m = 0;
   // Per chunk: backwards leave the weight gradients to their own action.
@@ -122,6 +121,13 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
                    "stage " << range_.stage
                             << ": a replicated last stage cannot serve outputs without labels "
                                "(each replica holds only its own microbatches')");
+  return {m, split};
+}
+
+StepResult StageExecutor::runActions(const std::vector<Action>& actions, const StepInfo& info,
+                                     const std::function<MicrobatchInput(int64_t)>& input,
+                                     const std::function<void(int64_t)>& before_input) {
+  const auto [m, split] = checkActions(actions, info);
   // With replicas, this replica's last action that makes weight gradients reports them
   // layer by layer, so that each gradient bucket leaves as soon as it is final.
   const Action* last_gradient = nullptr;

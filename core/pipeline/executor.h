@@ -206,6 +206,11 @@ class StageExecutor {
   StepResult runActions(const std::vector<Action>& actions, const StepInfo& info,
                         const std::function<MicrobatchInput(int64_t)>& input,
                         const std::function<void(int64_t)>& before_input);
+  // The step's microbatch count, and per chunk whether its backwards leave the weight
+  // gradients to their own action; InvalidArgument (Unsupported) for actions or step
+  // settings this stage cannot run.
+  std::pair<int64_t, std::vector<bool>> checkActions(const std::vector<Action>& actions,
+                                                     const StepInfo& info) const;
   void allreduceResult(StepResult& result);
 
   Model& model_;

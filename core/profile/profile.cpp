@@ -285,6 +285,106 @@ std::string profileToJson(const Profile& p) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// One entry of "devices", as the profile's `version` writes it.
+DeviceProfile parseDevice(const Reader& r, int64_t version) {
+  DeviceProfile d;
+  d.device.name = r.str("name");
+  d.device.kind = r.str("kind");
+  d.device.model = r.str("model");
+  d.device.platform = r.str("platform");
+  d.device.vendor = r.str("vendor");
+  d.device.description = r.str("description");
+  d.device.compute_units = static_cast<int>(r.integer("compute_units"));
+  d.device.memory_bytes = r.integer("memory_bytes");
+  d.device.max_allocation_bytes = r.integer("max_allocation_bytes");
+  d.device.fp16 = r.boolean("fp16");
+  // Before version 3: the CPU is the host device there is.
+  d.device.host_cores = version > 2 ? r.boolean("host_cores") : d.device.kind == "cpu";
+  const json& gemm = r.array("gemm");
+  for (size_t gi = 0; gi < gemm.size(); ++gi) {
+    const Reader g = r.child(gemm[gi], ".gemm[" + std::to_string(gi) + "]");
+    d.gemm.push_back({g.integer("n"), g.num("gflops")});
+  }
+  const json& layers = r.array("layers");
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const Reader l = r.child(layers[li], ".layers[" + std::to_string(li) + "]");
+    LayerProfile lp;
+    lp.index = l.integer("index");
+    if (lp.index != static_cast<int64_t>(li)) l.fail("index", "is out of order");
+    lp.type = l.str("type");
+    lp.output = l.shape("output");
+    lp.forward = l.spread("forward_s");
+    lp.backward = l.spread("backward_s");
+    lp.activation_bytes = l.integer("activation_bytes");
+    lp.param_bytes = l.integer("param_bytes");
+    lp.flops = l.integer("flops_per_sample");
+    d.layers.push_back(std::move(lp));
+  }
+  if (version > 4 && r.has("batch")) {
+    d.batch = r.integer("batch");
+    if (d.batch < 1) r.fail("batch", "is not positive");
+  }
+  if (version > 1 && r.has("loss_s")) d.loss = r.spread("loss_s");
+  if (version > 3 && r.has("update_s")) {
+    const json& uj = r.at("update_s", json::value_t::object);
+    const Reader u = r.child(uj, ".update_s");
+    for (const auto& item : uj.items()) {
+      const std::string& kind = item.key();
+      if (kind != "sgd" && kind != "adamw") u.fail(kind, "is not an optimizer (sgd, adamw)");
+      d.update[kind] = u.spread(kind.c_str());
+    }
+  }
+  if (version > 2 && r.has("sustained")) {
+    const Reader su = r.child(r.at("sustained", json::value_t::object), ".sustained");
+    Sustained& t = d.sustained;
+    t.pass_s = su.num("pass_s");
+    t.burst_pass_s = su.num("burst_pass_s");
+    t.window_s = su.num("window_s");
+    t.passes = static_cast<int>(su.integer("passes"));
+    t.cpu_cores = su.num("cpu_cores");
+    t.quota_cores = su.num("quota_cores");
+    t.quota_period_s = su.num("quota_period_s");
+    if (!(t.pass_s > 0)) su.fail("pass_s", "is not positive");
+    if (!(t.burst_pass_s > 0)) su.fail("burst_pass_s", "is not positive");
+    if (!(t.window_s >= t.pass_s)) su.fail("window_s", "is shorter than one pass");
+    if (t.passes < 1) su.fail("passes", "is not positive");
+    if (!(t.cpu_cores >= 0) || !(t.quota_cores >= 0)) su.fail("", "has a negative core count");
+    if (!(t.quota_period_s >= 0) || (t.quota_cores > 0) != (t.quota_period_s > 0))
+      su.fail("quota_period_s", "does not go with quota_cores (both 0, or both positive)");
+  }
+  return d;
+}
+
+// The "links" object: the link measurements.
+LinkSet parseLinks(const Reader& l) {
+  LinkSet set;
+  set.transport = l.str("transport");
+  set.message_bytes = l.integer("message_bytes");
+  set.warmup = static_cast<int>(l.integer("warmup"));
+  set.repeats = static_cast<int>(l.integer("repeats"));
+  const json& measured = l.array("measured");
+  for (size_t i = 0; i < measured.size(); ++i) {
+    const Reader m = l.child(measured[i], ".measured[" + std::to_string(i) + "]");
+    LinkProfile lp{m.str("from"), m.str("to"), m.num("bandwidth_bytes_per_s"), m.num("latency_s"),
+                   m.spread("round_trip_s")};
+    if (!(lp.bandwidth > 0)) m.fail("bandwidth_bytes_per_s", "is not positive");
+    if (!(lp.latency_s >= 0)) m.fail("latency_s", "is negative");
+    if (m.has("cpu_s_per_byte")) {
+      lp.cpu_s_per_byte = m.num("cpu_s_per_byte");
+      if (!(lp.cpu_s_per_byte >= 0 && std::isfinite(lp.cpu_s_per_byte)))
+        m.fail("cpu_s_per_byte", "is not a finite, non-negative number");
+    }
+    for (const LinkProfile& other : set.links)
+      if (other.from == lp.from && other.to == lp.to) m.fail("", "measures a link twice");
+    set.links.push_back(std::move(lp));
+  }
+  return set;
+}
+
+}  // namespace
+
 Profile parseProfile(const std::string& text, const std::string& where) {
   json j;
   try {
@@ -312,73 +412,8 @@ Profile parseProfile(const std::string& text, const std::string& where) {
     if (version > 1 && top.has("load")) p.load = static_cast<int>(top.integer("load"));
   }
   for (size_t di = 0; di < devices.size(); ++di) {
-    const Reader r = top.child(devices[di], "devices[" + std::to_string(di) + "]");
-    DeviceProfile d;
-    d.device.name = r.str("name");
-    d.device.kind = r.str("kind");
-    d.device.model = r.str("model");
-    d.device.platform = r.str("platform");
-    d.device.vendor = r.str("vendor");
-    d.device.description = r.str("description");
-    d.device.compute_units = static_cast<int>(r.integer("compute_units"));
-    d.device.memory_bytes = r.integer("memory_bytes");
-    d.device.max_allocation_bytes = r.integer("max_allocation_bytes");
-    d.device.fp16 = r.boolean("fp16");
-    // Before version 3: the CPU is the host device there is.
-    d.device.host_cores = version > 2 ? r.boolean("host_cores") : d.device.kind == "cpu";
-    const json& gemm = r.array("gemm");
-    for (size_t gi = 0; gi < gemm.size(); ++gi) {
-      const Reader g = r.child(gemm[gi], ".gemm[" + std::to_string(gi) + "]");
-      d.gemm.push_back({g.integer("n"), g.num("gflops")});
-    }
-    const json& layers = r.array("layers");
-    for (size_t li = 0; li < layers.size(); ++li) {
-      const Reader l = r.child(layers[li], ".layers[" + std::to_string(li) + "]");
-      LayerProfile lp;
-      lp.index = l.integer("index");
-      if (lp.index != static_cast<int64_t>(li)) l.fail("index", "is out of order");
-      lp.type = l.str("type");
-      lp.output = l.shape("output");
-      lp.forward = l.spread("forward_s");
-      lp.backward = l.spread("backward_s");
-      lp.activation_bytes = l.integer("activation_bytes");
-      lp.param_bytes = l.integer("param_bytes");
-      lp.flops = l.integer("flops_per_sample");
-      d.layers.push_back(std::move(lp));
-    }
-    if (version > 4 && r.has("batch")) {
-      d.batch = r.integer("batch");
-      if (d.batch < 1) r.fail("batch", "is not positive");
-    }
-    if (version > 1 && r.has("loss_s")) d.loss = r.spread("loss_s");
-    if (version > 3 && r.has("update_s")) {
-      const json& uj = r.at("update_s", json::value_t::object);
-      const Reader u = r.child(uj, ".update_s");
-      for (const auto& item : uj.items()) {
-        const std::string& kind = item.key();
-        if (kind != "sgd" && kind != "adamw") u.fail(kind, "is not an optimizer (sgd, adamw)");
-        d.update[kind] = u.spread(kind.c_str());
-      }
-    }
-    if (version > 2 && r.has("sustained")) {
-      const Reader su = r.child(r.at("sustained", json::value_t::object), ".sustained");
-      Sustained& t = d.sustained;
-      t.pass_s = su.num("pass_s");
-      t.burst_pass_s = su.num("burst_pass_s");
-      t.window_s = su.num("window_s");
-      t.passes = static_cast<int>(su.integer("passes"));
-      t.cpu_cores = su.num("cpu_cores");
-      t.quota_cores = su.num("quota_cores");
-      t.quota_period_s = su.num("quota_period_s");
-      if (!(t.pass_s > 0)) su.fail("pass_s", "is not positive");
-      if (!(t.burst_pass_s > 0)) su.fail("burst_pass_s", "is not positive");
-      if (!(t.window_s >= t.pass_s)) su.fail("window_s", "is shorter than one pass");
-      if (t.passes < 1) su.fail("passes", "is not positive");
-      if (!(t.cpu_cores >= 0) || !(t.quota_cores >= 0)) su.fail("", "has a negative core count");
-      if (!(t.quota_period_s >= 0) || (t.quota_cores > 0) != (t.quota_period_s > 0))
-        su.fail("quota_period_s", "does not go with quota_cores (both 0, or both positive)");
-    }
-    p.devices.push_back(std::move(d));
+    p.devices.push_back(
+        parseDevice(top.child(devices[di], "devices[" + std::to_string(di) + "]"), version));
   }
   if (version > 3 && top.has("message_cpu")) {
     const json& points = top.array("message_cpu");
@@ -393,29 +428,7 @@ Profile parseProfile(const std::string& text, const std::string& where) {
     }
   }
   if (version > 1 && top.has("links")) {
-    const Reader l = top.child(top.at("links", json::value_t::object), "links");
-    LinkSet set;
-    set.transport = l.str("transport");
-    set.message_bytes = l.integer("message_bytes");
-    set.warmup = static_cast<int>(l.integer("warmup"));
-    set.repeats = static_cast<int>(l.integer("repeats"));
-    const json& measured = l.array("measured");
-    for (size_t i = 0; i < measured.size(); ++i) {
-      const Reader m = l.child(measured[i], ".measured[" + std::to_string(i) + "]");
-      LinkProfile lp{m.str("from"), m.str("to"), m.num("bandwidth_bytes_per_s"), m.num("latency_s"),
-                     m.spread("round_trip_s")};
-      if (!(lp.bandwidth > 0)) m.fail("bandwidth_bytes_per_s", "is not positive");
-      if (!(lp.latency_s >= 0)) m.fail("latency_s", "is negative");
-      if (m.has("cpu_s_per_byte")) {
-        lp.cpu_s_per_byte = m.num("cpu_s_per_byte");
-        if (!(lp.cpu_s_per_byte >= 0 && std::isfinite(lp.cpu_s_per_byte)))
-          m.fail("cpu_s_per_byte", "is not a finite, non-negative number");
-      }
-      for (const LinkProfile& other : set.links)
-        if (other.from == lp.from && other.to == lp.to) m.fail("", "measures a link twice");
-      set.links.push_back(std::move(lp));
-    }
-    p.links = std::move(set);
+    p.links = parseLinks(top.child(top.at("links", json::value_t::object), "links"));
   }
   return p;
 }

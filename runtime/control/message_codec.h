@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -44,6 +45,18 @@ inline void nonNegative(const char* message, const char* field, int64_t v) {
   if (v < 0) bad(message, std::string(field) + " is negative (" + std::to_string(v) + ")");
 }
 
+inline void range(const char* message, const char* field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    bad(message, std::string(field) + " " + std::to_string(v) + " is not in [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+inline void finiteNonNegative(const char* message, const char* field, double v) {
+  if (!(v >= 0 && std::isfinite(v)))
+    bad(message,
+        std::string(field) + " " + std::to_string(v) + " is not a finite, non-negative number");
+}
+
 inline void checkText(const char* message, const char* field, const std::string& s, size_t limit) {
   if (s.size() > limit)
     throw InvalidArgument(std::string("control message '") + message + "': " + field + " of " +
@@ -56,6 +69,18 @@ inline void checkCount(const char* message, const char* field, size_t n, size_t 
     throw InvalidArgument(std::string("control message '") + message + "': " + std::to_string(n) +
                           " " + field + " exceed the limit of " + std::to_string(limit));
 }
+
+// The settings an assignment carries (job_settings.h), each written, and read and
+// checked, in settings_codec.cpp only; `message` names the message for errors.
+flatbuffers::Offset<fb::TrainSettings> buildTrain(flatbuffers::FlatBufferBuilder& b,
+                                                  const TrainSettings& t);
+flatbuffers::Offset<fb::DataSettings> buildData(flatbuffers::FlatBufferBuilder& b,
+                                                const DataSettings& d);
+flatbuffers::Offset<fb::WireSettings> buildWire(flatbuffers::FlatBufferBuilder& b,
+                                                const WireSettings& w);
+TrainSettings readTrain(const char* message, const fb::TrainSettings* t);
+DataSettings readData(const char* message, const fb::DataSettings* d);
+WireSettings readWire(const char* message, const fb::WireSettings* w);
 
 // The stage worker's messages (stage_messages.cpp).
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const WorkerHello& m);

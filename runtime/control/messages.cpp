@@ -277,81 +277,12 @@ std::vector<uint8_t> encodeMessage(const Message& m) {
   return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
 }
 
-Message decodeMessage(std::span<const uint8_t> bytes) {
-  if (bytes.size() < 8)
-    throw FormatError("bad control message: " + std::to_string(bytes.size()) +
-                      " bytes is too short");
-  if (bytes.size() > kMaxMessageBytes)
-    throw FormatError("bad control message: " + std::to_string(bytes.size()) +
-                      " bytes exceeds the cap of " + std::to_string(kMaxMessageBytes));
-  // The verifier needs the buffer aligned as FlatBuffers lays it out; frames arrive in
-  // byte vectors at any offset, so copy into 8-byte-aligned storage.
-  std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
-  std::memcpy(aligned.data(), bytes.data(), bytes.size());
-  const auto* data = reinterpret_cast<const uint8_t*>(aligned.data());
-  if (!fb::MessageBufferHasIdentifier(data))
-    throw FormatError("bad control message: missing the 'TDC1' identifier");
-  flatbuffers::Verifier verifier(data, bytes.size(), /*max_depth=*/8, /*max_tables=*/8192);
-  if (!fb::VerifyMessageBuffer(verifier))
-    throw FormatError("bad control message: failed FlatBuffers verification");
-  const fb::Message* msg = fb::GetMessage(data);
-  // The verifier lets a union's value be absent while its type is set (found by the
-  // fuzzer): every body_as_* below would be null.
-  if (msg->body_type() != fb::Body_NONE && !msg->body())
-    throw FormatError("bad control message: a '" + std::string(fb::EnumNameBody(msg->body_type())) +
-                      "' without its body");
+namespace {
+
+// The tasks a coordinator gives a node's daemon beside runs (link and profile tasks) and
+// their results.
+Message readTaskMessage(const fb::Message* msg) {
   switch (msg->body_type()) {
-    case fb::Body_Hello: {
-      const fb::Hello* h = msg->body_as_Hello();
-      Hello out;
-      out.version = {h->major(), h->minor(), h->patch()};
-      out.build = text("hello", "build", h->build(), kMaxNameBytes);
-      out.nonce = exactBytes<kNonceBytes>("hello", "nonce", h->nonce());
-      return out;
-    }
-    case fb::Body_Proof:
-      return Proof{exactBytes<kMacBytes>("proof", "mac", msg->body_as_Proof()->mac())};
-    case fb::Body_Refused: {
-      const fb::Refused* r = msg->body_as_Refused();
-      if (r->reason() < fb::Refusal_MIN || r->reason() > fb::Refusal_MAX)
-        bad("refused", "unknown reason " + std::to_string(r->reason()));
-      return Refused{static_cast<Refusal>(r->reason()),
-                     text("refused", "message", r->message(), kMaxTextBytes)};
-    }
-    case fb::Body_NodeInfo:
-      return readNodeInfo(msg->body_as_NodeInfo());
-    case fb::Body_Ping: {
-      const fb::Ping* p = msg->body_as_Ping();
-      return Ping{p->id(), p->sent_ns()};
-    }
-    case fb::Body_Pong: {
-      const fb::Pong* p = msg->body_as_Pong();
-      return Pong{p->id(), p->ping_sent_ns(), p->received_ns(), p->sent_ns()};
-    }
-    case fb::Body_Leave:
-      return Leave{text("leave", "reason", msg->body_as_Leave()->reason(), kMaxTextBytes)};
-    case fb::Body_Error:
-      return ErrorReply{text("error", "message", msg->body_as_Error()->message(), kMaxTextBytes)};
-    case fb::Body_Launch: {
-      const fb::Launch* l = msg->body_as_Launch();
-      Launch out;
-      out.slot = l->slot();
-      if (out.slot < 0) bad("launch", "slot is negative (" + std::to_string(out.slot) + ")");
-      out.coordinator = text("launch", "coordinator", l->coordinator(), kMaxEndpointBytes);
-      out.key = exactBytes<32>("launch", "key", l->key());
-      return out;
-    }
-    case fb::Body_Launched: {
-      const fb::Launched* l = msg->body_as_Launched();
-      if (l->slot() < 0 || l->pid() < 0) bad("launched", "a negative slot or pid");
-      return Launched{l->slot(), l->pid()};
-    }
-    case fb::Body_WorkerEnded: {
-      const fb::WorkerEnded* w = msg->body_as_WorkerEnded();
-      if (w->slot() < 0) bad("worker ended", "slot is negative");
-      return WorkerEnded{w->slot(), text("worker ended", "how", w->how(), kMaxTextBytes),
-                         w->killed()};
-    }
     case fb::Body_LinkTask: {
       const fb::LinkTask* t = msg->body_as_LinkTask();
       const char* m = "link task";
@@ -463,6 +394,93 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
         bad(m, "cached " + std::to_string(out.cached) + " is out of range");
       return out;
     }
+    default:
+      throw FormatError("bad control message: not a task");
+  }
+}
+
+}  // namespace
+
+Message decodeMessage(std::span<const uint8_t> bytes) {
+  if (bytes.size() < 8)
+    throw FormatError("bad control message: " + std::to_string(bytes.size()) +
+                      " bytes is too short");
+  if (bytes.size() > kMaxMessageBytes)
+    throw FormatError("bad control message: " + std::to_string(bytes.size()) +
+                      " bytes exceeds the cap of " + std::to_string(kMaxMessageBytes));
+  // The verifier needs the buffer aligned as FlatBuffers lays it out; frames arrive in
+  // byte vectors at any offset, so copy into 8-byte-aligned storage.
+  std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
+  std::memcpy(aligned.data(), bytes.data(), bytes.size());
+  const auto* data = reinterpret_cast<const uint8_t*>(aligned.data());
+  if (!fb::MessageBufferHasIdentifier(data))
+    throw FormatError("bad control message: missing the 'TDC1' identifier");
+  flatbuffers::Verifier verifier(data, bytes.size(), /*max_depth=*/8, /*max_tables=*/8192);
+  if (!fb::VerifyMessageBuffer(verifier))
+    throw FormatError("bad control message: failed FlatBuffers verification");
+  const fb::Message* msg = fb::GetMessage(data);
+  // The verifier lets a union's value be absent while its type is set (found by the
+  // fuzzer): every body_as_* below would be null.
+  if (msg->body_type() != fb::Body_NONE && !msg->body())
+    throw FormatError("bad control message: a '" + std::string(fb::EnumNameBody(msg->body_type())) +
+                      "' without its body");
+  switch (msg->body_type()) {
+    case fb::Body_Hello: {
+      const fb::Hello* h = msg->body_as_Hello();
+      Hello out;
+      out.version = {h->major(), h->minor(), h->patch()};
+      out.build = text("hello", "build", h->build(), kMaxNameBytes);
+      out.nonce = exactBytes<kNonceBytes>("hello", "nonce", h->nonce());
+      return out;
+    }
+    case fb::Body_Proof:
+      return Proof{exactBytes<kMacBytes>("proof", "mac", msg->body_as_Proof()->mac())};
+    case fb::Body_Refused: {
+      const fb::Refused* r = msg->body_as_Refused();
+      if (r->reason() < fb::Refusal_MIN || r->reason() > fb::Refusal_MAX)
+        bad("refused", "unknown reason " + std::to_string(r->reason()));
+      return Refused{static_cast<Refusal>(r->reason()),
+                     text("refused", "message", r->message(), kMaxTextBytes)};
+    }
+    case fb::Body_NodeInfo:
+      return readNodeInfo(msg->body_as_NodeInfo());
+    case fb::Body_Ping: {
+      const fb::Ping* p = msg->body_as_Ping();
+      return Ping{p->id(), p->sent_ns()};
+    }
+    case fb::Body_Pong: {
+      const fb::Pong* p = msg->body_as_Pong();
+      return Pong{p->id(), p->ping_sent_ns(), p->received_ns(), p->sent_ns()};
+    }
+    case fb::Body_Leave:
+      return Leave{text("leave", "reason", msg->body_as_Leave()->reason(), kMaxTextBytes)};
+    case fb::Body_Error:
+      return ErrorReply{text("error", "message", msg->body_as_Error()->message(), kMaxTextBytes)};
+    case fb::Body_Launch: {
+      const fb::Launch* l = msg->body_as_Launch();
+      Launch out;
+      out.slot = l->slot();
+      if (out.slot < 0) bad("launch", "slot is negative (" + std::to_string(out.slot) + ")");
+      out.coordinator = text("launch", "coordinator", l->coordinator(), kMaxEndpointBytes);
+      out.key = exactBytes<32>("launch", "key", l->key());
+      return out;
+    }
+    case fb::Body_Launched: {
+      const fb::Launched* l = msg->body_as_Launched();
+      if (l->slot() < 0 || l->pid() < 0) bad("launched", "a negative slot or pid");
+      return Launched{l->slot(), l->pid()};
+    }
+    case fb::Body_WorkerEnded: {
+      const fb::WorkerEnded* w = msg->body_as_WorkerEnded();
+      if (w->slot() < 0) bad("worker ended", "slot is negative");
+      return WorkerEnded{w->slot(), text("worker ended", "how", w->how(), kMaxTextBytes),
+                         w->killed()};
+    }
+    case fb::Body_LinkTask:
+    case fb::Body_LinkResult:
+    case fb::Body_ProfileTask:
+    case fb::Body_ProfileResult:
+      return readTaskMessage(msg);
     case fb::Body_WorkerHello:
     case fb::Body_Assign:
     case fb::Body_WeightsRequest:

@@ -39,89 +39,6 @@ std::vector<std::string> readEndpoints(const char* message, const char* field, c
   return out;
 }
 
-void range(const char* message, const char* field, int64_t v, int64_t lo, int64_t hi) {
-  if (v < lo || v > hi)
-    bad(message, std::string(field) + " " + std::to_string(v) + " is not in [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
-}
-
-void finiteNonNegative(const char* message, const char* field, double v) {
-  if (!(v >= 0 && std::isfinite(v)))
-    bad(message,
-        std::string(field) + " " + std::to_string(v) + " is not a finite, non-negative number");
-}
-
-WireCodec codec(const char* message, const char* field, uint8_t v) {
-  range(message, field, v, 0, 3);
-  return static_cast<WireCodec>(v);
-}
-
-// The settings an assignment carries (job_settings.h), each read and checked here only.
-TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
-  if (!t) bad(m, "no train settings");
-  TrainSettings out;
-  range(m, "schedule", t->schedule(), 0, 3);
-  out.schedule = t->schedule() == 0   ? ScheduleKind::kGPipe
-                 : t->schedule() == 1 ? ScheduleKind::k1F1B
-                 : t->schedule() == 2 ? ScheduleKind::kZeroBubbleH1
-                                      : ScheduleKind::kInterleaved1F1B;
-  out.batch = t->batch();
-  range(m, "batch", out.batch, 1, int64_t{1} << 30);
-  out.microbatches = t->microbatches();
-  range(m, "microbatches", out.microbatches, 1, out.batch);
-  out.epochs = t->epochs();
-  range(m, "epochs", out.epochs, 0, int64_t{1} << 20);
-  out.seed = t->seed();
-  out.recompute = t->recompute();
-  OptimizerOptions& o = out.optimizer;
-  if (const fb::OptimizerSettings* f = t->optimizer()) {
-    o.kind = text(m, "optimizer kind", f->kind(), 16);
-    o.lr = f->lr();
-    o.momentum = f->momentum();
-    o.nesterov = f->nesterov();
-    o.weight_decay = f->weight_decay();
-    o.beta1 = f->beta1();
-    o.beta2 = f->beta2();
-    o.eps = f->eps();
-    o.lr_schedule = text(m, "optimizer lr_schedule", f->lr_schedule(), 16);
-    if (o.lr_schedule.empty()) o.lr_schedule = "constant";
-    o.warmup_steps = f->warmup_steps();
-    range(m, "warmup_steps", o.warmup_steps, 0, int64_t{1} << 40);
-    o.decay_steps = f->decay_steps();
-    range(m, "decay_steps", o.decay_steps, 0, int64_t{1} << 40);
-    o.decay_factor = f->decay_factor();
-    o.min_lr = f->min_lr();
-  }
-  try {
-    validate(o);
-  } catch (const InvalidArgument& e) {
-    bad(m, e.what());
-  }
-  return out;
-}
-
-DataSettings readData(const char* m, const fb::DataSettings* d) {
-  if (!d) bad(m, "no data settings");
-  DataSettings out;
-  out.name = text(m, "data", d->name(), kMaxNameBytes);
-  out.dir = text(m, "data dir", d->dir(), 4096);
-  out.train_limit = d->train_limit();
-  out.test_limit = d->test_limit();
-  nonNegative(m, "train_limit", out.train_limit);
-  nonNegative(m, "test_limit", out.test_limit);
-  return out;
-}
-
-WireSettings readWire(const char* m, const fb::WireSettings* w) {
-  if (!w) bad(m, "no wire settings");
-  WireSettings out;
-  out.activations = codec(m, "activations codec", w->activations());
-  out.gradients = codec(m, "gradients codec", w->gradients());
-  out.timeout_s = w->timeout_s();
-  range(m, "timeout_s", out.timeout_s, 1, 86400);
-  return out;
-}
-
 Assign readAssign(const fb::Assign* a) {
   const char* m = "assign";
   Assign out;
@@ -289,37 +206,70 @@ StageReport readReport(const fb::StageReport* r) {
   return out;
 }
 
+// What serving and generation send: answers, prompts, tokens.
+Message readServingMessage(const fb::Message* msg) {
+  switch (msg->body_type()) {
+    case fb::Body_Answer: {
+      const fb::Answer* a = msg->body_as_Answer();
+      const char* m = "answer";
+      Answer out;
+      out.first = a->first();
+      range(m, "first", out.first, 0, int64_t{1} << 40);
+      out.count = a->count();
+      range(m, "count", out.count, 1, static_cast<int64_t>(kMaxAnswerValues));
+      out.columns = a->columns();
+      range(m, "columns", out.columns, 1, static_cast<int64_t>(kMaxAnswerValues));
+      const auto* v = a->outputs();
+      const size_t values = v ? v->size() : 0;
+      if (static_cast<int64_t>(values) != out.count * out.columns)
+        bad(m, std::to_string(values) + " outputs for " + std::to_string(out.count) + " rows of " +
+                   std::to_string(out.columns));
+      if (v) out.outputs.assign(v->begin(), v->end());
+      out.loss_sum = a->loss_sum();  // (a diverged model's loss is NaN: passed on)
+      out.correct = a->correct();
+      range(m, "correct", out.correct, 0, out.count);
+      return out;
+    }
+    case fb::Body_Prompt: {
+      const fb::Prompt* p = msg->body_as_Prompt();
+      const char* m = "prompt";
+      Prompt out;
+      out.id = p->id();
+      range(m, "id", out.id, 0, kMaxRequestId);
+      const auto* v = p->tokens();
+      if (!v || v->size() == 0) bad(m, "no tokens");
+      if (v->size() > kMaxPromptTokens)
+        bad(m, std::to_string(v->size()) + " tokens exceed the limit of " +
+                   std::to_string(kMaxPromptTokens));
+      out.tokens.assign(v->begin(), v->end());
+      for (int32_t t : out.tokens)
+        if (t < 0) bad(m, "token " + std::to_string(t) + " is negative");
+      out.count = p->count();
+      range(m, "count", out.count, 1, int64_t{1} << 30);
+      out.temperature = p->temperature();
+      finiteNonNegative(m, "temperature", out.temperature);
+      out.top_k = p->top_k();
+      nonNegative(m, "top_k", out.top_k);
+      out.seed = p->seed();
+      return out;
+    }
+    case fb::Body_PromptsDone:
+      return PromptsDone{};
+    case fb::Body_Token: {
+      const fb::Token* t = msg->body_as_Token();
+      const char* m = "token";
+      Token out{t->id(), t->index(), t->token(), t->logit()};
+      range(m, "id", out.id, 0, kMaxRequestId);
+      range(m, "index", out.index, 0, int64_t{1} << 30);
+      range(m, "token", out.token, 0, std::numeric_limits<int32_t>::max());
+      return out;  // (a diverged model's logit is NaN: passed on)
+    }
+    default:
+      throw FormatError("bad control message: not a serving message");
+  }
+}
+
 }  // namespace
-
-// The settings an assignment carries, each written here only.
-flatbuffers::Offset<fb::TrainSettings> buildTrain(B& b, const TrainSettings& t) {
-  const auto& o = t.optimizer;
-  checkText("assign", "optimizer lr_schedule", o.lr_schedule, 16);
-  auto optimizer = fb::CreateOptimizerSettings(b, b.CreateString(o.kind), o.lr, o.momentum,
-                                               o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps,
-                                               b.CreateString(o.lr_schedule), o.warmup_steps,
-                                               o.decay_steps, o.decay_factor, o.min_lr);
-  TANDEM_CHECK_MSG(isTraining(t.schedule), InvalidArgument,
-                   "assign: schedule " << scheduleName(t.schedule) << " cannot train");
-  const int8_t schedule = t.schedule == ScheduleKind::kGPipe          ? 0
-                          : t.schedule == ScheduleKind::k1F1B         ? 1
-                          : t.schedule == ScheduleKind::kZeroBubbleH1 ? 2
-                                                                      : 3;
-  return fb::CreateTrainSettings(b, t.epochs, t.batch, t.microbatches, schedule, t.recompute,
-                                 t.seed, optimizer);
-}
-
-flatbuffers::Offset<fb::DataSettings> buildData(B& b, const DataSettings& d) {
-  checkText("assign", "data", d.name, kMaxNameBytes);
-  auto name = b.CreateString(d.name);
-  auto dir = b.CreateString(d.dir);
-  return fb::CreateDataSettings(b, name, dir, d.train_limit, d.test_limit);
-}
-
-flatbuffers::Offset<fb::WireSettings> buildWire(B& b, const WireSettings& w) {
-  return fb::CreateWireSettings(b, static_cast<uint8_t>(w.activations),
-                                static_cast<uint8_t>(w.gradients), w.timeout_s);
-}
 
 flatbuffers::Offset<void> build(B& b, const Assign& m) {
   const char* name = "assign";
@@ -557,61 +507,11 @@ Message readStageMessage(const fb::Message* msg) {
       range(m, "bytes", out.bytes, 1, kMaxWeightsBytes);
       return out;
     }
-    case fb::Body_Answer: {
-      const fb::Answer* a = msg->body_as_Answer();
-      const char* m = "answer";
-      Answer out;
-      out.first = a->first();
-      range(m, "first", out.first, 0, int64_t{1} << 40);
-      out.count = a->count();
-      range(m, "count", out.count, 1, static_cast<int64_t>(kMaxAnswerValues));
-      out.columns = a->columns();
-      range(m, "columns", out.columns, 1, static_cast<int64_t>(kMaxAnswerValues));
-      const auto* v = a->outputs();
-      const size_t values = v ? v->size() : 0;
-      if (static_cast<int64_t>(values) != out.count * out.columns)
-        bad(m, std::to_string(values) + " outputs for " + std::to_string(out.count) + " rows of " +
-                   std::to_string(out.columns));
-      if (v) out.outputs.assign(v->begin(), v->end());
-      out.loss_sum = a->loss_sum();  // (a diverged model's loss is NaN: passed on)
-      out.correct = a->correct();
-      range(m, "correct", out.correct, 0, out.count);
-      return out;
-    }
-    case fb::Body_Prompt: {
-      const fb::Prompt* p = msg->body_as_Prompt();
-      const char* m = "prompt";
-      Prompt out;
-      out.id = p->id();
-      range(m, "id", out.id, 0, kMaxRequestId);
-      const auto* v = p->tokens();
-      if (!v || v->size() == 0) bad(m, "no tokens");
-      if (v->size() > kMaxPromptTokens)
-        bad(m, std::to_string(v->size()) + " tokens exceed the limit of " +
-                   std::to_string(kMaxPromptTokens));
-      out.tokens.assign(v->begin(), v->end());
-      for (int32_t t : out.tokens)
-        if (t < 0) bad(m, "token " + std::to_string(t) + " is negative");
-      out.count = p->count();
-      range(m, "count", out.count, 1, int64_t{1} << 30);
-      out.temperature = p->temperature();
-      finiteNonNegative(m, "temperature", out.temperature);
-      out.top_k = p->top_k();
-      nonNegative(m, "top_k", out.top_k);
-      out.seed = p->seed();
-      return out;
-    }
+    case fb::Body_Answer:
+    case fb::Body_Prompt:
     case fb::Body_PromptsDone:
-      return PromptsDone{};
-    case fb::Body_Token: {
-      const fb::Token* t = msg->body_as_Token();
-      const char* m = "token";
-      Token out{t->id(), t->index(), t->token(), t->logit()};
-      range(m, "id", out.id, 0, kMaxRequestId);
-      range(m, "index", out.index, 0, int64_t{1} << 30);
-      range(m, "token", out.token, 0, std::numeric_limits<int32_t>::max());
-      return out;  // (a diverged model's logit is NaN: passed on)
-    }
+    case fb::Body_Token:
+      return readServingMessage(msg);
     default:
       bad("?", "not a stage worker's message");
   }

@@ -154,6 +154,93 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
   }
 }
 
+// The job file's keys, for the message that refuses another.
+constexpr const char* kJobKeys =
+    "model, data, data_dir, train_limit, test_limit, epochs, batch, microbatches, schedule, "
+    "chunks, recompute, seed, threads, optimizer, codec, transport, timeout_s, partition, "
+    "stages, cluster, profile, max_replicas, baseline, save, weights, checkpoint, "
+    "max_restarts or rejoin_after_s";
+
+// Where the settings that other settings constrain were given, if they were.
+struct Given {
+  std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline, schedule,
+      chunks;
+};
+
+// `schedule:` other than auto: a schedule that trains.
+ScheduleKind parseTrainingSchedule(const YamlReader& r, const YAML::Node& v) {
+  const auto name = r.get<std::string>(v, "schedule", "gpipe, 1f1b, zb-h1, interleaved or auto");
+  ScheduleKind kind{};
+  try {
+    kind = parseSchedule(name);
+  } catch (const InvalidArgument& e) {
+    r.fail(v, e.what());
+  }
+  if (!isTraining(kind))
+    r.fail(v, "schedule '" + name + "' cannot train (expected gpipe, 1f1b, zb-h1 or interleaved)");
+  return kind;
+}
+
+// The checks of settings against each other, once every key is read.
+void checkTogether(const YamlReader& r, const YAML::Node& root, const Given& given, JobSpec& job) {
+  if (!given.partition)
+    throw InvalidArgument(job.source + ": 'partition' is required ('equal' or ranges)");
+  const bool planned = job.auto_partition || !job.plan.empty();
+  if (planned && given.stages) r.fail(*given.stages, "'stages' comes from the plan; leave it out");
+  if (given.baseline && !job.auto_partition)
+    r.fail(*given.baseline,
+           "'baseline' is for 'partition: auto' (it places that split over the same measured "
+           "cluster instead of the search's)");
+  if (given.max_replicas && !job.auto_partition)
+    r.fail(*given.max_replicas,
+           "'max_replicas' is for 'partition: auto'; give replicas in the "
+           "partition ({layers: [b, e], replicas: N}) or the plan");
+  if (!planned && job.ranges.empty() && job.stages == 0)
+    r.fail(*given.partition, "'partition: equal' needs 'stages: N'");
+  // Interleaved: each of the stages holds `chunks` of the model's ranges.
+  const bool interleaved = job.train.schedule == ScheduleKind::kInterleaved1F1B;
+  if (given.chunks && !interleaved)
+    r.fail(*given.chunks, "'chunks' is for 'schedule: interleaved' (a stage's model chunks)");
+  if (interleaved && !given.chunks) job.chunks = 2;
+  if (interleaved)
+    for (size_t i = 0; i < job.range_replicas.size(); ++i)
+      if (job.range_replicas[i] > 1)
+        throw InvalidArgument(job.range_where[i] + ": interleaved stages cannot have replicas");
+  const auto per = static_cast<size_t>(job.chunks);
+  if (!job.ranges.empty() && job.ranges.size() % per != 0)
+    r.fail(*given.partition, "the partition lists " + std::to_string(job.ranges.size()) +
+                                 " ranges, not a multiple of the " + std::to_string(per) +
+                                 " chunks per stage");
+  if (!job.ranges.empty() && given.stages &&
+      static_cast<size_t>(job.stages) * per != job.ranges.size())
+    r.fail(*given.stages, "'stages' is " + std::to_string(job.stages) +
+                              " but the partition lists " + std::to_string(job.ranges.size()) +
+                              " ranges" +
+                              (per > 1 ? " (" + std::to_string(per) + " chunks per stage)" : ""));
+  if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size() / per);
+  if (interleaved && !planned && job.stages < 2)
+    r.fail(given.stages ? *given.stages : *given.partition,
+           "interleaved stages need 2 stages or more");
+  if (job.microbatches_auto && !job.auto_partition)
+    r.fail(*given.microbatches,
+           "'microbatches: auto' is for 'partition: auto' (the partitioner chooses)");
+  if (job.schedule_auto && !job.auto_partition)
+    r.fail(*given.schedule, "'schedule: auto' is for 'partition: auto' (the partitioner chooses)");
+  if (!job.codec_where.empty() && !job.auto_partition && job.plan.empty())
+    throw InvalidArgument(job.codec_where +
+                          ": a codec of 'auto' is each link's in a plan: it needs 'partition: "
+                          "auto' (the partitioner chooses them) or 'partition: PLAN.yaml'");
+  if (job.microbatches_auto)
+    job.train.microbatches = std::min<int64_t>(job.train.microbatches, job.train.batch);
+  // A microbatch holds a sample at least; a batch that does not divide evenly is cut into
+  // microbatches whose sizes differ by one.
+  if (job.train.microbatches > job.train.batch)
+    r.fail(given.microbatches ? *given.microbatches : root,
+           "'microbatches' is " + std::to_string(job.train.microbatches) + " but a batch of " +
+               std::to_string(job.train.batch) + " samples makes at most " +
+               std::to_string(job.train.batch) + " microbatches");
+}
+
 }  // namespace
 
 void parseCheckpoint(const YamlReader& r, const YAML::Node& node, const std::string& dir,
@@ -184,9 +271,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   JobSpec job;
   job.source = source;
   const std::string dir = std::filesystem::path(source).parent_path().string();
-  // Where 'partition' and 'stages' were given, if they were.
-  std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline, schedule,
-      chunks;
+  Given given;
   int64_t reference_batch = 0;  // > 0: the optimizer's lr_scale: linear
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
@@ -211,27 +296,19 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     } else if (key == "batch") {
       job.train.batch = r.positive(v, key);
     } else if (key == "microbatches") {
-      microbatches = v;
+      given.microbatches = v;
       if (v.IsScalar() && v.Scalar() == "auto")
         job.microbatches_auto = true;
       else
         job.train.microbatches = r.positive(v, key);
     } else if (key == "schedule" && v.IsScalar() && v.Scalar() == "auto") {
       job.schedule_auto = true;
-      schedule = v;
+      given.schedule = v;
     } else if (key == "schedule") {
-      const auto name = r.get<std::string>(v, key, "gpipe, 1f1b, zb-h1, interleaved or auto");
-      try {
-        job.train.schedule = parseSchedule(name);
-      } catch (const InvalidArgument& e) {
-        r.fail(v, e.what());
-      }
-      if (!isTraining(job.train.schedule))
-        r.fail(v,
-               "schedule '" + name + "' cannot train (expected gpipe, 1f1b, zb-h1 or interleaved)");
-      schedule = v;
+      job.train.schedule = parseTrainingSchedule(r, v);
+      given.schedule = v;
     } else if (key == "chunks") {
-      chunks = v;
+      given.chunks = v;
       job.chunks = static_cast<int>(r.positive(v, key));
       if (job.chunks < 2 || job.chunks > 64) r.fail(v, "'chunks' must be from 2 to 64");
     } else if (key == "recompute") {
@@ -254,19 +331,19 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
     } else if (key == "max_replicas") {
       job.max_replicas = static_cast<int>(r.positive(v, key));
       if (job.max_replicas > 64) r.fail(v, "'max_replicas' must be at most 64");
-      max_replicas = v;
+      given.max_replicas = v;
     } else if (key == "baseline") {
       job.baseline = r.get<std::string>(v, key, "a baseline's name");
       if (job.baseline != "equal-layers" && job.baseline != "equal-params" &&
           job.baseline != "memory-proportional")
         r.fail(v, "unknown baseline '" + job.baseline +
                       "' (expected equal-layers, equal-params or memory-proportional)");
-      baseline = v;
+      given.baseline = v;
     } else if (key == "partition") {
-      partition = v;
+      given.partition = v;
       parsePartition(r, v, job, dir);
     } else if (key == "stages") {
-      stages = v;
+      given.stages = v;
       job.stages = static_cast<int>(r.positive(v, key));
     } else if (key == "cluster") {
       job.cluster = resolve(dir, r.get<std::string>(v, key, "a path"));
@@ -287,13 +364,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       if (!(s >= 0 && s <= 86400)) r.fail(v, "'rejoin_after_s' must be from 0 to 86400 seconds");
       job.rejoin_after_s = s;
     } else {
-      r.fail(kv.first, "unknown key '" + key +
-                           "' (expected model, data, data_dir, train_limit, test_limit, epochs, "
-                           "batch, microbatches, schedule, chunks, recompute, seed, threads, "
-                           "optimizer, "
-                           "codec, transport, timeout_s, partition, stages, cluster, profile, "
-                           "max_replicas, baseline, save, weights, checkpoint, max_restarts or "
-                           "rejoin_after_s)");
+      r.fail(kv.first, "unknown key '" + key + "' (expected " + kJobKeys + ")");
     }
   }
   if (job.model.empty()) throw InvalidArgument(source + ": 'model' is required");
@@ -306,58 +377,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
   if (job.checkpoint.every_steps > 0 && job.checkpoint.dir.empty())
     job.checkpoint.dir =
         resolve(dir, "checkpoints/" + std::filesystem::path(source).stem().string());
-  if (!partition) throw InvalidArgument(source + ": 'partition' is required ('equal' or ranges)");
-  const bool planned = job.auto_partition || !job.plan.empty();
-  if (planned && stages) r.fail(*stages, "'stages' comes from the plan; leave it out");
-  if (baseline && !job.auto_partition)
-    r.fail(*baseline,
-           "'baseline' is for 'partition: auto' (it places that split over the same measured "
-           "cluster instead of the search's)");
-  if (max_replicas && !job.auto_partition)
-    r.fail(*max_replicas,
-           "'max_replicas' is for 'partition: auto'; give replicas in the "
-           "partition ({layers: [b, e], replicas: N}) or the plan");
-  if (!planned && job.ranges.empty() && job.stages == 0)
-    r.fail(*partition, "'partition: equal' needs 'stages: N'");
-  // Interleaved: each of the stages holds `chunks` of the model's ranges.
-  const bool interleaved = job.train.schedule == ScheduleKind::kInterleaved1F1B;
-  if (chunks && !interleaved)
-    r.fail(*chunks, "'chunks' is for 'schedule: interleaved' (a stage's model chunks)");
-  if (interleaved && !chunks) job.chunks = 2;
-  if (interleaved)
-    for (size_t i = 0; i < job.range_replicas.size(); ++i)
-      if (job.range_replicas[i] > 1)
-        throw InvalidArgument(job.range_where[i] + ": interleaved stages cannot have replicas");
-  const auto per = static_cast<size_t>(job.chunks);
-  if (!job.ranges.empty() && job.ranges.size() % per != 0)
-    r.fail(*partition, "the partition lists " + std::to_string(job.ranges.size()) +
-                           " ranges, not a multiple of the " + std::to_string(per) +
-                           " chunks per stage");
-  if (!job.ranges.empty() && stages && static_cast<size_t>(job.stages) * per != job.ranges.size())
-    r.fail(*stages, "'stages' is " + std::to_string(job.stages) + " but the partition lists " +
-                        std::to_string(job.ranges.size()) + " ranges" +
-                        (per > 1 ? " (" + std::to_string(per) + " chunks per stage)" : ""));
-  if (!job.ranges.empty()) job.stages = static_cast<int>(job.ranges.size() / per);
-  if (interleaved && !planned && job.stages < 2)
-    r.fail(stages ? *stages : *partition, "interleaved stages need 2 stages or more");
-  if (job.microbatches_auto && !job.auto_partition)
-    r.fail(*microbatches,
-           "'microbatches: auto' is for 'partition: auto' (the partitioner chooses)");
-  if (job.schedule_auto && !job.auto_partition)
-    r.fail(*schedule, "'schedule: auto' is for 'partition: auto' (the partitioner chooses)");
-  if (!job.codec_where.empty() && !job.auto_partition && job.plan.empty())
-    throw InvalidArgument(job.codec_where +
-                          ": a codec of 'auto' is each link's in a plan: it needs 'partition: "
-                          "auto' (the partitioner chooses them) or 'partition: PLAN.yaml'");
-  if (job.microbatches_auto)
-    job.train.microbatches = std::min<int64_t>(job.train.microbatches, job.train.batch);
-  // A microbatch holds a sample at least; a batch that does not divide evenly is cut into
-  // microbatches whose sizes differ by one.
-  if (job.train.microbatches > job.train.batch)
-    r.fail(microbatches ? *microbatches : root,
-           "'microbatches' is " + std::to_string(job.train.microbatches) + " but a batch of " +
-               std::to_string(job.train.batch) + " samples makes at most " +
-               std::to_string(job.train.batch) + " microbatches");
+  checkTogether(r, root, given, job);
   return job;
 }
 

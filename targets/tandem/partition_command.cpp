@@ -104,18 +104,16 @@ void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan
   }
 }
 
-void runPartition(const PartitionArgs& a) {
-  if (!a.out.empty()) checkWritable(a.out, "plan");
-  const Model model(runtime::readModelSource(a.model).spec);
+// The cost model's options from the command's: the objective, the schedule searched
+// under, microbatches, the optimizer's state, the links' codecs (as a job states them).
+partitioner::CostOptions costOptions(const PartitionArgs& a, ScheduleKind kind) {
   partitioner::CostOptions o;
   o.objective = partitioner::parseObjective(a.objective);
-  const ScheduleKind kind = parseSchedule(a.schedule);
   TANDEM_CHECK_MSG(
       isTraining(kind), InvalidArgument,
       "--schedule " << a.schedule << ": the partitioner costs gpipe, 1f1b, zb-h1 or interleaved");
-  const bool interleaved = kind == ScheduleKind::kInterleaved1F1B;
   // Interleaved stages are the 1F1B plan's, each cut into chunks: searched under 1F1B.
-  o.schedule = interleaved ? ScheduleKind::k1F1B : kind;
+  o.schedule = kind == ScheduleKind::kInterleaved1F1B ? ScheduleKind::k1F1B : kind;
   // As a job cuts it: microbatch sizes differ by one; the largest is priced.
   TANDEM_CHECK_MSG(a.microbatches <= a.batch, InvalidArgument,
                    "--microbatches " << a.microbatches << " exceeds --batch " << a.batch
@@ -141,6 +139,15 @@ void runPartition(const PartitionArgs& a) {
     o.codecs = c.codecs;
   }
   o.max_replicas = a.max_replicas;
+  return o;
+}
+
+void runPartition(const PartitionArgs& a) {
+  if (!a.out.empty()) checkWritable(a.out, "plan");
+  const Model model(runtime::readModelSource(a.model).spec);
+  const ScheduleKind kind = parseSchedule(a.schedule);
+  const partitioner::CostOptions o = costOptions(a, kind);
+  const bool interleaved = kind == ScheduleKind::kInterleaved1F1B;
   partitioner::CostModel cost = runtime::loadCostModel(model, a.cluster, a.profile, o);
   if (!a.source.empty()) {
     const auto& devs = cost.problem().devices;

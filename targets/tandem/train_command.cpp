@@ -39,17 +39,9 @@ struct TrainArgs {
   double bucket_mib = 1;
 };
 
-void runTrain(TrainArgs a) {
-  validate(a.opt);
-  if (a.reference_batch > 0) {  // the linear scaling rule: the rate for this batch
-    a.opt.lr = linearlyScaledLr(a.opt.lr, a.batch, a.reference_batch);
-    a.opt.min_lr = linearlyScaledLr(a.opt.min_lr, a.batch, a.reference_batch);
-    spdlog::info("learning rate {} (linear scaling: batch {} over {})", a.opt.lr, a.batch,
-                 a.reference_batch);
-  }
-  TANDEM_CHECK_MSG(a.epochs > 0, InvalidArgument, "--epochs must be positive, got " << a.epochs);
-  TANDEM_CHECK_MSG(a.batch > 0, InvalidArgument, "--batch must be positive, got " << a.batch);
-  if (!a.save.empty()) checkWritable(a.save, "model file");
+// Each replica's device, from --device, --devices and --replicas (checked against each
+// other and against --shares, --profile and --bucket-mib).
+std::vector<std::string> replicaDevices(const TrainArgs& a) {
   std::vector<std::string> devices =
       a.devices.empty() ? std::vector<std::string>{a.device} : a.devices;
   // --devices alone sets the replica count; with --replicas it must agree (or be one).
@@ -69,6 +61,22 @@ void runTrain(TrainArgs a) {
   TANDEM_CHECK_MSG(replicas == 1 || a.bucket_mib <= 1 << 20, InvalidArgument,
                    "--bucket-mib " << a.bucket_mib << " is above 1048576 (1 TiB)");
   devices.resize(static_cast<size_t>(replicas), devices.back());
+  return devices;
+}
+
+void runTrain(TrainArgs a) {
+  validate(a.opt);
+  if (a.reference_batch > 0) {  // the linear scaling rule: the rate for this batch
+    a.opt.lr = linearlyScaledLr(a.opt.lr, a.batch, a.reference_batch);
+    a.opt.min_lr = linearlyScaledLr(a.opt.min_lr, a.batch, a.reference_batch);
+    spdlog::info("learning rate {} (linear scaling: batch {} over {})", a.opt.lr, a.batch,
+                 a.reference_batch);
+  }
+  TANDEM_CHECK_MSG(a.epochs > 0, InvalidArgument, "--epochs must be positive, got " << a.epochs);
+  TANDEM_CHECK_MSG(a.batch > 0, InvalidArgument, "--batch must be positive, got " << a.batch);
+  if (!a.save.empty()) checkWritable(a.save, "model file");
+  const std::vector<std::string> devices = replicaDevices(a);
+  const int replicas = static_cast<int>(devices.size());
   // The backends outlive everything that holds their memory (declared first).
   std::vector<std::unique_ptr<Backend>> backends;
   for (const std::string& d : devices)

@@ -34,6 +34,90 @@ void onSignal(int sig) {
   [[maybe_unused]] const ssize_t n = write(g_signal_pipe[1], &byte, 1);  // async-signal-safe
 }
 
+// The daemon until SIGTERM or SIGINT: its options from the command line's, its key read,
+// its address printed; 1 (the error on stderr) when it cannot start.
+int runDaemon(const std::string& listen, const std::string& key_file, const std::string& name,
+              const std::string& cache_dir, const tandem::runtime::WorkerOptions& wo,
+              const std::string& emulator) {
+  using namespace tandem::runtime;
+  // SIGTERM and SIGINT only write their number to a pipe, whichever thread they land on
+  // (libraries such as OpenBLAS start threads before main, so no mask covers them all);
+  // one thread reads it and stops the daemon.
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    std::cerr << "tandemd: error: cannot make a pipe for signals\n";
+    return 1;
+  }
+  struct sigaction action {};
+  action.sa_handler = onSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  // Room for the connections it holds (DaemonOptions: up to 512 waiting, 64 in their
+  // handshake, 16 sessions, each with a descriptor or two): the soft limit raised to the
+  // hard one, at most 65536.
+  if (rlimit files{}; ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 65536);
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
+  try {
+    DaemonOptions o;
+    o.listen = listen;
+    if (key_file == "-") {
+      std::string line;
+      std::getline(std::cin, line);
+      o.key = parseClusterKey(line, "the key on standard input");
+    } else {
+      o.key = readClusterKey(key_file);
+    }
+    o.name = name;
+    // Under qemu-user, /proc/self/exe is the emulated program, as it should be.
+    o.worker_program = std::filesystem::read_symlink("/proc/self/exe").string();
+    o.worker_args = {"worker",
+                     "--cache-dir",
+                     cache_dir,
+                     "--cache-max-bytes",
+                     std::to_string(wo.cache_max_bytes),
+                     "--max-data-bytes",
+                     std::to_string(wo.data.max_file_bytes)};
+    for (const std::string& root : wo.data.roots)
+      o.worker_args.insert(o.worker_args.end(), {"--data-root", root});
+    if (!emulator.empty()) {
+      o.worker_args.insert(o.worker_args.begin(), o.worker_program);
+      o.worker_program = std::filesystem::absolute(emulator).string();
+    }
+    o.cache_dir = cache_dir;
+    Daemon daemon(o);
+    const tandem::Endpoint at = daemon.endpoint();
+    if (!isLoopbackHost(at.host))
+      spdlog::warn(
+          "listening on {}, which other machines can reach: every connection must prove the "
+          "cluster key and is encrypted with it; keep {} secret",
+          at.str(), key_file);
+    std::string roots;
+    for (const std::string& r : wo.data.roots) roots += (roots.empty() ? "" : ", ") + r;
+    spdlog::info("jobs' data is read from {} (files of at most {} bytes)", roots,
+                 wo.data.max_file_bytes);
+    // The bound address on stdout, for scripts that asked for port 0.
+    std::cout << "listening " << at.str() << std::endl;
+    std::thread waiter([&] {
+      unsigned char sig = 0;
+      while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+      }
+      spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      daemon.stop();
+    });
+    daemon.run();
+    // run() returns only after stop(), which only the waiter calls.
+    waiter.join();
+    spdlog::info("stopped");
+    return 0;
+  } catch (const tandem::Error& e) {
+    std::cerr << "tandemd: error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,80 +197,5 @@ int main(int argc, char** argv) {
     }
   }
 
-  // SIGTERM and SIGINT only write their number to a pipe, whichever thread they land on
-  // (libraries such as OpenBLAS start threads before main, so no mask covers them all);
-  // one thread reads it and stops the daemon.
-  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
-    std::cerr << "tandemd: error: cannot make a pipe for signals\n";
-    return 1;
-  }
-  struct sigaction action {};
-  action.sa_handler = onSignal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-  // Room for the connections it holds (DaemonOptions: up to 512 waiting, 64 in their
-  // handshake, 16 sessions, each with a descriptor or two): the soft limit raised to the
-  // hard one, at most 65536.
-  if (rlimit files{}; ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 65536);
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
-  try {
-    DaemonOptions o;
-    o.listen = listen;
-    if (key_file == "-") {
-      std::string line;
-      std::getline(std::cin, line);
-      o.key = parseClusterKey(line, "the key on standard input");
-    } else {
-      o.key = readClusterKey(key_file);
-    }
-    o.name = name;
-    // Under qemu-user, /proc/self/exe is the emulated program, as it should be.
-    o.worker_program = std::filesystem::read_symlink("/proc/self/exe").string();
-    o.worker_args = {"worker",
-                     "--cache-dir",
-                     cache_dir,
-                     "--cache-max-bytes",
-                     std::to_string(wo.cache_max_bytes),
-                     "--max-data-bytes",
-                     std::to_string(data.max_file_bytes)};
-    for (const std::string& root : data.roots)
-      o.worker_args.insert(o.worker_args.end(), {"--data-root", root});
-    if (!emulator.empty()) {
-      o.worker_args.insert(o.worker_args.begin(), o.worker_program);
-      o.worker_program = std::filesystem::absolute(emulator).string();
-    }
-    o.cache_dir = cache_dir;
-    Daemon daemon(o);
-    const tandem::Endpoint at = daemon.endpoint();
-    if (!isLoopbackHost(at.host))
-      spdlog::warn(
-          "listening on {}, which other machines can reach: every connection must prove the "
-          "cluster key and is encrypted with it; keep {} secret",
-          at.str(), key_file);
-    std::string roots;
-    for (const std::string& r : data.roots) roots += (roots.empty() ? "" : ", ") + r;
-    spdlog::info("jobs' data is read from {} (files of at most {} bytes)", roots,
-                 data.max_file_bytes);
-    // The bound address on stdout, for scripts that asked for port 0.
-    std::cout << "listening " << at.str() << std::endl;
-    std::thread waiter([&] {
-      unsigned char sig = 0;
-      while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
-      }
-      spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-      daemon.stop();
-    });
-    daemon.run();
-    // run() returns only after stop(), which only the waiter calls.
-    waiter.join();
-    spdlog::info("stopped");
-    return 0;
-  } catch (const tandem::Error& e) {
-    std::cerr << "tandemd: error: " << e.what() << "\n";
-    return 1;
-  }
+  return runDaemon(listen, key_file, name, cache_dir, wo, emulator);
 }
