@@ -1,11 +1,15 @@
 // The settings a job file states and every one of its workers' assignments carries, each
 // one struct: JobSpec (job.h) holds them as the job says, Assign (messages.h) as the
-// worker runs them; stage_messages.cpp encodes and decodes each once.
+// worker runs them; settings_codec.cpp and stage_messages.cpp encode and decode each once.
+// And the slice of the model a stage holds, as its placement (planning.h) and each of its
+// workers' assignments carry it.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "core/model.h"
 #include "core/optimizer.h"
 #include "core/pipeline/schedule.h"
 #include "core/wire_codec.h"
@@ -39,6 +43,18 @@ struct WireSettings {
   WireCodec activations = WireCodec::kRaw, gradients = WireCodec::kRaw;
   int64_t timeout_s = 60;
   bool operator==(const WireSettings&) const = default;
+};
+
+// One stage's slice of the model and where it runs: its layers, its model chunks when
+// interleaved, the device and its CPU threads.
+struct StageSlice {
+  LayerRange layers{0, 1};  // [begin, end)
+  // Interleaved 1F1B: the stage's chunks, ascending, from layers.begin to layers.end
+  // (empty: one chunk, `layers`).
+  std::vector<LayerRange> chunks = {};
+  std::string device = "cpu";  // "cpu", "opencl:0"
+  int32_t threads = 1;
+  bool operator==(const StageSlice&) const = default;
 };
 
 }  // namespace tandem::runtime

@@ -209,9 +209,10 @@ const char* runModeName(RunMode mode);  // "train", "infer", "generate"
 struct Assign {
   std::string job, model_spec;
   int32_t stage = 0, stages = 1, replica = 0, replicas = 1, prev_replicas = 0, next_replicas = 0;
-  int64_t layer_begin = 0, layer_end = 1;
-  std::string device = "cpu";
-  int32_t threads = 1;
+  // The stage's layers (and chunks), the device this worker runs them on, its threads.
+  // With 2 or more chunks, stage 0's prev link is the last stage's next, as when
+  // generating.
+  StageSlice slice;
   TrainSettings train;
   DataSettings data;
   WireSettings wire;  // activations to the next stage, gradients to the previous
@@ -234,10 +235,6 @@ struct Assign {
   // sends `token`s; with 2 or more stages, stage 0's prev link is the last stage's next
   // (the chosen tokens come back over it). Sequences stage 0 keeps going at once.
   int32_t in_flight = 8;
-  // Interleaved 1F1B: the stage's model chunks, ascending, from layer_begin to layer_end
-  // (empty: one chunk). With 2 or more, stage 0's prev link is the last stage's next, as
-  // when generating.
-  std::vector<LayerRange> chunks;
   bool operator==(const Assign&) const = default;
 };
 

@@ -75,27 +75,28 @@ Assign readAssign(const fb::Assign* a) {
   range(m, "next_replicas", out.next_replicas, last ? 0 : 1, last ? 0 : ring ? 1 : kMaxReplicas);
   out.in_flight = a->in_flight();
   range(m, "in_flight", out.in_flight, 1, 1024);
-  out.layer_begin = a->layer_begin();
-  out.layer_end = a->layer_end();
-  range(m, "layer_begin", out.layer_begin, 0, int64_t{1} << 20);
-  range(m, "layer_end", out.layer_end, out.layer_begin + 1, int64_t{1} << 20);
+  const int64_t layer_begin = a->layer_begin(), layer_end = a->layer_end();
+  range(m, "layer_begin", layer_begin, 0, int64_t{1} << 20);
+  range(m, "layer_end", layer_end, layer_begin + 1, int64_t{1} << 20);
+  StageSlice& slice = out.slice;
+  slice.layers = {static_cast<size_t>(layer_begin), static_cast<size_t>(layer_end)};
   for (size_t i = 0; i < chunk_values; i += 2) {
     const int64_t begin = chunk_bounds[i], end = chunk_bounds[i + 1];
     const int64_t after =
-        out.chunks.empty() ? out.layer_begin : static_cast<int64_t>(out.chunks.back().end);
-    if (begin < after || end <= begin || end > out.layer_end)
+        slice.chunks.empty() ? layer_begin : static_cast<int64_t>(slice.chunks.back().end);
+    if (begin < after || end <= begin || end > layer_end)
       bad(m, "chunk " + std::to_string(i / 2) + " [" + std::to_string(begin) + ", " +
                  std::to_string(end) + ") is empty, out of order or outside layers [" +
-                 std::to_string(out.layer_begin) + ", " + std::to_string(out.layer_end) + ")");
-    out.chunks.push_back({static_cast<size_t>(begin), static_cast<size_t>(end)});
+                 std::to_string(layer_begin) + ", " + std::to_string(layer_end) + ")");
+    slice.chunks.push_back({static_cast<size_t>(begin), static_cast<size_t>(end)});
   }
-  if (interleaved && (static_cast<int64_t>(out.chunks.front().begin) != out.layer_begin ||
-                      static_cast<int64_t>(out.chunks.back().end) != out.layer_end))
-    bad(m, "the chunks do not span layers [" + std::to_string(out.layer_begin) + ", " +
-               std::to_string(out.layer_end) + ")");
-  out.device = text(m, "device", a->device(), kMaxNameBytes);
-  out.threads = a->threads();
-  range(m, "threads", out.threads, 1, 1024);
+  if (interleaved && (slice.chunks.front().begin != slice.layers.begin ||
+                      slice.chunks.back().end != slice.layers.end))
+    bad(m, "the chunks do not span layers [" + std::to_string(layer_begin) + ", " +
+               std::to_string(layer_end) + ")");
+  slice.device = text(m, "device", a->device(), kMaxNameBytes);
+  slice.threads = a->threads();
+  range(m, "threads", slice.threads, 1, 1024);
   out.train = readTrain(m, a->train());
   out.data = readData(m, a->data());
   out.wire = readWire(m, a->wire());
@@ -275,26 +276,27 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   const char* name = "assign";
   checkText(name, "job", m.job, kMaxNameBytes);
   checkText(name, "model_spec", m.model_spec, kMaxModelSpecBytes);
-  checkText(name, "device", m.device, kMaxNameBytes);
+  checkText(name, "device", m.slice.device, kMaxNameBytes);
   checkText(name, "bind_host", m.bind_host, kMaxNameBytes);
   auto train = buildTrain(b, m.train);
   auto data = buildData(b, m.data);
   auto wire = buildWire(b, m.wire);
   auto job = b.CreateString(m.job);
   auto spec = b.CreateString(m.model_spec);
-  auto device = b.CreateString(m.device);
+  auto device = b.CreateString(m.slice.device);
   auto host = b.CreateString(m.bind_host);
   auto transport = b.CreateString(m.transport);
   auto weights_hash = b.CreateString(m.weights_hash);
   std::vector<int64_t> bounds;
-  for (const LayerRange& r : m.chunks) {
+  for (const LayerRange& r : m.slice.chunks) {
     bounds.push_back(static_cast<int64_t>(r.begin));
     bounds.push_back(static_cast<int64_t>(r.end));
   }
   auto chunks =
       bounds.empty() ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>() : b.CreateVector(bounds);
   return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
-                          m.next_replicas, m.layer_begin, m.layer_end, device, m.threads, train,
+                          m.next_replicas, static_cast<int64_t>(m.slice.layers.begin),
+                          static_cast<int64_t>(m.slice.layers.end), device, m.slice.threads, train,
                           data, wire, m.mode == RunMode::kInfer, m.record_spans, m.save, host,
                           transport, weights_hash, m.weights_bytes, m.encrypt, m.checkpoint_every,
                           m.start_step, m.restore_optimizer, m.infer_from, m.request_rate,

@@ -219,9 +219,9 @@ void JobRun::place(const Model& model) {
     for (const StagePlacement& st : stages_)
       TANDEM_CHECK_MSG(st.replicas == 1, InvalidArgument,
                        (job_.partition_where.empty() ? job_.source : job_.partition_where)
-                           << ": generation runs one worker per stage, but layers [" << st.begin
-                           << ", " << st.end << ") have " << st.replicas
-                           << " replicas (replicas are for training)");
+                           << ": generation runs one worker per stage, but layers ["
+                           << st.slice.layers.begin << ", " << st.slice.layers.end << ") have "
+                           << st.replicas << " replicas (replicas are for training)");
     const int stages = static_cast<int>(stages_.size());
     for (Assign& a : assignments_) {
       a.in_flight = options_.in_flight;
@@ -257,7 +257,7 @@ void JobRun::place(const Model& model) {
   needs_.clear();
   for (size_t i = 0; i < assignments_.size(); ++i)
     needs_.push_back({stage_bytes[static_cast<size_t>(assignments_[i].stage)],
-                      assignments_[i].device, names_[i]});
+                      assignments_[i].slice.device, names_[i]});
 }
 
 JobRun::~JobRun() = default;

@@ -398,17 +398,17 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
   const int n = static_cast<int>(stages.size());
   for (int s = 0; s < n; ++s) {
     const StagePlacement& st = stages[static_cast<size_t>(s)];
-    if (st.chunks.empty()) {
-      out.push_back(cost.memory(st.begin, st.end, n - s, st.replicas, n));
+    if (st.slice.chunks.empty()) {
+      out.push_back(cost.memory(st.slice.layers.begin, st.slice.layers.end, n - s, st.replicas, n));
       continue;
     }
     // Interleaved: each chunk's weights and state, and the stash of as many microbatches
     // as the schedule's warm-up forwards (the most any chunk of the stage can hold).
-    const auto v = static_cast<int>(st.chunks.size());
+    const auto v = static_cast<int>(st.slice.chunks.size());
     const auto held = static_cast<int>(
         std::min<int64_t>(interleavedWarmup(s, n, v) + 1, job.train.microbatches * v));
     int64_t bytes = 0;
-    for (const LayerRange& c : st.chunks) bytes += cost.memory(c.begin, c.end, held, 1, n);
+    for (const LayerRange& c : st.slice.chunks) bytes += cost.memory(c.begin, c.end, held, 1, n);
     out.push_back(bytes);
   }
   return out;
@@ -439,7 +439,7 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       // on its link to the next, its gradients back on the previous stage's link.
       const std::optional<WireCodec>& next_activations = place.next_activation_codec;
       // Interleaved stages are a ring: the last stage's chunks pass on to the first's.
-      const bool ring = !place.chunks.empty() && p > 1;
+      const bool ring = !place.slice.chunks.empty() && p > 1;
       static const std::optional<WireCodec> kNone;
       const std::optional<WireCodec>& prev_gradients =
           s > 0  ? stages[static_cast<size_t>(s - 1)].next_gradient_codec
@@ -452,11 +452,8 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       a.replicas = place.replicas;
       a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : ring ? 1 : 0;
       a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : ring ? 1 : 0;
-      a.layer_begin = static_cast<int64_t>(place.begin);
-      a.layer_end = static_cast<int64_t>(place.end);
-      a.chunks = place.chunks;
-      a.device = place.backendOf(r);
-      a.threads = place.threads;
+      a.slice = place.slice;
+      a.slice.device = place.backendOf(r);
       a.train = job.train;
       a.data = job.data;
       a.wire = job.wire;
@@ -488,14 +485,14 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     const size_t stages = ranges.size() / static_cast<size_t>(job.chunks);
     for (size_t s = 0; s < stages; ++s) {
       StagePlacement place;
-      place.begin = ranges[s].first;
-      place.end = ranges[s].second;
+      StageSlice& slice = place.slice;
+      slice.layers = {ranges[s].first, ranges[s].second};
       if (job.chunks > 1) {
         for (size_t i = s; i < ranges.size(); i += stages)
-          place.chunks.push_back({ranges[i].first, ranges[i].second});
-        place.end = place.chunks.back().end;
+          slice.chunks.push_back({ranges[i].first, ranges[i].second});
+        slice.layers.end = slice.chunks.back().end;
       }
-      place.threads = job.threads;
+      slice.threads = job.threads;
       place.replicas = s < job.range_replicas.size() ? job.range_replicas[s] : 1;
       out.push_back(std::move(place));
     }
@@ -549,12 +546,11 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                 : one + (c.compute_s - (c.allreduce_s + c.update_s) /
                                            static_cast<double>(job.train.microbatches)) *
                             replicas;
-      if (chunks > 1) place.chunks.push_back({c.begin, c.end});
+      if (chunks > 1) place.slice.chunks.push_back({c.begin, c.end});
     }
-    place.begin = s.begin;
-    place.end = chunks > 1 ? place.chunks.back().end : s.end;
-    place.backend = s.backend;
-    place.threads = s.threads;
+    place.slice.layers = {s.begin, chunks > 1 ? place.slice.chunks.back().end : s.end};
+    place.slice.device = s.backend;
+    place.slice.threads = s.threads;
     place.predicted_compute_s = one;
     place.replicas = replicas;
     place.replica_backends = s.backends;

@@ -100,19 +100,16 @@ bool prefersInterleaved(double interleaved_samples_per_s, double other_samples_p
 
 // One stage of a job as `tandem run` starts it.
 struct StagePlacement {
-  size_t begin = 0, end = 0;
-  // Interleaved: the stage's model chunks, ascending from begin to end (empty: one).
-  std::vector<LayerRange> chunks;
-  std::string backend = "cpu";
-  int threads = 1;
+  StageSlice slice;                           // its device: replica 0's (`backendOf`)
   double predicted_compute_s = -1;            // from the plan, per microbatch (-1: no plan)
   int replicas = 1;                           // data-parallel replicas, each a worker of its own
-  std::vector<std::string> replica_backends;  // each replica's device (empty: `backend`)
+  std::vector<std::string> replica_backends;  // each replica's device (empty: the slice's)
   std::vector<std::string> replica_devices;   // from a plan: each replica's "node/device"
   // From a plan: the codecs of its link to the next stage (none: the job's).
   std::optional<WireCodec> next_activation_codec, next_gradient_codec;
   const std::string& backendOf(int replica) const {
-    return replica_backends.empty() ? backend : replica_backends.at(static_cast<size_t>(replica));
+    return replica_backends.empty() ? slice.device
+                                    : replica_backends.at(static_cast<size_t>(replica));
   }
 };
 

@@ -146,8 +146,7 @@ void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, L
   o.max_in_flight = a.in_flight;
   o.keepalive = std::chrono::milliseconds(a.wire.timeout_s * 1000 / 4);
   StageDecoder decoder(model,
-                       StageRange{a.stage, a.stages, static_cast<size_t>(a.layer_begin),
-                                  static_cast<size_t>(a.layer_end)},
+                       StageRange{a.stage, a.stages, a.slice.layers.begin, a.slice.layers.end},
                        prev, next, feedback, o);
   const RequestSource prompts = [&](std::chrono::milliseconds wait) {
     RequestPoll poll;
@@ -261,20 +260,20 @@ StageSetup::StageSetup(Channel& coordinator, const Assign& a, const ClusterKey& 
 
 void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const WorkerOptions& o) {
   const ModelSpec spec = parseModelSpec(a.model_spec, a.job + " (assigned model)");
-  const auto begin = static_cast<size_t>(a.layer_begin), end = static_cast<size_t>(a.layer_end);
+  const auto [begin, end] = a.slice.layers;
   report.start_rss_bytes = peakRssBytes();
   // No more threads than the node's CPU quota grants: the rest would only take turns at it.
-  const int threads = usableThreads(a.threads, cpuLimit());
-  if (threads < a.threads)
+  const int threads = usableThreads(a.slice.threads, cpuLimit());
+  if (threads < a.slice.threads)
     spdlog::info("{}: {} threads, not {}: this node's CPU quota grants {:.2f} cores", who, threads,
-                 a.threads, cpuLimit().quota_cores);
-  backend = makeBackend(a.device, BackendOptions{threads});
+                 a.slice.threads, cpuLimit().quota_cores);
+  backend = makeBackend(a.slice.device, BackendOptions{threads});
   model.emplace(spec);
   TANDEM_CHECK_MSG(
       end <= model->size(), InvalidArgument,
       who << ": layers [" << begin << ", " << end << ") but the model has " << model->size());
   // An interleaved stage builds its chunks only.
-  chunks = a.chunks.empty() ? std::vector<LayerRange>{{begin, end}} : a.chunks;
+  chunks = a.slice.chunks.empty() ? std::vector<LayerRange>{a.slice.layers} : a.slice.chunks;
   model->build(*backend, a.train.seed, chunks);
   optimizer.emplace(*backend, a.train.optimizer);
   if (a.weights_hash.empty()) return;

@@ -184,8 +184,8 @@ class JobGeneration {
     cb.started = [&](int slot, int64_t pid) {
       const runtime::Assign& as = run_->assignments()[static_cast<size_t>(slot)];
       spdlog::info("{}: layers [{}, {}) on {} ({} threads), pid {}",
-                   run_->workerNames()[static_cast<size_t>(slot)], as.layer_begin, as.layer_end,
-                   as.device, as.threads, pid);
+                   run_->workerNames()[static_cast<size_t>(slot)], as.slice.layers.begin,
+                   as.slice.layers.end, as.slice.device, as.slice.threads, pid);
     };
     const auto t0 = Clock::now();
     cb.wired = [&] {

@@ -182,7 +182,7 @@ int runJob(const RunArgs& args) {
   cb.started = [&](int slot, int64_t pid) {
     const runtime::Assign& a = as[static_cast<size_t>(slot)];
     spdlog::info("{}: layers {} on {} ({} threads), pid {}", names[static_cast<size_t>(slot)],
-                 layersOf(a), a.device, a.threads, pid);
+                 layersOf(a), a.slice.device, a.slice.threads, pid);
   };
   cb.wired = [&] {
     const std::string codecs = linkCodecs(as);

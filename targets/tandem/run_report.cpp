@@ -127,10 +127,11 @@ void printInference(const std::vector<StageSpans>& all, const runtime::InferDone
 }
 
 std::string layersOf(const runtime::Assign& a) {
-  if (a.chunks.empty())
-    return "[" + std::to_string(a.layer_begin) + ", " + std::to_string(a.layer_end) + ")";
+  if (a.slice.chunks.empty())
+    return "[" + std::to_string(a.slice.layers.begin) + ", " + std::to_string(a.slice.layers.end) +
+           ")";
   std::string out;
-  for (const LayerRange& c : a.chunks)
+  for (const LayerRange& c : a.slice.chunks)
     out += (out.empty() ? "[" : "+[") + std::to_string(c.begin) + "," + std::to_string(c.end) + ")";
   return out;
 }
@@ -145,7 +146,7 @@ std::string linkCodecs(const std::vector<runtime::Assign>& as) {
   if (links.empty())  // one stage: the job's, unused
     return pair(as.front().wire.activations, as.front().wire.gradients);
   // Interleaved stages are a ring: the last stage's chunks pass on to the first's.
-  const bool ring = !as.front().chunks.empty();
+  const bool ring = !as.front().slice.chunks.empty();
   if (ring)
     links.push_back(
         pair(first.rbegin()->second->wire.activations, first.begin()->second->wire.gradients));

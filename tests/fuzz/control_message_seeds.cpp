@@ -25,9 +25,9 @@ int main(int argc, char** argv) {
   Assign interleaved;  // stage 0 of 2 holding two chunks, linked to the last stage both ways
   interleaved.stages = 2;
   interleaved.prev_replicas = interleaved.next_replicas = 1;
-  interleaved.layer_end = 3;
+  interleaved.slice.layers.end = 3;
   interleaved.train.schedule = tandem::ScheduleKind::kInterleaved1F1B;
-  interleaved.chunks = {{0, 1}, {2, 3}};
+  interleaved.slice.chunks = {{0, 1}, {2, 3}};
   const Message all[] = {hello,
                          Assign{},
                          interleaved,

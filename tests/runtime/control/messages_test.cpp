@@ -184,10 +184,10 @@ Assign sampleAssign() {
   a.replicas = 2;
   a.prev_replicas = 1;
   a.next_replicas = 2;
-  a.layer_begin = 3;
-  a.layer_end = 6;
-  a.device = "opencl:0";
-  a.threads = 2;
+  a.slice.layers.begin = 3;
+  a.slice.layers.end = 6;
+  a.slice.device = "opencl:0";
+  a.slice.threads = 2;
   a.train.schedule = ScheduleKind::kGPipe;
   a.train.microbatches = 4;
   a.train.batch = 32;
@@ -274,7 +274,7 @@ TEST(MessagesTest, AnAssignsChunksOffTheirAlignmentAreCopiedOut) {
   a.replica = 0;
   a.replicas = 1;
   a.next_replicas = 1;
-  a.chunks = {{3, 4}, {5, 7}};
+  a.slice.chunks = {{3, 4}, {5, 7}};
   const std::vector<uint8_t> bytes = moveOffAlignment(encodeMessage(a), {3, 4, 5, 7});
   expectThrowWith<FormatError>(
       [&] { decodeMessage(bytes); },
@@ -324,7 +324,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   interleaved.replica = 0;
   interleaved.replicas = 1;
   interleaved.next_replicas = 1;
-  interleaved.chunks = {{3, 4}, {5, 6}};
+  interleaved.slice.chunks = {{3, 4}, {5, 6}};
   const std::vector<Message> all = {
       sampleAssign(),
       plain,
@@ -369,9 +369,9 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](Assign& a) { a.replica = 2; }, "replica 2 is not in [0, 1]"},
       {[](Assign& a) { a.stage = 0; }, "prev_replicas 1 is not in [0, 0]"},
       {[](Assign& a) { a.stage = 2; }, "next_replicas 2 is not in [0, 0]"},
-      {[](Assign& a) { a.layer_end = 3; }, "layer_end 3 is not in [4,"},
+      {[](Assign& a) { a.slice.layers.end = 3; }, "layer_end 3 is not in [4,"},
       {[](Assign& a) { a.train.microbatches = 33; }, "microbatches 33 is not in [1, 32]"},
-      {[](Assign& a) { a.threads = 0; }, "threads 0"},
+      {[](Assign& a) { a.slice.threads = 0; }, "threads 0"},
       {[](Assign& a) { a.wire.timeout_s = 0; }, "timeout_s 0"},
       {[](Assign& a) { a.wire.gradients = static_cast<WireCodec>(9); },
        "gradients codec 9 is not in [0, 3]"},
@@ -418,24 +418,25 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
   // one replica and the ring's links.
   const Case interleaved[] = {
       {[](Assign& a) {
-         a.chunks = {{3, 4}, {3, 6}};
+         a.slice.chunks = {{3, 4}, {3, 6}};
        },
        "chunk 1 [3, 6) is empty, out of order"},
       {[](Assign& a) {
-         a.chunks = {{3, 4}, {5, 7}};
+         a.slice.chunks = {{3, 4}, {5, 7}};
        },
        "outside layers [3, 6)"},
       {[](Assign& a) {
-         a.chunks = {{4, 5}, {5, 6}};
+         a.slice.chunks = {{4, 5}, {5, 6}};
        },
        "do not span layers [3, 6)"},
       {[](Assign& a) {
-         a.chunks = {{3, 6}};
+         a.slice.chunks = {{3, 6}};
        },
        "2 chunk bounds: expected begin, end pairs"},
       {[](Assign& a) { a.train.schedule = ScheduleKind::k1F1B; },
        "chunks need the interleaved schedule"},
-      {[](Assign& a) { a.chunks.clear(); }, "the interleaved schedule needs 2 or more chunks"},
+      {[](Assign& a) { a.slice.chunks.clear(); },
+       "the interleaved schedule needs 2 or more chunks"},
       {[](Assign& a) { a.replicas = 2; }, "replicas 2 is not in [1, 1]"},
       {[](Assign& a) {
          a.stage = 2;
@@ -455,7 +456,7 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
     a.replica = 0;
     a.replicas = 1;
     a.next_replicas = 1;
-    a.chunks = {{3, 4}, {5, 6}};
+    a.slice.chunks = {{3, 4}, {5, 6}};
     ASSERT_NO_THROW(decodeMessage(encodeMessage(a)));
     c.spoil(a);
     expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(a)); }, {"'assign'", c.expect});

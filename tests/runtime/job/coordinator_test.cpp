@@ -54,8 +54,8 @@ std::vector<Assign> assignments(const std::vector<Stage>& stages, ScheduleKind s
       a.replicas = stages[static_cast<size_t>(s)].replicas;
       a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : 0;
       a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : 0;
-      a.layer_begin = stages[static_cast<size_t>(s)].begin;
-      a.layer_end = stages[static_cast<size_t>(s)].end;
+      a.slice.layers.begin = stages[static_cast<size_t>(s)].begin;
+      a.slice.layers.end = stages[static_cast<size_t>(s)].end;
       a.train.schedule = schedule;
       a.train.microbatches = 4;
       a.train.batch = 32;
@@ -232,7 +232,7 @@ TEST(CoordinatorTest, OnlyAnExitWithCodeZeroEndsCleanly) {
 
 TEST(CoordinatorTest, AWorkerThatCannotRunItsAssignmentEndsTheRunNamed) {
   std::vector<Assign> as = assignments({{0, 3, 1}, {3, 6, 1}}, ScheduleKind::k1F1B);
-  as[1].device = "opencl:99";
+  as[1].slice.device = "opencl:99";
   auto launcher = threadLauncher();
   testing::expectThrowWith<Error>(
       [&] { coordinate(as, names(as), *launcher, RunCallbacks{}, RunOptions{}); },
@@ -290,8 +290,8 @@ std::vector<Assign> generationAssignments(const std::vector<int64_t>& cuts, bool
     a.stages = p;
     a.prev_replicas = s > 0 || p > 1 ? 1 : 0;
     a.next_replicas = s + 1 < p || p > 1 ? 1 : 0;
-    a.layer_begin = cuts[static_cast<size_t>(s)];
-    a.layer_end = cuts[static_cast<size_t>(s) + 1];
+    a.slice.layers.begin = cuts[static_cast<size_t>(s)];
+    a.slice.layers.end = cuts[static_cast<size_t>(s) + 1];
     a.train.seed = 5;
     a.wire.timeout_s = 30;
     a.mode = RunMode::kGenerate;

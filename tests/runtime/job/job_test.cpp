@@ -271,10 +271,10 @@ TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
   EXPECT_EQ(equal.stages, 2);
   const std::vector<StagePlacement> stages = jobStages(equal, m);
   ASSERT_EQ(stages.size(), 2u);
-  EXPECT_EQ(stages[0].chunks, (std::vector<LayerRange>{{0, 2}, {4, 6}}));
-  EXPECT_EQ(stages[1].chunks, (std::vector<LayerRange>{{2, 4}, {6, 7}}));
-  EXPECT_EQ(stages[1].begin, 2u);
-  EXPECT_EQ(stages[1].end, 7u);
+  EXPECT_EQ(stages[0].slice.chunks, (std::vector<LayerRange>{{0, 2}, {4, 6}}));
+  EXPECT_EQ(stages[1].slice.chunks, (std::vector<LayerRange>{{2, 4}, {6, 7}}));
+  EXPECT_EQ(stages[1].slice.layers.begin, 2u);
+  EXPECT_EQ(stages[1].slice.layers.end, 7u);
   const std::vector<Assign> as =
       jobAssignments(equal, stages, RunMode::kTrain, false, "spec", "", 0);
   ASSERT_EQ(as.size(), 2u);
@@ -282,7 +282,7 @@ TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
   EXPECT_EQ(as[0].next_replicas, 1);
   EXPECT_EQ(as[1].prev_replicas, 1);
   EXPECT_EQ(as[1].next_replicas, 1);
-  EXPECT_EQ(as[1].chunks, stages[1].chunks);
+  EXPECT_EQ(as[1].slice.chunks, stages[1].slice.chunks);
   EXPECT_EQ(as[0].train.schedule, ScheduleKind::kInterleaved1F1B);
   // Each stage's memory counts every chunk's weights.
   const std::vector<int64_t> bytes = stageMemory(equal, m, stages, RunMode::kTrain);
@@ -293,8 +293,8 @@ TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
       "j.yaml");
   EXPECT_EQ(ranges.stages, 2);
   const std::vector<StagePlacement> three = jobStages(ranges, m);
-  EXPECT_EQ(three[0].chunks, (std::vector<LayerRange>{{0, 1}, {2, 3}, {5, 6}}));
-  EXPECT_EQ(three[1].chunks, (std::vector<LayerRange>{{1, 2}, {3, 5}, {6, 7}}));
+  EXPECT_EQ(three[0].slice.chunks, (std::vector<LayerRange>{{0, 1}, {2, 3}, {5, 6}}));
+  EXPECT_EQ(three[1].slice.chunks, (std::vector<LayerRange>{{1, 2}, {3, 5}, {6, 7}}));
   const JobSpec too_many =
       parseJobSpec("model: m.yaml\npartition: equal\nstages: 4\nschedule: interleaved\n", "j.yaml");
   expectThrowWith<InvalidArgument>([&] { stageRanges(too_many, m); },
@@ -327,10 +327,10 @@ TEST(JobTest, AnInterleavedPlansChunksGoToTheirStages) {
                                                   spec(4, 6, "a/cpu", 3), spec(6, 7, "b/cpu", 4)};
   const std::vector<StagePlacement> stages = jobStages(job, m, &plan);
   ASSERT_EQ(stages.size(), 2u);
-  EXPECT_EQ(stages[0].chunks, (std::vector<LayerRange>{{0, 3}, {4, 6}}));
-  EXPECT_EQ(stages[1].chunks, (std::vector<LayerRange>{{3, 4}, {6, 7}}));
-  EXPECT_EQ(stages[1].begin, 3u);
-  EXPECT_EQ(stages[1].end, 7u);
+  EXPECT_EQ(stages[0].slice.chunks, (std::vector<LayerRange>{{0, 3}, {4, 6}}));
+  EXPECT_EQ(stages[1].slice.chunks, (std::vector<LayerRange>{{3, 4}, {6, 7}}));
+  EXPECT_EQ(stages[1].slice.layers.begin, 3u);
+  EXPECT_EQ(stages[1].slice.layers.end, 7u);
   EXPECT_EQ(stages[0].replica_devices, std::vector<std::string>{"a/cpu"});
   EXPECT_DOUBLE_EQ(stages[0].predicted_compute_s, 4);
   EXPECT_DOUBLE_EQ(stages[1].predicted_compute_s, 6);
