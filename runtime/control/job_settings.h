@@ -45,6 +45,14 @@ struct WireSettings {
   bool operator==(const WireSettings&) const = default;
 };
 
+// Checkpoints as a worker takes part in them, and where a resumed run starts.
+struct CheckpointSettings {
+  int64_t every_steps = 0;         // send the trained slice every so many steps (0: never)
+  int64_t start_step = 0;          // training steps already taken: a resumed run starts there
+  bool restore_optimizer = false;  // the starting weights carry optimizer state to restore
+  bool operator==(const CheckpointSettings&) const = default;
+};
+
 // One stage's slice of the model and where it runs: its layers, its model chunks when
 // interleaved, the device and its CPU threads.
 struct StageSlice {

@@ -223,9 +223,7 @@ struct Assign {
   std::string weights_hash;  // a model file to start from (contentHash), or empty
   int64_t weights_bytes = 0;
   bool encrypt = false;            // CurveZMQ on the links, keys from the run's key
-  int64_t checkpoint_every = 0;    // send the trained slice every so many steps (0: never)
-  int64_t start_step = 0;          // training steps already taken: a resumed run starts there
-  bool restore_optimizer = false;  // the starting weights carry optimizer state to restore
+  CheckpointSettings checkpoint;
   // Inference streams: the first test sample to answer (a multiple of the batch; a
   // stream resumed after a failure starts there), and the requests (microbatches) per
   // second the first stage feeds (0: as fast as the pipeline takes them).
@@ -240,7 +238,9 @@ struct Assign {
 
 // Whether the worker given `a` sends its slice at checkpoints: replica 0 of each stage
 // (replicas hold the same weights), when the run checkpoints at all.
-inline bool sendsCheckpoints(const Assign& a) { return a.checkpoint_every > 0 && a.replica == 0; }
+inline bool sendsCheckpoints(const Assign& a) {
+  return a.checkpoint.every_steps > 0 && a.replica == 0;
+}
 
 inline constexpr size_t kMaxWeightsChunk = size_t{4} << 20;
 inline constexpr int64_t kMaxWeightsBytes = int64_t{64} << 30;

@@ -118,12 +118,13 @@ Assign readAssign(const fb::Assign* a) {
   range(m, "weights_bytes", out.weights_bytes, out.weights_hash.empty() ? 0 : 1,
         out.weights_hash.empty() ? 0 : kMaxWeightsBytes);
   out.encrypt = a->encrypt();
-  out.checkpoint_every = a->checkpoint_every();
-  range(m, "checkpoint_every", out.checkpoint_every, 0, int64_t{1} << 40);
-  out.start_step = a->start_step();
-  range(m, "start_step", out.start_step, 0, int64_t{1} << 40);
-  out.restore_optimizer = a->restore_optimizer();
-  if (out.restore_optimizer && out.weights_hash.empty())
+  CheckpointSettings& checkpoint = out.checkpoint;
+  checkpoint.every_steps = a->checkpoint_every();
+  range(m, "checkpoint_every", checkpoint.every_steps, 0, int64_t{1} << 40);
+  checkpoint.start_step = a->start_step();
+  range(m, "start_step", checkpoint.start_step, 0, int64_t{1} << 40);
+  checkpoint.restore_optimizer = a->restore_optimizer();
+  if (checkpoint.restore_optimizer && out.weights_hash.empty())
     bad(m, "restore_optimizer without starting weights to restore it from");
   out.infer_from = a->infer_from();
   range(m, "infer_from", out.infer_from, 0, int64_t{1} << 40);
@@ -298,8 +299,9 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
                           m.next_replicas, static_cast<int64_t>(m.slice.layers.begin),
                           static_cast<int64_t>(m.slice.layers.end), device, m.slice.threads, train,
                           data, wire, m.mode == RunMode::kInfer, m.record_spans, m.save, host,
-                          transport, weights_hash, m.weights_bytes, m.encrypt, m.checkpoint_every,
-                          m.start_step, m.restore_optimizer, m.infer_from, m.request_rate,
+                          transport, weights_hash, m.weights_bytes, m.encrypt,
+                          m.checkpoint.every_steps, m.checkpoint.start_step,
+                          m.checkpoint.restore_optimizer, m.infer_from, m.request_rate,
                           m.mode == RunMode::kGenerate, m.in_flight, chunks)
       .Union();
 }

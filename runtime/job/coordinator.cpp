@@ -306,7 +306,7 @@ class Run {
   // A piece of worker `slot`'s trained slice, which comes before its report.
   void gather(int slot, const WeightsChunk& c) {
     const auto s = static_cast<size_t>(slot);
-    if (!assignments_[s].save && assignments_[s].checkpoint_every == 0)
+    if (!assignments_[s].save && assignments_[s].checkpoint.every_steps == 0)
       fail(slot, "sent a trained slice it was not asked for");
     std::optional<ChunkGatherer>& g = slices_[s];
     try {
@@ -322,7 +322,7 @@ class Run {
   void checkpointed(int slot, const Checkpointed& c) {
     const auto s = static_cast<size_t>(slot);
     const Assign& a = assignments_[s];
-    if (!sendsCheckpoints(a) || c.step % a.checkpoint_every != 0)
+    if (!sendsCheckpoints(a) || c.step % a.checkpoint.every_steps != 0)
       fail(slot, "sent a checkpoint at step " + std::to_string(c.step) + " it was not asked for");
     std::optional<ChunkGatherer>& g = slices_[s];
     if (!g || !g->done() || g->hash() != c.hash || g->total() != c.bytes)

@@ -86,7 +86,7 @@ struct RunCallbacks {
   // flight, in order within it).
   std::function<void(const Token&)> token;
   // Every stage's slice (a model file) after `step` training steps, by slot (empty for the
-  // replicas beyond the first, which hold the same): workers with checkpoint_every.
+  // replicas beyond the first, which hold the same): workers with checkpoint.every_steps.
   std::function<void(int64_t step, const std::vector<std::vector<uint8_t>>& slices)> checkpoint;
 };
 

@@ -148,9 +148,9 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
     if (begin < 0 || end <= begin)
       r.fail(range, "layer range [" + std::to_string(begin) + ", " + std::to_string(end) +
                         ") is empty or negative");
-    job.ranges.push_back({static_cast<size_t>(begin), static_cast<size_t>(end)});
-    job.range_where.push_back(r.at(range));
-    job.range_replicas.push_back(static_cast<int>(replicas));
+    job.ranges.push_back({{static_cast<size_t>(begin), static_cast<size_t>(end)},
+                          static_cast<int>(replicas),
+                          r.at(range)});
   }
 }
 
@@ -203,9 +203,9 @@ void checkTogether(const YamlReader& r, const YAML::Node& root, const Given& giv
     r.fail(*given.chunks, "'chunks' is for 'schedule: interleaved' (a stage's model chunks)");
   if (interleaved && !given.chunks) job.chunks = 2;
   if (interleaved)
-    for (size_t i = 0; i < job.range_replicas.size(); ++i)
-      if (job.range_replicas[i] > 1)
-        throw InvalidArgument(job.range_where[i] + ": interleaved stages cannot have replicas");
+    for (const JobSpec::Range& range : job.ranges)
+      if (range.replicas > 1)
+        throw InvalidArgument(range.where + ": interleaved stages cannot have replicas");
   const auto per = static_cast<size_t>(job.chunks);
   if (!job.ranges.empty() && job.ranges.size() % per != 0)
     r.fail(*given.partition, "the partition lists " + std::to_string(job.ranges.size()) +
@@ -411,8 +411,8 @@ std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Mod
   }
   size_t expect = 0;
   for (size_t s = 0; s < job.ranges.size(); ++s) {
-    const auto [begin, end] = job.ranges[s];
-    const std::string& where = job.range_where[s];
+    const auto [begin, end] = job.ranges[s].layers;
+    const std::string& where = job.ranges[s].where;
     std::ostringstream range;
     range << "stage " << s << "'s layers [" << begin << ", " << end << ")";
     TANDEM_CHECK_MSG(
@@ -427,10 +427,13 @@ std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Mod
     expect = end;
   }
   TANDEM_CHECK_MSG(expect == layers, InvalidArgument,
-                   job.range_where.back()
-                       << ": the stages end at layer " << expect << " but the model has " << layers
-                       << " layers: the rest are on no stage");
-  return job.ranges;
+                   job.ranges.back().where << ": the stages end at layer " << expect
+                                           << " but the model has " << layers
+                                           << " layers: the rest are on no stage");
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const JobSpec::Range& range : job.ranges)
+    out.push_back({range.layers.begin, range.layers.end});
+  return out;
 }
 
 }  // namespace tandem::runtime

@@ -80,10 +80,15 @@ struct JobSpec {
   // they admit only the run's workers (docs/runtime.md, Security).
   std::string transport;
   std::string transport_where;  // "job.yaml:7:12" where the job sets it, for messages
-  // Either explicit layer ranges [begin, end) or, when empty, `stages` equal parts.
-  std::vector<std::pair<size_t, size_t>> ranges;
-  std::vector<std::string> range_where;  // "job.yaml:12:5" per range, for messages
-  std::vector<int> range_replicas;       // per range: the stage's replicas (1: none)
+  // Either explicit layer ranges [begin, end) or, when empty, `stages` equal parts. Each
+  // with the replicas of its stage (1: none) and where the file gives it, for messages.
+  struct Range {
+    LayerRange layers;
+    int replicas = 1;
+    std::string where;  // "job.yaml:12:5"
+    bool operator==(const Range&) const = default;
+  };
+  std::vector<Range> ranges;
   int stages = 0;
   // `partition: PLAN.yaml` (its path) or `partition: auto` (plan with the partitioner from
   // `cluster` and `profile` when the run starts); the stages' devices come from the plan.

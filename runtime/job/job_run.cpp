@@ -230,9 +230,9 @@ void JobRun::place(const Model& model) {
     }
   }
   for (Assign& a : assignments_) {
-    a.start_step = start_step_;
-    a.restore_optimizer = start_step_ > 0;
-    if (!serving) a.checkpoint_every = job_.checkpoint.every_steps;
+    a.checkpoint.start_step = start_step_;
+    a.checkpoint.restore_optimizer = start_step_ > 0;
+    if (!serving) a.checkpoint.every_steps = job_.checkpoint.every_steps;
     if (infers()) {  // a stream resumed after a loss: from its first unanswered batch
       a.infer_from = streamResumesAt();
       a.request_rate = options_.request_rate;
@@ -367,8 +367,6 @@ void JobRun::replanOwnRanges(const Model& model) {
   JobSpec j = job_;
   j.auto_partition = true;
   j.ranges.clear();
-  j.range_where.clear();
-  j.range_replicas.clear();
   if (j.partition_where.empty()) j.partition_where = job_.source;
   const std::string nodes = std::to_string(cluster_.nodes.size()) + " node" +
                             (cluster_.nodes.size() == 1 ? "" : "s") + " left (" +

@@ -493,7 +493,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
         slice.layers.end = slice.chunks.back().end;
       }
       slice.threads = job.threads;
-      place.replicas = s < job.range_replicas.size() ? job.range_replicas[s] : 1;
+      place.replicas = s < job.ranges.size() ? job.ranges[s].replicas : 1;
       out.push_back(std::move(place));
     }
     return out;
@@ -512,12 +512,10 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                                                 : std::string()));
   JobSpec ranges = job;  // the job's own coverage checks, naming the plan's lines
   ranges.ranges.clear();
-  ranges.range_where.clear();
   for (const partitioner::PlanStageSpec& s : specs) {
     TANDEM_CHECK_MSG(s.devices.size() <= 64, InvalidArgument,
                      s.where << ": " << s.devices.size() << " replicas; at most 64");
-    ranges.ranges.push_back({s.begin, s.end});
-    ranges.range_where.push_back(s.where);
+    ranges.ranges.push_back({{s.begin, s.end}, 1, s.where});
   }
   stageRanges(ranges, model);
   // An interleaved plan (the job's chunks > 1: `partition: auto`'s, or a plan file with

@@ -280,7 +280,8 @@ void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const Worker
   const ModelFile start_from =
       parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
   loadWeights(*model, start_from, false);
-  if (a.restore_optimizer) restoreOptimizer(*optimizer, *model, *backend, start_from, who);
+  if (a.checkpoint.restore_optimizer)
+    restoreOptimizer(*optimizer, *model, *backend, start_from, who);
 }
 
 void StageSetup::openLinks(const Assign& a, Ready& ready) {
@@ -420,15 +421,16 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
            bool reports) {
   // A resumed run starts where its checkpoint was taken: epoch and step within it.
   const int64_t steps_per_epoch = (s.start.train_samples + a.train.batch - 1) / a.train.batch;
-  const int64_t first_epoch = steps_per_epoch > 0 ? a.start_step / steps_per_epoch : 0;
-  if (a.start_step > 0) {
+  const int64_t first_epoch = steps_per_epoch > 0 ? a.checkpoint.start_step / steps_per_epoch : 0;
+  if (a.checkpoint.start_step > 0) {
     if (first_epoch >= a.train.epochs)
-      throw InvalidArgument(s.who + ": asked to resume after step " + std::to_string(a.start_step) +
-                            ", past the job's " + std::to_string(a.train.epochs) + " epochs of " +
+      throw InvalidArgument(s.who + ": asked to resume after step " +
+                            std::to_string(a.checkpoint.start_step) + ", past the job's " +
+                            std::to_string(a.train.epochs) + " epochs of " +
                             std::to_string(steps_per_epoch) + " steps");
-    trainer.resumeAt(a.start_step);
+    trainer.resumeAt(a.checkpoint.start_step);
   }
-  // Replica 0 of each stage sends its slice every checkpoint_every steps.
+  // Replica 0 of each stage sends its slice every checkpoint.every_steps steps.
   const bool checkpoints = sendsCheckpoints(a);
   std::vector<double> step_times;  // from one step's end to the next's, within an epoch
   StageCounters& training = s.report.counters;  // the epochs, without the evaluations
@@ -440,7 +442,7 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
       if (last_step && r.step < r.steps)
         step_times.push_back(std::chrono::duration<double>(now - *last_step).count());
       last_step = now;
-      if (checkpoints && trainer.stepsTaken() % a.checkpoint_every == 0)
+      if (checkpoints && trainer.stepsTaken() % a.checkpoint.every_steps == 0)
         sendCheckpoint(coordinator, *s.model, *s.optimizer, trainer.stepsTaken(),
                        std::chrono::seconds(a.wire.timeout_s));
       if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
@@ -449,7 +451,8 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
     };
     const StageCounters before = trainer.executor().counters();
     const double cpu_before = processCpuSeconds();
-    const int64_t first_step = e == first_epoch ? a.start_step - first_epoch * steps_per_epoch : 0;
+    const int64_t first_step =
+        e == first_epoch ? a.checkpoint.start_step - first_epoch * steps_per_epoch : 0;
     const EpochReport r = trainer.trainEpoch(a.stage == 0 ? &s.train : nullptr,
                                              s.start.train_samples, e, progress, first_step);
     const StageCounters after = trainer.executor().counters();

@@ -182,7 +182,7 @@ TEST(CoordinatorTest, ATrainedSliceLargerThanAMessageComesBackWhole) {
 
 TEST(CoordinatorTest, CheckpointsComeFromEveryStageAtTheSameStep) {
   std::vector<Assign> as = assignments({{0, 2, 1}, {2, 4, 2}, {4, 6, 1}}, ScheduleKind::k1F1B);
-  for (Assign& a : as) a.checkpoint_every = 1;  // 3 steps: 3 checkpoints
+  for (Assign& a : as) a.checkpoint.every_steps = 1;  // 3 steps: 3 checkpoints
   auto launcher = threadLauncher();
   std::vector<int64_t> steps;
   std::vector<std::vector<uint8_t>> last;

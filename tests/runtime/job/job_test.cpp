@@ -55,7 +55,10 @@ TEST(JobTest, ReadsEverySetting) {
   EXPECT_EQ(j.transport, "ipc");
   EXPECT_EQ(j.wire.timeout_s, 5);
   EXPECT_EQ(j.stages, 3);
-  EXPECT_EQ(j.ranges, (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 9}, {9, 11}}));
+  ASSERT_EQ(j.ranges.size(), 3u);
+  EXPECT_EQ(j.ranges[0].layers, (LayerRange{0, 4}));
+  EXPECT_EQ(j.ranges[1].layers, (LayerRange{4, 9}));
+  EXPECT_EQ(j.ranges[2].layers, (LayerRange{9, 11}));
   EXPECT_EQ(j.checkpoint.every_steps, 0);  // none unless asked
   const JobSpec c = parseJobSpec(
       "model: m.yaml\npartition: equal\nstages: 2\ncheckpoint: {every_steps: 50, keep: 4}\n",
@@ -229,9 +232,14 @@ TEST(JobTest, CodecsMayBeEachLinksInThePlan) {
 TEST(JobTest, AStageMayHaveReplicas) {
   const JobSpec j = parseJobSpec(
       "model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 3}, [4, 6]]\n", "j.yaml");
-  EXPECT_EQ(j.ranges, (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 4}, {4, 6}}));
-  EXPECT_EQ(j.range_replicas, (std::vector<int>{1, 3, 1}));
-  EXPECT_EQ(j.range_where.at(1), "j.yaml:2:30");  // its layers
+  ASSERT_EQ(j.ranges.size(), 3u);
+  EXPECT_EQ(j.ranges[0].layers, (LayerRange{0, 2}));
+  EXPECT_EQ(j.ranges[1].layers, (LayerRange{2, 4}));
+  EXPECT_EQ(j.ranges[2].layers, (LayerRange{4, 6}));
+  EXPECT_EQ(j.ranges[0].replicas, 1);
+  EXPECT_EQ(j.ranges[1].replicas, 3);
+  EXPECT_EQ(j.ranges[2].replicas, 1);
+  EXPECT_EQ(j.ranges[1].where, "j.yaml:2:30");  // its layers
 }
 
 TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {
