@@ -28,12 +28,6 @@ std::string contentHash(std::span<const uint8_t> bytes) {
   return hex;
 }
 
-bool isContentHash(const std::string& text) {
-  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 namespace {
 
 // Opens a new file beside `path` under a random name (`tmp`): made by this call, not

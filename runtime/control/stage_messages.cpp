@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/flatbuffers_read.h"
+#include "runtime/control/files.h"
 #include "runtime/control/message_codec.h"
 
 namespace tandem::runtime::detail {
@@ -14,13 +15,6 @@ namespace {
 
 using B = flatbuffers::FlatBufferBuilder;
 using Strings = flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>;
-
-bool isHash(const std::string& s) {
-  if (s.size() != 64) return false;
-  for (char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
-}
 
 flatbuffers::Offset<Strings> endpoints(B& b, const char* message,
                                        const std::vector<std::string>& list) {
@@ -113,7 +107,7 @@ Assign readAssign(const fb::Assign* a) {
     bad(m, "transport '" + out.transport + "' is not tcp or ipc");
   out.weights_hash = text(m, "weights_hash", a->weights_hash(), 64);
   out.weights_bytes = a->weights_bytes();
-  if (!out.weights_hash.empty() && !isHash(out.weights_hash))
+  if (!out.weights_hash.empty() && !isContentHash(out.weights_hash))
     bad(m, "weights_hash '" + out.weights_hash + "' is not 64 hex digits");
   range(m, "weights_bytes", out.weights_bytes, out.weights_hash.empty() ? 0 : 1,
         out.weights_hash.empty() ? 0 : kMaxWeightsBytes);
@@ -183,7 +177,7 @@ StageReport readReport(const fb::StageReport* r) {
   }
   out.model_hash = text(m, "model_hash", r->model_hash(), 64);
   out.model_bytes = r->model_bytes();
-  if (!out.model_hash.empty() && !isHash(out.model_hash))
+  if (!out.model_hash.empty() && !isContentHash(out.model_hash))
     bad(m, "model_hash '" + out.model_hash + "' is not 64 hex digits");
   range(m, "model_bytes", out.model_bytes, out.model_hash.empty() ? 0 : 1,
         out.model_hash.empty() ? 0 : kMaxWeightsBytes);
@@ -422,7 +416,8 @@ Message readStageMessage(const fb::Message* msg) {
     case fb::Body_WeightsRequest: {
       WeightsRequest out{
           text("weights request", "hash", msg->body_as_WeightsRequest()->hash(), 64)};
-      if (!isHash(out.hash)) bad("weights request", "hash '" + out.hash + "' is not 64 hex digits");
+      if (!isContentHash(out.hash))
+        bad("weights request", "hash '" + out.hash + "' is not 64 hex digits");
       return out;
     }
     case fb::Body_WeightsChunk: {
@@ -430,7 +425,7 @@ Message readStageMessage(const fb::Message* msg) {
       const char* m = "weights chunk";
       WeightsChunk out;
       out.hash = text(m, "hash", c->hash(), 64);
-      if (!isHash(out.hash)) bad(m, "hash '" + out.hash + "' is not 64 hex digits");
+      if (!isContentHash(out.hash)) bad(m, "hash '" + out.hash + "' is not 64 hex digits");
       out.total = c->total();
       range(m, "total", out.total, 1, kMaxWeightsBytes);
       out.offset = c->offset();
@@ -507,7 +502,7 @@ Message readStageMessage(const fb::Message* msg) {
       const char* m = "checkpointed";
       Checkpointed out{c->step(), text(m, "hash", c->hash(), 64), c->bytes()};
       range(m, "step", out.step, 1, int64_t{1} << 40);
-      if (!isHash(out.hash)) bad(m, "hash '" + out.hash + "' is not 64 hex digits");
+      if (!isContentHash(out.hash)) bad(m, "hash '" + out.hash + "' is not 64 hex digits");
       range(m, "bytes", out.bytes, 1, kMaxWeightsBytes);
       return out;
     }
