@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -385,7 +386,7 @@ TEST(CliTest, AJobThatDoesNotFitItsNodesIsRefusedBeforeAnythingStarts) {
   EXPECT_EQ(r.out.find("round trip"), std::string::npos) << r.out;
 }
 
-// Prediction vs reality: a 3-stage auto plan run by `tandem run` reports, for each stage,
+// Prediction vs reality: an auto plan over 3 devices run by `tandem run` reports, for each stage,
 // its measured wall and compute (CPU) time per microbatch beside the plan's prediction.
 // The ratios are printed, not asserted: tests assert no timings, and under a loaded
 // `ctest -j2` the profile taken inside this test overstated a one-layer stage up to 5x
@@ -429,7 +430,13 @@ TEST(CliTest, RunReportsThePlansPredictionPerStage) {
     EXPECT_GE(all_cpu, cpu * 0.99) << line;  // the compute thread is one of the worker's
     ++stages;
   }
-  EXPECT_EQ(stages, 3) << r.out;
+  // One row per planned stage. How many the plan has depends on the profile taken above
+  // under load: a device that would slow the step is rightly left out (2 of 3 seen in CI).
+  const size_t planned = r.out.find("partition: auto: ");
+  ASSERT_NE(planned, std::string::npos) << r.out;
+  const int planned_stages = std::atoi(r.out.c_str() + planned + 17);
+  EXPECT_GE(planned_stages, 1) << r.out;
+  EXPECT_EQ(stages, planned_stages) << r.out;
   // The mean step beside the plan's prediction, and each worker's memory beside its model.
   for (const char* s : {"step: measured ", "measured / predicted ",
                         "memory MiB per worker: tensors at peak / predicted"})
