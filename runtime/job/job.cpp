@@ -385,11 +385,11 @@ JobSpec loadJobSpec(const std::string& path) {
   return parseJobSpec(readFile(path, "job file"), path);
 }
 
-std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages) {
+std::vector<LayerRange> equalStageRanges(size_t layers, int stages) {
   TANDEM_CHECK_MSG(stages >= 1 && static_cast<size_t>(stages) <= layers, InvalidArgument,
                    stages << " stages for " << layers << " layers (each stage needs at least one)");
   // The same cut as a batch into microbatches: sizes differ by at most one, larger first.
-  std::vector<std::pair<size_t, size_t>> out;
+  std::vector<LayerRange> out;
   for (const MicrobatchSlice& part :
        splitBatch(static_cast<int64_t>(layers), static_cast<int64_t>(stages)))
     out.push_back(
@@ -397,7 +397,7 @@ std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stage
   return out;
 }
 
-std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Model& model) {
+std::vector<LayerRange> stageRanges(const JobSpec& job, const Model& model) {
   const size_t layers = model.size();
   if (job.ranges.empty()) {
     const int parts = job.stages * job.chunks;
@@ -430,9 +430,8 @@ std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Mod
                    job.ranges.back().where << ": the stages end at layer " << expect
                                            << " but the model has " << layers
                                            << " layers: the rest are on no stage");
-  std::vector<std::pair<size_t, size_t>> out;
-  for (const JobSpec::Range& range : job.ranges)
-    out.push_back({range.layers.begin, range.layers.end});
+  std::vector<LayerRange> out;
+  for (const JobSpec::Range& range : job.ranges) out.push_back(range.layers);
   return out;
 }
 

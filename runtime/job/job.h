@@ -129,8 +129,8 @@ JobSpec loadJobSpec(const std::string& path);
 // layer once, in order (InvalidArgument names the job file and the range at fault), or
 // `stages` parts of nearly equal layer counts (stages x chunks when interleaved: stage s
 // then holds ranges s, s + stages, ...). Not for plans (job.plan, auto_partition).
-std::vector<std::pair<size_t, size_t>> stageRanges(const JobSpec& job, const Model& model);
+std::vector<LayerRange> stageRanges(const JobSpec& job, const Model& model);
 // `layers` split into `stages` contiguous ranges whose sizes differ by at most one.
-std::vector<std::pair<size_t, size_t>> equalStageRanges(size_t layers, int stages);
+std::vector<LayerRange> equalStageRanges(size_t layers, int stages);
 
 }  // namespace tandem::runtime

@@ -486,10 +486,9 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     for (size_t s = 0; s < stages; ++s) {
       StagePlacement place;
       StageSlice& slice = place.slice;
-      slice.layers = {ranges[s].first, ranges[s].second};
+      slice.layers = ranges[s];
       if (job.chunks > 1) {
-        for (size_t i = s; i < ranges.size(); i += stages)
-          slice.chunks.push_back({ranges[i].first, ranges[i].second});
+        for (size_t i = s; i < ranges.size(); i += stages) slice.chunks.push_back(ranges[i]);
         slice.layers.end = slice.chunks.back().end;
       }
       slice.threads = job.threads;

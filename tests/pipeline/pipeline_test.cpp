@@ -104,9 +104,7 @@ PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, in
           cpu::CpuBackend be(cpu::CpuOptions{1});
           Model m(parseModelSpec(spec));
           std::vector<LayerRange> mine;
-          for (int c = 0; c < chunks; ++c)
-            mine.push_back({ranges[static_cast<size_t>(c * p + s)].first,
-                            ranges[static_cast<size_t>(c * p + s)].second});
+          for (int c = 0; c < chunks; ++c) mine.push_back(ranges[static_cast<size_t>(c * p + s)]);
           m.build(be, options.seed, mine);
           Optimizer opt(be, OptimizerOptions{});
           std::vector<Link*> prev_links, next_links;

@@ -248,7 +248,7 @@ TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {
   auto ranges = [&](const std::string& partition) {
     return stageRanges(parseJobSpec("model: m.yaml\npartition: " + partition + "\n", "j.yaml"), m);
   };
-  EXPECT_EQ(ranges("[[0, 1], [1, 4]]"), (std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 4}}));
+  EXPECT_EQ(ranges("[[0, 1], [1, 4]]"), (std::vector<LayerRange>{{0, 1}, {1, 4}}));
   expectThrowWith<InvalidArgument>([&] { ranges("[[0, 2], [1, 4]]"); },
                                    {"j.yaml:2:21", "stage 1's layers [1, 4) overlap", "end at 2"});
   expectThrowWith<InvalidArgument>([&] { ranges("[[0, 1], [2, 4]]"); },
@@ -258,8 +258,7 @@ TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {
   expectThrowWith<InvalidArgument>([&] { ranges("[[0, 2], [2, 3]]"); },
                                    {"end at layer 3", "the rest are on no stage"});
   const JobSpec equal = parseJobSpec("model: m.yaml\npartition: equal\nstages: 3\n", "j.yaml");
-  EXPECT_EQ(stageRanges(equal, m),
-            (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 3}, {3, 4}}));
+  EXPECT_EQ(stageRanges(equal, m), (std::vector<LayerRange>{{0, 2}, {2, 3}, {3, 4}}));
   const JobSpec too_many = parseJobSpec("model: m.yaml\npartition: equal\nstages: 5\n", "j.yaml");
   expectThrowWith<InvalidArgument>([&] { stageRanges(too_many, m); },
                                    {"5 stages for a model of 4 layers"});
