@@ -108,27 +108,27 @@ void clblastGemm(benchmark::State& state, int index) {
 
 // --- element-wise and copies ---
 
-enum class Op { kAxpby, kMul, kRelu, kCopy };
+enum class Elementwise { kAxpby, kMul, kRelu, kCopy };
 
-void elementwise(benchmark::State& state, std::string dev, Op op) {
+void elementwise(benchmark::State& state, std::string dev, Elementwise op) {
   Backend& be = device(dev);
   const int64_t n = state.range(0);
   Tensor x = be.zeros({n}), y = be.zeros({n});
   be.fill(x, 0.5f);
   // Arrays read or written per element.
-  const int streams = op == Op::kRelu || op == Op::kCopy ? 2 : 3;
+  const int streams = op == Elementwise::kRelu || op == Elementwise::kCopy ? 2 : 3;
   for (auto _ : state) {
     switch (op) {
-      case Op::kAxpby:
+      case Elementwise::kAxpby:
         be.axpby(0.5f, x, 0.5f, y);  // reads x, y; writes y
         break;
-      case Op::kMul:
+      case Elementwise::kMul:
         be.mul(x, x, y);
         break;
-      case Op::kRelu:
+      case Elementwise::kRelu:
         be.activation(Activation::kReLU, x, y);
         break;
-      case Op::kCopy:  // the device's own copy: the bandwidth reference
+      case Elementwise::kCopy:  // the device's own copy: the bandwidth reference
         be.copy(x, y);
         break;
     }
@@ -242,16 +242,16 @@ int main(int argc, char** argv) {
                        "sgemm " + dev + " vs CLBlast"});
     }
     const std::string copy_ref = cpu ? "copy/memcpy/host/" : "copy/ours/" + dev + "/";
-    for (auto [name, op] : {std::pair{"axpby", Op::kAxpby},
-                            {"mul", Op::kMul},
-                            {"relu", Op::kRelu},
-                            {"copy", Op::kCopy}}) {
+    for (auto [name, op] : {std::pair{"axpby", Elementwise::kAxpby},
+                            {"mul", Elementwise::kMul},
+                            {"relu", Elementwise::kRelu},
+                            {"copy", Elementwise::kCopy}}) {
       benchmark::RegisterBenchmark((std::string(name) + "/ours/" + dev).c_str(), elementwise, dev,
                                    op)
           ->Arg(1 << 20)
           ->Arg(1 << 24)
           ->UseRealTime();
-      if (op != Op::kCopy || cpu)
+      if (op != Elementwise::kCopy || cpu)
         rules.push_back({std::string(name) + "/ours/" + dev + "/", copy_ref,
                          std::string(name) + " " + dev + " vs copy"});
     }

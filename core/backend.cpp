@@ -16,6 +16,13 @@ Tensor Backend::empty(const Shape& shape, DType dtype) {
   }
 }
 
+std::vector<OpUse> Backend::lacking(const std::vector<OpUse>& uses) const {
+  std::vector<OpUse> out;
+  for (const OpUse& u : uses)
+    if (!supports(u.op, u.dtype)) out.push_back(u);
+  return out;
+}
+
 Tensor Backend::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
   fill(t, 0.0f);

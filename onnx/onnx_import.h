@@ -56,8 +56,14 @@ struct ImportedModel {
 // FormatError for a file that is not a valid ONNX model (unreadable, not protobuf, or
 // refused by ONNX's checker); InvalidArgument naming the node for a graph tandem cannot
 // express.
-ImportedModel importOnnx(const std::string& path);
-ImportedModel importOnnx(const onnx::ModelProto& model, const std::string& source);
+//
+// With a `device`, the graph is imported for it: a layer whose forward uses an op the
+// device's backend lacks (Backend::supports) is refused naming its ONNX node and the ops;
+// one it can serve but not train (an op of its backward, or the loss) is imported with a
+// note saying so.
+ImportedModel importOnnx(const std::string& path, const Backend* device = nullptr);
+ImportedModel importOnnx(const onnx::ModelProto& model, const std::string& source,
+                         const Backend* device = nullptr);
 
 // The imported model as a model file's contents: the spec with the parameters named as
 // the built model names them, and metadata "output" when the graph ended in a softmax.

@@ -74,6 +74,17 @@ void checkEveryLayerFits(const CostModel& cost) {
       largest_name = d.name;
     }
   for (size_t l = 0; l < cost.layers(); ++l) {
+    bool somewhere = false;
+    for (size_t t = 0; t < cost.types().size() && !somewhere; ++t)
+      somewhere = cost.runs(static_cast<int>(t), l, l + 1);
+    if (!somewhere) {
+      std::ostringstream os;
+      os << "no device can run layer " << l << " (" << problem.layers[l].type << "):";
+      for (const DeviceCosts& d : problem.devices)
+        os << (&d == &problem.devices.front() ? " " : "; ") << d.name << " "
+           << (d.lacks.empty() ? std::string("runs it") : d.lacks[l]);
+      throw InvalidArgument(os.str());
+    }
     const int64_t need = cost.stateBytes(l, l + 1);
     if (need <= largest) continue;
     std::ostringstream os;
@@ -96,6 +107,13 @@ std::string noSplitFits(const CostModel& cost, const std::string& algorithm) {
      << cost.stateBytes(0, layers) << " bytes (its weights, " << cost.paramBytes(0, layers)
      << " bytes" << (cost.training() ? ", with their gradients and optimizer state" : "")
      << ", and each stage's activations), the devices have " << have << " in all";
+  // Or the layers each device can run leave no contiguous split.
+  for (const DeviceCosts& d : problem.devices) {
+    std::string lacked;
+    for (size_t l = 0; l < d.lacks.size(); ++l)
+      if (!d.lacks[l].empty()) lacked += (lacked.empty() ? "" : ", ") + std::to_string(l);
+    if (!lacked.empty()) os << "; " << d.name << " cannot run layers " << lacked;
+  }
   return os.str();
 }
 

@@ -311,9 +311,15 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
       // what it bursts to (a CPU quota, throttling: Sustained in core/profile/profile.h).
       const double scale =
           static_cast<double>(b) / static_cast<double>(dp.batchIn(prof)) * dp.sustained.throttle();
+      const bool training = options.objective == Objective::kTrainThroughput;
       for (const LayerProfile& lp : dp.layers) {
         d.forward_s.push_back(lp.forward.median * scale);
         d.backward_s.push_back(lp.backward.median * scale);
+        // What its backend lacks for the layer (serving needs the forward's ops only).
+        std::string lacks;
+        if (!lp.lacks.empty() && (training || !lp.forward_runs))
+          for (const OpUse& u : lp.lacks) lacks += (lacks.empty() ? "lacks " : ", ") + opUseName(u);
+        d.lacks.push_back(lacks);
       }
       // The loss runs on the last stage, with the last layer; training pays for it.
       if (options.objective == Objective::kTrainThroughput)

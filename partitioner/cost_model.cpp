@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 
@@ -58,6 +59,9 @@ void validate(const Problem& p) {
     for (size_t l = 0; l < layers; ++l)
       TANDEM_CHECK_MSG(d.forward_s[l] >= 0 && d.backward_s[l] >= 0, InvalidArgument,
                        "device " << d.name << " has a negative time for layer " << l);
+    TANDEM_CHECK_MSG(d.lacks.empty() || d.lacks.size() == layers, InvalidArgument,
+                     "device " << d.name << " says what it lacks for " << d.lacks.size()
+                               << " layers, the model has " << layers);
     TANDEM_CHECK_MSG(d.update_s_per_param_byte >= 0, InvalidArgument,
                      "device " << d.name << " has a negative update time");
     TANDEM_CHECK_MSG(d.host_threads >= 0, InvalidArgument,
@@ -99,7 +103,8 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
           r.forward_s == devs[d].forward_s && r.backward_s == devs[d].backward_s &&
           r.burst_ratio == devs[d].burst_ratio && r.burst_budget_s == devs[d].burst_budget_s &&
           r.host_threads == devs[d].host_threads &&
-          r.update_s_per_param_byte == devs[d].update_s_per_param_byte) {
+          r.update_s_per_param_byte == devs[d].update_s_per_param_byte &&
+          r.lacks == devs[d].lacks) {
         types_[t].devices.push_back(static_cast<int>(d));
         type_of_[d] = static_cast<int>(t);
         break;
@@ -119,6 +124,10 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
       b[l + 1] = b[l] + d.backward_s[l];
       w[l + 1] = w[l] + (problem_.layers[l].param_bytes > 0 ? 0.5 * d.backward_s[l] : 0.0);
     }
+    std::vector<int> lack(n + 1, 0);
+    for (size_t l = 0; l < n; ++l)
+      lack[l + 1] = lack[l] + (!d.lacks.empty() && !d.lacks[l].empty() ? 1 : 0);
+    lack_prefix_.push_back(std::move(lack));
     time_prefix_.push_back(std::move(prefix));
     forward_prefix_.push_back(std::move(f));
     backward_prefix_.push_back(std::move(b));
@@ -156,7 +165,21 @@ int64_t CostModel::stateBytes(size_t begin, size_t end) const {
   return 2 * w + static_cast<int64_t>(static_cast<double>(w) * options().optimizer_state_per_param);
 }
 
+bool CostModel::runs(int type, size_t begin, size_t end) const {
+  const auto& p = lack_prefix_[static_cast<size_t>(type)];
+  return p[end] == p[begin];
+}
+
+std::string CostModel::lacking(int type, size_t begin, size_t end) const {
+  const DeviceCosts& d = deviceOf(type);
+  for (size_t l = begin; l < end && !d.lacks.empty(); ++l)
+    if (!d.lacks[l].empty())
+      return "layer " + std::to_string(l) + " (" + problem_.layers[l].type + "): " + d.lacks[l];
+  return "";
+}
+
 double CostModel::compute(int type, size_t begin, size_t end) const {
+  if (!runs(type, begin, end)) return std::numeric_limits<double>::infinity();
   const auto& p = time_prefix_[static_cast<size_t>(type)];
   return p[end] - p[begin];
 }

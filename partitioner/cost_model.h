@@ -8,6 +8,7 @@
 //
 // Time per microbatch (seconds):
 //   compute(t, [b, e))   = sum of forward (+ backward when training) times on type t
+//                          (infinite where t lacks an op of one of the layers)
 //   stage(t, [b, e), k)  = compute / k + (allreduce + update) / m
 //                          (k replicas, m microbatches; update: the optimizer's, once a
 //                          step over the stage's parameters, on every replica)
@@ -55,6 +56,12 @@ class CostModel {
   int typeOf(int device) const { return type_of_[static_cast<size_t>(device)]; }
   bool training() const { return options().objective == Objective::kTrainThroughput; }
 
+  // Whether type `type` runs every layer of [begin, end) (DeviceCosts::lacks); where it
+  // does not, compute() and stage() are infinite, so a search never chooses it.
+  bool runs(int type, size_t begin, size_t end) const;
+  // "layer 3 (linear): lacks gemm on i8" for the first layer of [begin, end) it cannot
+  // run; "" when it runs them all.
+  std::string lacking(int type, size_t begin, size_t end) const;
   double compute(int type, size_t begin, size_t end) const;
   // The parts of compute, one microbatch on one device: the layers' forward (with the
   // loss on the last layer), their whole backward, and of that backward the share that
@@ -107,6 +114,8 @@ class CostModel {
   std::vector<std::vector<double>> time_prefix_, forward_prefix_, backward_prefix_,
       weight_prefix_;
   std::vector<int64_t> param_prefix_, stash_prefix_;
+  // Per type, prefix counts of the layers it cannot run.
+  std::vector<std::vector<int>> lack_prefix_;
   // Sparse table of max(input + output bytes) over layer ranges (serving memory).
   std::vector<std::vector<int64_t>> working_max_;
 };

@@ -47,6 +47,16 @@ Plan interleavedPlan(const CostModel& cost, const Plan& base, int chunks) {
         }
       }
   }
+  // No split into chunks that each device can run: refused, naming a layer one lacks.
+  if (best[static_cast<size_t>(n)][layers] == inf) {
+    std::string why;
+    for (int s = 0; s < p && why.empty(); ++s) {
+      why = cost.lacking(type[static_cast<size_t>(s)], 0, layers);
+      if (!why.empty())
+        why = cost.deviceOf(type[static_cast<size_t>(s)]).name + " cannot run " + why;
+    }
+    throw InvalidArgument("no split into " + std::to_string(chunks) + " chunks per stage: " + why);
+  }
   std::vector<Assignment> stages(static_cast<size_t>(n));
   size_t end = layers;
   for (int k = n; k >= 1; --k) {

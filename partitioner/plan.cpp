@@ -1,6 +1,7 @@
 #include "partitioner/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -11,13 +12,13 @@
 
 namespace tandem::partitioner {
 
-Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
-              const std::string& algorithm, const std::vector<LinkCodec>& links, int chunks) {
+namespace {
+
+// The stages name every layer once, in order, on devices that exist, none used twice, a
+// stage's replicas of one kind; an interleaved plan's chunks on their stage's device.
+void checkStages(const CostModel& cost, const std::vector<Assignment>& stages,
+                 const std::string& algorithm, const std::vector<LinkCodec>& links, int chunks) {
   const Problem& problem = cost.problem();
-  Plan plan;
-  plan.algorithm = algorithm;
-  plan.objective = problem.options.objective;
-  plan.chunks = chunks;
   TANDEM_CHECK_MSG(!stages.empty(), InvalidArgument, algorithm << ": a plan with no stages");
   const int n = static_cast<int>(stages.size());
   TANDEM_CHECK_MSG(chunks >= 1 && n % chunks == 0, InvalidArgument,
@@ -62,6 +63,20 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
   TANDEM_CHECK_MSG(
       links.empty() || links.size() + 1 == stages.size(), InvalidArgument,
       algorithm << ": " << links.size() << " link codecs for " << stages.size() << " stages");
+}
+
+}  // namespace
+
+Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
+              const std::string& algorithm, const std::vector<LinkCodec>& links, int chunks) {
+  const Problem& problem = cost.problem();
+  Plan plan;
+  plan.algorithm = algorithm;
+  plan.objective = problem.options.objective;
+  plan.chunks = chunks;
+  checkStages(cost, stages, algorithm, links, chunks);
+  const int n = static_cast<int>(stages.size());
+  const int p = n / chunks;
   const CostOptions& o = cost.options();
   const LinkCodec fixed{o.activation_codec, o.gradient_codec, o.activation_ratio, o.gradient_ratio};
 
@@ -90,6 +105,11 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
                          : static_cast<int>(std::min<int64_t>(interleavedWarmup(at, p, chunks) + 1,
                                                               o.microbatches * chunks));
     st.memory_bytes = cost.memory(a.begin, a.end, held, k, p);
+    if (const std::string lacks = cost.lacking(t, a.begin, a.end);
+        !lacks.empty() && plan.infeasible.empty())
+      plan.infeasible = "stage " + std::to_string(s) + " runs on " +
+                        problem.devices[static_cast<size_t>(a.devices.front())].name +
+                        ", which cannot run " + lacks;
     compute[static_cast<size_t>(at)] += st.compute_s;
     link[static_cast<size_t>(at)] += st.link_s;
     memory[static_cast<size_t>(at)] += st.memory_bytes;
@@ -120,7 +140,10 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
           "link " + std::to_string(s) + " -> " + std::to_string(s + 1 < p ? s + 1 : 0);
     }
   }
-  if (cost.training()) {
+  const bool runs = std::isfinite(plan.seconds);  // every stage runs its layers
+  if (cost.training() && !runs) {
+    plan.step_s = plan.seconds;
+  } else if (cost.training()) {
     const StepPrediction step = predictStep(cost, plan);
     plan.step_s = step.step_s;
     plan.samples_per_s = step.samples_per_s;

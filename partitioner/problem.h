@@ -54,6 +54,10 @@ struct DeviceCosts {
   // parameter byte a stage holds, as it sustains it (the profile's update_s for the job's
   // optimizer over the model's parameter bytes, scaled like the layers). 0: not measured.
   double update_s_per_param_byte = 0;
+  // Per layer, what its backend lacks to run it ("lacks gemm on i8": Backend::supports),
+  // empty where it runs it; an empty list: it runs every layer. The search never places
+  // a layer on a device that lacks one of its ops.
+  std::vector<std::string> lacks = {};
 };
 
 // The CPU a message costs its node's cores (both ends together): fixed + per_byte * bytes

@@ -96,6 +96,11 @@ CpuBackend::~CpuBackend() {
 
 DeviceInfo CpuBackend::info() const { return hostInfo(pool_.threads()); }
 
+// The reference backend runs the common set: every other backend is tested against it.
+bool CpuBackend::supports(Op op, DType dtype) const { return commonOpSupport(op, dtype); }
+
+void CpuBackend::synchronize() {}
+
 DeviceInfo CpuBackend::hostInfo(int threads) {
   DeviceInfo d;
   d.name = "cpu";

@@ -35,57 +35,13 @@ class CpuBackend final : public Backend {
   static DeviceInfo hostInfo(int threads);
 
   std::shared_ptr<Storage> allocate(size_t bytes) override;
-  void upload(const Tensor& dst, const void* src) override;
-  void download(const Tensor& src, void* dst) override;
-  void copy(const Tensor& src, const Tensor& dst) override;
-  void fill(const Tensor& dst, float value) override;
-  void convert(const Tensor& src, const Tensor& dst) override;
-  void synchronize() override {}
   const void* hostData(const Tensor& t) const override { return data(t); }
   std::shared_ptr<Storage> adoptHost(void* data, size_t bytes,
                                      std::function<void()> release) override;
 
-  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
-            const Tensor& c) override;
-  void gemmBatched(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-                   float beta, const Tensor& c) override;
-  void axpby(float alpha, const Tensor& x, float beta, const Tensor& y) override;
-  void mul(const Tensor& a, const Tensor& b, const Tensor& out) override;
-  double dot(const Tensor& a, const Tensor& b) override;
-  void addBias(const Tensor& y, const Tensor& bias) override;
-  void biasGrad(const Tensor& dy, const Tensor& db) override;
-
-  void activation(Activation kind, const Tensor& x, const Tensor& y) override;
-  void activationBackward(Activation kind, const Tensor& x, const Tensor& y, const Tensor& dy,
-                          const Tensor& dx) override;
-  void dropout(const Tensor& x, float p, uint64_t seed, const Tensor& mask,
-               const Tensor& y) override;
-
-  void im2col(const Tensor& x, const Window2d& g, const Tensor& col) override;
-  void col2im(const Tensor& col, const Window2d& g, const Tensor& dx) override;
-  void transpose01(const Tensor& src, const Tensor& dst) override;
-  void maxPool(const Tensor& x, const Window2d& g, const Tensor& y, const Tensor& argmax) override;
-  void maxPoolBackward(const Tensor& dy, const Tensor& argmax, const Window2d& g,
-                       const Tensor& dx) override;
-  void avgPool(const Tensor& x, const Window2d& g, const Tensor& y) override;
-  void avgPoolBackward(const Tensor& dy, const Window2d& g, const Tensor& dx) override;
-
-  void layerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                 const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
-  void layerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                         const Tensor& dbeta) override;
-  void embedding(const Tensor& ids, const Tensor& table, const Tensor& y) override;
-  void embeddingBackward(const Tensor& ids, const Tensor& dy, const Tensor& dtable) override;
-  void softmax(const Tensor& x, bool causal, const Tensor& y) override;
-  void softmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
-  void softmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float grad_scale,
-                           const Tensor& losses, const Tensor& dlogits) override;
-
-  void sgdStep(const Tensor& param, const Tensor& grad, const Tensor& velocity,
-               const SgdStep& s) override;
-  void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 const AdamWStep& s) override;
+  // Every op of core/backend_ops.h.
+  bool supports(Op op, DType dtype) const override;
+  TANDEM_BACKEND_OP_OVERRIDES
 
   // Host address of a tensor's first element; checks it belongs to this backend.
   void* data(const Tensor& t) const;

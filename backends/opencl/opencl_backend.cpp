@@ -114,6 +114,9 @@ DeviceInfo OpenClBackend::deviceInfo(const ClDevice& d) {
 
 DeviceInfo OpenClBackend::info() const { return deviceInfo(device_); }
 
+// Its kernels (kernels/*.cl) and CLBlast's GEMM cover the common set, on f32.
+bool OpenClBackend::supports(Op op, DType dtype) const { return commonOpSupport(op, dtype); }
+
 OpenClBackend::Kernel& OpenClBackend::kernel(const char* name) {
   auto it = kernels_.find(std::string_view(name));
   TANDEM_CHECK_MSG(it != kernels_.end(), Error,

@@ -293,4 +293,14 @@ LayerSpec PositionalEmbedding::spec() const {
   return s;
 }
 
+std::vector<OpUse> Attention::ops(bool training) const {
+  return f32Ops(training,
+                {Op::kGemm, Op::kGemmBatched, Op::kAddBias, Op::kTranspose01, Op::kSoftmax},
+                {Op::kBiasGrad, Op::kSoftmaxBackward});
+}
+
+std::vector<OpUse> PositionalEmbedding::ops(bool training) const {
+  return f32Ops(training, {Op::kCopy, Op::kAddBias}, {Op::kBiasGrad});
+}
+
 }  // namespace tandem

@@ -149,4 +149,11 @@ LayerSpec Conv2d::spec() const {
   return s;
 }
 
+std::vector<OpUse> Conv2d::ops(bool training) const {
+  const std::initializer_list<Op> forward = {Op::kIm2col, Op::kGemm, Op::kTranspose01};
+  std::vector<OpUse> out = f32Ops(training, forward, {Op::kCol2im});
+  if (bias_) out = unionOps({out, f32Ops(training, {Op::kAddBias}, {Op::kBiasGrad})});
+  return out;
+}
+
 }  // namespace tandem

@@ -15,6 +15,7 @@ class Conv2d final : public Layer {
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t paramCount() const override;
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   LayerSpec spec() const override;

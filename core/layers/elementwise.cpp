@@ -90,4 +90,19 @@ Tensor Flatten::backward(const Tensor& dy, Stash&, bool need_dx) {
   return dy.reshape(inputShape().withBatch(dy.shape()[0]));
 }
 
+std::vector<OpUse> ActivationLayer::ops(bool training) const {
+  return f32Ops(training, {Op::kActivation}, {Op::kActivationBackward});
+}
+
+// Inference passes its input through.
+std::vector<OpUse> Dropout::ops(bool training) const {
+  return training ? f32Ops(true, {Op::kDropout}, {Op::kMul}) : std::vector<OpUse>{};
+}
+
+// A view of its input: no op.
+std::vector<OpUse> Flatten::ops(bool training) const {
+  (void)training;
+  return {};
+}
+
 }  // namespace tandem

@@ -14,6 +14,7 @@ class ActivationLayer final : public Layer {
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   LayerSpec spec() const override { return {type(), {}, {}, {}}; }
@@ -35,6 +36,7 @@ class Dropout final : public Layer {
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override { return inputShape().numel(); }
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   LayerSpec spec() const override;
@@ -52,6 +54,7 @@ class Flatten final : public Layer {
   std::string type() const override { return "flatten"; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override { return 0; }
   LayerSpec spec() const override { return {type(), {}, {}, {}}; }
 

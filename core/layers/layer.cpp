@@ -1,5 +1,7 @@
 #include "core/layers/layer.h"
 
+#include <set>
+
 #include "core/error.h"
 
 namespace tandem {
@@ -30,6 +32,21 @@ std::vector<float> uniformInit(Rng& rng, int64_t n, float bound) {
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = rng.uniform(-bound, bound);
   return v;
+}
+
+std::vector<OpUse> f32Ops(bool training, std::initializer_list<Op> forward,
+                          std::initializer_list<Op> backward) {
+  std::vector<OpUse> out;
+  for (Op op : forward) out.push_back({op, DType::kF32});
+  if (training)
+    for (Op op : backward) out.push_back({op, DType::kF32});
+  return unionOps({out});
+}
+
+std::vector<OpUse> unionOps(const std::vector<std::vector<OpUse>>& lists) {
+  std::set<OpUse> all;
+  for (const auto& list : lists) all.insert(list.begin(), list.end());
+  return {all.begin(), all.end()};
 }
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +92,11 @@ class Layer {
   // the others (convolution, pooling, flatten) throw Unsupported.
   virtual Tensor decode(const Tensor& x, DecodeState& state);
 
+  // The backend ops (and their dtypes) this layer runs, valid after setup: its forward, and
+  // with `training` its backward too (with the input's gradient). A device whose backend
+  // lacks one cannot hold the layer (Backend::supports).
+  virtual std::vector<OpUse> ops(bool training) const = 0;
+
   // Cost facts, per sample, valid after setup.
   virtual int64_t paramCount() const { return 0; }
   virtual int64_t flops() const = 0;                // forward; a multiply-add is 2
@@ -111,6 +117,12 @@ class Layer {
  private:
   Shape input_, output_;
 };
+
+// `forward`'s ops on f32, and `backward`'s too when training (Layer::ops).
+std::vector<OpUse> f32Ops(bool training, std::initializer_list<Op> forward,
+                          std::initializer_list<Op> backward);
+// The union of op lists, each op once, in Op order.
+std::vector<OpUse> unionOps(const std::vector<std::vector<OpUse>>& lists);
 
 // Allocates a parameter and its zeroed gradient.
 Param makeParam(Backend& backend, std::string name, const Shape& shape,

@@ -100,4 +100,9 @@ LayerSpec Linear::spec() const {
   return s;
 }
 
+std::vector<OpUse> Linear::ops(bool training) const {
+  if (!bias_) return f32Ops(training, {Op::kGemm}, {});
+  return f32Ops(training, {Op::kGemm, Op::kAddBias}, {Op::kBiasGrad});
+}
+
 }  // namespace tandem

@@ -17,6 +17,7 @@ class Linear final : public Layer {
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override;
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   LayerSpec spec() const override;

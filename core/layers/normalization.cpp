@@ -98,4 +98,14 @@ LayerSpec Embedding::spec() const {
   return s;
 }
 
+std::vector<OpUse> LayerNorm::ops(bool training) const {
+  return f32Ops(training, {Op::kLayerNorm}, {Op::kLayerNormBackward});
+}
+
+std::vector<OpUse> Embedding::ops(bool training) const {
+  std::vector<OpUse> out = {{Op::kEmbedding, DType::kI32}};
+  if (training) out.push_back({Op::kEmbeddingBackward, DType::kI32});
+  return out;
+}
+
 }  // namespace tandem

@@ -15,6 +15,7 @@ class LayerNorm final : public Layer {
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t paramCount() const override { return 2 * dim_; }
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override { return 8 * inputShape().numel(); }
   int64_t stashBytes() const override;
   LayerSpec spec() const override;
@@ -41,6 +42,7 @@ class Embedding final : public Layer {
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t paramCount() const override { return vocab_ * dim_; }
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override { return 0; }
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   LayerSpec spec() const override;

@@ -91,4 +91,13 @@ Tensor GlobalAvgPool::backward(const Tensor& dy, Stash&, bool need_dx) {
   return dx;
 }
 
+std::vector<OpUse> Pool2d::ops(bool training) const {
+  if (kind_ == Kind::kMax) return f32Ops(training, {Op::kMaxPool}, {Op::kMaxPoolBackward});
+  return f32Ops(training, {Op::kAvgPool}, {Op::kAvgPoolBackward});
+}
+
+std::vector<OpUse> GlobalAvgPool::ops(bool training) const {
+  return f32Ops(training, {Op::kAvgPool}, {Op::kAvgPoolBackward});
+}
+
 }  // namespace tandem

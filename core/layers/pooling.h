@@ -14,6 +14,7 @@ class Pool2d final : public Layer {
   void build(Backend& backend, Rng&) override { backend_ = &backend; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override;
   LayerSpec spec() const override;
@@ -33,6 +34,7 @@ class GlobalAvgPool final : public Layer {
   void build(Backend& backend, Rng&) override { backend_ = &backend; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override { return inputShape().numel(); }
   LayerSpec spec() const override { return {type(), {}, {}, {}}; }
 

@@ -125,4 +125,12 @@ LayerSpec Residual::spec() const {
   return s;
 }
 
+// The shortcut is copied and added; the projection's and the body's ops beside.
+std::vector<OpUse> Residual::ops(bool training) const {
+  std::vector<std::vector<OpUse>> lists = {f32Ops(training, {Op::kCopy, Op::kAxpby}, {}),
+                                           body_.ops(training)};
+  if (projection_) lists.push_back(projection_->ops(training));
+  return unionOps(lists);
+}
+
 }  // namespace tandem

@@ -145,4 +145,11 @@ std::vector<LayerSpec> Sequence::specs() const {
   return out;
 }
 
+std::vector<OpUse> Sequence::ops(bool training, size_t begin, size_t end) const {
+  std::vector<std::vector<OpUse>> lists;
+  for (size_t i = begin; i < std::min(end, layers_.size()); ++i)
+    lists.push_back(layers_[i]->ops(training));
+  return unionOps(lists);
+}
+
 }  // namespace tandem

@@ -57,6 +57,9 @@ class Sequence {
   void backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done = {},
                        bool first_done = false);
 
+  // Every op layers [begin, end) run (Layer::ops), each once, in Op order.
+  std::vector<OpUse> ops(bool training, size_t begin = 0, size_t end = SIZE_MAX) const;
+
   std::vector<LayerSpec> specs() const;
 
  private:

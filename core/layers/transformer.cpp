@@ -78,4 +78,6 @@ LayerSpec TransformerBlock::spec() const {
   return s;
 }
 
+std::vector<OpUse> TransformerBlock::ops(bool training) const { return body_.ops(training); }
+
 }  // namespace tandem

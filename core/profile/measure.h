@@ -60,6 +60,10 @@ class LayerRunner {
   LayerRunner(Model& model, int64_t batch, uint64_t seed = 1);
 
   size_t size() const { return inputs_.size(); }
+  // Whether the backend runs layer i (Backend::supports for its Layer::ops, training). One
+  // it cannot run is not run: it passes zeros of its output's shape on, and its forward
+  // and backward do nothing.
+  bool runs(size_t i) const { return runs_.at(i); }
   // Layer i's forward on its stored input (training mode: dropout draws its mask).
   void forward(size_t i);
   // Layer i's backward from its stored stash, with the input gradient unless it is the
@@ -73,6 +77,7 @@ class LayerRunner {
   Model& model_;
   std::vector<Tensor> inputs_, grads_;
   std::vector<Stash> stashes_;
+  std::vector<bool> runs_;
 };
 
 // Load beside a measurement: `copies` threads, each with its own backend (from `make`)

@@ -46,7 +46,10 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
   // sample, or per token of a language model's [T, vocab]).
   const Shape out_shape = model.layer(n - 1).outputShape().withBatch(o.batch);
   const int64_t classes = out_shape[out_shape.rank() - 1];
-  const bool classifier = out_shape.rank() >= 2 && classes > 0;
+  // The loss runs where the backend has it; a device without it cannot hold the last layer.
+  const OpUse loss_op{Op::kSoftmaxCrossEntropy, DType::kF32};
+  const bool loss_runs = backend.supports(loss_op.op, loss_op.dtype);
+  const bool classifier = out_shape.rank() >= 2 && classes > 0 && loss_runs;
   Tensor logits, labels, dlogits;
   if (classifier) {
     Rng rng(o.seed);
@@ -67,7 +70,7 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     const bool timed = r >= o.warmup;
     for (size_t i = 0; i < n; ++i) {
       const double t = timeOnce([&] { runner.forward(i); });
-      if (timed) forward[i].push_back(t);
+      if (timed && runner.runs(i)) forward[i].push_back(t);
     }
     if (classifier) {
       const double t = timeOnce(lossRun);
@@ -75,7 +78,7 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     }
     for (size_t i = n; i-- > 0;) {
       const double t = timeOnce([&] { runner.backward(i); });
-      if (timed) backward[i].push_back(t);
+      if (timed && runner.runs(i)) backward[i].push_back(t);
     }
   }
   for (size_t i = 0; i < n; ++i) {
@@ -83,11 +86,16 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     l.index = static_cast<int64_t>(i);
     l.type = model.layer(i).type();
     l.output = model.layer(i).outputShape().withBatch(o.batch);
-    l.forward = spreadOf(std::move(forward[i]));
-    l.backward = spreadOf(std::move(backward[i]));
+    if (runner.runs(i)) {  // else not timed: zeros, no repeats
+      l.forward = spreadOf(std::move(forward[i]));
+      l.backward = spreadOf(std::move(backward[i]));
+    }
     l.activation_bytes = runner.activationBytes(i);
     l.param_bytes = runner.paramBytes(i);
     l.flops = model.layer(i).flops();
+    l.lacks = backend.lacking(model.layer(i).ops(true));
+    l.forward_runs = backend.lacking(model.layer(i).ops(false)).empty();
+    if (i + 1 == n && !loss_runs) l.lacks.push_back(loss_op);
     out.layers.push_back(std::move(l));
   }
   if (classifier) out.loss = spreadOf(std::move(loss));
@@ -96,6 +104,8 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
   const std::vector<const char*> kinds =
       o.update ? std::vector<const char*>{"sgd", "adamw"} : std::vector<const char*>{};
   for (const char* kind : kinds) {
+    const OpUse step{std::string_view(kind) == "sgd" ? Op::kSgdStep : Op::kAdamwStep, DType::kF32};
+    if (!backend.supports(step.op, step.dtype)) continue;  // not measured: it lacks the step
     OptimizerOptions oo;
     oo.kind = kind;
     Optimizer optimizer(backend, oo);
@@ -217,6 +227,12 @@ std::string profileToJson(const Profile& p) {
                         {"activation_bytes", l.activation_bytes},
                         {"param_bytes", l.param_bytes},
                         {"flops_per_sample", l.flops}});
+      if (!l.lacks.empty()) {
+        json lacks = json::array();
+        for (const OpUse& u : l.lacks) lacks.push_back(opUseName(u));
+        layers.back()["lacks"] = lacks;
+        layers.back()["forward_runs"] = l.forward_runs;
+      }
     }
     const DeviceInfo& i = d.device;
     json& dj = devices.emplace_back(json{{"name", i.name},
@@ -320,6 +336,17 @@ DeviceProfile parseDevice(const Reader& r, int64_t version) {
     lp.activation_bytes = l.integer("activation_bytes");
     lp.param_bytes = l.integer("param_bytes");
     lp.flops = l.integer("flops_per_sample");
+    if (version > 5 && l.has("lacks")) {
+      for (const json& u : l.array("lacks")) {
+        if (!u.is_string()) l.fail("lacks", "holds a non-string");
+        try {
+          lp.lacks.push_back(parseOpUse(u.get<std::string>()));
+        } catch (const InvalidArgument& e) {
+          l.fail("lacks", e.what());
+        }
+      }
+      lp.forward_runs = l.boolean("forward_runs");
+    }
     d.layers.push_back(std::move(lp));
   }
   if (version > 4 && r.has("batch")) {

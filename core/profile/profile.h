@@ -6,10 +6,11 @@
 // A profile may also hold the links between the nodes of a cluster, measured by
 // `tandem profile --links` (with or without devices).
 //
-// On disk it is JSON, schema "tandem-profile" version 4 (docs/profile.md, with the
+// On disk it is JSON, schema "tandem-profile" version 6 (docs/profile.md, with the
 // JSON Schema in docs/profile.schema.json). parseProfile() checks every field's
 // presence and type, reads versions 1 (no loss, no links), 2 (no sustained
-// measurement) and 3 (no optimizer update) too and refuses others, naming the field.
+// measurement), 3 (no optimizer update), 4 and 5 (no ops lacked) too and refuses others,
+// naming the field.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,7 @@
 
 namespace tandem {
 
-inline constexpr int kProfileVersion = 5;
+inline constexpr int kProfileVersion = 6;
 inline constexpr double kThrottleNoise = 1.5;
 
 struct LayerProfile {
@@ -35,6 +36,13 @@ struct LayerProfile {
   int64_t activation_bytes = 0;  // the layer's output at this batch size
   int64_t param_bytes = 0;
   int64_t flops = 0;  // forward, per sample
+  // Version 6: the ops (with their dtypes) the device's backend lacks to train this layer
+  // (Backend::supports; the last layer's include the loss), and whether it runs its
+  // forward all the same (serving). A layer it lacks its own ops for is not timed (zero
+  // times, no repeats); the partitioner never places a layer with lacks there. Empty: it
+  // runs the layer.
+  std::vector<OpUse> lacks;
+  bool forward_runs = true;
 };
 
 struct GemmPoint {

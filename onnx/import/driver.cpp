@@ -155,17 +155,51 @@ std::string Importer::single(int i, const std::string& v) {
   return node.output(0);
 }
 
-ImportedModel importOnnx(const onnx::ModelProto& model, const std::string& source) {
+namespace {
+
+std::string opList(const std::vector<OpUse>& uses) {
+  std::string out;
+  for (const OpUse& u : uses) out += (out.empty() ? "" : ", ") + opUseName(u);
+  return out;
+}
+
+// What `device` lacks for each imported layer: refused where it cannot run the forward, a
+// note where it cannot train it.
+void checkRunsOn(ImportedModel& imported, const Backend& device) {
+  const Model model(imported.spec);
+  const std::string name = device.info().name;
+  for (size_t i = 0; i < model.size(); ++i) {
+    const Layer& layer = model.layer(i);
+    const std::string at = imported.spec.layers[i].where;
+    const std::vector<OpUse> serve = device.lacking(layer.ops(false));
+    if (!serve.empty())
+      throw InvalidArgument(at + ": " + name + " cannot run it (a " + layer.type() +
+                            " layer): its backend lacks " + opList(serve));
+    std::vector<OpUse> train = device.lacking(layer.ops(true));
+    if (i + 1 == model.size() && !device.supports(Op::kSoftmaxCrossEntropy, DType::kF32))
+      train.push_back({Op::kSoftmaxCrossEntropy, DType::kF32});
+    if (!train.empty())
+      imported.notes.push_back(at + ": " + name + " can serve this " + layer.type() +
+                               " layer but not train it: its backend lacks " + opList(train));
+  }
+}
+
+}  // namespace
+
+ImportedModel importOnnx(const onnx::ModelProto& model, const std::string& source,
+                         const Backend* device) {
   try {
     onnx::checker::check_model(model);
   } catch (const std::exception& e) {
     throw FormatError(source + ": ONNX's checker refuses it: " + e.what());
   }
   Importer importer(model, source);
-  return importer.run();
+  ImportedModel imported = importer.run();
+  if (device) checkRunsOn(imported, *device);
+  return imported;
 }
 
-ImportedModel importOnnx(const std::string& path) {
+ImportedModel importOnnx(const std::string& path, const Backend* device) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw IoError("cannot open the ONNX model '" + path + "'");
   std::string data(static_cast<size_t>(in.tellg()), '\0');  // read once, straight in
@@ -175,7 +209,7 @@ ImportedModel importOnnx(const std::string& path) {
   onnx::ModelProto model;
   if (data.empty() || !model.ParseFromString(data))
     throw FormatError(path + ": not an ONNX model (the protobuf does not parse)");
-  return importOnnx(model, path);
+  return importOnnx(model, path, device);
 }
 
 ModelFile toModelFile(const ImportedModel& imported) {

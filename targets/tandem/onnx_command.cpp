@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/registry.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "core/model_file.h"
@@ -16,15 +17,19 @@ namespace tandem::cli {
 
 void addImport(CLI::App& app) {
   struct Args {
-    std::string onnx, out;
+    std::string onnx, out, device;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("import", "Read an ONNX model into a tandem model file (.tdm)");
   c->add_option("model", a->onnx, "The ONNX model (.onnx)")->required()->check(CLI::ExistingFile);
   c->add_option("--out", a->out, "The model file to write")->required();
+  c->add_option("--device", a->device,
+                "Import for this device (cpu, opencl:N): refuse a layer its backend cannot run, "
+                "note one it can serve but not train");
   c->callback([a] {
     checkWritable(a->out, "model file");
-    const onnx_io::ImportedModel imported = onnx_io::importOnnx(a->onnx);
+    const std::unique_ptr<Backend> device = a->device.empty() ? nullptr : makeBackend(a->device);
+    const onnx_io::ImportedModel imported = onnx_io::importOnnx(a->onnx, device.get());
     for (const std::string& note : imported.notes) std::printf("note: %s\n", note.c_str());
     const ModelFile file = onnx_io::toModelFile(imported);
     cpu::CpuBackend be(cpu::CpuOptions{1});
@@ -34,6 +39,7 @@ void addImport(CLI::App& app) {
                 a->onnx.c_str(), model->size(), static_cast<long long>(model->paramCount()),
                 model->inputShape().str().c_str(), model->outputShape().str().c_str(),
                 a->out.c_str());
+    if (device) std::printf("%s runs every layer's forward\n", device->info().name.c_str());
   });
 }
 

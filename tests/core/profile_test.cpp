@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "core/profile/profile.h"
+#include "tests/forwarding_backend.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -230,9 +231,10 @@ TEST(ProfileTest, LinksRoundTripWithOrWithoutDevices) {
 TEST(ProfileTest, EarlierVersionsStillRead) {
   Profile with_batch = tinyProfile();
   with_batch.devices[0].batch = 16;
-  for (const char* version : {"1", "2", "3", "4"}) {
+  with_batch.devices[0].layers[1].lacks = {{Op::kActivationBackward, DType::kF32}};
+  for (const char* version : {"1", "2", "3", "4", "5"}) {
     std::string text = profileToJson(with_batch);
-    const size_t at = text.find("\"version\": 5");
+    const size_t at = text.find("\"version\": 6");
     ASSERT_NE(at, std::string::npos);
     text.replace(at, 12, std::string("\"version\": ") + version);
     const Profile q = parseProfile(text, "old.json");
@@ -244,13 +246,71 @@ TEST(ProfileTest, EarlierVersionsStillRead) {
       EXPECT_EQ(q.devices[0].sustained.passes, 0);  // nor sustained before version 3
       EXPECT_EQ(q.devices[0].sustained.scale(), 1.0);
     }
-    EXPECT_EQ(q.devices[0].batch, 0);  // a device's own batch came with version 5
+    if (version[0] < '5') {
+      EXPECT_EQ(q.devices[0].batch, 0);  // a device's own batch came with version 5
+    }
+    EXPECT_TRUE(q.devices[0].layers[1].lacks.empty());  // what it lacks, with version 6
     if (version[0] < '4') {
       EXPECT_TRUE(q.devices[0].update.empty());  // nor an update before version 4
     }
 
     EXPECT_EQ(q.model, "tiny");
   }
+}
+
+// A device whose backend lacks ops: the layers that need them are not timed and say what
+// they lack (the loss's on the last layer), the others are measured as ever, an optimizer
+// it lacks the step of is not measured, and the file carries all of it back.
+TEST(ProfileTest, ADeviceLackingOpsSaysWhichLayersItCannotRun) {
+  cpu::CpuBackend cpu;
+  const OpUse gelu_back{Op::kActivationBackward, DType::kF32};
+  const OpUse loss{Op::kSoftmaxCrossEntropy, DType::kF32};
+  testing::ForwardingBackend be(cpu, {gelu_back, loss, {Op::kAdamwStep, DType::kF32}});
+  ProfileOptions o;
+  o.batch = 4;
+  o.warmup = 1;
+  o.repeats = 2;
+  o.gemm_sizes = {16};
+  o.sustain_s = 0.05;
+  const ModelSpec spec = parseModelSpec(testing::kTinyNet);
+  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, {}, std::nullopt};
+  p.devices.push_back(profileDevice(spec, be, o));
+  const DeviceProfile& d = p.devices[0];
+  ASSERT_EQ(d.layers.size(), 9u);
+  for (const LayerProfile& l : d.layers) {
+    // relu (1) and gelu (6) both need activationBackward; the last linear (8) the loss.
+    const bool own = l.index == 1 || l.index == 6;  // lacks its own ops: not timed
+    EXPECT_EQ(!l.lacks.empty(), own || l.index == 8) << l.index << " " << l.type;
+    EXPECT_EQ(l.forward.repeats, own ? 0 : 2) << l.index;
+    EXPECT_EQ(l.backward.repeats, own ? 0 : 2) << l.index;
+    if (own) {
+      EXPECT_EQ(l.forward.max + l.backward.max, 0) << l.index;
+    }
+    EXPECT_TRUE(l.forward_runs) << l.index;
+  }
+  EXPECT_EQ(d.layers[1].lacks, std::vector<OpUse>{gelu_back});
+  EXPECT_EQ(d.layers[8].lacks, std::vector<OpUse>{loss});
+  EXPECT_EQ(d.loss.repeats, 0);            // not measured
+  EXPECT_EQ(d.update.count("adamw"), 0u);  // lacked
+  EXPECT_EQ(d.update.count("sgd"), 1u);
+  const Profile q = parseProfile(profileToJson(p), "mem");
+  for (size_t i = 0; i < d.layers.size(); ++i) {
+    EXPECT_EQ(q.devices[0].layers[i].lacks, d.layers[i].lacks) << i;
+    EXPECT_EQ(q.devices[0].layers[i].forward_runs, d.layers[i].forward_runs) << i;
+  }
+  // A forward it lacks too is said so (serving cannot use the layer either).
+  testing::ForwardingBackend no_gelu(cpu, {{Op::kActivation, DType::kF32}});
+  p.devices[0] = profileDevice(spec, no_gelu, o);
+  EXPECT_FALSE(p.devices[0].layers[6].forward_runs);
+  EXPECT_EQ(parseProfile(profileToJson(p), "mem").devices[0].layers[6].forward_runs, false);
+  // A bad entry is refused naming the field.
+  const std::string text = profileToJson(p);
+  const size_t at = text.find("\"activation on f32\"");
+  ASSERT_NE(at, std::string::npos);
+  for (const char* bad :
+       {"\"activation in f32\"", "\"nothing on f32\"", "\"activation on f64\"", "3"})
+    expectThrowWith<FormatError>([&] { parseProfile(std::string(text).replace(at, 19, bad), "p"); },
+                                 {"profile field devices[0].layers[1].lacks"});
 }
 
 TEST(ProfileTest, BadFilesNameTheField) {
@@ -263,10 +323,10 @@ TEST(ProfileTest, BadFilesNameTheField) {
   expectThrowWith<FormatError>([] { parseProfile("{", "p.json"); }, {"p.json: not JSON"});
   expectThrowWith<FormatError>([] { parseProfile("[]", "p.json"); }, {"is not an object"});
   expectThrowWith<FormatError>(
-      [&] { parseProfile(edited("\"version\": 5", "\"version\": 6"), "p"); },
-      {"profile version 6 is not supported", "reads versions 1 to 5"});
+      [&] { parseProfile(edited("\"version\": 6", "\"version\": 7"), "p"); },
+      {"profile version 7 is not supported", "reads versions 1 to 6"});
   expectThrowWith<FormatError>(
-      [&] { parseProfile(edited("\"version\": 5", "\"version\": 0"), "p"); },
+      [&] { parseProfile(edited("\"version\": 6", "\"version\": 0"), "p"); },
       {"profile version 0 is not supported"});
   expectThrowWith<FormatError>(
       [&] { parseProfile(edited("\"gemm\": ", "\"batch\": 0, \"gemm\": "), "p"); },

@@ -26,6 +26,7 @@
 #include "core/model_spec.h"
 #include "onnx/onnx_export.h"
 #include "onnx/onnx_import.h"
+#include "tests/forwarding_backend.h"
 #include "tests/onnx/onnx_test_util.h"
 #include "tests/process_util.h"
 #include "tests/test_util.h"
@@ -241,6 +242,31 @@ TEST(OnnxImportTest, WhatTheLayersCannotExpressIsRefusedNamingTheNode) {
   m.mutable_graph()->mutable_node(4)->set_input(0, "p");
   testing::expectThrowWith<InvalidArgument>([&] { importOnnx(m, "m.onnx"); },
                                             {"node 'Gemm_y' (Gemm)", "'p' is read by two nodes"});
+}
+
+// Imported for a device: a layer whose forward its backend lacks an op of is refused naming
+// the ONNX node; one it can serve but not train imports with a note saying so.
+TEST(OnnxImportTest, ImportedForADeviceItsLacksAreNamedByNode) {
+  cpu::CpuBackend cpu(cpu::CpuOptions{1});
+  const ImportedModel plain = importOnnx(smallCnn(), "small.onnx", &cpu);
+  EXPECT_EQ(plain.notes.size(), 1u);  // only the dropped softmax: the CPU runs everything
+  testing::ForwardingBackend no_pool(cpu, {{Op::kMaxPool, DType::kF32}});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { importOnnx(smallCnn(), "small.onnx", &no_pool); },
+      {"small.onnx: node 'MaxPool_p': cpu cannot run it (a maxpool2d layer)",
+       "lacks maxPool on f32"});
+  testing::ForwardingBackend serve_only(
+      cpu, {{Op::kCol2im, DType::kF32}, {Op::kSoftmaxCrossEntropy, DType::kF32}});
+  const ImportedModel imported = importOnnx(smallCnn(), "small.onnx", &serve_only);
+  ASSERT_EQ(imported.notes.size(), 3u);
+  EXPECT_NE(imported.notes[1].find("node 'Conv_c': cpu can serve this conv2d layer but "
+                                   "not train it: its backend lacks col2im on f32"),
+            std::string::npos)
+      << imported.notes[1];
+  EXPECT_NE(imported.notes[2].find("node 'Gemm_y': cpu can serve this linear layer but "
+                                   "not train it: its backend lacks softmaxCrossEntropy on f32"),
+            std::string::npos)
+      << imported.notes[2];
 }
 
 TEST(OnnxImportTest, HostileFilesAreRefusedWithClearErrors) {

@@ -260,6 +260,34 @@ TEST(ClusterTest, TheLossJoinsTheLastLayerWhenTraining) {
   EXPECT_DOUBLE_EQ(serve.devices[0].forward_s.back(), 2 * last);
 }
 
+// What a device's profile says it lacks reaches the problem: for training every lacked op
+// of a layer, for serving only a forward it cannot run.
+TEST(ClusterTest, WhatAProfileLacksReachesTheProblem) {
+  const Model model(parseModelSpec(tandem::testing::kTinyNet));
+  const Cluster c = parseCluster(kCluster, "c.yaml");
+  Profile prof = profileFor(model, {"cpu", "opencl:0"});
+  LayerProfile& relu = prof.devices[1].layers[1];
+  relu.lacks = {{Op::kActivationBackward, DType::kF32}};
+  LayerProfile& gelu = prof.devices[1].layers[6];
+  gelu.lacks = {{Op::kActivation, DType::kF32}, {Op::kActivationBackward, DType::kF32}};
+  gelu.forward_runs = false;
+  CostOptions o;
+  o.microbatch_size = 8;
+  const Problem train = makeProblem(model, c, {{"p.json", prof}}, "p.json", o);
+  // Devices in the cluster's order: edge/cpu (cpu), cloud/gpu (opencl:0), cloud/cpu.
+  const DeviceCosts& gpu = train.devices[1];
+  ASSERT_EQ(gpu.name, "cloud/gpu");
+  ASSERT_EQ(gpu.lacks.size(), model.size());
+  EXPECT_EQ(gpu.lacks[1], "lacks activationBackward on f32");
+  EXPECT_EQ(gpu.lacks[6], "lacks activation on f32, activationBackward on f32");
+  EXPECT_EQ(gpu.lacks[0], "");
+  for (const std::string& l : train.devices[0].lacks) EXPECT_EQ(l, "");
+  o.objective = Objective::kInferThroughput;
+  const Problem serve = makeProblem(model, c, {{"p.json", prof}}, "p.json", o);
+  EXPECT_EQ(serve.devices[1].lacks[1], "");  // its forward runs
+  EXPECT_EQ(serve.devices[1].lacks[6], "lacks activation on f32, activationBackward on f32");
+}
+
 TEST(ClusterTest, NodesMayNameTheirDaemonsAndTheClusterItsKey) {
   const Cluster c = parseCluster(
       "key: keys/c.key\n"

@@ -187,6 +187,14 @@ TEST(CliTest, ImportWritesAModelFileFromAnOnnxModel) {
   r = run("inspect " + dir + "/conv.tdm");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("conv2d"), std::string::npos) << r.out;
+  // Imported for a device: the CPU runs every layer; a device there is not is refused.
+  r = run("import " + onnx + " --out " + dir + "/conv-cpu.tdm --device cpu");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cpu runs every layer's forward"), std::string::npos) << r.out;
+  r = run("import " + onnx + " --out " + dir + "/conv-99.tdm --device opencl:99");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("no OpenCL device 99"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/conv-99.tdm"));
   std::ofstream(dir + "/bad.onnx") << "not protobuf";
   r = run("import " + dir + "/bad.onnx --out " + dir + "/bad.tdm");
   EXPECT_EQ(r.code, 1) << r.out;
