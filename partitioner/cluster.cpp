@@ -208,6 +208,10 @@ MessageCpuCost messageCpuCost(const std::vector<MessageCpu>& points) {
   if (z.bytes > a.bytes)
     c.per_byte_s = std::max(0.0, (z.cpu_s - a.cpu_s) / static_cast<double>(z.bytes - a.bytes));
   c.fixed_s = std::max(0.0, a.cpu_s - c.per_byte_s * static_cast<double>(a.bytes));
+  if (z.bytes > a.bytes)
+    c.send_per_byte_s =
+        std::max(0.0, (z.send_s - a.send_s) / static_cast<double>(z.bytes - a.bytes));
+  c.send_fixed_s = std::max(0.0, a.send_s - c.send_per_byte_s * static_cast<double>(a.bytes));
   return c;
 }
 

@@ -80,7 +80,8 @@ void validate(const Problem& p) {
       "message costs for " << p.node_message_cpu.size() << " of " << nodes << " nodes");
   for (const MessageCpuCost& m : p.node_message_cpu)
     TANDEM_CHECK_MSG(
-        m.fixed_s >= 0 && m.per_byte_s >= 0, InvalidArgument,
+        m.fixed_s >= 0 && m.per_byte_s >= 0 && m.send_fixed_s >= 0 && m.send_per_byte_s >= 0,
+        InvalidArgument,
         "a message costing " << m.fixed_s << " s and " << m.per_byte_s << " s per byte of CPU");
   const CostOptions& o = p.options;
   TANDEM_CHECK_MSG(o.microbatches >= 1 && o.microbatch_size >= 1, InvalidArgument,
@@ -217,6 +218,11 @@ double CostModel::messageCpu(int node, int from_node, int to_node, double bytes)
           : problem_.links[static_cast<size_t>(from_node)][static_cast<size_t>(to_node)]
                 .cpu_s_per_byte;
   return own.fixed_s + std::max(own.per_byte_s, link) * bytes;
+}
+
+double CostModel::sendTime(int node, double bytes) const {
+  const auto& m = problem_.node_message_cpu;
+  return m.empty() ? 0 : m[static_cast<size_t>(node)].send(bytes);
 }
 
 const LinkCosts& CostModel::linkCosts(int from, int to) const {

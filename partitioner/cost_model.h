@@ -87,6 +87,9 @@ class CostModel {
   // its cost per byte, or the link's measured cost per byte where that is higher (a
   // slow or shaped link's packets cost the hosts more than loopback's). 0: not known.
   double messageCpu(int node, int from_node, int to_node, double bytes) const;
+  // Wall seconds a stage's thread on node `node` spends sending a message of `bytes`
+  // (MessageCpuCost::send; 0: not known).
+  double sendTime(int node, double bytes) const;
   // The link from type `from`'s node to type `to`'s (within a node: its `local` link).
   const LinkCosts& linkCosts(int from, int to) const;
   // Latency objective: the input's trip from the source device to type `to` (0 when

@@ -65,6 +65,10 @@ struct DeviceCosts {
 struct MessageCpuCost {
   double fixed_s = 0, per_byte_s = 0;
   double of(double bytes) const { return fixed_s + per_byte_s * bytes; }
+  // The sending stage's own thread, in the send call (the line through MessageCpu's
+  // send_s): it computes nothing meanwhile. 0: not measured.
+  double send_fixed_s = 0, send_per_byte_s = 0;
+  double send(double bytes) const { return send_fixed_s + send_per_byte_s * bytes; }
 };
 
 struct LinkCosts {

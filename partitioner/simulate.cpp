@@ -63,6 +63,9 @@ struct Chunk {
   // Sustained seconds of compute per microbatch.
   double forward = 0, backward = 0, weight = 0;
   double out_bytes = 0, in_bytes = 0;  // activation sent on, gradient sent back (wire bytes)
+  // Seconds the stage's thread spends sending each (CostModel::sendTime): the wire
+  // starts after it, and the stage's next action waits for it.
+  double out_send_s = 0, in_send_s = 0;
 };
 
 struct Stage {
@@ -119,9 +122,11 @@ Run runStages(std::vector<Stage> st, int64_t m, const std::vector<double>& stret
         now = std::max(now, grad[v][k]);
         break;
       case ActionType::kSendActivation:
+        now += h.out_send_s;
         act[v + 1][k] = x.next.send(now, h.out_bytes);
         break;
       case ActionType::kSendGradient:
+        now += h.in_send_s;
         grad[v - 1][k] = x.prev.send(now, h.in_bytes);
         break;
       case ActionType::kForward:
@@ -224,9 +229,13 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     const LinkCosts& there = cost.linkCosts(t, u);
     const LinkCosts& back = cost.linkCosts(u, t);
     const auto bytes = static_cast<double>(cost.problem().layers[ps.at.end - 1].output_bytes);
-    x.chunks[static_cast<size_t>(v / p)].out_bytes = bytes * ps.next.activation_ratio;
+    Chunk& out = x.chunks[static_cast<size_t>(v / p)];
+    out.out_bytes = bytes * ps.next.activation_ratio;
+    out.out_send_s = cost.sendTime(x.node, out.out_bytes);
     x.next = {0, 1 / there.bandwidth, there.latency_s};
-    y.chunks[static_cast<size_t>((v + 1) / p)].in_bytes = bytes * ps.next.gradient_ratio;
+    Chunk& in = y.chunks[static_cast<size_t>((v + 1) / p)];
+    in.in_bytes = bytes * ps.next.gradient_ratio;
+    in.in_send_s = cost.sendTime(y.node, in.in_bytes);
     y.prev = {0, 1 / back.bandwidth, back.latency_s};
   }
   return st;

@@ -34,7 +34,9 @@
 // a node's cores before its stages share them (under a quota: what the messages leave of
 // it refills the burst budget). On a node with cores to spare it costs nothing; on a
 // quarter-core node whose stage is busy all the time it lengthens the step by that CPU
-// over the quota.
+// over the quota. A send also holds the sending stage's own thread for its encoding and
+// hand-over to the transport (MessageCpuCost::send, measured by the node's daemon): the
+// message leaves, and the stage goes on, after it.
 //
 // What it leaves out: data loading, memory bandwidth and caches that co-located stages
 // share, and nodes that share a machine without knowing it (docs/partitioner.md says how

@@ -278,7 +278,9 @@ std::string profileToJson(const Profile& p) {
   if (!p.message_cpu.empty()) {
     json points = json::array();
     for (const MessageCpu& m : p.message_cpu)
-      points.push_back({{"bytes", m.bytes}, {"cpu_s", m.cpu_s}});
+      points.push_back(m.send_s > 0
+                           ? json{{"bytes", m.bytes}, {"cpu_s", m.cpu_s}, {"send_s", m.send_s}}
+                           : json{{"bytes", m.bytes}, {"cpu_s", m.cpu_s}});
     j["message_cpu"] = points;
   }
   if (p.links) {
@@ -446,7 +448,9 @@ Profile parseProfile(const std::string& text, const std::string& where) {
     const json& points = top.array("message_cpu");
     for (size_t i = 0; i < points.size(); ++i) {
       const Reader m = top.child(points[i], "message_cpu[" + std::to_string(i) + "]");
-      const MessageCpu point{m.integer("bytes"), m.num("cpu_s")};
+      const MessageCpu point{m.integer("bytes"), m.num("cpu_s"),
+                             version > 5 && m.has("send_s") ? m.num("send_s") : 0.0};
+      if (!(point.send_s >= 0)) m.fail("send_s", "is negative");
       if (point.bytes < 1) m.fail("bytes", "is not positive");
       if (!(point.cpu_s >= 0)) m.fail("cpu_s", "is negative");
       if (!p.message_cpu.empty() && point.bytes <= p.message_cpu.back().bytes)

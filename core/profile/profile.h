@@ -118,6 +118,10 @@ struct LinkProfile {
 struct MessageCpu {
   int64_t bytes = 0;
   double cpu_s = 0;
+  // Version 6: wall seconds the sending stage's own thread spends in the send call (the
+  // tensor encoded and handed to the transport), per message: a stage computes nothing
+  // meanwhile. 0: not measured.
+  double send_s = 0;
 };
 
 struct LinkSet {

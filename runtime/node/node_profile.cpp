@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -112,7 +113,8 @@ constexpr int kMessageWarmup = 10, kMessageRounds = 100;
 // A node's CPU per message (core/profile/profile.h, MessageCpu): two links over this
 // node's loopback, encrypted as a cluster run's stages' are (with a throwaway key), a
 // tensor sent one way and the same size answered, one at a time; the process's CPU over
-// the timed round trips, per message.
+// the timed round trips, per message; and the wall time of the send call on the sending
+// thread, per message (what a stage's thread spends sending instead of computing).
 std::vector<MessageCpu> measureMessageCpu() {
   transport::Context context;
   transport::LinkOptions o;
@@ -130,7 +132,7 @@ std::vector<MessageCpu> measureMessageCpu() {
   for (const int64_t bytes : kMessageSizes) {
     const Tensor t = backend->zeros(Shape{bytes / 4});
     const int64_t first = tag, rounds = kMessageWarmup + kMessageRounds;
-    double cpu0 = 0;
+    double cpu0 = 0, sending = 0;
     bothEnds(
         [&] {
           auto b = makeBackend("cpu");
@@ -140,11 +142,16 @@ std::vector<MessageCpu> measureMessageCpu() {
         [&] {
           for (; tag < first + rounds; ++tag) {
             if (tag == first + kMessageWarmup) cpu0 = processCpuSeconds();
+            const auto s0 = std::chrono::steady_clock::now();
             near.send({MessageKind::kActivation, tag}, t);
+            if (tag >= first + kMessageWarmup)
+              sending +=
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
             near.recv({MessageKind::kGradient, tag}, *backend);
           }
         });
-    out.push_back({bytes, (processCpuSeconds() - cpu0) / (2.0 * kMessageRounds)});
+    out.push_back(
+        {bytes, (processCpuSeconds() - cpu0) / (2.0 * kMessageRounds), sending / kMessageRounds});
   }
   return out;
 }
@@ -349,9 +356,12 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
       result.cached += hit;
     }
   const std::vector<MessageCpu> message_cpu = measureMessageCpu();
-  spdlog::info("a message costs this node {:.1f} us of CPU at {} KiB, {:.1f} us at {} KiB",
-               message_cpu.front().cpu_s * 1e6, message_cpu.front().bytes >> 10,
-               message_cpu.back().cpu_s * 1e6, message_cpu.back().bytes >> 10);
+  spdlog::info(
+      "a message costs this node {:.1f} us of CPU at {} KiB, {:.1f} us at {} KiB; the sending "
+      "thread {:.1f} and {:.1f} us",
+      message_cpu.front().cpu_s * 1e6, message_cpu.front().bytes >> 10,
+      message_cpu.back().cpu_s * 1e6, message_cpu.back().bytes >> 10,
+      message_cpu.front().send_s * 1e6, message_cpu.back().send_s * 1e6);
   for (Profile& p : profiles) p.message_cpu = message_cpu;
   result.profile = profileToJson(profiles[0]);
   for (size_t k = 1; k < profiles.size(); ++k) result.more.push_back(profileToJson(profiles[k]));

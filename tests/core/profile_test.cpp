@@ -175,11 +175,13 @@ TEST(ProfileTest, JsonRoundTrips) {
   EXPECT_EQ(b.sustained.cpu_cores, a.sustained.cpu_cores);
   EXPECT_EQ(b.sustained.quota_cores, a.sustained.quota_cores);
   EXPECT_TRUE(q.message_cpu.empty());
-  p.message_cpu = {{4096, 8e-5}, {262144, 6e-4}};
+  p.message_cpu = {{4096, 8e-5, 1e-5}, {262144, 6e-4, 3e-5}};
   const Profile r = parseProfile(profileToJson(p), "mem");
   ASSERT_EQ(r.message_cpu.size(), 2u);
   EXPECT_EQ(r.message_cpu[1].bytes, 262144);
   EXPECT_EQ(r.message_cpu[1].cpu_s, 6e-4);
+  EXPECT_EQ(r.message_cpu[0].send_s, 1e-5);
+  EXPECT_EQ(r.message_cpu[1].send_s, 3e-5);
   ASSERT_EQ(b.update.size(), 2u);
   EXPECT_EQ(b.update.at("sgd").median, a.update.at("sgd").median);
   EXPECT_EQ(b.update.at("adamw").max, a.update.at("adamw").max);

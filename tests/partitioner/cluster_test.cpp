@@ -288,6 +288,25 @@ TEST(ClusterTest, WhatAProfileLacksReachesTheProblem) {
   EXPECT_EQ(serve.devices[1].lacks[6], "lacks activation on f32, activationBackward on f32");
 }
 
+// A node's message costs are the lines through its daemon's points: the CPU of both ends,
+// and the sending thread's time in the send call.
+TEST(ClusterTest, ANodesMessageCostsAreTheLinesThroughItsPoints) {
+  const Model model(parseModelSpec(tandem::testing::kTinyNet));
+  const Cluster c = parseCluster(kCluster, "c.yaml");
+  Profile prof = profileFor(model, {"cpu", "opencl:0"});
+  prof.message_cpu = {{1000, 2e-5, 1e-5}, {3000, 6e-5, 2e-5}};
+  CostOptions o;
+  o.microbatch_size = 4;
+  const Problem problem = makeProblem(model, c, {{"p.json", prof}}, "p.json", o);
+  ASSERT_EQ(problem.node_message_cpu.size(), 2u);
+  const MessageCpuCost& m = problem.node_message_cpu[0];
+  EXPECT_NEAR(m.per_byte_s, 2e-8, 1e-20);
+  EXPECT_NEAR(m.fixed_s, 0, 1e-15);
+  EXPECT_NEAR(m.send_per_byte_s, 5e-9, 1e-20);
+  EXPECT_NEAR(m.send_fixed_s, 5e-6, 1e-15);
+  EXPECT_NEAR(m.send(5000), 3e-5, 1e-15);
+}
+
 TEST(ClusterTest, NodesMayNameTheirDaemonsAndTheClusterItsKey) {
   const Cluster c = parseCluster(
       "key: keys/c.key\n"

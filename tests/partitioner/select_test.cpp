@@ -87,6 +87,28 @@ TEST(SimulateTest, MessagesCrossLinksWithTheirLatencyAndBytes) {
               2 * f + 2 * b + 2 * (500 / 1e6 + 0.005), 1e-12);
 }
 
+// A send holds its stage's thread (MessageCpuCost::send): the message leaves after it, and
+// with two microbatches the first stage's second forward waits for its first send too.
+TEST(SimulateTest, ASendHoldsTheSendingStagesThread) {
+  Problem problem = uniformProblem(4, 2, 0.001, 0.002, /*bandwidth=*/1e6, /*latency=*/0.005);
+  problem.options.microbatches = 1;
+  const double fixed = 0.0003, per_byte = 1e-7;  // 1000 bytes: 0.0004 s a send
+  problem.node_message_cpu.assign(2, MessageCpuCost{});
+  for (MessageCpuCost& m : problem.node_message_cpu) {
+    m.send_fixed_s = fixed;
+    m.send_per_byte_s = per_byte;
+  }
+  const CostModel cost(problem);
+  EXPECT_NEAR(cost.sendTime(1, 1000), 0.0004, 1e-15);
+  const double f = 0.002, b = 0.004, message = 1000 / 1e6 + 0.005, send = 0.0004;
+  EXPECT_NEAR(predictStep(cost, evenPlan(cost, 2)).step_s, 2 * f + 2 * b + 2 * (message + send),
+              1e-12);
+  // Not measured (0): free, as before.
+  problem.node_message_cpu.assign(2, MessageCpuCost{});
+  const CostModel free(problem);
+  EXPECT_NEAR(predictStep(free, evenPlan(free, 2)).step_s, 2 * f + 2 * b + 2 * message, 1e-12);
+}
+
 TEST(SimulateTest, ALinkCarriesOneMessageAtATime) {
   // GPipe's forwards on a link slower than the stages: the messages queue on the wire, and
   // the last one arrives (m) transfer times after the first forward.

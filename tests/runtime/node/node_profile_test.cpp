@@ -62,6 +62,12 @@ TEST_F(DaemonTest, AProfileTaskIsMeasuredOnceAndThenComesFromTheCache) {
   EXPECT_LT(first.message_cpu[0].bytes, first.message_cpu[1].bytes);
   EXPECT_GT(first.message_cpu[0].cpu_s, 0);
   EXPECT_GT(first.message_cpu[1].cpu_s, 0);
+  // The sending thread's time in the send call: something, and less than the round trip's
+  // CPU of both ends it is part of.
+  for (const MessageCpu& m : first.message_cpu) {
+    EXPECT_GT(m.send_s, 0) << m.bytes;
+    EXPECT_LT(m.send_s, 2 * m.cpu_s) << m.bytes;
+  }
   auto [again, cached_again] = ask(task);
   EXPECT_EQ(again.message_cpu.size(), 2u);
   EXPECT_EQ(cached_again, 2);
