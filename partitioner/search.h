@@ -76,6 +76,14 @@ inline constexpr double kCodecTolerance = 0.02;
 // alone ran 0.76x of it; on emulated unequal nodes splits predicted 14-16% faster than the
 // fast node alone ran 0.89x of it.
 inline constexpr double kSelectionMargin = 0.15;
+// Of plans for the same batch priced under different options (microbatch counts,
+// schedules), the index of the one to run: the fewest devices among those within
+// kSelectionMargin of the most samples per second, the most samples per second among
+// those. choosePlan applies the margin within one set of options; this applies it across
+// them, so a split at 16 microbatches predicted a little faster than one device at 1 does
+// not win by less than the model's error. Plans that do not fit are never picked; -1 when
+// none fits.
+int pickAcrossOptions(const std::vector<const Plan*>& plans);
 Plan chooseCodecs(const CostModel& cost, const Plan& plan);
 
 // Interleaved 1F1B over `base`'s stages (two or more, one device each): the model cut

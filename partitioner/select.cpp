@@ -157,6 +157,27 @@ Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
   return best;
 }
 
+int pickAcrossOptions(const std::vector<const Plan*>& plans) {
+  double fastest = 0;
+  for (const Plan* p : plans)
+    if (fits(*p)) fastest = std::max(fastest, p->samples_per_s);
+  auto devices = [](const Plan& p) {
+    size_t n = 0;
+    for (const PlanStage& s : p.stages) n += s.at.devices.size();
+    return n;
+  };
+  int best = -1;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const Plan& p = *plans[i];
+    if (!fits(p) || p.samples_per_s * (1 + kSelectionMargin) < fastest) continue;
+    const Plan* b = best < 0 ? nullptr : plans[static_cast<size_t>(best)];
+    if (!b || devices(p) < devices(*b) ||
+        (devices(p) == devices(*b) && p.samples_per_s > b->samples_per_s))
+      best = static_cast<int>(i);
+  }
+  return best;
+}
+
 Plan choosePlan(const CostModel& cost, const SearchOptions& o) {
   const CostOptions& opt = cost.options();
   if (!cost.training() || !(opt.choose_activation_codec || opt.choose_gradient_codec))

@@ -258,6 +258,30 @@ std::vector<partitioner::CostOptions> countOptions(const JobSpec& job,
 
 }  // namespace
 
+namespace {
+
+// A candidate plan with the options it was priced under.
+struct Choice {
+  partitioner::Plan plan;
+  int64_t microbatches = 0;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int chunks = 1;
+  std::optional<partitioner::CostModel> cost;
+};
+
+// Of the candidates with one chunk per stage, the fewest devices within the selection
+// margin of the fastest (a split must beat one device by more than the cost model's
+// error, across options too); a fixed job's plan that does not fit when none does.
+Choice pickFlat(std::vector<Choice>& flats) {
+  std::vector<const partitioner::Plan*> plans;
+  for (const Choice& f : flats) plans.push_back(&f.plan);
+  const int picked = partitioner::pickAcrossOptions(plans);
+  if (picked >= 0) return std::move(flats[static_cast<size_t>(picked)]);
+  return flats.empty() ? Choice{} : std::move(flats.front());
+}
+
+}  // namespace
+
 bool prefersInterleaved(double interleaved_samples_per_s, double other_samples_per_s) {
   return interleaved_samples_per_s > other_samples_per_s * (1 + partitioner::kSelectionMargin);
 }
@@ -272,15 +296,9 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
                         : std::vector{job.train.schedule};
   const bool choosing = counts.size() > 1 || kinds.size() > 1;
   std::optional<LinkSet> links;
-  // The fastest candidate with one chunk per stage, and the fastest interleaved one.
-  struct Choice {
-    partitioner::Plan plan;
-    int64_t microbatches = 0;
-    ScheduleKind schedule = ScheduleKind::k1F1B;
-    int chunks = 1;
-    std::optional<partitioner::CostModel> cost;
-  };
-  Choice flat, chunked;
+  // Every feasible candidate with one chunk per stage, and the fastest interleaved one.
+  Choice chunked;
+  std::vector<Choice> flats;  // every feasible candidate with one chunk per stage
   PlannedJob out;
   // The devices' costs depend on the microbatch, not on the schedule: measured once per
   // count (every count in one task per node), priced under each schedule.
@@ -342,11 +360,13 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons&
       if (!c.infeasible.empty() && choosing) continue;
       // The same batch either way: the most samples per second is the shortest step per
       // sample.
-      Choice& best = c.chunks > 1 ? chunked : flat;
-      if (!best.cost || c.samples_per_s > best.plan.samples_per_s)
-        best = {plan, m, runs, c.chunks, std::move(cost)};
+      if (c.chunks == 1)
+        flats.push_back({plan, m, runs, c.chunks, std::move(cost)});
+      else if (!chunked.cost || c.samples_per_s > chunked.plan.samples_per_s)
+        chunked = {plan, m, runs, c.chunks, std::move(cost)};
     }
   }
+  Choice flat = pickFlat(flats);
   const bool take_chunked =
       chunked.cost &&
       (!flat.cost || prefersInterleaved(chunked.plan.samples_per_s, flat.plan.samples_per_s));

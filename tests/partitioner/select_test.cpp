@@ -294,6 +294,37 @@ TEST(SimulateTest, EachStageUpdatesItsParametersOncePerStep) {
   EXPECT_EQ(CostModel(problem).update(0, 0, 4), 0);
 }
 
+// Across microbatch counts and schedules: the fewest devices within the selection margin of
+// the fastest candidate, the fastest of those; what does not fit is never picked.
+TEST(SelectTest, AcrossOptionsFewerDevicesWinWithinTheMargin) {
+  auto plan = [](std::vector<std::vector<int>> stages, double samples,
+                 std::string infeasible = "") {
+    Plan p;
+    for (auto& d : stages) {
+      PlanStage s;
+      s.at.devices = d;
+      p.stages.push_back(s);
+    }
+    p.samples_per_s = samples;
+    p.infeasible = std::move(infeasible);
+    return p;
+  };
+  const Plan split = plan({{0}, {1}}, 8038), alone = plan({{1}}, 7909), slow = plan({{1}}, 6000),
+             other = plan({{0}}, 7950), too_big = plan({{1}}, 9000, "needs more memory");
+  EXPECT_EQ(pickAcrossOptions({&split, &alone}), 1);          // 1.6% slower, one device
+  EXPECT_EQ(pickAcrossOptions({&alone, &split}), 0);          // in either order
+  EXPECT_EQ(pickAcrossOptions({&split, &slow}), 0);           // 34% slower: the split
+  EXPECT_EQ(pickAcrossOptions({&split, &alone, &other}), 2);  // the faster single device
+  EXPECT_EQ(pickAcrossOptions({&split, &too_big}), 0);        // what does not fit is out
+  EXPECT_EQ(pickAcrossOptions({&too_big}), -1);
+  EXPECT_EQ(pickAcrossOptions({}), -1);
+  // The margin is measured against the fastest, never compounded: 8038 -> 7909 is within
+  // it, 7909 -> 6900 would be too, but 8038 -> 6900 is not.
+  const Plan three = plan({{0}, {1}, {2}}, 8038), two = plan({{0}, {1}}, 7909),
+             one = plan({{0}}, 6900);
+  EXPECT_EQ(pickAcrossOptions({&three, &two, &one}), 1);
+}
+
 TEST(SimulateTest, ServingObjectivesAreRefused) {
   Problem problem = uniformProblem(4, 1, 0.001, 0.001);
   problem.options.objective = Objective::kInferThroughput;
