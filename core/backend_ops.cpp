@@ -21,6 +21,15 @@ std::string opUseName(const OpUse& use) {
   return std::string(opName(use.op)) + " on " + std::string(dtypeName(use.dtype));
 }
 
+std::string opUseNames(const std::vector<OpUse>& uses) {
+  std::string out;
+  for (const OpUse& u : uses) {
+    if (!out.empty()) out += ", ";
+    out += opUseName(u);
+  }
+  return out;
+}
+
 OpUse parseOpUse(std::string_view text) {
   const size_t on = text.find(" on ");
   if (on != std::string_view::npos)

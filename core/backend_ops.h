@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -164,6 +165,8 @@ struct OpUse {
 // "gemm on f32", and back (InvalidArgument naming the text).
 std::string opUseName(const OpUse& use);
 OpUse parseOpUse(std::string_view text);
+// "gemm on f32, softmax on f32".
+std::string opUseNames(const std::vector<OpUse>& uses);
 
 // What the CPU and OpenCL backends both run: every math op on f32 (embedding's on i32
 // ids), buffers of any dtype, fill on f32 and i32, convert between f32 and f16, bf16 or

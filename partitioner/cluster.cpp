@@ -320,10 +320,8 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
         d.forward_s.push_back(lp.forward.median * scale);
         d.backward_s.push_back(lp.backward.median * scale);
         // What its backend lacks for the layer (serving needs the forward's ops only).
-        std::string lacks;
-        if (!lp.lacks.empty() && (training || !lp.forward_runs))
-          for (const OpUse& u : lp.lacks) lacks += (lacks.empty() ? "lacks " : ", ") + opUseName(u);
-        d.lacks.push_back(lacks);
+        const bool lacks = !lp.lacks.empty() && (training || !lp.forward_runs);
+        d.lacks.push_back(lacks ? "lacks " + opUseNames(lp.lacks) : "");
       }
       // The loss runs on the last stage, with the last layer; training pays for it.
       if (options.objective == Objective::kTrainThroughput)

@@ -157,12 +157,6 @@ std::string Importer::single(int i, const std::string& v) {
 
 namespace {
 
-std::string opList(const std::vector<OpUse>& uses) {
-  std::string out;
-  for (const OpUse& u : uses) out += (out.empty() ? "" : ", ") + opUseName(u);
-  return out;
-}
-
 // What `device` lacks for each imported layer: refused where it cannot run the forward, a
 // note where it cannot train it.
 void checkRunsOn(ImportedModel& imported, const Backend& device) {
@@ -174,13 +168,13 @@ void checkRunsOn(ImportedModel& imported, const Backend& device) {
     const std::vector<OpUse> serve = device.lacking(layer.ops(false));
     if (!serve.empty())
       throw InvalidArgument(at + ": " + name + " cannot run it (a " + layer.type() +
-                            " layer): its backend lacks " + opList(serve));
+                            " layer): its backend lacks " + opUseNames(serve));
     std::vector<OpUse> train = device.lacking(layer.ops(true));
     if (i + 1 == model.size() && !device.supports(Op::kSoftmaxCrossEntropy, DType::kF32))
       train.push_back({Op::kSoftmaxCrossEntropy, DType::kF32});
     if (!train.empty())
       imported.notes.push_back(at + ": " + name + " can serve this " + layer.type() +
-                               " layer but not train it: its backend lacks " + opList(train));
+                               " layer but not train it: its backend lacks " + opUseNames(train));
   }
 }
 

@@ -33,7 +33,6 @@ namespace tandem::transport::test {
 using tandem::testing::onThreads;
 
 // The ranks of one group, of either kind, with what they need to live.
-// The ranks of one group, of either kind, with what they need to live.
 struct Ranks {
   std::unique_ptr<Context> ctx;
   std::vector<std::unique_ptr<cpu::CpuBackend>> hosts;
