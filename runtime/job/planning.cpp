@@ -118,8 +118,7 @@ std::vector<partitioner::Problem> measuredProblems(
     profiles.emplace(path, parseProfile(readFile(path, "profile"), path));
   const std::vector<int64_t> sizes = microbatchSizes(options);
   // Per node, the devices no profile file prices, one task entry per backend and thread
-  // count; a CPU device is measured with the node's other CPU devices' stages loading
-  // the machine beside it, as they will when the job runs.
+  // count, each alone (the step simulation shares the node's cores among its stages).
   const size_t nodes = cluster.nodes.size();
   std::vector<ProfileTask> tasks(nodes);
   std::vector<std::vector<partitioner::ClusterDevice*>> measured(nodes);

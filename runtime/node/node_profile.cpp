@@ -371,14 +371,12 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
 ProfileTask nodeProfileTask(const partitioner::ClusterNode& node, const std::string& model_spec,
                             int64_t batch,
                             const std::function<bool(const partitioner::ClusterDevice&)>& measure) {
-  int cpus = 0;
-  for (const partitioner::ClusterDevice& d : node.devices) cpus += d.backend == "cpu";
   ProfileTask t;
   t.model_spec = model_spec;
   t.batch = batch;
   for (const partitioner::ClusterDevice& d : node.devices) {
     if (!measure(d)) continue;
-    const ProfileDevice want{d.backend, d.threads, d.backend == "cpu" ? cpus - 1 : 0};
+    const ProfileDevice want{d.backend, d.threads, 0};
     if (std::find(t.devices.begin(), t.devices.end(), want) == t.devices.end())
       t.devices.push_back(want);
   }

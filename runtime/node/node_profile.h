@@ -54,8 +54,10 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
 void bothEnds(const std::function<void()>& far, const std::function<void()>& near);
 
 // What node `node` of `cluster` measures of `model_spec` at `batch`: each of its devices
-// (one entry per backend and thread count) that `measure` accepts; a CPU device with the
-// node's other CPU devices' stages training beside it, as they will when a job runs.
+// (one entry per backend and thread count) that `measure` accepts, each alone on the
+// node (load 0): what stages co-located on its cores cost each other is the step
+// simulation's to price, from their busy share (partitioner/simulate.h), where a profile
+// taken with the neighbours training all the time beside it priced them busy always.
 ProfileTask nodeProfileTask(const partitioner::ClusterNode& node, const std::string& model_spec,
                             int64_t batch,
                             const std::function<bool(const partitioner::ClusterDevice&)>& measure);
