@@ -15,6 +15,8 @@ int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, 
                    "temperature must be 0 (greedy) or positive, got " << o.temperature);
   TANDEM_CHECK_MSG(o.top_k >= 0, InvalidArgument,
                    "top-k must be 0 (all) or positive, got " << o.top_k);
+  TANDEM_CHECK_MSG(o.top_p > 0 && o.top_p <= 1, InvalidArgument,
+                   "top-p must be in (0, 1], got " << o.top_p);
   if (o.temperature == 0.0f)
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> order(logits.size());
@@ -22,14 +24,20 @@ int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, 
   // Largest first; ties by index, so the choice does not depend on the sort's whims.
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  const size_t k =
-      o.top_k > 0 ? std::min(order.size(), static_cast<size_t>(o.top_k)) : order.size();
+  size_t k = o.top_k > 0 ? std::min(order.size(), static_cast<size_t>(o.top_k)) : order.size();
   std::vector<double> weight(k);
   double total = 0;
   for (size_t i = 0; i < k; ++i) {
     weight[i] =
         std::exp((static_cast<double>(logits[order[i]]) - logits[order[0]]) / o.temperature);
     total += weight[i];
+  }
+  if (o.top_p < 1) {  // the fewest most likely tokens holding top_p of the probability
+    double kept = 0;
+    size_t n = 0;
+    while (n < k && kept < static_cast<double>(o.top_p) * total) kept += weight[n++];
+    k = std::max<size_t>(n, 1);
+    total = kept > 0 ? kept : weight[0];
   }
   double draw = static_cast<double>(rng.uniform(0.0f, 1.0f)) * total;
   for (size_t i = 0; i < k; ++i) {

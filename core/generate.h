@@ -19,10 +19,13 @@ struct SamplingOptions {
   float temperature = 0.0f;  // 0: greedy (the first largest logit)
   int64_t top_k = 0;         // > 0: draw among the k largest logits only
   uint64_t seed = 1;
+  // < 1: draw among the most likely tokens (after top_k) whose probabilities first reach
+  // top_p together (nucleus sampling); 1: all of them
+  float top_p = 1.0f;
 };
 
 // The next token from one position's logits; InvalidArgument for a negative temperature
-// or top_k. Draws from `rng` only when temperature > 0.
+// or top_k, or a top_p outside (0, 1]. Draws from `rng` only when temperature > 0.
 int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, Rng& rng);
 
 // What generation needs of a model: [T] token ids in, [T, vocab] logits out, and an

@@ -28,10 +28,11 @@ enum HeaderField {
   kSeedLow,
   kSeedHigh,
   kTemperature,
+  kTopP,
   kLength,
   kFields
 };
-enum Op : int32_t { kStep = 0, kKeepAlive = 1, kEnd = 2 };
+enum Op : int32_t { kStep = 0, kKeepAlive = 1, kEnd = 2, kCancel = 3 };
 
 std::vector<int32_t> header(Op op, int64_t id = 0, int64_t round = 0,
                             const GenerationRequest* r = nullptr) {
@@ -46,6 +47,7 @@ std::vector<int32_t> header(Op op, int64_t id = 0, int64_t round = 0,
     h[kSeedLow] = static_cast<int32_t>(static_cast<uint32_t>(r->sampling.seed));
     h[kSeedHigh] = static_cast<int32_t>(static_cast<uint32_t>(r->sampling.seed >> 32));
     h[kTemperature] = std::bit_cast<int32_t>(r->sampling.temperature);
+    h[kTopP] = std::bit_cast<int32_t>(r->sampling.top_p);
   }
   return h;
 }
@@ -80,9 +82,10 @@ StageDecoder::StageDecoder(Model& model, StageRange range, Link* prev, Link* nex
   shape_ = textShape(model);
 }
 
-void StageDecoder::serve(const RequestSource& source, const TokenSink& sink) {
+void StageDecoder::serve(const RequestSource& source, const TokenSink& sink,
+                         const CancelCheck& cancelled) {
   if (range_.first()) {
-    serveFirst(source, sink);
+    serveFirst(source, sink, cancelled);
   } else {
     serveRest(sink);
   }
@@ -118,7 +121,8 @@ void StageDecoder::step(Sequence& s, const Tensor& x, int64_t n, const std::vect
   if (sink) sink(ChosenToken{s.request.id, s.round, s.request.count, token, row});
 }
 
-void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink) {
+void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink,
+                              const CancelCheck& cancelled) {
   Backend& be = model_.backend();
   std::map<int64_t, Sequence> live;                  // admitted, not every step sent yet
   std::deque<std::pair<int64_t, int64_t>> awaiting;  // (step, sequence) whose token comes back
@@ -148,6 +152,8 @@ void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink
                      InvalidArgument,
                      who << "temperature " << r.sampling.temperature << " and top-k "
                          << r.sampling.top_k << " (need a finite temperature >= 0, top-k >= 0)");
+    TANDEM_CHECK_MSG(r.sampling.top_p > 0 && r.sampling.top_p <= 1, InvalidArgument,
+                     who << "top-p " << r.sampling.top_p << " (need one in (0, 1])");
     const int64_t id = r.id;
     const Tensor x = toDeviceI32(be, {1, static_cast<int64_t>(r.prompt.size())}, r.prompt);
     const uint64_t seed = r.sampling.seed;
@@ -198,6 +204,11 @@ void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink
         t >= 0 && t < shape_.vocab, FormatError,
         "the token " << t << " for step " << m << " is outside the vocab of " << shape_.vocab);
     idle_since = Clock::now();
+    if (cancelled && cancelled(id)) {  // no step of it is in flight now: every stage drops it
+      live.erase(id);
+      pass(header(kCancel, id));
+      continue;
+    }
     advance(id, token.reshape({1, 1}));
   }
   pass(header(kEnd));
@@ -227,6 +238,12 @@ void StageDecoder::serveRest(const TokenSink& sink) {
       }
       continue;
     }
+    if (head[kOp] == kCancel) {
+      if (live.erase(head[kId]) == 0)
+        bad("cancels sequence " + std::to_string(head[kId]) + ", which is not in flight");
+      if (next_) next_->send({MessageKind::kActivation, n}, toDeviceI32(be, {kFields}, head));
+      continue;
+    }
     if (head[kOp] != kStep) bad("unknown operation " + std::to_string(head[kOp]));
     const int64_t id = head[kId], round = head[kRound];
     if (id < 0) bad("sequence id " + std::to_string(id));
@@ -240,6 +257,7 @@ void StageDecoder::serveRest(const TokenSink& sink) {
       r.sampling.seed = static_cast<uint64_t>(static_cast<uint32_t>(head[kSeedLow])) |
                         static_cast<uint64_t>(static_cast<uint32_t>(head[kSeedHigh])) << 32;
       r.sampling.temperature = std::bit_cast<float>(head[kTemperature]);
+      r.sampling.top_p = std::bit_cast<float>(head[kTopP]);
       if (r.count < 1 || r.count > shape_.context)
         bad("sequence " + std::to_string(id) + " of " + std::to_string(r.count) + " tokens");
       const uint64_t seed = r.sampling.seed;

@@ -8,12 +8,16 @@
 // travels as one message (activation, n): a small header — which sequence, which round,
 // and, at its first, the sampling options — then the activation's float bits, all as
 // int32 (so the message goes raw: the link's codec does not apply to generation); the
-// other stages run the steps in the order they arrive. The last stage chooses each token (core/generate.h's
-// chooseToken, a seeded Rng per sequence), hands it to its sink and, unless it was the
-// sequence's last, sends it back to stage 0 as (token, n) over the feedback link. Each
+// other stages run the steps in the order they arrive. The last stage chooses each token
+// (core/generate.h's chooseToken, a seeded Rng per sequence), hands it to its sink and, unless it
+// was the sequence's last, sends it back to stage 0 as (token, n) over the feedback link. Each
 // sequence is computed exactly as generating it alone in one process: the tokens and
 // logits are bitwise those of generate() (tests/pipeline/generation_test.cpp). With one
 // stage the feedback stays in the process.
+//
+// A sequence may be cancelled (CancelCheck): stage 0 asks as each of its tokens comes
+// back, when none of its steps is in flight, and sends a cancel header down the stages,
+// each of which drops its cache.
 //
 // While stage 0 has nothing in flight and waits for requests, it sends a keep-alive
 // header every `keepalive`, so that the other stages' link time limits mark a peer that
@@ -55,6 +59,10 @@ struct ChosenToken {
   const std::vector<float>& logits;
 };
 using TokenSink = std::function<void(const ChosenToken&)>;
+// Whether the sequence of request `id` is to end now (its client left, a stop string
+// came): asked at stage 0 as each of its tokens comes back; a yes frees its caches on
+// every stage, and no more of its tokens come.
+using CancelCheck = std::function<bool(int64_t id)>;
 
 struct DecoderOptions {
   int max_in_flight = 8;  // sequences stage 0 keeps going at once
@@ -73,8 +81,9 @@ class StageDecoder {
   // stage 0 calls `source`, only the last stage `sink` (each may be empty elsewhere). A
   // request that does not fit the model (an empty prompt, ids outside the vocab, more
   // tokens than the context, an id in use) raises InvalidArgument at stage 0; a header
-  // that does not follow the protocol raises FormatError naming the peer.
-  void serve(const RequestSource& source, const TokenSink& sink);
+  // that does not follow the protocol raises FormatError naming the peer. Only stage 0
+  // asks `cancelled` (may be empty).
+  void serve(const RequestSource& source, const TokenSink& sink, const CancelCheck& cancelled = {});
 
   // All of `requests` at once (ids are replaced by their indices). The last stage
   // returns one Generation per request (tokens, logits, first-token time and intervals
@@ -84,7 +93,7 @@ class StageDecoder {
 
  private:
   struct Sequence;
-  void serveFirst(const RequestSource& source, const TokenSink& sink);
+  void serveFirst(const RequestSource& source, const TokenSink& sink, const CancelCheck& cancelled);
   void serveRest(const TokenSink& sink);
   // Runs one step of `s` on input `x` and passes it on (or, at the last stage, chooses
   // its token); `header` is the step's header.

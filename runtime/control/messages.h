@@ -363,6 +363,7 @@ struct Prompt {
   float temperature = 0;
   int64_t top_k = 0;
   uint64_t seed = 1;
+  float top_p = 1;  // in (0, 1]
   bool operator==(const Prompt&) const = default;
 };
 

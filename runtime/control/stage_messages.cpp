@@ -247,6 +247,9 @@ Message readServingMessage(const fb::Message* msg) {
       out.top_k = p->top_k();
       nonNegative(m, "top_k", out.top_k);
       out.seed = p->seed();
+      out.top_p = p->top_p();
+      if (!(out.top_p > 0 && out.top_p <= 1))
+        bad(m, "top_p " + std::to_string(out.top_p) + " is not in (0, 1]");
       return out;
     }
     case fb::Body_PromptsDone:
@@ -386,7 +389,7 @@ flatbuffers::Offset<void> build(B& b, const Answer& m) {
 flatbuffers::Offset<void> build(B& b, const Prompt& m) {
   checkCount("prompt", "tokens", m.tokens.size(), kMaxPromptTokens);
   return fb::CreatePrompt(b, m.id, b.CreateVector(m.tokens), m.count, m.temperature, m.top_k,
-                          m.seed)
+                          m.seed, m.top_p)
       .Union();
 }
 

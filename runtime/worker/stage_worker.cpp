@@ -154,7 +154,7 @@ void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, L
     if (!m) return poll;
     if (const auto* p = std::get_if<Prompt>(&*m)) {
       poll.request =
-          GenerationRequest{p->tokens, p->count, {p->temperature, p->top_k, p->seed}, p->id};
+          GenerationRequest{p->tokens, p->count, {p->temperature, p->top_k, p->seed, p->top_p}, p->id};
     } else if (std::holds_alternative<PromptsDone>(*m)) {
       poll.ended = true;
     } else if (const auto* l = std::get_if<Leave>(&*m)) {

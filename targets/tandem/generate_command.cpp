@@ -172,7 +172,8 @@ class JobGeneration {
     const auto id = static_cast<int64_t>(requests_.size());
     requests_.push_back({text, Clock::now(), {}, {}});
     prompts_.push(
-        {id, tokens, a_.tokens, a_.sampling.temperature, a_.sampling.top_k, a_.sampling.seed});
+        {id, tokens, a_.tokens, a_.sampling.temperature, a_.sampling.top_k, a_.sampling.seed,
+                   a_.sampling.top_p});
   }
   void close() { prompts_.close(); }
 
@@ -356,6 +357,10 @@ void addGenerate(CLI::App& app) {
   c->add_option("--temperature", a->sampling.temperature,
                 "0: greedy (the default); above 0: sample, sharper below 1");
   c->add_option("--top-k", a->sampling.top_k, "Sample among the k most likely tokens only");
+  c->add_option("--top-p", a->sampling.top_p,
+                "Sample among the most likely tokens holding this share of the probability "
+                "(in (0, 1]; 1: all)")
+      ->check(CLI::Range(0.0f, 1.0f));
   c->add_option("--seed", a->sampling.seed, "Seed for sampling");
   c->add_option("--device", a->device, "Device to run on");
   c->add_option("--threads", a->threads, "CPU threads")->check(CLI::Range(1, 1024));

@@ -159,5 +159,30 @@ TEST(SamplingTest, GreedyTakesTheFirstLargestAndTopKBoundsTheDraw) {
       {"top-k must be 0 (all) or positive"});
 }
 
+TEST(SamplingTest, TopPDrawsAmongTheFewestTokensHoldingThatProbability) {
+  Rng rng(3);
+  // Probabilities at temperature 1: about 0.64, 0.24, 0.09, 0.03 for tokens 2, 0, 3, 1.
+  const std::vector<float> logits = {1.0f, -1.0f, 2.0f, 0.0f};
+  std::set<int32_t> seen;
+  for (int i = 0; i < 300; ++i) seen.insert(chooseToken(logits, {1.0f, 0, 9, 0.8f}, rng));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 2}));  // 0.64 < 0.8 <= 0.64 + 0.24
+  seen.clear();
+  for (int i = 0; i < 100; ++i) seen.insert(chooseToken(logits, {1.0f, 0, 9, 0.5f}, rng));
+  EXPECT_EQ(seen, (std::set<int32_t>{2}));  // the largest alone holds half
+  seen.clear();
+  for (int i = 0; i < 400; ++i) seen.insert(chooseToken(logits, {1.0f, 0, 9, 1.0f}, rng));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 1, 2, 3}));
+  // With top-k first: among tokens 2 and 0 only, top-p 0.9 of those two keeps both.
+  seen.clear();
+  for (int i = 0; i < 300; ++i) seen.insert(chooseToken(logits, {1.0f, 2, 9, 0.9f}, rng));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 2}));
+  for (float bad : {0.0f, -0.5f, 1.5f})
+    testing::expectThrowWith<InvalidArgument>(
+        [&] {
+          chooseToken(logits, {1.0f, 0, 9, bad}, rng);
+        },
+        {"top-p must be in (0, 1]"});
+}
+
 }  // namespace
 }  // namespace tandem

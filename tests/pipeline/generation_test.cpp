@@ -224,6 +224,54 @@ TEST(GenerationPipelineTest, AStreamOfRequestsIsServedAsTheyComeAndEachIsExact) 
   }
 }
 
+TEST(GenerationPipelineTest, ACancelledSequenceEndsOnEveryStageAndFreesItsPlace) {
+  // One sequence in flight at most: request 51 is cancelled as its second token comes
+  // back to stage 0, so it yields two tokens, and 52 then takes its place; the others
+  // are exact, and every stage ends clean (an unfinished sequence would fail the end).
+  const std::vector<GenerationRequest> requests = {{bytes("the cat"), 4, {0.0f, 0, 1}, 50},
+                                                   {bytes("once"), 9, {0.7f, 0, 4}, 51},
+                                                   {bytes("xy"), 6, {0.8f, 0, 5, 0.9f}, 52}};
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model whole(parseModelSpec(kGpt));
+  whole.build(be, 7);
+  for (const int p : {1, 2, 3}) {
+    size_t next = 0;
+    RequestSource source = [&](std::chrono::milliseconds) {
+      RequestPoll poll;
+      poll.ended = next == requests.size();
+      if (!poll.ended) poll.request = requests[next++];
+      return poll;
+    };
+    std::map<int64_t, int> asked;  // (only stage 0 asks)
+    CancelCheck cancel = [&](int64_t id) { return id == 51 && ++asked[id] == 2; };
+    std::map<int64_t, Generation> got;
+    DecoderOptions o;
+    o.max_in_flight = 1;
+    onStages(p, o, 20s, [&](int, StageDecoder& stage) {
+      stage.serve(
+          source,
+          [&](const ChosenToken& c) {
+            got[c.id].tokens.push_back(c.token);
+            got[c.id].logits.push_back(c.logits);
+          },
+          cancel);
+    });
+    const std::string what = "p=" + std::to_string(p);
+    ASSERT_EQ(got.size(), 3u) << what;
+    for (const GenerationRequest& r : requests) {
+      const Generation want = generate(whole, r.prompt, r.count, r.sampling);
+      const size_t n = r.id == 51 ? 2 : want.tokens.size();
+      EXPECT_EQ(got[r.id].tokens, std::vector<int32_t>(want.tokens.begin(),
+                                                       want.tokens.begin() + static_cast<long>(n)))
+          << what << " request " << r.id;
+      EXPECT_EQ(got[r.id].logits,
+                std::vector<std::vector<float>>(want.logits.begin(),
+                                                want.logits.begin() + static_cast<long>(n)))
+          << what << " request " << r.id;
+    }
+  }
+}
+
 TEST(GenerationPipelineTest, ARequestThatDoesNotFitTheModelIsRefusedNamingIt) {
   cpu::CpuBackend be;
   Model m(parseModelSpec(kGpt));

@@ -407,7 +407,8 @@ TEST(TandemdTest, AJobOnTwoDaemonsGeneratesTheTextOneProcessDoes) {
   const std::string job = dir + "/gen.yaml";
   std::ofstream(job) << "model: gpt.yaml\nweights: gpt.tdm\npartition: [[0, 3], [3, 6]]\n";
   const std::string prompts = "printf 'the cat\\nonce upon a time, far away\\nq\\n' | ";
-  for (const std::string sampling : {"", " --temperature 0.9 --top-k 30 --seed 4"}) {
+  for (const std::string sampling :
+       {"", " --temperature 0.9 --top-k 30 --seed 4", " --temperature 1.2 --top-p 0.8 --seed 6"}) {
     const std::string opts = " --serve --tokens 8" + sampling;
     const Ran here = run(prompts + kCli + " generate " + dir + "/gpt.tdm" + opts);
     ASSERT_EQ(here.code, 0) << here.out;

@@ -200,7 +200,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       Answer{96, 2, 3, {0.5f, -1, 2, 3, 4, std::nanf("")}, 1.25, 1},
       ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}, 4, {4, 2, 1}},
       ProfileResult{"{\"schema\": \"tandem-profile\"}", 1, {"{}", "{\"a\": 1}"}},
-      Prompt{3, {104, 105}, 20, 0.8f, 40, uint64_t{1} << 40},
+      Prompt{3, {104, 105}, 20, 0.8f, 40, uint64_t{1} << 40, 0.9f},
       PromptsDone{},
       Token{3, 19, 255, std::nanf("")}};
   for (const Message& m : all) {
@@ -408,6 +408,8 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {{0, {65}, 5, std::nanf(""), 0, 1}, "temperature nan"},
       {{0, {65}, 5, -0.5f, 0, 1}, "temperature -0.5"},
       {{0, {65}, 5, 0, -3, 1}, "top_k is negative"},
+      {{0, {65}, 5, 0, 0, 1, 0.0f}, "top_p 0.000000 is not in (0, 1]"},
+      {{0, {65}, 5, 0, 0, 1, std::nanf("")}, "top_p nan is not in (0, 1]"},
   };
   for (const PromptCase& c : prompt_cases)
     expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(c.p)); },
