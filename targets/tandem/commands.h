@@ -53,5 +53,6 @@ void addSchedule(CLI::App& app);
 void addRun(CLI::App& app);
 void addInfer(CLI::App& app);
 void addStage(CLI::App& app);
+void addServe(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   tandem::cli::addRun(app);
   tandem::cli::addInfer(app);
   tandem::cli::addStage(app);
+  tandem::cli::addServe(app);
   // Logs go to stderr; stdout carries only results (epoch summaries, accuracy, tables).
   spdlog::set_default_logger(spdlog::stderr_color_mt("tandem"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");

@@ -1,0 +1,105 @@
+// `tandem serve` as a user runs it: the program in the background, curl as the client
+// (whole and streamed answers: the greedy text `generate` gives), SIGTERM to stop it; and
+// what it refuses before listening.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/generate.h"
+#include "core/model_file.h"
+#include "core/model_spec.h"
+#include "tests/targets/cli_util.h"
+#include "tests/test_util.h"
+
+namespace tandem::testing::cli {
+namespace {
+
+using nlohmann::json;
+
+// Text as a served JSON string carries it (bytes that are not UTF-8 as U+FFFD).
+std::string asServed(const std::vector<int32_t>& tokens) {
+  const std::string bytes(tokens.begin(), tokens.end());
+  return json::parse(json(bytes).dump(-1, ' ', false, json::error_handler_t::replace))
+      .get<std::string>();
+}
+
+TEST(CliServeTest, CurlGetsTheTextGenerateGivesWholeAndStreamed) {
+  const std::string dir = freshDir("cli-serve");
+  const std::string model = dir + "/gpt.tdm";
+  cpu::CpuBackend be;
+  Model m(parseModelSpec(kTinyGpt));
+  m.build(be, 3);
+  saveModel(model, m, nullptr, {});
+  const Generation want = generate(m, {'T', 'h', 'e'}, 5, SamplingOptions{});
+  // One shell: the server in the background, its port read from its first line, two
+  // requests, then SIGTERM and its exit code (every wait bounded).
+  const std::string log = dir + "/serve.log";
+  std::string script = "'";
+  script += TANDEM_CLI;
+  script += "' serve " + model + " --listen 127.0.0.1:0 --name tiny > " + log + " 2>&1 & pid=$!\n";
+  script += "for i in $(seq 200); do grep -q '^serving' " + log + " && break; sleep 0.05; done\n";
+  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  script += "curl -s --max-time 30 http://127.0.0.1:$port/v1/completions ";
+  script +=
+      "-d '{\"model\": \"tiny\", \"prompt\": \"The\", \"max_tokens\": 5, \"temperature\": 0}'\n";
+  script += "echo; echo '---'\n";
+  script += "curl -sN --max-time 30 http://127.0.0.1:$port/v1/completions ";
+  script += "-d '{\"prompt\": \"The\", \"max_tokens\": 5, \"temperature\": 0, \"stream\": true}'\n";
+  script += "echo '---'\n";
+  script += "kill -TERM $pid; wait $pid; echo \"exit $?\"; cat " + log + "\n";
+  std::ofstream(dir + "/run.sh") << script;
+  const CliRun r = runCommand("bash " + dir + "/run.sh");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string whole, line, streamed;
+  std::getline(lines, whole);
+  const json answer = json::parse(whole, nullptr, false);
+  ASSERT_FALSE(answer.is_discarded()) << r.out;
+  EXPECT_EQ(answer["choices"][0]["text"], asServed(want.tokens)) << r.out;
+  EXPECT_EQ(answer["model"], "tiny");
+  std::getline(lines, line);  // ---
+  bool done = false;
+  while (std::getline(lines, line) && line != "---") {
+    if (line.rfind("data: ", 0) != 0) continue;
+    const std::string data = line.substr(6);
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    streamed += json::parse(data)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_TRUE(done) << r.out;
+  EXPECT_EQ(asServed({streamed.begin(), streamed.end()}), asServed(want.tokens)) << r.out;
+  EXPECT_NE(r.out.find("exit 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("serving 'tiny' (context"), std::string::npos) << r.out;
+}
+
+TEST(CliServeTest, WhatCannotBeServedSafelyIsRefusedBeforeListening) {
+  const std::string dir = freshDir("cli-serve-refused");
+  const std::string model = dir + "/gpt.tdm";
+  cpu::CpuBackend be;
+  Model m(parseModelSpec(kTinyGpt));
+  m.build(be, 3);
+  saveModel(model, m, nullptr, {});
+  CliRun r = run("serve " + model + " --listen 0.0.0.0:0");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("is not loopback: give --api-key-file"), std::string::npos) << r.out;
+  std::ofstream(dir + "/keys") << "key-0123456789abcdef\n";  // mode 644
+  r = run("serve " + model + " --listen 0.0.0.0:0 --api-key-file " + dir + "/keys");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("may be read by others"), std::string::npos) << r.out;
+  std::ofstream(dir + "/job.yaml") << "model: m.yaml\npartition: [[0, 1]]\n";
+  r = run("serve " + dir + "/job.yaml");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("serving a job's stages over HTTP is not built yet"), std::string::npos)
+      << r.out;
+  r = run("serve " + model + " --listen nowhere");
+  EXPECT_NE(r.code, 0) << r.out;
+}
+
+}  // namespace
+}  // namespace tandem::testing::cli
