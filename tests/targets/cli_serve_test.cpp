@@ -3,6 +3,7 @@
 // what it refuses before listening.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -76,6 +77,63 @@ TEST(CliServeTest, CurlGetsTheTextGenerateGivesWholeAndStreamed) {
   EXPECT_EQ(asServed({streamed.begin(), streamed.end()}), asServed(want.tokens)) << r.out;
   EXPECT_NE(r.out.find("exit 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("serving 'tiny' (context"), std::string::npos) << r.out;
+}
+
+// A GPT with room for a chat prompt (the template's tags are 25 bytes).
+constexpr const char* kChatGpt = R"(name: chat-gpt
+input: [40]
+layers:
+  - embedding: {vocab: 256, dim: 16}
+  - positional: {context: 40}
+  - transformer: {heads: 2, mlp: 32}
+  - layernorm
+  - linear: {out: 256}
+)";
+
+TEST(CliServeTest, TheOfficialOpenAiNodeClientCompletesChatsAndStreams) {
+  const std::string npm = std::string(TANDEM_NPM_DIR) + "/node_modules";
+  if (!std::filesystem::exists(npm + "/openai/package.json"))
+    GTEST_SKIP() << "the OpenAI Node client is not in " << npm
+                 << ": scripts/setup --with-test-clients installs it";
+  const std::string dir = freshDir("cli-serve-openai");
+  const std::string model = dir + "/gpt.tdm";
+  cpu::CpuBackend be;
+  Model m(parseModelSpec(kChatGpt));
+  m.build(be, 4);
+  saveModel(model, m, nullptr, {});
+  const std::string chat_prompt = "<|user|>\nHi\n<|assistant|>\n";
+  const Generation completion = generate(m, {'T', 'h', 'e'}, 6, SamplingOptions{});
+  const Generation chat = generate(m, std::vector<int32_t>(chat_prompt.begin(), chat_prompt.end()),
+                                   5, SamplingOptions{});
+  std::ofstream(dir + "/keys") << "key-0123456789abcdef\n";
+  std::filesystem::permissions(
+      dir + "/keys", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string log = dir + "/serve.log";
+  std::string script = "'";
+  script += TANDEM_CLI;
+  script += "' serve " + model + " --listen 127.0.0.1:0 --api-key-file " + dir + "/keys > " + log +
+            " 2>&1 & pid=$!\n";
+  script += "for i in $(seq 200); do grep -q '^serving' " + log + " && break; sleep 0.05; done\n";
+  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  script += "NODE_PATH=" + npm + " timeout 60 node " + std::string(TANDEM_SOURCE_DIR) +
+            "/tests/serve/openai_client.cjs http://127.0.0.1:$port/v1 key-0123456789abcdef "
+            "chat-gpt; echo \"node exit $?\"\n";
+  script += "kill -TERM $pid; wait $pid; cat " + log + "\n";
+  std::ofstream(dir + "/run.sh") << script;
+  const CliRun r = runCommand("bash " + dir + "/run.sh");
+  ASSERT_NE(r.out.find("node exit 0"), std::string::npos) << r.out;
+  const json got = json::parse(r.out.substr(0, r.out.find('\n')), nullptr, false);
+  ASSERT_FALSE(got.is_discarded()) << r.out;
+  EXPECT_EQ(got["models"], json::array({"chat-gpt"}));
+  EXPECT_EQ(got["completion"], asServed(completion.tokens)) << r.out;
+  EXPECT_EQ(got["streamed"], got["completion"]) << r.out;
+  EXPECT_EQ(got["finish"], "length");
+  EXPECT_EQ(got["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(got["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(got["chat"], asServed(chat.tokens)) << r.out;
+  EXPECT_EQ(got["chat_role"], "assistant");
+  EXPECT_EQ(got["chat_streamed"], got["chat"]) << r.out;
+  EXPECT_EQ(got["wrong_key"], 401) << r.out;
 }
 
 TEST(CliServeTest, WhatCannotBeServedSafelyIsRefusedBeforeListening) {
