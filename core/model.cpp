@@ -109,6 +109,23 @@ Tensor Model::decode(const Tensor& x, DecodeState& state, size_t begin, size_t e
   return layers_.decode(x, state, begin, end);
 }
 
+Tensor Model::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states, size_t begin,
+                         size_t end) {
+  if (end == kEnd) end = size();
+  requireBuilt(begin, end);
+  const Shape& want = begin == 0 ? input_ : layers_.layer(begin - 1).outputShape();
+  TANDEM_CHECK_MSG(
+      !states.empty() && x.shape().rank() == want.rank() + 1 && want.rank() >= 1 &&
+          x.shape()[0] == static_cast<int64_t>(states.size()) && x.shape()[1] == 1 &&
+          x.shape().dropFirst().dropFirst() == want.dropFirst(),
+      InvalidArgument,
+      "model '" << name_ << "': decoding one token of " << states.size() << " sequences at layer "
+                << begin << " expects [" << states.size() << ", 1"
+                << (want.rank() > 1 ? ", " + want.dropFirst().str().substr(1) : std::string("]"))
+                << ", got " << x.shape());
+  return layers_.decodeEach(x, states, begin, end);
+}
+
 Tensor Model::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end,
                        const LayerDone& done) {
   if (end == kEnd) end = size();

@@ -74,6 +74,12 @@ class Model {
   // Layer::decode through layers [begin, end): the next tokens [B, Tnew] (ids, or the
   // activations entering `begin`) of sequences whose earlier tokens `state` has seen.
   Tensor decode(const Tensor& x, DecodeState& state, size_t begin = 0, size_t end = kEnd);
+  // Layer::decodeEach through layers [begin, end): one new token for each of the
+  // sequences whose states are given, x [B, 1] (ids, or a stage's [B, 1, width]); each
+  // state as decode() keeps it for its sequence alone, so a sequence may be prefilled
+  // with decode() and go on here.
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>& states, size_t begin = 0,
+                    size_t end = kEnd);
 
   int64_t paramCount(size_t begin = 0, size_t end = kEnd) const;
   ModelSpec spec() const;

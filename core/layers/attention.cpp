@@ -153,6 +153,61 @@ Tensor Attention::decode(const Tensor& x, DecodeState& state) {
   return y.reshape(x.shape());
 }
 
+// The B new tokens' queries, keys and values in one product over their rows (and the
+// output projection in another), each sequence's attention over its own cache between:
+// the same products per row as decode() of each sequence alone.
+Tensor Attention::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) {
+  Backend& be = *backend_;
+  const auto batch = static_cast<int64_t>(states.size());
+  TANDEM_CHECK_MSG(
+      x.shape().rank() == 3 && x.shape()[0] == batch && x.shape()[1] == 1 && x.shape()[2] == dim_,
+      InvalidArgument,
+      "attention: decoding one token of " << batch << " sequences expects [" << batch << ", 1, "
+                                          << dim_ << "], got " << x.shape());
+  TANDEM_CHECK_MSG(causal_, Unsupported,
+                   "attention without the causal mask cannot decode token by token: each "
+                   "token's output would change with the tokens after it");
+  const int64_t h = heads_, hs = head_size_, c = len_;
+  Tensor qkv = be.empty({batch, 3 * dim_});
+  be.gemm(false, true, 1.0f, x.reshape({batch, dim_}), w_qkv_.value, 0.0f, qkv);
+  be.addBias(qkv, b_qkv_.value);
+  Tensor heads = be.empty({batch, 3 * h, 1, hs});
+  swapInner(be, qkv, heads, batch, 1, 3 * h, hs);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  Tensor context = be.empty({batch, h, 1, hs});
+  for (int64_t b = 0; b < batch; ++b) {
+    DecodeState& state = *states[static_cast<size_t>(b)];
+    const int64_t past = state.position, seen = past + 1;
+    TANDEM_CHECK_MSG(seen <= c, InvalidArgument,
+                     "attention: " << seen << " tokens do not fit the context of " << c);
+    if (state.cache.empty()) state.cache = {be.empty({1, h, c, hs}), be.empty({1, h, c, hs})};
+    TANDEM_CHECK_MSG(
+        state.cache[0].shape()[0] == 1, InvalidArgument,
+        "attention: a cache of " << state.cache[0].shape()[0] << " sequences given one");
+    const Tensor key_rows = state.cache[0].reshape({h * c, hs});
+    const Tensor value_rows = state.cache[1].reshape({h * c, hs});
+    for (int64_t j = 0; j < h; ++j) {
+      be.copy(block(heads, (b * 3 + 1) * h + j, 1, hs), key_rows.slice(j * c + past, 1));
+      be.copy(block(heads, (b * 3 + 2) * h + j, 1, hs), value_rows.slice(j * c + past, 1));
+    }
+    Tensor probs = be.empty({1, h, 1, seen});
+    for (int64_t j = 0; j < h; ++j)
+      be.gemm(false, true, scale, block(heads, (b * 3 + 0) * h + j, 1, hs),
+              key_rows.slice(j * c, seen), 0.0f, block(probs, j, 1, seen));
+    be.softmax(probs, causal_, probs);
+    for (int64_t j = 0; j < h; ++j)
+      be.gemm(false, false, 1.0f, block(probs, j, 1, seen), value_rows.slice(j * c, seen), 0.0f,
+              block(context, b * h + j, 1, hs));
+    state.position = seen;
+  }
+  Tensor merged = be.empty({batch, dim_});
+  swapInner(be, context, merged, batch, h, 1, hs);
+  Tensor y = be.empty({batch, dim_});
+  be.gemm(false, true, 1.0f, merged, w_out_.value, 0.0f, y);
+  be.addBias(y, b_out_.value);
+  return y.reshape(x.shape());
+}
+
 Tensor Attention::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   // Weight gradients need dqkv, which is most of the way to dx: always go through it.
   Tensor dx = backwardInput(dy, stash);
@@ -277,6 +332,28 @@ Tensor PositionalEmbedding::decode(const Tensor& x, DecodeState& state) {
       y.reshape({batch, fresh * dim_}),
       table_.value.reshape({context_ * dim_}).slice(state.position * dim_, fresh * dim_));
   state.position += fresh;
+  return y;
+}
+
+// Each sequence's row of the table at its own position.
+Tensor PositionalEmbedding::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) {
+  const auto batch = static_cast<int64_t>(states.size());
+  TANDEM_CHECK_MSG(
+      x.shape().rank() == 3 && x.shape()[0] == batch && x.shape()[1] == 1 && x.shape()[2] == dim_,
+      InvalidArgument,
+      "positional: decoding one token of " << batch << " sequences expects [" << batch << ", 1, "
+                                           << dim_ << "], got " << x.shape());
+  Tensor y = backend_->empty(x.shape());
+  backend_->copy(x, y);
+  for (int64_t b = 0; b < batch; ++b) {
+    DecodeState& state = *states[static_cast<size_t>(b)];
+    TANDEM_CHECK_MSG(
+        state.position + 1 <= context_, InvalidArgument,
+        "positional: " << state.position + 1 << " tokens do not fit the context of " << context_);
+    backend_->addBias(y.slice(b, 1).reshape({1, dim_}),
+                      table_.value.reshape({context_ * dim_}).slice(state.position * dim_, dim_));
+    state.position += 1;
+  }
   return y;
 }
 

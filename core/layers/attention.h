@@ -24,6 +24,7 @@ class Attention final : public Layer {
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   Tensor decode(const Tensor& x, DecodeState& state) override;
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) override;
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override { return 4 * dim_ * dim_ + 4 * dim_; }
@@ -55,6 +56,7 @@ class PositionalEmbedding final : public Layer {
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   Tensor decode(const Tensor& x, DecodeState& state) override;
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) override;
   int64_t paramCount() const override { return context_ * dim_; }
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override { return inputShape().numel(); }

@@ -13,6 +13,9 @@ class ActivationLayer final : public Layer {
   void build(Backend& backend, Rng&) override { backend_ = &backend; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override {
+    return forwardPerToken(x);
+  }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
@@ -35,6 +38,9 @@ class Dropout final : public Layer {
   void build(Backend& backend, Rng&) override { backend_ = &backend; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override {
+    return forwardPerToken(x);
+  }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override { return inputShape().numel(); }

@@ -23,6 +23,23 @@ Tensor Layer::decode(const Tensor& x, DecodeState& state) {
                     "activations, dropout)");
 }
 
+Tensor Layer::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) {
+  TANDEM_CHECK_MSG(x.shape().rank() >= 2 && x.shape()[0] == static_cast<int64_t>(states.size()) &&
+                       x.shape()[1] == 1,
+                   InvalidArgument,
+                   "layer '" << type() << "': decoding one token of " << states.size()
+                             << " sequences expects [" << states.size() << ", 1, ...], got "
+                             << x.shape());
+  Tensor y;
+  for (size_t b = 0; b < states.size(); ++b) {
+    const auto i = static_cast<int64_t>(b);
+    const Tensor one = decode(x.slice(i, 1), *states[b]);
+    if (!y.defined()) y = backend_->empty(one.shape().dropFirst().withBatch(x.shape()[0]));
+    backend_->copy(one, y.slice(i, 1));
+  }
+  return y;
+}
+
 Tensor Layer::forwardPerToken(const Tensor& x) {
   Stash stash;
   return forward(x, stash, ForwardContext{false, 0});

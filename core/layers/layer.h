@@ -91,6 +91,12 @@ class Layer {
   // work token by token run forward; attention reads and extends its key/value cache;
   // the others (convolution, pooling, flatten) throw Unsupported.
   virtual Tensor decode(const Tensor& x, DecodeState& state);
+  // decode() of one new token for each of B sequences at once: x is [B, 1, ...] and
+  // states[b] the b-th sequence's state (its own position and cache). Layers that work
+  // token by token run one forward over the B rows (one pass over their weights for all
+  // of them); attention projects the B rows together and attends each sequence to its
+  // own cache. By default each sequence's decode in turn.
+  virtual Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>& states);
 
   // The backend ops (and their dtypes) this layer runs, valid after setup: its forward, and
   // with `training` its backward too (with the input's gradient). A device whose backend

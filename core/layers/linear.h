@@ -13,6 +13,9 @@ class Linear final : public Layer {
   std::vector<Param*> params() override;
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override {
+    return forwardPerToken(x);
+  }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;

@@ -13,6 +13,9 @@ class LayerNorm final : public Layer {
   std::vector<Param*> params() override { return {&gamma_, &beta_}; }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override {
+    return forwardPerToken(x);
+  }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t paramCount() const override { return 2 * dim_; }
   std::vector<OpUse> ops(bool training) const override;
@@ -40,6 +43,9 @@ class Embedding final : public Layer {
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   // Ids have no gradient: dx is never produced.
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override {
+    return forwardPerToken(x);
+  }
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   int64_t paramCount() const override { return vocab_ * dim_; }
   std::vector<OpUse> ops(bool training) const override;

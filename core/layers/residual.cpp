@@ -77,6 +77,20 @@ Tensor Residual::decode(const Tensor& x, DecodeState& state) {
   return out;
 }
 
+Tensor Residual::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) {
+  std::vector<DecodeState*> body(states.size()), shortcut(states.size());
+  for (size_t b = 0; b < states.size(); ++b) {
+    if (states[b]->children.size() != 2) states[b]->children.assign(2, DecodeState{});
+    body[b] = &states[b]->children[0];
+    shortcut[b] = &states[b]->children[1];
+  }
+  Tensor y = body_.decodeEach(x, body, 0, body_.size());
+  Tensor out = backend_->empty(y.shape());
+  backend_->copy(y, out);
+  backend_->axpby(1.0f, projection_ ? projection_->decodeEach(x, shortcut) : x, 1.0f, out);
+  return out;
+}
+
 Tensor Residual::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   Tensor dx = body_.backward(dy, stash.children.at(0), need_dx, 0, body_.size());
   if (projection_) {

@@ -81,6 +81,22 @@ Tensor Sequence::decode(const Tensor& x, DecodeState& state, size_t begin, size_
   return h;
 }
 
+Tensor Sequence::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states, size_t begin,
+                            size_t end) {
+  TANDEM_CHECK_MSG(
+      begin <= end && end <= layers_.size(), InvalidArgument,
+      "layer range [" << begin << ", " << end << ") outside a sequence of " << layers_.size());
+  for (DecodeState* s : states)
+    if (s->children.size() != end - begin) s->children.assign(end - begin, DecodeState{});
+  Tensor h = x;
+  std::vector<DecodeState*> layer_states(states.size());
+  for (size_t i = begin; i < end; ++i) {
+    for (size_t b = 0; b < states.size(); ++b) layer_states[b] = &states[b]->children[i - begin];
+    h = layers_[i]->decodeEach(h, layer_states);
+  }
+  return h;
+}
+
 namespace {
 
 void checkStash(const Stash& stash, size_t begin, size_t end) {

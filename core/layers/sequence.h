@@ -41,6 +41,10 @@ class Sequence {
   // Layer::decode through layers [begin, end); state.children holds one state per layer
   // of the range.
   Tensor decode(const Tensor& x, DecodeState& state, size_t begin, size_t end);
+  // Layer::decodeEach through layers [begin, end): one token of each of the sequences
+  // whose states are given (each state's children as in decode).
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>& states, size_t begin,
+                    size_t end);
   // Accumulates parameter gradients of layers [begin, end); returns the gradient of the
   // range's input when need_dx, else an undefined tensor. Layers below the first one with
   // parameters are skipped unless need_dx. `done(i)`, if given, is called as soon as

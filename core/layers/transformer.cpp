@@ -40,6 +40,10 @@ Tensor TransformerBlock::decode(const Tensor& x, DecodeState& state) {
   return body_.decode(x, state, 0, body_.size());
 }
 
+Tensor TransformerBlock::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) {
+  return body_.decodeEach(x, states, 0, body_.size());
+}
+
 Tensor TransformerBlock::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   return body_.backward(dy, stash, need_dx, 0, body_.size());
 }

@@ -19,6 +19,7 @@ class TransformerBlock final : public Layer {
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   Tensor decode(const Tensor& x, DecodeState& state) override;
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) override;
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override;

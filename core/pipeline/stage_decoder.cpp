@@ -84,7 +84,9 @@ StageDecoder::StageDecoder(Model& model, StageRange range, Link* prev, Link* nex
 
 void StageDecoder::serve(const RequestSource& source, const TokenSink& sink,
                          const CancelCheck& cancelled) {
-  if (range_.first()) {
+  if (range_.stages == 1) {
+    serveAlone(source, sink, cancelled);
+  } else if (range_.first()) {
     serveFirst(source, sink, cancelled);
   } else {
     serveRest(sink);
@@ -111,14 +113,27 @@ void StageDecoder::step(Sequence& s, const Tensor& x, int64_t n, const std::vect
   const std::vector<float> all = toHost(y);
   const std::vector<float> row(all.end() - shape_.vocab, all.end());
   const int32_t token = chooseToken(row, s.request.sampling, s.rng);
-  if (s.round + 1 < s.request.count) {
-    if (feedback_) {
-      feedback_->send({MessageKind::kToken, n}, toDeviceI32(be, {1}, {token}));
-    } else {
-      local_feedback_.push_back({n, token});
-    }
-  }
+  if (s.round + 1 < s.request.count)  // (the last of several stages: feedback_ is there)
+    feedback_->send({MessageKind::kToken, n}, toDeviceI32(be, {1}, {token}));
   if (sink) sink(ChosenToken{s.request.id, s.round, s.request.count, token, row});
+}
+
+void StageDecoder::checkAdmission(const GenerationRequest& r, bool in_flight) const {
+  TANDEM_CHECK_MSG(r.id >= 0 && r.id <= std::numeric_limits<int32_t>::max(), InvalidArgument,
+                   "request id " << r.id << " is not in [0, 2^31)");
+  TANDEM_CHECK_MSG(!in_flight, InvalidArgument,
+                   "request " << r.id << " came while a request of that id is in flight");
+  const std::string who = "request " + std::to_string(r.id) + ": ";
+  TANDEM_CHECK_MSG(r.count >= 1, InvalidArgument,
+                   who << "cannot generate " << r.count << " tokens");
+  checkRequest(shape_, r.prompt, r.count, who);
+  TANDEM_CHECK_MSG(
+      r.sampling.temperature >= 0 && std::isfinite(r.sampling.temperature) && r.sampling.top_k >= 0,
+      InvalidArgument,
+      who << "temperature " << r.sampling.temperature << " and top-k " << r.sampling.top_k
+          << " (need a finite temperature >= 0, top-k >= 0)");
+  TANDEM_CHECK_MSG(r.sampling.top_p > 0 && r.sampling.top_p <= 1, InvalidArgument,
+                   who << "top-p " << r.sampling.top_p << " (need one in (0, 1])");
 }
 
 void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink,
@@ -139,21 +154,7 @@ void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink
     if (++s.round == s.request.count) live.erase(id);
   };
   auto admit = [&](GenerationRequest r) {
-    TANDEM_CHECK_MSG(r.id >= 0 && r.id <= std::numeric_limits<int32_t>::max(), InvalidArgument,
-                     "request id " << r.id << " is not in [0, 2^31)");
-    TANDEM_CHECK_MSG(live.count(r.id) == 0, InvalidArgument,
-                     "request " << r.id << " came while a request of that id is in flight");
-    const std::string who = "request " + std::to_string(r.id) + ": ";
-    TANDEM_CHECK_MSG(r.count >= 1, InvalidArgument,
-                     who << "cannot generate " << r.count << " tokens");
-    checkRequest(shape_, r.prompt, r.count, who);
-    TANDEM_CHECK_MSG(r.sampling.temperature >= 0 && std::isfinite(r.sampling.temperature) &&
-                         r.sampling.top_k >= 0,
-                     InvalidArgument,
-                     who << "temperature " << r.sampling.temperature << " and top-k "
-                         << r.sampling.top_k << " (need a finite temperature >= 0, top-k >= 0)");
-    TANDEM_CHECK_MSG(r.sampling.top_p > 0 && r.sampling.top_p <= 1, InvalidArgument,
-                     who << "top-p " << r.sampling.top_p << " (need one in (0, 1])");
+    checkAdmission(r, live.count(r.id) != 0);
     const int64_t id = r.id;
     const Tensor x = toDeviceI32(be, {1, static_cast<int64_t>(r.prompt.size())}, r.prompt);
     const uint64_t seed = r.sampling.seed;
@@ -187,18 +188,10 @@ void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink
     }
     const auto [m, id] = awaiting.front();
     awaiting.pop_front();
-    Tensor token;
-    if (feedback_) {
-      token = feedback_->recv({MessageKind::kToken, m}, be);
-      TANDEM_CHECK_MSG(
-          token.dtype() == DType::kI32 && token.numel() == 1, FormatError,
-          "the token for step " << m << " from " << feedback_->peer() << " is not one int32 id");
-    } else {
-      TANDEM_CHECK_MSG(!local_feedback_.empty() && local_feedback_.front().first == m,
-                       InvalidArgument, "no token was chosen at step " << m);
-      token = toDeviceI32(be, {1}, {local_feedback_.front().second});
-      local_feedback_.erase(local_feedback_.begin());
-    }
+    const Tensor token = feedback_->recv({MessageKind::kToken, m}, be);
+    TANDEM_CHECK_MSG(
+        token.dtype() == DType::kI32 && token.numel() == 1, FormatError,
+        "the token for step " << m << " from " << feedback_->peer() << " is not one int32 id");
     const int32_t t = toHostI32(token)[0];
     TANDEM_CHECK_MSG(
         t >= 0 && t < shape_.vocab, FormatError,
@@ -212,6 +205,76 @@ void StageDecoder::serveFirst(const RequestSource& source, const TokenSink& sink
     advance(id, token.reshape({1, 1}));
   }
   pass(header(kEnd));
+}
+
+void StageDecoder::serveAlone(const RequestSource& source, const TokenSink& sink,
+                              const CancelCheck& cancelled) {
+  Backend& be = model_.backend();
+  std::map<int64_t, Sequence> live;
+  std::vector<std::pair<int64_t, int32_t>> ready;  // (sequence, its next input token)
+  // The token of `s` from its logits row: handed to the sink, and queued unless it was
+  // the sequence's last (which then leaves).
+  auto choose = [&](int64_t id, const std::vector<float>& row,
+                    std::vector<std::pair<int64_t, int32_t>>& next) {
+    Sequence& s = live.at(id);
+    const int32_t token = chooseToken(row, s.request.sampling, s.rng);
+    if (sink) sink(ChosenToken{id, s.round, s.request.count, token, row});
+    if (++s.round == s.request.count) {
+      live.erase(id);
+    } else {
+      next.push_back({id, token});
+    }
+  };
+  bool ended = false;
+  for (;;) {
+    // New requests while there is room, each prefilled alone (its prompt at once).
+    while (!ended && static_cast<int>(live.size()) < options_.max_in_flight) {
+      RequestPoll p =
+          source(live.empty() ? std::chrono::milliseconds(100) : std::chrono::milliseconds(0));
+      if (!p.request) {
+        ended = p.ended;
+        break;
+      }
+      GenerationRequest& r = *p.request;
+      checkAdmission(r, live.count(r.id) != 0);
+      const int64_t id = r.id;
+      const Tensor x = toDeviceI32(be, {1, static_cast<int64_t>(r.prompt.size())}, r.prompt);
+      const uint64_t seed = r.sampling.seed;
+      Sequence& s =
+          live.emplace(id, Sequence{std::move(r), DecodeState{}, 0, Rng(seed)}).first->second;
+      const std::vector<float> all = toHost(model_.decode(x, s.state, range_.begin, range_.end));
+      choose(id, std::vector<float>(all.end() - shape_.vocab, all.end()), ready);
+    }
+    std::vector<std::pair<int64_t, int32_t>> step;
+    for (const auto& [id, token] : ready) {
+      if (cancelled && cancelled(id)) {
+        live.erase(id);
+      } else {
+        step.push_back({id, token});
+      }
+    }
+    ready.clear();
+    if (step.empty()) {
+      if (ended && live.empty()) return;
+      continue;
+    }
+    // One token of every sequence in flight, in one pass over the layers.
+    std::vector<int32_t> tokens;
+    std::vector<DecodeState*> states;
+    for (const auto& [id, token] : step) {
+      tokens.push_back(token);
+      states.push_back(&live.at(id).state);
+    }
+    const auto batch = static_cast<int64_t>(step.size());
+    const std::vector<float> all = toHost(
+        model_.decodeEach(toDeviceI32(be, {batch, 1}, tokens), states, range_.begin, range_.end));
+    const auto vocab = static_cast<size_t>(shape_.vocab);
+    for (size_t b = 0; b < step.size(); ++b)
+      choose(step[b].first,
+             std::vector<float>(all.begin() + static_cast<long>(b * vocab),
+                                all.begin() + static_cast<long>((b + 1) * vocab)),
+             ready);
+  }
 }
 
 void StageDecoder::serveRest(const TokenSink& sink) {

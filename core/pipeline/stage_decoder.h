@@ -12,8 +12,13 @@
 // (core/generate.h's chooseToken, a seeded Rng per sequence), hands it to its sink and, unless it
 // was the sequence's last, sends it back to stage 0 as (token, n) over the feedback link. Each
 // sequence is computed exactly as generating it alone in one process: the tokens and
-// logits are bitwise those of generate() (tests/pipeline/generation_test.cpp). With one
-// stage the feedback stays in the process.
+// logits are bitwise those of generate() (tests/pipeline/generation_test.cpp).
+//
+// One stage alone (no links) decodes the sequences in flight as one batch: each pass
+// over the layers (Model::decodeEach) advances every sequence by a token, so the weights
+// are read once per step for all of them; a new request is prefilled alone and joins the
+// next step. Its rows are the same products as decoding each sequence alone, and on the
+// CPU backend here bitwise the same (a B-row GEMM rounds each row as a 1-row one).
 //
 // A sequence may be cancelled (CancelCheck): stage 0 asks as each of its tokens comes
 // back, when none of its steps is in flight, and sends a cancel header down the stages,
@@ -30,9 +35,9 @@
 #include <optional>
 #include <vector>
 
+#include "core/comm/link.h"
 #include "core/generate.h"
 #include "core/pipeline/executor.h"
-#include "core/comm/link.h"
 
 namespace tandem {
 
@@ -95,6 +100,12 @@ class StageDecoder {
   struct Sequence;
   void serveFirst(const RequestSource& source, const TokenSink& sink, const CancelCheck& cancelled);
   void serveRest(const TokenSink& sink);
+  // One stage alone: every sequence in flight advances one token per pass over the
+  // layers, decoded as one batch (Model::decodeEach); a new request is prefilled alone.
+  void serveAlone(const RequestSource& source, const TokenSink& sink, const CancelCheck& cancelled);
+  // InvalidArgument, naming the request, for one that does not fit the model or whose id
+  // is `in_flight` already.
+  void checkAdmission(const GenerationRequest& r, bool in_flight) const;
   // Runs one step of `s` on input `x` and passes it on (or, at the last stage, chooses
   // its token); `header` is the step's header.
   void step(Sequence& s, const Tensor& x, int64_t n, const std::vector<int32_t>& header,
@@ -105,8 +116,6 @@ class StageDecoder {
   Link *prev_, *next_, *feedback_;
   DecoderOptions options_;
   TextShape shape_;
-  // With one stage: the tokens chosen, by step, waiting to be fed back.
-  std::vector<std::pair<int64_t, int32_t>> local_feedback_;
 };
 
 }  // namespace tandem

@@ -84,11 +84,87 @@ TEST(DecodeTest, TheCacheGivesTheTokensAndCloseLogitsOfRecomputingThePrefix) {
     EXPECT_EQ(heard, cached.tokens);
     ASSERT_EQ(cached.logits.size(), plain.logits.size());
     for (size_t i = 0; i < cached.logits.size(); ++i)
-      testing::expectCloseLogits(cached.logits[i], plain.logits[i],
-                                 "token " + std::to_string(i));
+      testing::expectCloseLogits(cached.logits[i], plain.logits[i], "token " + std::to_string(i));
     EXPECT_EQ(cached.intervals_s.size(), 8u);
     EXPECT_GT(cached.first_token_s, 0.0);
   }
+}
+
+// One token of each of several sequences at different positions, decoded as one batch
+// (Model::decodeEach), gives each sequence's row of decoding it alone: the same products
+// per row, so to the BLAS's rounding of a B-row product against a 1-row one; and the
+// default Layer::decodeEach (each sequence in turn) agrees with attention's own.
+TEST(DecodeTest, OneTokenOfEachSequenceDecodedAsOneBatchGivesEachSequencesRow) {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model m(parseModelSpec(kTwoBlocks));
+  m.build(be, 5);
+  const std::vector<std::vector<int32_t>> prompts = {tokens(3, 1), tokens(7, 2), tokens(1, 3),
+                                                     tokens(10, 4)};
+  std::vector<DecodeState> alone(prompts.size()), batched(prompts.size());
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto n = static_cast<int64_t>(prompts[b].size());
+    m.decode(toDeviceI32(be, {1, n}, prompts[b]), alone[b]);
+    m.decode(toDeviceI32(be, {1, n}, prompts[b]), batched[b]);
+  }
+  const std::vector<int32_t> next = {65, 66, 67, 68};
+  std::vector<DecodeState*> states;
+  for (DecodeState& s : batched) states.push_back(&s);
+  const auto rows = toHost(m.decodeEach(toDeviceI32(be, {4, 1}, next), states));
+  ASSERT_EQ(rows.size(), 4u * 256);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto want = toHost(m.decode(toDeviceI32(be, {1, 1}, {next[b]}), alone[b]));
+    testing::expectCloseLogits(std::vector<float>(rows.begin() + static_cast<long>(b * 256),
+                                                  rows.begin() + static_cast<long>((b + 1) * 256)),
+                               want, "sequence " + std::to_string(b));
+    EXPECT_EQ(batched[b].children[1].position, alone[b].children[1].position);  // positional
+  }
+  // Every state moved on by one token: a second batched step still matches.
+  const auto rows2 = toHost(m.decodeEach(toDeviceI32(be, {4, 1}, {1, 2, 3, 4}), states));
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto want =
+        toHost(m.decode(toDeviceI32(be, {1, 1}, {static_cast<int32_t>(b + 1)}), alone[b]));
+    testing::expectCloseLogits(std::vector<float>(rows2.begin() + static_cast<long>(b * 256),
+                                                  rows2.begin() + static_cast<long>((b + 1) * 256)),
+                               want, "second step, sequence " + std::to_string(b));
+  }
+  // A sequence past its context is named; so is a batch that does not match its states.
+  DecodeState full;
+  m.decode(toDeviceI32(be, {1, 12}, tokens(12, 9)), full);
+  std::vector<DecodeState*> over = {&full};
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        m.decodeEach(toDeviceI32(be, {1, 1}, {5}), over);
+      },
+      {"do not fit the context of 12"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        m.decodeEach(toDeviceI32(be, {2, 1}, {5, 6}), over);
+      },
+      {"decoding one token of 1 sequences", "expects [1, 1]"});
+}
+
+// The default Layer::decodeEach, each sequence's decode in turn, agrees with the
+// transformer block's batched one (its attention projecting the rows together).
+TEST(DecodeTest, TheDefaultDecodeEachAgreesWithABlocksOwn) {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model m(parseModelSpec(kTwoBlocks));
+  m.build(be, 6);
+  Layer& block = m.layer(2);
+  ASSERT_EQ(block.type(), "transformer");
+  std::vector<DecodeState> own(3), fallback(3);
+  for (size_t b = 0; b < 3; ++b) {
+    const auto n = static_cast<int64_t>(2 + 3 * b);
+    const Tensor x = toDevice(be, {1, n, 16}, testing::randomVector(b + 1, n * 16));
+    block.decode(x, own[b]);
+    block.decode(x, fallback[b]);
+  }
+  const Tensor x = toDevice(be, {3, 1, 16}, testing::randomVector(9, 48));
+  std::vector<DecodeState*> a = {&own[0], &own[1], &own[2]};
+  std::vector<DecodeState*> f = {&fallback[0], &fallback[1], &fallback[2]};
+  const auto got = toHost(block.decodeEach(x, a));
+  const auto want = toHost(block.Layer::decodeEach(x, f));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << i;
 }
 
 TEST(DecodeTest, RequestsThatCannotBeServedAreNamed) {
@@ -104,8 +180,9 @@ TEST(DecodeTest, RequestsThatCannotBeServedAreNamed) {
         generate(m, {1, 300}, 3, {});
       },
       {"token 300 at 1", "vocab of 256"});
-  Model mismatch(parseModelSpec("input: [4]\nlayers: [{embedding: {vocab: 9, dim: 4}}, "
-                                "{linear: {out: 12}}]\n"));
+  Model mismatch(
+      parseModelSpec("input: [4]\nlayers: [{embedding: {vocab: 9, dim: 4}}, "
+                     "{linear: {out: 12}}]\n"));
   mismatch.build(be, 1);
   testing::expectThrowWith<InvalidArgument>([&] { generate(mismatch, {1}, 1, {}); },
                                             {"chooses among 12 tokens but embeds only 9"});
