@@ -136,6 +136,46 @@ TEST(CliServeTest, TheOfficialOpenAiNodeClientCompletesChatsAndStreams) {
   EXPECT_EQ(got["wrong_key"], 401) << r.out;
 }
 
+TEST(CliServeTest, AJobsStagesServeTheTextOneProcessGives) {
+  const std::string dir = freshDir("cli-serve-job");
+  std::ofstream(dir + "/gpt.yaml") << kChatGpt;
+  cpu::CpuBackend be;
+  Model m(parseModelSpec(kChatGpt));
+  m.build(be, 8);
+  saveModel(dir + "/gpt.tdm", m, nullptr, {});
+  const Generation want = generate(m, {'T', 'h', 'e'}, 12, SamplingOptions{});
+  std::ofstream(dir + "/job.yaml") << "model: gpt.yaml\nweights: gpt.tdm\n"
+                                   << "partition: [[0, 3], [3, 5]]\n";
+  const std::string log = dir + "/serve.log";
+  std::string script = "'";
+  script += TANDEM_CLI;
+  script += "' serve " + dir + "/job.yaml --listen 127.0.0.1:0 > " + log + " 2>&1 & pid=$!\n";
+  script += "for i in $(seq 600); do grep -q '^serving' " + log + " && break; sleep 0.05; done\n";
+  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  for (const char* stream : {"false", "true"}) {
+    script += "curl -sN --max-time 60 http://127.0.0.1:$port/v1/completions ";
+    script += "-d '{\"prompt\": \"The\", \"max_tokens\": 12, \"temperature\": 0, \"stream\": ";
+    script += std::string(stream) + "}'\necho; echo '---'\n";
+  }
+  script += "kill -TERM $pid; wait $pid; echo \"exit $?\"; cat " + log + "\n";
+  std::ofstream(dir + "/run.sh") << script;
+  const CliRun r = runCommand("bash " + dir + "/run.sh");
+  ASSERT_NE(r.out.find("exit 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(context 40 tokens, 2 stages)"), std::string::npos) << r.out;
+  std::istringstream lines(r.out);
+  std::string whole, line, streamed;
+  std::getline(lines, whole);
+  const json answer = json::parse(whole, nullptr, false);
+  ASSERT_FALSE(answer.is_discarded()) << r.out;
+  EXPECT_EQ(answer["choices"][0]["text"], asServed(want.tokens)) << r.out;
+  while (std::getline(lines, line) && line != "---") {
+  }
+  while (std::getline(lines, line) && line != "---")
+    if (line.rfind("data: {", 0) == 0)
+      streamed += json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(asServed({streamed.begin(), streamed.end()}), asServed(want.tokens)) << r.out;
+}
+
 TEST(CliServeTest, WhatCannotBeServedSafelyIsRefusedBeforeListening) {
   const std::string dir = freshDir("cli-serve-refused");
   const std::string model = dir + "/gpt.tdm";
@@ -150,10 +190,9 @@ TEST(CliServeTest, WhatCannotBeServedSafelyIsRefusedBeforeListening) {
   r = run("serve " + model + " --listen 0.0.0.0:0 --api-key-file " + dir + "/keys");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("may be read by others"), std::string::npos) << r.out;
-  std::ofstream(dir + "/job.yaml") << "model: m.yaml\npartition: [[0, 1]]\n";
-  r = run("serve " + dir + "/job.yaml");
+  r = run("serve " + model + " --weights " + model);
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("serving a job's stages over HTTP is not built yet"), std::string::npos)
+  EXPECT_NE(r.out.find("--cluster, --key and --weights are for a job file"), std::string::npos)
       << r.out;
   r = run("serve " + model + " --listen nowhere");
   EXPECT_NE(r.code, 0) << r.out;
