@@ -446,6 +446,32 @@ TEST(ServeTest, HostileRequestsGet4xxAndTheServerGoesOn) {
   EXPECT_EQ(request(s.port(), "GET", "/health").status, 200);
 }
 
+// A flood of idle connections without a key: each address may hold only so many (the
+// rest get 429 at once), idle ones are closed when their request time is up, and a
+// client with the key is then served.
+TEST(ServeTest, IdleConnectionsAreBoundedAndClosedAndKeyedClientsServedAfter) {
+  std::atomic<int> cancelled{0};
+  ApiOptions o;
+  o.model = {"slow", 100};
+  o.keys = {"key-0123456789abcdef"};
+  HttpLimits limits;
+  limits.max_per_source = 4;
+  limits.max_connections = 8;
+  limits.request_timeout = 300ms;
+  Served s(slowPipeline(2, 1ms, &cancelled), {2, 2}, o, limits);
+  std::vector<std::unique_ptr<Client>> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(std::make_unique<Client>(s.port()));
+  std::this_thread::sleep_for(50ms);  // accepted, counted
+  const Reply refused = request(s.port(), "GET", "/health");
+  EXPECT_EQ(refused.status, 429) << refused.head;
+  // Each idle connection is closed once its request time is up (nothing was sent: no 408).
+  for (auto& c : idle) EXPECT_EQ(c->receive(3s), "");
+  const Reply ok =
+      request(s.port(), "GET", "/v1/models", "", "Authorization: Bearer key-0123456789abcdef\r\n");
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(request(s.port(), "GET", "/v1/models").status, 401);
+}
+
 TEST(ServeTest, KeyFilesAreCheckedAsTheClusterKeyIs) {
   const std::string dir = testing::freshDir("serve-keys");
   const std::string path = dir + "/keys";
