@@ -239,6 +239,57 @@ double CostModel::allreduce(int type, size_t begin, size_t end, int replicas) co
          2 * (k - 1) * l.latency_s;
 }
 
+CostModel::Pace CostModel::pace(const std::vector<int>& types, const std::vector<double>& shares,
+                                size_t begin, size_t end) const {
+  const auto k = static_cast<double>(types.size());
+  double total = 0;
+  for (const double s : shares) total += s;
+  Pace slowest;
+  double longest = -1;
+  for (size_t r = 0; r < types.size(); ++r) {
+    const double size = shares.empty() || total <= 0 ? 1 : k * shares[r] / total;
+    const double part = compute(types[r], begin, end) * size / k;
+    if (part > longest) {
+      longest = part;
+      slowest = {static_cast<int>(r), size / k};
+    }
+  }
+  return slowest;
+}
+
+double CostModel::allreduce(const std::vector<int>& types, size_t begin, size_t end) const {
+  const size_t k = types.size();
+  if (k <= 1 || !training()) return 0;
+  const double bytes = 2.0 * static_cast<double>(k - 1) / static_cast<double>(k) *
+                       static_cast<double>(paramBytes(begin, end));
+  double bandwidth = 0, latency = 0, cpu_wall = 0;
+  for (size_t r = 0; r < k; ++r) {
+    const int node = types_[static_cast<size_t>(types[r])].node;
+    const int next = types_[static_cast<size_t>(types[(r + 1) % k])].node;
+    const LinkCosts& l = problem_.links[static_cast<size_t>(node)][static_cast<size_t>(next)];
+    bandwidth = r == 0 ? l.bandwidth : std::min(bandwidth, l.bandwidth);
+    latency = std::max(latency, l.latency_s);
+    // What it sends on (and as much received), on one thread of its node's cores.
+    const double cores = nodeCores(node);
+    const double cpu = messageCpu(node, node, next, bytes);
+    cpu_wall = std::max(cpu_wall, cores > 0 ? cpu / std::min(cores, 1.0) : cpu);
+  }
+  const double wire = bytes / bandwidth + 2 * static_cast<double>(k - 1) * latency;
+  return std::max(wire, cpu_wall);
+}
+
+std::vector<double> CostModel::balancedShares(const std::vector<int>& types, size_t begin,
+                                              size_t end) const {
+  std::vector<double> shares;
+  for (const int t : types) {
+    const double c = compute(t, begin, end);
+    shares.push_back(c > 0 && std::isfinite(c) ? 1 / c : 0);
+  }
+  double largest = *std::max_element(shares.begin(), shares.end());
+  for (double& s : shares) s = largest > 0 ? s / largest : 1;  // the fastest's is 1
+  return shares;
+}
+
 double CostModel::update(int type, size_t begin, size_t end) const {
   if (!training()) return 0;
   return static_cast<double>(paramBytes(begin, end)) * deviceOf(type).update_s_per_param_byte;
@@ -276,8 +327,8 @@ double CostModel::sourceLink(int to) const {
                   types_[static_cast<size_t>(to)].node);
 }
 
-int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int replicas,
-                          int stages) const {
+int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int replicas, int stages,
+                          double scale) const {
   const CostOptions& o = options();
   const int64_t in = inputBytes(begin);
   const int64_t out = problem_.layers[end - 1].output_bytes;
@@ -295,13 +346,14 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
   }
   const int64_t activations = stash_prefix_[end] - stash_prefix_[begin];
   const int64_t depth =
-      o.schedule == ScheduleKind::kGPipe          ? o.microbatches
-      : o.schedule == ScheduleKind::kZeroBubbleH1 ? std::min<int64_t>(o.microbatches,
-                                                                       stages > 0 ? stages
-                                                                                  : o.microbatches)
-                                                  : std::min<int64_t>(o.microbatches, stages_to_end);
+      o.schedule == ScheduleKind::kGPipe ? o.microbatches
+      : o.schedule == ScheduleKind::kZeroBubbleH1
+          ? std::min<int64_t>(o.microbatches, stages > 0 ? stages : o.microbatches)
+          : std::min<int64_t>(o.microbatches, stages_to_end);
   const int64_t per_replica = (depth + replicas - 1) / replicas;
-  const int64_t stash = o.recompute ? per_replica * in + activations : per_replica * activations;
+  const int64_t stash = static_cast<int64_t>(
+      std::ceil(scale * static_cast<double>(o.recompute ? per_replica * in + activations
+                                                        : per_replica * activations)));
   return state + stash + transport;
 }
 

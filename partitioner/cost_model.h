@@ -73,6 +73,25 @@ class CostModel {
   double backward(int type, size_t begin, size_t end) const;
   double weightGradient(int type, size_t begin, size_t end) const;
   double allreduce(int type, size_t begin, size_t end, int replicas) const;
+  // Unequal replicas (`types` one per replica, `shares` their shares of the work): a round
+  // of R microbatches, one per replica, each of R x share / sum(shares) times the mean
+  // size, takes the time of the replica whose part of it is slowest (times scaled
+  // linearly with the size, from the profiles at the mean microbatch). `pace` is that
+  // replica's index and its factor on its type's times per microbatch (the size factor
+  // over R, which the round's R microbatches share).
+  struct Pace {
+    int replica = 0;
+    double factor = 1;
+  };
+  Pace pace(const std::vector<int>& types, const std::vector<double>& shares, size_t begin,
+            size_t end) const;
+  // Their gradients' allreduce: a ring through the replicas' nodes in order, paced by
+  // its slowest link, or by the CPU the messages cost the node with the least of it (a
+  // quarter-core node's quota) where that is longer.
+  double allreduce(const std::vector<int>& types, size_t begin, size_t end) const;
+  // Shares that make every replica's part of a round take equal time: in proportion to
+  // each one's speed on [begin, end).
+  std::vector<double> balancedShares(const std::vector<int>& types, size_t begin, size_t end) const;
   // The optimizer's update of layers [begin, end) once per step (0 when not training).
   double update(int type, size_t begin, size_t end) const;
   double stage(int type, size_t begin, size_t end, int replicas) const;
@@ -98,7 +117,9 @@ class CostModel {
   // `stages_to_end` counts this stage and those after it (1F1B stash depth); `stages` all
   // of the plan's (ZB-H1's depth, min(m, stages); 0 where the search does not know it yet:
   // then m, which no plan exceeds).
-  int64_t memory(size_t begin, size_t end, int stages_to_end, int replicas, int stages = 0) const;
+  // `scale`: the stage's microbatches are that times the mean size (an unequal replica's).
+  int64_t memory(size_t begin, size_t end, int stages_to_end, int replicas, int stages = 0,
+                 double scale = 1) const;
   int64_t paramBytes(size_t begin, size_t end) const;
   // What layers [begin, end) hold whatever the split: weights, and when training their
   // gradients and optimizer state. A lower bound on any stage's memory that holds them.
@@ -114,8 +135,7 @@ class CostModel {
   std::vector<int> type_of_;
   // Per type, prefix sums over layers of the time a stage spends per microbatch, and of
   // the forward, backward and weight-gradient parts.
-  std::vector<std::vector<double>> time_prefix_, forward_prefix_, backward_prefix_,
-      weight_prefix_;
+  std::vector<std::vector<double>> time_prefix_, forward_prefix_, backward_prefix_, weight_prefix_;
   std::vector<int64_t> param_prefix_, stash_prefix_;
   // Per type, prefix counts of the layers it cannot run.
   std::vector<std::vector<int>> lack_prefix_;

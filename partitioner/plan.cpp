@@ -45,17 +45,24 @@ void checkStages(const CostModel& cost, const std::vector<Assignment>& stages,
     }
     TANDEM_CHECK_MSG(chunks == 1 || a.devices.size() == 1, InvalidArgument,
                      algorithm << ": interleaved stages cannot have replicas (stage " << s << ")");
+    TANDEM_CHECK_MSG(a.shares.empty() || a.shares.size() == a.devices.size(), InvalidArgument,
+                     algorithm << ": stage " << s << " has " << a.shares.size() << " shares for "
+                               << a.devices.size() << " replicas");
+    for (const double share : a.shares)
+      TANDEM_CHECK_MSG(share > 0 && std::isfinite(share), InvalidArgument,
+                       algorithm << ": stage " << s << " has a replica's share of " << share);
     for (int d : a.devices) {
       TANDEM_CHECK_MSG(d >= 0 && static_cast<size_t>(d) < problem.devices.size(), InvalidArgument,
                        algorithm << ": stage " << s << " names device " << d);
       TANDEM_CHECK_MSG(used.insert(d).second, InvalidArgument,
                        algorithm << ": device " << problem.devices[static_cast<size_t>(d)].name
                                  << " is used twice");
-      TANDEM_CHECK_MSG(cost.typeOf(d) == cost.typeOf(a.devices.front()), InvalidArgument,
+      TANDEM_CHECK_MSG(!a.shares.empty() || cost.typeOf(d) == cost.typeOf(a.devices.front()),
+                       InvalidArgument,
                        algorithm << ": stage " << s << " replicates over devices of different "
                                  << "kinds (" << problem.devices[static_cast<size_t>(d)].name
                                  << ", " << problem.devices[static_cast<size_t>(a.devices[0])].name
-                                 << ")");
+                                 << ") without shares");
     }
   }
   TANDEM_CHECK_MSG(expect == cost.layers(), InvalidArgument,
@@ -63,6 +70,41 @@ void checkStages(const CostModel& cost, const std::vector<Assignment>& stages,
   TANDEM_CHECK_MSG(
       links.empty() || links.size() + 1 == stages.size(), InvalidArgument,
       algorithm << ": " << links.size() << " link codecs for " << stages.size() << " stages");
+}
+
+// An unequal replicated stage (Assignment::shares) priced: its compute per microbatch (the
+// slowest replica's part of a round, with the ring allreduce and the slowest update
+// spread over the microbatches), and each replica's memory at its own microbatch size,
+// checked against its own device ("" when all fit, else what is short).
+std::string priceUnequal(const CostModel& cost, const Assignment& a, int held, int stages,
+                         PlanStage& st) {
+  std::vector<int> types;
+  for (const int d : a.devices) types.push_back(cost.typeOf(d));
+  const CostModel::Pace pace = cost.pace(types, a.shares, a.begin, a.end);
+  st.allreduce_s = cost.allreduce(types, a.begin, a.end);
+  for (const int t : types) st.update_s = std::max(st.update_s, cost.update(t, a.begin, a.end));
+  st.compute_s =
+      cost.compute(types[static_cast<size_t>(pace.replica)], a.begin, a.end) * pace.factor +
+      (st.allreduce_s + st.update_s) / static_cast<double>(cost.options().microbatches);
+  double total = 0;
+  for (const double s : a.shares) total += s;
+  const auto k = static_cast<int>(types.size());
+  std::ostringstream short_of;
+  for (size_t r = 0; r < types.size(); ++r) {
+    const double size = k * a.shares[r] / total;
+    const int64_t need = cost.memory(a.begin, a.end, held, k, stages, size);
+    st.memory_bytes = std::max(st.memory_bytes, need);
+    const int64_t have = cost.types()[static_cast<size_t>(types[r])].memory_bytes;
+    const std::string& name = cost.problem().devices[static_cast<size_t>(a.devices[r])].name;
+    const std::string lacks = cost.lacking(types[r], a.begin, a.end);
+    if (!short_of.str().empty()) continue;
+    if (need > have)
+      short_of << "replica " << r << " (layers [" << a.begin << ", " << a.end << ")) needs " << need
+               << " bytes on " << name << ", which has " << have;
+    else if (!lacks.empty())
+      short_of << "replica " << r << " runs on " << name << ", which cannot run " << lacks;
+  }
+  return short_of.str();
 }
 
 }  // namespace
@@ -93,23 +135,29 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
     PlanStage st;
     st.at = a;
     st.next = s + 1 < n && !links.empty() ? links[static_cast<size_t>(s)] : fixed;
-    st.compute_s = cost.stage(t, a.begin, a.end, k);
-    st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
-    if (cost.training()) st.update_s = cost.update(t, a.begin, a.end);
-    if (s + 1 < n)
-      st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()),
-                            st.next.activation_ratio, st.next.gradient_ratio);
     const int at = s % p;
     const int held = chunks == 1
                          ? p - s
                          : static_cast<int>(std::min<int64_t>(interleavedWarmup(at, p, chunks) + 1,
                                                               o.microbatches * chunks));
-    st.memory_bytes = cost.memory(a.begin, a.end, held, k, p);
-    if (const std::string lacks = cost.lacking(t, a.begin, a.end);
-        !lacks.empty() && plan.infeasible.empty())
-      plan.infeasible = "stage " + std::to_string(s) + " runs on " +
-                        problem.devices[static_cast<size_t>(a.devices.front())].name +
-                        ", which cannot run " + lacks;
+    if (!a.shares.empty()) {
+      if (const std::string why = priceUnequal(cost, a, held, p, st);
+          !why.empty() && plan.infeasible.empty())
+        plan.infeasible = "stage " + std::to_string(s) + " " + why;
+    } else {
+      st.compute_s = cost.stage(t, a.begin, a.end, k);
+      st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
+      if (cost.training()) st.update_s = cost.update(t, a.begin, a.end);
+      st.memory_bytes = cost.memory(a.begin, a.end, held, k, p);
+      if (const std::string lacks = cost.lacking(t, a.begin, a.end);
+          !lacks.empty() && plan.infeasible.empty())
+        plan.infeasible = "stage " + std::to_string(s) + " runs on " +
+                          problem.devices[static_cast<size_t>(a.devices.front())].name +
+                          ", which cannot run " + lacks;
+    }
+    if (s + 1 < n)
+      st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()),
+                            st.next.activation_ratio, st.next.gradient_ratio);
     compute[static_cast<size_t>(at)] += st.compute_s;
     link[static_cast<size_t>(at)] += st.link_s;
     memory[static_cast<size_t>(at)] += st.memory_bytes;
@@ -120,7 +168,7 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
     const Assignment& a = stages[static_cast<size_t>(s)];
     const int t = cost.typeOf(a.devices.front());
     const int64_t have = cost.types()[static_cast<size_t>(t)].memory_bytes;
-    if (memory[static_cast<size_t>(s)] > have && plan.infeasible.empty()) {
+    if (a.shares.empty() && memory[static_cast<size_t>(s)] > have && plan.infeasible.empty()) {
       std::ostringstream os;
       os << "stage " << s << " (layers [" << a.begin << ", "
          << stages[static_cast<size_t>(s + (chunks - 1) * p)].end << ")"
@@ -194,6 +242,7 @@ std::vector<PlanStageSpec> planStageSpecs(const CostModel& cost, const Plan& pla
       spec.gradient_codec = st.next.gradients;
     }
     spec.threads = first.threads;
+    spec.shares = st.at.shares;
     spec.compute_s = st.compute_s;
     spec.allreduce_s = st.allreduce_s;
     spec.update_s = st.update_s;
@@ -241,6 +290,12 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
       list(spec.backends);
       os << "]";
     }
+    if (!spec.shares.empty()) {
+      os << "\n    shares: [";
+      for (size_t r = 0; r < spec.shares.size(); ++r)
+        os << (r ? ", " : "") << number(spec.shares[r]);
+      os << "]";
+    }
     if (!spec.activation_codec.empty())
       os << "\n    codec: {activations: " << spec.activation_codec
          << ", gradients: " << spec.gradient_codec << "}";
@@ -278,7 +333,7 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
     PlanStageSpec spec;
     spec.where = r.at(st);
     bool have_layers = false;
-    YAML::Node backends;
+    YAML::Node backends, shares;
     for (const auto& kv : st) {
       const std::string key = kv.first.as<std::string>();
       const YAML::Node& v = kv.second;
@@ -305,6 +360,15 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         backends = v;
       } else if (key == "threads") {
         spec.threads = static_cast<int>(r.positive(v, key));
+      } else if (key == "shares") {
+        if (!v.IsSequence() || v.size() == 0)
+          r.fail(v, "'shares' is a list of numbers, one per replica");
+        for (const YAML::Node& s : v) {
+          const auto share = r.get<double>(s, key, "a positive number");
+          if (!(share > 0 && share <= 1e9)) r.fail(s, "a replica's share must be in (0, 1e9]");
+          spec.shares.push_back(share);
+        }
+        shares = v;
       } else if (key == "codec") {
         if (!v.IsMap()) r.fail(v, "'codec' is a map {activations: ..., gradients: ...}");
         for (const auto& c : v) {
@@ -330,8 +394,8 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         r.nonNegative(v, key);
       } else {
         r.fail(kv.first, "unknown stage key '" + key +
-                             "' (expected layers, devices, backend, backends, threads, codec, "
-                             "compute_s, allreduce_s, update_s, link_s or memory_bytes)");
+                             "' (expected layers, devices, backend, backends, threads, shares, "
+                             "codec, compute_s, allreduce_s, update_s, link_s or memory_bytes)");
       }
     }
     if (!have_layers) r.fail(st, "the stage has no 'layers'");
@@ -341,6 +405,10 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
       r.fail(backends, "'backends' lists " + std::to_string(spec.backends.size()) +
                            " devices for the stage's " + std::to_string(spec.devices.size()) +
                            " replicas");
+    if (!spec.shares.empty() && spec.shares.size() != spec.devices.size())
+      r.fail(shares, "'shares' lists " + std::to_string(spec.shares.size()) +
+                         " shares for the stage's " + std::to_string(spec.devices.size()) +
+                         " replicas");
     out.push_back(std::move(spec));
   }
   return out;

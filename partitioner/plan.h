@@ -38,6 +38,11 @@ namespace tandem::partitioner {
 struct Assignment {
   size_t begin = 0, end = 0;
   std::vector<int> devices;  // indices into Problem::devices
+  // Unequal replicas (devices of different types, e.g. a fast and a slow node): each
+  // one's share of the work, one per device; empty: equal replicas of one type. A run
+  // cuts each batch so that replica r's microbatches are in proportion to its share
+  // (TrainSettings::microbatch_shares).
+  std::vector<double> shares = {};
 };
 
 // The codecs of one link's two directions: activations on to the next stage, gradients
@@ -72,14 +77,14 @@ struct Plan {
   // chunks) does, so a stage's chunks are k, k + p, k + 2p, ... (as a job's ranges are).
   int chunks = 1;
   std::vector<PlanStage> stages;
-  double seconds = 0;        // the slowest stage or link per microbatch; for latency, the sum
-  std::string bottleneck;    // "stage 1 compute", "link 0 -> 1", or "sum" for latency
+  double seconds = 0;      // the slowest stage or link per microbatch; for latency, the sum
+  std::string bottleneck;  // "stage 1 compute", "link 0 -> 1", or "sum" for latency
   // Training: one step, its schedule run with each action's time (predictStep,
   // simulate.h), fill and drain included; 0 for the serving objectives.
   double step_s = 0;
   // Training: a step's samples over step_s; serving: microbatch size / seconds (steady state).
   double samples_per_s = 0;
-  std::string infeasible;        // empty when every device's memory suffices
+  std::string infeasible;         // empty when every device's memory suffices
   std::vector<LeftOut> left_out;  // set by choosePlan
 };
 
@@ -107,6 +112,7 @@ struct PlanStageSpec {
   std::vector<std::string> devices;
   std::string backend;
   std::vector<std::string> backends;  // per replica, in devices' order (empty: `backend`)
+  std::vector<double> shares;  // unequal replicas: each one's share of the work (empty: equal)
   int threads = 1;
   double compute_s = -1;   // the predicted compute per microbatch, if the plan has it
   double allreduce_s = 0;  // a replicated stage's predicted allreduce per step

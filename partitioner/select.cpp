@@ -1,6 +1,8 @@
 // choosePlan (search.h): the search's split, then which devices to use at all, by the
 // predicted training step.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -199,6 +201,44 @@ Plan choosePlan(const CostModel& cost, const SearchOptions& o) {
 
 namespace {
 
+// Clusters of at most this many devices have every subset priced as unequal replicas.
+constexpr size_t kMaxUnequalDevices = 12;
+
+// The whole model replicated over unequal devices (Assignment::shares), each set of 2 to
+// max_replicas devices in turn with shares that balance their speeds, when the step's
+// microbatches divide among them (m a multiple of the set's size: each replica then takes
+// the same count of microbatches every step, as the cost model prices): the fastest that
+// fits, and per device the fastest that uses it (`with`). Empty (no stages) when none is
+// priced. Data parallelism over a fast and a slow node needs no pipeline bubble, which is
+// what lets a quarter-core node add to a full one (docs/partitioner.md).
+Plan unequalReplicas(const CostModel& cost, const std::string& algorithm,
+                     std::map<int, Plan>& with) {
+  const size_t n = cost.problem().devices.size();
+  const CostOptions& opt = cost.options();
+  Plan best;
+  if (n < 2 || n > kMaxUnequalDevices || opt.max_replicas < 2) return best;
+  for (uint32_t set = 1; set < (uint32_t{1} << n); ++set) {
+    const int size = std::popcount(set);
+    if (size < 2 || size > opt.max_replicas || opt.microbatches % size != 0) continue;
+    Assignment a{0, cost.layers(), {}};
+    std::vector<int> types;
+    for (size_t d = 0; d < n; ++d)
+      if (set & (uint32_t{1} << d)) {
+        a.devices.push_back(static_cast<int>(d));
+        types.push_back(cost.typeOf(static_cast<int>(d)));
+      }
+    if (!std::all_of(types.begin(), types.end(),
+                     [&](int t) { return cost.runs(t, 0, cost.layers()); }))
+      continue;
+    a.shares = cost.balancedShares(types, 0, cost.layers());
+    const Plan plan = evaluate(cost, {a}, algorithm + " + unequal replicas");
+    if (faster(plan, best)) best = plan;
+    for (const int d : a.devices)
+      if (faster(plan, with[d])) with[d] = plan;
+  }
+  return best;
+}
+
 Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   const Plan searched = bestPlan(cost, o);
   if (!cost.training()) return searched;
@@ -262,6 +302,16 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   priced(best_alone);
   if (devicesOf(best).size() > 1 ? withinMargin(best_alone) : faster(best_alone, best))
     best = best_alone;
+  // Unequal replicas of the whole model: taken when faster than the plan so far, by more
+  // than the margin where they use more devices.
+  std::map<int, Plan> replicas_with;
+  const Plan replicas = unequalReplicas(cost, searched.algorithm, replicas_with);
+  if (fits(replicas)) {
+    priced(replicas);
+    const bool more = devicesOf(replicas).size() > devicesOf(best).size();
+    if (more ? replicas.step_s * (1 + kSelectionMargin) < best.step_s : faster(replicas, best))
+      best = replicas;
+  }
   const std::set<int> used = devicesOf(best), searched_used = devicesOf(searched);
   for (size_t d = 0; d < n; ++d) {
     const int i = static_cast<int>(d);
@@ -277,6 +327,9 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
       why = "not used: no split gains from it (the fastest split's slowest stage takes " +
             ms(searched.seconds) + " per microbatch without it)";
     }
+    if (const auto it = replicas_with.find(i); it != replicas_with.end())
+      why += "; the fastest unequal replicas with it are predicted " + ms(it->second.step_s) +
+             " per step, this plan " + ms(best.step_s) + marginNote(it->second.step_s, best.step_s);
     best.left_out.push_back({i, why});
   }
   return best;

@@ -183,8 +183,15 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
   for (int s = 0; s < p; ++s) {
     Stage& x = st[static_cast<size_t>(s)];
     const PlanStage& first = plan.stages[static_cast<size_t>(s)];
-    const int t = cost.typeOf(first.at.devices.front());
-    const double k = static_cast<double>(first.at.devices.size());
+    // Unequal replicas (shares) run at the pace of the one whose part of a round is
+    // slowest, on its node; equal ones share each microbatch k ways.
+    std::vector<int> types;
+    for (const int d : first.at.devices) types.push_back(cost.typeOf(d));
+    const CostModel::Pace pace =
+        first.at.shares.empty() ? CostModel::Pace{0, 1 / static_cast<double>(types.size())}
+                                : cost.pace(types, first.at.shares, first.at.begin, first.at.end);
+    const int t = types[static_cast<size_t>(pace.replica)];
+    const double k = 1 / pace.factor;
     const std::vector<Action> one = stageActions(schedule, s, p, m, chunks);
     const bool splits = std::any_of(one.begin(), one.end(), [](const Action& a) {
       return a.type == ActionType::kWeightGradient;
@@ -200,8 +207,15 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
       h.weight =
           splits && split_from < ps.at.end ? cost.weightGradient(t, split_from, ps.at.end) / k : 0;
       h.backward = whole - h.weight;
-      x.step += cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
-      x.update += cost.update(t, ps.at.begin, ps.at.end);
+      if (ps.at.shares.empty()) {
+        x.step += cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
+        x.update += cost.update(t, ps.at.begin, ps.at.end);
+      } else {  // every replica updates its copy; the step waits for the slowest
+        x.step += cost.allreduce(types, ps.at.begin, ps.at.end);
+        double update = 0;
+        for (const int u : types) update = std::max(update, cost.update(u, ps.at.begin, ps.at.end));
+        x.update += update;
+      }
     }
     const DeviceCosts& d = cost.deviceOf(t);
     // The budget starts empty: a stage kept busy never refills it, one that idles does

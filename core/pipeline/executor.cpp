@@ -263,6 +263,7 @@ void StageExecutor::forward(int64_t k, int c, const StepInfo& info, StepResult& 
   }
   TANDEM_CHECK_MSG(f.x.defined(), InvalidArgument,
                    "stage " << range_.stage << ": forward " << k << " has no input");
+  if (c == 0) counters_.samples += f.x.shape()[0];
   const ForwardContext ctx{info.training,
                            info.training ? microbatchSeed(options_.seed, info.step, k) : 0};
   Tensor y;

@@ -46,10 +46,10 @@
 #include <memory>
 #include <vector>
 
-#include "core/model.h"
-#include "core/optimizer.h"
 #include "core/comm/group.h"
 #include "core/comm/link.h"
+#include "core/model.h"
+#include "core/optimizer.h"
 #include "core/pipeline/schedule.h"
 #include "core/train/gradient_buckets.h"
 
@@ -138,6 +138,7 @@ struct StageCounters {
   // (one microbatch in two chunks counts twice).
   int64_t peak_stash = 0;
   int64_t microbatches = 0;  // forwards (an interleaved stage's first chunk's)
+  int64_t samples = 0;       // ... and the samples they took
   bool operator==(const StageCounters&) const = default;
 };
 
@@ -166,6 +167,8 @@ class StageExecutor {
                  const std::function<void(int64_t)>& before_input = {});
 
   const StageCounters& counters() const { return counters_; }
+  // The global number of the next step's microbatch 0 (every step's microbatches count).
+  int64_t nextMicrobatch() const { return tag_base_; }
   const std::vector<Span>& spans() const { return spans_; }
 
  private:
@@ -221,8 +224,8 @@ class StageExecutor {
   ExecutorOptions options_;
   // By microbatch of the current step and chunk.
   std::map<std::pair<int64_t, int>, InFlight> inflight_;
-  int64_t tag_base_ = 0;                  // global number of this step's microbatch 0
-  uint64_t collectives_ = 0;              // tags of the replicas' collectives
+  int64_t tag_base_ = 0;                      // global number of this step's microbatch 0
+  uint64_t collectives_ = 0;                  // tags of the replicas' collectives
   std::unique_ptr<GradientBuckets> buckets_;  // replicas that train
   StageCounters counters_;
   std::vector<Span> spans_;

@@ -3,7 +3,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/train/microbatch.h"
 
 namespace tandem {
 
@@ -12,10 +11,10 @@ StageTrainer::StageTrainer(Model& model, StageRange range, Link* prev, Link* nex
     : model_(model),
       range_(range),
       options_(options),
-      executor_(model, range, prev, next, optimizer,
-                ExecutorOptions{options.recompute, options.seed, options.record_spans,
-                                options.replicas, options.collective_timeout,
-                                options.bucket_bytes}) {
+      executor_(
+          model, range, prev, next, optimizer,
+          ExecutorOptions{options.recompute, options.seed, options.record_spans, options.replicas,
+                          options.collective_timeout, options.bucket_bytes}) {
   TANDEM_CHECK_MSG(options.batch > 0, InvalidArgument,
                    "batch size " << options.batch << " must be positive");
   TANDEM_CHECK_MSG(options.microbatches > 0, InvalidArgument,
@@ -27,9 +26,14 @@ StageTrainer::StageTrainer(Model& model, StageRange range, Link* prev, Link* nex
                             << scheduleName(options.schedule) << "'");
 }
 
+std::vector<MicrobatchSlice> StageTrainer::slices(int64_t n) const {
+  return splitBatch(n, options_.microbatches, options_.microbatch_shares,
+                    executor_.nextMicrobatch());
+}
+
 StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin,
                               int64_t n, ScheduleKind kind, bool training, bool outputs) {
-  const std::vector<MicrobatchSlice> slices = splitBatch(n, options_.microbatches);
+  const std::vector<MicrobatchSlice> slices = this->slices(n);
   const auto m = static_cast<int64_t>(slices.size());
   if (range_.first()) gatherBatch(*data, order, begin, n, x_, y_);
   Backend& be = model_.backend();
@@ -94,11 +98,11 @@ EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t 
   int64_t correct = 0;
   for (int64_t begin = stream.from; begin < samples; begin += batch) {
     const int64_t n = std::min(batch, samples - begin);
+    const std::vector<MicrobatchSlice> slices = this->slices(n);
     const StepResult r = step(data, order, begin, n, ScheduleKind::kForwardOnly, false, answers);
     loss_sum += r.loss_sum;
     correct += r.correct;
     if (!answers) continue;
-    const std::vector<MicrobatchSlice> slices = splitBatch(n, options_.microbatches);
     for (const MicrobatchOutput& o : r.outputs) {
       EvalAnswer a;
       a.first = begin + slices.at(static_cast<size_t>(o.microbatch)).offset;

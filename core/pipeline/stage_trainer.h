@@ -13,6 +13,7 @@
 
 #include "core/data/dataset.h"
 #include "core/pipeline/executor.h"
+#include "core/train/microbatch.h"
 #include "core/train/trainer.h"
 
 namespace tandem {
@@ -26,6 +27,10 @@ struct PipelineOptions {
   bool recompute = false;
   bool record_spans = false;
   Group* replicas = nullptr;  // this stage's replicas (executor.h); null: one
+  // Unequal replicas: how the first stage cuts each batch, microbatch g (global) in
+  // proportion to microbatch_shares[g mod R] (splitBatch, microbatch.h), R the replicated
+  // stage's replica count; empty: sizes that differ by at most one.
+  std::vector<double> microbatch_shares;
   std::chrono::milliseconds collective_timeout{60000};
   size_t bucket_bytes = size_t{1} << 20;  // replicas: gradient bytes per allreduce
 };
@@ -75,6 +80,8 @@ class StageTrainer {
   StageExecutor& executor() { return executor_; }
 
  private:
+  // The step's microbatches of an n-sample batch, the executor's next microbatch first.
+  std::vector<MicrobatchSlice> slices(int64_t n) const;
   // Runs one step of `n` samples starting at `begin` of `order` (`outputs`: the last
   // stage keeps each microbatch's output).
   StepResult step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin, int64_t n,

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
-#include <numeric>
 #include <utility>
 
 #include "core/error.h"
@@ -15,44 +14,6 @@
 #include "core/train/microbatch.h"
 
 namespace tandem {
-
-std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<double>& shares) {
-  TANDEM_CHECK_MSG(replicas >= 1, InvalidArgument, "data parallel needs a replica");
-  TANDEM_CHECK_MSG(shares.empty() || shares.size() == replicas, InvalidArgument,
-                   shares.size() << " shares for " << replicas << " replicas");
-  std::vector<int64_t> counts(replicas, 0);
-  if (shares.empty()) {
-    for (size_t r = 0; r < replicas; ++r)
-      counts[r] = n / static_cast<int64_t>(replicas) +
-                  (static_cast<int64_t>(r) < n % static_cast<int64_t>(replicas) ? 1 : 0);
-    return counts;
-  }
-  double largest = 0;
-  for (double s : shares) {
-    TANDEM_CHECK_MSG(s >= 0 && std::isfinite(s), InvalidArgument,
-                     "a replica's share must be a non-negative number, got " << s);
-    largest = std::max(largest, s);
-  }
-  TANDEM_CHECK_MSG(largest > 0, InvalidArgument, "the replicas' shares add up to 0");
-  // As fractions of the largest, so that neither their sum nor n times one overflows
-  // (shares of 1e308 each are as good as shares of 1).
-  double total = 0;
-  for (double s : shares) total += s / largest;
-  std::vector<double> remainder(replicas);
-  int64_t given = 0;
-  for (size_t r = 0; r < replicas; ++r) {
-    const double exact = static_cast<double>(n) * (shares[r] / largest / total);
-    counts[r] = static_cast<int64_t>(exact);
-    remainder[r] = exact - static_cast<double>(counts[r]);
-    given += counts[r];
-  }
-  std::vector<size_t> order(replicas);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return remainder[a] > remainder[b]; });
-  for (size_t i = 0; given < n; ++i, ++given) ++counts[order[i % replicas]];
-  return counts;
-}
 
 std::vector<double> sharesFromProfile(const Profile& profile, const Model& model,
                                       const std::vector<std::string>& devices,
@@ -122,8 +83,8 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
     bo.timeout = options.timeout;
     bo.in_place = host_memory;
     bo.comm_thread = !host_memory;
-    rep->buckets = std::make_unique<GradientBuckets>(rep->model, 0, rep->model.size(),
-                                                     *groups[r], bo);
+    rep->buckets =
+        std::make_unique<GradientBuckets>(rep->model, 0, rep->model.size(), *groups[r], bo);
     replicas_.push_back(std::move(rep));
   }
 }

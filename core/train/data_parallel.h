@@ -28,12 +28,13 @@
 #include <utility>
 #include <vector>
 
+#include "core/comm/group.h"
 #include "core/data/dataset.h"
 #include "core/model.h"
 #include "core/model_spec.h"
 #include "core/optimizer.h"
-#include "core/comm/group.h"
 #include "core/profile/profile.h"
+#include "core/train/microbatch.h"
 #include "core/train/trainer.h"
 
 namespace tandem {
@@ -46,11 +47,6 @@ struct DataParallelOptions {
   size_t bucket_bytes = size_t{1} << 20;     // gradient bytes per allreduce
   std::chrono::milliseconds timeout{60000};  // each bucket's allreduce
 };
-
-// Samples of an n-sample batch per replica: in proportion to `shares` (largest
-// remainders get the leftover samples, lower replica first on ties), or equal when
-// `shares` is empty (splitBatch's sizes). Sums to n.
-std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<double>& shares);
 
 // Shares for replicas on `devices` (backend names: "cpu", "opencl:0") in proportion to
 // each device's training speed in `profile` (`tandem profile` of this model): one over

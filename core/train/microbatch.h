@@ -1,6 +1,7 @@
-// Splitting a batch into microbatches, and each microbatch's dropout seed. Single-device
-// gradient accumulation (Trainer) and the pipeline share these, and must: a pipeline is
-// bitwise equal to accumulation only if both cut and seed microbatches the same way.
+// Splitting a batch into microbatches (or replicas' shares), and each microbatch's dropout
+// seed. Single-device gradient accumulation (Trainer) and the pipeline share these, and
+// must: a pipeline is bitwise equal to accumulation only if both cut and seed
+// microbatches the same way.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +28,21 @@ inline std::vector<MicrobatchSlice> splitBatch(int64_t n, int64_t m) {
   }
   return out;
 }
+
+// Samples of an n-sample batch per replica: in proportion to `shares` (largest
+// remainders get the leftover samples, lower replica first on ties), or equal when
+// `shares` is empty (splitBatch's sizes). Sums to n.
+std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<double>& shares);
+
+// n samples into min(m, n) microbatches for a pipeline stage whose R = shares.size()
+// replicas take the microbatches in turn (global microbatch g runs on replica g mod R,
+// StageExecutor): the step's samples go to the replicas in proportion to their shares,
+// each replica's part in equal microbatches (microbatch k, global number first + k, is
+// replica (first + k) mod R's; shareBatch over the microbatches, each at least one
+// sample), so an unequal replica's work is its share of every step. Empty `shares`:
+// splitBatch(n, m). InvalidArgument for a share that is negative, not finite, or all zero.
+std::vector<MicrobatchSlice> splitBatch(int64_t n, int64_t m, const std::vector<double>& shares,
+                                        int64_t first);
 
 // The forward seed of microbatch k in global step `step` (dropout masks).
 inline uint64_t microbatchSeed(uint64_t seed, int64_t step, int64_t k) {

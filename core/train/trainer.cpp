@@ -27,17 +27,16 @@ void checkClassifier(const Model& model, const Dataset& data) {
                              << (data.tokens ? "token ids (start the model with an "
                                                "embedding)"
                                              : "numbers"));
-  TANDEM_CHECK_MSG(model.outputShape() == data.outputShape(), InvalidArgument,
-                   "model '" << model.name() << "' outputs " << model.outputShape() << " but "
-                             << data.name
-                             << (data.tokens ? " needs " + data.outputShape().str() +
-                                                   " (a logit per token and byte: vocab " +
-                                                   std::to_string(data.classes) + ")"
-                                             : " has " + std::to_string(data.classes) +
-                                                   " classes"));
+  TANDEM_CHECK_MSG(
+      model.outputShape() == data.outputShape(), InvalidArgument,
+      "model '" << model.name() << "' outputs " << model.outputShape() << " but " << data.name
+                << (data.tokens ? " needs " + data.outputShape().str() +
+                                      " (a logit per token and byte: vocab " +
+                                      std::to_string(data.classes) + ")"
+                                : " has " + std::to_string(data.classes) + " classes"));
   TANDEM_CHECK_MSG(!data.tokens || inputVocab(model) >= data.classes, InvalidArgument,
-                   "model '" << model.name() << "' embeds " << inputVocab(model) << " token ids but "
-                             << data.name << " has " << data.classes
+                   "model '" << model.name() << "' embeds " << inputVocab(model)
+                             << " token ids but " << data.name << " has " << data.classes
                              << " (bytes): its embedding's vocab must be at least that");
 }
 
@@ -74,7 +73,9 @@ double Trainer::step(const float* x, const int32_t* labels, int64_t n) {
   model_.zeroGrad();
   const int64_t per_sample = model_.inputShape().numel();
   const int64_t per_label = labelsPerSample(model_);
-  const std::vector<MicrobatchSlice> slices = splitBatch(n, options_.microbatches);
+  const std::vector<MicrobatchSlice> slices =
+      splitBatch(n, options_.microbatches, options_.microbatch_shares, microbatches_run_);
+  microbatches_run_ += static_cast<int64_t>(slices.size());
   double loss_sum = 0;
   for (size_t k = 0; k < slices.size(); ++k) {
     const MicrobatchSlice& mb = slices[k];

@@ -24,6 +24,9 @@ struct TrainOptions {
   // Gradient accumulation: each batch runs as this many microbatches (splitBatch), their
   // gradients summed before one optimizer step — what a pipeline computes.
   int64_t microbatches = 1;
+  // Cut as a pipeline with unequal replicas cuts them (PipelineOptions::microbatch_shares):
+  // microbatch g, counted over every step, in proportion to microbatch_shares[g mod R].
+  std::vector<double> microbatch_shares = {};
 };
 
 struct StepReport {
@@ -63,6 +66,7 @@ class Trainer {
   Optimizer& optimizer_;
   TrainOptions options_;
   int64_t global_step_ = 0;
+  int64_t microbatches_run_ = 0;  // over every step (microbatch_shares)
 };
 
 // One epoch's loop over `samples` samples in batches of `batch`: `step(begin, n)` trains

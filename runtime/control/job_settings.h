@@ -16,6 +16,9 @@
 
 namespace tandem::runtime {
 
+// The most replicas whose shares TrainSettings::microbatch_shares carries.
+inline constexpr size_t kMaxReplicaShares = 64;
+
 // How the run trains (a serving run keeps the batch and microbatches).
 struct TrainSettings {
   int64_t epochs = 1;
@@ -25,6 +28,10 @@ struct TrainSettings {
   bool recompute = false;
   uint64_t seed = 1;
   OptimizerOptions optimizer;
+  // Unequal replicas of a stage (a plan's, or a job's `shares:`): each batch cut so that
+  // microbatch g goes to replica g mod R with a size in proportion to its share
+  // (PipelineOptions::microbatch_shares); empty: equal microbatches.
+  std::vector<double> microbatch_shares;
   bool operator==(const TrainSettings&) const = default;
 };
 

@@ -27,7 +27,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{3, 2, 0};
+inline constexpr ProtocolVersion kProtocolVersion{3, 3, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -222,7 +222,7 @@ struct Assign {
   std::string transport = "tcp";
   std::string weights_hash;  // a model file to start from (contentHash), or empty
   int64_t weights_bytes = 0;
-  bool encrypt = false;            // CurveZMQ on the links, keys from the run's key
+  bool encrypt = false;  // CurveZMQ on the links, keys from the run's key
   CheckpointSettings checkpoint;
   // Inference streams: the first test sample to answer (a multiple of the batch; a
   // stream resumed after a failure starts there), and the requests (microbatches) per

@@ -32,6 +32,15 @@ TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
   range(m, "epochs", out.epochs, 0, int64_t{1} << 20);
   out.seed = t->seed();
   out.recompute = t->recompute();
+  if (const auto* shares = t->microbatch_shares()) {
+    if (shares->size() > kMaxReplicaShares)
+      bad(m, std::to_string(shares->size()) + " microbatch shares (at most " +
+                 std::to_string(kMaxReplicaShares) + ")");
+    for (const double s : *shares) {
+      if (!(s > 0 && s <= 1e9)) bad(m, "a microbatch share is not in (0, 1e9]");
+      out.microbatch_shares.push_back(s);
+    }
+  }
   OptimizerOptions& o = out.optimizer;
   if (const fb::OptimizerSettings* f = t->optimizer()) {
     o.kind = text(m, "optimizer kind", f->kind(), 16);
@@ -94,8 +103,11 @@ flatbuffers::Offset<fb::TrainSettings> buildTrain(B& b, const TrainSettings& t) 
                           : t.schedule == ScheduleKind::k1F1B         ? 1
                           : t.schedule == ScheduleKind::kZeroBubbleH1 ? 2
                                                                       : 3;
+  TANDEM_CHECK_MSG(t.microbatch_shares.size() <= kMaxReplicaShares, InvalidArgument,
+                   "assign: " << t.microbatch_shares.size() << " microbatch shares (at most "
+                              << kMaxReplicaShares << ")");
   return fb::CreateTrainSettings(b, t.epochs, t.batch, t.microbatches, schedule, t.recompute,
-                                 t.seed, optimizer);
+                                 t.seed, optimizer, b.CreateVector(t.microbatch_shares));
 }
 
 flatbuffers::Offset<fb::DataSettings> buildData(B& b, const DataSettings& d) {

@@ -152,8 +152,10 @@ StageReport readReport(const fb::StageReport* r) {
     finiteNonNegative(m, field, v);
   c.peak_stash = r->peak_stash();
   c.microbatches = r->microbatches();
+  c.samples = r->samples();
   nonNegative(m, "peak_stash", c.peak_stash);
   nonNegative(m, "microbatches", c.microbatches);
+  nonNegative(m, "samples", c.samples);
   out.bytes_sent = r->bytes_sent();
   out.bytes_received = r->bytes_received();
   if (const auto* spans = r->spans()) {
@@ -370,7 +372,7 @@ flatbuffers::Offset<void> build(B& b, const StageReport& m) {
                                m.bytes_received, span_vector, m.weights_shipped, m.weights_ship_s,
                                m.weights_cached, m.weights_corrupted, model_hash, m.model_bytes,
                                m.step_mean_s, m.steps_timed, m.start_rss_bytes, m.peak_rss_bytes,
-                               m.peak_tensor_bytes, m.process_cpu_s)
+                               m.peak_tensor_bytes, m.process_cpu_s, c.samples)
       .Union();
 }
 

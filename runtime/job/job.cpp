@@ -127,17 +127,31 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
     // [begin, end], or {layers: [begin, end], replicas: N}. (Nodes are copied, never
     // assigned: assigning a YAML::Node overwrites the node it refers to.)
     int64_t replicas = 1;
+    std::vector<double> shares;
     const auto layersOf = [&](const YAML::Node& stage) {
+      std::optional<YAML::Node> shares_node;
       for (const auto& kv : stage) {
         const std::string key = r.get<std::string>(kv.first, "key", "a stage setting");
         if (key == "replicas") {
           replicas = r.positive(kv.second, key);
           if (replicas > 64) r.fail(kv.second, "'replicas' must be at most 64");
+        } else if (key == "shares") {
+          shares_node = kv.second;
+          if (!kv.second.IsSequence() || kv.second.size() == 0)
+            r.fail(kv.second, "'shares' is a list of numbers, one per replica");
+          for (const YAML::Node& s : kv.second) {
+            const auto v = r.get<double>(s, key, "a positive number");
+            if (!(v > 0 && v <= 1e9)) r.fail(s, "a replica's share must be in (0, 1e9]");
+            shares.push_back(v);
+          }
         } else if (key != "layers") {
-          r.fail(kv.first, "unknown stage key '" + key + "' (expected layers or replicas)");
+          r.fail(kv.first, "unknown stage key '" + key + "' (expected layers, replicas or shares)");
         }
       }
       if (!stage["layers"]) r.fail(stage, "the stage has no 'layers: [begin, end]'");
+      if (shares_node && shares.size() != static_cast<size_t>(replicas))
+        r.fail(*shares_node, std::to_string(shares.size()) + " shares for the stage's " +
+                                 std::to_string(replicas) + " replicas");
       return stage["layers"];
     };
     const YAML::Node range = entry.IsMap() ? layersOf(entry) : YAML::Node(entry);
@@ -150,6 +164,7 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
                         ") is empty or negative");
     job.ranges.push_back({{static_cast<size_t>(begin), static_cast<size_t>(end)},
                           static_cast<int>(replicas),
+                          shares,
                           r.at(range)});
   }
 }

@@ -21,6 +21,8 @@
 //   partition: equal               # or a list of layer ranges: [[0, 4], [4, 9], [9, 11]],
 //                                  # where a stage may have data-parallel replicas:
 //                                  # [[0, 4], {layers: [4, 9], replicas: 2}, [9, 11]],
+//                                  # unequal ones with their shares of the work:
+//                                  # {layers: [4, 9], replicas: 2, shares: [3, 1]}
 //                                  # or a plan file (`tandem partition --out`), or auto
 //   stages: 3                      # with `equal`
 //   cluster: ../clusters/local.yaml   # with `auto`: the devices to plan over
@@ -85,6 +87,10 @@ struct JobSpec {
   struct Range {
     LayerRange layers;
     int replicas = 1;
+    // Unequal replicas: each one's share of the work (`shares: [3, 1]`, one per replica);
+    // empty: equal. Every batch is then cut into microbatches in proportion to them
+    // (TrainSettings::microbatch_shares), so one stage of the job may have them.
+    std::vector<double> shares;
     std::string where;  // "job.yaml:12:5"
     bool operator==(const Range&) const = default;
   };

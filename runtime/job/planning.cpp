@@ -418,7 +418,16 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
   for (int s = 0; s < n; ++s) {
     const StagePlacement& st = stages[static_cast<size_t>(s)];
     if (st.slice.chunks.empty()) {
-      out.push_back(cost.memory(st.slice.layers.begin, st.slice.layers.end, n - s, st.replicas, n));
+      // Unequal replicas: the one with the largest share holds the largest microbatches.
+      double scale = 1;
+      if (!st.shares.empty()) {
+        double total = 0;
+        for (const double v : st.shares) total += v;
+        scale = static_cast<double>(st.shares.size()) *
+                *std::max_element(st.shares.begin(), st.shares.end()) / total;
+      }
+      out.push_back(
+          cost.memory(st.slice.layers.begin, st.slice.layers.end, n - s, st.replicas, n, scale));
       continue;
     }
     // Interleaved: each chunk's weights and state, and the stash of as many microbatches
@@ -429,66 +438,6 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
     int64_t bytes = 0;
     for (const LayerRange& c : st.slice.chunks) bytes += cost.memory(c.begin, c.end, held, 1, n);
     out.push_back(bytes);
-  }
-  return out;
-}
-
-namespace {
-
-// One direction of one link: the job's codec where it fixes one, else the plan's for that
-// link, else fp32.
-WireCodec linkCodec(WireCodec job_codec, bool fixed, const std::optional<WireCodec>& planned) {
-  if (fixed) return job_codec;
-  return planned.value_or(job_codec);
-}
-
-}  // namespace
-
-std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
-                                   RunMode mode, bool spans, const std::string& spec,
-                                   const std::string& weights_hash, int64_t weights_bytes) {
-  std::vector<Assign> out;
-  const int p = static_cast<int>(stages.size());
-  for (int s = 0; s < p; ++s) {
-    const StagePlacement& place = stages[static_cast<size_t>(s)];
-    for (int r = 0; r < place.replicas; ++r) {
-      Assign a;
-      a.job = job.source;
-      // Each link's codecs, from the plan where it chose them: this stage's activations go
-      // on its link to the next, its gradients back on the previous stage's link.
-      const std::optional<WireCodec>& next_activations = place.next_activation_codec;
-      // Interleaved stages are a ring: the last stage's chunks pass on to the first's.
-      const bool ring = !place.slice.chunks.empty() && p > 1;
-      static const std::optional<WireCodec> kNone;
-      const std::optional<WireCodec>& prev_gradients =
-          s > 0  ? stages[static_cast<size_t>(s - 1)].next_gradient_codec
-          : ring ? stages.back().next_gradient_codec
-                 : kNone;
-      a.model_spec = spec;
-      a.stage = s;
-      a.stages = p;
-      a.replica = r;
-      a.replicas = place.replicas;
-      a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : ring ? 1 : 0;
-      a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : ring ? 1 : 0;
-      a.slice = place.slice;
-      a.slice.device = place.backendOf(r);
-      a.train = job.train;
-      a.data = job.data;
-      a.wire = job.wire;
-      a.wire.activations =
-          linkCodec(job.wire.activations, job.activation_codec_given && !job.activations_auto,
-                    next_activations);
-      a.wire.gradients = linkCodec(job.wire.gradients,
-                                   job.gradient_codec_given && !job.gradients_auto, prev_gradients);
-      a.mode = mode;
-      a.record_spans = spans;
-      a.save = mode == RunMode::kTrain && !job.save.empty() && r == 0;  // replicas: identical
-      a.transport = job.transport;
-      a.weights_hash = weights_hash;
-      a.weights_bytes = weights_bytes;
-      out.push_back(std::move(a));
-    }
   }
   return out;
 }
@@ -512,6 +461,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
       }
       slice.threads = job.threads;
       place.replicas = s < job.ranges.size() ? job.ranges[s].replicas : 1;
+      if (s < job.ranges.size()) place.shares = job.ranges[s].shares;
       out.push_back(std::move(place));
     }
     return out;
@@ -533,7 +483,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
   for (const partitioner::PlanStageSpec& s : specs) {
     TANDEM_CHECK_MSG(s.devices.size() <= 64, InvalidArgument,
                      s.where << ": " << s.devices.size() << " replicas; at most 64");
-    ranges.ranges.push_back({{s.begin, s.end}, 1, s.where});
+    ranges.ranges.push_back({{s.begin, s.end}, 1, {}, s.where});
   }
   stageRanges(ranges, model);
   // An interleaved plan (the job's chunks > 1: `partition: auto`'s, or a plan file with
@@ -571,6 +521,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     place.replicas = replicas;
     place.replica_backends = s.backends;
     place.replica_devices = s.devices;
+    place.shares = s.shares;
     // The link to the next stage: the codecs of its last chunk's (its first chunk's on an
     // interleaved plan, which lists the others' links after it).
     if (!s.activation_codec.empty())

@@ -105,6 +105,7 @@ struct StagePlacement {
   int replicas = 1;                           // data-parallel replicas, each a worker of its own
   std::vector<std::string> replica_backends;  // each replica's device (empty: the slice's)
   std::vector<std::string> replica_devices;   // from a plan: each replica's "node/device"
+  std::vector<double> shares;                 // unequal replicas' shares (empty: equal)
   // From a plan: the codecs of its link to the next stage (none: the job's).
   std::optional<WireCodec> next_activation_codec, next_gradient_codec;
   const std::string& backendOf(int replica) const {
@@ -121,6 +122,12 @@ std::vector<StagePlacement> jobStages(
     const JobSpec& job, const Model& model,
     const std::vector<partitioner::PlanStageSpec>* planned = nullptr);
 
+// How the job's batches are cut (TrainSettings::microbatch_shares): the shares of its
+// stage with unequal replicas, empty when none has them. InvalidArgument when two stages
+// have shares or another stage's replicas are not as many as the shares (microbatch g
+// goes to replica g mod R of every replicated stage, so the cut can follow one R only).
+std::vector<double> microbatchShares(const std::vector<StagePlacement>& stages);
+
 // Every worker's assignment (slot order: stage by stage, replicas within): the job and its
 // placement, carried in-band; `spec` is the model spec's text, the weights (if any) named
 // by content hash and size; `spans`: record spans for a timeline. The job's transport is
@@ -131,7 +138,8 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
 
 // The memory each stage's worker needs, as the partitioner prices it (weights, and when
 // training their gradients and optimizer state, the activations the schedule keeps in
-// flight, transport buffers), one entry per stage, for one replica of it.
+// flight, transport buffers), one entry per stage, for one replica of it (of unequal
+// replicas, the one with the largest share).
 std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
                                  const std::vector<StagePlacement>& stages, RunMode mode);
 

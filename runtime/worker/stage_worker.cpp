@@ -153,8 +153,8 @@ void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, L
     const std::optional<Message> m = coordinator.recv(wait);
     if (!m) return poll;
     if (const auto* p = std::get_if<Prompt>(&*m)) {
-      poll.request =
-          GenerationRequest{p->tokens, p->count, {p->temperature, p->top_k, p->seed, p->top_p}, p->id};
+      poll.request = GenerationRequest{
+          p->tokens, p->count, {p->temperature, p->top_k, p->seed, p->top_p}, p->id};
     } else if (std::holds_alternative<PromptsDone>(*m)) {
       poll.ended = true;
     } else if (const auto* l = std::get_if<Leave>(&*m)) {
@@ -463,6 +463,7 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
     training.send_s += after.send_s - before.send_s;
     training.allreduce_s += after.allreduce_s - before.allreduce_s;
     training.microbatches += after.microbatches - before.microbatches;
+    training.samples += after.samples - before.samples;
     s.report.run_s += r.seconds;
     s.report.process_cpu_s += processCpuSeconds() - cpu_before;
     const EvalResult ev =
@@ -491,6 +492,12 @@ void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
   po.recompute = a.train.recompute;
   po.record_spans = a.record_spans;
   po.replicas = s.group.get();
+  po.microbatch_shares = a.train.microbatch_shares;
+  TANDEM_CHECK_MSG(po.microbatch_shares.empty() || a.replicas == 1 ||
+                       po.microbatch_shares.size() == static_cast<size_t>(a.replicas),
+                   InvalidArgument,
+                   "stage " << a.stage << " has " << a.replicas << " replicas but the job cuts "
+                            << "its batches for " << po.microbatch_shares.size());
   po.collective_timeout = std::chrono::seconds(a.wire.timeout_s);
   StageTrainer trainer(*s.model, StageRange::interleaved(a.stage, a.stages, s.chunks), s.prev.get(),
                        s.next.get(), &*s.optimizer, po);

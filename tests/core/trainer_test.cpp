@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/loss.h"
 #include "core/model_spec.h"
+#include "core/train/microbatch.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -117,12 +118,14 @@ TEST(TrainerTest, TextDataNeedsALanguageModelOfItsShape) {
   classifier.build(be, 1);
   testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(classifier, text); },
                                             {"takes [1, 8, 8]", "phrases samples are [8]"});
-  Model narrow(parseModelSpec("input: [8]\nlayers: [{embedding: {vocab: 100, dim: 8}}, "
-                              "{linear: {out: 100}}]\n"));
+  Model narrow(
+      parseModelSpec("input: [8]\nlayers: [{embedding: {vocab: 100, dim: 8}}, "
+                     "{linear: {out: 100}}]\n"));
   testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(narrow, text); },
                                             {"outputs [8, 100]", "needs [8, 256]", "vocab 256"});
-  Model small(parseModelSpec("input: [8]\nlayers: [{embedding: {vocab: 100, dim: 8}}, "
-                             "{linear: {out: 256}}]\n"));
+  Model small(
+      parseModelSpec("input: [8]\nlayers: [{embedding: {vocab: 100, dim: 8}}, "
+                     "{linear: {out: 256}}]\n"));
   testing::expectThrowWith<InvalidArgument>([&] { checkClassifier(small, text); },
                                             {"embeds 100 token ids", "has 256 (bytes)"});
   Model numbers(parseModelSpec("input: [8]\nlayers: [{linear: {out: 256}}]\n"));
@@ -147,6 +150,45 @@ TEST(LossTest, TokenLevelCrossEntropyTreatsEveryTokenAsARow) {
   EXPECT_THROW(softmaxCrossEntropy(be, toDevice(be, {2, 3, 5}, logits),
                                    toDeviceI32(be, {2}, {0, 1}), 1.0f, Tensor()),
                InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+std::vector<int64_t> counts(const std::vector<MicrobatchSlice>& slices) {
+  std::vector<int64_t> out;
+  int64_t offset = 0;
+  for (const MicrobatchSlice& s : slices) {
+    EXPECT_EQ(s.offset, offset);  // contiguous, in order
+    offset += s.count;
+    out.push_back(s.count);
+  }
+  return out;
+}
+
+// Unequal replicas' microbatches: replica (first + k) mod R takes microbatch k, and the
+// step's samples go to the replicas in proportion to their shares.
+TEST(MicrobatchTest, SharesCutEachReplicasPartOfTheBatch) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(counts(splitBatch(64, 2, {3, 1}, 0)), (V{48, 16}));
+  EXPECT_EQ(counts(splitBatch(64, 2, {3, 1}, 1)), (V{16, 48}));  // replica 1's first
+  EXPECT_EQ(counts(splitBatch(64, 4, {3, 1}, 8)), (V{24, 8, 24, 8}));
+  // Three microbatches for two replicas: replica 0 takes two, its 3/4 over both.
+  EXPECT_EQ(counts(splitBatch(40, 3, {3, 1}, 0)), (V{15, 10, 15}));
+  EXPECT_EQ(counts(splitBatch(40, 3, {3, 1}, 1)), (V{5, 30, 5}));
+  // A share too small for a sample still gets one; fewer samples than microbatches.
+  EXPECT_EQ(counts(splitBatch(10, 2, {1000, 1}, 0)), (V{9, 1}));
+  EXPECT_EQ(counts(splitBatch(1, 2, {3, 1}, 0)), (V{1}));
+  // No shares: splitBatch's equal cut.
+  EXPECT_EQ(counts(splitBatch(10, 3, {}, 5)), counts(splitBatch(10, 3)));
+  testing::expectThrowWith<InvalidArgument>(
+      [] {
+        splitBatch(10, 2, {1, -1}, 0);
+      },
+      {"non-negative"});
 }
 
 }  // namespace

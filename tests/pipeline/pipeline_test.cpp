@@ -30,7 +30,7 @@ Weights reference(const PipelineOptions& o, const Dataset& d, int epochs,
   Model m(parseModelSpec(spec));
   m.build(be, o.seed);
   Optimizer opt(be, OptimizerOptions{});
-  TrainOptions t{o.batch, o.seed, o.shuffle, o.microbatches};
+  TrainOptions t{o.batch, o.seed, o.shuffle, o.microbatches, o.microbatch_shares};
   Trainer trainer(m, opt, t);
   for (int e = 0; e < epochs; ++e) trainer.trainEpoch(d, e, {});
   Weights w;
@@ -42,8 +42,9 @@ struct PipelineRun {
   Weights weights;
   std::vector<double> losses;  // the last stage's, per epoch
   EvalResult eval;
-  std::vector<StageCounters> counters;              // replica 0's, by stage
-  std::vector<std::vector<double>> replica_losses;  // every last-stage replica's
+  std::vector<StageCounters> counters;                            // replica 0's, by stage
+  std::map<std::pair<int, int>, StageCounters> replica_counters;  // by stage and replica
+  std::vector<std::vector<double>> replica_losses;                // every last-stage replica's
   std::vector<EvalResult> replica_evals;
   std::map<int64_t, EvalAnswer> answers;  // an evaluation stream's, by first sample
 };
@@ -141,6 +142,7 @@ PipelineRun pipeline(int p, const PipelineOptions& options, const Dataset& d, in
           std::lock_guard lock(mu);
           parts[static_cast<size_t>(s)][static_cast<size_t>(r)] = w;
           if (r == 0) run.counters[static_cast<size_t>(s)] = st.executor().counters();
+          run.replica_counters[{s, r}] = st.executor().counters();
           if (s == p - 1) {
             run.replica_losses.push_back(losses);
             run.replica_evals.push_back(eval);
@@ -200,7 +202,7 @@ TEST(PipelineTest, BitwiseEqualToSingleDeviceAccumulation) {
           // does (min(p, m)) on every stage; GPipe all of them.
           for (int s = 0; s < p; ++s) {
             const int64_t peak = got.counters[static_cast<size_t>(s)].peak_stash;
-            ASSERT_LE(peak, kind == ScheduleKind::kGPipe ? m
+            ASSERT_LE(peak, kind == ScheduleKind::kGPipe  ? m
                             : kind == ScheduleKind::k1F1B ? std::min<int64_t>(p - s, m)
                                                           : std::min<int64_t>(p, m));
           }
@@ -375,6 +377,40 @@ TEST(PipelineTest, ReplicatedStagesMatchTheUnreplicatedPipeline) {
   }
 }
 
+// Unequal replicas (a fast and a slow node): every batch is cut so that each replica's
+// microbatches hold its share of the samples. The weights are single-device accumulation's
+// cut the same way, within float rounding; the replicas' forwards took 3 : 1 of the
+// samples (a batch of 8 left over: 6 and 2), and with three microbatches to two replicas
+// the one taking two gets its share over both.
+TEST(PipelineTest, UnequalReplicasTakeTheirSharesOfEveryBatch) {
+  const Dataset d = testing::quadrants(72, 1);  // batches of 32, 32 and 8
+  for (const int64_t m : {2, 4, 3}) {
+    PipelineOptions o = sweepOptions(ScheduleKind::k1F1B, m);
+    o.microbatch_shares = {3, 1};
+    const Weights want = reference(o, d, 2);
+    for (const std::vector<int>& replicas : {std::vector<int>{2, 1}, {1, 2}}) {
+      const PipelineRun got = pipeline(2, o, d, 2, transport::Codec::kRaw, nullptr, replicas);
+      const std::string where = "m=" + std::to_string(m) + " replicas " +
+                                std::to_string(replicas[0]) + std::to_string(replicas[1]);
+      for (const auto& [name, w] : want) {
+        const std::vector<float>& g = got.weights.at(name);
+        ASSERT_EQ(g.size(), w.size()) << where;
+        for (size_t i = 0; i < w.size(); ++i)
+          ASSERT_NEAR(g[i], w[i], 1e-5f * (1 + std::abs(w[i]))) << where << " " << name;
+      }
+      const int s = replicas[0] == 2 ? 0 : 1;
+      const int64_t fast = got.replica_counters.at({s, 0}).samples;
+      const int64_t slow = got.replica_counters.at({s, 1}).samples;
+      EXPECT_EQ(fast + slow, 2 * 72) << where;
+      if (m % 2 == 0)
+        EXPECT_EQ(fast, 3 * slow) << where;
+      else  // three microbatches: the replica with two takes its share in two parts
+        EXPECT_NEAR(static_cast<double>(fast) / static_cast<double>(slow), 3.0, 0.5) << where;
+      EXPECT_EQ(got.replica_counters.at({1 - s, 0}).samples, 2 * 72) << where;
+    }
+  }
+}
+
 // Replicas sum their gradients in buckets as their last backward of the step finishes
 // each layer (a split backward's weight gradients on the later stages, a whole backward
 // on the first): buckets of 64 bytes (one per parameter and more) give bitwise the
@@ -387,7 +423,8 @@ TEST(PipelineTest, ReplicatedStagesSumTheSameInAnyBucketSize) {
     const PipelineRun one = pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, replicas);
     o.bucket_bytes = 64;
     const PipelineRun many = pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, replicas);
-    EXPECT_EQ(many.weights, one.weights) << "replicas " << replicas[0] << replicas[1] << replicas[2];
+    EXPECT_EQ(many.weights, one.weights)
+        << "replicas " << replicas[0] << replicas[1] << replicas[2];
     EXPECT_EQ(many.losses, one.losses);
   }
 }

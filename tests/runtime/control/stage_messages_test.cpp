@@ -44,6 +44,7 @@ Assign sampleAssign() {
   a.train.epochs = 2;
   a.train.seed = 7;
   a.train.recompute = true;
+  a.train.microbatch_shares = {3, 1};
   a.train.optimizer.kind = "adamw";
   a.train.optimizer.lr = 0.001f;
   a.train.optimizer.lr_schedule = "step";
@@ -226,6 +227,14 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](Assign& a) { a.wire.gradients = static_cast<WireCodec>(9); },
        "gradients codec 9 is not in [0, 3]"},
       {[](Assign& a) { a.train.optimizer.lr = -1; }, "learning rate -1"},
+      {[](Assign& a) {
+         a.train.microbatch_shares = {3, 0};
+       },
+       "a microbatch share is not in (0, 1e9]"},
+      {[](Assign& a) {
+         a.train.microbatch_shares = {3, std::nan("")};
+       },
+       "a microbatch share is not in (0, 1e9]"},
       {[](Assign& a) { a.train.optimizer.lr_schedule = "linear"; }, "lr_schedule 'linear'"},
       {[](Assign& a) { a.train.optimizer.warmup_steps = -1; }, "warmup_steps -1 is not in [0,"},
       {[](Assign& a) { a.bind_host = "a/b"; }, "bind_host 'a/b' is not a host"},

@@ -9,6 +9,7 @@
 #include "partitioner/search.h"
 #include "runtime/job/job.h"
 #include "runtime/node/node_profile.h"
+#include "tests/test_util.h"
 
 namespace tandem::runtime {
 namespace {
@@ -82,6 +83,52 @@ TEST(PlanningTest, ADirectionTheJobFixesIsItsOnEveryLink) {
   EXPECT_EQ(
       codecs("codec: {activations: auto, gradients: fp32}\n"),
       (Codecs{{0, "int8", "fp32"}, {1, "fp32", "fp32"}, {1, "fp32", "fp32"}, {2, "fp32", "fp32"}}));
+}
+
+// Unequal replicas, from a plan or the job's ranges: every worker cuts its batches by the
+// stage's shares; two stages with shares, or another replicated stage whose replica count
+// differs, are refused (microbatch g goes to replica g mod R of every replicated stage).
+TEST(PlanningTest, UnequalReplicasSharesReachEveryWorker) {
+  const Model model(parseModelSpec(kSpec));
+  const char* plan =
+      "stages:\n"
+      "  - {layers: [0, 3], devices: [fast/cpu, slow/cpu], backend: cpu, shares: [1, 0.25]}\n";
+  const std::vector<partitioner::PlanStageSpec> planned = partitioner::parsePlan(plan, "p.yaml");
+  const JobSpec job = parseJobSpec("model: m.yaml\npartition: p.yaml\n", "j.yaml");
+  const auto stages = jobStages(job, model, &planned);
+  ASSERT_EQ(stages.size(), 1u);
+  EXPECT_EQ(stages[0].replicas, 2);
+  EXPECT_EQ(stages[0].replica_devices, (std::vector<std::string>{"fast/cpu", "slow/cpu"}));
+  for (const Assign& a : jobAssignments(job, stages, RunMode::kTrain, false, kSpec, "", 0))
+    EXPECT_EQ(a.train.microbatch_shares, (std::vector<double>{1, 0.25}));
+  const JobSpec ranged = parseJobSpec(
+      "model: m.yaml\npartition: [[0, 1], {layers: [1, 3], replicas: 2, shares: [3, 1]}]\n",
+      "j.yaml");
+  const auto ranged_stages = jobStages(ranged, model);
+  const std::vector<Assign> assigned =
+      jobAssignments(ranged, ranged_stages, RunMode::kTrain, false, kSpec, "", 0);
+  ASSERT_EQ(assigned.size(), 3u);
+  for (const Assign& a : assigned)
+    EXPECT_EQ(a.train.microbatch_shares, (std::vector<double>{3, 1}));
+  // Equal replicas cut equally.
+  const JobSpec equal =
+      parseJobSpec("model: m.yaml\npartition: [[0, 1], {layers: [1, 3], replicas: 2}]\n", "j.yaml");
+  for (const Assign& a :
+       jobAssignments(equal, jobStages(equal, model), RunMode::kTrain, false, kSpec, "", 0))
+    EXPECT_TRUE(a.train.microbatch_shares.empty());
+  const JobSpec three = parseJobSpec(
+      "model: m.yaml\npartition: [{layers: [0, 1], replicas: 3}, "
+      "{layers: [1, 3], replicas: 2, shares: [3, 1]}]\n",
+      "j.yaml");
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { microbatchShares(jobStages(three, model)); },
+      {"stage 0 has 3 replicas, and stage 1 shares the work among 2 unequal ones"});
+  const JobSpec both = parseJobSpec(
+      "model: m.yaml\npartition: [{layers: [0, 1], replicas: 2, shares: [1, 1]}, "
+      "{layers: [1, 3], replicas: 2, shares: [3, 1]}]\n",
+      "j.yaml");
+  testing::expectThrowWith<InvalidArgument>([&] { microbatchShares(jobStages(both, model)); },
+                                            {"stages 0 and 1 both give their replicas shares"});
 }
 
 // `schedule: auto` takes interleaved stages only when they are predicted faster than the

@@ -1,0 +1,97 @@
+// The workers' assignments from the job and its stages' placement (planning.h).
+#include <optional>
+
+#include "core/error.h"
+#include "runtime/job/planning.h"
+
+namespace tandem::runtime {
+
+namespace {
+
+// One direction of one link: the job's codec where it fixes one, else the plan's for that
+// link, else fp32.
+WireCodec linkCodec(WireCodec job_codec, bool fixed, const std::optional<WireCodec>& planned) {
+  if (fixed) return job_codec;
+  return planned.value_or(job_codec);
+}
+
+}  // namespace
+
+std::vector<double> microbatchShares(const std::vector<StagePlacement>& stages) {
+  std::vector<double> shares;
+  size_t with = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s].shares.empty()) continue;
+    TANDEM_CHECK_MSG(shares.empty(), InvalidArgument,
+                     "stages " << with << " and " << s << " both give their replicas shares; "
+                               << "one stage of a job may");
+    TANDEM_CHECK_MSG(stages[s].shares.size() == static_cast<size_t>(stages[s].replicas),
+                     InvalidArgument,
+                     "stage " << s << " has " << stages[s].shares.size() << " shares for "
+                              << stages[s].replicas << " replicas");
+    shares = stages[s].shares;
+    with = s;
+  }
+  for (size_t s = 0; s < stages.size() && !shares.empty(); ++s)
+    TANDEM_CHECK_MSG(
+        stages[s].replicas == 1 || stages[s].replicas == static_cast<int>(shares.size()),
+        InvalidArgument,
+        "stage " << s << " has " << stages[s].replicas << " replicas, and stage " << with
+                 << " shares the work among " << shares.size()
+                 << " unequal ones: a job's replicated stages have as many "
+                 << "replicas as the one with shares");
+  return shares;
+}
+
+std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePlacement>& stages,
+                                   RunMode mode, bool spans, const std::string& spec,
+                                   const std::string& weights_hash, int64_t weights_bytes) {
+  std::vector<Assign> out;
+  const int p = static_cast<int>(stages.size());
+  const std::vector<double> shares = microbatchShares(stages);
+  for (int s = 0; s < p; ++s) {
+    const StagePlacement& place = stages[static_cast<size_t>(s)];
+    for (int r = 0; r < place.replicas; ++r) {
+      Assign a;
+      a.job = job.source;
+      // Each link's codecs, from the plan where it chose them: this stage's activations go
+      // on its link to the next, its gradients back on the previous stage's link.
+      const std::optional<WireCodec>& next_activations = place.next_activation_codec;
+      // Interleaved stages are a ring: the last stage's chunks pass on to the first's.
+      const bool ring = !place.slice.chunks.empty() && p > 1;
+      static const std::optional<WireCodec> kNone;
+      const std::optional<WireCodec>& prev_gradients =
+          s > 0  ? stages[static_cast<size_t>(s - 1)].next_gradient_codec
+          : ring ? stages.back().next_gradient_codec
+                 : kNone;
+      a.model_spec = spec;
+      a.stage = s;
+      a.stages = p;
+      a.replica = r;
+      a.replicas = place.replicas;
+      a.prev_replicas = s > 0 ? stages[static_cast<size_t>(s - 1)].replicas : ring ? 1 : 0;
+      a.next_replicas = s + 1 < p ? stages[static_cast<size_t>(s + 1)].replicas : ring ? 1 : 0;
+      a.slice = place.slice;
+      a.slice.device = place.backendOf(r);
+      a.train = job.train;
+      a.train.microbatch_shares = shares;
+      a.data = job.data;
+      a.wire = job.wire;
+      a.wire.activations =
+          linkCodec(job.wire.activations, job.activation_codec_given && !job.activations_auto,
+                    next_activations);
+      a.wire.gradients = linkCodec(job.wire.gradients,
+                                   job.gradient_codec_given && !job.gradients_auto, prev_gradients);
+      a.mode = mode;
+      a.record_spans = spans;
+      a.save = mode == RunMode::kTrain && !job.save.empty() && r == 0;  // replicas: identical
+      a.transport = job.transport;
+      a.weights_hash = weights_hash;
+      a.weights_bytes = weights_bytes;
+      out.push_back(std::move(a));
+    }
+  }
+  return out;
+}
+
+}  // namespace tandem::runtime
