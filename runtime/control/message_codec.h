@@ -100,6 +100,7 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Checkpo
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Answer& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Prompt& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const PromptsDone& m);
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const CancelPrompt& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Token& m);
 // The message of a stage worker's body type; FormatError naming the field at fault.
 Message readStageMessage(const fb::Message* msg);

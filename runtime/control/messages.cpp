@@ -165,7 +165,7 @@ fb::Body bodyType(const Message& m) {
       fb::Body_GroupAddresses, fb::Body_Progress,    fb::Body_EpochDone,   fb::Body_InferDone,
       fb::Body_StageReport,    fb::Body_Failed,      fb::Body_ProfileTask, fb::Body_ProfileResult,
       fb::Body_Checkpointed,   fb::Body_Answer,      fb::Body_Prompt,      fb::Body_PromptsDone,
-      fb::Body_Token};
+      fb::Body_Token,          fb::Body_CancelPrompt};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -265,7 +265,8 @@ const char* messageName(const Message& m) {
                                            "progress",        "epoch done",    "infer done",
                                            "stage report",    "failed",        "profile task",
                                            "profile result",  "checkpointed",  "answer",
-                                           "prompt",          "prompts done",  "token"};
+                                           "prompt",          "prompts done",  "token",
+                                           "cancel prompt"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -499,6 +500,7 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
     case fb::Body_Prompt:
     case fb::Body_PromptsDone:
     case fb::Body_Token:
+    case fb::Body_CancelPrompt:
       return readStageMessage(msg);
     default:
       throw FormatError("bad control message: unknown body type " +

@@ -371,6 +371,11 @@ struct PromptsDone {
   bool operator==(const PromptsDone&) const = default;
 };
 
+struct CancelPrompt {
+  int64_t id = 0;
+  bool operator==(const CancelPrompt&) const = default;
+};
+
 struct Token {
   int64_t id = 0, index = 0;
   int32_t token = 0;
@@ -399,7 +404,7 @@ using Message =
                  WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign, WeightsRequest,
                  WeightsChunk, Ready, Start, GroupAddress, GroupAddresses, Progress, EpochDone,
                  InferDone, StageReport, Failed, ProfileTask, ProfileResult, Checkpointed, Answer,
-                 Prompt, PromptsDone, Token>;
+                 Prompt, PromptsDone, Token, CancelPrompt>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

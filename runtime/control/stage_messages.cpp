@@ -256,6 +256,8 @@ Message readServingMessage(const fb::Message* msg) {
     }
     case fb::Body_PromptsDone:
       return PromptsDone{};
+    case fb::Body_CancelPrompt:
+      return CancelPrompt{msg->body_as_CancelPrompt()->id()};
     case fb::Body_Token: {
       const fb::Token* t = msg->body_as_Token();
       const char* m = "token";
@@ -399,6 +401,10 @@ flatbuffers::Offset<void> build(B& b, const PromptsDone&) {
   return fb::CreatePromptsDone(b).Union();
 }
 
+flatbuffers::Offset<void> build(B& b, const CancelPrompt& m) {
+  return fb::CreateCancelPrompt(b, m.id).Union();
+}
+
 flatbuffers::Offset<void> build(B& b, const Token& m) {
   return fb::CreateToken(b, m.id, m.index, m.token, m.logit).Union();
 }
@@ -515,6 +521,7 @@ Message readStageMessage(const fb::Message* msg) {
     case fb::Body_Prompt:
     case fb::Body_PromptsDone:
     case fb::Body_Token:
+    case fb::Body_CancelPrompt:
       return readServingMessage(msg);
     default:
       bad("?", "not a stage worker's message");

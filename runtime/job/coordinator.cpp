@@ -140,6 +140,7 @@ class Run {
       }
       const std::string ended = launcher_.finish(30s);
       if (!ended.empty()) throw Error(ended);
+      std::erase_if(in_flight_, [](const auto& f) { return f.second.cancelled; });
       if (!in_flight_.empty())
         throw Error("the run ended with " + std::to_string(in_flight_.size()) +
                     " prompts unanswered (the first: request " +
@@ -356,14 +357,21 @@ class Run {
     if (callbacks_.answer) callbacks_.answer(an);
   }
 
-  // Generation: the prompts that came so far go to stage 0, each noted as in flight.
+  // Generation: the prompts that came so far go to stage 0, each noted as in flight; a
+  // cancel goes after its prompt, unless that has ended.
   void passPrompts() {
     for (; !prompts_.empty(); prompts_.pop_front()) {
       const Message& m = prompts_.front();
       if (const auto* p = std::get_if<Prompt>(&m))
-        if (!in_flight_.emplace(p->id, std::pair<int64_t, int64_t>{0, p->count}).second)
+        if (!in_flight_.emplace(p->id, InFlight{0, p->count, false}).second)
           throw InvalidArgument("prompt " + std::to_string(p->id) +
                                 " was given while one of that id is in flight");
+      if (const auto* c = std::get_if<CancelPrompt>(&m)) {
+        const auto it = in_flight_.find(c->id);
+        if (it == in_flight_.end() || it->second.cancelled) continue;
+        it->second.cancelled = true;
+        ++result_.cancelled;
+      }
       sendTo(slotOf(0, 0), m);
     }
   }
@@ -377,12 +385,14 @@ class Run {
     const auto it = in_flight_.find(t.id);
     if (it == in_flight_.end())
       fail(slot, "sent a token for request " + std::to_string(t.id) + ", which is not in flight");
-    auto& [next, count] = it->second;
+    auto& [next, count, cancelled] = it->second;
     if (t.index != next)
       fail(slot, "sent token " + std::to_string(t.index) + " of request " + std::to_string(t.id) +
                      " where token " + std::to_string(next) + " was due");
+    const bool wanted = !cancelled;  // a cancelled one's tokens on their way still come
+    if (cancelled) ++result_.tokens_after_cancel;
     if (++next == count) in_flight_.erase(it);
-    if (callbacks_.token) callbacks_.token(t);
+    if (wanted && callbacks_.token) callbacks_.token(t);
   }
 
   // Worker `slot` reported: its trained slice, if it was asked for one, must be whole.
@@ -502,7 +512,13 @@ class Run {
   // Generation: prompts not yet passed to stage 0 (until it starts), and those in flight
   // (id -> the next token due and the tokens asked for).
   std::deque<Message> prompts_;
-  std::map<int64_t, std::pair<int64_t, int64_t>> in_flight_;
+  // Generation: per request in flight, its next token's index, its count, and whether its
+  // client cancelled it (its sequence ends early on the stages).
+  struct InFlight {
+    int64_t next = 0, count = 0;
+    bool cancelled = false;
+  };
+  std::map<int64_t, InFlight> in_flight_;
   RunResult result_;
 };
 
@@ -512,7 +528,16 @@ void PromptQueue::push(Prompt p) {
   {
     std::lock_guard lock(mu_);
     TANDEM_CHECK_MSG(!closed_, InvalidArgument, "a prompt was pushed after the queue was closed");
-    queue_.push_back(std::move(p));
+    queue_.push_back(Message{std::move(p)});
+  }
+  cv_.notify_one();
+}
+
+void PromptQueue::cancel(int64_t id) {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;  // it ends anyway
+    queue_.push_back(Message{CancelPrompt{id}});
   }
   cv_.notify_one();
 }
@@ -529,9 +554,9 @@ std::optional<Message> PromptQueue::pop(std::chrono::milliseconds wait) {
   std::unique_lock lock(mu_);
   if (!cv_.wait_for(lock, wait, [&] { return closed_ || !queue_.empty(); })) return std::nullopt;
   if (queue_.empty()) return Message{PromptsDone{}};
-  Prompt p = std::move(queue_.front());
+  Message m = std::move(queue_.front());
   queue_.pop_front();
-  return Message{std::move(p)};
+  return m;
 }
 
 RunResult coordinate(const std::vector<Assign>& assignments, const std::vector<std::string>& names,

@@ -62,14 +62,18 @@ std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
 class PromptQueue {
  public:
   void push(Prompt p);
+  // Request `id`'s client has gone: its sequence ends on every stage (CancelPrompt), in
+  // order after its prompt. Its remaining tokens do not come.
+  void cancel(int64_t id);
   void close();
-  // The next prompt, or PromptsDone once closed and empty; nullopt if `wait` passes first.
+  // The next prompt or cancel, or PromptsDone once closed and empty; nullopt if `wait`
+  // passes first.
   std::optional<Message> pop(std::chrono::milliseconds wait);
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Prompt> queue_;
+  std::deque<Message> queue_;
   bool closed_ = false;
 };
 
@@ -120,6 +124,9 @@ struct RunResult {
   // By slot: the trained slice (a model file) of each worker asked to save, verified
   // against the hash its report names; empty for the others.
   std::vector<std::vector<uint8_t>> slices;
+  // Generation: prompts cancelled (PromptQueue::cancel) before their last token, and the
+  // tokens of theirs that came after the cancel went to stage 0 (dropped, not passed on).
+  int64_t cancelled = 0, tokens_after_cancel = 0;
 };
 
 // Runs the workers of `assignments` (slot i runs assignments[i]; `names[i]` names it in

@@ -30,6 +30,7 @@
 #include "runtime/node/link_rules.h"
 #include "runtime/node/node_info.h"
 #include "runtime/node/weight_cache.h"
+#include "runtime/worker/stage_generation.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_group.h"
 #include "transport/zmq_link.h"
@@ -133,43 +134,6 @@ void sendCheckpoint(Channel& coordinator, const Model& model, const Optimizer& o
   const std::string hash = contentHash(slice);
   sendChunks(coordinator, hash, slice, timeout);
   coordinator.send(Checkpointed{step, hash, static_cast<int64_t>(slice.size())}, timeout);
-}
-
-// A generation run's stage (core/pipeline/stage_decoder.h): stage 0 takes the prompts
-// from the coordinator, the last stage sends it each token; the first and last stages'
-// outer links carry the chosen tokens back.
-void generate(Channel& coordinator, const Assign& a, Model& model, Link* prev, Link* next) {
-  Link* feedback = nullptr;
-  if (a.stages > 1 && a.stage == 0) feedback = std::exchange(prev, nullptr);
-  if (a.stages > 1 && a.stage == a.stages - 1) feedback = std::exchange(next, nullptr);
-  DecoderOptions o;
-  o.max_in_flight = a.in_flight;
-  o.keepalive = std::chrono::milliseconds(a.wire.timeout_s * 1000 / 4);
-  StageDecoder decoder(model,
-                       StageRange{a.stage, a.stages, a.slice.layers.begin, a.slice.layers.end},
-                       prev, next, feedback, o);
-  const RequestSource prompts = [&](std::chrono::milliseconds wait) {
-    RequestPoll poll;
-    const std::optional<Message> m = coordinator.recv(wait);
-    if (!m) return poll;
-    if (const auto* p = std::get_if<Prompt>(&*m)) {
-      poll.request = GenerationRequest{
-          p->tokens, p->count, {p->temperature, p->top_k, p->seed, p->top_p}, p->id};
-    } else if (std::holds_alternative<PromptsDone>(*m)) {
-      poll.ended = true;
-    } else if (const auto* l = std::get_if<Leave>(&*m)) {
-      throw Error("the coordinator stopped the stage: " + l->reason);
-    } else {
-      throw FormatError("the coordinator sent '" + std::string(messageName(*m)) +
-                        "' where a prompt was due");
-    }
-    return poll;
-  };
-  const TokenSink tokens = [&](const ChosenToken& c) {
-    coordinator.send(Token{c.id, c.index, c.token, c.logits.at(static_cast<size_t>(c.token))},
-                     std::chrono::seconds(a.wire.timeout_s));
-  };
-  decoder.serve(prompts, tokens);
 }
 
 // After its report a worker keeps its links open until the coordinator has every report
@@ -533,7 +497,7 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
   StageSetup s(coordinator, a, run_key, o);
   if (a.mode == RunMode::kGenerate) {
     const auto t0 = Clock::now();
-    generate(coordinator, a, *s.model, s.prev.get(), s.next.get());
+    generateStage(coordinator, a, *s.model, s.prev.get(), s.next.get());
     s.report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
   } else {
     runStage(coordinator, a, s);

@@ -77,9 +77,10 @@ void modelPipeline(const ServeArgs& a, Served& s) {
 }
 
 // A job's stages on their nodes' daemons (as `tandem generate JOB.yaml` runs them):
-// requests go to the run's stage 0 as they come, its tokens to the sink. A cancelled
-// sequence is not cut short across the stages: it runs to its max_tokens and its
-// tokens are dropped here.
+// requests go to the run's stage 0 as they come, its tokens to the sink. A sequence
+// whose client has gone is cancelled on the stages as its next token comes (the run's
+// stage 0 ends it and every stage frees its caches); the tokens still on their way are
+// dropped here.
 void jobPipeline(const ServeArgs& a, Served& s) {
   runtime::JobSpec job = runtime::loadJobSpec(a.file);
   if (!a.weights.empty()) {
@@ -132,10 +133,20 @@ void jobPipeline(const ServeArgs& a, Served& s) {
       int64_t count = 0;
       {
         std::lock_guard lock(mu);
-        count = counts.at(t.id);
-        if (t.index + 1 == count) counts.erase(t.id);
+        const auto it = counts.find(t.id);
+        if (it == counts.end()) return;  // cancelled: a token that was on its way
+        count = it->second;
+        if (t.index + 1 == count) counts.erase(it);
       }
-      if (t.index > 0 && cancelled(t.id)) return;
+      if (t.index > 0 && cancelled(t.id)) {
+        if (t.index + 1 == count) return;  // its last: nothing to cancel
+        {
+          std::lock_guard lock(mu);
+          counts.erase(t.id);
+        }
+        prompts.cancel(t.id);
+        return;
+      }
       sink(ChosenToken{t.id, t.index, count, t.token, kNoLogits});
     };
     try {

@@ -203,6 +203,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       ProfileResult{"{\"schema\": \"tandem-profile\"}", 1, {"{}", "{\"a\": 1}"}},
       Prompt{3, {104, 105}, 20, 0.8f, 40, uint64_t{1} << 40, 0.9f},
       PromptsDone{},
+      CancelPrompt{int64_t{1} << 40},
       Token{3, 19, 255, std::nanf("")}};
   for (const Message& m : all) {
     const Message back = decodeMessage(encodeMessage(m));

@@ -278,14 +278,27 @@ layers:
   - linear: {out: 256}
 )";
 
+// The same layers with a context of 400 tokens: a sequence long enough to be cut short.
+constexpr const char* kLongGpt = R"(name: coord-gpt-long
+input: [400]
+layers:
+  - embedding: {vocab: 256, dim: 16}
+  - positional: {context: 400}
+  - transformer: {heads: 2, mlp: 24}
+  - transformer: {heads: 4}
+  - layernorm
+  - linear: {out: 256}
+)";
+
 // A generation run of the GPT's layers cut at `cuts` (ring-linked, one worker per stage).
-std::vector<Assign> generationAssignments(const std::vector<int64_t>& cuts, bool encrypt) {
+std::vector<Assign> generationAssignments(const std::vector<int64_t>& cuts, bool encrypt,
+                                          const char* spec = kGpt) {
   std::vector<Assign> as;
   const int p = static_cast<int>(cuts.size()) - 1;
   for (int s = 0; s < p; ++s) {
     Assign a;
     a.job = "generation test";
-    a.model_spec = kGpt;
+    a.model_spec = spec;
     a.stage = s;
     a.stages = p;
     a.prev_replicas = s > 0 || p > 1 ? 1 : 0;
@@ -351,6 +364,44 @@ TEST(CoordinatorTest, AGenerationRunGivesEachPromptTheTokensAndLogitsOfOneProces
             << "prompt " << p.id << " token " << i << ": " << tokens[i].logit << " vs " << logit;
       }
     }
+  }
+}
+
+// A client that left: its prompt, cancelled as it goes to stage 0, ends early on every
+// stage (of 390 tokens asked for, the first and those on their way when the cancel came),
+// its tokens are not passed on, the run ends without it unanswered, and the prompt after
+// it gets its tokens whole — with one sequence in flight, in the cancelled one's slot.
+TEST(CoordinatorTest, ACancelledPromptEndsOnEveryStage) {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model whole(parseModelSpec(kLongGpt));
+  whole.build(be, 5);
+  const Prompt next{1, {98, 99}, 6, 0.0f, 0, 1};
+  const Generation want = generate(whole, next.tokens, next.count, SamplingOptions{});
+  for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 6}, {0, 3, 6}, {0, 2, 4, 6}}) {
+    std::vector<Assign> as = generationAssignments(cuts, false, kLongGpt);
+    for (Assign& a : as) a.in_flight = 1;
+    PromptQueue queue;
+    queue.push({0, {97}, 390, 0.0f, 0, 1});
+    queue.cancel(0);
+    queue.push(next);
+    queue.cancel(5);  // not in flight: nothing to cancel
+    std::map<int64_t, std::vector<int32_t>> got;
+    RunCallbacks cb;
+    cb.token = [&](const Token& t) {
+      got[t.id].push_back(t.token);
+      if (t.id == 1 && t.index + 1 == next.count) queue.close();
+    };
+    RunOptions ro;
+    ro.prompts = &queue;
+    auto launcher = threadLauncher();
+    const RunResult r = coordinate(as, names(as), *launcher, cb, ro);
+    const std::string where = std::to_string(cuts.size() - 1) + " stages";
+    EXPECT_EQ(got.count(0), 0u) << where;
+    EXPECT_EQ(got[1], want.tokens) << where;
+    EXPECT_EQ(r.cancelled, 1) << where;
+    // Without the cancel reaching the stages all 390 would come.
+    EXPECT_GE(r.tokens_after_cancel, 1) << where;
+    EXPECT_LT(r.tokens_after_cancel, 390) << where;
   }
 }
 
