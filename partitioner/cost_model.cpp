@@ -140,16 +140,33 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
     param_prefix_[l + 1] = param_prefix_[l] + problem_.layers[l].param_bytes;
     stash_prefix_[l + 1] = stash_prefix_[l] + problem_.layers[l].stash_bytes;
   }
-  working_max_.emplace_back();
-  for (size_t l = 0; l < n; ++l)
-    working_max_[0].push_back(inputBytes(l) + problem_.layers[l].output_bytes);
+  std::vector<int64_t> working, backward;
+  for (size_t l = 0; l < n; ++l) {
+    working.push_back(inputBytes(l) + problem_.layers[l].output_bytes +
+                      problem_.layers[l].workspace_bytes);
+    backward.push_back(stash_prefix_[l + 1] + working.back());
+  }
+  working_max_ = rangeMaxTable(std::move(working));
+  backward_max_ = rangeMaxTable(std::move(backward));
+}
+
+std::vector<std::vector<int64_t>> CostModel::rangeMaxTable(std::vector<int64_t> values) {
+  std::vector<std::vector<int64_t>> table{std::move(values)};
+  const size_t n = table[0].size();
   for (size_t w = 1; (size_t{1} << w) <= n; ++w) {
-    const auto& prev = working_max_[w - 1];
+    const auto& prev = table[w - 1];
     std::vector<int64_t> level;
     for (size_t l = 0; l + (size_t{1} << w) <= n; ++l)
       level.push_back(std::max(prev[l], prev[l + (size_t{1} << (w - 1))]));
-    working_max_.push_back(std::move(level));
+    table.push_back(std::move(level));
   }
+  return table;
+}
+
+int64_t CostModel::rangeMax(const std::vector<std::vector<int64_t>>& table, size_t begin,
+                            size_t end) {
+  const auto w = static_cast<size_t>(std::bit_width(end - begin) - 1);
+  return std::max(table[w][begin], table[w][end - (size_t{1} << w)]);
 }
 
 int64_t CostModel::inputBytes(size_t layer) const {
@@ -338,12 +355,7 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
   if (end < layers()) transport += out;
   transport *= o.transport_buffers * directions;
   const int64_t state = stateBytes(begin, end);  // the weights alone when serving
-  if (!training()) {
-    const size_t w = static_cast<size_t>(std::bit_width(end - begin) - 1);
-    const int64_t working =
-        std::max(working_max_[w][begin], working_max_[w][end - (size_t{1} << w)]);
-    return state + working + transport;
-  }
+  if (!training()) return state + rangeMax(working_max_, begin, end) + transport;
   const int64_t activations = stash_prefix_[end] - stash_prefix_[begin];
   const int64_t depth =
       o.schedule == ScheduleKind::kGPipe ? o.microbatches
@@ -351,9 +363,13 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
           ? std::min<int64_t>(o.microbatches, stages > 0 ? stages : o.microbatches)
           : std::min<int64_t>(o.microbatches, stages_to_end);
   const int64_t per_replica = (depth + replicas - 1) / replicas;
-  const int64_t stash = static_cast<int64_t>(
-      std::ceil(scale * static_cast<double>(o.recompute ? per_replica * in + activations
-                                                        : per_replica * activations)));
+  // The microbatch whose backward runs holds, at layer l, the stash of the layers up to
+  // l and l's input and output gradients; the others in flight their whole stash (with
+  // recompute: their input).
+  const int64_t backward = rangeMax(backward_max_, begin, end) - stash_prefix_[begin];
+  const int64_t stash = static_cast<int64_t>(std::ceil(
+      scale * static_cast<double>(o.recompute ? per_replica * in + backward
+                                              : (per_replica - 1) * activations + backward)));
   return state + stash + transport;
 }
 

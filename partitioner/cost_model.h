@@ -25,9 +25,12 @@
 //     stages from this one to the last, min(m, p) for ZB-H1 (every stage holds up to what
 //     1F1B's first does); each is what the layers keep for backward (with
 //     recompute: the stage input only, plus one microbatch's stash while recomputing);
-//     a replica holds ceil(in-flight / k) of them
+//     a replica holds ceil(in-flight / k) of them; of these, the one whose backward runs
+//     holds at its peak, instead of its whole stash, the stash of the layers up to the
+//     one running, that layer's input and output gradients and its scratch (the largest
+//     over the stage's layers: a CNN's widest activation, twice)
 //   + transport buffers: `transport_buffers` messages per direction on each link.
-// Serving: weights + the largest layer input + output + transport buffers.
+// Serving: weights + the largest layer input + output (+ its scratch) + transport buffers.
 #pragma once
 
 #include <cstdint>
@@ -139,8 +142,15 @@ class CostModel {
   std::vector<int64_t> param_prefix_, stash_prefix_;
   // Per type, prefix counts of the layers it cannot run.
   std::vector<std::vector<int>> lack_prefix_;
-  // Sparse table of max(input + output bytes) over layer ranges (serving memory).
+  // Sparse table of max(input + output + scratch bytes) over layer ranges (serving memory).
   std::vector<std::vector<int64_t>> working_max_;
+  // The same of each layer's stash prefix (through it) plus its input and output: what
+  // a microbatch holds while that layer's backward runs.
+  std::vector<std::vector<int64_t>> backward_max_;
+  // A sparse table over `values` (level w: the max over 2^w from each index), and the max
+  // over [begin, end) from it.
+  static std::vector<std::vector<int64_t>> rangeMaxTable(std::vector<int64_t> values);
+  static int64_t rangeMax(const std::vector<std::vector<int64_t>>& table, size_t begin, size_t end);
 };
 
 }  // namespace tandem::partitioner

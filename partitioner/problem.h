@@ -25,6 +25,9 @@ struct LayerBytes {
   int64_t param_bytes = 0;   // weights and biases
   int64_t output_bytes = 0;  // the activation it passes on, one microbatch
   int64_t stash_bytes = 0;   // what its forward keeps for its backward, one microbatch
+  // Scratch its forward or backward holds beside its input and output, one microbatch
+  // (Layer::workspaceBytes).
+  int64_t workspace_bytes = 0;
 };
 
 struct DeviceCosts {

@@ -128,6 +128,14 @@ Tensor Conv2d::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   return dx;
 }
 
+int64_t Conv2d::workspaceBytes(int64_t batch) const {
+  // The column buffer, and the channel-major output of a chunk of more than one sample.
+  const int64_t ohw = g_.outHeight() * g_.outWidth();
+  const int64_t c = chunk(batch);
+  const int64_t col = in_channels_ * g_.kernel_h * g_.kernel_w * c * ohw;
+  return (col + (c > 1 ? out_channels_ * c * ohw : 0)) * 4;
+}
+
 int64_t Conv2d::paramCount() const {
   return out_channels_ * in_channels_ * g_.kernel_h * g_.kernel_w + (bias_ ? out_channels_ : 0);
 }

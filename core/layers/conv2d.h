@@ -18,6 +18,7 @@ class Conv2d final : public Layer {
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
+  int64_t workspaceBytes(int64_t batch) const override;
   LayerSpec spec() const override;
   const Window2d& window() const { return g_; }
 

@@ -108,6 +108,12 @@ class Layer {
   virtual int64_t flops() const = 0;                // forward; a multiply-add is 2
   virtual int64_t stashBytes() const { return 0; }  // kept from forward for backward
   int64_t outputBytes() const { return output_.numel() * 4; }
+  // Scratch its forward or backward holds beside its input and output for a batch of
+  // `batch` samples, freed as it returns (a convolution's column buffers; not per sample).
+  virtual int64_t workspaceBytes(int64_t batch) const {
+    (void)batch;
+    return 0;
+  }
 
   // The spec this layer was made from, for model files.
   virtual LayerSpec spec() const = 0;

@@ -134,6 +134,32 @@ TEST(LayerGradTest, LinearOnSequences) {
   EXPECT_EQ(g.layer().outputShape(), (Shape{3, 5}));
 }
 
+// What a convolution says its scratch is (Layer::workspaceBytes, which the partitioner's
+// memory model counts) is what its forward holds beyond its input and output: one sample's
+// columns, a batch's columns and channel-major output, and no more past its chunk.
+TEST(LayerGradTest, Conv2dScratchIsWhatItsForwardHolds) {
+  for (const int64_t batch : {1, 16, 600}) {
+    cpu::CpuBackend be(cpu::CpuOptions{1});
+    Model m(parseModelSpec(
+        "input: [3, 12, 12]\nlayers:\n  - conv2d: {out: 8, kernel: 3, padding: 1}\n"));
+    m.build(be, 1);
+    const Tensor x = be.zeros({batch, 3, 12, 12});
+    const int64_t before = be.memoryUse().live;
+    Stash stash;
+    const Tensor y = m.forward(x, stash, ForwardContext{true, 0});
+    const int64_t scratch = be.memoryUse().peak - before - y.numel() * 4;
+    EXPECT_EQ(scratch, m.layer(0).workspaceBytes(batch)) << "batch " << batch;
+    EXPECT_GT(scratch, 0);
+  }
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model m(
+      parseModelSpec("input: [3, 12, 12]\nlayers:\n  - conv2d: {out: 8, kernel: 3, padding: 1}\n"));
+  m.build(be, 1);
+  // 600 samples run in chunks: the scratch of a chunk, not of the batch.
+  EXPECT_EQ(m.layer(0).workspaceBytes(600), m.layer(0).workspaceBytes(100000));
+  EXPECT_LT(m.layer(0).workspaceBytes(600), 600 / 16 * m.layer(0).workspaceBytes(16));
+}
+
 TEST(LayerGradTest, Conv2dWithStrideAndPadding) {
   GradCheck g("conv2d: {out: 3, kernel: 3, stride: 2, padding: 1}", {2, 2, 7, 5});
   g.run(testing::randomVector(3, 2 * 2 * 7 * 5));

@@ -246,6 +246,40 @@ TEST(SearchTest, LatencyKeepsASlowLinkOutOfTheChain) {
   EXPECT_EQ(fast.stages[0].at.devices, std::vector<int>{1});
 }
 
+// A training stage's memory, by hand: weights with their gradients and optimizer state;
+// the microbatches in flight but the one whose backward runs, whole stashes; that one,
+// at its peak layer, the stash of the layers up to it, its input and output gradients and
+// its scratch (a convolution's columns); then the transport buffers.
+TEST(SearchTest, AStagesMemoryPeaksInTheBackwardOfItsWidestLayer) {
+  Problem p;
+  // (type, params, output, stash, scratch)
+  p.layers = {{"conv2d", 400, 2000, 100, 300},
+              {"relu", 0, 2000, 2000, 0},
+              {"maxpool2d", 0, 500, 500, 0},
+              {"linear", 800, 40, 500, 0}};
+  p.input_bytes = 100;
+  p.node_names = {"n"};
+  p.devices.push_back(
+      {"n/cpu", 0, int64_t{1} << 30, std::vector<double>(4, 1e-3), std::vector<double>(4, 2e-3)});
+  p.links = {{{1e9, 0}}};
+  p.options.microbatches = 4;
+  p.options.optimizer_state_per_param = 1;
+  const CostModel cost(p);
+  const int64_t state = 3 * 1200;  // weights, gradients, momentum
+  // The relu's backward: the stash through it (100 + 2000), its input and output (2000
+  // each); more than the convolution's (100 + 100 + 2000 + 300) or the pool's.
+  const int64_t peak = 2100 + 4000;
+  const int64_t whole = 3100;  // every layer's stash
+  // One stage alone: one microbatch in flight.
+  EXPECT_EQ(cost.memory(0, 4, 1, 1), state + peak);
+  // Three stages from this one to the last, 1F1B: three in flight, two of them whole.
+  EXPECT_EQ(cost.memory(0, 4, 3, 1), state + 2 * whole + peak);
+  // From the pool on, its input from a stage before: the pool's backward (its stash 500,
+  // input 2000, output 500) is the peak, more than the linear's (1000 + 500 + 40); two
+  // transport buffers of the input each way.
+  EXPECT_EQ(cost.memory(2, 4, 1, 1), 3 * 800 + 3000 + 2 * 2 * 2000);
+}
+
 TEST(SearchTest, ALayerThatFitsNowhereIsNamed) {
   Problem p;
   p.node_names = {"n"};
