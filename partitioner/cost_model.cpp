@@ -256,15 +256,29 @@ double CostModel::allreduce(int type, size_t begin, size_t end, int replicas) co
          2 * (k - 1) * l.latency_s;
 }
 
+std::vector<int> CostModel::typesOf(const std::vector<int>& devices) const {
+  std::vector<int> types;
+  for (const int d : devices) types.push_back(typeOf(d));
+  return types;
+}
+
+std::vector<double> CostModel::replicaSizes(const std::vector<double>& shares) {
+  double total = 0;
+  for (const double s : shares) total += s;
+  std::vector<double> sizes;
+  for (const double s : shares)
+    sizes.push_back(total > 0 ? static_cast<double>(shares.size()) * s / total : 1);
+  return sizes;
+}
+
 CostModel::Pace CostModel::pace(const std::vector<int>& types, const std::vector<double>& shares,
                                 size_t begin, size_t end) const {
   const auto k = static_cast<double>(types.size());
-  double total = 0;
-  for (const double s : shares) total += s;
+  const std::vector<double> sizes = replicaSizes(shares);
   Pace slowest;
   double longest = -1;
   for (size_t r = 0; r < types.size(); ++r) {
-    const double size = shares.empty() || total <= 0 ? 1 : k * shares[r] / total;
+    const double size = sizes.empty() ? 1 : sizes[r];
     const double part = compute(types[r], begin, end) * size / k;
     if (part > longest) {
       longest = part;
@@ -310,6 +324,12 @@ std::vector<double> CostModel::balancedShares(const std::vector<int>& types, siz
 double CostModel::update(int type, size_t begin, size_t end) const {
   if (!training()) return 0;
   return static_cast<double>(paramBytes(begin, end)) * deviceOf(type).update_s_per_param_byte;
+}
+
+double CostModel::update(const std::vector<int>& types, size_t begin, size_t end) const {
+  double slowest = 0;
+  for (const int t : types) slowest = std::max(slowest, update(t, begin, end));
+  return slowest;
 }
 
 double CostModel::stage(int type, size_t begin, size_t end, int replicas) const {

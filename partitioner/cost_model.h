@@ -57,6 +57,8 @@ class CostModel {
   // A type's first device (every device of a type has the same costs).
   const DeviceCosts& deviceOf(int type) const;
   int typeOf(int device) const { return type_of_[static_cast<size_t>(device)]; }
+  // The types of a stage's devices (its replicas'), in order.
+  std::vector<int> typesOf(const std::vector<int>& devices) const;
   bool training() const { return options().objective == Objective::kTrainThroughput; }
 
   // Whether type `type` runs every layer of [begin, end) (DeviceCosts::lacks); where it
@@ -97,6 +99,10 @@ class CostModel {
   std::vector<double> balancedShares(const std::vector<int>& types, size_t begin, size_t end) const;
   // The optimizer's update of layers [begin, end) once per step (0 when not training).
   double update(int type, size_t begin, size_t end) const;
+  // Replicas on `types` each update their copy; the step waits for the slowest.
+  double update(const std::vector<int>& types, size_t begin, size_t end) const;
+  // Unequal replicas' microbatch sizes over the mean: R x share / sum(shares) each.
+  static std::vector<double> replicaSizes(const std::vector<double>& shares);
   double stage(int type, size_t begin, size_t end, int replicas) const;
   // The link carrying layer end-1's output from type `from` to type `to`.
   double link(size_t end, int from, int to) const;

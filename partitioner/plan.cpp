@@ -78,21 +78,18 @@ void checkStages(const CostModel& cost, const std::vector<Assignment>& stages,
 // checked against its own device ("" when all fit, else what is short).
 std::string priceUnequal(const CostModel& cost, const Assignment& a, int held, int stages,
                          PlanStage& st) {
-  std::vector<int> types;
-  for (const int d : a.devices) types.push_back(cost.typeOf(d));
+  const std::vector<int> types = cost.typesOf(a.devices);
   const CostModel::Pace pace = cost.pace(types, a.shares, a.begin, a.end);
   st.allreduce_s = cost.allreduce(types, a.begin, a.end);
-  for (const int t : types) st.update_s = std::max(st.update_s, cost.update(t, a.begin, a.end));
+  st.update_s = cost.update(types, a.begin, a.end);
   st.compute_s =
       cost.compute(types[static_cast<size_t>(pace.replica)], a.begin, a.end) * pace.factor +
       (st.allreduce_s + st.update_s) / static_cast<double>(cost.options().microbatches);
-  double total = 0;
-  for (const double s : a.shares) total += s;
+  const std::vector<double> sizes = CostModel::replicaSizes(a.shares);
   const auto k = static_cast<int>(types.size());
   std::ostringstream short_of;
   for (size_t r = 0; r < types.size(); ++r) {
-    const double size = k * a.shares[r] / total;
-    const int64_t need = cost.memory(a.begin, a.end, held, k, stages, size);
+    const int64_t need = cost.memory(a.begin, a.end, held, k, stages, sizes[r]);
     st.memory_bytes = std::max(st.memory_bytes, need);
     const int64_t have = cost.types()[static_cast<size_t>(types[r])].memory_bytes;
     const std::string& name = cost.problem().devices[static_cast<size_t>(a.devices[r])].name;

@@ -221,12 +221,9 @@ Plan unequalReplicas(const CostModel& cost, const std::string& algorithm,
     const int size = std::popcount(set);
     if (size < 2 || size > opt.max_replicas || opt.microbatches % size != 0) continue;
     Assignment a{0, cost.layers(), {}};
-    std::vector<int> types;
     for (size_t d = 0; d < n; ++d)
-      if (set & (uint32_t{1} << d)) {
-        a.devices.push_back(static_cast<int>(d));
-        types.push_back(cost.typeOf(static_cast<int>(d)));
-      }
+      if (set & (uint32_t{1} << d)) a.devices.push_back(static_cast<int>(d));
+    const std::vector<int> types = cost.typesOf(a.devices);
     if (!std::all_of(types.begin(), types.end(),
                      [&](int t) { return cost.runs(t, 0, cost.layers()); }))
       continue;

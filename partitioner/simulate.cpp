@@ -185,8 +185,7 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     const PlanStage& first = plan.stages[static_cast<size_t>(s)];
     // Unequal replicas (shares) run at the pace of the one whose part of a round is
     // slowest, on its node; equal ones share each microbatch k ways.
-    std::vector<int> types;
-    for (const int d : first.at.devices) types.push_back(cost.typeOf(d));
+    const std::vector<int> types = cost.typesOf(first.at.devices);
     const CostModel::Pace pace =
         first.at.shares.empty() ? CostModel::Pace{0, 1 / static_cast<double>(types.size())}
                                 : cost.pace(types, first.at.shares, first.at.begin, first.at.end);
@@ -212,9 +211,7 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
         x.update += cost.update(t, ps.at.begin, ps.at.end);
       } else {  // every replica updates its copy; the step waits for the slowest
         x.step += cost.allreduce(types, ps.at.begin, ps.at.end);
-        double update = 0;
-        for (const int u : types) update = std::max(update, cost.update(u, ps.at.begin, ps.at.end));
-        x.update += update;
+        x.update += cost.update(types, ps.at.begin, ps.at.end);
       }
     }
     const DeviceCosts& d = cost.deviceOf(t);

@@ -32,8 +32,8 @@ std::vector<MicrobatchSlice> StageTrainer::slices(int64_t n) const {
 }
 
 StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin,
-                              int64_t n, ScheduleKind kind, bool training, bool outputs) {
-  const std::vector<MicrobatchSlice> slices = this->slices(n);
+                              int64_t n, const std::vector<MicrobatchSlice>& slices,
+                              ScheduleKind kind, bool training, bool outputs) {
   const auto m = static_cast<int64_t>(slices.size());
   if (range_.first()) gatherBatch(*data, order, begin, n, x_, y_);
   Backend& be = model_.backend();
@@ -73,7 +73,8 @@ EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64
   return runEpoch(
       epoch, samples, options_.batch,
       [&](int64_t begin, int64_t n) {
-        const double loss = step(data, order, begin, n, options_.schedule, true, false).loss_sum;
+        const double loss =
+            step(data, order, begin, n, slices(n), options_.schedule, true, false).loss_sum;
         ++global_step_;
         return loss;
       },
@@ -99,7 +100,8 @@ EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t 
   for (int64_t begin = stream.from; begin < samples; begin += batch) {
     const int64_t n = std::min(batch, samples - begin);
     const std::vector<MicrobatchSlice> slices = this->slices(n);
-    const StepResult r = step(data, order, begin, n, ScheduleKind::kForwardOnly, false, answers);
+    const StepResult r =
+        step(data, order, begin, n, slices, ScheduleKind::kForwardOnly, false, answers);
     loss_sum += r.loss_sum;
     correct += r.correct;
     if (!answers) continue;

@@ -82,10 +82,11 @@ class StageTrainer {
  private:
   // The step's microbatches of an n-sample batch, the executor's next microbatch first.
   std::vector<MicrobatchSlice> slices(int64_t n) const;
-  // Runs one step of `n` samples starting at `begin` of `order` (`outputs`: the last
-  // stage keeps each microbatch's output).
+  // Runs one step of `n` samples starting at `begin` of `order`, cut into `slices`
+  // (`outputs`: the last stage keeps each microbatch's output).
   StepResult step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin, int64_t n,
-                  ScheduleKind kind, bool training, bool outputs);
+                  const std::vector<MicrobatchSlice>& slices, ScheduleKind kind, bool training,
+                  bool outputs);
 
   Model& model_;
   StageRange range_;

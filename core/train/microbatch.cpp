@@ -68,13 +68,7 @@ std::vector<MicrobatchSlice> splitBatch(int64_t n, int64_t m, const std::vector<
       --*std::max_element(counts.begin(), counts.end());
       c = 1;
     }
-  std::vector<MicrobatchSlice> out;
-  int64_t offset = 0;
-  for (int64_t c : counts) {
-    out.push_back({offset, c});
-    offset += c;
-  }
-  return out;
+  return slicesOf(counts);
 }
 
 }  // namespace tandem

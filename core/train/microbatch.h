@@ -16,17 +16,23 @@ struct MicrobatchSlice {
   int64_t offset = 0, count = 0;  // samples of the batch
 };
 
-// n samples into min(m, n) microbatches whose sizes differ by at most one, larger first.
-inline std::vector<MicrobatchSlice> splitBatch(int64_t n, int64_t m) {
-  const int64_t parts = std::max<int64_t>(1, std::min(m, n));
+// Consecutive slices of these sizes, from sample 0.
+inline std::vector<MicrobatchSlice> slicesOf(const std::vector<int64_t>& counts) {
   std::vector<MicrobatchSlice> out;
   int64_t offset = 0;
-  for (int64_t k = 0; k < parts; ++k) {
-    const int64_t count = n / parts + (k < n % parts ? 1 : 0);
+  for (const int64_t count : counts) {
     out.push_back({offset, count});
     offset += count;
   }
   return out;
+}
+
+// n samples into min(m, n) microbatches whose sizes differ by at most one, larger first.
+inline std::vector<MicrobatchSlice> splitBatch(int64_t n, int64_t m) {
+  const int64_t parts = std::max<int64_t>(1, std::min(m, n));
+  std::vector<int64_t> counts;
+  for (int64_t k = 0; k < parts; ++k) counts.push_back(n / parts + (k < n % parts ? 1 : 0));
+  return slicesOf(counts);
 }
 
 // Samples of an n-sample batch per replica: in proportion to `shares` (largest

@@ -419,13 +419,8 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
     const StagePlacement& st = stages[static_cast<size_t>(s)];
     if (st.slice.chunks.empty()) {
       // Unequal replicas: the one with the largest share holds the largest microbatches.
-      double scale = 1;
-      if (!st.shares.empty()) {
-        double total = 0;
-        for (const double v : st.shares) total += v;
-        scale = static_cast<double>(st.shares.size()) *
-                *std::max_element(st.shares.begin(), st.shares.end()) / total;
-      }
+      const std::vector<double> sizes = partitioner::CostModel::replicaSizes(st.shares);
+      const double scale = sizes.empty() ? 1 : *std::max_element(sizes.begin(), sizes.end());
       out.push_back(
           cost.memory(st.slice.layers.begin, st.slice.layers.end, n - s, st.replicas, n, scale));
       continue;
