@@ -96,6 +96,43 @@ RowsView checkLayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor&
   return {m, d};
 }
 
+RowsView checkRmsNorm(const Tensor& x, const Tensor& gamma, const Tensor& y, const Tensor& rstd,
+                      std::string_view device) {
+  const int64_t d = gamma.numel();
+  const int64_t m = rowsOf(x, d, device, "rmsNorm");
+  TANDEM_CHECK_MSG(y.numel() == x.numel() && rstd.numel() == m, InvalidArgument,
+                   device << " rmsNorm: argument sizes disagree with x " << x.shape());
+  return {m, d};
+}
+
+RowsView checkRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                              const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                              std::string_view device) {
+  const int64_t d = gamma.numel();
+  const int64_t m = rowsOf(x, d, device, "rmsNormBackward");
+  TANDEM_CHECK_MSG(dy.numel() == x.numel() && dx.numel() == x.numel() && rstd.numel() == m &&
+                       dgamma.numel() == d,
+                   InvalidArgument,
+                   device << " rmsNormBackward: argument sizes disagree with x " << x.shape());
+  return {m, d};
+}
+
+RopeView checkRope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, int64_t heads,
+                   const Tensor& y, std::string_view device) {
+  TANDEM_CHECK_MSG(
+      positions.dtype() == DType::kI32, InvalidArgument,
+      device << " rope: positions are " << dtypeName(positions.dtype()) << ", not i32");
+  const int64_t rows = positions.numel(), size = 2 * inv_freq.numel();
+  TANDEM_CHECK_MSG(rows > 0 && size > 0 && x.numel() % (rows * size) == 0 && y.numel() == x.numel(),
+                   InvalidArgument,
+                   device << " rope: x " << x.shape() << " is not " << rows << " rows of heads of "
+                          << size << " (y " << y.shape() << ")");
+  const int64_t all = x.numel() / (rows * size);
+  TANDEM_CHECK_MSG(heads > 0 && heads <= all, InvalidArgument,
+                   device << " rope: cannot rotate " << heads << " of " << all << " heads");
+  return {rows, heads, all, size};
+}
+
 EmbeddingView checkEmbedding(const Tensor& ids, const Tensor& table, const Tensor& rows,
                              std::string_view device, const char* op) {
   TANDEM_CHECK_MSG(table.shape().rank() == 2, InvalidArgument,

@@ -51,6 +51,22 @@ RowsView checkLayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor&
                                 const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                 const Tensor& dgamma, const Tensor& dbeta, std::string_view device);
 
+// RMS norm over rows [m, d] of x, d = gamma.numel(); every argument sized to match.
+RowsView checkRmsNorm(const Tensor& x, const Tensor& gamma, const Tensor& y, const Tensor& rstd,
+                      std::string_view device);
+RowsView checkRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                              const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                              std::string_view device);
+
+// Rotary embedding of the first `heads` heads of x viewed as [rows, all heads, size]:
+// rows = positions.numel() (i32), size = 2 * inv_freq.numel() (f32), 0 < heads <= all
+// heads, y as many elements as x.
+struct RopeView {
+  int64_t rows, heads, all_heads, size;
+};
+RopeView checkRope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, int64_t heads,
+                   const Tensor& y, std::string_view device);
+
 // An embedding table [vocab, d] (or its gradient) and rows [m, d] for m ids (the lookup's
 // output or the gradient flowing back). Ids themselves: checkIds.
 struct EmbeddingView {

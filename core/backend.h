@@ -36,7 +36,13 @@ struct DeviceInfo {
   bool host_cores = false;
 };
 
-enum class Activation { kReLU, kGELU, kTanh, kSigmoid };
+// SiLU is x * sigmoid(x) (Llama's MLP gate).
+enum class Activation { kReLU, kGELU, kTanh, kSigmoid, kSiLU };
+
+// activationBackward differentiates GELU and SiLU from x, the others from y.
+inline bool activationGradFromInput(Activation kind) {
+  return kind == Activation::kGELU || kind == Activation::kSiLU;
+}
 
 // Geometry of a 2-D sliding window over [N, C, H, W] input (convolution and pooling).
 struct Window2d {

@@ -52,8 +52,8 @@
   /* --- activations --- */                                                                    \
   X(Activation, void, activation, (Activation kind, const Tensor& x, const Tensor& y),         \
     (kind, x, y))                                                                              \
-  /* dx = dy * f'(x). GELU reads x; ReLU, tanh and sigmoid read y (ReLU's y > 0 exactly        \
-     where x > 0). The other may be undefined. Inputs and outputs must not overlap. */         \
+  /* dx = dy * f'(x). GELU and SiLU read x; ReLU, tanh and sigmoid read y (ReLU's y > 0      \
+     exactly where x > 0). The other may be undefined. Inputs and outputs must not overlap. */ \
   X(ActivationBackward, void, activationBackward, (Activation kind, const Tensor& x,           \
                                                    const Tensor& y, const Tensor& dy,          \
                                                    const Tensor& dx),                          \
@@ -95,6 +95,25 @@
                                                  const Tensor& rstd, const Tensor& dx,         \
                                                  const Tensor& dgamma, const Tensor& dbeta),   \
     (dy, x, gamma, mean, rstd, dx, dgamma, dbeta))                                             \
+  /* RMS norm (Llama's): y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps) per row. */   \
+  X(RmsNorm, void, rmsNorm, (const Tensor& x, const Tensor& gamma, float eps, const Tensor& y, \
+                             const Tensor& rstd),                                              \
+    (x, gamma, eps, y, rstd))                                                                  \
+  /* Writes dx; accumulates into dgamma. */                                                    \
+  X(RmsNormBackward, void, rmsNormBackward, (const Tensor& dy, const Tensor& x,                \
+                                             const Tensor& gamma, const Tensor& rstd,          \
+                                             const Tensor& dx, const Tensor& dgamma),          \
+    (dy, x, gamma, rstd, dx, dgamma))                                                          \
+  /* --- rotary position embedding --- */                                                     \
+  /* x viewed as [R, H, S], R = positions.numel(), S = 2 * inv_freq.numel(): rotates the       \
+     first `heads` heads of each row (queries and keys of a fused projection; the rest are    \
+     not written) pair by pair, (i, i + S/2) as Hugging Face's rotate_half, by the angle      \
+     a = float(positions[r]) * inv_freq[i], a product in f32: y[i] = x[i] cos a -             \
+     x[i + S/2] sin a, y[i + S/2] = x[i + S/2] cos a + x[i] sin a; inverse rotates by -a      \
+     (the backward). positions i32 [R], inv_freq f32 [S/2]; y may alias x. */                 \
+  X(Rope, void, rope, (const Tensor& x, const Tensor& positions, const Tensor& inv_freq,       \
+                       int64_t heads, bool inverse, const Tensor& y),                          \
+    (x, positions, inv_freq, heads, inverse, y))                                               \
   /* --- embedding: ids i32 [M], table [V, D] --- */                                           \
   /* Ids outside [0, V) raise InvalidArgument naming the id. */                                \
   X(Embedding, void, embedding, (const Tensor& ids, const Tensor& table, const Tensor& y),     \

@@ -111,6 +111,10 @@ class Exporter {
   // as Where(mask, -inf, scores), Softmax, times v, back to [N, T, D], out projection.
   std::string attention(const Attention& a, const std::vector<Param*>& ps, const std::string& x,
                         const std::string& name) {
+    if (a.kvHeads() != a.heads() || !a.qkvBias() || !a.outBias() || a.rope().enabled())
+      throw InvalidArgument("layer " + name +
+                            " (attention): no ONNX export for grouped-query attention, rotary "
+                            "embedding or attention without biases");
     const int64_t t = a.inputShape()[0], d = a.inputShape()[1], h = a.heads(), hs = d / h;
     const std::string qkv = matmulLinear(x, *ps[0], *ps[1], name + ".qkv");
     node("Reshape", {qkv, int64s(name + ".split_shape", {5}, {0, 0, 3, h, hs})}, name + ".split",

@@ -208,6 +208,10 @@ inline float geluGrad(float x) {
   return cdf + x * pdf;
 }
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float siluGrad(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
 
 // Kernels over one range, on plain local pointers: captured references would make the
 // compiler reload them after every store instead of vectorising. Inputs and outputs of
@@ -227,10 +231,13 @@ TANDEM_CLONES void activationRange(Activation kind, const float* __restrict x, f
     case Activation::kSigmoid:
       for (int64_t i = 0; i < n; ++i) y[i] = sigmoid(x[i]);
       break;
+    case Activation::kSiLU:
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid(x[i]);
+      break;
   }
 }
 
-// `s` is x for GELU, y for ReLU, tanh and sigmoid.
+// `s` is x for GELU and SiLU, y for ReLU, tanh and sigmoid.
 TANDEM_CLONES void activationBackwardRange(Activation kind, const float* __restrict s,
                                            const float* __restrict dy, float* __restrict dx,
                                            int64_t n) {
@@ -250,6 +257,9 @@ TANDEM_CLONES void activationBackwardRange(Activation kind, const float* __restr
     case Activation::kSigmoid:
       for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * s[i] * (1.0f - s[i]);
       break;
+    case Activation::kSiLU:
+      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * siluGrad(s[i]);
+      break;
   }
 }
 
@@ -268,7 +278,7 @@ void CpuBackend::activationBackward(Activation kind, const Tensor& x, const Tens
   backends::checkSameCount(dy, dx, "cpu", "activationBackward");
   float* gx = f32(dx);
   const float* gy = f32(dy);
-  const float* sp = kind == Activation::kGELU ? f32(x) : f32(y);
+  const float* sp = activationGradFromInput(kind) ? f32(x) : f32(y);
   pool_.parallelFor(dx.numel(), kGrain, [=](int64_t b, int64_t e) {
     activationBackwardRange(kind, sp + b, gy + b, gx + b, e - b);
   });

@@ -1,5 +1,6 @@
-// Row-wise kernels of the CPU backend: layer normalisation, embedding lookup, softmax
-// (attention's, with its causal mask) and softmax cross-entropy.
+// Row-wise kernels of the CPU backend: layer and RMS normalisation, rotary embedding,
+// embedding lookup, softmax (attention's, with its causal mask) and softmax
+// cross-entropy.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -77,6 +78,23 @@ TANDEM_CLONES void columnSumsRow(const float* __restrict x, const float* __restr
     sg[i] += static_cast<double>(dy[i]) * xhat;
     sb[i] += dy[i];
   }
+}
+
+// One row of RMS norm's backward: dx = rstd (g - xhat mean(g xhat)), g = dy gamma,
+// xhat = x rstd (the sum in dot8's 8 lanes).
+TANDEM_CLONES void rmsNormBackwardRow(const float* __restrict x, const float* __restrict dy,
+                                      const float* __restrict gamma, float rstd,
+                                      float* __restrict dx, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) dx[i] = dy[i] * gamma[i];  // g, for a moment
+  float lanes[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] += dx[i + k] * (x[i + k] * rstd);
+  double sum = 0;
+  for (float lane : lanes) sum += lane;
+  for (; i < d; ++i) sum += static_cast<double>(dx[i]) * (x[i] * rstd);
+  const auto mean_gx = static_cast<float>(sum / static_cast<double>(d));
+  for (int64_t j = 0; j < d; ++j) dx[j] = rstd * (dx[j] - (x[j] * rstd) * mean_gx);
 }
 
 // One row of softmax's backward: dx = y (dy - y . dy).
@@ -161,6 +179,83 @@ void CpuBackend::layerNormBackward(const Tensor& dy, const Tensor& x, const Tens
     for (int64_t i = b; i < e; ++i) {
       gg[i] += static_cast<float>(sg[static_cast<size_t>(i - b)]);
       gb[i] += static_cast<float>(sb[static_cast<size_t>(i - b)]);
+    }
+  });
+}
+
+void CpuBackend::rmsNorm(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                         const Tensor& rstd) {
+  const backends::RowsView v = backends::checkRmsNorm(x, gamma, y, rstd, "cpu");
+  const int64_t d = v.d;
+  const float* xp = f32(x);
+  const float* gp = f32(gamma);
+  float* yp = f32(y);
+  float* rp = f32(rstd);
+  pool_.parallelFor(v.m, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* row = xp + r * d;
+      const auto inv =
+          static_cast<float>(1.0 / std::sqrt(dot8(row, row, d) / static_cast<double>(d) + eps));
+      rp[r] = inv;
+      float* out = yp + r * d;
+      for (int64_t i = 0; i < d; ++i) out[i] = row[i] * inv * gp[i];
+    }
+  });
+}
+
+void CpuBackend::rmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& rstd, const Tensor& dx, const Tensor& dgamma) {
+  const backends::RowsView v =
+      backends::checkRmsNormBackward(dy, x, gamma, rstd, dx, dgamma, "cpu");
+  const int64_t m = v.m, d = v.d;
+  const float* gy = f32(dy);
+  const float* xp = f32(x);
+  const float* gp = f32(gamma);
+  const float* rp = f32(rstd);
+  float* gx = f32(dx);
+  float* gg = f32(dgamma);
+  pool_.parallelFor(m, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r)
+      rmsNormBackwardRow(xp + r * d, gy + r * d, gp, rp[r], gx + r * d, d);
+  });
+  // Column sums of dy xhat over rows in row order, as layerNormBackward's.
+  pool_.parallelFor(d, 64, [&](int64_t b, int64_t e) {
+    std::vector<double> sg(static_cast<size_t>(e - b));
+    for (int64_t r = 0; r < m; ++r) {
+      const float* xr = xp + r * d;
+      const float* gr = gy + r * d;
+      for (int64_t i = b; i < e; ++i)
+        sg[static_cast<size_t>(i - b)] += static_cast<double>(gr[i]) * (xr[i] * rp[r]);
+    }
+    for (int64_t i = b; i < e; ++i) gg[i] += static_cast<float>(sg[static_cast<size_t>(i - b)]);
+  });
+}
+
+void CpuBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                      int64_t rotated, bool inverse, const Tensor& y) {
+  const backends::RopeView v = backends::checkRope(x, positions, inv_freq, rotated, y, "cpu");
+  const int64_t heads = v.heads, all = v.all_heads, size = v.size, half = size / 2;
+  const int32_t* pp = i32(positions);
+  const float* fp = f32(inv_freq);
+  const float* xp = f32(x);
+  float* yp = f32(y);
+  pool_.parallelFor(v.rows, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> cosines(static_cast<size_t>(half)), sines(static_cast<size_t>(half));
+    for (int64_t r = b; r < e; ++r) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = static_cast<float>(pp[r]) * fp[i];
+        cosines[static_cast<size_t>(i)] = std::cos(a);
+        sines[static_cast<size_t>(i)] = inverse ? -std::sin(a) : std::sin(a);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t at = (r * all + h) * size;
+        for (int64_t i = 0; i < half; ++i) {
+          const float c = cosines[static_cast<size_t>(i)], s = sines[static_cast<size_t>(i)];
+          const float x0 = xp[at + i], x1 = xp[at + i + half];
+          yp[at + i] = x0 * c - x1 * s;
+          yp[at + i + half] = x1 * c + x0 * s;
+        }
+      }
     }
   });
 }

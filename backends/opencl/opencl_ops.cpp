@@ -28,6 +28,8 @@ ActivationKernels activationKernels(Activation kind) {
       return {"tanh_f32", "tanh_backward_f32"};
     case Activation::kSigmoid:
       return {"sigmoid_f32", "sigmoid_backward_f32"};
+    case Activation::kSiLU:
+      return {"silu_f32", "silu_backward_f32"};
   }
   throw InvalidArgument("unknown activation " + std::to_string(static_cast<int>(kind)));
 }
@@ -73,7 +75,7 @@ void OpenClBackend::activation(Activation kind, const Tensor& x, const Tensor& y
 void OpenClBackend::activationBackward(Activation kind, const Tensor& x, const Tensor& y,
                                        const Tensor& dy, const Tensor& dx) {
   backends::checkSameCount(dy, dx, label_, "activationBackward");
-  const Tensor& s = kind == Activation::kGELU ? x : y;
+  const Tensor& s = activationGradFromInput(kind) ? x : y;
   backends::checkSameCount(s, dx, label_, "activationBackward");
   for (const Tensor* t : {&s, &dy, &dx}) requireF32(*t, "activationBackward");
   launch(activationKernels(kind).backward, items(dx.numel()), s, dy, dx, u(dx.numel()));
@@ -201,6 +203,31 @@ void OpenClBackend::layerNormBackward(const Tensor& dy, const Tensor& x, const T
   launch("layer_norm_backward_dx_f32", items(v.m), dy, x, gamma, mean, rstd, dx, u(v.m), u(v.d));
   launch("layer_norm_backward_params_f32", items(v.d), dy, x, mean, rstd, dgamma, dbeta, u(v.m),
          u(v.d));
+}
+
+void OpenClBackend::rmsNorm(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                            const Tensor& rstd) {
+  const backends::RowsView v = backends::checkRmsNorm(x, gamma, y, rstd, label_);
+  for (const Tensor* t : {&x, &gamma, &y, &rstd}) requireF32(*t, "rmsNorm");
+  launch("rms_norm_f32", items(v.m), x, gamma, eps, y, rstd, u(v.m), u(v.d));
+}
+
+void OpenClBackend::rmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                    const Tensor& rstd, const Tensor& dx, const Tensor& dgamma) {
+  const backends::RowsView v =
+      backends::checkRmsNormBackward(dy, x, gamma, rstd, dx, dgamma, label_);
+  for (const Tensor* t : {&dy, &x, &gamma, &rstd, &dx, &dgamma}) requireF32(*t, "rmsNormBackward");
+  launch("rms_norm_backward_dx_f32", items(v.m), dy, x, gamma, rstd, dx, u(v.m), u(v.d));
+  launch("rms_norm_backward_params_f32", items(v.d), dy, x, rstd, dgamma, u(v.m), u(v.d));
+}
+
+void OpenClBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                         int64_t heads, bool inverse, const Tensor& y) {
+  const backends::RopeView v = backends::checkRope(x, positions, inv_freq, heads, y, label_);
+  for (const Tensor* t : {&x, &inv_freq, &y}) requireF32(*t, "rope");
+  launch("rope_f32", items(v.rows * v.heads * (v.size / 2)), x, positions, inv_freq,
+         static_cast<cl_int>(inverse ? 1 : 0), y, u(v.rows), u(v.heads), u(v.all_heads),
+         u(v.size / 2));
 }
 
 void OpenClBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& y) {

@@ -26,10 +26,20 @@ void swapInner(Backend& be, const Tensor& src, const Tensor& dst, int64_t batch,
 Attention::Attention(const LayerSpec& spec) {
   SpecReader r(spec);
   heads_ = r.integer("heads");
+  kv_heads_ = r.integer("kv_heads", 0);
   causal_ = r.flag("causal", true);
+  qkv_bias_ = r.flag("qkv_bias", true);
+  out_bias_ = r.flag("out_bias", true);
+  rope_ = readRope(r);
   r.finish();
   TANDEM_CHECK_MSG(heads_ > 0, InvalidArgument,
                    "attention: 'heads' must be positive, got " << heads_);
+  TANDEM_CHECK_MSG(kv_heads_ >= 0, InvalidArgument,
+                   "attention: 'kv_heads' must be positive, got " << kv_heads_);
+  if (kv_heads_ == 0) kv_heads_ = heads_;
+  TANDEM_CHECK_MSG(
+      heads_ % kv_heads_ == 0, InvalidArgument,
+      "attention: " << kv_heads_ << " key/value heads do not divide " << heads_ << " query heads");
 }
 
 Shape Attention::infer(const Shape& input) {
@@ -40,117 +50,208 @@ Shape Attention::infer(const Shape& input) {
   len_ = input[0];
   dim_ = input[1];
   head_size_ = dim_ / heads_;
+  TANDEM_CHECK_MSG(!rope_.enabled() || head_size_ % 2 == 0, InvalidArgument,
+                   "attention: rotary embedding needs an even head size, got " << head_size_);
   return input;
 }
 
 void Attention::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
   const float bound = 1.0f / std::sqrt(static_cast<float>(dim_));
-  w_qkv_ =
-      makeParam(backend, "qkv.weight", {3 * dim_, dim_}, uniformInit(rng, 3 * dim_ * dim_, bound));
-  b_qkv_ = makeParam(backend, "qkv.bias", {3 * dim_}, uniformInit(rng, 3 * dim_, bound));
+  const int64_t qkv = totalHeads() * head_size_;
+  w_qkv_ = makeParam(backend, "qkv.weight", {qkv, dim_}, uniformInit(rng, qkv * dim_, bound));
+  if (qkv_bias_) b_qkv_ = makeParam(backend, "qkv.bias", {qkv}, uniformInit(rng, qkv, bound));
   w_out_ = makeParam(backend, "out.weight", {dim_, dim_}, uniformInit(rng, dim_ * dim_, bound));
-  b_out_ = makeParam(backend, "out.bias", {dim_}, uniformInit(rng, dim_, bound));
+  if (out_bias_) b_out_ = makeParam(backend, "out.bias", {dim_}, uniformInit(rng, dim_, bound));
+  if (rope_.enabled()) {
+    const std::vector<float> inv = ropeInverseFrequencies(rope_, head_size_);
+    inv_freq_ = backend.empty({static_cast<int64_t>(inv.size())});
+    backend.upload(inv_freq_, inv.data());
+  }
 }
 
-// Q, K and V of every sample and head as [3, B*H, T, hs] (so each is one batch of B*H
-// blocks) from qkv [B*T, 3D]: per sample [T, 3H, hs] -> [3H, T, hs], then [B, 3, H*T*hs]
-// -> [3, B, H*T*hs].
+std::vector<Param*> Attention::params() {
+  std::vector<Param*> out = {&w_qkv_};
+  if (qkv_bias_) out.push_back(&b_qkv_);
+  out.push_back(&w_out_);
+  if (out_bias_) out.push_back(&b_out_);
+  return out;
+}
+
+Tensor Attention::project(const Tensor& x2, const std::vector<int32_t>& positions) {
+  Backend& be = *backend_;
+  const int64_t rows = x2.shape()[0];
+  Tensor qkv = be.empty({rows, totalHeads() * head_size_});
+  be.gemm(false, true, 1.0f, x2, w_qkv_.value, 0.0f, qkv);
+  if (qkv_bias_) be.addBias(qkv, b_qkv_.value);
+  if (rope_.enabled()) {
+    Tensor pos = be.empty({rows}, DType::kI32);
+    be.upload(pos, positions.data());
+    be.rope(qkv, pos, inv_freq_, heads_ + kv_heads_, false, qkv);
+  }
+  return qkv;
+}
+
+Tensor Attention::output(const Tensor& merged) {
+  Tensor y = backend_->empty({merged.shape()[0], dim_});
+  backend_->gemm(false, true, 1.0f, merged, w_out_.value, 0.0f, y);
+  if (out_bias_) backend_->addBias(y, b_out_.value);
+  return y;
+}
+
+// Queries, keys and values of every sample and head, [B*H | B*K | B*K] blocks of [T, S]
+// from qkv [B*T, (H + 2K) S]: per sample [T, H + 2K, S] -> [H + 2K, T, S], then the
+// samples' queries, keys and values gathered (one transpose01 of [B, 3, H*T*S] when K = H).
 Tensor Attention::splitHeads(const Tensor& qkv, int64_t batch, int64_t t) const {
   Backend& be = *backend_;
-  const int64_t h = heads_, hs = head_size_;
-  Tensor per_sample = be.empty({batch, 3 * h, t, hs});
-  swapInner(be, qkv, per_sample, batch, t, 3 * h, hs);
-  Tensor heads = be.empty({3, batch * h, t, hs});
-  be.transpose01(per_sample.reshape({batch, 3, h * t * hs}), heads.reshape({3, batch, h * t * hs}));
+  const int64_t h = heads_, k = kv_heads_, all = totalHeads(), hs = head_size_;
+  Tensor per_sample = be.empty({batch, all, t, hs});
+  swapInner(be, qkv, per_sample, batch, t, all, hs);
+  Tensor heads = be.empty({batch * all, t, hs});
+  if (k == h) {
+    be.transpose01(per_sample.reshape({batch, 3, h * t * hs}),
+                   heads.reshape({3, batch, h * t * hs}));
+    return heads;
+  }
+  const Tensor from = per_sample.reshape({batch * all, t * hs});
+  const Tensor to = heads.reshape({batch * all, t * hs});
+  for (int64_t b = 0; b < batch; ++b) {
+    be.copy(from.slice(b * all, h), to.slice(b * h, h));
+    be.copy(from.slice(b * all + h, k), to.slice(batch * h + b * k, k));
+    be.copy(from.slice(b * all + h + k, k), to.slice(batch * (h + k) + b * k, k));
+  }
   return heads;
 }
 
-// Stash: x [B*T, D], heads [3, B*H, T, hs], probabilities [B*H, T, T], merged head
-// outputs [B*T, D].
+// splitHeads' inverse: dqkv [B*T, (H + 2K) S] from the heads' gradients.
+Tensor Attention::mergeHeads(const Tensor& heads, int64_t batch, int64_t t) const {
+  Backend& be = *backend_;
+  const int64_t h = heads_, k = kv_heads_, all = totalHeads(), hs = head_size_;
+  Tensor per_sample = be.empty({batch, all, t, hs});
+  if (k == h) {
+    be.transpose01(heads.reshape({3, batch, h * t * hs}),
+                   per_sample.reshape({batch, 3, h * t * hs}));
+  } else {
+    const Tensor from = heads.reshape({batch * all, t * hs});
+    const Tensor to = per_sample.reshape({batch * all, t * hs});
+    for (int64_t b = 0; b < batch; ++b) {
+      be.copy(from.slice(b * h, h), to.slice(b * all, h));
+      be.copy(from.slice(batch * h + b * k, k), to.slice(b * all + h, k));
+      be.copy(from.slice(batch * (h + k) + b * k, k), to.slice(b * all + h + k, k));
+    }
+  }
+  Tensor qkv = be.empty({batch * t, all * hs});
+  swapInner(be, per_sample, qkv, batch, all, t, hs);
+  return qkv;
+}
+
+namespace {
+
+// The [B*H | B*K | B*K] blocks of heads (or their gradients) as batched-gemm operands: the
+// queries as B*K groups of (H/K) T rows, the keys and values as B*K blocks of T rows.
+struct HeadViews {
+  Tensor q, k, v;
+};
+HeadViews headViews(const Tensor& heads, int64_t batch, int64_t h, int64_t kv, int64_t t,
+                    int64_t hs) {
+  const Tensor all = heads.reshape({heads.numel() / (t * hs), t * hs});
+  const int64_t bk = batch * kv, rows = (h / kv) * t;
+  return {all.slice(0, batch * h).reshape({bk, rows, hs}),
+          all.slice(batch * h, bk).reshape({bk, t, hs}),
+          all.slice(batch * h + bk, bk).reshape({bk, t, hs})};
+}
+
+// Each sample's positions 0..t-1, one per row of [B*T, ...].
+std::vector<int32_t> samplePositions(int64_t batch, int64_t t) {
+  std::vector<int32_t> out(static_cast<size_t>(batch * t));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<int32_t>(static_cast<int64_t>(i) % t);
+  return out;
+}
+
+// Rows [first, first + count) of t viewed as rows of `cols`.
+Tensor rows(const Tensor& t, int64_t first, int64_t count, int64_t cols) {
+  return t.reshape({t.numel() / cols, cols}).slice(first, count);
+}
+
+}  // namespace
+
+// Stash: x [B*T, D], heads [B*H | B*K | B*K] of [T, S], probabilities [B*H, T, T], merged
+// head outputs [B*T, D].
 Tensor Attention::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   Backend& be = *backend_;
   const int64_t batch = x.shape()[0], t = len_, h = heads_, hs = head_size_;
-  const int64_t rows = batch * t;
-  const Tensor x2 = x.reshape({rows, dim_});
-  Tensor qkv = be.empty({rows, 3 * dim_});
-  be.gemm(false, true, 1.0f, x2, w_qkv_.value, 0.0f, qkv);
-  be.addBias(qkv, b_qkv_.value);
-  const Tensor heads = splitHeads(qkv, batch, t);
-  const Tensor q = heads.slice(0, 1).reshape({batch * h, t, hs});
-  const Tensor k = heads.slice(1, 1).reshape({batch * h, t, hs});
-  const Tensor v = heads.slice(2, 1).reshape({batch * h, t, hs});
+  const int64_t bk = batch * kv_heads_, gt = group() * t;
+  const Tensor x2 = x.reshape({batch * t, dim_});
+  const Tensor heads = splitHeads(project(x2, samplePositions(batch, t)), batch, t);
+  const HeadViews in = headViews(heads, batch, h, kv_heads_, t, hs);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   Tensor probs = be.empty({batch * h, t, t});
-  be.gemmBatched(false, true, scale, q, k, 0.0f, probs);
+  be.gemmBatched(false, true, scale, in.q, in.k, 0.0f, probs.reshape({bk, gt, t}));
   be.softmax(probs, causal_, probs);
   Tensor context = be.empty({batch * h, t, hs});
-  be.gemmBatched(false, false, 1.0f, probs, v, 0.0f, context);
-  Tensor merged = be.empty({rows, dim_});
+  be.gemmBatched(false, false, 1.0f, probs.reshape({bk, gt, t}), in.v, 0.0f,
+                 context.reshape({bk, gt, hs}));
+  Tensor merged = be.empty({batch * t, dim_});
   swapInner(be, context, merged, batch, h, t, hs);
-
-  Tensor y = be.empty({rows, dim_});
-  be.gemm(false, true, 1.0f, merged, w_out_.value, 0.0f, y);
-  be.addBias(y, b_out_.value);
   stash.saved = {x2, heads, probs, merged};
-  return y.reshape(x.shape());
+  return output(merged).reshape(x.shape());
 }
 
-// state.cache: keys and values [B, H, T, hs] for the whole context; positions
+// state.cache: keys and values [B, K, T, S] for the whole context; positions
 // [0, state.position) hold those of the tokens seen so far.
 Tensor Attention::decode(const Tensor& x, DecodeState& state) {
   Backend& be = *backend_;
   TANDEM_CHECK_MSG(x.shape().rank() == 3 && x.shape()[2] == dim_, InvalidArgument,
                    "attention: decoding expects [B, tokens, " << dim_ << "], got " << x.shape());
   const int64_t batch = x.shape()[0], fresh = x.shape()[1], h = heads_, hs = head_size_;
+  const int64_t k = kv_heads_, g = group(), all = totalHeads();
   TANDEM_CHECK_MSG(causal_, Unsupported,
                    "attention without the causal mask cannot decode token by token: each "
                    "token's output would change with the tokens after it");
   const int64_t past = state.position, seen = past + fresh, c = len_;
   TANDEM_CHECK_MSG(seen <= c, InvalidArgument,
                    "attention: " << seen << " tokens do not fit the context of " << c);
-  if (state.cache.empty()) state.cache = {be.empty({batch, h, c, hs}), be.empty({batch, h, c, hs})};
-  const Tensor& keys = state.cache[0];
-  const Tensor& values = state.cache[1];
-  TANDEM_CHECK_MSG(keys.shape()[0] == batch, InvalidArgument,
-                   "attention: a cache of " << keys.shape()[0] << " sequences given " << batch);
-
-  const int64_t rows = batch * fresh;
-  Tensor qkv = be.empty({rows, 3 * dim_});
-  be.gemm(false, true, 1.0f, x.reshape({rows, dim_}), w_qkv_.value, 0.0f, qkv);
-  be.addBias(qkv, b_qkv_.value);
-  Tensor heads = be.empty({batch, 3 * h, fresh, hs});
-  swapInner(be, qkv, heads, batch, fresh, 3 * h, hs);
+  if (state.cache.empty()) state.cache = {be.empty({batch, k, c, hs}), be.empty({batch, k, c, hs})};
+  TANDEM_CHECK_MSG(
+      state.cache[0].shape()[0] == batch, InvalidArgument,
+      "attention: a cache of " << state.cache[0].shape()[0] << " sequences given " << batch);
+  std::vector<int32_t> positions(static_cast<size_t>(batch * fresh));
+  for (size_t i = 0; i < positions.size(); ++i)
+    positions[i] = static_cast<int32_t>(past + static_cast<int64_t>(i) % fresh);
+  const Tensor qkv = project(x.reshape({batch * fresh, dim_}), positions);
+  Tensor heads = be.empty({batch, all, fresh, hs});
+  swapInner(be, qkv, heads, batch, fresh, all, hs);
   // The new keys and values go into the cache, after those of the tokens seen before.
-  const Tensor key_rows = keys.reshape({batch * h * c, hs});
-  const Tensor value_rows = values.reshape({batch * h * c, hs});
+  const Tensor key_rows = state.cache[0].reshape({batch * k * c, hs});
+  const Tensor value_rows = state.cache[1].reshape({batch * k * c, hs});
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t j = 0; j < h; ++j) {
-      const int64_t at = (b * h + j) * c + past;
-      be.copy(block(heads, (b * 3 + 1) * h + j, fresh, hs), key_rows.slice(at, fresh));
-      be.copy(block(heads, (b * 3 + 2) * h + j, fresh, hs), value_rows.slice(at, fresh));
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t at = (b * k + j) * c + past;
+      be.copy(block(heads, b * all + h + j, fresh, hs), key_rows.slice(at, fresh));
+      be.copy(block(heads, b * all + h + k + j, fresh, hs), value_rows.slice(at, fresh));
     }
 
+  // Per sequence and group: its H/K query heads' new rows against the group's cache.
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   Tensor probs = be.empty({batch, h, fresh, seen});
   Tensor context = be.empty({batch, h, fresh, hs});
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t j = 0; j < h; ++j)
-      be.gemm(false, true, scale, block(heads, (b * 3 + 0) * h + j, fresh, hs),
-              key_rows.slice((b * h + j) * c, seen), 0.0f, block(probs, b * h + j, fresh, seen));
+    for (int64_t j = 0; j < k; ++j)
+      be.gemm(false, true, scale, rows(heads, (b * all + j * g) * fresh, g * fresh, hs),
+              key_rows.slice((b * k + j) * c, seen), 0.0f,
+              rows(probs, (b * h + j * g) * fresh, g * fresh, seen));
   be.softmax(probs, causal_, probs);  // the new tokens see the past and each other causally
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t j = 0; j < h; ++j)
-      be.gemm(false, false, 1.0f, block(probs, b * h + j, fresh, seen),
-              value_rows.slice((b * h + j) * c, seen), 0.0f, block(context, b * h + j, fresh, hs));
-  Tensor merged = be.empty({rows, dim_});
+    for (int64_t j = 0; j < k; ++j)
+      be.gemm(false, false, 1.0f, rows(probs, (b * h + j * g) * fresh, g * fresh, seen),
+              value_rows.slice((b * k + j) * c, seen), 0.0f,
+              rows(context, (b * h + j * g) * fresh, g * fresh, hs));
+  Tensor merged = be.empty({batch * fresh, dim_});
   swapInner(be, context, merged, batch, h, fresh, hs);
-  Tensor y = be.empty({rows, dim_});
-  be.gemm(false, true, 1.0f, merged, w_out_.value, 0.0f, y);
-  be.addBias(y, b_out_.value);
   state.position = seen;
-  return y.reshape(x.shape());
+  return output(merged).reshape(x.shape());
 }
 
 // The B new tokens' queries, keys and values in one product over their rows (and the
@@ -167,45 +268,46 @@ Tensor Attention::decodeEach(const Tensor& x, const std::vector<DecodeState*>& s
   TANDEM_CHECK_MSG(causal_, Unsupported,
                    "attention without the causal mask cannot decode token by token: each "
                    "token's output would change with the tokens after it");
-  const int64_t h = heads_, hs = head_size_, c = len_;
-  Tensor qkv = be.empty({batch, 3 * dim_});
-  be.gemm(false, true, 1.0f, x.reshape({batch, dim_}), w_qkv_.value, 0.0f, qkv);
-  be.addBias(qkv, b_qkv_.value);
-  Tensor heads = be.empty({batch, 3 * h, 1, hs});
-  swapInner(be, qkv, heads, batch, 1, 3 * h, hs);
+  const int64_t h = heads_, hs = head_size_, c = len_, k = kv_heads_, g = group();
+  const int64_t all = totalHeads();
+  std::vector<int32_t> positions;
+  for (const DecodeState* state : states) {
+    TANDEM_CHECK_MSG(
+        state->position + 1 <= c, InvalidArgument,
+        "attention: " << state->position + 1 << " tokens do not fit the context of " << c);
+    positions.push_back(static_cast<int32_t>(state->position));
+  }
+  const Tensor qkv = project(x.reshape({batch, dim_}), positions);
+  Tensor heads = be.empty({batch, all, 1, hs});
+  swapInner(be, qkv, heads, batch, 1, all, hs);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   Tensor context = be.empty({batch, h, 1, hs});
   for (int64_t b = 0; b < batch; ++b) {
     DecodeState& state = *states[static_cast<size_t>(b)];
     const int64_t past = state.position, seen = past + 1;
-    TANDEM_CHECK_MSG(seen <= c, InvalidArgument,
-                     "attention: " << seen << " tokens do not fit the context of " << c);
-    if (state.cache.empty()) state.cache = {be.empty({1, h, c, hs}), be.empty({1, h, c, hs})};
+    if (state.cache.empty()) state.cache = {be.empty({1, k, c, hs}), be.empty({1, k, c, hs})};
     TANDEM_CHECK_MSG(
         state.cache[0].shape()[0] == 1, InvalidArgument,
         "attention: a cache of " << state.cache[0].shape()[0] << " sequences given one");
-    const Tensor key_rows = state.cache[0].reshape({h * c, hs});
-    const Tensor value_rows = state.cache[1].reshape({h * c, hs});
-    for (int64_t j = 0; j < h; ++j) {
-      be.copy(block(heads, (b * 3 + 1) * h + j, 1, hs), key_rows.slice(j * c + past, 1));
-      be.copy(block(heads, (b * 3 + 2) * h + j, 1, hs), value_rows.slice(j * c + past, 1));
+    const Tensor key_rows = state.cache[0].reshape({k * c, hs});
+    const Tensor value_rows = state.cache[1].reshape({k * c, hs});
+    for (int64_t j = 0; j < k; ++j) {
+      be.copy(block(heads, b * all + h + j, 1, hs), key_rows.slice(j * c + past, 1));
+      be.copy(block(heads, b * all + h + k + j, 1, hs), value_rows.slice(j * c + past, 1));
     }
     Tensor probs = be.empty({1, h, 1, seen});
-    for (int64_t j = 0; j < h; ++j)
-      be.gemm(false, true, scale, block(heads, (b * 3 + 0) * h + j, 1, hs),
-              key_rows.slice(j * c, seen), 0.0f, block(probs, j, 1, seen));
+    for (int64_t j = 0; j < k; ++j)
+      be.gemm(false, true, scale, rows(heads, b * all + j * g, g, hs), key_rows.slice(j * c, seen),
+              0.0f, rows(probs, j * g, g, seen));
     be.softmax(probs, causal_, probs);
-    for (int64_t j = 0; j < h; ++j)
-      be.gemm(false, false, 1.0f, block(probs, j, 1, seen), value_rows.slice(j * c, seen), 0.0f,
-              block(context, b * h + j, 1, hs));
+    for (int64_t j = 0; j < k; ++j)
+      be.gemm(false, false, 1.0f, rows(probs, j * g, g, seen), value_rows.slice(j * c, seen), 0.0f,
+              rows(context, b * h + j * g, g, hs));
     state.position = seen;
   }
   Tensor merged = be.empty({batch, dim_});
   swapInner(be, context, merged, batch, h, 1, hs);
-  Tensor y = be.empty({batch, dim_});
-  be.gemm(false, true, 1.0f, merged, w_out_.value, 0.0f, y);
-  be.addBias(y, b_out_.value);
-  return y.reshape(x.shape());
+  return output(merged).reshape(x.shape());
 }
 
 Tensor Attention::backward(const Tensor& dy, Stash& stash, bool need_dx) {
@@ -215,37 +317,42 @@ Tensor Attention::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   return need_dx ? dx : Tensor();
 }
 
-// Leaves dy [B*T, D] and dqkv [B*T, 3D] in the stash for backwardWeights.
+// Leaves dy [B*T, D] and dqkv [B*T, (H + 2K) S] in the stash for backwardWeights. A key
+// or value head's gradient sums its group's queries (the batched gemms' inner dimension).
 Tensor Attention::backwardInput(const Tensor& dy, Stash& stash) {
   TANDEM_CHECK_MSG(stash.saved.size() == 4, InvalidArgument, "attention: backward without forward");
   Backend& be = *backend_;
   const Tensor& heads = stash.saved[1];
   const Tensor& probs = stash.saved[2];
-  const int64_t bh = probs.shape()[0], h = heads_, batch = bh / h, t = len_, hs = head_size_;
-  const int64_t rows = batch * t;
-  const Tensor dy2 = dy.reshape({rows, dim_});
-  auto part = [&](const Tensor& all, int64_t i) { return all.slice(i, 1).reshape({bh, t, hs}); };
+  const int64_t h = heads_, batch = probs.shape()[0] / h, t = len_, hs = head_size_;
+  const int64_t bk = batch * kv_heads_, gt = group() * t, rows_n = batch * t;
+  const Tensor dy2 = dy.reshape({rows_n, dim_});
+  const HeadViews in = headViews(heads, batch, h, kv_heads_, t, hs);
 
-  Tensor dmerged = be.empty({rows, dim_});
+  Tensor dmerged = be.empty({rows_n, dim_});
   be.gemm(false, false, 1.0f, dy2, w_out_.value, 0.0f, dmerged);
-  Tensor dcontext = be.empty({bh, t, hs});
+  Tensor dcontext = be.empty({batch * h, t, hs});
   swapInner(be, dmerged, dcontext, batch, t, h, hs);
+  const Tensor dctx = dcontext.reshape({bk, gt, hs});
 
-  Tensor dheads = be.empty({3, bh, t, hs});
-  Tensor dscores = be.empty({bh, t, t});
-  be.gemmBatched(false, true, 1.0f, dcontext, part(heads, 2), 0.0f, dscores);
-  be.gemmBatched(true, false, 1.0f, probs, dcontext, 0.0f, part(dheads, 2));
+  Tensor dheads = be.empty(heads.shape());
+  const HeadViews d = headViews(dheads, batch, h, kv_heads_, t, hs);
+  Tensor dscores = be.empty({batch * h, t, t});
+  const Tensor ds = dscores.reshape({bk, gt, t});
+  be.gemmBatched(false, true, 1.0f, dctx, in.v, 0.0f, ds);
+  be.gemmBatched(true, false, 1.0f, probs.reshape({bk, gt, t}), dctx, 0.0f, d.v);
   be.softmaxBackward(probs, dscores, dscores);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  be.gemmBatched(false, false, scale, dscores, part(heads, 1), 0.0f, part(dheads, 0));
-  be.gemmBatched(true, false, scale, dscores, part(heads, 0), 0.0f, part(dheads, 1));
-  // Back to [B, 3H, T, hs], then per sample to [T, 3H, hs]: dqkv [B*T, 3D].
-  Tensor per_sample = be.empty({batch, 3 * h, t, hs});
-  be.transpose01(dheads.reshape({3, batch, h * t * hs}),
-                 per_sample.reshape({batch, 3, h * t * hs}));
-  Tensor dqkv = be.empty({rows, 3 * dim_});
-  swapInner(be, per_sample, dqkv, batch, 3 * h, t, hs);
-  Tensor dx = be.empty({rows, dim_});
+  be.gemmBatched(false, false, scale, ds, in.k, 0.0f, d.q);
+  be.gemmBatched(true, false, scale, ds, in.q, 0.0f, d.k);
+  Tensor dqkv = mergeHeads(dheads, batch, t);
+  if (rope_.enabled()) {  // the rotation's transpose: by minus the angle
+    const std::vector<int32_t> positions = samplePositions(batch, t);
+    Tensor pos = be.empty({rows_n}, DType::kI32);
+    be.upload(pos, positions.data());
+    be.rope(dqkv, pos, inv_freq_, heads_ + kv_heads_, true, dqkv);
+  }
+  Tensor dx = be.empty({rows_n, dim_});
   be.gemm(false, false, 1.0f, dqkv, w_qkv_.value, 0.0f, dx);
   stash.saved = {stash.saved[0], stash.saved[3], dy2, dqkv};
   return dx.reshape(dy.shape());
@@ -260,27 +367,40 @@ void Attention::backwardWeights(Stash& stash) {
   const Tensor& dy2 = stash.saved[2];
   const Tensor& dqkv = stash.saved[3];
   be.gemm(true, false, 1.0f, dy2, merged, 1.0f, w_out_.grad);
-  be.biasGrad(dy2, b_out_.grad);
+  if (out_bias_) be.biasGrad(dy2, b_out_.grad);
   be.gemm(true, false, 1.0f, dqkv, x2, 1.0f, w_qkv_.grad);
-  be.biasGrad(dqkv, b_qkv_.grad);
+  if (qkv_bias_) be.biasGrad(dqkv, b_qkv_.grad);
   stash.clear();
 }
 
+int64_t Attention::paramCount() const {
+  const int64_t qkv = totalHeads() * head_size_;
+  return qkv * dim_ + (qkv_bias_ ? qkv : 0) + dim_ * dim_ + (out_bias_ ? dim_ : 0);
+}
+
 int64_t Attention::flops() const {
-  const int64_t projections = 2 * len_ * dim_ * 4 * dim_ + 4 * len_ * dim_;
+  const int64_t qkv = totalHeads() * head_size_;
+  const int64_t projections =
+      2 * len_ * dim_ * (qkv + dim_) + (qkv_bias_ ? len_ * qkv : 0) + (out_bias_ ? len_ * dim_ : 0);
   const int64_t products = 2 * 2 * len_ * len_ * dim_;  // Q K^T and P V over all heads
-  return projections + products + 5 * heads_ * len_ * len_;
+  const int64_t rotation = rope_.enabled() ? 3 * len_ * (heads_ + kv_heads_) * head_size_ : 0;
+  return projections + products + rotation + 5 * heads_ * len_ * len_;
 }
 
 int64_t Attention::stashBytes() const {
-  return (5 * len_ * dim_ + heads_ * len_ * len_) * 4;  // x, Q/K/V, merged; probabilities
+  // x, the heads (queries, keys, values), merged; probabilities
+  return (2 * len_ * dim_ + len_ * totalHeads() * head_size_ + heads_ * len_ * len_) * 4;
 }
 
 LayerSpec Attention::spec() const {
   LayerSpec s;
   s.type = type();
   s.attrs["heads"] = heads_;
+  if (kv_heads_ != heads_) s.attrs["kv_heads"] = kv_heads_;
   if (!causal_) s.attrs["causal"] = std::string("false");
+  if (!qkv_bias_) s.attrs["qkv_bias"] = std::string("false");
+  if (!out_bias_) s.attrs["out_bias"] = std::string("false");
+  writeRope(rope_, s);
   return s;
 }
 
@@ -371,9 +491,20 @@ LayerSpec PositionalEmbedding::spec() const {
 }
 
 std::vector<OpUse> Attention::ops(bool training) const {
-  return f32Ops(training,
-                {Op::kGemm, Op::kGemmBatched, Op::kAddBias, Op::kTranspose01, Op::kSoftmax},
-                {Op::kBiasGrad, Op::kSoftmaxBackward});
+  std::vector<OpUse> out =
+      f32Ops(training, {Op::kGemm, Op::kGemmBatched, Op::kTranspose01, Op::kSoftmax},
+             {Op::kSoftmaxBackward});
+  // The samples' heads are gathered by one more transpose when K = H, by copies otherwise.
+  if (kv_heads_ != heads_) out.push_back({Op::kCopy, DType::kF32});
+  if (qkv_bias_ || out_bias_) {
+    out.push_back({Op::kAddBias, DType::kF32});
+    if (training) out.push_back({Op::kBiasGrad, DType::kF32});
+  }
+  if (rope_.enabled()) {
+    out.push_back({Op::kRope, DType::kF32});
+    out.push_back({Op::kUpload, DType::kI32});  // the rows' positions
+  }
+  return unionOps({out});
 }
 
 std::vector<OpUse> PositionalEmbedding::ops(bool training) const {

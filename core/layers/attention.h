@@ -1,48 +1,67 @@
 // Causal multi-head self-attention and the learned positional embedding, the two layers a
 // GPT adds to the MLP/CNN set (the transformer block composes them: transformer.h).
 //
-// Attention over per-sample [T, D] with H heads of size D / H:
-//   qkv = x Wqkv^T + bqkv               [T, 3D]  (one fused projection, PyTorch's in_proj)
-//   per head h: S = Q_h K_h^T / sqrt(D/H), P = causal softmax(S), O_h = P V_h
-//   y = concat_h(O_h) Wo^T + bo         [T, D]
-// composed from gemm, transpose01 and two ops added for it: a row softmax with the causal
-// mask, and a batched gemm, so each per-head product is one call over every sample and
-// head (B * H blocks; the CPU shares them out among its threads, OpenCL runs CLBlast's
-// strided batched gemm). Decoding (a few tokens against a cache) runs a gemm per head.
+// Attention over per-sample [T, D] with H query heads of size S = D / H and K key/value
+// heads (grouped-query attention: each of K groups of H / K query heads shares one key and
+// value head; K = H is multi-head attention, K = 1 multi-query):
+//   qkv = x Wqkv^T + bqkv                 [T, (H + 2K) S]  (one fused projection)
+//   queries and keys rotated by their position (rotary embedding, rope.h), if asked
+//   per head h: S = Q_h K_g^T / sqrt(S), P = causal softmax(S), O_h = P V_g, g = h / (H/K)
+//   y = concat_h(O_h) Wo^T + bo           [T, D]
+// composed from gemm, transpose01, rope and two ops added for it: a row softmax with the
+// causal mask, and a batched gemm. The H / K query heads of a group are adjacent, so one
+// block of the batched gemm takes a whole group against its key head (B * K blocks of
+// (H/K) T rows): grouping costs no copies. Decoding (a few tokens against a cache of K key
+// and value heads) runs a gemm per sequence and group.
 #pragma once
 
 #include "core/layers/layer.h"
+#include "core/layers/rope.h"
 
 namespace tandem {
 
+// `attention: {heads: 8, kv_heads: 2, qkv_bias: false, out_bias: false, rope_theta: 1e4}`;
+// kv_heads defaults to heads, the biases to true, rope_theta to none (rope.h: the scaling).
 class Attention final : public Layer {
  public:
   explicit Attention(const LayerSpec& spec);
   std::string type() const override { return "attention"; }
   void build(Backend& backend, Rng& rng) override;
-  std::vector<Param*> params() override { return {&w_qkv_, &b_qkv_, &w_out_, &b_out_}; }
+  std::vector<Param*> params() override;
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
   Tensor decode(const Tensor& x, DecodeState& state) override;
   Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) override;
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
-  int64_t paramCount() const override { return 4 * dim_ * dim_ + 4 * dim_; }
+  int64_t paramCount() const override;
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override;
   LayerSpec spec() const override;
   int64_t heads() const { return heads_; }
+  int64_t kvHeads() const { return kv_heads_; }
   bool causal() const { return causal_; }
+  bool qkvBias() const { return qkv_bias_; }
+  bool outBias() const { return out_bias_; }
+  const RopeSpec& rope() const { return rope_; }
 
  protected:
   Shape infer(const Shape& input) override;
 
  private:
+  int64_t totalHeads() const { return heads_ + 2 * kv_heads_; }
+  int64_t group() const { return heads_ / kv_heads_; }
+  // qkv [rows, (H + 2K) S] from x [rows, D], rotated when rope is on (positions: one per row).
+  Tensor project(const Tensor& x2, const std::vector<int32_t>& positions);
   Tensor splitHeads(const Tensor& qkv, int64_t batch, int64_t t) const;
+  Tensor mergeHeads(const Tensor& heads, int64_t batch, int64_t t) const;
+  Tensor output(const Tensor& merged);
 
-  int64_t heads_, dim_ = 0, len_ = 0, head_size_ = 0;
-  bool causal_;
+  int64_t heads_, kv_heads_ = 0, dim_ = 0, len_ = 0, head_size_ = 0;
+  bool causal_, qkv_bias_, out_bias_;
+  RopeSpec rope_;
+  Tensor inv_freq_;  // [S / 2] when rope is on
   Param w_qkv_, b_qkv_, w_out_, b_out_;
 };
 

@@ -18,6 +18,8 @@ std::string ActivationLayer::type() const {
       return "tanh";
     case Activation::kSigmoid:
       return "sigmoid";
+    case Activation::kSiLU:
+      return "silu";
   }
   return "activation";
 }
@@ -25,9 +27,9 @@ std::string ActivationLayer::type() const {
 Tensor ActivationLayer::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   Tensor y = backend_->empty(x.shape());
   backend_->activation(kind_, x, y);
-  // GELU differentiates from x; ReLU, tanh and sigmoid from y. (ReLU keeps y, since
-  // y > 0 exactly where x > 0: then x, often a big convolution output, can be freed.)
-  stash.saved = {kind_ == Activation::kGELU ? x : y};
+  // GELU and SiLU differentiate from x; ReLU, tanh and sigmoid from y. (ReLU keeps y,
+  // since y > 0 exactly where x > 0: then x, often a big convolution output, can be freed.)
+  stash.saved = {activationGradFromInput(kind_) ? x : y};
   return y;
 }
 

@@ -53,6 +53,51 @@ LayerSpec LayerNorm::spec() const {
   return s;
 }
 
+RmsNorm::RmsNorm(const LayerSpec& spec) {
+  SpecReader r(spec);
+  eps_ = static_cast<float>(r.number("eps", 1e-6));
+  r.finish();
+  TANDEM_CHECK_MSG(eps_ > 0.0f, InvalidArgument, "rmsnorm: 'eps' must be positive");
+}
+
+Shape RmsNorm::infer(const Shape& input) {
+  TANDEM_CHECK_MSG(input.rank() >= 1 && input[input.rank() - 1] > 0, InvalidArgument,
+                   "expected input [..., features], got " << input);
+  dim_ = input[input.rank() - 1];
+  return input;
+}
+
+void RmsNorm::build(Backend& backend, Rng&) {
+  backend_ = &backend;
+  gamma_ = makeParam(backend, "gamma", {dim_}, std::vector<float>(static_cast<size_t>(dim_), 1.0f));
+}
+
+int64_t RmsNorm::stashBytes() const {
+  return (inputShape().numel() + inputShape().numel() / dim_) * 4;
+}
+
+Tensor RmsNorm::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
+  Tensor y = backend_->empty(x.shape());
+  Tensor rstd = backend_->empty({x.numel() / dim_});
+  backend_->rmsNorm(x, gamma_.value, eps_, y, rstd);
+  stash.saved = {x, rstd};
+  return y;
+}
+
+Tensor RmsNorm::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  const Tensor& x = stash.saved.at(0);
+  Tensor dx = backend_->empty(x.shape());  // computed with gamma's gradient in any case
+  backend_->rmsNormBackward(dy, x, gamma_.value, stash.saved.at(1), dx, gamma_.grad);
+  return need_dx ? dx : Tensor();
+}
+
+LayerSpec RmsNorm::spec() const {
+  LayerSpec s;
+  s.type = type();
+  s.attrs["eps"] = static_cast<double>(eps_);
+  return s;
+}
+
 Embedding::Embedding(const LayerSpec& spec) {
   SpecReader r(spec);
   vocab_ = r.integer("vocab");
@@ -100,6 +145,10 @@ LayerSpec Embedding::spec() const {
 
 std::vector<OpUse> LayerNorm::ops(bool training) const {
   return f32Ops(training, {Op::kLayerNorm}, {Op::kLayerNormBackward});
+}
+
+std::vector<OpUse> RmsNorm::ops(bool training) const {
+  return f32Ops(training, {Op::kRmsNorm}, {Op::kRmsNormBackward});
 }
 
 std::vector<OpUse> Embedding::ops(bool training) const {

@@ -1,4 +1,5 @@
-// LayerNorm over the last dimension, and Embedding (integer ids -> learned vectors).
+// LayerNorm and RmsNorm over the last dimension, and Embedding (integer ids -> learned
+// vectors).
 #pragma once
 
 #include "core/layers/layer.h"
@@ -30,6 +31,36 @@ class LayerNorm final : public Layer {
   int64_t dim_ = 0;
   float eps_;
   Param gamma_, beta_;
+};
+
+// Llama's RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma over the last dimension (Hugging
+// Face's LlamaRMSNorm; its `weight` is gamma). `rmsnorm: {eps: 1e-6}`.
+class RmsNorm final : public Layer {
+ public:
+  explicit RmsNorm(const LayerSpec& spec);
+  std::string type() const override { return "rmsnorm"; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override { return {&gamma_}; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override {
+    return forwardPerToken(x);
+  }
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  int64_t paramCount() const override { return dim_; }
+  std::vector<OpUse> ops(bool training) const override;
+  int64_t flops() const override { return 4 * inputShape().numel(); }
+  int64_t stashBytes() const override;
+  LayerSpec spec() const override;
+  float eps() const { return eps_; }
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  int64_t dim_ = 0;
+  float eps_;
+  Param gamma_;
 };
 
 // Input: per-sample [T] of i32 ids in [0, vocab); output [T, dim].

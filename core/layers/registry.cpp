@@ -4,6 +4,7 @@
 #include "core/layers/attention.h"
 #include "core/layers/conv2d.h"
 #include "core/layers/elementwise.h"
+#include "core/layers/gated_mlp.h"
 #include "core/layers/linear.h"
 #include "core/layers/normalization.h"
 #include "core/layers/pooling.h"
@@ -16,7 +17,8 @@ const std::vector<std::string>& layerTypes() {
   static const std::vector<std::string> kTypes = {
       "linear",    "conv2d",   "maxpool2d",  "avgpool2d", "globalavgpool", "relu",
       "gelu",      "tanh",     "sigmoid",    "flatten",   "dropout",       "layernorm",
-      "embedding", "residual", "positional", "attention", "transformer"};
+      "embedding", "residual", "positional", "attention", "transformer",   "silu",
+      "rmsnorm",   "swiglu",   "llama"};
   return kTypes;
 }
 
@@ -33,14 +35,18 @@ std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
   if (t == "gelu") return std::make_unique<ActivationLayer>(Activation::kGELU, spec);
   if (t == "tanh") return std::make_unique<ActivationLayer>(Activation::kTanh, spec);
   if (t == "sigmoid") return std::make_unique<ActivationLayer>(Activation::kSigmoid, spec);
+  if (t == "silu") return std::make_unique<ActivationLayer>(Activation::kSiLU, spec);
   if (t == "flatten") return std::make_unique<Flatten>(spec);
   if (t == "dropout") return std::make_unique<Dropout>(spec);
   if (t == "layernorm") return std::make_unique<LayerNorm>(spec);
+  if (t == "rmsnorm") return std::make_unique<RmsNorm>(spec);
+  if (t == "swiglu") return std::make_unique<SwiGlu>(spec);
   if (t == "embedding") return std::make_unique<Embedding>(spec);
   if (t == "residual") return std::make_unique<Residual>(spec);
   if (t == "positional") return std::make_unique<PositionalEmbedding>(spec);
   if (t == "attention") return std::make_unique<Attention>(spec);
   if (t == "transformer") return std::make_unique<TransformerBlock>(spec);
+  if (t == "llama") return std::make_unique<LlamaBlock>(spec);
   std::string known;
   for (const auto& k : layerTypes()) known += (known.empty() ? "" : ", ") + k;
   throw InvalidArgument("unknown layer type '" + t + "' (known: " + known + ")");

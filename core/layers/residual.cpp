@@ -1,5 +1,7 @@
 #include "core/layers/residual.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/layers/conv2d.h"
 #include "core/layers/linear.h"
@@ -129,6 +131,13 @@ int64_t Residual::flops() const {
 int64_t Residual::stashBytes() const {
   int64_t n = projection_ ? projection_->stashBytes() : 0;
   for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).stashBytes();
+  return n;
+}
+
+// The largest scratch of any layer inside: they run one at a time.
+int64_t Residual::workspaceBytes(int64_t batch) const {
+  int64_t n = projection_ ? projection_->workspaceBytes(batch) : 0;
+  for (size_t i = 0; i < body_.size(); ++i) n = std::max(n, body_.layer(i).workspaceBytes(batch));
   return n;
 }
 

@@ -26,6 +26,7 @@ class Residual final : public Layer {
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override;
+  int64_t workspaceBytes(int64_t batch) const override;
   LayerSpec spec() const override;
   const Sequence& body() const { return body_; }
   bool hasProjection() const { return projection_ != nullptr; }

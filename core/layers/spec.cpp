@@ -46,6 +46,18 @@ bool SpecReader::flag(const std::string& key, bool fallback) {
   fail(key, "must be true or false");
 }
 
+std::string SpecReader::choice(const std::string& key, const std::string& fallback,
+                               const std::vector<std::string>& allowed) {
+  const AttrValue* v = find(key);
+  if (!v) return fallback;
+  if (const auto* s = std::get_if<std::string>(v))
+    for (const std::string& a : allowed)
+      if (*s == a) return a;
+  std::string list;
+  for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  fail(key, "must be one of " + list);
+}
+
 std::pair<int64_t, int64_t> SpecReader::pair(const std::string& key) {
   const AttrValue* v = find(key);
   if (!v) fail(key, "is required");

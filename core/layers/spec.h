@@ -31,6 +31,9 @@ class SpecReader {
   int64_t integer(const std::string& key, int64_t fallback);
   double number(const std::string& key, double fallback);
   bool flag(const std::string& key, bool fallback);
+  // A string that must be one of `allowed`; fallback when absent.
+  std::string choice(const std::string& key, const std::string& fallback,
+                     const std::vector<std::string>& allowed);
   // An integer or a list of two integers (e.g. kernel: 3 or kernel: [3, 5]).
   std::pair<int64_t, int64_t> pair(const std::string& key, int64_t fallback);
   std::pair<int64_t, int64_t> pair(const std::string& key);

@@ -1,8 +1,71 @@
 #include "core/layers/transformer.h"
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "core/layers/attention.h"
 
 namespace tandem {
+
+Shape ComposedBlock::setBody(const Shape& input, std::vector<LayerSpec> blocks) {
+  TANDEM_CHECK_MSG(input.rank() == 2 && input[1] > 0, InvalidArgument,
+                   "expected input [T, width], got " << input);
+  body_ = Sequence(std::move(blocks));
+  return body_.setup(input);
+}
+
+void ComposedBlock::build(Backend& backend, Rng& rng) {
+  backend_ = &backend;
+  body_.build(backend, rng);
+}
+
+Tensor ComposedBlock::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) {
+  return body_.forward(x, stash, ctx, 0, body_.size());
+}
+
+Tensor ComposedBlock::decode(const Tensor& x, DecodeState& state) {
+  return body_.decode(x, state, 0, body_.size());
+}
+
+Tensor ComposedBlock::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) {
+  return body_.decodeEach(x, states, 0, body_.size());
+}
+
+Tensor ComposedBlock::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  return body_.backward(dy, stash, need_dx, 0, body_.size());
+}
+
+Tensor ComposedBlock::backwardInput(const Tensor& dy, Stash& stash) {
+  return body_.backwardInput(dy, stash, 0, body_.size());
+}
+
+void ComposedBlock::backwardWeights(Stash& stash) { body_.backwardWeights(stash, 0, body_.size()); }
+
+int64_t ComposedBlock::paramCount() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramCount();
+  return n;
+}
+
+int64_t ComposedBlock::flops() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).flops();
+  return n;
+}
+
+int64_t ComposedBlock::stashBytes() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).stashBytes();
+  return n;
+}
+
+int64_t ComposedBlock::workspaceBytes(int64_t batch) const {
+  int64_t n = 0;
+  for (size_t i = 0; i < body_.size(); ++i) n = std::max(n, body_.layer(i).workspaceBytes(batch));
+  return n;
+}
+
+std::vector<OpUse> ComposedBlock::ops(bool training) const { return body_.ops(training); }
 
 TransformerBlock::TransformerBlock(const LayerSpec& spec) {
   SpecReader r(spec);
@@ -15,63 +78,14 @@ TransformerBlock::TransformerBlock(const LayerSpec& spec) {
 }
 
 Shape TransformerBlock::infer(const Shape& input) {
-  TANDEM_CHECK_MSG(input.rank() == 2 && input[1] > 0, InvalidArgument,
-                   "expected input [T, width], got " << input);
-  const int64_t width = input[1];
+  const int64_t width = input.rank() == 2 ? input[1] : 0;
   LayerSpec attention{"attention", {{"heads", heads_}}, {}, {}};
   LayerSpec mlp_in{"linear", {{"out", mlp_ ? mlp_ : 4 * width}}, {}, {}};
   LayerSpec mlp_out{"linear", {{"out", width}}, {}, {}};
   const LayerSpec norm{"layernorm", {}, {}, {}};
-  body_ = Sequence({LayerSpec{"residual", {}, {norm, attention}, {}},
-                    LayerSpec{"residual", {}, {norm, mlp_in, {"gelu", {}, {}, {}}, mlp_out}, {}}});
-  return body_.setup(input);
-}
-
-void TransformerBlock::build(Backend& backend, Rng& rng) {
-  backend_ = &backend;
-  body_.build(backend, rng);
-}
-
-Tensor TransformerBlock::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) {
-  return body_.forward(x, stash, ctx, 0, body_.size());
-}
-
-Tensor TransformerBlock::decode(const Tensor& x, DecodeState& state) {
-  return body_.decode(x, state, 0, body_.size());
-}
-
-Tensor TransformerBlock::decodeEach(const Tensor& x, const std::vector<DecodeState*>& states) {
-  return body_.decodeEach(x, states, 0, body_.size());
-}
-
-Tensor TransformerBlock::backward(const Tensor& dy, Stash& stash, bool need_dx) {
-  return body_.backward(dy, stash, need_dx, 0, body_.size());
-}
-
-Tensor TransformerBlock::backwardInput(const Tensor& dy, Stash& stash) {
-  return body_.backwardInput(dy, stash, 0, body_.size());
-}
-
-void TransformerBlock::backwardWeights(Stash& stash) {
-  body_.backwardWeights(stash, 0, body_.size());
-}
-
-int64_t TransformerBlock::paramCount() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramCount();
-  return n;
-}
-
-int64_t TransformerBlock::flops() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).flops();
-  return n;
-}
-
-int64_t TransformerBlock::stashBytes() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).stashBytes();
-  return n;
+  return setBody(input,
+                 {LayerSpec{"residual", {}, {norm, attention}, {}},
+                  LayerSpec{"residual", {}, {norm, mlp_in, {"gelu", {}, {}, {}}, mlp_out}, {}}});
 }
 
 LayerSpec TransformerBlock::spec() const {
@@ -82,6 +96,35 @@ LayerSpec TransformerBlock::spec() const {
   return s;
 }
 
-std::vector<OpUse> TransformerBlock::ops(bool training) const { return body_.ops(training); }
+// The block's own fields are mlp and eps; the rest are the attention layer's, checked by
+// making it (so a wrong field is named as the attention's).
+LlamaBlock::LlamaBlock(const LayerSpec& spec) : spec_(spec) {
+  spec_.children.clear();
+  spec_.where.clear();
+  LayerSpec rest = spec;
+  rest.attrs.erase("mlp");
+  rest.attrs.erase("eps");
+  {
+    SpecReader r(spec);
+    mlp_ = r.integer("mlp");
+    eps_ = r.number("eps", 1e-6);
+  }
+  TANDEM_CHECK_MSG(mlp_ > 0, InvalidArgument, "llama: 'mlp' must be positive, got " << mlp_);
+  TANDEM_CHECK_MSG(eps_ > 0, InvalidArgument, "llama: 'eps' must be positive, got " << eps_);
+  attention_ = LayerSpec{"attention", rest.attrs, {}, {}};
+  if (!attention_.attrs.count("qkv_bias")) attention_.attrs["qkv_bias"] = std::string("false");
+  attention_.attrs["out_bias"] = std::string("false");
+  TANDEM_CHECK_MSG(!rest.attrs.count("out_bias") && !rest.attrs.count("causal"), InvalidArgument,
+                   "llama: 'out_bias' and 'causal' are fixed (no output bias, causal)");
+  Attention check(attention_);  // refuses unknown or bad fields now, not at setup
+  spec_.attrs["eps"] = eps_;
+}
+
+Shape LlamaBlock::infer(const Shape& input) {
+  const LayerSpec norm{"rmsnorm", {{"eps", eps_}}, {}, {}};
+  const LayerSpec mlp{"swiglu", {{"hidden", mlp_}}, {}, {}};
+  return setBody(input, {LayerSpec{"residual", {}, {norm, attention_}, {}},
+                         LayerSpec{"residual", {}, {norm, mlp}, {}}});
+}
 
 }  // namespace tandem

@@ -1,8 +1,14 @@
-// Transformer block (GPT-2's pre-norm form) over per-sample [T, D]:
-//   x = x + attention(layernorm(x));  y = x + linear(gelu(linear(layernorm(x))))
-// written in a spec as one layer, `transformer: {heads: 4, mlp: 512}` (mlp defaults to
-// 4 * D), and built as the two residual blocks it stands for. Being one layer, a block
-// is one cut point for the partitioner, with the cost facts of everything inside.
+// Transformer blocks over per-sample [T, D], each written in a spec as one layer and built
+// as the residual blocks it stands for. Being one layer, a block is one cut point for the
+// partitioner, with the cost facts of everything inside.
+//   transformer (GPT-2's pre-norm form), `transformer: {heads: 4, mlp: 512}` (mlp
+//   defaults to 4 * D):
+//     x = x + attention(layernorm(x));  y = x + linear(gelu(linear(layernorm(x))))
+//   llama (Llama, Mistral, Qwen2, SmolLM), `llama: {heads: 8, kv_heads: 2, mlp: 1376,
+//   eps: 1e-5, rope_theta: 500000}` (and attention's rope_scaling fields, rope.h;
+//   qkv_bias: true for Qwen2):
+//     x = x + attention(rmsnorm(x));    y = x + swiglu(rmsnorm(x))
+//   with grouped-query attention, rotary embedding and no biases.
 #pragma once
 
 #include "core/layers/layer.h"
@@ -10,10 +16,9 @@
 
 namespace tandem {
 
-class TransformerBlock final : public Layer {
+// What both blocks share: a body built at setup, every call forwarded to it.
+class ComposedBlock : public Layer {
  public:
-  explicit TransformerBlock(const LayerSpec& spec);
-  std::string type() const override { return "transformer"; }
   void build(Backend& backend, Rng& rng) override;
   std::vector<Param*> params() override { return body_.params(); }
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
@@ -26,16 +31,45 @@ class TransformerBlock final : public Layer {
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override;
-  LayerSpec spec() const override;
+  int64_t workspaceBytes(int64_t batch) const override;
   // The two residual blocks, built at setup (their widths come from the input).
   const Sequence& body() const { return body_; }
+
+ protected:
+  // Checks [T, width] input and sets the body up on it.
+  Shape setBody(const Shape& input, std::vector<LayerSpec> blocks);
+
+ private:
+  Sequence body_;
+};
+
+class TransformerBlock final : public ComposedBlock {
+ public:
+  explicit TransformerBlock(const LayerSpec& spec);
+  std::string type() const override { return "transformer"; }
+  LayerSpec spec() const override;
 
  protected:
   Shape infer(const Shape& input) override;
 
  private:
   int64_t heads_, mlp_;  // mlp 0: 4 * D
-  Sequence body_;
+};
+
+class LlamaBlock final : public ComposedBlock {
+ public:
+  explicit LlamaBlock(const LayerSpec& spec);
+  std::string type() const override { return "llama"; }
+  LayerSpec spec() const override { return spec_; }
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  LayerSpec spec_;       // as given, defaults filled in
+  LayerSpec attention_;  // the attention layer's spec
+  int64_t mlp_;
+  double eps_;
 };
 
 }  // namespace tandem

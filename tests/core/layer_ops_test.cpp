@@ -88,14 +88,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"avgpool2d: {kernel: 2}", {2, 3, 7, 6}}, Case{"globalavgpool", {2, 3, 5, 7}},
         Case{"relu", {3, 13}}, Case{"gelu", {3, 13}}, Case{"tanh", {3, 13}},
         Case{"sigmoid", {3, 13}}, Case{"flatten", {2, 3, 2, 2}}, Case{"dropout: {p: 0.3}", {4, 31}},
-        Case{"layernorm", {3, 13}}, Case{"embedding: {vocab: 11, dim: 4}", {2, 3}},
+        Case{"silu", {3, 13}}, Case{"layernorm", {3, 13}}, Case{"rmsnorm", {2, 3, 8}},
+        Case{"swiglu: {hidden: 6}", {2, 3, 4}}, Case{"embedding: {vocab: 11, dim: 4}", {2, 3}},
         Case{"residual: {layers: [{linear: {out: 6}}, tanh, {linear: {out: 6}}]}", {3, 6}},
         Case{"residual: {layers: [{conv2d: {out: 4, kernel: 3, stride: 2, padding: 1}}, tanh]}",
              {2, 2, 6, 6}},
         Case{"attention: {heads: 2}", {2, 5, 8}},
         Case{"attention: {heads: 1, causal: false}", {2, 4, 6}},
         Case{"positional: {context: 6}", {2, 4, 3}},
-        Case{"transformer: {heads: 2, mlp: 12}", {2, 4, 8}}));
+        Case{"attention: {heads: 4, kv_heads: 2, rope_theta: 100}", {2, 5, 8}},
+        Case{"attention: {heads: 2, qkv_bias: false, out_bias: false}", {2, 5, 8}},
+        Case{"transformer: {heads: 2, mlp: 12}", {2, 4, 8}},
+        Case{"llama: {heads: 2, kv_heads: 1, mlp: 12, rope_theta: 10000}", {2, 4, 8}}));
 
 }  // namespace
 }  // namespace tandem

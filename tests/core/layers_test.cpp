@@ -187,7 +187,7 @@ TEST(LayerGradTest, GlobalAvgPool) {
 }
 
 TEST(LayerGradTest, Activations) {
-  for (const char* kind : {"relu", "gelu", "tanh", "sigmoid"}) {
+  for (const char* kind : {"relu", "gelu", "tanh", "sigmoid", "silu"}) {
     SCOPED_TRACE(kind);
     GradCheck g(kind, {3, 13});
     g.run(awayFromZero(8, 39));
@@ -208,6 +208,20 @@ TEST(LayerGradTest, LayerNorm) {
   for (Param* p : g.layer().params())
     g.backend().upload(p->value, testing::randomVector(11, 13, 0.5f, 1.5f).data());
   g.run(testing::randomVector(12, 39, -2, 2));
+}
+
+TEST(LayerGradTest, RmsNorm) {
+  GradCheck g("rmsnorm: {eps: 1e-5}", {3, 13});
+  g.backend().upload(g.layer().params().at(0)->value,
+                     testing::randomVector(11, 13, 0.5f, 1.5f).data());
+  g.run(testing::randomVector(12, 39, -2, 2));
+}
+
+TEST(LayerGradTest, SwiGluOnSequences) {
+  GradCheck g("swiglu: {hidden: 7}", {2, 3, 5});
+  g.run(testing::randomVector(13, 30, -2, 2));
+  EXPECT_EQ(g.layer().outputShape(), (Shape{3, 5}));
+  EXPECT_EQ(g.layer().paramCount(), 3 * 5 * 7);
 }
 
 TEST(LayerGradTest, EmbeddingTable) {
@@ -269,6 +283,26 @@ TEST(LayerGradTest, TransformerBlock) {
       g.backend().upload(p->value, testing::randomVector(20, 8, 0.5f, 1.5f).data());
   g.run(testing::randomVector(21, 64, -2, 2));
   EXPECT_EQ(g.layer().params().size(), 12u);  // 2 norms, qkv, out, 2 MLP linears: w + b each
+}
+
+TEST(LayerGradTest, GroupedRotaryAttention) {
+  for (const char* spec : {"attention: {heads: 4, kv_heads: 2, rope_theta: 100}",
+                           "attention: {heads: 2, kv_heads: 1, qkv_bias: false, out_bias: false, "
+                           "rope_theta: 50, rope_scaling: llama3, rope_factor: 4, "
+                           "rope_original_context: 3}"}) {
+    SCOPED_TRACE(spec);
+    GradCheck g(spec, {2, 5, 8});
+    g.run(testing::randomVector(23, 80, -2, 2));
+  }
+}
+
+TEST(LayerGradTest, LlamaBlock) {
+  GradCheck g("llama: {heads: 2, kv_heads: 1, mlp: 12, rope_theta: 10000}", {2, 4, 8});
+  for (Param* p : g.layer().params())
+    if (p->name.find("gamma") != std::string::npos)
+      g.backend().upload(p->value, testing::randomVector(20, 8, 0.5f, 1.5f).data());
+  g.run(testing::randomVector(21, 64, -2, 2));
+  EXPECT_EQ(g.layer().params().size(), 7u);  // 2 norms, qkv, out, gate, up, down
 }
 
 // Attention's forward against a plain reference written from the definition (PyTorch's

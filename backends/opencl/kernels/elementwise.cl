@@ -114,8 +114,14 @@ float gelu_grad(float x) {
   return cdf + x * pdf;
 }
 
-// NAME_f32: y = F(x); NAME_backward_f32: dx = dy * F'(s), where s is x for GELU and y
-// for the others (Backend::activationBackward).
+// SiLU's derivative: s (1 + x (1 - s)), s = sigmoid(x).
+float silu_grad(float x) {
+  const float s = 1.0f / (1.0f + exp(-x));
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// NAME_f32: y = F(x); NAME_backward_f32: dx = dy * F'(s), where s is x for GELU and SiLU
+// and y for the others (Backend::activationBackward).
 #define ACTIVATION(NAME, F, DF)                                                             \
   __kernel void NAME##_f32(__global const float* x, ulong x_off, __global float* y,        \
                            ulong y_off, ulong n) {                                          \
@@ -138,6 +144,7 @@ ACTIVATION(relu, v < 0.0f ? 0.0f : v, v > 0.0f ? g : 0.0f)
 ACTIVATION(gelu, gelu(v), g * gelu_grad(v))
 ACTIVATION(tanh, tanh(v), g * (1.0f - v * v))
 ACTIVATION(sigmoid, 1.0f / (1.0f + exp(-v)), g * v * (1.0f - v))
+ACTIVATION(silu, v * (1.0f / (1.0f + exp(-v))), g * silu_grad(v))
 
 // core/random.h's mix64 and hashUniform, bit for bit, so masks match every backend.
 ulong mix64(ulong x) {

@@ -1,4 +1,4 @@
-// Row-wise kernels: layer normalisation, embedding lookup, softmax (attention's, with its
+// Row-wise kernels: layer and RMS normalisation, rotary embedding, embedding lookup, softmax (attention's, with its
 // causal mask) and softmax cross-entropy.
 // One item per row (or per column for the sums over rows), accumulating in acc_t in
 // the CPU reference's order.
@@ -71,6 +71,71 @@ __kernel void layer_norm_backward_params_f32(__global const float* dy, ulong dy_
   }
   dgamma[dg_off + i] += (float)sg;
   dbeta[db_off + i] += (float)sb;
+}
+
+// RMS norm: x, y [m, d]; rstd [m].
+__kernel void rms_norm_f32(__global const float* x, ulong x_off, __global const float* gamma,
+                           ulong g_off, float eps, __global float* y, ulong y_off,
+                           __global float* rstd, ulong rstd_off, ulong m, ulong d) {
+  const size_t r = get_global_id(0);
+  if (r >= m) return;
+  __global const float* row = x + x_off + r * d;
+  acc_t ss = 0;
+  for (ulong i = 0; i < d; ++i) ss += (acc_t)row[i] * row[i];
+  const float inv = (float)((acc_t)1 / sqrt(ss / (acc_t)d + eps));
+  rstd[rstd_off + r] = inv;
+  __global float* out = y + y_off + r * d;
+  for (ulong i = 0; i < d; ++i) out[i] = row[i] * inv * gamma[g_off + i];
+}
+
+// dx = rstd (g - xhat mean(g xhat)) per row, g = dy gamma, xhat = x rstd.
+__kernel void rms_norm_backward_dx_f32(__global const float* dy, ulong dy_off,
+                                       __global const float* x, ulong x_off,
+                                       __global const float* gamma, ulong g_off,
+                                       __global const float* rstd, ulong rstd_off,
+                                       __global float* dx, ulong dx_off, ulong m, ulong d) {
+  const size_t r = get_global_id(0);
+  if (r >= m) return;
+  __global const float* row = x + x_off + r * d;
+  __global const float* grow = dy + dy_off + r * d;
+  const float rs = rstd[rstd_off + r];
+  acc_t sum_gx = 0;
+  for (ulong i = 0; i < d; ++i) sum_gx += (acc_t)(grow[i] * gamma[g_off + i]) * (row[i] * rs);
+  const float mean_gx = (float)(sum_gx / (acc_t)d);
+  for (ulong i = 0; i < d; ++i)
+    dx[dx_off + r * d + i] = rs * (grow[i] * gamma[g_off + i] - (row[i] * rs) * mean_gx);
+}
+
+// dgamma accumulates column sums of dy xhat over the rows, in row order.
+__kernel void rms_norm_backward_params_f32(__global const float* dy, ulong dy_off,
+                                           __global const float* x, ulong x_off,
+                                           __global const float* rstd, ulong rstd_off,
+                                           __global float* dgamma, ulong dg_off, ulong m,
+                                           ulong d) {
+  const size_t i = get_global_id(0);
+  if (i >= d) return;
+  acc_t sg = 0;
+  for (ulong r = 0; r < m; ++r)
+    sg += (acc_t)dy[dy_off + r * d + i] * (x[x_off + r * d + i] * rstd[rstd_off + r]);
+  dgamma[dg_off + i] += (float)sg;
+}
+
+// Rotary embedding of the first `heads` of `all` heads per row, one item per (row, head,
+// pair i < pairs): x, y [rows, all, 2 pairs]. The angle is the f32 product
+// float(position) * inv_freq[i], as the CPU reference's.
+__kernel void rope_f32(__global const float* x, ulong x_off, __global const int* positions,
+                       ulong p_off, __global const float* inv_freq, ulong f_off, int inverse,
+                       __global float* y, ulong y_off, ulong rows, ulong heads, ulong all,
+                       ulong pairs) {
+  const size_t k = get_global_id(0);
+  if (k >= rows * heads * pairs) return;
+  const ulong i = k % pairs, rh = k / pairs, r = rh / heads, h = rh % heads;
+  const float a = (float)positions[p_off + r] * inv_freq[f_off + i];
+  const float c = cos(a), s = inverse ? -sin(a) : sin(a);
+  const ulong at = (r * all + h) * 2 * pairs + i;
+  const float x0 = x[x_off + at], x1 = x[x_off + at + pairs];
+  y[y_off + at] = x0 * c - x1 * s;
+  y[y_off + at + pairs] = x1 * c + x0 * s;
 }
 
 // y[i, j] = table[ids[i], j]; the host has checked every id.

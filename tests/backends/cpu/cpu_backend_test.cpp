@@ -151,6 +151,11 @@ TEST_P(CpuOpsTest, ActivationsAndDerivativesMatchFormulas) {
          const double s = 1 / (1 + std::exp(-v));
          return s * (1 - s);
        }},
+      {Activation::kSiLU, [](double v) { return v / (1 + std::exp(-v)); },
+       [](double v) {
+         const double s = 1 / (1 + std::exp(-v));
+         return s * (1 + v * (1 - s));
+       }},
   };
   for (const Ref& ref : refs) {
     Tensor xt = toDevice(one_, {n}, x), yt = one_.empty({n}), dx = one_.empty({n});
@@ -267,6 +272,79 @@ TEST_P(CpuOpsTest, LayerNormMatchesNaive) {
       EXPECT_NEAR(yv[r * d + i], (x[r * d + i] - mu) / std::sqrt(var + 1e-5) * gamma[i] + beta[i],
                   1e-4);
   }
+}
+
+TEST_P(CpuOpsTest, RmsNormAndItsGradientsMatchNaive) {
+  const int64_t d = GetParam(), m = 4;
+  const auto x = randomVector(13, m * d, -2, 2), gamma = randomVector(14, d),
+             dy = randomVector(15, m * d);
+  const float eps = 1e-6f;
+  Tensor xt = toDevice(one_, {m, d}, x), gt = toDevice(one_, {d}, gamma);
+  Tensor y = one_.empty({m, d}), rstd = one_.empty({m}), dx = one_.empty({m, d});
+  Tensor dgamma = one_.zeros({d});
+  one_.rmsNorm(xt, gt, eps, y, rstd);
+  one_.rmsNormBackward(toDevice(one_, {m, d}, dy), xt, gt, rstd, dx, dgamma);
+  const auto yv = toHost(y), dxv = toHost(dx), dgv = toHost(dgamma);
+  std::vector<double> dg(static_cast<size_t>(d));
+  for (int64_t r = 0; r < m; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(x[r * d + i]) * x[r * d + i];
+    const double rs = 1 / std::sqrt(ss / d + eps);
+    // dx_i = rs (g_i - xhat_i mean(g xhat)), g = dy gamma, xhat = x rs.
+    double mean_gx = 0;
+    for (int64_t i = 0; i < d; ++i) mean_gx += dy[r * d + i] * gamma[i] * x[r * d + i] * rs / d;
+    for (int64_t i = 0; i < d; ++i) {
+      const double xhat = x[r * d + i] * rs;
+      EXPECT_NEAR(yv[r * d + i], xhat * gamma[i], 1e-5);
+      EXPECT_NEAR(dxv[r * d + i], rs * (dy[r * d + i] * gamma[i] - xhat * mean_gx), 1e-4);
+      dg[static_cast<size_t>(i)] += dy[r * d + i] * xhat;
+    }
+  }
+  for (int64_t i = 0; i < d; ++i) EXPECT_NEAR(dgv[i], dg[static_cast<size_t>(i)], 1e-4);
+}
+
+// Rotation by (pos * inv_freq) of the first two of three heads' pairs (i, i + S/2),
+// against rotate_half written out; the third head untouched (in place); the inverse
+// undoes it; threads do not change a bit.
+TEST_P(CpuOpsTest, RopeRotatesPairsAsRotateHalf) {
+  const int64_t half = GetParam(), size = 2 * half, rows = 5, heads = 3, rotated = 2;
+  const auto x = randomVector(16, rows * heads * size);
+  const std::vector<int32_t> pos = {0, 3, 4, 100, 2047};
+  std::vector<float> freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    freq[static_cast<size_t>(i)] = std::pow(500000.0f, -2.0f * static_cast<float>(i) / size);
+  std::vector<float> outs[2];
+  int which = 0;
+  for (cpu::CpuBackend* be : {&one_, &three_}) {
+    Tensor y = toDevice(*be, {rows, heads, size}, x);
+    be->rope(y, toDeviceI32(*be, {rows}, pos), toDevice(*be, {half}, freq), rotated, false, y);
+    outs[which++] = toHost(y);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a =
+            h < rotated ? static_cast<float>(pos[static_cast<size_t>(r)]) * freq[i] : 0;
+        const int64_t at = (r * heads + h) * size + i;
+        EXPECT_NEAR(outs[0][at], x[at] * std::cos(a) - x[at + half] * std::sin(a), 1e-5);
+        EXPECT_NEAR(outs[0][at + half], x[at + half] * std::cos(a) + x[at] * std::sin(a), 1e-5);
+      }
+  Tensor y = toDevice(one_, {rows, heads, size}, outs[0]);
+  one_.rope(y, toDeviceI32(one_, {rows}, pos), toDevice(one_, {half}, freq), rotated, true, y);
+  const auto back = toHost(y);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-5);
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        one_.rope(one_.empty({rows, heads, size + 1}), toDeviceI32(one_, {rows}, pos),
+                  toDevice(one_, {half}, freq), 1, false, one_.empty({rows, heads, size + 1}));
+      },
+      {"cpu rope", "rows of heads of"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        one_.rope(y, toDeviceI32(one_, {rows}, pos), toDevice(one_, {half}, freq), 4, false, y);
+      },
+      {"cpu rope", "cannot rotate 4 of 3 heads"});
 }
 
 TEST_P(CpuOpsTest, EmbeddingGathersAndScatters) {

@@ -217,6 +217,7 @@ std::vector<OpCase> cases() {
       activationCase("gelu", Activation::kGELU),
       activationCase("tanh", Activation::kTanh),
       activationCase("sigmoid", Activation::kSigmoid),
+      activationCase("silu", Activation::kSiLU),
       {"dropout",  // the mask comes from the shared counter hash: equal bit for bit
        [](Backend& be, int64_t n) {
          const int64_t count = n * 101;
@@ -254,6 +255,39 @@ std::vector<OpCase> cases() {
          return Outputs{toHost(y), toHost(mean), toHost(rstd), toHost(dx), toHost(dg), toHost(db)};
        },
        1e-5},
+      {"rms_norm",
+       [](Backend& be, int64_t n) {
+         const int64_t m = 5, d = n;
+         Tensor x = toDevice(be, {m, d}, randomVector(4, m * d, -2, 3));
+         Tensor gamma = toDevice(be, {d}, randomVector(5, d));
+         Tensor y = be.empty({m, d}), rstd = be.empty({m});
+         be.rmsNorm(x, gamma, 1e-6f, y, rstd);
+         Tensor dx = be.empty({m, d});
+         Tensor dg = toDevice(be, {d}, randomVector(7, d));
+         be.rmsNormBackward(toDevice(be, {m, d}, randomVector(8, m * d)), x, gamma, rstd, dx, dg);
+         return Outputs{toHost(y), toHost(rstd), toHost(dx), toHost(dg)};
+       },
+       1e-5},
+      // Heads of 2n, positions up to 1000 (angles far from 0), forward, back, and the
+      // first two of three heads in place.
+      {"rope",
+       [](Backend& be, int64_t n) {
+         const int64_t rows = 6, heads = 3, size = 2 * n;
+         Tensor x = toDevice(be, {rows, heads, size}, randomVector(4, rows * heads * size));
+         Tensor pos = toDeviceI32(be, {rows}, {0, 1, 2, 17, 255, 1000});
+         std::vector<float> freq(static_cast<size_t>(n));
+         for (int64_t i = 0; i < n; ++i)
+           freq[static_cast<size_t>(i)] =
+               std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(size));
+         Tensor inv_freq = toDevice(be, {n}, freq);
+         Tensor y = be.empty({rows, heads, size});
+         be.rope(x, pos, inv_freq, heads, false, y);
+         Tensor back = be.empty({rows, heads, size});
+         be.rope(y, pos, inv_freq, heads, true, back);
+         be.rope(x, pos, inv_freq, 2, false, x);
+         return Outputs{toHost(y), toHost(back), toHost(x)};
+       },
+       2e-5},
       {"embedding",
        [](Backend& be, int64_t n) {
          const int64_t vocab = 11, d = n, m = 2 * n + 3;

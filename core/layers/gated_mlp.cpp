@@ -1,0 +1,125 @@
+#include "core/layers/gated_mlp.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tandem {
+
+SwiGlu::SwiGlu(const LayerSpec& spec) {
+  SpecReader r(spec);
+  hidden_ = r.integer("hidden");
+  r.finish();
+  TANDEM_CHECK_MSG(hidden_ > 0, InvalidArgument,
+                   "swiglu: 'hidden' must be positive, got " << hidden_);
+}
+
+Shape SwiGlu::infer(const Shape& input) {
+  TANDEM_CHECK_MSG(input.rank() >= 1 && input[input.rank() - 1] > 0, InvalidArgument,
+                   "expected input [..., features], got " << input);
+  dim_ = input[input.rank() - 1];
+  return input;
+}
+
+// PyTorch's nn.Linear initialisation for each of the three products.
+void SwiGlu::build(Backend& backend, Rng& rng) {
+  backend_ = &backend;
+  const float in_bound = 1.0f / std::sqrt(static_cast<float>(dim_));
+  const float hidden_bound = 1.0f / std::sqrt(static_cast<float>(hidden_));
+  gate_ = makeParam(backend, "gate.weight", {hidden_, dim_},
+                    uniformInit(rng, hidden_ * dim_, in_bound));
+  up_ =
+      makeParam(backend, "up.weight", {hidden_, dim_}, uniformInit(rng, hidden_ * dim_, in_bound));
+  down_ = makeParam(backend, "down.weight", {dim_, hidden_},
+                    uniformInit(rng, dim_ * hidden_, hidden_bound));
+}
+
+// Stash: x [rows, D], gate and up outputs [rows, hidden]; the SiLU and the product are
+// recomputed in backward (two element-wise passes instead of 2 * hidden floats a row).
+Tensor SwiGlu::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
+  Backend& be = *backend_;
+  const int64_t rows = x.numel() / dim_;
+  const Tensor x2 = x.reshape({rows, dim_});
+  Tensor g = be.empty({rows, hidden_});
+  Tensor u = be.empty({rows, hidden_});
+  be.gemm(false, true, 1.0f, x2, gate_.value, 0.0f, g);
+  be.gemm(false, true, 1.0f, x2, up_.value, 0.0f, u);
+  Tensor h = be.empty({rows, hidden_});
+  be.activation(Activation::kSiLU, g, h);
+  be.mul(h, u, h);
+  Tensor y = be.empty({rows, dim_});
+  be.gemm(false, true, 1.0f, h, down_.value, 0.0f, y);
+  stash.saved = {x2, g, u};
+  return y.reshape(x.shape());
+}
+
+Tensor SwiGlu::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  Tensor dx = backwardInput(dy, stash);  // the weights' gradients need dgate and dup anyway
+  backwardWeights(stash);
+  return need_dx ? dx : Tensor();
+}
+
+// With a = silu(g), h = a u: dh = dy Wd, du = dh a, dg = silu'(g) dh u, dx = dg Wg + du Wu.
+// Leaves x, h, dy, dg and du in the stash for backwardWeights.
+Tensor SwiGlu::backwardInput(const Tensor& dy, Stash& stash) {
+  TANDEM_CHECK_MSG(stash.saved.size() == 3, InvalidArgument, "swiglu: backward without forward");
+  Backend& be = *backend_;
+  const Tensor x2 = stash.saved[0], g = stash.saved[1], u = stash.saved[2];
+  const int64_t rows = x2.shape()[0];
+  const Tensor dy2 = dy.reshape({rows, dim_});
+  Tensor a = be.empty({rows, hidden_});
+  be.activation(Activation::kSiLU, g, a);
+  Tensor dh = be.empty({rows, hidden_});
+  be.gemm(false, false, 1.0f, dy2, down_.value, 0.0f, dh);
+  Tensor du = be.empty({rows, hidden_});
+  be.mul(dh, a, du);
+  be.mul(dh, u, dh);  // now d(a)
+  Tensor dg = be.empty({rows, hidden_});
+  be.activationBackward(Activation::kSiLU, g, a, dh, dg);
+  be.mul(a, u, a);  // now h, for down's gradient
+  Tensor dx = be.empty({rows, dim_});
+  be.gemm(false, false, 1.0f, dg, gate_.value, 0.0f, dx);
+  be.gemm(false, false, 1.0f, du, up_.value, 1.0f, dx);
+  stash.saved = {x2, a, dy2, dg, du};
+  return dx.reshape(dy.shape());
+}
+
+void SwiGlu::backwardWeights(Stash& stash) {
+  TANDEM_CHECK_MSG(stash.saved.size() == 5, InvalidArgument,
+                   "swiglu: backwardWeights without backwardInput");
+  Backend& be = *backend_;
+  const Tensor &x2 = stash.saved[0], &h = stash.saved[1], &dy2 = stash.saved[2];
+  be.gemm(true, false, 1.0f, dy2, h, 1.0f, down_.grad);
+  be.gemm(true, false, 1.0f, stash.saved[3], x2, 1.0f, gate_.grad);
+  be.gemm(true, false, 1.0f, stash.saved[4], x2, 1.0f, up_.grad);
+  stash.clear();
+}
+
+int64_t SwiGlu::flops() const {
+  const int64_t rows = inputShape().numel() / dim_;
+  return rows * (3 * 2 * dim_ * hidden_ + 10 * hidden_);  // SiLU counted as ~9, the product 1
+}
+
+int64_t SwiGlu::stashBytes() const {
+  const int64_t rows = inputShape().numel() / dim_;
+  return rows * (dim_ + 2 * hidden_) * 4;
+}
+
+// Backward's a (then h), dh, du and dg: four [rows, hidden] beside the gradients in and out.
+int64_t SwiGlu::workspaceBytes(int64_t batch) const {
+  const int64_t rows = inputShape().numel() / dim_;
+  return batch * rows * 4 * hidden_ * 4;
+}
+
+LayerSpec SwiGlu::spec() const {
+  LayerSpec s;
+  s.type = type();
+  s.attrs["hidden"] = hidden_;
+  return s;
+}
+
+std::vector<OpUse> SwiGlu::ops(bool training) const {
+  return f32Ops(training, {Op::kGemm, Op::kActivation, Op::kMul}, {Op::kActivationBackward});
+}
+
+}  // namespace tandem

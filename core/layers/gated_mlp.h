@@ -1,0 +1,39 @@
+// SwiGLU MLP (Llama's): y = down(silu(gate(x)) * up(x)) over the last dimension, with no
+// biases — Hugging Face's LlamaMLP, gate_proj and up_proj [hidden, D], down_proj [D, hidden].
+// Written in a spec as `swiglu: {hidden: 1376}`.
+#pragma once
+
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+class SwiGlu final : public Layer {
+ public:
+  explicit SwiGlu(const LayerSpec& spec);
+  std::string type() const override { return "swiglu"; }
+  void build(Backend& backend, Rng& rng) override;
+  std::vector<Param*> params() override { return {&gate_, &up_, &down_}; }
+  Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
+  Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override {
+    return forwardPerToken(x);
+  }
+  Tensor backward(const Tensor& dy, Stash& stash, bool need_dx) override;
+  Tensor backwardInput(const Tensor& dy, Stash& stash) override;
+  void backwardWeights(Stash& stash) override;
+  int64_t paramCount() const override { return 3 * dim_ * hidden_; }
+  std::vector<OpUse> ops(bool training) const override;
+  int64_t flops() const override;
+  int64_t stashBytes() const override;
+  int64_t workspaceBytes(int64_t batch) const override;
+  LayerSpec spec() const override;
+
+ protected:
+  Shape infer(const Shape& input) override;
+
+ private:
+  int64_t hidden_, dim_ = 0;
+  Param gate_, up_, down_;
+};
+
+}  // namespace tandem
