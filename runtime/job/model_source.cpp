@@ -1,13 +1,15 @@
 #include "runtime/job/model_source.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 #include "core/file.h"
 #include "core/model_spec.h"
+#include "hf/llama.h"
 
-#ifdef TANDEM_HAS_ONNX
 #include "backends/cpu/cpu_backend.h"
+#ifdef TANDEM_HAS_ONNX
 #include "onnx/onnx_import.h"
 #endif
 
@@ -17,7 +19,35 @@ bool isOnnxModel(const std::string& path) {
   return path.size() > 5 && path.compare(path.size() - 5, 5, ".onnx") == 0;
 }
 
+bool isHuggingFaceFolder(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+         ::stat((path + "/config.json").c_str(), &st) == 0;
+}
+
+bool bringsWeights(const std::string& path) {
+  return isOnnxModel(path) || isHuggingFaceFolder(path);
+}
+
+namespace {
+
+// A model file's contents as a ModelSource: its spec, and its weights as a model file's
+// bytes (serialised from a model loaded with them, so every shape is checked).
+ModelSource sourceOf(const ModelFile& file) {
+  ModelSource out;
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  const std::unique_ptr<Model> model = loadModel(file, be);
+  out.weights =
+      std::make_shared<const std::vector<uint8_t>>(serializeModel(*model, nullptr, file.metadata));
+  out.spec = file.spec;
+  out.spec_yaml = modelSpecYaml(file.spec);
+  return out;
+}
+
+}  // namespace
+
 ModelSource readModelSource(const std::string& path) {
+  if (isHuggingFaceFolder(path)) return sourceOf(hf::importLlama(path));
   ModelSource out;
   if (!isOnnxModel(path)) {
     out.spec_yaml = readFile(path, "model spec");
@@ -27,14 +57,8 @@ ModelSource readModelSource(const std::string& path) {
 #ifdef TANDEM_HAS_ONNX
   const onnx_io::ImportedModel imported = onnx_io::importOnnx(path);
   for (const std::string& note : imported.notes) spdlog::info("{}: {}", path, note);
-  const ModelFile file = onnx_io::toModelFile(imported);
-  cpu::CpuBackend be(cpu::CpuOptions{1});
-  const std::unique_ptr<Model> model = loadModel(file, be);
-  out.weights =
-      std::make_shared<const std::vector<uint8_t>>(serializeModel(*model, nullptr, file.metadata));
-  out.spec = imported.spec;
+  out = sourceOf(onnx_io::toModelFile(imported));
   out.output = imported.output;
-  out.spec_yaml = modelSpecYaml(imported.spec);
   return out;
 #else
   throw InvalidArgument(path +
@@ -45,6 +69,7 @@ ModelSource readModelSource(const std::string& path) {
 }
 
 ModelFile readModelOrOnnx(const std::string& path) {
+  if (isHuggingFaceFolder(path)) return hf::importLlama(path);
   if (!isOnnxModel(path)) return readModelFile(path);
   const ModelSource source = readModelSource(path);
   return parseModelFile(*source.weights, path);

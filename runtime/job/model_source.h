@@ -1,6 +1,7 @@
-// A job's or a command's `model`: a YAML model spec, or an ONNX model (`.onnx`) imported
-// as one (onnx/) with its initializers as the starting weights. The spec travels
-// as YAML text either way, so nodes never see ONNX.
+// A job's or a command's `model`: a YAML model spec, an ONNX model (`.onnx`) imported
+// as one (onnx/) with its initializers as the starting weights, or a Hugging Face
+// Llama-architecture folder (hf/llama.h) with its weights. The spec travels as YAML text
+// in every case, so nodes never see ONNX or safetensors.
 #pragma once
 
 #include <cstdint>
@@ -25,14 +26,20 @@ struct ModelSource {
 
 // True when `path` names an ONNX model (ends in ".onnx").
 bool isOnnxModel(const std::string& path);
+// True when `path` is a folder holding config.json (a Hugging Face model).
+bool isHuggingFaceFolder(const std::string& path);
+// True when the model at `path` brings its own weights (an ONNX model, a Hugging Face
+// folder): a job of it may generate or serve without `weights:`.
+bool bringsWeights(const std::string& path);
 
-// Reads `path`: a spec (loadModelSpec's errors) or an ONNX model (importOnnx's; with a
-// note per dropped node logged). A build without ONNX (TANDEM_ONNX=OFF, the ARM builds)
-// refuses an ONNX model with InvalidArgument saying so.
+// Reads `path`: a spec (loadModelSpec's errors), an ONNX model (importOnnx's; with a
+// note per dropped node logged) or a Hugging Face folder (importLlama's). A build without ONNX
+// (TANDEM_ONNX=OFF, the ARM builds) refuses an ONNX model with InvalidArgument saying so.
 ModelSource readModelSource(const std::string& path);
 
-// A model with its weights: a model file (.tdm, readModelFile's errors), or an ONNX model
-// imported as one (its metadata "output" when it ended in a softmax).
+// A model with its weights: a model file (.tdm, readModelFile's errors), an ONNX model
+// imported as one (its metadata "output" when it ended in a softmax), or a Hugging Face
+// folder.
 ModelFile readModelOrOnnx(const std::string& path);
 
 }  // namespace tandem::runtime

@@ -42,8 +42,8 @@ void addTrain(CLI::App& app);
 void addEval(CLI::App& app);
 void addGenerate(CLI::App& app);
 void addInspect(CLI::App& app);
-void addImport(CLI::App& app);  // with TANDEM_ONNX
-void addExport(CLI::App& app);  // with TANDEM_ONNX
+void addImport(CLI::App& app);  // ONNX models where TANDEM_ONNX is built in
+void addExport(CLI::App& app);
 void addDevices(CLI::App& app);
 void addProfile(CLI::App& app);
 void addPartition(CLI::App& app);

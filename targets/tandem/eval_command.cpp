@@ -19,9 +19,9 @@ void addEval(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("eval", "Evaluate a saved model on a test set");
-  c->add_option("model", a->file, "Model file (.tdm) or ONNX model (.onnx)")
+  c->add_option("model", a->file, "Model file (.tdm), ONNX model (.onnx) or Hugging Face folder")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   c->add_option("--data", a->data, "fashion-mnist, or text:PATH (held out: its last 10%)")
       ->check(datasetName());
   c->add_option("--data-dir", a->data_dir, "Directory holding the dataset files");

@@ -146,7 +146,7 @@ class JobGeneration {
     runtime::JobSpec job = runtime::loadJobSpec(a.file);
     if (!a.weights.empty()) {
       job.weights = a.weights;
-    } else if (job.weights.empty()) {
+    } else if (job.weights.empty() && !runtime::bringsWeights(job.model)) {
       TANDEM_CHECK_MSG(!job.save.empty() && std::filesystem::exists(job.save), InvalidArgument,
                        job.source << " names no trained weights to generate with: give it "
                                   << "'weights:' (or train it with 'save:' first), or --weights");
@@ -171,9 +171,8 @@ class JobGeneration {
     std::lock_guard lock(mu_);
     const auto id = static_cast<int64_t>(requests_.size());
     requests_.push_back({text, Clock::now(), {}, {}});
-    prompts_.push(
-        {id, tokens, a_.tokens, a_.sampling.temperature, a_.sampling.top_k, a_.sampling.seed,
-                   a_.sampling.top_p});
+    prompts_.push({id, tokens, a_.tokens, a_.sampling.temperature, a_.sampling.top_k,
+                   a_.sampling.seed, a_.sampling.top_p});
   }
   void close() { prompts_.close(); }
 
@@ -347,11 +346,11 @@ void addGenerate(CLI::App& app) {
       "Generate text with a language model (byte tokens, key/value cache): a saved model "
       "here, or a job's stages on their nodes");
   c->add_option("model", a->file,
-                "Model file (.tdm) or ONNX model (.onnx) of a language model, or a job file "
-                "(.yaml) whose stages "
-                "generate from its `weights` (else its `save`)")
+                "Model file (.tdm), ONNX model (.onnx) or Hugging Face folder of a language "
+                "model, or a job file (.yaml) whose stages generate from its `weights` (else "
+                "its `save`)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   c->add_option("--prompt", a->prompt, "Text to continue");
   c->add_option("--tokens", a->tokens, "New tokens (bytes) to generate");
   c->add_option("--temperature", a->sampling.temperature,

@@ -19,10 +19,8 @@ int main(int argc, char** argv) {
   tandem::cli::addEval(app);
   tandem::cli::addGenerate(app);
   tandem::cli::addInspect(app);
-#ifdef TANDEM_HAS_ONNX
   tandem::cli::addImport(app);
   tandem::cli::addExport(app);
-#endif
   tandem::cli::addDevices(app);
   tandem::cli::addProfile(app);
   tandem::cli::addPartition(app);

@@ -243,9 +243,9 @@ void addPartition(CLI::App& app) {
   auto a = std::make_shared<PartitionArgs>();
   CLI::App* c = app.add_subcommand(
       "partition", "Split a model's layers over a cluster's devices from measured profiles");
-  c->add_option("--model", a->model, "Model spec (YAML) or ONNX model (.onnx)")
+  c->add_option("--model", a->model, "Model spec (YAML), ONNX model (.onnx) or Hugging Face folder")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   c->add_option("--cluster", a->cluster, "Cluster file (YAML): nodes, devices, links")
       ->required()
       ->check(CLI::ExistingFile);

@@ -42,10 +42,10 @@ void printDevice(const DeviceProfile& d) {
   }
   const Sustained& su = d.sustained;
   if (su.passes > 0) {
-    std::printf("  sustained: %.4f ms per pass over %.2f s (%d passes), %.4f ms in the layers' "
-                "medians: x%.2f; %.2f cores",
-                su.pass_s * 1e3, su.window_s, su.passes, su.burst_pass_s * 1e3, su.scale(),
-                su.cpu_cores);
+    std::printf(
+        "  sustained: %.4f ms per pass over %.2f s (%d passes), %.4f ms in the layers' "
+        "medians: x%.2f; %.2f cores",
+        su.pass_s * 1e3, su.window_s, su.passes, su.burst_pass_s * 1e3, su.scale(), su.cpu_cores);
     if (su.quota_cores > 0) std::printf(" (cgroup quota %.2f)", su.quota_cores);
     std::printf("\n");
   }
@@ -135,9 +135,8 @@ void printNodeSpeeds(const std::vector<std::string>& names, const std::vector<Pr
     for (const DeviceProfile& d : got[i].devices) {
       const Sustained& su = d.sustained;
       const double pass = su.burst_pass_s * su.scale();
-      std::printf("%-14s %-10s %14.3f %12.3f %10.3f %8s\n", names[i].c_str(),
-                  d.device.name.c_str(), pass * 1e3, su.burst_pass_s * 1e3,
-                  pass > 0 ? fastest / pass : 0.0,
+      std::printf("%-14s %-10s %14.3f %12.3f %10.3f %8s\n", names[i].c_str(), d.device.name.c_str(),
+                  pass * 1e3, su.burst_pass_s * 1e3, pass > 0 ? fastest / pass : 0.0,
                   su.quota_cores > 0 ? std::to_string(su.quota_cores).substr(0, 4).c_str() : "-");
     }
   std::printf("(speed: the fastest device's sustained pass time over this one's)\n");
@@ -216,7 +215,8 @@ void addProfile(CLI::App& app) {
       "profile",
       "Measure each layer of a model on each device, and/or the links between the nodes of a "
       "cluster (the partitioner's input)");
-  c->add_option("--model", a->model, "Model spec (YAML) or ONNX model (.onnx)")->check(CLI::ExistingFile);
+  c->add_option("--model", a->model, "Model spec (YAML), ONNX model (.onnx) or Hugging Face folder")
+      ->check(CLI::ExistingPath);
   c->add_option("--devices", a->devices, "Comma-separated devices, e.g. cpu,opencl:0")
       ->delimiter(',');
   c->add_option("--batch", a->options.batch, "Samples per forward pass")->check(positiveNumber());
@@ -230,8 +230,8 @@ void addProfile(CLI::App& app) {
   c->add_option("--against", a->against, "An earlier profile to compare medians with")
       ->check(CLI::ExistingFile);
   c->add_option("--sustain", a->options.sustain_s,
-                 "Least seconds of back-to-back passes measuring what the device sustains "
-                 "(under a CPU quota: 40 of its periods, up to 4 s); 0: none")
+                "Least seconds of back-to-back passes measuring what the device sustains "
+                "(under a CPU quota: 40 of its periods, up to 4 s); 0: none")
       ->check(CLI::Range(0.0, 60.0));
   c->add_option("--load", a->load,
                 "Copies of the model training on the same device beside the measured one, as "

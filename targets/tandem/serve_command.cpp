@@ -85,7 +85,7 @@ void jobPipeline(const ServeArgs& a, Served& s) {
   runtime::JobSpec job = runtime::loadJobSpec(a.file);
   if (!a.weights.empty()) {
     job.weights = a.weights;
-  } else if (job.weights.empty()) {
+  } else if (job.weights.empty() && !runtime::bringsWeights(job.model)) {
     TANDEM_CHECK_MSG(!job.save.empty() && std::filesystem::exists(job.save), InvalidArgument,
                      job.source << " names no trained weights to serve: give it 'weights:' "
                                 << "(or train it with 'save:' first), or --weights");
@@ -223,10 +223,10 @@ void addServe(CLI::App& app) {
       "Serve a language model over HTTP: the OpenAI completions and chat API, streaming, "
       "API keys, limits, metrics");
   c->add_option("model", a->file,
-                "Model file (.tdm) or ONNX model (.onnx) of a language model, or a job file "
-                "(.yaml) whose stages serve its `weights` (else its `save`)")
+                "Model file (.tdm), ONNX model (.onnx) or Hugging Face folder of a language "
+                "model, or a job file (.yaml) whose stages serve its `weights` (else its `save`)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   c->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free one)");
   c->add_option("--api-key-file", a->key_file,
                 "Accepted API keys, one per line (mode 600); asked as 'Authorization: Bearer'")

@@ -178,9 +178,10 @@ void addTrain(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "train", "Train a model on one device, or data parallel on several (--replicas)");
   c->add_option("--model", args->model,
-                "Model spec (YAML) or ONNX model (.onnx, starting from its weights)")
+                "Model spec (YAML), or an ONNX model (.onnx) or Hugging Face folder starting "
+                "from its weights")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   c->add_option("--data", args->data,
                 "fashion-mnist, or text:PATH (a file or folder of text: byte tokens, windows "
                 "of the model's context; the last 10% held out)")

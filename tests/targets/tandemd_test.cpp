@@ -445,6 +445,42 @@ TEST(TandemdTest, AJobOnTwoDaemonsGeneratesTheTextOneProcessDoes) {
       << untrained.out;
 }
 
+// A Hugging Face Llama folder (tests/data/llama/llama-gqa: grouped-query attention, rotary
+// embedding, SwiGLU) as a job's model, split over three daemons: each prompt gets the text
+// one process generates from the same folder.
+TEST(TandemdTest, AHuggingFaceLlamaOnThreeDaemonsGeneratesTheTextOneProcessDoes) {
+  const std::string dir = tandem::testing::freshDir("cluster-llama");
+  TwoNodes nodes(dir);
+  ASSERT_TRUE(nodes.made);
+  DaemonProcess c(dir, nodes.key, "c");
+  const std::string cluster = dir + "/three.yaml";
+  std::ofstream(cluster) << "key: c.key\nnodes:\n"
+                         << "  - {name: a, address: '" << nodes.a.address()
+                         << "', devices: [{backend: cpu}]}\n"
+                         << "  - {name: b, address: '" << nodes.b.address()
+                         << "', devices: [{backend: cpu}]}\n"
+                         << "  - {name: c, address: '" << c.address()
+                         << "', devices: [{backend: cpu}]}\n";
+  const std::string folder = TANDEM_SOURCE_DIR "/tests/data/llama/llama-gqa";
+  const std::string job = dir + "/llama.yaml";
+  std::ofstream(job) << "model: " << folder << "\npartition: [[0, 2], [2, 3], [3, 5]]\n";
+  const std::string prompts = "printf 'the cat\\nonce upon a time\\n' | ";
+  const std::string opts = " --serve --tokens 12";
+  const Ran here = run(prompts + kCli + " generate " + folder + opts);
+  ASSERT_EQ(here.code, 0) << here.out;
+  const Ran there = run(prompts + kCli + " generate " + job + opts + " --cluster " + cluster);
+  ASSERT_EQ(there.code, 0) << there.out;
+  EXPECT_NE(there.out.find("served 2 prompts across 3 stages: 24 tokens"), std::string::npos)
+      << there.out;
+  for (const std::string p : {"the cat", "once upon a time"}) {
+    const std::string text = tandem::testing::servedText(here.out, p);
+    ASSERT_FALSE(text.empty()) << p << "\n" << here.out;
+    EXPECT_NE(there.out.find(text), std::string::npos) << text << "\n" << there.out;
+  }
+  for (const DaemonProcess* d : {&nodes.a, &nodes.b, &c})
+    EXPECT_NE(d->log().find("started worker"), std::string::npos) << d->log();
+}
+
 TEST(TandemdTest, ADaemonKilledMidRunEndsTheRunNamingTheNode) {
   const std::string dir = tandem::testing::freshDir("cluster-kill");
   TwoNodes nodes(dir);
