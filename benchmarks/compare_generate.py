@@ -11,7 +11,10 @@ key/value cache of each attention layer). PyTorch's: benchmarks/torch_peer.py
 concatenated per block) under torch.no_grad(), in a fresh process per thread count
 (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS). It prints decoding tokens/s (the steps after
 the first token) and the ratio tandem/torch (>= 1.0: we are at least as fast), then the
-cache's gain: tandem's tokens/s with the cache over without it.
+cache's gain: tandem's tokens/s with the cache over without it. A third row decodes a
+Llama-shaped model (width 512, 8 heads of which 2 key/value heads, rotary embedding, 6
+SwiGLU blocks, vocabulary 4096): generate_bench's BM_GenerateLlama against torch_peer.py
+`llama:128` (benchmarks/torch_llama.py, transformers' Llama written out, its own cache).
 
 Needs python3-torch (scripts/setup --with-peer). Compare only figures from one run.
 """
@@ -32,10 +35,13 @@ def ours(build, threads):
                          check=True, capture_output=True, text=True).stdout
     result = {}
     for b in json.loads(out)["benchmarks"]:
-        name = b["name"]  # BM_Generate/tokens:128/cache:1/threads:1/...
+        name = b["name"]  # BM_Generate/tokens:128/cache:1/threads:1/..., BM_GenerateLlama/...
         tokens = int(name.split("tokens:")[1].split("/")[0])
-        cache = name.split("cache:")[1].split("/")[0] == "1"
-        result[(tokens, cache)] = b["tokens_per_s"]
+        if name.startswith("BM_GenerateLlama/"):
+            result[("llama", tokens)] = b["tokens_per_s"]
+        elif name.startswith("BM_Generate/"):
+            cache = name.split("cache:")[1].split("/")[0] == "1"
+            result[(tokens, cache)] = b["tokens_per_s"]
     return result
 
 
@@ -61,10 +67,15 @@ def main():
                 case = "generate:%d:cache" % n
                 v = torch(t, [case])[case]["tokens_per_s"]
                 peer[n] = max(peer.get(n, v), v)
+            v = torch(t, ["llama:128"])["llama:128"]["tokens_per_s"]
+            peer["llama"] = max(peer.get("llama", v), v)
         for n in (128, 512):
             print("%-40s %7d %12.1f %12.1f %8.2f" % ("%d tokens, key/value cache" % n, t,
                                                      mine[(n, True)], peer[n],
                                                      mine[(n, True)] / peer[n]), flush=True)
+        print("%-40s %7d %12.1f %12.1f %8.2f" % ("llama-shaped, 128 tokens, cache", t,
+                                                 mine[("llama", 128)], peer["llama"],
+                                                 mine[("llama", 128)] / peer["llama"]), flush=True)
         for n in (128, 512):
             gains.append((n, t, mine[(n, True)], mine[(n, False)]))
     print("\n%-40s %7s %12s %12s %8s" % ("tandem: the cache's gain", "threads", "cache",

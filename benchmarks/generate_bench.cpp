@@ -5,6 +5,12 @@
 // the decoding steps (after the first token), first_token_ms (the prompt's prefill).
 // benchmarks/compare_generate.py runs it beside PyTorch's own cache loop.
 //
+// BM_GenerateLlama: a Llama-shaped model (width 512, 8 heads of which 2 key/value heads,
+// rotary embedding, 6 blocks with SwiGLU 1376 wide, a 4096-token vocabulary, context 640):
+// greedy decoding of 128 tokens after a 16-token prompt with the cache, at 1 and 2
+// threads; benchmarks/torch_peer.py `llama:128` decodes the same shape
+// (benchmarks/torch_llama.py) with its own cache loop.
+//
 // BM_PipelinedGenerate: 4 sequences of 128 tokens in flight through 2 stages (threads of
 // one thread each, inproc links, the feedback link from the last stage to the first;
 // core/pipeline/stage_decoder.h) against one single-threaded process generating the same
@@ -37,12 +43,25 @@ layers:
   - linear: {out: 256}
 )";
 
-void BM_Generate(benchmark::State& state) {
-  const int64_t count = state.range(0);
-  const bool cache = state.range(1) != 0;
-  const int threads = static_cast<int>(state.range(2));
+constexpr const char* kLlama640 = R"(name: llama-bench
+input: [640]
+layers:
+  - embedding: {vocab: 4096, dim: 512}
+  - llama: {heads: 8, kv_heads: 2, mlp: 1376, eps: 1e-5, rope_theta: 10000}
+  - llama: {heads: 8, kv_heads: 2, mlp: 1376, eps: 1e-5, rope_theta: 10000}
+  - llama: {heads: 8, kv_heads: 2, mlp: 1376, eps: 1e-5, rope_theta: 10000}
+  - llama: {heads: 8, kv_heads: 2, mlp: 1376, eps: 1e-5, rope_theta: 10000}
+  - llama: {heads: 8, kv_heads: 2, mlp: 1376, eps: 1e-5, rope_theta: 10000}
+  - llama: {heads: 8, kv_heads: 2, mlp: 1376, eps: 1e-5, rope_theta: 10000}
+  - rmsnorm: {eps: 1e-5}
+  - linear: {out: 4096, bias: false}
+)";
+
+// Decodes `count` greedy tokens of `spec` per iteration and sets the counters.
+void runGenerate(benchmark::State& state, const char* spec, int64_t count, bool cache,
+                 int threads) {
   cpu::CpuBackend backend(cpu::CpuOptions{threads});
-  Model model(parseModelSpec(kGpt640, "benchmark"));
+  Model model(parseModelSpec(spec, "benchmark"));
   model.build(backend, 1);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 16; ++i) prompt.push_back(static_cast<int32_t>("The cat sat on t"[i]));
@@ -57,6 +76,15 @@ void BM_Generate(benchmark::State& state) {
   state.counters["tokens_per_s"] = static_cast<double>(decoded) / decode_s;
   state.counters["first_token_ms"] = 1e3 * first_s / static_cast<double>(state.iterations());
   state.counters["threads"] = threads;
+}
+
+void BM_Generate(benchmark::State& state) {
+  runGenerate(state, kGpt640, state.range(0), state.range(1) != 0,
+              static_cast<int>(state.range(2)));
+}
+
+void BM_GenerateLlama(benchmark::State& state) {
+  runGenerate(state, kLlama640, state.range(0), true, static_cast<int>(state.range(1)));
 }
 
 std::vector<int32_t> promptOf(const char* text) {
@@ -127,6 +155,13 @@ BENCHMARK(BM_PipelinedGenerate)->Iterations(3)->Unit(benchmark::kMillisecond)->U
 BENCHMARK(BM_Generate)
     ->ArgNames({"tokens", "cache", "threads"})
     ->ArgsProduct({{128, 512}, {1, 0}, {1, 2}})
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK(BM_GenerateLlama)
+    ->ArgNames({"tokens", "threads"})
+    ->ArgsProduct({{128}, {1, 2}})
     ->Iterations(2)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

@@ -119,6 +119,37 @@ def bench_generate(count, cache, context=640):
             "first_token_ms": 1e3 * (times[0] - t0)}
 
 
+# benchmarks/generate_bench's BM_GenerateLlama model: Llama-shaped, width 512, 8 heads of
+# which 2 key/value heads, 6 blocks, SwiGLU 1376 wide, a 4096-token vocabulary.
+LLAMA_BENCH = dict(model_type="llama", hidden_size=512, intermediate_size=1376,
+                   num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=6,
+                   vocab_size=4096, max_position_embeddings=640, rms_norm_eps=1e-5,
+                   rope_theta=10000.0, tie_word_embeddings=False)
+
+
+def bench_llama(count):
+    """Greedy decoding of `count` tokens after a 16-token prompt with the module's own
+    key/value cache, as generate_bench's BM_GenerateLlama does."""
+    from torch_llama import Llama
+    torch.manual_seed(0)
+    model = Llama(LLAMA_BENCH).eval()
+    ids = torch.tensor([list(b"The cat sat on t")])
+    caches = [{} for _ in model.model.layers]
+    times = []
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        feed, past = ids, 0
+        for _ in range(count):
+            logits = model(feed, torch.arange(past, past + feed.shape[1]), caches)
+            token = logits[0, -1].argmax().view(1, 1)
+            times.append(time.perf_counter())
+            past += feed.shape[1]
+            feed = token
+    intervals = [b - a for a, b in zip(times, times[1:])]
+    return {"tokens_per_s": len(intervals) / sum(intervals),
+            "first_token_ms": 1e3 * (times[0] - t0)}
+
+
 MODELS = {"mlp-wide": mlp_wide, "mlp": mlp, "cnn": cnn, "gpt-mini": Gpt}
 TOKENS = {"gpt-mini": (256, 128)}  # language models: vocab, context
 
@@ -187,7 +218,7 @@ def main():
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--case", action="append", required=True,
                    help="model:batch for a step, epoch:model:batch, or "
-                        "generate:TOKENS:cache|nocache")
+                        "generate:TOKENS:cache|nocache, or llama:TOKENS")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
@@ -201,6 +232,8 @@ def main():
             r = bench_epoch(parts[1], int(parts[2]), a.data_dir)
         elif parts[0] == "generate":
             r = bench_generate(int(parts[1]), parts[2] == "cache")
+        elif parts[0] == "llama":
+            r = bench_llama(int(parts[1]))
         else:
             r = bench_step(parts[0], int(parts[1]), a.steps, a.warmup)
         r.update({"case": case, "threads": a.threads, "torch": torch.__version__})
