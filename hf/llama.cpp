@@ -1,5 +1,7 @@
 #include "hf/llama.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include "core/file.h"
 #include "core/model.h"
 #include "hf/safetensors.h"
+#include "hf/tokenizer.h"
 
 namespace tandem::hf {
 namespace {
@@ -286,6 +289,21 @@ ModelFile importLlama(const std::string& dir, int64_t context) {
   }
   file.metadata["imported_from"] = std::string("huggingface");
   file.metadata["model_type"] = c.model_type;
+  // The folder's tokenizer goes with the model when tandem reads it (hf/text_codec.h).
+  const std::string tokenizer_path = dir + "/tokenizer.json";
+  struct stat st {};
+  if (::stat(tokenizer_path.c_str(), &st) == 0) {
+    std::string json = readFile(tokenizer_path, "tokenizer");
+    try {
+      const Tokenizer tokenizer = Tokenizer::parse(json, tokenizer_path);
+      TANDEM_CHECK_MSG(tokenizer.vocabSize() <= c.vocab, FormatError,
+                       tokenizer_path << " has " << tokenizer.vocabSize()
+                                      << " tokens; the model's vocab_size is " << c.vocab);
+      file.metadata["tokenizer"] = std::move(json);
+    } catch (const Unsupported& e) {
+      file.metadata["tokenizer_note"] = std::string(e.what()) + ": prompts and text are bytes";
+    }
+  }
   return file;
 }
 
@@ -332,6 +350,9 @@ void exportLlama(const ModelFile& file, const std::string& dir, const std::strin
     }
   }
   writeSafetensors(dir + "/model.safetensors", out, {{"format", "pt"}});
+  if (const auto it = file.metadata.find("tokenizer"); it != file.metadata.end())
+    if (const auto* json = std::get_if<std::string>(&it->second))
+      std::ofstream(dir + "/tokenizer.json") << *json;
   const std::string config = dir + "/config.json";
   checkWritable(config, "model config");
   std::ofstream(config) << llamaConfigJson(c, dtype == "F32"   ? "float32"

@@ -42,11 +42,13 @@ LlamaConfig llamaConfigOf(const ModelSpec& spec);
 // Reads DIR/config.json and the weights (model.safetensors or its shards) as a model
 // file: every tensor the config implies, checked against its shape (FormatError naming the
 // tensor); context 0 takes max_position_embeddings, capped at 4096 (the cache per
-// sequence is sized by it).
+// sequence is sized by it). DIR/tokenizer.json, when tokenizer.h reads it, goes into the
+// metadata as "tokenizer"; one it does not is named in "tokenizer_note".
 ModelFile importLlama(const std::string& dir, int64_t context = 0);
 
 // Writes a model file of that form as DIR/config.json and DIR/model.safetensors with
-// Hugging Face's tensor names, in dtype F32, F16 or BF16.
+// Hugging Face's tensor names, in dtype F32, F16 or BF16 (and DIR/tokenizer.json when the
+// model carries one).
 void exportLlama(const ModelFile& file, const std::string& dir, const std::string& dtype = "F32");
 
 }  // namespace tandem::hf

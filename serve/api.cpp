@@ -149,16 +149,23 @@ net::awaitable<bool> Api::handle(Request& req, Connection& c) {
 net::awaitable<bool> Api::complete(Request& req, Connection& c, bool chat,
                                    const std::string& route) {
   CompletionRequest r;
+  std::vector<int32_t> prompt;  // the request's text as the model's tokens
   std::optional<Plain> refused;
   try {
     r = parseCompletion(req.body(), chat, options_.model);
-    for (size_t i = 0; i < r.prompt.size(); ++i)
-      if (static_cast<unsigned char>(r.prompt[i]) >= options_.vocab)
+    prompt = options_.codec.encode(r.prompt);
+    for (size_t i = 0; i < prompt.size(); ++i)
+      if (prompt[i] >= options_.vocab)
         throw ApiError(400, "invalid_request_error", chat ? "messages" : "prompt",
-                       "the prompt's byte " +
-                           std::to_string(static_cast<unsigned char>(r.prompt[i])) + " at " +
+                       "the prompt's token " + std::to_string(prompt[i]) + " at " +
                            std::to_string(i) + " is outside the model's vocab of " +
                            std::to_string(options_.vocab));
+    // The parser counted bytes; a tokenizer's tokens are fewer, but may add a BOS.
+    if (static_cast<int64_t>(prompt.size()) + r.max_tokens > options_.model.context)
+      throw ApiError(400, "invalid_request_error", "max_tokens",
+                     "a prompt of " + std::to_string(prompt.size()) + " tokens and " +
+                         std::to_string(r.max_tokens) + " new ones exceed the model's context of " +
+                         std::to_string(options_.model.context) + " tokens");
   } catch (const ApiError& e) {
     refused = Plain{static_cast<http::status>(e.status), errorBody(e)};
   }
@@ -166,12 +173,10 @@ net::awaitable<bool> Api::complete(Request& req, Connection& c, bool chat,
   if (!refused && failed)
     refused = Plain{http::status::service_unavailable, errorOf(503, "server_error", *failed)};
   std::shared_ptr<Ticket> ticket;
-  const auto prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  const auto prompt_tokens = static_cast<int64_t>(prompt.size());
   if (!refused) {
     if (!r.seeded)
       r.sampling.seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-    std::vector<int32_t> prompt;
-    for (const char b : r.prompt) prompt.push_back(static_cast<unsigned char>(b));
     std::shared_ptr<Waker> waker = c.waker();
     ticket =
         engine_.submit(std::move(prompt), r.max_tokens, r.sampling, [waker] { waker->wake(); });
@@ -244,7 +249,7 @@ net::awaitable<Api::Generated> Api::generated(const CompletionRequest& r, Connec
       }
       last_at = t.at_s[i];
       ++g.tokens;
-      piece += text.push(static_cast<char>(t.tokens[i]));
+      for (const char byte : options_.codec.tokenText(t.tokens[i])) piece += text.push(byte);
     }
     const bool done = text.stopped() || t.ended;
     if (text.stopped()) ticket.cancel();

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "hf/text_codec.h"
 #include "serve/completion.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
@@ -36,7 +37,8 @@ struct Plain {
 
 struct ApiOptions {
   ServedModel model;
-  int64_t vocab = 256;            // tokens the model takes (a prompt's bytes must be below)
+  int64_t vocab = 256;            // tokens the model takes (a prompt's ids must be below)
+  hf::TextCodec codec;            // text <-> ids: the model's tokenizer, or bytes
   std::vector<std::string> keys;  // empty: no key asked
   int64_t created = 0;            // the model's time, for /v1/models (Unix seconds)
 };

@@ -75,4 +75,24 @@ ModelFile readModelOrOnnx(const std::string& path) {
   return parseModelFile(*source.weights, path);
 }
 
+hf::TextCodec textCodecOf(const std::string& model, const std::string& weights, int64_t vocab) {
+  if (!weights.empty()) return hf::TextCodec::forModel(readModelFile(weights), vocab);
+  if (!isHuggingFaceFolder(model)) return {};
+  // The folder's tokenizer as the import keeps it (importLlama's metadata), without the weights.
+  ModelFile tokenizer_only;
+  tokenizer_only.spec.name = model;
+  const std::string path = model + "/tokenizer.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  std::string json = readFile(path, "tokenizer");
+  try {
+    (void)hf::Tokenizer::parse(json, path);
+  } catch (const Unsupported& e) {
+    spdlog::info("{}; prompts and text are bytes", e.what());
+    return {};
+  }
+  tokenizer_only.metadata["tokenizer"] = std::move(json);
+  return hf::TextCodec::forModel(tokenizer_only, vocab);
+}
+
 }  // namespace tandem::runtime

@@ -11,6 +11,7 @@
 
 #include "core/model.h"
 #include "core/model_file.h"
+#include "hf/text_codec.h"
 
 namespace tandem::runtime {
 
@@ -41,5 +42,10 @@ ModelSource readModelSource(const std::string& path);
 // imported as one (its metadata "output" when it ended in a softmax), or a Hugging Face
 // folder.
 ModelFile readModelOrOnnx(const std::string& path);
+
+// What a job's model reads and writes as text (hf/text_codec.h): a Hugging Face folder's
+// tokenizer.json, the tokenizer a `weights` model file carries, or bytes. `vocab` is the
+// model's head width, which the tokenizer's ids must fit.
+hf::TextCodec textCodecOf(const std::string& model, const std::string& weights, int64_t vocab);
 
 }  // namespace tandem::runtime

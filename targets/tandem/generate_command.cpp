@@ -23,6 +23,7 @@
 #include "core/generate.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
+#include "hf/text_codec.h"
 #include "runtime/job/job.h"
 #include "runtime/job/job_run.h"
 #include "runtime/job/model_source.h"
@@ -51,11 +52,6 @@ double quantile(std::vector<double> v, double q) {
   return v[std::min(v.size(), std::max<size_t>(i, 1)) - 1];
 }
 
-std::vector<int32_t> bytesOf(const std::string& text) {
-  return {reinterpret_cast<const unsigned char*>(text.data()),
-          reinterpret_cast<const unsigned char*>(text.data()) + text.size()};
-}
-
 struct Timing {
   double first_ms, tokens_per_s, p50_ms, p99_ms;
 };
@@ -71,34 +67,37 @@ Timing timing(const Generation& g) {
 // Prints a token as it comes, the prompt before the first (once the request was accepted).
 class Streamer {
  public:
-  explicit Streamer(const std::string& prompt) : prompt_(prompt) {}
+  Streamer(const std::string& prompt, const hf::TextCodec& codec)
+      : prompt_(prompt), codec_(codec) {}
   void operator()(int32_t token) {
     if (first_) std::fputs(prompt_.c_str(), stdout);
     first_ = false;
-    std::fputc(token, stdout);
+    const std::string text = codec_.tokenText(token);
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   }
 
  private:
   const std::string& prompt_;
+  const hf::TextCodec& codec_;
   bool first_ = true;
 };
 
 // The line after a generated text: `how` says where ("", " (no cache)", " across 2
 // stages").
-void printSummary(const std::string& prompt, const Generation& g, const std::string& how) {
+void printSummary(size_t prompt_tokens, const Generation& g, const std::string& how) {
   const Timing t = timing(g);
   std::printf(
       "\n---\n%zu prompt tokens, %zu new%s: time to first token %.2f ms, %.1f tokens/s, "
       "inter-token p50 %.2f ms, p99 %.2f ms\n",
-      prompt.size(), g.tokens.size(), how.c_str(), t.first_ms, t.tokens_per_s, t.p50_ms, t.p99_ms);
+      prompt_tokens, g.tokens.size(), how.c_str(), t.first_ms, t.tokens_per_s, t.p50_ms, t.p99_ms);
 }
 
 // The JSON line answering one served prompt.
-std::string answerLine(const std::string& prompt, const Generation& g) {
+std::string answerLine(const std::string& prompt, const Generation& g, const hf::TextCodec& codec) {
   const Timing t = timing(g);
   nlohmann::json out{{"prompt", prompt}};
-  out["text"] = std::string(g.tokens.begin(), g.tokens.end());
+  out["text"] = codec.decode(g.tokens);
   out["first_token_ms"] = t.first_ms;
   out["tokens_per_s"] = t.tokens_per_s;
   out["inter_token_p50_ms"] = t.p50_ms;
@@ -162,17 +161,20 @@ class JobGeneration {
     // Everything is checked and placed here, before any worker starts.
     run_ = std::make_unique<runtime::JobRun>(std::move(job), jo);
     shape_ = textShape(Model(parseModelSpec(run_->modelSpec(), run_->job().model)));
+    codec_ = runtime::textCodecOf(run_->job().model, run_->job().weights, shape_.vocab);
   }
 
   // Queues a prompt (from any thread); InvalidArgument when it does not fit the model.
-  void push(const std::string& text) {
-    const std::vector<int32_t> tokens = bytesOf(text);
+  // Returns its tokens' count.
+  size_t push(const std::string& text) {
+    const std::vector<int32_t> tokens = codec_.encode(text);
     checkRequest(shape_, tokens, a_.tokens);
     std::lock_guard lock(mu_);
     const auto id = static_cast<int64_t>(requests_.size());
     requests_.push_back({text, Clock::now(), {}, {}});
     prompts_.push({id, tokens, a_.tokens, a_.sampling.temperature, a_.sampling.top_k,
                    a_.sampling.seed, a_.sampling.top_p});
+    return tokens.size();
   }
   void close() { prompts_.close(); }
 
@@ -217,6 +219,7 @@ class JobGeneration {
   }
 
   const runtime::JobRun& job() const { return *run_; }
+  const hf::TextCodec& codec() const { return codec_; }
   // From the first prompt's start (given, and the stages wired) to the last token.
   double seconds() const {
     return generated_ > 0 ? std::chrono::duration<double>(last_ - first_).count() : 0.0;
@@ -233,6 +236,7 @@ class JobGeneration {
   runtime::PromptQueue prompts_;
   std::unique_ptr<runtime::JobRun> run_;
   TextShape shape_;
+  hf::TextCodec codec_;
   std::mutex mu_;
   std::deque<Request> requests_;  // by id (a deque: references stay put as it grows)
   std::optional<Clock::time_point> wired_;
@@ -245,13 +249,13 @@ void generateWithJob(const GenerateArgs& a) {
   auto job = std::make_shared<JobGeneration>(a);
   const size_t stages = job->job().stages().size();
   if (!a.serve) {
-    job->push(a.prompt);
+    const size_t prompt_tokens = job->push(a.prompt);
     job->close();
     Generation got;
-    Streamer stream(a.prompt);
+    Streamer stream(a.prompt, job->codec());
     job->run([&](const std::string&, const Generation& g) { got = g; },
              [&](int64_t, int32_t t) { stream(t); });
-    printSummary(a.prompt, got, " across " + std::to_string(stages) + " stages");
+    printSummary(prompt_tokens, got, " across " + std::to_string(stages) + " stages");
     return;
   }
   // Prompts are read on a thread of their own while the stages serve those before; each
@@ -278,7 +282,7 @@ void generateWithJob(const GenerateArgs& a) {
   try {
     job->run(
         [&](const std::string& prompt, const Generation& g) {
-          print(answerLine(prompt, g));
+          print(answerLine(prompt, g, job->codec()));
           totals.add(g);
         },
         {});
@@ -307,11 +311,13 @@ void runGenerate(const GenerateArgs& a) {
   const ModelFile file = runtime::readModelOrOnnx(a.file);
   auto backend = makeBackend(a.device, BackendOptions{a.threads});
   auto model = loadModel(file, *backend);
+  const hf::TextCodec codec = hf::TextCodec::forModel(file, textShape(*model).vocab);
   if (!a.serve) {
-    Streamer stream(a.prompt);
-    const Generation g = generate(*model, bytesOf(a.prompt), a.tokens, a.sampling, !a.no_cache,
-                                  [&](int32_t t) { stream(t); });
-    printSummary(a.prompt, g, a.no_cache ? " (no cache)" : "");
+    Streamer stream(a.prompt, codec);
+    const std::vector<int32_t> prompt = codec.encode(a.prompt);
+    const Generation g =
+        generate(*model, prompt, a.tokens, a.sampling, !a.no_cache, [&](int32_t t) { stream(t); });
+    printSummary(prompt.size(), g, a.no_cache ? " (no cache)" : "");
     return;
   }
   // One JSON object per prompt line: the text and its timing.
@@ -323,8 +329,8 @@ void runGenerate(const GenerateArgs& a) {
     std::string out;
     if (!t0) t0 = std::chrono::steady_clock::now();
     try {
-      const Generation g = generate(*model, bytesOf(line), a.tokens, a.sampling, !a.no_cache);
-      out = answerLine(line, g);
+      const Generation g = generate(*model, codec.encode(line), a.tokens, a.sampling, !a.no_cache);
+      out = answerLine(line, g, codec);
       totals.add(g);
       totals.seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - *t0).count();

@@ -21,6 +21,7 @@
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_decoder.h"
+#include "hf/text_codec.h"
 #include "runtime/daemon/daemon.h"
 #include "runtime/job/job.h"
 #include "runtime/job/job_run.h"
@@ -49,6 +50,7 @@ using std::chrono::milliseconds;
 struct Served {
   serve::PipelineServe pipeline;
   TextShape shape;
+  hf::TextCodec codec;  // the model's tokenizer, or bytes
   int64_t created = 0;
   // A model in this process:
   std::unique_ptr<Backend> backend;
@@ -65,6 +67,7 @@ void modelPipeline(const ServeArgs& a, Served& s) {
   s.backend = makeBackend(a.device, BackendOptions{a.threads});
   s.model = loadModel(file, *s.backend);
   s.shape = textShape(*s.model);
+  s.codec = hf::TextCodec::forModel(file, s.shape.vocab);
   Model& m = *s.model;
   const int in_flight = a.in_flight;
   s.pipeline = [&m, in_flight](const RequestSource& source, const TokenSink& sink,
@@ -103,6 +106,7 @@ void jobPipeline(const ServeArgs& a, Served& s) {
   jo.in_flight = a.in_flight;
   s.run = std::make_unique<runtime::JobRun>(std::move(job), jo);  // checked and placed here
   s.shape = textShape(Model(parseModelSpec(s.run->modelSpec(), s.run->job().model)));
+  s.codec = runtime::textCodecOf(s.run->job().model, s.run->job().weights, s.shape.vocab);
   runtime::JobRun& run = *s.run;
   runtime::PromptQueue& prompts = *s.prompts;
   s.pipeline = [&run, &prompts](const RequestSource& source, const TokenSink& sink,
@@ -187,6 +191,7 @@ void runServe(const ServeArgs& a) {
   serve::ApiOptions options;
   options.model = {a.name.empty() ? served.shape.model : a.name, served.shape.context};
   options.vocab = served.shape.vocab;
+  options.codec = served.codec;
   options.keys = keys;
   options.created = served.created;
   auto engine = std::make_unique<serve::Engine>(served.pipeline,

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "hf/text_codec.h"
 #include "tests/test_util.h"
 
 namespace tandem::hf {
@@ -142,6 +143,38 @@ TEST(TokenizerFileTest, WhatItDoesNotImplementIsNamed) {
         {{"type", "ByteLevel"}, {"use_regex", false}}}}};
   testing::expectThrowWith<FormatError>([&] { Tokenizer::parse(j.dump(), "t.json"); },
                                         {"pre_tokenizer.pretokenizers[0]", "does not compile"});
+}
+
+// The text side of generation: bytes for a model without a tokenizer; a model file's
+// stored tokenizer.json otherwise, with the template's BOS, tokens written one by one as
+// their bytes (joining to the whole decoding), special tokens and a padded head's rows as
+// nothing, and a tokenizer wider than the model refused.
+TEST(TextCodecTest, BytesOrTheModelsTokenizer) {
+  const TextCodec bytes = TextCodec::forModel(ModelFile{});
+  EXPECT_TRUE(bytes.isBytes());
+  EXPECT_EQ(bytes.encode("Hi\xff"), (std::vector<int32_t>{'H', 'i', 255}));
+  EXPECT_EQ(bytes.decode({'H', 'i'}), "Hi");
+  testing::expectThrowWith<InvalidArgument>([&] { bytes.tokenText(256); }, {"no byte"});
+
+  ModelFile file;
+  file.spec.name = "m";
+  file.metadata["tokenizer"] = readFile(kFixtures + "llama3.json", "fixture");
+  const TextCodec codec = TextCodec::forModel(file, 700);
+  ASSERT_FALSE(codec.isBytes());
+  const Tokenizer t = Tokenizer::load(kFixtures + "llama3.json");
+  const std::string text = "Schöne Grüße 🙂 und 12345";
+  const std::vector<int32_t> ids = codec.encode(text);
+  EXPECT_EQ(ids, t.encode(text, true));
+  std::string joined;
+  for (int32_t id : ids) joined += codec.tokenText(id);
+  EXPECT_EQ(joined, text);  // the BOS as nothing
+  EXPECT_EQ(codec.decode(ids), text);
+  EXPECT_EQ(codec.tokenText(699), "");  // beyond the tokenizer's 659: a padded head's row
+  testing::expectThrowWith<InvalidArgument>([&] { TextCodec::forModel(file, 600); },
+                                            {"its tokenizer has 659 tokens, its output 600"});
+  file.metadata["tokenizer"] = int64_t{3};
+  testing::expectThrowWith<FormatError>([&] { TextCodec::forModel(file); },
+                                        {"metadata 'tokenizer' is not text"});
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // what it refuses before listening.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,9 @@
 #include "core/generate.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
+#include "hf/llama.h"
+#include "hf/safetensors.h"
+#include "hf/text_codec.h"
 #include "tests/targets/cli_util.h"
 #include "tests/test_util.h"
 
@@ -196,6 +200,92 @@ TEST(CliServeTest, WhatCannotBeServedSafelyIsRefusedBeforeListening) {
       << r.out;
   r = run("serve " + model + " --listen nowhere");
   EXPECT_NE(r.code, 0) << r.out;
+}
+
+// A Hugging Face folder with a tokenizer.json (tests/data/tokenizer/llama3.json, 659 tokens:
+// BOS template, Llama 3's pattern) and random weights: `tandem generate DIR` and `tandem
+// serve DIR` read prompts and write text through the tokenizer — the text and the prompt's
+// token count of generating in-process from the same folder.
+TEST(CliServeTest, AHuggingFaceFolderGeneratesAndServesThroughItsTokenizer) {
+  const std::string dir = freshDir("cli-hf");
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "hidden_size": 32,
+    "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 700, "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false})";
+  std::filesystem::copy_file(TANDEM_SOURCE_DIR "/tests/data/tokenizer/llama3.json",
+                             dir + "/tokenizer.json");
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+      {"model.embed_tokens.weight", {700, 32}},
+      {"model.norm.weight", {32}},
+      {"lm_head.weight", {700, 32}}};
+  std::vector<hf::TensorData> tensors;
+  uint64_t seed = 1;
+  const auto add = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const std::vector<float> values = randomVector(seed++, n, -0.5f, 0.5f);
+    hf::TensorData t{name, "F32", shape, std::vector<uint8_t>(static_cast<size_t>(n) * 4)};
+    std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+    tensors.push_back(std::move(t));
+  };
+  for (const auto& [name, shape] : shapes) add(name, shape);
+  for (int i = 0; i < 2; ++i) {
+    const std::string l = "model.layers." + std::to_string(i) + ".";
+    add(l + "input_layernorm.weight", {32});
+    add(l + "post_attention_layernorm.weight", {32});
+    add(l + "self_attn.q_proj.weight", {32, 32});
+    add(l + "self_attn.k_proj.weight", {16, 32});
+    add(l + "self_attn.v_proj.weight", {16, 32});
+    add(l + "self_attn.o_proj.weight", {32, 32});
+    add(l + "mlp.gate_proj.weight", {48, 32});
+    add(l + "mlp.up_proj.weight", {48, 32});
+    add(l + "mlp.down_proj.weight", {32, 48});
+  }
+  hf::writeSafetensors(dir + "/model.safetensors", tensors);
+  // In-process: the folder's model and tokenizer, greedy.
+  const ModelFile file = hf::importLlama(dir);
+  cpu::CpuBackend be;
+  const std::unique_ptr<Model> model = loadModel(file, be);
+  const hf::TextCodec codec = hf::TextCodec::forModel(file, 700);
+  ASSERT_FALSE(codec.isBytes());
+  const std::string prompt = "Hello world";
+  const std::vector<int32_t> ids = codec.encode(prompt);
+  ASSERT_LT(ids.size(), prompt.size());  // BPE merged some bytes (and a BOS came first)
+  const std::string want = codec.decode(generate(*model, ids, 8, SamplingOptions{}).tokens);
+
+  const CliRun g = run("generate " + dir + " --prompt '" + prompt + "' --tokens 8");
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_EQ(g.out.rfind(prompt + want + "\n---\n", 0), 0u) << g.out;
+  EXPECT_NE(g.out.find(std::to_string(ids.size()) + " prompt tokens, 8 new"), std::string::npos)
+      << g.out;
+  // The same from a job's two stage processes: its coordinator tokenizes.
+  std::ofstream(dir + "/job.yaml") << "model: " << dir << "\npartition: [[0, 2], [2, 5]]\n";
+  const CliRun j = run("generate " + dir + "/job.yaml --prompt '" + prompt + "' --tokens 8");
+  ASSERT_EQ(j.code, 0) << j.out;
+  EXPECT_NE(j.out.find("\n" + prompt + want + "\n---\n"), std::string::npos) << j.out;
+  EXPECT_NE(j.out.find(std::to_string(ids.size()) + " prompt tokens, 8 new across 2 stages"),
+            std::string::npos)
+      << j.out;
+
+  const std::string log = dir + "/serve.log";
+  std::string script = "'";
+  script += TANDEM_CLI;
+  script += "' serve " + dir + " --listen 127.0.0.1:0 --name hf > " + log + " 2>&1 & pid=$!\n";
+  script += "for i in $(seq 200); do grep -q '^serving' " + log + " && break; sleep 0.05; done\n";
+  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  script += "curl -s --max-time 30 http://127.0.0.1:$port/v1/completions ";
+  script += "-d '{\"prompt\": \"" + prompt + "\", \"max_tokens\": 8, \"temperature\": 0}'\n";
+  script += "echo; kill -TERM $pid; wait $pid; echo \"exit $?\"\n";
+  std::ofstream(dir + "/run.sh") << script;
+  const CliRun r = runCommand("bash " + dir + "/run.sh");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json answer = json::parse(r.out.substr(0, r.out.find('\n')), nullptr, false);
+  ASSERT_FALSE(answer.is_discarded()) << r.out;
+  EXPECT_EQ(answer["choices"][0]["text"],
+            json::parse(json(want).dump(-1, ' ', false, json::error_handler_t::replace)))
+      << r.out;
+  EXPECT_EQ(answer["usage"]["prompt_tokens"], ids.size()) << r.out;
+  EXPECT_EQ(answer["usage"]["completion_tokens"], 8) << r.out;
 }
 
 }  // namespace

@@ -1,0 +1,43 @@
+#include "hf/text_codec.h"
+
+#include "core/error.h"
+
+namespace tandem::hf {
+
+TextCodec TextCodec::forModel(const ModelFile& file, int64_t vocab) {
+  const auto it = file.metadata.find("tokenizer");
+  if (it == file.metadata.end()) return {};
+  const auto* json = std::get_if<std::string>(&it->second);
+  TANDEM_CHECK_MSG(json != nullptr, FormatError,
+                   "model '" << file.spec.name << "': metadata 'tokenizer' is not text");
+  auto tokenizer = std::make_shared<const Tokenizer>(
+      Tokenizer::parse(*json, "model '" + file.spec.name + "' tokenizer"));
+  TANDEM_CHECK_MSG(vocab == 0 || tokenizer->vocabSize() <= vocab, InvalidArgument,
+                   "model '" << file.spec.name << "': its tokenizer has " << tokenizer->vocabSize()
+                             << " tokens, its output " << vocab);
+  return TextCodec(std::move(tokenizer));
+}
+
+std::vector<int32_t> TextCodec::encode(std::string_view text) const {
+  if (tokenizer_) return tokenizer_->encode(text, true);
+  return {reinterpret_cast<const unsigned char*>(text.data()),
+          reinterpret_cast<const unsigned char*>(text.data()) + text.size()};
+}
+
+std::string TextCodec::tokenText(int32_t id) const {
+  if (tokenizer_) {  // a head wider than the tokenizer (padded, as Qwen2's) has rows of no text
+    if (id >= tokenizer_->vocabSize()) return "";
+    return tokenizer_->decode({id}, true);
+  }
+  TANDEM_CHECK_MSG(id >= 0 && id < 256, InvalidArgument,
+                   "token " << id << " is no byte (a byte model's tokens are 0..255)");
+  return std::string(1, static_cast<char>(id));
+}
+
+std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) out += tokenText(id);
+  return out;
+}
+
+}  // namespace tandem::hf

@@ -1,0 +1,44 @@
+// What a language model's token ids mean as text: bytes (tandem's byte models: id = byte),
+// or the byte-level BPE of the tokenizer.json the model came with (tokenizer.h). A model
+// imported from a Hugging Face folder keeps the folder's tokenizer.json in its model file
+// (metadata "tokenizer"), so `tandem generate`, `tandem serve` and a job's coordinator
+// tokenize as the folder does; every other model reads and writes bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/model_file.h"
+#include "hf/tokenizer.h"
+
+namespace tandem::hf {
+
+class TextCodec {
+ public:
+  TextCodec() = default;  // bytes
+  explicit TextCodec(std::shared_ptr<const Tokenizer> tokenizer)
+      : tokenizer_(std::move(tokenizer)) {}
+  // The model file's tokenizer (metadata "tokenizer"), else bytes. FormatError if the
+  // stored tokenizer.json does not parse; InvalidArgument if its ids do not fit the
+  // model's `vocab` (its head's width; 0: not checked).
+  static TextCodec forModel(const ModelFile& file, int64_t vocab = 0);
+
+  // A prompt's ids: its bytes, or its BPE tokens with the template's special tokens
+  // (Llama 3's BOS) around them.
+  std::vector<int32_t> encode(std::string_view text) const;
+  // One generated token's text: its byte, or its BPE bytes (possibly part of a UTF-8
+  // character: tokens decode one by one to what their sequence decodes to); nothing for a
+  // special token or an id beyond the tokenizer (a padded head's rows).
+  std::string tokenText(int32_t id) const;
+  std::string decode(const std::vector<int32_t>& ids) const;
+  bool isBytes() const { return tokenizer_ == nullptr; }
+
+ private:
+  std::shared_ptr<const Tokenizer> tokenizer_;
+};
+
+}  // namespace tandem::hf
