@@ -1,6 +1,8 @@
 // Reading a whole file, with the one error every reader gives when it cannot.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -13,5 +15,11 @@ std::string readFile(const std::string& path, std::string_view what);
 // directory missing, not a directory or not writable, or the path itself a directory.
 // IoError "cannot write <what> '<path>': <why>".
 void checkWritable(const std::string& path, std::string_view what);
+
+// Writes `bytes` to `path` atomically: a temporary file beside it renamed over it, so a
+// crash never leaves half a file. IoError "cannot write <what> '<path>...'" naming the step
+// that failed.
+void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes,
+                         std::string_view what);
 
 }  // namespace tandem

@@ -198,20 +198,7 @@ std::vector<uint8_t> serializeModel(const Model& model, const Optimizer* optimiz
 
 void saveModel(const std::string& path, const Model& model, const Optimizer* optimizer,
                const std::map<std::string, AttrValue>& metadata) {
-  const std::vector<uint8_t> bytes = serializeModel(model, optimizer, metadata);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError("cannot write model file '" + tmp + "'");
-    out.write(reinterpret_cast<const char*>(bytes.data()),
-              static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) throw IoError("writing model file '" + tmp + "' failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw IoError("cannot rename '" + tmp + "' to '" + path + "'");
-  }
+  writeFileAtomically(path, serializeModel(model, optimizer, metadata), "model file");
 }
 
 ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source) {

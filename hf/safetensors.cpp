@@ -274,19 +274,7 @@ void writeSafetensors(const std::string& path, const std::vector<TensorData>& te
                       const std::map<std::string, std::string>& metadata) {
   const std::vector<uint8_t> bytes = encodeSafetensors(tensors, metadata);
   checkWritable(path, "safetensors file");
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError("cannot write safetensors file '" + tmp + "'");
-    out.write(reinterpret_cast<const char*>(bytes.data()),
-              static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) throw IoError("writing safetensors file '" + tmp + "' failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw IoError("cannot rename '" + tmp + "' to '" + path + "'");
-  }
+  writeFileAtomically(path, bytes, "safetensors file");
 }
 
 SafetensorsFolder::SafetensorsFolder(const std::string& dir) : dir_(dir) {

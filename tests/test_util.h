@@ -28,6 +28,15 @@ inline std::vector<float> randomVector(uint64_t seed, int64_t n, float lo = -1.0
   return v;
 }
 
+// n token ids in [0, vocab), seeded.
+inline std::vector<int32_t> randomTokens(int64_t n, uint64_t seed, int64_t vocab = 256) {
+  std::vector<int32_t> out;
+  Rng rng(seed);
+  for (int64_t i = 0; i < n; ++i)
+    out.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+  return out;
+}
+
 // Expects that `fn` throws ErrorType whose message contains every one of `parts`.
 template <typename ErrorType, typename Fn>
 void expectThrowWith(Fn&& fn, const std::vector<std::string>& parts) {

@@ -39,5 +39,18 @@ TEST(FileTest, CheckWritableRefusesPathsThatCannotBeWritten) {
   expectThrowWith<IoError>([] { checkWritable("", "profile"); }, {"no path"});
 }
 
+TEST(FileTest, WriteFileAtomicallyReplacesTheFileAndLeavesNoTemporary) {
+  const std::string dir = testing::freshDir("atomic");
+  const std::string path = dir + "/out.bin";
+  const std::vector<uint8_t> first = {1, 2, 3}, second = {9};
+  writeFileAtomically(path, first, "test file");
+  EXPECT_EQ(readFile(path, "test file"), std::string("\x01\x02\x03"));
+  writeFileAtomically(path, second, "test file");
+  EXPECT_EQ(readFile(path, "test file"), std::string("\x09"));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  expectThrowWith<IoError>([&] { writeFileAtomically(dir + "/no/such/dir/x", first, "test file"); },
+                           {"cannot write test file", "/no/such/dir/x.tmp"});
+}
+
 }  // namespace
 }  // namespace tandem

@@ -159,12 +159,7 @@ layers:
   - linear: {out: 256, bias: false}
 )";
 
-std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
-  std::vector<int32_t> out;
-  Rng rng(seed);
-  for (int64_t i = 0; i < n; ++i) out.push_back(static_cast<int32_t>(rng.below(256)));
-  return out;
-}
+std::vector<int32_t> tokens(int64_t n, uint64_t seed) { return testing::randomTokens(n, seed); }
 
 TEST(LlamaTest, DecodingGivesForwardsRowsInPiecesAndAcrossSequences) {
   cpu::CpuBackend be(cpu::CpuOptions{2});

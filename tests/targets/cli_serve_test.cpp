@@ -32,6 +32,19 @@ std::string asServed(const std::vector<int32_t>& tokens) {
       .get<std::string>();
 }
 
+// The start of a shell script that runs `tandem serve ARGS` in the background (its pid in
+// $pid, its output in `log`) and, once it says it is serving (polled `polls` times, 50 ms
+// apart), has its port in $port.
+std::string startServer(const std::string& args, const std::string& log, int polls = 200) {
+  std::string script = "'";
+  script += TANDEM_CLI;
+  script += "' serve " + args + " --listen 127.0.0.1:0 > " + log + " 2>&1 & pid=$!\n";
+  script += "for i in $(seq " + std::to_string(polls) + "); do grep -q '^serving' " + log +
+            " && break; sleep 0.05; done\n";
+  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  return script;
+}
+
 TEST(CliServeTest, CurlGetsTheTextGenerateGivesWholeAndStreamed) {
   const std::string dir = freshDir("cli-serve");
   const std::string model = dir + "/gpt.tdm";
@@ -43,11 +56,7 @@ TEST(CliServeTest, CurlGetsTheTextGenerateGivesWholeAndStreamed) {
   // One shell: the server in the background, its port read from its first line, two
   // requests, then SIGTERM and its exit code (every wait bounded).
   const std::string log = dir + "/serve.log";
-  std::string script = "'";
-  script += TANDEM_CLI;
-  script += "' serve " + model + " --listen 127.0.0.1:0 --name tiny > " + log + " 2>&1 & pid=$!\n";
-  script += "for i in $(seq 200); do grep -q '^serving' " + log + " && break; sleep 0.05; done\n";
-  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  std::string script = startServer(model + " --name tiny", log);
   script += "curl -s --max-time 30 http://127.0.0.1:$port/v1/completions ";
   script +=
       "-d '{\"model\": \"tiny\", \"prompt\": \"The\", \"max_tokens\": 5, \"temperature\": 0}'\n";
@@ -113,12 +122,7 @@ TEST(CliServeTest, TheOfficialOpenAiNodeClientCompletesChatsAndStreams) {
   std::filesystem::permissions(
       dir + "/keys", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   const std::string log = dir + "/serve.log";
-  std::string script = "'";
-  script += TANDEM_CLI;
-  script += "' serve " + model + " --listen 127.0.0.1:0 --api-key-file " + dir + "/keys > " + log +
-            " 2>&1 & pid=$!\n";
-  script += "for i in $(seq 200); do grep -q '^serving' " + log + " && break; sleep 0.05; done\n";
-  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  std::string script = startServer(model + " --api-key-file " + dir + "/keys", log);
   script += "NODE_PATH=" + npm + " timeout 60 node " + std::string(TANDEM_SOURCE_DIR) +
             "/tests/serve/openai_client.cjs http://127.0.0.1:$port/v1 key-0123456789abcdef "
             "chat-gpt; echo \"node exit $?\"\n";
@@ -151,11 +155,7 @@ TEST(CliServeTest, AJobsStagesServeTheTextOneProcessGives) {
   std::ofstream(dir + "/job.yaml") << "model: gpt.yaml\nweights: gpt.tdm\n"
                                    << "partition: [[0, 3], [3, 5]]\n";
   const std::string log = dir + "/serve.log";
-  std::string script = "'";
-  script += TANDEM_CLI;
-  script += "' serve " + dir + "/job.yaml --listen 127.0.0.1:0 > " + log + " 2>&1 & pid=$!\n";
-  script += "for i in $(seq 600); do grep -q '^serving' " + log + " && break; sleep 0.05; done\n";
-  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  std::string script = startServer(dir + "/job.yaml", log, 600);
   for (const char* stream : {"false", "true"}) {
     script += "curl -sN --max-time 60 http://127.0.0.1:$port/v1/completions ";
     script += "-d '{\"prompt\": \"The\", \"max_tokens\": 12, \"temperature\": 0, \"stream\": ";
@@ -268,11 +268,7 @@ TEST(CliServeTest, AHuggingFaceFolderGeneratesAndServesThroughItsTokenizer) {
       << j.out;
 
   const std::string log = dir + "/serve.log";
-  std::string script = "'";
-  script += TANDEM_CLI;
-  script += "' serve " + dir + " --listen 127.0.0.1:0 --name hf > " + log + " 2>&1 & pid=$!\n";
-  script += "for i in $(seq 200); do grep -q '^serving' " + log + " && break; sleep 0.05; done\n";
-  script += "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\)/v1.*|\\1|p' " + log + ")\n";
+  std::string script = startServer(dir + " --name hf", log);
   script += "curl -s --max-time 30 http://127.0.0.1:$port/v1/completions ";
   script += "-d '{\"prompt\": \"" + prompt + "\", \"max_tokens\": 8, \"temperature\": 0}'\n";
   script += "echo; kill -TERM $pid; wait $pid; echo \"exit $?\"\n";
