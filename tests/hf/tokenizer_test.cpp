@@ -2,41 +2,26 @@
 // scripts/tokenizer-fixtures — GPT-2's, Llama 3's and Qwen2's forms of tokenizer.json — over
 // ASCII, accents, CJK, emoji, whitespace runs, digits, contractions and special tokens:
 // ids with and without the post processor's special tokens, and the decodings, equal to
-// the reference's committed output (expected-NAME.json) and, where it is installed
-// (scripts/setup --with-test-clients), to the reference run now. Then what the reference
-// cannot say: every byte round-trips, ids outside the vocabulary and unsupported files are
-// named.
+// the reference's committed output (expected-NAME.json; tokenizer_reference_test.cpp runs
+// the reference itself). Then what the reference cannot say: every byte round-trips, ids
+// outside the vocabulary and unsupported files are named.
 #include "hf/tokenizer.h"
 
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file.h"
 #include "hf/text_codec.h"
+#include "tests/hf/tokenizer_expect.h"
 #include "tests/test_util.h"
 
 namespace tandem::hf {
 namespace {
 
 const std::string kFixtures = TANDEM_SOURCE_DIR "/tests/data/tokenizer/";
-const std::string kNpm = TANDEM_NPM_DIR;
-
-void expectLikeReference(const Tokenizer& t, const nlohmann::json& reference) {
-  for (const auto& e : reference) {
-    const auto text = e["text"].get<std::string>();
-    SCOPED_TRACE(text);
-    const std::vector<int32_t> ids = t.encode(text);
-    EXPECT_EQ(ids, e["ids"].get<std::vector<int32_t>>());
-    EXPECT_EQ(t.encode(text, true), e["with_special"].get<std::vector<int32_t>>());
-    EXPECT_EQ(t.decode(ids), e["decoded"].get<std::string>());
-    EXPECT_EQ(t.decode(ids, true), e["decoded_skipping"].get<std::string>());
-  }
-}
 
 class TokenizerTest : public ::testing::TestWithParam<std::string> {};
 
@@ -47,23 +32,6 @@ TEST_P(TokenizerTest, EncodesAndDecodesAsTransformersJsDid) {
   ASSERT_EQ(reference.size(),
             nlohmann::json::parse(readFile(kFixtures + "texts.json", "fixture")).size());
   expectLikeReference(t, reference);
-}
-
-TEST_P(TokenizerTest, EncodesAndDecodesAsTransformersJsDoesNow) {
-  if (!std::filesystem::exists(kNpm + "/node_modules/@huggingface/tokenizers/package.json"))
-    GTEST_SKIP() << "transformers.js's tokenizers are not in " << kNpm
-                 << ": scripts/setup --with-test-clients installs them";
-  const std::string command = "node " TANDEM_SOURCE_DIR "/tests/hf/tokenizer_reference.mjs " +
-                              kNpm + " " + kFixtures + GetParam() + ".json " + kFixtures +
-                              "texts.json";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  ASSERT_EQ(pclose(pipe), 0) << command << "\n" << out;
-  expectLikeReference(Tokenizer::load(kFixtures + GetParam() + ".json"),
-                      nlohmann::json::parse(out));
 }
 
 // Every text that NFC leaves alone, and every byte string, comes back from decode(encode).
