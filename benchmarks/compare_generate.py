@@ -53,8 +53,10 @@ def main():
     a = p.parse_args()
     print("conditions, both sides: the same model shape and 16-byte prompt, greedy, one sequence, "
           "CPU threads as in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = "
-          "threads, torch.no_grad), no warm-up run on either side, tokens/s over the steps "
-          "after the first token")
+          "threads, torch.no_grad), f32 weights, no warm-up run on either side, tokens/s over "
+          "the steps after the first token; ours through core/generate.h, what `tandem "
+          "generate MODEL` runs in one process; the llama row: the same Llama shape (GQA 8/2, "
+          "rope_theta 1e4, SwiGLU 1376, vocab 4096) on both sides, torch's own cache loop")
     print("%-40s %7s %12s %12s %8s" % ("greedy decoding, tokens/s (best of %d)" % a.rounds,
                                        "threads", "tandem", "torch", "ratio"))
     gains = []

@@ -161,11 +161,11 @@ HeadViews headViews(const Tensor& heads, int64_t batch, int64_t h, int64_t kv, i
           all.slice(batch * h + bk, bk).reshape({bk, t, hs})};
 }
 
-// Each sample's positions 0..t-1, one per row of [B*T, ...].
-std::vector<int32_t> samplePositions(int64_t batch, int64_t t) {
+// Each of `batch` sequences' positions start..start+t-1, one per row of [B*T, ...].
+std::vector<int32_t> rowPositions(int64_t batch, int64_t t, int64_t start) {
   std::vector<int32_t> out(static_cast<size_t>(batch * t));
   for (size_t i = 0; i < out.size(); ++i)
-    out[i] = static_cast<int32_t>(static_cast<int64_t>(i) % t);
+    out[i] = static_cast<int32_t>(start + static_cast<int64_t>(i) % t);
   return out;
 }
 
@@ -183,7 +183,8 @@ Tensor Attention::forward(const Tensor& x, Stash& stash, const ForwardContext&) 
   const int64_t batch = x.shape()[0], t = len_, h = heads_, hs = head_size_;
   const int64_t bk = batch * kv_heads_, gt = group() * t;
   const Tensor x2 = x.reshape({batch * t, dim_});
-  const Tensor heads = splitHeads(project(x2, samplePositions(batch, t)), batch, t);
+  const Tensor heads = splitHeads(
+      project(x2, rope_.enabled() ? rowPositions(batch, t, 0) : std::vector<int32_t>{}), batch, t);
   const HeadViews in = headViews(heads, batch, h, kv_heads_, t, hs);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -217,10 +218,9 @@ Tensor Attention::decode(const Tensor& x, DecodeState& state) {
   TANDEM_CHECK_MSG(
       state.cache[0].shape()[0] == batch, InvalidArgument,
       "attention: a cache of " << state.cache[0].shape()[0] << " sequences given " << batch);
-  std::vector<int32_t> positions(static_cast<size_t>(batch * fresh));
-  for (size_t i = 0; i < positions.size(); ++i)
-    positions[i] = static_cast<int32_t>(past + static_cast<int64_t>(i) % fresh);
-  const Tensor qkv = project(x.reshape({batch * fresh, dim_}), positions);
+  const Tensor qkv =
+      project(x.reshape({batch * fresh, dim_}),
+              rope_.enabled() ? rowPositions(batch, fresh, past) : std::vector<int32_t>{});
   Tensor heads = be.empty({batch, all, fresh, hs});
   swapInner(be, qkv, heads, batch, fresh, all, hs);
   // The new keys and values go into the cache, after those of the tokens seen before.
@@ -275,7 +275,7 @@ Tensor Attention::decodeEach(const Tensor& x, const std::vector<DecodeState*>& s
     TANDEM_CHECK_MSG(
         state->position + 1 <= c, InvalidArgument,
         "attention: " << state->position + 1 << " tokens do not fit the context of " << c);
-    positions.push_back(static_cast<int32_t>(state->position));
+    if (rope_.enabled()) positions.push_back(static_cast<int32_t>(state->position));
   }
   const Tensor qkv = project(x.reshape({batch, dim_}), positions);
   Tensor heads = be.empty({batch, all, 1, hs});
@@ -347,7 +347,7 @@ Tensor Attention::backwardInput(const Tensor& dy, Stash& stash) {
   be.gemmBatched(true, false, scale, ds, in.q, 0.0f, d.k);
   Tensor dqkv = mergeHeads(dheads, batch, t);
   if (rope_.enabled()) {  // the rotation's transpose: by minus the angle
-    const std::vector<int32_t> positions = samplePositions(batch, t);
+    const std::vector<int32_t> positions = rowPositions(batch, t, 0);
     Tensor pos = be.empty({rows_n}, DType::kI32);
     be.upload(pos, positions.data());
     be.rope(dqkv, pos, inv_freq_, heads_ + kv_heads_, true, dqkv);

@@ -52,7 +52,8 @@ class Attention final : public Layer {
  private:
   int64_t totalHeads() const { return heads_ + 2 * kv_heads_; }
   int64_t group() const { return heads_ / kv_heads_; }
-  // qkv [rows, (H + 2K) S] from x [rows, D], rotated when rope is on (positions: one per row).
+  // qkv [rows, (H + 2K) S] from x [rows, D], rotated when rope is on (positions: one per
+  // row; callers build them only then).
   Tensor project(const Tensor& x2, const std::vector<int32_t>& positions);
   Tensor splitHeads(const Tensor& qkv, int64_t batch, int64_t t) const;
   Tensor mergeHeads(const Tensor& heads, int64_t batch, int64_t t) const;
