@@ -1,5 +1,6 @@
 // The settings an assignment carries (job_settings.h): each encoded, and decoded with
 // every field checked, here only.
+#include "core/flatbuffers_read.h"
 #include "core/optimizer.h"
 #include "runtime/control/message_codec.h"
 
@@ -36,7 +37,8 @@ TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
     if (shares->size() > kMaxReplicaShares)
       bad(m, std::to_string(shares->size()) + " microbatch shares (at most " +
                  std::to_string(kMaxReplicaShares) + ")");
-    for (const double s : *shares) {
+    // Copied out: a crafted buffer may misalign the vector (core/flatbuffers_read.h).
+    for (const double s : copyScalars(shares)) {
       if (!(s > 0 && s <= 1e9)) bad(m, "a microbatch share is not in (0, 1e9]");
       out.microbatch_shares.push_back(s);
     }

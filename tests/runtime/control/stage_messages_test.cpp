@@ -90,8 +90,9 @@ TEST(MessagesTest, AReportAtAnOddAddressDecodesItsSpans) {
 // buffers whose 8-byte elements lie at 4 mod 8, read in place by the decoder (undefined
 // behaviour, which UBSan in the sanitizer build reports). This moves the encoded vector of
 // `values` in `bytes` to the end, its elements at 4 mod 8, and points its field there.
-std::vector<uint8_t> moveOffAlignment(std::vector<uint8_t> bytes,
-                                      const std::vector<int64_t>& values) {
+template <typename T>
+std::vector<uint8_t> moveOffAlignment(std::vector<uint8_t> bytes, const std::vector<T>& values) {
+  static_assert(sizeof(T) == 8);
   // The vector as FlatBuffers lays it out: its length, then the values.
   std::vector<uint8_t> vector(4 + values.size() * 8, 0);
   const auto length = static_cast<uint32_t>(values.size());
@@ -126,7 +127,8 @@ TEST(MessagesTest, AnAssignsChunksOffTheirAlignmentAreCopiedOut) {
   a.replicas = 1;
   a.next_replicas = 1;
   a.slice.chunks = {{3, 4}, {5, 7}};
-  const std::vector<uint8_t> bytes = moveOffAlignment(encodeMessage(a), {3, 4, 5, 7});
+  const std::vector<uint8_t> bytes =
+      moveOffAlignment(encodeMessage(a), std::vector<int64_t>{3, 4, 5, 7});
   expectThrowWith<FormatError>(
       [&] { decodeMessage(bytes); },
       {"bad control message 'assign': chunk 1 [5, 7)", "outside layers [3, 6)"});
@@ -139,7 +141,7 @@ TEST(MessagesTest, AProfileTasksBatchesOffTheirAlignmentAreCopiedOut) {
   t.batch = 8;
   t.devices = {{"cpu", 1, 0}};
   t.more_batches = {2, 4, 16};
-  const std::vector<uint8_t> bytes = moveOffAlignment(encodeMessage(t), {2, 4, 16});
+  const std::vector<uint8_t> bytes = moveOffAlignment(encodeMessage(t), t.more_batches);
   const Message back = decodeMessage(bytes);
   ASSERT_TRUE(std::holds_alternative<ProfileTask>(back)) << messageName(back);
   EXPECT_EQ(std::get<ProfileTask>(back).more_batches, t.more_batches);
@@ -148,6 +150,22 @@ TEST(MessagesTest, AProfileTasksBatchesOffTheirAlignmentAreCopiedOut) {
   std::memcpy(repeated.data() + repeated.size() - 8, &four, 8);  // 2, 4, 4
   expectThrowWith<FormatError>([&] { decodeMessage(repeated); },
                                {"'profile task'", "batch 4 is asked twice"});
+}
+
+// And an assignment's microbatch shares, the one vector of doubles (the fuzzer found it
+// under UBSan in CI after protocol 3.3 added them).
+TEST(MessagesTest, AnAssignsSharesOffTheirAlignmentAreCopiedOut) {
+  Assign a = sampleAssign();
+  a.train.microbatch_shares = {3, 1};
+  const std::vector<uint8_t> bytes = moveOffAlignment(encodeMessage(a), a.train.microbatch_shares);
+  const Message back = decodeMessage(bytes);
+  ASSERT_TRUE(std::holds_alternative<Assign>(back)) << messageName(back);
+  EXPECT_EQ(std::get<Assign>(back).train.microbatch_shares, a.train.microbatch_shares);
+  std::vector<uint8_t> negative = bytes;
+  const double minus = -1;
+  std::memcpy(negative.data() + negative.size() - 8, &minus, 8);  // 3, -1
+  expectThrowWith<FormatError>([&] { decodeMessage(negative); },
+                               {"'assign'", "a microbatch share is not in (0, 1e9]"});
 }
 
 TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
