@@ -117,6 +117,28 @@ RowsView checkRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& g
   return {m, d};
 }
 
+GemmQ8Dims checkGemmQ8(const Tensor& x, const Tensor& w, const Tensor& scales, const Tensor& y,
+                       std::string_view device) {
+  TANDEM_CHECK_MSG(x.dtype() == DType::kF32 && w.dtype() == DType::kI8 &&
+                       scales.dtype() == DType::kF32 && y.dtype() == DType::kF32,
+                   InvalidArgument,
+                   device << " gemmQ8: expects x f32, w i8, scales f32, y f32; got "
+                          << dtypeName(x.dtype()) << ", " << dtypeName(w.dtype()) << ", "
+                          << dtypeName(scales.dtype()) << ", " << dtypeName(y.dtype()));
+  const Shape &xs = x.shape(), &ws = w.shape(), &ss = scales.shape(), &ys = y.shape();
+  TANDEM_CHECK_MSG(xs.rank() == 2 && ws.rank() == 2 && ss.rank() == 2 && ys.rank() == 2,
+                   InvalidArgument,
+                   device << " gemmQ8: operands must be 2-D, got x " << xs << ", w " << ws
+                          << ", scales " << ss << ", y " << ys);
+  const int64_t m = xs[0], k = xs[1], n = ws[0];
+  TANDEM_CHECK_MSG(
+      ws[1] == k && ys[0] == m && ys[1] == n && ss[0] == n && ss[1] > 0 && k % ss[1] == 0,
+      InvalidArgument,
+      device << " gemmQ8: x " << xs << " times w " << ws << "^T into y " << ys << " with scales "
+             << ss << " (scales [N, K / group])");
+  return {m, n, k, k / ss[1]};
+}
+
 RopeView checkRope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, int64_t heads,
                    const Tensor& y, std::string_view device) {
   TANDEM_CHECK_MSG(

@@ -96,6 +96,12 @@ struct GemmDims {
   int64_t m, n, k;
 };
 GemmDims gemmDims(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& c);
+// gemmQ8's operands: x f32 [M, K], w i8 [N, K], scales f32 [N, K / group], y f32 [M, N].
+struct GemmQ8Dims {
+  int64_t m, n, k, group;
+};
+GemmQ8Dims checkGemmQ8(const Tensor& x, const Tensor& w, const Tensor& scales, const Tensor& y,
+                       std::string_view device);
 // The blocks of a batched gemm: a, b and c rank 3 with the same first dimension; `matrix`
 // views one block [rows, cols] of each (the first) for gemmDims.
 struct BatchedGemm {

@@ -31,7 +31,7 @@ from compare_torch import ROOT, torch  # noqa: E402
 def ours(build, threads):
     exe = os.path.join(build, "benchmarks", "generate_bench")
     out = subprocess.run([exe, "--benchmark_format=json",
-                          "--benchmark_filter=threads:%d/" % threads],
+                          "--benchmark_filter=BM_Generate.*threads:%d/" % threads],
                          check=True, capture_output=True, text=True).stdout
     result = {}
     for b in json.loads(out)["benchmarks"]:

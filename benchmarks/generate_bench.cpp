@@ -11,6 +11,12 @@
 // threads; benchmarks/torch_peer.py `llama:128` decodes the same shape
 // (benchmarks/torch_llama.py) with its own cache loop.
 //
+// BM_Int8Decode: the same Llama-shaped model with f32 weights and with those weights in
+// int8 (`tandem quantize`: a scale per output row, group 0, or per 32 inputs), decoding
+// 128 tokens after the same prompt, the two alternated in one process; counters: each
+// one's tokens_per_s, `speedup` (int8 over f32) and `weight_bytes_ratio` (the issue's
+// goals: >= 1.5x and about 0.25x plus scales).
+//
 // BM_PipelinedGenerate: 4 sequences of 128 tokens in flight through 2 stages (threads of
 // one thread each, inproc links, the feedback link from the last stage to the first;
 // core/pipeline/stage_decoder.h) against one single-threaded process generating the same
@@ -23,8 +29,10 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/generate.h"
+#include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_decoder.h"
+#include "core/quantize_model.h"
 #include "transport/zmq_link.h"
 
 namespace tandem::bench {
@@ -57,14 +65,19 @@ layers:
   - linear: {out: 4096, bias: false}
 )";
 
+std::vector<int32_t> benchPrompt() {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 16; ++i) prompt.push_back(static_cast<int32_t>("The cat sat on t"[i]));
+  return prompt;
+}
+
 // Decodes `count` greedy tokens of `spec` per iteration and sets the counters.
 void runGenerate(benchmark::State& state, const char* spec, int64_t count, bool cache,
                  int threads) {
   cpu::CpuBackend backend(cpu::CpuOptions{threads});
   Model model(parseModelSpec(spec, "benchmark"));
   model.build(backend, 1);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 16; ++i) prompt.push_back(static_cast<int32_t>("The cat sat on t"[i]));
+  const std::vector<int32_t> prompt = benchPrompt();
   double decode_s = 0, first_s = 0;
   int64_t decoded = 0;
   for (auto _ : state) {
@@ -85,6 +98,35 @@ void BM_Generate(benchmark::State& state) {
 
 void BM_GenerateLlama(benchmark::State& state) {
   runGenerate(state, kLlama640, state.range(0), true, static_cast<int>(state.range(1)));
+}
+
+void BM_Int8Decode(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(1));
+  cpu::CpuBackend backend(cpu::CpuOptions{threads});
+  Model f32(parseModelSpec(kLlama640, "benchmark"));
+  f32.build(backend, 1);
+  const ModelFile file = parseModelFile(serializeModel(f32, nullptr, {}), "benchmark");
+  const std::unique_ptr<Model> int8 =
+      loadModel(quantizeModel(file, state.range(2), backend), backend);
+  const std::vector<int32_t> prompt = benchPrompt();
+  double seconds[2] = {0, 0};
+  int64_t decoded[2] = {0, 0};
+  for (auto _ : state) {
+    int i = 0;
+    for (Model* m : {&f32, int8.get()}) {
+      const Generation g = generate(*m, prompt, state.range(0), SamplingOptions{}, true);
+      for (double s : g.intervals_s) seconds[i] += s;
+      decoded[i++] += static_cast<int64_t>(g.intervals_s.size());
+    }
+  }
+  const double f32_rate = static_cast<double>(decoded[0]) / seconds[0];
+  const double int8_rate = static_cast<double>(decoded[1]) / seconds[1];
+  state.counters["f32_tokens_per_s"] = f32_rate;
+  state.counters["int8_tokens_per_s"] = int8_rate;
+  state.counters["speedup"] = int8_rate / f32_rate;
+  state.counters["weight_bytes_ratio"] =
+      static_cast<double>(int8->paramBytes()) / static_cast<double>(f32.paramBytes());
+  state.counters["threads"] = threads;
 }
 
 std::vector<int32_t> promptOf(const char* text) {
@@ -162,6 +204,13 @@ BENCHMARK(BM_Generate)
 BENCHMARK(BM_GenerateLlama)
     ->ArgNames({"tokens", "threads"})
     ->ArgsProduct({{128}, {1, 2}})
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK(BM_Int8Decode)
+    ->ArgNames({"tokens", "threads", "group"})
+    ->ArgsProduct({{128}, {1, 2}, {0, 32}})
     ->Iterations(2)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

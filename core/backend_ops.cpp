@@ -49,6 +49,8 @@ bool commonOpSupport(Op op, DType dtype) {
       return dtype == DType::kF32 || dtype == DType::kI32;
     case Op::kConvert:
       return dtype != DType::kI8;  // i8 needs scales: the transport codecs carry those
+    case Op::kGemmQ8:
+      return dtype == DType::kI8;
     case Op::kEmbedding:
     case Op::kEmbeddingBackward:
       return dtype == DType::kI32;

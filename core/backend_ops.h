@@ -33,6 +33,13 @@
   X(Gemm, void, gemm, (bool trans_a, bool trans_b, float alpha, const Tensor& a,               \
                        const Tensor& b, float beta, const Tensor& c),                          \
     (trans_a, trans_b, alpha, a, b, beta, c))                                                  \
+  /* y = x w^T for x f32 [M, K], int8 weights w [N, K] with f32 scales [N, K / G]           \
+     (weight-only quantization; G, the group, divides K; G = K: one scale per output row):  \
+     w[n, k] stands for w[n, k] * scales[n, k / G]. y f32 [M, N] is overwritten. Keyed by    \
+     i8. Each group's products are summed in f32 before its scale multiplies them. */       \
+  X(GemmQ8, void, gemmQ8, (const Tensor& x, const Tensor& w, const Tensor& scales,           \
+                           const Tensor& y),                                                 \
+    (x, w, scales, y))                                                                       \
   /* The same for each i < batch of a, b and c viewed as [batch, rows, cols] (one gemm per     \
      block, e.g. per sample and attention head); backends may run the blocks in parallel. */  \
   X(GemmBatched, void, gemmBatched, (bool trans_a, bool trans_b, float alpha, const Tensor& a, \
@@ -188,8 +195,9 @@ OpUse parseOpUse(std::string_view text);
 std::string opUseNames(const std::vector<OpUse>& uses);
 
 // What the CPU and OpenCL backends both run: every math op on f32 (embedding's on i32
-// ids), buffers of any dtype, fill on f32 and i32, convert between f32 and f16, bf16 or
-// i32. A backend's supports() starts from it and says where it differs.
+// ids, gemmQ8 keyed by its i8 weights), buffers of any dtype, fill on f32 and i32, convert
+// between f32 and f16, bf16 or i32. A backend's supports() starts from it and says where it
+// differs.
 bool commonOpSupport(Op op, DType dtype);
 
 }  // namespace tandem

@@ -30,7 +30,7 @@ void Model::build(Backend& backend, uint64_t seed, size_t begin, size_t end) {
 
 void Model::build(Backend& backend, uint64_t seed, const std::vector<LayerRange>& ranges) {
   TANDEM_CHECK_MSG(!ranges.empty(), InvalidArgument, "model '" << name_ << "': no layers to build");
-  int64_t count = 0;
+  int64_t count = 0, bytes = 0;
   for (size_t i = 0; i < ranges.size(); ++i) {
     const auto [begin, end] = ranges[i];
     TANDEM_CHECK_MSG(begin < end && end <= size(), InvalidArgument,
@@ -41,10 +41,12 @@ void Model::build(Backend& backend, uint64_t seed, const std::vector<LayerRange>
                                << ") does not come after [" << ranges[i - 1].begin << ", "
                                << ranges[i - 1].end << ")");
     count += paramCount(begin, end);
+    bytes += paramBytes(begin, end);
   }
-  // Parameters, their gradients and up to two optimizer slots must fit on the device.
+  // Parameters, their gradients and up to two optimizer slots must fit on the device (an
+  // over-estimate for int8 weights, which have neither: four times their bytes).
   const DeviceInfo device = backend.info();
-  const int64_t need = count * 4 * 4;
+  const int64_t need = bytes * 4;
   TANDEM_CHECK_MSG(need <= device.memory_bytes, InvalidArgument,
                    "model '" << name_ << "' has " << count << " parameters in layers "
                              << describe(ranges) << ", needing " << need
@@ -79,7 +81,16 @@ Param& Model::param(const std::string& name) const {
 }
 
 void Model::zeroGrad() {
-  for (Param* p : params_) backend_->fill(p->grad, 0.0f);
+  for (Param* p : params_)
+    if (p->grad.defined()) backend_->fill(p->grad, 0.0f);  // (int8 weights have none)
+}
+
+void Model::requireTrainable(size_t begin, size_t end) const {
+  std::string which;
+  if (!layers_.trains(begin, end, &which))
+    throw Unsupported("model '" + name_ + "': " + which +
+                      " holds int8 weights, which are for inference only: train or fine-tune "
+                      "the f32 model, then quantize it (tandem quantize)");
 }
 
 Tensor Model::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,
@@ -150,6 +161,12 @@ void Model::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerD
 int64_t Model::paramCount(size_t begin, size_t end) const {
   int64_t n = 0;
   for (size_t i = begin; i < std::min(end, size()); ++i) n += layers_.layer(i).paramCount();
+  return n;
+}
+
+int64_t Model::paramBytes(size_t begin, size_t end) const {
+  int64_t n = 0;
+  for (size_t i = begin; i < std::min(end, size()); ++i) n += layers_.layer(i).paramBytes();
   return n;
 }
 

@@ -82,6 +82,11 @@ class Model {
                     size_t end = kEnd);
 
   int64_t paramCount(size_t begin = 0, size_t end = kEnd) const;
+  // Unsupported, naming the model and the layer, if a layer of [begin, end) does not train
+  // (int8 weights: Layer::trains).
+  void requireTrainable(size_t begin = 0, size_t end = kEnd) const;
+  // Bytes the parameters hold on the device (int8 weights: a quarter, plus scales).
+  int64_t paramBytes(size_t begin = 0, size_t end = kEnd) const;
   ModelSpec spec() const;
 
  private:

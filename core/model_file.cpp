@@ -44,12 +44,18 @@ Offset<fb::Layer> writeLayer(FlatBufferBuilder& b, const LayerSpec& spec) {
   return fb::CreateLayer(b, type, attrs, b.CreateVector(children));
 }
 
+// f32 or i8 (int8 weights); parameters hold no other dtype.
 Offset<fb::TensorData> writeTensor(FlatBufferBuilder& b, const std::string& name, const Tensor& t) {
-  const std::vector<float> host = toHost(t);
+  TANDEM_CHECK_MSG(t.dtype() == DType::kF32 || t.dtype() == DType::kI8, InvalidArgument,
+                   "parameter '" << name << "' is " << dtypeName(t.dtype())
+                                 << "; model files hold f32 and i8 tensors");
+  std::vector<uint8_t> host(t.bytes());
+  t.backend().download(t, host.data());
   auto n = b.CreateString(name);
   auto shape = b.CreateVector(t.shape().dims());
-  auto data = b.CreateVector(reinterpret_cast<const uint8_t*>(host.data()), host.size() * 4);
-  return fb::CreateTensorData(b, n, shape, fb::DType_F32, data);
+  auto data = b.CreateVector(host);
+  return fb::CreateTensorData(b, n, shape, t.dtype() == DType::kI8 ? fb::DType_I8 : fb::DType_F32,
+                              data);
 }
 
 // ---- reading ----
@@ -111,14 +117,21 @@ HostTensor readTensor(const std::string& source, const fb::TensorData& t) {
   HostTensor h;
   h.name = t.name()->str();
   h.shape = readShape(source, t.shape(), "tensor '" + h.name + "'");
-  if (t.dtype() != fb::DType_F32)
+  if (t.dtype() != fb::DType_F32 && t.dtype() != fb::DType_I8)
     bad(source, "tensor '" + h.name + "' has dtype " + std::to_string(static_cast<int>(t.dtype())) +
-                    "; this version reads f32 weights only");
-  const size_t want = static_cast<size_t>(h.shape.numel()) * 4;
+                    "; this version reads f32 and i8 weights only");
+  h.dtype = t.dtype() == fb::DType_I8 ? DType::kI8 : DType::kF32;
+  const size_t want = static_cast<size_t>(h.shape.numel()) * dtypeSize(h.dtype);
   const size_t have = t.data() ? t.data()->size() : 0;
   if (want != have)
-    bad(source, "tensor '" + h.name + "' " + h.shape.str() + " needs " + std::to_string(want) +
-                    " bytes, the file has " + std::to_string(have));
+    bad(source, "tensor '" + h.name + "' " + h.shape.str() + " " + std::string(dtypeName(h.dtype)) +
+                    " needs " + std::to_string(want) + " bytes, the file has " +
+                    std::to_string(have));
+  if (h.dtype == DType::kI8) {
+    h.i8.resize(have);
+    if (have) std::memcpy(h.i8.data(), t.data()->data(), have);
+    return h;
+  }
   h.data.resize(static_cast<size_t>(h.shape.numel()));
   if (have) std::memcpy(h.data.data(), t.data()->data(), have);
   return h;
@@ -233,7 +246,11 @@ ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& sour
     snap.steps = o->steps();
     if (snap.steps < 0) bad(source, "optimizer step count is negative");
     if (o->tensors())
-      for (const fb::TensorData* t : *o->tensors()) snap.tensors.push_back(readTensor(source, *t));
+      for (const fb::TensorData* t : *o->tensors()) {
+        snap.tensors.push_back(readTensor(source, *t));
+        if (snap.tensors.back().dtype != DType::kF32)
+          bad(source, "optimizer tensor '" + snap.tensors.back().name + "' is not f32");
+      }
     f.optimizer = std::move(snap);
   }
   f.metadata = readAttrs(source, m->metadata());
@@ -266,10 +283,14 @@ void loadWeights(Model& model, const ModelFile& file, bool exact) {
   for (Param* p : model.params()) {
     auto it = by_name.find(p->name);
     if (it == by_name.end()) throw FormatError("model file lacks parameter '" + p->name + "'");
-    if (it->second->shape != p->value.shape())
-      throw FormatError("parameter '" + p->name + "' is " + it->second->shape.str() +
-                        " in the file but " + p->value.shape().str() + " in the model");
-    model.backend().upload(p->value, it->second->data.data());
+    const HostTensor& h = *it->second;
+    if (h.shape != p->value.shape() || h.dtype != p->value.dtype())
+      throw FormatError("parameter '" + p->name + "' is " + h.shape.str() + " " +
+                        std::string(dtypeName(h.dtype)) + " in the file but " +
+                        p->value.shape().str() + " " + std::string(dtypeName(p->value.dtype())) +
+                        " in the model");
+    model.backend().upload(
+        p->value, h.dtype == DType::kI8 ? static_cast<const void*>(h.i8.data()) : h.data.data());
     by_name.erase(it);
   }
   if (exact && !by_name.empty())

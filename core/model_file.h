@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/model.h"
@@ -21,10 +22,18 @@ namespace tandem {
 
 constexpr uint32_t kModelFormatVersion = 1;
 
+// A tensor read from a file: f32 values in `data`, or (dtype i8: int8 weights,
+// core/layers/weight_matrix.h) its bytes in `i8`.
 struct HostTensor {
+  HostTensor() = default;
+  HostTensor(std::string name_, Shape shape_, std::vector<float> data_)
+      : name(std::move(name_)), shape(std::move(shape_)), data(std::move(data_)) {}
+
   std::string name;
   Shape shape;
   std::vector<float> data;
+  DType dtype = DType::kF32;
+  std::vector<int8_t> i8;
 };
 
 struct OptimizerSnapshot {

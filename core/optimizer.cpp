@@ -77,6 +77,7 @@ void Optimizer::step(const std::vector<Param*>& params) {
   const float lr = learningRate(options_, steps_);
   ++steps_;
   for (Param* p : params) {
+    if (!p->grad.defined()) continue;  // int8 weights do not train
     auto& s = slots(*p);
     if (options_.kind == "adamw") {
       AdamWStep a{lr, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, steps_};

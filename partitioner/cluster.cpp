@@ -191,7 +191,7 @@ Problem modelProblem(const Model& model, const CostOptions& options) {
   const int64_t b = options.microbatch_size;
   for (size_t l = 0; l < model.size(); ++l) {
     const Layer& layer = model.layer(l);
-    p.layers.push_back({layer.type(), layer.paramCount() * 4, layer.outputBytes() * b,
+    p.layers.push_back({layer.type(), layer.paramBytes(), layer.outputBytes() * b,
                         layer.stashBytes() * b, layer.workspaceBytes(b)});
   }
   p.input_bytes = model.inputShape().numel() * 4 * b;

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/cpu/row_products.h"
 #include "backends/op_checks.h"
 #include "core/error.h"
 
@@ -236,6 +237,12 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
                 static_cast<blasint>(cols), static_cast<blasint>(k), alpha, as, lda, bs, ldb, beta,
                 cp + i0 * ldc + j0, ldc);
   };
+  // A few rows times a weight matrix (decoding): the row kernels, which read the matrix
+  // once where sgemm would first pack it (row_products.h).
+  if (!trans_a && trans_b && m < kFewRows && lda == k && ldb == k) {
+    fewRowsF32(pool_, ap, bp, alpha, beta, cp, m, n, k);
+    return;
+  }
   // OpenBLAS runs single-threaded (see the constructor); a large product is split into
   // one block of C per pool thread along its longer side, in multiples of 16.
   const int parts = static_cast<int>(

@@ -15,7 +15,7 @@ namespace tandem::opencl {
 namespace {
 
 // Programs built at start, one per kernel file (each compiled with common.cl first).
-constexpr const char* kPrograms[] = {"elementwise", "rows", "spatial"};
+constexpr const char* kPrograms[] = {"elementwise", "quantized", "rows", "spatial"};
 // Work-group size cap: 256 suits GPUs; CPU devices (POCL) run each work-group as one
 // task, so fewer, larger groups cost less scheduling (measured: axpby on 1M floats
 // 0.39 -> 0.64 of copy bandwidth going from 256 to 4096).

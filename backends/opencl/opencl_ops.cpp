@@ -230,6 +230,12 @@ void OpenClBackend::rope(const Tensor& x, const Tensor& positions, const Tensor&
          u(v.size / 2));
 }
 
+void OpenClBackend::gemmQ8(const Tensor& x, const Tensor& w, const Tensor& scales,
+                           const Tensor& y) {
+  const backends::GemmQ8Dims d = backends::checkGemmQ8(x, w, scales, y, label_);
+  launch("gemm_q8_f32", items(d.m * d.n), x, w, scales, y, u(d.m), u(d.n), u(d.k), u(d.group));
+}
+
 void OpenClBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& y) {
   const backends::EmbeddingView v = backends::checkEmbedding(ids, table, y, label_, "embedding");
   requireI32(ids, "embedding");

@@ -31,6 +31,7 @@ Attention::Attention(const LayerSpec& spec) {
   qkv_bias_ = r.flag("qkv_bias", true);
   out_bias_ = r.flag("out_bias", true);
   rope_ = readRope(r);
+  format_ = WeightFormat::read(r);
   r.finish();
   TANDEM_CHECK_MSG(heads_ > 0, InvalidArgument,
                    "attention: 'heads' must be positive, got " << heads_);
@@ -52,6 +53,7 @@ Shape Attention::infer(const Shape& input) {
   head_size_ = dim_ / heads_;
   TANDEM_CHECK_MSG(!rope_.enabled() || head_size_ % 2 == 0, InvalidArgument,
                    "attention: rotary embedding needs an even head size, got " << head_size_);
+  if (format_.int8) format_.groupFor(dim_, "attention");
   return input;
 }
 
@@ -59,9 +61,9 @@ void Attention::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
   const float bound = 1.0f / std::sqrt(static_cast<float>(dim_));
   const int64_t qkv = totalHeads() * head_size_;
-  w_qkv_ = makeParam(backend, "qkv.weight", {qkv, dim_}, uniformInit(rng, qkv * dim_, bound));
+  w_qkv_.build(backend, rng, "qkv.weight", qkv, dim_, bound, format_, "attention");
   if (qkv_bias_) b_qkv_ = makeParam(backend, "qkv.bias", {qkv}, uniformInit(rng, qkv, bound));
-  w_out_ = makeParam(backend, "out.weight", {dim_, dim_}, uniformInit(rng, dim_ * dim_, bound));
+  w_out_.build(backend, rng, "out.weight", dim_, dim_, bound, format_, "attention");
   if (out_bias_) b_out_ = makeParam(backend, "out.bias", {dim_}, uniformInit(rng, dim_, bound));
   if (rope_.enabled()) {
     const std::vector<float> inv = ropeInverseFrequencies(rope_, head_size_);
@@ -71,9 +73,9 @@ void Attention::build(Backend& backend, Rng& rng) {
 }
 
 std::vector<Param*> Attention::params() {
-  std::vector<Param*> out = {&w_qkv_};
+  std::vector<Param*> out = w_qkv_.params();
   if (qkv_bias_) out.push_back(&b_qkv_);
-  out.push_back(&w_out_);
+  for (Param* p : w_out_.params()) out.push_back(p);
   if (out_bias_) out.push_back(&b_out_);
   return out;
 }
@@ -82,7 +84,7 @@ Tensor Attention::project(const Tensor& x2, const std::vector<int32_t>& position
   Backend& be = *backend_;
   const int64_t rows = x2.shape()[0];
   Tensor qkv = be.empty({rows, totalHeads() * head_size_});
-  be.gemm(false, true, 1.0f, x2, w_qkv_.value, 0.0f, qkv);
+  w_qkv_.forward(be, x2, qkv);
   if (qkv_bias_) be.addBias(qkv, b_qkv_.value);
   if (rope_.enabled()) {
     Tensor pos = be.empty({rows}, DType::kI32);
@@ -94,7 +96,7 @@ Tensor Attention::project(const Tensor& x2, const std::vector<int32_t>& position
 
 Tensor Attention::output(const Tensor& merged) {
   Tensor y = backend_->empty({merged.shape()[0], dim_});
-  backend_->gemm(false, true, 1.0f, merged, w_out_.value, 0.0f, y);
+  w_out_.forward(*backend_, merged, y);
   if (out_bias_) backend_->addBias(y, b_out_.value);
   return y;
 }
@@ -330,7 +332,7 @@ Tensor Attention::backwardInput(const Tensor& dy, Stash& stash) {
   const HeadViews in = headViews(heads, batch, h, kv_heads_, t, hs);
 
   Tensor dmerged = be.empty({rows_n, dim_});
-  be.gemm(false, false, 1.0f, dy2, w_out_.value, 0.0f, dmerged);
+  be.gemm(false, false, 1.0f, dy2, w_out_.trainable().value, 0.0f, dmerged);
   Tensor dcontext = be.empty({batch * h, t, hs});
   swapInner(be, dmerged, dcontext, batch, t, h, hs);
   const Tensor dctx = dcontext.reshape({bk, gt, hs});
@@ -353,7 +355,7 @@ Tensor Attention::backwardInput(const Tensor& dy, Stash& stash) {
     be.rope(dqkv, pos, inv_freq_, heads_ + kv_heads_, true, dqkv);
   }
   Tensor dx = be.empty({rows_n, dim_});
-  be.gemm(false, false, 1.0f, dqkv, w_qkv_.value, 0.0f, dx);
+  be.gemm(false, false, 1.0f, dqkv, w_qkv_.trainable().value, 0.0f, dx);
   stash.saved = {stash.saved[0], stash.saved[3], dy2, dqkv};
   return dx.reshape(dy.shape());
 }
@@ -366,9 +368,9 @@ void Attention::backwardWeights(Stash& stash) {
   const Tensor& merged = stash.saved[1];
   const Tensor& dy2 = stash.saved[2];
   const Tensor& dqkv = stash.saved[3];
-  be.gemm(true, false, 1.0f, dy2, merged, 1.0f, w_out_.grad);
+  be.gemm(true, false, 1.0f, dy2, merged, 1.0f, w_out_.trainable().grad);
   if (out_bias_) be.biasGrad(dy2, b_out_.grad);
-  be.gemm(true, false, 1.0f, dqkv, x2, 1.0f, w_qkv_.grad);
+  be.gemm(true, false, 1.0f, dqkv, x2, 1.0f, w_qkv_.trainable().grad);
   if (qkv_bias_) be.biasGrad(dqkv, b_qkv_.grad);
   stash.clear();
 }
@@ -376,6 +378,12 @@ void Attention::backwardWeights(Stash& stash) {
 int64_t Attention::paramCount() const {
   const int64_t qkv = totalHeads() * head_size_;
   return qkv * dim_ + (qkv_bias_ ? qkv : 0) + dim_ * dim_ + (out_bias_ ? dim_ : 0);
+}
+
+int64_t Attention::paramBytes() const {
+  const int64_t qkv = totalHeads() * head_size_;
+  return weightBytes(format_, qkv, dim_) + weightBytes(format_, dim_, dim_) +
+         4 * ((qkv_bias_ ? qkv : 0) + (out_bias_ ? dim_ : 0));
 }
 
 int64_t Attention::flops() const {
@@ -401,6 +409,7 @@ LayerSpec Attention::spec() const {
   if (!qkv_bias_) s.attrs["qkv_bias"] = std::string("false");
   if (!out_bias_) s.attrs["out_bias"] = std::string("false");
   writeRope(rope_, s);
+  format_.write(s);
   return s;
 }
 
@@ -504,6 +513,7 @@ std::vector<OpUse> Attention::ops(bool training) const {
     out.push_back({Op::kRope, DType::kF32});
     out.push_back({Op::kUpload, DType::kI32});  // the rows' positions
   }
+  out.push_back(weightOp(format_));  // the projections (backward's gemms are f32)
   return unionOps({out});
 }
 

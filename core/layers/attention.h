@@ -17,11 +17,13 @@
 
 #include "core/layers/layer.h"
 #include "core/layers/rope.h"
+#include "core/layers/weight_matrix.h"
 
 namespace tandem {
 
 // `attention: {heads: 8, kv_heads: 2, qkv_bias: false, out_bias: false, rope_theta: 1e4}`;
-// kv_heads defaults to heads, the biases to true, rope_theta to none (rope.h: the scaling).
+// kv_heads defaults to heads, the biases to true, rope_theta to none (rope.h: the scaling);
+// `weights: int8` (and `group`) quantizes both projections (weight_matrix.h).
 class Attention final : public Layer {
  public:
   explicit Attention(const LayerSpec& spec);
@@ -35,6 +37,8 @@ class Attention final : public Layer {
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override;
+  int64_t paramBytes() const override;
+  bool trains() const override { return !format_.int8; }
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override;
@@ -62,8 +66,10 @@ class Attention final : public Layer {
   int64_t heads_, kv_heads_ = 0, dim_ = 0, len_ = 0, head_size_ = 0;
   bool causal_, qkv_bias_, out_bias_;
   RopeSpec rope_;
-  Tensor inv_freq_;  // [S / 2] when rope is on
-  Param w_qkv_, b_qkv_, w_out_, b_out_;
+  Tensor inv_freq_;      // [S / 2] when rope is on
+  WeightFormat format_;  // both projections'
+  WeightMatrix w_qkv_, w_out_;
+  Param b_qkv_, b_out_;
 };
 
 // y = x + P[:T] for per-sample [T, D] with a learned table P [context, D].

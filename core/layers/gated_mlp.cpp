@@ -9,6 +9,7 @@ namespace tandem {
 SwiGlu::SwiGlu(const LayerSpec& spec) {
   SpecReader r(spec);
   hidden_ = r.integer("hidden");
+  format_ = WeightFormat::read(r);
   r.finish();
   TANDEM_CHECK_MSG(hidden_ > 0, InvalidArgument,
                    "swiglu: 'hidden' must be positive, got " << hidden_);
@@ -18,6 +19,10 @@ Shape SwiGlu::infer(const Shape& input) {
   TANDEM_CHECK_MSG(input.rank() >= 1 && input[input.rank() - 1] > 0, InvalidArgument,
                    "expected input [..., features], got " << input);
   dim_ = input[input.rank() - 1];
+  if (format_.int8) {
+    format_.groupFor(dim_, "swiglu");
+    format_.groupFor(hidden_, "swiglu");
+  }
   return input;
 }
 
@@ -26,12 +31,20 @@ void SwiGlu::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
   const float in_bound = 1.0f / std::sqrt(static_cast<float>(dim_));
   const float hidden_bound = 1.0f / std::sqrt(static_cast<float>(hidden_));
-  gate_ = makeParam(backend, "gate.weight", {hidden_, dim_},
-                    uniformInit(rng, hidden_ * dim_, in_bound));
-  up_ =
-      makeParam(backend, "up.weight", {hidden_, dim_}, uniformInit(rng, hidden_ * dim_, in_bound));
-  down_ = makeParam(backend, "down.weight", {dim_, hidden_},
-                    uniformInit(rng, dim_ * hidden_, hidden_bound));
+  gate_.build(backend, rng, "gate.weight", hidden_, dim_, in_bound, format_, "swiglu");
+  up_.build(backend, rng, "up.weight", hidden_, dim_, in_bound, format_, "swiglu");
+  down_.build(backend, rng, "down.weight", dim_, hidden_, hidden_bound, format_, "swiglu");
+}
+
+std::vector<Param*> SwiGlu::params() {
+  std::vector<Param*> out;
+  for (WeightMatrix* w : {&gate_, &up_, &down_})
+    for (Param* p : w->params()) out.push_back(p);
+  return out;
+}
+
+int64_t SwiGlu::paramBytes() const {
+  return 2 * weightBytes(format_, hidden_, dim_) + weightBytes(format_, dim_, hidden_);
 }
 
 // Stash: x [rows, D], gate and up outputs [rows, hidden]; the SiLU and the product are
@@ -42,13 +55,13 @@ Tensor SwiGlu::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   const Tensor x2 = x.reshape({rows, dim_});
   Tensor g = be.empty({rows, hidden_});
   Tensor u = be.empty({rows, hidden_});
-  be.gemm(false, true, 1.0f, x2, gate_.value, 0.0f, g);
-  be.gemm(false, true, 1.0f, x2, up_.value, 0.0f, u);
+  gate_.forward(be, x2, g);
+  up_.forward(be, x2, u);
   Tensor h = be.empty({rows, hidden_});
   be.activation(Activation::kSiLU, g, h);
   be.mul(h, u, h);
   Tensor y = be.empty({rows, dim_});
-  be.gemm(false, true, 1.0f, h, down_.value, 0.0f, y);
+  down_.forward(be, h, y);
   stash.saved = {x2, g, u};
   return y.reshape(x.shape());
 }
@@ -70,7 +83,7 @@ Tensor SwiGlu::backwardInput(const Tensor& dy, Stash& stash) {
   Tensor a = be.empty({rows, hidden_});
   be.activation(Activation::kSiLU, g, a);
   Tensor dh = be.empty({rows, hidden_});
-  be.gemm(false, false, 1.0f, dy2, down_.value, 0.0f, dh);
+  be.gemm(false, false, 1.0f, dy2, down_.trainable().value, 0.0f, dh);
   Tensor du = be.empty({rows, hidden_});
   be.mul(dh, a, du);
   be.mul(dh, u, dh);  // now d(a)
@@ -78,8 +91,8 @@ Tensor SwiGlu::backwardInput(const Tensor& dy, Stash& stash) {
   be.activationBackward(Activation::kSiLU, g, a, dh, dg);
   be.mul(a, u, a);  // now h, for down's gradient
   Tensor dx = be.empty({rows, dim_});
-  be.gemm(false, false, 1.0f, dg, gate_.value, 0.0f, dx);
-  be.gemm(false, false, 1.0f, du, up_.value, 1.0f, dx);
+  be.gemm(false, false, 1.0f, dg, gate_.trainable().value, 0.0f, dx);
+  be.gemm(false, false, 1.0f, du, up_.trainable().value, 1.0f, dx);
   stash.saved = {x2, a, dy2, dg, du};
   return dx.reshape(dy.shape());
 }
@@ -89,9 +102,9 @@ void SwiGlu::backwardWeights(Stash& stash) {
                    "swiglu: backwardWeights without backwardInput");
   Backend& be = *backend_;
   const Tensor &x2 = stash.saved[0], &h = stash.saved[1], &dy2 = stash.saved[2];
-  be.gemm(true, false, 1.0f, dy2, h, 1.0f, down_.grad);
-  be.gemm(true, false, 1.0f, stash.saved[3], x2, 1.0f, gate_.grad);
-  be.gemm(true, false, 1.0f, stash.saved[4], x2, 1.0f, up_.grad);
+  be.gemm(true, false, 1.0f, dy2, h, 1.0f, down_.trainable().grad);
+  be.gemm(true, false, 1.0f, stash.saved[3], x2, 1.0f, gate_.trainable().grad);
+  be.gemm(true, false, 1.0f, stash.saved[4], x2, 1.0f, up_.trainable().grad);
   stash.clear();
 }
 
@@ -115,11 +128,14 @@ LayerSpec SwiGlu::spec() const {
   LayerSpec s;
   s.type = type();
   s.attrs["hidden"] = hidden_;
+  format_.write(s);
   return s;
 }
 
 std::vector<OpUse> SwiGlu::ops(bool training) const {
-  return f32Ops(training, {Op::kGemm, Op::kActivation, Op::kMul}, {Op::kActivationBackward});
+  return unionOps(
+      {{weightOp(format_)},
+       f32Ops(training, {Op::kActivation, Op::kMul}, {Op::kGemm, Op::kActivationBackward})});
 }
 
 }  // namespace tandem

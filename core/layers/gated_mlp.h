@@ -1,9 +1,11 @@
 // SwiGLU MLP (Llama's): y = down(silu(gate(x)) * up(x)) over the last dimension, with no
 // biases — Hugging Face's LlamaMLP, gate_proj and up_proj [hidden, D], down_proj [D, hidden].
-// Written in a spec as `swiglu: {hidden: 1376}`.
+// Written in a spec as `swiglu: {hidden: 1376}`; `weights: int8` (and `group`) quantizes
+// the three products (weight_matrix.h).
 #pragma once
 
 #include "core/layers/layer.h"
+#include "core/layers/weight_matrix.h"
 
 namespace tandem {
 
@@ -12,7 +14,7 @@ class SwiGlu final : public Layer {
   explicit SwiGlu(const LayerSpec& spec);
   std::string type() const override { return "swiglu"; }
   void build(Backend& backend, Rng& rng) override;
-  std::vector<Param*> params() override { return {&gate_, &up_, &down_}; }
+  std::vector<Param*> params() override;
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) override;
   Tensor decode(const Tensor& x, DecodeState&) override { return forwardPerToken(x); }
   Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override {
@@ -22,6 +24,8 @@ class SwiGlu final : public Layer {
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override { return 3 * dim_ * hidden_; }
+  int64_t paramBytes() const override;
+  bool trains() const override { return !format_.int8; }
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override;
@@ -33,7 +37,8 @@ class SwiGlu final : public Layer {
 
  private:
   int64_t hidden_, dim_ = 0;
-  Param gate_, up_, down_;
+  WeightFormat format_;
+  WeightMatrix gate_, up_, down_;
 };
 
 }  // namespace tandem

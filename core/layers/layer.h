@@ -72,6 +72,9 @@ class Layer {
   }
   // Parameters with names relative to this layer ("weight", "body.0.bias").
   virtual std::vector<Param*> params() { return {}; }
+  // Whether backward runs (valid after setup): false for a layer holding int8 weights,
+  // which are for inference only (weight_matrix.h); such a parameter has no gradient.
+  virtual bool trains() const { return true; }
 
   virtual Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) = 0;
   // Accumulates parameter gradients; returns dx when need_dx, else an undefined tensor.
@@ -105,6 +108,9 @@ class Layer {
 
   // Cost facts, per sample, valid after setup.
   virtual int64_t paramCount() const { return 0; }
+  // Bytes its parameters hold on the device (int8 weights hold a quarter of f32's, plus
+  // their scales; core/layers/weight_matrix.h).
+  virtual int64_t paramBytes() const { return paramCount() * 4; }
   virtual int64_t flops() const = 0;                // forward; a multiply-add is 2
   virtual int64_t stashBytes() const { return 0; }  // kept from forward for backward
   int64_t outputBytes() const { return output_.numel() * 4; }

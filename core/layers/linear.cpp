@@ -11,6 +11,7 @@ Linear::Linear(const LayerSpec& spec) {
   out_ = r.integer("out");
   in_ = r.integer("in", 0);
   bias_ = r.flag("bias", true);
+  format_ = WeightFormat::read(r);
   r.finish();
   TANDEM_CHECK_MSG(out_ > 0, InvalidArgument, "linear: 'out' must be positive, got " << out_);
   TANDEM_CHECK_MSG(in_ >= 0, InvalidArgument, "linear: 'in' must be positive, got " << in_);
@@ -23,6 +24,7 @@ Shape Linear::infer(const Shape& input) {
   TANDEM_CHECK_MSG(in_ == 0 || in_ == features, InvalidArgument,
                    "expected input [" << in_ << "], got " << input);
   in_ = features;
+  if (format_.int8) format_.groupFor(in_, "linear");
   Shape out = input;
   out[out.rank() - 1] = out_;
   return out;
@@ -31,20 +33,21 @@ Shape Linear::infer(const Shape& input) {
 void Linear::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
-  weight_ = makeParam(backend, "weight", {out_, in_}, uniformInit(rng, out_ * in_, bound));
+  weight_.build(backend, rng, "weight", out_, in_, bound, format_, "linear");
   if (bias_) b_ = makeParam(backend, "bias", {out_}, uniformInit(rng, out_, bound));
 }
 
 std::vector<Param*> Linear::params() {
-  if (bias_) return {&weight_, &b_};
-  return {&weight_};
+  std::vector<Param*> out = weight_.params();
+  if (bias_) out.push_back(&b_);
+  return out;
 }
 
 Tensor Linear::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   const int64_t rows = x.numel() / in_;
   const Tensor x2 = x.reshape({rows, in_});
   Tensor y = backend_->empty({rows, out_});
-  backend_->gemm(false, true, 1.0f, x2, weight_.value, 0.0f, y);
+  weight_.forward(*backend_, x2, y);
   if (bias_) backend_->addBias(y, b_.value);
   stash.saved = {x2};
   Shape ys = x.shape();
@@ -67,7 +70,7 @@ Tensor Linear::backwardInput(const Tensor& dy, Stash& stash) {
   const int64_t rows = stash.saved.at(0).shape()[0];
   const Tensor dy2 = dy.reshape({rows, out_});
   Tensor dx = backend_->empty({rows, in_});
-  backend_->gemm(false, false, 1.0f, dy2, weight_.value, 0.0f, dx);
+  backend_->gemm(false, false, 1.0f, dy2, weight_.trainable().value, 0.0f, dx);
   stash.saved.push_back(dy2);  // for backwardWeights
   Shape xs = dy.shape();
   xs[xs.rank() - 1] = in_;
@@ -79,12 +82,16 @@ void Linear::backwardWeights(Stash& stash) {
                    "linear: backwardWeights without backwardInput");
   const Tensor& x2 = stash.saved[0];
   const Tensor& dy2 = stash.saved[1];
-  backend_->gemm(true, false, 1.0f, dy2, x2, 1.0f, weight_.grad);
+  backend_->gemm(true, false, 1.0f, dy2, x2, 1.0f, weight_.trainable().grad);
   if (bias_) backend_->biasGrad(dy2, b_.grad);
   stash.saved.pop_back();
 }
 
 int64_t Linear::paramCount() const { return out_ * in_ + (bias_ ? out_ : 0); }
+
+int64_t Linear::paramBytes() const {
+  return weightBytes(format_, out_, in_) + (bias_ ? out_ * 4 : 0);
+}
 
 int64_t Linear::flops() const {
   const int64_t rows = inputShape().numel() / in_;
@@ -97,12 +104,16 @@ LayerSpec Linear::spec() const {
   s.attrs["out"] = out_;
   if (in_) s.attrs["in"] = in_;
   if (!bias_) s.attrs["bias"] = std::string("false");
+  format_.write(s);
   return s;
 }
 
 std::vector<OpUse> Linear::ops(bool training) const {
-  if (!bias_) return f32Ops(training, {Op::kGemm}, {});
-  return f32Ops(training, {Op::kGemm, Op::kAddBias}, {Op::kBiasGrad});
+  // Backward takes f32 gemms with the weight (int8 weights refuse it: weight_matrix.h).
+  const std::vector<OpUse> rest = bias_
+                                      ? f32Ops(training, {Op::kAddBias}, {Op::kGemm, Op::kBiasGrad})
+                                      : f32Ops(training, {}, {Op::kGemm});
+  return unionOps({{weightOp(format_)}, rest});
 }
 
 }  // namespace tandem

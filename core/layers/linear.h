@@ -1,7 +1,9 @@
-// Linear: y = x W^T + b over the last dimension (W is [out, in], PyTorch's layout).
+// Linear: y = x W^T + b over the last dimension (W is [out, in], PyTorch's layout; f32, or
+// int8 for inference: weight_matrix.h).
 #pragma once
 
 #include "core/layers/layer.h"
+#include "core/layers/weight_matrix.h"
 
 namespace tandem {
 
@@ -20,6 +22,8 @@ class Linear final : public Layer {
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override;
+  int64_t paramBytes() const override;
+  bool trains() const override { return !format_.int8; }
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
@@ -32,7 +36,9 @@ class Linear final : public Layer {
   int64_t in_ = 0;  // 0 until setup unless the spec names it
   int64_t out_;
   bool bias_;
-  Param weight_, b_;
+  WeightFormat format_;
+  WeightMatrix weight_;
+  Param b_;
 };
 
 }  // namespace tandem

@@ -122,6 +122,14 @@ int64_t Residual::paramCount() const {
   return n;
 }
 
+bool Residual::trains() const { return body_.trains(); }
+
+int64_t Residual::paramBytes() const {
+  int64_t n = projection_ ? projection_->paramBytes() : 0;
+  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramBytes();
+  return n;
+}
+
 int64_t Residual::flops() const {
   int64_t n = outputShape().numel() + (projection_ ? projection_->flops() : 0);
   for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).flops();

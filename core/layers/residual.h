@@ -23,6 +23,8 @@ class Residual final : public Layer {
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override;
+  int64_t paramBytes() const override;
+  bool trains() const override;
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override;

@@ -168,4 +168,13 @@ std::vector<OpUse> Sequence::ops(bool training, size_t begin, size_t end) const 
   return unionOps(lists);
 }
 
+bool Sequence::trains(size_t begin, size_t end, std::string* which) const {
+  for (size_t i = begin; i < std::min(end, size()); ++i)
+    if (!layers_[i]->trains()) {
+      if (which) *which = "layer " + std::to_string(i) + " (" + layers_[i]->type() + ")";
+      return false;
+    }
+  return true;
+}
+
 }  // namespace tandem

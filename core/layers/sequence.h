@@ -34,6 +34,9 @@ class Sequence {
   // above with no prefix.
   void build(Backend& backend, uint64_t seed, size_t begin, size_t end);
   std::vector<Param*> params(size_t begin = 0, size_t end = SIZE_MAX);
+  // Whether every layer of [begin, end) trains (Layer::trains); else the first that does
+  // not, as "layer I (TYPE)", in `which`.
+  bool trains(size_t begin = 0, size_t end = SIZE_MAX, std::string* which = nullptr) const;
 
   // Runs layers [begin, end); stash.children holds one Stash per layer of the range.
   Tensor forward(const Tensor& x, Stash& stash, const ForwardContext& ctx, size_t begin,

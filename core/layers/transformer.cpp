@@ -47,6 +47,12 @@ int64_t ComposedBlock::paramCount() const {
   return n;
 }
 
+int64_t ComposedBlock::paramBytes() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramBytes();
+  return n;
+}
+
 int64_t ComposedBlock::flops() const {
   int64_t n = 0;
   for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).flops();
@@ -71,6 +77,7 @@ TransformerBlock::TransformerBlock(const LayerSpec& spec) {
   SpecReader r(spec);
   heads_ = r.integer("heads");
   mlp_ = r.integer("mlp", 0);
+  format_ = WeightFormat::read(r);
   r.finish();
   TANDEM_CHECK_MSG(heads_ > 0, InvalidArgument,
                    "transformer: 'heads' must be positive, got " << heads_);
@@ -82,6 +89,7 @@ Shape TransformerBlock::infer(const Shape& input) {
   LayerSpec attention{"attention", {{"heads", heads_}}, {}, {}};
   LayerSpec mlp_in{"linear", {{"out", mlp_ ? mlp_ : 4 * width}}, {}, {}};
   LayerSpec mlp_out{"linear", {{"out", width}}, {}, {}};
+  for (LayerSpec* product : {&attention, &mlp_in, &mlp_out}) format_.write(*product);
   const LayerSpec norm{"layernorm", {}, {}, {}};
   return setBody(input,
                  {LayerSpec{"residual", {}, {norm, attention}, {}},
@@ -93,6 +101,7 @@ LayerSpec TransformerBlock::spec() const {
   s.type = type();
   s.attrs["heads"] = heads_;
   if (mlp_) s.attrs["mlp"] = mlp_;
+  format_.write(s);
   return s;
 }
 
@@ -122,7 +131,10 @@ LlamaBlock::LlamaBlock(const LayerSpec& spec) : spec_(spec) {
 
 Shape LlamaBlock::infer(const Shape& input) {
   const LayerSpec norm{"rmsnorm", {{"eps", eps_}}, {}, {}};
-  const LayerSpec mlp{"swiglu", {{"hidden", mlp_}}, {}, {}};
+  LayerSpec mlp{"swiglu", {{"hidden", mlp_}}, {}, {}};
+  for (const char* key : {"weights", "group"})  // the MLP's products are quantized alike
+    if (auto it = attention_.attrs.find(key); it != attention_.attrs.end())
+      mlp.attrs[key] = it->second;
   return setBody(input, {LayerSpec{"residual", {}, {norm, attention_}, {}},
                          LayerSpec{"residual", {}, {norm, mlp}, {}}});
 }

@@ -13,6 +13,7 @@
 
 #include "core/layers/layer.h"
 #include "core/layers/sequence.h"
+#include "core/layers/weight_matrix.h"
 
 namespace tandem {
 
@@ -28,6 +29,8 @@ class ComposedBlock : public Layer {
   Tensor backwardInput(const Tensor& dy, Stash& stash) override;
   void backwardWeights(Stash& stash) override;
   int64_t paramCount() const override;
+  int64_t paramBytes() const override;
+  bool trains() const override { return body_.trains(); }
   std::vector<OpUse> ops(bool training) const override;
   int64_t flops() const override;
   int64_t stashBytes() const override;
@@ -54,6 +57,7 @@ class TransformerBlock final : public ComposedBlock {
 
  private:
   int64_t heads_, mlp_;  // mlp 0: 4 * D
+  WeightFormat format_;  // the attention's and the MLP's products
 };
 
 class LlamaBlock final : public ComposedBlock {

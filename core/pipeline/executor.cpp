@@ -54,6 +54,9 @@ StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* n
   }
   TANDEM_CHECK_MSG(v == 1 || range.stages > 1, InvalidArgument,
                    "an interleaved stage needs other stages to pass its chunks through");
+  if (optimizer) {  // a training stage
+    for (int c = 0; c < v; ++c) model.requireTrainable(range.chunk(c).begin, range.chunk(c).end);
+  }
   TANDEM_CHECK_MSG(v == 1 || !replicated(), Unsupported,
                    "stage " << range.stage << ": interleaved stages cannot have replicas");
   // Interleaved: the first stage's chunks after the first take their input from the

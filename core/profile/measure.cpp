@@ -112,7 +112,7 @@ void LayerRunner::forward(size_t i) {
 }
 
 void LayerRunner::backward(size_t i) {
-  if (!runs_.at(i)) return;
+  if (!runs_.at(i) || !model_.layer(i).trains()) return;  // int8 weights: forward only
   Stash stash = stashes_.at(i);  // backward may consume its stash; keep the original
   model_.layer(i).backward(grads_.at(i), stash, i > 0);
   model_.backend().synchronize();
@@ -122,9 +122,7 @@ int64_t LayerRunner::activationBytes(size_t i) const {
   return static_cast<int64_t>(grads_.at(i).bytes());
 }
 
-int64_t LayerRunner::paramBytes(size_t i) const {
-  return model_.layer(i).paramCount() * static_cast<int64_t>(sizeof(float));
-}
+int64_t LayerRunner::paramBytes(size_t i) const { return model_.layer(i).paramBytes(); }
 
 BackgroundLoad::BackgroundLoad(const ModelSpec& spec,
                                const std::function<std::unique_ptr<Backend>()>& make, int copies,

@@ -66,6 +66,7 @@ Trainer::Trainer(Model& model, Optimizer& optimizer, const TrainOptions& options
                    "batch size " << options.batch << " must be positive");
   TANDEM_CHECK_MSG(options.microbatches > 0, InvalidArgument,
                    "microbatches " << options.microbatches << " must be positive");
+  model.requireTrainable();
 }
 
 double Trainer::step(const float* x, const int32_t* labels, int64_t n) {

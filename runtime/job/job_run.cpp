@@ -116,6 +116,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
   ModelSource source = readModelSource(job_.model);
   model_spec_ = std::move(source.spec_yaml);
   const Model model(source.spec);
+  if (!serving) model.requireTrainable();  // before any node is asked for anything
   weights_ = startingWeights(job_, output_);
   if (!weights_) {
     weights_ = std::move(source.weights);

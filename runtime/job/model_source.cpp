@@ -19,6 +19,10 @@ bool isOnnxModel(const std::string& path) {
   return path.size() > 5 && path.compare(path.size() - 5, 5, ".onnx") == 0;
 }
 
+bool isModelFile(const std::string& path) {
+  return path.size() > 4 && path.compare(path.size() - 4, 4, ".tdm") == 0;
+}
+
 bool isHuggingFaceFolder(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
@@ -26,7 +30,7 @@ bool isHuggingFaceFolder(const std::string& path) {
 }
 
 bool bringsWeights(const std::string& path) {
-  return isOnnxModel(path) || isHuggingFaceFolder(path);
+  return isModelFile(path) || isOnnxModel(path) || isHuggingFaceFolder(path);
 }
 
 namespace {
@@ -48,6 +52,7 @@ ModelSource sourceOf(const ModelFile& file) {
 
 ModelSource readModelSource(const std::string& path) {
   if (isHuggingFaceFolder(path)) return sourceOf(hf::importLlama(path));
+  if (isModelFile(path)) return sourceOf(readModelFile(path));
   ModelSource out;
   if (!isOnnxModel(path)) {
     out.spec_yaml = readFile(path, "model spec");
@@ -77,6 +82,7 @@ ModelFile readModelOrOnnx(const std::string& path) {
 
 hf::TextCodec textCodecOf(const std::string& model, const std::string& weights, int64_t vocab) {
   if (!weights.empty()) return hf::TextCodec::forModel(readModelFile(weights), vocab);
+  if (isModelFile(model)) return hf::TextCodec::forModel(readModelFile(model), vocab);
   if (!isHuggingFaceFolder(model)) return {};
   // The folder's tokenizer as the import keeps it (importLlama's metadata), without the weights.
   ModelFile tokenizer_only;

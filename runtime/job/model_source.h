@@ -1,6 +1,7 @@
-// A job's or a command's `model`: a YAML model spec, an ONNX model (`.onnx`) imported
-// as one (onnx/) with its initializers as the starting weights, or a Hugging Face
-// Llama-architecture folder (hf/llama.h) with its weights. The spec travels as YAML text
+// A job's or a command's `model`: a YAML model spec, a model file (`.tdm`) with its
+// weights, an ONNX model (`.onnx`) imported as one (onnx/) with its initializers as the
+// starting weights, or a Hugging Face Llama-architecture folder (hf/llama.h) with its
+// weights. The spec travels as YAML text
 // in every case, so nodes never see ONNX or safetensors.
 #pragma once
 
@@ -18,7 +19,8 @@ namespace tandem::runtime {
 struct ModelSource {
   std::string spec_yaml;  // the spec's text, as placed, shipped to nodes and hashed
   ModelSpec spec;
-  // An ONNX model's weights as a model file's bytes; null for a YAML spec.
+  // The weights a model file, ONNX model or folder brings, as a model file's bytes; null
+  // for a YAML spec.
   std::shared_ptr<const std::vector<uint8_t>> weights;
   // What serving applies to the outputs ("softmax", "log_softmax"; "" for nothing): an
   // ONNX model's dropped output node.
@@ -27,15 +29,18 @@ struct ModelSource {
 
 // True when `path` names an ONNX model (ends in ".onnx").
 bool isOnnxModel(const std::string& path);
+// True when `path` names a model file (ends in ".tdm").
+bool isModelFile(const std::string& path);
 // True when `path` is a folder holding config.json (a Hugging Face model).
 bool isHuggingFaceFolder(const std::string& path);
-// True when the model at `path` brings its own weights (an ONNX model, a Hugging Face
-// folder): a job of it may generate or serve without `weights:`.
+// True when the model at `path` brings its own weights (a model file, an ONNX model, a
+// Hugging Face folder): a job of it may generate or serve without `weights:`.
 bool bringsWeights(const std::string& path);
 
-// Reads `path`: a spec (loadModelSpec's errors), an ONNX model (importOnnx's; with a
-// note per dropped node logged) or a Hugging Face folder (importLlama's). A build without ONNX
-// (TANDEM_ONNX=OFF, the ARM builds) refuses an ONNX model with InvalidArgument saying so.
+// Reads `path`: a spec (loadModelSpec's errors), a model file (readModelFile's), an ONNX model
+// (importOnnx's; with a note per dropped node logged) or a Hugging Face folder (importLlama's). A
+// build without ONNX (TANDEM_ONNX=OFF, the ARM builds) refuses an ONNX model with InvalidArgument
+// saying so.
 ModelSource readModelSource(const std::string& path);
 
 // A model with its weights: a model file (.tdm, readModelFile's errors), an ONNX model

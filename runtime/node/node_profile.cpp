@@ -59,7 +59,7 @@ std::optional<DeviceProfile> cached(const std::string& path, const Model& model)
 }  // namespace
 
 int64_t trainingBytes(const Model& model, int64_t batch) {
-  int64_t bytes = model.paramCount() * 4 * 3;
+  int64_t bytes = model.paramBytes() * 3;
   for (size_t l = 0; l < model.size(); ++l)
     bytes += (2 * model.layer(l).outputBytes() + model.layer(l).stashBytes()) * batch;
   return bytes;

@@ -44,6 +44,7 @@ void addGenerate(CLI::App& app);
 void addInspect(CLI::App& app);
 void addImport(CLI::App& app);  // ONNX models where TANDEM_ONNX is built in
 void addExport(CLI::App& app);
+void addQuantize(CLI::App& app);  // int8 weights
 void addDevices(CLI::App& app);
 void addProfile(CLI::App& app);
 void addPartition(CLI::App& app);

@@ -1,8 +1,10 @@
 // tandem import: an ONNX model (its graph and initializers) or a Hugging Face
 // Llama-architecture folder (config.json, safetensors weights) as a tandem model file;
-// tandem export: a model file as an ONNX model, or as a Hugging Face folder.
+// tandem export: a model file as an ONNX model, or as a Hugging Face folder (int8 weights
+// as the f32 values they stand for); tandem quantize: a model file with int8 weights.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -12,6 +14,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "core/model_file.h"
+#include "core/quantize_model.h"
 #include "hf/llama.h"
 #include "targets/tandem/commands.h"
 #ifdef TANDEM_HAS_ONNX
@@ -101,7 +104,13 @@ void addExport(CLI::App& app) {
   c->add_option("--dtype", a->dtype, "The safetensors weights' type")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   c->callback([a] {
-    const ModelFile file = readModelFile(a->model);
+    const ModelFile read = readModelFile(a->model);
+    if (hasInt8Weights(read.spec))
+      std::printf(
+          "note: %s holds int8 weights; they are written as the f32 values they stand "
+          "for\n",
+          a->model.c_str());
+    const ModelFile file = dequantizeModel(read);
     if (!a->folder.empty()) {
       std::string dtype = a->dtype;
       for (char& ch : dtype) ch = static_cast<char>(std::toupper(ch));
@@ -122,6 +131,45 @@ void addExport(CLI::App& app) {
 #else
     throw InvalidArgument("this build writes no ONNX models (built with TANDEM_ONNX=OFF)");
 #endif
+  });
+}
+
+void addQuantize(CLI::App& app) {
+  struct Args {
+    std::string model, out;
+    bool int8 = false;
+    int64_t group = 0;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = app.add_subcommand(
+      "quantize",
+      "Write a model file with int8 weights (weight-only, scales per output row or per group "
+      "of inputs) for inference: linear, attention, SwiGLU and block products");
+  c->add_option("model", a->model, "The model file (.tdm) with f32 weights")
+      ->required()
+      ->check(CLI::ExistingFile);
+  c->add_option("out", a->out, "The model file to write")->required();
+  c->add_flag("--int8", a->int8, "int8 weights (the one format so far; required)")->required();
+  c->add_option("--group", a->group,
+                "Inputs per scale, dividing every quantized layer's inputs (default: one scale "
+                "per output row)")
+      ->check(CLI::PositiveNumber);
+  c->callback([a] {
+    checkWritable(a->out, "model file");
+    const ModelFile file = readModelFile(a->model);
+    cpu::CpuBackend be(cpu::CpuOptions{1});
+    const ModelFile quantized = quantizeModel(file, a->group, be);
+    const std::unique_ptr<Model> before = loadModel(file, be);
+    const std::unique_ptr<Model> model = loadModel(quantized, be);
+    saveModel(a->out, *model, nullptr, quantized.metadata);
+    const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+    std::printf("quantized %s: weights %.2f MiB -> %.2f MiB (%.3fx), int8 with %s; wrote %s\n",
+                a->model.c_str(), mib(before->paramBytes()), mib(model->paramBytes()),
+                static_cast<double>(model->paramBytes()) /
+                    static_cast<double>(std::max<int64_t>(1, before->paramBytes())),
+                a->group ? ("a scale per " + std::to_string(a->group) + " inputs").c_str()
+                         : "a scale per output row",
+                a->out.c_str());
   });
 }
 

@@ -56,8 +56,10 @@ void printTable(const Model& m, int64_t batch) {
   std::printf("%5s  %-14s %-16s %12s %12s %12s %12s\n", "total", "", "",
               human(static_cast<double>(params)).c_str(), human(static_cast<double>(flops)).c_str(),
               "", human(static_cast<double>(stash)).c_str());
-  std::printf("parameters: %lld (%s bytes f32); forward FLOPs per sample: %lld\n",
-              static_cast<long long>(params), human(static_cast<double>(params) * 4).c_str(),
+  const int64_t bytes = m.paramBytes();
+  std::printf("parameters: %lld (%s bytes%s); forward FLOPs per sample: %lld\n",
+              static_cast<long long>(params), human(static_cast<double>(bytes)).c_str(),
+              bytes == params * 4 ? " f32" : ", int8 weights with their scales",
               static_cast<long long>(batch ? flops / batch : 0));
 }
 

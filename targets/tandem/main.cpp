@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   tandem::cli::addInspect(app);
   tandem::cli::addImport(app);
   tandem::cli::addExport(app);
+  tandem::cli::addQuantize(app);
   tandem::cli::addDevices(app);
   tandem::cli::addProfile(app);
   tandem::cli::addPartition(app);

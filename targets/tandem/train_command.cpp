@@ -84,9 +84,9 @@ void runTrain(TrainArgs a) {
   const runtime::ModelSource source = runtime::readModelSource(a.model);
   const ModelSpec& spec = source.spec;
   TANDEM_CHECK_MSG(!source.weights || replicas == 1, InvalidArgument,
-                   a.model << ": starting data-parallel replicas from an ONNX model's weights "
-                              "is not supported yet: train it with one replica, or import it "
-                              "and run it as a job");
+                   a.model << ": starting data-parallel replicas from the weights a model file "
+                              "or ONNX model brings is not supported yet: train it with one "
+                              "replica, or run it as a job");
   std::vector<double> shares = a.shares;
   if (!a.profile.empty()) {
     shares = sharesFromProfile(parseProfile(readFile(a.profile, "profile"), a.profile), Model(spec),
@@ -112,7 +112,7 @@ void runTrain(TrainArgs a) {
   if (replicas == 1) {
     single = std::make_unique<Model>(spec);
     single->build(*backends[0], a.seed);
-    if (source.weights)  // an ONNX model's: training continues from them
+    if (source.weights)  // a model file's or ONNX model's: training continues from them
       loadWeights(*single, parseModelFile(*source.weights, a.model), true);
     single_opt = std::make_unique<Optimizer>(*backends[0], a.opt);
     trainer = std::make_unique<Trainer>(*single, *single_opt, TrainOptions{a.batch, a.seed, true});

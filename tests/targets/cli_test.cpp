@@ -254,7 +254,8 @@ TEST(CliTest, AnOnnxModelRunsAsAJobAndItsSaveExportsBackBitwise) {
   EXPECT_NE(r.out.find("parameters: 235146"), std::string::npos) << r.out;
   r = run("train --model " + dir + "a.onnx --replicas 2 --epochs 1 --train-limit 64");
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("a.onnx: starting data-parallel replicas from an ONNX model's weights"),
+  EXPECT_NE(r.out.find("a.onnx: starting data-parallel replicas from the weights a model file or "
+                       "ONNX model brings"),
             std::string::npos)
       << r.out;
   // A file that is not a model file is refused, and nothing is written.
@@ -425,6 +426,12 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
                 model_file)
                 .code,
             0);
+  // The same model with int8 weights, and its f32 file under another extension.
+  const std::string int8_file = ::testing::TempDir() + "/cli_a_model_int8.tdm";
+  ASSERT_EQ(run("quantize " + model_file + " " + int8_file + " --int8").code, 0);
+  const std::string renamed = ::testing::TempDir() + "/cli_a_model.bin";
+  std::filesystem::copy_file(model_file, renamed,
+                             std::filesystem::copy_options::overwrite_existing);
   // A plan placing a stage on a device its node does not have.
   const std::string no_device_plan = ::testing::TempDir() + "/cli_no_device_plan.yaml";
   std::ofstream(no_device_plan)
@@ -487,8 +494,13 @@ TEST(CliTest, BadInputsExitNonZeroWithAMessage) {
            "mlp.yaml --cluster " TANDEM_SOURCE_DIR
            "/examples/clusters/local.yaml --batch 4 --microbatches 5",
        "--microbatches 5 exceeds --batch 4"},
-      {"train --model " + model_file,
-       "is a tandem model file (written by a save), not a model spec"},
+      {"train --model " + renamed, "is a tandem model file (written by a save), not a model spec"},
+      {"train --model " + int8_file,
+       "layer 1 (linear) holds int8 weights, which are for inference only"},
+      {"quantize " + int8_file + " /tmp/never.tdm --int8", "holds int8 weights already"},
+      {"quantize " + model_file + " /tmp/never.tdm --int8 --group 7",
+       "linear: an int8 group of 7 does not divide its 256 inputs"},
+      {"quantize " + model_file + " /tmp/never.tdm", "--int8 is required"},
       // Every device is opened before the first is measured.
       {"profile --model " + kModels + "mlp.yaml --devices cpu,opencl:7", "no OpenCL device 7"},
       {"infer " + missing_weights, "cannot open weights '/nonexistent/m.tdm'"},

@@ -448,8 +448,9 @@ TEST(TandemdTest, AJobOnTwoDaemonsGeneratesTheTextOneProcessDoes) {
 // A Hugging Face Llama folder (tests/data/llama/llama-gqa: grouped-query attention, rotary
 // embedding, SwiGLU) as a job's model, split over three daemons: each prompt gets the text
 // one process generates from the same folder.
-TEST(TandemdTest, AHuggingFaceLlamaOnThreeDaemonsGeneratesTheTextOneProcessDoes) {
-  const std::string dir = tandem::testing::freshDir("cluster-llama");
+// `model` (a Hugging Face folder, a model file) split [0, 2) | [2, 3) | [3, 5) over three
+// daemons generates, for two prompts, the text one process generates from it.
+void expectThreeDaemonsGenerateAsOneProcess(const std::string& dir, const std::string& model) {
   TwoNodes nodes(dir);
   ASSERT_TRUE(nodes.made);
   DaemonProcess c(dir, nodes.key, "c");
@@ -461,12 +462,11 @@ TEST(TandemdTest, AHuggingFaceLlamaOnThreeDaemonsGeneratesTheTextOneProcessDoes)
                          << "', devices: [{backend: cpu}]}\n"
                          << "  - {name: c, address: '" << c.address()
                          << "', devices: [{backend: cpu}]}\n";
-  const std::string folder = TANDEM_SOURCE_DIR "/tests/data/llama/llama-gqa";
-  const std::string job = dir + "/llama.yaml";
-  std::ofstream(job) << "model: " << folder << "\npartition: [[0, 2], [2, 3], [3, 5]]\n";
+  const std::string job = dir + "/split.yaml";
+  std::ofstream(job) << "model: " << model << "\npartition: [[0, 2], [2, 3], [3, 5]]\n";
   const std::string prompts = "printf 'the cat\\nonce upon a time\\n' | ";
   const std::string opts = " --serve --tokens 12";
-  const Ran here = run(prompts + kCli + " generate " + folder + opts);
+  const Ran here = run(prompts + kCli + " generate " + model + opts);
   ASSERT_EQ(here.code, 0) << here.out;
   const Ran there = run(prompts + kCli + " generate " + job + opts + " --cluster " + cluster);
   ASSERT_EQ(there.code, 0) << there.out;
@@ -479,6 +479,25 @@ TEST(TandemdTest, AHuggingFaceLlamaOnThreeDaemonsGeneratesTheTextOneProcessDoes)
   }
   for (const DaemonProcess* d : {&nodes.a, &nodes.b, &c})
     EXPECT_NE(d->log().find("started worker"), std::string::npos) << d->log();
+}
+
+TEST(TandemdTest, AHuggingFaceLlamaOnThreeDaemonsGeneratesTheTextOneProcessDoes) {
+  expectThreeDaemonsGenerateAsOneProcess(tandem::testing::freshDir("cluster-llama"),
+                                         TANDEM_SOURCE_DIR "/tests/data/llama/llama-gqa");
+}
+
+// The same model with int8 weights (`tandem quantize`), given to the job as its model file.
+TEST(TandemdTest, AnInt8ModelOnThreeDaemonsGeneratesTheTextOneProcessDoes) {
+  const std::string dir = tandem::testing::freshDir("cluster-int8");
+  const Ran imported =
+      run(kCli + " import " TANDEM_SOURCE_DIR "/tests/data/llama/llama-gqa --out " + dir +
+          "/llama.tdm");
+  ASSERT_EQ(imported.code, 0) << imported.out;
+  const Ran quantized = run(kCli + " quantize " + dir + "/llama.tdm " + dir + "/int8.tdm --int8");
+  ASSERT_EQ(quantized.code, 0) << quantized.out;
+  EXPECT_NE(quantized.out.find("int8 with a scale per output row; wrote"), std::string::npos)
+      << quantized.out;
+  expectThreeDaemonsGenerateAsOneProcess(dir, dir + "/int8.tdm");
 }
 
 TEST(TandemdTest, ADaemonKilledMidRunEndsTheRunNamingTheNode) {

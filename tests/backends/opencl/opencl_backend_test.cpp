@@ -103,11 +103,11 @@ TEST(OpenClBackendTest, KernelsAreSetUpFromTheCacheOnTheSecondStart) {
   options.cache_dir = dir;
   {
     opencl::OpenClBackend first(options);
-    EXPECT_EQ(first.kernelSetup().programs, 3);
+    EXPECT_EQ(first.kernelSetup().programs, 4);
     EXPECT_EQ(first.kernelSetup().from_cache, 0);
   }
   opencl::OpenClBackend second(options);
-  EXPECT_EQ(second.kernelSetup().from_cache, 3);
+  EXPECT_EQ(second.kernelSetup().from_cache, 4);
   Tensor t = second.empty({5});
   second.fill(t, 2.0f);  // the cached programs run
   EXPECT_EQ(toHost(t), std::vector<float>(5, 2.0f));

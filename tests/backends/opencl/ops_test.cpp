@@ -10,6 +10,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/opencl/opencl_backend.h"
+#include "core/quantize.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -288,6 +289,21 @@ std::vector<OpCase> cases() {
          return Outputs{toHost(y), toHost(back), toHost(x)};
        },
        2e-5},
+      // int8 weights in two groups per row; n + 2 rows: the CPU's direct kernel up to 15,
+      // its dequantized panels from 16 on (n = 127).
+      {"gemm_q8",
+       [](Backend& be, int64_t n) {
+         const int64_t m = n + 2, k = 2 * n + 2;
+         const QuantizedRows q = quantizeRows(randomVector(5, n * k), n, k, k / 2, "w");
+         Tensor x = toDevice(be, {m, k}, randomVector(6, m * k));
+         Tensor w = be.empty({n, k}, DType::kI8);
+         be.upload(w, q.values.data());
+         Tensor scales = toDevice(be, {n, 2}, q.scales);
+         Tensor y = be.empty({m, n});
+         be.gemmQ8(x, w, scales, y);
+         return Outputs{toHost(y)};
+       },
+       1e-5},
       {"embedding",
        [](Backend& be, int64_t n) {
          const int64_t vocab = 11, d = n, m = 2 * n + 3;
