@@ -101,8 +101,9 @@ ModelFile dequantizeModel(const ModelFile& file) {
   for (const HostTensor& t : file.params) by_name[t.name] = &t;
   for (const HostTensor& t : file.params) {
     if (t.dtype != DType::kI8) {
-      const bool is_scales = t.name.size() > 7 && t.name.ends_with(".scales") &&
-                             by_name.count(t.name.substr(0, t.name.size() - 7));
+      const auto base = by_name.find(
+          t.name.ends_with(".scales") ? t.name.substr(0, t.name.size() - 7) : std::string());
+      const bool is_scales = base != by_name.end() && base->second->dtype == DType::kI8;
       if (!is_scales) out.params.push_back(t);
       continue;
     }
