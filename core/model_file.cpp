@@ -172,7 +172,13 @@ OptimizerOptions optionsFrom(const std::string& kind, const std::map<std::string
 
 std::vector<uint8_t> serializeModel(const Model& model, const Optimizer* optimizer,
                                     const std::map<std::string, AttrValue>& metadata) {
-  FlatBufferBuilder b(1 << 16);
+  // Room for every tensor's bytes from the start: a builder that grows by doubling copies
+  // a large model's weights again at each step (page faults a large import pays for).
+  size_t bytes = size_t{1} << 16;
+  for (const Param* p : model.params()) bytes += p->value.bytes() + 64;
+  if (optimizer)
+    for (const auto& [name, t] : optimizer->state()) bytes += t.bytes() + 64;
+  FlatBufferBuilder b(bytes);
   const ModelSpec spec = model.spec();
   std::vector<Offset<fb::Layer>> layers;
   for (const auto& l : spec.layers) layers.push_back(writeLayer(b, l));
