@@ -22,7 +22,8 @@ bool takesInt8Weights(const std::string& layer_type);
 ModelFile quantizeModel(const ModelFile& file, int64_t group, Backend& backend);
 
 // `file` with its int8 weights as the f32 values they stand for (the spec without
-// `weights` and `group`); a model without int8 weights comes back unchanged.
+// `weights` and `group`); a model without int8 weights comes back unchanged (a copy:
+// callers check hasInt8Weights first where the weights are large).
 ModelFile dequantizeModel(const ModelFile& file);
 
 // Whether any layer of `spec` holds int8 weights.

@@ -104,13 +104,14 @@ void addExport(CLI::App& app) {
   c->add_option("--dtype", a->dtype, "The safetensors weights' type")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   c->callback([a] {
-    const ModelFile read = readModelFile(a->model);
-    if (hasInt8Weights(read.spec))
+    ModelFile file = readModelFile(a->model);
+    if (hasInt8Weights(file.spec)) {
       std::printf(
           "note: %s holds int8 weights; they are written as the f32 values they stand "
           "for\n",
           a->model.c_str());
-    const ModelFile file = dequantizeModel(read);
+      file = dequantizeModel(file);
+    }
     if (!a->folder.empty()) {
       std::string dtype = a->dtype;
       for (char& ch : dtype) ch = static_cast<char>(std::toupper(ch));
@@ -159,14 +160,14 @@ void addQuantize(CLI::App& app) {
     const ModelFile file = readModelFile(a->model);
     cpu::CpuBackend be(cpu::CpuOptions{1});
     const ModelFile quantized = quantizeModel(file, a->group, be);
-    const std::unique_ptr<Model> before = loadModel(file, be);
+    const int64_t f32_bytes = Model(file.spec).paramBytes();  // shapes only: nothing built
     const std::unique_ptr<Model> model = loadModel(quantized, be);
     saveModel(a->out, *model, nullptr, quantized.metadata);
     const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
     std::printf("quantized %s: weights %.2f MiB -> %.2f MiB (%.3fx), int8 with %s; wrote %s\n",
-                a->model.c_str(), mib(before->paramBytes()), mib(model->paramBytes()),
+                a->model.c_str(), mib(f32_bytes), mib(model->paramBytes()),
                 static_cast<double>(model->paramBytes()) /
-                    static_cast<double>(std::max<int64_t>(1, before->paramBytes())),
+                    static_cast<double>(std::max<int64_t>(1, f32_bytes)),
                 a->group ? ("a scale per " + std::to_string(a->group) + " inputs").c_str()
                          : "a scale per output row",
                 a->out.c_str());
