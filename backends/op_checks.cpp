@@ -55,6 +55,28 @@ void checkColumns(const Tensor& col, const Tensor& images, const Window2d& g,
                           << cols << "]");
 }
 
+ConvDims checkConv(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
+                   const Window2d& g, std::string_view device, const char* op) {
+  checkWindowInput(x, g, device, op);
+  TANDEM_CHECK_MSG(y.shape().rank() == 4, InvalidArgument,
+                   device << " " << op << ": output " << y.shape() << " is not [N, OC, OH, OW]");
+  ConvDims d{x.shape()[0], y.shape()[1], g.channels * g.kernel_h * g.kernel_w};
+  const Shape want{d.n, d.oc, g.outHeight(), g.outWidth()};
+  TANDEM_CHECK_MSG(y.shape() == want, InvalidArgument,
+                   device << " " << op << ": output " << y.shape() << ", expected " << want);
+  TANDEM_CHECK_MSG(w.numel() == d.oc * d.k, InvalidArgument,
+                   device << " " << op << ": weight " << w.shape() << " holds " << w.numel()
+                          << " values, expected [" << d.oc << ", " << g.channels << ", "
+                          << g.kernel_h << ", " << g.kernel_w << "]");
+  TANDEM_CHECK_MSG(
+      !bias.defined() || bias.numel() == d.oc, InvalidArgument,
+      device << " " << op << ": bias " << bias.shape() << ", expected [" << d.oc << "]");
+  for (const Tensor* t : {&x, &w, &bias, &y})
+    TANDEM_CHECK_MSG(!t->defined() || t->dtype() == DType::kF32, InvalidArgument,
+                     device << " " << op << ": tensors must be f32, got " << dtypeName(t->dtype()));
+  return d;
+}
+
 void checkArgmax(const Tensor& argmax, const Tensor& y, std::string_view device, const char* op) {
   TANDEM_CHECK_MSG(
       argmax.shape() == y.shape(), InvalidArgument,

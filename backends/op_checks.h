@@ -32,6 +32,14 @@ int64_t checkPool(const Tensor& input, const Tensor& pooled, const Window2d& g,
 // col is [C*kh*kw, n*OH*OW] for images [n, C, H, W] (im2col's output, col2im's input).
 void checkColumns(const Tensor& col, const Tensor& images, const Window2d& g,
                   std::string_view device, const char* op);
+// A convolution's tensors: x [n, C, H, W] matching the window, w of OC * C*kh*kw elements
+// (OC from y), y [n, OC, OH, OW], bias undefined or [OC] elements; all f32-sized. Returns n,
+// OC and K = C*kh*kw.
+struct ConvDims {
+  int64_t n = 0, oc = 0, k = 0;
+};
+ConvDims checkConv(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
+                   const Window2d& g, std::string_view device, const char* op);
 // argmax has the shape of the pooled tensor y (max pooling and its backward).
 void checkArgmax(const Tensor& argmax, const Tensor& y, std::string_view device, const char* op);
 

@@ -1,10 +1,19 @@
 #include "core/backend.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
 
 namespace tandem {
+
+int64_t convColumnChunk(const Window2d& g, int64_t out_channels, int64_t n) {
+  constexpr int64_t kColumnBudget = int64_t{1} << 20;  // elements: 4 MiB of f32
+  const int64_t per_sample =
+      std::max(g.channels * g.kernel_h * g.kernel_w, out_channels) * g.outHeight() * g.outWidth();
+  return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(per_sample, 1), 1,
+                             std::max<int64_t>(n, 1));
+}
 
 Tensor Backend::empty(const Shape& shape, DType dtype) {
   try {

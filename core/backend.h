@@ -54,6 +54,11 @@ struct Window2d {
   int64_t outWidth() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
 };
 
+// Samples per chunk where a backend composes convolution from im2col, gemm and transpose01
+// (backends/composed_conv.h): the column buffer [C*kh*kw, chunk*OH*OW] and the channel-major
+// output [out_channels, chunk*OH*OW] both within 4 MiB of f32; 1 to n.
+int64_t convColumnChunk(const Window2d& g, int64_t out_channels, int64_t n);
+
 struct SgdStep {
   float lr = 0.01f;
   float momentum = 0.0f;

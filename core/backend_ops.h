@@ -78,6 +78,23 @@
     (col, g, dx))                                                                              \
   /* src viewed as [A, B, R] (A = dim 0, B = dim 1) -> dst [B, A, R]. */                       \
   X(Transpose01, void, transpose01, (const Tensor& src, const Tensor& dst), (src, dst))        \
+  /* --- convolution: x [n, C, H, W] (C = g.channels), w [OC, C, kh, kw] or [OC, C*kh*kw] --- */ \
+  /* y [n, OC, OH, OW] = the cross-correlation of x with w, plus bias[o] where bias is         \
+     defined ([OC]). Each output's sum over C*kh*kw runs in one order whatever the batch    \
+     and threads (a sample's outputs never depend on the others in its batch). */          \
+  X(Conv2d, void, conv2d, (const Tensor& x, const Tensor& w, const Tensor& bias,               \
+                           const Window2d& g, const Tensor& y),                                \
+    (x, w, bias, g, y))                                                                        \
+  /* dx [n, C, H, W] (overwritten) = conv2d's input gradient for dy [n, OC, OH, OW]. */        \
+  X(Conv2dBackwardData, void, conv2dBackwardData, (const Tensor& dy, const Tensor& w,          \
+                                                   const Window2d& g, const Tensor& dx),       \
+    (dy, w, g, dx))                                                                            \
+  /* dw += conv2d's weight gradient and db[o] += dy's sum over samples and pixels (where db    \
+     is defined), each summed sample by sample in the batch's order, whatever the threads. */ \
+  X(Conv2dBackwardWeight, void, conv2dBackwardWeight, (const Tensor& x, const Tensor& dy,      \
+                                                       const Window2d& g, const Tensor& dw,    \
+                                                       const Tensor& db),                      \
+    (x, dy, g, dw, db))                                                                        \
   /* --- pooling over [N, C, H, W] --- */                                                      \
   /* argmax (i32) holds, per output, the flat index inside its input plane. */                 \
   X(MaxPool, void, maxPool, (const Tensor& x, const Window2d& g, const Tensor& y,              \

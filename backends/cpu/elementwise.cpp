@@ -6,6 +6,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/fast_math.h"
+#include "backends/cpu/row_sums.h"
 #include "backends/op_checks.h"
 #include "core/error.h"
 #include "core/random.h"
@@ -148,6 +149,17 @@ double CpuBackend::dot(const Tensor& a, const Tensor& b) {
   return total;
 }
 
+TANDEM_CLONES double sum8(const float* __restrict x, int64_t n) {
+  float lanes[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] += x[i + k];
+  double sum = 0;
+  for (int k = 0; k < 8; ++k) sum += lanes[k];
+  for (; i < n; ++i) sum += x[i];
+  return sum;
+}
+
 void CpuBackend::addBias(const Tensor& y, const Tensor& bias) {
   const backends::ChannelView v = backends::channelView(y, bias.numel(), "cpu", "addBias");
   float* yp = f32(y);
@@ -187,12 +199,7 @@ void CpuBackend::biasGrad(const Tensor& dy, const Tensor& db) {
   pool_.parallelFor(v.c, 1, [&](int64_t b, int64_t e) {
     for (int64_t c = b; c < e; ++c) {
       double acc = 0;
-      for (int64_t n = 0; n < v.n; ++n) {
-        const float* p = dp + (n * v.c + c) * v.r;
-        float s = 0;
-        for (int64_t i = 0; i < v.r; ++i) s += p[i];
-        acc += s;
-      }
+      for (int64_t n = 0; n < v.n; ++n) acc += sum8(dp + (n * v.c + c) * v.r, v.r);
       gp[c] += static_cast<float>(acc);
     }
   });

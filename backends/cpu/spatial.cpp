@@ -1,12 +1,14 @@
-// Spatial kernels of the CPU backend: im2col/col2im for convolution, the [A,B,R]
+// Spatial kernels of the CPU backend: the column matrix (im2col/col2im) of convolution, the [A,B,R]
 // transpose that moves between sample-major and channel-major layouts, and pooling.
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
+#include "backends/cpu/columns.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/op_checks.h"
 #include "core/error.h"
+#include "core/simd.h"
 
 namespace tandem::cpu {
 
@@ -21,76 +23,124 @@ void validRange(int64_t k, int64_t stride, int64_t pad, int64_t w, int64_t out, 
   while (hi < out && hi * stride - pad + k < w) ++hi;
 }
 
+// dst[i] += src[i * stride] for i < n: one tap's output row back into its input row.
+TANDEM_CLONES void addStrided(const float* __restrict src, float* __restrict dst, int64_t n,
+                              int64_t stride) {
+  if (stride == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i * stride] += src[i];
+  }
+}
+
+// One output row of a 2x2, stride 2, unpadded max pool over input rows r0 and r1 (r0 at
+// flat index `base` of its plane, r1 `width` further): each window's first maximum in
+// (row, column) order, as the general loop picks it, by selects that vectorise.
+TANDEM_CLONES void maxPool2x2Row(const float* __restrict r0, const float* __restrict r1, int64_t ow,
+                                 int32_t base, int32_t width, float* __restrict out,
+                                 int32_t* __restrict arg) {
+  for (int64_t ox = 0; ox < ow; ++ox) {
+    const float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
+    const int32_t at = base + 2 * static_cast<int32_t>(ox);
+    float best = a;
+    int32_t best_at = at;
+    best_at = b > best ? at + 1 : best_at;
+    best = b > best ? b : best;
+    best_at = c > best ? at + width : best_at;
+    best = c > best ? c : best;
+    best_at = d > best ? at + width + 1 : best_at;
+    best = d > best ? d : best;
+    out[ox] = best;
+    arg[ox] = best_at;
+  }
+}
+
 }  // namespace
+
+void im2colRows(const float* x, const Window2d& g, int64_t r0, int64_t r1, int64_t oy0, int64_t oy1,
+                float* col, int64_t ld) {
+  const int64_t ow = g.outWidth(), plane = g.height * g.width;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t c = r / (g.kernel_h * g.kernel_w);
+    const int64_t ki = (r / g.kernel_w) % g.kernel_h, kj = r % g.kernel_w;
+    const float* src = x + c * plane;
+    float* dst = col + (r - r0) * ld;
+    int64_t lo, hi;
+    validRange(kj, g.stride_w, g.pad_w, g.width, ow, lo, hi);
+    for (int64_t oy = oy0; oy < oy1; ++oy) {
+      const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+      float* out = dst + (oy - oy0) * ow;
+      if (iy < 0 || iy >= g.height) {
+        std::fill(out, out + ow, 0.0f);
+        continue;
+      }
+      const float* in = src + iy * g.width - g.pad_w + kj;
+      std::fill(out, out + lo, 0.0f);
+      if (g.stride_w == 1) {
+        std::memcpy(out + lo, in + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+      } else {
+        for (int64_t ox = lo; ox < hi; ++ox) out[ox] = in[ox * g.stride_w];
+      }
+      std::fill(out + hi, out + ow, 0.0f);
+    }
+  }
+}
+
+void col2imRows(const float* col, int64_t ld, const Window2d& g, int64_t c0, int64_t c1,
+                int64_t oy0, int64_t oy1, float* dx) {
+  const int64_t ow = g.outWidth(), plane = g.height * g.width;
+  for (int64_t c = c0; c < c1; ++c) {
+    float* dst = dx + c * plane;
+    for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+      for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+        const float* src = col + (((c - c0) * g.kernel_h + ki) * g.kernel_w + kj) * ld;
+        int64_t lo, hi;
+        validRange(kj, g.stride_w, g.pad_w, g.width, ow, lo, hi);
+        for (int64_t oy = oy0; oy < oy1; ++oy) {
+          const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+          if (iy < 0 || iy >= g.height) continue;
+          float* out = dst + iy * g.width - g.pad_w + kj + lo * g.stride_w;
+          addStrided(src + (oy - oy0) * ow + lo, out, hi - lo, g.stride_w);
+        }
+      }
+    }
+  }
+}
 
 void CpuBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& col) {
   backends::checkWindowInput(x, g, "cpu", "im2col");
   const int64_t n = x.shape()[0];
-  const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
-  const int64_t rows = g.channels * g.kernel_h * g.kernel_w;
+  const int64_t ohw = g.outHeight() * g.outWidth(), taps = g.kernel_h * g.kernel_w;
   backends::checkColumns(col, x, g, "cpu", "im2col");
   const float* xp = f32(x);
   float* cp = f32(col);
-  const int64_t plane = g.height * g.width;
-  pool_.parallelFor(
-      rows * n, std::max<int64_t>(1, 4096 / std::max<int64_t>(ohw, 1)), [&](int64_t b, int64_t e) {
-        for (int64_t idx = b; idx < e; ++idx) {
-          const int64_t row = idx / n, s = idx % n;
-          const int64_t c = row / (g.kernel_h * g.kernel_w);
-          const int64_t ki = (row / g.kernel_w) % g.kernel_h, kj = row % g.kernel_w;
-          const float* src = xp + (s * g.channels + c) * plane;
-          float* dst = cp + row * (n * ohw) + s * ohw;
-          int64_t lo, hi;
-          validRange(kj, g.stride_w, g.pad_w, g.width, ow, lo, hi);
-          for (int64_t oy = 0; oy < oh; ++oy) {
-            const int64_t iy = oy * g.stride_h - g.pad_h + ki;
-            float* out = dst + oy * ow;
-            if (iy < 0 || iy >= g.height) {
-              std::fill(out, out + ow, 0.0f);
-              continue;
-            }
-            const float* in = src + iy * g.width - g.pad_w + kj;
-            std::fill(out, out + lo, 0.0f);
-            if (g.stride_w == 1) {
-              std::memcpy(out + lo, in + lo, static_cast<size_t>(hi - lo) * sizeof(float));
-            } else {
-              for (int64_t ox = lo; ox < hi; ++ox) out[ox] = in[ox * g.stride_w];
-            }
-            std::fill(out + hi, out + ow, 0.0f);
-          }
-        }
-      });
+  const int64_t sample = g.channels * g.height * g.width;
+  pool_.parallelFor(g.channels * n, std::max<int64_t>(1, 4096 / std::max<int64_t>(taps * ohw, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t idx = b; idx < e; ++idx) {
+                        const int64_t c = idx / n, s = idx % n;
+                        im2colRows(xp + s * sample, g, c * taps, (c + 1) * taps, 0, g.outHeight(),
+                                   cp + c * taps * n * ohw + s * ohw, n * ohw);
+                      }
+                    });
 }
 
 void CpuBackend::col2im(const Tensor& col, const Window2d& g, const Tensor& dx) {
   backends::checkWindowInput(dx, g, "cpu", "col2im");
   const int64_t n = dx.shape()[0];
-  const int64_t oh = g.outHeight(), ow = g.outWidth(), ohw = oh * ow;
+  const int64_t ohw = g.outHeight() * g.outWidth(), taps = g.kernel_h * g.kernel_w;
   backends::checkColumns(col, dx, g, "cpu", "col2im");
   const float* cp = f32(col);
   float* xp = f32(dx);
-  const int64_t plane = g.height * g.width;
+  const int64_t plane = g.height * g.width, sample = g.channels * plane;
   // Each (channel, sample) plane is written by one range only, in a fixed order.
   pool_.parallelFor(g.channels * n, 1, [&](int64_t b, int64_t e) {
     for (int64_t idx = b; idx < e; ++idx) {
       const int64_t c = idx / n, s = idx % n;
-      float* dst = xp + (s * g.channels + c) * plane;
-      std::fill(dst, dst + plane, 0.0f);
-      for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
-        for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-          const int64_t row = (c * g.kernel_h + ki) * g.kernel_w + kj;
-          const float* src = cp + row * (n * ohw) + s * ohw;
-          int64_t lo, hi;
-          validRange(kj, g.stride_w, g.pad_w, g.width, ow, lo, hi);
-          for (int64_t oy = 0; oy < oh; ++oy) {
-            const int64_t iy = oy * g.stride_h - g.pad_h + ki;
-            if (iy < 0 || iy >= g.height) continue;
-            float* out = dst + iy * g.width - g.pad_w + kj;
-            const float* in = src + oy * ow;
-            for (int64_t ox = lo; ox < hi; ++ox) out[ox * g.stride_w] += in[ox];
-          }
-        }
-      }
+      float* plane_s = xp + s * sample + c * plane;
+      std::fill(plane_s, plane_s + plane, 0.0f);
+      col2imRows(cp + c * taps * n * ohw + s * ohw, n * ohw, g, c, c + 1, 0, g.outHeight(),
+                 xp + s * sample);
     }
   });
 }
@@ -117,11 +167,20 @@ void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
   float* yp = f32(y);
   int32_t* ap = i32(argmax);
   const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
+  const bool halving = g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 &&
+                       g.pad_h == 0 && g.pad_w == 0;
   pool_.parallelFor(n * g.channels, 8, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
       const float* in = xp + p * plane;
       float* out = yp + p * oh * ow;
       int32_t* arg = ap + p * oh * ow;
+      if (halving) {
+        for (int64_t oy = 0; oy < oh; ++oy)
+          maxPool2x2Row(in + 2 * oy * g.width, in + (2 * oy + 1) * g.width, ow,
+                        static_cast<int32_t>(2 * oy * g.width), static_cast<int32_t>(g.width),
+                        out + oy * ow, arg + oy * ow);
+        continue;
+      }
       for (int64_t oy = 0; oy < oh; ++oy) {
         const int64_t y0 = std::max<int64_t>(0, oy * g.stride_h - g.pad_h);
         const int64_t y1 = std::min(g.height, oy * g.stride_h - g.pad_h + g.kernel_h);

@@ -3,6 +3,7 @@
 // reference op for op; the comments in the .cl files say where order matters.
 #include <cmath>
 
+#include "backends/composed_conv.h"
 #include "backends/op_checks.h"
 #include "backends/opencl/launch.h"
 
@@ -147,6 +148,22 @@ void OpenClBackend::transpose01(const Tensor& src, const Tensor& dst) {
   requireF32(src, "transpose01");
   requireF32(dst, "transpose01");
   launch("transpose01_f32", items(src.numel()), src, dst, u(t.a), u(t.b), u(t.r));
+}
+
+// Convolution runs as im2col, gemm (CLBlast) and transpose01 (backends/composed_conv.h).
+void OpenClBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
+                           const Tensor& y) {
+  backends::composedConv2d(*this, label_, x, w, bias, g, y);
+}
+
+void OpenClBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const Window2d& g,
+                                       const Tensor& dx) {
+  backends::composedConv2dBackwardData(*this, label_, dy, w, g, dx);
+}
+
+void OpenClBackend::conv2dBackwardWeight(const Tensor& x, const Tensor& dy, const Window2d& g,
+                                         const Tensor& dw, const Tensor& db) {
+  backends::composedConv2dBackwardWeight(*this, label_, x, dy, g, dw, db);
 }
 
 void OpenClBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,

@@ -7,12 +7,6 @@
 
 namespace tandem {
 
-namespace {
-// Column-buffer budget in elements (4 MiB of f32): big enough for full-speed GEMMs,
-// small enough to stay in cache-friendly territory and off the memory peak.
-constexpr int64_t kColumnBudget = int64_t{1} << 20;
-}  // namespace
-
 Conv2d::Conv2d(const LayerSpec& spec) {
   SpecReader r(spec);
   out_channels_ = r.integer("out");
@@ -59,79 +53,28 @@ std::vector<Param*> Conv2d::params() {
   return {&weight_};
 }
 
-int64_t Conv2d::chunk(int64_t n) const {
-  // Both the column buffer and the channel-major output buffer stay within the budget.
-  const int64_t ohw = g_.outHeight() * g_.outWidth();
-  const int64_t per_sample =
-      std::max(in_channels_ * g_.kernel_h * g_.kernel_w, out_channels_) * ohw;
-  return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(per_sample, 1), 1,
-                             std::max<int64_t>(n, 1));
-}
-
 Tensor Conv2d::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
-  const int64_t n = x.shape()[0];
-  const int64_t k = in_channels_ * g_.kernel_h * g_.kernel_w;
-  const int64_t ohw = g_.outHeight() * g_.outWidth();
-  const int64_t oc = out_channels_;
-  const Tensor w2 = weight_.value.reshape({oc, k});
-  Tensor y = backend_->empty({n, oc, g_.outHeight(), g_.outWidth()});
-  const int64_t c = chunk(n);
-  Tensor col = backend_->empty({k, c * ohw});
-  Tensor tmp = c > 1 ? backend_->empty({oc, c * ohw}) : Tensor();
-  for (int64_t n0 = 0; n0 < n; n0 += c) {
-    const int64_t cn = std::min(c, n - n0);
-    const Tensor colv = col.head({k, cn * ohw});
-    backend_->im2col(x.slice(n0, cn), g_, colv);
-    if (cn == 1) {
-      backend_->gemm(false, false, 1.0f, w2, colv, 0.0f, y.slice(n0, 1).reshape({oc, ohw}));
-    } else {
-      const Tensor t = tmp.head({oc, cn * ohw});
-      backend_->gemm(false, false, 1.0f, w2, colv, 0.0f, t);
-      backend_->transpose01(t.reshape({oc, cn, ohw}), y.slice(n0, cn).reshape({cn, oc, ohw}));
-    }
-  }
-  if (bias_) backend_->addBias(y, b_.value);
+  Tensor y = backend_->empty({x.shape()[0], out_channels_, g_.outHeight(), g_.outWidth()});
+  backend_->conv2d(x, weight_.value, bias_ ? b_.value : Tensor(), g_, y);
   stash.saved = {x};
   return y;
 }
 
 Tensor Conv2d::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   const Tensor& x = stash.saved.at(0);
-  const int64_t n = x.shape()[0];
-  const int64_t k = in_channels_ * g_.kernel_h * g_.kernel_w;
-  const int64_t ohw = g_.outHeight() * g_.outWidth();
-  const int64_t oc = out_channels_;
-  const Tensor w2 = weight_.value.reshape({oc, k});
-  const Tensor dw2 = weight_.grad.reshape({oc, k});
-  if (bias_) backend_->biasGrad(dy, b_.grad);
-  Tensor dx = need_dx ? backend_->empty(x.shape()) : Tensor();
-  const int64_t c = chunk(n);
-  Tensor col = backend_->empty({k, c * ohw});
-  Tensor tmp = c > 1 ? backend_->empty({oc, c * ohw}) : Tensor();
-  for (int64_t n0 = 0; n0 < n; n0 += c) {
-    const int64_t cn = std::min(c, n - n0);
-    Tensor dyt;  // [oc, cn * ohw], channel-major
-    if (cn == 1) {
-      dyt = dy.slice(n0, 1).reshape({oc, ohw});
-    } else {
-      dyt = tmp.head({oc, cn * ohw});
-      backend_->transpose01(dy.slice(n0, cn).reshape({cn, oc, ohw}), dyt.reshape({oc, cn, ohw}));
-    }
-    const Tensor colv = col.head({k, cn * ohw});
-    backend_->im2col(x.slice(n0, cn), g_, colv);
-    backend_->gemm(false, true, 1.0f, dyt, colv, 1.0f, dw2);
-    if (need_dx) {  // the column buffer is free again: reuse it for d(col)
-      backend_->gemm(true, false, 1.0f, w2, dyt, 0.0f, colv);
-      backend_->col2im(colv, g_, dx.slice(n0, cn));
-    }
-  }
+  backend_->conv2dBackwardWeight(x, dy, g_, weight_.grad, bias_ ? b_.grad : Tensor());
+  if (!need_dx) return Tensor();
+  Tensor dx = backend_->empty(x.shape());
+  backend_->conv2dBackwardData(dy, weight_.value, g_, dx);
   return dx;
 }
 
 int64_t Conv2d::workspaceBytes(int64_t batch) const {
-  // The column buffer, and the channel-major output of a chunk of more than one sample.
+  // What a backend that composes convolution allocates (the column buffer and, for a chunk
+  // of several samples, the channel-major output); the CPU's kernels take less: a tile of
+  // at most 256 KiB per thread.
   const int64_t ohw = g_.outHeight() * g_.outWidth();
-  const int64_t c = chunk(batch);
+  const int64_t c = convColumnChunk(g_, out_channels_, batch);
   const int64_t col = in_channels_ * g_.kernel_h * g_.kernel_w * c * ohw;
   return (col + (c > 1 ? out_channels_ * c * ohw : 0)) * 4;
 }
@@ -158,10 +101,7 @@ LayerSpec Conv2d::spec() const {
 }
 
 std::vector<OpUse> Conv2d::ops(bool training) const {
-  const std::initializer_list<Op> forward = {Op::kIm2col, Op::kGemm, Op::kTranspose01};
-  std::vector<OpUse> out = f32Ops(training, forward, {Op::kCol2im});
-  if (bias_) out = unionOps({out, f32Ops(training, {Op::kAddBias}, {Op::kBiasGrad})});
-  return out;
+  return f32Ops(training, {Op::kConv2d}, {Op::kConv2dBackwardData, Op::kConv2dBackwardWeight});
 }
 
 }  // namespace tandem

@@ -1,5 +1,5 @@
-// Conv2d over [C, H, W] samples by im2col + GEMM, a chunk of samples at a time so the
-// column buffer stays bounded while each GEMM stays large enough to run at BLAS speed.
+// Conv2d over [C, H, W] samples: the backend's conv2d and its two gradients (the CPU's
+// own kernels; OpenCL's composed from im2col, gemm and transpose01).
 #pragma once
 
 #include "core/layers/layer.h"
@@ -26,9 +26,6 @@ class Conv2d final : public Layer {
   Shape infer(const Shape& input) override;
 
  private:
-  // Samples per im2col chunk for a batch of n.
-  int64_t chunk(int64_t n) const;
-
   int64_t out_channels_, in_channels_ = 0;
   Window2d g_;
   bool bias_;

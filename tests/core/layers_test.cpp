@@ -13,8 +13,10 @@
 #include <functional>
 #include <memory>
 
+#include "backends/composed_conv.h"
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/layers/conv2d.h"
 #include "core/layers/registry.h"
 #include "core/model.h"
 #include "core/model_spec.h"
@@ -135,21 +137,34 @@ TEST(LayerGradTest, LinearOnSequences) {
 }
 
 // What a convolution says its scratch is (Layer::workspaceBytes, which the partitioner's
-// memory model counts) is what its forward holds beyond its input and output: one sample's
-// columns, a batch's columns and channel-major output, and no more past its chunk.
+// memory model counts, whatever the device) bounds what its forward holds beyond its input
+// and output: exactly what a backend that composes convolution from im2col and gemm holds
+// (one sample's columns, a chunk's columns and channel-major output, no more past its
+// chunk), and at least the CPU kernels' column tiles.
 TEST(LayerGradTest, Conv2dScratchIsWhatItsForwardHolds) {
   for (const int64_t batch : {1, 16, 600}) {
-    cpu::CpuBackend be(cpu::CpuOptions{1});
-    Model m(parseModelSpec(
-        "input: [3, 12, 12]\nlayers:\n  - conv2d: {out: 8, kernel: 3, padding: 1}\n"));
-    m.build(be, 1);
-    const Tensor x = be.zeros({batch, 3, 12, 12});
-    const int64_t before = be.memoryUse().live;
-    Stash stash;
-    const Tensor y = m.forward(x, stash, ForwardContext{true, 0});
-    const int64_t scratch = be.memoryUse().peak - before - y.numel() * 4;
-    EXPECT_EQ(scratch, m.layer(0).workspaceBytes(batch)) << "batch " << batch;
-    EXPECT_GT(scratch, 0);
+    for (const int threads : {1, 2}) {
+      cpu::CpuBackend be(cpu::CpuOptions{threads});
+      Model m(parseModelSpec(
+          "input: [3, 12, 12]\nlayers:\n  - conv2d: {out: 8, kernel: 3, padding: 1}\n"));
+      m.build(be, 1);
+      const Tensor x = be.zeros({batch, 3, 12, 12});
+      int64_t before = be.memoryUse().live;
+      Stash stash;
+      const Tensor y = m.forward(x, stash, ForwardContext{true, 0});
+      const int64_t cpu_scratch = be.memoryUse().peak - before - y.numel() * 4;
+      EXPECT_GT(cpu_scratch, 0);
+      EXPECT_LE(cpu_scratch, m.layer(0).workspaceBytes(batch)) << "batch " << batch;
+      cpu::CpuBackend fresh(cpu::CpuOptions{threads});
+      const Tensor x2 = fresh.zeros({batch, 3, 12, 12});
+      const Tensor w = fresh.zeros({8, 3, 3, 3}), b = fresh.zeros({8});
+      const Tensor y2 = fresh.empty({batch, 8, 12, 12});
+      before = fresh.memoryUse().live;
+      const auto* conv = static_cast<const Conv2d*>(&m.layer(0));
+      backends::composedConv2d(fresh, "cpu", x2, w, b, conv->window(), y2);
+      EXPECT_EQ(fresh.memoryUse().peak - before, m.layer(0).workspaceBytes(batch))
+          << "batch " << batch;
+    }
   }
   cpu::CpuBackend be(cpu::CpuOptions{1});
   Model m(

@@ -256,11 +256,11 @@ TEST(OnnxImportTest, ImportedForADeviceItsLacksAreNamedByNode) {
       {"small.onnx: node 'MaxPool_p': cpu cannot run it (a maxpool2d layer)",
        "lacks maxPool on f32"});
   testing::ForwardingBackend serve_only(
-      cpu, {{Op::kCol2im, DType::kF32}, {Op::kSoftmaxCrossEntropy, DType::kF32}});
+      cpu, {{Op::kConv2dBackwardData, DType::kF32}, {Op::kSoftmaxCrossEntropy, DType::kF32}});
   const ImportedModel imported = importOnnx(smallCnn(), "small.onnx", &serve_only);
   ASSERT_EQ(imported.notes.size(), 3u);
   EXPECT_NE(imported.notes[1].find("node 'Conv_c': cpu can serve this conv2d layer but "
-                                   "not train it: its backend lacks col2im on f32"),
+                                   "not train it: its backend lacks conv2dBackwardData on f32"),
             std::string::npos)
       << imported.notes[1];
   EXPECT_NE(imported.notes[2].find("node 'Gemm_y': cpu can serve this linear layer but "

@@ -27,12 +27,11 @@ class SpatialTest : public ::testing::TestWithParam<WindowCase> {
   cpu::CpuBackend be_{cpu::CpuOptions{3}};
 };
 
-INSTANTIATE_TEST_SUITE_P(Windows, SpatialTest,
-                         ::testing::Values(WindowCase{1, 1, 1, 1, 1, 1, 1, 0},
-                                           WindowCase{2, 3, 7, 7, 3, 3, 1, 1},
-                                           WindowCase{3, 2, 13, 7, 3, 2, 2, 1},
-                                           WindowCase{1, 5, 13, 13, 2, 2, 2, 0},
-                                           WindowCase{2, 1, 127, 3, 3, 3, 1, 1}));
+INSTANTIATE_TEST_SUITE_P(
+    Windows, SpatialTest,
+    ::testing::Values(WindowCase{1, 1, 1, 1, 1, 1, 1, 0}, WindowCase{2, 3, 7, 7, 3, 3, 1, 1},
+                      WindowCase{3, 2, 13, 7, 3, 2, 2, 1}, WindowCase{1, 5, 13, 13, 2, 2, 2, 0},
+                      WindowCase{3, 4, 8, 10, 2, 2, 2, 0}, WindowCase{2, 1, 127, 3, 3, 3, 1, 1}));
 
 TEST_P(SpatialTest, Im2colMatchesNaiveGather) {
   const Window2d g = window();
@@ -114,6 +113,27 @@ TEST_P(SpatialTest, PoolingMatchesNaive) {
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_NEAR(gm[i], want_dmax[i], 1e-6);
     EXPECT_NEAR(ga[i], want_davg[i], 1e-6);
+  }
+}
+
+// Max pooling's gradient goes to a window's first maximum in (row, column) order, on the
+// 2x2 stride-2 kernel and on the general one alike.
+TEST(SpatialOpsTest, MaxPoolRoutesTiesToTheFirstMaximum) {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  for (const int64_t stride : {2, 1}) {
+    const Window2d g{1, 4, 4, 2, 2, stride, stride, 0, 0};
+    const int64_t oh = g.outHeight(), ow = g.outWidth();
+    // Window (0, 0) ties at its last three cells; (0, 1) at its two bottom ones.
+    const std::vector<float> x = {0, 5, 1, 0,  //
+                                  5, 5, 7, 7,  //
+                                  1, 1, 1, 1,  //
+                                  1, 1, 1, 1};
+    Tensor y = be.empty({1, 1, oh, ow}), arg = be.empty({1, 1, oh, ow}, DType::kI32);
+    be.maxPool(toDevice(be, {1, 1, 4, 4}, x), g, y, arg);
+    const auto a = toHostI32(arg);
+    EXPECT_EQ(a[0], 1) << "stride " << stride;
+    EXPECT_EQ(a[1], 6) << "stride " << stride;
+    EXPECT_EQ(a[static_cast<size_t>(ow)], stride == 2 ? 8 : 4) << "stride " << stride;
   }
 }
 

@@ -97,6 +97,29 @@ OpCase convCase(const char* name, int64_t k, int64_t stride, int64_t pad) {
           1e-6};
 }
 
+// conv2d and its gradients: OpenCL's composed path against the CPU's kernels.
+OpCase conv2dCase(const char* name, int64_t k, int64_t stride, int64_t pad) {
+  return {name,
+          [=](Backend& be, int64_t n) {
+            const Window2d g = window(n, k, stride, pad);
+            const Shape xs{2, g.channels, g.height, g.width}, ws{5, g.channels, k, k};
+            const Shape ys{2, 5, g.outHeight(), g.outWidth()};
+            Tensor x = toDevice(be, xs, randomVector(6, xs.numel()));
+            Tensor w = toDevice(be, ws, randomVector(7, ws.numel()));
+            Tensor b = toDevice(be, {5}, randomVector(8, 5));
+            Tensor dy = toDevice(be, ys, randomVector(9, ys.numel()));
+            Tensor y = be.empty(ys), dx = be.empty(xs);
+            Tensor dw = toDevice(be, ws, randomVector(10, ws.numel()));
+            Tensor db = toDevice(be, {5}, randomVector(11, 5));
+            be.conv2d(x, w, b, g, y);
+            be.conv2dBackwardData(dy, w, g, dx);
+            be.conv2dBackwardWeight(x, dy, g, dw, db);
+            return Outputs{toHost(y), toHost(dx), toHost(dw), toHost(db)};
+          },
+          // dw sums up to 2 x 129 x 131 products in another order (chunks, not samples)
+          1e-4};
+}
+
 OpCase poolCase(const char* name, int64_t k, int64_t stride, int64_t pad) {
   return {name,
           [=](Backend& be, int64_t n) {
@@ -231,6 +254,9 @@ std::vector<OpCase> cases() {
       convCase("im2col_col2im_3x3", 3, 1, 1),
       convCase("im2col_col2im_3x3_stride2", 3, 2, 1),
       convCase("im2col_col2im_1x1", 1, 1, 0),
+      conv2dCase("conv2d_3x3", 3, 1, 1),
+      conv2dCase("conv2d_3x3_stride2", 3, 2, 1),
+      conv2dCase("conv2d_1x1", 1, 1, 0),
       {"transpose01",
        [](Backend& be, int64_t n) {
          Tensor src = toDevice(be, {3, n, 5}, randomVector(4, 15 * n));
