@@ -9,9 +9,11 @@ prompt, 128 and 512 new tokens. Ours: benchmarks/generate_bench (core/generate.h
 key/value cache of each attention layer). PyTorch's: benchmarks/torch_peer.py
 `generate:N:cache`, the same model with its own cache loop (keys and values
 concatenated per block) under torch.no_grad(), in a fresh process per thread count
-(OPENBLAS_NUM_THREADS, OMP_NUM_THREADS). It prints decoding tokens/s (the steps after
-the first token) and the ratio tandem/torch (>= 1.0: we are at least as fast), then the
-cache's gain: tandem's tokens/s with the cache over without it. A third row decodes a
+(OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, glibc keeping freed blocks: compare_torch.py's
+MALLOC_KEEP). It prints decoding tokens/s (the steps after the first token) and the ratio
+tandem/torch (>= 1.0: we are at least as fast), then the cache's gain: tandem's tokens/s
+with the cache over without it, then decoding's weight traffic (weight bytes x tokens/s)
+beside a memory copy's rate on the same threads (generate_bench's BM_MemoryCopy). A third row decodes a
 Llama-shaped model (width 512, 8 heads of which 2 key/value heads, rotary embedding, 6
 SwiGLU blocks, vocabulary 4096): generate_bench's BM_GenerateLlama against torch_peer.py
 `llama:128` (benchmarks/torch_llama.py, transformers' Llama written out, its own cache).
@@ -29,20 +31,26 @@ from compare_torch import ROOT, torch  # noqa: E402
 
 
 def ours(build, threads):
+    """tokens/s per case; and per case its weight traffic in GB/s, with "copy": the memory's."""
     exe = os.path.join(build, "benchmarks", "generate_bench")
     out = subprocess.run([exe, "--benchmark_format=json",
-                          "--benchmark_filter=BM_Generate.*threads:%d/" % threads],
+                          "--benchmark_filter=(BM_Generate.*|BM_MemoryCopy/)threads:%d/" % threads],
                          check=True, capture_output=True, text=True).stdout
-    result = {}
+    result, traffic = {}, {}
     for b in json.loads(out)["benchmarks"]:
         name = b["name"]  # BM_Generate/tokens:128/cache:1/threads:1/..., BM_GenerateLlama/...
+        if name.startswith("BM_MemoryCopy/"):
+            traffic["copy"] = b["gb_per_s"]
+            continue
         tokens = int(name.split("tokens:")[1].split("/")[0])
         if name.startswith("BM_GenerateLlama/"):
-            result[("llama", tokens)] = b["tokens_per_s"]
+            key = ("llama", tokens)
         elif name.startswith("BM_Generate/"):
-            cache = name.split("cache:")[1].split("/")[0] == "1"
-            result[(tokens, cache)] = b["tokens_per_s"]
-    return result
+            key = (tokens, name.split("cache:")[1].split("/")[0] == "1")
+        else:
+            continue
+        result[key], traffic[key] = b["tokens_per_s"], b["weight_gb_per_s"]
+    return result, traffic
 
 
 def main():
@@ -59,12 +67,15 @@ def main():
           "rope_theta 1e4, SwiGLU 1376, vocab 4096) on both sides, torch's own cache loop")
     print("%-40s %7s %12s %12s %8s" % ("greedy decoding, tokens/s (best of %d)" % a.rounds,
                                        "threads", "tandem", "torch", "ratio"))
-    gains = []
+    gains, copy, weights = [], {}, {}
     for t in [int(x) for x in a.threads.split(",")]:
         mine, peer = {}, {}
         for _ in range(a.rounds):
-            for key, v in ours(a.build, t).items():
-                mine[key] = max(mine.get(key, v), v)
+            rates, gbs = ours(a.build, t)
+            copy[t] = max(copy.get(t, 0.0), gbs["copy"])
+            for key, v in rates.items():
+                if v > mine.get(key, 0.0):
+                    mine[key], weights[(key, t)] = v, gbs[key]
             for n in (128, 512):
                 case = "generate:%d:cache" % n
                 v = torch(t, [case])[case]["tokens_per_s"]
@@ -85,6 +96,16 @@ def main():
     for n, t, with_cache, without in gains:
         print("%-40s %7d %12.1f %12.1f %8.2f" % ("%d tokens" % n, t, with_cache, without,
                                                  with_cache / without))
+    print("\n%-40s %7s %12s %12s %8s" % ("tandem: weights read per second, GB/s", "threads",
+                                         "decoding", "memory copy", "share"))
+    for t in sorted(copy):
+        for key, label in [((128, True), "128 tokens, cache"), ((512, True), "512 tokens, cache"),
+                           (("llama", 128), "llama-shaped, 128 tokens, cache")]:
+            print("%-40s %7d %12.1f %12.1f %7.0f%%" % (label, t, weights[(key, t)], copy[t],
+                                                       100 * weights[(key, t)] / copy[t]))
+    print("(decoding: the model's weight bytes x tokens/s, every weight read once per token; "
+          "memory copy: a 256 MiB copy on the same threads, bytes read plus bytes written per "
+          "second; a model whose weights stay in the caches can exceed it)")
     return 0
 
 

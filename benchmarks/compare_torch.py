@@ -6,7 +6,7 @@
 For each thread count it runs our Google Benchmark binary (train_step_bench) and the
 PyTorch peer (benchmarks/torch_peer.py, a fresh process with OPENBLAS_NUM_THREADS,
 OMP_NUM_THREADS and OMP_WAIT_POLICY=PASSIVE set so torch's thread count is what it
-claims), then a full Fashion-MNIST epoch of examples/models/mlp.yaml at batch 128 in
+claims, and glibc's malloc told to keep freed blocks as tandem's pool does: MALLOC_KEEP), then a full Fashion-MNIST epoch of examples/models/mlp.yaml at batch 128 in
 both. It prints milliseconds per step and the ratio torch/tandem: >= 1.0 means tandem is
 at least as fast. With --memory it also reports the peak resident memory of
 `tandem train` for the CNN at batch 128 (one epoch), from /usr/bin/time -v.
@@ -28,23 +28,35 @@ CASES = [("MlpWide_b256", "mlp-wide:256", "MLP 784-1024-1024-10, batch 256"),
 
 
 def ours(build, threads):
+    """Seconds per step and GFLOP/s per case, and the sgemm reference's GFLOP/s ("Sgemm1024")."""
     exe = os.path.join(build, "benchmarks", "train_step_bench")
     out = subprocess.run([exe, "--benchmark_format=json",
-                          "--benchmark_filter=(MlpWide_b256|Cnn_b128|GptMini_b16)/%d/" % threads],
+                          "--benchmark_filter=(MlpWide_b256|Cnn_b128|GptMini_b16|Sgemm1024)/%d/"
+                          % threads],
                          check=True, capture_output=True, text=True).stdout
-    result = {}
+    result, rate = {}, {}
     for b in json.loads(out)["benchmarks"]:
-        for key, _, _ in CASES:
+        for key in [k for k, _, _ in CASES] + ["Sgemm1024"]:
             if key in b["name"]:
                 scale = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
                 result[key] = b["real_time"] * scale
-    return result
+                rate[key] = b["gflops"]
+    return result, rate
+
+
+# tandem's CPU backend keeps freed buffers for the next step (a caching pool). PyTorch's CPU
+# tensors come from glibc's malloc, which maps every block over its threshold afresh and
+# unmaps it when freed: the CNN step then takes ~17,000 page faults (67 MB of fresh pages),
+# whose cost on this VM's hypervisor swings from 60 to 270 ms a step between runs. glibc is
+# told to keep its blocks (largest mmap threshold, no trimming), so the peer caches as we do.
+MALLOC_KEEP = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "17179869184",
+               "MALLOC_TOP_PAD_": "268435456"}
 
 
 def peer_env(threads):
     env = dict(os.environ)
     env.update(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               OMP_WAIT_POLICY="PASSIVE")
+               OMP_WAIT_POLICY="PASSIVE", **MALLOC_KEEP)
     return env
 
 
@@ -82,18 +94,34 @@ def main():
     p.add_argument("--memory", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    print("%-44s %7s %12s %12s %8s" % ("training step (best of %d rounds)" % a.rounds, "threads",
-                                       "tandem ms", "torch ms", "ratio"))
+    print("%-44s %7s %12s %12s %8s %10s %9s" % ("training step (best of %d rounds)" % a.rounds,
+                                                "threads", "tandem ms", "torch ms", "ratio",
+                                                "GFLOP/s", "of sgemm"))
+    sgemm, best_ours, best_peer = {}, {}, {}
     for t in [int(x) for x in a.threads.split(",")]:
-        mine, peer = {}, {}
+        mine, peer, flops = {}, {}, {}
         for _ in range(a.rounds):
-            for key, sec in ours(a.build, t).items():
-                mine[key] = min(mine.get(key, sec), sec)
+            seconds, rate = ours(a.build, t)
+            for key, sec in seconds.items():
+                if sec < mine.get(key, float("inf")):
+                    mine[key], flops[key] = sec, rate[key]
             for case, r in torch(t, [c for _, c, _ in CASES]).items():
                 peer[case] = min(peer.get(case, r["seconds_per_step"]), r["seconds_per_step"])
+        sgemm[t], best_ours[t], best_peer[t] = flops["Sgemm1024"], mine, peer
         for key, case, label in CASES:
             ms, pms = mine[key] * 1e3, peer[case] * 1e3
-            print("%-44s %7d %12.2f %12.2f %8.2f" % (label, t, ms, pms, pms / ms), flush=True)
+            print("%-44s %7d %12.2f %12.2f %8.2f %10.1f %8.0f%%" % (
+                label, t, ms, pms, pms / ms, flops[key], 100 * flops[key] / sgemm[t]), flush=True)
+    print("'of sgemm': beside a 1024^3 sgemm through the backend, measured in the same run: " +
+          ", ".join("%.1f GFLOP/s at %d thread%s" % (g, t, "" if t == 1 else "s")
+                    for t, g in sgemm.items()))
+    if len(sgemm) > 1:
+        t1, tn = min(sgemm), max(sgemm)
+        print("%-44s %19s %12s" % ("gain of %d threads over %d" % (tn, t1), "tandem", "torch"))
+        for key, case, label in CASES:
+            print("%-44s %19.2f %12.2f" % (label, best_ours[t1][key] / best_ours[tn][key],
+                                           best_peer[t1][case] / best_peer[tn][case]))
+        print("%-44s %19.2f" % ("sgemm 1024^3", sgemm[tn] / sgemm[t1]))
     mine = min(our_epoch(a.build, 1) for _ in range(a.rounds))
     peer = min(torch(1, ["epoch:mlp:128"])["epoch:mlp:128"]["epoch_seconds"] for _ in range(a.rounds))
     print("%-44s %7d %11.2fs %11.2fs %8.2f" % ("epoch of mlp.yaml on Fashion-MNIST, batch 128", 1,

@@ -2,7 +2,10 @@
 // of 4 heads, bytes) but with a context of 640, so 512 new tokens fit after a 16-token
 // prompt: greedy decoding of 128 and 512 tokens with the key/value cache and without it
 // (every step recomputes the prefix), at 1 and 2 threads. Counters: tokens_per_s over
-// the decoding steps (after the first token), first_token_ms (the prompt's prefill).
+// the decoding steps (after the first token), first_token_ms (the prompt's prefill), and
+// weight_gb_per_s: the model's weight bytes times tokens_per_s, the traffic of reading
+// every weight once per token (what bounds decoding one sequence), beside BM_MemoryCopy's
+// rate at the same threads (a 256 MiB copy on the pool, bytes read and written per second).
 // benchmarks/compare_generate.py runs it beside PyTorch's own cache loop.
 //
 // BM_GenerateLlama: a Llama-shaped model (width 512, 8 heads of which 2 key/value heads,
@@ -25,6 +28,7 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
@@ -88,6 +92,28 @@ void runGenerate(benchmark::State& state, const char* spec, int64_t count, bool 
   }
   state.counters["tokens_per_s"] = static_cast<double>(decoded) / decode_s;
   state.counters["first_token_ms"] = 1e3 * first_s / static_cast<double>(state.iterations());
+  state.counters["weight_gb_per_s"] =
+      static_cast<double>(model.paramBytes()) * static_cast<double>(decoded) / decode_s / 1e9;
+  state.counters["threads"] = threads;
+}
+
+// The memory's rate beside decoding's weight traffic: 256 MiB (far beyond the caches) copied
+// per iteration, split over the pool's threads; counter gb_per_s, the bytes the copy moves
+// (each read once and written once) per second.
+void BM_MemoryCopy(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  cpu::CpuBackend backend(cpu::CpuOptions{threads});
+  const int64_t count = int64_t{64} << 20;  // floats
+  const Tensor src = backend.zeros({count});
+  const Tensor dst = backend.zeros({count});
+  const float* from = backend.f32(src);
+  float* to = backend.f32(dst);
+  for (auto _ : state)
+    backend.pool().parallelFor(count, int64_t{1} << 20, [&](int64_t b, int64_t e) {
+      std::memcpy(to + b, from + b, static_cast<size_t>(e - b) * sizeof(float));
+    });
+  state.counters["gb_per_s"] = benchmark::Counter(2.0 * static_cast<double>(count) * 4 / 1e9,
+                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = threads;
 }
 
@@ -198,6 +224,13 @@ BENCHMARK(BM_Generate)
     ->ArgNames({"tokens", "cache", "threads"})
     ->ArgsProduct({{128, 512}, {1, 0}, {1, 2}})
     ->Iterations(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK(BM_MemoryCopy)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -1,7 +1,10 @@
 // Samples/s of one training step (forward, backward, SGD with momentum) on the CPU
 // backend, for the models and batches that benchmarks/compare_torch.py also runs in
 // PyTorch (examples/models/gpt-mini.yaml among them: a token-level loss over [128, 256]).
-// Inputs are random and fixed; the step includes uploading the batch.
+// Inputs are random and fixed; the step includes uploading the batch. Each case also
+// reports its arithmetic rate (`gflops`: the FLOPs of its layers with weights, counted from
+// their shapes, forward once and backward twice, over the step's time), beside BM_Sgemm1024's
+// rate at the same threads: how far from the machine's GEMM each case runs.
 #include <benchmark/benchmark.h>
 
 #include <fstream>
@@ -21,6 +24,19 @@ std::string readFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// A training step's FLOPs in its layers with weights: Layer::flops (forward, per sample)
+// times the batch, times 3 (forward, the input's and the weights' gradients), times 2 for
+// layer 0 (its input gradient is not computed). Norms, activations and the loss are left out.
+double stepFlops(const Model& model, int64_t batch) {
+  double total = 0;
+  for (size_t l = 0; l < model.size(); ++l) {
+    const Layer& layer = model.layer(l);
+    if (layer.paramCount() == 0) continue;
+    total += static_cast<double>(layer.flops()) * static_cast<double>(batch) * (l == 0 ? 2 : 3);
+  }
+  return total;
 }
 
 void runStep(benchmark::State& state, const std::string& yaml, int64_t batch) {
@@ -45,6 +61,25 @@ void runStep(benchmark::State& state, const std::string& yaml, int64_t batch) {
   state.counters["samples_per_s"] =
       benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = threads;
+  state.counters["gflops"] = benchmark::Counter(stepFlops(model, batch) / 1e9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The GEMM reference: a 1024^3 product through the backend's gemm (OpenBLAS on the pool).
+void BM_Sgemm1024(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  cpu::CpuBackend backend(cpu::CpuOptions{threads});
+  const int64_t n = 1024;
+  Rng rng(3);
+  std::vector<float> values(static_cast<size_t>(n * n));
+  for (float& v : values) v = rng.normal();
+  const Tensor a = toDevice(backend, {n, n}, values), b = toDevice(backend, {n, n}, values);
+  Tensor c = backend.empty({n, n});
+  backend.gemm(false, false, 1.0f, a, b, 0.0f, c);
+  for (auto _ : state) backend.gemm(false, false, 1.0f, a, b, 0.0f, c);
+  state.counters["gflops"] = benchmark::Counter(2.0 * static_cast<double>(n * n * n) / 1e9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = threads;
 }
 
 void BM_TrainStep_MlpWide_b256(benchmark::State& state) { runStep(state, kMlpWideYaml, 256); }
@@ -62,6 +97,7 @@ BENCHMARK(BM_TrainStep_MlpWide_b256)->Arg(1)->Arg(2)->Unit(benchmark::kMilliseco
 BENCHMARK(BM_TrainStep_Cnn_b128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TrainStep_Mlp_b128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TrainStep_GptMini_b16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Sgemm1024)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace tandem::bench

@@ -1,12 +1,14 @@
 // tandem profile: per device, each layer's forward and backward time, its activation
 // and parameter bytes, the device's memory and a GEMM summary, as the JSON profile the
 // partitioner reads (docs/profile.md).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "backends/registry.h"
 #include "core/error.h"
@@ -24,21 +26,59 @@ namespace tandem::cli {
 
 namespace {
 
-void printDevice(const DeviceProfile& d) {
+// A layer's arithmetic rate in one direction, and its share of the device's best measured
+// sgemm rate: "70.2  68%"; "-" for a layer without weights (its FLOPs are not what bounds it).
+std::string rate(double flops, double seconds, double sgemm, bool weights) {
+  if (!weights || seconds <= 0 || flops <= 0) return "-";
+  char buf[32];
+  const double gflops = flops / seconds / 1e9;
+  if (sgemm > 0) {
+    std::snprintf(buf, sizeof buf, "%.1f %3.0f%%", gflops, 100 * gflops / sgemm);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f", gflops);
+  }
+  return buf;
+}
+
+// `batch`: the batch the layers were measured at. The GFLOP/s columns count a layer's
+// forward FLOPs from its shapes (Layer::flops) and twice them backward (the input's and the
+// weights' gradients; once for layer 0, whose input gradient is not computed), beside the
+// best sgemm rate above.
+void printDevice(const DeviceProfile& d, int64_t batch) {
   std::printf("\n%s (%s): %d units, %.1f GiB", d.device.name.c_str(), d.device.model.c_str(),
               d.device.compute_units, static_cast<double>(d.device.memory_bytes) / (1 << 30));
   if (d.batch > 0) std::printf(", measured at batch %lld", static_cast<long long>(d.batch));
   std::printf("\n");
-  for (const GemmPoint& g : d.gemm)
+  double sgemm = 0;
+  for (const GemmPoint& g : d.gemm) {
     std::printf("  sgemm %lld: %.1f GFLOP/s\n", static_cast<long long>(g.n), g.gflops);
-  std::printf("  %-5s %-14s %12s %8s %12s %8s %12s %10s\n", "layer", "type", "forward ms", "spread",
-              "backward ms", "spread", "activation", "params");
+    sgemm = std::max(sgemm, g.gflops);
+  }
+  std::printf("  %-5s %-14s %12s %8s %12s %8s %12s %10s %13s %13s\n", "layer", "type", "forward ms",
+              "spread", "backward ms", "spread", "activation", "params", "fwd GFLOP/s",
+              "bwd GFLOP/s");
+  double weighted_flops = 0, weighted_s = 0;
   for (const LayerProfile& l : d.layers) {
     auto spread = [](const Spread& s) { return s.median > 0 ? (s.max - s.min) / s.median : 0; };
-    std::printf("  %-5lld %-14s %12.4f %7.0f%% %12.4f %7.0f%% %12lld %10lld\n",
+    const bool weights = l.param_bytes > 0;
+    const double fwd = static_cast<double>(l.flops) * static_cast<double>(batch);
+    const double bwd = (l.index == 0 ? 1 : 2) * fwd;
+    if (weights && l.flops > 0) {
+      weighted_flops += fwd + bwd;
+      weighted_s += l.forward.median + l.backward.median;
+    }
+    std::printf("  %-5lld %-14s %12.4f %7.0f%% %12.4f %7.0f%% %12lld %10lld %13s %13s\n",
                 static_cast<long long>(l.index), l.type.c_str(), l.forward.median * 1e3,
                 100 * spread(l.forward), l.backward.median * 1e3, 100 * spread(l.backward),
-                static_cast<long long>(l.activation_bytes), static_cast<long long>(l.param_bytes));
+                static_cast<long long>(l.activation_bytes), static_cast<long long>(l.param_bytes),
+                rate(fwd, l.forward.median, sgemm, weights).c_str(),
+                rate(bwd, l.backward.median, sgemm, weights).c_str());
+  }
+  if (weighted_s > 0) {
+    const double gflops = weighted_flops / weighted_s / 1e9;
+    std::printf("  layers with weights, forward and backward: %.1f GFLOP/s", gflops);
+    if (sgemm > 0) std::printf(", %.0f%% of sgemm", 100 * gflops / sgemm);
+    std::printf("\n");
   }
   const Sustained& su = d.sustained;
   if (su.passes > 0) {
@@ -181,7 +221,7 @@ void profileNodes(ProfileArgs& a) {
       runtime::profileOnNodes(channels, names, tasks, std::chrono::seconds(600), &cached);
   for (size_t i = 0; i < got.size(); ++i) {
     std::printf("\nnode %s%s:", names[i].c_str(), cached[i] ? " (from its cache)" : "");
-    for (const DeviceProfile& d : got[i].devices) printDevice(d);
+    for (const DeviceProfile& d : got[i].devices) printDevice(d, d.batchIn(got[i]));
     if (!a.out_dir.empty()) {
       const std::string path = a.out_dir + "/" + names[i] + ".json";
       const std::string json = profileToJson(got[i]);
@@ -298,7 +338,7 @@ void addProfile(CLI::App& app) {
             spec, [&] { return makeBackend(name, BackendOptions{a->threads}); }, a->load,
             a->options.batch);
         p.devices.push_back(profileDevice(spec, *backend, a->options));
-        printDevice(p.devices.back());
+        printDevice(p.devices.back(), p.devices.back().batchIn(p));
       }
     }
     if (a->links) {

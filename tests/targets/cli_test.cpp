@@ -293,8 +293,22 @@ TEST(CliTest, ProfileWritesASchemaValidProfileForEveryDevice) {
                        "/examples/models/mlp.yaml --batch 8 --repeats 2 --warmup 1 --devices " +
                        devices + " --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const char* s : {"cpu (", "sgemm 1024:", "forward ms", "backward ms", "linear", "wrote"})
+  for (const char* s : {"cpu (", "sgemm 1024:", "forward ms", "backward ms", "linear", "wrote",
+                        "fwd GFLOP/s", "layers with weights, forward and backward: ", "of sgemm"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  // The first linear layer (784 -> 256, layer 1) at batch 8: its forward GFLOP/s is its
+  // FLOPs over its forward time, as printed (to the table's rounding).
+  std::istringstream rows(r.out.substr(r.out.find("\n  1     linear")));
+  std::string type, spread1, spread2, fwd_pct;
+  int64_t index = 0, activation = 0, params = 0;
+  double fwd_ms = 0, bwd_ms = 0, fwd_gflops = 0;
+  ASSERT_TRUE(rows >> index >> type >> fwd_ms >> spread1 >> bwd_ms >> spread2 >> activation >>
+              params >> fwd_gflops >> fwd_pct)
+      << r.out;
+  const double flops = 8.0 * (2 * 784 * 256 + 256);
+  EXPECT_NEAR(fwd_gflops, flops / (fwd_ms * 1e-3) / 1e9,
+              0.05 + 0.01 * flops / (fwd_ms * 1e-3) / 1e9)
+      << r.out;
   const std::string check =
       "python3 -c \"import json, jsonschema; jsonschema.validate(json.load("
       "open('" +
