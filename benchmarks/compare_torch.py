@@ -60,9 +60,13 @@ def peer_env(threads):
     return env
 
 
-def torch(threads, cases):
+def torch(threads, cases, steps=None, warmup=None):
     cmd = ["/usr/bin/python3", os.path.join(ROOT, "benchmarks", "torch_peer.py"),
            "--threads", str(threads)]
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    if warmup is not None:
+        cmd += ["--warmup", str(warmup)]
     for c in cases:
         cmd += ["--case", c]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=peer_env(threads)).stdout

@@ -187,6 +187,26 @@ def bench_step(name, batch, steps, warmup):
     return {"seconds_per_step": med, "samples_per_s": batch / med}
 
 
+def bench_conv(n, c, h, w, oc, k, stride, pad, steps, warmup):
+    """One convolution with bias: forward, then the input's and the weights' gradients
+    (torch.autograd.grad of a fixed upstream gradient), each timed apart (medians)."""
+    torch.manual_seed(0)
+    x = torch.randn(n, c, h, w, requires_grad=True)
+    weight = torch.randn(oc, c, k, k, requires_grad=True)
+    bias = torch.randn(oc, requires_grad=True)
+    fwd, bwd = [], []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        y = torch.nn.functional.conv2d(x, weight, bias, stride=stride, padding=pad)
+        t1 = time.perf_counter()
+        torch.autograd.grad(y, (x, weight, bias), torch.ones_like(y))
+        t2 = time.perf_counter()
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    return {"forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd)}
+
+
 def load_idx(path):
     with gzip.open(path, "rb") as f:
         data = f.read()
@@ -218,7 +238,8 @@ def main():
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--case", action="append", required=True,
                    help="model:batch for a step, epoch:model:batch, or "
-                        "generate:TOKENS:cache|nocache, or llama:TOKENS")
+                        "generate:TOKENS:cache|nocache, llama:TOKENS, or "
+                        "conv:N:C:H:W:OC:K:STRIDE:PAD")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
@@ -234,6 +255,8 @@ def main():
             r = bench_generate(int(parts[1]), parts[2] == "cache")
         elif parts[0] == "llama":
             r = bench_llama(int(parts[1]))
+        elif parts[0] == "conv":
+            r = bench_conv(*[int(v) for v in parts[1:]], a.steps, a.warmup)
         else:
             r = bench_step(parts[0], int(parts[1]), a.steps, a.warmup)
         r.update({"case": case, "threads": a.threads, "torch": torch.__version__})
