@@ -11,6 +11,16 @@ namespace {
 
 int64_t pixels(const Window2d& g) { return g.outHeight() * g.outWidth(); }
 
+// Samples [n0, n0 + cn) of t [n, C, OH, OW] as a channel-major [C, cn * OH*OW] matrix: t's
+// own memory for one sample, else `tmp`, filled by transpose01.
+Tensor channelMajor(Backend& b, const Tensor& t, int64_t n0, int64_t cn, const Tensor& tmp) {
+  const int64_t c = t.shape()[1], hw = t.shape()[2] * t.shape()[3];
+  if (cn == 1) return t.slice(n0, 1).reshape({c, hw});
+  const Tensor out = tmp.head({c, cn * hw});
+  b.transpose01(t.slice(n0, cn).reshape({cn, c, hw}), out.reshape({c, cn, hw}));
+  return out;
+}
+
 }  // namespace
 
 void composedConv2d(Backend& b, std::string_view device, const Tensor& x, const Tensor& w,
@@ -46,11 +56,7 @@ void composedConv2dBackwardData(Backend& b, std::string_view device, const Tenso
   Tensor tmp = c > 1 ? b.empty({d.oc, c * ohw}) : Tensor();
   for (int64_t n0 = 0; n0 < d.n; n0 += c) {
     const int64_t cn = std::min(c, d.n - n0);
-    Tensor dyt = dy.slice(n0, 1).reshape({d.oc, ohw});
-    if (cn > 1) {
-      dyt = tmp.head({d.oc, cn * ohw});
-      b.transpose01(dy.slice(n0, cn).reshape({cn, d.oc, ohw}), dyt.reshape({d.oc, cn, ohw}));
-    }
+    const Tensor dyt = channelMajor(b, dy, n0, cn, tmp);
     const Tensor colv = col.head({d.k, cn * ohw});
     b.gemm(true, false, 1.0f, w2, dyt, 0.0f, colv);
     b.col2im(colv, g, dx.slice(n0, cn));
@@ -69,11 +75,7 @@ void composedConv2dBackwardWeight(Backend& b, std::string_view device, const Ten
   Tensor tmp = c > 1 ? b.empty({d.oc, c * ohw}) : Tensor();
   for (int64_t n0 = 0; n0 < d.n; n0 += c) {
     const int64_t cn = std::min(c, d.n - n0);
-    Tensor dyt = dy.slice(n0, 1).reshape({d.oc, ohw});
-    if (cn > 1) {
-      dyt = tmp.head({d.oc, cn * ohw});
-      b.transpose01(dy.slice(n0, cn).reshape({cn, d.oc, ohw}), dyt.reshape({d.oc, cn, ohw}));
-    }
+    const Tensor dyt = channelMajor(b, dy, n0, cn, tmp);
     const Tensor colv = col.head({d.k, cn * ohw});
     b.im2col(x.slice(n0, cn), g, colv);
     b.gemm(false, true, 1.0f, dyt, colv, 1.0f, dw2);
