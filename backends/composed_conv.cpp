@@ -21,24 +21,35 @@ Tensor channelMajor(Backend& b, const Tensor& t, int64_t n0, int64_t cn, const T
   return out;
 }
 
+// What each composed op sets up: the checked dims, the pixels per sample, the chunk of
+// samples and its buffers (the column matrix, and for several samples a channel-major one).
+struct Chunks {
+  ConvDims d;
+  int64_t ohw = 0, c = 0;
+  Tensor col, tmp;
+  Chunks(Backend& b, const ConvDims& dims, const Window2d& g)
+      : d(dims), ohw(pixels(g)), c(convColumnChunk(g, dims.oc, dims.n)) {
+    col = b.empty({d.k, c * ohw});
+    if (c > 1) tmp = b.empty({d.oc, c * ohw});
+  }
+};
+
 }  // namespace
 
 void composedConv2d(Backend& b, std::string_view device, const Tensor& x, const Tensor& w,
                     const Tensor& bias, const Window2d& g, const Tensor& y) {
-  const ConvDims d = checkConv(x, w, bias, y, g, device, "conv2d");
-  const int64_t ohw = pixels(g);
+  const Chunks chunks(b, checkConv(x, w, bias, y, g, device, "conv2d"), g);
+  const ConvDims& d = chunks.d;
+  const int64_t ohw = chunks.ohw, c = chunks.c;
   const Tensor w2 = w.reshape({d.oc, d.k});
-  const int64_t c = convColumnChunk(g, d.oc, d.n);
-  Tensor col = b.empty({d.k, c * ohw});
-  Tensor tmp = c > 1 ? b.empty({d.oc, c * ohw}) : Tensor();
   for (int64_t n0 = 0; n0 < d.n; n0 += c) {
     const int64_t cn = std::min(c, d.n - n0);
-    const Tensor colv = col.head({d.k, cn * ohw});
+    const Tensor colv = chunks.col.head({d.k, cn * ohw});
     b.im2col(x.slice(n0, cn), g, colv);
     if (cn == 1) {
       b.gemm(false, false, 1.0f, w2, colv, 0.0f, y.slice(n0, 1).reshape({d.oc, ohw}));
     } else {
-      const Tensor t = tmp.head({d.oc, cn * ohw});
+      const Tensor t = chunks.tmp.head({d.oc, cn * ohw});
       b.gemm(false, false, 1.0f, w2, colv, 0.0f, t);
       b.transpose01(t.reshape({d.oc, cn, ohw}), y.slice(n0, cn).reshape({cn, d.oc, ohw}));
     }
@@ -48,16 +59,14 @@ void composedConv2d(Backend& b, std::string_view device, const Tensor& x, const 
 
 void composedConv2dBackwardData(Backend& b, std::string_view device, const Tensor& dy,
                                 const Tensor& w, const Window2d& g, const Tensor& dx) {
-  const ConvDims d = checkConv(dx, w, Tensor(), dy, g, device, "conv2dBackwardData");
-  const int64_t ohw = pixels(g);
+  const Chunks chunks(b, checkConv(dx, w, Tensor(), dy, g, device, "conv2dBackwardData"), g);
+  const ConvDims& d = chunks.d;
+  const int64_t ohw = chunks.ohw, c = chunks.c;
   const Tensor w2 = w.reshape({d.oc, d.k});
-  const int64_t c = convColumnChunk(g, d.oc, d.n);
-  Tensor col = b.empty({d.k, c * ohw});
-  Tensor tmp = c > 1 ? b.empty({d.oc, c * ohw}) : Tensor();
   for (int64_t n0 = 0; n0 < d.n; n0 += c) {
     const int64_t cn = std::min(c, d.n - n0);
-    const Tensor dyt = channelMajor(b, dy, n0, cn, tmp);
-    const Tensor colv = col.head({d.k, cn * ohw});
+    const Tensor dyt = channelMajor(b, dy, n0, cn, chunks.tmp);
+    const Tensor colv = chunks.col.head({d.k, cn * ohw});
     b.gemm(true, false, 1.0f, w2, dyt, 0.0f, colv);
     b.col2im(colv, g, dx.slice(n0, cn));
   }
@@ -66,17 +75,15 @@ void composedConv2dBackwardData(Backend& b, std::string_view device, const Tenso
 void composedConv2dBackwardWeight(Backend& b, std::string_view device, const Tensor& x,
                                   const Tensor& dy, const Window2d& g, const Tensor& dw,
                                   const Tensor& db) {
-  const ConvDims d = checkConv(x, dw, db, dy, g, device, "conv2dBackwardWeight");
-  const int64_t ohw = pixels(g);
+  const Chunks chunks(b, checkConv(x, dw, db, dy, g, device, "conv2dBackwardWeight"), g);
+  const ConvDims& d = chunks.d;
+  const int64_t ohw = chunks.ohw, c = chunks.c;
   const Tensor dw2 = dw.reshape({d.oc, d.k});
   if (db.defined()) b.biasGrad(dy, db.reshape({d.oc}));
-  const int64_t c = convColumnChunk(g, d.oc, d.n);
-  Tensor col = b.empty({d.k, c * ohw});
-  Tensor tmp = c > 1 ? b.empty({d.oc, c * ohw}) : Tensor();
   for (int64_t n0 = 0; n0 < d.n; n0 += c) {
     const int64_t cn = std::min(c, d.n - n0);
-    const Tensor dyt = channelMajor(b, dy, n0, cn, tmp);
-    const Tensor colv = col.head({d.k, cn * ohw});
+    const Tensor dyt = channelMajor(b, dy, n0, cn, chunks.tmp);
+    const Tensor colv = chunks.col.head({d.k, cn * ohw});
     b.im2col(x.slice(n0, cn), g, colv);
     b.gemm(false, true, 1.0f, dyt, colv, 1.0f, dw2);
   }

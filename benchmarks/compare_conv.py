@@ -51,6 +51,12 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
+    print("conditions, both sides: the same shapes with bias, random normal data, the CPU "
+          "threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
+          "OMP_WAIT_POLICY=PASSIVE, glibc keeping freed blocks), 2 untimed rounds first, then "
+          "ours: Google Benchmark's mean over >= 0.5 s, torch: the median of 10; the best of "
+          "%d alternated rounds; ours: the backend ops the conv2d layer calls, torch: "
+          "F.conv2d and autograd.grad" % a.rounds)
     print("%-28s %7s %9s %9s %9s %9s %7s %8s %8s" % (
         "conv2d, N C HxW OC K S P", "threads", "fwd ms", "bwd ms", "torch fwd", "torch bwd",
         "ratio", "GFLOP/s", "of sgemm"))

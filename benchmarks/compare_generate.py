@@ -60,7 +60,7 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
     print("conditions, both sides: the same model shape and 16-byte prompt, greedy, one sequence, "
-          "CPU threads as in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = "
+          "CPU threads as in the table (torch: glibc keeping freed blocks, OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = "
           "threads, torch.no_grad), f32 weights, no warm-up run on either side, tokens/s over "
           "the steps after the first token; ours through core/generate.h, what `tandem "
           "generate MODEL` runs in one process; the llama row: the same Llama shape (GQA 8/2, "

@@ -98,6 +98,13 @@ def main():
     p.add_argument("--memory", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
+    print("conditions, both sides: the same models, batches and random data, one training "
+          "step (upload, zero grads, forward, cross-entropy, backward, SGD with momentum), the "
+          "CPU threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
+          "OMP_WAIT_POLICY=PASSIVE, glibc keeping freed blocks as our pool does), untimed steps "
+          "first (ours 3, torch 5), then ours: Google Benchmark's mean, torch: the median of "
+          "30; best of %d alternated rounds; ours through core/train/trainer.h, what `tandem "
+          "train` runs" % a.rounds)
     print("%-44s %7s %12s %12s %8s %10s %9s" % ("training step (best of %d rounds)" % a.rounds,
                                                 "threads", "tandem ms", "torch ms", "ratio",
                                                 "GFLOP/s", "of sgemm"))
