@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import ROOT, torch  # noqa: E402
+from compare_torch import ROOT, blas_core, torch  # noqa: E402
 
 
 def ours(build, threads):
@@ -53,10 +53,11 @@ def main():
     a = p.parse_args()
     print("conditions, both sides: the same shapes with bias, random normal data, the CPU "
           "threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
-          "OMP_WAIT_POLICY=PASSIVE, glibc keeping freed blocks), 2 untimed rounds first, then "
-          "ours: Google Benchmark's mean over >= 0.5 s, torch: the median of 10; the best of "
-          "%d alternated rounds; ours: the backend ops the conv2d layer calls, torch: "
-          "F.conv2d and autograd.grad" % a.rounds)
+          "OMP_WAIT_POLICY=PASSIVE, glibc keeping freed blocks, OPENBLAS_CORETYPE=%s as ours "
+          "runs), 2 untimed rounds first, then ours: Google Benchmark's mean over >= 0.5 s, "
+          "torch: the median of 10; the best of %d alternated rounds; ours: the backend ops "
+          "the conv2d layer calls, torch: F.conv2d and autograd.grad (oneDNN's kernels)"
+          % (blas_core(a.build), a.rounds))
     print("%-28s %7s %9s %9s %9s %9s %7s %8s %8s" % (
         "conv2d, N C HxW OC K S P", "threads", "fwd ms", "bwd ms", "torch fwd", "torch bwd",
         "ratio", "GFLOP/s", "of sgemm"))
@@ -69,7 +70,7 @@ def main():
                 if label not in mine or sum(v[:2]) < sum(mine[label][:2]):
                     mine[label] = v
             cases = [peer_case(label) for label in got]
-            for case, r in torch(t, cases, steps=10, warmup=2).items():
+            for case, r in torch(t, cases, a.build, steps=10, warmup=2).items():
                 v = (r["forward_s"], r["backward_s"])
                 if case not in peer or sum(v) < sum(peer[case]):
                     peer[case] = v

@@ -27,7 +27,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import ROOT, torch  # noqa: E402
+from compare_torch import ROOT, blas_core, torch  # noqa: E402
 
 
 def ours(build, threads):
@@ -60,11 +60,12 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
     print("conditions, both sides: the same model shape and 16-byte prompt, greedy, one sequence, "
-          "CPU threads as in the table (torch: glibc keeping freed blocks, OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = "
-          "threads, torch.no_grad), f32 weights, no warm-up run on either side, tokens/s over "
-          "the steps after the first token; ours through core/generate.h, what `tandem "
-          "generate MODEL` runs in one process; the llama row: the same Llama shape (GQA 8/2, "
-          "rope_theta 1e4, SwiGLU 1376, vocab 4096) on both sides, torch's own cache loop")
+          "CPU threads as in the table (torch: glibc keeping freed blocks, OPENBLAS_NUM_THREADS = "
+          "OMP_NUM_THREADS = threads, OPENBLAS_CORETYPE=%s as ours runs, torch.no_grad), f32 "
+          "weights, no warm-up run on either side, tokens/s over the steps after the first "
+          "token; ours through core/generate.h, what `tandem generate MODEL` runs in one "
+          "process; the llama row: the same Llama shape (GQA 8/2, rope_theta 1e4, SwiGLU "
+          "1376, vocab 4096) on both sides, torch's own cache loop" % blas_core(a.build))
     print("%-40s %7s %12s %12s %8s" % ("greedy decoding, tokens/s (best of %d)" % a.rounds,
                                        "threads", "tandem", "torch", "ratio"))
     gains, copy, weights = [], {}, {}
@@ -78,9 +79,9 @@ def main():
                     mine[key], weights[(key, t)] = v, gbs[key]
             for n in (128, 512):
                 case = "generate:%d:cache" % n
-                v = torch(t, [case])[case]["tokens_per_s"]
+                v = torch(t, [case], a.build)[case]["tokens_per_s"]
                 peer[n] = max(peer.get(n, v), v)
-            v = torch(t, ["llama:128"])["llama:128"]["tokens_per_s"]
+            v = torch(t, ["llama:128"], a.build)["llama:128"]["tokens_per_s"]
             peer["llama"] = max(peer.get("llama", v), v)
         for n in (128, 512):
             print("%-40s %7d %12.1f %12.1f %8.2f" % ("%d tokens, key/value cache" % n, t,

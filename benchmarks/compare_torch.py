@@ -6,15 +6,18 @@
 For each thread count it runs our Google Benchmark binary (train_step_bench) and the
 PyTorch peer (benchmarks/torch_peer.py, a fresh process with OPENBLAS_NUM_THREADS,
 OMP_NUM_THREADS and OMP_WAIT_POLICY=PASSIVE set so torch's thread count is what it
-claims, and glibc's malloc told to keep freed blocks as tandem's pool does: MALLOC_KEEP), then a full Fashion-MNIST epoch of examples/models/mlp.yaml at batch 128 in
-both. It prints milliseconds per step and the ratio torch/tandem: >= 1.0 means tandem is
-at least as fast. With --memory it also reports the peak resident memory of
+claims, glibc's malloc told to keep freed blocks as tandem's pool does (MALLOC_KEEP), and
+OPENBLAS_CORETYPE set to the OpenBLAS kernels tandem runs, which `tandem devices` names), then
+a full Fashion-MNIST epoch of examples/models/mlp.yaml at batch 128 in both. It prints
+milliseconds per step and the ratio torch/tandem: >= 1.0 means tandem is at least as fast.
+With --memory it also reports the peak resident memory of
 `tandem train` for the CNN at batch 128 (one epoch), from /usr/bin/time -v.
 
 Needs python3-torch (scripts/setup --with-peer). Timings on shared machines are noisy:
 compare only figures from one run.
 """
 import argparse
+import functools
 import json
 import os
 import re
@@ -53,14 +56,27 @@ MALLOC_KEEP = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "
                "MALLOC_TOP_PAD_": "268435456"}
 
 
-def peer_env(threads):
+@functools.lru_cache(maxsize=None)
+def blas_core(build):
+    """The OpenBLAS kernel set tandem runs here, as `tandem devices` names it (OpenBLAS's pick
+    for the CPU, or what OPENBLAS_CORETYPE names). The peer's matrix products are OpenBLAS's
+    too (Debian's torch, BLAS_INFO=generic): it is given the same set."""
+    exe = os.path.join(build, "targets", "tandem", "tandem")
+    out = subprocess.run([exe, "devices"], check=True, capture_output=True, text=True).stdout
+    found = re.search(r"^cpu .* OpenBLAS (\S+)", out, re.M)
+    if not found:
+        sys.exit("compare: `tandem devices` names no OpenBLAS kernel set:\n" + out)
+    return found.group(1)
+
+
+def peer_env(threads, build):
     env = dict(os.environ)
     env.update(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               OMP_WAIT_POLICY="PASSIVE", **MALLOC_KEEP)
+               OMP_WAIT_POLICY="PASSIVE", OPENBLAS_CORETYPE=blas_core(build), **MALLOC_KEEP)
     return env
 
 
-def torch(threads, cases, steps=None, warmup=None):
+def torch(threads, cases, build, steps=None, warmup=None):
     cmd = ["/usr/bin/python3", os.path.join(ROOT, "benchmarks", "torch_peer.py"),
            "--threads", str(threads)]
     if steps is not None:
@@ -69,7 +85,7 @@ def torch(threads, cases, steps=None, warmup=None):
         cmd += ["--warmup", str(warmup)]
     for c in cases:
         cmd += ["--case", c]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=peer_env(threads)).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=peer_env(threads, build)).stdout
     return {json.loads(line)["case"]: json.loads(line) for line in out.splitlines() if line.strip()}
 
 
@@ -101,10 +117,11 @@ def main():
     print("conditions, both sides: the same models, batches and random data, one training "
           "step (upload, zero grads, forward, cross-entropy, backward, SGD with momentum), the "
           "CPU threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
-          "OMP_WAIT_POLICY=PASSIVE, glibc keeping freed blocks as our pool does), untimed steps "
-          "first (ours 3, torch 5), then ours: Google Benchmark's mean, torch: the median of "
-          "30; best of %d alternated rounds; ours through core/train/trainer.h, what `tandem "
-          "train` runs" % a.rounds)
+          "OMP_WAIT_POLICY=PASSIVE, glibc keeping freed blocks as our pool does), OpenBLAS's %s "
+          "kernels (torch: OPENBLAS_CORETYPE), untimed steps first (ours 3, torch 5), then "
+          "ours: Google Benchmark's mean, torch: the median of 30; best of %d alternated "
+          "rounds; ours through core/train/trainer.h, what `tandem train` runs"
+          % (blas_core(a.build), a.rounds))
     print("%-44s %7s %12s %12s %8s %10s %9s" % ("training step (best of %d rounds)" % a.rounds,
                                                 "threads", "tandem ms", "torch ms", "ratio",
                                                 "GFLOP/s", "of sgemm"))
@@ -116,7 +133,7 @@ def main():
             for key, sec in seconds.items():
                 if sec < mine.get(key, float("inf")):
                     mine[key], flops[key] = sec, rate[key]
-            for case, r in torch(t, [c for _, c, _ in CASES]).items():
+            for case, r in torch(t, [c for _, c, _ in CASES], a.build).items():
                 peer[case] = min(peer.get(case, r["seconds_per_step"]), r["seconds_per_step"])
         sgemm[t], best_ours[t], best_peer[t] = flops["Sgemm1024"], mine, peer
         for key, case, label in CASES:
@@ -134,7 +151,7 @@ def main():
                                            best_peer[t1][case] / best_peer[tn][case]))
         print("%-44s %19.2f" % ("sgemm 1024^3", sgemm[tn] / sgemm[t1]))
     mine = min(our_epoch(a.build, 1) for _ in range(a.rounds))
-    peer = min(torch(1, ["epoch:mlp:128"])["epoch:mlp:128"]["epoch_seconds"] for _ in range(a.rounds))
+    peer = min(torch(1, ["epoch:mlp:128"], a.build)["epoch:mlp:128"]["epoch_seconds"] for _ in range(a.rounds))
     print("%-44s %7d %11.2fs %11.2fs %8.2f" % ("epoch of mlp.yaml on Fashion-MNIST, batch 128", 1,
                                               mine, peer, peer / mine))
     if a.memory:

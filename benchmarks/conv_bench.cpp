@@ -105,5 +105,3 @@ BENCHMARK(BM_ConvSgemm)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMi
 
 }  // namespace
 }  // namespace tandem::bench
-
-BENCHMARK_MAIN();

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/blas_core.h"
 #include "backends/cpu/cpu_backend.h"
 #include "benchmarks/bench_args.h"
 #include "core/data/dataset.h"
@@ -120,6 +121,7 @@ double independentPairSamplesPerSecond(const ModelSpec& spec, const Dataset& dat
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::cpu::useFasterBlasCore(argv);  // the kernels tandem's programs run
   int steps = 200, rounds = 3;
   constexpr std::string_view kName = "data_parallel_bench";
   for (const auto& [key, value] : bench::optionPairs(kName, argc, argv, kUsage)) {

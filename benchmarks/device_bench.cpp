@@ -20,6 +20,7 @@
 #include <memory>
 #include <thread>
 
+#include "backends/cpu/blas_core.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/opencl/opencl_backend.h"
 #include "benchmarks/ratio_reporter.h"
@@ -209,6 +210,7 @@ void printKernelSetup(const opencl::ClDevice& d) {
 int main(int argc, char** argv) {
   using namespace tandem;
   using namespace tandem::bench;
+  cpu::useFasterBlasCore(argv);  // the kernels tandem's programs run
   benchmark::Initialize(&argc, argv);
   std::vector<std::string> devices{"cpu"};
   for (const opencl::ClDevice& d : opencl::listClDevices()) {

@@ -250,5 +250,3 @@ BENCHMARK(BM_Int8Decode)
 
 }  // namespace
 }  // namespace tandem::bench
-
-BENCHMARK_MAIN();

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/cpu/blas_core.h"
 #include "backends/cpu/cpu_backend.h"
 #include "benchmarks/bench_args.h"
 #include "core/model_spec.h"
@@ -164,6 +165,7 @@ PipelineResult pipelined(const std::string& spec, const Dataset& d, int p, int64
 
 int main(int argc, char** argv) {
   using namespace tandem;
+  cpu::useFasterBlasCore(argv);  // the kernels tandem's programs run
   transport::keepFreedMemory();  // as the stage workers do
   int rounds = 3;
   int64_t steps = 4, batch = 2048, input = 1536;

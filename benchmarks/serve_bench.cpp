@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/blas_core.h"
 #include "backends/cpu/cpu_backend.h"
 #include "benchmarks/bench_args.h"
 #include "core/model_spec.h"
@@ -198,9 +199,10 @@ int run(int argc, char** argv) {
   httpRun(server.port(), 8, tokens);
   std::printf("gpt-mini, 1 CPU thread, %lld greedy tokens per stream, %d rounds (medians)\n",
               static_cast<long long>(tokens), rounds);
-  std::printf("both paths: the same engine, model and thread in this process, alternated, each "
-              "warmed up once;\nhttp: loopback TCP (default socket settings), clients on this "
-              "machine's cores too\n");
+  std::printf(
+      "both paths: the same engine, model and thread in this process, alternated, each "
+      "warmed up once;\nhttp: loopback TCP (default socket settings), clients on this "
+      "machine's cores too\n");
   std::printf("%7s %6s %12s %12s %14s %14s %10s\n", "streams", "path", "first p50 ms",
               "first p99 ms", "ms/token p50", "ms/token p99", "tokens/s");
   for (const int n : {1, 8, 32}) {
@@ -238,6 +240,7 @@ int run(int argc, char** argv) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  tandem::cpu::useFasterBlasCore(argv);  // the kernels tandem's programs run
   try {
     return tandem::run(argc, argv);
   } catch (const std::exception& e) {

@@ -101,5 +101,3 @@ BENCHMARK(BM_Sgemm1024)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealT
 
 }  // namespace
 }  // namespace tandem::bench
-
-BENCHMARK_MAIN();

@@ -26,7 +26,7 @@ struct DeviceInfo {
   std::string description;  // human-readable model/vendor
   int64_t memory_bytes = 0;
   int compute_units = 0;
-  std::string platform;              // OpenCL platform; "host" for the CPU
+  std::string platform;              // OpenCL platform; for the CPU "OpenBLAS" and its kernel set
   std::string model;                 // the device's own name, e.g. its CPU or GPU model
   std::string vendor;                // as the driver or CPU reports it
   int64_t max_allocation_bytes = 0;  // largest single buffer

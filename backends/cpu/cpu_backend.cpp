@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/cpu/blas_core.h"
 #include "backends/cpu/row_products.h"
 #include "backends/op_checks.h"
 #include "core/error.h"
@@ -110,7 +111,7 @@ DeviceInfo CpuBackend::hostInfo(int threads) {
                   std::string(openblas_get_config());
   d.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   d.compute_units = static_cast<int>(std::thread::hardware_concurrency());
-  d.platform = "host";
+  d.platform = "OpenBLAS " + blasCoreName();  // its kernel set decides the sgemm rate
   // x86 names its model and vendor; ARM boards often only a "Model" or "Hardware" line.
   d.model = cpuinfoField("model name");
   if (d.model.empty()) d.model = cpuinfoField("Model");

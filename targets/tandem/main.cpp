@@ -6,10 +6,12 @@
 #include <iostream>
 #include <new>
 
+#include "backends/cpu/blas_core.h"
 #include "core/error.h"
 #include "targets/tandem/commands.h"
 
 int main(int argc, char** argv) {
+  tandem::cpu::useFasterBlasCore(argv);  // backends/cpu/blas_core.h
   CLI::App app{"tandem: train and serve neural networks across heterogeneous devices"};
   app.require_subcommand(1);
   // --help shows every option's default (subcommands inherit this).

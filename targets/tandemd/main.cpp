@@ -16,6 +16,7 @@
 #include <iostream>
 #include <thread>
 
+#include "backends/cpu/blas_core.h"
 #include "core/data/text.h"
 #include "core/error.h"
 #include "runtime/control/handshake.h"
@@ -121,6 +122,7 @@ int runDaemon(const std::string& listen, const std::string& key_file, const std:
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::cpu::useFasterBlasCore(argv);  // backends/cpu/blas_core.h
   using namespace tandem::runtime;
   // Its link measurements receive large messages (transport/context.h).
   tandem::transport::keepFreedMemory();

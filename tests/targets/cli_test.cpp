@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 
+#include "backends/cpu/blas_core.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/opencl/devices.h"
 #include "core/model_file.h"
 #include "tests/process_util.h"
@@ -268,8 +270,8 @@ TEST(CliTest, AnOnnxModelRunsAsAJobAndItsSaveExportsBackBitwise) {
 TEST(CliTest, DevicesListsTheCpuAndEveryOpenClDevice) {
   const CliRun r = run("devices");
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const char* s :
-       {"device", "units", "memory", "max alloc", "fp16", "platform", "vendor", "\ncpu ", " host "})
+  for (const char* s : {"device", "units", "memory", "max alloc", "fp16", "platform", "vendor",
+                        "\ncpu ", " OpenBLAS "})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   const auto cl = tandem::opencl::listClDevices();
   for (const auto& d : cl) {
@@ -280,6 +282,43 @@ TEST(CliTest, DevicesListsTheCpuAndEveryOpenClDevice) {
   if (cl.empty()) {
     EXPECT_NE(r.out.find("no OpenCL devices: "), std::string::npos) << r.out;
   }
+}
+
+// The OpenBLAS kernel set `tandem devices` names on the CPU's line.
+std::string cpuBlasCore(const std::string& out) {
+  const auto line = out.find("\ncpu ");
+  const auto at = out.find(" OpenBLAS ", line);
+  if (line == std::string::npos || at == std::string::npos) return "";
+  const auto begin = at + std::string(" OpenBLAS ").size();
+  return out.substr(begin, out.find(' ', begin) - begin);
+}
+
+// `tandem devices` names the kernels OpenBLAS runs: a set as wide as the CPU (OpenBLAS's
+// pick, or the one tandem restarts onto, backends/cpu/blas_core.h), or the set
+// OPENBLAS_CORETYPE names, kept as named.
+TEST(CliTest, DevicesNamesTheOpenBlasKernelsThatRun) {
+  const CliRun r = run("devices");
+  ASSERT_EQ(r.code, 0) << r.out;
+  // The same library, CPU and environment as this test's (which starts as tandem does).
+  EXPECT_EQ("OpenBLAS " + cpuBlasCore(r.out), tandem::cpu::CpuBackend::hostInfo(1).platform)
+      << r.out;
+  const tandem::cpu::BlasCoreFacts here = tandem::cpu::blasCoreFacts();
+  const CliRun unnamed = tandem::testing::runCommand("env -u OPENBLAS_CORETYPE " +
+                                                     std::string(TANDEM_CLI) + " devices");
+  ASSERT_EQ(unnamed.code, 0) << unnamed.out;
+  if (here.dynamic_arch) {
+    EXPECT_GE(static_cast<int>(tandem::cpu::coreClass(cpuBlasCore(unnamed.out))),
+              static_cast<int>(here.cpu))
+        << unnamed.out;
+  }
+#if defined(__x86_64__)
+  for (const char* core : {"Haswell", "Prescott"}) {
+    const CliRun named = tandem::testing::runCommand(std::string("OPENBLAS_CORETYPE=") + core +
+                                                     " " + TANDEM_CLI + " devices");
+    ASSERT_EQ(named.code, 0) << named.out;
+    EXPECT_EQ(cpuBlasCore(named.out), core) << named.out;
+  }
+#endif
 }
 
 // tandem profile on every device there is: a table per device, a JSON file that
