@@ -22,15 +22,16 @@ Tensor channelMajor(Backend& b, const Tensor& t, int64_t n0, int64_t cn, const T
 }
 
 // What each composed op sets up: the checked dims, the pixels per sample, the chunk of
-// samples and its buffers (the column matrix, and for several samples a channel-major one).
+// samples and its buffers (the column matrix, and for several samples a channel-major one
+// unless the op does without: `channel_major` false).
 struct Chunks {
   ConvDims d;
   int64_t ohw = 0, c = 0;
   Tensor col, tmp;
-  Chunks(Backend& b, const ConvDims& dims, const Window2d& g)
+  Chunks(Backend& b, const ConvDims& dims, const Window2d& g, bool channel_major = true)
       : d(dims), ohw(pixels(g)), c(convColumnChunk(g, dims.oc, dims.n)) {
     col = b.empty({d.k, c * ohw});
-    if (c > 1) tmp = b.empty({d.oc, c * ohw});
+    if (c > 1 && channel_major) tmp = b.empty({d.oc, c * ohw});
   }
 };
 
@@ -75,17 +76,36 @@ void composedConv2dBackwardData(Backend& b, std::string_view device, const Tenso
 void composedConv2dBackwardWeight(Backend& b, std::string_view device, const Tensor& x,
                                   const Tensor& dy, const Window2d& g, const Tensor& dw,
                                   const Tensor& db) {
-  const Chunks chunks(b, checkConv(x, dw, db, dy, g, device, "conv2dBackwardWeight"), g);
+  const ConvDims dims = checkConv(x, dw, db, dy, g, device, "conv2dBackwardWeight");
+  const int64_t group = convWeightGradGroup(g, dims.oc, convColumnChunk(g, dims.oc, dims.n));
+  const Chunks chunks(b, dims, g, group == 0);
   const ConvDims& d = chunks.d;
   const int64_t ohw = chunks.ohw, c = chunks.c;
-  const Tensor dw2 = dw.reshape({d.oc, d.k});
   if (db.defined()) b.biasGrad(dy, db.reshape({d.oc}));
+  // Batched: each sample's columns [K, OH*OW] in a row, and the group's partial gradients.
+  Tensor per_sample, partial;
+  if (group > 0) {
+    per_sample = b.empty({c, d.k, ohw});
+    partial = b.empty({group, d.oc * d.k});
+  }
   for (int64_t n0 = 0; n0 < d.n; n0 += c) {
     const int64_t cn = std::min(c, d.n - n0);
-    const Tensor dyt = channelMajor(b, dy, n0, cn, chunks.tmp);
     const Tensor colv = chunks.col.head({d.k, cn * ohw});
     b.im2col(x.slice(n0, cn), g, colv);
-    b.gemm(false, true, 1.0f, dyt, colv, 1.0f, dw2);
+    if (group == 0) {
+      const Tensor dyt = channelMajor(b, dy, n0, cn, chunks.tmp);
+      b.gemm(false, true, 1.0f, dyt, colv, 1.0f, dw.reshape({d.oc, d.k}));
+      continue;
+    }
+    const Tensor cols = per_sample.head({cn, d.k, ohw});
+    b.transpose01(colv.reshape({d.k, cn, ohw}), cols);
+    for (int64_t j = 0; j < cn; j += group) {
+      const int64_t m = std::min(group, cn - j);
+      const Tensor p = partial.head({m, d.oc * d.k});
+      b.gemmBatched(false, true, 1.0f, dy.slice(n0 + j, m).reshape({m, d.oc, ohw}),
+                    cols.slice(j, m), 0.0f, p.reshape({m, d.oc, d.k}));
+      b.biasGrad(p, dw.reshape({d.oc * d.k}));
+    }
   }
 }
 

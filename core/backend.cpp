@@ -15,6 +15,12 @@ int64_t convColumnChunk(const Window2d& g, int64_t out_channels, int64_t n) {
                              std::max<int64_t>(n, 1));
 }
 
+int64_t convWeightGradGroup(const Window2d& g, int64_t out_channels, int64_t chunk) {
+  const int64_t fit = chunk * g.outHeight() * g.outWidth() / std::max<int64_t>(out_channels, 1);
+  const int64_t group = std::min(fit, chunk);
+  return group >= 2 ? group : 0;
+}
+
 Tensor Backend::empty(const Shape& shape, DType dtype) {
   try {
     return Tensor(allocate(static_cast<size_t>(shape.numel()) * dtypeSize(dtype)), shape, dtype);

@@ -58,6 +58,13 @@ struct Window2d {
 // (backends/composed_conv.h): the column buffer [C*kh*kw, chunk*OH*OW] and the channel-major
 // output [out_channels, chunk*OH*OW] both within 4 MiB of f32; 1 to n.
 int64_t convColumnChunk(const Window2d& g, int64_t out_channels, int64_t n);
+// Samples per batched product where such a backend forms a chunk's weight gradient one
+// product per sample, the samples' partial gradients [group, out_channels * C*kh*kw] then
+// summed (biasGrad): as many as fit in the column buffer's size, up to `chunk`; 0 where
+// fewer than two fit, and the chunk's gradient is one product over all its pixels. A
+// gradient with few entries, each a sum over many pixels, is one small output with a long
+// inner dimension as a single product, which leaves most of a GPU idle.
+int64_t convWeightGradGroup(const Window2d& g, int64_t out_channels, int64_t chunk);
 
 struct SgdStep {
   float lr = 0.01f;

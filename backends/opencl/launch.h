@@ -34,12 +34,24 @@ template <typename... Args>
 void OpenClBackend::launch(const char* name, size_t items, const Args&... args) {
   if (items == 0) return;
   Kernel& k = kernel(name);
-  const size_t global = (items + k.local - 1) / k.local * k.local;
+  enqueue(k, name, (items + k.local - 1) / k.local * k.local, k.local, args...);
+}
+
+template <typename... Args>
+void OpenClBackend::launchGroups(const char* name, size_t groups, size_t local,
+                                 const Args&... args) {
+  if (groups == 0) return;
+  enqueue(kernel(name), name, groups * local, local, args...);
+}
+
+template <typename... Args>
+void OpenClBackend::enqueue(Kernel& k, const char* name, size_t global, size_t local,
+                            const Args&... args) {
   std::lock_guard<std::mutex> lock(launch_mutex_);
   try {
     cl_uint i = 0;
     (detail::setArg(*this, k.kernel, i, args), ...);
-    queue_.enqueueNDRangeKernel(k.kernel, cl::NullRange, cl::NDRange(global), cl::NDRange(k.local));
+    queue_.enqueueNDRangeKernel(k.kernel, cl::NullRange, cl::NDRange(global), cl::NDRange(local));
   } catch (const cl::Error& e) {
     throw deviceError(e, std::string("running kernel ").append(name).append(" on ").append(label_));
   }

@@ -69,6 +69,11 @@ class OpenClBackend final : public Backend {
   // defined in launch.h, which maps tensors to (buffer, offset) argument pairs.
   template <typename... Args>
   void launch(const char* name, size_t items, const Args&... args);
+  // Runs kernel `name` as `groups` work-groups of `local` items (a power of two no larger
+  // than the kernel's work-group size, kernel(name).local): for kernels that reduce in a
+  // work-group.
+  template <typename... Args>
+  void launchGroups(const char* name, size_t groups, size_t local, const Args&... args);
 
  private:
   friend class ClStorage;
@@ -77,6 +82,8 @@ class OpenClBackend final : public Backend {
     size_t local = 1;  // work-group size used for launches
   };
   Kernel& kernel(const char* name);
+  template <typename... Args>
+  void enqueue(Kernel& k, const char* name, size_t global, size_t local, const Args&... args);
   void requireF32(const Tensor& t, const char* op) const;
   void requireI32(const Tensor& t, const char* op) const;
   // Host copy of an i32 tensor (ids and labels are checked on the host).

@@ -63,7 +63,13 @@ void OpenClBackend::biasGrad(const Tensor& dy, const Tensor& db) {
   const backends::ChannelView v = backends::channelView(dy, db.numel(), label_, "biasGrad");
   requireF32(dy, "biasGrad");
   requireF32(db, "biasGrad");
-  launch("bias_grad_f32", items(v.c), dy, db, u(v.n), u(v.c), u(v.r));
+  // A work-group per channel, of no more items than the channel has values.
+  size_t local = 1;
+  const size_t count = items(v.n * v.r), most = kernel("bias_grad_f32").local;
+  while (local < count && local < most) local *= 2;
+  const size_t acc = device_.fp64 ? sizeof(double) : sizeof(float);
+  launchGroups("bias_grad_f32", items(v.c), local, dy, db, u(v.n), u(v.c), u(v.r),
+               cl::Local(local * acc));
 }
 
 void OpenClBackend::activation(Activation kind, const Tensor& x, const Tensor& y) {

@@ -71,12 +71,17 @@ Tensor Conv2d::backward(const Tensor& dy, Stash& stash, bool need_dx) {
 
 int64_t Conv2d::workspaceBytes(int64_t batch) const {
   // What a backend that composes convolution allocates (the column buffer and, for a chunk
-  // of several samples, the channel-major output); the CPU's kernels take less: a tile of
-  // at most 256 KiB per thread.
+  // of several samples, the channel-major output; for a batched weight gradient the
+  // columns sample by sample and the partial gradients); the CPU's kernels take less: a
+  // tile of at most 256 KiB per thread.
   const int64_t ohw = g_.outHeight() * g_.outWidth();
   const int64_t c = convColumnChunk(g_, out_channels_, batch);
-  const int64_t col = in_channels_ * g_.kernel_h * g_.kernel_w * c * ohw;
-  return (col + (c > 1 ? out_channels_ * c * ohw : 0)) * 4;
+  const int64_t k = in_channels_ * g_.kernel_h * g_.kernel_w;
+  const int64_t col = k * c * ohw;
+  const int64_t composed = col + (c > 1 ? out_channels_ * c * ohw : 0);
+  const int64_t group = convWeightGradGroup(g_, out_channels_, c);
+  const int64_t batched = group > 0 ? 2 * col + group * out_channels_ * k : 0;
+  return std::max(composed, batched) * 4;
 }
 
 int64_t Conv2d::paramCount() const {

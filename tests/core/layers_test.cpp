@@ -141,7 +141,28 @@ TEST(LayerGradTest, LinearOnSequences) {
 // and output: exactly what a backend that composes convolution from im2col and gemm holds
 // (one sample's columns, a chunk's columns and channel-major output, no more past its
 // chunk), and at least the CPU kernels' column tiles.
-TEST(LayerGradTest, Conv2dScratchIsWhatItsForwardHolds) {
+// The batched weight gradient's group: its partials [group, OC, K] within the column
+// buffer [K, chunk * OH*OW], at most the chunk, and at least two samples or none.
+TEST(LayerGradTest, ConvWeightGradGroupFitsTheColumnBufferAndNeedsTwoSamples) {
+  Window2d first;  // the example CNN's first convolution: 784 pixels, 32 output channels
+  first.channels = 1, first.height = first.width = 28, first.kernel_h = first.kernel_w = 3;
+  first.pad_h = first.pad_w = 1;
+  EXPECT_EQ(convColumnChunk(first, 32, 64), 41);
+  EXPECT_EQ(convWeightGradGroup(first, 32, 41), 41);
+  EXPECT_EQ(convWeightGradGroup(first, 32, 1), 0);  // one sample: one product
+  Window2d deep;  // 7x7 pixels, 512 output channels: a sample's partial outgrows its columns
+  deep.channels = 512, deep.height = deep.width = 7, deep.kernel_h = deep.kernel_w = 3;
+  deep.pad_h = deep.pad_w = 1;
+  EXPECT_EQ(convWeightGradGroup(deep, 512, 10), 0);  // 10 x 49 / 512: under two
+  EXPECT_EQ(convWeightGradGroup(deep, 512, 21), 2);  // 21 x 49 / 512 = 2
+  for (const int64_t chunk : {2, 5, 21, 100}) {
+    const int64_t group = convWeightGradGroup(deep, 512, chunk);
+    EXPECT_LE(group * 512, chunk * 49) << chunk;
+    EXPECT_LE(group, chunk);
+  }
+}
+
+TEST(LayerGradTest, Conv2dScratchIsTheMostItsComposedOpsHold) {
   for (const int64_t batch : {1, 16, 600}) {
     for (const int threads : {1, 2}) {
       cpu::CpuBackend be(cpu::CpuOptions{threads});
@@ -155,15 +176,24 @@ TEST(LayerGradTest, Conv2dScratchIsWhatItsForwardHolds) {
       const int64_t cpu_scratch = be.memoryUse().peak - before - y.numel() * 4;
       EXPECT_GT(cpu_scratch, 0);
       EXPECT_LE(cpu_scratch, m.layer(0).workspaceBytes(batch)) << "batch " << batch;
-      cpu::CpuBackend fresh(cpu::CpuOptions{threads});
-      const Tensor x2 = fresh.zeros({batch, 3, 12, 12});
-      const Tensor w = fresh.zeros({8, 3, 3, 3}), b = fresh.zeros({8});
-      const Tensor y2 = fresh.empty({batch, 8, 12, 12});
-      before = fresh.memoryUse().live;
+      // A backend that composes the ops holds the most of its three ops' scratch: the
+      // forward's, or (batch 16: one product per sample) the batched weight gradient's.
       const auto* conv = static_cast<const Conv2d*>(&m.layer(0));
-      backends::composedConv2d(fresh, "cpu", x2, w, b, conv->window(), y2);
-      EXPECT_EQ(fresh.memoryUse().peak - before, m.layer(0).workspaceBytes(batch))
-          << "batch " << batch;
+      int64_t most = 0;
+      for (int op = 0; op < 3; ++op) {
+        cpu::CpuBackend fresh(cpu::CpuOptions{threads});
+        const Tensor x2 = fresh.zeros({batch, 3, 12, 12}), dy = fresh.zeros({batch, 8, 12, 12});
+        const Tensor w = fresh.zeros({8, 3, 3, 3}), b = fresh.zeros({8});
+        before = fresh.memoryUse().live;
+        if (op == 0) backends::composedConv2d(fresh, "cpu", x2, w, b, conv->window(), dy);
+        if (op == 1) backends::composedConv2dBackwardData(fresh, "cpu", dy, w, conv->window(), x2);
+        if (op == 2)
+          backends::composedConv2dBackwardWeight(fresh, "cpu", x2, dy, conv->window(), w, b);
+        most = std::max(most, fresh.memoryUse().peak - before);
+      }
+      // The CPU backend rounds each of the (at most three) buffers up to 64 bytes.
+      EXPECT_GE(most, m.layer(0).workspaceBytes(batch)) << "batch " << batch;
+      EXPECT_LT(most, m.layer(0).workspaceBytes(batch) + 3 * 64) << "batch " << batch;
     }
   }
   cpu::CpuBackend be(cpu::CpuOptions{1});

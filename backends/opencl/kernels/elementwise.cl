@@ -172,20 +172,27 @@ __kernel void add_bias_f32(__global float* y, ulong y_off, __global const float*
   if (i < n) y[y_off + i] += bias[b_off + (i / r) % c];
 }
 
-// db[ch] += sum over n, r of dy[n, ch, r], one item per channel, in the CPU reference's
-// order: per sample a float sum over r, the samples summed in acc_t.
+// db[ch] += sum over n, r of dy[n, ch, r]: one work-group per channel (a power-of-two
+// local size), each item summing every local-size-th of the channel's n * r values in
+// acc_t, then a tree sum in local memory: a fixed order, and the whole GPU busy where a
+// few channels each sum many values (a convolution's bias over the batch's pixels).
 __kernel void bias_grad_f32(__global const float* dy, ulong dy_off, __global float* db,
-                            ulong db_off, ulong samples, ulong c, ulong r) {
-  const size_t ch = get_global_id(0);
-  if (ch >= c) return;
-  acc_t acc = 0;
-  for (ulong s = 0; s < samples; ++s) {
-    __global const float* p = dy + dy_off + (s * c + ch) * r;
-    float t = 0;
-    for (ulong i = 0; i < r; ++i) t += p[i];
-    acc += t;
+                            ulong db_off, ulong samples, ulong c, ulong r,
+                            __local acc_t* scratch) {
+  const size_t ch = get_group_id(0), lid = get_local_id(0), lsize = get_local_size(0);
+  acc_t t = 0;
+  const ulong count = samples * r;
+  for (ulong j = lid; j < count; j += lsize) {
+    const ulong s = j / r;
+    t += dy[dy_off + (s * c + ch) * r + (j - s * r)];
   }
-  db[db_off + ch] += (float)acc;
+  scratch[lid] = t;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (size_t step = lsize / 2; step > 0; step /= 2) {
+    if (lid < step) scratch[lid] += scratch[lid + step];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid == 0) db[db_off + ch] += (float)scratch[0];
 }
 
 // --- optimizers ---

@@ -116,7 +116,8 @@ OpCase conv2dCase(const char* name, int64_t k, int64_t stride, int64_t pad) {
             be.conv2dBackwardWeight(x, dy, g, dw, db);
             return Outputs{toHost(y), toHost(dx), toHost(dw), toHost(db)};
           },
-          // dw sums up to 2 x 129 x 131 products in another order (chunks, not samples)
+          // dw sums up to 2 x 129 x 131 products in another order (per-sample partial
+          // products summed, or one product over the chunk's pixels)
           1e-4};
 }
 
