@@ -189,7 +189,7 @@ void OpenClBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, cons
   requireF32(dy, "maxPoolBackward");
   requireI32(argmax, "maxPoolBackward");
   requireF32(dx, "maxPoolBackward");
-  launch("max_pool_backward_f32", items(n * g.channels), dy, argmax, dx, static_cast<cl_long>(n),
+  launch("max_pool_backward_f32", items(dx.numel()), dy, argmax, dx, static_cast<cl_long>(n),
          g);
 }
 

@@ -80,20 +80,29 @@ __kernel void max_pool_f32(__global const float* x, ulong x_off, __global float*
   argmax[a_off + k] = (int)best_at;
 }
 
-// One item per input plane, scattering in output order as the reference does; indices
-// outside the plane are ignored.
+// One item per input element, gathering from the windows that hold it in output order:
+// the reference scatters in that order, so each element's sum is the same. An argmax
+// outside the plane matches no element.
 __kernel void max_pool_backward_f32(__global const float* dy, ulong dy_off,
                                     __global const int* argmax, ulong a_off, __global float* dx,
                                     ulong dx_off, long n, WINDOW) {
-  const long p = get_global_id(0);
-  if (p >= n * channels) return;
-  const long plane = height * width, ohw = out_h * out_w;
-  __global float* out = dx + dx_off + p * plane;
-  for (long i = 0; i < plane; ++i) out[i] = 0.0f;
-  for (long i = 0; i < ohw; ++i) {
-    const int at = argmax[a_off + p * ohw + i];
-    if (at >= 0 && at < plane) out[at] += dy[dy_off + p * ohw + i];
-  }
+  const long k = get_global_id(0);
+  if (k >= n * channels * height * width) return;
+  const long ix = k % width, iy = (k / width) % height, p = k / (width * height);
+  const long ohw = out_h * out_w, at = iy * width + ix;
+  // Windows oy hold row iy where oy * stride_h - pad_h <= iy < oy * stride_h - pad_h + kh.
+  const long ylo = iy + pad_h - kh + 1, xlo = ix + pad_w - kw + 1;
+  const long oy0 = ylo <= 0 ? 0 : (ylo + stride_h - 1) / stride_h;
+  const long ox0 = xlo <= 0 ? 0 : (xlo + stride_w - 1) / stride_w;
+  const long oy1 = min((iy + pad_h) / stride_h, out_h - 1);
+  const long ox1 = min((ix + pad_w) / stride_w, out_w - 1);
+  float s = 0.0f;
+  for (long oy = oy0; oy <= oy1; ++oy)
+    for (long ox = ox0; ox <= ox1; ++ox) {
+      const long o = p * ohw + oy * out_w + ox;
+      if (argmax[a_off + o] == at) s += dy[dy_off + o];
+    }
+  dx[dx_off + k] = s;
 }
 
 // Average with padding counted as zeros (divisor kh * kw), one item per output.
