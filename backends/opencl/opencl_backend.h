@@ -69,11 +69,6 @@ class OpenClBackend final : public Backend {
   // defined in launch.h, which maps tensors to (buffer, offset) argument pairs.
   template <typename... Args>
   void launch(const char* name, size_t items, const Args&... args);
-  // Runs kernel `name` as `groups` work-groups of `local` items (a power of two no larger
-  // than the kernel's work-group size, kernel(name).local): for kernels that reduce in a
-  // work-group.
-  template <typename... Args>
-  void launchGroups(const char* name, size_t groups, size_t local, const Args&... args);
 
  private:
   friend class ClStorage;
@@ -82,6 +77,11 @@ class OpenClBackend final : public Backend {
     size_t local = 1;  // work-group size used for launches
   };
   Kernel& kernel(const char* name);
+  // Runs kernel `name` as `groups` work-groups of `local` items (a power of two no larger
+  // than the kernel's work-group size, kernel(name).local): for kernels that reduce in a
+  // work-group.
+  template <typename... Args>
+  void launchGroups(const char* name, size_t groups, size_t local, const Args&... args);
   template <typename... Args>
   void enqueue(Kernel& k, const char* name, size_t global, size_t local, const Args&... args);
   void requireF32(const Tensor& t, const char* op) const;

@@ -82,7 +82,8 @@ __kernel void max_pool_f32(__global const float* x, ulong x_off, __global float*
 
 // One item per input element, gathering from the windows that hold it in output order:
 // the reference scatters in that order, so each element's sum is the same. An argmax
-// outside the plane matches no element.
+// outside its window (maxPool writes none; the CPU would still scatter one inside the
+// plane) or outside the plane matches no element.
 __kernel void max_pool_backward_f32(__global const float* dy, ulong dy_off,
                                     __global const int* argmax, ulong a_off, __global float* dx,
                                     ulong dx_off, long n, WINDOW) {
