@@ -22,16 +22,17 @@ Tensor channelMajor(Backend& b, const Tensor& t, int64_t n0, int64_t cn, const T
 }
 
 // What each composed op sets up: the checked dims, the pixels per sample, the chunk of
-// samples and its buffers (the column matrix, and for several samples a channel-major one
-// unless the op does without: `channel_major` false).
+// samples and its buffers: the column matrix, and for several samples a channel-major one,
+// unless the weight gradient (`weight_grad`) runs batched per sample (`group` > 0).
 struct Chunks {
   ConvDims d;
-  int64_t ohw = 0, c = 0;
+  int64_t ohw = 0, c = 0, group = 0;
   Tensor col, tmp;
-  Chunks(Backend& b, const ConvDims& dims, const Window2d& g, bool channel_major = true)
+  Chunks(Backend& b, const ConvDims& dims, const Window2d& g, bool weight_grad = false)
       : d(dims), ohw(pixels(g)), c(convColumnChunk(g, dims.oc, dims.n)) {
+    if (weight_grad) group = convWeightGradGroup(g, d.oc, c);
     col = b.empty({d.k, c * ohw});
-    if (c > 1 && channel_major) tmp = b.empty({d.oc, c * ohw});
+    if (c > 1 && group == 0) tmp = b.empty({d.oc, c * ohw});
   }
 };
 
@@ -76,11 +77,9 @@ void composedConv2dBackwardData(Backend& b, std::string_view device, const Tenso
 void composedConv2dBackwardWeight(Backend& b, std::string_view device, const Tensor& x,
                                   const Tensor& dy, const Window2d& g, const Tensor& dw,
                                   const Tensor& db) {
-  const ConvDims dims = checkConv(x, dw, db, dy, g, device, "conv2dBackwardWeight");
-  const int64_t group = convWeightGradGroup(g, dims.oc, convColumnChunk(g, dims.oc, dims.n));
-  const Chunks chunks(b, dims, g, group == 0);
+  const Chunks chunks(b, checkConv(x, dw, db, dy, g, device, "conv2dBackwardWeight"), g, true);
   const ConvDims& d = chunks.d;
-  const int64_t ohw = chunks.ohw, c = chunks.c;
+  const int64_t ohw = chunks.ohw, c = chunks.c, group = chunks.group;
   if (db.defined()) b.biasGrad(dy, db.reshape({d.oc}));
   // Batched: each sample's columns [K, OH*OW] in a row, and the group's partial gradients.
   Tensor per_sample, partial;

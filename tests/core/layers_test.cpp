@@ -136,11 +136,6 @@ TEST(LayerGradTest, LinearOnSequences) {
   EXPECT_EQ(g.layer().outputShape(), (Shape{3, 5}));
 }
 
-// What a convolution says its scratch is (Layer::workspaceBytes, which the partitioner's
-// memory model counts, whatever the device) bounds what its forward holds beyond its input
-// and output: exactly what a backend that composes convolution from im2col and gemm holds
-// (one sample's columns, a chunk's columns and channel-major output, no more past its
-// chunk), and at least the CPU kernels' column tiles.
 // The batched weight gradient's group: its partials [group, OC, K] within the column
 // buffer [K, chunk * OH*OW], at most the chunk, and at least two samples or none.
 TEST(LayerGradTest, ConvWeightGradGroupFitsTheColumnBufferAndNeedsTwoSamples) {
@@ -162,6 +157,12 @@ TEST(LayerGradTest, ConvWeightGradGroupFitsTheColumnBufferAndNeedsTwoSamples) {
   }
 }
 
+// What a convolution says its scratch is (Layer::workspaceBytes, which the partitioner's
+// memory model counts, whatever the device) bounds what its forward holds beyond its input
+// and output: what a backend that composes convolution from im2col and gemm holds at most
+// in any of its three ops (one sample's columns; a chunk's columns and channel-major
+// output; or the batched weight gradient's columns and partials; no more past its chunk),
+// and at least the CPU kernels' column tiles.
 TEST(LayerGradTest, Conv2dScratchIsTheMostItsComposedOpsHold) {
   for (const int64_t batch : {1, 16, 600}) {
     for (const int threads : {1, 2}) {
