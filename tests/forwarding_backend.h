@@ -2,7 +2,7 @@
 // convention of core/backend_ops.h), and can be told to lack some: supports() says no to
 // those and calling one throws Unsupported, as a backend without the kernel would. Tests
 // use it to check what layers declare they run, and how the profile, the partitioner and
-// the importer treat a device that lacks an op.
+// the importer treat a device that lacks an op. beforeOp() lets a test slow it down.
 #pragma once
 
 #include <functional>
@@ -25,6 +25,9 @@ class ForwardingBackend final : public Backend {
   const std::set<OpUse>& used() const { return used_; }
   void clear() { used_.clear(); }
   void record(bool on) { recording_ = on; }
+  // Called before each op with the op and the element count of its first tensor argument
+  // (0 without one): a slower device, in proportion to the data an op works on.
+  void beforeOp(std::function<void(Op, int64_t)> f) { before_ = std::move(f); }
 
   DeviceInfo info() const override { return inner_.info(); }
   std::shared_ptr<Storage> allocate(size_t bytes) override { return inner_.allocate(bytes); }
@@ -41,6 +44,7 @@ class ForwardingBackend final : public Backend {
 #define TANDEM_FORWARD_OP(Name, Ret, name, Params, Args) \
   Ret name Params override {                             \
     seen(Op::k##Name, dtypesOf Args);                    \
+    if (before_) before_(Op::k##Name, firstNumel Args);  \
     return inner_.name Args;                             \
   }
   TANDEM_BACKEND_OPS(TANDEM_FORWARD_OP)
@@ -57,6 +61,16 @@ class ForwardingBackend final : public Backend {
     (one(args), ...);
     return out;
   }
+  template <typename... A>
+  static int64_t firstNumel(const A&... args) {
+    int64_t n = -1;
+    [[maybe_unused]] auto one = [&](const auto& a) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(a)>, Tensor>)
+        if (n < 0) n = a.numel();
+    };
+    (one(args), ...);
+    return n < 0 ? 0 : n;
+  }
   void seen(Op op, const std::vector<DType>& dtypes) {
     OpUse use{op, dtypes.empty() ? DType::kF32 : dtypes.front()};
     if (op == Op::kConvert && use.dtype == DType::kF32 && dtypes.size() > 1) use.dtype = dtypes[1];
@@ -68,6 +82,7 @@ class ForwardingBackend final : public Backend {
   std::set<OpUse> lacks_;
   std::set<OpUse> used_;
   bool recording_ = true;
+  std::function<void(Op, int64_t)> before_;
 };
 
 }  // namespace tandem::testing

@@ -145,6 +145,8 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
   }
   const LayerDone layer_done = [this](size_t l) { buckets_->layerDone(l); };
   if (info.training) model_.zeroGrad();
+  const double busy0 = counters_.busy_s, optimizer0 = counters_.step_s;
+  const double summed0 = buckets ? buckets_->callerSumSeconds() : 0;
   StepResult result;
   int64_t stashed = 0;
   for (const Action& a : actions) {
@@ -232,19 +234,34 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
     }
     if (compute) counters_.compute_cpu_s += threadCpuSeconds() - cpu0;
   }
+  if (buckets) {  // summing on this thread is time with the replicas, not compute
+    const double summed = buckets_->callerSumSeconds() - summed0;
+    counters_.busy_s -= summed;
+    counters_.allreduce_s += summed;
+  }
   // The last stage keeps nothing after its forward (evaluation) or backward (training).
   inflight_.clear();
   tag_base_ += m;
-  if (range_.last() && replicated()) allreduceResult(result);
+  if (range_.last() && replicated())
+    allreduceResult(result, info.replica_seconds
+                                ? (counters_.busy_s - busy0) - (counters_.step_s - optimizer0)
+                                : -1);
   return result;
 }
 
-void StageExecutor::allreduceResult(StepResult& result) {
+void StageExecutor::allreduceResult(StepResult& result, double compute_s) {
   const auto t0 = Clock::now();
   // Small integers are exact in fp32; the loss sum keeps fp32's relative precision.
   std::vector<float> sums = {static_cast<float>(result.loss_sum),
                              static_cast<float>(result.correct),
                              static_cast<float>(result.samples)};
+  // Each replica's time in its own slot (the others add zeros: every replica sums the
+  // same values, exactly).
+  const auto replicas = static_cast<size_t>(options_.replicas->size());
+  if (compute_s >= 0) {
+    sums.resize(3 + replicas, 0.0f);
+    sums[3 + static_cast<size_t>(options_.replicas->rank())] = static_cast<float>(compute_s);
+  }
   AllreduceOptions o;
   o.tag = collectives_++;
   o.timeout = options_.collective_timeout;
@@ -252,6 +269,7 @@ void StageExecutor::allreduceResult(StepResult& result) {
   result.loss_sum = sums[0];
   result.correct = static_cast<int64_t>(sums[1]);
   result.samples = static_cast<int64_t>(sums[2]);
+  if (compute_s >= 0) result.replica_seconds.assign(sums.begin() + 3, sums.end());
   counters_.allreduce_s += seconds(Clock::now() - t0);
 }
 

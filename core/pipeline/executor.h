@@ -98,6 +98,9 @@ struct StepInfo {
   bool training = true;
   bool labels = true;    // labels travel to the last stage (training and evaluation)
   bool outputs = false;  // evaluation: the last stage keeps each microbatch's output
+  // A replicated last stage: StepResult::replica_seconds is filled in (the replicas' sums
+  // carry each one's time; PipelineOptions::rebalance_steps).
+  bool replica_seconds = false;
 };
 
 // A microbatch's output at the last stage (serving, or StepInfo::outputs).
@@ -119,10 +122,15 @@ struct StepResult {
   // Serving (no labels) or StepInfo::outputs: this stage's microbatches' outputs, in
   // order (a replica's own only).
   std::vector<MicrobatchOutput> outputs;
+  // StepInfo::replica_seconds: each replica's seconds in forward, backward and weight
+  // gradients this step, by rank, the same on every replica.
+  std::vector<double> replica_seconds;
 };
 
 struct StageCounters {
-  double busy_s = 0;  // forward, backward and the optimizer
+  // Forward, backward and the optimizer; not the gradient buckets a CPU replica sums on
+  // its own thread inside its last backward (allreduce_s).
+  double busy_s = 0;
   double step_s = 0;  // the optimizer's share of busy_s
   // This thread's CPU time in forward, backward and weight gradients: the compute the
   // stage did, apart from time lost to other processes on shared cores. Meaningful for a
@@ -130,8 +138,9 @@ struct StageCounters {
   double compute_cpu_s = 0;
   double recv_wait_s = 0;  // blocked in Link::recv
   double send_s = 0;       // in Link::send (copy or encode, then queue)
-  // Replicas: waiting for the gradient sums at the flush (what the overlap did not hide)
-  // and summing the last stage's loss.
+  // Replicas: summing gradient buckets on the stage's thread (a CPU replica's, waiting
+  // for the others included), waiting for the sums at the flush (what the overlap did not
+  // hide), and summing the last stage's loss.
   double allreduce_s = 0;
   // Most microbatches held at once: forwarded, not yet through their backward (or their
   // weight gradient, on a stage that splits backwards). Interleaved: chunks' microbatches
@@ -214,7 +223,9 @@ class StageExecutor {
   // settings this stage cannot run.
   std::pair<int64_t, std::vector<bool>> checkActions(const std::vector<Action>& actions,
                                                      const StepInfo& info) const;
-  void allreduceResult(StepResult& result);
+  // `compute_s`: this replica's compute time this step, summed into result.replica_seconds
+  // (negative: not asked for).
+  void allreduceResult(StepResult& result, double compute_s);
 
   Model& model_;
   Backend& backend_;

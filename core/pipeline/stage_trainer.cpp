@@ -6,11 +6,28 @@
 
 namespace tandem {
 
+namespace {
+
+// The options only a trainer reads, checked before its executor checks the rest.
+const PipelineOptions& trainerOptions(const PipelineOptions& options, StageRange range) {
+  TANDEM_CHECK_MSG(options.rebalance_steps >= 0, InvalidArgument,
+                   "rebalance_steps " << options.rebalance_steps << " must not be negative");
+  TANDEM_CHECK_MSG(options.rebalance_steps == 0 || !options.replicas ||
+                       options.replicas->size() == 1 || (range.first() && range.last()),
+                   InvalidArgument,
+                   "stage " << range.stage << " of " << range.stages
+                            << ": only replicas of the whole model rebalance their shares (the "
+                               "first stage cuts the batches, the last one measures them)");
+  return options;
+}
+
+}  // namespace
+
 StageTrainer::StageTrainer(Model& model, StageRange range, Link* prev, Link* next,
                            Optimizer* optimizer, const PipelineOptions& options)
     : model_(model),
       range_(range),
-      options_(options),
+      options_(trainerOptions(options, range)),
       executor_(
           model, range, prev, next, optimizer,
           ExecutorOptions{options.recompute, options.seed, options.record_spans, options.replicas,
@@ -26,6 +43,11 @@ StageTrainer::StageTrainer(Model& model, StageRange range, Link* prev, Link* nex
                             << scheduleName(options.schedule) << "'");
 }
 
+bool StageTrainer::rebalances() const {
+  return options_.rebalance_steps > 0 && options_.replicas && options_.replicas->size() > 1 &&
+         steps_run_ >= 1 && steps_run_ <= options_.rebalance_steps;
+}
+
 std::vector<MicrobatchSlice> StageTrainer::slices(int64_t n) const {
   return splitBatch(n, options_.microbatches, options_.microbatch_shares,
                     executor_.nextMicrobatch());
@@ -33,7 +55,8 @@ std::vector<MicrobatchSlice> StageTrainer::slices(int64_t n) const {
 
 StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin,
                               int64_t n, const std::vector<MicrobatchSlice>& slices,
-                              ScheduleKind kind, bool training, bool outputs) {
+                              ScheduleKind kind, bool training, bool outputs,
+                              bool replica_seconds) {
   const auto m = static_cast<int64_t>(slices.size());
   if (range_.first()) gatherBatch(*data, order, begin, n, x_, y_);
   Backend& be = model_.backend();
@@ -46,7 +69,7 @@ StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& o
     be.upload(in.labels, y_.data() + s.offset * per_label);
     return in;
   };
-  const StepInfo info{global_step_, n, training, true, outputs};
+  const StepInfo info{global_step_, n, training, true, outputs, replica_seconds};
   auto pace = [&](int64_t) {  // a paced stream: this request's turn
     std::this_thread::sleep_until(next_feed_);
     next_feed_ += interval_;
@@ -73,10 +96,20 @@ EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64
   return runEpoch(
       epoch, samples, options_.batch,
       [&](int64_t begin, int64_t n) {
-        const double loss =
-            step(data, order, begin, n, slices(n), options_.schedule, true, false).loss_sum;
+        const int64_t first = executor_.nextMicrobatch();
+        const std::vector<MicrobatchSlice> cut = slices(n);
+        const bool measure = rebalances();
+        const StepResult r =
+            step(data, order, begin, n, cut, options_.schedule, true, false, measure);
+        if (measure) {
+          std::vector<double> measured = measuredShares(cut, first, r.replica_seconds);
+          if (!measured.empty()) measured_.push_back(std::move(measured));
+          if (steps_run_ == options_.rebalance_steps && !measured_.empty())
+            options_.microbatch_shares = medianShares(measured_);
+        }
+        ++steps_run_;
         ++global_step_;
-        return loss;
+        return r.loss_sum;
       },
       progress, first_step);
 }

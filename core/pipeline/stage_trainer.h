@@ -31,6 +31,15 @@ struct PipelineOptions {
   // proportion to microbatch_shares[g mod R] (splitBatch, microbatch.h), R the replicated
   // stage's replica count; empty: sizes that differ by at most one.
   std::vector<double> microbatch_shares;
+  // Replicas of the whole model (a stage that is first and last) on devices of unequal or
+  // unknown speed: this run's training steps 1 to rebalance_steps (its step 0 warms up)
+  // each measure the replicas under the given shares (measuredShares: each replica's
+  // samples over its time in forward and backward, which the replicas' sums of the loss
+  // carry, so every replica reads the same), and after the last of them the shares become
+  // the steps' median (medianShares) and stay. Once: a step in which a replica's
+  // microbatches grow runs far longer than its others (docs/pipeline.md), which a step
+  // measuring it would take for the replica's speed. 0: the shares stay.
+  int64_t rebalance_steps = 0;
   std::chrono::milliseconds collective_timeout{60000};
   size_t bucket_bytes = size_t{1} << 20;  // replicas: gradient bytes per allreduce
 };
@@ -78,6 +87,9 @@ class StageTrainer {
                       const EvalStream& stream = {});
 
   StageExecutor& executor() { return executor_; }
+  // The replicas' shares of each batch now (PipelineOptions::microbatch_shares, as
+  // rebalancing left them; empty: equal).
+  const std::vector<double>& shares() const { return options_.microbatch_shares; }
 
  private:
   // The step's microbatches of an n-sample batch, the executor's next microbatch first.
@@ -86,14 +98,18 @@ class StageTrainer {
   // (`outputs`: the last stage keeps each microbatch's output).
   StepResult step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin, int64_t n,
                   const std::vector<MicrobatchSlice>& slices, ScheduleKind kind, bool training,
-                  bool outputs);
+                  bool outputs, bool replica_seconds = false);
+  // Whether the next training step measures the replicas (rebalance_steps).
+  bool rebalances() const;
 
   Model& model_;
   StageRange range_;
   PipelineOptions options_;
   StageExecutor executor_;
   int64_t global_step_ = 0;
-  std::vector<float> x_;  // the first stage's host batch
+  int64_t steps_run_ = 0;                      // training steps this trainer took (rebalance_steps)
+  std::vector<std::vector<double>> measured_;  // each measured step's shares (rebalancing)
+  std::vector<float> x_;                       // the first stage's host batch
   // Evaluation streams: when the first stage feeds its next request (interval_ > 0).
   std::chrono::microseconds interval_{0};
   std::chrono::steady_clock::time_point next_feed_;

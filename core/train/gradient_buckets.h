@@ -62,6 +62,9 @@ class GradientBuckets {
   void abandon() noexcept;
 
   size_t size() const { return buckets_.size(); }
+  // Seconds the caller's thread has spent in allreduces, waiting for the other replicas
+  // included (buckets summed without a communication thread), since construction.
+  double callerSumSeconds() const { return caller_sum_s_; }
 
  private:
   struct Bucket {
@@ -86,6 +89,7 @@ class GradientBuckets {
   uint64_t tag_ = 0;
   size_t next_ = 0;  // buckets handed over this step
   bool running_ = false;
+  double caller_sum_s_ = 0;  // callerSumSeconds
   // The communication queue: how many buckets are handed over, in order.
   std::mutex mutex_;
   std::condition_variable cv_;

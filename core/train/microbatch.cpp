@@ -71,4 +71,45 @@ std::vector<MicrobatchSlice> splitBatch(int64_t n, int64_t m, const std::vector<
   return slicesOf(counts);
 }
 
+std::vector<double> measuredShares(const std::vector<MicrobatchSlice>& slices, int64_t first,
+                                   const std::vector<double>& seconds) {
+  const auto replicas = static_cast<int64_t>(seconds.size());
+  TANDEM_CHECK_MSG(replicas >= 1 && first >= 0, InvalidArgument,
+                   "measured shares need a replica's time and microbatch " << first << " >= 0");
+  std::vector<double> samples(seconds.size(), 0);
+  for (size_t k = 0; k < slices.size(); ++k)
+    samples[static_cast<size_t>((first + static_cast<int64_t>(k)) % replicas)] +=
+        static_cast<double>(slices[k].count);
+  std::vector<double> rates;
+  double total = 0;
+  for (size_t r = 0; r < seconds.size(); ++r) {
+    if (!(samples[r] > 0 && seconds[r] > 0 && std::isfinite(seconds[r]))) return {};
+    rates.push_back(samples[r] / seconds[r]);
+    total += rates.back();
+  }
+  for (double& x : rates) x /= total;
+  return rates;
+}
+
+std::vector<double> medianShares(const std::vector<std::vector<double>>& steps) {
+  TANDEM_CHECK_MSG(!steps.empty(), InvalidArgument, "the median of no step's shares");
+  const size_t replicas = steps.front().size();
+  std::vector<double> out;
+  double total = 0;
+  for (size_t r = 0; r < replicas; ++r) {
+    std::vector<double> v;
+    for (const std::vector<double>& s : steps) {
+      TANDEM_CHECK_MSG(s.size() == replicas, InvalidArgument,
+                       "measured shares for " << s.size() << " and " << replicas << " replicas");
+      v.push_back(s[r]);
+    }
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    out.push_back(v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2);
+    total += out.back();
+  }
+  for (double& x : out) x /= total;
+  return out;
+}
+
 }  // namespace tandem

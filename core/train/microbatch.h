@@ -50,6 +50,20 @@ std::vector<int64_t> shareBatch(int64_t n, size_t replicas, const std::vector<do
 std::vector<MicrobatchSlice> splitBatch(int64_t n, int64_t m, const std::vector<double>& shares,
                                         int64_t first);
 
+// Unequal replicas' shares as one step measured them: each replica's samples in `slices`
+// (microbatch k, global number first + k, is replica (first + k) mod R's, R =
+// seconds.size()) over its `seconds` of forward and backward in that step, as fractions
+// that sum to 1 — the shares under which the replicas would have taken equally long, were
+// each one's time in proportion to its samples. Empty when a replica took no sample or
+// no time: nothing can be compared.
+std::vector<double> measuredShares(const std::vector<MicrobatchSlice>& slices, int64_t first,
+                                   const std::vector<double>& seconds);
+
+// Several steps' measured shares (each as measuredShares gives them, as many replicas
+// each) as one: each replica's median over the steps, the medians scaled to sum to 1. A
+// step whose time a quota period or another process stretched moves none of them.
+std::vector<double> medianShares(const std::vector<std::vector<double>>& steps);
+
 // The forward seed of microbatch k in global step `step` (dropout masks).
 inline uint64_t microbatchSeed(uint64_t seed, int64_t step, int64_t k) {
   return combineSeeds(combineSeeds(seed, static_cast<uint64_t>(step)), static_cast<uint64_t>(k));

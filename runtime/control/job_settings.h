@@ -18,6 +18,9 @@ namespace tandem::runtime {
 
 // The most replicas whose shares TrainSettings::microbatch_shares carries.
 inline constexpr size_t kMaxReplicaShares = 64;
+// A job's rebalance_steps unless it says (TrainSettings::rebalance_steps), and the most.
+inline constexpr int64_t kDefaultRebalanceSteps = 3;
+inline constexpr int64_t kMaxRebalanceSteps = 1000;
 
 // How the run trains (a serving run keeps the batch and microbatches).
 struct TrainSettings {
@@ -32,8 +35,21 @@ struct TrainSettings {
   // microbatch g goes to replica g mod R with a size in proportion to its share
   // (PipelineOptions::microbatch_shares); empty: equal microbatches.
   std::vector<double> microbatch_shares;
+  // Replicas of the whole model with shares: the shares are set once from the replicas'
+  // speed measured in the run's steps 1 to rebalance_steps, then stay (PipelineOptions::
+  // rebalance_steps); 0: they stay as planned. A job's `rebalance_steps` (default
+  // kDefaultRebalanceSteps), sent only to such replicas.
+  int64_t rebalance_steps = 0;
   bool operator==(const TrainSettings&) const = default;
 };
+
+// A job's train settings where it says nothing: TrainSettings' own, rebalancing unequal
+// replicas of the whole model over kDefaultRebalanceSteps steps.
+inline TrainSettings jobTrainDefaults() {
+  TrainSettings t;
+  t.rebalance_steps = kDefaultRebalanceSteps;
+  return t;
+}
 
 // Where the samples come from, read where the first stage runs.
 struct DataSettings {

@@ -43,6 +43,8 @@ TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
       out.microbatch_shares.push_back(s);
     }
   }
+  out.rebalance_steps = t->rebalance_steps();
+  range(m, "rebalance_steps", out.rebalance_steps, 0, kMaxRebalanceSteps);
   OptimizerOptions& o = out.optimizer;
   if (const fb::OptimizerSettings* f = t->optimizer()) {
     o.kind = text(m, "optimizer kind", f->kind(), 16);
@@ -109,7 +111,8 @@ flatbuffers::Offset<fb::TrainSettings> buildTrain(B& b, const TrainSettings& t) 
                    "assign: " << t.microbatch_shares.size() << " microbatch shares (at most "
                               << kMaxReplicaShares << ")");
   return fb::CreateTrainSettings(b, t.epochs, t.batch, t.microbatches, schedule, t.recompute,
-                                 t.seed, optimizer, b.CreateVector(t.microbatch_shares));
+                                 t.seed, optimizer, b.CreateVector(t.microbatch_shares),
+                                 t.rebalance_steps);
 }
 
 flatbuffers::Offset<fb::DataSettings> buildData(B& b, const DataSettings& d) {

@@ -75,6 +75,9 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
       a.slice.device = place.backendOf(r);
       a.train = job.train;
       a.train.microbatch_shares = shares;
+      // Only replicas of the whole model rebalance: they alone cut and measure each batch.
+      a.train.rebalance_steps =
+          p == 1 && place.replicas > 1 && !shares.empty() ? job.train.rebalance_steps : 0;
       a.data = job.data;
       a.wire = job.wire;
       a.wire.activations =

@@ -173,14 +173,22 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
 constexpr const char* kJobKeys =
     "model, data, data_dir, train_limit, test_limit, epochs, batch, microbatches, schedule, "
     "chunks, recompute, seed, threads, optimizer, codec, transport, timeout_s, partition, "
-    "stages, cluster, profile, max_replicas, baseline, save, weights, checkpoint, "
-    "max_restarts or rejoin_after_s";
+    "stages, cluster, profile, max_replicas, rebalance_steps, baseline, save, weights, "
+    "checkpoint, max_restarts or rejoin_after_s";
 
 // Where the settings that other settings constrain were given, if they were.
 struct Given {
   std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline, schedule,
       chunks;
 };
+
+// `rebalance_steps:`, 0 to kMaxRebalanceSteps.
+int64_t rebalanceSteps(const YamlReader& r, const YAML::Node& v) {
+  const int64_t steps = r.get<int64_t>(v, "rebalance_steps", "a whole number of steps, 0 or more");
+  if (steps < 0 || steps > kMaxRebalanceSteps)
+    r.fail(v, "'rebalance_steps' must be from 0 to " + std::to_string(kMaxRebalanceSteps));
+  return steps;
+}
 
 // `schedule:` other than auto: a schedule that trains.
 ScheduleKind parseTrainingSchedule(const YamlReader& r, const YAML::Node& v) {
@@ -343,6 +351,8 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
         r.fail(v, "unknown transport '" + job.transport + "' (expected tcp or ipc)");
     } else if (key == "timeout_s") {
       job.wire.timeout_s = r.positive(v, key);
+    } else if (key == "rebalance_steps") {
+      job.train.rebalance_steps = rebalanceSteps(r, v);
     } else if (key == "max_replicas") {
       job.max_replicas = static_cast<int>(r.positive(v, key));
       if (job.max_replicas > 64) r.fail(v, "'max_replicas' must be at most 64");

@@ -59,7 +59,7 @@ struct JobSpec {
   std::string source;  // the job file, for messages
   std::string model;   // model spec (or .onnx) path, resolved against the job file's directory
   DataSettings data;
-  TrainSettings train;
+  TrainSettings train = jobTrainDefaults();
   // `microbatches: auto`, `schedule: auto` (with `partition: auto`): the planner prices the
   // candidates and the run takes the fastest that fits (planning.h, planJob); until then
   // `train.microbatches` and `train.schedule` hold the defaults.

@@ -462,6 +462,7 @@ void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
                    InvalidArgument,
                    "stage " << a.stage << " has " << a.replicas << " replicas but the job cuts "
                             << "its batches for " << po.microbatch_shares.size());
+  po.rebalance_steps = a.train.rebalance_steps;
   po.collective_timeout = std::chrono::seconds(a.wire.timeout_s);
   StageTrainer trainer(*s.model, StageRange::interleaved(a.stage, a.stages, s.chunks), s.prev.get(),
                        s.next.get(), &*s.optimizer, po);

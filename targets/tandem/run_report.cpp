@@ -223,6 +223,39 @@ void printWeightsShipped(const runtime::RunResult& result, int n) {
                  corrupted);
 }
 
+namespace {
+
+// Unequal replicas: the share of the run's samples each one took, beside its planned
+// share, and whether the shares followed the replicas' measured speed.
+void printShares(const std::vector<runtime::Assign>& as, const runtime::RunResult& result) {
+  std::vector<size_t> rows;  // the first stage with unequal replicas
+  int64_t total = 0;
+  for (size_t i = 0; i < as.size(); ++i)
+    if (!as[i].train.microbatch_shares.empty() && as[i].replicas > 1 &&
+        (rows.empty() || as[i].stage == as[rows.front()].stage)) {
+      rows.push_back(i);
+      total += result.reports[i].counters.samples;
+    }
+  if (rows.empty() || total <= 0) return;
+  const std::vector<double>& planned = as[rows.front()].train.microbatch_shares;
+  double planned_total = 0;
+  for (double s : planned) planned_total += s;
+  std::printf("replicas' shares of the samples:");
+  for (size_t i : rows)
+    std::printf(" %d.%d %.1f%% (planned %.1f%%)", as[i].stage, as[i].replica,
+                100.0 * static_cast<double>(result.reports[i].counters.samples) /
+                    static_cast<double>(total),
+                100.0 * planned.at(static_cast<size_t>(as[i].replica)) / planned_total);
+  const int64_t steps = as[rows.front()].train.rebalance_steps;
+  if (steps > 0)
+    std::printf("; the shares were set from the replicas' speed measured in steps 1 to %lld\n",
+                static_cast<long long>(steps));
+  else
+    std::printf("; the planned shares throughout\n");
+}
+
+}  // namespace
+
 void printStages(const runtime::JobRun& jr, const runtime::RunResult& result, int p) {
   const JobSpec& job = jr.job();
   const std::vector<StagePlacement>& stages = jr.stages();
@@ -286,6 +319,7 @@ void printStages(const runtime::JobRun& jr, const runtime::RunResult& result, in
                     first.step_mean_s / planned->plan.step_s);
       std::printf("\n");
     }
+    printShares(as, result);
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/loss.h"
@@ -191,5 +193,51 @@ TEST(MicrobatchTest, SharesCutEachReplicasPartOfTheBatch) {
       {"non-negative"});
 }
 
+// Measured shares: each replica's samples (replica (first + k) mod R took microbatch k)
+// over its seconds, as fractions of 1; nothing to compare gives none.
+TEST(MicrobatchTest, MeasuredSharesAreEachReplicasSamplesPerSecond) {
+  using V = std::vector<double>;
+  const std::vector<MicrobatchSlice> cut = slicesOf({30, 10, 30, 10});
+  // Replica 0 took 60 samples in 1 s, replica 1 took 20 in 0.5 s: 60 and 40 a second.
+  V got = measuredShares(cut, 0, {1.0, 0.5});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_DOUBLE_EQ(got[0], 0.6);
+  EXPECT_DOUBLE_EQ(got[1], 0.4);
+  // From microbatch 1: replica 1 took the 30s, 120 a second against replica 0's 20.
+  got = measuredShares(cut, 1, {1.0, 0.5});
+  EXPECT_DOUBLE_EQ(got[0], 1.0 / 7);
+  EXPECT_DOUBLE_EQ(got[1], 6.0 / 7);
+  // Three replicas over four microbatches: replica 0 took two (40 samples in 2 s), the
+  // others 10 and 30 in 1 s: 20, 10 and 30 a second.
+  got = measuredShares(cut, 0, {2.0, 1.0, 1.0});
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_DOUBLE_EQ(got[0], 1.0 / 3);
+  EXPECT_DOUBLE_EQ(got[1], 1.0 / 6);
+  EXPECT_DOUBLE_EQ(got[2], 0.5);
+  // A replica with no time, or no sample (two microbatches, three replicas).
+  EXPECT_EQ(measuredShares(cut, 0, {1.0, 0.0}), V{});
+  EXPECT_EQ(measuredShares(slicesOf({5, 5}), 0, {1.0, 1.0, 1.0}), V{});
+  EXPECT_EQ(measuredShares(cut, 0, {1.0, std::nan("")}), V{});
+}
+
+// Several steps: each replica's median, scaled to sum to 1; one stretched step (the
+// second) moves nothing.
+TEST(MicrobatchTest, MedianSharesIgnoreAStepThatAQuotaStretched) {
+  using V = std::vector<double>;
+  EXPECT_EQ(medianShares({{0.8, 0.2}}), (V{0.8, 0.2}));
+  V got = medianShares({{0.8, 0.2}, {0.5, 0.5}, {0.8, 0.2}});
+  EXPECT_DOUBLE_EQ(got[0], 0.8);
+  EXPECT_DOUBLE_EQ(got[1], 0.2);
+  // Even counts: the middle two's mean; medians of 0.7 and 0.2 scaled to 7/9 and 2/9.
+  got = medianShares({{0.6, 0.1}, {0.8, 0.3}});
+  EXPECT_DOUBLE_EQ(got[0], 0.7 / 0.9);
+  EXPECT_DOUBLE_EQ(got[1], 0.2 / 0.9);
+  testing::expectThrowWith<InvalidArgument>(
+      [] {
+        medianShares({{0.5, 0.5}, {1.0}});
+      },
+      {"measured shares for 1 and 2 replicas"});
+  testing::expectThrowWith<InvalidArgument>([] { medianShares({}); }, {"no step"});
+}
 }  // namespace
 }  // namespace tandem

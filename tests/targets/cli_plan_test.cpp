@@ -386,6 +386,31 @@ TEST(CliTest, AJobThatDoesNotFitItsNodesIsRefusedBeforeAnythingStarts) {
   EXPECT_EQ(r.out.find("round trip"), std::string::npos) << r.out;
 }
 
+// Unequal replicas of the whole model: the run says what share of the samples each one
+// took beside its planned share, and whether the shares were set from the speed the
+// first steps measured (the default) or kept (`rebalance_steps: 0`).
+TEST(CliTest, RunSaysWhatShareOfTheSamplesEachUnequalReplicaTook) {
+  const std::string dir = ::testing::TempDir();
+  const std::string job = dir + "cli_shares.yaml";
+  const std::string body = "model: " + kModels + "mlp.yaml\ntrain_limit: 512\ntest_limit: 64\n" +
+                           "batch: 64\nmicrobatches: 4\n" +
+                           "partition: [{layers: [0, 6], replicas: 2, shares: [3, 1]}]\n";
+  std::ofstream(job) << body << "rebalance_steps: 0\n";
+  const CliRun fixed = run("run " + job);
+  ASSERT_EQ(fixed.code, 0) << fixed.out;
+  EXPECT_NE(fixed.out.find("replicas' shares of the samples: 0.0 75.0% (planned 75.0%) 0.1 25.0% "
+                           "(planned 25.0%); the planned shares throughout"),
+            std::string::npos)
+      << fixed.out;
+  std::ofstream(job) << body;
+  const CliRun measured = run("run " + job);
+  ASSERT_EQ(measured.code, 0) << measured.out;
+  for (const char* s : {"replicas' shares of the samples: 0.0 ", "(planned 75.0%) 0.1 ",
+                        "(planned 25.0%); the shares were set from the replicas' speed measured "
+                        "in steps 1 to 3"})
+    EXPECT_NE(measured.out.find(s), std::string::npos) << s << "\n" << measured.out;
+}
+
 // Prediction vs reality: an auto plan over 3 devices run by `tandem run` reports, for each stage,
 // its measured wall and compute (CPU) time per microbatch beside the plan's prediction.
 // The ratios are printed, not asserted: tests assert no timings, and under a loaded

@@ -45,6 +45,7 @@ Assign sampleAssign() {
   a.train.seed = 7;
   a.train.recompute = true;
   a.train.microbatch_shares = {3, 1};
+  a.train.rebalance_steps = 5;
   a.train.optimizer.kind = "adamw";
   a.train.optimizer.lr = 0.001f;
   a.train.optimizer.lr_schedule = "step";
@@ -254,6 +255,8 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
          a.train.microbatch_shares = {3, std::nan("")};
        },
        "a microbatch share is not in (0, 1e9]"},
+      {[](Assign& a) { a.train.rebalance_steps = -1; }, "rebalance_steps -1 is not in [0, 1000]"},
+      {[](Assign& a) { a.train.rebalance_steps = 1001; }, "rebalance_steps 1001 is not in [0,"},
       {[](Assign& a) { a.train.optimizer.lr_schedule = "linear"; }, "lr_schedule 'linear'"},
       {[](Assign& a) { a.train.optimizer.warmup_steps = -1; }, "warmup_steps -1 is not in [0,"},
       {[](Assign& a) { a.bind_host = "a/b"; }, "bind_host 'a/b' is not a host"},

@@ -99,8 +99,15 @@ TEST(PlanningTest, UnequalReplicasSharesReachEveryWorker) {
   ASSERT_EQ(stages.size(), 1u);
   EXPECT_EQ(stages[0].replicas, 2);
   EXPECT_EQ(stages[0].replica_devices, (std::vector<std::string>{"fast/cpu", "slow/cpu"}));
-  for (const Assign& a : jobAssignments(job, stages, RunMode::kTrain, false, kSpec, "", 0))
+  // The whole model's replicas rebalance their shares (the job's default steps)...
+  for (const Assign& a : jobAssignments(job, stages, RunMode::kTrain, false, kSpec, "", 0)) {
     EXPECT_EQ(a.train.microbatch_shares, (std::vector<double>{1, 0.25}));
+    EXPECT_EQ(a.train.rebalance_steps, kDefaultRebalanceSteps);
+  }
+  const JobSpec fixed =
+      parseJobSpec("model: m.yaml\npartition: p.yaml\nrebalance_steps: 0\n", "j.yaml");
+  for (const Assign& a : jobAssignments(fixed, stages, RunMode::kTrain, false, kSpec, "", 0))
+    EXPECT_EQ(a.train.rebalance_steps, 0);
   const JobSpec ranged = parseJobSpec(
       "model: m.yaml\npartition: [[0, 1], {layers: [1, 3], replicas: 2, shares: [3, 1]}]\n",
       "j.yaml");
@@ -108,8 +115,10 @@ TEST(PlanningTest, UnequalReplicasSharesReachEveryWorker) {
   const std::vector<Assign> assigned =
       jobAssignments(ranged, ranged_stages, RunMode::kTrain, false, kSpec, "", 0);
   ASSERT_EQ(assigned.size(), 3u);
-  for (const Assign& a : assigned)
+  for (const Assign& a : assigned) {
     EXPECT_EQ(a.train.microbatch_shares, (std::vector<double>{3, 1}));
+    EXPECT_EQ(a.train.rebalance_steps, 0) << "...a replicated stage of a pipeline does not";
+  }
   // Equal replicas cut equally.
   const JobSpec equal =
       parseJobSpec("model: m.yaml\npartition: [[0, 1], {layers: [1, 3], replicas: 2}]\n", "j.yaml");
