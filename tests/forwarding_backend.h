@@ -43,39 +43,30 @@ class ForwardingBackend final : public Backend {
 
 #define TANDEM_FORWARD_OP(Name, Ret, name, Params, Args) \
   Ret name Params override {                             \
-    seen(Op::k##Name, dtypesOf Args);                    \
-    if (before_) before_(Op::k##Name, firstNumel Args);  \
+    seen(Op::k##Name, tensorsOf Args);                   \
     return inner_.name Args;                             \
   }
   TANDEM_BACKEND_OPS(TANDEM_FORWARD_OP)
 #undef TANDEM_FORWARD_OP
 
  private:
-  // The dtypes of an op's tensor arguments, in order.
+  // An op's tensor arguments, in order.
   template <typename... A>
-  static std::vector<DType> dtypesOf(const A&... args) {
-    std::vector<DType> out;
+  static std::vector<const Tensor*> tensorsOf(const A&... args) {
+    std::vector<const Tensor*> out;
     [[maybe_unused]] auto one = [&](const auto& a) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(a)>, Tensor>) out.push_back(a.dtype());
+      if constexpr (std::is_same_v<std::decay_t<decltype(a)>, Tensor>) out.push_back(&a);
     };
     (one(args), ...);
     return out;
   }
-  template <typename... A>
-  static int64_t firstNumel(const A&... args) {
-    int64_t n = -1;
-    [[maybe_unused]] auto one = [&](const auto& a) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(a)>, Tensor>)
-        if (n < 0) n = a.numel();
-    };
-    (one(args), ...);
-    return n < 0 ? 0 : n;
-  }
-  void seen(Op op, const std::vector<DType>& dtypes) {
-    OpUse use{op, dtypes.empty() ? DType::kF32 : dtypes.front()};
-    if (op == Op::kConvert && use.dtype == DType::kF32 && dtypes.size() > 1) use.dtype = dtypes[1];
+  void seen(Op op, const std::vector<const Tensor*>& tensors) {
+    OpUse use{op, tensors.empty() ? DType::kF32 : tensors.front()->dtype()};
+    if (op == Op::kConvert && use.dtype == DType::kF32 && tensors.size() > 1)
+      use.dtype = tensors[1]->dtype();
     if (lacks_.count(use)) throw Unsupported("this backend lacks " + opUseName(use));
     if (recording_) used_.insert(use);
+    if (before_) before_(op, tensors.empty() ? 0 : tensors.front()->numel());
   }
 
   Backend& inner_;

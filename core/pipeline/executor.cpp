@@ -257,9 +257,8 @@ void StageExecutor::allreduceResult(StepResult& result, double compute_s) {
                              static_cast<float>(result.samples)};
   // Each replica's time in its own slot (the others add zeros: every replica sums the
   // same values, exactly).
-  const auto replicas = static_cast<size_t>(options_.replicas->size());
   if (compute_s >= 0) {
-    sums.resize(3 + replicas, 0.0f);
+    sums.resize(3 + static_cast<size_t>(options_.replicas->size()), 0.0f);
     sums[3 + static_cast<size_t>(options_.replicas->rank())] = static_cast<float>(compute_s);
   }
   AllreduceOptions o;
