@@ -86,14 +86,20 @@ StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* n
 void StageExecutor::record(ActionType type, int64_t k, Clock::time_point t0, double& counter) {
   const auto t1 = Clock::now();
   counter += seconds(t1 - t0);
-  if (options_.record_spans)
-    spans_.push_back(
-        {type, tag_base_ + k, seconds(t0.time_since_epoch()), seconds(t1.time_since_epoch())});
+  if (!options_.record_spans) return;
+  int64_t g = tag_base_ + k;
+  if (g >= kFirstEvaluationMicrobatch) g -= kFirstEvaluationMicrobatch;
+  spans_.push_back({type, g, seconds(t0.time_since_epoch()), seconds(t1.time_since_epoch())});
 }
 
 StepResult StageExecutor::run(const std::vector<Action>& actions, const StepInfo& info,
                               const std::function<MicrobatchInput(int64_t)>& input,
                               const std::function<void(int64_t)>& before_input) {
+  TANDEM_CHECK_MSG(info.first_microbatch >= -1 && info.first_microbatch <= kMaxMicrobatchNumber,
+                   InvalidArgument,
+                   "stage " << range_.stage << ": microbatch number " << info.first_microbatch
+                            << " is not in [-1, 2^50]");
+  if (info.first_microbatch >= 0) tag_base_ = info.first_microbatch;
   try {
     return runActions(actions, info, input, before_input);
   } catch (...) {

@@ -92,6 +92,12 @@ struct MicrobatchInput {
   Tensor labels;  // i32 [n]; undefined when serving (no loss)
 };
 
+// The most a microbatch's global number may be (StepInfo::first_microbatch), so that its
+// messages' tags (the number times the stage's chunks) stay far from overflowing; and
+// where StageTrainer's evaluations start numbering theirs, apart from training steps'.
+inline constexpr int64_t kMaxMicrobatchNumber = int64_t{1} << 50;
+inline constexpr int64_t kFirstEvaluationMicrobatch = kMaxMicrobatchNumber / 2;
+
 struct StepInfo {
   int64_t step = 0;           // global step: dropout seeds
   int64_t batch_samples = 0;  // the whole step's samples: the loss is their mean
@@ -101,6 +107,12 @@ struct StepInfo {
   // A replicated last stage: StepResult::replica_seconds is filled in (the replicas' sums
   // carry each one's time; PipelineOptions::rebalance_steps).
   bool replica_seconds = false;
+  // The global number of this step's microbatch 0 (>= 0), which its messages' tags and
+  // its replica follow (microbatch g is replica g mod R's, on every stage); -1: the one
+  // after the previous step's last (nextMicrobatch()). StageTrainer numbers a training
+  // step's microbatches from its step, so that a run resumed there gives each replica the
+  // same microbatches as the run that never stopped, and its evaluations' apart.
+  int64_t first_microbatch = -1;
 };
 
 // A microbatch's output at the last stage (serving, or StepInfo::outputs).
@@ -153,7 +165,9 @@ struct StageCounters {
 
 struct Span {
   ActionType type;
-  int64_t microbatch;  // global (an interleaved stage's spans do not name the chunk)
+  // Global (an interleaved stage's spans do not name the chunk); an evaluation's counted
+  // from its first (StepInfo::first_microbatch less kFirstEvaluationMicrobatch).
+  int64_t microbatch;
   // Seconds on the steady clock (CLOCK_MONOTONIC on Linux: one clock for every process
   // of the machine, so stage processes' spans line up).
   double start_s, end_s;

@@ -48,9 +48,19 @@ bool StageTrainer::rebalances() const {
          steps_run_ >= 1 && steps_run_ <= options_.rebalance_steps;
 }
 
-std::vector<MicrobatchSlice> StageTrainer::slices(int64_t n) const {
+int64_t StageTrainer::firstMicrobatch(bool training) const {
+  constexpr int64_t kEvaluations = kFirstEvaluationMicrobatch;
+  if (!training) return kEvaluations + eval_microbatches_ % (kEvaluations / 2);
+  TANDEM_CHECK_MSG(global_step_ < kEvaluations / std::max<int64_t>(1, options_.microbatches),
+                   InvalidArgument,
+                   "step " << global_step_ << " of " << options_.microbatches
+                           << " microbatches numbers them past 2^49");
+  return global_step_ * options_.microbatches;
+}
+
+std::vector<MicrobatchSlice> StageTrainer::slices(int64_t n, bool training) const {
   return splitBatch(n, options_.microbatches, options_.microbatch_shares,
-                    executor_.nextMicrobatch());
+                    firstMicrobatch(training));
 }
 
 StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin,
@@ -69,7 +79,8 @@ StepResult StageTrainer::step(const Dataset* data, const std::vector<int64_t>& o
     be.upload(in.labels, y_.data() + s.offset * per_label);
     return in;
   };
-  const StepInfo info{global_step_, n, training, true, outputs, replica_seconds};
+  const StepInfo info{
+      global_step_, n, training, true, outputs, replica_seconds, firstMicrobatch(training)};
   auto pace = [&](int64_t) {  // a paced stream: this request's turn
     std::this_thread::sleep_until(next_feed_);
     next_feed_ += interval_;
@@ -96,8 +107,8 @@ EpochReport StageTrainer::trainEpoch(const Dataset* data, int64_t samples, int64
   return runEpoch(
       epoch, samples, options_.batch,
       [&](int64_t begin, int64_t n) {
-        const int64_t first = executor_.nextMicrobatch();
-        const std::vector<MicrobatchSlice> cut = slices(n);
+        const int64_t first = firstMicrobatch(true);
+        const std::vector<MicrobatchSlice> cut = slices(n, true);
         const bool measure = rebalances();
         const StepResult r =
             step(data, order, begin, n, cut, options_.schedule, true, false, measure);
@@ -132,9 +143,10 @@ EvalResult StageTrainer::evaluate(const Dataset* data, int64_t samples, int64_t 
   int64_t correct = 0;
   for (int64_t begin = stream.from; begin < samples; begin += batch) {
     const int64_t n = std::min(batch, samples - begin);
-    const std::vector<MicrobatchSlice> slices = this->slices(n);
+    const std::vector<MicrobatchSlice> slices = this->slices(n, false);
     const StepResult r =
         step(data, order, begin, n, slices, ScheduleKind::kForwardOnly, false, answers);
+    eval_microbatches_ += static_cast<int64_t>(slices.size());
     loss_sum += r.loss_sum;
     correct += r.correct;
     if (!answers) continue;

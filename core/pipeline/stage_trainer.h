@@ -90,10 +90,17 @@ class StageTrainer {
   // The replicas' shares of each batch now (PipelineOptions::microbatch_shares, as
   // rebalancing left them; empty: equal).
   const std::vector<double>& shares() const { return options_.microbatch_shares; }
+  // Whether shares() stays for the rest of the run: no rebalancing asked, or it is done.
+  // (A checkpoint carries such shares, so that a run resumed from it cuts its batches as
+  // the uninterrupted one does.)
+  bool sharesSettled() const { return steps_run_ > options_.rebalance_steps; }
 
  private:
-  // The step's microbatches of an n-sample batch, the executor's next microbatch first.
-  std::vector<MicrobatchSlice> slices(int64_t n) const;
+  // The global number of the next step's microbatch 0 (StepInfo::first_microbatch): a
+  // training step's from its global step, an evaluation's from 2^49 on.
+  int64_t firstMicrobatch(bool training) const;
+  // The next step's microbatches of an n-sample batch.
+  std::vector<MicrobatchSlice> slices(int64_t n, bool training) const;
   // Runs one step of `n` samples starting at `begin` of `order`, cut into `slices`
   // (`outputs`: the last stage keeps each microbatch's output).
   StepResult step(const Dataset* data, const std::vector<int64_t>& order, int64_t begin, int64_t n,
@@ -108,6 +115,7 @@ class StageTrainer {
   StageExecutor executor_;
   int64_t global_step_ = 0;
   int64_t steps_run_ = 0;                      // training steps this trainer took (rebalance_steps)
+  int64_t eval_microbatches_ = 0;              // evaluated so far (numbered apart: firstMicrobatch)
   std::vector<std::vector<double>> measured_;  // each measured step's shares (rebalancing)
   std::vector<float> x_;                       // the first stage's host batch
   // Evaluation streams: when the first stage feeds its next request (interval_ > 0).

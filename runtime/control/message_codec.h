@@ -70,6 +70,12 @@ inline void checkCount(const char* message, const char* field, size_t n, size_t 
                           " " + field + " exceed the limit of " + std::to_string(limit));
 }
 
+// Unequal replicas' shares of each batch (`train`'s microbatch_shares, `checkpointed`'s
+// shares): at most kMaxReplicaShares, each in (0, 1e9] (errors call one a `share`);
+// empty when absent.
+std::vector<double> readShares(const char* message, const char* share,
+                               const flatbuffers::Vector<double>* v);
+
 // The settings an assignment carries (job_settings.h), each written, and read and
 // checked, in settings_codec.cpp only; `message` names the message for errors.
 flatbuffers::Offset<fb::TrainSettings> buildTrain(flatbuffers::FlatBufferBuilder& b,

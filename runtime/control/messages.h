@@ -27,7 +27,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{3, 4, 0};
+inline constexpr ProtocolVersion kProtocolVersion{3, 5, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -396,6 +396,11 @@ struct Checkpointed {
   int64_t step = 0;
   std::string hash;
   int64_t bytes = 0;
+  // Replicas of the whole model with shares (3.5): how each batch is cut from this step
+  // on (StageTrainer::sharesSettled), so that a run resumed here cuts it alike; empty
+  // otherwise, and while the replicas are still measuring (a run resumed then measures
+  // again).
+  std::vector<double> shares;
   bool operator==(const Checkpointed&) const = default;
 };
 

@@ -17,6 +17,19 @@ WireCodec codec(const char* message, const char* field, uint8_t v) {
 
 }  // namespace
 
+std::vector<double> readShares(const char* m, const char* share,
+                               const flatbuffers::Vector<double>* v) {
+  if (!v) return {};
+  if (v->size() > kMaxReplicaShares)
+    bad(m, std::to_string(v->size()) + " " + share + "s (at most " +
+               std::to_string(kMaxReplicaShares) + ")");
+  // Copied out: a crafted buffer may misalign the vector (core/flatbuffers_read.h).
+  std::vector<double> out = copyScalars(v);
+  for (const double s : out)
+    if (!(s > 0 && s <= 1e9)) bad(m, std::string("a ") + share + " is not in (0, 1e9]");
+  return out;
+}
+
 TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
   if (!t) bad(m, "no train settings");
   TrainSettings out;
@@ -33,16 +46,7 @@ TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
   range(m, "epochs", out.epochs, 0, int64_t{1} << 20);
   out.seed = t->seed();
   out.recompute = t->recompute();
-  if (const auto* shares = t->microbatch_shares()) {
-    if (shares->size() > kMaxReplicaShares)
-      bad(m, std::to_string(shares->size()) + " microbatch shares (at most " +
-                 std::to_string(kMaxReplicaShares) + ")");
-    // Copied out: a crafted buffer may misalign the vector (core/flatbuffers_read.h).
-    for (const double s : copyScalars(shares)) {
-      if (!(s > 0 && s <= 1e9)) bad(m, "a microbatch share is not in (0, 1e9]");
-      out.microbatch_shares.push_back(s);
-    }
-  }
+  out.microbatch_shares = readShares(m, "microbatch share", t->microbatch_shares());
   out.rebalance_steps = t->rebalance_steps();
   range(m, "rebalance_steps", out.rebalance_steps, 0, kMaxRebalanceSteps);
   OptimizerOptions& o = out.optimizer;

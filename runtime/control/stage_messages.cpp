@@ -380,7 +380,10 @@ flatbuffers::Offset<void> build(B& b, const StageReport& m) {
 
 flatbuffers::Offset<void> build(B& b, const Checkpointed& m) {
   checkText("checkpointed", "hash", m.hash, 64);
-  return fb::CreateCheckpointed(b, m.step, b.CreateString(m.hash), m.bytes).Union();
+  checkCount("checkpointed", "shares", m.shares.size(), kMaxReplicaShares);
+  return fb::CreateCheckpointed(b, m.step, b.CreateString(m.hash), m.bytes,
+                                m.shares.empty() ? 0 : b.CreateVector(m.shares))
+      .Union();
 }
 
 flatbuffers::Offset<void> build(B& b, const Answer& m) {
@@ -511,7 +514,8 @@ Message readStageMessage(const fb::Message* msg) {
     case fb::Body_Checkpointed: {
       const fb::Checkpointed* c = msg->body_as_Checkpointed();
       const char* m = "checkpointed";
-      Checkpointed out{c->step(), text(m, "hash", c->hash(), 64), c->bytes()};
+      Checkpointed out{c->step(), text(m, "hash", c->hash(), 64), c->bytes(),
+                       readShares(m, "share", c->shares())};
       range(m, "step", out.step, 1, int64_t{1} << 40);
       if (!isContentHash(out.hash)) bad(m, "hash '" + out.hash + "' is not 64 hex digits");
       range(m, "bytes", out.bytes, 1, kMaxWeightsBytes);

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "runtime/control/files.h"
+#include "runtime/control/job_settings.h"
 
 namespace tandem::runtime {
 
@@ -52,6 +53,21 @@ json jobJson(const CheckpointJob& j) {
           {"optimizer", j.optimizer}};
 }
 
+void checkShares(const CheckpointShares& r) {
+  if (r.nodes.size() != r.shares.size())
+    throw InvalidArgument("the replicas' shares name " + std::to_string(r.nodes.size()) +
+                          " nodes for " + std::to_string(r.shares.size()) + " shares");
+  if (r.shares.size() == 1 || r.shares.size() > kMaxReplicaShares)
+    throw InvalidArgument("the replicas' shares are " + std::to_string(r.shares.size()) +
+                          " (2 to " + std::to_string(kMaxReplicaShares) + ")");
+  for (size_t i = 0; i < r.shares.size(); ++i) {
+    if (r.nodes[i].empty())
+      throw InvalidArgument("replica " + std::to_string(i) + "'s node name is empty");
+    if (!(r.shares[i] > 0 && r.shares[i] <= 1e9))
+      throw InvalidArgument("replica " + std::to_string(i) + "'s share is not in (0, 1e9]");
+  }
+}
+
 // The checkpoint of `step` in `dir`, checked; FormatError saying what is wrong.
 Checkpoint readCheckpoint(const std::string& dir, int64_t step) {
   const std::string manifest_path = (fs::path(dir) / (stepName(step) + ".json")).string();
@@ -78,11 +94,21 @@ Checkpoint readCheckpoint(const std::string& dir, int64_t step) {
              j.at("seed").get<uint64_t>(),
              j.at("data").get<std::string>(),
              j.at("optimizer").get<std::string>()};
+    if (m.contains("replicas")) {
+      const json& r = m.at("replicas");
+      c.replicas = {r.at("nodes").get<std::vector<std::string>>(),
+                    r.at("shares").get<std::vector<double>>()};
+    }
   } catch (const json::exception& e) {
     throw FormatError("its manifest lacks a field or has one of the wrong type (" +
                       std::string(e.what()) + ")");
   }
   if (c.step != step) throw FormatError("its manifest names step " + std::to_string(c.step));
+  try {
+    checkShares(c.replicas);
+  } catch (const InvalidArgument& e) {
+    throw FormatError("its manifest's replicas: " + std::string(e.what()));
+  }
   c.model_path = (fs::path(dir) / (stepName(step) + ".tdm")).string();
   const std::string text = readFile(c.model_path, "checkpoint model file");
   c.model.assign(text.begin(), text.end());
@@ -116,19 +142,23 @@ CheckpointJob checkpointJob(const JobSpec& job, const std::string& model_spec) {
 }
 
 void writeCheckpoint(const std::string& dir, int64_t step, const std::vector<uint8_t>& model,
-                     const CheckpointJob& job, int keep) {
+                     const CheckpointJob& job, int keep, const CheckpointShares& replicas) {
+  checkShares(replicas);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw IoError("cannot make the checkpoint folder '" + dir + "': " + ec.message());
   const fs::path base = fs::path(dir) / stepName(step);
   writeFileAtomically(base.string() + ".tdm", model, 0666);
-  const json m = {{"schema", kSchema},
-                  {"version", 1},
-                  {"step", step},
-                  {"model_file", base.filename().string() + ".tdm"},
-                  {"model_hash", contentHash(model)},
-                  {"model_bytes", static_cast<int64_t>(model.size())},
-                  {"job", jobJson(job)}};
+  json m = {{"schema", kSchema},
+            {"version", 1},
+            {"step", step},
+            {"model_file", base.filename().string() + ".tdm"},
+            {"model_hash", contentHash(model)},
+            {"model_bytes", static_cast<int64_t>(model.size())},
+            {"job", jobJson(job)}};
+  // (Doubles are written with the digits that read back as the same double.)
+  if (!replicas.shares.empty())
+    m["replicas"] = {{"nodes", replicas.nodes}, {"shares", replicas.shares}};
   const std::string text = m.dump(2) + "\n";
   writeFileAtomically(base.string() + ".json",
                       std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()), 0666);

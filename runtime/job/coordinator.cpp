@@ -329,18 +329,25 @@ class Run {
     if (!g || !g->done() || g->hash() != c.hash || g->total() != c.bytes)
       fail(slot, "sent a checkpoint without the whole slice it names (" + std::to_string(c.bytes) +
                      " bytes)");
-    std::vector<std::vector<uint8_t>>& at = checkpoints_[c.step];
-    at.resize(static_cast<size_t>(n_));
-    if (!at[s].empty())
+    // Only replicas of the whole model cut their own batches, so only they have shares.
+    if (!c.shares.empty() && (a.stages != 1 || c.shares.size() != static_cast<size_t>(a.replicas)))
+      fail(slot, "sent " + std::to_string(c.shares.size()) + " replicas' shares with its " +
+                     "checkpoint at step " + std::to_string(c.step) + ", being " +
+                     (a.stages != 1 ? "one of " + std::to_string(a.stages) + " stages"
+                                    : "one of " + std::to_string(a.replicas) + " replicas"));
+    Pending& at = checkpoints_[c.step];
+    at.slices.resize(static_cast<size_t>(n_));
+    if (!at.slices[s].empty())
       fail(slot, "sent its checkpoint at step " + std::to_string(c.step) + " twice");
-    at[s] = g->take();
+    at.slices[s] = g->take();
+    if (!c.shares.empty()) at.shares = c.shares;
     g.reset();
     for (int i = 0; i < n_; ++i) {
       const Assign& other = assignments_[static_cast<size_t>(i)];
-      if (sendsCheckpoints(other) && at[static_cast<size_t>(i)].empty())
+      if (sendsCheckpoints(other) && at.slices[static_cast<size_t>(i)].empty())
         return;  // still on its way
     }
-    if (callbacks_.checkpoint) callbacks_.checkpoint(c.step, at);
+    if (callbacks_.checkpoint) callbacks_.checkpoint(c.step, at.slices, at.shares);
     checkpoints_.erase(c.step);
   }
 
@@ -505,10 +512,14 @@ class Run {
   std::map<std::pair<int, int>, int> slot_of_;  // (stage, replica) -> slot
   std::vector<std::unique_ptr<Channel>> channels_;
   std::unique_ptr<Mailbox> mailbox_;
-  std::vector<std::optional<ChunkGatherer>> slices_;                  // by slot, while they come in
-  std::map<int64_t, std::vector<std::vector<uint8_t>>> checkpoints_;  // step -> slices by slot
-  int64_t test_samples_ = -1;  // the stream's samples, once every worker is ready
-  bool started_ = false;       // every worker was told its neighbours
+  std::vector<std::optional<ChunkGatherer>> slices_;  // by slot, while they come in
+  struct Pending {                                    // a checkpoint whose slices are coming in
+    std::vector<std::vector<uint8_t>> slices;         // by slot
+    std::vector<double> shares;                       // Checkpointed::shares
+  };
+  std::map<int64_t, Pending> checkpoints_;  // by step
+  int64_t test_samples_ = -1;               // the stream's samples, once every worker is ready
+  bool started_ = false;                    // every worker was told its neighbours
   // Generation: prompts not yet passed to stage 0 (until it starts), and those in flight
   // (id -> the next token due and the tokens asked for).
   std::deque<Message> prompts_;

@@ -91,7 +91,11 @@ struct RunCallbacks {
   std::function<void(const Token&)> token;
   // Every stage's slice (a model file) after `step` training steps, by slot (empty for the
   // replicas beyond the first, which hold the same): workers with checkpoint.every_steps.
-  std::function<void(int64_t step, const std::vector<std::vector<uint8_t>>& slices)> checkpoint;
+  // `shares`: how replicas of the whole model cut each batch from the step on, once
+  // settled (Checkpointed::shares); empty otherwise.
+  std::function<void(int64_t step, const std::vector<std::vector<uint8_t>>& slices,
+                     const std::vector<double>& shares)>
+      checkpoint;
 };
 
 struct RunOptions {

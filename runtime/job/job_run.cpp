@@ -138,6 +138,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     parseModelFile(c->model, c->model_path);
     weights_ = std::make_shared<const std::vector<uint8_t>>(std::move(c->model));
     start_step_ = c->step;
+    resume_replicas_ = c->replicas;
     spdlog::info("resuming from {} (step {})", c->model_path, c->step);
   }
   const std::string cluster_path = !options_.cluster.empty() ? options_.cluster : job_.cluster;
@@ -248,10 +249,12 @@ void JobRun::place(const Model& model) {
   // process could otherwise connect to them. Over ipc only the user's processes can reach
   // them (PrivateSocketDir), and they stay in the clear.
   for (Assign& a : assignments_) a.encrypt = a.transport == "tcp";
+  shares_carried_ = false;
   if (!options_.fork.empty()) return;
   node_of_ = nodeOfSlot(cluster_, assignments_, stages_);
   for (size_t i = 0; i < assignments_.size(); ++i)
     assignments_[i].bind_host = cluster_.nodes[static_cast<size_t>(node_of_[i])].host;
+  carryShares();
   // Each worker's device and what it will hold, checked against its node's devices and
   // free memory before any worker starts.
   const std::vector<int64_t> stage_bytes = stageMemory(job_, model, stages_, options_.mode);
@@ -503,9 +506,10 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
     };
   }
   if (job_.checkpoint.every_steps > 0 && !infers() && !generates())
-    cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
-      checkpoint(step, slices);
-      if (callbacks.checkpoint) callbacks.checkpoint(step, slices);
+    cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices,
+                        const std::vector<double>& shares) {
+      checkpoint(step, slices, shares);
+      if (callbacks.checkpoint) callbacks.checkpoint(step, slices, shares);
     };
   return coordinate(assignments_, names_, *launcher, cb, ro);
 }
@@ -535,49 +539,6 @@ void JobRun::checkStreamAnswered(const RunResult& result) const {
   if (next_answer_ != samples || !ahead_.empty())
     throw Error("the stream ended with samples [" + std::to_string(next_answer_) + ", " +
                 std::to_string(samples) + ") of " + std::to_string(samples) + " unanswered");
-}
-
-void JobRun::checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto model = std::make_shared<const std::vector<uint8_t>>(merge(slices));
-  writeCheckpoint(job_.checkpoint.dir, step, *model, checkpointJob(job_, model_spec_),
-                  job_.checkpoint.keep);
-  resume_weights_ = model;
-  resume_step_ = step;
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%012lld.tdm", static_cast<long long>(step));
-  last_checkpoint_ = (std::filesystem::path(job_.checkpoint.dir) / name).string();
-  spdlog::info("checkpoint at step {}: {} ({:.1f} MB, {:.3f} s)", step, last_checkpoint_,
-               static_cast<double>(model->size()) / 1e6,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  offerRejoin(step);
-}
-
-std::vector<uint8_t> JobRun::merge(const std::vector<std::vector<uint8_t>>& slices) const {
-  cpu::CpuBackend be;
-  Model model(parseModelSpec(model_spec_, job_.model));
-  model.build(be, job_.train.seed);
-  std::vector<std::pair<std::string, Tensor>> state;
-  int64_t steps = 0;
-  ModelFile all;
-  for (size_t i = 0; i < slices.size(); ++i) {
-    if (slices[i].empty()) continue;
-    const ModelFile f = parseModelFile(slices[i], names_[i] + "'s trained slice");
-    all.params.insert(all.params.end(), f.params.begin(), f.params.end());
-    if (f.optimizer) {
-      steps = f.optimizer->steps;
-      for (const HostTensor& t : f.optimizer->tensors)
-        state.push_back({t.name, toDevice(be, t.shape, t.data)});
-    }
-  }
-  loadWeights(model, all, true);  // every parameter, from exactly one stage
-  Optimizer optimizer(be, job_.train.optimizer);
-  optimizer.restore(state, steps);
-  return serializeModel(model, &optimizer, {{"seed", static_cast<int64_t>(job_.train.seed)}});
-}
-
-void JobRun::save(const RunResult& result) const {
-  writeFileAtomically(job_.save, merge(result.slices), 0666);
 }
 
 }  // namespace tandem::runtime

@@ -81,6 +81,10 @@ class JobRun {
   const std::string& outputActivation() const { return output_; }
   // The step a resumed run starts from (0 for a fresh one).
   int64_t startStep() const { return start_step_; }
+  // Whether the placement's replicas cut each batch by the shares the checkpoint at
+  // startStep() carried (assignments' train.microbatch_shares, not rebalanced again):
+  // they ran on the same nodes when it was taken (CheckpointShares).
+  bool sharesCarried() const { return shares_carried_; }
   // The newest checkpoint this run wrote ("" if none yet).
   const std::string& lastCheckpoint() const { return last_checkpoint_; }
 
@@ -137,7 +141,14 @@ class JobRun {
   // One model file of the whole model and its optimizer state from the stages' slices
   // (by slot; empty for the slots that send none).
   std::vector<uint8_t> merge(const std::vector<std::vector<uint8_t>>& slices) const;
-  void checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& slices);
+  void checkpoint(int64_t step, const std::vector<std::vector<uint8_t>>& slices,
+                  const std::vector<double>& shares);
+  // Replicas of the whole model: the node of each, by replica (empty otherwise, and for
+  // forked workers, which have no nodes).
+  std::vector<std::string> replicaNodes() const;
+  // A resumed placement whose replicas are on the nodes resume_replicas_ names: their
+  // shares set to its, and no rebalancing (sharesCarried()).
+  void carryShares();
 
   JobSpec job_;
   JobRunOptions options_;
@@ -151,6 +162,8 @@ class JobRun {
   // The newest checkpoint's model file and step, to resume from after a loss.
   std::shared_ptr<const std::vector<uint8_t>> resume_weights_;
   int64_t resume_step_ = 0;
+  CheckpointShares resume_replicas_;  // ... and its replicas' shares, if it had any
+  bool shares_carried_ = false;
   // The last membership change (a loss seen, a node rejoining) and what it was.
   std::optional<std::chrono::steady_clock::time_point> changed_at_;
   std::string change_;

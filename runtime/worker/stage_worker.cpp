@@ -127,13 +127,17 @@ void restoreOptimizer(Optimizer& optimizer, const Model& model, Backend& backend
   optimizer.restore(state, file.optimizer->steps);
 }
 
-// Sends this stage's slice at a checkpoint: chunks, then `checkpointed`.
+// Sends this stage's slice at a checkpoint: chunks, then `checkpointed`, with the
+// replicas' shares when they are of the whole model and settled.
 void sendCheckpoint(Channel& coordinator, const Model& model, const Optimizer& optimizer,
-                    int64_t step, std::chrono::milliseconds timeout) {
+                    const Assign& a, const StageTrainer& trainer) {
   const std::vector<uint8_t> slice = serializeModel(model, &optimizer, {});
   const std::string hash = contentHash(slice);
+  const std::chrono::seconds timeout(a.wire.timeout_s);
   sendChunks(coordinator, hash, slice, timeout);
-  coordinator.send(Checkpointed{step, hash, static_cast<int64_t>(slice.size())}, timeout);
+  Checkpointed c{trainer.stepsTaken(), hash, static_cast<int64_t>(slice.size()), {}};
+  if (a.stages == 1 && a.replicas > 1 && trainer.sharesSettled()) c.shares = trainer.shares();
+  coordinator.send(c, timeout);
 }
 
 // After its report a worker keeps its links open until the coordinator has every report
@@ -407,8 +411,7 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
         step_times.push_back(std::chrono::duration<double>(now - *last_step).count());
       last_step = now;
       if (checkpoints && trainer.stepsTaken() % a.checkpoint.every_steps == 0)
-        sendCheckpoint(coordinator, *s.model, *s.optimizer, trainer.stepsTaken(),
-                       std::chrono::seconds(a.wire.timeout_s));
+        sendCheckpoint(coordinator, *s.model, *s.optimizer, a, trainer);
       if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
       sent = Clock::now();
       coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});

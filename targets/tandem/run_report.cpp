@@ -226,8 +226,10 @@ void printWeightsShipped(const runtime::RunResult& result, int n) {
 namespace {
 
 // Unequal replicas: the share of the run's samples each one took, beside its planned
-// share, and whether the shares followed the replicas' measured speed.
-void printShares(const std::vector<runtime::Assign>& as, const runtime::RunResult& result) {
+// share (or the one its checkpoint carried), and whether the shares followed the replicas'
+// measured speed.
+void printShares(const runtime::JobRun& jr, const runtime::RunResult& result) {
+  const std::vector<runtime::Assign>& as = jr.assignments();
   std::vector<size_t> rows;  // the first stage with unequal replicas
   int64_t total = 0;
   for (size_t i = 0; i < as.size(); ++i)
@@ -242,12 +244,16 @@ void printShares(const std::vector<runtime::Assign>& as, const runtime::RunResul
   for (double s : planned) planned_total += s;
   std::printf("replicas' shares of the samples:");
   for (size_t i : rows)
-    std::printf(" %d.%d %.1f%% (planned %.1f%%)", as[i].stage, as[i].replica,
+    std::printf(" %d.%d %.1f%% (%s %.1f%%)", as[i].stage, as[i].replica,
                 100.0 * static_cast<double>(result.reports[i].counters.samples) /
                     static_cast<double>(total),
+                jr.sharesCarried() ? "carried" : "planned",
                 100.0 * planned.at(static_cast<size_t>(as[i].replica)) / planned_total);
   const int64_t steps = as[rows.front()].train.rebalance_steps;
-  if (steps > 0)
+  if (jr.sharesCarried())
+    std::printf("; the shares the checkpoint at step %lld carried throughout\n",
+                static_cast<long long>(jr.startStep()));
+  else if (steps > 0)
     std::printf("; the shares were set from the replicas' speed measured in steps 1 to %lld\n",
                 static_cast<long long>(steps));
   else
@@ -319,7 +325,7 @@ void printStages(const runtime::JobRun& jr, const runtime::RunResult& result, in
                     first.step_mean_s / planned->plan.step_s);
       std::printf("\n");
     }
-    printShares(as, result);
+    printShares(jr, result);
   }
 }
 

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
                          ErrorReply{"what"},
                          ProfileTask{"name: m\n", 8, 1, 2, {{"cpu", 1, 1}}, 0, {4, 2}},
                          ProfileResult{"{}", 0, {"{}"}},
-                         Checkpointed{6, std::string(64, 'a'), 100},
+                         Checkpointed{6, std::string(64, 'a'), 100, {0.7, 0.3}},
                          Answer{8, 2, 2, {1, 2, 3, 4}, 0.5, 1},
                          Prompt{2, {104, 105}, 8, 0.7f, 5, 3},
                          PromptsDone{},

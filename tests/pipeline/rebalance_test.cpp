@@ -35,6 +35,7 @@ struct ReplicaRun {
   std::vector<Weights> weights;                          // by replica
   std::vector<StageCounters> counters;                   // by replica
   std::vector<std::vector<std::vector<double>>> shares;  // by replica, after each step
+  std::vector<bool> settled;  // replica 0, after each step: StageTrainer::sharesSettled
 };
 
 // Two replicas of the whole model train `epochs` over `d`; replica 1's every op first
@@ -67,14 +68,19 @@ ReplicaRun replicas(const PipelineOptions& options, const Dataset& d, int epochs
         StageTrainer st(m, StageRange::interleaved(0, 1, {LayerRange{0, m.size()}}), nullptr,
                         nullptr, &opt, o);
         std::vector<std::vector<double>> shares;
+        std::vector<bool> settled;
         for (int e = 0; e < epochs; ++e)
-          st.trainEpoch(&d, d.size(), e, [&](const StepReport&) { shares.push_back(st.shares()); });
+          st.trainEpoch(&d, d.size(), e, [&](const StepReport&) {
+            shares.push_back(st.shares());
+            settled.push_back(st.sharesSettled());
+          });
         Weights w;
         for (Param* p : m.params()) w[p->name] = toHost(p->value);
         std::lock_guard lock(mu);
         run.weights[static_cast<size_t>(r)] = w;
         run.counters[static_cast<size_t>(r)] = st.executor().counters();
         run.shares[static_cast<size_t>(r)] = shares;
+        if (r == 0) run.settled = settled;
       } catch (...) {
         std::lock_guard lock(mu);
         errors.push_back(std::current_exception());
@@ -113,6 +119,9 @@ TEST(RebalanceTest, TheFasterReplicaTakesMoreOfEachBatchAfterTheFirstSteps) {
   EXPECT_NEAR(shares[2][0] + shares[2][1], 1.0, 1e-12);
   for (size_t s = 3; s < shares.size(); ++s)
     EXPECT_EQ(shares[s], shares[2]) << "rebalance_steps 2: the shares stay after step 2";
+  // Settled (what a checkpoint carries) from step 2 on, not while measuring.
+  EXPECT_EQ(got.settled,
+            (std::vector<bool>{false, false, true, true, true, true, true, true, true, true}));
   const int64_t fast = got.counters[0].samples, slow = got.counters[1].samples;
   EXPECT_EQ(fast + slow, 2 * 160);
   EXPECT_GT(fast, 2 * slow);  // 48 each in steps 0 to 2, then more than 4 : 1
@@ -137,6 +146,7 @@ TEST(RebalanceTest, WithoutRebalancingThePlannedSharesStay) {
   const Dataset d = testing::quadrants(96, 1);
   const ReplicaRun got = replicas(options(0), d, 1, 1000);
   for (const std::vector<double>& s : got.shares[0]) EXPECT_EQ(s, (std::vector<double>{1, 1}));
+  EXPECT_EQ(got.settled, std::vector<bool>(got.shares[0].size(), true)) << "nothing to measure";
   EXPECT_EQ(got.counters[0].samples, 48);
   EXPECT_EQ(got.counters[1].samples, 48);
 }

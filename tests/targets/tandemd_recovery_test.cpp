@@ -175,6 +175,45 @@ TEST(TandemdTest, ARunResumedFromACheckpointEndsBitwiseAsTheUninterruptedOne) {
   }
 }
 
+// Unequal replicas of the whole model set their shares from their first steps' speed:
+// a run resumed after that cuts its batches by the shares its checkpoint carries, and
+// gives each replica the microbatches it had (3 microbatches a step for 2 replicas, and
+// resumed at step 33: an odd number of microbatches before it), so it saves bitwise the
+// model of the run that was never interrupted.
+TEST(TandemdTest, UnequalReplicasResumedFromACheckpointEndBitwiseAsTheUninterruptedRun) {
+  const std::string dir = tandem::testing::freshDir("resume-shares");
+  auto job = [&](const std::string& name) {
+    std::ofstream(dir + "/" + name + ".yaml")
+        << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
+        << "batch: 32\nmicrobatches: 3\nseed: 3\nepochs: 2\ntrain_limit: 640\ntest_limit: 64\n"
+        << "optimizer: {kind: adamw, lr: 0.001}\n"
+        << "partition: [{layers: [0, 6], replicas: 2, shares: [7, 1]}]\n"
+        << "checkpoint: {every_steps: 3, keep: 3, dir: ck-" << name << "}\n"
+        << "save: out/" << name << ".tdm\n";
+    return dir + "/" + name + ".yaml";
+  };
+  Ran r = run(kCli + " run " + job("full"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the shares were set from the replicas' speed measured in steps 1 to 3"),
+            std::string::npos)
+      << r.out;
+  const std::string want = slurp(dir + "/out/full.tdm");
+  ASSERT_FALSE(want.empty());
+  const std::string manifest = slurp(dir + "/ck-full/step-000000000033.json");
+  EXPECT_NE(manifest.find("\"replicas\""), std::string::npos) << manifest;
+
+  std::filesystem::copy(dir + "/ck-full", dir + "/from33");
+  for (const char* step : {"36", "39"})
+    std::filesystem::remove(dir + "/from33/step-0000000000" + std::string(step) + ".json");
+  r = run(kCli + " run " + job("resumed") + " --resume " + dir + "/from33");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s :
+       {"resuming from ", "(step 33)", "replicas' shares from the checkpoint at step 33: ",
+        "the shares the checkpoint at step 33 carried throughout"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_TRUE(slurp(dir + "/out/resumed.tdm") == want) << "resumed replicas: not bitwise";
+}
+
 // Losing a node mid-run: the run leaves it out, plans the job's layers over the nodes
 // left with the partitioner (its equal split was made for three), resumes from the
 // newest checkpoint and saves bitwise the model of a run that lost nothing. Without

@@ -169,6 +169,25 @@ TEST(MessagesTest, AnAssignsSharesOffTheirAlignmentAreCopiedOut) {
                                {"'assign'", "a microbatch share is not in (0, 1e9]"});
 }
 
+// A checkpoint's shares (protocol 3.5) likewise, and checked as an assignment's are.
+TEST(MessagesTest, ACheckpointsSharesAreCopiedOutAndChecked) {
+  const Checkpointed c{6, std::string(64, 'a'), 100, {0.75, 0.25}};
+  const std::vector<uint8_t> bytes = moveOffAlignment(encodeMessage(c), c.shares);
+  const Message back = decodeMessage(bytes);
+  ASSERT_TRUE(std::holds_alternative<Checkpointed>(back)) << messageName(back);
+  EXPECT_EQ(std::get<Checkpointed>(back), c);
+  for (const double spoilt : {0.0, -1.0, std::nan(""), 2e9}) {
+    std::vector<uint8_t> bad = bytes;
+    std::memcpy(bad.data() + bad.size() - 8, &spoilt, 8);  // 0.75, spoilt
+    expectThrowWith<FormatError>([&] { decodeMessage(bad); },
+                                 {"'checkpointed'", "a share is not in (0, 1e9]"});
+  }
+  Checkpointed many = c;
+  many.shares.assign(kMaxReplicaShares + 1, 1.0);
+  expectThrowWith<InvalidArgument>([&] { encodeMessage(many); },
+                                   {"'checkpointed'", "65 shares exceed the limit of 64"});
+}
+
 TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   StageReport report;
   report.counters = {1.5, 0.1, 1.2, 0.3, 0.2, 0.05, 3, 40};
@@ -216,7 +235,8 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       InferDone{100, 0.4, 0.9, 0.2},
       report,
       Failed{"stage 1 failed"},
-      Checkpointed{300, std::string(64, 'd'), 4096},
+      Checkpointed{300, std::string(64, 'd'), 4096, {}},
+      Checkpointed{300, std::string(64, 'd'), 4096, {0.6, 0.3, 0.1}},
       Answer{96, 2, 3, {0.5f, -1, 2, 3, 4, std::nanf("")}, 1.25, 1},
       ProfileTask{"name: m\n", 8, 1, 5, {{"cpu", 2, 1}, {"opencl:0", 1, 0}}, 4, {4, 2, 1}},
       ProfileResult{"{\"schema\": \"tandem-profile\"}", 1, {"{}", "{\"a\": 1}"}},

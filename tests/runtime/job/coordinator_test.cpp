@@ -187,7 +187,9 @@ TEST(CoordinatorTest, CheckpointsComeFromEveryStageAtTheSameStep) {
   std::vector<int64_t> steps;
   std::vector<std::vector<uint8_t>> last;
   RunCallbacks cb;
-  cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices) {
+  cb.checkpoint = [&](int64_t step, const std::vector<std::vector<uint8_t>>& slices,
+                      const std::vector<double>& shares) {
+    EXPECT_TRUE(shares.empty()) << "only replicas of the whole model have shares";
     steps.push_back(step);
     last = slices;
   };
