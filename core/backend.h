@@ -36,12 +36,15 @@ struct DeviceInfo {
   bool host_cores = false;
 };
 
-// SiLU is x * sigmoid(x) (Llama's MLP gate).
-enum class Activation { kReLU, kGELU, kTanh, kSigmoid, kSiLU };
+// SiLU is x * sigmoid(x) (Llama's MLP gate). The mobile networks' piecewise-linear ones,
+// as PyTorch defines them: ReLU6 min(max(x, 0), 6), hard sigmoid ReLU6(x + 3) / 6 and hard
+// swish x * ReLU6(x + 3) / 6.
+enum class Activation { kReLU, kGELU, kTanh, kSigmoid, kSiLU, kReLU6, kHardSigmoid, kHardSwish };
 
-// activationBackward differentiates GELU and SiLU from x, the others from y.
+// activationBackward differentiates GELU, SiLU and the hard ones from x, the others from y.
 inline bool activationGradFromInput(Activation kind) {
-  return kind == Activation::kGELU || kind == Activation::kSiLU;
+  return kind == Activation::kGELU || kind == Activation::kSiLU ||
+         kind == Activation::kHardSigmoid || kind == Activation::kHardSwish;
 }
 
 // Geometry of a 2-D sliding window over [N, C, H, W] input (convolution and pooling).

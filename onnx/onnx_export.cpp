@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -162,6 +163,44 @@ class Exporter {
     return {v.at(0), v.at(1)};
   }
 
+  // An activation layer of type `t` as PyTorch exports it; nullopt for other types.
+  std::optional<std::string> activation(const std::string& t, const std::string& x,
+                                        const std::string& name) {
+    if (t == "relu" || t == "tanh" || t == "sigmoid") {
+      node(t == "relu" ? "Relu" : t == "tanh" ? "Tanh" : "Sigmoid", {x}, name, name);
+      return name;
+    }
+    if (t == "relu6") {  // as PyTorch exports nn.ReLU6(): a Clip with its bounds as inputs
+      node("Clip", {x, scalar(name + ".min", 0.0f), scalar(name + ".max", 6.0f)}, name, name);
+      return name;
+    }
+    if (t == "hardsigmoid") {  // PyTorch's slope and offset, not the operator's defaults
+      onnx::NodeProto* n = node("HardSigmoid", {x}, name, name);
+      real(n, "alpha", 1.0f / 6);
+      real(n, "beta", 0.5f);
+      return name;
+    }
+    if (t == "hardswish") {
+      node("HardSwish", {x}, name, name);
+      return name;
+    }
+    if (t == "silu") {  // as PyTorch exports nn.SiLU(): no Silu operator
+      node("Sigmoid", {x}, name + ".sigmoid", name + ".sigmoid");
+      node("Mul", {x, name + ".sigmoid"}, name, name);
+      return name;
+    }
+    if (t == "gelu") {  // as PyTorch exports nn.GELU(): no Gelu operator before opset 20
+      node("Div", {x, scalar(name + ".sqrt2", static_cast<float>(std::sqrt(2.0)))}, name + ".div",
+           name + ".div");
+      node("Erf", {name + ".div"}, name + ".erf", name + ".erf");
+      node("Add", {name + ".erf", scalar(name + ".one", 1.0f)}, name + ".add", name + ".add");
+      node("Mul", {x, name + ".add"}, name + ".mul", name + ".mul");
+      node("Mul", {name + ".mul", scalar(name + ".half", 0.5f)}, name, name);
+      return name;
+    }
+    return std::nullopt;
+  }
+
   std::string layer(const Layer& l, const std::string& x, const std::string& name) {
     const LayerSpec s = l.spec();
     const std::string& t = s.type;
@@ -209,19 +248,7 @@ class Exporter {
       integer(node("Flatten", {name + ".pool"}, name, name), "axis", 1);
       return name;
     }
-    if (t == "relu" || t == "tanh" || t == "sigmoid") {
-      node(t == "relu" ? "Relu" : t == "tanh" ? "Tanh" : "Sigmoid", {x}, name, name);
-      return name;
-    }
-    if (t == "gelu") {  // as PyTorch exports nn.GELU(): no Gelu operator before opset 20
-      node("Div", {x, scalar(name + ".sqrt2", static_cast<float>(std::sqrt(2.0)))}, name + ".div",
-           name + ".div");
-      node("Erf", {name + ".div"}, name + ".erf", name + ".erf");
-      node("Add", {name + ".erf", scalar(name + ".one", 1.0f)}, name + ".add", name + ".add");
-      node("Mul", {x, name + ".add"}, name + ".mul", name + ".mul");
-      node("Mul", {name + ".mul", scalar(name + ".half", 0.5f)}, name, name);
-      return name;
-    }
+    if (std::optional<std::string> y = activation(t, x, name)) return *y;
     if (t == "flatten") {
       integer(node("Flatten", {x}, name, name), "axis", 1);
       return name;

@@ -219,6 +219,12 @@ inline float siluGrad(float x) {
   const float s = sigmoid(x);
   return s * (1.0f + x * (1.0f - s));
 }
+inline float relu6(float x) { return std::min(std::max(x, 0.0f), 6.0f); }
+inline float hardSigmoid(float x) { return relu6(x + 3.0f) / 6.0f; }
+// PyTorch's: 0 below -3, 1 above 3, x / 3 + 1/2 between (the ends included).
+inline float hardSwishGrad(float x) {
+  return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+}
 
 // Kernels over one range, on plain local pointers: captured references would make the
 // compiler reload them after every store instead of vectorising. Inputs and outputs of
@@ -241,10 +247,19 @@ TANDEM_CLONES void activationRange(Activation kind, const float* __restrict x, f
     case Activation::kSiLU:
       for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid(x[i]);
       break;
+    case Activation::kReLU6:
+      for (int64_t i = 0; i < n; ++i) y[i] = relu6(x[i]);
+      break;
+    case Activation::kHardSigmoid:
+      for (int64_t i = 0; i < n; ++i) y[i] = hardSigmoid(x[i]);
+      break;
+    case Activation::kHardSwish:
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] * hardSigmoid(x[i]);
+      break;
   }
 }
 
-// `s` is x for GELU and SiLU, y for ReLU, tanh and sigmoid.
+// `s` is x for GELU, SiLU, hard sigmoid and hard swish, y for the others.
 TANDEM_CLONES void activationBackwardRange(Activation kind, const float* __restrict s,
                                            const float* __restrict dy, float* __restrict dx,
                                            int64_t n) {
@@ -266,6 +281,21 @@ TANDEM_CLONES void activationBackwardRange(Activation kind, const float* __restr
       break;
     case Activation::kSiLU:
       for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * siluGrad(s[i]);
+      break;
+    case Activation::kReLU6:  // y in (0, 6) exactly where x is
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = dy[i];
+        dx[i] = s[i] > 0.0f && s[i] < 6.0f ? g : 0.0f;
+      }
+      break;
+    case Activation::kHardSigmoid:
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = dy[i] / 6.0f;
+        dx[i] = s[i] > -3.0f && s[i] < 3.0f ? g : 0.0f;
+      }
+      break;
+    case Activation::kHardSwish:
+      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * hardSwishGrad(s[i]);
       break;
   }
 }

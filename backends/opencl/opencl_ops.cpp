@@ -31,6 +31,12 @@ ActivationKernels activationKernels(Activation kind) {
       return {"sigmoid_f32", "sigmoid_backward_f32"};
     case Activation::kSiLU:
       return {"silu_f32", "silu_backward_f32"};
+    case Activation::kReLU6:
+      return {"relu6_f32", "relu6_backward_f32"};
+    case Activation::kHardSigmoid:
+      return {"hardsigmoid_f32", "hardsigmoid_backward_f32"};
+    case Activation::kHardSwish:
+      return {"hardswish_f32", "hardswish_backward_f32"};
   }
   throw InvalidArgument("unknown activation " + std::to_string(static_cast<int>(kind)));
 }
@@ -189,8 +195,7 @@ void OpenClBackend::maxPoolBackward(const Tensor& dy, const Tensor& argmax, cons
   requireF32(dy, "maxPoolBackward");
   requireI32(argmax, "maxPoolBackward");
   requireF32(dx, "maxPoolBackward");
-  launch("max_pool_backward_f32", items(dx.numel()), dy, argmax, dx, static_cast<cl_long>(n),
-         g);
+  launch("max_pool_backward_f32", items(dx.numel()), dy, argmax, dx, static_cast<cl_long>(n), g);
 }
 
 void OpenClBackend::avgPool(const Tensor& x, const Window2d& g, const Tensor& y) {

@@ -20,6 +20,12 @@ std::string ActivationLayer::type() const {
       return "sigmoid";
     case Activation::kSiLU:
       return "silu";
+    case Activation::kReLU6:
+      return "relu6";
+    case Activation::kHardSigmoid:
+      return "hardsigmoid";
+    case Activation::kHardSwish:
+      return "hardswish";
   }
   return "activation";
 }
@@ -27,8 +33,9 @@ std::string ActivationLayer::type() const {
 Tensor ActivationLayer::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   Tensor y = backend_->empty(x.shape());
   backend_->activation(kind_, x, y);
-  // GELU and SiLU differentiate from x; ReLU, tanh and sigmoid from y. (ReLU keeps y,
-  // since y > 0 exactly where x > 0: then x, often a big convolution output, can be freed.)
+  // GELU, SiLU and the hard ones differentiate from x; ReLU, ReLU6, tanh and sigmoid from
+  // y. (ReLU keeps y, since y > 0 exactly where x > 0: then x, often a big convolution
+  // output, can be freed.)
   stash.saved = {activationGradFromInput(kind_) ? x : y};
   return y;
 }
@@ -43,7 +50,16 @@ Tensor ActivationLayer::backward(const Tensor& dy, Stash& stash, bool need_dx) {
 
 int64_t ActivationLayer::flops() const {
   const int64_t n = inputShape().numel();
-  return kind_ == Activation::kReLU ? n : 8 * n;  // transcendental ones counted as ~8
+  switch (kind_) {
+    case Activation::kReLU:
+    case Activation::kReLU6:
+      return n;
+    case Activation::kHardSigmoid:
+    case Activation::kHardSwish:
+      return 4 * n;
+    default:
+      return 8 * n;  // transcendental ones counted as ~8
+  }
 }
 
 Dropout::Dropout(const LayerSpec& spec) {

@@ -1,5 +1,5 @@
-// Layers that act element by element: activations (ReLU, GELU, Tanh, Sigmoid),
-// Dropout, and Flatten (a reshape to [features]).
+// Layers that act element by element: activations (ReLU, GELU, Tanh, Sigmoid, SiLU,
+// ReLU6, hard sigmoid and hard swish), Dropout, and Flatten (a reshape to [features]).
 #pragma once
 
 #include "core/layers/layer.h"

@@ -18,7 +18,7 @@ const std::vector<std::string>& layerTypes() {
       "linear",    "conv2d",   "maxpool2d",  "avgpool2d", "globalavgpool", "relu",
       "gelu",      "tanh",     "sigmoid",    "flatten",   "dropout",       "layernorm",
       "embedding", "residual", "positional", "attention", "transformer",   "silu",
-      "rmsnorm",   "swiglu",   "llama"};
+      "rmsnorm",   "swiglu",   "llama",      "relu6",     "hardsigmoid",   "hardswish"};
   return kTypes;
 }
 
@@ -36,6 +36,9 @@ std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
   if (t == "tanh") return std::make_unique<ActivationLayer>(Activation::kTanh, spec);
   if (t == "sigmoid") return std::make_unique<ActivationLayer>(Activation::kSigmoid, spec);
   if (t == "silu") return std::make_unique<ActivationLayer>(Activation::kSiLU, spec);
+  if (t == "relu6") return std::make_unique<ActivationLayer>(Activation::kReLU6, spec);
+  if (t == "hardsigmoid") return std::make_unique<ActivationLayer>(Activation::kHardSigmoid, spec);
+  if (t == "hardswish") return std::make_unique<ActivationLayer>(Activation::kHardSwish, spec);
   if (t == "flatten") return std::make_unique<Flatten>(spec);
   if (t == "dropout") return std::make_unique<Dropout>(spec);
   if (t == "layernorm") return std::make_unique<LayerNorm>(spec);

@@ -73,6 +73,8 @@ std::string Importer::walk(std::string v) {
       }
     } else if (auto end = gelu(v, next)) {
       v = *end;
+    } else if (auto silu_end = silu(v, next)) {
+      v = *silu_end;
     } else if (auto end2 = layerNormPattern(v, next)) {
       v = *end2;
     } else if (next.size() == 2 || sums(v, next) == 1) {
@@ -120,6 +122,8 @@ std::string Importer::single(int i, const std::string& v) {
     shape_ = Shape{shape_[0]};
   } else if (op == "Relu" || op == "Tanh" || op == "Sigmoid") {
     add({op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid", {}, {}, where(node)});
+  } else if (op == "Clip" || op == "HardSigmoid" || op == "HardSwish") {
+    add({hardActivation(node), {}, {}, where(node)});
   } else if (op == "Flatten") {
     if (attrInt(node, "axis", 1) != 1)
       refuse(node, "axis " + std::to_string(attrInt(node, "axis", 1)) +

@@ -75,6 +75,13 @@ class Importer {
   // 1/sqrt(2)), Erf, Add 1, then Mul by x and by 0.5 in either order.
   std::optional<std::string> gelu(const std::string& v, const std::vector<int>& next);
 
+  // SiLU as PyTorch exports it: x * Sigmoid(x), the Mul reading both.
+  std::optional<std::string> silu(const std::string& v, const std::vector<int>& next);
+
+  // The layer of a Clip (to [0, 6]: relu6; to [0, inf): relu), a HardSigmoid (PyTorch's:
+  // alpha 1/6, beta 1/2) or a HardSwish; any other range or slope is refused, named.
+  std::string hardActivation(const onnx::NodeProto& node) const;
+
   // The axes of a ReduceMean (attribute, or input from opset 18) are the last one alone.
   bool lastAxis(const onnx::NodeProto& n) const;
 

@@ -240,6 +240,19 @@ TEST(LayerGradTest, Activations) {
   }
 }
 
+// Away from their bounds (-3, 0, 3 and 6), where the derivative jumps.
+TEST(LayerGradTest, HardActivations) {
+  std::vector<float> x = testing::randomVector(14, 3 * 13, -8, 8);
+  for (float& v : x)
+    for (const float bound : {-3.0f, 0.0f, 3.0f, 6.0f})
+      if (std::abs(v - bound) < 0.1f) v = bound + (v < bound ? -0.25f : 0.25f);
+  for (const char* kind : {"relu6", "hardsigmoid", "hardswish"}) {
+    SCOPED_TRACE(kind);
+    GradCheck g(kind, {3, 13});
+    g.run(x);
+  }
+}
+
 TEST(LayerGradTest, FlattenAndDropout) {
   GradCheck f("flatten", {2, 3, 2, 2});
   f.run(testing::randomVector(9, 24));

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -46,7 +47,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kSuites = {
     {"node",
      {"test_relu", "test_tanh", "test_sigmoid", "test_gemm_", "test_matmul_2d", "test_basic_conv_",
       "test_conv_", "test_maxpool_", "test_averagepool_", "test_globalaveragepool", "test_flatten_",
-      "test_identity", "test_dropout_default", "test_reshape_", "test_layer_normalization_"}},
+      "test_identity", "test_dropout_default", "test_reshape_", "test_layer_normalization_",
+      "test_clip", "test_hardsigmoid", "test_hardswish"}},
     {"pytorch-converted",
      {"test_Linear", "test_Conv2d", "test_MaxPool2d", "test_AvgPool2d", "test_ReLU", "test_Tanh",
       "test_Sigmoid", "test_Softmax", "test_LogSoftmax", "test_Embedding", "test_BatchNorm2d"}}};
@@ -242,6 +244,71 @@ TEST(OnnxImportTest, WhatTheLayersCannotExpressIsRefusedNamingTheNode) {
   m.mutable_graph()->mutable_node(4)->set_input(0, "p");
   testing::expectThrowWith<InvalidArgument>([&] { importOnnx(m, "m.onnx"); },
                                             {"node 'Gemm_y' (Gemm)", "'p' is read by two nodes"});
+}
+
+// The mobile networks' activations: a Clip to [0, 6] is relu6 and to [0, inf) relu,
+// PyTorch's HardSigmoid (alpha 1/6, beta 1/2) and HardSwish theirs, x * Sigmoid(x) silu;
+// other bounds and slopes are refused naming the node and the values.
+TEST(OnnxImportTest, ClipsAndTheHardActivationsImportAsTheirLayers) {
+  auto scalar = [](onnx::ModelProto& m, const std::string& name, float v) {
+    onnx::TensorProto* t = m.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_float_data(v);
+  };
+  auto layerOf = [](const onnx::ModelProto& m) {
+    return importOnnx(m, "m.onnx").spec.layers.at(1).type;
+  };
+  // Node 1 is the Relu of the conv's output 'c', making 'r'.
+  auto clip = [&](float lo, std::optional<float> hi) {
+    onnx::ModelProto m = smallCnn();
+    onnx::NodeProto* n = m.mutable_graph()->mutable_node(1);
+    n->set_op_type("Clip");
+    scalar(m, "lo", lo);
+    n->add_input("lo");
+    if (hi) {
+      scalar(m, "hi", *hi);
+      n->add_input("hi");
+    }
+    return m;
+  };
+  EXPECT_EQ(layerOf(clip(0, 6)), "relu6");
+  EXPECT_EQ(layerOf(clip(0, std::nullopt)), "relu");
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { importOnnx(clip(-1, 1), "m.onnx"); },
+      {"m.onnx: node 'Relu_r' (Clip)", "Clip to [-1.000000, 1.000000]", "[0, 6] (ReLU6)"});
+  auto hard = [&](const char* op, std::optional<float> alpha) {
+    onnx::ModelProto m = smallCnn();
+    m.mutable_opset_import(0)->set_version(14);  // HardSwish's first
+    onnx::NodeProto* n = m.mutable_graph()->mutable_node(1);
+    n->set_op_type(op);
+    if (alpha) {
+      auto* a = n->add_attribute();
+      a->set_name("alpha");
+      a->set_type(onnx::AttributeProto::FLOAT);
+      a->set_f(*alpha);
+    }
+    return m;
+  };
+  EXPECT_EQ(layerOf(hard("HardSigmoid", 1.0f / 6)), "hardsigmoid");
+  EXPECT_EQ(layerOf(hard("HardSwish", std::nullopt)), "hardswish");
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { importOnnx(hard("HardSigmoid", std::nullopt), "m.onnx"); },
+      {"node 'Relu_r' (HardSigmoid)", "alpha 0.200000 and beta 0.500000", "PyTorch's"});
+  // x * Sigmoid(x): the conv's output read by both.
+  onnx::ModelProto m = smallCnn();
+  onnx::GraphProto* g = m.mutable_graph();
+  g->mutable_node(1)->set_op_type("Mul");
+  g->mutable_node(1)->add_input("s");
+  onnx::NodeProto sigmoid;
+  sigmoid.set_op_type("Sigmoid");
+  sigmoid.set_name("Sigmoid_s");
+  sigmoid.add_input("c");
+  sigmoid.add_output("s");
+  *g->add_node() = sigmoid;  // moved to just after the conv: ONNX wants nodes sorted
+  for (int i = g->node_size() - 1; i > 1; --i) g->mutable_node()->SwapElements(i, i - 1);
+  EXPECT_EQ(layerOf(m), "silu");
+  EXPECT_EQ(importOnnx(m, "m.onnx").spec.layers.size(), 5u);  // conv silu pool flatten gemm
 }
 
 // Imported for a device: a layer whose forward its backend lacks an op of is refused naming

@@ -101,6 +101,24 @@ layers:
   - globalavgpool
   - linear: {out: 10}
 )";
+// The mobile networks' activations (ReLU6 a Clip, SiLU a Sigmoid and a Mul).
+inline const char* const kMobileYaml = R"(name: mobile
+input: [3, 12, 12]
+layers:
+  - conv2d: {out: 8, kernel: 3, padding: 1}
+  - relu6
+  - residual:
+      layers:
+        - conv2d: {out: 8, kernel: 3, padding: 1}
+        - silu
+        - conv2d: {out: 8, kernel: 1}
+        - hardsigmoid
+  - conv2d: {out: 8, kernel: 3, stride: 2, padding: 1}
+  - hardswish
+  - globalavgpool
+  - linear: {out: 4}
+)";
+
 inline const char* const kMlpYaml = R"(name: mlp
 input: [20]
 layers:

@@ -120,8 +120,15 @@ float silu_grad(float x) {
   return s * (1.0f + x * (1.0f - s));
 }
 
-// NAME_f32: y = F(x); NAME_backward_f32: dx = dy * F'(s), where s is x for GELU and SiLU
-// and y for the others (Backend::activationBackward).
+// PyTorch's hard sigmoid, ReLU6(x + 3) / 6, with the CPU's comparisons (NaN passes).
+float relu6(float x) { return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x; }
+float hard_sigmoid(float x) { return relu6(x + 3.0f) / 6.0f; }
+float hard_swish_grad(float x) {
+  return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+}
+
+// NAME_f32: y = F(x); NAME_backward_f32: dx = dy * F'(s), where s is x for GELU, SiLU and
+// the hard ones, y for the others (Backend::activationBackward).
 #define ACTIVATION(NAME, F, DF)                                                             \
   __kernel void NAME##_f32(__global const float* x, ulong x_off, __global float* y,        \
                            ulong y_off, ulong n) {                                          \
@@ -145,6 +152,9 @@ ACTIVATION(gelu, gelu(v), g * gelu_grad(v))
 ACTIVATION(tanh, tanh(v), g * (1.0f - v * v))
 ACTIVATION(sigmoid, 1.0f / (1.0f + exp(-v)), g * v * (1.0f - v))
 ACTIVATION(silu, v * (1.0f / (1.0f + exp(-v))), g * silu_grad(v))
+ACTIVATION(relu6, relu6(v), v > 0.0f && v < 6.0f ? g : 0.0f)
+ACTIVATION(hardsigmoid, hard_sigmoid(v), v > -3.0f && v < 3.0f ? g / 6.0f : 0.0f)
+ACTIVATION(hardswish, v * hard_sigmoid(v), g * hard_swish_grad(v))
 
 // core/random.h's mix64 and hashUniform, bit for bit, so masks match every backend.
 ulong mix64(ulong x) {

@@ -169,6 +169,42 @@ TEST_P(CpuOpsTest, ActivationsAndDerivativesMatchFormulas) {
   }
 }
 
+// The mobile networks' piecewise-linear activations as PyTorch defines them, their bounds
+// included: ReLU6's gradient is 0 at 0 and 6, the hard sigmoid's 0 at -3 and 3, the hard
+// swish's x / 3 + 1/2 from -3 to 3 inclusive.
+TEST_P(CpuOpsTest, HardActivationsMatchPyTorchsDefinitionsAtTheirBounds) {
+  const int64_t n = GetParam();
+  std::vector<float> x = randomVector(12, n, -8, 8);
+  const float bounds[] = {-3, 0, 3, 6, -8, 8};
+  for (size_t i = 0; i < std::size(bounds) && i < x.size(); ++i) x[i] = bounds[i];
+  const auto dy = randomVector(13, n);
+  struct Ref {
+    Activation kind;
+    double (*f)(double);
+    double (*df)(double);
+  };
+  const Ref refs[] = {
+      {Activation::kReLU6, [](double v) { return std::min(std::max(v, 0.0), 6.0); },
+       [](double v) { return v > 0 && v < 6 ? 1.0 : 0.0; }},
+      {Activation::kHardSigmoid, [](double v) { return std::min(std::max(v + 3, 0.0), 6.0) / 6; },
+       [](double v) { return v > -3 && v < 3 ? 1.0 / 6 : 0.0; }},
+      {Activation::kHardSwish, [](double v) { return v * std::min(std::max(v + 3, 0.0), 6.0) / 6; },
+       [](double v) { return v < -3   ? 0.0
+                             : v <= 3 ? v / 3 + 0.5
+                                      : 1.0; }},
+  };
+  for (const Ref& ref : refs) {
+    Tensor xt = toDevice(three_, {n}, x), yt = three_.empty({n}), dx = three_.empty({n});
+    three_.activation(ref.kind, xt, yt);
+    three_.activationBackward(ref.kind, xt, yt, toDevice(three_, {n}, dy), dx);
+    const auto y = toHost(yt), g = toHost(dx);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(y[i], ref.f(x[i]), 2e-6) << static_cast<int>(ref.kind) << " at " << x[i];
+      EXPECT_NEAR(g[i], dy[i] * ref.df(x[i]), 2e-6) << static_cast<int>(ref.kind) << " at " << x[i];
+    }
+  }
+}
+
 TEST_P(CpuOpsTest, DropoutMaskIsSeededScaledAndThreadIndependent) {
   const int64_t n = GetParam() * 997;
   const auto x = randomVector(11, n);

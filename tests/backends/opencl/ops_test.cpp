@@ -56,11 +56,12 @@ OpCase gemmCase(const char* name, bool ta, bool tb) {
           1e-5};
 }
 
-OpCase activationCase(const char* name, Activation kind) {
+// Over [-range, range]: the hard ones' bounds (-3, 3, 6) crossed.
+OpCase activationCase(const char* name, Activation kind, float range = 4) {
   return {name,
           [=](Backend& be, int64_t n) {
             const int64_t count = n * 37;
-            Tensor x = toDevice(be, {count}, randomVector(4, count, -4, 4));
+            Tensor x = toDevice(be, {count}, randomVector(4, count, -range, range));
             Tensor y = be.empty({count}), dx = be.empty({count});
             be.activation(kind, x, y);
             be.activationBackward(kind, x, y, toDevice(be, {count}, randomVector(5, count)), dx);
@@ -243,6 +244,9 @@ std::vector<OpCase> cases() {
       activationCase("tanh", Activation::kTanh),
       activationCase("sigmoid", Activation::kSigmoid),
       activationCase("silu", Activation::kSiLU),
+      activationCase("relu6", Activation::kReLU6, 8),
+      activationCase("hardsigmoid", Activation::kHardSigmoid, 8),
+      activationCase("hardswish", Activation::kHardSwish, 8),
       {"dropout",  // the mask comes from the shared counter hash: equal bit for bit
        [](Backend& be, int64_t n) {
          const int64_t count = n * 101;
