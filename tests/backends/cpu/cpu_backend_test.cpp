@@ -128,15 +128,30 @@ TEST_P(CpuOpsTest, BiasForwardAndGradient) {
     EXPECT_NEAR(g2[ch], rows[ch] + rows[c + ch] + rows[2 * c + ch], 1e-5);
 }
 
+// An activation and its derivative in double, to check a backend's against.
+struct ActivationRef {
+  Activation kind;
+  double (*f)(double);
+  double (*df)(double);
+};
+
+void expectActivation(Backend& be, const ActivationRef& ref, const std::vector<float>& x,
+                      const std::vector<float>& dy) {
+  const auto n = static_cast<int64_t>(x.size());
+  Tensor xt = toDevice(be, {n}, x), yt = be.empty({n}), dx = be.empty({n});
+  be.activation(ref.kind, xt, yt);
+  be.activationBackward(ref.kind, xt, yt, toDevice(be, {n}, dy), dx);
+  const auto y = toHost(yt), g = toHost(dx);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(y[i], ref.f(x[i]), 2e-6) << static_cast<int>(ref.kind) << " at " << x[i];
+    EXPECT_NEAR(g[i], dy[i] * ref.df(x[i]), 2e-6) << static_cast<int>(ref.kind) << " at " << x[i];
+  }
+}
+
 TEST_P(CpuOpsTest, ActivationsAndDerivativesMatchFormulas) {
   const int64_t n = GetParam();
   const auto x = randomVector(9, n, -3, 3), dy = randomVector(10, n);
-  struct Ref {
-    Activation kind;
-    double (*f)(double);
-    double (*df)(double);
-  };
-  const Ref refs[] = {
+  const ActivationRef refs[] = {
       {Activation::kReLU, [](double v) { return v > 0 ? v : 0.0; },
        [](double v) { return v > 0 ? 1.0 : 0.0; }},
       {Activation::kGELU, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); },
@@ -157,16 +172,7 @@ TEST_P(CpuOpsTest, ActivationsAndDerivativesMatchFormulas) {
          return s * (1 + v * (1 - s));
        }},
   };
-  for (const Ref& ref : refs) {
-    Tensor xt = toDevice(one_, {n}, x), yt = one_.empty({n}), dx = one_.empty({n});
-    one_.activation(ref.kind, xt, yt);
-    one_.activationBackward(ref.kind, xt, yt, toDevice(one_, {n}, dy), dx);
-    const auto y = toHost(yt), g = toHost(dx);
-    for (int64_t i = 0; i < n; ++i) {
-      EXPECT_NEAR(y[i], ref.f(x[i]), 2e-6) << static_cast<int>(ref.kind);
-      EXPECT_NEAR(g[i], dy[i] * ref.df(x[i]), 2e-6) << static_cast<int>(ref.kind);
-    }
-  }
+  for (const ActivationRef& ref : refs) expectActivation(one_, ref, x, dy);
 }
 
 // The mobile networks' piecewise-linear activations as PyTorch defines them, their bounds
@@ -178,12 +184,7 @@ TEST_P(CpuOpsTest, HardActivationsMatchPyTorchsDefinitionsAtTheirBounds) {
   const float bounds[] = {-3, 0, 3, 6, -8, 8};
   for (size_t i = 0; i < std::size(bounds) && i < x.size(); ++i) x[i] = bounds[i];
   const auto dy = randomVector(13, n);
-  struct Ref {
-    Activation kind;
-    double (*f)(double);
-    double (*df)(double);
-  };
-  const Ref refs[] = {
+  const ActivationRef refs[] = {
       {Activation::kReLU6, [](double v) { return std::min(std::max(v, 0.0), 6.0); },
        [](double v) { return v > 0 && v < 6 ? 1.0 : 0.0; }},
       {Activation::kHardSigmoid, [](double v) { return std::min(std::max(v + 3, 0.0), 6.0) / 6; },
@@ -193,16 +194,7 @@ TEST_P(CpuOpsTest, HardActivationsMatchPyTorchsDefinitionsAtTheirBounds) {
                              : v <= 3 ? v / 3 + 0.5
                                       : 1.0; }},
   };
-  for (const Ref& ref : refs) {
-    Tensor xt = toDevice(three_, {n}, x), yt = three_.empty({n}), dx = three_.empty({n});
-    three_.activation(ref.kind, xt, yt);
-    three_.activationBackward(ref.kind, xt, yt, toDevice(three_, {n}, dy), dx);
-    const auto y = toHost(yt), g = toHost(dx);
-    for (int64_t i = 0; i < n; ++i) {
-      EXPECT_NEAR(y[i], ref.f(x[i]), 2e-6) << static_cast<int>(ref.kind) << " at " << x[i];
-      EXPECT_NEAR(g[i], dy[i] * ref.df(x[i]), 2e-6) << static_cast<int>(ref.kind) << " at " << x[i];
-    }
-  }
+  for (const ActivationRef& ref : refs) expectActivation(three_, ref, x, dy);
 }
 
 TEST_P(CpuOpsTest, DropoutMaskIsSeededScaledAndThreadIndependent) {
