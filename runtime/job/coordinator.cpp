@@ -330,7 +330,8 @@ class Run {
       fail(slot, "sent a checkpoint without the whole slice it names (" + std::to_string(c.bytes) +
                      " bytes)");
     // Only replicas of the whole model cut their own batches, so only they have shares.
-    if (!c.shares.empty() && (a.stages != 1 || c.shares.size() != static_cast<size_t>(a.replicas)))
+    if (!c.shares.empty() &&
+        (a.stages != 1 || a.replicas < 2 || c.shares.size() != static_cast<size_t>(a.replicas)))
       fail(slot, "sent " + std::to_string(c.shares.size()) + " replicas' shares with its " +
                      "checkpoint at step " + std::to_string(c.step) + ", being " +
                      (a.stages != 1 ? "one of " + std::to_string(a.stages) + " stages"

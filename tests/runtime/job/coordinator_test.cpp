@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/data/dataset.h"
@@ -21,6 +23,7 @@
 #include "core/train/trainer.h"
 #include "runtime/control/handshake.h"
 #include "runtime/control/listener.h"
+#include "runtime/node/chunks.h"
 #include "runtime/node/node_info.h"
 #include "runtime/node/weight_cache.h"
 #include "runtime/worker/stage_worker.h"
@@ -239,6 +242,62 @@ TEST(CoordinatorTest, AWorkerThatCannotRunItsAssignmentEndsTheRunNamed) {
   testing::expectThrowWith<Error>(
       [&] { coordinate(as, names(as), *launcher, RunCallbacks{}, RunOptions{}); },
       {"stage 1 replica 0 failed: ", "no OpenCL device 99"});
+}
+
+// A launcher whose one worker is a script run on a thread: it connects and says hello as
+// a worker does, then `script` plays the rest (a hostile or broken worker).
+class ScriptedLauncher final : public Launcher {
+ public:
+  explicit ScriptedLauncher(std::function<void(Channel&)> script) : script_(std::move(script)) {}
+  ~ScriptedLauncher() override {
+    if (thread_.joinable()) thread_.join();
+  }
+  int64_t start(int slot, const Endpoint& coordinator, const ClusterKey& key) override {
+    thread_ = std::thread([this, slot, coordinator, key] {
+      try {
+        std::unique_ptr<Channel> c = connectChannelRetrying(coordinator, key, HandshakeOptions{});
+        c->send(WorkerHello{slot, static_cast<int64_t>(getpid())});
+        script_(*c);
+      } catch (const std::exception&) {  // (the coordinator closed on it)
+      }
+    });
+    return 0;
+  }
+  std::optional<Ended> ended() override { return std::nullopt; }
+  std::string finish(std::chrono::milliseconds) override {
+    if (thread_.joinable()) thread_.join();
+    return "";
+  }
+  void stopAll() override {}  // (the script ends once its channel closes)
+
+ private:
+  std::function<void(Channel&)> script_;
+  std::thread thread_;
+};
+
+// Shares of the batches come only with the checkpoint of a stage that is the whole model
+// and replicated, as many as its replicas: a worker that sends others is failed, named.
+TEST(CoordinatorTest, AWorkerSendingSharesItCannotHaveIsFailedNamed) {
+  std::vector<Assign> as = assignments({{0, 6, 1}}, ScheduleKind::k1F1B);
+  as[0].checkpoint.every_steps = 1;
+  ScriptedLauncher launcher([](Channel& c) {
+    std::optional<Message> m = c.recv(30s);
+    ASSERT_TRUE(m && std::holds_alternative<Assign>(*m));
+    c.send(Ready{{}, {}, "cpu", 96, 64});
+    m = c.recv(30s);
+    ASSERT_TRUE(m && std::holds_alternative<Start>(*m));
+    const std::vector<uint8_t> slice(100, 7);
+    const std::string hash = contentHash(slice);
+    sendChunks(c, hash, slice, 30s);
+    c.send(Checkpointed{1, hash, 100, {0.75, 0.25}});
+    while (c.recv(30s)) {
+    }
+  });
+  testing::expectThrowWith<Error>(
+      [&] { coordinate(as, names(as), launcher, RunCallbacks{}, RunOptions{}); },
+      {"stage 0 replica 0",
+       "sent 2 replicas' shares with its checkpoint at step 1, being one "
+       "of 1 replicas"});
 }
 
 // A worker that has reported keeps its links open (what it sent last may still be on its
