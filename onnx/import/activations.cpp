@@ -28,7 +28,7 @@ std::string Importer::hardActivation(const onnx::NodeProto& node) const {
   if (op == "HardSwish") return "hardswish";
   if (op == "HardSigmoid") {
     const double alpha = attrFloat(node, "alpha", 0.2), beta = attrFloat(node, "beta", 0.5);
-    if (std::abs(alpha - 1.0 / 6) > 1e-6 || std::abs(beta - 0.5) > 1e-6)
+    if (!(std::abs(alpha - 1.0 / 6) <= 1e-6 && std::abs(beta - 0.5) <= 1e-6))  // (NaN too)
       refuse(node, "HardSigmoid with alpha " + std::to_string(alpha) + " and beta " +
                        std::to_string(beta) +
                        ": tandem's hard sigmoid is PyTorch's (alpha 1/6, beta 0.5)");

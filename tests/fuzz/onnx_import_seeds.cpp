@@ -30,7 +30,10 @@ int main(int argc, char** argv) {
       "[{linear: {out: 2}}]}}, flatten, {residual: {layers: [{linear: {out: 3}}]}}]\n",
       "input: [3]\nlayers: [{embedding: {vocab: 5, dim: 4}}, {positional: {context: 4}}, "
       "{transformer: {heads: 2, mlp: 4}}, {attention: {heads: 1, causal: false}}, "
-      "{linear: {out: 5}}]\n"};
+      "{linear: {out: 5}}]\n",
+      "input: [2, 4, 4]\nlayers: [{conv2d: {out: 2, kernel: 1}}, relu6, {conv2d: {out: 2, "
+      "kernel: 1}}, silu, hardswish, {residual: {layers: [{conv2d: {out: 2, kernel: 1}}, "
+      "hardsigmoid]}}, flatten, {linear: {out: 2}}]\n"};
   int n = 0;
   for (const char* yaml : specs) {
     cpu::CpuBackend be(cpu::CpuOptions{1});

@@ -295,6 +295,9 @@ TEST(OnnxImportTest, ClipsAndTheHardActivationsImportAsTheirLayers) {
   testing::expectThrowWith<InvalidArgument>(
       [&] { importOnnx(hard("HardSigmoid", std::nullopt), "m.onnx"); },
       {"node 'Relu_r' (HardSigmoid)", "alpha 0.200000 and beta 0.500000", "PyTorch's"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { importOnnx(hard("HardSigmoid", std::nanf("")), "m.onnx"); },
+      {"node 'Relu_r' (HardSigmoid)", "alpha nan"});
   // x * Sigmoid(x): the conv's output read by both.
   onnx::ModelProto m = smallCnn();
   onnx::GraphProto* g = m.mutable_graph();
