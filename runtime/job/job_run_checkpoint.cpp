@@ -34,10 +34,10 @@ void JobRun::carryShares() {
     return out;
   };
   if (nodes != c.nodes) {
-    spdlog::info(
-        "the checkpoint at step {} carries the shares of replicas on {}; this run's are on "
-        "{}: their shares are the plan's",
-        start_step_, list(c.nodes), nodes.empty() ? "no replicas of the whole model" : list(nodes));
+    spdlog::info("the checkpoint at step {} carries the shares of replicas on {}; {}", start_step_,
+                 list(c.nodes),
+                 nodes.empty() ? "this run has no replicas of the whole model"
+                               : "this run's are on " + list(nodes) + ": the plan's shares");
     return;
   }
   for (Assign& a : assignments_) {

@@ -182,12 +182,13 @@ TEST(TandemdTest, ARunResumedFromACheckpointEndsBitwiseAsTheUninterruptedOne) {
 // model of the run that was never interrupted.
 TEST(TandemdTest, UnequalReplicasResumedFromACheckpointEndBitwiseAsTheUninterruptedRun) {
   const std::string dir = tandem::testing::freshDir("resume-shares");
-  auto job = [&](const std::string& name) {
+  auto job = [&](const std::string& name,
+                 const std::string& partition = "[{layers: [0, 6], replicas: 2, shares: [7, 1]}]") {
     std::ofstream(dir + "/" + name + ".yaml")
         << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
         << "batch: 32\nmicrobatches: 3\nseed: 3\nepochs: 2\ntrain_limit: 640\ntest_limit: 64\n"
         << "optimizer: {kind: adamw, lr: 0.001}\n"
-        << "partition: [{layers: [0, 6], replicas: 2, shares: [7, 1]}]\n"
+        << "partition: " << partition << "\n"
         << "checkpoint: {every_steps: 3, keep: 3, dir: ck-" << name << "}\n"
         << "save: out/" << name << ".tdm\n";
     return dir + "/" + name + ".yaml";
@@ -212,6 +213,14 @@ TEST(TandemdTest, UnequalReplicasResumedFromACheckpointEndBitwiseAsTheUninterrup
         "the shares the checkpoint at step 33 carried throughout"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   EXPECT_TRUE(slurp(dir + "/out/resumed.tdm") == want) << "resumed replicas: not bitwise";
+
+  // Resumed without replicas, the shares have nothing to cut: said, and the run goes on.
+  r = run(kCli + " run " + job("alone", "[[0, 6]]") + " --resume " + dir + "/from33");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the checkpoint at step 33 carries the shares of replicas on "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("this run has no replicas of the whole model"), std::string::npos) << r.out;
 }
 
 // Losing a node mid-run: the run leaves it out, plans the job's layers over the nodes
