@@ -232,6 +232,8 @@ class Exporter {
       ints(n, "strides", pair(s, "stride"));
       const auto p = pair(s, "padding");
       ints(n, "pads", {p[0], p[1], p[0], p[1]});
+      if (const auto g = s.attrs.find("groups"); g != s.attrs.end())
+        integer(n, "group", std::get<int64_t>(g->second));
       return name;
     }
     if (t == "maxpool2d" || t == "avgpool2d") {

@@ -15,9 +15,13 @@ Conv2d::Conv2d(const LayerSpec& spec) {
   std::tie(g_.stride_h, g_.stride_w) = r.pair("stride", 1);
   std::tie(g_.pad_h, g_.pad_w) = r.pair("padding", 0);
   bias_ = r.flag("bias", true);
+  groups_ = r.integer("groups", 1);
   r.finish();
   TANDEM_CHECK_MSG(out_channels_ > 0, InvalidArgument,
                    "conv2d: 'out' must be positive, got " << out_channels_);
+  TANDEM_CHECK_MSG(
+      groups_ > 0 && out_channels_ % groups_ == 0, InvalidArgument,
+      "conv2d: 'groups' " << groups_ << " must be positive and divide 'out' " << out_channels_);
   TANDEM_CHECK_MSG(g_.kernel_h > 0 && g_.kernel_w > 0 && g_.stride_h > 0 && g_.stride_w > 0 &&
                        g_.pad_h >= 0 && g_.pad_w >= 0,
                    InvalidArgument, "conv2d: kernel and stride must be positive, padding >= 0");
@@ -27,10 +31,15 @@ Shape Conv2d::infer(const Shape& input) {
   TANDEM_CHECK_MSG(input.rank() == 3, InvalidArgument, "expected input [C, H, W], got " << input);
   TANDEM_CHECK_MSG(in_channels_ == 0 || in_channels_ == input[0], InvalidArgument,
                    "expected input [" << in_channels_ << ", H, W], got " << input);
+  TANDEM_CHECK_MSG(
+      input[0] % groups_ == 0, InvalidArgument,
+      "conv2d: 'groups' " << groups_ << " must divide the input's " << input[0] << " channels");
   in_channels_ = input[0];
   g_.channels = input[0];
   g_.height = input[1];
   g_.width = input[2];
+  gg_ = g_;
+  gg_.channels = input[0] / groups_;
   TANDEM_CHECK_MSG(input[1] + 2 * g_.pad_h >= g_.kernel_h && input[2] + 2 * g_.pad_w >= g_.kernel_w,
                    InvalidArgument,
                    "kernel " << g_.kernel_h << "x" << g_.kernel_w << " does not fit input " << input
@@ -40,9 +49,9 @@ Shape Conv2d::infer(const Shape& input) {
 
 void Conv2d::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
-  const int64_t fan_in = in_channels_ * g_.kernel_h * g_.kernel_w;
+  const int64_t fan_in = gg_.channels * g_.kernel_h * g_.kernel_w;  // (PyTorch's, per group)
   const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-  weight_ = makeParam(backend, "weight", {out_channels_, in_channels_, g_.kernel_h, g_.kernel_w},
+  weight_ = makeParam(backend, "weight", {out_channels_, gg_.channels, g_.kernel_h, g_.kernel_w},
                       uniformInit(rng, out_channels_ * fan_in, bound));
   if (bias_)
     b_ = makeParam(backend, "bias", {out_channels_}, uniformInit(rng, out_channels_, bound));
@@ -53,20 +62,63 @@ std::vector<Param*> Conv2d::params() {
   return {&weight_};
 }
 
+Tensor Conv2d::byGroup(const Tensor& x) const {
+  const Shape& s = x.shape();
+  const int64_t per = s.numel() / (s[0] * groups_);  // one sample's group
+  Tensor t = backend_->empty({groups_, s[0], s[1] / groups_, s[2], s[3]});
+  backend_->transpose01(x.reshape({s[0], groups_, per}), t.reshape({groups_, s[0], per}));
+  return t;
+}
+
+Tensor Conv2d::bySample(const Tensor& t, int64_t channels) const {
+  const Shape& s = t.shape();  // [G, n, C/G, H, W]
+  const int64_t per = s.numel() / (s[0] * s[1]);
+  Tensor x = backend_->empty({s[1], channels, s[3], s[4]});
+  backend_->transpose01(t.reshape({s[0], s[1], per}), x.reshape({s[1], s[0], per}));
+  return x;
+}
+
 Tensor Conv2d::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
-  Tensor y = backend_->empty({x.shape()[0], out_channels_, g_.outHeight(), g_.outWidth()});
-  backend_->conv2d(x, weight_.value, bias_ ? b_.value : Tensor(), g_, y);
-  stash.saved = {x};
-  return y;
+  const int64_t n = x.shape()[0], oh = g_.outHeight(), ow = g_.outWidth();
+  if (groups_ == 1) {
+    Tensor y = backend_->empty({n, out_channels_, oh, ow});
+    backend_->conv2d(x, weight_.value, bias_ ? b_.value : Tensor(), g_, y);
+    stash.saved = {x};
+    return y;
+  }
+  const int64_t og = out_channels_ / groups_;
+  Tensor xt = byGroup(x);
+  Tensor yt = backend_->empty({groups_, n, og, oh, ow});
+  for (int64_t k = 0; k < groups_; ++k)
+    backend_->conv2d(xt.slice(k, 1).reshape({n, gg_.channels, g_.height, g_.width}),
+                     weight_.value.slice(k * og, og), bias_ ? b_.value.slice(k * og, og) : Tensor(),
+                     gg_, yt.slice(k, 1).reshape({n, og, oh, ow}));
+  stash.saved = {xt};  // (the weight gradient reads the groups)
+  return bySample(yt, out_channels_);
 }
 
 Tensor Conv2d::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   const Tensor& x = stash.saved.at(0);
-  backend_->conv2dBackwardWeight(x, dy, g_, weight_.grad, bias_ ? b_.grad : Tensor());
+  if (groups_ == 1) {
+    backend_->conv2dBackwardWeight(x, dy, g_, weight_.grad, bias_ ? b_.grad : Tensor());
+    if (!need_dx) return Tensor();
+    Tensor dx = backend_->empty(x.shape());
+    backend_->conv2dBackwardData(dy, weight_.value, g_, dx);
+    return dx;
+  }
+  const int64_t n = dy.shape()[0], og = out_channels_ / groups_;
+  const Shape in{n, gg_.channels, g_.height, g_.width}, out{n, og, dy.shape()[2], dy.shape()[3]};
+  Tensor dyt = byGroup(dy);
+  for (int64_t k = 0; k < groups_; ++k)
+    backend_->conv2dBackwardWeight(x.slice(k, 1).reshape(in), dyt.slice(k, 1).reshape(out), gg_,
+                                   weight_.grad.slice(k * og, og),
+                                   bias_ ? b_.grad.slice(k * og, og) : Tensor());
   if (!need_dx) return Tensor();
-  Tensor dx = backend_->empty(x.shape());
-  backend_->conv2dBackwardData(dy, weight_.value, g_, dx);
-  return dx;
+  Tensor dxt = backend_->empty(x.shape());  // [G, n, C/G, H, W]
+  for (int64_t k = 0; k < groups_; ++k)
+    backend_->conv2dBackwardData(dyt.slice(k, 1).reshape(out), weight_.value.slice(k * og, og), gg_,
+                                 dxt.slice(k, 1).reshape(in));
+  return bySample(dxt, in_channels_);
 }
 
 int64_t Conv2d::workspaceBytes(int64_t batch) const {
@@ -74,23 +126,27 @@ int64_t Conv2d::workspaceBytes(int64_t batch) const {
   // of several samples, the channel-major output; for a batched weight gradient the
   // columns sample by sample and the partial gradients); the CPU's kernels take less: a
   // tile of at most 256 KiB per thread.
-  const int64_t ohw = g_.outHeight() * g_.outWidth();
-  const int64_t c = convColumnChunk(g_, out_channels_, batch);
-  const int64_t k = in_channels_ * g_.kernel_h * g_.kernel_w;
+  // Grouped: one group's convolution at a time, beside the regrouped input, output and
+  // gradients (the input's stays in the stash).
+  const int64_t ohw = g_.outHeight() * g_.outWidth(), og = out_channels_ / groups_;
+  const int64_t c = convColumnChunk(gg_, og, batch);
+  const int64_t k = gg_.channels * g_.kernel_h * g_.kernel_w;
   const int64_t col = k * c * ohw;
-  const int64_t composed = col + (c > 1 ? out_channels_ * c * ohw : 0);
-  const int64_t group = convWeightGradGroup(g_, out_channels_, c);
-  const int64_t batched = group > 0 ? 2 * col + group * out_channels_ * k : 0;
-  return std::max(composed, batched) * 4;
+  const int64_t composed = col + (c > 1 ? og * c * ohw : 0);
+  const int64_t group = convWeightGradGroup(gg_, og, c);
+  const int64_t batched = group > 0 ? 2 * col + group * og * k : 0;
+  const int64_t regrouped =
+      groups_ > 1 ? batch * (out_channels_ * ohw + in_channels_ * g_.height * g_.width) : 0;
+  return (std::max(composed, batched) + regrouped) * 4;
 }
 
 int64_t Conv2d::paramCount() const {
-  return out_channels_ * in_channels_ * g_.kernel_h * g_.kernel_w + (bias_ ? out_channels_ : 0);
+  return out_channels_ * gg_.channels * g_.kernel_h * g_.kernel_w + (bias_ ? out_channels_ : 0);
 }
 
 int64_t Conv2d::flops() const {
   const int64_t ohw = g_.outHeight() * g_.outWidth();
-  return ohw * out_channels_ * (2 * in_channels_ * g_.kernel_h * g_.kernel_w + (bias_ ? 1 : 0));
+  return ohw * out_channels_ * (2 * gg_.channels * g_.kernel_h * g_.kernel_w + (bias_ ? 1 : 0));
 }
 
 LayerSpec Conv2d::spec() const {
@@ -102,6 +158,7 @@ LayerSpec Conv2d::spec() const {
   s.attrs["stride"] = std::vector<int64_t>{g_.stride_h, g_.stride_w};
   s.attrs["padding"] = std::vector<int64_t>{g_.pad_h, g_.pad_w};
   if (!bias_) s.attrs["bias"] = std::string("false");
+  if (groups_ != 1) s.attrs["groups"] = groups_;
   return s;
 }
 

@@ -1,5 +1,8 @@
 // Conv2d over [C, H, W] samples: the backend's conv2d and its two gradients (the CPU's
-// own kernels; OpenCL's composed from im2col, gemm and transpose01).
+// own kernels; OpenCL's composed from im2col, gemm and transpose01). With `groups: G` the
+// channels are G independent convolutions (C/G inputs to OC/G outputs each; G = C is a
+// depthwise one): the batch's channels regrouped group-major with transpose01, the
+// backend's convolution run per group, and its output regrouped back.
 #pragma once
 
 #include "core/layers/layer.h"
@@ -20,14 +23,20 @@ class Conv2d final : public Layer {
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   int64_t workspaceBytes(int64_t batch) const override;
   LayerSpec spec() const override;
-  const Window2d& window() const { return g_; }
+  const Window2d& window() const { return g_; }  // the whole input's (groups: groupWindow)
+  const Window2d& groupWindow() const { return gg_; }
 
  protected:
   Shape infer(const Shape& input) override;
 
  private:
-  int64_t out_channels_, in_channels_ = 0;
-  Window2d g_;
+  // Grouped: x [n, C, H, W] as [G, n, C/G, H, W], and back.
+  Tensor byGroup(const Tensor& x) const;
+  Tensor bySample(const Tensor& t, int64_t channels) const;
+
+  int64_t out_channels_, in_channels_ = 0, groups_ = 1;
+  Window2d g_;   // the whole input's window
+  Window2d gg_;  // one group's: C/G channels
   bool bias_;
   Param weight_, b_;
 };

@@ -128,20 +128,22 @@ std::pair<int64_t, int64_t> Importer::pads(const onnx::NodeProto& node) const {
 void Importer::conv(const onnx::NodeProto& node) {
   requireRank(node, 3);
   noDilation(node);
-  if (attrInt(node, "group", 1) != 1) refuse(node, "grouped convolution is not supported");
+  const int64_t group = attrInt(node, "group", 1);
   HostTensor w = tensor(node, node.input(1));
   if (w.shape.rank() != 4) refuse(node, "its weight is " + w.shape.str() + ", not 4-d");
-  if (w.shape[1] != shape_[0])
-    refuse(node, "its weight takes " + std::to_string(w.shape[1]) + " channels, the chain gives " +
-                     shape_.str());
+  if (group < 1 || group > shape_[0] || w.shape[1] * group != shape_[0] || w.shape[0] % group != 0)
+    refuse(node, "its weight takes " + std::to_string(w.shape[1]) + " channels in each of " +
+                     std::to_string(group) + " group(s) to " + std::to_string(w.shape[0]) +
+                     " outputs, the chain gives " + shape_.str());
   const auto kernel = std::make_pair(w.shape[2], w.shape[3]);
   const auto stride = twoInts(node, "strides", 1);
   const auto pad = withPadded(node, pads(node));
   std::map<std::string, AttrValue> attrs{{"out", w.shape[0]},
-                                         {"in", w.shape[1]},
+                                         {"in", shape_[0]},
                                          {"kernel", list(kernel)},
                                          {"stride", list(stride)},
                                          {"padding", list(pad)}};
+  if (group != 1) attrs["groups"] = group;
   std::vector<HostTensor> params{w};
   if (node.input_size() > 2 && !node.input(2).empty()) {
     HostTensor b = tensor(node, node.input(2));

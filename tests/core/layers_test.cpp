@@ -217,6 +217,71 @@ TEST(LayerGradTest, Conv2dRectangularKernelManySamples) {
   g.run(testing::randomVector(4, 7 * 8 * 64 * 65));
 }
 
+TEST(LayerGradTest, GroupedAndDepthwiseConv2d) {
+  GradCheck grouped("conv2d: {out: 6, kernel: 3, padding: 1, groups: 3}", {2, 6, 5, 4});
+  grouped.run(testing::randomVector(15, 2 * 6 * 5 * 4));
+  GradCheck depthwise("conv2d: {out: 4, kernel: 3, stride: 2, padding: 1, groups: 4, bias: false}",
+                      {3, 4, 7, 6});
+  depthwise.run(testing::randomVector(16, 3 * 4 * 7 * 6));
+  GradCheck multiplier("conv2d: {out: 4, kernel: 1, groups: 2}", {1, 2, 3, 3});  // 2 out per in
+  multiplier.run(testing::randomVector(17, 2 * 3 * 3));
+}
+
+// A convolution of G groups is one whose weight is zero outside its groups' blocks: the
+// same output, input gradient and (inside the blocks) weight gradient, within rounding.
+TEST(LayerTest, AGroupedConvolutionIsABlockDiagonalOne) {
+  cpu::CpuBackend be(cpu::CpuOptions{2});
+  const int64_t n = 3, c = 6, oc = 9, groups = 3, cg = c / groups, og = oc / groups;
+  Model grouped(
+      parseModelSpec("input: [6, 5, 7]\nlayers: [{conv2d: {out: 9, kernel: 3, "
+                     "stride: [1, 2], padding: 1, groups: 3}}]\n"));
+  Model whole(parseModelSpec(
+      "input: [6, 5, 7]\nlayers: [{conv2d: {out: 9, kernel: 3, stride: [1, 2], padding: 1}}]\n"));
+  grouped.build(be, 4);
+  whole.build(be, 5);
+  const std::vector<float> wg = toHost(grouped.params()[0]->value);  // [9, 2, 3, 3]
+  std::vector<float> w(static_cast<size_t>(oc * c * 9), 0.0f);
+  for (int64_t o = 0; o < oc; ++o)
+    for (int64_t i = 0; i < cg; ++i)
+      for (int64_t k = 0; k < 9; ++k)
+        w[static_cast<size_t>((o * c + (o / og) * cg + i) * 9 + k)] =
+            wg[static_cast<size_t>((o * cg + i) * 9 + k)];
+  be.upload(whole.params()[0]->value, w.data());
+  be.copy(grouped.params()[1]->value, whole.params()[1]->value);
+  const Tensor x = toDevice(be, {n, c, 5, 7}, testing::randomVector(18, n * c * 35));
+  Stash sg, sw;
+  const Tensor yg = grouped.forward(x, sg, ForwardContext{true, 0});
+  const Tensor yw = whole.forward(x, sw, ForwardContext{true, 0});
+  ASSERT_EQ(yg.shape(), yw.shape());
+  const std::vector<float> a = toHost(yg), b = toHost(yw);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f) << i;
+  const Tensor dy = toDevice(be, yg.shape(), testing::randomVector(19, yg.numel()));
+  const std::vector<float> dxg = toHost(grouped.backward(dy, sg, true));
+  const std::vector<float> dxw = toHost(whole.backward(dy, sw, true));
+  for (size_t i = 0; i < dxg.size(); ++i) ASSERT_NEAR(dxg[i], dxw[i], 1e-5f) << i;
+  const std::vector<float> dwg = toHost(grouped.params()[0]->grad);
+  const std::vector<float> dww = toHost(whole.params()[0]->grad);
+  for (int64_t o = 0; o < oc; ++o)
+    for (int64_t i = 0; i < cg; ++i)
+      for (int64_t k = 0; k < 9; ++k)
+        ASSERT_NEAR(dwg[static_cast<size_t>((o * cg + i) * 9 + k)],
+                    dww[static_cast<size_t>((o * c + (o / og) * cg + i) * 9 + k)], 1e-4f);
+  const std::vector<float> dbg = toHost(grouped.params()[1]->grad);
+  const std::vector<float> dbw = toHost(whole.params()[1]->grad);
+  for (size_t i = 0; i < dbg.size(); ++i) ASSERT_NEAR(dbg[i], dbw[i], 1e-4f);
+  // Groups that do not divide the channels are refused, named.
+  EXPECT_THROW(Model(parseModelSpec("input: [6, 5, 7]\nlayers: [{conv2d: {out: 8, kernel: 1, "
+                                    "groups: 3}}]\n")),
+               InvalidArgument);
+  testing::expectThrowWith<InvalidArgument>(
+      [] {
+        Model(
+            parseModelSpec("input: [5, 5, 7]\nlayers: [{conv2d: {out: 6, kernel: 1, "
+                           "groups: 3}}]\n"));
+      },
+      {"'groups' 3 must divide the input's 5 channels"});
+}
+
 TEST(LayerGradTest, MaxPool) {
   GradCheck g("maxpool2d: {kernel: 3, stride: 2, padding: 1}", {2, 2, 7, 7});
   g.run(distinctValues(5, 2 * 2 * 7 * 7));

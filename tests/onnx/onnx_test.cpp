@@ -240,6 +240,14 @@ TEST(OnnxImportTest, WhatTheLayersCannotExpressIsRefusedNamingTheNode) {
   dil->add_ints(2);
   testing::expectThrowWith<InvalidArgument>([&] { importOnnx(m, "m.onnx"); },
                                             {"node 'Conv_c' (Conv)", "dilations"});
+  m = smallCnn();  // 2 groups of the conv's 2 input channels, each 2 wide: 4 channels
+  auto* group = m.mutable_graph()->mutable_node(0)->add_attribute();
+  group->set_name("group");
+  group->set_type(onnx::AttributeProto::INT);
+  group->set_i(2);
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { importOnnx(m, "m.onnx"); },
+      {"node 'Conv_c' (Conv)", "takes 2 channels in each of 2 group(s) to 3 outputs"});
   m = smallCnn();  // a branch: the Gemm reads the pooled value, not the flattened one
   m.mutable_graph()->mutable_node(4)->set_input(0, "p");
   testing::expectThrowWith<InvalidArgument>([&] { importOnnx(m, "m.onnx"); },

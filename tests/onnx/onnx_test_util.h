@@ -101,7 +101,8 @@ layers:
   - globalavgpool
   - linear: {out: 10}
 )";
-// The mobile networks' activations (ReLU6 a Clip, SiLU a Sigmoid and a Mul).
+// The mobile networks' layers (ReLU6 a Clip, SiLU a Sigmoid and a Mul, depthwise and
+// grouped convolutions).
 inline const char* const kMobileYaml = R"(name: mobile
 input: [3, 12, 12]
 layers:
@@ -109,9 +110,9 @@ layers:
   - relu6
   - residual:
       layers:
-        - conv2d: {out: 8, kernel: 3, padding: 1}
+        - conv2d: {out: 8, kernel: 3, padding: 1, groups: 8}
         - silu
-        - conv2d: {out: 8, kernel: 1}
+        - conv2d: {out: 8, kernel: 1, groups: 2, bias: false}
         - hardsigmoid
   - conv2d: {out: 8, kernel: 3, stride: 2, padding: 1}
   - hardswish
