@@ -289,15 +289,18 @@ class Exporter {
       const std::string body = sequence(r.body(), x, name + ".");
       std::string shortcut = x;
       if (r.hasProjection()) {
-        const Param& w = *ps.back();  // after the body's: proj.weight
+        // After the body's: proj.weight (and proj.bias).
+        const bool bias = r.projectionHasBias();
+        std::vector<std::string> in{x, param(*ps[ps.size() - (bias ? 2 : 1)])};
+        if (bias) in.push_back(param(*ps.back()));
         shortcut = name + ".proj";
         if (l.inputShape().rank() == 3) {
-          onnx::NodeProto* n = node("Conv", {x, param(w)}, shortcut, shortcut);
+          onnx::NodeProto* n = node("Conv", in, shortcut, shortcut);
           const int64_t stride = l.inputShape()[1] / l.outputShape()[1];
           ints(n, "kernel_shape", {1, 1});
           ints(n, "strides", {stride, stride});
         } else {
-          integer(node("Gemm", {x, param(w)}, shortcut, shortcut), "transB", 1);
+          integer(node("Gemm", in, shortcut, shortcut), "transB", 1);
         }
       }
       node("Add", {body, shortcut}, name, name);

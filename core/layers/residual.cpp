@@ -9,7 +9,9 @@
 namespace tandem {
 
 Residual::Residual(const LayerSpec& spec) : body_(spec.children) {
-  SpecReader(spec).finish();
+  SpecReader r(spec);
+  proj_bias_ = r.flag("proj_bias", false);
+  r.finish();
   TANDEM_CHECK_MSG(body_.size() > 0, InvalidArgument, "residual: 'layers' must not be empty");
 }
 
@@ -23,12 +25,12 @@ Shape Residual::infer(const Shape& input) {
     p.attrs["out"] = out[0];
     p.attrs["kernel"] = int64_t{1};
     p.attrs["stride"] = input[1] / out[1];
-    p.attrs["bias"] = std::string("false");
+    p.attrs["bias"] = std::string(proj_bias_ ? "true" : "false");
     projection_ = std::make_unique<Conv2d>(p);
   } else if (input.rank() == 1 && out.rank() == 1) {
     LayerSpec p{"linear", {}, {}, {}};
     p.attrs["out"] = out[0];
-    p.attrs["bias"] = std::string("false");
+    p.attrs["bias"] = std::string(proj_bias_ ? "true" : "false");
     projection_ = std::make_unique<Linear>(p);
   } else {
     throw InvalidArgument("body maps " + input.str() + " to " + out.str() +
@@ -153,6 +155,7 @@ LayerSpec Residual::spec() const {
   LayerSpec s;
   s.type = type();
   s.children = body_.specs();
+  if (proj_bias_) s.attrs["proj_bias"] = std::string("true");
   return s;
 }
 

@@ -1,6 +1,8 @@
 // Residual block: y = body(x) + shortcut(x). The shortcut is the identity when the body
 // keeps the shape, otherwise a projection made at setup: a 1x1 convolution (with the
-// stride that maps H to H') for [C, H, W] samples, a linear layer for [D] samples.
+// stride that maps H to H') for [C, H, W] samples, a linear layer for [D] samples; with
+// `proj_bias: true` it has a bias (a batch norm folded into it, as ResNet's downsample
+// exports).
 #pragma once
 
 #include <memory>
@@ -32,6 +34,7 @@ class Residual final : public Layer {
   LayerSpec spec() const override;
   const Sequence& body() const { return body_; }
   bool hasProjection() const { return projection_ != nullptr; }
+  bool projectionHasBias() const { return proj_bias_; }
 
  protected:
   Shape infer(const Shape& input) override;
@@ -39,6 +42,7 @@ class Residual final : public Layer {
  private:
   Sequence body_;
   std::unique_ptr<Layer> projection_;  // null for the identity shortcut
+  bool proj_bias_ = false;
 };
 
 }  // namespace tandem

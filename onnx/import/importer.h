@@ -148,10 +148,11 @@ class Importer {
   // A 1x1 Conv with no bias, or a Gemm / MatMul with none: what tandem's projection is.
   bool projectionLike(const onnx::NodeProto& n) const;
 
-  // A residual block's shortcut projection: tandem makes a 1x1 convolution with no bias
-  // whose stride maps the input's H and W to the body's, or a linear layer with no bias;
-  // anything else is refused. Its weight follows the body's parameters.
-  void projection(const onnx::NodeProto& p, const Shape& in);
+  // A residual block's shortcut projection: tandem makes a 1x1 convolution whose stride
+  // maps the input's H and W to the body's, or a linear layer, with or without a bias
+  // (returned: whether it has one); anything else is refused. Its weight (and bias)
+  // follow the body's parameters.
+  bool projection(const onnx::NodeProto& p, const Shape& in);
 
   // "node 'conv1'", or for an unnamed node (PyTorch's exporter leaves them unnamed) "the
   // node making 'y'".

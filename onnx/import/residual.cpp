@@ -88,7 +88,7 @@ std::string Importer::residual(const std::string& v, const std::vector<int>& nex
                     v + "' ('" + u + "') and its shortcut '" + shortcut + "'");
     if (block.children.empty()) refuse(j, "its branch has no layer");
     if (proj >= 0) {
-      projection(node(proj), in);
+      if (projection(node(proj), in)) block.attrs["proj_bias"] = int64_t{1};
     } else if (shape_ != in) {
       refuse(j, "it adds the branch's " + shape_.str() + " to the unchanged input's " + in.str());
     }
@@ -110,7 +110,7 @@ bool Importer::projectionLike(const onnx::NodeProto& n) const {
   return (n.op_type() == "Gemm" && n.input_size() == 2) || n.op_type() == "MatMul";
 }
 
-void Importer::projection(const onnx::NodeProto& p, const Shape& in) {
+bool Importer::projection(const onnx::NodeProto& p, const Shape& in) {
   const Shape out = shape_;
   if (in == out)
     refuse(p, "the branch keeps the input's shape " + in.str() +
@@ -127,9 +127,8 @@ void Importer::projection(const onnx::NodeProto& p, const Shape& in) {
     matmul(p);
   layers_ = outer;
   const LayerSpec& s = made.at(0);
-  const auto no_bias = s.attrs.find("bias");
   const int64_t stride = in.rank() == 3 && out.rank() == 3 && out[1] > 0 ? in[1] / out[1] : 1;
-  const bool ok = no_bias != s.attrs.end() && shape_ == out &&
+  const bool ok = shape_ == out && !s.attrs.count("groups") &&
                   (s.type == "linear" ||
                    (s.attrs.at("kernel") == AttrValue(std::vector<int64_t>{1, 1}) &&
                     s.attrs.at("stride") == AttrValue(std::vector<int64_t>{stride, stride}) &&
@@ -139,10 +138,10 @@ void Importer::projection(const onnx::NodeProto& p, const Shape& in) {
            "a shortcut projection must be what tandem's residual makes: a 1x1 convolution "
            "with stride " +
                std::to_string(stride) +
-               ", no padding and no bias (or a "
-               "linear layer with no bias) mapping " +
-               in.str() + " to " + out.str());
+               " and no padding (or a linear layer), with or without a bias, mapping " + in.str() +
+               " to " + out.str());
   shape_ = out;
+  return !s.attrs.count("bias");  // (the layers imported say bias: 0 when there is none)
 }
 
 }  // namespace tandem::onnx_io

@@ -379,6 +379,21 @@ TEST(LayerGradTest, ResidualWithConvProjection) {
   EXPECT_EQ(g.layer().params().size(), 3u);  // conv weight + bias + projection weight
 }
 
+// With a bias, as ResNet's downsample (a batch norm folded into its 1x1 convolution).
+TEST(LayerGradTest, ResidualWithBiasedProjections) {
+  GradCheck conv(
+      "residual: {proj_bias: true, layers: [{conv2d: {out: 4, kernel: 3, stride: 2, "
+      "padding: 1}}]}",
+      {2, 2, 6, 6});
+  conv.run(testing::randomVector(20, 2 * 2 * 6 * 6));
+  ASSERT_EQ(conv.layer().params().size(), 4u);  // conv weight and bias, proj weight and bias
+  EXPECT_EQ(conv.layer().params()[3]->name, "proj.bias");
+  EXPECT_EQ(conv.layer().paramCount(), 4 * 2 * 9 + 4 + 4 * 2 + 4);
+  GradCheck linear("residual: {proj_bias: true, layers: [{linear: {out: 3}}]}", {2, 5});
+  linear.run(testing::randomVector(21, 2 * 5));
+  EXPECT_EQ(linear.layer().params().size(), 4u);
+}
+
 TEST(LayerGradTest, ResidualWithLinearProjection) {
   GradCheck g("residual: {layers: [{linear: {out: 3}}, sigmoid]}", {2, 5});
   g.run(testing::randomVector(16, 10));

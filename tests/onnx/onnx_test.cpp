@@ -444,10 +444,22 @@ layers:
 TEST(OnnxImportTest, AShortcutTandemWouldNotMakeIsRefusedNamingIt) {
   onnx::ModelProto m = exportOnnx(savedModel(kCnnYaml));
   for (auto& n : *m.mutable_graph()->mutable_node())
-    if (n.name() == "2.proj") n.add_input("2.body.0.bias");  // a bias tandem's projection lacks
+    if (n.name() == "2.proj") {  // padded: a window tandem's projection does not have
+      auto* pads = n.add_attribute();
+      pads->set_name("pads");
+      pads->set_type(onnx::AttributeProto::INTS);
+      for (int k = 0; k < 4; ++k) pads->add_ints(1);
+    }
   testing::expectThrowWith<InvalidArgument>(
       [&] { importOnnx(m, "m.onnx"); },
       {"node '2.proj' (Conv)", "a shortcut projection must be what tandem's residual makes"});
+  // A bias (a batch norm folded into it, as ResNet's downsample) is one it has.
+  m = exportOnnx(savedModel(kCnnYaml));
+  for (auto& n : *m.mutable_graph()->mutable_node())
+    if (n.name() == "2.proj") n.add_input("2.body.0.bias");  // 16 values, as the outputs
+  const ImportedModel imported = importOnnx(m, "m.onnx");
+  EXPECT_EQ(imported.spec.layers.at(2).type, "residual");
+  EXPECT_EQ(imported.spec.layers.at(2).attrs.count("proj_bias"), 1u);
 }
 
 // The softmax a graph ends in: dropped for training, kept as the model file's metadata,

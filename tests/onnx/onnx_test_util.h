@@ -116,6 +116,10 @@ layers:
         - hardsigmoid
   - conv2d: {out: 8, kernel: 3, stride: 2, padding: 1}
   - hardswish
+  - residual:
+      proj_bias: true
+      layers:
+        - conv2d: {out: 12, kernel: 3, stride: 2, padding: 1}
   - globalavgpool
   - linear: {out: 4}
 )";

@@ -64,9 +64,11 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
     EXPECT_LE(err, 1e-4);
     imported.insert(name);
   }
-  // What imports today (a regression if it stops): the chain with depthwise convolutions
-  // and ReLU6.
+  // What imports today (a regression if it stops): the chains of depthwise convolutions
+  // and ReLU6, and of residual blocks whose downsampling shortcut has a (folded) bias.
   EXPECT_TRUE(imported.count("mobilenet_v2"));
+  EXPECT_TRUE(imported.count("resnet18"));
+  EXPECT_TRUE(imported.count("regnet_x_400mf"));  // grouped convolutions too
 }
 
 }  // namespace
