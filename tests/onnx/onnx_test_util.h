@@ -48,8 +48,8 @@ inline onnx::TensorProto readTensor(const fs::path& p) {
 
 inline std::vector<float> floats(const onnx::TensorProto& t) {
   if (!t.raw_data().empty()) {
-    std::vector<float> v(t.raw_data().size() / 4);
-    std::memcpy(v.data(), t.raw_data().data(), v.size() * 4);
+    std::vector<float> v(t.raw_data().size() / 4);  // (none of an int8 tensor's 3 bytes)
+    if (!v.empty()) std::memcpy(v.data(), t.raw_data().data(), v.size() * 4);
     return v;
   }
   return {t.float_data().begin(), t.float_data().end()};
