@@ -23,8 +23,7 @@ class Conv2d final : public Layer {
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   int64_t workspaceBytes(int64_t batch) const override;
   LayerSpec spec() const override;
-  const Window2d& window() const { return g_; }  // the whole input's (groups: groupWindow)
-  const Window2d& groupWindow() const { return gg_; }
+  const Window2d& window() const { return g_; }  // the whole input's
 
  protected:
   Shape infer(const Shape& input) override;

@@ -109,7 +109,7 @@ struct StepInfo {
   bool replica_seconds = false;
   // The global number of this step's microbatch 0 (>= 0), which its messages' tags and
   // its replica follow (microbatch g is replica g mod R's, on every stage); -1: the one
-  // after the previous step's last (nextMicrobatch()). StageTrainer numbers a training
+  // after the previous step's last. StageTrainer numbers a training
   // step's microbatches from its step, so that a run resumed there gives each replica the
   // same microbatches as the run that never stopped, and its evaluations' apart.
   int64_t first_microbatch = -1;
@@ -190,8 +190,6 @@ class StageExecutor {
                  const std::function<void(int64_t)>& before_input = {});
 
   const StageCounters& counters() const { return counters_; }
-  // The global number of the next step's microbatch 0 (every step's microbatches count).
-  int64_t nextMicrobatch() const { return tag_base_; }
   const std::vector<Span>& spans() const { return spans_; }
 
  private:

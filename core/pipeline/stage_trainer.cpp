@@ -49,12 +49,13 @@ bool StageTrainer::rebalances() const {
 }
 
 int64_t StageTrainer::firstMicrobatch(bool training) const {
-  constexpr int64_t kEvaluations = kFirstEvaluationMicrobatch;
-  if (!training) return kEvaluations + eval_microbatches_ % (kEvaluations / 2);
-  TANDEM_CHECK_MSG(global_step_ < kEvaluations / std::max<int64_t>(1, options_.microbatches),
-                   InvalidArgument,
-                   "step " << global_step_ << " of " << options_.microbatches
-                           << " microbatches numbers them past 2^49");
+  if (!training)
+    return kFirstEvaluationMicrobatch + eval_microbatches_ % (kFirstEvaluationMicrobatch / 2);
+  TANDEM_CHECK_MSG(
+      global_step_ < kFirstEvaluationMicrobatch / std::max<int64_t>(1, options_.microbatches),
+      InvalidArgument,
+      "step " << global_step_ << " of " << options_.microbatches
+              << " microbatches numbers them past 2^49");
   return global_step_ * options_.microbatches;
 }
 
