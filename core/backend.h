@@ -53,8 +53,20 @@ struct Window2d {
   int64_t kernel_h = 1, kernel_w = 1;
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;
-  int64_t outHeight() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
-  int64_t outWidth() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+  // Ceil mode (max pooling only): a last, partial window where the stride leaves input
+  // over, as long as it starts inside the input or its left padding (PyTorch's rule); its
+  // values beyond the input are left out.
+  bool ceil = false;
+  int64_t outHeight() const { return outSize(height, kernel_h, stride_h, pad_h); }
+  int64_t outWidth() const { return outSize(width, kernel_w, stride_w, pad_w); }
+
+ private:
+  int64_t outSize(int64_t in, int64_t k, int64_t s, int64_t p) const {
+    const int64_t span = in + 2 * p - k;
+    if (!ceil || span < 0) return span / s + 1;
+    const int64_t out = (span + s - 1) / s + 1;
+    return (out - 1) * s >= in + p ? out - 1 : out;
+  }
 };
 
 // Samples per chunk where a backend composes convolution from im2col, gemm and transpose01

@@ -14,6 +14,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/layers/attention.h"
+#include "core/layers/branches.h"
+#include "core/layers/gate.h"
 #include "core/layers/residual.h"
 #include "core/layers/transformer.h"
 
@@ -201,6 +203,32 @@ class Exporter {
     return std::nullopt;
   }
 
+  // The blocks whose branches meet again (chain, concat, gate); nullopt for other types.
+  std::optional<std::string> branching(const Layer& l, const std::string& t, const std::string& x,
+                                       const std::string& name) {
+    if (t == "chain") return sequence(dynamic_cast<const Chain&>(l).body(), x, name + ".");
+    if (t == "concat") {  // each branch from x, joined along channels
+      const Sequence& branches = dynamic_cast<const Concat&>(l).branches();
+      std::vector<std::string> ends;
+      for (size_t k = 0; k < branches.size(); ++k)
+        ends.push_back(layer(branches.layer(k), x, name + "." + std::to_string(k)));
+      integer(node("Concat", ends, name, name), "axis", 1);
+      return name;
+    }
+    if (t == "gate") {  // per-channel values unsqueezed to [N, C, 1, 1], then the Mul
+      const auto& gate = dynamic_cast<const Gate&>(l);
+      std::string factor = sequence(gate.body(), x, name + ".");
+      if (gate.perChannel()) {
+        node("Unsqueeze", {factor, int64s(name + ".axes", {2}, {2, 3})}, name + ".channels",
+             name + ".channels");
+        factor = name + ".channels";
+      }
+      node("Mul", {x, factor}, name, name);
+      return name;
+    }
+    return std::nullopt;
+  }
+
   std::string layer(const Layer& l, const std::string& x, const std::string& name) {
     const LayerSpec s = l.spec();
     const std::string& t = s.type;
@@ -243,6 +271,7 @@ class Exporter {
       const auto p = pair(s, "padding");
       ints(n, "pads", {p[0], p[1], p[0], p[1]});
       if (t == "avgpool2d") integer(n, "count_include_pad", 1);  // tandem's average counts it
+      if (s.attrs.count("ceil")) integer(n, "ceil_mode", 1);
       return name;
     }
     if (t == "globalavgpool") {
@@ -284,6 +313,7 @@ class Exporter {
       integer(node("Gather", {param(*ps[0]), x}, name, name), "axis", 0);
       return name;
     }
+    if (std::optional<std::string> y = branching(l, t, x, name)) return *y;
     if (t == "residual") {
       const auto& r = dynamic_cast<const Residual&>(l);
       const std::string body = sequence(r.body(), x, name + ".");

@@ -168,7 +168,7 @@ void CpuBackend::maxPool(const Tensor& x, const Window2d& g, const Tensor& y,
   int32_t* ap = i32(argmax);
   const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
   const bool halving = g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 &&
-                       g.pad_h == 0 && g.pad_w == 0;
+                       g.pad_h == 0 && g.pad_w == 0 && 2 * oh <= g.height && 2 * ow <= g.width;
   pool_.parallelFor(n * g.channels, 8, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
       const float* in = xp + p * plane;

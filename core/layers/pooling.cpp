@@ -11,7 +11,10 @@ Pool2d::Pool2d(Kind kind, const LayerSpec& spec) : kind_(kind) {
   std::tie(g_.stride_h, g_.stride_w) =
       r.has("stride") ? r.pair("stride") : std::pair{g_.kernel_h, g_.kernel_w};
   std::tie(g_.pad_h, g_.pad_w) = r.pair("padding", 0);
+  g_.ceil = r.flag("ceil", false);
   r.finish();
+  TANDEM_CHECK_MSG(!g_.ceil || kind == Kind::kMax, InvalidArgument,
+                   type() << ": 'ceil' is for maxpool2d only");
   TANDEM_CHECK_MSG(g_.kernel_h > 0 && g_.kernel_w > 0 && g_.stride_h > 0 && g_.stride_w > 0,
                    InvalidArgument, type() << ": kernel and stride must be positive");
   TANDEM_CHECK_MSG(
@@ -65,6 +68,7 @@ LayerSpec Pool2d::spec() const {
   s.attrs["kernel"] = std::vector<int64_t>{g_.kernel_h, g_.kernel_w};
   s.attrs["stride"] = std::vector<int64_t>{g_.stride_h, g_.stride_w};
   s.attrs["padding"] = std::vector<int64_t>{g_.pad_h, g_.pad_w};
+  if (g_.ceil) s.attrs["ceil"] = std::string("true");
   return s;
 }
 

@@ -2,8 +2,10 @@
 
 #include "core/error.h"
 #include "core/layers/attention.h"
+#include "core/layers/branches.h"
 #include "core/layers/conv2d.h"
 #include "core/layers/elementwise.h"
+#include "core/layers/gate.h"
 #include "core/layers/gated_mlp.h"
 #include "core/layers/linear.h"
 #include "core/layers/normalization.h"
@@ -15,16 +17,17 @@ namespace tandem {
 
 const std::vector<std::string>& layerTypes() {
   static const std::vector<std::string> kTypes = {
-      "linear",    "conv2d",   "maxpool2d",  "avgpool2d", "globalavgpool", "relu",
-      "gelu",      "tanh",     "sigmoid",    "flatten",   "dropout",       "layernorm",
-      "embedding", "residual", "positional", "attention", "transformer",   "silu",
-      "rmsnorm",   "swiglu",   "llama",      "relu6",     "hardsigmoid",   "hardswish"};
+      "linear",    "conv2d",      "maxpool2d",   "avgpool2d", "globalavgpool",
+      "relu",      "gelu",        "tanh",        "sigmoid",   "flatten",
+      "dropout",   "layernorm",   "embedding",   "residual",  "positional",
+      "attention", "transformer", "silu",        "rmsnorm",   "swiglu",
+      "llama",     "relu6",       "hardsigmoid", "hardswish", "gate"};
   return kTypes;
 }
 
 std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
   const std::string& t = spec.type;
-  if (spec.type != "residual" && !spec.children.empty())
+  if (!spec.children.empty() && t != "residual" && t != "gate" && t != "chain" && t != "concat")
     throw InvalidArgument("layer '" + t + "' does not take a 'layers' list");
   if (t == "linear") return std::make_unique<Linear>(spec);
   if (t == "conv2d") return std::make_unique<Conv2d>(spec);
@@ -46,6 +49,9 @@ std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
   if (t == "swiglu") return std::make_unique<SwiGlu>(spec);
   if (t == "embedding") return std::make_unique<Embedding>(spec);
   if (t == "residual") return std::make_unique<Residual>(spec);
+  if (t == "gate") return std::make_unique<Gate>(spec);
+  if (t == "chain") return std::make_unique<Chain>(spec);
+  if (t == "concat") return std::make_unique<Concat>(spec);
   if (t == "positional") return std::make_unique<PositionalEmbedding>(spec);
   if (t == "attention") return std::make_unique<Attention>(spec);
   if (t == "transformer") return std::make_unique<TransformerBlock>(spec);

@@ -119,36 +119,27 @@ void Residual::backwardWeights(Stash& stash) {
 }
 
 int64_t Residual::paramCount() const {
-  int64_t n = projection_ ? projection_->paramCount() : 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramCount();
-  return n;
+  return (projection_ ? projection_->paramCount() : 0) + body_.paramCount();
 }
 
 bool Residual::trains() const { return body_.trains(); }
 
 int64_t Residual::paramBytes() const {
-  int64_t n = projection_ ? projection_->paramBytes() : 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramBytes();
-  return n;
+  return (projection_ ? projection_->paramBytes() : 0) + body_.paramBytes();
 }
 
 int64_t Residual::flops() const {
-  int64_t n = outputShape().numel() + (projection_ ? projection_->flops() : 0);
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).flops();
-  return n;
+  return outputShape().numel() + (projection_ ? projection_->flops() : 0) + body_.flops();
 }
 
 int64_t Residual::stashBytes() const {
-  int64_t n = projection_ ? projection_->stashBytes() : 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).stashBytes();
-  return n;
+  return (projection_ ? projection_->stashBytes() : 0) + body_.stashBytes();
 }
 
 // The largest scratch of any layer inside: they run one at a time.
 int64_t Residual::workspaceBytes(int64_t batch) const {
-  int64_t n = projection_ ? projection_->workspaceBytes(batch) : 0;
-  for (size_t i = 0; i < body_.size(); ++i) n = std::max(n, body_.layer(i).workspaceBytes(batch));
-  return n;
+  return std::max(projection_ ? projection_->workspaceBytes(batch) : 0,
+                  body_.workspaceBytes(batch));
 }
 
 LayerSpec Residual::spec() const {

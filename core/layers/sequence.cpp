@@ -152,6 +152,36 @@ void Sequence::backwardWeights(Stash& stash, size_t begin, size_t end, const Lay
   }
 }
 
+int64_t Sequence::paramCount() const {
+  int64_t n = 0;
+  for (const auto& l : layers_) n += l->paramCount();
+  return n;
+}
+
+int64_t Sequence::paramBytes() const {
+  int64_t n = 0;
+  for (const auto& l : layers_) n += l->paramBytes();
+  return n;
+}
+
+int64_t Sequence::flops() const {
+  int64_t n = 0;
+  for (const auto& l : layers_) n += l->flops();
+  return n;
+}
+
+int64_t Sequence::stashBytes() const {
+  int64_t n = 0;
+  for (const auto& l : layers_) n += l->stashBytes();
+  return n;
+}
+
+int64_t Sequence::workspaceBytes(int64_t batch) const {
+  int64_t n = 0;
+  for (const auto& l : layers_) n = std::max(n, l->workspaceBytes(batch));
+  return n;
+}
+
 std::vector<LayerSpec> Sequence::specs() const {
   std::vector<LayerSpec> out;
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -69,6 +69,14 @@ class Sequence {
 
   std::vector<LayerSpec> specs() const;
 
+  // Its layers' cost facts (Layer's) summed — a block's, or its branches' — and the
+  // largest scratch of any one (they run one at a time).
+  int64_t paramCount() const;
+  int64_t paramBytes() const;
+  int64_t flops() const;
+  int64_t stashBytes() const;
+  int64_t workspaceBytes(int64_t batch) const;
+
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::string> where_;

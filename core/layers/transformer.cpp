@@ -10,7 +10,11 @@ namespace tandem {
 Shape ComposedBlock::setBody(const Shape& input, std::vector<LayerSpec> blocks) {
   TANDEM_CHECK_MSG(input.rank() == 2 && input[1] > 0, InvalidArgument,
                    "expected input [T, width], got " << input);
-  body_ = Sequence(std::move(blocks));
+  return setSequence(input, std::move(blocks));
+}
+
+Shape ComposedBlock::setSequence(const Shape& input, std::vector<LayerSpec> layers) {
+  body_ = Sequence(std::move(layers));
   return body_.setup(input);
 }
 
@@ -41,35 +45,15 @@ Tensor ComposedBlock::backwardInput(const Tensor& dy, Stash& stash) {
 
 void ComposedBlock::backwardWeights(Stash& stash) { body_.backwardWeights(stash, 0, body_.size()); }
 
-int64_t ComposedBlock::paramCount() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramCount();
-  return n;
-}
+int64_t ComposedBlock::paramCount() const { return body_.paramCount(); }
 
-int64_t ComposedBlock::paramBytes() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).paramBytes();
-  return n;
-}
+int64_t ComposedBlock::paramBytes() const { return body_.paramBytes(); }
 
-int64_t ComposedBlock::flops() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).flops();
-  return n;
-}
+int64_t ComposedBlock::flops() const { return body_.flops(); }
 
-int64_t ComposedBlock::stashBytes() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < body_.size(); ++i) n += body_.layer(i).stashBytes();
-  return n;
-}
+int64_t ComposedBlock::stashBytes() const { return body_.stashBytes(); }
 
-int64_t ComposedBlock::workspaceBytes(int64_t batch) const {
-  int64_t n = 0;
-  for (size_t i = 0; i < body_.size(); ++i) n = std::max(n, body_.layer(i).workspaceBytes(batch));
-  return n;
-}
+int64_t ComposedBlock::workspaceBytes(int64_t batch) const { return body_.workspaceBytes(batch); }
 
 std::vector<OpUse> ComposedBlock::ops(bool training) const { return body_.ops(training); }
 

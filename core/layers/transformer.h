@@ -41,6 +41,8 @@ class ComposedBlock : public Layer {
  protected:
   // Checks [T, width] input and sets the body up on it.
   Shape setBody(const Shape& input, std::vector<LayerSpec> blocks);
+  // Sets the body up on any input.
+  Shape setSequence(const Shape& input, std::vector<LayerSpec> layers);
 
  private:
   Sequence body_;

@@ -2,8 +2,8 @@
 // graph being read and the layers made so far, its parts in files by what they
 // recognise, as pnnx splits its passes: the graph and attribute helpers (graph.cpp), the
 // plain operators (ops.cpp), one file per pattern of several nodes (gelu.cpp,
-// layer_norm.cpp, attention.cpp, positional.cpp, residual.cpp: residual blocks and the
-// transformer merge), and the walk that drives them (driver.cpp). Not part of the
+// layer_norm.cpp, attention.cpp, positional.cpp, gate.cpp, residual.cpp: residual blocks
+// and the transformer merge), and the walk that drives them (driver.cpp). Not part of the
 // library's interface.
 #pragma once
 
@@ -77,6 +77,22 @@ class Importer {
 
   // SiLU as PyTorch exports it: x * Sigmoid(x), the Mul reading both.
   std::optional<std::string> silu(const std::string& v, const std::vector<int>& next);
+
+  // Branches from `v` (one per reader) joined by a Concat along channels (axis 1): a
+  // `concat` layer, a branch of several layers a `chain`. The join is the first Concat
+  // not imported yet whose inputs, as many as `v` has readers, all descend from `v`; none
+  // such, or a reader that is a residual block's projection (its only reader an Add):
+  // nullopt. Each branch is walked with the other readers set aside; one that does
+  // not end at an input of the join, or shapes that do not meet, are refused naming it.
+  std::optional<std::string> concat(const std::string& v, const std::vector<int>& next);
+  // Whether `value` is computed from `from` (through any nodes).
+  bool descends(const std::string& value, const std::string& from) const;
+
+  // y = v * branch(v): a Mul that reads `v` and the end of the branch its other reader
+  // begins (through an Unsqueeze to [N, C, 1, 1], as tandem exports per-channel values):
+  // a `gate` layer whose body is the branch. Not one: nullopt. The branch keeps v's shape
+  // or gives [C] for a [C, H, W] v (squeeze-and-excitation); else refused naming the Mul.
+  std::optional<std::string> gate(const std::string& v, const std::vector<int>& next);
 
   // The layer of a Clip (to [0, 6]: relu6; to [0, inf): relu), a HardSigmoid (PyTorch's:
   // alpha 1/6, beta 1/2) or a HardSwish; any other range or slope is refused, named.
@@ -202,11 +218,15 @@ class Importer {
   static std::vector<int64_t> list(std::pair<int64_t, int64_t> p) { return {p.first, p.second}; }
 
   void conv(const onnx::NodeProto& node);
+  // A 1x1 Conv of a GlobalAveragePool's [C] (ONNX's [C, 1, 1]), as squeeze-and-excitation
+  // writes its bottleneck: a linear layer.
+  void pooledConv(const onnx::NodeProto& node);
 
   // The [C, H', W'] a 2-d window makes of [_, H, W], its sizes checked first: a hostile
   // file's zero stride or vast pad is refused, not divided by or overflowed.
   Shape windowed(const onnx::NodeProto& node, int64_t channels, std::pair<int64_t, int64_t> kernel,
-                 std::pair<int64_t, int64_t> stride, std::pair<int64_t, int64_t> pad);
+                 std::pair<int64_t, int64_t> stride, std::pair<int64_t, int64_t> pad,
+                 bool ceil = false);
 
   // A sample of at most kMaxValues values (the product checked for overflow).
   void checkSize(const onnx::NodeProto& node, const Shape& shape) const;

@@ -125,7 +125,25 @@ std::pair<int64_t, int64_t> Importer::pads(const onnx::NodeProto& node) const {
   return {p[0], p[1]};
 }
 
+void Importer::pooledConv(const onnx::NodeProto& node) {
+  noDilation(node);
+  if (padded_) refuse(*padded_, "a Pad of pooled values [N, C, 1, 1] is not supported");
+  HostTensor w = tensor(node, node.input(1));
+  const auto pad = pads(node);
+  if (attrInt(node, "group", 1) != 1 || w.shape.rank() != 4 || w.shape[2] != 1 || w.shape[3] != 1 ||
+      pad.first != 0 || pad.second != 0)
+    refuse(node, "a Conv of pooled values " + shape_.str() +
+                     " ([N, C, 1, 1] in ONNX) must be 1x1, ungrouped and unpadded (a linear "
+                     "layer); its weight is " +
+                     w.shape.str());
+  w.shape = Shape{w.shape[0], w.shape[1]};
+  std::optional<HostTensor> b;
+  if (node.input_size() > 2 && !node.input(2).empty()) b = tensor(node, node.input(2));
+  linear(node, std::move(w), std::move(b));
+}
+
 void Importer::conv(const onnx::NodeProto& node) {
+  if (shape_.rank() == 1) return pooledConv(node);
   requireRank(node, 3);
   noDilation(node);
   const int64_t group = attrInt(node, "group", 1);
@@ -161,7 +179,7 @@ void Importer::conv(const onnx::NodeProto& node) {
 
 Shape Importer::windowed(const onnx::NodeProto& node, int64_t channels,
                          std::pair<int64_t, int64_t> kernel, std::pair<int64_t, int64_t> stride,
-                         std::pair<int64_t, int64_t> pad) {
+                         std::pair<int64_t, int64_t> pad, bool ceil) {
   for (int64_t v : {kernel.first, kernel.second, stride.first, stride.second})
     if (v <= 0 || v > kMaxDim) refuse(node, "kernel sizes and strides must be in [1, 2^30]");
   for (int64_t v : {pad.first, pad.second})
@@ -172,7 +190,10 @@ Shape Importer::windowed(const onnx::NodeProto& node, int64_t channels,
     refuse(node, "its window " + std::to_string(kernel.first) + "x" +
                      std::to_string(kernel.second) + " is larger than its padded input " +
                      shape_.str());
-  Shape out{channels, h / stride.first + 1, w / stride.second + 1};
+  Window2d g{channels,     shape_[1],     shape_[2], kernel.first, kernel.second,
+             stride.first, stride.second, pad.first, pad.second};
+  g.ceil = ceil;
+  Shape out{channels, g.outHeight(), g.outWidth()};
   checkSize(node, out);
   return out;
 }
@@ -187,7 +208,9 @@ void Importer::checkSize(const onnx::NodeProto& node, const Shape& shape) const 
 void Importer::pool(const onnx::NodeProto& node) {
   requireRank(node, 3);
   noDilation(node);
-  if (attrInt(node, "ceil_mode", 0) != 0) refuse(node, "ceil_mode is not supported");
+  const bool ceil = attrInt(node, "ceil_mode", 0) != 0;
+  if (ceil && node.op_type() == "AveragePool")
+    refuse(node, "ceil_mode is supported for MaxPool only (an average's partial windows are not)");
   if (attrInt(node, "storage_order", 0) != 0) refuse(node, "storage_order is not supported");
   const auto kernel = twoInts(node, "kernel_shape", 0);
   if (kernel.first <= 0 || kernel.second <= 0) refuse(node, "it has no 2-d kernel_shape");
@@ -199,11 +222,11 @@ void Importer::pool(const onnx::NodeProto& node) {
   pad = withPadded(node, pad);  // a Pad's zeros before it: averaged as tandem's padding is
   if (pad.first > kernel.first / 2 || pad.second > kernel.second / 2)
     refuse(node, "pads over half the kernel are not supported");
-  add({avg ? "avgpool2d" : "maxpool2d",
-       {{"kernel", list(kernel)}, {"stride", list(stride)}, {"padding", list(pad)}},
-       {},
-       where(node)});
-  shape_ = windowed(node, shape_[0], kernel, stride, pad);
+  std::map<std::string, AttrValue> attrs{
+      {"kernel", list(kernel)}, {"stride", list(stride)}, {"padding", list(pad)}};
+  if (ceil) attrs["ceil"] = int64_t{1};
+  add({avg ? "avgpool2d" : "maxpool2d", attrs, {}, where(node)});
+  shape_ = windowed(node, shape_[0], kernel, stride, pad, ceil);
 }
 
 void Importer::pad(const onnx::NodeProto& node) {

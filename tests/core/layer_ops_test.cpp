@@ -93,6 +93,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"residual: {layers: [{linear: {out: 6}}, tanh, {linear: {out: 6}}]}", {3, 6}},
         Case{"residual: {layers: [{conv2d: {out: 4, kernel: 3, stride: 2, padding: 1}}, tanh]}",
              {2, 2, 6, 6}},
+        Case{"gate: {layers: [globalavgpool, {linear: {out: 2}}, relu, {linear: {out: 3}}, "
+             "hardsigmoid]}",
+             {2, 3, 4, 5}},
+        Case{"gate: {layers: [{linear: {out: 6}}, sigmoid]}", {3, 6}},
+        Case{"concat: {layers: [{conv2d: {out: 2, kernel: 1}}, {chain: {layers: [{conv2d: "
+             "{out: 1, kernel: 3, padding: 1}}, relu]}}]}",
+             {2, 3, 4, 5}},
+        Case{"chain: {layers: [{linear: {out: 4}}, tanh]}", {3, 6}},
+        Case{"maxpool2d: {kernel: 3, stride: 2, ceil: true}", {2, 2, 8, 8}},
         Case{"attention: {heads: 2}", {2, 5, 8}},
         Case{"attention: {heads: 1, causal: false}", {2, 4, 6}},
         Case{"positional: {context: 6}", {2, 4, 3}},

@@ -17,6 +17,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/layers/conv2d.h"
+#include "core/layers/gate.h"
 #include "core/layers/registry.h"
 #include "core/model.h"
 #include "core/model_spec.h"
@@ -394,6 +395,77 @@ TEST(LayerGradTest, ResidualWithBiasedProjections) {
   EXPECT_EQ(linear.layer().params().size(), 4u);
 }
 
+// Squeeze-and-excitation: the body's channel values scale the input's channels (a smooth
+// bottleneck, so finite differences never straddle a kink); and an element-wise gate.
+TEST(LayerGradTest, GatePerChannelAndElementwise) {
+  GradCheck se(
+      "gate: {layers: [globalavgpool, {linear: {out: 2}}, silu, {linear: {out: 4}}, sigmoid]}",
+      {2, 4, 3, 3});
+  se.run(testing::randomVector(22, 2 * 4 * 3 * 3));
+  EXPECT_TRUE(dynamic_cast<const Gate&>(se.layer()).perChannel());
+  EXPECT_EQ(se.layer().outputShape(), (Shape{4, 3, 3}));
+  ASSERT_EQ(se.layer().params().size(), 4u);
+  EXPECT_EQ(se.layer().params()[0]->name, "body.1.weight");
+  GradCheck each("gate: {layers: [{linear: {out: 6}}, tanh]}", {3, 6});
+  each.run(testing::randomVector(23, 3 * 6));
+  EXPECT_FALSE(dynamic_cast<const Gate&>(each.layer()).perChannel());
+}
+
+// A body whose output is neither the input's shape nor one value per channel.
+TEST(LayerTest, GateRefusesABodyOfAnotherShape) {
+  for (const char* body : {"[flatten]", "[globalavgpool, {linear: {out: 3}}]"}) {
+    SCOPED_TRACE(body);
+    auto gate = makeLayer(
+        parseModelSpec("input: [1]\nlayers:\n  - gate: {layers: " + std::string(body) + "}\n")
+            .layers.at(0));
+    try {
+      gate->setup(Shape{4, 3, 3});
+      FAIL() << "accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("gate: the body maps [4, 3, 3]"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(
+      makeLayer(parseModelSpec("input: [1]\nlayers: [{gate: {layers: []}}]\n").layers.at(0)),
+      Error);
+}
+
+// Branches joined along channels (a fire module's 1x1 and 3x3 expansions) and features.
+TEST(LayerGradTest, ConcatOfBranches) {
+  GradCheck fire(
+      "concat: {layers: [{conv2d: {out: 2, kernel: 1}}, {chain: {layers: [{conv2d: {out: 3, "
+      "kernel: 3, padding: 1}}, tanh]}}]}",
+      {2, 2, 4, 4});
+  fire.run(testing::randomVector(24, 2 * 2 * 4 * 4));
+  EXPECT_EQ(fire.layer().outputShape(), (Shape{5, 4, 4}));
+  ASSERT_EQ(fire.layer().params().size(), 4u);
+  EXPECT_EQ(fire.layer().params()[2]->name, "1.0.weight");
+  GradCheck features(
+      "concat: {layers: [{linear: {out: 2}}, {chain: {layers: [{linear: {out: 3}}, sigmoid]}}, "
+      "tanh]}",
+      {3, 4});
+  features.run(testing::randomVector(25, 3 * 4));
+  EXPECT_EQ(features.layer().outputShape(), (Shape{9}));
+}
+
+TEST(LayerTest, ConcatRefusesBranchesThatDoNotMeet) {
+  auto layer = [](const std::string& yaml) {
+    return makeLayer(parseModelSpec("input: [1]\nlayers:\n  - " + yaml + "\n").layers.at(0));
+  };
+  auto two =
+      layer("concat: {layers: [{conv2d: {out: 2, kernel: 1}}, {conv2d: {out: 2, kernel: 3}}]}");
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        two->setup(Shape{2, 4, 4});
+      },
+      {"concat: branch 1 gives [2, 2, 2], branch 0 [2, 4, 4]", "past the first dimension"});
+  testing::expectThrowWith<InvalidArgument>([&] { layer("concat: {layers: [relu]}"); },
+                                            {"concat: 'layers' must list two or more"});
+  testing::expectThrowWith<InvalidArgument>([&] { layer("avgpool2d: {kernel: 2, ceil: true}"); },
+                                            {"'ceil' is for maxpool2d only"});
+}
+
 TEST(LayerGradTest, ResidualWithLinearProjection) {
   GradCheck g("residual: {layers: [{linear: {out: 3}}, sigmoid]}", {2, 5});
   g.run(testing::randomVector(16, 10));
@@ -579,6 +651,13 @@ TEST(LayerTest, SplitBackwardEqualsBackwardBitwise) {
       loadModelSpec(models + "resnet-mini.yaml"),
       parseModelSpec(testing::kTinyNet),
       parseModelSpec("input: [5]\nlayers: [{residual: {layers: [{linear: {out: 3}}, sigmoid]}}, "
+                     "{linear: {out: 2}}]\n"),
+      parseModelSpec("input: [3, 4, 4]\nlayers: [{conv2d: {out: 4, kernel: 3, padding: 1}}, "
+                     "{gate: {layers: [globalavgpool, {linear: {out: 2}}, relu, "
+                     "{linear: {out: 4}}, hardsigmoid]}}, flatten, {linear: {out: 2}}]\n"),
+      parseModelSpec("input: [2, 5, 5]\nlayers: [{maxpool2d: {kernel: 2, ceil: true}}, "
+                     "{concat: {layers: [{conv2d: {out: 2, kernel: 1}}, {chain: {layers: "
+                     "[{conv2d: {out: 3, kernel: 3, padding: 1}}, relu]}}]}}, flatten, "
                      "{linear: {out: 2}}]\n"),
       parseModelSpec(
           "input: [4, 8]\nlayers: [{positional: {context: 4}}, {transformer: {heads: 2}},"

@@ -33,7 +33,10 @@ int main(int argc, char** argv) {
       "{linear: {out: 5}}]\n",
       "input: [2, 4, 4]\nlayers: [{conv2d: {out: 2, kernel: 1}}, relu6, {conv2d: {out: 2, "
       "kernel: 1}}, silu, hardswish, {residual: {layers: [{conv2d: {out: 2, kernel: 1}}, "
-      "hardsigmoid]}}, flatten, {linear: {out: 2}}]\n"};
+      "hardsigmoid]}}, flatten, {linear: {out: 2}}]\n",
+      "input: [2, 3, 3]\nlayers: [{gate: {layers: [globalavgpool, {linear: {out: 1}}, relu, "
+      "{linear: {out: 2}}, hardsigmoid]}}, flatten, {gate: {layers: [{linear: {out: 18}}, "
+      "sigmoid]}}]\n"};
   int n = 0;
   for (const char* yaml : specs) {
     cpu::CpuBackend be(cpu::CpuOptions{1});

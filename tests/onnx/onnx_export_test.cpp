@@ -42,6 +42,71 @@ TEST(OnnxExportTest, EveryLayerTypeExportsAndImportsBackBitwise) {
   }
 }
 
+// A gate's Mul whose factor is not its branch's end, and an Unsqueeze that does not make
+// per-channel values [N, C, 1, 1], are refused naming the node.
+TEST(OnnxExportTest, AGateThatIsNotTandemsIsRefusedNamingTheNode) {
+  const onnx::ModelProto m = exportOnnx(savedModel(kMobileYaml));
+  auto find = [](onnx::ModelProto& g, const std::string& op) {
+    for (auto& n : *g.mutable_graph()->mutable_node())
+      if (n.op_type() == op) return &n;
+    throw std::runtime_error("no " + op);
+  };
+  onnx::ModelProto other = m;  // the Mul multiplies by the branch's input instead
+  onnx::NodeProto* unsqueeze = find(other, "Unsqueeze");
+  unsqueeze->set_input(0, "5.0");  // (the pooled values' GlobalAveragePool)
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { importOnnx(other, "m.onnx"); },
+      {"m.onnx: node '5' (Mul)", "not the end of the branch"});
+  onnx::ModelProto axes = m;
+  unsqueeze = find(axes, "Unsqueeze");
+  for (auto& t : *axes.mutable_graph()->mutable_initializer())
+    if (t.name() == unsqueeze->input(1)) {
+      const int64_t v[2] = {1, 3};
+      t.set_raw_data(v, sizeof v);
+    }
+  testing::expectThrowWith<InvalidArgument>([&] { importOnnx(axes, "m.onnx"); },
+                                            {"node '5.channels' (Unsqueeze)", "[N, C, 1, 1]"});
+  EXPECT_EQ(importOnnx(m, "m.onnx").spec.layers.at(5).type, "gate");
+}
+
+// The CNN's layer 5 is a concat of a 1x1 convolution and a chain: its inputs' order says
+// which branch comes first; another axis, and ceil mode on an average, are refused named.
+TEST(OnnxExportTest, ConcatBranchesFollowTheJoinsInputsAndBadOnesAreRefused) {
+  const onnx::ModelProto m = exportOnnx(savedModel(kCnnYaml));
+  auto edit = [&](const std::string& name, const std::function<void(onnx::NodeProto&)>& f) {
+    onnx::ModelProto copy = m;
+    for (auto& n : *copy.mutable_graph()->mutable_node())
+      if (n.name() == name) f(n);
+    return copy;
+  };
+  const ImportedModel plain = importOnnx(m, "m.onnx");
+  ASSERT_EQ(plain.spec.layers.at(5).type, "concat");
+  EXPECT_EQ(plain.spec.layers.at(5).children.at(0).type, "conv2d");
+  EXPECT_EQ(plain.spec.layers.at(4).attrs.count("ceil"), 1u);
+  const ImportedModel swapped = importOnnx(
+      edit("5", [](onnx::NodeProto& n) { n.mutable_input()->SwapElements(0, 1); }), "m.onnx");
+  EXPECT_EQ(swapped.spec.layers.at(5).children.at(0).type, "chain");
+  EXPECT_EQ(Model(swapped.spec).outputShape(), Model(plain.spec).outputShape());
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        importOnnx(edit("5", [](onnx::NodeProto& n) { n.mutable_attribute(0)->set_i(2); }),
+                   "m.onnx");
+      },
+      {"m.onnx: node '5' (Concat)", "axis 2: tandem concatenates along channels"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        importOnnx(edit("7",
+                        [](onnx::NodeProto& n) {
+                          auto* a = n.add_attribute();
+                          a->set_name("ceil_mode");
+                          a->set_type(onnx::AttributeProto::INT);
+                          a->set_i(1);
+                        }),
+                   "m.onnx");
+      },
+      {"node '7' (AveragePool)", "ceil_mode is supported for MaxPool only"});
+}
+
 TEST(OnnxExportTest, WriteOnnxWritesAFileThatImports) {
   const std::string path = testing::freshDir("onnx-export") + "/mlp.onnx";
   const ModelFile file = savedModel(kMlpYaml);

@@ -95,6 +95,14 @@ layers:
       layers:
         - conv2d: {out: 16, kernel: 3, padding: 1}
         - tanh
+  - maxpool2d: {kernel: 3, stride: 2, ceil: true}
+  - concat:
+      layers:
+        - conv2d: {out: 4, kernel: 1}
+        - chain:
+            layers:
+              - conv2d: {out: 4, kernel: 3, padding: 1}
+              - relu
   - maxpool2d: {kernel: 2}
   - avgpool2d: {kernel: 3, stride: 1, padding: 1}
   - dropout: {p: 0.25}
@@ -102,7 +110,7 @@ layers:
   - linear: {out: 10}
 )";
 // The mobile networks' layers (ReLU6 a Clip, SiLU a Sigmoid and a Mul, depthwise and
-// grouped convolutions).
+// grouped convolutions, squeeze-and-excitation).
 inline const char* const kMobileYaml = R"(name: mobile
 input: [3, 12, 12]
 layers:
@@ -116,6 +124,13 @@ layers:
         - hardsigmoid
   - conv2d: {out: 8, kernel: 3, stride: 2, padding: 1}
   - hardswish
+  - gate:
+      layers:
+        - globalavgpool
+        - {linear: {out: 4}}
+        - relu
+        - {linear: {out: 8}}
+        - hardsigmoid
   - residual:
       proj_bias: true
       layers:
@@ -130,6 +145,10 @@ layers:
   - linear: {out: 32}
   - layernorm: {eps: 0.001}
   - gelu
+  - gate:
+      layers:
+        - linear: {out: 32}
+        - sigmoid
   - residual:
       layers:
         - linear: {out: 24}

@@ -65,10 +65,14 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
     imported.insert(name);
   }
   // What imports today (a regression if it stops): the chains of depthwise convolutions
-  // and ReLU6, and of residual blocks whose downsampling shortcut has a (folded) bias.
+  // and ReLU6, and of residual blocks whose downsampling shortcut has a (folded) bias;
+  // squeeze-and-excitation gates (hard swish and hard sigmoid, or SiLU and sigmoid).
   EXPECT_TRUE(imported.count("mobilenet_v2"));
   EXPECT_TRUE(imported.count("resnet18"));
   EXPECT_TRUE(imported.count("regnet_x_400mf"));  // grouped convolutions too
+  EXPECT_TRUE(imported.count("mobilenet_v3_small"));
+  EXPECT_TRUE(imported.count("efficientnet_b0"));
+  EXPECT_TRUE(imported.count("squeezenet1_1"));  // fire modules' concats, ceil-mode pooling
 }
 
 }  // namespace

@@ -116,6 +116,41 @@ TEST_P(SpatialTest, PoolingMatchesNaive) {
   }
 }
 
+// Ceil mode: PyTorch's output sizes (a last window where input is left over, if it starts
+// inside the input or its left padding) and each window's maximum over its cells inside
+// the input, on the 2x2 stride-2 kernel (whose fast path must then not run) and others.
+TEST(SpatialOpsTest, MaxPoolInCeilModeAddsPartialWindows) {
+  cpu::CpuBackend be(cpu::CpuOptions{2});
+  struct Case {
+    int64_t h, w, k, s, p, oh, ow;
+  };
+  // (torch.nn.MaxPool2d(k, s, p, ceil_mode=True) on [1, 1, h, w] gives [oh, ow].)
+  for (const Case c : {Case{7, 5, 2, 2, 0, 4, 3}, Case{13, 13, 3, 2, 0, 6, 6},
+                       Case{6, 6, 3, 2, 1, 4, 4}, Case{5, 8, 3, 3, 1, 2, 3}}) {
+    Window2d g{2, c.h, c.w, c.k, c.k, c.s, c.s, c.p, c.p};
+    g.ceil = true;
+    ASSERT_EQ(g.outHeight(), c.oh) << c.h << "x" << c.w;
+    ASSERT_EQ(g.outWidth(), c.ow) << c.h << "x" << c.w;
+    const Shape xs{1, 2, c.h, c.w}, ys{1, 2, c.oh, c.ow};
+    const auto x = randomVector(30, xs.numel());
+    Tensor y = be.empty(ys), arg = be.empty(ys, DType::kI32);
+    be.maxPool(toDevice(be, xs, x), g, y, arg);
+    const auto got = toHost(y);
+    for (int64_t ch = 0; ch < 2; ++ch)
+      for (int64_t oy = 0; oy < c.oh; ++oy)
+        for (int64_t ox = 0; ox < c.ow; ++ox) {
+          float best = -std::numeric_limits<float>::infinity();
+          for (int64_t iy = std::max<int64_t>(0, oy * c.s - c.p);
+               iy < std::min(c.h, oy * c.s - c.p + c.k); ++iy)
+            for (int64_t ix = std::max<int64_t>(0, ox * c.s - c.p);
+                 ix < std::min(c.w, ox * c.s - c.p + c.k); ++ix)
+              best = std::max(best, x[static_cast<size_t>((ch * c.h + iy) * c.w + ix)]);
+          ASSERT_EQ(got[static_cast<size_t>((ch * c.oh + oy) * c.ow + ox)], best)
+              << c.h << "x" << c.w << " at " << oy << ", " << ox;
+        }
+  }
+}
+
 // Max pooling's gradient goes to a window's first maximum in (row, column) order, on the
 // 2x2 stride-2 kernel and on the general one alike.
 TEST(SpatialOpsTest, MaxPoolRoutesTiesToTheFirstMaximum) {

@@ -122,19 +122,22 @@ OpCase conv2dCase(const char* name, int64_t k, int64_t stride, int64_t pad) {
           1e-4};
 }
 
-OpCase poolCase(const char* name, int64_t k, int64_t stride, int64_t pad) {
+// With `ceil`, max pooling alone (ceil mode is max pooling's): partial last windows.
+OpCase poolCase(const char* name, int64_t k, int64_t stride, int64_t pad, bool ceil = false) {
   return {name,
           [=](Backend& be, int64_t n) {
-            const Window2d g = window(n, k, stride, pad);
+            Window2d g = window(n, k, stride, pad);
+            g.ceil = ceil;
             const Shape xs{2, g.channels, g.height, g.width};
             const Shape ys{2, g.channels, g.outHeight(), g.outWidth()};
             Tensor x = toDevice(be, xs, randomVector(8, xs.numel()));
             Tensor y = be.empty(ys), arg = be.empty(ys, DType::kI32), avg = be.empty(ys);
             be.maxPool(x, g, y, arg);
-            be.avgPool(x, g, avg);
             Tensor dy = toDevice(be, ys, randomVector(9, ys.numel()));
             Tensor dmax = be.empty(xs), davg = be.empty(xs);
             be.maxPoolBackward(dy, arg, g, dmax);
+            if (ceil) return Outputs{toHost(y), i32AsFloat(arg), toHost(dmax)};
+            be.avgPool(x, g, avg);
             be.avgPoolBackward(dy, g, davg);
             return Outputs{toHost(y), i32AsFloat(arg), toHost(avg), toHost(dmax), toHost(davg)};
           },
@@ -272,6 +275,8 @@ std::vector<OpCase> cases() {
        0},
       poolCase("pool_2x2", 2, 2, 0),
       poolCase("pool_3x3_stride2_pad1", 3, 2, 1),
+      poolCase("maxpool_3x3_stride2_ceil", 3, 2, 0, true),
+      poolCase("maxpool_2x2_ceil", 2, 2, 0, true),
       {"layer_norm",
        [](Backend& be, int64_t n) {
          const int64_t m = 5, d = n;
