@@ -69,6 +69,7 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
   // squeeze-and-excitation gates (hard swish and hard sigmoid, or SiLU and sigmoid).
   EXPECT_TRUE(imported.count("mobilenet_v2"));
   EXPECT_TRUE(imported.count("resnet18"));
+  EXPECT_TRUE(imported.count("resnet50"));        // bottleneck blocks
   EXPECT_TRUE(imported.count("regnet_x_400mf"));  // grouped convolutions too
   EXPECT_TRUE(imported.count("mobilenet_v3_small"));
   EXPECT_TRUE(imported.count("efficientnet_b0"));
