@@ -152,27 +152,9 @@ void Sequence::backwardWeights(Stash& stash, size_t begin, size_t end, const Lay
   }
 }
 
-int64_t Sequence::paramCount() const {
+int64_t Sequence::total(int64_t (Layer::*fact)() const) const {
   int64_t n = 0;
-  for (const auto& l : layers_) n += l->paramCount();
-  return n;
-}
-
-int64_t Sequence::paramBytes() const {
-  int64_t n = 0;
-  for (const auto& l : layers_) n += l->paramBytes();
-  return n;
-}
-
-int64_t Sequence::flops() const {
-  int64_t n = 0;
-  for (const auto& l : layers_) n += l->flops();
-  return n;
-}
-
-int64_t Sequence::stashBytes() const {
-  int64_t n = 0;
-  for (const auto& l : layers_) n += l->stashBytes();
+  for (const auto& l : layers_) n += (l.get()->*fact)();
   return n;
 }
 

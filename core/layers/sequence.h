@@ -71,13 +71,16 @@ class Sequence {
 
   // Its layers' cost facts (Layer's) summed — a block's, or its branches' — and the
   // largest scratch of any one (they run one at a time).
-  int64_t paramCount() const;
-  int64_t paramBytes() const;
-  int64_t flops() const;
-  int64_t stashBytes() const;
+  int64_t paramCount() const { return total(&Layer::paramCount); }
+  int64_t paramBytes() const { return total(&Layer::paramBytes); }
+  int64_t flops() const { return total(&Layer::flops); }
+  int64_t stashBytes() const { return total(&Layer::stashBytes); }
   int64_t workspaceBytes(int64_t batch) const;
 
  private:
+  // One cost fact of every layer, summed.
+  int64_t total(int64_t (Layer::*fact)() const) const;
+
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::string> where_;
 };

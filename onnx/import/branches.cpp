@@ -24,8 +24,9 @@ bool Importer::descends(const std::string& value, const std::string& from) const
 }
 
 std::optional<std::string> Importer::concat(const std::string& v, const std::vector<int>& next) {
-  // A reader whose only reader is an Add of two computed values is a residual block's
-  // shortcut projection: not branches that a Concat joins.
+  // An Add of v, or a reader whose only reader is an Add of two computed values (a
+  // shortcut projection): a residual block's, not branches that a Concat joins.
+  if (sums(v, next) > 0) return std::nullopt;
   for (const int o : next)
     if (const int a = only(node(o).output(0), "Add"); a >= 0 && sum(a)) return std::nullopt;
   int join = -1;

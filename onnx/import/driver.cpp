@@ -79,8 +79,7 @@ std::string Importer::walk(std::string v) {
       v = *end2;
     } else if (auto gated = gate(v, next)) {
       v = *gated;
-    } else if (std::optional<std::string> joined;
-               sums(v, next) == 0 && (joined = concat(v, next))) {
+    } else if (auto joined = concat(v, next)) {
       v = *joined;
     } else if (next.size() == 2 || sums(v, next) == 1) {
       v = residual(v, next);

@@ -81,9 +81,9 @@ class Importer {
   // Branches from `v` (one per reader) joined by a Concat along channels (axis 1): a
   // `concat` layer, a branch of several layers a `chain`. The join is the first Concat
   // not imported yet whose inputs, as many as `v` has readers, all descend from `v`; none
-  // such, or a reader that is a residual block's projection (its only reader an Add):
-  // nullopt. Each branch is walked with the other readers set aside; one that does
-  // not end at an input of the join, or shapes that do not meet, are refused naming it.
+  // such, or readers that are a residual block's (an Add of `v`, or a projection whose
+  // only reader is an Add): nullopt. Each branch is walked with the other readers set aside; one
+  // that does not end at an input of the join, or shapes that do not meet, are refused naming it.
   std::optional<std::string> concat(const std::string& v, const std::vector<int>& next);
   // Whether `value` is computed from `from` (through any nodes).
   bool descends(const std::string& value, const std::string& from) const;
