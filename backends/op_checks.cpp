@@ -139,6 +139,21 @@ RowsView checkRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& g
   return {m, d};
 }
 
+ChannelView checkBatchNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                           const Tensor& mean, const Tensor& var, const Tensor& y,
+                           std::string_view device, const char* op) {
+  const int64_t c = gamma.numel();
+  const ChannelView v = channelView(x, c, device, op);
+  TANDEM_CHECK_MSG(c > 0 && v.n > 0 && v.r > 0 && beta.numel() == c && mean.numel() == c &&
+                       var.numel() == c && y.numel() == x.numel(),
+                   InvalidArgument,
+                   device << " " << op << ": argument sizes disagree with x " << x.shape());
+  for (const Tensor* t : {&x, &gamma, &beta, &mean, &var, &y})
+    TANDEM_CHECK_MSG(t->dtype() == DType::kF32, InvalidArgument,
+                     device << " " << op << ": expects f32 tensors, got " << dtypeName(t->dtype()));
+  return v;
+}
+
 GemmQ8Dims checkGemmQ8(const Tensor& x, const Tensor& w, const Tensor& scales, const Tensor& y,
                        std::string_view device) {
   TANDEM_CHECK_MSG(x.dtype() == DType::kF32 && w.dtype() == DType::kI8 &&

@@ -128,6 +128,25 @@
                                              const Tensor& gamma, const Tensor& rstd,          \
                                              const Tensor& dx, const Tensor& dgamma),          \
     (dy, x, gamma, rstd, dx, dgamma))                                                          \
+  /* --- batch normalisation: x viewed as [N, C, R], C = gamma.numel() (channels of          \
+     [N, C, H, W], features of [N, C]) --- */                                                 \
+  /* With `batch`, mean[c] and var[c] (biased) of channel c's N*R values are written (sums    \
+     in double, in sample and position order); otherwise they are read (running             \
+     statistics). y = (x - mean[c]) * (rstd[c] * gamma[c]) + beta[c], rstd[c] = 1 /         \
+     sqrt(var[c] + eps) computed from the f32 var. y may alias x. */                         \
+  X(BatchNorm, void, batchNorm, (const Tensor& x, const Tensor& gamma, const Tensor& beta,     \
+                                 float eps, bool batch, const Tensor& mean, const Tensor& var, \
+                                 const Tensor& y),                                             \
+    (x, gamma, beta, eps, batch, mean, var, y))                                                \
+  /* The gradient through batchNorm with batch statistics: dx written (the batch's mean and   \
+     variance differentiated too; dx may alias dy); with xhat = (x - mean[c]) * rstd[c],      \
+     dgamma[c] += sum dy * xhat, dbeta[c] += sum dy. */                                       \
+  X(BatchNormBackward, void, batchNormBackward, (const Tensor& dy, const Tensor& x,            \
+                                                 const Tensor& gamma, const Tensor& mean,      \
+                                                 const Tensor& var, float eps,                 \
+                                                 const Tensor& dx, const Tensor& dgamma,       \
+                                                 const Tensor& dbeta),                         \
+    (dy, x, gamma, mean, var, eps, dx, dgamma, dbeta))                                         \
   /* --- rotary position embedding --- */                                                     \
   /* x viewed as [R, H, S], R = positions.numel(), S = 2 * inv_freq.numel(): rotates the       \
      first `heads` heads of each row (queries and keys of a fused projection; the rest are    \

@@ -206,6 +206,7 @@ class Exporter {
   // The blocks whose branches meet again (chain, concat, gate); nullopt for other types.
   std::optional<std::string> branching(const Layer& l, const std::string& t, const std::string& x,
                                        const std::string& name) {
+    if (t == "identity") return x;  // (a concat's branch that passes its input on)
     if (t == "chain") return sequence(dynamic_cast<const Chain&>(l).body(), x, name + ".");
     if (t == "concat") {  // each branch from x, joined along channels
       const Sequence& branches = dynamic_cast<const Concat&>(l).branches();
@@ -227,6 +228,65 @@ class Exporter {
       return name;
     }
     return std::nullopt;
+  }
+
+  // layernorm and batchnorm (its inference form, with the running statistics; ONNX's
+  // momentum weighs the old running value, tandem's the new batch's).
+  std::optional<std::string> normalization(const LayerSpec& s, const std::vector<Param*>& ps,
+                                           const std::string& x, const std::string& name) {
+    if (s.type != "layernorm" && s.type != "batchnorm") return std::nullopt;
+    if (s.type == "layernorm") {
+      onnx::NodeProto* n =
+          node("LayerNormalization", {x, param(*ps[0]), param(*ps[1])}, name, name);
+      integer(n, "axis", -1);
+      real(n, "epsilon", static_cast<float>(std::get<double>(s.attrs.at("eps"))));
+      return name;
+    }
+    return batchNorm(x, ps, 0, s.attrs.at("eps"), s.attrs.at("momentum"), name);
+  }
+
+  // BatchNormalization of x by ps[at, at + 4) (scale, bias, running mean and variance).
+  std::string batchNorm(const std::string& x, const std::vector<Param*>& ps, size_t at,
+                        const AttrValue& eps, const AttrValue& momentum, const std::string& name) {
+    onnx::NodeProto* n =
+        node("BatchNormalization",
+             {x, param(*ps[at]), param(*ps[at + 1]), param(*ps[at + 2]), param(*ps[at + 3])}, name,
+             name);
+    real(n, "epsilon", static_cast<float>(std::get<double>(eps)));
+    real(n, "momentum", static_cast<float>(1.0 - std::get<double>(momentum)));
+    return name;
+  }
+
+  // The body's nodes, then Add of its end and the input or its projection: a Conv 1x1 (or
+  // Gemm) with proj.weight (and proj.bias) after the body's parameters, followed by a
+  // BatchNormalization when the projection has a norm (its four parameters last).
+  std::string residual(const Residual& r, const std::vector<Param*>& ps, const std::string& x,
+                       const std::string& name) {
+    const std::string body = sequence(r.body(), x, name + ".");
+    std::string shortcut = x;
+    if (r.hasProjection()) {
+      const size_t norm = r.projectionHasNorm() ? 4 : 0;
+      const bool bias = r.projectionHasBias();
+      const size_t weight = ps.size() - norm - (bias ? 2 : 1);
+      std::vector<std::string> in{x, param(*ps[weight])};
+      if (bias) in.push_back(param(*ps[weight + 1]));
+      shortcut = name + ".proj";
+      if (r.inputShape().rank() == 3) {
+        onnx::NodeProto* n = node("Conv", in, shortcut, shortcut);
+        const int64_t stride = projectionStride(r.inputShape()[1], r.outputShape()[1]);
+        ints(n, "kernel_shape", {1, 1});
+        ints(n, "strides", {stride, stride});
+      } else {
+        integer(node("Gemm", in, shortcut, shortcut), "transB", 1);
+      }
+      if (norm) {
+        const LayerSpec s = r.spec();
+        shortcut = batchNorm(shortcut, ps, ps.size() - 4, s.attrs.at("proj_eps"),
+                             s.attrs.at("proj_momentum"), name + ".proj.norm");
+      }
+    }
+    node("Add", {body, shortcut}, name, name);
+    return name;
   }
 
   std::string layer(const Layer& l, const std::string& x, const std::string& name) {
@@ -290,13 +350,7 @@ class Exporter {
            name, name);
       return name;
     }
-    if (t == "layernorm") {
-      onnx::NodeProto* n =
-          node("LayerNormalization", {x, param(*ps[0]), param(*ps[1])}, name, name);
-      integer(n, "axis", -1);
-      real(n, "epsilon", static_cast<float>(std::get<double>(s.attrs.at("eps"))));
-      return name;
-    }
+    if (std::optional<std::string> y = normalization(s, ps, x, name)) return *y;
     if (t == "attention") return attention(dynamic_cast<const Attention&>(l), ps, x, name);
     if (t == "positional") {  // x + P[:T]: the table whole, sliced to the input's length
       const int64_t len = l.inputShape()[0];
@@ -314,28 +368,7 @@ class Exporter {
       return name;
     }
     if (std::optional<std::string> y = branching(l, t, x, name)) return *y;
-    if (t == "residual") {
-      const auto& r = dynamic_cast<const Residual&>(l);
-      const std::string body = sequence(r.body(), x, name + ".");
-      std::string shortcut = x;
-      if (r.hasProjection()) {
-        // After the body's: proj.weight (and proj.bias).
-        const bool bias = r.projectionHasBias();
-        std::vector<std::string> in{x, param(*ps[ps.size() - (bias ? 2 : 1)])};
-        if (bias) in.push_back(param(*ps.back()));
-        shortcut = name + ".proj";
-        if (l.inputShape().rank() == 3) {
-          onnx::NodeProto* n = node("Conv", in, shortcut, shortcut);
-          const int64_t stride = l.inputShape()[1] / l.outputShape()[1];
-          ints(n, "kernel_shape", {1, 1});
-          ints(n, "strides", {stride, stride});
-        } else {
-          integer(node("Gemm", in, shortcut, shortcut), "transB", 1);
-        }
-      }
-      node("Add", {body, shortcut}, name, name);
-      return name;
-    }
+    if (t == "residual") return residual(dynamic_cast<const Residual&>(l), ps, x, name);
     throw InvalidArgument("layer " + name + " (" + t + "): no ONNX export for this layer type");
   }
 

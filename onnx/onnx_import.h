@@ -14,6 +14,7 @@
 //   Relu, Tanh, Sigmoid                                                        -> same
 //   Flatten (axis 1), Reshape to [N, rest]                                     -> flatten
 //   Dropout -> dropout; Identity -> nothing; Softmax / LogSoftmax as the last node -> dropped
+//   BatchNormalization (per channel; its statistics initializers)          -> batchnorm
 //   LayerNormalization (last axis), or ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div
 //   (+ Mul, Add)                                                               -> layernorm
 //   Div by sqrt(2), Erf, Add 1, Mul by x and by 0.5                            -> gelu

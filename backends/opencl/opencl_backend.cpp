@@ -370,7 +370,7 @@ double OpenClBackend::dot(const Tensor& a, const Tensor& b) {
   if (n == 0) return 0;
   Kernel& k = kernel("dot_partial_f32");
   const size_t groups = std::min<size_t>((n + k.local - 1) / k.local, 256);
-  const size_t acc = device_.fp64 ? sizeof(double) : sizeof(float);
+  const size_t acc = accBytes();
   const Tensor partial = empty({static_cast<int64_t>(groups * acc / sizeof(float))});
   // groups * local items: the kernel's grid-stride loop covers n.
   launch("dot_partial_f32", groups * k.local, a, b, static_cast<cl_ulong>(n), buffer(partial),

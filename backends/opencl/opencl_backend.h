@@ -84,6 +84,11 @@ class OpenClBackend final : public Backend {
   void launchGroups(const char* name, size_t groups, size_t local, const Args&... args);
   template <typename... Args>
   void enqueue(Kernel& k, const char* name, size_t global, size_t local, const Args&... args);
+  // The work-group size for a reduction over one channel of `values` values (a group per
+  // channel, of no more items than the channel has values).
+  size_t channelGroup(const char* kernel_name, int64_t values);
+  // Bytes of one accumulator in the kernels (acc_t: double where the device has fp64).
+  size_t accBytes() const { return device_.fp64 ? sizeof(double) : sizeof(float); }
   void requireF32(const Tensor& t, const char* op) const;
   void requireI32(const Tensor& t, const char* op) const;
   // Host copy of an i32 tensor (ids and labels are checked on the host).

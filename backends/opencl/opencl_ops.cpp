@@ -69,13 +69,9 @@ void OpenClBackend::biasGrad(const Tensor& dy, const Tensor& db) {
   const backends::ChannelView v = backends::channelView(dy, db.numel(), label_, "biasGrad");
   requireF32(dy, "biasGrad");
   requireF32(db, "biasGrad");
-  // A work-group per channel, of no more items than the channel has values.
-  size_t local = 1;
-  const size_t count = items(v.n * v.r), most = kernel("bias_grad_f32").local;
-  while (local < count && local < most) local *= 2;
-  const size_t acc = device_.fp64 ? sizeof(double) : sizeof(float);
+  const size_t local = channelGroup("bias_grad_f32", v.n * v.r);
   launchGroups("bias_grad_f32", items(v.c), local, dy, db, u(v.n), u(v.c), u(v.r),
-               cl::Local(local * acc));
+               cl::Local(local * accBytes()));
 }
 
 void OpenClBackend::activation(Activation kind, const Tensor& x, const Tensor& y) {
@@ -210,6 +206,42 @@ void OpenClBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const T
   requireF32(dy, "avgPoolBackward");
   requireF32(dx, "avgPoolBackward");
   launch("avg_pool_backward_f32", items(dx.numel()), dy, dx, static_cast<cl_long>(n), g);
+}
+
+// --- batch normalisation ---
+
+size_t OpenClBackend::channelGroup(const char* kernel_name, int64_t values) {
+  size_t local = 1;
+  const size_t count = items(values), most = kernel(kernel_name).local;
+  while (local < count && local < most) local *= 2;
+  return local;
+}
+
+void OpenClBackend::batchNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                              bool batch, const Tensor& mean, const Tensor& var, const Tensor& y) {
+  const backends::ChannelView v =
+      backends::checkBatchNorm(x, gamma, beta, mean, var, y, label_, "batchNorm");
+  if (batch) {
+    const size_t local = channelGroup("batch_norm_stats_f32", v.n * v.r);
+    launchGroups("batch_norm_stats_f32", items(v.c), local, x, mean, var, u(v.n), u(v.c), u(v.r),
+                 cl::Local(local * accBytes()));
+  }
+  launch("batch_norm_f32", items(x.numel()), x, gamma, beta, eps, mean, var, y, u(v.c), u(v.r),
+         u(x.numel()));
+}
+
+void OpenClBackend::batchNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                      const Tensor& mean, const Tensor& var, float eps,
+                                      const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  const backends::ChannelView v =
+      backends::checkBatchNorm(x, gamma, dgamma, mean, var, dx, label_, "batchNormBackward");
+  backends::checkBatchNorm(dy, gamma, dbeta, mean, var, dx, label_, "batchNormBackward");
+  const Tensor sums = empty({2 * v.c});
+  const size_t local = channelGroup("batch_norm_backward_sums_f32", v.n * v.r);
+  launchGroups("batch_norm_backward_sums_f32", items(v.c), local, dy, x, mean, var, eps, dgamma,
+               dbeta, sums, u(v.n), u(v.c), u(v.r), cl::Local(local * accBytes()));
+  launch("batch_norm_backward_dx_f32", items(x.numel()), dy, x, gamma, mean, var, eps, sums, dx,
+         u(v.c), u(v.r), u(x.numel()));
 }
 
 // --- rows ---

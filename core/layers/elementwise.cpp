@@ -99,6 +99,8 @@ LayerSpec Dropout::spec() const {
 
 Flatten::Flatten(const LayerSpec& spec) { SpecReader(spec).finish(); }
 
+Identity::Identity(const LayerSpec& spec) { SpecReader(spec).finish(); }
+
 Tensor Flatten::forward(const Tensor& x, Stash&, const ForwardContext&) {
   return x.reshape(outputShape().withBatch(x.shape()[0]));
 }

@@ -1,5 +1,6 @@
 // Layers that act element by element: activations (ReLU, GELU, Tanh, Sigmoid, SiLU,
-// ReLU6, hard sigmoid and hard swish), Dropout, and Flatten (a reshape to [features]).
+// ReLU6, hard sigmoid and hard swish), Dropout, Flatten (a reshape to [features]) and
+// Identity.
 #pragma once
 
 #include "core/layers/layer.h"
@@ -66,6 +67,26 @@ class Flatten final : public Layer {
 
  protected:
   Shape infer(const Shape& input) override { return {input.numel()}; }
+};
+
+// Its input, unchanged: the branch of a `concat` that passes the block's input on (a
+// DenseNet layer appends its features to its input: concat [identity, layers]).
+class Identity final : public Layer {
+ public:
+  explicit Identity(const LayerSpec& spec);
+  std::string type() const override { return "identity"; }
+  Tensor forward(const Tensor& x, Stash&, const ForwardContext&) override { return x; }
+  Tensor decode(const Tensor& x, DecodeState&) override { return x; }
+  Tensor decodeEach(const Tensor& x, const std::vector<DecodeState*>&) override { return x; }
+  Tensor backward(const Tensor& dy, Stash&, bool need_dx) override {
+    return need_dx ? dy : Tensor();
+  }
+  std::vector<OpUse> ops(bool) const override { return {}; }
+  int64_t flops() const override { return 0; }
+  LayerSpec spec() const override { return {type(), {}, {}, {}}; }
+
+ protected:
+  Shape infer(const Shape& input) override { return input; }
 };
 
 }  // namespace tandem

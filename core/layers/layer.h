@@ -28,6 +28,9 @@ struct Param {
 struct ForwardContext {
   bool training = true;
   uint64_t seed = 0;  // per-microbatch seed; containers mix in the layer's position
+  // A forward run again to rebuild a dropped stash (activation recomputation): it must
+  // compute what the first one did and change no state (batch norm's running statistics).
+  bool recompute = false;
 };
 
 // What one layer's forward saved for its backward. Blocks nest their children's.

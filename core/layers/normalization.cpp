@@ -143,6 +143,79 @@ LayerSpec Embedding::spec() const {
   return s;
 }
 
+BatchNorm::BatchNorm(const LayerSpec& spec) {
+  SpecReader r(spec);
+  eps_ = static_cast<float>(r.number("eps", 1e-5));
+  momentum_ = static_cast<float>(r.number("momentum", 0.1));
+  r.finish();
+  TANDEM_CHECK_MSG(eps_ > 0.0f, InvalidArgument, "batchnorm: 'eps' must be positive");
+  TANDEM_CHECK_MSG(momentum_ >= 0.0f && momentum_ <= 1.0f, InvalidArgument,
+                   "batchnorm: 'momentum' must be in [0, 1], got " << momentum_);
+}
+
+Shape BatchNorm::infer(const Shape& input) {
+  TANDEM_CHECK_MSG(input.rank() >= 1 && input.numel() > 0, InvalidArgument,
+                   "expected input [channels, ...], got " << input);
+  channels_ = input[0];
+  return input;
+}
+
+void BatchNorm::build(Backend& backend, Rng&) {
+  backend_ = &backend;
+  const auto c = static_cast<size_t>(channels_);
+  gamma_ = makeParam(backend, "weight", {channels_}, std::vector<float>(c, 1.0f));
+  beta_ = makeParam(backend, "bias", {channels_}, std::vector<float>(c, 0.0f));
+  // Running statistics: no gradient, so the optimizer, the gradient buckets and zeroGrad
+  // leave them alone.
+  mean_ = Param{"running_mean", toDevice(backend, {channels_}, std::vector<float>(c, 0.0f)), {}};
+  var_ = Param{"running_var", toDevice(backend, {channels_}, std::vector<float>(c, 1.0f)), {}};
+}
+
+Tensor BatchNorm::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) {
+  Tensor y = backend_->empty(x.shape());
+  if (!ctx.training) {
+    backend_->batchNorm(x, gamma_.value, beta_.value, eps_, false, mean_.value, var_.value, y);
+    stash.clear();
+    return y;
+  }
+  const int64_t values = x.numel() / channels_;  // per channel, over the batch
+  TANDEM_CHECK_MSG(
+      values > 1, InvalidArgument,
+      "batchnorm: training needs more than one value per channel, got input " << x.shape());
+  Tensor mean = backend_->empty({channels_});
+  Tensor var = backend_->empty({channels_});
+  backend_->batchNorm(x, gamma_.value, beta_.value, eps_, true, mean, var, y);
+  if (!ctx.recompute) {
+    const float unbiased = static_cast<float>(values) / static_cast<float>(values - 1);
+    backend_->axpby(momentum_, mean, 1.0f - momentum_, mean_.value);
+    backend_->axpby(momentum_ * unbiased, var, 1.0f - momentum_, var_.value);
+  }
+  stash.saved = {x, mean, var};
+  return y;
+}
+
+Tensor BatchNorm::backward(const Tensor& dy, Stash& stash, bool need_dx) {
+  TANDEM_CHECK_MSG(stash.saved.size() == 3, InvalidArgument,
+                   "batchnorm: backward of a forward that did not train");
+  const Tensor& x = stash.saved[0];
+  Tensor dx = backend_->empty(x.shape());  // the kernel computes dx with the sums anyway
+  backend_->batchNormBackward(dy, x, gamma_.value, stash.saved[1], stash.saved[2], eps_, dx,
+                              gamma_.grad, beta_.grad);
+  return need_dx ? dx : Tensor();
+}
+
+LayerSpec BatchNorm::spec() const {
+  LayerSpec s;
+  s.type = type();
+  s.attrs["eps"] = static_cast<double>(eps_);
+  s.attrs["momentum"] = static_cast<double>(momentum_);
+  return s;
+}
+
+std::vector<OpUse> BatchNorm::ops(bool training) const {
+  return f32Ops(training, {Op::kBatchNorm, Op::kAxpby}, {Op::kBatchNormBackward});
+}
+
 std::vector<OpUse> LayerNorm::ops(bool training) const {
   return f32Ops(training, {Op::kLayerNorm}, {Op::kLayerNormBackward});
 }

@@ -17,11 +17,11 @@ namespace tandem {
 
 const std::vector<std::string>& layerTypes() {
   static const std::vector<std::string> kTypes = {
-      "linear",    "conv2d",      "maxpool2d",   "avgpool2d", "globalavgpool",
-      "relu",      "gelu",        "tanh",        "sigmoid",   "flatten",
-      "dropout",   "layernorm",   "embedding",   "residual",  "positional",
-      "attention", "transformer", "silu",        "rmsnorm",   "swiglu",
-      "llama",     "relu6",       "hardsigmoid", "hardswish", "gate"};
+      "linear",    "conv2d",    "maxpool2d",  "avgpool2d", "globalavgpool", "relu",
+      "gelu",      "tanh",      "sigmoid",    "flatten",   "dropout",       "layernorm",
+      "embedding", "residual",  "positional", "attention", "transformer",   "silu",
+      "rmsnorm",   "swiglu",    "llama",      "relu6",     "hardsigmoid",   "hardswish",
+      "gate",      "batchnorm", "identity"};
   return kTypes;
 }
 
@@ -43,9 +43,11 @@ std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
   if (t == "hardsigmoid") return std::make_unique<ActivationLayer>(Activation::kHardSigmoid, spec);
   if (t == "hardswish") return std::make_unique<ActivationLayer>(Activation::kHardSwish, spec);
   if (t == "flatten") return std::make_unique<Flatten>(spec);
+  if (t == "identity") return std::make_unique<Identity>(spec);
   if (t == "dropout") return std::make_unique<Dropout>(spec);
   if (t == "layernorm") return std::make_unique<LayerNorm>(spec);
   if (t == "rmsnorm") return std::make_unique<RmsNorm>(spec);
+  if (t == "batchnorm") return std::make_unique<BatchNorm>(spec);
   if (t == "swiglu") return std::make_unique<SwiGlu>(spec);
   if (t == "embedding") return std::make_unique<Embedding>(spec);
   if (t == "residual") return std::make_unique<Residual>(spec);

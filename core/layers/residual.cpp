@@ -3,15 +3,29 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/layers/branches.h"
 #include "core/layers/conv2d.h"
 #include "core/layers/linear.h"
 
 namespace tandem {
 
+int64_t projectionStride(int64_t in, int64_t out) {
+  if (in < 1 || out < 1 || out > in) return 0;
+  // (in - 1) / t == out - 1 holds for t in ((in - 1) / out, (in - 1) / (out - 1)].
+  const int64_t t = (in - 1) / out + 1;
+  return (in - 1) / t + 1 == out ? t : 0;
+}
+
 Residual::Residual(const LayerSpec& spec) : body_(spec.children) {
   SpecReader r(spec);
   proj_bias_ = r.flag("proj_bias", false);
+  proj_norm_ = r.flag("proj_norm", false);
+  proj_eps_ = static_cast<float>(r.number("proj_eps", 1e-5));
+  proj_momentum_ = static_cast<float>(r.number("proj_momentum", 0.1));
   r.finish();
+  TANDEM_CHECK_MSG(proj_norm_ || (!r.has("proj_eps") && !r.has("proj_momentum")), InvalidArgument,
+                   "residual: 'proj_eps' and 'proj_momentum' are the projection's batch norm's "
+                   "('proj_norm: true')");
   TANDEM_CHECK_MSG(body_.size() > 0, InvalidArgument, "residual: 'layers' must not be empty");
 }
 
@@ -19,12 +33,13 @@ Shape Residual::infer(const Shape& input) {
   const Shape out = body_.setup(input);
   projection_.reset();
   if (out == input) return out;
-  if (input.rank() == 3 && out.rank() == 3 && out[1] > 0 && out[2] > 0 && input[1] % out[1] == 0 &&
-      input[2] % out[2] == 0 && input[1] / out[1] == input[2] / out[2]) {
+  const int64_t stride =
+      input.rank() == 3 && out.rank() == 3 ? projectionStride(input[1], out[1]) : 0;
+  if (stride > 0 && projectionStride(input[2], out[2]) == stride) {
     LayerSpec p{"conv2d", {}, {}, {}};
     p.attrs["out"] = out[0];
     p.attrs["kernel"] = int64_t{1};
-    p.attrs["stride"] = input[1] / out[1];
+    p.attrs["stride"] = stride;
     p.attrs["bias"] = std::string(proj_bias_ ? "true" : "false");
     projection_ = std::make_unique<Conv2d>(p);
   } else if (input.rank() == 1 && out.rank() == 1) {
@@ -35,6 +50,12 @@ Shape Residual::infer(const Shape& input) {
   } else {
     throw InvalidArgument("body maps " + input.str() + " to " + out.str() +
                           ", which no 1x1 convolution or linear projection can match");
+  }
+  if (proj_norm_) {  // the projection, then a batch norm (ResNet's downsample as it trains)
+    LayerSpec chain{"chain", {}, {projection_->spec()}, {}};
+    chain.children.push_back(
+        {"batchnorm", {{"eps", double{proj_eps_}}, {"momentum", double{proj_momentum_}}}, {}, {}});
+    projection_ = std::make_unique<Chain>(chain);
   }
   const Shape projected = projection_->setup(input);
   TANDEM_CHECK_MSG(projected == out, InvalidArgument,
@@ -147,6 +168,11 @@ LayerSpec Residual::spec() const {
   s.type = type();
   s.children = body_.specs();
   if (proj_bias_) s.attrs["proj_bias"] = std::string("true");
+  if (proj_norm_) {
+    s.attrs["proj_norm"] = std::string("true");
+    s.attrs["proj_eps"] = double{proj_eps_};
+    s.attrs["proj_momentum"] = double{proj_momentum_};
+  }
   return s;
 }
 

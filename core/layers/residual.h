@@ -1,8 +1,9 @@
 // Residual block: y = body(x) + shortcut(x). The shortcut is the identity when the body
 // keeps the shape, otherwise a projection made at setup: a 1x1 convolution (with the
-// stride that maps H to H') for [C, H, W] samples, a linear layer for [D] samples; with
-// `proj_bias: true` it has a bias (a batch norm folded into it, as ResNet's downsample
-// exports).
+// stride that maps H to H' and W to W', projectionStride) for [C, H, W] samples, a linear layer for
+// [D] samples; with `proj_bias: true` it has a bias (a batch norm folded into it, as ResNet's
+// downsample exports in eval mode); with `proj_norm: true` a batch norm follows it (`proj_eps`,
+// `proj_momentum`: ResNet's downsample as it trains), the projection then a `chain`.
 #pragma once
 
 #include <memory>
@@ -11,6 +12,10 @@
 #include "core/layers/sequence.h"
 
 namespace tandem {
+
+// The stride of a 1x1 projection (no padding) from `in` to `out` pixels along one
+// dimension: the smallest s with (in - 1) / s + 1 == out (7 -> 4: 2); 0 if none.
+int64_t projectionStride(int64_t in, int64_t out);
 
 class Residual final : public Layer {
  public:
@@ -35,6 +40,7 @@ class Residual final : public Layer {
   const Sequence& body() const { return body_; }
   bool hasProjection() const { return projection_ != nullptr; }
   bool projectionHasBias() const { return proj_bias_; }
+  bool projectionHasNorm() const { return proj_norm_; }
 
  protected:
   Shape infer(const Shape& input) override;
@@ -43,6 +49,8 @@ class Residual final : public Layer {
   Sequence body_;
   std::unique_ptr<Layer> projection_;  // null for the identity shortcut
   bool proj_bias_ = false;
+  bool proj_norm_ = false;
+  float proj_eps_ = 1e-5f, proj_momentum_ = 0.1f;
 };
 
 }  // namespace tandem

@@ -340,7 +340,7 @@ void StageExecutor::backward(int64_t k, int c, const StepInfo& info, bool split,
   TANDEM_CHECK_MSG(f.dy.defined(), InvalidArgument,
                    "stage " << range_.stage << ": backward " << k << " has no output gradient");
   if (options_.recompute) {
-    const ForwardContext ctx{true, microbatchSeed(options_.seed, info.step, k)};
+    const ForwardContext ctx{true, microbatchSeed(options_.seed, info.step, k), true};
     model_.forward(f.x, f.stash, ctx, r.begin, r.end);
   }
   if (split) {

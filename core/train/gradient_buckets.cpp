@@ -9,14 +9,10 @@ namespace tandem {
 
 GradientBuckets::GradientBuckets(Model& model, size_t begin, size_t end, Group& group,
                                  const BucketOptions& options)
-    : model_(model),
-      backend_(model.backend()),
-      group_(group),
-      begin_(begin),
-      options_(options) {
-  TANDEM_CHECK_MSG(begin < end && end <= model.size(), InvalidArgument,
-                   "gradient buckets: layers [" << begin << ", " << end << ") of a model with "
-                                                << model.size());
+    : model_(model), backend_(model.backend()), group_(group), begin_(begin), options_(options) {
+  TANDEM_CHECK_MSG(
+      begin < end && end <= model.size(), InvalidArgument,
+      "gradient buckets: layers [" << begin << ", " << end << ") of a model with " << model.size());
   TANDEM_CHECK_MSG(options.bucket_bytes >= 4, InvalidArgument,
                    "bucket size " << options.bucket_bytes << " bytes is below one gradient");
   TANDEM_CHECK_MSG(!options.in_place || backend_.hostData(backend_.empty({1})) != nullptr,
@@ -44,6 +40,7 @@ GradientBuckets::GradientBuckets(Model& model, size_t begin, size_t end, Group& 
   };
   for (size_t l = end; l-- > begin;) {
     for (Param* p : model.layer(l).params()) {
+      if (!p->grad.defined()) continue;  // batch norm's running statistics
       current.params.push_back(p);
       current.lowest_layer = l;
       bytes += p->grad.bytes();

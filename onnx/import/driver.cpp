@@ -141,9 +141,11 @@ std::string Importer::single(int i, const std::string& v) {
     add({"dropout", {{"p", p}}, {}, where(node)});
   } else if (op == "LayerNormalization") {
     layerNorm(node);
+  } else if (op == "BatchNormalization") {
+    batchNorm(node);
   } else if (op == "Pad") {
     pad(node);
-  } else if (op == "Identity") {
+  } else if (op == "Identity" || (op == "Concat" && node.input_size() == 1)) {
   } else if (op == "Softmax" || op == "LogSoftmax") {
     if (!isOutput(node.output(0)) || !live(node.output(0)).empty())
       refuse(node, "a softmax only at the output is dropped; this one is not");

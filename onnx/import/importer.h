@@ -80,11 +80,20 @@ class Importer {
 
   // Branches from `v` (one per reader) joined by a Concat along channels (axis 1): a
   // `concat` layer, a branch of several layers a `chain`. The join is the first Concat
-  // not imported yet whose inputs, as many as `v` has readers, all descend from `v`; none
-  // such, or readers that are a residual block's (an Add of `v`, or a projection whose
-  // only reader is an Add): nullopt. Each branch is walked with the other readers set aside; one
-  // that does not end at an input of the join, or shapes that do not meet, are refused naming it.
+  // not imported yet whose inputs, as many as `v` has readers, all descend from `v` — or
+  // are `v` itself, read by the join: an `identity` branch; none such, or readers that are
+  // a residual block's (an Add of `v`, or a projection whose only reader is an Add):
+  // nullopt. Each branch is walked with the other readers set aside; one that does not
+  // end at an input of the join, or shapes that do not meet, are refused naming it.
   std::optional<std::string> concat(const std::string& v, const std::vector<int>& next);
+
+  // A DenseNet block as torchvision writes it: `v` read by Concats only, along channels,
+  // each with `v` first, one with 1 input, one with 2, ... n + 1. Layer k (k = 1..n) reads
+  // the Concat of k inputs (v and the features f1..f(k-1) of the layers before) and makes
+  // f_k; the Concat of k + 1 inputs is that input with f_k appended. Each becomes a
+  // `concat` of [identity, the layer's chain]. nullopt when `v`'s readers are not such
+  // Concats; a layer that does not end in the next Concat's last input is refused.
+  std::optional<std::string> dense(const std::string& v, const std::vector<int>& next);
   // Whether `value` is computed from `from` (through any nodes).
   bool descends(const std::string& value, const std::string& from) const;
 
@@ -111,6 +120,11 @@ class Importer {
 
   // LayerNormalization (opset 17) over the last dimension.
   void layerNorm(const onnx::NodeProto& node);
+
+  // BatchNormalization over the channels (dimension 1): scale, bias, running mean and
+  // variance as initializers -> batchnorm (training with batch statistics, inference with
+  // the running ones). A Conv's BatchNormalization folded by the exporter never reaches it.
+  void batchNorm(const onnx::NodeProto& node);
 
   // Gather of the input's integer ids from an initializer table: an embedding.
   std::string gather(const onnx::NodeProto& node, const std::string& v);
@@ -169,6 +183,10 @@ class Importer {
   // (returned: whether it has one); anything else is refused. Its weight (and bias)
   // follow the body's parameters.
   bool projection(const onnx::NodeProto& p, const Shape& in);
+  // The BatchNormalization after a shortcut projection (ResNet's downsample as it trains):
+  // the block's proj_norm, proj_eps and proj_momentum; its parameters follow the
+  // projection's.
+  void projectionNorm(const onnx::NodeProto& n, LayerSpec& block);
 
   // "node 'conv1'", or for an unnamed node (PyTorch's exporter leaves them unnamed) "the
   // node making 'y'".

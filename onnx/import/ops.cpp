@@ -1,6 +1,9 @@
 // The operators that map one to one (or with a neighbour folded in) onto tandem's
-// layers: Gemm/MatMul, Conv, pooling, Pad, Flatten, Reshape, Gather, LayerNormalization.
+// layers: Gemm/MatMul, Conv, pooling, Pad, Flatten, Reshape, Gather, LayerNormalization,
+// BatchNormalization.
 #include "onnx/import/importer.h"
+
+#include <cmath>
 
 #include "core/error.h"
 
@@ -24,6 +27,54 @@ void Importer::layerNorm(const onnx::NodeProto& node) {
   gamma.shape = beta.shape = Shape{dim};
   add({"layernorm", {{"eps", attrFloat(node, "epsilon", 1e-5)}}, {}, where(node)},
       {std::move(gamma), std::move(beta)});
+}
+
+namespace {
+
+// tandem's momentum (the new batch's weight) from ONNX's (the old running value's, a
+// float): the shortest decimal whose complement is that float, so that 0.9 gives back 0.1
+// exactly and an export followed by an import changes no bit.
+double batchMomentum(float onnx_momentum) {
+  const double m = 1.0 - static_cast<double>(onnx_momentum);
+  for (int digits = 1; digits < 17; ++digits) {
+    const double scale = std::pow(10.0, digits - 1 - static_cast<int>(std::floor(std::log10(m))));
+    const double candidate = std::round(m * scale) / scale;
+    if (static_cast<float>(1.0 - candidate) == onnx_momentum) return candidate;
+  }
+  return m;
+}
+
+}  // namespace
+
+void Importer::batchNorm(const onnx::NodeProto& node) {
+  if (shape_.rank() < 1 || shape_.numel() < 1)
+    refuse(node, "its input " + shape_.str() + " has no channels to normalise");
+  if (node.input_size() != 5) refuse(node, "it needs scale, bias, mean and variance inputs");
+  if (attrInt(node, "spatial", 1) != 1)
+    refuse(node, "'spatial' 0 (statistics per value, not per channel) is not supported");
+  const int64_t c = shape_[0];
+  const char* what[] = {"scale", "bias", "mean", "variance"};
+  std::vector<HostTensor> params;
+  for (int k = 1; k <= 4; ++k) {
+    HostTensor t = tensor(node, node.input(k));
+    if (t.data.size() != static_cast<size_t>(c))
+      refuse(node, std::string("its ") + what[k - 1] + " has " + std::to_string(t.data.size()) +
+                       " values for " + std::to_string(c) + " channels");
+    t.shape = Shape{c};
+    params.push_back(std::move(t));
+  }
+  for (float v : params[3].data)
+    if (!(v >= 0.0f)) refuse(node, "its variance holds " + std::to_string(v) + ", not >= 0");
+  const double eps = attrFloat(node, "epsilon", 1e-5);
+  const auto onnx_momentum = static_cast<float>(attrFloat(node, "momentum", 0.9));
+  if (!(eps > 0.0)) refuse(node, "its epsilon must be positive");
+  if (!(onnx_momentum >= 0.0f && onnx_momentum <= 1.0f))
+    refuse(node, "its momentum must be in [0, 1]");
+  add({"batchnorm",
+       {{"eps", eps}, {"momentum", onnx_momentum == 1.0f ? 0.0 : batchMomentum(onnx_momentum)}},
+       {},
+       where(node)},
+      std::move(params));
 }
 
 std::string Importer::gather(const onnx::NodeProto& node, const std::string& v) {

@@ -3,6 +3,7 @@
 #include "onnx/import/importer.h"
 
 #include "core/error.h"
+#include "core/layers/residual.h"
 
 namespace tandem::onnx_io {
 
@@ -51,7 +52,7 @@ std::string Importer::residual(const std::string& v, const std::vector<int>& nex
   // MatMul of v whose only reader is such an Add — the one shaped like tandem's
   // projection first, when both readers could be it (a one-node body).
   struct Choice {
-    int body, join, proj;
+    int body, join, proj, norm = -1;  // norm: a BatchNormalization after the projection
   };
   std::optional<Choice> pick;
   if (next.size() > 2) {
@@ -66,14 +67,18 @@ std::string Importer::residual(const std::string& v, const std::vector<int>& nex
       if ((o.op_type() != "Conv" && o.op_type() != "Gemm" && o.op_type() != "MatMul") ||
           o.input(0) != v || (strict && !projectionLike(o)))
         continue;
-      const int join = only(o.output(0), "Add");
-      if (join >= 0 && sum(join)) pick = Choice{next[a], join, next[1 - a]};
+      const int norm = only(o.output(0), "BatchNormalization");
+      const int join = only(norm >= 0 ? node(norm).output(0) : o.output(0), "Add");
+      if (join >= 0 && sum(join)) pick = Choice{next[a], join, next[1 - a], norm};
     }
   if (pick && pick->join != pick->body) {
-    const int join = pick->join, proj = pick->proj;
-    const std::string shortcut = proj >= 0 ? node(proj).output(0) : v;
+    const int join = pick->join, proj = pick->proj, norm = pick->norm;
+    const std::string shortcut = norm >= 0   ? node(norm).output(0)
+                                 : proj >= 0 ? node(proj).output(0)
+                                             : v;
     take({join});
     if (proj >= 0) take({proj});
+    if (norm >= 0) take({norm});
     const Shape in = shape_;
     std::vector<LayerSpec>* outer = layers_;
     LayerSpec block{"residual", {}, {}, where(node(join))};
@@ -89,6 +94,7 @@ std::string Importer::residual(const std::string& v, const std::vector<int>& nex
     if (block.children.empty()) refuse(j, "its branch has no layer");
     if (proj >= 0) {
       if (projection(node(proj), in)) block.attrs["proj_bias"] = int64_t{1};
+      if (norm >= 0) projectionNorm(node(norm), block);
     } else if (shape_ != in) {
       refuse(j, "it adds the branch's " + shape_.str() + " to the unchanged input's " + in.str());
     }
@@ -99,6 +105,17 @@ std::string Importer::residual(const std::string& v, const std::vector<int>& nex
                             "' is read by two nodes that are not a residual block (a "
                             "branch and an Add of it to '" +
                             v + "' or to a projection of it)");
+}
+
+void Importer::projectionNorm(const onnx::NodeProto& n, LayerSpec& block) {
+  std::vector<LayerSpec> made;
+  std::vector<LayerSpec>* outer = layers_;
+  layers_ = &made;
+  batchNorm(n);  // (its parameters follow the projection's, as the residual's do)
+  layers_ = outer;
+  block.attrs["proj_norm"] = int64_t{1};
+  block.attrs["proj_eps"] = made.at(0).attrs.at("eps");
+  block.attrs["proj_momentum"] = made.at(0).attrs.at("momentum");
 }
 
 bool Importer::projectionLike(const onnx::NodeProto& n) const {
@@ -127,7 +144,7 @@ bool Importer::projection(const onnx::NodeProto& p, const Shape& in) {
     matmul(p);
   layers_ = outer;
   const LayerSpec& s = made.at(0);
-  const int64_t stride = in.rank() == 3 && out.rank() == 3 && out[1] > 0 ? in[1] / out[1] : 1;
+  const int64_t stride = in.rank() == 3 && out.rank() == 3 ? projectionStride(in[1], out[1]) : 1;
   const bool ok = shape_ == out && !s.attrs.count("groups") &&
                   (s.type == "linear" ||
                    (s.attrs.at("kernel") == AttrValue(std::vector<int64_t>{1, 1}) &&

@@ -57,9 +57,11 @@ void printTable(const Model& m, int64_t batch) {
               human(static_cast<double>(params)).c_str(), human(static_cast<double>(flops)).c_str(),
               "", human(static_cast<double>(stash)).c_str());
   const int64_t bytes = m.paramBytes();
+  // (Bytes other than 4 a parameter: int8 weights with their scales, or batch norms'
+  // running statistics, which are held but not trained.)
   std::printf("parameters: %lld (%s bytes%s); forward FLOPs per sample: %lld\n",
               static_cast<long long>(params), human(static_cast<double>(bytes)).c_str(),
-              bytes == params * 4 ? " f32" : ", int8 weights with their scales",
+              bytes == params * 4 ? " f32" : " on the device",
               static_cast<long long>(batch ? flops / batch : 0));
 }
 

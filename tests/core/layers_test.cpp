@@ -19,6 +19,7 @@
 #include "core/layers/conv2d.h"
 #include "core/layers/gate.h"
 #include "core/layers/registry.h"
+#include "core/layers/residual.h"
 #include "core/model.h"
 #include "core/model_spec.h"
 #include "tests/test_util.h"
@@ -46,7 +47,8 @@ class GradCheck {
     const Shape out = layer_->outputShape().withBatch(input_shape_[0]);
     weights_ = testing::randomVector(99, out.numel());
     // Analytic gradients.
-    for (Param* p : layer_->params()) be_.fill(p->grad, 0.0f);
+    for (Param* p : layer_->params())
+      if (p->grad.defined()) be_.fill(p->grad, 0.0f);  // (running statistics have none)
     Stash stash;
     Tensor y = layer_->forward(toDevice(be_, input_shape_, x), stash, ctx_);
     ASSERT_EQ(y.shape(), out);
@@ -62,6 +64,7 @@ class GradCheck {
       });
     }
     for (Param* p : layer_->params()) {
+      if (!p->grad.defined()) continue;
       const auto analytic = toHost(p->grad);
       const auto original = toHost(p->value);
       std::vector<float> probe = original;
@@ -342,6 +345,60 @@ TEST(LayerGradTest, RmsNorm) {
   g.run(testing::randomVector(12, 39, -2, 2));
 }
 
+// Train mode: the gradients run through the batch's mean and variance too; over the
+// channels of images and over features.
+TEST(LayerGradTest, BatchNorm) {
+  for (const Shape& input : {Shape{3, 4, 3, 2}, Shape{5, 6}}) {
+    GradCheck g("batchnorm: {eps: 1e-3}", input);
+    const int64_t c = input[1];
+    g.backend().upload(g.layer().params().at(0)->value,
+                       testing::randomVector(11, c, 0.5f, 1.5f).data());
+    g.backend().upload(g.layer().params().at(1)->value, testing::randomVector(13, c).data());
+    g.run(testing::randomVector(12, input.numel(), -2, 2));
+  }
+}
+
+// Training moves the running statistics by the momentum (the variance unbiased), a
+// recomputed forward leaves them, inference normalises with them, and a batch with one
+// value per channel cannot train.
+TEST(LayerTest, BatchNormKeepsRunningStatistics) {
+  cpu::CpuBackend be;
+  auto layer = makeLayer(
+      parseModelSpec("input: [1]\nlayers: [{batchnorm: {momentum: 0.25}}]\n").layers.at(0));
+  layer->setup(Shape{2});
+  Rng rng(1);
+  layer->build(be, rng);
+  // Channel 0: 1, 3, 8 (mean 4, unbiased variance 13); channel 1: -2, -2, 4 (0, 12).
+  const Tensor x = toDevice(be, {3, 2}, {1, -2, 3, -2, 8, 4});
+  Stash stash;
+  layer->forward(x, stash, ForwardContext{true, 1});
+  const std::vector<Param*> ps = layer->params();
+  ASSERT_EQ(ps.size(), 4u);
+  EXPECT_EQ(ps[2]->name, "running_mean");
+  EXPECT_FALSE(ps[2]->grad.defined());
+  EXPECT_FALSE(ps[3]->grad.defined());
+  const auto mean = toHost(ps[2]->value), var = toHost(ps[3]->value);
+  EXPECT_NEAR(mean[0], 0.25 * 4, 1e-6);
+  EXPECT_NEAR(mean[1], 0.0, 1e-6);
+  EXPECT_NEAR(var[0], 0.75 + 0.25 * 13, 1e-5);
+  EXPECT_NEAR(var[1], 0.75 + 0.25 * 12, 1e-5);
+  layer->forward(x, stash, ForwardContext{true, 1, true});
+  EXPECT_EQ(toHost(ps[2]->value), mean);
+  EXPECT_EQ(toHost(ps[3]->value), var);
+  Stash none;
+  const auto y = toHost(layer->forward(x, none, ForwardContext{false, 0}));
+  EXPECT_NEAR(y[0], (1 - mean[0]) / std::sqrt(var[0] + 1e-5), 1e-5);
+  EXPECT_NEAR(y[5], (4 - mean[1]) / std::sqrt(var[1] + 1e-5), 1e-5);
+  EXPECT_THROW(layer->backward(toDevice(be, {3, 2}, {1, 1, 1, 1, 1, 1}), none, true),
+               InvalidArgument);
+  Stash one;
+  EXPECT_THROW(layer->forward(toDevice(be, {1, 2}, {1, 2}), one, ForwardContext{true, 1}),
+               InvalidArgument);
+  EXPECT_THROW(
+      makeLayer(parseModelSpec("input: [1]\nlayers: [{batchnorm: {momentum: 2}}]\n").layers.at(0)),
+      InvalidArgument);
+}
+
 TEST(LayerGradTest, SwiGluOnSequences) {
   GradCheck g("swiglu: {hidden: 7}", {2, 3, 5});
   g.run(testing::randomVector(13, 30, -2, 2));
@@ -393,6 +450,60 @@ TEST(LayerGradTest, ResidualWithBiasedProjections) {
   GradCheck linear("residual: {proj_bias: true, layers: [{linear: {out: 3}}]}", {2, 5});
   linear.run(testing::randomVector(21, 2 * 5));
   EXPECT_EQ(linear.layer().params().size(), 4u);
+}
+
+// A shortcut projection's stride: the smallest that maps the input's pixels to the
+// body's, odd sizes too (torchvision's resnet18 on 28x28 images: 7 -> 4); none for a
+// growth or a size no stride gives.
+TEST(LayerTest, AProjectionTakesTheStrideThatMapsOddSizes) {
+  EXPECT_EQ(projectionStride(8, 4), 2);
+  EXPECT_EQ(projectionStride(7, 4), 2);
+  EXPECT_EQ(projectionStride(10, 3), 4);
+  EXPECT_EQ(projectionStride(5, 5), 1);
+  EXPECT_EQ(projectionStride(2, 1), 2);
+  EXPECT_EQ(projectionStride(4, 3), 0);
+  EXPECT_EQ(projectionStride(3, 4), 0);
+  EXPECT_EQ(projectionStride(int64_t{1} << 30, 1), int64_t{1} << 30);
+  auto layer = makeLayer(parseModelSpec("input: [1]\nlayers: [{residual: {layers: [{conv2d: "
+                                        "{out: 4, kernel: 3, stride: 2, padding: 1}}]}}]\n")
+                             .layers.at(0));
+  EXPECT_EQ(layer->setup(Shape{2, 7, 7}), (Shape{4, 4, 4}));
+  const Model resnet18(loadModelSpec(TANDEM_SOURCE_DIR "/examples/models/resnet18.yaml"));
+  EXPECT_EQ(resnet18.paramCount(), 11175370);
+}
+
+// ResNet's downsample as it trains: the projection, then a batch norm on the batch's
+// statistics; its parameters after the projection's, its spec written back.
+TEST(LayerGradTest, ResidualWithNormalisedProjections) {
+  GradCheck conv(
+      "residual: {proj_norm: true, proj_eps: 0.001, layers: [{conv2d: {out: 4, kernel: 3, "
+      "stride: 2, padding: 1}}]}",
+      {3, 2, 6, 6});
+  // A batch norm's output does not change with its input's scale, so the curvature in the
+  // projection's weights grows as they shrink: weights of magnitude >= 1 keep the finite
+  // differences within their tolerance.
+  std::vector<float> w = awayFromZero(27, 4 * 2);
+  for (float& v : w) v *= 3.0f;
+  conv.backend().upload(conv.layer().params().at(2)->value, w.data());
+  conv.run(testing::randomVector(22, 3 * 2 * 6 * 6));
+  const std::vector<Param*> ps = conv.layer().params();
+  ASSERT_EQ(ps.size(), 7u);  // conv weight and bias, proj weight, norm's four
+  EXPECT_EQ(ps[2]->name, "proj.0.weight");
+  EXPECT_EQ(ps[6]->name, "proj.1.running_var");
+  const LayerSpec spec = conv.layer().spec();
+  EXPECT_EQ(std::get<double>(spec.attrs.at("proj_eps")), double{0.001f});
+  EXPECT_EQ(std::get<double>(spec.attrs.at("proj_momentum")), double{0.1f});
+  GradCheck linear("residual: {proj_norm: true, proj_bias: true, layers: [{linear: {out: 3}}]}",
+                   {4, 5});
+  std::vector<float> v = awayFromZero(28, 3 * 5);
+  for (float& x : v) x *= 3.0f;
+  linear.backend().upload(linear.layer().params().at(2)->value, v.data());
+  linear.run(testing::randomVector(23, 4 * 5));
+  EXPECT_EQ(linear.layer().params().size(), 8u);
+  EXPECT_THROW(makeLayer(parseModelSpec("input: [1]\nlayers: [{residual: {proj_eps: 0.1, layers: "
+                                        "[relu]}}]\n")
+                             .layers.at(0)),
+               InvalidArgument);
 }
 
 // Squeeze-and-excitation: the body's channel values scale the input's channels (a smooth
@@ -447,6 +558,15 @@ TEST(LayerGradTest, ConcatOfBranches) {
       {3, 4});
   features.run(testing::randomVector(25, 3 * 4));
   EXPECT_EQ(features.layer().outputShape(), (Shape{9}));
+  // A DenseNet layer: its input passed on (identity) with new channels appended; the
+  // input's gradient is the identity's share plus the branch's.
+  GradCheck dense(
+      "concat: {layers: [identity, {chain: {layers: [batchnorm, tanh, {conv2d: {out: 2, "
+      "kernel: 3, padding: 1}}]}}]}",
+      {2, 3, 4, 4});
+  dense.run(testing::randomVector(26, 2 * 3 * 4 * 4));
+  EXPECT_EQ(dense.layer().outputShape(), (Shape{5, 4, 4}));
+  EXPECT_EQ(dense.layer().params()[0]->name, "1.0.weight");
 }
 
 TEST(LayerTest, ConcatRefusesBranchesThatDoNotMeet) {
@@ -659,6 +779,8 @@ TEST(LayerTest, SplitBackwardEqualsBackwardBitwise) {
                      "{concat: {layers: [{conv2d: {out: 2, kernel: 1}}, {chain: {layers: "
                      "[{conv2d: {out: 3, kernel: 3, padding: 1}}, relu]}}]}}, flatten, "
                      "{linear: {out: 2}}]\n"),
+      parseModelSpec("input: [2, 4, 4]\nlayers: [{conv2d: {out: 3, kernel: 3}}, batchnorm, relu, "
+                     "flatten, batchnorm, {linear: {out: 2}}]\n"),
       parseModelSpec(
           "input: [4, 8]\nlayers: [{positional: {context: 4}}, {transformer: {heads: 2}},"
           " layernorm, {linear: {out: 5}}]\n")};
@@ -680,9 +802,11 @@ TEST(LayerTest, SplitBackwardEqualsBackwardBitwise) {
       const Tensor dxb = split.backwardInput(dy, sb);
       split.backwardWeights(sb);
       ASSERT_EQ(toHost(dxa), toHost(dxb)) << whole.spec().name;
-      for (const Param* p : whole.params())
+      for (const Param* p : whole.params()) {
+        if (!p->grad.defined()) continue;  // (running statistics)
         ASSERT_EQ(toHost(p->grad), toHost(split.param(p->name).grad))
             << whole.spec().name << " " << p->name;
+      }
     }
   }
 }

@@ -36,7 +36,11 @@ int main(int argc, char** argv) {
       "hardsigmoid]}}, flatten, {linear: {out: 2}}]\n",
       "input: [2, 3, 3]\nlayers: [{gate: {layers: [globalavgpool, {linear: {out: 1}}, relu, "
       "{linear: {out: 2}}, hardsigmoid]}}, flatten, {gate: {layers: [{linear: {out: 18}}, "
-      "sigmoid]}}]\n"};
+      "sigmoid]}}]\n",
+      "input: [2, 4, 4]\nlayers: [batchnorm, {concat: {layers: [identity, {chain: {layers: "
+      "[batchnorm, relu, {conv2d: {out: 2, kernel: 3, padding: 1}}]}}]}}, {residual: {proj_norm: "
+      "true, layers: [{conv2d: {out: 3, kernel: 3, stride: 2, padding: 1}}]}}, flatten, "
+      "{batchnorm: {momentum: 0.05}}]\n"};
   int n = 0;
   for (const char* yaml : specs) {
     cpu::CpuBackend be(cpu::CpuOptions{1});

@@ -107,6 +107,69 @@ TEST(OnnxExportTest, ConcatBranchesFollowTheJoinsInputsAndBadOnesAreRefused) {
       {"node '7' (AveragePool)", "ceil_mode is supported for MaxPool only"});
 }
 
+// A BatchNormalization tandem cannot take — statistics of another size, a negative
+// variance, no variance (ONNX's checker) — is refused naming the node; ONNX's
+// momentum (the running value's weight) becomes tandem's complement exactly.
+TEST(OnnxExportTest, BatchNormalizationImportsOrIsRefusedNamingTheNode) {
+  const onnx::ModelProto m = exportOnnx(savedModel(kCnnYaml));
+  int at = -1;
+  for (int i = 0; i < m.graph().node_size(); ++i)
+    if (m.graph().node(i).op_type() == "BatchNormalization" && at < 0) at = i;
+  ASSERT_GE(at, 0);
+  const onnx::NodeProto& bn = m.graph().node(at);
+  const std::string where = "node '" + bn.name() + "' (BatchNormalization)";
+  auto initializer = [](onnx::ModelProto& g, const std::string& name) {
+    for (auto& t : *g.mutable_graph()->mutable_initializer())
+      if (t.name() == name) return &t;
+    throw std::runtime_error("no initializer " + name);
+  };
+  auto refused = [&](const std::function<void(onnx::ModelProto&)>& edit,
+                     std::initializer_list<std::string> parts) {
+    onnx::ModelProto copy = m;
+    edit(copy);
+    std::vector<std::string> want{where};
+    want.insert(want.end(), parts);
+    testing::expectThrowWith<InvalidArgument>([&] { importOnnx(copy, "m.onnx"); }, want);
+  };
+  refused(
+      [&](onnx::ModelProto& g) {
+        onnx::TensorProto* var = initializer(g, bn.input(4));
+        std::vector<float> v(16, 1.0f);
+        v[3] = -0.5f;
+        var->set_raw_data(v.data(), v.size() * 4);
+        var->clear_float_data();
+      },
+      {"variance holds -0.5"});
+  onnx::ModelProto three = m;  // (ONNX's checker names the node)
+  three.mutable_graph()->mutable_node(at)->mutable_input()->RemoveLast();
+  testing::expectThrowWith<FormatError>([&] { importOnnx(three, "m.onnx"); },
+                                        {bn.name(), "BatchNormalization", "input size 4"});
+  refused(
+      [&](onnx::ModelProto& g) {
+        onnx::TensorProto* mean = initializer(g, bn.input(3));
+        mean->set_dims(0, 8);
+        std::vector<float> v(8, 0.0f);
+        mean->set_raw_data(v.data(), v.size() * 4);
+        mean->clear_float_data();
+      },
+      {"its mean has 8 values for 16 channels"});
+  for (const float onnx_momentum : {0.9f, 0.99f, 0.997f, 0.0f}) {
+    onnx::ModelProto copy = m;
+    for (auto& a : *copy.mutable_graph()->mutable_node(at)->mutable_attribute())
+      if (a.name() == "momentum") a.set_f(onnx_momentum);
+    const LayerSpec layer = importOnnx(copy, "m.onnx").spec.layers.at(2).children.at(3);
+    ASSERT_EQ(layer.type, "batchnorm");
+    const double ours = std::get<double>(layer.attrs.at("momentum"));
+    EXPECT_EQ(static_cast<float>(1.0 - ours), onnx_momentum);
+    if (onnx_momentum == 0.9f) {
+      EXPECT_EQ(ours, 0.1);
+    }
+    if (onnx_momentum == 0.997f) {
+      EXPECT_EQ(ours, 0.003);
+    }
+  }
+}
+
 TEST(OnnxExportTest, WriteOnnxWritesAFileThatImports) {
   const std::string path = testing::freshDir("onnx-export") + "/mlp.onnx";
   const ModelFile file = savedModel(kMlpYaml);

@@ -48,7 +48,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kSuites = {
      {"test_relu", "test_tanh", "test_sigmoid", "test_gemm_", "test_matmul_2d", "test_basic_conv_",
       "test_conv_", "test_maxpool_", "test_averagepool_", "test_globalaveragepool", "test_flatten_",
       "test_identity", "test_dropout_default", "test_reshape_", "test_layer_normalization_",
-      "test_clip", "test_hardsigmoid", "test_hardswish"}},
+      "test_clip", "test_hardsigmoid", "test_hardswish", "test_batchnorm_"}},
     {"pytorch-converted",
      {"test_Linear", "test_Conv2d", "test_MaxPool2d", "test_AvgPool2d", "test_ReLU", "test_Tanh",
       "test_Sigmoid", "test_Softmax", "test_LogSoftmax", "test_Embedding", "test_BatchNorm2d"}}};
@@ -105,7 +105,13 @@ TEST(OnnxConformanceTest, TheCasesOfTheImportedOperatorsMatchTheirExpectedOutput
       failed.push_back(name + ": imported an input that is neither float32 nor int64 ids");
       continue;
     }
-    const std::vector<float> got = forward(imported, x);
+    // A node in training mode (BatchNormalization's) expects the output of a training
+    // forward: batch statistics.
+    bool training = false;
+    for (const auto& n : g->node())
+      for (const auto& a : n.attribute())
+        training = training || (a.name() == "training_mode" && a.i() == 1);
+    const std::vector<float> got = forward(imported, x, training);
     if (got.size() != want.size()) {
       failed.push_back(name + ": " + std::to_string(got.size()) + " outputs, expected " +
                        std::to_string(want.size()));

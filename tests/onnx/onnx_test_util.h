@@ -58,7 +58,8 @@ inline std::vector<float> floats(const onnx::TensorProto& t) {
 // The imported model, built on the CPU with its imported weights, run forward (inference)
 // on the batch `x`.
 // (Integer ids, int64 in ONNX, go in as tandem's int32.)
-inline std::vector<float> forward(const ImportedModel& imported, const onnx::TensorProto& x) {
+inline std::vector<float> forward(const ImportedModel& imported, const onnx::TensorProto& x,
+                                  bool training = false) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
   const std::unique_ptr<Model> model = loadModel(toModelFile(imported), be);
   const Shape shape(std::vector<int64_t>(x.dims().begin(), x.dims().end()));
@@ -77,7 +78,7 @@ inline std::vector<float> forward(const ImportedModel& imported, const onnx::Ten
   } else {
     in = toDevice(be, shape, floats(x));
   }
-  return toHost(model->forward(in, stash, ForwardContext{false, 0}));
+  return toHost(model->forward(in, stash, ForwardContext{training, 0}));
 }
 
 // Models covering every layer type tandem has, for export.
@@ -91,6 +92,7 @@ layers:
         - conv2d: {out: 16, kernel: 3, stride: 2, padding: 1}
         - gelu
         - conv2d: {out: 16, kernel: 3, padding: 1, bias: false}
+        - batchnorm
   - residual:
       layers:
         - conv2d: {out: 16, kernel: 3, padding: 1}
@@ -105,6 +107,14 @@ layers:
               - relu
   - maxpool2d: {kernel: 2}
   - avgpool2d: {kernel: 3, stride: 1, padding: 1}
+  - concat:
+      layers:
+        - identity
+        - chain:
+            layers:
+              - batchnorm
+              - relu
+              - conv2d: {out: 3, kernel: 3, padding: 1, bias: false}
   - dropout: {p: 0.25}
   - globalavgpool
   - linear: {out: 10}
@@ -133,6 +143,7 @@ layers:
         - hardsigmoid
   - residual:
       proj_bias: true
+      proj_norm: true
       layers:
         - conv2d: {out: 12, kernel: 3, stride: 2, padding: 1}
   - globalavgpool
@@ -150,12 +161,16 @@ layers:
         - linear: {out: 32}
         - sigmoid
   - residual:
+      proj_norm: true
+      proj_eps: 0.001
+      proj_momentum: 0.2
       layers:
         - linear: {out: 24}
         - sigmoid
   - residual:
       layers:
         - linear: {out: 24, bias: false}
+        - batchnorm: {eps: 0.001, momentum: 0.05}
         - relu
   - linear: {out: 5}
 )";
@@ -187,29 +202,35 @@ layers:
   - linear: {out: 30}
 )";
 
+// A batch of 3 for the model: ids for an embedding model, else random values.
+inline Tensor exampleInput(Backend& be, const Model& model) {
+  const Shape shape = model.inputShape().withBatch(3);
+  if (model.inputDType() == DType::kI32) {
+    std::vector<int32_t> ids(static_cast<size_t>(shape.numel()));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7 + 3) % 30);
+    return toDeviceI32(be, shape, ids);
+  }
+  return toDevice(be, shape, testing::randomVector(11, shape.numel()));
+}
+
+// The model built with seed 7 after one training forward (so batch norms' running
+// statistics are not their initial zeros and ones), as a model file.
 inline ModelFile savedModel(const std::string& yaml) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
   Model model(parseModelSpec(yaml, "export.yaml"));
   model.build(be, 7);
+  Stash stash;
+  model.forward(exampleInput(be, model), stash, ForwardContext{true, 1});
   const std::vector<uint8_t> bytes = serializeModel(model, nullptr, {});
   return parseModelFile(bytes, "export.yaml");
 }
 
-// The model's forward output for a batch of 3 (ids for an embedding model).
+// The model's inference output for exampleInput.
 inline std::vector<float> run(const ModelFile& file) {
   cpu::CpuBackend be(cpu::CpuOptions{1});
   const std::unique_ptr<Model> model = loadModel(file, be);
-  const Shape shape = model->inputShape().withBatch(3);
-  Tensor x;
-  if (model->inputDType() == DType::kI32) {
-    std::vector<int32_t> ids(static_cast<size_t>(shape.numel()));
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7 + 3) % 30);
-    x = toDeviceI32(be, shape, ids);
-  } else {
-    x = toDevice(be, shape, testing::randomVector(11, shape.numel()));
-  }
   Stash stash;
-  return toHost(model->forward(x, stash, ForwardContext{false, 0}));
+  return toHost(model->forward(exampleInput(be, *model), stash, ForwardContext{false, 0}));
 }
 
 }  // namespace tandem::onnx_io::test

@@ -5,14 +5,17 @@
 // every model's error or refusal.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "tests/onnx/onnx_test_util.h"
@@ -28,6 +31,70 @@ std::vector<float> floatsIn(const std::string& path) {
   return v;
 }
 
+// How much farther from PyTorch's float64 gradients ours may be than its float32 ones.
+constexpr double kStepFactor = 4;
+
+// Largest |a - b| / (1 + |b|).
+double largestError(const float* a, const float* b, size_t n) {
+  double err = 0;
+  for (size_t i = 0; i < n; ++i)
+    err = std::max(err, std::fabs(double(a[i]) - b[i]) / (1.0 + std::fabs(double(b[i]))));
+  return err;
+}
+
+// A training step's gradients, ours and PyTorch's float32 ones, each against PyTorch's
+// float64 ones (the input's, and the largest over the parameters).
+struct StepErrors {
+  double output = 0;  // ours against PyTorch's float32 output
+  double input = 0, params = 0, torch_input = 0, torch_params = 0;
+  size_t compared = 0;  // parameters
+};
+
+// One training step of NAME.train.onnx (batch norms on the batch's statistics) for the
+// loss sum(y * dy).
+StepErrors trainingStep(const std::string& base, int64_t h, int64_t w) {
+  const ImportedModel imported = importOnnx(base + ".train.onnx");
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  const std::unique_ptr<Model> model = loadModel(toModelFile(imported), be);
+  Stash stash;
+  const Shape xs{2, 3, h, w};
+  const Tensor y = model->forward(toDevice(be, xs, floatsIn(base + ".batch.bin")), stash,
+                                  ForwardContext{true, 0});
+  const std::vector<float> dy = floatsIn(base + ".dy.bin"), y_torch = floatsIn(base + ".y.bin");
+  EXPECT_EQ(static_cast<size_t>(y.numel()), dy.size());
+  EXPECT_EQ(y_torch.size(), dy.size());
+  StepErrors e;
+  e.output = largestError(toHost(y).data(), y_torch.data(), std::min(dy.size(), y_torch.size()));
+  model->zeroGrad();
+  const std::vector<float> dx = toHost(model->backward(toDevice(be, y.shape(), dy), stash, true));
+  const std::vector<float> f32 = floatsIn(base + ".dx.bin"), f64 = floatsIn(base + ".dx64.bin");
+  EXPECT_EQ(f32.size(), f64.size());
+  EXPECT_GE(f64.size(), dx.size());
+  e.input = largestError(dx.data(), f64.data(), dx.size());
+  e.torch_input = largestError(f32.data(), f64.data(), dx.size());
+  std::map<std::string, Param*> by_name;
+  for (size_t i = 0; i < imported.params.size(); ++i)
+    by_name[imported.params[i].name] = model->params()[i];
+  std::ifstream names(base + ".grads.txt");
+  std::string name;
+  size_t count = 0, at = dx.size();
+  while (names >> name >> count) {
+    const auto it = by_name.find(name);
+    EXPECT_NE(it, by_name.end()) << "no parameter '" << name << "'";
+    if (it != by_name.end() && at + count <= f64.size()) {
+      const std::vector<float> g = toHost(it->second->grad);
+      EXPECT_EQ(g.size(), count) << name;
+      const size_t n = std::min(g.size(), count);
+      e.params = std::max(e.params, largestError(g.data(), f64.data() + at, n));
+      e.torch_params = std::max(e.torch_params, largestError(f32.data() + at, f64.data() + at, n));
+      ++e.compared;
+    }
+    at += count;
+  }
+  EXPECT_EQ(at, f64.size());
+  return e;
+}
+
 TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
   if (std::system("/usr/bin/python3 -c 'import torchvision' > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "no torchvision (python3-torchvision; scripts/setup --with-peer)";
@@ -38,7 +105,7 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
   std::ifstream list(dir + "/models.txt");
   std::string name;
   int64_t h = 0, w = 0;
-  std::set<std::string> imported;
+  std::set<std::string> imported, trained;
   std::printf("torchvision's models (largest |ours - torch| / (1 + |torch|), or the refusal):\n");
   while (list >> name >> h >> w) {
     SCOPED_TRACE(name);
@@ -63,6 +130,22 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
     std::printf("  %-20s %zu layers, error %.2g\n", name.c_str(), m.spec.layers.size(), err);
     EXPECT_LE(err, 1e-4);
     imported.insert(name);
+    try {
+      const StepErrors step = trainingStep(dir + "/" + name, h, w);
+      std::printf(
+          "  %-20s training step: output %.2g; against float64, input gradient %.2g (PyTorch's "
+          "float32 %.2g), %zu parameters' gradients %.2g (%.2g)\n",
+          "", step.output, step.input, step.torch_input, step.compared, step.params,
+          step.torch_params);
+      EXPECT_LE(step.output, 1e-4);
+      // As close to the exact gradients as PyTorch's own float32 ones, within a factor.
+      EXPECT_LE(step.input, std::max(kStepFactor * step.torch_input, 1e-5));
+      EXPECT_LE(step.params, std::max(kStepFactor * step.torch_params, 1e-4));
+      trained.insert(name);
+    } catch (const Error& e) {
+      std::printf("  %-20s training step refused: %s\n", "", e.what());
+      EXPECT_NE(std::string(e.what()).find("node '"), std::string::npos) << e.what();
+    }
   }
   // What imports today (a regression if it stops): the chains of depthwise convolutions
   // and ReLU6, and of residual blocks whose downsampling shortcut has a (folded) bias;
@@ -74,6 +157,7 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
   EXPECT_TRUE(imported.count("mobilenet_v3_small"));
   EXPECT_TRUE(imported.count("efficientnet_b0"));
   EXPECT_TRUE(imported.count("squeezenet1_1"));  // fire modules' concats, ceil-mode pooling
+  EXPECT_TRUE(imported.count("densenet121"));    // dense blocks, batch norms after the joins
 }
 
 }  // namespace

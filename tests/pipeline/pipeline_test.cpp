@@ -261,6 +261,47 @@ TEST(PipelineTest, InterleavedStagesAreBitwiseSingleDeviceAccumulation) {
   EXPECT_NEAR(got.eval.loss, want.loss, 1e-5 * want.loss);
 }
 
+// Batch norms across stages: each microbatch normalised by its own statistics and moving
+// the running ones, as single-device accumulation does — the weights and the running
+// statistics end bitwise equal, for each schedule, with activation recomputation too
+// (a recomputed forward must not move them twice); evaluation uses the running ones.
+TEST(PipelineTest, BatchNormsAcrossStagesAreBitwiseSingleDeviceAccumulation) {
+  const char* spec = R"(name: bn
+input: [1, 8, 8]
+layers:
+  - conv2d: {out: 4, kernel: 3, padding: 1, bias: false}
+  - batchnorm
+  - relu
+  - maxpool2d: {kernel: 2}
+  - flatten
+  - linear: {out: 16}
+  - batchnorm: {momentum: 0.2}
+  - gelu
+  - linear: {out: 4}
+)";
+  const Dataset d = testing::quadrants(72, 1), test = testing::quadrants(40, 2);
+  for (const ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZeroBubbleH1}) {
+    for (const int64_t m : {1, 4}) {  // (the batch of 8 in 4: two samples a microbatch)
+      PipelineOptions o = sweepOptions(kind, m);
+      const Weights want = reference(o, d, 1, spec);
+      ASSERT_EQ(want.count("1.running_var"), 1u);
+      for (const int p : {2, 3}) {
+        for (const bool recompute : {false, true}) {
+          o.recompute = recompute;
+          const PipelineRun got =
+              pipeline(p, o, d, 1, transport::Codec::kRaw, &test, {}, nullptr, spec);
+          ASSERT_EQ(got.weights.size(), want.size());
+          for (const auto& [name, w] : want)
+            ASSERT_EQ(got.weights.at(name), w) << name << ": " << scheduleName(kind) << " p=" << p
+                                               << " m=" << m << " recompute=" << recompute;
+          EXPECT_EQ(got.eval.samples, 40);
+        }
+      }
+    }
+  }
+}
+
 // A GPT across stages (token ids into the first, a label per token at the last) ends
 // bitwise where single-device accumulation does, and evaluates per token as one device.
 TEST(PipelineTest, AGptAcrossStagesIsBitwiseSingleDeviceAccumulation) {

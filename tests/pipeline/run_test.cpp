@@ -195,6 +195,38 @@ TEST(RunTest, StageProcessesMatchSingleDeviceAccumulationBitwise) {
   EXPECT_EQ(runs, 48);
 }
 
+// torchvision's resnet18 (examples/models/resnet18.yaml: batch norms on each
+// microbatch's statistics, downsample projections with theirs) trained across 3 stage
+// processes ends bitwise where one device accumulating the same microbatches does: the
+// weights, the running statistics and the optimizer's steps.
+TEST(RunTest, Resnet18AcrossThreeStageProcessesIsBitwiseOneDevice) {
+  const int64_t train_limit = 128, batch = 32;  // whole batches: >= 2 samples a microbatch
+  const std::string spec = TANDEM_SOURCE_DIR "/examples/models/resnet18.yaml";
+  const Dataset train = loadFashionMnist(kFashionMnistDir, true, train_limit);
+  const std::string model = ::testing::TempDir() + "/run_resnet18.tdm";
+  for (const int64_t m : {2, 4}) {
+    const std::string config = "m=" + std::to_string(m);
+    const Reference want = singleDevice(train, batch, m, {}, spec);
+    const std::string job = ::testing::TempDir() + "/run_resnet18.yaml";
+    std::ofstream(job) << "model: " << spec << "\ntrain_limit: " << train_limit
+                       << "\ntest_limit: 64\nepochs: 1\nbatch: " << batch << "\nmicrobatches: " << m
+                       << "\nschedule: 1f1b\npartition: equal\nstages: 3\nseed: 3\nsave: " << model
+                       << "\n";
+    std::filesystem::remove(model);
+    RunProcess run(job);
+    ASSERT_EQ(run.wait(300s), 0) << config << "\n" << run.output();
+    const ModelFile saved = readModelFile(model);
+    ASSERT_EQ(saved.params.size(), want.weights.size()) << config;
+    ASSERT_EQ(want.weights.count("8.proj.1.running_var"), 1u);
+    for (const HostTensor& t : saved.params) {
+      ASSERT_EQ(want.weights.count(t.name), 1u) << t.name << ": " << config;
+      ASSERT_EQ(t.data, want.weights.at(t.name)) << t.name << ": " << config;
+    }
+    ASSERT_TRUE(saved.optimizer.has_value()) << config;
+    EXPECT_EQ(saved.optimizer->steps, want.steps) << config;
+  }
+}
+
 // Interleaved stages across processes: each holds several chunks of the model, the last
 // stage's links reaching back to the first; the saved weights and optimizer steps are
 // still single-device accumulation's, bitwise (a microbatch count the stages do not

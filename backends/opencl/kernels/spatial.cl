@@ -1,5 +1,5 @@
 // Spatial kernels: im2col/col2im for convolution, the [A, B, R] -> [B, A, R] transpose,
-// and pooling over [N, C, H, W]. A window is passed as (channels, height, width, kh, kw,
+// pooling and batch normalisation over [N, C, H, W]. A window is passed as (channels, height, width, kh, kw,
 // stride_h, stride_w, pad_h, pad_w, out_h, out_w).
 
 #define WINDOW                                                                            \
@@ -144,4 +144,99 @@ __kernel void avg_pool_backward_f32(__global const float* dy, ulong dy_off, __gl
   for (long oy = oy0; oy <= oy1; ++oy)
     for (long ox = ox0; ox <= ox1; ++ox) s += g[oy * out_w + ox] * inv;
   dx[dx_off + k] = s;
+}
+
+// --- batch normalisation: x viewed as [samples, c, r] ---
+
+// The reduction of bias_grad_f32 over one channel's values, in a work-group per channel:
+// sum_j f(j) for j < samples * r, f given as an expression of the value's index `at`.
+#define CHANNEL_SUM(result, expr)                                      \
+  {                                                                    \
+    acc_t t_ = 0;                                                      \
+    for (ulong j = lid; j < count; j += lsize) {                       \
+      const ulong s_ = j / r;                                          \
+      const ulong at = (s_ * c + ch) * r + (j - s_ * r);               \
+      t_ += (expr);                                                    \
+    }                                                                  \
+    scratch[lid] = t_;                                                 \
+    barrier(CLK_LOCAL_MEM_FENCE);                                      \
+    for (size_t step = lsize / 2; step > 0; step /= 2) {               \
+      if (lid < step) scratch[lid] += scratch[lid + step];             \
+      barrier(CLK_LOCAL_MEM_FENCE);                                    \
+    }                                                                  \
+    result = scratch[0];                                               \
+    barrier(CLK_LOCAL_MEM_FENCE);                                      \
+  }
+
+// mean[ch] and the biased var[ch] of channel ch.
+__kernel void batch_norm_stats_f32(__global const float* x, ulong x_off, __global float* mean,
+                                   ulong mean_off, __global float* var, ulong var_off,
+                                   ulong samples, ulong c, ulong r, __local acc_t* scratch) {
+  const size_t ch = get_group_id(0), lid = get_local_id(0), lsize = get_local_size(0);
+  const ulong count = samples * r;
+  acc_t s, q;
+  CHANNEL_SUM(s, (acc_t)x[x_off + at]);
+  const acc_t mu = s / (acc_t)count;
+  CHANNEL_SUM(q, ((acc_t)x[x_off + at] - mu) * ((acc_t)x[x_off + at] - mu));
+  if (lid == 0) {
+    mean[mean_off + ch] = (float)mu;
+    var[var_off + ch] = (float)(q / (acc_t)count);
+  }
+}
+
+float batch_norm_rstd(float var, float eps) { return (float)((acc_t)1 / sqrt((acc_t)var + eps)); }
+
+// y = (x - mean) * (rstd * gamma) + beta, one item per value.
+__kernel void batch_norm_f32(__global const float* x, ulong x_off, __global const float* gamma,
+                             ulong g_off, __global const float* beta, ulong b_off, float eps,
+                             __global const float* mean, ulong mean_off,
+                             __global const float* var, ulong var_off, __global float* y,
+                             ulong y_off, ulong c, ulong r, ulong total) {
+  const size_t i = get_global_id(0);
+  if (i >= total) return;
+  const ulong ch = (i / r) % c;
+  const float scale = batch_norm_rstd(var[var_off + ch], eps) * gamma[g_off + ch];
+  y[y_off + i] = (x[x_off + i] - mean[mean_off + ch]) * scale + beta[b_off + ch];
+}
+
+// Per channel: sums[2 ch] = sum dy, sums[2 ch + 1] = sum dy * xhat; dbeta and dgamma
+// accumulate them.
+__kernel void batch_norm_backward_sums_f32(__global const float* dy, ulong dy_off,
+                                           __global const float* x, ulong x_off,
+                                           __global const float* mean, ulong mean_off,
+                                           __global const float* var, ulong var_off, float eps,
+                                           __global float* dgamma, ulong dg_off,
+                                           __global float* dbeta, ulong db_off,
+                                           __global float* sums, ulong sums_off, ulong samples,
+                                           ulong c, ulong r, __local acc_t* scratch) {
+  const size_t ch = get_group_id(0), lid = get_local_id(0), lsize = get_local_size(0);
+  const ulong count = samples * r;
+  const float mu = mean[mean_off + ch], inv = batch_norm_rstd(var[var_off + ch], eps);
+  acc_t sg, sgx;
+  CHANNEL_SUM(sg, (acc_t)dy[dy_off + at]);
+  CHANNEL_SUM(sgx, (acc_t)dy[dy_off + at] * ((x[x_off + at] - mu) * inv));
+  if (lid == 0) {
+    sums[sums_off + 2 * ch] = (float)(sg / (acc_t)count);
+    sums[sums_off + 2 * ch + 1] = (float)(sgx / (acc_t)count);
+    dgamma[dg_off + ch] += (float)sgx;
+    dbeta[db_off + ch] += (float)sg;
+  }
+}
+
+// dx = gamma rstd (dy - mean(dy) - xhat mean(dy xhat)), one item per value.
+__kernel void batch_norm_backward_dx_f32(__global const float* dy, ulong dy_off,
+                                         __global const float* x, ulong x_off,
+                                         __global const float* gamma, ulong g_off,
+                                         __global const float* mean, ulong mean_off,
+                                         __global const float* var, ulong var_off, float eps,
+                                         __global const float* sums, ulong sums_off,
+                                         __global float* dx, ulong dx_off, ulong c, ulong r,
+                                         ulong total) {
+  const size_t i = get_global_id(0);
+  if (i >= total) return;
+  const ulong ch = (i / r) % c;
+  const float mu = mean[mean_off + ch], inv = batch_norm_rstd(var[var_off + ch], eps);
+  const float k = gamma[g_off + ch] * inv;
+  dx[dx_off + i] = k * (dy[dy_off + i] - sums[sums_off + 2 * ch] -
+                        (x[x_off + i] - mu) * inv * sums[sums_off + 2 * ch + 1]);
 }

@@ -331,6 +331,73 @@ TEST_P(CpuOpsTest, RmsNormAndItsGradientsMatchNaive) {
   for (int64_t i = 0; i < d; ++i) EXPECT_NEAR(dgv[i], dg[static_cast<size_t>(i)], 1e-4);
 }
 
+// Batch statistics over [N, C, R] (R = the size, and R = 1: features), the normalised
+// output and the train-mode gradients (through the batch's mean and variance) against
+// the formulas written out in double; the running-statistics form reads mean and var;
+// three threads give the same bits.
+TEST_P(CpuOpsTest, BatchNormAndItsGradientsMatchNaive) {
+  for (const int64_t r : {GetParam(), int64_t{1}}) {
+    const int64_t n = 3, c = 4, total = n * c * r, count = n * r;
+    const auto x = randomVector(21, total, -2, 3), gamma = randomVector(22, c),
+               beta = randomVector(23, c), dy = randomVector(24, total);
+    const float eps = 1e-5f;
+    std::vector<float> got[2][5];
+    int slot = 0;
+    for (cpu::CpuBackend* be : {&one_, &three_}) {
+      Tensor xt = toDevice(*be, {n, c, r}, x), gt = toDevice(*be, {c}, gamma),
+             bt = toDevice(*be, {c}, beta);
+      Tensor y = be->empty({n, c, r}), mean = be->empty({c}), var = be->empty({c});
+      Tensor dx = be->empty({n, c, r}), dg = be->zeros({c}), db = be->zeros({c});
+      be->batchNorm(xt, gt, bt, eps, true, mean, var, y);
+      be->batchNormBackward(toDevice(*be, {n, c, r}, dy), xt, gt, mean, var, eps, dx, dg, db);
+      got[slot][0] = toHost(y), got[slot][1] = toHost(mean), got[slot][2] = toHost(var);
+      got[slot][3] = toHost(dx), got[slot][4] = toHost(dg);
+      ++slot;
+    }
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(got[0][i], got[1][i]) << "output " << i;
+    const auto at = [&](int64_t s, int64_t ch, int64_t p) { return (s * c + ch) * r + p; };
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double mu = 0, v = 0, sg = 0, sgx = 0;
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t p = 0; p < r; ++p) mu += x[at(s, ch, p)] / static_cast<double>(count);
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t p = 0; p < r; ++p) v += std::pow(x[at(s, ch, p)] - mu, 2) / count;
+      const double rs = 1 / std::sqrt(v + eps);
+      EXPECT_NEAR(got[0][1][ch], mu, 1e-5);
+      EXPECT_NEAR(got[0][2][ch], v, 1e-4);
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t p = 0; p < r; ++p) {
+          sg += dy[at(s, ch, p)];
+          sgx += dy[at(s, ch, p)] * (x[at(s, ch, p)] - mu) * rs;
+        }
+      EXPECT_NEAR(got[0][4][ch], sgx, 1e-3);
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t p = 0; p < r; ++p) {
+          const size_t i = static_cast<size_t>(at(s, ch, p));
+          const double xhat = (x[i] - mu) * rs;
+          EXPECT_NEAR(got[0][0][i], xhat * gamma[ch] + beta[ch], 1e-4);
+          EXPECT_NEAR(got[0][3][i], gamma[ch] * rs * (dy[i] - sg / count - xhat * sgx / count),
+                      2e-3);
+        }
+    }
+    // Running statistics: read, not written.
+    const std::vector<float> rm = {0.5f, -1.0f, 0.0f, 2.0f}, rv = {1.0f, 0.25f, 4.0f, 2.0f};
+    Tensor mean = toDevice(one_, {c}, rm), var = toDevice(one_, {c}, rv), y = one_.empty({n, c, r});
+    one_.batchNorm(toDevice(one_, {n, c, r}, x), toDevice(one_, {c}, gamma),
+                   toDevice(one_, {c}, beta), eps, false, mean, var, y);
+    EXPECT_EQ(toHost(mean), rm);
+    EXPECT_EQ(toHost(var), rv);
+    const auto yv = toHost(y);
+    for (int64_t i = 0; i < total; ++i) {
+      const int64_t ch = (i / r) % c;
+      EXPECT_NEAR(yv[i], (x[i] - rm[ch]) / std::sqrt(rv[ch] + eps) * gamma[ch] + beta[ch], 1e-4);
+    }
+  }
+  EXPECT_THROW(one_.batchNorm(one_.zeros({2, 3}), one_.zeros({4}), one_.zeros({4}), 1e-5f, true,
+                              one_.zeros({4}), one_.zeros({4}), one_.zeros({2, 3})),
+               InvalidArgument);
+}
+
 // Rotation by (pos * inv_freq) of the first two of three heads' pairs (i, i + S/2),
 // against rotate_half written out; the third head untouched (in place); the inverse
 // undoes it; threads do not change a bit.

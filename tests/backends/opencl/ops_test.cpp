@@ -292,6 +292,27 @@ std::vector<OpCase> cases() {
          return Outputs{toHost(y), toHost(mean), toHost(rstd), toHost(dx), toHost(dg), toHost(db)};
        },
        1e-5},
+      // Batch statistics over [3, 4, n] (per channel across samples), the normalised
+      // output, the train-mode backward; then the running-statistics form.
+      {"batch_norm",
+       [](Backend& be, int64_t n) {
+         const int64_t s = 3, c = 4;
+         Tensor x = toDevice(be, {s, c, n}, randomVector(4, s * c * n, -2, 3));
+         Tensor gamma = toDevice(be, {c}, randomVector(5, c));
+         Tensor beta = toDevice(be, {c}, randomVector(6, c));
+         Tensor y = be.empty({s, c, n}), mean = be.empty({c}), var = be.empty({c});
+         be.batchNorm(x, gamma, beta, 1e-5f, true, mean, var, y);
+         Tensor dx = be.empty({s, c, n});
+         Tensor dg = toDevice(be, {c}, randomVector(7, c)), db = be.zeros({c});
+         be.batchNormBackward(toDevice(be, {s, c, n}, randomVector(8, s * c * n)), x, gamma, mean,
+                              var, 1e-5f, dx, dg, db);
+         Outputs out = {toHost(y), toHost(mean), toHost(var), toHost(dx), toHost(dg), toHost(db)};
+         Tensor rm = toDevice(be, {c}, randomVector(9, c)), rv = toDevice(be, {c}, {1, 2, 0.5, 3});
+         be.batchNorm(x, gamma, beta, 1e-5f, false, rm, rv, y);
+         out.push_back(toHost(y));
+         return out;
+       },
+       1e-5},
       {"rms_norm",
        [](Backend& be, int64_t n) {
          const int64_t m = 5, d = n;
