@@ -397,7 +397,8 @@ TEST(PipelineTest, ReplicatedStagesMatchTheUnreplicatedPipeline) {
         const PipelineRun got = pipeline(3, o, d, 2, transport::Codec::kRaw, nullptr, replicas);
         std::string where =
             std::string(scheduleName(kind)).append(" m=" + std::to_string(m) + " replicas");
-        for (const int r : replicas) where += " " + std::to_string(r);
+        // (append, not `" " + std::string`: GCC 12 warns of an overlap that is not there)
+        for (const int r : replicas) where.append(" ").append(std::to_string(r));
         ASSERT_EQ(got.weights.size(), want.size()) << where;
         for (const auto& [name, w] : want) {
           const std::vector<float>& g = got.weights.at(name);
