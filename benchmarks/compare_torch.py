@@ -2,6 +2,7 @@
 """Training-step speed of tandem next to PyTorch, measured in the same run.
 
     benchmarks/compare_torch.py [--build build/release] [--threads 1,2] [--memory]
+                                [--cases cnn,resnet18]
 
 For each thread count it runs our Google Benchmark binary (train_step_bench) and the
 PyTorch peer (benchmarks/torch_peer.py, a fresh process with OPENBLAS_NUM_THREADS,
@@ -27,19 +28,20 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = [("MlpWide_b256", "mlp-wide:256", "MLP 784-1024-1024-10, batch 256"),
          ("Cnn_b128", "cnn:128", "CNN (examples/models/cnn.yaml), batch 128"),
-         ("GptMini_b16", "gpt-mini:16", "GPT (examples/models/gpt-mini.yaml), batch 16")]
+         ("GptMini_b16", "gpt-mini:16", "GPT (examples/models/gpt-mini.yaml), batch 16"),
+         ("Resnet18_b32", "resnet18:32", "resnet18 (torchvision's; resnet18.yaml), batch 32")]
 
 
-def ours(build, threads):
+def ours(build, threads, cases):
     """Seconds per step and GFLOP/s per case, and the sgemm reference's GFLOP/s ("Sgemm1024")."""
     exe = os.path.join(build, "benchmarks", "train_step_bench")
+    keys = [k for k, _, _ in cases] + ["Sgemm1024"]
     out = subprocess.run([exe, "--benchmark_format=json",
-                          "--benchmark_filter=(MlpWide_b256|Cnn_b128|GptMini_b16|Sgemm1024)/%d/"
-                          % threads],
+                          "--benchmark_filter=(%s)/%d/" % ("|".join(keys), threads)],
                          check=True, capture_output=True, text=True).stdout
     result, rate = {}, {}
     for b in json.loads(out)["benchmarks"]:
-        for key in [k for k, _, _ in CASES] + ["Sgemm1024"]:
+        for key in keys:
             if key in b["name"]:
                 scale = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
                 result[key] = b["real_time"] * scale
@@ -113,7 +115,15 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--memory", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cases", help="comma-separated cases to run (%s; default: all); with it "
+                   "the epoch is left out" % ", ".join(c.split(":")[0] for _, c, _ in CASES))
     a = p.parse_args()
+    cases = CASES
+    if a.cases:
+        want = a.cases.split(",")
+        cases = [c for c in CASES if c[1].split(":")[0] in want]
+        if len(cases) != len(want):
+            p.error("--cases: unknown case in %r" % a.cases)
     print("conditions, both sides: the same models, batches and random data, one training "
           "step (upload, zero grads, forward, cross-entropy, backward, SGD with momentum), the "
           "CPU threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
@@ -129,14 +139,14 @@ def main():
     for t in [int(x) for x in a.threads.split(",")]:
         mine, peer, flops = {}, {}, {}
         for _ in range(a.rounds):
-            seconds, rate = ours(a.build, t)
+            seconds, rate = ours(a.build, t, cases)
             for key, sec in seconds.items():
                 if sec < mine.get(key, float("inf")):
                     mine[key], flops[key] = sec, rate[key]
-            for case, r in torch(t, [c for _, c, _ in CASES], a.build).items():
+            for case, r in torch(t, [c for _, c, _ in cases], a.build).items():
                 peer[case] = min(peer.get(case, r["seconds_per_step"]), r["seconds_per_step"])
         sgemm[t], best_ours[t], best_peer[t] = flops["Sgemm1024"], mine, peer
-        for key, case, label in CASES:
+        for key, case, label in cases:
             ms, pms = mine[key] * 1e3, peer[case] * 1e3
             print("%-44s %7d %12.2f %12.2f %8.2f %10.1f %8.0f%%" % (
                 label, t, ms, pms, pms / ms, flops[key], 100 * flops[key] / sgemm[t]), flush=True)
@@ -146,10 +156,12 @@ def main():
     if len(sgemm) > 1:
         t1, tn = min(sgemm), max(sgemm)
         print("%-44s %19s %12s" % ("gain of %d threads over %d" % (tn, t1), "tandem", "torch"))
-        for key, case, label in CASES:
+        for key, case, label in cases:
             print("%-44s %19.2f %12.2f" % (label, best_ours[t1][key] / best_ours[tn][key],
                                            best_peer[t1][case] / best_peer[tn][case]))
         print("%-44s %19.2f" % ("sgemm 1024^3", sgemm[tn] / sgemm[t1]))
+    if a.cases:
+        return 0
     mine = min(our_epoch(a.build, 1) for _ in range(a.rounds))
     peer = min(torch(1, ["epoch:mlp:128"], a.build)["epoch:mlp:128"]["epoch_seconds"] for _ in range(a.rounds))
     print("%-44s %7d %11.2fs %11.2fs %8.2f" % ("epoch of mlp.yaml on Fashion-MNIST, batch 128", 1,

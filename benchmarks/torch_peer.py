@@ -38,6 +38,14 @@ def cnn():
                          nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def resnet18():
+    """torchvision's resnet18 for 1x28x28 images and 10 classes: examples/models/resnet18.yaml."""
+    import torchvision
+    model = torchvision.models.resnet18(num_classes=10)
+    model.conv1 = nn.Conv2d(1, 64, 7, stride=2, padding=3, bias=False)
+    return model
+
+
 class Block(nn.Module):
     """tandem's transformer block: x + attn(ln1(x)); x + fc2(gelu(fc1(ln2(x)))), causal."""
 
@@ -150,7 +158,7 @@ def bench_llama(count):
             "first_token_ms": 1e3 * (times[0] - t0)}
 
 
-MODELS = {"mlp-wide": mlp_wide, "mlp": mlp, "cnn": cnn, "gpt-mini": Gpt}
+MODELS = {"mlp-wide": mlp_wide, "mlp": mlp, "cnn": cnn, "gpt-mini": Gpt, "resnet18": resnet18}
 TOKENS = {"gpt-mini": (256, 128)}  # language models: vocab, context
 
 
