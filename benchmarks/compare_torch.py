@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = [("MlpWide_b256", "mlp-wide:256", "MLP 784-1024-1024-10, batch 256"),
          ("Cnn_b128", "cnn:128", "CNN (examples/models/cnn.yaml), batch 128"),
          ("GptMini_b16", "gpt-mini:16", "GPT (examples/models/gpt-mini.yaml), batch 16"),
-         ("Resnet18_b32", "resnet18:32", "resnet18 (torchvision's; resnet18.yaml), batch 32")]
+         ("Resnet18_b32", "resnet18:32", "resnet18 (resnet18.yaml), batch 32")]
 
 
 def ours(build, threads, cases):
@@ -124,9 +124,10 @@ def main():
         cases = [c for c in CASES if c[1].split(":")[0] in want]
         if len(cases) != len(want):
             p.error("--cases: unknown case in %r" % a.cases)
-    print("conditions, both sides: the same models, batches and random data, one training "
-          "step (upload, zero grads, forward, cross-entropy, backward, SGD with momentum), the "
-          "CPU threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
+    print("conditions, both sides: the same models (resnet18: torchvision's, its stem taking "
+          "1 channel, batch norms on the batch's statistics on both sides), batches and random "
+          "data, one training step (upload, zero grads, forward, cross-entropy, backward, SGD "
+          "with momentum), the CPU threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
           "OMP_WAIT_POLICY=PASSIVE, glibc keeping freed blocks as our pool does), OpenBLAS's %s "
           "kernels (torch: OPENBLAS_CORETYPE), untimed steps first (ours 3, torch 5), then "
           "ours: Google Benchmark's mean, torch: the median of 30; best of %d alternated "
