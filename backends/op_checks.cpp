@@ -154,6 +154,17 @@ ChannelView checkBatchNorm(const Tensor& x, const Tensor& gamma, const Tensor& b
   return v;
 }
 
+ChannelView checkBatchNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                   const Tensor& mean, const Tensor& var, const Tensor& dx,
+                                   const Tensor& dgamma, const Tensor& dbeta,
+                                   std::string_view device) {
+  // x with dgamma in beta's place and dx in y's; dy with dbeta.
+  const ChannelView v =
+      checkBatchNorm(x, gamma, dgamma, mean, var, dx, device, "batchNormBackward");
+  checkBatchNorm(dy, gamma, dbeta, mean, var, dx, device, "batchNormBackward");
+  return v;
+}
+
 GemmQ8Dims checkGemmQ8(const Tensor& x, const Tensor& w, const Tensor& scales, const Tensor& y,
                        std::string_view device) {
   TANDEM_CHECK_MSG(x.dtype() == DType::kF32 && w.dtype() == DType::kI8 &&

@@ -67,10 +67,14 @@ RowsView checkRmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& g
                               std::string_view device);
 
 // Batch norm over x viewed as [n, c, r], c = gamma.numel() = x's dimension 1; every
-// argument sized to match (f32). dx, dgamma and dbeta only for the backward.
+// argument sized to match (f32).
 ChannelView checkBatchNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                            const Tensor& mean, const Tensor& var, const Tensor& y,
                            std::string_view device, const char* op);
+ChannelView checkBatchNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                   const Tensor& mean, const Tensor& var, const Tensor& dx,
+                                   const Tensor& dgamma, const Tensor& dbeta,
+                                   std::string_view device);
 
 // Rotary embedding of the first `heads` heads of x viewed as [rows, all heads, size]:
 // rows = positions.numel() (i32), size = 2 * inv_freq.numel() (f32), 0 < heads <= all

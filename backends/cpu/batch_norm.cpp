@@ -59,8 +59,7 @@ void CpuBackend::batchNormBackward(const Tensor& dy, const Tensor& x, const Tens
                                    const Tensor& mean, const Tensor& var, float eps,
                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
   const backends::ChannelView v =
-      backends::checkBatchNorm(x, gamma, dgamma, mean, var, dx, "cpu", "batchNormBackward");
-  backends::checkBatchNorm(dy, gamma, dbeta, mean, var, dx, "cpu", "batchNormBackward");
+      backends::checkBatchNormBackward(dy, x, gamma, mean, var, dx, dgamma, dbeta, "cpu");
   const int64_t C = v.c, R = v.r;
   const float* gy = f32(dy);
   const float* xp = f32(x);

@@ -234,8 +234,7 @@ void OpenClBackend::batchNormBackward(const Tensor& dy, const Tensor& x, const T
                                       const Tensor& mean, const Tensor& var, float eps,
                                       const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
   const backends::ChannelView v =
-      backends::checkBatchNorm(x, gamma, dgamma, mean, var, dx, label_, "batchNormBackward");
-  backends::checkBatchNorm(dy, gamma, dbeta, mean, var, dx, label_, "batchNormBackward");
+      backends::checkBatchNormBackward(dy, x, gamma, mean, var, dx, dgamma, dbeta, label_);
   const Tensor sums = empty({2 * v.c});
   const size_t local = channelGroup("batch_norm_backward_sums_f32", v.n * v.r);
   launchGroups("batch_norm_backward_sums_f32", items(v.c), local, dy, x, mean, var, eps, dgamma,
