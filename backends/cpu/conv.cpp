@@ -8,6 +8,15 @@
 // their order. Every element is thus summed in one order whatever the thread count: a product is
 // split only along M or N, in multiples of 16, never along its K, and sgemm then sums each
 // element's K in the same order (gemm's blocks of C rely on the same).
+//
+// Small outputs (fewer than kGroupedPixels pixels a sample: a ResNet's last stages) make
+// that product a thin one — at 1x1 a matrix-vector product that reads all the weights for
+// one column — bound by memory. There (and wherever a sample fits a group, when
+// orderedGemm's vectors are wider than those of OpenBLAS's kernels) the samples go a group
+// at a time through one orderedGemm (ordered_gemm.h) over all their columns, whose elements
+// are each one chain of fused multiply-adds in k's order: a sample's outputs and dx are what
+// it gets alone, and dw is each element's chain over the samples in order, whatever the
+// group and the threads.
 #include <cblas.h>
 
 #include <algorithm>
@@ -15,6 +24,7 @@
 
 #include "backends/cpu/columns.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/ordered_gemm.h"
 #include "backends/cpu/row_sums.h"
 #include "backends/op_checks.h"
 
@@ -23,6 +33,13 @@ namespace tandem::cpu {
 namespace {
 
 constexpr int64_t kTileFloats = int64_t{1} << 16;  // a column tile: 256 KiB of f32
+constexpr int64_t kGroupedPixels = 16;  // outputs per sample below which samples are grouped
+// A sample's column matrix (or outputs) of at most this many floats may be grouped, so that a
+// group (convColumnChunk's, as the composed path's) always holds two samples or more.
+constexpr int64_t kGroupedSample = int64_t{1} << 19;
+// Fewer taps or output channels than these make thin products (a network's first layer, a
+// depthwise group): those stay on OpenBLAS.
+constexpr int64_t kGroupedMinTaps = 32, kGroupedMinChannels = 16;
 
 struct ConvPlan {
   int64_t n = 0, c = 0, oc = 0, k = 0;
@@ -30,6 +47,8 @@ struct ConvPlan {
   int64_t in_sample = 0;   // C*H*W
   int64_t tile_rows = 1;   // output rows per column tile
   bool pointwise = false;  // 1x1, stride 1, no padding: the sample itself is its column matrix
+  bool grouped = false;    // samples a group at a time through orderedGemm
+  int64_t group = 1;       // samples per group
 
   int64_t tileFloats() const { return k * tile_rows * ow; }
 };
@@ -41,6 +60,13 @@ ConvPlan planConv(const backends::ConvDims& d, const Window2d& g) {
   p.in_sample = g.channels * g.height * g.width;
   p.pointwise = g.kernel_h == 1 && g.kernel_w == 1 && g.stride_h == 1 && g.stride_w == 1 &&
                 g.pad_h == 0 && g.pad_w == 0;
+  // Grouped where a sample's column matrix fits a group, if the outputs are small or the
+  // ordered product outruns OpenBLAS's here anyway. The choice depends on the shape and the
+  // machine only, never on the batch.
+  p.grouped = orderedGemmFast() && std::max(p.k, p.oc) * p.ohw <= kGroupedSample &&
+              p.k >= kGroupedMinTaps && p.oc >= kGroupedMinChannels &&
+              (p.ohw < kGroupedPixels || orderedGemmWiderThanBlas());
+  p.group = convColumnChunk(g, p.oc, p.n);
   p.tile_rows = p.pointwise
                     ? p.oh
                     : std::clamp<int64_t>(kTileFloats / std::max<int64_t>(p.k * p.ow, 1), 1, p.oh);
@@ -118,6 +144,109 @@ void backwardDataSample(ThreadPool& pool, bool split, const ConvPlan& p, const W
   }
 }
 
+// The grouped path (small outputs). A group of `count` samples from `s0` is `cols` = count *
+// OH*OW columns: sample s's pixels at columns [(s - s0) * OH*OW, ...).
+struct Group {
+  int64_t s0 = 0, count = 0, cols = 0;
+};
+
+template <typename Fn>
+void forEachGroup(const ConvPlan& p, Fn&& fn) {
+  for (int64_t s0 = 0; s0 < p.n; s0 += p.group) {
+    const int64_t count = std::min(p.group, p.n - s0);
+    fn(Group{s0, count, count * p.ohw});
+  }
+}
+
+// The group's column matrix [K, cols], one sample per task.
+void groupColumns(ThreadPool& pool, const ConvPlan& p, const Window2d& g, const Group& gr,
+                  const float* x, float* col) {
+  pool.parallelFor(gr.count, 1, [&](int64_t a, int64_t b) {
+    for (int64_t s = a; s < b; ++s)
+      im2colRows(x + (gr.s0 + s) * p.in_sample, g, 0, p.k, 0, p.oh, col + s * p.ohw, gr.cols);
+  });
+}
+
+// Calls fn(b, q) for each sample's row of each output channel: at b in the batch's
+// [n, OC, OH*OW], at q in the group's [OC, cols].
+template <typename Fn>
+void forEachRow(const ConvPlan& p, const Group& gr, Fn&& fn) {
+  for (int64_t o = 0; o < p.oc; ++o)
+    for (int64_t s = 0; s < gr.count; ++s)
+      fn(((gr.s0 + s) * p.oc + o) * p.ohw, o * gr.cols + s * p.ohw);
+}
+
+// A buffer for a group's [OC, cols], where groups hold more than one sample.
+Tensor rowBuffer(CpuBackend& be, const ConvPlan& p) {
+  return p.group > 1 ? be.empty({p.oc * p.group * p.ohw}) : Tensor();
+}
+
+// The group's dy [OC, cols]: gathered into `buffer`, or in place for a single sample.
+const float* groupRows(CpuBackend& be, const ConvPlan& p, const Group& gr, const float* dy,
+                       const Tensor& buffer) {
+  if (gr.count == 1) return dy + gr.s0 * p.oc * p.ohw;
+  float* grouped = be.f32(buffer);
+  forEachRow(p, gr, [&](int64_t b, int64_t q) { std::copy(dy + b, dy + b + p.ohw, grouped + q); });
+  return grouped;
+}
+
+void forwardGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, const float* x,
+                    const float* w, const float* bias, float* y) {
+  // A group of one sample is its own [OC, OH*OW]: no buffer, no copies.
+  Tensor col = be.empty({p.k * p.group * p.ohw}), out = rowBuffer(be, p);
+  float* cp = be.f32(col);
+  forEachGroup(p, [&](const Group& gr) {
+    float* op = gr.count > 1 ? be.f32(out) : y + gr.s0 * p.oc * p.ohw;
+    groupColumns(be.pool(), p, g, gr, x, cp);
+    for (int64_t o = 0; o < p.oc; ++o)
+      std::fill(op + o * gr.cols, op + (o + 1) * gr.cols, bias == nullptr ? 0.0f : bias[o]);
+    orderedGemm(be.pool(), p.oc, gr.cols, p.k, MatrixView{w, p.k, false},
+                MatrixView{cp, gr.cols, false}, true, op, gr.cols);
+    if (gr.count > 1)
+      forEachRow(p, gr, [&](int64_t b, int64_t q) { std::copy(op + q, op + q + p.ohw, y + b); });
+  });
+}
+
+void backwardDataGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, const float* dy,
+                         const float* w, float* dx) {
+  Tensor col = be.empty({p.k * p.group * p.ohw}), dyg = rowBuffer(be, p);
+  float* cp = be.f32(col);
+  forEachGroup(p, [&](const Group& gr) {
+    const float* gp = groupRows(be, p, gr, dy, dyg);
+    orderedGemm(be.pool(), p.k, gr.cols, p.oc, MatrixView{w, p.k, true},
+                MatrixView{gp, gr.cols, false}, false, cp, gr.cols);
+    be.pool().parallelFor(gr.count, 1, [&](int64_t a, int64_t b) {
+      for (int64_t s = a; s < b; ++s) {
+        float* dxs = dx + (gr.s0 + s) * p.in_sample;
+        std::fill(dxs, dxs + p.in_sample, 0.0f);
+        col2imRows(cp + s * p.ohw, gr.cols, g, 0, p.c, 0, p.oh, dxs);
+      }
+    });
+  });
+}
+
+// dw's elements each continue one chain over the samples in order, group after group; db as
+// the per-sample path sums it.
+void backwardWeightGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, const float* x,
+                           const float* dy, float* dw, float* db) {
+  Tensor col = be.empty({p.k * p.group * p.ohw}), dyg = rowBuffer(be, p);
+  float* cp = be.f32(col);
+  forEachGroup(p, [&](const Group& gr) {
+    groupColumns(be.pool(), p, g, gr, x, cp);
+    const float* gp = groupRows(be, p, gr, dy, dyg);
+    orderedGemm(be.pool(), p.oc, p.k, gr.cols, MatrixView{gp, gr.cols, false},
+                MatrixView{cp, gr.cols, true}, true, dw, p.k);
+  });
+  if (db == nullptr) return;
+  be.pool().parallelFor(p.oc, 8, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      double sum = 0;
+      for (int64_t s = 0; s < p.n; ++s) sum += sum8(dy + (s * p.oc + o) * p.ohw, p.ohw);
+      db[o] += static_cast<float>(sum);
+    }
+  });
+}
+
 }  // namespace
 
 void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
@@ -127,6 +256,10 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
   const float* wp = f32(w);
   const float* bp = bias.defined() ? f32(bias) : nullptr;
   float* yp = f32(y);
+  if (p.grouped) {
+    forwardGrouped(*this, p, g, xp, wp, bp, yp);
+    return;
+  }
   if (p.n >= pool_.threads()) {
     pool_.parallelFor(p.n, 1, [&](int64_t s0, int64_t s1) {
       Tensor col = empty({p.pointwise ? 1 : p.tileFloats()});
@@ -148,6 +281,10 @@ void CpuBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const Win
   const float* gy = f32(dy);
   const float* wp = f32(w);
   float* gx = f32(dx);
+  if (p.grouped) {
+    backwardDataGrouped(*this, p, g, gy, wp, gx);
+    return;
+  }
   if (p.n >= pool_.threads()) {
     pool_.parallelFor(p.n, 1, [&](int64_t s0, int64_t s1) {
       Tensor col = empty({p.pointwise ? 1 : p.tileFloats()});
@@ -171,6 +308,10 @@ void CpuBackend::conv2dBackwardWeight(const Tensor& x, const Tensor& dy, const W
   const float* gy = f32(dy);
   float* gw = f32(dw);
   float* gb = db.defined() ? f32(db) : nullptr;
+  if (p.grouped) {
+    backwardWeightGrouped(*this, p, g, xp, gy, gw, gb);
+    return;
+  }
   // Each thread owns a block of dw, output channels [o0, o1) by column-matrix rows [r0, r1),
   // summed over the samples in order (a fixed number of products per element: K never
   // splits). Blocks go along dw's longer side in multiples of 16, as gemm's do.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/spin.h"
 
 namespace tandem::cpu {
 
@@ -10,7 +11,7 @@ namespace {
 thread_local bool t_inside_task = false;
 }
 
-ThreadPool::ThreadPool(int threads) : threads_(threads) {
+ThreadPool::ThreadPool(int threads) : threads_(threads), spin_(waitBeforeSleeping(threads)) {
   TANDEM_CHECK_MSG(threads >= 1 && threads <= 1024, InvalidArgument,
                    "thread count " << threads << " is not in [1, 1024]");
   for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { workerLoop(i); });
@@ -56,6 +57,7 @@ void ThreadPool::parallelFor(int64_t n, int64_t grain,
     if (!error_) error_ = std::current_exception();
   }
   t_inside_task = false;
+  yieldFor(spin_, [this] { return pending_.load() == 0; });
   std::unique_lock<std::mutex> lock(mutex_);
   done_.wait(lock, [this] { return pending_ == 0; });
   fn_ = nullptr;
@@ -68,6 +70,7 @@ void ThreadPool::workerLoop(int index) {
   for (;;) {
     int64_t begin = 0, end = 0;
     const std::function<void(int64_t, int64_t)>* fn = nullptr;
+    yieldFor(spin_, [&] { return stop_.load() || generation_.load() != seen; });
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });

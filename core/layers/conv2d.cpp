@@ -124,8 +124,10 @@ Tensor Conv2d::backward(const Tensor& dy, Stash& stash, bool need_dx) {
 int64_t Conv2d::workspaceBytes(int64_t batch) const {
   // What a backend that composes convolution allocates (the column buffer and, for a chunk
   // of several samples, the channel-major output; for a batched weight gradient the
-  // columns sample by sample and the partial gradients); the CPU's kernels take less: a
-  // tile of at most 256 KiB per thread.
+  // columns sample by sample and the partial gradients); the CPU's kernels take no more:
+  // a tile of at most 256 KiB per thread, or, where they group samples, the same chunk's
+  // columns and outputs (beside at most 2 MiB of packed panels per thread, outside the
+  // tensors).
   // Grouped: one group's convolution at a time, beside the regrouped input, output and
   // gradients (the input's stays in the stash).
   const int64_t ohw = g_.outHeight() * g_.outWidth(), og = out_channels_ / groups_;

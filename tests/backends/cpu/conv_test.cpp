@@ -93,7 +93,13 @@ INSTANTIATE_TEST_SUITE_P(
                       ConvCase{2, 4, 14, 14, 8, 1, 1, 2, 0}, ConvCase{2, 1, 127, 3, 3, 3, 3, 1, 1},
                       ConvCase{5, 7, 9, 9, 4, 3, 3, 2, 1},
                       // K x OW beyond a column tile: tiles of one row
-                      ConvCase{2, 64, 20, 40, 3, 5, 5, 1, 2}));
+                      ConvCase{2, 64, 20, 40, 3, 5, 5, 1, 2},
+                      // fewer than 16 outputs a sample, K >= 32 and OC >= 16: samples grouped
+                      // (ResNet's last stages); the last in groups of 2 and 1 (OC x OH*OW
+                      // past 2^18 floats)
+                      ConvCase{3, 16, 2, 2, 20, 3, 3, 2, 1}, ConvCase{5, 9, 3, 3, 17, 3, 3, 1, 1},
+                      ConvCase{4, 37, 1, 1, 23, 1, 1, 1, 0},
+                      ConvCase{3, 4, 3, 3, 40000, 3, 3, 1, 1}));
 
 TEST_P(ConvTest, ForwardMatchesNaiveSums) {
   const auto x = randomVector(1, inCount()), w = randomVector(2, weightCount());
@@ -173,8 +179,10 @@ TEST_P(ConvTest, ResultsAreBitwiseTheSameWhateverTheThreadsAndTheBatch) {
       for (int64_t s = 0; s < p.n; ++s) {
         be.conv2d(tx.slice(s, 1), tw, tb, window(), y.slice(s, 1));
         be.conv2dBackwardData(tdy.slice(s, 1), tw, window(), dx.slice(s, 1));
+        // dw sums sample by sample: the batch's sum is the samples' added one by one
+        be.conv2dBackwardWeight(tx.slice(s, 1), tdy.slice(s, 1), window(), dw, Tensor());
       }
-      be.conv2dBackwardWeight(tx, tdy, window(), dw, db);
+      be.conv2dBackwardWeight(tx, tdy, window(), be.zeros(weightShape()), db);
     }
     return Run{toHost(y), toHost(dx), toHost(dw), toHost(db)};
   };
