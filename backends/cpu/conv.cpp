@@ -34,9 +34,15 @@ namespace {
 
 constexpr int64_t kTileFloats = int64_t{1} << 16;  // a column tile: 256 KiB of f32
 constexpr int64_t kGroupedPixels = 16;  // outputs per sample below which samples are grouped
-// A sample's column matrix (or outputs) of at most this many floats may be grouped, so that a
-// group (convColumnChunk's, as the composed path's) always holds two samples or more.
+// A sample's column matrix (or outputs) of at most this many floats may be grouped, so that
+// convColumnChunk (what the memory model counts, the composed path's chunk) holds two
+// samples or more: a group, at most that chunk, then never needs more than it counts.
 constexpr int64_t kGroupedSample = int64_t{1} << 19;
+// A group's column matrix (or outputs) of at most this many floats (1 MiB), so that it is
+// still in cache when the product reads it; at least one sample.
+constexpr int64_t kGroupFloats = int64_t{1} << 18;
+// Threads take whole groups when each one's columns would still fill this many.
+constexpr int64_t kThreadColumns = 128;
 // Fewer taps or output channels than these make thin products (a network's first layer, a
 // depthwise group): those stay on OpenBLAS.
 constexpr int64_t kGroupedMinTaps = 32, kGroupedMinChannels = 16;
@@ -53,7 +59,21 @@ struct ConvPlan {
   int64_t tileFloats() const { return k * tile_rows * ow; }
 };
 
-ConvPlan planConv(const backends::ConvDims& d, const Window2d& g) {
+// Samples per group: what fits kGroupFloats (at most convColumnChunk's), evened out so that
+// the threads, when they take whole groups, take as many each. Any grouping gives the same
+// bits; this one only sets the speed.
+int64_t groupSize(const ConvPlan& p, const Window2d& g, int64_t threads) {
+  if (p.n <= 1) return 1;
+  const int64_t fit =
+      std::clamp<int64_t>(kGroupFloats / std::max<int64_t>(std::max(p.k, p.oc) * p.ohw, 1), 1,
+                          convColumnChunk(g, p.oc, p.n));
+  int64_t groups = (p.n + fit - 1) / fit;
+  if (groups < threads && (p.n + threads - 1) / threads * p.ohw >= kThreadColumns) groups = threads;
+  if (groups >= threads) groups = (groups + threads - 1) / threads * threads;
+  return (p.n + groups - 1) / groups;
+}
+
+ConvPlan planConv(const backends::ConvDims& d, const Window2d& g, int64_t threads) {
   ConvPlan p;
   p.n = d.n, p.c = g.channels, p.oc = d.oc, p.k = d.k;
   p.oh = g.outHeight(), p.ow = g.outWidth(), p.ohw = p.oh * p.ow;
@@ -66,7 +86,7 @@ ConvPlan planConv(const backends::ConvDims& d, const Window2d& g) {
   p.grouped = orderedGemmFast() && std::max(p.k, p.oc) * p.ohw <= kGroupedSample &&
               p.k >= kGroupedMinTaps && p.oc >= kGroupedMinChannels &&
               (p.ohw < kGroupedPixels || orderedGemmWiderThanBlas());
-  p.group = convColumnChunk(g, p.oc, p.n);
+  if (p.grouped) p.group = groupSize(p, g, threads);
   p.tile_rows = p.pointwise
                     ? p.oh
                     : std::clamp<int64_t>(kTileFloats / std::max<int64_t>(p.k * p.ow, 1), 1, p.oh);
@@ -150,11 +170,32 @@ struct Group {
   int64_t s0 = 0, count = 0, cols = 0;
 };
 
+// A buffer for a group's [OC, cols], where groups hold more than one sample.
+Tensor rowBuffer(CpuBackend& be, const ConvPlan& p) {
+  return p.group > 1 ? be.empty({p.oc * p.group * p.ohw}) : Tensor();
+}
+
+Group groupAt(const ConvPlan& p, int64_t index) {
+  const int64_t s0 = index * p.group, count = std::min(p.group, p.n - s0);
+  return Group{s0, count, count * p.ohw};
+}
+
+// Runs fn(group, col, rows) for every group, col and rows a group's column matrix and
+// [OC, cols] buffers (rows null where groups are single samples). With at least as many
+// groups as threads each thread takes whole groups, its buffers and products its own (the
+// ops inside run on it alone); else the groups go one by one and their ops use the pool.
 template <typename Fn>
-void forEachGroup(const ConvPlan& p, Fn&& fn) {
-  for (int64_t s0 = 0; s0 < p.n; s0 += p.group) {
-    const int64_t count = std::min(p.group, p.n - s0);
-    fn(Group{s0, count, count * p.ohw});
+void forEachGroup(CpuBackend& be, const ConvPlan& p, Fn&& fn) {
+  const int64_t groups = (p.n + p.group - 1) / p.group;
+  auto run = [&](int64_t g0, int64_t g1) {
+    Tensor col = be.empty({p.k * p.group * p.ohw}), rows = rowBuffer(be, p);
+    for (int64_t i = g0; i < g1; ++i)
+      fn(groupAt(p, i), be.f32(col), rows.defined() ? be.f32(rows) : nullptr);
+  };
+  if (groups >= be.pool().threads()) {
+    be.pool().parallelFor(groups, 1, run);
+  } else {
+    run(0, groups);
   }
 }
 
@@ -167,75 +208,101 @@ void groupColumns(ThreadPool& pool, const ConvPlan& p, const Window2d& g, const 
   });
 }
 
-// Calls fn(b, q) for each sample's row of each output channel: at b in the batch's
-// [n, OC, OH*OW], at q in the group's [OC, cols].
+// Calls fn(b, q) for each sample's row of each output channel, channels split over the
+// pool: at b in the batch's [n, OC, OH*OW], at q in the group's [OC, cols].
 template <typename Fn>
-void forEachRow(const ConvPlan& p, const Group& gr, Fn&& fn) {
-  for (int64_t o = 0; o < p.oc; ++o)
-    for (int64_t s = 0; s < gr.count; ++s)
-      fn(((gr.s0 + s) * p.oc + o) * p.ohw, o * gr.cols + s * p.ohw);
-}
-
-// A buffer for a group's [OC, cols], where groups hold more than one sample.
-Tensor rowBuffer(CpuBackend& be, const ConvPlan& p) {
-  return p.group > 1 ? be.empty({p.oc * p.group * p.ohw}) : Tensor();
+void forEachRow(ThreadPool& pool, const ConvPlan& p, const Group& gr, Fn&& fn) {
+  pool.parallelFor(p.oc, 4, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t s = 0; s < gr.count; ++s)
+        fn(((gr.s0 + s) * p.oc + o) * p.ohw, o * gr.cols + s * p.ohw);
+  });
 }
 
 // The group's dy [OC, cols]: gathered into `buffer`, or in place for a single sample.
-const float* groupRows(CpuBackend& be, const ConvPlan& p, const Group& gr, const float* dy,
-                       const Tensor& buffer) {
+const float* groupRows(ThreadPool& pool, const ConvPlan& p, const Group& gr, const float* dy,
+                       float* grouped) {
   if (gr.count == 1) return dy + gr.s0 * p.oc * p.ohw;
-  float* grouped = be.f32(buffer);
-  forEachRow(p, gr, [&](int64_t b, int64_t q) { std::copy(dy + b, dy + b + p.ohw, grouped + q); });
+  forEachRow(pool, p, gr,
+             [&](int64_t b, int64_t q) { std::copy(dy + b, dy + b + p.ohw, grouped + q); });
   return grouped;
 }
 
 void forwardGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, const float* x,
                     const float* w, const float* bias, float* y) {
-  // A group of one sample is its own [OC, OH*OW]: no buffer, no copies.
-  Tensor col = be.empty({p.k * p.group * p.ohw}), out = rowBuffer(be, p);
-  float* cp = be.f32(col);
-  forEachGroup(p, [&](const Group& gr) {
-    float* op = gr.count > 1 ? be.f32(out) : y + gr.s0 * p.oc * p.ohw;
-    groupColumns(be.pool(), p, g, gr, x, cp);
-    for (int64_t o = 0; o < p.oc; ++o)
-      std::fill(op + o * gr.cols, op + (o + 1) * gr.cols, bias == nullptr ? 0.0f : bias[o]);
-    orderedGemm(be.pool(), p.oc, gr.cols, p.k, MatrixView{w, p.k, false},
-                MatrixView{cp, gr.cols, false}, true, op, gr.cols);
+  ThreadPool& pool = be.pool();
+  forEachGroup(be, p, [&](const Group& gr, float* col, float* rows) {
+    // A group of one sample is its own [OC, OH*OW]: no copies.
+    float* out = gr.count > 1 ? rows : y + gr.s0 * p.oc * p.ohw;
+    groupColumns(pool, p, g, gr, x, col);
+    pool.parallelFor(p.oc, 4, [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o)
+        std::fill(out + o * gr.cols, out + (o + 1) * gr.cols, bias == nullptr ? 0.0f : bias[o]);
+    });
+    orderedGemm(pool, p.oc, gr.cols, p.k, MatrixView{w, p.k, false},
+                MatrixView{col, gr.cols, false}, true, out, gr.cols);
     if (gr.count > 1)
-      forEachRow(p, gr, [&](int64_t b, int64_t q) { std::copy(op + q, op + q + p.ohw, y + b); });
+      forEachRow(pool, p, gr,
+                 [&](int64_t b, int64_t q) { std::copy(out + q, out + q + p.ohw, y + b); });
   });
 }
 
 void backwardDataGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, const float* dy,
                          const float* w, float* dx) {
-  Tensor col = be.empty({p.k * p.group * p.ohw}), dyg = rowBuffer(be, p);
-  float* cp = be.f32(col);
-  forEachGroup(p, [&](const Group& gr) {
-    const float* gp = groupRows(be, p, gr, dy, dyg);
-    orderedGemm(be.pool(), p.k, gr.cols, p.oc, MatrixView{w, p.k, true},
-                MatrixView{gp, gr.cols, false}, false, cp, gr.cols);
-    be.pool().parallelFor(gr.count, 1, [&](int64_t a, int64_t b) {
+  ThreadPool& pool = be.pool();
+  forEachGroup(be, p, [&](const Group& gr, float* col, float* rows) {
+    const float* dyg = groupRows(pool, p, gr, dy, rows);
+    orderedGemm(pool, p.k, gr.cols, p.oc, MatrixView{w, p.k, true}, MatrixView{dyg, gr.cols, false},
+                false, col, gr.cols);
+    pool.parallelFor(gr.count, 1, [&](int64_t a, int64_t b) {
       for (int64_t s = a; s < b; ++s) {
         float* dxs = dx + (gr.s0 + s) * p.in_sample;
         std::fill(dxs, dxs + p.in_sample, 0.0f);
-        col2imRows(cp + s * p.ohw, gr.cols, g, 0, p.c, 0, p.oh, dxs);
+        col2imRows(col + s * p.ohw, gr.cols, g, 0, p.c, 0, p.oh, dxs);
       }
     });
   });
 }
 
-// dw's elements each continue one chain over the samples in order, group after group; db as
-// the per-sample path sums it.
+// dw's elements each continue one chain over the samples in order, group after group. The
+// pool splits dw into blocks along its longer side (as the per-sample path does); each
+// thread runs every group through its block: the column matrix's rows of its block (or all,
+// and the dy rows of its output channels).
 void backwardWeightGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, const float* x,
                            const float* dy, float* dw, float* db) {
-  Tensor col = be.empty({p.k * p.group * p.ohw}), dyg = rowBuffer(be, p);
-  float* cp = be.f32(col);
-  forEachGroup(p, [&](const Group& gr) {
-    groupColumns(be.pool(), p, g, gr, x, cp);
-    const float* gp = groupRows(be, p, gr, dy, dyg);
-    orderedGemm(be.pool(), p.oc, p.k, gr.cols, MatrixView{gp, gr.cols, false},
-                MatrixView{cp, gr.cols, true}, true, dw, p.k);
+  ThreadPool& pool = be.pool();
+  const bool by_rows = p.k >= p.oc;
+  const int64_t side = by_rows ? p.k : p.oc;
+  const int64_t parts = std::clamp<int64_t>(side / 32, 1, pool.threads());
+  const int64_t step = (side + parts - 1) / parts, groups = (p.n + p.group - 1) / p.group;
+  pool.parallelFor(parts, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t lo = b * step, hi = std::min(side, lo + step);
+      const int64_t r0 = by_rows ? lo : 0, r1 = by_rows ? hi : p.k;
+      const int64_t o0 = by_rows ? 0 : lo, o1 = by_rows ? p.oc : hi;
+      Tensor col = be.empty({(r1 - r0) * p.group * p.ohw});
+      Tensor rows = p.group > 1 ? be.empty({(o1 - o0) * p.group * p.ohw}) : Tensor();
+      float* cp = be.f32(col);
+      for (int64_t i = 0; i < groups; ++i) {
+        const Group gr = groupAt(p, i);
+        pool.parallelFor(gr.count, 1, [&](int64_t a, int64_t e) {
+          for (int64_t s = a; s < e; ++s)
+            im2colRows(x + (gr.s0 + s) * p.in_sample, g, r0, r1, 0, p.oh, cp + s * p.ohw, gr.cols);
+        });
+        const float* dyg = dy + (gr.s0 * p.oc + o0) * p.ohw;
+        if (gr.count > 1) {
+          float* rp = be.f32(rows);
+          for (int64_t o = o0; o < o1; ++o)
+            for (int64_t s = 0; s < gr.count; ++s) {
+              const float* from = dy + ((gr.s0 + s) * p.oc + o) * p.ohw;
+              std::copy(from, from + p.ohw, rp + (o - o0) * gr.cols + s * p.ohw);
+            }
+          dyg = rp;
+        }
+        orderedGemm(pool, o1 - o0, r1 - r0, gr.cols, MatrixView{dyg, gr.cols, false},
+                    MatrixView{cp, gr.cols, true}, true, dw + o0 * p.k + r0, p.k);
+      }
+    }
   });
   if (db == nullptr) return;
   be.pool().parallelFor(p.oc, 8, [&](int64_t o0, int64_t o1) {
@@ -251,7 +318,8 @@ void backwardWeightGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g,
 
 void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
                         const Tensor& y) {
-  const ConvPlan p = planConv(backends::checkConv(x, w, bias, y, g, "cpu", "conv2d"), g);
+  const ConvPlan p =
+      planConv(backends::checkConv(x, w, bias, y, g, "cpu", "conv2d"), g, pool_.threads());
   const float* xp = f32(x);
   const float* wp = f32(w);
   const float* bp = bias.defined() ? f32(bias) : nullptr;
@@ -276,8 +344,8 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
 
 void CpuBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const Window2d& g,
                                     const Tensor& dx) {
-  const ConvPlan p =
-      planConv(backends::checkConv(dx, w, Tensor(), dy, g, "cpu", "conv2dBackwardData"), g);
+  const ConvPlan p = planConv(
+      backends::checkConv(dx, w, Tensor(), dy, g, "cpu", "conv2dBackwardData"), g, pool_.threads());
   const float* gy = f32(dy);
   const float* wp = f32(w);
   float* gx = f32(dx);
@@ -302,8 +370,8 @@ void CpuBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const Win
 
 void CpuBackend::conv2dBackwardWeight(const Tensor& x, const Tensor& dy, const Window2d& g,
                                       const Tensor& dw, const Tensor& db) {
-  const ConvPlan p =
-      planConv(backends::checkConv(x, dw, db, dy, g, "cpu", "conv2dBackwardWeight"), g);
+  const ConvPlan p = planConv(backends::checkConv(x, dw, db, dy, g, "cpu", "conv2dBackwardWeight"),
+                              g, pool_.threads());
   const float* xp = f32(x);
   const float* gy = f32(dy);
   float* gw = f32(dw);

@@ -36,7 +36,14 @@ struct TileA {
   int64_t rs, ks;
 };
 
-using TileKernel = void (*)(int64_t kc, TileA a, const float* bp, float* c, int64_t ldc, bool load);
+// b's panel: element (kk, j) of a tile at p[kk * ks + j], packed (ks the tile's columns) or
+// in place (ks b's row stride; a whole panel of an untransposed b).
+struct TileB {
+  const float* p;
+  int64_t ks;
+};
+
+using TileKernel = void (*)(int64_t kc, TileA a, TileB b, float* c, int64_t ldc, bool load);
 
 struct Tile {
   int64_t mr, nr;             // rows and columns of c a kernel call computes
@@ -89,16 +96,17 @@ void packB(const MatrixView& b, int64_t j0, int64_t cols, int64_t p0, int64_t kc
 constexpr int64_t kPortableRows = 6, kPortableColumns = 16;
 
 template <bool kPacked>
-void tilePortable(int64_t kc, TileA a, const float* bp, float* c, int64_t ldc, bool load) {
+void tilePortable(int64_t kc, TileA a, TileB b, float* c, int64_t ldc, bool load) {
   constexpr int64_t R = kPortableRows, C = kPortableColumns;
   const int64_t rs = kPacked ? 1 : a.rs, ks = kPacked ? R : a.ks;
   float acc[R][C];
   for (int64_t i = 0; i < R; ++i)
     for (int64_t j = 0; j < C; ++j) acc[i][j] = load ? c[i * ldc + j] : 0.0f;
-  for (int64_t kk = 0; kk < kc; ++kk, bp += C)
+  for (int64_t kk = 0; kk < kc; ++kk)
     for (int64_t i = 0; i < R; ++i) {
       const float av = a.p[kk * ks + i * rs];
-      for (int64_t j = 0; j < C; ++j) acc[i][j] = std::fma(av, bp[j], acc[i][j]);
+      const float* bk = b.p + kk * b.ks;
+      for (int64_t j = 0; j < C; ++j) acc[i][j] = std::fma(av, bk[j], acc[i][j]);
     }
   for (int64_t i = 0; i < R; ++i)
     for (int64_t j = 0; j < C; ++j) c[i * ldc + j] = acc[i][j];
@@ -108,7 +116,7 @@ void tilePortable(int64_t kc, TileA a, const float* bp, float* c, int64_t ldc, b
 // 6 rows x 2 vectors of 8: 12 accumulators, two vectors of b and a broadcast of a, 15 of the
 // 16 registers. Each lane is one element's chain, FMA by FMA, as tilePortable's.
 template <bool kPacked>
-__attribute__((target("avx2,fma"))) void tileAvx2(int64_t kc, TileA a, const float* bp, float* c,
+__attribute__((target("avx2,fma"))) void tileAvx2(int64_t kc, TileA a, TileB b, float* c,
                                                   int64_t ldc, bool load) {
   constexpr int R = 6;
   const int64_t rs = kPacked ? 1 : a.rs, ks = kPacked ? R : a.ks;
@@ -118,7 +126,8 @@ __attribute__((target("avx2,fma"))) void tileAvx2(int64_t kc, TileA a, const flo
     acc[i][0] = load ? _mm256_loadu_ps(c + i * ldc) : _mm256_setzero_ps();
     acc[i][1] = load ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_setzero_ps();
   }
-  for (int64_t kk = 0; kk < kc; ++kk, bp += 16) {
+  const float* bp = b.p;
+  for (int64_t kk = 0; kk < kc; ++kk, bp += b.ks) {
     const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
     const float* ak = a.p + kk * ks;
 #pragma GCC unroll 6
@@ -137,7 +146,7 @@ __attribute__((target("avx2,fma"))) void tileAvx2(int64_t kc, TileA a, const flo
 
 // 12 rows x 2 vectors of 16: 24 of the 32 registers accumulate.
 template <bool kPacked>
-__attribute__((target("avx512f"))) void tileAvx512(int64_t kc, TileA a, const float* bp, float* c,
+__attribute__((target("avx512f"))) void tileAvx512(int64_t kc, TileA a, TileB b, float* c,
                                                    int64_t ldc, bool load) {
   constexpr int R = 12;
   const int64_t rs = kPacked ? 1 : a.rs, ks = kPacked ? R : a.ks;
@@ -147,7 +156,8 @@ __attribute__((target("avx512f"))) void tileAvx512(int64_t kc, TileA a, const fl
     acc[i][0] = load ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
     acc[i][1] = load ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
   }
-  for (int64_t kk = 0; kk < kc; ++kk, bp += 32) {
+  const float* bp = b.p;
+  for (int64_t kk = 0; kk < kc; ++kk, bp += b.ks) {
     const __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
     const float* ak = a.p + kk * ks;
 #pragma GCC unroll 12
@@ -196,8 +206,8 @@ struct Product {
 // A tile of c at rows [i, i + r), columns [j, j + w) from a's tile and a packed panel of b:
 // in place when whole, else through a tile-sized copy, so the kernel is the same for every
 // element.
-void runTile(const Product& p, int64_t kc, TileA a, bool packed, const float* bp, int64_t i,
-             int64_t j, int64_t r, int64_t w, bool load) {
+void runTile(const Product& p, int64_t kc, TileA a, bool packed, TileB bp, int64_t i, int64_t j,
+             int64_t r, int64_t w, bool load) {
   float* c = p.c + i * p.ldc + j;
   const int64_t nr = p.tile.nr;
   const TileKernel run = packed ? p.tile.packed : p.tile.direct;
@@ -213,14 +223,33 @@ void runTile(const Product& p, int64_t kc, TileA a, bool packed, const float* bp
     std::copy(edge + row * nr, edge + row * nr + w, c + row * p.ldc);
 }
 
-// Rows [i0, i1) by panels [q0, q1) of the column block at j0 (`cols` wide), whose panels of
-// b (all of k) are at bp, packed here first when `pack`: k block by k block, each row tile's
-// a packed once and run against the block's panels (in L1 and L2) before the next.
+// Whether panel q of a column block `cols` wide is packed: b transposed, or the block's last
+// panel narrower than a tile. Other panels are read in place, row kk at b's row stride.
+bool packsPanel(const Product& p, int64_t cols, int64_t q) {
+  return p.b.trans || (q + 1) * p.tile.nr > cols;
+}
+
+void packPanels(const Product& p, int64_t j0, int64_t cols, float* bp, int64_t q0, int64_t q1) {
+  const int64_t nr = p.tile.nr;
+  for (int64_t q = q0; q < q1; ++q)
+    if (packsPanel(p, cols, q))
+      packB(p.b, j0 + q * nr, std::min(nr, cols - q * nr), 0, p.k, nr, bp + q * nr * p.k);
+}
+
+// Panel q of the column block at j0, from k = p0.
+TileB panelAt(const Product& p, int64_t j0, int64_t cols, const float* bp, int64_t q, int64_t p0) {
+  const int64_t nr = p.tile.nr;
+  if (packsPanel(p, cols, q)) return TileB{bp + q * nr * p.k + p0 * nr, nr};
+  return TileB{p.b.p + p0 * p.b.ld + j0 + q * nr, p.b.ld};
+}
+
+// Rows [i0, i1) by panels [q0, q1) of the column block at j0 (`cols` wide), whose packed
+// panels of b (all of k) are at bp, packed here first when `pack`: k block by k block, each
+// row tile's a packed once and run against the block's panels (in L1 and L2) before the next.
 void runTask(const Product& p, int64_t j0, int64_t cols, float* bp, int64_t i0, int64_t i1,
              int64_t q0, int64_t q1, bool pack) {
   const int64_t mr = p.tile.mr, nr = p.tile.nr;
-  for (int64_t q = q0; q < q1 && pack; ++q)
-    packB(p.b, j0 + q * nr, std::min(nr, cols - q * nr), 0, p.k, nr, bp + q * nr * p.k);
+  if (pack) packPanels(p, j0, cols, bp, q0, q1);
   thread_local std::vector<float> a_buffer;
   float* ap = scratch(a_buffer, mr * kKc);
   for (int64_t p0 = 0; p0 < p.k; p0 += kKc) {
@@ -238,15 +267,16 @@ void runTask(const Product& p, int64_t j0, int64_t cols, float* bp, int64_t i0, 
                        : TileA{p.a.p + i * p.a.ld + p0, p.a.ld, 1};
       }
       for (int64_t q = q0; q < q1; ++q)
-        runTile(p, kc, at, packed, bp + q * nr * p.k + p0 * nr, i, j0 + q * nr, r,
+        runTile(p, kc, at, packed, panelAt(p, j0, cols, bp, q, p0), i, j0 + q * nr, r,
                 std::min(nr, cols - q * nr), p.accumulate || p0 > 0);
     }
   }
 }
 
 // The column block [j0, j0 + cols) of c over the pool. With panels enough for every thread,
-// each thread takes a run of them and packs them itself (no thread reads what another
-// wrote); else b's panels are packed first, over the pool, and the threads split the rows.
+// each thread takes a run of them and packs those it packs itself (no thread reads what
+// another wrote); else b's panels are packed first, over the pool, and the threads split
+// the rows.
 void runColumns(ThreadPool& pool, const Product& p, int64_t j0, int64_t cols, float* bp) {
   const int64_t mr = p.tile.mr, nr = p.tile.nr;
   const int64_t threads = pool.threads(), panels = (cols + nr - 1) / nr;
@@ -255,10 +285,7 @@ void runColumns(ThreadPool& pool, const Product& p, int64_t j0, int64_t cols, fl
         panels, 1, [&](int64_t q0, int64_t q1) { runTask(p, j0, cols, bp, 0, p.m, q0, q1, true); });
     return;
   }
-  pool.parallelFor(panels, 1, [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1; ++q)
-      packB(p.b, j0 + q * nr, std::min(nr, cols - q * nr), 0, p.k, nr, bp + q * nr * p.k);
-  });
+  pool.parallelFor(panels, 1, [&](int64_t q0, int64_t q1) { packPanels(p, j0, cols, bp, q0, q1); });
   const int64_t row_tiles = (p.m + mr - 1) / mr;
   pool.parallelFor(row_tiles, 1, [&](int64_t t0, int64_t t1) {
     runTask(p, j0, cols, bp, t0 * mr, std::min(p.m, t1 * mr), 0, panels, false);
