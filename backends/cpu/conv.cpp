@@ -57,6 +57,7 @@ struct ConvPlan {
   int64_t group = 1;       // samples per group
 
   int64_t tileFloats() const { return k * tile_rows * ow; }
+  int64_t groups() const { return (n + group - 1) / group; }
 };
 
 // Samples per group: what fits kGroupFloats (at most convColumnChunk's), evened out so that
@@ -186,7 +187,7 @@ Group groupAt(const ConvPlan& p, int64_t index) {
 // ops inside run on it alone); else the groups go one by one and their ops use the pool.
 template <typename Fn>
 void forEachGroup(CpuBackend& be, const ConvPlan& p, Fn&& fn) {
-  const int64_t groups = (p.n + p.group - 1) / p.group;
+  const int64_t groups = p.groups();
   auto run = [&](int64_t g0, int64_t g1) {
     Tensor col = be.empty({p.k * p.group * p.ohw}), rows = rowBuffer(be, p);
     for (int64_t i = g0; i < g1; ++i)
@@ -199,31 +200,33 @@ void forEachGroup(CpuBackend& be, const ConvPlan& p, Fn&& fn) {
   }
 }
 
-// The group's column matrix [K, cols], one sample per task.
+// Rows [r0, r1) of the group's column matrix [K, cols], one sample per task.
 void groupColumns(ThreadPool& pool, const ConvPlan& p, const Window2d& g, const Group& gr,
-                  const float* x, float* col) {
+                  const float* x, int64_t r0, int64_t r1, float* col) {
   pool.parallelFor(gr.count, 1, [&](int64_t a, int64_t b) {
     for (int64_t s = a; s < b; ++s)
-      im2colRows(x + (gr.s0 + s) * p.in_sample, g, 0, p.k, 0, p.oh, col + s * p.ohw, gr.cols);
+      im2colRows(x + (gr.s0 + s) * p.in_sample, g, r0, r1, 0, p.oh, col + s * p.ohw, gr.cols);
   });
 }
 
-// Calls fn(b, q) for each sample's row of each output channel, channels split over the
-// pool: at b in the batch's [n, OC, OH*OW], at q in the group's [OC, cols].
+// Calls fn(b, q) for each sample's row of output channels [o0, o1), channels split over
+// the pool: at b in the batch's [n, OC, OH*OW], at q in the group's [o1 - o0, cols].
 template <typename Fn>
-void forEachRow(ThreadPool& pool, const ConvPlan& p, const Group& gr, Fn&& fn) {
-  pool.parallelFor(p.oc, 4, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o)
+void forEachRow(ThreadPool& pool, const ConvPlan& p, const Group& gr, int64_t o0, int64_t o1,
+                Fn&& fn) {
+  pool.parallelFor(o1 - o0, 4, [&](int64_t a, int64_t b) {
+    for (int64_t o = o0 + a; o < o0 + b; ++o)
       for (int64_t s = 0; s < gr.count; ++s)
-        fn(((gr.s0 + s) * p.oc + o) * p.ohw, o * gr.cols + s * p.ohw);
+        fn(((gr.s0 + s) * p.oc + o) * p.ohw, (o - o0) * gr.cols + s * p.ohw);
   });
 }
 
-// The group's dy [OC, cols]: gathered into `buffer`, or in place for a single sample.
+// The group's dy rows of channels [o0, o1) as [o1 - o0, cols]: gathered into `grouped`, or
+// in place for a single sample.
 const float* groupRows(ThreadPool& pool, const ConvPlan& p, const Group& gr, const float* dy,
-                       float* grouped) {
-  if (gr.count == 1) return dy + gr.s0 * p.oc * p.ohw;
-  forEachRow(pool, p, gr,
+                       int64_t o0, int64_t o1, float* grouped) {
+  if (gr.count == 1) return dy + (gr.s0 * p.oc + o0) * p.ohw;
+  forEachRow(pool, p, gr, o0, o1,
              [&](int64_t b, int64_t q) { std::copy(dy + b, dy + b + p.ohw, grouped + q); });
   return grouped;
 }
@@ -234,7 +237,7 @@ void forwardGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, const 
   forEachGroup(be, p, [&](const Group& gr, float* col, float* rows) {
     // A group of one sample is its own [OC, OH*OW]: no copies.
     float* out = gr.count > 1 ? rows : y + gr.s0 * p.oc * p.ohw;
-    groupColumns(pool, p, g, gr, x, col);
+    groupColumns(pool, p, g, gr, x, 0, p.k, col);
     pool.parallelFor(p.oc, 4, [&](int64_t o0, int64_t o1) {
       for (int64_t o = o0; o < o1; ++o)
         std::fill(out + o * gr.cols, out + (o + 1) * gr.cols, bias == nullptr ? 0.0f : bias[o]);
@@ -242,7 +245,7 @@ void forwardGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, const 
     orderedGemm(pool, p.oc, gr.cols, p.k, MatrixView{w, p.k, false},
                 MatrixView{col, gr.cols, false}, true, out, gr.cols);
     if (gr.count > 1)
-      forEachRow(pool, p, gr,
+      forEachRow(pool, p, gr, 0, p.oc,
                  [&](int64_t b, int64_t q) { std::copy(out + q, out + q + p.ohw, y + b); });
   });
 }
@@ -251,7 +254,7 @@ void backwardDataGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g, c
                          const float* w, float* dx) {
   ThreadPool& pool = be.pool();
   forEachGroup(be, p, [&](const Group& gr, float* col, float* rows) {
-    const float* dyg = groupRows(pool, p, gr, dy, rows);
+    const float* dyg = groupRows(pool, p, gr, dy, 0, p.oc, rows);
     orderedGemm(pool, p.k, gr.cols, p.oc, MatrixView{w, p.k, true}, MatrixView{dyg, gr.cols, false},
                 false, col, gr.cols);
     pool.parallelFor(gr.count, 1, [&](int64_t a, int64_t b) {
@@ -274,7 +277,7 @@ void backwardWeightGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g,
   const bool by_rows = p.k >= p.oc;
   const int64_t side = by_rows ? p.k : p.oc;
   const int64_t parts = std::clamp<int64_t>(side / 32, 1, pool.threads());
-  const int64_t step = (side + parts - 1) / parts, groups = (p.n + p.group - 1) / p.group;
+  const int64_t step = (side + parts - 1) / parts;
   pool.parallelFor(parts, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t lo = b * step, hi = std::min(side, lo + step);
@@ -283,22 +286,11 @@ void backwardWeightGrouped(CpuBackend& be, const ConvPlan& p, const Window2d& g,
       Tensor col = be.empty({(r1 - r0) * p.group * p.ohw});
       Tensor rows = p.group > 1 ? be.empty({(o1 - o0) * p.group * p.ohw}) : Tensor();
       float* cp = be.f32(col);
-      for (int64_t i = 0; i < groups; ++i) {
+      for (int64_t i = 0; i < p.groups(); ++i) {
         const Group gr = groupAt(p, i);
-        pool.parallelFor(gr.count, 1, [&](int64_t a, int64_t e) {
-          for (int64_t s = a; s < e; ++s)
-            im2colRows(x + (gr.s0 + s) * p.in_sample, g, r0, r1, 0, p.oh, cp + s * p.ohw, gr.cols);
-        });
-        const float* dyg = dy + (gr.s0 * p.oc + o0) * p.ohw;
-        if (gr.count > 1) {
-          float* rp = be.f32(rows);
-          for (int64_t o = o0; o < o1; ++o)
-            for (int64_t s = 0; s < gr.count; ++s) {
-              const float* from = dy + ((gr.s0 + s) * p.oc + o) * p.ohw;
-              std::copy(from, from + p.ohw, rp + (o - o0) * gr.cols + s * p.ohw);
-            }
-          dyg = rp;
-        }
+        groupColumns(pool, p, g, gr, x, r0, r1, cp);
+        const float* dyg =
+            groupRows(pool, p, gr, dy, o0, o1, rows.defined() ? be.f32(rows) : nullptr);
         orderedGemm(pool, o1 - o0, r1 - r0, gr.cols, MatrixView{dyg, gr.cols, false},
                     MatrixView{cp, gr.cols, true}, true, dw + o0 * p.k + r0, p.k);
       }

@@ -50,30 +50,9 @@ struct Tile {
   TileKernel packed, direct;  // a packed, or read in place
 };
 
-// Rows [i0, i0 + rows) and k [p0, p0 + kc) of a, as panels of mr rows: panel q holds
-// a(i0 + q*mr + r, p0 + kk) at [q*mr*kc + kk*mr + r], 0 past `rows`.
-void packA(const MatrixView& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int64_t mr,
-           float* out) {
-  for (int64_t q = 0; q < rows; q += mr) {
-    const int64_t r = std::min(mr, rows - q);
-    float* panel = out + q * kc;
-    if (r < mr) std::fill(panel, panel + mr * kc, 0.0f);
-    if (a.trans) {  // a's rows are columns of p: read along them
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        const float* src = a.p + (p0 + kk) * a.ld + i0 + q;
-        for (int64_t rr = 0; rr < r; ++rr) panel[kk * mr + rr] = src[rr];
-      }
-    } else {
-      for (int64_t rr = 0; rr < r; ++rr) {
-        const float* src = a.p + (i0 + q + rr) * a.ld + p0;
-        for (int64_t kk = 0; kk < kc; ++kk) panel[kk * mr + rr] = src[kk];
-      }
-    }
-  }
-}
-
 // Columns [j0, j0 + cols) and k [p0, p0 + kc) of b, as panels of nr columns: panel q holds
-// b(p0 + kk, j0 + q*nr + c) at [q*nr*kc + kk*nr + c], 0 past `cols`.
+// b(p0 + kk, j0 + q*nr + c) at [q*nr*kc + kk*nr + c], 0 past `cols`. A tile's rows of a are
+// the same packing of a's transpose (transposed()).
 void packB(const MatrixView& b, int64_t j0, int64_t cols, int64_t p0, int64_t kc, int64_t nr,
            float* out) {
   for (int64_t q = 0; q < cols; q += nr) {
@@ -92,6 +71,8 @@ void packB(const MatrixView& b, int64_t j0, int64_t cols, int64_t p0, int64_t kc
     }
   }
 }
+
+MatrixView transposed(const MatrixView& m) { return MatrixView{m.p, m.ld, !m.trans}; }
 
 constexpr int64_t kPortableRows = 6, kPortableColumns = 16;
 
@@ -261,7 +242,7 @@ void runTask(const Product& p, int64_t j0, int64_t cols, float* bp, int64_t i0, 
       const bool packed = r < mr || q1 - q0 >= kPackAPanels;
       TileA at{ap, 1, mr};
       if (packed) {
-        packA(p.a, i, r, p0, kc, mr, ap);
+        packB(transposed(p.a), i, r, p0, kc, mr, ap);
       } else {
         at = p.a.trans ? TileA{p.a.p + p0 * p.a.ld + i, 1, p.a.ld}
                        : TileA{p.a.p + i * p.a.ld + p0, p.a.ld, 1};
