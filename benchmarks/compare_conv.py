@@ -53,7 +53,9 @@ def main():
     a = p.parse_args()
     print("conditions, both sides: the same shapes with bias, random normal data, the CPU "
           "threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
-          "OMP_WAIT_POLICY=PASSIVE, glibc keeping freed blocks, OPENBLAS_CORETYPE=%s as ours "
+          "OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep at once, "
+          "where ours yield-spin up to 2 ms; with OpenMP's spinning default they starve its "
+          "OpenBLAS threads, glibc keeping freed blocks, OPENBLAS_CORETYPE=%s as ours "
           "runs), 2 untimed rounds first, then ours: Google Benchmark's mean over >= 0.5 s, "
           "torch: the median of 10; the best of %d alternated rounds; ours: the backend ops "
           "the conv2d layer calls, torch: F.conv2d and autograd.grad (oneDNN's kernels)"

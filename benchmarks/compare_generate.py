@@ -61,7 +61,8 @@ def main():
     a = p.parse_args()
     print("conditions, both sides: the same model shape and 16-byte prompt, greedy, one sequence, "
           "CPU threads as in the table (torch: glibc keeping freed blocks, OPENBLAS_NUM_THREADS = "
-          "OMP_NUM_THREADS = threads, OPENBLAS_CORETYPE=%s as ours runs, torch.no_grad), f32 "
+          "OMP_NUM_THREADS = threads, OMP_WAIT_POLICY=PASSIVE where our pool yield-spins up to "
+          "2 ms, OPENBLAS_CORETYPE=%s as ours runs, torch.no_grad), f32 "
           "weights, no warm-up run on either side, tokens/s over the steps after the first "
           "token; ours through core/generate.h, what `tandem generate MODEL` runs in one "
           "process; the llama row: the same Llama shape (GQA 8/2, rope_theta 1e4, SwiGLU "
