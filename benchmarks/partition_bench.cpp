@@ -3,7 +3,8 @@
 //   - heuristic, 1000 layers x 64 devices (4 kinds x 16): time beside the 5 s target;
 //   - heuristic / exact objective on instances where exact is computable (1.00 = optimal,
 //     target <= 1.05);
-//   - the plan's predicted speed beside the equal-layer baseline's.
+//   - the plan's predicted speed beside the equal-layer baseline's;
+//   - device selection (choosePlan): its time, and its predicted step beside the search's.
 // Times are the median of a few runs; the machine is shared, so only the ratios count.
 #include <algorithm>
 #include <chrono>
@@ -89,6 +90,23 @@ int main() {
         "%4d layers x %2d devices (%d kinds), %d instances: mean %.4f, worst %.4f "
         "(target <= 1.05)\n",
         z.layers, z.devices, z.kinds, n, sum / n, worst);
+  }
+
+  // Device selection prices splits by their step (refineByStep) and searches again for
+  // each device it tries to leave out (at most 64 searches).
+  std::printf("\ndevice selection (choosePlan), median of 3\n");
+  for (const Size& z : {Size{40, 8, 3}, Size{200, 16, 4}}) {
+    const CostModel cost(randomProblem(instance(z.layers, z.devices, z.kinds, 4, 1)));
+    const Plan searched = bestPlan(cost);
+    Plan chosen;
+    const double s = medianSeconds([&] { chosen = choosePlan(cost); }, 3);
+    size_t used = 0;
+    for (const PlanStage& st : chosen.stages) used += st.at.devices.size();
+    std::printf(
+        "%4d layers x %2d devices (%d kinds): %7.3f s, %zu of %d devices, predicted step "
+        "%.4f s, the search's split %.4f s (ours %.2fx shorter)\n",
+        z.layers, z.devices, z.kinds, s, used, z.devices, chosen.step_s, searched.step_s,
+        searched.step_s / chosen.step_s);
   }
   return 0;
 }

@@ -47,7 +47,9 @@ Plan bestPlan(const CostModel& cost, const SearchOptions& o = {});
 // The plan to run. Serving: bestPlan. Training: the search's split has the slowest stage
 // as short as any, but a step also fills and drains the pipeline, and a device that
 // shortens the slowest stage a little can lengthen the step (prima.cpp's Halda leaves
-// such devices out). So, while it makes the predicted step (predictStep, simulate.h)
+// such devices out). So every split is priced by its step: the search's and the
+// baselines' splits (baselinePlans), each moved by refineByStep, the shortest step
+// first; then, while it makes the predicted step (predictStep, simulate.h)
 // no longer than kSelectionMargin over the fastest step priced so far, the device whose
 // absence helps most is left out and the rest searched again (at most 64 searches); then
 // the whole model on each single device is priced too, the fastest of them taken when it
@@ -60,6 +62,23 @@ Plan bestPlan(const CostModel& cost, const SearchOptions& o = {});
 // split is searched with the links at the options' codecs and at the cheapest candidate,
 // each then given per-link codecs by chooseCodecs; the faster plan wins.
 Plan choosePlan(const CostModel& cost, const SearchOptions& o = {});
+
+// `plan`'s split with its cuts moved and neighbouring stages' devices swapped while the
+// predicted step (predictStep, simulate.h) gets shorter: the search paces the slowest
+// stage, but a step also fills and drains the pipeline and pays for every message's CPU on
+// its node, so of two splits with about the same slowest stage the one sending less, or
+// filling faster, wins. Each pass tries every cut at offsets 1..8 layers either way, then
+// half again as far each (12, 18, ...), keeping the best place; then each neighbouring
+// pair's devices swapped; passes repeat until nothing improves (at most 512 plans priced).
+// Replicas' shares are balanced again for their new layers; a split a device cannot run or
+// does not fit in memory is never taken. Training only; an interleaved plan (chunks > 1)
+// or one stage is returned as it is. The algorithm gains " + step" when a cut moved.
+Plan refineByStep(const CostModel& cost, const Plan& plan);
+
+// Training: the shortest predicted step of the search's split (bestPlan) and the
+// baselines' (baselinePlans), each moved by refineByStep; serving: bestPlan. Every device
+// may be used; choosePlan then decides which to leave out.
+Plan stepPlan(const CostModel& cost, const SearchOptions& o = {});
 
 // Per-link codecs for `plan`'s split: every link starts from the most exact candidates;
 // then each link in turn takes the most exact pair (activations, gradients) whose predicted

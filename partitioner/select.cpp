@@ -159,6 +159,17 @@ Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
   return best;
 }
 
+Plan stepPlan(const CostModel& cost, const SearchOptions& o) {
+  Plan best = refineByStep(cost, bestPlan(cost, o));
+  if (!cost.training()) return best;
+  for (const Plan& b : baselinePlans(cost)) {
+    if (!fits(b)) continue;
+    Plan moved = refineByStep(cost, b);
+    if (faster(moved, best)) best = std::move(moved);
+  }
+  return best;
+}
+
 int pickAcrossOptions(const std::vector<const Plan*>& plans) {
   double fastest = 0;
   for (const Plan* p : plans)
@@ -237,8 +248,8 @@ Plan unequalReplicas(const CostModel& cost, const std::string& algorithm,
 }
 
 Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
-  const Plan searched = bestPlan(cost, o);
-  if (!cost.training()) return searched;
+  if (!cost.training()) return bestPlan(cost, o);
+  const Plan searched = stepPlan(cost, o);
   const Problem& problem = cost.problem();
   const size_t n = problem.devices.size();
   Plan best = searched;
@@ -273,8 +284,9 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
       ++searches;
       try {
         const CostModel sub_cost(std::move(sub));
-        const Plan candidate = lift(cost, bestPlan(sub_cost, o), map);
-        if (faster(candidate, dropped < 0 ? best : round)) {
+        const Plan candidate = lift(cost, refineByStep(sub_cost, bestPlan(sub_cost, o)), map);
+        // The round's best removal; withinMargin decides whether it is taken.
+        if (dropped < 0 ? fits(candidate) : faster(candidate, round)) {
           round = candidate;
           dropped = d;
         }

@@ -31,7 +31,8 @@ Problem uniformProblem(size_t layers, int devices, double f, double b, double ba
     p.devices.push_back({std::string(node).append("/cpu"), d, int64_t{1} << 40,
                          std::vector<double>(layers, f), std::vector<double>(layers, b)});
   }
-  p.links.assign(static_cast<size_t>(devices), std::vector<LinkCosts>(static_cast<size_t>(devices)));
+  p.links.assign(static_cast<size_t>(devices),
+                 std::vector<LinkCosts>(static_cast<size_t>(devices)));
   for (int a = 0; a < devices; ++a)
     for (int z = 0; z < devices; ++z)
       p.links[static_cast<size_t>(a)][static_cast<size_t>(z)] = {bandwidth, a == z ? 0 : latency};
@@ -329,8 +330,8 @@ TEST(SimulateTest, ServingObjectivesAreRefused) {
   Problem problem = uniformProblem(4, 1, 0.001, 0.001);
   problem.options.objective = Objective::kInferThroughput;
   const CostModel cost(problem);
-  tandem::testing::expectThrowWith<InvalidArgument>(
-      [&] { predictStep(cost, evenPlan(cost, 1)); }, {"training objective"});
+  tandem::testing::expectThrowWith<InvalidArgument>([&] { predictStep(cost, evenPlan(cost, 1)); },
+                                                    {"training objective"});
 }
 
 TEST(SelectTest, ADeviceTwentyTimesSlowerIsLeftOutWithTheReason) {
@@ -395,11 +396,11 @@ std::vector<CodecChoice> wireCodecs() {
 
 // Three nodes: n0 - n1 fast, n2 an edge node 100 kB/s from both. A microbatch's
 // activations (1000 bytes) take 10 ms at fp32 on its links, against 4 ms of a stage's
-// forward.
+// forward. Eight microbatches: a third stage's fill and drain cost less than it gains.
 Problem slowLastLink() {
   Problem problem = uniformProblem(12, 3, 0.001, 0.002, 1e12, 1e-5);
   for (const size_t other : {0, 1}) problem.links[other][2] = problem.links[2][other] = {1e5, 1e-5};
-  problem.options.microbatches = 4;
+  problem.options.microbatches = 8;
   problem.options.codecs = wireCodecs();
   problem.options.choose_activation_codec = problem.options.choose_gradient_codec = true;
   return problem;
