@@ -47,11 +47,11 @@ Plan bestPlan(const CostModel& cost, const SearchOptions& o = {});
 // The plan to run. Serving: bestPlan. Training: the search's split has the slowest stage
 // as short as any, but a step also fills and drains the pipeline, and a device that
 // shortens the slowest stage a little can lengthen the step (prima.cpp's Halda leaves
-// such devices out). So every split is priced by its step: the search's and the
-// baselines' splits (baselinePlans), each moved by refineByStep, the shortest step
-// first; then, while it makes the predicted step (predictStep, simulate.h)
-// no longer than kSelectionMargin over the fastest step priced so far, the device whose
-// absence helps most is left out and the rest searched again (at most 64 searches); then
+// such devices out). So every split is priced by its step: stepPlan's first; then, while
+// it makes the predicted step (predictStep, simulate.h) no longer than kSelectionMargin
+// over the fastest step priced so far, the device whose absence helps most (or costs
+// least) is left out and the rest searched again, the split moved by refineByStep (one
+// search per device type in use each round; at most 64 searches); then
 // the whole model on each single device is priced too, the fastest of them taken when it
 // is within kSelectionMargin of the fastest plan. So a device stays in the plan only when
 // it is predicted to shorten the step by more than the cost model's error: never predicted

@@ -274,8 +274,13 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
     if (used.size() <= 1) break;
     Plan round;
     int dropped = -1;
-    for (const int d : used) {
+    // Devices of one type are interchangeable (CostModel::types): leaving out any one of
+    // them leaves the same problem, so one search per type, for its last device in use.
+    std::set<int> types_tried;
+    for (auto it = used.rbegin(); it != used.rend(); ++it) {
+      const int d = *it;
       if (searches >= kMaxSelectionSearches) break;
+      if (!types_tried.insert(cost.typesOf({d}).front()).second) continue;
       std::vector<bool> without = keep;
       without[static_cast<size_t>(d)] = false;
       std::vector<int> map;
