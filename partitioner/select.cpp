@@ -159,8 +159,11 @@ Plan chooseCodecs(const CostModel& cost, const Plan& plan) {
   return best;
 }
 
-Plan stepPlan(const CostModel& cost, const SearchOptions& o) {
-  Plan best = refineByStep(cost, bestPlan(cost, o));
+namespace {
+
+// stepPlan from the search's plan `found`.
+Plan stepPlanFrom(const CostModel& cost, const Plan& found) {
+  Plan best = refineByStep(cost, found);
   if (!cost.training()) return best;
   for (const Plan& b : baselinePlans(cost)) {
     if (!fits(b)) continue;
@@ -168,6 +171,12 @@ Plan stepPlan(const CostModel& cost, const SearchOptions& o) {
     if (faster(moved, best)) best = std::move(moved);
   }
   return best;
+}
+
+}  // namespace
+
+Plan stepPlan(const CostModel& cost, const SearchOptions& o) {
+  return stepPlanFrom(cost, bestPlan(cost, o));
 }
 
 int pickAcrossOptions(const std::vector<const Plan*>& plans) {
@@ -249,7 +258,9 @@ Plan unequalReplicas(const CostModel& cost, const std::string& algorithm,
 
 Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   if (!cost.training()) return bestPlan(cost, o);
-  const Plan searched = stepPlan(cost, o);
+  // The search's algorithm names the plans priced beside its split (one device, replicas).
+  const Plan found = bestPlan(cost, o);
+  const Plan searched = stepPlanFrom(cost, found);
   const Problem& problem = cost.problem();
   const size_t n = problem.devices.size();
   Plan best = searched;
@@ -310,7 +321,7 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   Plan best_alone;
   for (size_t d = 0; d < n; ++d) {
     const Plan alone =
-        evaluate(cost, {Assignment{0, cost.layers(), {static_cast<int>(d)}}}, searched.algorithm);
+        evaluate(cost, {Assignment{0, cost.layers(), {static_cast<int>(d)}}}, found.algorithm);
     if (faster(alone, best_alone)) best_alone = alone;
   }
   priced(best_alone);
@@ -319,7 +330,7 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   // Unequal replicas of the whole model: taken when faster than the plan so far, by more
   // than the margin where they use more devices.
   std::map<int, Plan> replicas_with;
-  const Plan replicas = unequalReplicas(cost, searched.algorithm, replicas_with);
+  const Plan replicas = unequalReplicas(cost, found.algorithm, replicas_with);
   if (fits(replicas)) {
     priced(replicas);
     const bool more = devicesOf(replicas).size() > devicesOf(best).size();

@@ -63,6 +63,15 @@ TEST(RefineTest, ACutMovesToWhereFewerBytesCrossWhenThatShortensTheStep) {
   const Plan chosen = choosePlan(cost);
   EXPECT_EQ(chosen.stages[0].at.end, 3u) << planToYaml(cost, chosen);
   EXPECT_NE(planToYaml(cost, chosen).find("algorithm: exact + step"), std::string::npos);
+  // With one microbatch nothing overlaps: one device wins, named by the search that
+  // priced it, not as a moved split.
+  Problem one = poolAfterTheBigConv();
+  one.options.microbatches = 1;
+  const CostModel single(one);
+  ASSERT_EQ(refineByStep(single, bestPlan(single)).algorithm, "exact + step");
+  const Plan alone_chosen = choosePlan(single);
+  ASSERT_EQ(alone_chosen.stages.size(), 1u) << planToYaml(single, alone_chosen);
+  EXPECT_EQ(alone_chosen.algorithm, "exact");
   // A plan that cannot move is returned as it is.
   const Plan alone = evaluate(cost, {{0, cost.layers(), {0}}}, "alone");
   EXPECT_EQ(refineByStep(cost, alone).algorithm, "alone");
