@@ -94,7 +94,9 @@ int main() {
 
   // Device selection prices splits by their step (refineByStep) and searches again for
   // each device it tries to leave out (at most 64 searches).
-  std::printf("\ndevice selection (choosePlan), median of 3\n");
+  std::printf(
+      "\ndevice selection (choosePlan), median of 3; both steps are the cost model's "
+      "predictions for the same problem in this run (no measured peer)\n");
   for (const Size& z : {Size{40, 8, 3}, Size{200, 16, 4}}) {
     const CostModel cost(randomProblem(instance(z.layers, z.devices, z.kinds, 4, 1)));
     const Plan searched = bestPlan(cost);

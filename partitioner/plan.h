@@ -88,6 +88,14 @@ struct Plan {
   std::vector<LeftOut> left_out;  // set by choosePlan
 };
 
+// A plan with stages whose devices all have the memory it needs.
+inline bool fits(const Plan& p) { return !p.stages.empty() && p.infeasible.empty(); }
+// `a` fits and its training step is shorter than `b`'s (or `b` does not fit), by more than
+// a relative 1e-6, below which two predictions are a tie.
+inline bool shorterStep(const Plan& a, const Plan& b) {
+  return fits(a) && (!fits(b) || a.step_s < b.step_s * (1 - 1e-6));
+}
+
 // Prices `stages`; InvalidArgument if they do not cover the layers exactly once in order,
 // repeat a device, or replicate over devices of different types. Links carry the
 // options' codecs, or `links` (one per link, stages - 1) when given.

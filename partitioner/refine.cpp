@@ -13,13 +13,6 @@ namespace {
 // and its result does not depend on the machine's speed.
 constexpr int kMaxRefineEvaluations = 512;
 
-bool fits(const Plan& p) { return !p.stages.empty() && p.infeasible.empty(); }
-
-// Strictly shorter, by a margin below which two predictions are a tie.
-bool shorter(const Plan& a, const Plan& b) {
-  return fits(a) && (!fits(b) || a.step_s < b.step_s * (1 - 1e-6));
-}
-
 // The offsets a cut is tried at: every one up to 8 layers away, then each half again as far
 // (12, 18, 27, ...), so a long stage's cut can travel far in a few tries.
 std::vector<long> offsets(long span) {
@@ -49,7 +42,7 @@ Plan refineByStep(const CostModel& cost, const Plan& plan) {
       for (const int d : a.devices)
         if (!cost.runs(cost.typesOf({d}).front(), a.begin, a.end)) return false;
     Plan priced = evaluate(cost, trial, plan.algorithm);
-    if (!shorter(priced, best)) return false;
+    if (!shorterStep(priced, best)) return false;
     best = std::move(priced);
     stages = trial;
     return true;
@@ -79,7 +72,7 @@ Plan refineByStep(const CostModel& cost, const Plan& plan) {
       moved = take(trial) || moved;
     }
   }
-  if (shorter(best, plan)) best.algorithm = plan.algorithm + " + step";
+  if (shorterStep(best, plan)) best.algorithm = plan.algorithm + " + step";
   best.left_out = plan.left_out;
   return best;
 }

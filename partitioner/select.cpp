@@ -43,13 +43,6 @@ Plan lift(const CostModel& full, const Plan& sub, const std::vector<int>& map) {
   return evaluate(full, stages, sub.algorithm);
 }
 
-bool fits(const Plan& p) { return !p.stages.empty() && p.infeasible.empty(); }
-
-// Strictly faster, by a margin below which two predictions are a tie.
-bool faster(const Plan& a, const Plan& b) {
-  return fits(a) && (!fits(b) || a.step_s < b.step_s * (1 - 1e-6));
-}
-
 std::set<int> devicesOf(const Plan& p) {
   std::set<int> used;
   for (const PlanStage& s : p.stages) used.insert(s.at.devices.begin(), s.at.devices.end());
@@ -168,7 +161,7 @@ Plan stepPlanFrom(const CostModel& cost, const Plan& found) {
   for (const Plan& b : baselinePlans(cost)) {
     if (!fits(b)) continue;
     Plan moved = refineByStep(cost, b);
-    if (faster(moved, best)) best = std::move(moved);
+    if (shorterStep(moved, best)) best = std::move(moved);
   }
   return best;
 }
@@ -215,8 +208,8 @@ Plan choosePlan(const CostModel& cost, const SearchOptions& o) {
   Plan lifted = evaluate(cost, assignments(cheap_plan), cheap_plan.algorithm);
   lifted.left_out = cheap_plan.left_out;
   const Plan compressed = chooseCodecs(cost, lifted);
-  const Plan& chosen = faster(compressed, exact) ? compressed : exact;
-  return faster(chosen, plain) ? chosen : plain;
+  const Plan& chosen = shorterStep(compressed, exact) ? compressed : exact;
+  return shorterStep(chosen, plain) ? chosen : plain;
 }
 
 namespace {
@@ -249,9 +242,9 @@ Plan unequalReplicas(const CostModel& cost, const std::string& algorithm,
       continue;
     a.shares = cost.balancedShares(types, 0, cost.layers());
     const Plan plan = evaluate(cost, {a}, algorithm + " + unequal replicas");
-    if (faster(plan, best)) best = plan;
+    if (shorterStep(plan, best)) best = plan;
     for (const int d : a.devices)
-      if (faster(plan, with[d])) with[d] = plan;
+      if (shorterStep(plan, with[d])) with[d] = plan;
   }
   return best;
 }
@@ -302,7 +295,7 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
         const CostModel sub_cost(std::move(sub));
         const Plan candidate = lift(cost, refineByStep(sub_cost, bestPlan(sub_cost, o)), map);
         // The round's best removal; withinMargin decides whether it is taken.
-        if (dropped < 0 ? fits(candidate) : faster(candidate, round)) {
+        if (dropped < 0 ? fits(candidate) : shorterStep(candidate, round)) {
           round = candidate;
           dropped = d;
         }
@@ -322,10 +315,10 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   for (size_t d = 0; d < n; ++d) {
     const Plan alone =
         evaluate(cost, {Assignment{0, cost.layers(), {static_cast<int>(d)}}}, found.algorithm);
-    if (faster(alone, best_alone)) best_alone = alone;
+    if (shorterStep(alone, best_alone)) best_alone = alone;
   }
   priced(best_alone);
-  if (devicesOf(best).size() > 1 ? withinMargin(best_alone) : faster(best_alone, best))
+  if (devicesOf(best).size() > 1 ? withinMargin(best_alone) : shorterStep(best_alone, best))
     best = best_alone;
   // Unequal replicas of the whole model: taken when faster than the plan so far, by more
   // than the margin where they use more devices.
@@ -334,7 +327,7 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   if (fits(replicas)) {
     priced(replicas);
     const bool more = devicesOf(replicas).size() > devicesOf(best).size();
-    if (more ? replicas.step_s * (1 + kSelectionMargin) < best.step_s : faster(replicas, best))
+    if (more ? replicas.step_s * (1 + kSelectionMargin) < best.step_s : shorterStep(replicas, best))
       best = replicas;
   }
   const std::set<int> used = devicesOf(best), searched_used = devicesOf(searched);
