@@ -61,6 +61,17 @@ void Model::build(Backend& backend, uint64_t seed, const std::vector<LayerRange>
   built_ = ranges;
 }
 
+std::vector<TensorRole> Model::splitForTensor(size_t begin, size_t end, Group& group,
+                                              const std::vector<double>& shares) {
+  TANDEM_CHECK_MSG(backend_ == nullptr, InvalidArgument,
+                   "model '" << name_ << "': a tensor split comes before build");
+  if (end == kEnd) end = size();
+  const std::vector<TensorRole> roles = planTensorSplit(layers_, begin, end);
+  applyTensorSplit(layers_, roles, group, shares);
+  output_ = layers_.setup(input_);
+  return roles;
+}
+
 void Model::requireBuilt(size_t begin, size_t end) const {
   TANDEM_CHECK_MSG(backend_ != nullptr, InvalidArgument, "model '" << name_ << "' is not built");
   for (const LayerRange& r : built_)

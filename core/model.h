@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/layers/sequence.h"
+#include "core/layers/tensor_split.h"
 
 namespace tandem {
 
@@ -48,6 +49,11 @@ class Model {
   // The same for several ranges (an interleaved stage's model chunks): ascending,
   // disjoint, non-empty; params() lists them in order.
   void build(Backend& backend, uint64_t seed, const std::vector<LayerRange>& ranges);
+  // Makes this model rank group.rank() of a tensor group over layers [begin, end), before
+  // build (core/layers/tensor_split.h): its linear pairs split by `shares` (one per rank),
+  // the rest whole; the shapes inferred again. Returns each layer's role.
+  std::vector<TensorRole> splitForTensor(size_t begin, size_t end, Group& group,
+                                         const std::vector<double>& shares);
   bool built() const { return backend_ != nullptr; }
   Backend& backend() const;
   // The built layers' parameters.

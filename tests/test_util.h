@@ -92,6 +92,15 @@ inline void expectCloseLogits(const std::vector<float>& cached, const std::vecto
         << what << ", logit " << v;
 }
 
+// Every element of `got` within tol * (1 + |want|) of `want`'s, sizes equal; `what` names
+// the tensor in a failure.
+inline void expectCloseAll(const std::vector<float>& got, const std::vector<float>& want, float tol,
+                           const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << what << " element " << i;
+}
+
 // A new, empty directory under the test temp dir (mkdtemp): unique even when a later test
 // process gets the same pid as an earlier one, whose files would still be there.
 // Whether this test runs under qemu-user (a cross build's ctest sets TANDEM_TEST_EMULATED,

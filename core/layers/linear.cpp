@@ -21,20 +21,73 @@ Shape Linear::infer(const Shape& input) {
   TANDEM_CHECK_MSG(input.rank() >= 1, InvalidArgument,
                    "expected input [..., features], got " << input);
   const int64_t features = input[input.rank() - 1];
-  TANDEM_CHECK_MSG(in_ == 0 || in_ == features, InvalidArgument,
-                   "expected input [" << in_ << "], got " << input);
-  in_ = features;
+  if (row()) {
+    TANDEM_CHECK_MSG(features == part_->width(), InvalidArgument,
+                     "expected input [" << part_->width() << "] (inputs [" << part_->begin << ", "
+                                        << part_->end << ") of " << in_
+                                        << ": a row-split part), got " << input);
+  } else {
+    TANDEM_CHECK_MSG(in_ == 0 || in_ == features, InvalidArgument,
+                     "expected input [" << in_ << "], got " << input);
+    in_ = features;
+  }
   if (format_.int8) format_.groupFor(in_, "linear");
   Shape out = input;
-  out[out.rank() - 1] = out_;
+  out[out.rank() - 1] = weightRows();
   return out;
+}
+
+void Linear::setTensorPart(const TensorPart& part) {
+  TANDEM_CHECK_MSG(in_ > 0, InvalidArgument, "linear: a tensor part is set after setup");
+  TANDEM_CHECK_MSG(!format_.int8, InvalidArgument,
+                   "linear: int8 weights cannot be tensor-split (they are for inference only)");
+  TANDEM_CHECK_MSG(part.group != nullptr, InvalidArgument, "linear: a tensor part needs a group");
+  const int64_t features = part.split == TensorSplit::kColumn ? out_ : in_;
+  TANDEM_CHECK_MSG(0 <= part.begin && part.begin < part.end && part.end <= features,
+                   InvalidArgument,
+                   "linear: " << tensorSplitName(part.split) << " part [" << part.begin << ", "
+                              << part.end << ") is not inside its " << features << " "
+                              << (part.split == TensorSplit::kColumn ? "outputs" : "inputs"));
+  part_ = part;
 }
 
 void Linear::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+  if (part_) return buildPart(backend, rng, bound);
   weight_.build(backend, rng, "weight", out_, in_, bound, format_, "linear");
   if (bias_) b_ = makeParam(backend, "bias", {out_}, uniformInit(rng, out_, bound));
+}
+
+// The whole layer's draws (WeightMatrix::build, then the bias), sliced.
+void Linear::buildPart(Backend& backend, Rng& rng, float bound) {
+  const std::vector<float> w = uniformInit(rng, out_ * in_, bound);
+  const std::vector<float> b = bias_ ? uniformInit(rng, out_, bound) : std::vector<float>{};
+  const int64_t rows = weightRows(), cols = weightCols();
+  std::vector<float> mine;
+  mine.reserve(static_cast<size_t>(rows * cols));
+  const int64_t r0 = column() ? part_->begin : 0, c0 = row() ? part_->begin : 0;
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    const auto first = w.begin() + r * in_ + c0;
+    mine.insert(mine.end(), first, first + cols);
+  }
+  weight_.buildF32(backend, "weight", rows, cols, mine);
+  if (!bias_) return;
+  if (column()) {
+    b_ = makeParam(backend, "bias", {rows},
+                   std::vector<float>(b.begin() + r0, b.begin() + r0 + rows));
+  } else {
+    b_ = makeParam(backend, "bias", {out_}, b);
+  }
+}
+
+// Sums t over the tensor group; direction 0 is forward's (a row part's output), 1
+// backward's (a column part's input gradient).
+void Linear::allreduce(const Tensor& t, uint64_t direction) const {
+  AllreduceOptions o;
+  o.tag = part_->tag * 2 + direction;
+  o.timeout = part_->timeout;
+  allreduceTensor(*backend_, t, *part_->group, o);
 }
 
 std::vector<Param*> Linear::params() {
@@ -44,20 +97,22 @@ std::vector<Param*> Linear::params() {
 }
 
 Tensor Linear::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
-  const int64_t rows = x.numel() / in_;
-  const Tensor x2 = x.reshape({rows, in_});
-  Tensor y = backend_->empty({rows, out_});
+  const int64_t cols = weightCols(), outs = weightRows();
+  const int64_t rows = x.numel() / cols;
+  const Tensor x2 = x.reshape({rows, cols});
+  Tensor y = backend_->empty({rows, outs});
   weight_.forward(*backend_, x2, y);
+  if (row()) allreduce(y, 0);  // the partial products summed before the bias, added once
   if (bias_) backend_->addBias(y, b_.value);
   stash.saved = {x2};
   Shape ys = x.shape();
-  ys[ys.rank() - 1] = out_;
+  ys[ys.rank() - 1] = outs;
   return y.reshape(ys);
 }
 
 Tensor Linear::backward(const Tensor& dy, Stash& stash, bool need_dx) {
   if (!need_dx) {
-    stash.saved.push_back(dy.reshape({stash.saved.at(0).shape()[0], out_}));
+    stash.saved.push_back(dy.reshape({stash.saved.at(0).shape()[0], weightRows()}));
     backwardWeights(stash);
     return {};
   }
@@ -67,13 +122,14 @@ Tensor Linear::backward(const Tensor& dy, Stash& stash, bool need_dx) {
 }
 
 Tensor Linear::backwardInput(const Tensor& dy, Stash& stash) {
-  const int64_t rows = stash.saved.at(0).shape()[0];
-  const Tensor dy2 = dy.reshape({rows, out_});
-  Tensor dx = backend_->empty({rows, in_});
+  const int64_t rows = stash.saved.at(0).shape()[0], cols = weightCols();
+  const Tensor dy2 = dy.reshape({rows, weightRows()});
+  Tensor dx = backend_->empty({rows, cols});
   backend_->gemm(false, false, 1.0f, dy2, weight_.trainable().value, 0.0f, dx);
-  stash.saved.push_back(dy2);  // for backwardWeights
+  if (column()) allreduce(dx, 1);  // every rank's outputs reach every input
+  stash.saved.push_back(dy2);      // for backwardWeights
   Shape xs = dy.shape();
-  xs[xs.rank() - 1] = in_;
+  xs[xs.rank() - 1] = cols;
   return dx.reshape(xs);
 }
 
@@ -87,15 +143,18 @@ void Linear::backwardWeights(Stash& stash) {
   stash.saved.pop_back();
 }
 
-int64_t Linear::paramCount() const { return out_ * in_ + (bias_ ? out_ : 0); }
+int64_t Linear::paramCount() const {
+  return weightRows() * weightCols() + (bias_ ? (column() ? weightRows() : out_) : 0);
+}
 
 int64_t Linear::paramBytes() const {
-  return weightBytes(format_, out_, in_) + (bias_ ? out_ * 4 : 0);
+  return weightBytes(format_, weightRows(), weightCols()) +
+         (bias_ ? (column() ? weightRows() : out_) * 4 : 0);
 }
 
 int64_t Linear::flops() const {
-  const int64_t rows = inputShape().numel() / in_;
-  return rows * (2 * in_ * out_ + (bias_ ? out_ : 0));
+  const int64_t rows = inputShape().numel() / weightCols();
+  return rows * (2 * weightCols() * weightRows() + (bias_ ? weightRows() : 0));
 }
 
 LayerSpec Linear::spec() const {

@@ -1,8 +1,12 @@
 // Linear: y = x W^T + b over the last dimension (W is [out, in], PyTorch's layout; f32, or
-// int8 for inference: weight_matrix.h).
+// int8 for inference: weight_matrix.h). It may be one rank's column or row part of a
+// tensor split (tensor_split.h), holding W's rows or columns [begin, end) only.
 #pragma once
 
+#include <optional>
+
 #include "core/layers/layer.h"
+#include "core/layers/tensor_split.h"
 #include "core/layers/weight_matrix.h"
 
 namespace tandem {
@@ -29,6 +33,15 @@ class Linear final : public Layer {
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   LayerSpec spec() const override;
 
+  // Makes this layer a rank's part of a tensor split: after setup, before build; setup
+  // runs again after it (the shapes change). Its weights are then the slice of the ones
+  // the whole layer draws from the same stream. InvalidArgument for int8 weights or a
+  // slice outside the split features.
+  void setTensorPart(const TensorPart& part);
+  const std::optional<TensorPart>& tensorPart() const { return part_; }
+  int64_t outFeatures() const { return out_; }
+  int64_t inFeatures() const { return in_; }
+
  protected:
   Shape infer(const Shape& input) override;
 
@@ -39,6 +52,14 @@ class Linear final : public Layer {
   WeightFormat format_;
   WeightMatrix weight_;
   Param b_;
+  std::optional<TensorPart> part_;
+  bool column() const { return part_ && part_->split == TensorSplit::kColumn; }
+  bool row() const { return part_ && part_->split == TensorSplit::kRow; }
+  // The weight's [rows, cols] on this rank, and the bias's length.
+  int64_t weightRows() const { return column() ? part_->width() : out_; }
+  int64_t weightCols() const { return row() ? part_->width() : in_; }
+  void buildPart(Backend& backend, Rng& rng, float bound);
+  void allreduce(const Tensor& t, uint64_t direction) const;
 };
 
 }  // namespace tandem

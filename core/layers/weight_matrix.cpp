@@ -41,10 +41,7 @@ void WeightMatrix::build(Backend& backend, Rng& rng, const std::string& name, in
                          const std::string& layer) {
   layer_ = layer;
   std::vector<float> init = uniformInit(rng, out * in, bound);
-  if (!format.int8) {
-    weight_ = makeParam(backend, name, {out, in}, init);
-    return;
-  }
+  if (!format.int8) return buildF32(backend, name, out, in, init);
   const int64_t group = format.groupFor(in, layer);
   const QuantizedRows q = quantizeRows(init, out, in, group, layer + " " + name);
   weight_.name = name;
@@ -52,6 +49,12 @@ void WeightMatrix::build(Backend& backend, Rng& rng, const std::string& name, in
   backend.upload(weight_.value, q.values.data());
   scales_.name = name + ".scales";
   scales_.value = toDevice(backend, {out, in / group}, q.scales);
+}
+
+void WeightMatrix::buildF32(Backend& backend, const std::string& name, int64_t out, int64_t in,
+                            const std::vector<float>& values) {
+  weight_ = makeParam(backend, name, {out, in}, values);
+  scales_ = {};
 }
 
 std::vector<Param*> WeightMatrix::params() {

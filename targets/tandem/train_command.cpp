@@ -1,10 +1,12 @@
-// tandem train: training of a model spec on a dataset, on one device or data parallel
-// over several (core/train/data_parallel.h, the in-process group).
+// tandem train: training of a model spec on a dataset, on one device, data parallel over
+// several (core/train/data_parallel.h) or tensor parallel over several
+// (core/train/tensor_parallel.h), the ranks on the in-process group.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include "backends/registry.h"
@@ -13,6 +15,7 @@
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "core/train/data_parallel.h"
+#include "core/train/tensor_parallel.h"
 #include "core/train/trainer.h"
 #include "runtime/job/model_source.h"
 #include "targets/tandem/commands.h"
@@ -37,31 +40,112 @@ struct TrainArgs {
   std::vector<double> shares;
   std::string profile;  // shares from this profile's device speeds instead
   double bucket_mib = 1;
+  // Tensor parallel: ranks sharing each split layer's features (--devices, --shares and
+  // --profile then name the ranks' devices and their feature shares).
+  int tensor = 1;
 };
 
-// Each replica's device, from --device, --devices and --replicas (checked against each
-// other and against --shares, --profile and --bucket-mib).
+// Each replica's (or tensor rank's) device, from --device, --devices and --replicas or
+// --tensor (checked against each other and against --shares, --profile and --bucket-mib).
 std::vector<std::string> replicaDevices(const TrainArgs& a) {
+  TANDEM_CHECK_MSG(a.tensor == 1 || a.replicas == 1, InvalidArgument,
+                   "--tensor " << a.tensor << " with --replicas " << a.replicas
+                               << ": one node trains on one parallel axis at a time");
+  const bool tensor = a.tensor > 1;
+  const std::string axis = tensor ? "--tensor" : "--replicas";
+  const std::string rank = tensor ? "tensor rank" : "replica";
+  const int wanted = tensor ? a.tensor : a.replicas;
   std::vector<std::string> devices =
       a.devices.empty() ? std::vector<std::string>{a.device} : a.devices;
-  // --devices alone sets the replica count; with --replicas it must agree (or be one).
+  // --devices alone sets the rank count; with --replicas or --tensor it must agree (or be one).
+  TANDEM_CHECK_MSG(devices.size() == 1 || wanted == 1 || static_cast<int>(devices.size()) == wanted,
+                   InvalidArgument,
+                   "--devices names " << devices.size() << " devices for " << axis << " " << wanted
+                                      << " (give one, or one per " << rank << ")");
+  const int ranks = std::max<int>(wanted, static_cast<int>(devices.size()));
   TANDEM_CHECK_MSG(
-      devices.size() == 1 || a.replicas == 1 || static_cast<int>(devices.size()) == a.replicas,
-      InvalidArgument,
-      "--devices names " << devices.size() << " devices for --replicas " << a.replicas
-                         << " (give one, or one per replica)");
-  const int replicas = std::max<int>(a.replicas, static_cast<int>(devices.size()));
-  TANDEM_CHECK_MSG(
-      a.shares.empty() || static_cast<int>(a.shares.size()) == replicas, InvalidArgument,
-      "--shares gives " << a.shares.size() << " shares for " << replicas << " replicas");
+      a.shares.empty() || static_cast<int>(a.shares.size()) == ranks, InvalidArgument,
+      "--shares gives " << a.shares.size() << " shares for " << ranks << " " << rank << "s");
   TANDEM_CHECK_MSG(a.profile.empty() || a.shares.empty(), InvalidArgument,
                    "give --shares or --profile, not both");
-  TANDEM_CHECK_MSG(a.profile.empty() || replicas > 1, InvalidArgument,
-                   "--profile sizes the replicas' shares: give --replicas or --devices too");
-  TANDEM_CHECK_MSG(replicas == 1 || a.bucket_mib <= 1 << 20, InvalidArgument,
+  TANDEM_CHECK_MSG(
+      a.profile.empty() || ranks > 1, InvalidArgument,
+      "--profile sizes the " << rank << "s' shares: give " << axis << " or --devices too");
+  TANDEM_CHECK_MSG(ranks == 1 || a.bucket_mib <= 1 << 20, InvalidArgument,
                    "--bucket-mib " << a.bucket_mib << " is above 1048576 (1 TiB)");
-  devices.resize(static_cast<size_t>(replicas), devices.back());
+  devices.resize(static_cast<size_t>(ranks), devices.back());
   return devices;
+}
+
+// The trainer of each mode behind one face: one device, data-parallel replicas, or tensor
+// ranks; the backends outlive it.
+struct Training {
+  std::unique_ptr<Model> single;
+  std::unique_ptr<Optimizer> single_opt;
+  std::unique_ptr<Trainer> trainer;
+  std::vector<std::unique_ptr<Group>> groups;
+  std::unique_ptr<DataParallelTrainer> parallel;
+  std::unique_ptr<TensorParallelTrainer> tensor;
+
+  Model& model() { return single ? *single : parallel ? parallel->model(0) : tensor->model(0); }
+  EpochReport epoch(const Dataset& data, int64_t e,
+                    const std::function<void(const StepReport&)>& report) {
+    if (single) return trainer->trainEpoch(data, e, report);
+    return parallel ? parallel->trainEpoch(data, e, report) : tensor->trainEpoch(data, e, report);
+  }
+  EvalResult evaluate(const Dataset& data, int64_t batch) {
+    return tensor ? tensor->evaluate(data, batch) : tandem::evaluate(model(), data, batch);
+  }
+  void save(const std::string& path, const std::map<std::string, AttrValue>& meta) {
+    if (!tensor) {
+      saveModel(path, model(), single ? single_opt.get() : &parallel->optimizer(0), meta);
+      return;
+    }
+    // The whole model assembled from the ranks' slices, on the host.
+    auto host = makeBackend("cpu");
+    const TensorParallelTrainer::Merged merged = tensor->merged(*host);
+    saveModel(path, *merged.model, merged.optimizer.get(), meta);
+  }
+};
+
+Training makeTraining(const TrainArgs& a, const ModelSpec& spec,
+                      const std::shared_ptr<const std::vector<uint8_t>>& weights,
+                      const std::vector<std::unique_ptr<Backend>>& backends,
+                      const std::vector<double>& shares) {
+  Training t;
+  const auto ranks = static_cast<int>(backends.size());
+  if (ranks == 1) {
+    t.single = std::make_unique<Model>(spec);
+    t.single->build(*backends[0], a.seed);
+    if (weights)  // a model file's or ONNX model's: training continues from them
+      loadWeights(*t.single, parseModelFile(*weights, a.model), true);
+    t.single_opt = std::make_unique<Optimizer>(*backends[0], a.opt);
+    t.trainer =
+        std::make_unique<Trainer>(*t.single, *t.single_opt, TrainOptions{a.batch, a.seed, true});
+    return t;
+  }
+  t.groups = transport::makeLocalGroup(ranks);
+  std::vector<Backend*> be;
+  std::vector<Group*> g;
+  for (int r = 0; r < ranks; ++r) {
+    be.push_back(backends[static_cast<size_t>(r)].get());
+    g.push_back(t.groups[static_cast<size_t>(r)].get());
+  }
+  if (a.tensor > 1) {
+    t.tensor = std::make_unique<TensorParallelTrainer>(spec, be, g, shares, a.opt,
+                                                       TrainOptions{a.batch, a.seed, true});
+    spdlog::info("tensor split over {} ranks (feature shares {:.3g}): {}", ranks,
+                 fmt::join(t.tensor->shares(), " : "),
+                 describe(Sequence(spec.layers), t.tensor->roles()));
+    return t;
+  }
+  DataParallelOptions o;
+  o.batch = a.batch;
+  o.seed = a.seed;
+  o.shares = shares;
+  o.bucket_bytes = static_cast<size_t>(std::max(a.bucket_mib, 1e-6) * (1 << 20));
+  t.parallel = std::make_unique<DataParallelTrainer>(spec, be, g, a.opt, o);
+  return t;
 }
 
 void runTrain(TrainArgs a) {
@@ -76,17 +160,18 @@ void runTrain(TrainArgs a) {
   TANDEM_CHECK_MSG(a.batch > 0, InvalidArgument, "--batch must be positive, got " << a.batch);
   if (!a.save.empty()) checkWritable(a.save, "model file");
   const std::vector<std::string> devices = replicaDevices(a);
-  const int replicas = static_cast<int>(devices.size());
+  const int ranks = static_cast<int>(devices.size());
   // The backends outlive everything that holds their memory (declared first).
   std::vector<std::unique_ptr<Backend>> backends;
   for (const std::string& d : devices)
     backends.push_back(makeBackend(d, BackendOptions{a.threads}));
   const runtime::ModelSource source = runtime::readModelSource(a.model);
   const ModelSpec& spec = source.spec;
-  TANDEM_CHECK_MSG(!source.weights || replicas == 1, InvalidArgument,
-                   a.model << ": starting data-parallel replicas from the weights a model file "
-                              "or ONNX model brings is not supported yet: train it with one "
-                              "replica, or run it as a job");
+  TANDEM_CHECK_MSG(!source.weights || ranks == 1, InvalidArgument,
+                   a.model << ": starting "
+                           << (a.tensor > 1 ? "tensor ranks" : "data-parallel replicas")
+                           << " from the weights a model file or ONNX model brings is not "
+                              "supported yet: train it on one device, or run it as a job");
   std::vector<double> shares = a.shares;
   if (!a.profile.empty()) {
     shares = sharesFromProfile(parseProfile(readFile(a.profile, "profile"), a.profile), Model(spec),
@@ -97,59 +182,33 @@ void runTrain(TrainArgs a) {
     for (size_t r = 0; r < shares.size(); ++r)
       split += fmt::format("{}{} {:.1f}% ({:.0f} samples/s)", r ? ", " : "", devices[r],
                            100 * shares[r] / total, shares[r]);
-    spdlog::info("batch shares from {}: {}", a.profile, split);
+    spdlog::info("{} shares from {}: {}", a.tensor > 1 ? "feature" : "batch", a.profile, split);
   }
   const Shape input = Model(spec).inputShape();  // text data: windows of the context [T]
   const int64_t context = input.rank() == 1 ? input[0] : 0;
   const Dataset train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed);
   const Dataset test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed);
-  // One replica: the single-device trainer. More: data parallel over the in-process group.
-  std::unique_ptr<Model> single;
-  std::unique_ptr<Optimizer> single_opt;
-  std::unique_ptr<Trainer> trainer;
-  std::vector<std::unique_ptr<Group>> groups;
-  std::unique_ptr<DataParallelTrainer> parallel;
-  if (replicas == 1) {
-    single = std::make_unique<Model>(spec);
-    single->build(*backends[0], a.seed);
-    if (source.weights)  // a model file's or ONNX model's: training continues from them
-      loadWeights(*single, parseModelFile(*source.weights, a.model), true);
-    single_opt = std::make_unique<Optimizer>(*backends[0], a.opt);
-    trainer = std::make_unique<Trainer>(*single, *single_opt, TrainOptions{a.batch, a.seed, true});
-  } else {
-    groups = transport::makeLocalGroup(replicas);
-    std::vector<Backend*> be;
-    std::vector<Group*> g;
-    for (int r = 0; r < replicas; ++r) {
-      be.push_back(backends[static_cast<size_t>(r)].get());
-      g.push_back(groups[static_cast<size_t>(r)].get());
-    }
-    DataParallelOptions o;
-    o.batch = a.batch;
-    o.seed = a.seed;
-    o.shares = shares;
-    o.bucket_bytes = static_cast<size_t>(std::max(a.bucket_mib, 1e-6) * (1 << 20));
-    parallel = std::make_unique<DataParallelTrainer>(spec, be, g, a.opt, o);
-  }
-  Model& model = single ? *single : parallel->model(0);
-  Optimizer& optimizer = single ? *single_opt : parallel->optimizer(0);
+  Training t = makeTraining(a, spec, source.weights, backends, shares);
   std::string where;
   for (const std::string& d : devices) where += (where.empty() ? "" : ", ") + d;
+  const std::string axis =
+      ranks == 1
+          ? std::string()
+          : fmt::format(", {} over {} {}", a.tensor > 1 ? "tensor parallel" : "data parallel",
+                        ranks, a.tensor > 1 ? "ranks" : "replicas");
   spdlog::info(
-      "training '{}' ({} parameters) on {} with {} thread(s) each: {} train / {} test "
+      "training '{}' ({} parameters{}) on {} with {} thread(s) each: {} train / {} test "
       "samples{}",
-      model.name(), model.paramCount(), where, a.threads, train.size(), test.size(),
-      replicas > 1 ? ", data parallel over " + std::to_string(replicas) + " replicas"
-                   : std::string());
+      t.model().name(), Model(spec).paramCount(), a.tensor > 1 ? " in all" : "", where, a.threads,
+      train.size(), test.size(), axis);
   Progress progress(a.epochs);
   EvalResult last;
   for (int64_t e = 0; e < a.epochs; ++e) {
     const auto report = a.no_progress ? std::function<void(const StepReport&)>()
                                       : [&](const StepReport& s) { progress.update(s); };
-    const EpochReport r =
-        single ? trainer->trainEpoch(train, e, report) : parallel->trainEpoch(train, e, report);
+    const EpochReport r = t.epoch(train, e, report);
     progress.finishEpoch();
-    last = evaluate(model, test, a.batch);  // the training batch bounds memory
+    last = t.evaluate(test, a.batch);  // the training batch bounds memory
     std::printf(
         "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f%s, "
         "%.2f s (%.0f samples/s)\n",
@@ -162,11 +221,10 @@ void runTrain(TrainArgs a) {
   std::printf("test accuracy: %.4f\n", last.accuracy);
   std::fflush(stdout);
   if (!a.save.empty()) {
-    saveModel(a.save, model, &optimizer,
-              {{"seed", static_cast<int64_t>(a.seed)},
-               {"epochs", a.epochs},
-               {"dataset", a.data},
-               {"test_accuracy", last.accuracy}});
+    t.save(a.save, {{"seed", static_cast<int64_t>(a.seed)},
+                    {"epochs", a.epochs},
+                    {"dataset", a.data},
+                    {"test_accuracy", last.accuracy}});
     spdlog::info("saved {}", a.save);
   }
 }
@@ -176,7 +234,9 @@ void runTrain(TrainArgs a) {
 void addTrain(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   CLI::App* c = app.add_subcommand(
-      "train", "Train a model on one device, or data parallel on several (--replicas)");
+      "train",
+      "Train a model on one device, data parallel on several (--replicas), or with its linear "
+      "pairs split over several (--tensor)");
   c->add_option("--model", args->model,
                 "Model spec (YAML), or an ONNX model (.onnx) or Hugging Face folder starting "
                 "from its weights")
@@ -215,14 +275,21 @@ void addTrain(CLI::App& app) {
                 "Data-parallel replicas (threads sharing memory), each on --device or on its "
                 "entry of --devices")
       ->check(CLI::Range(1, 64));
-  c->add_option("--devices", args->devices, "Comma-separated devices, one per replica")
+  c->add_option("--tensor", args->tensor,
+                "Tensor-parallel ranks (threads sharing memory), each on --device or on its "
+                "entry of --devices, each holding its share of every linear pair's features")
+      ->check(CLI::Range(1, 64));
+  c->add_option("--devices", args->devices,
+                "Comma-separated devices, one per replica (or tensor rank)")
       ->delimiter(',');
   c->add_option("--shares", args->shares,
-                "Comma-separated relative batch shares per replica (default: equal)")
+                "Comma-separated relative shares per replica (of the batch) or tensor rank (of "
+                "the features) (default: equal)")
       ->delimiter(',');
-  c->add_option("--profile", args->profile,
-                "Batch shares in proportion to each replica's device speed in this profile "
-                "(tandem profile --model M --devices ...)")
+  c->add_option(
+       "--profile", args->profile,
+       "Shares in proportion to each replica's (tensor rank's) device speed in this profile "
+       "(tandem profile --model M --devices ...)")
       ->check(CLI::ExistingFile);
   c->add_option("--bucket-mib", args->bucket_mib, "Gradient MiB per allreduce bucket")
       ->check(positiveNumber());

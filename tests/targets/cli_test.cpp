@@ -163,6 +163,59 @@ TEST(CliTest, TrainWithReplicas) {
   EXPECT_NE(other.out.find("profiles model 'mlp', not 'cnn'"), std::string::npos) << other.out;
 }
 
+// Train loss as the epoch line prints it.
+double trainLoss(const std::string& out) {
+  const auto pos = out.find("train loss ");
+  return pos == std::string::npos ? -1 : std::stod(out.substr(pos + 11, 6));
+}
+
+// Tensor parallel from the command line: the mlp's first linear pair split 1 : 3 over two
+// ranks trains as one device does (to rounding: tensor_parallel_test.cpp), saves the whole
+// model merged from the ranks' slices, and bad wiring is named.
+TEST(CliTest, TrainWithTensorRanks) {
+  const std::string model = ::testing::TempDir() + "/cli_tp.tdm";
+  const std::string common = "train --model " + kModels +
+                             "mlp.yaml --epochs 1 --batch 64 --train-limit 2000 --test-limit 500 "
+                             "--no-progress";
+  const CliRun t = run(common + " --tensor 2 --shares 1,3 --save " + model);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("tensor parallel over 2 ranks"), std::string::npos) << t.out;
+  EXPECT_NE(
+      t.out.find("tensor split over 2 ranks (feature shares 1 : 3): 0 flatten whole, 1 linear "
+                 "column, 2 relu slice, 3 linear row, 4 relu whole, 5 linear whole"),
+      std::string::npos)
+      << t.out;
+  const CliRun one = run(common);
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NEAR(trainLoss(t.out), trainLoss(one.out), 2e-4) << t.out << one.out;
+  const auto pos = t.out.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << t.out;
+  const std::string acc = t.out.substr(pos + 15, 6);
+  EXPECT_GT(std::stod(acc), 0.5) << t.out;
+  const CliRun e = run("eval " + model + " --test-limit 500");  // the whole model's shapes
+  EXPECT_NE(e.out.find("test accuracy: " + acc), std::string::npos) << e.out;
+
+  const CliRun both = run(common + " --tensor 2 --replicas 2");
+  EXPECT_EQ(both.code, 1);
+  EXPECT_NE(both.out.find("--tensor 2 with --replicas 2: one node trains on one parallel axis"),
+            std::string::npos)
+      << both.out;
+  const CliRun three = run(common + " --tensor 2 --devices cpu,cpu,cpu");
+  EXPECT_EQ(three.code, 1);
+  EXPECT_NE(three.out.find("--devices names 3 devices for --tensor 2 (give one, or one per "
+                           "tensor rank)"),
+            std::string::npos)
+      << three.out;
+  const CliRun shares = run(common + " --tensor 2 --shares 1");
+  EXPECT_EQ(shares.code, 1);
+  EXPECT_NE(shares.out.find("--shares gives 1 shares for 2 tensor ranks"), std::string::npos)
+      << shares.out;
+  const CliRun none =
+      run("train --model " + kModels + "resnet-mini.yaml --tensor 2 --train-limit 10");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.out.find("hold no pair of linear layers"), std::string::npos) << none.out;
+}
+
 TEST(CliTest, InspectPrintsAPerLayerTable) {
   const CliRun r = run("inspect " + kModels + "cnn.yaml --batch 2");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -1,0 +1,195 @@
+// Tensor parallelism on one node (core/train/tensor_parallel.h): samples/s of a training
+// step of the wide MLP (784-1024-1024-10, batch 256; its first linear pair split) with
+// its features over 2 ranks of 1 thread each, beside the other ways to use the same two
+// cores in the same run: one device of 1 thread (the ideal is 2x it), one device of 2
+// threads (our GEMMs split over the pool), and 2 data-parallel replicas of 1 thread.
+// Where the machine has an OpenCL device, the same split over the CPU (1 thread) and
+// opencl:0, with the features shared in proportion to each device's measured speed on the
+// whole step (each timed alone first) against an even split, and against the faster of
+// the two alone. Ratios > 1: the tensor split is faster. Inputs are random and fixed;
+// every step includes uploading the batch; the ranks and replicas meet on the in-process
+// group.
+//
+//   build/release/benchmarks/tensor_bench [--benchmark_min_time=2]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "backends/cpu/blas_core.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/opencl/devices.h"
+#include "backends/registry.h"
+#include "benchmarks/ratio_reporter.h"
+#include "benchmarks/train_step_cases.h"
+#include "core/model_spec.h"
+#include "core/random.h"
+#include "core/train/data_parallel.h"
+#include "core/train/tensor_parallel.h"
+#include "transport/local_group.h"
+
+namespace tandem::bench {
+namespace {
+
+constexpr int64_t kBatch = 256;
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+
+Batch randomBatch(const ModelSpec& spec) {
+  const Model model(spec);
+  Rng rng(7);
+  Batch b;
+  b.x.resize(static_cast<size_t>(kBatch * model.inputShape().numel()));
+  for (float& v : b.x) v = rng.normal();
+  const auto classes = static_cast<uint64_t>(model.outputShape()[0]);
+  for (int64_t i = 0; i < kBatch; ++i) b.y.push_back(static_cast<int32_t>(rng.below(classes)));
+  return b;
+}
+
+template <typename StepFn>
+void timeSteps(benchmark::State& state, StepFn&& step) {
+  for (int i = 0; i < 3; ++i) step();  // warm-up
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  state.SetItemsProcessed(state.iterations() * kBatch);  // items/s: samples/s
+}
+
+// One device training the whole model: its step and a Trainer over it.
+struct Alone {
+  explicit Alone(Backend& backend, const ModelSpec& spec) : model(spec), opt(backend, {}) {
+    model.build(backend, 1);
+    trainer = std::make_unique<Trainer>(model, opt, TrainOptions{kBatch, 1, false});
+  }
+  Model model;
+  Optimizer opt;
+  std::unique_ptr<Trainer> trainer;
+};
+
+void whole(benchmark::State& state, int threads) {
+  const ModelSpec spec = parseModelSpec(kMlpWideYaml, "benchmark");
+  const Batch b = randomBatch(spec);
+  cpu::CpuBackend backend(cpu::CpuOptions{threads});
+  Alone a(backend, spec);
+  timeSteps(state, [&] { return a.trainer->step(b.x.data(), b.y.data(), kBatch); });
+}
+
+// The CPU (1 thread) and opencl:0: each one's steps per second alone (the median of 5
+// steps after 2 warm-ups), measured once for the run.
+const std::vector<double>& deviceSpeeds() {
+  static const std::vector<double> speeds = [] {
+    const ModelSpec spec = parseModelSpec(kMlpWideYaml, "benchmark");
+    const Batch b = randomBatch(spec);
+    std::vector<double> out;
+    for (const char* name : {"cpu", "opencl:0"}) {
+      auto backend = makeBackend(name, BackendOptions{1});
+      Alone a(*backend, spec);
+      std::vector<double> seconds;
+      for (int i = 0; i < 7; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        a.trainer->step(b.x.data(), b.y.data(), kBatch);
+        seconds.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(seconds.begin() + 2, seconds.end());
+      out.push_back(1.0 / seconds[4]);
+    }
+    return out;
+  }();
+  return speeds;
+}
+
+// The faster of the CPU and opencl:0 alone.
+void bestAlone(benchmark::State& state) {
+  const ModelSpec spec = parseModelSpec(kMlpWideYaml, "benchmark");
+  const Batch b = randomBatch(spec);
+  const std::vector<double>& speed = deviceSpeeds();
+  auto backend = makeBackend(speed[0] >= speed[1] ? "cpu" : "opencl:0", BackendOptions{1});
+  Alone a(*backend, spec);
+  timeSteps(state, [&] { return a.trainer->step(b.x.data(), b.y.data(), kBatch); });
+  state.SetLabel(backend->info().name);
+}
+
+// The split over the CPU and opencl:0, shares even or by measured speed.
+void mixedRanks(benchmark::State& state, bool by_speed) {
+  const ModelSpec spec = parseModelSpec(kMlpWideYaml, "benchmark");
+  const Batch b = randomBatch(spec);
+  auto cpu = makeBackend("cpu", BackendOptions{1});
+  auto gpu = makeBackend("opencl:0", BackendOptions{1});
+  auto groups = transport::makeLocalGroup(2);
+  const std::vector<double> shares = by_speed ? deviceSpeeds() : std::vector<double>{1, 1};
+  TensorParallelTrainer tp(spec, {cpu.get(), gpu.get()}, {groups[0].get(), groups[1].get()}, shares,
+                           OptimizerOptions{}, TrainOptions{kBatch, 1, false});
+  timeSteps(state, [&] { return tp.step(b.x.data(), b.y.data(), kBatch); });
+  char label[64];
+  std::snprintf(label, sizeof label, "cpu : opencl:0 = %.1f : %.1f", shares[0], shares[1]);
+  state.SetLabel(label);
+}
+
+// Two ranks (tensor) or replicas (data) of one thread each.
+void twoRanks(benchmark::State& state, bool tensor) {
+  const ModelSpec spec = parseModelSpec(kMlpWideYaml, "benchmark");
+  const Batch b = randomBatch(spec);
+  cpu::CpuBackend a(cpu::CpuOptions{1}), c(cpu::CpuOptions{1});
+  auto groups = transport::makeLocalGroup(2);
+  const std::vector<Backend*> backends{&a, &c};
+  const std::vector<Group*> g{groups[0].get(), groups[1].get()};
+  if (tensor) {
+    TensorParallelTrainer tp(spec, backends, g, {}, OptimizerOptions{},
+                             TrainOptions{kBatch, 1, false});
+    timeSteps(state, [&] { return tp.step(b.x.data(), b.y.data(), kBatch); });
+    return;
+  }
+  DataParallelOptions o;
+  o.batch = kBatch;
+  DataParallelTrainer dp(spec, backends, g, OptimizerOptions{}, o);
+  timeSteps(state, [&] { return dp.step(b.x.data(), b.y.data(), kBatch); });
+}
+
+}  // namespace
+}  // namespace tandem::bench
+
+int main(int argc, char** argv) {
+  using namespace tandem::bench;
+  tandem::cpu::useFasterBlasCore(argv);  // the kernels tandem's programs run
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  const char* c = "/mlp-wide-b256";
+  benchmark::RegisterBenchmark((std::string("tensor-2x1") + c).c_str(), twoRanks, true)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark((std::string("whole-1") + c).c_str(), whole, 1)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark((std::string("whole-2") + c).c_str(), whole, 2)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark((std::string("replicas-2x1") + c).c_str(), twoRanks, false)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  std::vector<RatioRule> rules{{"tensor-2x1/", "whole-1/", "tensor 2x1 vs 1 thread"},
+                               {"tensor-2x1/", "whole-2/", "tensor 2x1 vs 2 threads"},
+                               {"tensor-2x1/", "replicas-2x1/", "tensor 2x1 vs replicas 2x1"}};
+  if (!tandem::opencl::listClDevices().empty()) {
+    const char* m = "/cpu+opencl0";
+    benchmark::RegisterBenchmark((std::string("tensor-by-speed") + m).c_str(), mixedRanks, true)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("tensor-even") + m).c_str(), mixedRanks, false)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("best-alone") + m).c_str(), bestAlone)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    rules.push_back({"tensor-by-speed/", "tensor-even/", "shares by speed vs even"});
+    rules.push_back({"tensor-by-speed/", "best-alone/", "by speed vs the faster alone"});
+  }
+  RatioReporter reporter(rules);
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  reporter.printRatios();
+  benchmark::Shutdown();
+  return 0;
+}

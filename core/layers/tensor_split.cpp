@@ -1,0 +1,142 @@
+#include "core/layers/tensor_split.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/layers/linear.h"
+
+namespace tandem {
+
+std::string tensorSplitName(TensorSplit split) {
+  return split == TensorSplit::kColumn ? "column" : "row";
+}
+
+std::vector<int64_t> shareBounds(int64_t units, const std::vector<double>& shares,
+                                 const std::string& what) {
+  const auto ranks = static_cast<int64_t>(shares.size());
+  TANDEM_CHECK_MSG(ranks > 0, InvalidArgument, what << ": no ranks to share it");
+  for (size_t r = 0; r < shares.size(); ++r)
+    TANDEM_CHECK_MSG(std::isfinite(shares[r]) && shares[r] > 0, InvalidArgument,
+                     what << ": rank " << r << "'s share " << shares[r] << " is not positive");
+  TANDEM_CHECK_MSG(units >= ranks, InvalidArgument,
+                   what << " has " << units << " features, fewer than the " << ranks
+                        << " ranks of its tensor group (each needs one at least)");
+  // The floors of the ideal counts (one at least), then a feature at a time to the rank
+  // furthest below its ideal, or from the one furthest above it (ties: the lower rank).
+  const double total = std::accumulate(shares.begin(), shares.end(), 0.0);
+  std::vector<double> ideal;
+  std::vector<int64_t> count;
+  for (const double s : shares) {
+    ideal.push_back(static_cast<double>(units) * s / total);
+    count.push_back(std::max<int64_t>(1, static_cast<int64_t>(std::floor(ideal.back()))));
+  }
+  auto sum = std::accumulate(count.begin(), count.end(), int64_t{0});
+  for (; sum != units; sum += sum < units ? 1 : -1) {
+    size_t pick = shares.size();
+    for (size_t r = 0; r < shares.size(); ++r) {
+      const double gap = ideal[r] - static_cast<double>(count[r]);
+      if (sum > units && count[r] == 1) continue;
+      if (pick == shares.size() ||
+          (sum < units ? gap > ideal[pick] - static_cast<double>(count[pick])
+                       : gap < ideal[pick] - static_cast<double>(count[pick])))
+        pick = r;
+    }
+    count[pick] += sum < units ? 1 : -1;
+  }
+  std::vector<int64_t> bounds{0};
+  for (const int64_t c : count) bounds.push_back(bounds.back() + c);
+  return bounds;
+}
+
+void allreduceTensor(Backend& backend, const Tensor& t, Group& group, const AllreduceOptions& o) {
+  TANDEM_CHECK_MSG(t.dtype() == DType::kF32, InvalidArgument,
+                   "a tensor all-reduce takes f32, got " << dtypeName(t.dtype()));
+  const auto n = static_cast<size_t>(t.numel());
+  if (const void* host = backend.hostData(t)) {
+    // The backend computes in host memory: sum in place (the group reads and writes it).
+    allreduce(group, {static_cast<float*>(const_cast<void*>(host)), n}, o);
+    return;
+  }
+  std::vector<float> buffer(n);
+  backend.download(t, buffer.data());
+  allreduce(group, buffer, o);
+  backend.upload(t, buffer.data());
+}
+
+namespace {
+
+bool perFeature(const Layer& layer) {
+  static const char* const kinds[] = {"relu", "gelu", "silu", "tanh", "sigmoid"};
+  return std::find(std::begin(kinds), std::end(kinds), layer.type()) != std::end(kinds);
+}
+
+const Linear* asLinear(const Layer& layer) { return dynamic_cast<const Linear*>(&layer); }
+
+}  // namespace
+
+std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, size_t end) {
+  TANDEM_CHECK_MSG(begin < end && end <= layers.size(), InvalidArgument,
+                   "tensor split: layers [" << begin << ", " << end << ") are not inside the "
+                                            << layers.size() << " layers");
+  std::vector<TensorRole> roles;
+  for (size_t i = begin; i < end; ++i) roles.push_back({i, TensorRole::kWhole});
+  bool paired = false;
+  for (size_t i = begin; i < end; ++i) {
+    if (!asLinear(layers.layer(i))) continue;
+    size_t j = i + 1;
+    while (j < end && perFeature(layers.layer(j))) ++j;
+    if (j == end || !asLinear(layers.layer(j))) continue;
+    roles[i - begin].kind = TensorRole::kColumn;
+    for (size_t k = i + 1; k < j; ++k) roles[k - begin].kind = TensorRole::kSlice;
+    roles[j - begin].kind = TensorRole::kRow;
+    paired = true;
+    i = j;
+  }
+  TANDEM_CHECK_MSG(paired, InvalidArgument,
+                   "tensor split: layers [" << begin << ", " << end
+                                            << ") hold no pair of linear layers (a linear, "
+                                               "per-feature activations only, a linear) to split");
+  return roles;
+}
+
+std::string describe(const Sequence& layers, const std::vector<TensorRole>& roles) {
+  static const char* const kind[] = {"whole", "column", "row", "slice"};
+  std::ostringstream out;
+  for (size_t i = 0; i < roles.size(); ++i)
+    out << (i ? ", " : "") << roles[i].layer << " " << layers.layer(roles[i].layer).type() << " "
+        << kind[roles[i].kind];
+  return out.str();
+}
+
+void applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Group& group,
+                      const std::vector<double>& shares, uint64_t tag_base) {
+  TANDEM_CHECK_MSG(
+      static_cast<size_t>(group.size()) == shares.size(), InvalidArgument,
+      "tensor split: " << shares.size() << " shares for a group of " << group.size() << " ranks");
+  const auto rank = static_cast<size_t>(group.rank());
+  for (size_t k = 0; k < roles.size(); ++k) {
+    if (roles[k].kind != TensorRole::kColumn) continue;
+    const size_t i = roles[k].layer;
+    auto& first = dynamic_cast<Linear&>(layers.layer(i));
+    size_t j = k + 1;
+    while (roles[j].kind != TensorRole::kRow) ++j;
+    auto& second = dynamic_cast<Linear&>(layers.layer(roles[j].layer));
+    const std::vector<int64_t> bounds =
+        shareBounds(first.outFeatures(), shares, "layer " + std::to_string(i) + " (linear)");
+    TensorPart part;
+    part.group = &group;
+    part.begin = bounds[rank];
+    part.end = bounds[rank + 1];
+    part.split = TensorSplit::kColumn;
+    part.tag = tag_base + i;
+    first.setTensorPart(part);
+    part.split = TensorSplit::kRow;
+    part.tag = tag_base + roles[j].layer;
+    second.setTensorPart(part);
+  }
+}
+
+}  // namespace tandem

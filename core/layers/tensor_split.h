@@ -1,0 +1,76 @@
+// Tensor (intra-layer) parallelism: one layer's weights split over the ranks of a tensor
+// group, each rank on its own device with a share of the layer's output or input features
+// in proportion to its speed (DESIGN.md, Parallel axes). Every rank runs the same stage on
+// the same input and ends it with the same output; inside, pairs of linear layers split
+// Megatron's way:
+//
+//   column  (the first of a pair): W's rows [begin, end) and their biases; y_r = x W_r^T + b_r
+//           is this rank's slice of the output features. Forward: no communication, bitwise
+//           the unsplit layer's columns. Backward: dx = sum over ranks of dy_r W_r, one
+//           all-reduce; weight gradients local.
+//   row     (the second): W's columns [begin, end), the bias whole; y = sum over ranks of
+//           x_r W_r^T, one all-reduce, then + b. Backward: dx_r = dy W_r, local; weight and
+//           bias gradients local (the bias's the same on every rank).
+//
+// Between the two only per-feature activations (relu, gelu, silu, tanh, sigmoid) may run:
+// they work on the rank's slice as they would on the whole. The all-reduces add the ranks'
+// partial sums in rank order, so a split stage's output and input gradient differ from the
+// unsplit layer's by rounding (a sum regrouped), identically on every rank and run; its
+// parameter gradients are bitwise the unsplit layer's slices. Layers outside a pair are
+// replicated: each rank runs them whole.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/comm/group.h"
+#include "core/layers/sequence.h"
+
+namespace tandem {
+
+enum class TensorSplit { kColumn, kRow };
+std::string tensorSplitName(TensorSplit split);
+
+// One layer's part on one rank of a tensor group.
+struct TensorPart {
+  Group* group = nullptr;  // the tensor group; outlives the layer's forward and backward
+  TensorSplit split = TensorSplit::kColumn;
+  int64_t begin = 0, end = 0;  // this rank's slice of the split features
+  uint64_t tag = 0;            // its all-reduces' tag (the same on every rank)
+  std::chrono::milliseconds timeout{60000};
+  int64_t width() const { return end - begin; }
+};
+
+// `units` whole features cut into shares.size() contiguous slices in proportion to
+// `shares` (largest remainders, ties to the lower rank), at least one each: bounds[r] to
+// bounds[r + 1] is rank r's. InvalidArgument, naming `what`, for fewer units than ranks or
+// a share that is not positive.
+std::vector<int64_t> shareBounds(int64_t units, const std::vector<double>& shares,
+                                 const std::string& what);
+
+// Sums `t` (f32, on `backend`) over the group's ranks, in rank order, in place: on the host
+// buffer where the backend computes in host memory, else through a download and an upload.
+void allreduceTensor(Backend& backend, const Tensor& t, Group& group, const AllreduceOptions& o);
+
+// What a tensor split makes of each layer of a range.
+struct TensorRole {
+  size_t layer = 0;
+  enum Kind { kWhole, kColumn, kRow, kSlice } kind = kWhole;  // kSlice: an activation between
+};
+// The roles of layers [begin, end) of `layers` (after setup): each linear followed, past
+// per-feature activations only, by another linear in the range makes a column-row pair;
+// everything else stays whole. InvalidArgument naming the range if no pair is found.
+std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, size_t end);
+// "1 linear column, 2 relu slice, 3 linear row, 4 linear whole".
+std::string describe(const Sequence& layers, const std::vector<TensorRole>& roles);
+
+// Makes this process rank `rank` of a tensor group of shares.size() ranks over the pairs
+// of `roles` (before build): each pair's hidden features cut by shareBounds, the column
+// layer taking its rank's outputs and the row layer the same inputs. InvalidArgument if a
+// pair has fewer hidden features than ranks, naming the layer. The caller re-runs setup.
+void applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Group& group,
+                      const std::vector<double>& shares, uint64_t tag_base = 0);
+
+}  // namespace tandem

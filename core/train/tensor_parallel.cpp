@@ -1,0 +1,152 @@
+#include "core/train/tensor_parallel.h"
+
+#include <exception>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "core/error.h"
+
+namespace tandem {
+
+TensorParallelTrainer::TensorParallelTrainer(
+    const ModelSpec& spec, const std::vector<Backend*>& backends, const std::vector<Group*>& groups,
+    std::vector<double> shares, const OptimizerOptions& optimizer, const TrainOptions& options)
+    : spec_(spec), shares_(std::move(shares)), optimizer_options_(optimizer) {
+  const size_t ranks = backends.size();
+  TANDEM_CHECK_MSG(ranks >= 1 && groups.size() == ranks, InvalidArgument,
+                   "tensor parallel: " << backends.size() << " backends for " << groups.size()
+                                       << " group ranks");
+  if (shares_.empty()) shares_.assign(ranks, 1.0);
+  TANDEM_CHECK_MSG(shares_.size() == ranks, InvalidArgument,
+                   "tensor parallel: " << shares_.size() << " shares for " << ranks << " ranks");
+  for (size_t r = 0; r < ranks; ++r) {
+    TANDEM_CHECK_MSG(groups[r]->rank() == static_cast<int>(r), InvalidArgument,
+                     "tensor parallel: group " << r << " is rank " << groups[r]->rank());
+    models_.push_back(std::make_unique<Model>(spec));
+    roles_ = models_.back()->splitForTensor(0, Model::kEnd, *groups[r], shares_);
+    models_.back()->build(*backends[r], options.seed);
+    optimizers_.push_back(std::make_unique<Optimizer>(*backends[r], optimizer));
+    trainers_.push_back(std::make_unique<Trainer>(*models_.back(), *optimizers_.back(), options));
+  }
+}
+
+TensorParallelTrainer::~TensorParallelTrainer() = default;
+
+void TensorParallelTrainer::onEveryRank(const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(models_.size());
+  std::vector<std::thread> threads;
+  for (int r = 1; r < ranks(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  try {
+    fn(0);
+  } catch (...) {
+    errors[0] = std::current_exception();
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+double TensorParallelTrainer::step(const float* x, const int32_t* labels, int64_t n) {
+  double loss = 0;
+  onEveryRank([&](int r) {
+    const double mine = trainers_[static_cast<size_t>(r)]->step(x, labels, n);
+    if (r == 0) loss = mine;
+  });
+  return loss;
+}
+
+EpochReport TensorParallelTrainer::trainEpoch(
+    const Dataset& data, int64_t epoch, const std::function<void(const StepReport&)>& progress) {
+  EpochReport report;
+  onEveryRank([&](int r) {
+    const EpochReport mine = trainers_[static_cast<size_t>(r)]->trainEpoch(
+        data, epoch, r == 0 ? progress : std::function<void(const StepReport&)>());
+    if (r == 0) report = mine;
+  });
+  return report;
+}
+
+EvalResult TensorParallelTrainer::evaluate(const Dataset& data, int64_t batch) {
+  EvalResult result;
+  onEveryRank([&](int r) {
+    const EvalResult mine = tandem::evaluate(*models_[static_cast<size_t>(r)], data, batch);
+    if (r == 0) result = mine;
+  });
+  return result;
+}
+
+namespace {
+
+// The whole tensor [rows, ...] from the ranks' parts of it: a column part's rows follow
+// each other; a row part's weight holds columns of every row; anything else is whole on
+// every rank (rank 0's is taken).
+std::vector<float> assemble(TensorRole::Kind kind, bool weight, int64_t rows,
+                            const std::vector<std::vector<float>>& parts) {
+  if (kind == TensorRole::kColumn) {
+    std::vector<float> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  }
+  if (kind != TensorRole::kRow || !weight) return parts.at(0);
+  std::vector<float> out;
+  for (int64_t i = 0; i < rows; ++i)
+    for (const auto& p : parts) {
+      const auto width = static_cast<int64_t>(p.size()) / rows;
+      out.insert(out.end(), p.begin() + i * width, p.begin() + (i + 1) * width);
+    }
+  return out;
+}
+
+// "3.weight" (or its optimizer slot "3.weight.m"): layer 3, the weight.
+std::pair<size_t, bool> whoseParam(const std::string& name) {
+  const size_t dot = name.find('.');
+  return {std::stoul(name.substr(0, dot)), name.compare(dot + 1, 6, "weight") == 0};
+}
+
+}  // namespace
+
+TensorParallelTrainer::Merged TensorParallelTrainer::merged(Backend& backend) const {
+  Merged m;
+  m.model = std::make_unique<Model>(spec_);
+  m.model->build(backend, 0);  // every value is overwritten below
+  auto whole = [&](const std::string& name, const Shape& shape,
+                   const std::function<Tensor(size_t)>& part) {
+    std::vector<std::vector<float>> parts;
+    for (size_t r = 0; r < models_.size(); ++r) parts.push_back(toHost(part(r)));
+    const auto [layer, weight] = whoseParam(name);
+    std::vector<float> values = assemble(roles_.at(layer).kind, weight, shape[0], parts);
+    TANDEM_CHECK_MSG(static_cast<int64_t>(values.size()) == shape.numel(), InvalidArgument,
+                     "tensor parallel: the ranks' parts of " << name << " hold " << values.size()
+                                                             << " values for " << shape);
+    return toDevice(backend, shape, values);
+  };
+  for (Param* p : m.model->params()) {
+    const Tensor t = whole(p->name, p->value.shape(),
+                           [&](size_t r) { return models_[r]->param(p->name).value; });
+    backend.copy(t, p->value);
+  }
+  m.optimizer = std::make_unique<Optimizer>(backend, optimizer_options_);
+  std::vector<std::map<std::string, Tensor>> states;
+  for (const auto& o : optimizers_) {
+    states.emplace_back();
+    for (const auto& [name, t] : o->state()) states.back()[name] = t;
+  }
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (const auto& [name, t] : states.at(0)) {
+    const std::string param = name.substr(0, name.rfind('.'));
+    state.emplace_back(name, whole(name, m.model->param(param).value.shape(),
+                                   [&](size_t r) { return states[r].at(name); }));
+  }
+  m.optimizer->restore(state, optimizers_.at(0)->steps());
+  return m;
+}
+
+}  // namespace tandem

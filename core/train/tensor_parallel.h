@@ -1,0 +1,67 @@
+// Tensor-parallel training on one node: R ranks, each a thread driving its own backend
+// with its slice of every split layer (core/layers/tensor_split.h: linear pairs cut by
+// feature shares, e.g. in proportion to the devices' speeds), the rest of the model whole
+// on every rank. Every rank trains on the same batches in the same order (a Trainer each,
+// same seed): the split layers' all-reduces keep them in step, so their losses agree and
+// the replicated parameters take the same updates (bitwise on alike devices, to rounding
+// across unequal ones). Rank 0 runs on the caller's thread and reports progress.
+//
+// merged() gives the whole model back (each split parameter and its optimizer state
+// assembled from the ranks' slices), for saving, evaluation elsewhere and export.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/comm/group.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+#include "core/train/trainer.h"
+
+namespace tandem {
+
+class TensorParallelTrainer {
+ public:
+  // One rank per backend and group (groups[r] is rank r of one group of backends.size()
+  // ranks); `shares` the ranks' relative shares of each split layer's features (empty:
+  // equal). The model is split over all its layers and built from `seed` on every rank.
+  TensorParallelTrainer(const ModelSpec& spec, const std::vector<Backend*>& backends,
+                        const std::vector<Group*>& groups, std::vector<double> shares,
+                        const OptimizerOptions& optimizer, const TrainOptions& options);
+  ~TensorParallelTrainer();
+
+  int ranks() const { return static_cast<int>(models_.size()); }
+  Model& model(int rank) { return *models_.at(static_cast<size_t>(rank)); }
+  const std::vector<TensorRole>& roles() const { return roles_; }
+  const std::vector<double>& shares() const { return shares_; }
+
+  // One step on a host batch of n samples, every rank on its thread (Trainer::step);
+  // returns the batch's mean loss (rank 0's).
+  double step(const float* x, const int32_t* labels, int64_t n);
+  EpochReport trainEpoch(const Dataset& data, int64_t epoch,
+                         const std::function<void(const StepReport&)>& progress);
+  // Forward-only pass on every rank (the split layers meet in their all-reduces); rank 0's.
+  EvalResult evaluate(const Dataset& data, int64_t batch);
+
+  // The whole model on `backend`, its parameters and optimizer state assembled from the
+  // ranks' slices (a column part's rows, a row part's columns; rank 0's of the rest).
+  struct Merged {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Optimizer> optimizer;
+  };
+  Merged merged(Backend& backend) const;
+
+ private:
+  // Runs fn(rank) on every rank at once, rank 0 on this thread; rethrows the first error.
+  void onEveryRank(const std::function<void(int)>& fn);
+
+  ModelSpec spec_;
+  std::vector<double> shares_;
+  OptimizerOptions optimizer_options_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<std::unique_ptr<Optimizer>> optimizers_;
+  std::vector<std::unique_ptr<Trainer>> trainers_;
+  std::vector<TensorRole> roles_;
+};
+
+}  // namespace tandem
