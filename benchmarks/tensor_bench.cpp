@@ -1,6 +1,7 @@
 // Tensor parallelism on one node (core/train/tensor_parallel.h): samples/s of a training
-// step of the wide MLP (784-1024-1024-10, batch 256; its first linear pair split) with
-// its features over 2 ranks of 1 thread each, beside the other ways to use the same two
+// step of the wide MLP (784-1024-1024-10, batch 256; its first linear pair split) and of
+// examples/models/cnn.yaml (batch 128; its convolutions split by channels and its linear
+// pair by features) over 2 ranks of 1 thread each, beside the other ways to use the same two
 // cores in the same run: one device of 1 thread (the ideal is 2x it), one device of 2
 // threads (our GEMMs split over the pool), and 2 data-parallel replicas of 1 thread.
 // Where the machine has an OpenCL device, the same split over the CPU (1 thread) and
@@ -24,6 +25,7 @@
 #include "backends/registry.h"
 #include "benchmarks/ratio_reporter.h"
 #include "benchmarks/train_step_cases.h"
+#include "core/file.h"
 #include "core/model_spec.h"
 #include "core/random.h"
 #include "core/train/data_parallel.h"
@@ -33,48 +35,60 @@
 namespace tandem::bench {
 namespace {
 
-constexpr int64_t kBatch = 256;
+constexpr int64_t kBatch = 256;  // the wide MLP's
+
+const StepCase& mlpWide() {
+  static const StepCase c{"mlp-wide", kMlpWideYaml, kBatch};
+  return c;
+}
+const StepCase& cnn() {
+  static const StepCase c{"cnn", readFile(TANDEM_SOURCE_DIR "/examples/models/cnn.yaml", "model"),
+                          128};
+  return c;
+}
 
 struct Batch {
   std::vector<float> x;
   std::vector<int32_t> y;
 };
 
-Batch randomBatch(const ModelSpec& spec) {
+Batch randomBatch(const ModelSpec& spec, int64_t batch = kBatch) {
   const Model model(spec);
   Rng rng(7);
   Batch b;
-  b.x.resize(static_cast<size_t>(kBatch * model.inputShape().numel()));
+  b.x.resize(static_cast<size_t>(batch * model.inputShape().numel()));
   for (float& v : b.x) v = rng.normal();
   const auto classes = static_cast<uint64_t>(model.outputShape()[0]);
-  for (int64_t i = 0; i < kBatch; ++i) b.y.push_back(static_cast<int32_t>(rng.below(classes)));
+  for (int64_t i = 0; i < batch; ++i) b.y.push_back(static_cast<int32_t>(rng.below(classes)));
   return b;
 }
 
 template <typename StepFn>
-void timeSteps(benchmark::State& state, StepFn&& step) {
+void timeSteps(benchmark::State& state, StepFn&& step, int64_t batch = kBatch) {
   for (int i = 0; i < 3; ++i) step();  // warm-up
   for (auto _ : state) benchmark::DoNotOptimize(step());
-  state.SetItemsProcessed(state.iterations() * kBatch);  // items/s: samples/s
+  state.SetItemsProcessed(state.iterations() * batch);  // items/s: samples/s
 }
 
 // One device training the whole model: its step and a Trainer over it.
 struct Alone {
-  explicit Alone(Backend& backend, const ModelSpec& spec) : model(spec), opt(backend, {}) {
+  Alone(Backend& backend, const ModelSpec& spec, int64_t batch = kBatch)
+      : model(spec), opt(backend, {}) {
     model.build(backend, 1);
-    trainer = std::make_unique<Trainer>(model, opt, TrainOptions{kBatch, 1, false});
+    trainer = std::make_unique<Trainer>(model, opt, TrainOptions{batch, 1, false});
   }
   Model model;
   Optimizer opt;
   std::unique_ptr<Trainer> trainer;
 };
 
-void whole(benchmark::State& state, int threads) {
-  const ModelSpec spec = parseModelSpec(kMlpWideYaml, "benchmark");
-  const Batch b = randomBatch(spec);
+void whole(benchmark::State& state, const StepCase* c, int threads) {
+  const ModelSpec spec = parseModelSpec(c->spec_yaml, "benchmark");
+  const Batch b = randomBatch(spec, c->batch);
   cpu::CpuBackend backend(cpu::CpuOptions{threads});
-  Alone a(backend, spec);
-  timeSteps(state, [&] { return a.trainer->step(b.x.data(), b.y.data(), kBatch); });
+  Alone a(backend, spec, c->batch);
+  timeSteps(
+      state, [&] { return a.trainer->step(b.x.data(), b.y.data(), c->batch); }, c->batch);
 }
 
 // The CPU (1 thread) and opencl:0: each one's steps per second alone (the median of 5
@@ -130,23 +144,25 @@ void mixedRanks(benchmark::State& state, bool by_speed) {
 }
 
 // Two ranks (tensor) or replicas (data) of one thread each.
-void twoRanks(benchmark::State& state, bool tensor) {
-  const ModelSpec spec = parseModelSpec(kMlpWideYaml, "benchmark");
-  const Batch b = randomBatch(spec);
-  cpu::CpuBackend a(cpu::CpuOptions{1}), c(cpu::CpuOptions{1});
+void twoRanks(benchmark::State& state, const StepCase* c, bool tensor) {
+  const ModelSpec spec = parseModelSpec(c->spec_yaml, "benchmark");
+  const int64_t n = c->batch;
+  const Batch b = randomBatch(spec, n);
+  cpu::CpuBackend first(cpu::CpuOptions{1}), second(cpu::CpuOptions{1});
   auto groups = transport::makeLocalGroup(2);
-  const std::vector<Backend*> backends{&a, &c};
+  const std::vector<Backend*> backends{&first, &second};
   const std::vector<Group*> g{groups[0].get(), groups[1].get()};
   if (tensor) {
-    TensorParallelTrainer tp(spec, backends, g, {}, OptimizerOptions{},
-                             TrainOptions{kBatch, 1, false});
-    timeSteps(state, [&] { return tp.step(b.x.data(), b.y.data(), kBatch); });
+    TensorParallelTrainer tp(spec, backends, g, {}, OptimizerOptions{}, TrainOptions{n, 1, false});
+    timeSteps(
+        state, [&] { return tp.step(b.x.data(), b.y.data(), n); }, n);
     return;
   }
   DataParallelOptions o;
-  o.batch = kBatch;
+  o.batch = n;
   DataParallelTrainer dp(spec, backends, g, OptimizerOptions{}, o);
-  timeSteps(state, [&] { return dp.step(b.x.data(), b.y.data(), kBatch); });
+  timeSteps(
+      state, [&] { return dp.step(b.x.data(), b.y.data(), n); }, n);
 }
 
 }  // namespace
@@ -157,19 +173,21 @@ int main(int argc, char** argv) {
   tandem::cpu::useFasterBlasCore(argv);  // the kernels tandem's programs run
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  const char* c = "/mlp-wide-b256";
-  benchmark::RegisterBenchmark((std::string("tensor-2x1") + c).c_str(), twoRanks, true)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark((std::string("whole-1") + c).c_str(), whole, 1)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark((std::string("whole-2") + c).c_str(), whole, 2)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark((std::string("replicas-2x1") + c).c_str(), twoRanks, false)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
+  for (const StepCase* c : {&mlpWide(), &cnn()}) {
+    const std::string name = "/" + c->name + "-b" + std::to_string(c->batch);
+    benchmark::RegisterBenchmark(("tensor-2x1" + name).c_str(), twoRanks, c, true)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("whole-1" + name).c_str(), whole, c, 1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("whole-2" + name).c_str(), whole, c, 2)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("replicas-2x1" + name).c_str(), twoRanks, c, false)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   std::vector<RatioRule> rules{{"tensor-2x1/", "whole-1/", "tensor 2x1 vs 1 thread"},
                                {"tensor-2x1/", "whole-2/", "tensor 2x1 vs 2 threads"},
                                {"tensor-2x1/", "replicas-2x1/", "tensor 2x1 vs replicas 2x1"}};

@@ -29,12 +29,13 @@ Conv2d::Conv2d(const LayerSpec& spec) {
 
 Shape Conv2d::infer(const Shape& input) {
   TANDEM_CHECK_MSG(input.rank() == 3, InvalidArgument, "expected input [C, H, W], got " << input);
-  TANDEM_CHECK_MSG(in_channels_ == 0 || in_channels_ == input[0], InvalidArgument,
-                   "expected input [" << in_channels_ << ", H, W], got " << input);
+  const int64_t channels = row() ? part_->width() : in_channels_;  // a row part's: its slice
+  TANDEM_CHECK_MSG(channels == 0 || channels == input[0], InvalidArgument,
+                   "expected input [" << channels << ", H, W], got " << input);
   TANDEM_CHECK_MSG(
       input[0] % groups_ == 0, InvalidArgument,
       "conv2d: 'groups' " << groups_ << " must divide the input's " << input[0] << " channels");
-  in_channels_ = input[0];
+  if (!row()) in_channels_ = input[0];
   g_.channels = input[0];
   g_.height = input[1];
   g_.width = input[2];
@@ -44,11 +45,42 @@ Shape Conv2d::infer(const Shape& input) {
                    InvalidArgument,
                    "kernel " << g_.kernel_h << "x" << g_.kernel_w << " does not fit input " << input
                              << " with padding " << g_.pad_h << "x" << g_.pad_w);
-  return {out_channels_, g_.outHeight(), g_.outWidth()};
+  return {outs(), g_.outHeight(), g_.outWidth()};
+}
+
+void Conv2d::setTensorPart(const TensorPart& part) {
+  TANDEM_CHECK_MSG(in_channels_ > 0, InvalidArgument, "conv2d: a tensor part is set after setup");
+  TANDEM_CHECK_MSG(
+      groups_ == 1, InvalidArgument,
+      "conv2d: a grouped convolution (groups " << groups_ << ") cannot be tensor-split");
+  checkTensorPart(part, splitFeatures(part.split), "conv2d");
+  part_ = part;
+}
+
+// The whole layer's draws (weight, then bias), sliced: a column part's output channels
+// (rows of [OC, C * kh * kw]), a row part's input channels (a run of each row).
+void Conv2d::buildPart(Backend& backend, Rng& rng) {
+  const int64_t kk = g_.kernel_h * g_.kernel_w, fan_in = in_channels_ * kk;
+  const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+  const std::vector<float> w = uniformInit(rng, out_channels_ * fan_in, bound);
+  const std::vector<float> b =
+      bias_ ? uniformInit(rng, out_channels_, bound) : std::vector<float>{};
+  const int64_t o0 = column() ? part_->begin : 0, c0 = row() ? part_->begin * kk : 0;
+  const int64_t width = g_.channels * kk;  // of each kept row
+  std::vector<float> mine;
+  for (int64_t o = o0; o < o0 + outs(); ++o) {
+    const auto first = w.begin() + o * fan_in + c0;
+    mine.insert(mine.end(), first, first + width);
+  }
+  weight_ = makeParam(backend, "weight", {outs(), g_.channels, g_.kernel_h, g_.kernel_w}, mine);
+  if (bias_)
+    b_ = makeParam(backend, "bias", {outs()},
+                   std::vector<float>(b.begin() + o0, b.begin() + o0 + outs()));
 }
 
 void Conv2d::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
+  if (part_) return buildPart(backend, rng);
   const int64_t fan_in = gg_.channels * g_.kernel_h * g_.kernel_w;  // (PyTorch's, per group)
   const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
   weight_ = makeParam(backend, "weight", {out_channels_, gg_.channels, g_.kernel_h, g_.kernel_w},
@@ -81,8 +113,11 @@ Tensor Conv2d::bySample(const Tensor& t, int64_t channels) const {
 Tensor Conv2d::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   const int64_t n = x.shape()[0], oh = g_.outHeight(), ow = g_.outWidth();
   if (groups_ == 1) {
-    Tensor y = backend_->empty({n, out_channels_, oh, ow});
-    backend_->conv2d(x, weight_.value, bias_ ? b_.value : Tensor(), g_, y);
+    Tensor y = backend_->empty({n, outs(), oh, ow});
+    // A row part's partial sums meet in the all-reduce: rank 0's carries the bias.
+    const bool add_bias = bias_ && (!row() || part_->group->rank() == 0);
+    backend_->conv2d(x, weight_.value, add_bias ? b_.value : Tensor(), g_, y);
+    if (row()) allreducePart(*backend_, y, *part_, 0);
     stash.saved = {x};
     return y;
   }
@@ -104,6 +139,7 @@ Tensor Conv2d::backward(const Tensor& dy, Stash& stash, bool need_dx) {
     if (!need_dx) return Tensor();
     Tensor dx = backend_->empty(x.shape());
     backend_->conv2dBackwardData(dy, weight_.value, g_, dx);
+    if (column()) allreducePart(*backend_, dx, *part_, 1);  // every output channel's share
     return dx;
   }
   const int64_t n = dy.shape()[0], og = out_channels_ / groups_;
@@ -130,7 +166,7 @@ int64_t Conv2d::workspaceBytes(int64_t batch) const {
   // tensors).
   // Grouped: one group's convolution at a time, beside the regrouped input, output and
   // gradients (the input's stays in the stash).
-  const int64_t ohw = g_.outHeight() * g_.outWidth(), og = out_channels_ / groups_;
+  const int64_t ohw = g_.outHeight() * g_.outWidth(), og = outs() / groups_;
   const int64_t c = convColumnChunk(gg_, og, batch);
   const int64_t k = gg_.channels * g_.kernel_h * g_.kernel_w;
   const int64_t col = k * c * ohw;
@@ -143,12 +179,12 @@ int64_t Conv2d::workspaceBytes(int64_t batch) const {
 }
 
 int64_t Conv2d::paramCount() const {
-  return out_channels_ * gg_.channels * g_.kernel_h * g_.kernel_w + (bias_ ? out_channels_ : 0);
+  return outs() * gg_.channels * g_.kernel_h * g_.kernel_w + (bias_ ? outs() : 0);
 }
 
 int64_t Conv2d::flops() const {
   const int64_t ohw = g_.outHeight() * g_.outWidth();
-  return ohw * out_channels_ * (2 * gg_.channels * g_.kernel_h * g_.kernel_w + (bias_ ? 1 : 0));
+  return ohw * outs() * (2 * gg_.channels * g_.kernel_h * g_.kernel_w + (bias_ ? 1 : 0));
 }
 
 LayerSpec Conv2d::spec() const {

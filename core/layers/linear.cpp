@@ -41,13 +41,7 @@ void Linear::setTensorPart(const TensorPart& part) {
   TANDEM_CHECK_MSG(in_ > 0, InvalidArgument, "linear: a tensor part is set after setup");
   TANDEM_CHECK_MSG(!format_.int8, InvalidArgument,
                    "linear: int8 weights cannot be tensor-split (they are for inference only)");
-  TANDEM_CHECK_MSG(part.group != nullptr, InvalidArgument, "linear: a tensor part needs a group");
-  const int64_t features = part.split == TensorSplit::kColumn ? out_ : in_;
-  TANDEM_CHECK_MSG(0 <= part.begin && part.begin < part.end && part.end <= features,
-                   InvalidArgument,
-                   "linear: " << tensorSplitName(part.split) << " part [" << part.begin << ", "
-                              << part.end << ") is not inside its " << features << " "
-                              << (part.split == TensorSplit::kColumn ? "outputs" : "inputs"));
+  checkTensorPart(part, splitFeatures(part.split), "linear");
   part_ = part;
 }
 
@@ -81,15 +75,6 @@ void Linear::buildPart(Backend& backend, Rng& rng, float bound) {
   }
 }
 
-// Sums t over the tensor group; direction 0 is forward's (a row part's output), 1
-// backward's (a column part's input gradient).
-void Linear::allreduce(const Tensor& t, uint64_t direction) const {
-  AllreduceOptions o;
-  o.tag = part_->tag * 2 + direction;
-  o.timeout = part_->timeout;
-  allreduceTensor(*backend_, t, *part_->group, o);
-}
-
 std::vector<Param*> Linear::params() {
   std::vector<Param*> out = weight_.params();
   if (bias_) out.push_back(&b_);
@@ -102,7 +87,9 @@ Tensor Linear::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   const Tensor x2 = x.reshape({rows, cols});
   Tensor y = backend_->empty({rows, outs});
   weight_.forward(*backend_, x2, y);
-  if (row()) allreduce(y, 0);  // the partial products summed before the bias, added once
+  if (row())
+    allreducePart(*backend_, y, *part_,
+                  0);  // the partial products summed before the bias, added once
   if (bias_) backend_->addBias(y, b_.value);
   stash.saved = {x2};
   Shape ys = x.shape();
@@ -126,8 +113,8 @@ Tensor Linear::backwardInput(const Tensor& dy, Stash& stash) {
   const Tensor dy2 = dy.reshape({rows, weightRows()});
   Tensor dx = backend_->empty({rows, cols});
   backend_->gemm(false, false, 1.0f, dy2, weight_.trainable().value, 0.0f, dx);
-  if (column()) allreduce(dx, 1);  // every rank's outputs reach every input
-  stash.saved.push_back(dy2);      // for backwardWeights
+  if (column()) allreducePart(*backend_, dx, *part_, 1);  // every rank's outputs reach every input
+  stash.saved.push_back(dy2);                             // for backwardWeights
   Shape xs = dy.shape();
   xs[xs.rank() - 1] = cols;
   return dx.reshape(xs);

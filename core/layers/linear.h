@@ -11,7 +11,7 @@
 
 namespace tandem {
 
-class Linear final : public Layer {
+class Linear final : public Layer, public TensorSplittable {
  public:
   explicit Linear(const LayerSpec& spec);
   std::string type() const override { return "linear"; }
@@ -33,14 +33,13 @@ class Linear final : public Layer {
   int64_t stashBytes() const override { return inputShape().numel() * 4; }
   LayerSpec spec() const override;
 
-  // Makes this layer a rank's part of a tensor split: after setup, before build; setup
-  // runs again after it (the shapes change). Its weights are then the slice of the ones
-  // the whole layer draws from the same stream. InvalidArgument for int8 weights or a
-  // slice outside the split features.
-  void setTensorPart(const TensorPart& part);
-  const std::optional<TensorPart>& tensorPart() const { return part_; }
-  int64_t outFeatures() const { return out_; }
-  int64_t inFeatures() const { return in_; }
+  // A tensor part's weights are the slice of the ones the whole layer draws from the same
+  // stream. InvalidArgument for int8 weights or a slice outside the split features.
+  bool tensorSplittable() const override { return !format_.int8; }
+  int64_t splitFeatures(TensorSplit split) const override {
+    return split == TensorSplit::kColumn ? out_ : in_;
+  }
+  void setTensorPart(const TensorPart& part) override;
 
  protected:
   Shape infer(const Shape& input) override;
@@ -59,7 +58,6 @@ class Linear final : public Layer {
   int64_t weightRows() const { return column() ? part_->width() : out_; }
   int64_t weightCols() const { return row() ? part_->width() : in_; }
   void buildPart(Backend& backend, Rng& rng, float bound);
-  void allreduce(const Tensor& t, uint64_t direction) const;
 };
 
 }  // namespace tandem

@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "core/layers/linear.h"
 
 namespace tandem {
 
@@ -66,14 +65,37 @@ void allreduceTensor(Backend& backend, const Tensor& t, Group& group, const Allr
   backend.upload(t, buffer.data());
 }
 
-namespace {
-
-bool perFeature(const Layer& layer) {
-  static const char* const kinds[] = {"relu", "gelu", "silu", "tanh", "sigmoid"};
-  return std::find(std::begin(kinds), std::end(kinds), layer.type()) != std::end(kinds);
+void checkTensorPart(const TensorPart& part, int64_t features, const std::string& layer) {
+  TANDEM_CHECK_MSG(part.group != nullptr, InvalidArgument,
+                   layer << ": a tensor part needs a group");
+  TANDEM_CHECK_MSG(0 <= part.begin && part.begin < part.end && part.end <= features,
+                   InvalidArgument,
+                   layer << ": " << tensorSplitName(part.split) << " part [" << part.begin << ", "
+                         << part.end << ") is not inside its " << features << " "
+                         << (part.split == TensorSplit::kColumn ? "outputs" : "inputs"));
 }
 
-const Linear* asLinear(const Layer& layer) { return dynamic_cast<const Linear*>(&layer); }
+void allreducePart(Backend& backend, const Tensor& t, const TensorPart& part, uint64_t direction) {
+  AllreduceOptions o;
+  o.tag = part.tag * 2 + direction;
+  o.timeout = part.timeout;
+  allreduceTensor(backend, t, *part.group, o);
+}
+
+namespace {
+
+// Layers that work on each feature (channel) apart, so on a rank's slice as on the whole:
+// activations between any pair, pooling between convolutions.
+bool perFeature(const Layer& layer, const std::string& pair) {
+  static const char* const kinds[] = {"relu", "gelu", "silu", "tanh", "sigmoid"};
+  if (std::find(std::begin(kinds), std::end(kinds), layer.type()) != std::end(kinds)) return true;
+  return pair == "conv2d" && (layer.type() == "maxpool2d" || layer.type() == "avgpool2d");
+}
+
+const TensorSplittable* splittable(const Layer& layer) {
+  const auto* s = dynamic_cast<const TensorSplittable*>(&layer);
+  return s && s->tensorSplittable() ? s : nullptr;
+}
 
 }  // namespace
 
@@ -85,10 +107,11 @@ std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, si
   for (size_t i = begin; i < end; ++i) roles.push_back({i, TensorRole::kWhole});
   bool paired = false;
   for (size_t i = begin; i < end; ++i) {
-    if (!asLinear(layers.layer(i))) continue;
+    if (!splittable(layers.layer(i))) continue;
+    const std::string kind = layers.layer(i).type();
     size_t j = i + 1;
-    while (j < end && perFeature(layers.layer(j))) ++j;
-    if (j == end || !asLinear(layers.layer(j))) continue;
+    while (j < end && perFeature(layers.layer(j), kind)) ++j;
+    if (j == end || !splittable(layers.layer(j)) || layers.layer(j).type() != kind) continue;
     roles[i - begin].kind = TensorRole::kColumn;
     for (size_t k = i + 1; k < j; ++k) roles[k - begin].kind = TensorRole::kSlice;
     roles[j - begin].kind = TensorRole::kRow;
@@ -98,7 +121,9 @@ std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, si
   TANDEM_CHECK_MSG(paired, InvalidArgument,
                    "tensor split: layers [" << begin << ", " << end
                                             << ") hold no pair of linear layers (a linear, "
-                                               "per-feature activations only, a linear) to split");
+                                               "per-feature activations only, a linear) or of "
+                                               "convolutions to split (int8 linears and grouped "
+                                               "convolutions do not split)");
   return roles;
 }
 
@@ -120,12 +145,13 @@ void applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Gr
   for (size_t k = 0; k < roles.size(); ++k) {
     if (roles[k].kind != TensorRole::kColumn) continue;
     const size_t i = roles[k].layer;
-    auto& first = dynamic_cast<Linear&>(layers.layer(i));
+    auto& first = dynamic_cast<TensorSplittable&>(layers.layer(i));
     size_t j = k + 1;
     while (roles[j].kind != TensorRole::kRow) ++j;
-    auto& second = dynamic_cast<Linear&>(layers.layer(roles[j].layer));
+    auto& second = dynamic_cast<TensorSplittable&>(layers.layer(roles[j].layer));
     const std::vector<int64_t> bounds =
-        shareBounds(first.outFeatures(), shares, "layer " + std::to_string(i) + " (linear)");
+        shareBounds(first.splitFeatures(TensorSplit::kColumn), shares,
+                    "layer " + std::to_string(i) + " (" + layers.layer(i).type() + ")");
     TensorPart part;
     part.group = &group;
     part.begin = bounds[rank];

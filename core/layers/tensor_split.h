@@ -2,7 +2,8 @@
 // group, each rank on its own device with a share of the layer's output or input features
 // in proportion to its speed (DESIGN.md, Parallel axes). Every rank runs the same stage on
 // the same input and ends it with the same output; inside, pairs of linear layers split
-// Megatron's way:
+// Megatron's way (and pairs of convolutions alike, by channels: a column part holds output
+// channels, a row part input channels; the bias is added by rank 0's partial sum):
 //
 //   column  (the first of a pair): W's rows [begin, end) and their biases; y_r = x W_r^T + b_r
 //           is this rank's slice of the output features. Forward: no communication, bitwise
@@ -12,8 +13,9 @@
 //           x_r W_r^T, one all-reduce, then + b. Backward: dx_r = dy W_r, local; weight and
 //           bias gradients local (the bias's the same on every rank).
 //
-// Between the two only per-feature activations (relu, gelu, silu, tanh, sigmoid) may run:
-// they work on the rank's slice as they would on the whole. The all-reduces add the ranks'
+// Between the two only per-feature activations (relu, gelu, silu, tanh, sigmoid) may run,
+// and between convolutions per-channel pooling (maxpool2d, avgpool2d) too: they work on the
+// rank's slice as they would on the whole. The all-reduces add the ranks'
 // partial sums in rank order, so a split stage's output and input gradient differ from the
 // unsplit layer's by rounding (a sum regrouped), identically on every rank and run; its
 // parameter gradients are bitwise the unsplit layer's slices. Layers outside a pair are
@@ -43,6 +45,25 @@ struct TensorPart {
   int64_t width() const { return end - begin; }
 };
 
+// A layer that can hold a tensor part (linear: features; conv2d: channels).
+class TensorSplittable {
+ public:
+  virtual ~TensorSplittable() = default;
+  // Whether this layer splits at all (a grouped convolution does not).
+  virtual bool tensorSplittable() const = 0;
+  // The features a part of `split` cuts: the outputs for a column part, the inputs for a row.
+  virtual int64_t splitFeatures(TensorSplit split) const = 0;
+  // Makes the layer a rank's part: after setup, before build (setup runs again after it).
+  virtual void setTensorPart(const TensorPart& part) = 0;
+};
+// Checks `part` against a layer of `features` features to split (InvalidArgument naming
+// `layer`): the group set, the slice inside them.
+void checkTensorPart(const TensorPart& part, int64_t features, const std::string& layer);
+// Sums a part's tensor over its group (allreduceTensor), with the part's tag and timeout;
+// direction 0 for forward's all-reduce (a row part's output), 1 for backward's (a column
+// part's input gradient).
+void allreducePart(Backend& backend, const Tensor& t, const TensorPart& part, uint64_t direction);
+
 // `units` whole features cut into shares.size() contiguous slices in proportion to
 // `shares` (largest remainders, ties to the lower rank), at least one each: bounds[r] to
 // bounds[r + 1] is rank r's. InvalidArgument, naming `what`, for fewer units than ranks or
@@ -59,17 +80,19 @@ struct TensorRole {
   size_t layer = 0;
   enum Kind { kWhole, kColumn, kRow, kSlice } kind = kWhole;  // kSlice: an activation between
 };
-// The roles of layers [begin, end) of `layers` (after setup): each linear followed, past
-// per-feature activations only, by another linear in the range makes a column-row pair;
-// everything else stays whole. InvalidArgument naming the range if no pair is found.
+// The roles of layers [begin, end) of `layers` (after setup): each splittable linear (conv2d)
+// followed, past per-feature (per-channel) layers only, by another of its kind in the range
+// makes a column-row pair; everything else stays whole. InvalidArgument naming the range if
+// no pair is found.
 std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, size_t end);
 // "1 linear column, 2 relu slice, 3 linear row, 4 linear whole".
 std::string describe(const Sequence& layers, const std::vector<TensorRole>& roles);
 
-// Makes this process rank `rank` of a tensor group of shares.size() ranks over the pairs
-// of `roles` (before build): each pair's hidden features cut by shareBounds, the column
-// layer taking its rank's outputs and the row layer the same inputs. InvalidArgument if a
-// pair has fewer hidden features than ranks, naming the layer. The caller re-runs setup.
+// Makes this process rank group.rank() of a tensor group of shares.size() ranks over the
+// pairs of `roles` (before build): each pair's hidden features cut by shareBounds, the
+// column layer taking its rank's outputs and the row layer the same inputs. InvalidArgument
+// if a pair has fewer hidden features than ranks, naming the layer. The caller re-runs
+// setup.
 void applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Group& group,
                       const std::vector<double>& shares, uint64_t tag_base = 0);
 

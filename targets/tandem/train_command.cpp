@@ -236,7 +236,7 @@ void addTrain(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "train",
       "Train a model on one device, data parallel on several (--replicas), or with its linear "
-      "pairs split over several (--tensor)");
+      "and convolution pairs split over several (--tensor)");
   c->add_option("--model", args->model,
                 "Model spec (YAML), or an ONNX model (.onnx) or Hugging Face folder starting "
                 "from its weights")
@@ -277,7 +277,8 @@ void addTrain(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   c->add_option("--tensor", args->tensor,
                 "Tensor-parallel ranks (threads sharing memory), each on --device or on its "
-                "entry of --devices, each holding its share of every linear pair's features")
+                "entry of --devices, each holding its share of every linear pair's features "
+                "and convolution pair's channels")
       ->check(CLI::Range(1, 64));
   c->add_option("--devices", args->devices,
                 "Comma-separated devices, one per replica (or tensor rank)")

@@ -42,6 +42,18 @@ constexpr const char* kPair = R"(name: split-pair
 input: [13]
 layers: [{linear: {out: 127}}, gelu, {linear: {out: 7}}]
 )";
+// A pair of convolutions (output channels, then input channels) through relu and max
+// pooling, then a linear left whole.
+constexpr const char* kCnn = R"(name: split-cnn
+input: [3, 9, 9]
+layers:
+  - {conv2d: {out: 13, kernel: 3, padding: 1}}
+  - relu
+  - {maxpool2d: {kernel: 2}}
+  - {conv2d: {out: 7, kernel: 3}}
+  - flatten
+  - {linear: {out: 4}}
+)";
 constexpr int64_t kBatch = 5;
 constexpr uint64_t kSeed = 4;
 
@@ -182,6 +194,18 @@ TEST(TensorSplitTest, PairsSplitAndTheRestStaysWhole) {
   EXPECT_EQ(model.layer(2).paramCount(), 13 * 95 + 13);
   EXPECT_EQ(model.layer(2).flops(), 2 * 95 * 13 + 13);
   EXPECT_EQ(model.layer(7).paramCount(), 3 * 9 + 3);
+
+  // Convolutions by channels: rank 1 of 1 : 3 holds channels [3, 13) of 13.
+  Model cnn(parseModelSpec(kCnn));
+  const auto conv_roles = cnn.splitForTensor(0, Model::kEnd, *groups[1], {1, 3});
+  EXPECT_EQ(describe(Sequence(parseModelSpec(kCnn).layers), conv_roles),
+            "0 conv2d column, 1 relu slice, 2 maxpool2d slice, 3 conv2d row, 4 flatten whole, "
+            "5 linear whole");
+  EXPECT_EQ(cnn.layer(0).outputShape(), Shape({10, 9, 9}));
+  EXPECT_EQ(cnn.layer(2).outputShape(), Shape({10, 4, 4}));
+  EXPECT_EQ(cnn.layer(3).outputShape(), Shape({7, 2, 2}));
+  EXPECT_EQ(cnn.layer(0).paramCount(), 10 * 27 + 10);
+  EXPECT_EQ(cnn.layer(3).paramCount(), 7 * 10 * 9 + 7);
 }
 
 TEST(TensorSplitTest, SplitForwardAndBackwardEqualTheWholeOnCpu) {
@@ -256,6 +280,49 @@ TEST(TensorSplitTest, TrainingStepsFollowTheWholeModel) {
   }
 }
 
+// Convolutions split by channels, 2 and 3 ranks, on the CPU and with a CPU rank beside each
+// OpenCL device: outputs and gradients the whole model's to rounding, the convolutions'
+// biases' gradients bitwise on CPU ranks (their incoming gradients come through the whole
+// linear from the exact loss gradient).
+TEST(TensorSplitTest, ConvolutionsSplitByChannels) {
+  auto cpu = makeBackend("cpu");
+  const Pass whole = run(*cpu, nullptr, {}, 0, kCnn);
+  const auto& w = whole.grads;
+  std::vector<std::vector<std::string>> cases{{"cpu", "cpu"}, {"cpu", "cpu", "cpu"}};
+  for (const auto& d : opencl::listClDevices()) cases.push_back({"cpu", d.label()});
+  for (const auto& devices : cases) {
+    const bool alike = devices.back() == "cpu";
+    const std::vector<double> shares =
+        devices.size() == 3 ? std::vector<double>{1, 2, 4} : std::vector<double>{1, 3};
+    const std::vector<Pass> split = runSplit(devices, shares, 0, kCnn);
+    const std::vector<int64_t> h = shareBounds(13, shares, "layer 0");
+    const float tol = alike ? 1e-5f : 1e-4f;
+    for (size_t r = 0; r < split.size(); ++r) {
+      SCOPED_TRACE(::testing::Message()
+                   << "rank " << r << " of " << devices.size() << " (" << devices[r] << ")");
+      const auto& g = split[r].grads;
+      testing::expectCloseAll(split[r].y, whole.y, tol, "output");
+      testing::expectCloseAll(split[r].dx, whole.dx, tol, "input gradient");
+      testing::expectCloseAll(g.at("5.weight"), w.at("5.weight"), tol, "5.weight");
+      const std::vector<float> w0 = sliceOf(w.at("0.weight"), 27, h[r], h[r + 1], true);
+      const std::vector<float> b0 = sliceOf(w.at("0.bias"), 1, h[r], h[r + 1], true);
+      // [7, 13 * 9] by input channels: each channel a run of 9 in a row.
+      const std::vector<float> w3 = sliceOf(w.at("3.weight"), 117, h[r] * 9, h[r + 1] * 9, false);
+      if (!alike) {
+        testing::expectCloseAll(g.at("0.weight"), w0, tol, "0.weight");
+        testing::expectCloseAll(g.at("3.weight"), w3, tol, "3.weight");
+        continue;
+      }
+      // The CPU's weight-gradient kernels block by channels, so to rounding; the biases'
+      // sums do not depend on them.
+      testing::expectCloseAll(g.at("0.weight"), w0, tol, "0.weight");
+      testing::expectCloseAll(g.at("3.weight"), w3, tol, "3.weight");
+      EXPECT_EQ(g.at("0.bias"), b0);
+      EXPECT_EQ(g.at("3.bias"), w.at("3.bias"));
+    }
+  }
+}
+
 TEST(TensorSplitTest, RefusesWhatItCannotSplit) {
   auto groups = transport::makeLocalGroup(4);
   auto eight = transport::makeLocalGroup(8);
@@ -286,7 +353,15 @@ TEST(TensorSplitTest, RefusesWhatItCannotSplit) {
                            "relu, {linear: {out: 2}}]\n"));
         m.splitForTensor(0, Model::kEnd, *groups[0], {1, 1, 1, 1});
       },
-      {"int8 weights cannot be tensor-split"});
+      {"hold no pair", "int8 linears and grouped convolutions do not split"});
+  expectThrowWith<InvalidArgument>(
+      [&] {
+        Model m(
+            parseModelSpec("name: n\ninput: [4, 5, 5]\nlayers: [{conv2d: {out: 8, kernel: 3, "
+                           "groups: 2}}, relu, {conv2d: {out: 2, kernel: 3}}]\n"));
+        m.splitForTensor(0, Model::kEnd, *groups[0], {1, 1, 1, 1});
+      },
+      {"hold no pair", "grouped convolutions do not split"});
   auto cpu = makeBackend("cpu");
   expectThrowWith<InvalidArgument>(
       [&] {
