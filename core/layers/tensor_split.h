@@ -15,11 +15,13 @@
 //
 // Between the two only per-feature activations (relu, gelu, silu, tanh, sigmoid) may run,
 // and between convolutions per-channel pooling (maxpool2d, avgpool2d) too: they work on the
-// rank's slice as they would on the whole. The all-reduces add the ranks'
-// partial sums in rank order, so a split stage's output and input gradient differ from the
-// unsplit layer's by rounding (a sum regrouped), identically on every rank and run; its
-// parameter gradients are bitwise the unsplit layer's slices. Layers outside a pair are
-// replicated: each rank runs them whole.
+// rank's slice as they would on the whole. The all-reduces add the ranks' partial sums in
+// rank order, so a split stage's output and input gradient differ from the unsplit layer's
+// by rounding (a sum regrouped), identically on every rank of alike devices and every run;
+// so do the gradients of every layer that sees them. A linear pair whose incoming gradient
+// is exact has parameter gradients bitwise the unsplit layer's slices (a convolution's
+// weight gradients only to rounding: the CPU's kernels block by channels). Layers outside
+// a pair are replicated: each rank runs them whole.
 #pragma once
 
 #include <chrono>
