@@ -140,7 +140,8 @@ TensorParallelTrainer::Merged TensorParallelTrainer::merged(Backend& backend) co
     for (const auto& [name, t] : o->state()) states.back()[name] = t;
   }
   std::vector<std::pair<std::string, Tensor>> state;
-  for (const auto& [name, t] : states.at(0)) {
+  for (const auto& entry : states.at(0)) {
+    const std::string& name = entry.first;  // (not a structured binding: the lambda uses it)
     const std::string param = name.substr(0, name.rfind('.'));
     state.emplace_back(name, whole(name, m.model->param(param).value.shape(),
                                    [&](size_t r) { return states[r].at(name); }));
