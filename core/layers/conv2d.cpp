@@ -67,15 +67,9 @@ void Conv2d::buildPart(Backend& backend, Rng& rng) {
       bias_ ? uniformInit(rng, out_channels_, bound) : std::vector<float>{};
   const int64_t o0 = column() ? part_->begin : 0, c0 = row() ? part_->begin * kk : 0;
   const int64_t width = g_.channels * kk;  // of each kept row
-  std::vector<float> mine;
-  for (int64_t o = o0; o < o0 + outs(); ++o) {
-    const auto first = w.begin() + o * fan_in + c0;
-    mine.insert(mine.end(), first, first + width);
-  }
-  weight_ = makeParam(backend, "weight", {outs(), g_.channels, g_.kernel_h, g_.kernel_w}, mine);
-  if (bias_)
-    b_ = makeParam(backend, "bias", {outs()},
-                   std::vector<float>(b.begin() + o0, b.begin() + o0 + outs()));
+  weight_ = makeParam(backend, "weight", {outs(), g_.channels, g_.kernel_h, g_.kernel_w},
+                      sliceMatrix(w, fan_in, o0, outs(), c0, width));
+  if (bias_) b_ = makeParam(backend, "bias", {outs()}, sliceMatrix(b, 1, o0, outs(), 0, 1));
 }
 
 void Conv2d::build(Backend& backend, Rng& rng) {

@@ -58,21 +58,10 @@ void Linear::buildPart(Backend& backend, Rng& rng, float bound) {
   const std::vector<float> w = uniformInit(rng, out_ * in_, bound);
   const std::vector<float> b = bias_ ? uniformInit(rng, out_, bound) : std::vector<float>{};
   const int64_t rows = weightRows(), cols = weightCols();
-  std::vector<float> mine;
-  mine.reserve(static_cast<size_t>(rows * cols));
   const int64_t r0 = column() ? part_->begin : 0, c0 = row() ? part_->begin : 0;
-  for (int64_t r = r0; r < r0 + rows; ++r) {
-    const auto first = w.begin() + r * in_ + c0;
-    mine.insert(mine.end(), first, first + cols);
-  }
-  weight_.buildF32(backend, "weight", rows, cols, mine);
-  if (!bias_) return;
-  if (column()) {
-    b_ = makeParam(backend, "bias", {rows},
-                   std::vector<float>(b.begin() + r0, b.begin() + r0 + rows));
-  } else {
-    b_ = makeParam(backend, "bias", {out_}, b);
-  }
+  weight_.buildF32(backend, "weight", rows, cols, sliceMatrix(w, in_, r0, rows, c0, cols));
+  // A column part's biases for its outputs; a row part's whole (r0 0, rows all).
+  if (bias_) b_ = makeParam(backend, "bias", {rows}, sliceMatrix(b, 1, r0, rows, 0, 1));
 }
 
 std::vector<Param*> Linear::params() {

@@ -75,6 +75,17 @@ void checkTensorPart(const TensorPart& part, int64_t features, const std::string
                          << (part.split == TensorSplit::kColumn ? "outputs" : "inputs"));
 }
 
+std::vector<float> sliceMatrix(const std::vector<float>& m, int64_t cols, int64_t row, int64_t rows,
+                               int64_t col, int64_t width) {
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(rows * width));
+  for (int64_t r = row; r < row + rows; ++r) {
+    const auto first = m.begin() + r * cols + col;
+    out.insert(out.end(), first, first + width);
+  }
+  return out;
+}
+
 void allreducePart(Backend& backend, const Tensor& t, const TensorPart& part, uint64_t direction) {
   AllreduceOptions o;
   o.tag = part.tag * 2 + direction;

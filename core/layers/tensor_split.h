@@ -61,6 +61,10 @@ class TensorSplittable {
 // Checks `part` against a layer of `features` features to split (InvalidArgument naming
 // `layer`): the group set, the slice inside them.
 void checkTensorPart(const TensorPart& part, int64_t features, const std::string& layer);
+// Of a row-major matrix of `cols` columns, rows [row, row + rows) and of each its columns
+// [col, col + width): a part's slice of what the whole layer drew.
+std::vector<float> sliceMatrix(const std::vector<float>& m, int64_t cols, int64_t row, int64_t rows,
+                               int64_t col, int64_t width);
 // Sums a part's tensor over its group (allreduceTensor), with the part's tag and timeout;
 // direction 0 for forward's all-reduce (a row part's output), 1 for backward's (a column
 // part's input gradient).

@@ -3,9 +3,9 @@
 #include <exception>
 #include <map>
 #include <string>
-#include <thread>
 
 #include "core/error.h"
+#include "core/spin.h"
 
 namespace tandem {
 
@@ -28,30 +28,29 @@ TensorParallelTrainer::TensorParallelTrainer(
     models_.back()->build(*backends[r], options.seed);
     optimizers_.push_back(std::make_unique<Optimizer>(*backends[r], optimizer));
     trainers_.push_back(std::make_unique<Trainer>(*models_.back(), *optimizers_.back(), options));
+    if (r > 0)
+      threads_.push_back(std::make_unique<JobThread>(waitBeforeSleeping(static_cast<int>(ranks))));
   }
 }
 
 TensorParallelTrainer::~TensorParallelTrainer() = default;
 
 void TensorParallelTrainer::onEveryRank(const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(models_.size());
-  std::vector<std::thread> threads;
-  for (int r = 1; r < ranks(); ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
+  for (int r = 1; r < ranks(); ++r) threads_[static_cast<size_t>(r - 1)]->run([&fn, r] { fn(r); });
+  std::exception_ptr error;
   try {
     fn(0);
   } catch (...) {
-    errors[0] = std::current_exception();
+    error = std::current_exception();
   }
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+  for (auto& t : threads_) {  // a failed collective times out the others
+    try {
+      t->wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 double TensorParallelTrainer::step(const float* x, const int32_t* labels, int64_t n) {

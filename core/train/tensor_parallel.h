@@ -16,6 +16,7 @@
 #include "core/comm/group.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/train/job_thread.h"
 #include "core/train/trainer.h"
 
 namespace tandem {
@@ -52,7 +53,9 @@ class TensorParallelTrainer {
   Merged merged(Backend& backend) const;
 
  private:
-  // Runs fn(rank) on every rank at once, rank 0 on this thread; rethrows the first error.
+  // Runs fn(rank) on every rank at once, rank 0 on this thread and the others on their own
+  // (JobThread, kept for the trainer's life, as data-parallel replicas keep theirs); every
+  // rank finishes, then the first error is raised.
   void onEveryRank(const std::function<void(int)>& fn);
 
   ModelSpec spec_;
@@ -62,6 +65,7 @@ class TensorParallelTrainer {
   std::vector<std::unique_ptr<Optimizer>> optimizers_;
   std::vector<std::unique_ptr<Trainer>> trainers_;
   std::vector<TensorRole> roles_;
+  std::vector<std::unique_ptr<JobThread>> threads_;  // ranks 1.. (rank 0: the caller's)
 };
 
 }  // namespace tandem

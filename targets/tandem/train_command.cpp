@@ -172,9 +172,10 @@ void runTrain(TrainArgs a) {
                            << (a.tensor > 1 ? "tensor ranks" : "data-parallel replicas")
                            << " from the weights a model file or ONNX model brings is not "
                               "supported yet: train it on one device, or run it as a job");
+  const Model unbuilt(spec);  // shapes and counts of the whole model (a tensor rank's are less)
   std::vector<double> shares = a.shares;
   if (!a.profile.empty()) {
-    shares = sharesFromProfile(parseProfile(readFile(a.profile, "profile"), a.profile), Model(spec),
+    shares = sharesFromProfile(parseProfile(readFile(a.profile, "profile"), a.profile), unbuilt,
                                devices, a.profile);
     double total = 0;
     for (double s : shares) total += s;
@@ -184,7 +185,7 @@ void runTrain(TrainArgs a) {
                            100 * shares[r] / total, shares[r]);
     spdlog::info("{} shares from {}: {}", a.tensor > 1 ? "feature" : "batch", a.profile, split);
   }
-  const Shape input = Model(spec).inputShape();  // text data: windows of the context [T]
+  const Shape input = unbuilt.inputShape();  // text data: windows of the context [T]
   const int64_t context = input.rank() == 1 ? input[0] : 0;
   const Dataset train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed);
   const Dataset test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed);
@@ -199,7 +200,7 @@ void runTrain(TrainArgs a) {
   spdlog::info(
       "training '{}' ({} parameters{}) on {} with {} thread(s) each: {} train / {} test "
       "samples{}",
-      t.model().name(), Model(spec).paramCount(), a.tensor > 1 ? " in all" : "", where, a.threads,
+      t.model().name(), unbuilt.paramCount(), a.tensor > 1 ? " in all" : "", where, a.threads,
       train.size(), test.size(), axis);
   Progress progress(a.epochs);
   EvalResult last;
