@@ -1,8 +1,9 @@
 // Tensor parallelism on one node (core/train/tensor_parallel.h): samples/s of a training
 // step of the wide MLP (784-1024-1024-10, batch 256; its first linear pair split) and of
 // examples/models/cnn.yaml (batch 128; its convolutions split by channels and its linear
-// pair by features) over 2 ranks of 1 thread each, beside the other ways to use the same two
-// cores in the same run: one device of 1 thread (the ideal is 2x it), one device of 2
+// pair by features) and of examples/models/gpt-mini.yaml (batch 16 sequences of 128 tokens;
+// its blocks' heads and MLPs split) over 2 ranks of 1 thread each, beside the other ways to use the
+// same two cores in the same run: one device of 1 thread (the ideal is 2x it), one device of 2
 // threads (our GEMMs split over the pool), and 2 data-parallel replicas of 1 thread.
 // Where the machine has an OpenCL device, the same split over the CPU (1 thread) and
 // opencl:0, with the features shared in proportion to each device's measured speed on the
@@ -12,6 +13,11 @@
 // tensor ranks and the replicas meet on the in-process group, each on its own thread kept
 // for the run (TensorParallelTrainer and DataParallelTrainer, what `tandem train --tensor`
 // and `--replicas` run), and every two-way case has the same two cores as the 2-thread one.
+// Single-sequence greedy decoding of the GPT benchmarks/generate_job.py measures (width 384,
+// 6 blocks of 6 heads, MLP 1536, context 128: 10.7 M parameters) with the key/value cache:
+// tokens/s of 2 tensor ranks of 1 thread (each block's heads and MLP split evenly, every
+// rank generating in step, rank 1 on a kept thread) against one process of 1 thread (the
+// ideal is 2x it) and of 2 threads; each iteration a 4-token prompt and 60 new tokens.
 //
 //   build/release/benchmarks/tensor_bench [--benchmark_min_time=2]
 #include <benchmark/benchmark.h>
@@ -28,9 +34,12 @@
 #include "benchmarks/ratio_reporter.h"
 #include "benchmarks/train_step_cases.h"
 #include "core/file.h"
+#include "core/generate.h"
 #include "core/model_spec.h"
 #include "core/random.h"
+#include "core/spin.h"
 #include "core/train/data_parallel.h"
+#include "core/train/job_thread.h"
 #include "core/train/tensor_parallel.h"
 #include "transport/local_group.h"
 
@@ -48,20 +57,29 @@ const StepCase& cnn() {
                           128};
   return c;
 }
+const StepCase& gptMini() {
+  static const StepCase c{
+      "gpt-mini", readFile(TANDEM_SOURCE_DIR "/examples/models/gpt-mini.yaml", "model"), 16};
+  return c;
+}
 
 struct Batch {
   std::vector<float> x;
   std::vector<int32_t> y;
 };
 
+// Random inputs (token ids for a language model) and a label per sample (per position).
 Batch randomBatch(const ModelSpec& spec, int64_t batch = kBatch) {
   const Model model(spec);
+  const bool tokens = model.inputDType() == DType::kI32;
+  const Shape& out = model.outputShape();
+  const auto classes = static_cast<uint64_t>(out[out.rank() - 1]);
   Rng rng(7);
   Batch b;
   b.x.resize(static_cast<size_t>(batch * model.inputShape().numel()));
-  for (float& v : b.x) v = rng.normal();
-  const auto classes = static_cast<uint64_t>(model.outputShape()[0]);
-  for (int64_t i = 0; i < batch; ++i) b.y.push_back(static_cast<int32_t>(rng.below(classes)));
+  for (float& v : b.x) v = tokens ? static_cast<float>(rng.below(classes)) : rng.normal();
+  const int64_t labels = batch * (tokens ? out[0] : 1);
+  for (int64_t i = 0; i < labels; ++i) b.y.push_back(static_cast<int32_t>(rng.below(classes)));
   return b;
 }
 
@@ -167,6 +185,46 @@ void twoRanks(benchmark::State& state, const StepCase* c, bool tensor) {
       state, [&] { return dp.step(b.x.data(), b.y.data(), n); }, n);
 }
 
+constexpr int64_t kNewTokens = 60;
+const std::vector<int32_t> kPrompt{72, 101, 108, 108};
+
+ModelSpec gptWide() {
+  std::string yaml =
+      "name: gpt-wide\ninput: [128]\nlayers:\n  - embedding: {vocab: 256, dim: 384}\n"
+      "  - positional: {context: 128}\n";
+  for (int i = 0; i < 6; ++i) yaml += "  - transformer: {heads: 6, mlp: 1536}\n";
+  return parseModelSpec(yaml + "  - layernorm\n  - linear: {out: 256}\n", "benchmark");
+}
+
+void decodeWhole(benchmark::State& state, int threads) {
+  cpu::CpuBackend backend(cpu::CpuOptions{threads});
+  Model m(gptWide());
+  m.build(backend, 1);
+  generate(m, kPrompt, 4, {});  // warm-up
+  for (auto _ : state) benchmark::DoNotOptimize(generate(m, kPrompt, kNewTokens, {}).tokens);
+  state.SetItemsProcessed(state.iterations() * kNewTokens);  // items/s: tokens/s
+}
+
+void decodeTensor(benchmark::State& state) {
+  cpu::CpuBackend first(cpu::CpuOptions{1}), second(cpu::CpuOptions{1});
+  auto groups = transport::makeLocalGroup(2);
+  Model m0(gptWide()), m1(gptWide());
+  m0.splitForTensor(0, Model::kEnd, *groups[0], {1, 1});
+  m1.splitForTensor(0, Model::kEnd, *groups[1], {1, 1});
+  m0.build(first, 1);
+  m1.build(second, 1);
+  JobThread other(waitBeforeSleeping(2));
+  auto both = [&](int64_t count) {
+    other.run([&] { generate(m1, kPrompt, count, {}); });
+    const Generation g = generate(m0, kPrompt, count, {});
+    other.wait();
+    return g.tokens;
+  };
+  both(4);  // warm-up
+  for (auto _ : state) benchmark::DoNotOptimize(both(kNewTokens));
+  state.SetItemsProcessed(state.iterations() * kNewTokens);
+}
+
 }  // namespace
 }  // namespace tandem::bench
 
@@ -175,7 +233,7 @@ int main(int argc, char** argv) {
   tandem::cpu::useFasterBlasCore(argv);  // the kernels tandem's programs run
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  for (const StepCase* c : {&mlpWide(), &cnn()}) {
+  for (const StepCase* c : {&mlpWide(), &cnn(), &gptMini()}) {
     const std::string name = "/" + c->name + "-b" + std::to_string(c->batch);
     benchmark::RegisterBenchmark(("tensor-2x1" + name).c_str(), twoRanks, c, true)
         ->UseRealTime()
@@ -190,8 +248,18 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
+  benchmark::RegisterBenchmark("decode-tensor-2x1/gpt-wide", decodeTensor)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark(("decode-whole-" + std::to_string(threads) + "/gpt-wide").c_str(),
+                                 decodeWhole, threads)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   std::vector<RatioRule> rules{
       {"tensor-2x1/", "whole-1/", "tensor 2x1 vs 1 thread (ideal 2)"},
+      {"decode-tensor-2x1/", "decode-whole-1/", "decoding: tensor 2x1 vs 1 thread (ideal 2)"},
+      {"decode-tensor-2x1/", "decode-whole-2/", "decoding: tensor 2x1 vs 2 threads, 2 cores"},
       {"tensor-2x1/", "whole-2/", "tensor 2x1 vs 2 threads, 2 cores"},
       {"tensor-2x1/", "replicas-2x1/", "tensor 2x1 vs replicas 2x1, 2 cores"}};
   if (!tandem::opencl::listClDevices().empty()) {

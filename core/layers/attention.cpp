@@ -54,22 +54,57 @@ Shape Attention::infer(const Shape& input) {
   TANDEM_CHECK_MSG(!rope_.enabled() || head_size_ % 2 == 0, InvalidArgument,
                    "attention: rotary embedding needs an even head size, got " << head_size_);
   if (format_.int8) format_.groupFor(dim_, "attention");
+  k_ = part_ ? part_->width() : kv_heads_;
+  h_ = k_ * group();
   return input;
+}
+
+void Attention::splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) {
+  TANDEM_CHECK_MSG(dim_ > 0, InvalidArgument, "attention: a tensor split comes after setup");
+  TANDEM_CHECK_MSG(!format_.int8, InvalidArgument,
+                   "attention: int8 weights cannot be tensor-split (they are for inference only)");
+  part_ = blockPart(
+      group, shares, kv_heads_,
+      "attention (its " + std::to_string(kv_heads_) + " key/value head groups as features)",
+      next_tag);
 }
 
 void Attention::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
   const float bound = 1.0f / std::sqrt(static_cast<float>(dim_));
-  const int64_t qkv = totalHeads() * head_size_;
-  w_qkv_.build(backend, rng, "qkv.weight", qkv, dim_, bound, format_, "attention");
-  if (qkv_bias_) b_qkv_ = makeParam(backend, "qkv.bias", {qkv}, uniformInit(rng, qkv, bound));
-  w_out_.build(backend, rng, "out.weight", dim_, dim_, bound, format_, "attention");
-  if (out_bias_) b_out_ = makeParam(backend, "out.bias", {dim_}, uniformInit(rng, dim_, bound));
   if (rope_.enabled()) {
     const std::vector<float> inv = ropeInverseFrequencies(rope_, head_size_);
     inv_freq_ = backend.empty({static_cast<int64_t>(inv.size())});
     backend.upload(inv_freq_, inv.data());
   }
+  if (part_) return buildPart(backend, rng, bound);
+  const int64_t qkv = totalHeads() * head_size_;
+  w_qkv_.build(backend, rng, "qkv.weight", qkv, dim_, bound, format_, "attention");
+  if (qkv_bias_) b_qkv_ = makeParam(backend, "qkv.bias", {qkv}, uniformInit(rng, qkv, bound));
+  w_out_.build(backend, rng, "out.weight", dim_, dim_, bound, format_, "attention");
+  if (out_bias_) b_out_ = makeParam(backend, "out.bias", {dim_}, uniformInit(rng, dim_, bound));
+}
+
+// The whole layer's draws (build's, in its order), sliced: the rows of Wqkv (and bqkv) that
+// make this rank's query heads, then its key heads, then its value heads; the columns of Wo
+// its heads feed; the output bias whole.
+void Attention::buildPart(Backend& backend, Rng& rng, float bound) {
+  const int64_t s = head_size_, g = group(), qkv = (heads_ + 2 * kv_heads_) * s;
+  const int64_t b = part_->begin, e = part_->end;
+  const std::vector<float> w_qkv = uniformInit(rng, qkv * dim_, bound);
+  const std::vector<float> b_qkv = qkv_bias_ ? uniformInit(rng, qkv, bound) : std::vector<float>{};
+  const std::vector<float> w_out = uniformInit(rng, dim_ * dim_, bound);
+  const std::vector<float> b_out = out_bias_ ? uniformInit(rng, dim_, bound) : std::vector<float>{};
+  const std::vector<std::pair<int64_t, int64_t>> rows{
+      {b * g * s, e * g * s},
+      {(heads_ + b) * s, (heads_ + e) * s},
+      {(heads_ + kv_heads_ + b) * s, (heads_ + kv_heads_ + e) * s}};
+  w_qkv_.buildPart(backend, "qkv.weight", w_qkv, ParamSlice{qkv, dim_, rows, 0, dim_});
+  if (qkv_bias_)
+    b_qkv_ = makePartParam(backend, "qkv.bias", {totalHeads() * s}, b_qkv,
+                           ParamSlice{qkv, 1, rows, 0, 1});
+  w_out_.buildPart(backend, "out.weight", w_out, columnsOf(dim_, dim_, b * g * s, e * g * s));
+  if (out_bias_) b_out_ = makeParam(backend, "out.bias", {dim_}, b_out);
 }
 
 std::vector<Param*> Attention::params() {
@@ -89,7 +124,7 @@ Tensor Attention::project(const Tensor& x2, const std::vector<int32_t>& position
   if (rope_.enabled()) {
     Tensor pos = be.empty({rows}, DType::kI32);
     be.upload(pos, positions.data());
-    be.rope(qkv, pos, inv_freq_, heads_ + kv_heads_, false, qkv);
+    be.rope(qkv, pos, inv_freq_, h_ + k_, false, qkv);
   }
   return qkv;
 }
@@ -97,6 +132,7 @@ Tensor Attention::project(const Tensor& x2, const std::vector<int32_t>& position
 Tensor Attention::output(const Tensor& merged) {
   Tensor y = backend_->empty({merged.shape()[0], dim_});
   w_out_.forward(*backend_, merged, y);
+  if (part_) allreducePart(*backend_, y, *part_, 0);  // the heads' partial outputs, then the bias
   if (out_bias_) backend_->addBias(y, b_out_.value);
   return y;
 }
@@ -106,7 +142,7 @@ Tensor Attention::output(const Tensor& merged) {
 // samples' queries, keys and values gathered (one transpose01 of [B, 3, H*T*S] when K = H).
 Tensor Attention::splitHeads(const Tensor& qkv, int64_t batch, int64_t t) const {
   Backend& be = *backend_;
-  const int64_t h = heads_, k = kv_heads_, all = totalHeads(), hs = head_size_;
+  const int64_t h = h_, k = k_, all = totalHeads(), hs = head_size_;
   Tensor per_sample = be.empty({batch, all, t, hs});
   swapInner(be, qkv, per_sample, batch, t, all, hs);
   Tensor heads = be.empty({batch * all, t, hs});
@@ -128,7 +164,7 @@ Tensor Attention::splitHeads(const Tensor& qkv, int64_t batch, int64_t t) const 
 // splitHeads' inverse: dqkv [B*T, (H + 2K) S] from the heads' gradients.
 Tensor Attention::mergeHeads(const Tensor& heads, int64_t batch, int64_t t) const {
   Backend& be = *backend_;
-  const int64_t h = heads_, k = kv_heads_, all = totalHeads(), hs = head_size_;
+  const int64_t h = h_, k = k_, all = totalHeads(), hs = head_size_;
   Tensor per_sample = be.empty({batch, all, t, hs});
   if (k == h) {
     be.transpose01(heads.reshape({3, batch, h * t * hs}),
@@ -182,12 +218,12 @@ Tensor rows(const Tensor& t, int64_t first, int64_t count, int64_t cols) {
 // head outputs [B*T, D].
 Tensor Attention::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   Backend& be = *backend_;
-  const int64_t batch = x.shape()[0], t = len_, h = heads_, hs = head_size_;
-  const int64_t bk = batch * kv_heads_, gt = group() * t;
+  const int64_t batch = x.shape()[0], t = len_, h = h_, hs = head_size_;
+  const int64_t bk = batch * k_, gt = group() * t;
   const Tensor x2 = x.reshape({batch * t, dim_});
   const Tensor heads = splitHeads(
       project(x2, rope_.enabled() ? rowPositions(batch, t, 0) : std::vector<int32_t>{}), batch, t);
-  const HeadViews in = headViews(heads, batch, h, kv_heads_, t, hs);
+  const HeadViews in = headViews(heads, batch, h, k_, t, hs);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   Tensor probs = be.empty({batch * h, t, t});
@@ -196,7 +232,7 @@ Tensor Attention::forward(const Tensor& x, Stash& stash, const ForwardContext&) 
   Tensor context = be.empty({batch * h, t, hs});
   be.gemmBatched(false, false, 1.0f, probs.reshape({bk, gt, t}), in.v, 0.0f,
                  context.reshape({bk, gt, hs}));
-  Tensor merged = be.empty({batch * t, dim_});
+  Tensor merged = be.empty({batch * t, inner()});
   swapInner(be, context, merged, batch, h, t, hs);
   stash.saved = {x2, heads, probs, merged};
   return output(merged).reshape(x.shape());
@@ -208,8 +244,8 @@ Tensor Attention::decode(const Tensor& x, DecodeState& state) {
   Backend& be = *backend_;
   TANDEM_CHECK_MSG(x.shape().rank() == 3 && x.shape()[2] == dim_, InvalidArgument,
                    "attention: decoding expects [B, tokens, " << dim_ << "], got " << x.shape());
-  const int64_t batch = x.shape()[0], fresh = x.shape()[1], h = heads_, hs = head_size_;
-  const int64_t k = kv_heads_, g = group(), all = totalHeads();
+  const int64_t batch = x.shape()[0], fresh = x.shape()[1], h = h_, hs = head_size_;
+  const int64_t k = k_, g = group(), all = totalHeads();
   TANDEM_CHECK_MSG(causal_, Unsupported,
                    "attention without the causal mask cannot decode token by token: each "
                    "token's output would change with the tokens after it");
@@ -250,7 +286,7 @@ Tensor Attention::decode(const Tensor& x, DecodeState& state) {
       be.gemm(false, false, 1.0f, rows(probs, (b * h + j * g) * fresh, g * fresh, seen),
               value_rows.slice((b * k + j) * c, seen), 0.0f,
               rows(context, (b * h + j * g) * fresh, g * fresh, hs));
-  Tensor merged = be.empty({batch * fresh, dim_});
+  Tensor merged = be.empty({batch * fresh, inner()});
   swapInner(be, context, merged, batch, h, fresh, hs);
   state.position = seen;
   return output(merged).reshape(x.shape());
@@ -270,7 +306,7 @@ Tensor Attention::decodeEach(const Tensor& x, const std::vector<DecodeState*>& s
   TANDEM_CHECK_MSG(causal_, Unsupported,
                    "attention without the causal mask cannot decode token by token: each "
                    "token's output would change with the tokens after it");
-  const int64_t h = heads_, hs = head_size_, c = len_, k = kv_heads_, g = group();
+  const int64_t h = h_, hs = head_size_, c = len_, k = k_, g = group();
   const int64_t all = totalHeads();
   std::vector<int32_t> positions;
   for (const DecodeState* state : states) {
@@ -307,7 +343,7 @@ Tensor Attention::decodeEach(const Tensor& x, const std::vector<DecodeState*>& s
               rows(context, b * h + j * g, g, hs));
     state.position = seen;
   }
-  Tensor merged = be.empty({batch, dim_});
+  Tensor merged = be.empty({batch, inner()});
   swapInner(be, context, merged, batch, h, 1, hs);
   return output(merged).reshape(x.shape());
 }
@@ -326,19 +362,19 @@ Tensor Attention::backwardInput(const Tensor& dy, Stash& stash) {
   Backend& be = *backend_;
   const Tensor& heads = stash.saved[1];
   const Tensor& probs = stash.saved[2];
-  const int64_t h = heads_, batch = probs.shape()[0] / h, t = len_, hs = head_size_;
-  const int64_t bk = batch * kv_heads_, gt = group() * t, rows_n = batch * t;
+  const int64_t h = h_, batch = probs.shape()[0] / h, t = len_, hs = head_size_;
+  const int64_t bk = batch * k_, gt = group() * t, rows_n = batch * t;
   const Tensor dy2 = dy.reshape({rows_n, dim_});
-  const HeadViews in = headViews(heads, batch, h, kv_heads_, t, hs);
+  const HeadViews in = headViews(heads, batch, h, k_, t, hs);
 
-  Tensor dmerged = be.empty({rows_n, dim_});
+  Tensor dmerged = be.empty({rows_n, inner()});
   be.gemm(false, false, 1.0f, dy2, w_out_.trainable().value, 0.0f, dmerged);
   Tensor dcontext = be.empty({batch * h, t, hs});
   swapInner(be, dmerged, dcontext, batch, t, h, hs);
   const Tensor dctx = dcontext.reshape({bk, gt, hs});
 
   Tensor dheads = be.empty(heads.shape());
-  const HeadViews d = headViews(dheads, batch, h, kv_heads_, t, hs);
+  const HeadViews d = headViews(dheads, batch, h, k_, t, hs);
   Tensor dscores = be.empty({batch * h, t, t});
   const Tensor ds = dscores.reshape({bk, gt, t});
   be.gemmBatched(false, true, 1.0f, dctx, in.v, 0.0f, ds);
@@ -352,10 +388,11 @@ Tensor Attention::backwardInput(const Tensor& dy, Stash& stash) {
     const std::vector<int32_t> positions = rowPositions(batch, t, 0);
     Tensor pos = be.empty({rows_n}, DType::kI32);
     be.upload(pos, positions.data());
-    be.rope(dqkv, pos, inv_freq_, heads_ + kv_heads_, true, dqkv);
+    be.rope(dqkv, pos, inv_freq_, h_ + k_, true, dqkv);
   }
   Tensor dx = be.empty({rows_n, dim_});
   be.gemm(false, false, 1.0f, dqkv, w_qkv_.trainable().value, 0.0f, dx);
+  if (part_) allreducePart(be, dx, *part_, 1);  // every rank's heads reach every input
   stash.saved = {stash.saved[0], stash.saved[3], dy2, dqkv};
   return dx.reshape(dy.shape());
 }
@@ -375,29 +412,30 @@ void Attention::backwardWeights(Stash& stash) {
   stash.clear();
 }
 
+// The cost facts of this rank's heads (all of them unless tensor-split).
 int64_t Attention::paramCount() const {
   const int64_t qkv = totalHeads() * head_size_;
-  return qkv * dim_ + (qkv_bias_ ? qkv : 0) + dim_ * dim_ + (out_bias_ ? dim_ : 0);
+  return qkv * dim_ + (qkv_bias_ ? qkv : 0) + dim_ * inner() + (out_bias_ ? dim_ : 0);
 }
 
 int64_t Attention::paramBytes() const {
   const int64_t qkv = totalHeads() * head_size_;
-  return weightBytes(format_, qkv, dim_) + weightBytes(format_, dim_, dim_) +
+  return weightBytes(format_, qkv, dim_) + weightBytes(format_, dim_, inner()) +
          4 * ((qkv_bias_ ? qkv : 0) + (out_bias_ ? dim_ : 0));
 }
 
 int64_t Attention::flops() const {
   const int64_t qkv = totalHeads() * head_size_;
-  const int64_t projections =
-      2 * len_ * dim_ * (qkv + dim_) + (qkv_bias_ ? len_ * qkv : 0) + (out_bias_ ? len_ * dim_ : 0);
-  const int64_t products = 2 * 2 * len_ * len_ * dim_;  // Q K^T and P V over all heads
-  const int64_t rotation = rope_.enabled() ? 3 * len_ * (heads_ + kv_heads_) * head_size_ : 0;
-  return projections + products + rotation + 5 * heads_ * len_ * len_;
+  const int64_t projections = 2 * len_ * dim_ * (qkv + inner()) + (qkv_bias_ ? len_ * qkv : 0) +
+                              (out_bias_ ? len_ * dim_ : 0);
+  const int64_t products = 2 * 2 * len_ * len_ * inner();  // Q K^T and P V over the heads
+  const int64_t rotation = rope_.enabled() ? 3 * len_ * (h_ + k_) * head_size_ : 0;
+  return projections + products + rotation + 5 * h_ * len_ * len_;
 }
 
 int64_t Attention::stashBytes() const {
   // x, the heads (queries, keys, values), merged; probabilities
-  return (2 * len_ * dim_ + len_ * totalHeads() * head_size_ + heads_ * len_ * len_) * 4;
+  return (len_ * (dim_ + inner()) + len_ * totalHeads() * head_size_ + h_ * len_ * len_) * 4;
 }
 
 LayerSpec Attention::spec() const {

@@ -17,6 +17,7 @@
 
 #include "core/layers/layer.h"
 #include "core/layers/rope.h"
+#include "core/layers/tensor_split.h"
 #include "core/layers/weight_matrix.h"
 
 namespace tandem {
@@ -24,7 +25,12 @@ namespace tandem {
 // `attention: {heads: 8, kv_heads: 2, qkv_bias: false, out_bias: false, rope_theta: 1e4}`;
 // kv_heads defaults to heads, the biases to true, rope_theta to none (rope.h: the scaling);
 // `weights: int8` (and `group`) quantizes both projections (weight_matrix.h).
-class Attention final : public Layer {
+// Tensor-split (tensor_split.h) by key/value head groups: a rank computes whole groups —
+// its query heads and their key and value heads, the rows of Wqkv that make them (column-
+// parallel) — and its heads' columns of Wo (row-parallel): its partial output is summed over
+// the ranks (one all-reduce) before the output bias; backward's input gradient likewise.
+// Decoding keeps the keys and values of the rank's own heads only.
+class Attention final : public Layer, public TensorSplitBlock {
  public:
   explicit Attention(const LayerSpec& spec);
   std::string type() const override { return "attention"; }
@@ -49,12 +55,17 @@ class Attention final : public Layer {
   bool qkvBias() const { return qkv_bias_; }
   bool outBias() const { return out_bias_; }
   const RopeSpec& rope() const { return rope_; }
+  bool tensorSplits() const override { return !format_.int8; }
+  void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) override;
 
  protected:
   Shape infer(const Shape& input) override;
 
  private:
-  int64_t totalHeads() const { return heads_ + 2 * kv_heads_; }
+  // The heads this rank computes (all of them unless tensor-split), and their width.
+  int64_t totalHeads() const { return h_ + 2 * k_; }
+  int64_t inner() const { return h_ * head_size_; }
+  void buildPart(Backend& backend, Rng& rng, float bound);
   int64_t group() const { return heads_ / kv_heads_; }
   // qkv [rows, (H + 2K) S] from x [rows, D], rotated when rope is on (positions: one per
   // row; callers build them only then).
@@ -64,6 +75,8 @@ class Attention final : public Layer {
   Tensor output(const Tensor& merged);
 
   int64_t heads_, kv_heads_ = 0, dim_ = 0, len_ = 0, head_size_ = 0;
+  int64_t h_ = 0, k_ = 0;           // query and key/value heads on this rank
+  std::optional<TensorPart> part_;  // a tensor part: key/value head groups [begin, end)
   bool causal_, qkv_bias_, out_bias_;
   RopeSpec rope_;
   Tensor inv_freq_;      // [S / 2] when rope is on

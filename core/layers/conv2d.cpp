@@ -65,11 +65,14 @@ void Conv2d::buildPart(Backend& backend, Rng& rng) {
   const std::vector<float> w = uniformInit(rng, out_channels_ * fan_in, bound);
   const std::vector<float> b =
       bias_ ? uniformInit(rng, out_channels_, bound) : std::vector<float>{};
-  const int64_t o0 = column() ? part_->begin : 0, c0 = row() ? part_->begin * kk : 0;
-  const int64_t width = g_.channels * kk;  // of each kept row
-  weight_ = makeParam(backend, "weight", {outs(), g_.channels, g_.kernel_h, g_.kernel_w},
-                      sliceMatrix(w, fan_in, o0, outs(), c0, width));
-  if (bias_) b_ = makeParam(backend, "bias", {outs()}, sliceMatrix(b, 1, o0, outs(), 0, 1));
+  const int64_t b0 = part_->begin, e0 = part_->end, oc = out_channels_;
+  weight_ = makePartParam(
+      backend, "weight", {outs(), g_.channels, g_.kernel_h, g_.kernel_w}, w,
+      column() ? rowsOf(oc, fan_in, b0, e0) : columnsOf(oc, fan_in, b0 * kk, e0 * kk));
+  // A column part's biases for its channels; a row part's whole (replicated).
+  if (!bias_) return;
+  b_ = column() ? makePartParam(backend, "bias", {e0 - b0}, b, rowsOf(oc, 1, b0, e0))
+                : makeParam(backend, "bias", {oc}, b);
 }
 
 void Conv2d::build(Backend& backend, Rng& rng) {

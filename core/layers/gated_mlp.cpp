@@ -23,7 +23,15 @@ Shape SwiGlu::infer(const Shape& input) {
     format_.groupFor(dim_, "swiglu");
     format_.groupFor(hidden_, "swiglu");
   }
+  local_ = part_ ? part_->width() : hidden_;
   return input;
+}
+
+void SwiGlu::splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) {
+  TANDEM_CHECK_MSG(dim_ > 0, InvalidArgument, "swiglu: a tensor split comes after setup");
+  TANDEM_CHECK_MSG(!format_.int8, InvalidArgument,
+                   "swiglu: int8 weights cannot be tensor-split (they are for inference only)");
+  part_ = blockPart(group, shares, hidden_, "swiglu", next_tag);
 }
 
 // PyTorch's nn.Linear initialisation for each of the three products.
@@ -31,6 +39,16 @@ void SwiGlu::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
   const float in_bound = 1.0f / std::sqrt(static_cast<float>(dim_));
   const float hidden_bound = 1.0f / std::sqrt(static_cast<float>(hidden_));
+  if (part_) {  // the whole layer's draws, sliced
+    const int64_t b = part_->begin, e = part_->end;
+    const std::vector<float> gate = uniformInit(rng, hidden_ * dim_, in_bound);
+    const std::vector<float> up = uniformInit(rng, hidden_ * dim_, in_bound);
+    const std::vector<float> down = uniformInit(rng, dim_ * hidden_, hidden_bound);
+    gate_.buildPart(backend, "gate.weight", gate, rowsOf(hidden_, dim_, b, e));
+    up_.buildPart(backend, "up.weight", up, rowsOf(hidden_, dim_, b, e));
+    down_.buildPart(backend, "down.weight", down, columnsOf(dim_, hidden_, b, e));
+    return;
+  }
   gate_.build(backend, rng, "gate.weight", hidden_, dim_, in_bound, format_, "swiglu");
   up_.build(backend, rng, "up.weight", hidden_, dim_, in_bound, format_, "swiglu");
   down_.build(backend, rng, "down.weight", dim_, hidden_, hidden_bound, format_, "swiglu");
@@ -44,7 +62,7 @@ std::vector<Param*> SwiGlu::params() {
 }
 
 int64_t SwiGlu::paramBytes() const {
-  return 2 * weightBytes(format_, hidden_, dim_) + weightBytes(format_, dim_, hidden_);
+  return 2 * weightBytes(format_, local_, dim_) + weightBytes(format_, dim_, local_);
 }
 
 // Stash: x [rows, D], gate and up outputs [rows, hidden]; the SiLU and the product are
@@ -53,15 +71,16 @@ Tensor SwiGlu::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
   Backend& be = *backend_;
   const int64_t rows = x.numel() / dim_;
   const Tensor x2 = x.reshape({rows, dim_});
-  Tensor g = be.empty({rows, hidden_});
-  Tensor u = be.empty({rows, hidden_});
+  Tensor g = be.empty({rows, local_});
+  Tensor u = be.empty({rows, local_});
   gate_.forward(be, x2, g);
   up_.forward(be, x2, u);
-  Tensor h = be.empty({rows, hidden_});
+  Tensor h = be.empty({rows, local_});
   be.activation(Activation::kSiLU, g, h);
   be.mul(h, u, h);
   Tensor y = be.empty({rows, dim_});
   down_.forward(be, h, y);
+  if (part_) allreducePart(be, y, *part_, 0);
   stash.saved = {x2, g, u};
   return y.reshape(x.shape());
 }
@@ -80,19 +99,20 @@ Tensor SwiGlu::backwardInput(const Tensor& dy, Stash& stash) {
   const Tensor x2 = stash.saved[0], g = stash.saved[1], u = stash.saved[2];
   const int64_t rows = x2.shape()[0];
   const Tensor dy2 = dy.reshape({rows, dim_});
-  Tensor a = be.empty({rows, hidden_});
+  Tensor a = be.empty({rows, local_});
   be.activation(Activation::kSiLU, g, a);
-  Tensor dh = be.empty({rows, hidden_});
+  Tensor dh = be.empty({rows, local_});
   be.gemm(false, false, 1.0f, dy2, down_.trainable().value, 0.0f, dh);
-  Tensor du = be.empty({rows, hidden_});
+  Tensor du = be.empty({rows, local_});
   be.mul(dh, a, du);
   be.mul(dh, u, dh);  // now d(a)
-  Tensor dg = be.empty({rows, hidden_});
+  Tensor dg = be.empty({rows, local_});
   be.activationBackward(Activation::kSiLU, g, a, dh, dg);
   be.mul(a, u, a);  // now h, for down's gradient
   Tensor dx = be.empty({rows, dim_});
   be.gemm(false, false, 1.0f, dg, gate_.trainable().value, 0.0f, dx);
   be.gemm(false, false, 1.0f, du, up_.trainable().value, 1.0f, dx);
+  if (part_) allreducePart(be, dx, *part_, 1);
   stash.saved = {x2, a, dy2, dg, du};
   return dx.reshape(dy.shape());
 }
@@ -110,18 +130,18 @@ void SwiGlu::backwardWeights(Stash& stash) {
 
 int64_t SwiGlu::flops() const {
   const int64_t rows = inputShape().numel() / dim_;
-  return rows * (3 * 2 * dim_ * hidden_ + 10 * hidden_);  // SiLU counted as ~9, the product 1
+  return rows * (3 * 2 * dim_ * local_ + 10 * local_);  // SiLU counted as ~9, the product 1
 }
 
 int64_t SwiGlu::stashBytes() const {
   const int64_t rows = inputShape().numel() / dim_;
-  return rows * (dim_ + 2 * hidden_) * 4;
+  return rows * (dim_ + 2 * local_) * 4;
 }
 
 // Backward's a (then h), dh, du and dg: four [rows, hidden] beside the gradients in and out.
 int64_t SwiGlu::workspaceBytes(int64_t batch) const {
   const int64_t rows = inputShape().numel() / dim_;
-  return batch * rows * 4 * hidden_ * 4;
+  return batch * rows * 4 * local_ * 4;
 }
 
 LayerSpec SwiGlu::spec() const {

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -19,10 +21,20 @@
 
 namespace tandem {
 
+// Where a tensor part's parameter lies in the whole layer's (core/layers/tensor_split.h):
+// the whole viewed as [rows, cols] (its first dimension by the rest), the part holding the
+// listed ranges of its rows, in order, each row's columns [col_begin, col_end).
+struct ParamSlice {
+  int64_t rows = 0, cols = 0;
+  std::vector<std::pair<int64_t, int64_t>> row_ranges;
+  int64_t col_begin = 0, col_end = 0;
+};
+
 struct Param {
   std::string name;  // unique within its model, e.g. "3.weight"
   Tensor value;
   Tensor grad;  // same shape; accumulated by backward, cleared by the optimizer's caller
+  std::optional<ParamSlice> slice;  // a tensor part's split parameter: its place in the whole
 };
 
 struct ForwardContext {

@@ -57,11 +57,13 @@ void Linear::build(Backend& backend, Rng& rng) {
 void Linear::buildPart(Backend& backend, Rng& rng, float bound) {
   const std::vector<float> w = uniformInit(rng, out_ * in_, bound);
   const std::vector<float> b = bias_ ? uniformInit(rng, out_, bound) : std::vector<float>{};
-  const int64_t rows = weightRows(), cols = weightCols();
-  const int64_t r0 = column() ? part_->begin : 0, c0 = row() ? part_->begin : 0;
-  weight_.buildF32(backend, "weight", rows, cols, sliceMatrix(w, in_, r0, rows, c0, cols));
-  // A column part's biases for its outputs; a row part's whole (r0 0, rows all).
-  if (bias_) b_ = makeParam(backend, "bias", {rows}, sliceMatrix(b, 1, r0, rows, 0, 1));
+  const int64_t b0 = part_->begin, e0 = part_->end;
+  weight_.buildPart(backend, "weight", w,
+                    column() ? rowsOf(out_, in_, b0, e0) : columnsOf(out_, in_, b0, e0));
+  // A column part's biases for its outputs; a row part's whole (replicated).
+  if (!bias_) return;
+  b_ = column() ? makePartParam(backend, "bias", {e0 - b0}, b, rowsOf(out_, 1, b0, e0))
+                : makeParam(backend, "bias", {out_}, b);
 }
 
 std::vector<Param*> Linear::params() {

@@ -167,8 +167,9 @@ void BatchNorm::build(Backend& backend, Rng&) {
   beta_ = makeParam(backend, "bias", {channels_}, std::vector<float>(c, 0.0f));
   // Running statistics: no gradient, so the optimizer, the gradient buckets and zeroGrad
   // leave them alone.
-  mean_ = Param{"running_mean", toDevice(backend, {channels_}, std::vector<float>(c, 0.0f)), {}};
-  var_ = Param{"running_var", toDevice(backend, {channels_}, std::vector<float>(c, 1.0f)), {}};
+  mean_ =
+      Param{"running_mean", toDevice(backend, {channels_}, std::vector<float>(c, 0.0f)), {}, {}};
+  var_ = Param{"running_var", toDevice(backend, {channels_}, std::vector<float>(c, 1.0f)), {}, {}};
 }
 
 Tensor BatchNorm::forward(const Tensor& x, Stash& stash, const ForwardContext& ctx) {

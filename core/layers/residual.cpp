@@ -63,6 +63,15 @@ Shape Residual::infer(const Shape& input) {
   return out;
 }
 
+bool Residual::tensorSplits() const {
+  return body_.size() > 0 && splitsAny(findTensorSplit(body_, 0, body_.size()));
+}
+
+void Residual::splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) {
+  next_tag =
+      applyTensorSplit(body_, findTensorSplit(body_, 0, body_.size()), group, shares, next_tag);
+}
+
 void Residual::build(Backend& backend, Rng& rng) {
   backend_ = &backend;
   body_.build(backend, rng, "body.");

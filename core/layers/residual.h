@@ -10,6 +10,7 @@
 
 #include "core/layers/layer.h"
 #include "core/layers/sequence.h"
+#include "core/layers/tensor_split.h"
 
 namespace tandem {
 
@@ -17,7 +18,8 @@ namespace tandem {
 // dimension: the smallest s with (in - 1) / s + 1 == out (7 -> 4: 2); 0 if none.
 int64_t projectionStride(int64_t in, int64_t out);
 
-class Residual final : public Layer {
+// Tensor-split (tensor_split.h) by its body's pairs and blocks; the shortcut runs whole.
+class Residual final : public Layer, public TensorSplitBlock {
  public:
   explicit Residual(const LayerSpec& spec);
   std::string type() const override { return "residual"; }
@@ -41,6 +43,8 @@ class Residual final : public Layer {
   bool hasProjection() const { return projection_ != nullptr; }
   bool projectionHasBias() const { return proj_bias_; }
   bool projectionHasNorm() const { return proj_norm_; }
+  bool tensorSplits() const override;
+  void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) override;
 
  protected:
   Shape infer(const Shape& input) override;

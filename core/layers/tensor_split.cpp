@@ -50,6 +50,20 @@ std::vector<int64_t> shareBounds(int64_t units, const std::vector<double>& share
   return bounds;
 }
 
+TensorPart blockPart(Group& group, const std::vector<double>& shares, int64_t units,
+                     const std::string& what, uint64_t& next_tag) {
+  TANDEM_CHECK_MSG(
+      static_cast<size_t>(group.size()) == shares.size(), InvalidArgument,
+      what << ": " << shares.size() << " shares for a group of " << group.size() << " ranks");
+  const std::vector<int64_t> bounds = shareBounds(units, shares, what);
+  TensorPart part;
+  part.group = &group;
+  part.begin = bounds[static_cast<size_t>(group.rank())];
+  part.end = bounds[static_cast<size_t>(group.rank()) + 1];
+  part.tag = next_tag++;
+  return part;
+}
+
 void allreduceTensor(Backend& backend, const Tensor& t, Group& group, const AllreduceOptions& o) {
   TANDEM_CHECK_MSG(t.dtype() == DType::kF32, InvalidArgument,
                    "a tensor all-reduce takes f32, got " << dtypeName(t.dtype()));
@@ -75,15 +89,65 @@ void checkTensorPart(const TensorPart& part, int64_t features, const std::string
                          << (part.split == TensorSplit::kColumn ? "outputs" : "inputs"));
 }
 
-std::vector<float> sliceMatrix(const std::vector<float>& m, int64_t cols, int64_t row, int64_t rows,
-                               int64_t col, int64_t width) {
-  std::vector<float> out;
-  out.reserve(static_cast<size_t>(rows * width));
-  for (int64_t r = row; r < row + rows; ++r) {
-    const auto first = m.begin() + r * cols + col;
-    out.insert(out.end(), first, first + width);
+ParamSlice rowsOf(int64_t rows, int64_t cols, int64_t begin, int64_t end) {
+  return {rows, cols, {{begin, end}}, 0, cols};
+}
+
+ParamSlice columnsOf(int64_t rows, int64_t cols, int64_t begin, int64_t end) {
+  return {rows, cols, {{0, rows}}, begin, end};
+}
+
+namespace {
+
+int64_t sliceSize(const ParamSlice& slice) {
+  int64_t rows = 0;
+  for (const auto& [b, e] : slice.row_ranges) {
+    TANDEM_CHECK_MSG(0 <= b && b <= e && e <= slice.rows, InvalidArgument,
+                     "tensor slice: rows [" << b << ", " << e << ") are not inside " << slice.rows);
+    rows += e - b;
   }
+  TANDEM_CHECK_MSG(
+      0 <= slice.col_begin && slice.col_begin <= slice.col_end && slice.col_end <= slice.cols,
+      InvalidArgument,
+      "tensor slice: columns [" << slice.col_begin << ", " << slice.col_end << ") are not inside "
+                                << slice.cols);
+  return rows * (slice.col_end - slice.col_begin);
+}
+
+// Calls fn(index in the whole, index in the part) for every value the slice holds.
+template <typename Fn>
+void eachSliced(const ParamSlice& slice, size_t whole_size, size_t part_size, Fn fn) {
+  TANDEM_CHECK_MSG(static_cast<int64_t>(whole_size) == slice.rows * slice.cols &&
+                       static_cast<int64_t>(part_size) == sliceSize(slice),
+                   InvalidArgument,
+                   "tensor slice: " << part_size << " values of a whole of " << whole_size
+                                    << " do not match a slice of [" << slice.rows << ", "
+                                    << slice.cols << "]");
+  size_t at = 0;
+  for (const auto& [b, e] : slice.row_ranges)
+    for (int64_t r = b; r < e; ++r)
+      for (int64_t c = slice.col_begin; c < slice.col_end; ++c)
+        fn(static_cast<size_t>(r * slice.cols + c), at++);
+}
+
+}  // namespace
+
+std::vector<float> takeSlice(const std::vector<float>& whole, const ParamSlice& slice) {
+  std::vector<float> out(static_cast<size_t>(sliceSize(slice)));
+  eachSliced(slice, whole.size(), out.size(), [&](size_t w, size_t p) { out[p] = whole[w]; });
   return out;
+}
+
+void placeSlice(const ParamSlice& slice, const std::vector<float>& part,
+                std::vector<float>& whole) {
+  eachSliced(slice, whole.size(), part.size(), [&](size_t w, size_t p) { whole[w] = part[p]; });
+}
+
+Param makePartParam(Backend& backend, std::string name, const Shape& shape,
+                    const std::vector<float>& whole, const ParamSlice& slice) {
+  Param p = makeParam(backend, std::move(name), shape, takeSlice(whole, slice));
+  p.slice = slice;
+  return p;
 }
 
 void allreducePart(Backend& backend, const Tensor& t, const TensorPart& part, uint64_t direction) {
@@ -108,16 +172,24 @@ const TensorSplittable* splittable(const Layer& layer) {
   return s && s->tensorSplittable() ? s : nullptr;
 }
 
+const TensorSplitBlock* splitBlock(const Layer& layer) {
+  const auto* b = dynamic_cast<const TensorSplitBlock*>(&layer);
+  return b && b->tensorSplits() ? b : nullptr;
+}
+
 }  // namespace
 
-std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, size_t end) {
+std::vector<TensorRole> findTensorSplit(const Sequence& layers, size_t begin, size_t end) {
   TANDEM_CHECK_MSG(begin < end && end <= layers.size(), InvalidArgument,
                    "tensor split: layers [" << begin << ", " << end << ") are not inside the "
                                             << layers.size() << " layers");
   std::vector<TensorRole> roles;
   for (size_t i = begin; i < end; ++i) roles.push_back({i, TensorRole::kWhole});
-  bool paired = false;
   for (size_t i = begin; i < end; ++i) {
+    if (splitBlock(layers.layer(i))) {
+      roles[i - begin].kind = TensorRole::kBlock;
+      continue;
+    }
     if (!splittable(layers.layer(i))) continue;
     const std::string kind = layers.layer(i).type();
     size_t j = i + 1;
@@ -126,20 +198,30 @@ std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, si
     roles[i - begin].kind = TensorRole::kColumn;
     for (size_t k = i + 1; k < j; ++k) roles[k - begin].kind = TensorRole::kSlice;
     roles[j - begin].kind = TensorRole::kRow;
-    paired = true;
     i = j;
   }
-  TANDEM_CHECK_MSG(paired, InvalidArgument,
+  return roles;
+}
+
+bool splitsAny(const std::vector<TensorRole>& roles) {
+  return std::any_of(roles.begin(), roles.end(),
+                     [](const TensorRole& r) { return r.kind != TensorRole::kWhole; });
+}
+
+std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, size_t end) {
+  std::vector<TensorRole> roles = findTensorSplit(layers, begin, end);
+  TANDEM_CHECK_MSG(splitsAny(roles), InvalidArgument,
                    "tensor split: layers [" << begin << ", " << end
                                             << ") hold no pair of linear layers (a linear, "
                                                "per-feature activations only, a linear) or of "
-                                               "convolutions to split (int8 linears and grouped "
+                                               "convolutions, and no attention, SwiGLU MLP or "
+                                               "block of them to split (int8 weights and grouped "
                                                "convolutions do not split)");
   return roles;
 }
 
 std::string describe(const Sequence& layers, const std::vector<TensorRole>& roles) {
-  static const char* const kind[] = {"whole", "column", "row", "slice"};
+  static const char* const kind[] = {"whole", "column", "row", "slice", "split"};
   std::ostringstream out;
   for (size_t i = 0; i < roles.size(); ++i)
     out << (i ? ", " : "") << roles[i].layer << " " << layers.layer(roles[i].layer).type() << " "
@@ -147,15 +229,20 @@ std::string describe(const Sequence& layers, const std::vector<TensorRole>& role
   return out.str();
 }
 
-void applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Group& group,
-                      const std::vector<double>& shares, uint64_t tag_base) {
+uint64_t applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Group& group,
+                          const std::vector<double>& shares, uint64_t first_tag) {
   TANDEM_CHECK_MSG(
       static_cast<size_t>(group.size()) == shares.size(), InvalidArgument,
       "tensor split: " << shares.size() << " shares for a group of " << group.size() << " ranks");
   const auto rank = static_cast<size_t>(group.rank());
+  uint64_t tag = first_tag;
   for (size_t k = 0; k < roles.size(); ++k) {
-    if (roles[k].kind != TensorRole::kColumn) continue;
     const size_t i = roles[k].layer;
+    if (roles[k].kind == TensorRole::kBlock) {
+      dynamic_cast<TensorSplitBlock&>(layers.layer(i)).splitTensor(group, shares, tag);
+      continue;
+    }
+    if (roles[k].kind != TensorRole::kColumn) continue;
     auto& first = dynamic_cast<TensorSplittable&>(layers.layer(i));
     size_t j = k + 1;
     while (roles[j].kind != TensorRole::kRow) ++j;
@@ -168,12 +255,13 @@ void applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Gr
     part.begin = bounds[rank];
     part.end = bounds[rank + 1];
     part.split = TensorSplit::kColumn;
-    part.tag = tag_base + i;
+    part.tag = tag++;
     first.setTensorPart(part);
     part.split = TensorSplit::kRow;
-    part.tag = tag_base + roles[j].layer;
+    part.tag = tag++;
     second.setTensorPart(part);
   }
+  return tag;
 }
 
 }  // namespace tandem

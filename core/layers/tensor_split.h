@@ -61,10 +61,19 @@ class TensorSplittable {
 // Checks `part` against a layer of `features` features to split (InvalidArgument naming
 // `layer`): the group set, the slice inside them.
 void checkTensorPart(const TensorPart& part, int64_t features, const std::string& layer);
-// Of a row-major matrix of `cols` columns, rows [row, row + rows) and of each its columns
-// [col, col + width): a part's slice of what the whole layer drew.
-std::vector<float> sliceMatrix(const std::vector<float>& m, int64_t cols, int64_t row, int64_t rows,
-                               int64_t col, int64_t width);
+// A part's place in a whole [rows, cols]: its rows [begin, end) of every column, or its
+// columns [begin, end) of every row.
+ParamSlice rowsOf(int64_t rows, int64_t cols, int64_t begin, int64_t end);
+ParamSlice columnsOf(int64_t rows, int64_t cols, int64_t begin, int64_t end);
+// The values of `whole` (row-major [slice.rows, slice.cols]) that `slice` names, in order;
+// and back, a part's values put in their place in `whole`. InvalidArgument on sizes that
+// do not match the slice.
+std::vector<float> takeSlice(const std::vector<float>& whole, const ParamSlice& slice);
+void placeSlice(const ParamSlice& slice, const std::vector<float>& part, std::vector<float>& whole);
+// A part's parameter `name` of `shape` from what the whole layer drew: its slice of
+// `whole`, the slice recorded (Param::slice) for merging the parts back.
+Param makePartParam(Backend& backend, std::string name, const Shape& shape,
+                    const std::vector<float>& whole, const ParamSlice& slice);
 // Sums a part's tensor over its group (allreduceTensor), with the part's tag and timeout;
 // direction 0 for forward's all-reduce (a row part's output), 1 for backward's (a column
 // part's input gradient).
@@ -77,29 +86,55 @@ void allreducePart(Backend& backend, const Tensor& t, const TensorPart& part, ui
 std::vector<int64_t> shareBounds(int64_t units, const std::vector<double>& shares,
                                  const std::string& what);
 
+// Rank group.rank()'s part of a layer of `units` whole features cut by shareBounds, tagged
+// next_tag (advanced): for a TensorSplitBlock. InvalidArgument, naming `what`, when the
+// shares do not match the group or the units are fewer than the ranks.
+TensorPart blockPart(Group& group, const std::vector<double>& shares, int64_t units,
+                     const std::string& what, uint64_t& next_tag);
+
 // Sums `t` (f32, on `backend`) over the group's ranks, in rank order, in place: on the host
 // buffer where the backend computes in host memory, else through a download and an upload.
 void allreduceTensor(Backend& backend, const Tensor& t, Group& group, const AllreduceOptions& o);
 
+// A layer that splits inside itself, its output whole on every rank and every all-reduce
+// within it: attention by key/value head groups (column-parallel projections of its heads,
+// the output projection row-parallel), the SwiGLU MLP by hidden features, and the blocks
+// (residual, transformer, llama) over what their bodies hold.
+class TensorSplitBlock {
+ public:
+  virtual ~TensorSplitBlock() = default;
+  // Whether it holds anything to split (after setup).
+  virtual bool tensorSplits() const = 0;
+  // Makes the layer rank group.rank()'s part (after setup, before build; the caller re-runs
+  // setup), its all-reduces tagged from next_tag on (advanced past them: the same on every
+  // rank). InvalidArgument, naming the layer, if it has fewer units than ranks.
+  virtual void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) = 0;
+};
+
 // What a tensor split makes of each layer of a range.
 struct TensorRole {
   size_t layer = 0;
-  enum Kind { kWhole, kColumn, kRow, kSlice } kind = kWhole;  // kSlice: an activation between
+  // kSlice: an activation between a pair's layers; kBlock: a TensorSplitBlock, split inside.
+  enum Kind { kWhole, kColumn, kRow, kSlice, kBlock } kind = kWhole;
 };
 // The roles of layers [begin, end) of `layers` (after setup): each splittable linear (conv2d)
 // followed, past per-feature (per-channel) layers only, by another of its kind in the range
-// makes a column-row pair; everything else stays whole. InvalidArgument naming the range if
-// no pair is found.
+// makes a column-row pair; a block with something to split is split inside; everything else
+// stays whole. InvalidArgument naming the range if nothing splits.
 std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, size_t end);
-// "1 linear column, 2 relu slice, 3 linear row, 4 linear whole".
+// The same roles, all whole when nothing splits (no error).
+std::vector<TensorRole> findTensorSplit(const Sequence& layers, size_t begin, size_t end);
+bool splitsAny(const std::vector<TensorRole>& roles);
+// "1 linear column, 2 relu slice, 3 linear row, 4 linear whole, 5 transformer split".
 std::string describe(const Sequence& layers, const std::vector<TensorRole>& roles);
 
 // Makes this process rank group.rank() of a tensor group of shares.size() ranks over the
-// pairs of `roles` (before build): each pair's hidden features cut by shareBounds, the
-// column layer taking its rank's outputs and the row layer the same inputs. InvalidArgument
-// if a pair has fewer hidden features than ranks, naming the layer. The caller re-runs
-// setup.
-void applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Group& group,
-                      const std::vector<double>& shares, uint64_t tag_base = 0);
+// pairs and blocks of `roles` (before build): each pair's hidden features cut by
+// shareBounds, the column layer taking its rank's outputs and the row layer the same
+// inputs; each block split inside. InvalidArgument if a pair has fewer hidden features than
+// ranks, naming the layer. Tags its all-reduces from first_tag on; returns the next free
+// tag. The caller re-runs setup.
+uint64_t applyTensorSplit(Sequence& layers, const std::vector<TensorRole>& roles, Group& group,
+                          const std::vector<double>& shares, uint64_t first_tag = 0);
 
 }  // namespace tandem

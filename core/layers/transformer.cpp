@@ -15,7 +15,25 @@ Shape ComposedBlock::setBody(const Shape& input, std::vector<LayerSpec> blocks) 
 
 Shape ComposedBlock::setSequence(const Shape& input, std::vector<LayerSpec> layers) {
   body_ = Sequence(std::move(layers));
+  const Shape out = body_.setup(input);
+  if (!split_) return out;
+  applySplit(*split_);
   return body_.setup(input);
+}
+
+bool ComposedBlock::tensorSplits() const {
+  return body_.size() > 0 && splitsAny(findTensorSplit(body_, 0, body_.size()));
+}
+
+uint64_t ComposedBlock::applySplit(const Split& split) {
+  return applyTensorSplit(body_, findTensorSplit(body_, 0, body_.size()), *split.group,
+                          split.shares, split.first_tag);
+}
+
+void ComposedBlock::splitTensor(Group& group, const std::vector<double>& shares,
+                                uint64_t& next_tag) {
+  split_ = Split{&group, shares, next_tag};
+  next_tag = applySplit(*split_);
 }
 
 void ComposedBlock::build(Backend& backend, Rng& rng) {

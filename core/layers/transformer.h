@@ -11,14 +11,19 @@
 //   with grouped-query attention, rotary embedding and no biases.
 #pragma once
 
+#include <optional>
+
 #include "core/layers/layer.h"
 #include "core/layers/sequence.h"
+#include "core/layers/tensor_split.h"
 #include "core/layers/weight_matrix.h"
 
 namespace tandem {
 
-// What both blocks share: a body built at setup, every call forwarded to it.
-class ComposedBlock : public Layer {
+// What both blocks share: a body built at setup, every call forwarded to it. Tensor-split
+// (tensor_split.h) over the body's attention and MLP (two all-reduces forward, two in
+// backward), the norms replicated; the split is made again whenever setup remakes the body.
+class ComposedBlock : public Layer, public TensorSplitBlock {
  public:
   void build(Backend& backend, Rng& rng) override;
   std::vector<Param*> params() override { return body_.params(); }
@@ -37,6 +42,8 @@ class ComposedBlock : public Layer {
   int64_t workspaceBytes(int64_t batch) const override;
   // The two residual blocks, built at setup (their widths come from the input).
   const Sequence& body() const { return body_; }
+  bool tensorSplits() const override;
+  void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) override;
 
  protected:
   // Checks [T, width] input and sets the body up on it.
@@ -45,7 +52,16 @@ class ComposedBlock : public Layer {
   Shape setSequence(const Shape& input, std::vector<LayerSpec> layers);
 
  private:
+  struct Split {
+    Group* group;
+    std::vector<double> shares;
+    uint64_t first_tag;
+  };
+  // Splits the body as `split` says; returns the next free tag.
+  uint64_t applySplit(const Split& split);
+
   Sequence body_;
+  std::optional<Split> split_;
 };
 
 class TransformerBlock final : public ComposedBlock {

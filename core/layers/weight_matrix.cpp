@@ -1,6 +1,7 @@
 #include "core/layers/weight_matrix.h"
 
 #include "core/error.h"
+#include "core/layers/tensor_split.h"
 #include "core/quantize.h"
 
 namespace tandem {
@@ -41,7 +42,11 @@ void WeightMatrix::build(Backend& backend, Rng& rng, const std::string& name, in
                          const std::string& layer) {
   layer_ = layer;
   std::vector<float> init = uniformInit(rng, out * in, bound);
-  if (!format.int8) return buildF32(backend, name, out, in, init);
+  if (!format.int8) {
+    weight_ = makeParam(backend, name, {out, in}, init);
+    scales_ = {};
+    return;
+  }
   const int64_t group = format.groupFor(in, layer);
   const QuantizedRows q = quantizeRows(init, out, in, group, layer + " " + name);
   weight_.name = name;
@@ -51,9 +56,11 @@ void WeightMatrix::build(Backend& backend, Rng& rng, const std::string& name, in
   scales_.value = toDevice(backend, {out, in / group}, q.scales);
 }
 
-void WeightMatrix::buildF32(Backend& backend, const std::string& name, int64_t out, int64_t in,
-                            const std::vector<float>& values) {
-  weight_ = makeParam(backend, name, {out, in}, values);
+void WeightMatrix::buildPart(Backend& backend, const std::string& name,
+                             const std::vector<float>& whole, const ParamSlice& slice) {
+  int64_t rows = 0;
+  for (const auto& [b, e] : slice.row_ranges) rows += e - b;
+  weight_ = makePartParam(backend, name, {rows, slice.col_end - slice.col_begin}, whole, slice);
   scales_ = {};
 }
 

@@ -33,9 +33,10 @@ class WeightMatrix {
   // parameter `name`, and for int8 `name.scales` [out, in / group].
   void build(Backend& backend, Rng& rng, const std::string& name, int64_t out, int64_t in,
              float bound, const WeightFormat& format, const std::string& layer);
-  // An f32 [out, in] from `values` (a tensor-split part's slice of the whole matrix).
-  void buildF32(Backend& backend, const std::string& name, int64_t out, int64_t in,
-                const std::vector<float>& values);
+  // A tensor part's f32 matrix: its `slice` (rows and columns) of the whole one's draws
+  // (Param::slice records it).
+  void buildPart(Backend& backend, const std::string& name, const std::vector<float>& whole,
+                 const ParamSlice& slice);
   // f32: the weight; int8: the weight (i8, no gradient) and its scales.
   std::vector<Param*> params();
   bool int8() const { return scales_.value.defined(); }

@@ -9,6 +9,18 @@
 
 namespace tandem {
 
+void copyIntoPart(const Model& whole, Model& part) {
+  for (Param* p : part.params()) {
+    std::vector<float> values = toHost(whole.param(p->name).value);
+    if (p->slice) values = takeSlice(values, *p->slice);
+    TANDEM_CHECK_MSG(static_cast<int64_t>(values.size()) == p->value.shape().numel(),
+                     InvalidArgument,
+                     "tensor part: " << p->name << " holds " << p->value.shape() << ", the whole "
+                                     << "model's part of it " << values.size() << " values");
+    part.backend().upload(p->value, values.data());
+  }
+}
+
 TensorParallelTrainer::TensorParallelTrainer(
     const ModelSpec& spec, const std::vector<Backend*>& backends, const std::vector<Group*>& groups,
     std::vector<double> shares, const OptimizerOptions& optimizer, const TrainOptions& options)
@@ -34,6 +46,10 @@ TensorParallelTrainer::TensorParallelTrainer(
 }
 
 TensorParallelTrainer::~TensorParallelTrainer() = default;
+
+void TensorParallelTrainer::startFrom(const Model& whole) {
+  for (auto& m : models_) copyIntoPart(whole, *m);
+}
 
 void TensorParallelTrainer::onEveryRank(const std::function<void(int)>& fn) {
   for (int r = 1; r < ranks(); ++r) threads_[static_cast<size_t>(r - 1)]->run([&fn, r] { fn(r); });
@@ -82,53 +98,31 @@ EvalResult TensorParallelTrainer::evaluate(const Dataset& data, int64_t batch) {
   return result;
 }
 
-namespace {
-
-// The whole tensor [rows, ...] from the ranks' parts of it: a column part's rows follow
-// each other; a row part's weight holds columns of every row; anything else is whole on
-// every rank (rank 0's is taken).
-std::vector<float> assemble(TensorRole::Kind kind, bool weight, int64_t rows,
-                            const std::vector<std::vector<float>>& parts) {
-  if (kind == TensorRole::kColumn) {
-    std::vector<float> out;
-    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
-    return out;
-  }
-  if (kind != TensorRole::kRow || !weight) return parts.at(0);
-  std::vector<float> out;
-  for (int64_t i = 0; i < rows; ++i)
-    for (const auto& p : parts) {
-      const auto width = static_cast<int64_t>(p.size()) / rows;
-      out.insert(out.end(), p.begin() + i * width, p.begin() + (i + 1) * width);
-    }
-  return out;
-}
-
-// "3.weight" (or its optimizer slot "3.weight.m"): layer 3, the weight.
-std::pair<size_t, bool> whoseParam(const std::string& name) {
-  const size_t dot = name.find('.');
-  return {std::stoul(name.substr(0, dot)), name.compare(dot + 1, 6, "weight") == 0};
-}
-
-}  // namespace
-
 TensorParallelTrainer::Merged TensorParallelTrainer::merged(Backend& backend) const {
   Merged m;
   m.model = std::make_unique<Model>(spec_);
   m.model->build(backend, 0);  // every value is overwritten below
-  auto whole = [&](const std::string& name, const Shape& shape,
+  // The whole of `param` (or of its optimizer slot `name`) from the ranks' parts: each
+  // rank's put in its place (Param::slice); rank 0's where every rank holds it whole.
+  auto whole = [&](const std::string& name, const std::string& param, const Shape& shape,
                    const std::function<Tensor(size_t)>& part) {
-    std::vector<std::vector<float>> parts;
-    for (size_t r = 0; r < models_.size(); ++r) parts.push_back(toHost(part(r)));
-    const auto [layer, weight] = whoseParam(name);
-    std::vector<float> values = assemble(roles_.at(layer).kind, weight, shape[0], parts);
+    std::vector<float> values;
+    for (size_t r = 0; r < models_.size(); ++r) {
+      const std::optional<ParamSlice>& slice = models_[r]->param(param).slice;
+      if (!slice) {
+        values = toHost(part(0));
+        break;
+      }
+      values.resize(static_cast<size_t>(shape.numel()));
+      placeSlice(*slice, toHost(part(r)), values);
+    }
     TANDEM_CHECK_MSG(static_cast<int64_t>(values.size()) == shape.numel(), InvalidArgument,
                      "tensor parallel: the ranks' parts of " << name << " hold " << values.size()
                                                              << " values for " << shape);
     return toDevice(backend, shape, values);
   };
   for (Param* p : m.model->params()) {
-    const Tensor t = whole(p->name, p->value.shape(),
+    const Tensor t = whole(p->name, p->name, p->value.shape(),
                            [&](size_t r) { return models_[r]->param(p->name).value; });
     backend.copy(t, p->value);
   }
@@ -142,7 +136,7 @@ TensorParallelTrainer::Merged TensorParallelTrainer::merged(Backend& backend) co
   for (const auto& entry : states.at(0)) {
     const std::string& name = entry.first;  // (not a structured binding: the lambda uses it)
     const std::string param = name.substr(0, name.rfind('.'));
-    state.emplace_back(name, whole(name, m.model->param(param).value.shape(),
+    state.emplace_back(name, whole(name, param, m.model->param(param).value.shape(),
                                    [&](size_t r) { return states[r].at(name); }));
   }
   m.optimizer->restore(state, optimizers_.at(0)->steps());

@@ -21,6 +21,11 @@
 
 namespace tandem {
 
+// Sets every parameter of `part` (a tensor rank's model, built) from `whole` (the same
+// spec, unsplit, built anywhere): its slice (Param::slice) of a split parameter, the whole
+// of the rest. InvalidArgument naming a parameter the two do not share.
+void copyIntoPart(const Model& whole, Model& part);
+
 class TensorParallelTrainer {
  public:
   // One rank per backend and group (groups[r] is rank r of one group of backends.size()
@@ -36,6 +41,10 @@ class TensorParallelTrainer {
   const std::vector<TensorRole>& roles() const { return roles_; }
   const std::vector<double>& shares() const { return shares_; }
 
+  // Every rank's parameters from `whole` (copyIntoPart), before training: a model file's
+  // weights to continue from.
+  void startFrom(const Model& whole);
+
   // One step on a host batch of n samples, every rank on its thread (Trainer::step);
   // returns the batch's mean loss (rank 0's).
   double step(const float* x, const int32_t* labels, int64_t n);
@@ -45,7 +54,7 @@ class TensorParallelTrainer {
   EvalResult evaluate(const Dataset& data, int64_t batch);
 
   // The whole model on `backend`, its parameters and optimizer state assembled from the
-  // ranks' slices (a column part's rows, a row part's columns; rank 0's of the rest).
+  // ranks' slices (each where its Param::slice puts it; rank 0's of what every rank holds whole).
   struct Merged {
     std::unique_ptr<Model> model;
     std::unique_ptr<Optimizer> optimizer;

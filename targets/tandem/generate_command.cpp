@@ -23,12 +23,14 @@
 #include "core/generate.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
+#include "core/train/tensor_generate.h"
 #include "hf/text_codec.h"
 #include "runtime/job/job.h"
 #include "runtime/job/job_run.h"
 #include "runtime/job/model_source.h"
 #include "targets/tandem/commands.h"
 #include "targets/tandem/interrupt.h"
+#include "transport/local_group.h"
 
 namespace tandem::cli {
 namespace {
@@ -42,6 +44,9 @@ struct GenerateArgs {
   // A job file's: its nodes, its key, the weights to serve, sequences in flight.
   std::string cluster, key, weights;
   int in_flight = 8;
+  // A model file's: tensor ranks on this process's threads, each on --device.
+  int tensor = 1;
+  std::vector<double> shares;
 };
 
 // The q-quantile of `v` by the nearest rank; 0 for none.
@@ -302,22 +307,51 @@ void runGenerate(const GenerateArgs& a) {
   if (isJobFile(a.file)) {
     TANDEM_CHECK_MSG(!a.no_cache, InvalidArgument,
                      "--no-cache is for a model file; a job's stages always keep their cache");
+    TANDEM_CHECK_MSG(a.tensor == 1 && a.shares.empty(), InvalidArgument,
+                     "--tensor and --shares are for a model file; a job places its stages");
     generateWithJob(a);
     return;
   }
   TANDEM_CHECK_MSG(
       a.cluster.empty() && a.key.empty() && a.weights.empty(), InvalidArgument,
       "--cluster, --key and --weights are for a job file (JOB.yaml), not '" << a.file << "'");
+  TANDEM_CHECK_MSG(
+      a.shares.empty() || static_cast<int>(a.shares.size()) == a.tensor, InvalidArgument,
+      "--shares gives " << a.shares.size() << " shares for " << a.tensor << " tensor ranks");
   const ModelFile file = runtime::readModelOrOnnx(a.file);
-  auto backend = makeBackend(a.device, BackendOptions{a.threads});
-  auto model = loadModel(file, *backend);
+  // One device, or (--tensor) the ranks' devices beside the whole model on the host.
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int r = 0; r < a.tensor; ++r)
+    backends.push_back(makeBackend(a.device, BackendOptions{a.threads}));
+  std::unique_ptr<Backend> host = a.tensor > 1 ? makeBackend("cpu") : nullptr;
+  auto model = loadModel(file, host ? *host : *backends[0]);
   const hf::TextCodec codec = hf::TextCodec::forModel(file, textShape(*model).vocab);
+  std::vector<std::unique_ptr<Group>> groups;
+  std::unique_ptr<TensorParallelGenerator> ranks;
+  if (a.tensor > 1) {
+    groups = transport::makeLocalGroup(a.tensor);
+    std::vector<Backend*> be;
+    std::vector<Group*> g;
+    for (int r = 0; r < a.tensor; ++r) {
+      be.push_back(backends[static_cast<size_t>(r)].get());
+      g.push_back(groups[static_cast<size_t>(r)].get());
+    }
+    ranks = std::make_unique<TensorParallelGenerator>(*model, be, g, a.shares);
+    spdlog::info("tensor split over {} ranks on {} (shares {:.3g}): {}", a.tensor, a.device,
+                 fmt::join(ranks->shares(), " : "),
+                 describe(Sequence(model->spec().layers), ranks->roles()));
+  }
+  auto run = [&](const std::vector<int32_t>& prompt, const std::function<void(int32_t)>& on) {
+    return ranks ? ranks->generate(prompt, a.tokens, a.sampling, !a.no_cache, on)
+                 : generate(*model, prompt, a.tokens, a.sampling, !a.no_cache, on);
+  };
+  const std::string how = std::string(a.no_cache ? " (no cache)" : "") +
+                          (ranks ? " over " + std::to_string(a.tensor) + " tensor ranks" : "");
   if (!a.serve) {
     Streamer stream(a.prompt, codec);
     const std::vector<int32_t> prompt = codec.encode(a.prompt);
-    const Generation g =
-        generate(*model, prompt, a.tokens, a.sampling, !a.no_cache, [&](int32_t t) { stream(t); });
-    printSummary(prompt.size(), g, a.no_cache ? " (no cache)" : "");
+    const Generation g = run(prompt, [&](int32_t t) { stream(t); });
+    printSummary(prompt.size(), g, how);
     return;
   }
   // One JSON object per prompt line: the text and its timing.
@@ -329,7 +363,7 @@ void runGenerate(const GenerateArgs& a) {
     std::string out;
     if (!t0) t0 = std::chrono::steady_clock::now();
     try {
-      const Generation g = generate(*model, codec.encode(line), a.tokens, a.sampling, !a.no_cache);
+      const Generation g = run(codec.encode(line), {});
       out = answerLine(line, g, codec);
       totals.add(g);
       totals.seconds =
@@ -340,7 +374,7 @@ void runGenerate(const GenerateArgs& a) {
     std::puts(out.c_str());
     std::fflush(stdout);
   }
-  totals.print("");
+  totals.print(how);
 }
 
 }  // namespace
@@ -368,7 +402,16 @@ void addGenerate(CLI::App& app) {
       ->check(CLI::Range(0.0f, 1.0f));
   c->add_option("--seed", a->sampling.seed, "Seed for sampling");
   c->add_option("--device", a->device, "Device to run on");
-  c->add_option("--threads", a->threads, "CPU threads")->check(CLI::Range(1, 1024));
+  c->add_option("--threads", a->threads, "CPU threads (of each tensor rank)")
+      ->check(CLI::Range(1, 1024));
+  c->add_option("--tensor", a->tensor,
+                "A model file: tensor-parallel ranks (threads sharing memory, each on --device), "
+                "attention split by heads and MLPs by hidden features")
+      ->check(CLI::Range(1, 64));
+  c->add_option("--shares", a->shares,
+                "A model file with --tensor: comma-separated relative shares of the heads and "
+                "hidden features per rank (default equal)")
+      ->delimiter(',');
   c->add_flag("--serve", a->serve,
               "Read prompts from stdin, one per line; answer each with a line of JSON");
   c->add_flag("--no-cache", a->no_cache,

@@ -107,8 +107,8 @@ struct RunArgs {
   std::string job, timeline, cluster, key, resume;
   std::string launcher = "daemon";  // or "fork": workers forked by tandem run itself
   runtime::RunMode mode = runtime::RunMode::kTrain;  // or kInfer
-  std::string answers;  // infer: write every sample's answer here
-  double rate = 0;      // infer: requests per second fed in (0: as fast as they go)
+  std::string answers;                               // infer: write every sample's answer here
+  double rate = 0;  // infer: requests per second fed in (0: as fast as they go)
 };
 
 // The run's options from the command's; the timeline's folder made now, so that a path

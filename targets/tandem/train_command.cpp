@@ -137,6 +137,13 @@ Training makeTraining(const TrainArgs& a, const ModelSpec& spec,
     spdlog::info("tensor split over {} ranks (feature shares {:.3g}): {}", ranks,
                  fmt::join(t.tensor->shares(), " : "),
                  describe(Sequence(spec.layers), t.tensor->roles()));
+    if (weights) {  // each rank continues from its slices of them
+      auto host = makeBackend("cpu");
+      Model whole(spec);
+      whole.build(*host, a.seed);
+      loadWeights(whole, parseModelFile(*weights, a.model), true);
+      t.tensor->startFrom(whole);
+    }
     return t;
   }
   DataParallelOptions o;
@@ -167,11 +174,10 @@ void runTrain(TrainArgs a) {
     backends.push_back(makeBackend(d, BackendOptions{a.threads}));
   const runtime::ModelSource source = runtime::readModelSource(a.model);
   const ModelSpec& spec = source.spec;
-  TANDEM_CHECK_MSG(!source.weights || ranks == 1, InvalidArgument,
-                   a.model << ": starting "
-                           << (a.tensor > 1 ? "tensor ranks" : "data-parallel replicas")
-                           << " from the weights a model file or ONNX model brings is not "
-                              "supported yet: train it on one device, or run it as a job");
+  TANDEM_CHECK_MSG(!source.weights || ranks == 1 || a.tensor > 1, InvalidArgument,
+                   a.model << ": starting data-parallel replicas from the weights a model file "
+                              "or ONNX model brings is not supported yet: train it on one "
+                              "device, or run it as a job");
   const Model unbuilt(spec);  // shapes and counts of the whole model (a tensor rank's are less)
   std::vector<double> shares = a.shares;
   if (!a.profile.empty()) {

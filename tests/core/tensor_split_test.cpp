@@ -353,7 +353,7 @@ TEST(TensorSplitTest, RefusesWhatItCannotSplit) {
                            "relu, {linear: {out: 2}}]\n"));
         m.splitForTensor(0, Model::kEnd, *groups[0], {1, 1, 1, 1});
       },
-      {"hold no pair", "int8 linears and grouped convolutions do not split"});
+      {"hold no pair", "int8 weights and grouped convolutions do not split"});
   expectThrowWith<InvalidArgument>(
       [&] {
         Model m(

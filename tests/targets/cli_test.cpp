@@ -90,6 +90,21 @@ TEST(CliTest, TrainAGptOnTextAndEvalIt) {
   const CliRun plain = run(gen + "--prompt 'the cat' --no-cache");
   ASSERT_EQ(plain.code, 0) << plain.out;
   EXPECT_EQ(plain.out.substr(0, 13), g.out.substr(0, 13));
+  // Over 2 tensor ranks (the heads and MLP features split 1 : 3): the same text.
+  const CliRun tensor = run(gen + "--prompt 'the cat' --tensor 2 --shares 1,3");
+  ASSERT_EQ(tensor.code, 0) << tensor.out;
+  EXPECT_NE(tensor.out.find(g.out.substr(0, 13)), std::string::npos) << tensor.out;
+  EXPECT_NE(tensor.out.find("6 new over 2 tensor ranks: time to first token"), std::string::npos)
+      << tensor.out;
+  // Training continues from the file's weights on 2 tensor ranks: with a learning rate of
+  // almost nothing, the test perplexity is the file's.
+  const CliRun resumed = run("train --model " + dir + "/gpt.tdm --data text:" + dir +
+                             "/corpus.txt --tensor 2 --lr 1e-12 --batch 16 --train-limit 16 "
+                             "--no-progress");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  char epoch_said[40];
+  std::snprintf(epoch_said, sizeof epoch_said, "test perplexity %.2f,", perplexity);
+  EXPECT_NE(resumed.out.find(epoch_said), std::string::npos) << epoch_said << "\n" << resumed.out;
   const CliRun served = tandem::testing::runCommand(
       "printf 'the cat\\nline 3:\\n' | " + std::string(TANDEM_CLI) + " " + gen + "--serve");
   ASSERT_EQ(served.code, 0) << served.out;
@@ -210,8 +225,17 @@ TEST(CliTest, TrainWithTensorRanks) {
   EXPECT_EQ(shares.code, 1);
   EXPECT_NE(shares.out.find("--shares gives 1 shares for 2 tensor ranks"), std::string::npos)
       << shares.out;
-  const CliRun none =
+  // Residual blocks split over the convolution pairs inside them.
+  const CliRun residual =
       run("train --model " + kModels + "resnet-mini.yaml --tensor 2 --train-limit 10");
+  EXPECT_EQ(residual.code, 0) << residual.out;
+  EXPECT_NE(residual.out.find("2 residual split, 3 relu whole, 4 residual split"),
+            std::string::npos)
+      << residual.out;
+  const std::string dir = tandem::testing::freshDir("cli_tensor");
+  std::ofstream(dir + "/lone.yaml") << "name: lone\ninput: [1, 28, 28]\nlayers: [flatten, "
+                                       "{linear: {out: 10}}]\n";
+  const CliRun none = run("train --model " + dir + "/lone.yaml --tensor 2 --train-limit 10");
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.out.find("hold no pair of linear layers"), std::string::npos) << none.out;
 }

@@ -1,0 +1,62 @@
+#include "core/train/tensor_generate.h"
+
+#include <exception>
+
+#include "core/error.h"
+#include "core/layers/tensor_split.h"
+#include "core/spin.h"
+
+namespace tandem {
+
+TensorParallelGenerator::TensorParallelGenerator(const Model& whole,
+                                                 const std::vector<Backend*>& backends,
+                                                 const std::vector<Group*>& groups,
+                                                 std::vector<double> shares)
+    : shares_(std::move(shares)) {
+  const size_t ranks = backends.size();
+  TANDEM_CHECK_MSG(ranks >= 1 && groups.size() == ranks, InvalidArgument,
+                   "tensor generation: " << backends.size() << " backends for " << groups.size()
+                                         << " group ranks");
+  if (shares_.empty()) shares_.assign(ranks, 1.0);
+  TANDEM_CHECK_MSG(shares_.size() == ranks, InvalidArgument,
+                   "tensor generation: " << shares_.size() << " shares for " << ranks << " ranks");
+  const ModelSpec spec = whole.spec();
+  for (size_t r = 0; r < ranks; ++r) {
+    TANDEM_CHECK_MSG(groups[r]->rank() == static_cast<int>(r), InvalidArgument,
+                     "tensor generation: group " << r << " is rank " << groups[r]->rank());
+    models_.push_back(std::make_unique<Model>(spec));
+    roles_ = models_.back()->splitForTensor(0, Model::kEnd, *groups[r], shares_);
+    models_.back()->build(*backends[r], 0);  // every value is overwritten next
+    copyIntoPart(whole, *models_.back());
+    if (r > 0)
+      threads_.push_back(std::make_unique<JobThread>(waitBeforeSleeping(static_cast<int>(ranks))));
+  }
+}
+
+TensorParallelGenerator::~TensorParallelGenerator() = default;
+
+Generation TensorParallelGenerator::generate(const std::vector<int32_t>& prompt, int64_t count,
+                                             const SamplingOptions& o, bool cache,
+                                             const std::function<void(int32_t)>& on_token) {
+  for (int r = 1; r < ranks(); ++r)
+    threads_[static_cast<size_t>(r - 1)]->run(
+        [&, r] { tandem::generate(model(r), prompt, count, o, cache); });
+  std::exception_ptr error;
+  Generation out;
+  try {
+    out = tandem::generate(model(0), prompt, count, o, cache, on_token);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (auto& t : threads_) {  // a rank that failed times the others' all-reduces out
+    try {
+      t->wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
+}  // namespace tandem
