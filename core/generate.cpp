@@ -80,7 +80,8 @@ void checkRequest(const TextShape& shape, const std::vector<int32_t>& prompt, in
 
 Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t count,
                     const SamplingOptions& o, bool cache,
-                    const std::function<void(int32_t)>& on_token) {
+                    const std::function<void(int32_t)>& on_token,
+                    const std::function<int32_t(int32_t)>& agree) {
   const TextShape shape = textShape(model);
   checkRequest(shape, prompt, count);
   const int64_t vocab = shape.vocab;
@@ -106,7 +107,8 @@ Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t co
     const Tensor logits = model.decode(toDeviceI32(be, {1, n}, feed), state);
     const std::vector<float> all = toHost(logits);
     std::vector<float> row(all.end() - vocab, all.end());
-    const int32_t token = chooseToken(row, o, rng);
+    const int32_t chosen = chooseToken(row, o, rng);
+    const int32_t token = agree ? agree(chosen) : chosen;
     const auto now = Clock::now();
     if (step == 0) {
       g.first_token_s = std::chrono::duration<double>(now - t0).count();

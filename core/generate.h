@@ -51,9 +51,12 @@ struct Generation {
 
 // Generates `count` tokens after `prompt` (ids in [0, vocab)). The prompt and the new
 // tokens must fit the model's context: InvalidArgument naming both lengths otherwise.
-// `on_token` (may be empty) hears each token as it is chosen.
+// `on_token` (may be empty) hears each token as it is chosen. `agree` (may be empty) turns
+// each choice into the token fed back and reported: a tensor rank's, rank 0's choice
+// broadcast, so ranks whose logits differ by their devices' rounding still decode one text.
 Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t count,
                     const SamplingOptions& o, bool cache = true,
-                    const std::function<void(int32_t)>& on_token = {});
+                    const std::function<void(int32_t)>& on_token = {},
+                    const std::function<int32_t(int32_t)>& agree = {});
 
 }  // namespace tandem

@@ -79,6 +79,20 @@ void allreduceTensor(Backend& backend, const Tensor& t, Group& group, const Allr
   backend.upload(t, buffer.data());
 }
 
+void broadcastTensor(Backend& backend, const Tensor& t, Group& group, const RootOptions& o) {
+  TANDEM_CHECK_MSG(t.dtype() == DType::kF32, InvalidArgument,
+                   "a tensor broadcast takes f32, got " << dtypeName(t.dtype()));
+  const auto n = static_cast<size_t>(t.numel());
+  if (const void* host = backend.hostData(t)) {
+    broadcast(group, {static_cast<float*>(const_cast<void*>(host)), n}, o);
+    return;
+  }
+  std::vector<float> buffer(n);
+  backend.download(t, buffer.data());
+  broadcast(group, buffer, o);
+  backend.upload(t, buffer.data());
+}
+
 void checkTensorPart(const TensorPart& part, int64_t features, const std::string& layer) {
   TANDEM_CHECK_MSG(part.group != nullptr, InvalidArgument,
                    layer << ": a tensor part needs a group");

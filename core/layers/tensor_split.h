@@ -111,6 +111,9 @@ class TensorSplitBlock {
   virtual void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) = 0;
 };
 
+// Sets `t` (f32, on `backend`) to the root's on every rank of the group, in place.
+void broadcastTensor(Backend& backend, const Tensor& t, Group& group, const RootOptions& o);
+
 // What a tensor split makes of each layer of a range.
 struct TensorRole {
   size_t layer = 0;

@@ -7,12 +7,18 @@
 #include "core/spin.h"
 
 namespace tandem {
+namespace {
+
+// The tokens' broadcasts' tag, apart from the split layers' all-reduces (counted from 0).
+constexpr uint64_t kTokenTag = uint64_t{1} << 40;
+
+}  // namespace
 
 TensorParallelGenerator::TensorParallelGenerator(const Model& whole,
                                                  const std::vector<Backend*>& backends,
                                                  const std::vector<Group*>& groups,
                                                  std::vector<double> shares)
-    : shares_(std::move(shares)) {
+    : shares_(std::move(shares)), groups_(groups) {
   const size_t ranks = backends.size();
   TANDEM_CHECK_MSG(ranks >= 1 && groups.size() == ranks, InvalidArgument,
                    "tensor generation: " << backends.size() << " backends for " << groups.size()
@@ -38,13 +44,23 @@ TensorParallelGenerator::~TensorParallelGenerator() = default;
 Generation TensorParallelGenerator::generate(const std::vector<int32_t>& prompt, int64_t count,
                                              const SamplingOptions& o, bool cache,
                                              const std::function<void(int32_t)>& on_token) {
+  // Rank 0's choice, on every rank (exact as a float: ids below 2^24).
+  auto agree = [this](int rank) {
+    return [this, rank](int32_t chosen) {
+      float token = static_cast<float>(chosen);
+      RootOptions ro;
+      ro.tag = kTokenTag;
+      broadcast(*groups_[static_cast<size_t>(rank)], {&token, 1}, ro);
+      return static_cast<int32_t>(token);
+    };
+  };
   for (int r = 1; r < ranks(); ++r)
     threads_[static_cast<size_t>(r - 1)]->run(
-        [&, r] { tandem::generate(model(r), prompt, count, o, cache); });
+        [&, r] { tandem::generate(model(r), prompt, count, o, cache, {}, agree(r)); });
   std::exception_ptr error;
   Generation out;
   try {
-    out = tandem::generate(model(0), prompt, count, o, cache, on_token);
+    out = tandem::generate(model(0), prompt, count, o, cache, on_token, agree(0));
   } catch (...) {
     error = std::current_exception();
   }

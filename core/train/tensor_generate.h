@@ -1,10 +1,11 @@
 // Tensor-parallel generation on one node: a language model's attention and MLP split over
 // the ranks of an in-process group (core/layers/tensor_split.h: heads and hidden features in
 // proportion to `shares`), each rank a thread driving its own backend and keeping the
-// key/value cache of its own heads. Every rank decodes the same tokens in step — their
-// all-reduces meet at each split layer, and the logits after them are the same on every
-// rank of alike devices, so is the token each chooses (a sampled one too: the same seed) —
-// rank 0 on the caller's thread reporting them.
+// key/value cache of its own heads. Every rank decodes the same tokens in step: their
+// all-reduces meet at each split layer, and each token rank 0 chooses is broadcast to the
+// others to feed back (ranks on unlike devices compute the logits after an all-reduce with
+// their own kernels, so their own choices could differ at a near tie). Rank 0 runs on the
+// caller's thread and reports the tokens.
 #pragma once
 
 #include <functional>
@@ -38,6 +39,7 @@ class TensorParallelGenerator {
 
  private:
   std::vector<double> shares_;
+  std::vector<Group*> groups_;
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<TensorRole> roles_;
   std::vector<std::unique_ptr<JobThread>> threads_;  // ranks 1.. (rank 0: the caller's)

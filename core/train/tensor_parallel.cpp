@@ -24,7 +24,7 @@ void copyIntoPart(const Model& whole, Model& part) {
 TensorParallelTrainer::TensorParallelTrainer(
     const ModelSpec& spec, const std::vector<Backend*>& backends, const std::vector<Group*>& groups,
     std::vector<double> shares, const OptimizerOptions& optimizer, const TrainOptions& options)
-    : spec_(spec), shares_(std::move(shares)), optimizer_options_(optimizer) {
+    : spec_(spec), shares_(std::move(shares)), optimizer_options_(optimizer), groups_(groups) {
   const size_t ranks = backends.size();
   TANDEM_CHECK_MSG(ranks >= 1 && groups.size() == ranks, InvalidArgument,
                    "tensor parallel: " << backends.size() << " backends for " << groups.size()
@@ -42,10 +42,27 @@ TensorParallelTrainer::TensorParallelTrainer(
     trainers_.push_back(std::make_unique<Trainer>(*models_.back(), *optimizers_.back(), options));
     if (r > 0)
       threads_.push_back(std::make_unique<JobThread>(waitBeforeSleeping(static_cast<int>(ranks))));
+    resync_ = resync_ || backends[r]->info().name != backends[0]->info().name;
   }
 }
 
 TensorParallelTrainer::~TensorParallelTrainer() = default;
+
+namespace {
+// The resync broadcasts' tags, apart from the split layers' all-reduces (counted from 0).
+constexpr uint64_t kResyncTag = uint64_t{1} << 41;
+}  // namespace
+
+void TensorParallelTrainer::resync(int r) {
+  Model& m = *models_[static_cast<size_t>(r)];
+  RootOptions o;
+  o.tag = kResyncTag;
+  for (Param* p : m.params()) {
+    ++o.tag;
+    if (!p->slice && p->value.dtype() == DType::kF32)
+      broadcastTensor(m.backend(), p->value, *groups_[static_cast<size_t>(r)], o);
+  }
+}
 
 void TensorParallelTrainer::startFrom(const Model& whole) {
   for (auto& m : models_) copyIntoPart(whole, *m);
@@ -73,6 +90,7 @@ double TensorParallelTrainer::step(const float* x, const int32_t* labels, int64_
   double loss = 0;
   onEveryRank([&](int r) {
     const double mine = trainers_[static_cast<size_t>(r)]->step(x, labels, n);
+    if (resync_) resync(r);
     if (r == 0) loss = mine;
   });
   return loss;
@@ -83,7 +101,10 @@ EpochReport TensorParallelTrainer::trainEpoch(
   EpochReport report;
   onEveryRank([&](int r) {
     const EpochReport mine = trainers_[static_cast<size_t>(r)]->trainEpoch(
-        data, epoch, r == 0 ? progress : std::function<void(const StepReport&)>());
+        data, epoch, [&, r](const StepReport& s) {  // after each step
+          if (resync_) resync(r);
+          if (r == 0 && progress) progress(s);
+        });
     if (r == 0) report = mine;
   });
   return report;

@@ -3,8 +3,11 @@
 // feature shares, e.g. in proportion to the devices' speeds), the rest of the model whole
 // on every rank. Every rank trains on the same batches in the same order (a Trainer each,
 // same seed): the split layers' all-reduces keep them in step, so their losses agree and
-// the replicated parameters take the same updates (bitwise on alike devices, to rounding
-// across unequal ones). Rank 0 runs on the caller's thread and reports progress.
+// the replicated parameters take the same updates (bitwise on alike devices). Ranks on
+// unlike devices (a CPU and an OpenCL device) compute the layers after an all-reduce with
+// their own kernels, so there every step ends with rank 0's replicated parameters
+// broadcast to the others, which would otherwise drift apart by rounding. Rank 0 runs on
+// the caller's thread and reports progress.
 //
 // merged() gives the whole model back (each split parameter and its optimizer state
 // assembled from the ranks' slices), for saving, evaluation elsewhere and export.
@@ -40,6 +43,9 @@ class TensorParallelTrainer {
   Model& model(int rank) { return *models_.at(static_cast<size_t>(rank)); }
   const std::vector<TensorRole>& roles() const { return roles_; }
   const std::vector<double>& shares() const { return shares_; }
+  // Whether each step ends with rank 0's replicated parameters sent to the others (the
+  // ranks' devices are not all alike).
+  bool resyncs() const { return resync_; }
 
   // Every rank's parameters from `whole` (copyIntoPart), before training: a model file's
   // weights to continue from.
@@ -66,6 +72,8 @@ class TensorParallelTrainer {
   // (JobThread, kept for the trainer's life, as data-parallel replicas keep theirs); every
   // rank finishes, then the first error is raised.
   void onEveryRank(const std::function<void(int)>& fn);
+  // Rank r's replicated parameters (those without a Param::slice) set to rank 0's.
+  void resync(int r);
 
   ModelSpec spec_;
   std::vector<double> shares_;
@@ -74,6 +82,8 @@ class TensorParallelTrainer {
   std::vector<std::unique_ptr<Optimizer>> optimizers_;
   std::vector<std::unique_ptr<Trainer>> trainers_;
   std::vector<TensorRole> roles_;
+  std::vector<Group*> groups_;
+  bool resync_ = false;
   std::vector<std::unique_ptr<JobThread>> threads_;  // ranks 1.. (rank 0: the caller's)
 };
 

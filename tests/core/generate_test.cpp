@@ -88,6 +88,27 @@ TEST(DecodeTest, TheCacheGivesTheTokensAndCloseLogitsOfRecomputingThePrefix) {
   }
 }
 
+// `agree` decides the token fed back and reported (a tensor rank's: rank 0's): here always
+// 7, whatever was chosen; the step after sees the prompt and 7.
+TEST(DecodeTest, AgreedTokensAreTheOnesFedBack) {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model m(parseModelSpec(kTwoBlocks));
+  m.build(be, 4);
+  const std::vector<int32_t> prompt = tokens(3, 2);
+  std::vector<int32_t> chosen;
+  const Generation g = generate(m, prompt, 3, {}, true, {}, [&](int32_t t) {
+    chosen.push_back(t);
+    return 7;
+  });
+  EXPECT_EQ(g.tokens, std::vector<int32_t>(3, 7));
+  ASSERT_EQ(chosen.size(), 3u);
+  std::vector<int32_t> fed = prompt;
+  fed.push_back(7);
+  const Generation after = generate(m, fed, 1, {});
+  testing::expectCloseLogits(g.logits[1], after.logits[0], "the step after an agreed 7");
+  EXPECT_EQ(chosen[1], after.tokens[0]);
+}
+
 // One token of each of several sequences at different positions, decoded as one batch
 // (Model::decodeEach), gives each sequence's row of decoding it alone: the same products
 // per row, so to the BLAS's rounding of a B-row product against a 1-row one; and the

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 
+#include "backends/opencl/devices.h"
 #include "backends/registry.h"
 #include "core/model_spec.h"
 #include "tests/test_util.h"
@@ -45,6 +46,7 @@ TEST(TensorParallelTest, TrainsAsTheWholeModelAndMergesBack) {
   // Rank 1 of 1 : 3 holds 25 of the 33 hidden features (ideal 24.75).
   EXPECT_EQ(tp.model(1).layer(1).outputShape(), Shape({25}));
   EXPECT_EQ(tp.model(0).layer(1).outputShape(), Shape({8}));
+  EXPECT_FALSE(tp.resyncs());  // alike devices stay bitwise alike by themselves
   int steps = 0;
   const EpochReport got = tp.trainEpoch(data, 0, [&](const StepReport&) { ++steps; });
   EXPECT_EQ(steps, 10);  // progress from rank 0 only
@@ -70,6 +72,36 @@ TEST(TensorParallelTest, TrainsAsTheWholeModelAndMergesBack) {
   const EvalResult w = evaluate(whole, data, 32);
   EXPECT_NEAR(e.loss, w.loss, 1e-4 * (1 + w.loss));
   EXPECT_EQ(e.samples, w.samples);
+}
+
+// A CPU rank beside each OpenCL device: the layers after an all-reduce run on unlike
+// kernels, so each step ends with rank 0's replicated parameters sent to the other; they
+// stay bitwise equal (through trainEpoch and step), and training follows the whole model.
+TEST(TensorParallelTest, UnlikeRanksKeepTheirReplicatedParametersEqual) {
+  const Dataset data = testing::quadrants(64, 5);
+  const TrainOptions options{16, 3, true};
+  OptimizerOptions sgd;
+  sgd.lr = 0.05f;
+  for (const auto& d : opencl::listClDevices()) {
+    SCOPED_TRACE(d.label());
+    auto cpu = makeBackend("cpu");
+    auto device = makeBackend(d.label());
+    auto groups = transport::makeLocalGroup(2);
+    TensorParallelTrainer tp(parseModelSpec(kNet), {cpu.get(), device.get()},
+                             {groups[0].get(), groups[1].get()}, {3, 1}, sgd, options);
+    EXPECT_TRUE(tp.resyncs());
+    tp.trainEpoch(data, 0, {});
+    std::vector<float> x(static_cast<size_t>(16 * 64), 0.5f);
+    std::vector<int32_t> y(16, 1);
+    tp.step(x.data(), y.data(), 16);
+    int replicated = 0;
+    for (Param* p : tp.model(0).params()) {
+      if (p->slice) continue;
+      ++replicated;
+      EXPECT_EQ(toHost(p->value), toHost(tp.model(1).param(p->name).value)) << p->name;
+    }
+    EXPECT_EQ(replicated, 3);  // 3.bias, 5.weight, 5.bias
+  }
 }
 
 TEST(TensorParallelTest, RefusesMismatchedRanks) {
