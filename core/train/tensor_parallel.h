@@ -1,11 +1,11 @@
 // Tensor-parallel training on one node: R ranks, each a thread driving its own backend
-// with its slice of every split layer (core/layers/tensor_split.h: linear pairs cut by
-// feature shares, e.g. in proportion to the devices' speeds), the rest of the model whole
-// on every rank. Every rank trains on the same batches in the same order (a Trainer each,
-// same seed): the split layers' all-reduces keep them in step, so their losses agree and
-// the replicated parameters take the same updates (bitwise on alike devices). Ranks on
-// unlike devices (a CPU and an OpenCL device) compute the layers after an all-reduce with
-// their own kernels, so there every step ends with rank 0's replicated parameters
+// with its slice of every split layer (core/layers/tensor_split.h: linear and convolution
+// pairs, attention heads and MLP features cut by shares, e.g. in proportion to the
+// devices' speeds), the rest of the model whole on every rank. Every rank trains on the same
+// batches in the same order (a Trainer each, same seed): the split layers' all-reduces keep them in
+// step, so their losses agree and the replicated parameters take the same updates (bitwise on alike
+// devices). Ranks on unlike devices (a CPU and an OpenCL device) compute the layers after an
+// all-reduce with their own kernels, so there every step ends with rank 0's replicated parameters
 // broadcast to the others, which would otherwise drift apart by rounding. Rank 0 runs on
 // the caller's thread and reports progress.
 //
