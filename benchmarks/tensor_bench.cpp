@@ -16,8 +16,9 @@
 // Single-sequence greedy decoding of the GPT benchmarks/generate_job.py measures (width 384,
 // 6 blocks of 6 heads, MLP 1536, context 128: 10.7 M parameters) with the key/value cache:
 // tokens/s of 2 tensor ranks of 1 thread (each block's heads and MLP split evenly, every
-// rank generating in step, rank 1 on a kept thread) against one process of 1 thread (the
-// ideal is 2x it) and of 2 threads; each iteration a 4-token prompt and 60 new tokens.
+// rank generating in step: TensorParallelGenerator, what `tandem generate --tensor 2` runs)
+// against one process of 1 thread (the ideal is 2x it) and of 2 threads; each iteration a
+// 4-token prompt and 60 new tokens after the same 4-token warm-up, greedy, the cache on.
 //
 //   build/release/benchmarks/tensor_bench [--benchmark_min_time=2]
 #include <benchmark/benchmark.h>
@@ -37,9 +38,8 @@
 #include "core/generate.h"
 #include "core/model_spec.h"
 #include "core/random.h"
-#include "core/spin.h"
 #include "core/train/data_parallel.h"
-#include "core/train/job_thread.h"
+#include "core/train/tensor_generate.h"
 #include "core/train/tensor_parallel.h"
 #include "transport/local_group.h"
 
@@ -205,23 +205,16 @@ void decodeWhole(benchmark::State& state, int threads) {
   state.SetItemsProcessed(state.iterations() * kNewTokens);  // items/s: tokens/s
 }
 
+// What `tandem generate --tensor 2` runs: a whole model's weights split over 2 ranks,
+// every rank decoding in step (TensorParallelGenerator).
 void decodeTensor(benchmark::State& state) {
-  cpu::CpuBackend first(cpu::CpuOptions{1}), second(cpu::CpuOptions{1});
+  cpu::CpuBackend host(cpu::CpuOptions{1}), first(cpu::CpuOptions{1}), second(cpu::CpuOptions{1});
+  Model whole(gptWide());
+  whole.build(host, 1);
   auto groups = transport::makeLocalGroup(2);
-  Model m0(gptWide()), m1(gptWide());
-  m0.splitForTensor(0, Model::kEnd, *groups[0], {1, 1});
-  m1.splitForTensor(0, Model::kEnd, *groups[1], {1, 1});
-  m0.build(first, 1);
-  m1.build(second, 1);
-  JobThread other(waitBeforeSleeping(2));
-  auto both = [&](int64_t count) {
-    other.run([&] { generate(m1, kPrompt, count, {}); });
-    const Generation g = generate(m0, kPrompt, count, {});
-    other.wait();
-    return g.tokens;
-  };
-  both(4);  // warm-up
-  for (auto _ : state) benchmark::DoNotOptimize(both(kNewTokens));
+  TensorParallelGenerator ranks(whole, {&first, &second}, {groups[0].get(), groups[1].get()}, {});
+  ranks.generate(kPrompt, 4, {});  // warm-up
+  for (auto _ : state) benchmark::DoNotOptimize(ranks.generate(kPrompt, kNewTokens, {}).tokens);
   state.SetItemsProcessed(state.iterations() * kNewTokens);
 }
 
