@@ -1,5 +1,6 @@
 #include "core/train/job_thread.h"
 
+#include <exception>
 #include <utility>
 
 #include "core/spin.h"
@@ -52,6 +53,26 @@ void JobThread::loop() {
     busy_.store(false, std::memory_order_release);
     cv_.notify_all();
   }
+}
+
+void runOnEvery(std::vector<std::unique_ptr<JobThread>>& others,
+                const std::function<void(int)>& fn) {
+  for (size_t r = 1; r <= others.size(); ++r)
+    others[r - 1]->run([&fn, r] { fn(static_cast<int>(r)); });
+  std::exception_ptr error;
+  try {
+    fn(0);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (auto& t : others) {
+    try {
+      t->wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace tandem

@@ -8,8 +8,10 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace tandem {
 
@@ -37,5 +39,11 @@ class JobThread {
   std::exception_ptr error_;
   std::thread thread_;  // last: starts once the rest is ready
 };
+
+// Runs fn(0) on the caller's thread and fn(r) on others[r - 1], all at once; every one
+// finishes (a rank whose collective failed times the others' out), then the first error
+// is raised. Tensor ranks' steps and generations.
+void runOnEvery(std::vector<std::unique_ptr<JobThread>>& others,
+                const std::function<void(int)>& fn);
 
 }  // namespace tandem

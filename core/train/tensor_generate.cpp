@@ -1,7 +1,5 @@
 #include "core/train/tensor_generate.h"
 
-#include <exception>
-
 #include "core/error.h"
 #include "core/layers/tensor_split.h"
 #include "core/spin.h"
@@ -54,24 +52,14 @@ Generation TensorParallelGenerator::generate(const std::vector<int32_t>& prompt,
       return static_cast<int32_t>(token);
     };
   };
-  for (int r = 1; r < ranks(); ++r)
-    threads_[static_cast<size_t>(r - 1)]->run(
-        [&, r] { tandem::generate(model(r), prompt, count, o, cache, {}, agree(r)); });
-  std::exception_ptr error;
   Generation out;
-  try {
-    out = tandem::generate(model(0), prompt, count, o, cache, on_token, agree(0));
-  } catch (...) {
-    error = std::current_exception();
-  }
-  for (auto& t : threads_) {  // a rank that failed times the others' all-reduces out
-    try {
-      t->wait();
-    } catch (...) {
-      if (!error) error = std::current_exception();
+  runOnEvery(threads_, [&](int r) {
+    if (r == 0) {
+      out = tandem::generate(model(0), prompt, count, o, cache, on_token, agree(0));
+    } else {
+      tandem::generate(model(r), prompt, count, o, cache, {}, agree(r));
     }
-  }
-  if (error) std::rethrow_exception(error);
+  });
   return out;
 }
 

@@ -1,6 +1,5 @@
 #include "core/train/tensor_parallel.h"
 
-#include <exception>
 #include <map>
 #include <string>
 
@@ -68,27 +67,9 @@ void TensorParallelTrainer::startFrom(const Model& whole) {
   for (auto& m : models_) copyIntoPart(whole, *m);
 }
 
-void TensorParallelTrainer::onEveryRank(const std::function<void(int)>& fn) {
-  for (int r = 1; r < ranks(); ++r) threads_[static_cast<size_t>(r - 1)]->run([&fn, r] { fn(r); });
-  std::exception_ptr error;
-  try {
-    fn(0);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  for (auto& t : threads_) {  // a failed collective times out the others
-    try {
-      t->wait();
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
-
 double TensorParallelTrainer::step(const float* x, const int32_t* labels, int64_t n) {
   double loss = 0;
-  onEveryRank([&](int r) {
+  runOnEvery(threads_, [&](int r) {
     const double mine = trainers_[static_cast<size_t>(r)]->step(x, labels, n);
     if (resync_) resync(r);
     if (r == 0) loss = mine;
@@ -99,7 +80,7 @@ double TensorParallelTrainer::step(const float* x, const int32_t* labels, int64_
 EpochReport TensorParallelTrainer::trainEpoch(
     const Dataset& data, int64_t epoch, const std::function<void(const StepReport&)>& progress) {
   EpochReport report;
-  onEveryRank([&](int r) {
+  runOnEvery(threads_, [&](int r) {
     const EpochReport mine = trainers_[static_cast<size_t>(r)]->trainEpoch(
         data, epoch, [&, r](const StepReport& s) {  // after each step
           if (resync_) resync(r);
@@ -112,7 +93,7 @@ EpochReport TensorParallelTrainer::trainEpoch(
 
 EvalResult TensorParallelTrainer::evaluate(const Dataset& data, int64_t batch) {
   EvalResult result;
-  onEveryRank([&](int r) {
+  runOnEvery(threads_, [&](int r) {
     const EvalResult mine = tandem::evaluate(*models_[static_cast<size_t>(r)], data, batch);
     if (r == 0) result = mine;
   });

@@ -68,10 +68,6 @@ class TensorParallelTrainer {
   Merged merged(Backend& backend) const;
 
  private:
-  // Runs fn(rank) on every rank at once, rank 0 on this thread and the others on their own
-  // (JobThread, kept for the trainer's life, as data-parallel replicas keep theirs); every
-  // rank finishes, then the first error is raised.
-  void onEveryRank(const std::function<void(int)>& fn);
   // Rank r's replicated parameters (those without a Param::slice) set to rank 0's.
   void resync(int r);
 
