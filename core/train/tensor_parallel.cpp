@@ -100,17 +100,26 @@ EvalResult TensorParallelTrainer::evaluate(const Dataset& data, int64_t batch) {
   return result;
 }
 
-TensorParallelTrainer::Merged TensorParallelTrainer::merged(Backend& backend) const {
-  Merged m;
-  m.model = std::make_unique<Model>(spec_);
-  m.model->build(backend, 0);  // every value is overwritten below
+TensorParts mergeTensorParts(const ModelSpec& spec, const std::vector<LayerRange>& layers,
+                             const std::vector<const Model*>& parts,
+                             const std::vector<const Optimizer*>& optimizers, Backend& backend,
+                             const OptimizerOptions& optimizer) {
+  TANDEM_CHECK_MSG(
+      !parts.empty() && (optimizers.empty() || optimizers.size() == parts.size()), InvalidArgument,
+      "tensor merge: " << parts.size() << " parts and " << optimizers.size() << " optimizers");
+  TensorParts m;
+  m.model = std::make_unique<Model>(spec);
+  if (layers.empty())  // every value is overwritten below
+    m.model->build(backend, 0);
+  else
+    m.model->build(backend, 0, layers);
   // The whole of `param` (or of its optimizer slot `name`) from the ranks' parts: each
   // rank's put in its place (Param::slice); rank 0's where every rank holds it whole.
   auto whole = [&](const std::string& name, const std::string& param, const Shape& shape,
                    const std::function<Tensor(size_t)>& part) {
     std::vector<float> values;
-    for (size_t r = 0; r < models_.size(); ++r) {
-      const std::optional<ParamSlice>& slice = models_[r]->param(param).slice;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      const std::optional<ParamSlice>& slice = parts[r]->param(param).slice;
       if (!slice) {
         values = toHost(part(0));
         break;
@@ -119,18 +128,19 @@ TensorParallelTrainer::Merged TensorParallelTrainer::merged(Backend& backend) co
       placeSlice(*slice, toHost(part(r)), values);
     }
     TANDEM_CHECK_MSG(static_cast<int64_t>(values.size()) == shape.numel(), InvalidArgument,
-                     "tensor parallel: the ranks' parts of " << name << " hold " << values.size()
-                                                             << " values for " << shape);
+                     "tensor merge: the ranks' parts of " << name << " hold " << values.size()
+                                                          << " values for " << shape);
     return toDevice(backend, shape, values);
   };
   for (Param* p : m.model->params()) {
     const Tensor t = whole(p->name, p->name, p->value.shape(),
-                           [&](size_t r) { return models_[r]->param(p->name).value; });
+                           [&](size_t r) { return parts[r]->param(p->name).value; });
     backend.copy(t, p->value);
   }
-  m.optimizer = std::make_unique<Optimizer>(backend, optimizer_options_);
+  if (optimizers.empty()) return m;
+  m.optimizer = std::make_unique<Optimizer>(backend, optimizer);
   std::vector<std::map<std::string, Tensor>> states;
-  for (const auto& o : optimizers_) {
+  for (const Optimizer* o : optimizers) {
     states.emplace_back();
     for (const auto& [name, t] : o->state()) states.back()[name] = t;
   }
@@ -141,8 +151,36 @@ TensorParallelTrainer::Merged TensorParallelTrainer::merged(Backend& backend) co
     state.emplace_back(name, whole(name, param, m.model->param(param).value.shape(),
                                    [&](size_t r) { return states[r].at(name); }));
   }
-  m.optimizer->restore(state, optimizers_.at(0)->steps());
+  m.optimizer->restore(state, optimizers.front()->steps());
   return m;
+}
+
+std::vector<std::pair<std::string, Tensor>> partOfState(
+    const Model& part, const std::vector<std::pair<std::string, Tensor>>& whole) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : whole) {
+    const size_t dot = name.rfind('.');
+    TANDEM_CHECK_MSG(dot != std::string::npos, InvalidArgument,
+                     "optimizer state '" << name << "' names no parameter");
+    const Param& p = part.param(name.substr(0, dot));
+    std::vector<float> mine = toHost(t);
+    if (p.slice) mine = takeSlice(mine, *p.slice);
+    TANDEM_CHECK_MSG(static_cast<int64_t>(mine.size()) == p.value.shape().numel(), InvalidArgument,
+                     "optimizer state '" << name << "': " << t.shape() << " where " << p.name
+                                         << "'s part holds " << p.value.shape());
+    out.emplace_back(name, toDevice(part.backend(), p.value.shape(), mine));
+  }
+  return out;
+}
+
+TensorParts TensorParallelTrainer::merged(Backend& backend) const {
+  std::vector<const Model*> parts;
+  std::vector<const Optimizer*> optimizers;
+  for (size_t r = 0; r < models_.size(); ++r) {
+    parts.push_back(models_[r].get());
+    optimizers.push_back(optimizers_[r].get());
+  }
+  return mergeTensorParts(spec_, {}, parts, optimizers, backend, optimizer_options_);
 }
 
 }  // namespace tandem

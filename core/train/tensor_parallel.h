@@ -29,6 +29,26 @@ namespace tandem {
 // of the rest. InvalidArgument naming a parameter the two do not share.
 void copyIntoPart(const Model& whole, Model& part);
 
+// A whole model (of some layers) with its optimizer: what the ranks' parts merge into.
+struct TensorParts {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> optimizer;  // null when merged without optimizers
+};
+// The model of `spec` built over `layers` (empty: all) on `backend`, each parameter and
+// optimizer slot assembled from the ranks' parts (parts[r] rank r's model, split and
+// built over the same layers; each part where its Param::slice puts it, rank 0's of what
+// every rank holds whole); optimizers empty: parameters only. InvalidArgument when the
+// parts do not fill a parameter.
+TensorParts mergeTensorParts(const ModelSpec& spec, const std::vector<LayerRange>& layers,
+                             const std::vector<const Model*>& parts,
+                             const std::vector<const Optimizer*>& optimizers, Backend& backend,
+                             const OptimizerOptions& optimizer);
+// `part`'s share of a whole model's optimizer state (Optimizer::state of the same layers
+// unsplit): each slot's slice where its parameter is split, the whole elsewhere, on the
+// part's backend. InvalidArgument naming a slot that does not fit its parameter's part.
+std::vector<std::pair<std::string, Tensor>> partOfState(
+    const Model& part, const std::vector<std::pair<std::string, Tensor>>& whole);
+
 class TensorParallelTrainer {
  public:
   // One rank per backend and group (groups[r] is rank r of one group of backends.size()
@@ -61,11 +81,7 @@ class TensorParallelTrainer {
 
   // The whole model on `backend`, its parameters and optimizer state assembled from the
   // ranks' slices (each where its Param::slice puts it; rank 0's of what every rank holds whole).
-  struct Merged {
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Optimizer> optimizer;
-  };
-  Merged merged(Backend& backend) const;
+  TensorParts merged(Backend& backend) const;
 
  private:
   // Rank r's replicated parameters (those without a Param::slice) set to rank 0's.

@@ -18,6 +18,7 @@ namespace tandem::runtime {
 
 // The most replicas whose shares TrainSettings::microbatch_shares carries.
 inline constexpr size_t kMaxReplicaShares = 64;
+inline constexpr int32_t kMaxTensorRanks = 64;  // a stage's (StageSlice::tensor)
 // A job's rebalance_steps unless it says (TrainSettings::rebalance_steps), and the most.
 inline constexpr int64_t kDefaultRebalanceSteps = 3;
 inline constexpr int64_t kMaxRebalanceSteps = 1000;
@@ -85,6 +86,11 @@ struct StageSlice {
   std::vector<LayerRange> chunks = {};
   std::string device = "cpu";  // "cpu", "opencl:0"
   int32_t threads = 1;
+  // Tensor parallelism: the stage's layers split over this many ranks in its worker's
+  // process, each on a backend of `device` with `threads` threads (core/pipeline/
+  // tensor_stage.h), by `tensor_shares` (one per rank; empty: equal).
+  int32_t tensor = 1;
+  std::vector<double> tensor_shares = {};
   bool operator==(const StageSlice&) const = default;
 };
 

@@ -91,6 +91,15 @@ Assign readAssign(const fb::Assign* a) {
   slice.device = text(m, "device", a->device(), kMaxNameBytes);
   slice.threads = a->threads();
   range(m, "threads", slice.threads, 1, 1024);
+  slice.tensor = a->tensor();
+  range(m, "tensor", slice.tensor, 1, kMaxTensorRanks);
+  slice.tensor_shares = readShares(m, "tensor share", a->tensor_shares());
+  if (!slice.tensor_shares.empty() &&
+      slice.tensor_shares.size() != static_cast<size_t>(slice.tensor))
+    bad(m, std::to_string(slice.tensor_shares.size()) + " tensor shares for " +
+               std::to_string(slice.tensor) + " tensor ranks");
+  if (slice.tensor > 1 && (generates || interleaved || out.replicas > 1))
+    bad(m, "a tensor-split stage cannot generate, be interleaved or have replicas");
   out.train = readTrain(m, a->train());
   out.data = readData(m, a->data());
   out.wire = readWire(m, a->wire());
@@ -296,14 +305,18 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   }
   auto chunks =
       bounds.empty() ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>() : b.CreateVector(bounds);
-  return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
-                          m.next_replicas, static_cast<int64_t>(m.slice.layers.begin),
-                          static_cast<int64_t>(m.slice.layers.end), device, m.slice.threads, train,
-                          data, wire, m.mode == RunMode::kInfer, m.record_spans, m.save, host,
-                          transport, weights_hash, m.weights_bytes, m.encrypt,
-                          m.checkpoint.every_steps, m.checkpoint.start_step,
-                          m.checkpoint.restore_optimizer, m.infer_from, m.request_rate,
-                          m.mode == RunMode::kGenerate, m.in_flight, chunks)
+  checkCount(name, "tensor_shares", m.slice.tensor_shares.size(), kMaxReplicaShares);
+  auto tensor_shares = m.slice.tensor_shares.empty()
+                           ? flatbuffers::Offset<flatbuffers::Vector<double>>()
+                           : b.CreateVector(m.slice.tensor_shares);
+  return fb::CreateAssign(
+             b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
+             m.next_replicas, static_cast<int64_t>(m.slice.layers.begin),
+             static_cast<int64_t>(m.slice.layers.end), device, m.slice.threads, train, data, wire,
+             m.mode == RunMode::kInfer, m.record_spans, m.save, host, transport, weights_hash,
+             m.weights_bytes, m.encrypt, m.checkpoint.every_steps, m.checkpoint.start_step,
+             m.checkpoint.restore_optimizer, m.infer_from, m.request_rate,
+             m.mode == RunMode::kGenerate, m.in_flight, chunks, m.slice.tensor, tensor_shares)
       .Union();
 }
 

@@ -126,10 +126,22 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
   for (const auto& entry : node) {
     // [begin, end], or {layers: [begin, end], replicas: N}. (Nodes are copied, never
     // assigned: assigning a YAML::Node overwrites the node it refers to.)
-    int64_t replicas = 1;
-    std::vector<double> shares;
+    int64_t replicas = 1, tensor = 1;
+    std::vector<double> shares, tensor_shares;
+    // A list of shares under `key`, one per replica (tensor rank).
+    const auto sharesOf = [&](const YAML::Node& list, const std::string& key, const char* per,
+                              std::vector<double>& out) {
+      if (!list.IsSequence() || list.size() == 0)
+        r.fail(list, "'" + key + "' is a list of numbers, one per " + per);
+      for (const YAML::Node& s : list) {
+        const auto v = r.get<double>(s, key, "a positive number");
+        if (!(v > 0 && v <= 1e9))
+          r.fail(s, std::string("a ") + per + "'s share must be in (0, 1e9]");
+        out.push_back(v);
+      }
+    };
     const auto layersOf = [&](const YAML::Node& stage) {
-      std::optional<YAML::Node> shares_node;
+      std::optional<YAML::Node> shares_node, tensor_node, tensor_shares_node;
       for (const auto& kv : stage) {
         const std::string key = r.get<std::string>(kv.first, "key", "a stage setting");
         if (key == "replicas") {
@@ -137,21 +149,34 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
           if (replicas > 64) r.fail(kv.second, "'replicas' must be at most 64");
         } else if (key == "shares") {
           shares_node = kv.second;
-          if (!kv.second.IsSequence() || kv.second.size() == 0)
-            r.fail(kv.second, "'shares' is a list of numbers, one per replica");
-          for (const YAML::Node& s : kv.second) {
-            const auto v = r.get<double>(s, key, "a positive number");
-            if (!(v > 0 && v <= 1e9)) r.fail(s, "a replica's share must be in (0, 1e9]");
-            shares.push_back(v);
-          }
+          sharesOf(kv.second, key, "replica", shares);
+        } else if (key == "tensor") {
+          tensor_node = kv.second;
+          if (kv.second.IsSequence())
+            r.fail(kv.second,
+                   "tensor ranks run in the stage's process, on its device: give "
+                   "their count ('tensor: 2'); ranks on other devices or nodes are "
+                   "not supported yet");
+          tensor = r.positive(kv.second, key);
+          if (tensor > kMaxTensorRanks) r.fail(kv.second, "'tensor' must be at most 64");
+        } else if (key == "tensor_shares") {
+          tensor_shares_node = kv.second;
+          sharesOf(kv.second, key, "tensor rank", tensor_shares);
         } else if (key != "layers") {
-          r.fail(kv.first, "unknown stage key '" + key + "' (expected layers, replicas or shares)");
+          r.fail(kv.first, "unknown stage key '" + key +
+                               "' (expected layers, replicas, shares, tensor or tensor_shares)");
         }
       }
       if (!stage["layers"]) r.fail(stage, "the stage has no 'layers: [begin, end]'");
       if (shares_node && shares.size() != static_cast<size_t>(replicas))
         r.fail(*shares_node, std::to_string(shares.size()) + " shares for the stage's " +
                                  std::to_string(replicas) + " replicas");
+      if (tensor_shares_node && tensor_shares.size() != static_cast<size_t>(tensor))
+        r.fail(*tensor_shares_node, std::to_string(tensor_shares.size()) +
+                                        " tensor shares for the stage's " + std::to_string(tensor) +
+                                        " tensor ranks");
+      if (tensor > 1 && replicas > 1)
+        r.fail(*tensor_node, "a tensor-split stage cannot have replicas yet");
       return stage["layers"];
     };
     const YAML::Node range = entry.IsMap() ? layersOf(entry) : YAML::Node(entry);
@@ -165,7 +190,9 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
     job.ranges.push_back({{static_cast<size_t>(begin), static_cast<size_t>(end)},
                           static_cast<int>(replicas),
                           shares,
-                          r.at(range)});
+                          r.at(range),
+                          static_cast<int>(tensor),
+                          tensor_shares});
   }
 }
 
@@ -227,8 +254,10 @@ void checkTogether(const YamlReader& r, const YAML::Node& root, const Given& giv
   if (interleaved && !given.chunks) job.chunks = 2;
   if (interleaved)
     for (const JobSpec::Range& range : job.ranges)
-      if (range.replicas > 1)
-        throw InvalidArgument(range.where + ": interleaved stages cannot have replicas");
+      if (range.replicas > 1 || range.tensor > 1)
+        throw InvalidArgument(range.where +
+                              ": interleaved stages cannot have replicas or be "
+                              "tensor-split");
   const auto per = static_cast<size_t>(job.chunks);
   if (!job.ranges.empty() && job.ranges.size() % per != 0)
     r.fail(*given.partition, "the partition lists " + std::to_string(job.ranges.size()) +

@@ -23,6 +23,8 @@
 //                                  # [[0, 4], {layers: [4, 9], replicas: 2}, [9, 11]],
 //                                  # unequal ones with their shares of the work:
 //                                  # {layers: [4, 9], replicas: 2, shares: [3, 1]}
+//                                  # or split over tensor ranks in its process:
+//                                  # {layers: [4, 9], tensor: 2, tensor_shares: [3, 1]}
 //                                  # or a plan file (`tandem partition --out`), or auto
 //   stages: 3                      # with `equal`
 //   cluster: ../clusters/local.yaml   # with `auto`: the devices to plan over
@@ -92,6 +94,10 @@ struct JobSpec {
     // (TrainSettings::microbatch_shares), so one stage of the job may have them.
     std::vector<double> shares;
     std::string where;  // "job.yaml:12:5"
+    // Tensor parallelism: `tensor: N` splits the stage's layers over N ranks in its
+    // worker's process (StageSlice::tensor), by `tensor_shares` (empty: equal).
+    int tensor = 1;
+    std::vector<double> tensor_shares = {};
     bool operator==(const Range&) const = default;
   };
   std::vector<Range> ranges;

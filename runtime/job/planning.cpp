@@ -17,6 +17,7 @@
 #include "partitioner/search.h"
 #include "runtime/node/node_profile.h"
 #include "transport/codec.h"
+#include "transport/local_group.h"
 
 namespace tandem::runtime {
 
@@ -437,6 +438,19 @@ std::vector<int64_t> stageMemory(const JobSpec& job, const Model& model,
   return out;
 }
 
+void checkTensorSplit(const Model& model, const StageSlice& slice, const std::string& where) {
+  Model probe(model.spec());
+  auto groups = transport::makeLocalGroup(slice.tensor);
+  std::vector<double> shares = slice.tensor_shares;
+  if (shares.empty()) shares.assign(static_cast<size_t>(slice.tensor), 1.0);
+  try {
+    probe.splitForTensor(slice.layers.begin, slice.layers.end, *groups[0], shares);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(where + ": the stage cannot split over " + std::to_string(slice.tensor) +
+                          " tensor ranks: " + e.what());
+  }
+}
+
 std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
                                       const std::vector<partitioner::PlanStageSpec>* planned) {
   std::vector<StagePlacement> out;
@@ -456,7 +470,13 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
       }
       slice.threads = job.threads;
       place.replicas = s < job.ranges.size() ? job.ranges[s].replicas : 1;
-      if (s < job.ranges.size()) place.shares = job.ranges[s].shares;
+      if (s < job.ranges.size()) {
+        const JobSpec::Range& range = job.ranges[s];
+        place.shares = range.shares;
+        slice.tensor = range.tensor;
+        slice.tensor_shares = range.tensor_shares;
+        if (range.tensor > 1) checkTensorSplit(model, slice, range.where);
+      }
       out.push_back(std::move(place));
     }
     return out;

@@ -114,6 +114,10 @@ struct StagePlacement {
   }
 };
 
+// Whether `slice`'s layers of `model` split over its tensor ranks by its shares;
+// InvalidArgument naming `where` (the job file's line) and why not.
+void checkTensorSplit(const Model& model, const StageSlice& slice, const std::string& where);
+
 // The job's stages: from `planned` when given (the plan `tandem run` made for
 // `partition: auto`), else the job's plan file, else its ranges or equal split on the
 // CPU with the job's threads. Plans are checked to cover the model exactly once; a

@@ -31,6 +31,7 @@
 #include "runtime/node/node_info.h"
 #include "runtime/node/weight_cache.h"
 #include "runtime/worker/stage_generation.h"
+#include "runtime/worker/tensor_ranks.h"
 #include "transport/socket_group.h"
 #include "transport/zmq_group.h"
 #include "transport/zmq_link.h"
@@ -110,35 +111,13 @@ std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a, cons
   return bytes;
 }
 
-// The optimizer's state for this stage's parameters, from a model file of the whole model
-// (a checkpoint): FormatError naming `who` when the file has none.
-void restoreOptimizer(Optimizer& optimizer, const Model& model, Backend& backend,
-                      const ModelFile& file, const std::string& who) {
-  if (!file.optimizer)
-    throw FormatError(who + ": the starting weights carry no optimizer state to resume from");
-  std::set<std::string> mine;
-  for (const Param* p : model.params()) mine.insert(p->name);
-  std::vector<std::pair<std::string, Tensor>> state;
-  for (const HostTensor& t : file.optimizer->tensors) {
-    const size_t dot = t.name.rfind('.');
-    if (dot != std::string::npos && mine.count(t.name.substr(0, dot)))
-      state.push_back({t.name, toDevice(backend, t.shape, t.data)});
-  }
-  optimizer.restore(state, file.optimizer->steps);
+// The replicas' shares a checkpoint carries: when they are of the whole model and settled
+// (a tensor-split stage has no replicas).
+std::vector<double> checkpointShares(const Assign& a, const StageTrainer& trainer) {
+  if (a.stages == 1 && a.replicas > 1 && trainer.sharesSettled()) return trainer.shares();
+  return {};
 }
-
-// Sends this stage's slice at a checkpoint: chunks, then `checkpointed`, with the
-// replicas' shares when they are of the whole model and settled.
-void sendCheckpoint(Channel& coordinator, const Model& model, const Optimizer& optimizer,
-                    const Assign& a, const StageTrainer& trainer) {
-  const std::vector<uint8_t> slice = serializeModel(model, &optimizer, {});
-  const std::string hash = contentHash(slice);
-  const std::chrono::seconds timeout(a.wire.timeout_s);
-  sendChunks(coordinator, hash, slice, timeout);
-  Checkpointed c{trainer.stepsTaken(), hash, static_cast<int64_t>(slice.size()), {}};
-  if (a.stages == 1 && a.replicas > 1 && trainer.sharesSettled()) c.shares = trainer.shares();
-  coordinator.send(c, timeout);
-}
+std::vector<double> checkpointShares(const Assign&, const TensorStage&) { return {}; }
 
 // After its report a worker keeps its links open until the coordinator has every report
 // and says `leave` (or its channel ends, or `limit` passes): the last messages a stage
@@ -168,6 +147,8 @@ class StageSetup {
 
   const std::string who;
   std::unique_ptr<Backend> backend;
+  // A tensor-split stage's ranks 1.. (rank 0 is `model` on `backend`); null when unsplit.
+  std::unique_ptr<TensorRanks> tensor;
   std::optional<Model> model;
   std::vector<LayerRange> chunks;  // the layers built: one range, or an interleaved stage's
   std::optional<Optimizer> optimizer;
@@ -191,6 +172,22 @@ class StageSetup {
   std::unique_ptr<Group> group;
   Dataset train, test;  // the first stage's
   Start start;
+
+  // The stage's slice (weights and optimizer state) as a model file's bytes: its model's,
+  // or a tensor-split stage's ranks' merged.
+  std::vector<uint8_t> sliceBytes() const {
+    return tensor ? tensor->mergedSlice() : serializeModel(*model, &*optimizer, {});
+  }
+  // Sends the slice at a checkpoint after `steps` steps: chunks, then `checkpointed`.
+  void sendCheckpoint(Channel& coordinator, const Assign& a, int64_t steps,
+                      std::vector<double> shares) const {
+    const std::vector<uint8_t> slice = sliceBytes();
+    const std::string hash = contentHash(slice);
+    const std::chrono::seconds timeout(a.wire.timeout_s);
+    sendChunks(coordinator, hash, slice, timeout);
+    coordinator.send(
+        Checkpointed{steps, hash, static_cast<int64_t>(slice.size()), std::move(shares)}, timeout);
+  }
 
   // The bytes the links moved, into the report.
   void countLinkBytes() {
@@ -240,13 +237,22 @@ void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const Worker
   TANDEM_CHECK_MSG(
       end <= model->size(), InvalidArgument,
       who << ": layers [" << begin << ", " << end << ") but the model has " << model->size());
+  if (a.slice.tensor > 1) tensor = std::make_unique<TensorRanks>(spec, a, threads, *model, who);
   // An interleaved stage builds its chunks only.
   chunks = a.slice.chunks.empty() ? std::vector<LayerRange>{a.slice.layers} : a.slice.chunks;
   model->build(*backend, a.train.seed, chunks);
   optimizer.emplace(*backend, a.train.optimizer);
+  if (tensor) {
+    tensor->setRank0(*optimizer);
+    spdlog::info("{}: {}", who, tensor->describe());
+  }
   if (a.weights_hash.empty()) return;
   const ModelFile start_from =
       parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
+  if (tensor) {
+    tensor->startFrom(start_from, a.checkpoint.restore_optimizer, who);
+    return;
+  }
   loadWeights(*model, start_from, false);
   if (a.checkpoint.restore_optimizer)
     restoreOptimizer(*optimizer, *model, *backend, start_from, who);
@@ -362,8 +368,9 @@ std::unique_ptr<Group> replicaGroup(Channel& coordinator, const Assign& a, Stage
 
 // An inference stream: every replica of the last stage answers its own requests as they
 // come out; the first stage's replicas share the request rate.
-void infer(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& trainer,
-           bool reports) {
+// (`Stage`: a StageTrainer, or a TensorStage of a tensor-split stage.)
+template <typename Stage>
+void infer(Channel& coordinator, const Assign& a, StageSetup& s, Stage& trainer, bool reports) {
   EvalStream stream;
   stream.from = a.infer_from;
   if (a.request_rate > 0)
@@ -385,8 +392,8 @@ void infer(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
 
 // The training epochs (from a resumed run's step), each followed by an evaluation;
 // progress, checkpoints and each epoch's figures go to the coordinator as they come.
-void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& trainer,
-           bool reports) {
+template <typename Stage>
+void train(Channel& coordinator, const Assign& a, StageSetup& s, Stage& trainer, bool reports) {
   // A resumed run starts where its checkpoint was taken: epoch and step within it.
   const int64_t steps_per_epoch = (s.start.train_samples + a.train.batch - 1) / a.train.batch;
   const int64_t first_epoch = steps_per_epoch > 0 ? a.checkpoint.start_step / steps_per_epoch : 0;
@@ -411,7 +418,7 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
         step_times.push_back(std::chrono::duration<double>(now - *last_step).count());
       last_step = now;
       if (checkpoints && trainer.stepsTaken() % a.checkpoint.every_steps == 0)
-        sendCheckpoint(coordinator, *s.model, *s.optimizer, a, trainer);
+        s.sendCheckpoint(coordinator, a, trainer.stepsTaken(), checkpointShares(a, trainer));
       if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
       sent = Clock::now();
       coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});
@@ -447,6 +454,42 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, StageTrainer& t
   }
 }
 
+// The mode's body over the stage (a StageTrainer, or a tensor-split stage's TensorStage),
+// then what the report says of its executor (rank 0's), and the trained slice.
+template <typename Stage>
+void runMode(Channel& coordinator, const Assign& a, StageSetup& s, Stage& trainer) {
+  // Replicas of the last stage all hold the step's whole loss; the first reports it.
+  const bool reports = a.stage == a.stages - 1 && a.replica == 0;
+  if (a.mode == RunMode::kInfer)
+    infer(coordinator, a, s, trainer, reports);
+  else
+    train(coordinator, a, s, trainer, reports);
+  s.report.counters.peak_stash = trainer.executor().counters().peak_stash;
+  s.report.peak_rss_bytes = peakRssBytes();
+  s.report.peak_tensor_bytes = s.backend->memoryUse().peak;
+  if (s.tensor && s.report.peak_tensor_bytes >= 0) {
+    const int64_t others = s.tensor->peakTensorBytes();
+    s.report.peak_tensor_bytes = others < 0 ? -1 : s.report.peak_tensor_bytes + others;
+  }
+  if (a.record_spans) {
+    // Spans are taken on this machine's steady clock; reported on its realtime clock
+    // (seconds since the epoch), which the coordinator can line up with other hosts'.
+    const double shift = static_cast<double>(realtimeNs()) * 1e-9 -
+                         std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    s.report.spans = trainer.executor().spans();
+    for (Span& span : s.report.spans) {
+      span.start_s += shift;
+      span.end_s += shift;
+    }
+  }
+  if (a.save && a.mode == RunMode::kTrain) {  // the trained slice goes first, in chunks
+    const std::vector<uint8_t> slice = s.sliceBytes();
+    s.report.model_hash = contentHash(slice);
+    s.report.model_bytes = static_cast<int64_t>(slice.size());
+    sendChunks(coordinator, s.report.model_hash, slice, std::chrono::seconds(a.wire.timeout_s));
+  }
+}
+
 // A training or inference stage: the executor over the stage's links (and its replicas'
 // group), the mode's body, then what the report says of the executor.
 void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
@@ -467,33 +510,13 @@ void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
                             << "its batches for " << po.microbatch_shares.size());
   po.rebalance_steps = a.train.rebalance_steps;
   po.collective_timeout = std::chrono::seconds(a.wire.timeout_s);
-  StageTrainer trainer(*s.model, StageRange::interleaved(a.stage, a.stages, s.chunks), s.prev.get(),
-                       s.next.get(), &*s.optimizer, po);
-  // Replicas of the last stage all hold the step's whole loss; the first reports it.
-  const bool reports = a.stage == a.stages - 1 && a.replica == 0;
-  if (a.mode == RunMode::kInfer)
-    infer(coordinator, a, s, trainer, reports);
-  else
-    train(coordinator, a, s, trainer, reports);
-  s.report.counters.peak_stash = trainer.executor().counters().peak_stash;
-  s.report.peak_rss_bytes = peakRssBytes();
-  s.report.peak_tensor_bytes = s.backend->memoryUse().peak;
-  if (a.record_spans) {
-    // Spans are taken on this machine's steady clock; reported on its realtime clock
-    // (seconds since the epoch), which the coordinator can line up with other hosts'.
-    const double shift = static_cast<double>(realtimeNs()) * 1e-9 -
-                         std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-    s.report.spans = trainer.executor().spans();
-    for (Span& span : s.report.spans) {
-      span.start_s += shift;
-      span.end_s += shift;
-    }
-  }
-  if (a.save && a.mode == RunMode::kTrain) {  // the trained slice goes first, in chunks
-    const std::vector<uint8_t> slice = serializeModel(*s.model, &*s.optimizer, {});
-    s.report.model_hash = contentHash(slice);
-    s.report.model_bytes = static_cast<int64_t>(slice.size());
-    sendChunks(coordinator, s.report.model_hash, slice, std::chrono::seconds(a.wire.timeout_s));
+  const StageRange range = StageRange::interleaved(a.stage, a.stages, s.chunks);
+  if (s.tensor) {
+    TensorStage stage(s.tensor->parts(), range, s.prev.get(), s.next.get(), po);
+    runMode(coordinator, a, s, stage);
+  } else {
+    StageTrainer trainer(*s.model, range, s.prev.get(), s.next.get(), &*s.optimizer, po);
+    runMode(coordinator, a, s, trainer);
   }
 }
 

@@ -103,7 +103,7 @@ struct Training {
     }
     // The whole model assembled from the ranks' slices, on the host.
     auto host = makeBackend("cpu");
-    const TensorParallelTrainer::Merged merged = tensor->merged(*host);
+    const TensorParts merged = tensor->merged(*host);
     saveModel(path, *merged.model, merged.optimizer.get(), meta);
   }
 };

@@ -56,7 +56,7 @@ TEST(TensorParallelTest, TrainsAsTheWholeModelAndMergesBack) {
             toHost(tp.model(1).param("5.weight").value));
   EXPECT_EQ(toHost(tp.model(0).param("3.bias").value), toHost(tp.model(1).param("3.bias").value));
 
-  const TensorParallelTrainer::Merged merged = tp.merged(*cpu);
+  const TensorParts merged = tp.merged(*cpu);
   for (const Param* p : whole.params())
     testing::expectCloseAll(toHost(merged.model->param(p->name).value), toHost(p->value), 1e-4f,
                             p->name);

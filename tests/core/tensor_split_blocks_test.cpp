@@ -270,7 +270,7 @@ TEST(TensorSplitBlocksTest, TensorParallelTrainerMergesSplitBlocksBack) {
             "4 layernorm whole, 5 linear whole");
   const EpochReport got = tp.trainEpoch(data, 0, {});
   EXPECT_NEAR(got.train_loss, want.train_loss, 1e-5 * (1 + want.train_loss));
-  const TensorParallelTrainer::Merged merged = tp.merged(*cpu);
+  const TensorParts merged = tp.merged(*cpu);
   for (const Param* p : whole.params())
     testing::expectCloseAll(toHost(merged.model->param(p->name).value), toHost(p->value), 1e-4f,
                             p->name);

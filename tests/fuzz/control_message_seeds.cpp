@@ -28,9 +28,13 @@ int main(int argc, char** argv) {
   interleaved.slice.layers.end = 3;
   interleaved.train.schedule = tandem::ScheduleKind::kInterleaved1F1B;
   interleaved.slice.chunks = {{0, 1}, {2, 3}};
+  Assign split;  // one stage split over 3 tensor ranks, unequal shares
+  split.slice.tensor = 3;
+  split.slice.tensor_shares = {1, 2, 1};
   const Message all[] = {hello,
                          Assign{},
                          interleaved,
+                         split,
                          proof,
                          Refused{Refusal::kAuth, "no"},
                          node,

@@ -436,6 +436,59 @@ TEST(RunTest, ReplicatedStagesMatchSingleDeviceAccumulationWithinRounding) {
   }
 }
 
+// A stage split over tensor ranks in its worker's process (`tensor: N`): the saved model,
+// merged from the ranks, is single-device accumulation's within rounding (the row layer's
+// all-reduce regroups a sum), with even and unequal shares, 2 and 3 ranks, first and last
+// stage; its checkpoints hold the merged slice, and a run resumed from one ends bitwise
+// where the uninterrupted run did.
+TEST(RunTest, ATensorSplitStageTrainsAsOneDeviceAndResumesBitwise) {
+  const int64_t train_limit = 320, batch = 32, m = 4;
+  const Dataset train = loadFashionMnist(kFashionMnistDir, true, train_limit);
+  const Reference want = singleDevice(train, batch, m);
+  const std::string dir = ::testing::TempDir() + "/run_tensor";
+  struct Config {
+    const char *partition, *schedule, *said;
+  } configs[] = {
+      {"[[0, 2], {layers: [2, 6], tensor: 2, tensor_shares: [1, 3]}]", "1f1b",
+       "stage 1: 2 tensor ranks (feature shares 1 : 3): 2 relu whole, 3 linear column, 4 relu "
+       "slice, 5 linear row"},
+      {"[{layers: [0, 4], tensor: 3}, [4, 6]]", "gpipe",
+       "stage 0: 3 tensor ranks (feature shares 1 : 1 : 1): 0 flatten whole, 1 linear column"},
+  };
+  auto job = [&](const std::string& name, const Config& c) {
+    std::ostringstream body;
+    body << "train_limit: " << train_limit << "\ntest_limit: 100\nepochs: 1\nbatch: " << batch
+         << "\nmicrobatches: " << m << "\nschedule: " << c.schedule
+         << "\npartition: " << c.partition << "\nseed: 3\nsave: " << dir << "/" << name
+         << ".tdm\ncheckpoint: {every_steps: 3, keep: 3, dir: " << dir << "/ck-" << name << "}\n";
+    return writeJob("run_" + name, body.str());
+  };
+  std::filesystem::remove_all(dir);
+  for (const Config& c : configs) {
+    RunProcess run(job("tensor", c));
+    ASSERT_EQ(run.wait(120s), 0) << c.partition << "\n" << run.output();
+    EXPECT_NE(run.output().find(c.said), std::string::npos) << run.output();
+    const ModelFile saved = readModelFile(dir + "/tensor.tdm");
+    ASSERT_EQ(saved.params.size(), want.weights.size()) << c.partition;
+    for (const HostTensor& t : saved.params) {
+      const std::vector<float>& w = want.weights.at(t.name);
+      ASSERT_EQ(t.data.size(), w.size()) << t.name;
+      for (size_t i = 0; i < w.size(); ++i)
+        ASSERT_NEAR(t.data[i], w[i], 1e-5f * (1 + std::abs(w[i])))
+            << c.partition << ": " << t.name << "[" << i << "]";
+    }
+    EXPECT_EQ(saved.optimizer->steps, want.steps) << c.partition;
+  }
+  // The last config's run again from its checkpoint at step 6 (of 10): bitwise the same.
+  const std::string uninterrupted = readFile(dir + "/tensor.tdm", "model");
+  std::filesystem::copy(dir + "/ck-tensor", dir + "/from6");
+  std::filesystem::remove(dir + "/from6/step-000000000009.json");
+  RunProcess resumed(job("resumed", configs[1]), {"--resume", dir + "/from6"});
+  ASSERT_EQ(resumed.wait(120s), 0) << resumed.output();
+  EXPECT_NE(resumed.output().find("(step 6)"), std::string::npos) << resumed.output();
+  EXPECT_TRUE(readFile(dir + "/resumed.tdm", "model") == uninterrupted) << "not bitwise";
+}
+
 // The tcp ports a process listens on (its sockets in LISTEN, from /proc).
 std::vector<int> listeningPorts(pid_t pid) {
   std::set<std::string> sockets;

@@ -214,9 +214,15 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   interleaved.replicas = 1;
   interleaved.next_replicas = 1;
   interleaved.slice.chunks = {{3, 4}, {5, 6}};
+  Assign split = sampleAssign();
+  split.replica = 0;
+  split.replicas = 1;
+  split.slice.tensor = 3;
+  split.slice.tensor_shares = {1, 2.5, 1};
   const std::vector<Message> all = {
       sampleAssign(),
       plain,
+      split,
       zero_bubble,
       interleaved,
       Ready{{"tcp://127.0.0.1:5000"}, {"a", "b"}, "cpu", 300, 100},
@@ -263,6 +269,24 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
       {[](Assign& a) { a.slice.layers.end = 3; }, "layer_end 3 is not in [4,"},
       {[](Assign& a) { a.train.microbatches = 33; }, "microbatches 33 is not in [1, 32]"},
       {[](Assign& a) { a.slice.threads = 0; }, "threads 0"},
+      {[](Assign& a) { a.slice.tensor = 0; }, "tensor 0 is not in [1, 64]"},
+      {[](Assign& a) { a.slice.tensor = 65; }, "tensor 65 is not in [1, 64]"},
+      {[](Assign& a) {
+         a.replica = 0;
+         a.replicas = 1;
+         a.slice.tensor = 2;
+         a.slice.tensor_shares = {1, 2, 3};
+       },
+       "3 tensor shares for 2 tensor ranks"},
+      {[](Assign& a) {
+         a.replica = 0;
+         a.replicas = 1;
+         a.slice.tensor = 2;
+         a.slice.tensor_shares = {1, -2};
+       },
+       "a tensor share is not in (0, 1e9]"},
+      {[](Assign& a) { a.slice.tensor = 2; },
+       "a tensor-split stage cannot generate, be interleaved or have replicas"},
       {[](Assign& a) { a.wire.timeout_s = 0; }, "timeout_s 0"},
       {[](Assign& a) { a.wire.gradients = static_cast<WireCodec>(9); },
        "gradients codec 9 is not in [0, 3]"},

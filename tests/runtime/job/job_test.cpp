@@ -161,6 +161,17 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:2:63", "a replica's share must be in (0, 1e9]"}},
       {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], replicas: 2, shares: 3}]\n",
        {"j.yaml:2:59", "'shares' is a list of numbers, one per replica"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: 2, tensor_shares: [1]}]\n",
+       {"j.yaml:2:64", "1 tensor shares for the stage's 2 tensor ranks"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: 65}]\n",
+       {"j.yaml:2:46", "'tensor' must be at most 64"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: [n0/cpu, n1/cpu]}]\n",
+       {"j.yaml:2:46", "give their count", "not supported yet"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: 2, replicas: 2}]\n",
+       {"j.yaml:2:46", "a tensor-split stage cannot have replicas"}},
+      {"model: m.yaml\nschedule: interleaved\npartition: [[0, 1], {layers: [1, 2], tensor: 2}, "
+       "[2, 3], [3, 4]]\n",
+       {"j.yaml:3:30", "interleaved stages cannot have replicas or be tensor-split"}},
       {"model: m.yaml\nrebalance_steps: -2\n",
        {"j.yaml:2:18", "'rebalance_steps' must be from 0 to 1000"}},
       {"model: m.yaml\nrebalance_steps: often\n", {"j.yaml:2:18", "a whole number of steps"}},
@@ -249,6 +260,18 @@ TEST(JobTest, AStageMayHaveReplicas) {
   EXPECT_EQ(j.ranges[1].replicas, 3);
   EXPECT_EQ(j.ranges[2].replicas, 1);
   EXPECT_EQ(j.ranges[1].where, "j.yaml:2:30");  // its layers
+}
+
+TEST(JobTest, AStageMaySplitOverTensorRanks) {
+  const JobSpec j = parseJobSpec(
+      "model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: 3, tensor_shares: [1, 2, 1]}]\n",
+      "j.yaml");
+  ASSERT_EQ(j.ranges.size(), 2u);
+  EXPECT_EQ(j.ranges[0].tensor, 1);
+  EXPECT_TRUE(j.ranges[0].tensor_shares.empty());
+  EXPECT_EQ(j.ranges[1].tensor, 3);
+  EXPECT_EQ(j.ranges[1].tensor_shares, (std::vector<double>{1, 2, 1}));
+  EXPECT_EQ(j.ranges[1].replicas, 1);
 }
 
 TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {

@@ -140,6 +140,29 @@ TEST(PlanningTest, UnequalReplicasSharesReachEveryWorker) {
                                             {"stages 0 and 1 both give their replicas shares"});
 }
 
+// A stage's tensor ranks reach its worker; a range that does not split that many ways is
+// refused before anything starts, naming the job file's line and why.
+TEST(PlanningTest, TensorRanksReachTheWorkerOrAreRefusedNamingTheRange) {
+  const Model model(parseModelSpec(kSpec));  // linear 4, relu, linear 4
+  const JobSpec job = parseJobSpec(
+      "model: m.yaml\npartition: [{layers: [0, 3], tensor: 2, tensor_shares: [3, 1]}]\n", "j.yaml");
+  const std::vector<Assign> assigned =
+      jobAssignments(job, jobStages(job, model), RunMode::kTrain, false, kSpec, "", 0);
+  ASSERT_EQ(assigned.size(), 1u);
+  EXPECT_EQ(assigned[0].slice.tensor, 2);
+  EXPECT_EQ(assigned[0].slice.tensor_shares, (std::vector<double>{3, 1}));
+  const JobSpec alone =
+      parseJobSpec("model: m.yaml\npartition: [{layers: [0, 2], tensor: 2}, [2, 3]]\n", "j.yaml");
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { jobStages(alone, model); },
+      {"j.yaml:2:22", "cannot split over 2 tensor ranks", "layers [0, 2) hold no pair"});
+  const JobSpec many =
+      parseJobSpec("model: m.yaml\npartition: [{layers: [0, 3], tensor: 5}]\n", "j.yaml");
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { jobStages(many, model); },
+      {"j.yaml:2:22", "cannot split over 5 tensor ranks", "fewer than the 5 ranks"});
+}
+
 // `schedule: auto` takes interleaved stages only when they are predicted faster than the
 // best other plan by more than the selection margin (15%).
 TEST(PlanningTest, InterleavedStagesMustBeatTheOthersByTheSelectionMargin) {

@@ -1,0 +1,84 @@
+// TensorStage: one pipeline stage split over the ranks of a tensor group in one process
+// (core/layers/tensor_split.h). Each rank holds the stage's layers split by its share, its
+// own optimizer and StageTrainer, and runs on its own thread and backend; the split layers'
+// all-reduces keep the ranks in step. Rank 0 alone talks to the neighbouring stages:
+// what it receives it broadcasts to the other ranks (each rank's RankLink), and of what
+// the ranks send — the stage's output and its input gradient, whole and the same on every
+// rank after the all-reduces — rank 0's goes out. The neighbours see an ordinary stage.
+//
+// Every rank runs the same schedule over the same microbatches, so the ranks' receives
+// and collectives come in the same order on each, which is what matches their tags.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/comm/group.h"
+#include "core/pipeline/stage_trainer.h"
+#include "core/train/job_thread.h"
+
+namespace tandem {
+
+// Rank r's side of one of a tensor-split stage's links. Rank 0's wraps the stage's link:
+// it receives, then broadcasts the tensor (its shape first) to the group; the others'
+// take it from the broadcast. Sends go out on rank 0's link and are dropped elsewhere
+// (every rank holds the same tensor). `next_tag` numbers the broadcasts, shared by a
+// rank's links; `timeout` bounds each. f32 and i32 tensors (i32 values within ±2^24).
+class RankLink final : public Link {
+ public:
+  RankLink(Link* link, Group& group, uint64_t& next_tag, std::chrono::milliseconds timeout,
+           std::string peer);
+  void send(const MessageTag& tag, const Tensor& t) override;
+  Tensor recv(const MessageTag& tag, Backend& backend) override;
+  const std::string& peer() const override { return peer_; }
+
+ private:
+  Link* link_;  // rank 0's; null elsewhere
+  Group& group_;
+  uint64_t& next_tag_;
+  std::chrono::milliseconds timeout_;
+  std::string peer_;
+};
+
+class TensorStage {
+ public:
+  // One rank's parts: a model of the stage's layers made rank group->rank() of the tensor
+  // group (Model::splitForTensor) and built, and its optimizer. ranks[r].group is rank r.
+  struct Rank {
+    Model* model = nullptr;
+    Optimizer* optimizer = nullptr;  // null: evaluating or serving only
+    Group* group = nullptr;
+  };
+  // `prev` and `next` as StageTrainer's (null at the ends); options.replicas must be
+  // null (a tensor-split stage is not replicated). Collectives wait options.collective_timeout.
+  TensorStage(std::vector<Rank> parts, StageRange range, Link* prev, Link* next,
+              const PipelineOptions& options);
+  ~TensorStage();
+
+  int ranks() const { return static_cast<int>(ranks_.size()); }
+  // StageTrainer's, every rank at once. `progress` runs on rank 0 after each step while
+  // the other ranks wait for it, so it may read every rank's model (a checkpoint's merge).
+  EpochReport trainEpoch(const Dataset* data, int64_t samples, int64_t epoch,
+                         const std::function<void(const StepReport&)>& progress,
+                         int64_t first_step = 0);
+  // Rank 0's result; stream.answer is called on rank 0 only.
+  EvalResult evaluate(const Dataset* data, int64_t samples, int64_t batch,
+                      const EvalStream& stream = {});
+  void resumeAt(int64_t steps);
+  int64_t stepsTaken() const { return trainers_.front()->stepsTaken(); }
+  StageExecutor& executor(int rank = 0) {
+    return trainers_.at(static_cast<size_t>(rank))->executor();
+  }
+
+ private:
+  std::vector<Rank> ranks_;
+  // Per rank: its broadcast tags (shared by its two links), its links, its trainer.
+  std::vector<uint64_t> tags_;
+  std::vector<std::unique_ptr<RankLink>> prev_, next_;
+  std::vector<std::unique_ptr<StageTrainer>> trainers_;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::unique_ptr<JobThread>> threads_;  // ranks 1.. (rank 0: the caller's)
+};
+
+}  // namespace tandem
