@@ -349,6 +349,9 @@ struct StageReport {
   // the control channel): beside counters.compute_cpu_s, what a stage costs its node
   // beyond its layers' work (a CPU quota pays for all of it).
   double process_cpu_s = 0;
+  // A tensor-split stage's ranks 1.. (counters: rank 0's), over the same epochs; at most
+  // kMaxTensorRanks - 1.
+  std::vector<StageCounters> tensor_ranks;
   bool operator==(const StageReport&) const = default;
 };
 

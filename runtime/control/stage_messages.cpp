@@ -140,24 +140,22 @@ Assign readAssign(const fb::Assign* a) {
   return out;
 }
 
-StageReport readReport(const fb::StageReport* r) {
-  const char* m = "stage report";
-  StageReport out;
-  StageCounters& c = out.counters;
+// A report's counters (`r`: the report's own, or a tensor rank's), checked.
+template <typename Fields>
+StageCounters readCounters(const char* m, const Fields* r) {
+  StageCounters c;
   c.busy_s = r->busy_s();
   c.step_s = r->step_s();
   c.compute_cpu_s = r->compute_cpu_s();
   c.recv_wait_s = r->recv_wait_s();
   c.send_s = r->send_s();
   c.allreduce_s = r->allreduce_s();
-  out.run_s = r->run_s();
   for (const auto& [field, v] : {std::pair{"busy_s", c.busy_s},
                                  {"step_s", c.step_s},
                                  {"compute_cpu_s", c.compute_cpu_s},
                                  {"recv_wait_s", c.recv_wait_s},
                                  {"send_s", c.send_s},
-                                 {"allreduce_s", c.allreduce_s},
-                                 {"run_s", out.run_s}})
+                                 {"allreduce_s", c.allreduce_s}})
     finiteNonNegative(m, field, v);
   c.peak_stash = r->peak_stash();
   c.microbatches = r->microbatches();
@@ -165,6 +163,24 @@ StageReport readReport(const fb::StageReport* r) {
   nonNegative(m, "peak_stash", c.peak_stash);
   nonNegative(m, "microbatches", c.microbatches);
   nonNegative(m, "samples", c.samples);
+  return c;
+}
+
+StageReport readReport(const fb::StageReport* r) {
+  const char* m = "stage report";
+  StageReport out;
+  out.counters = readCounters(m, r);
+  out.run_s = r->run_s();
+  finiteNonNegative(m, "run_s", out.run_s);
+  if (const auto* ranks = r->tensor_ranks()) {
+    if (ranks->size() >= static_cast<flatbuffers::uoffset_t>(kMaxTensorRanks))
+      bad(m, std::to_string(ranks->size()) + " tensor ranks' counters (at most " +
+                 std::to_string(kMaxTensorRanks - 1) + ")");
+    for (const fb::RankCounters* rank : *ranks) {
+      if (!rank) bad(m, "a tensor rank's counters are missing");
+      out.tensor_ranks.push_back(readCounters("stage report (a tensor rank's counters)", rank));
+    }
+  }
   out.bytes_sent = r->bytes_sent();
   out.bytes_received = r->bytes_received();
   if (const auto* spans = r->spans()) {
@@ -381,13 +397,21 @@ flatbuffers::Offset<void> build(B& b, const StageReport& m) {
     spans.emplace_back(static_cast<int8_t>(s.type), s.microbatch, s.start_s, s.end_s);
   auto span_vector = b.CreateVectorOfStructs(spans);
   auto model_hash = b.CreateString(m.model_hash);
+  checkCount("stage report", "tensor_ranks", m.tensor_ranks.size(),
+             static_cast<size_t>(kMaxTensorRanks - 1));
+  std::vector<flatbuffers::Offset<fb::RankCounters>> ranks;
+  for (const StageCounters& r : m.tensor_ranks)
+    ranks.push_back(fb::CreateRankCounters(b, r.busy_s, r.step_s, r.compute_cpu_s, r.recv_wait_s,
+                                           r.send_s, r.allreduce_s, r.peak_stash, r.microbatches,
+                                           r.samples));
+  auto tensor_ranks = ranks.empty() ? 0 : b.CreateVector(ranks);
   const StageCounters& c = m.counters;
   return fb::CreateStageReport(b, c.busy_s, c.step_s, c.compute_cpu_s, c.recv_wait_s, c.send_s,
                                c.allreduce_s, c.peak_stash, c.microbatches, m.run_s, m.bytes_sent,
                                m.bytes_received, span_vector, m.weights_shipped, m.weights_ship_s,
                                m.weights_cached, m.weights_corrupted, model_hash, m.model_bytes,
                                m.step_mean_s, m.steps_timed, m.start_rss_bytes, m.peak_rss_bytes,
-                               m.peak_tensor_bytes, m.process_cpu_s, c.samples)
+                               m.peak_tensor_bytes, m.process_cpu_s, c.samples, tensor_ranks)
       .Union();
 }
 

@@ -119,6 +119,28 @@ std::vector<double> checkpointShares(const Assign& a, const StageTrainer& traine
 }
 std::vector<double> checkpointShares(const Assign&, const TensorStage&) { return {}; }
 
+// The stage's counters now: its executor's, or each tensor rank's (rank 0 first).
+std::vector<StageCounters> rankCounters(StageTrainer& trainer) {
+  return {trainer.executor().counters()};
+}
+std::vector<StageCounters> rankCounters(TensorStage& stage) {
+  std::vector<StageCounters> out;
+  for (int r = 0; r < stage.ranks(); ++r) out.push_back(stage.executor(r).counters());
+  return out;
+}
+
+// Adds what an epoch took (`after` less `before`) to `into` (peak_stash aside).
+void addEpoch(StageCounters& into, const StageCounters& before, const StageCounters& after) {
+  into.busy_s += after.busy_s - before.busy_s;
+  into.step_s += after.step_s - before.step_s;
+  into.compute_cpu_s += after.compute_cpu_s - before.compute_cpu_s;
+  into.recv_wait_s += after.recv_wait_s - before.recv_wait_s;
+  into.send_s += after.send_s - before.send_s;
+  into.allreduce_s += after.allreduce_s - before.allreduce_s;
+  into.microbatches += after.microbatches - before.microbatches;
+  into.samples += after.samples - before.samples;
+}
+
 // After its report a worker keeps its links open until the coordinator has every report
 // and says `leave` (or its channel ends, or `limit` passes): the last messages a stage
 // sent may still be on their way to the next, and ZeroMQ drops what an ipc socket still
@@ -387,7 +409,9 @@ void infer(Channel& coordinator, const Assign& a, StageSetup& s, Stage& trainer,
                                          a.train.batch, stream);
   s.report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (reports) coordinator.send(InferDone{ev.samples, ev.loss, ev.accuracy, s.report.run_s});
-  s.report.counters = trainer.executor().counters();
+  const std::vector<StageCounters> ranks = rankCounters(trainer);
+  s.report.counters = ranks.front();
+  s.report.tensor_ranks.assign(ranks.begin() + 1, ranks.end());
 }
 
 // The training epochs (from a resumed run's step), each followed by an evaluation;
@@ -423,21 +447,16 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, Stage& trainer,
       sent = Clock::now();
       coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});
     };
-    const StageCounters before = trainer.executor().counters();
+    const std::vector<StageCounters> before = rankCounters(trainer);
     const double cpu_before = processCpuSeconds();
     const int64_t first_step =
         e == first_epoch ? a.checkpoint.start_step - first_epoch * steps_per_epoch : 0;
     const EpochReport r = trainer.trainEpoch(a.stage == 0 ? &s.train : nullptr,
                                              s.start.train_samples, e, progress, first_step);
-    const StageCounters after = trainer.executor().counters();
-    training.busy_s += after.busy_s - before.busy_s;
-    training.step_s += after.step_s - before.step_s;
-    training.compute_cpu_s += after.compute_cpu_s - before.compute_cpu_s;
-    training.recv_wait_s += after.recv_wait_s - before.recv_wait_s;
-    training.send_s += after.send_s - before.send_s;
-    training.allreduce_s += after.allreduce_s - before.allreduce_s;
-    training.microbatches += after.microbatches - before.microbatches;
-    training.samples += after.samples - before.samples;
+    const std::vector<StageCounters> after = rankCounters(trainer);
+    s.report.tensor_ranks.resize(after.size() - 1);
+    for (size_t rank = 0; rank < after.size(); ++rank)
+      addEpoch(rank == 0 ? training : s.report.tensor_ranks[rank - 1], before[rank], after[rank]);
     s.report.run_s += r.seconds;
     s.report.process_cpu_s += processCpuSeconds() - cpu_before;
     const EvalResult ev =
@@ -464,7 +483,11 @@ void runMode(Channel& coordinator, const Assign& a, StageSetup& s, Stage& traine
     infer(coordinator, a, s, trainer, reports);
   else
     train(coordinator, a, s, trainer, reports);
-  s.report.counters.peak_stash = trainer.executor().counters().peak_stash;
+  const std::vector<StageCounters> ranks = rankCounters(trainer);
+  s.report.counters.peak_stash = ranks.front().peak_stash;
+  s.report.tensor_ranks.resize(ranks.size() - 1);
+  for (size_t rank = 1; rank < ranks.size(); ++rank)
+    s.report.tensor_ranks[rank - 1].peak_stash = ranks[rank].peak_stash;
   s.report.peak_rss_bytes = peakRssBytes();
   s.report.peak_tensor_bytes = s.backend->memoryUse().peak;
   if (s.tensor && s.report.peak_tensor_bytes >= 0) {

@@ -273,7 +273,8 @@ void printStages(const runtime::JobRun& jr, const runtime::RunResult& result, in
   // stage computed, without the time other processes took its core), beside the plan's
   // prediction if there is one.
   // A replicated stage has a row per replica ("1.0", "1.1"), with the share of its time
-  // spent summing gradients with the other replicas (sync %).
+  // spent summing gradients with the other replicas (sync %); a tensor-split stage a row
+  // per rank after its worker's (rank 0's): "1/t1", "1/t2".
   std::printf("\n%-6s %-10s %-8s %7s %9s %9s %6s %6s %11s %11s %10s %8s %8s %10s\n", "stage",
               "layers", "device", "busy %", "waiting %", "sending %", "sync %", "stash", "MB sent",
               "MB received", "ms/micro", "cpu ms", "all cpu", "predicted");
@@ -287,19 +288,28 @@ void printStages(const runtime::JobRun& jr, const runtime::RunResult& result, in
                                 : std::to_string(a.stage);
     const double t = std::max(r.run_s, 1e-9);
     const std::string range = layersOf(a);
-    const double micro = static_cast<double>(std::max<int64_t>(1, c.microbatches));
-    const double per_micro = (c.busy_s - c.step_s) / micro;
-    const double cpu_per_micro = c.compute_cpu_s / micro;
     const double predicted = stages[static_cast<size_t>(a.stage)].predicted_compute_s;
     const std::string predicted_text =
         predicted >= 0 ? std::to_string(predicted * 1e3).substr(0, 6) : "-";
-    std::printf(
-        "%-6s %-10s %-8s %7.1f %9.1f %9.1f %6.1f %6lld %11.2f %11.2f %10.3f %8.3f %8.3f %10s\n",
-        row.c_str(), range.c_str(), result.ready[static_cast<size_t>(i)].device.c_str(),
-        100 * c.busy_s / t, 100 * c.recv_wait_s / t, 100 * c.send_s / t, 100 * c.allreduce_s / t,
-        static_cast<long long>(c.peak_stash), static_cast<double>(r.bytes_sent) / 1e6,
-        static_cast<double>(r.bytes_received) / 1e6, per_micro * 1e3, cpu_per_micro * 1e3,
-        r.process_cpu_s / micro * 1e3, predicted_text.c_str());
+    // A row: the worker's (a tensor-split stage's rank 0), then its other tensor ranks'
+    // ("0/t1": their links' bytes are rank 0's, their CPU the worker's).
+    auto print = [&](const std::string& label, const StageCounters& rc, bool worker) {
+      const double micro = static_cast<double>(std::max<int64_t>(1, rc.microbatches));
+      const std::string all_cpu =
+          worker ? fmt::format("{:.3f}", r.process_cpu_s / micro * 1e3) : "-";
+      std::printf(
+          "%-6s %-10s %-8s %7.1f %9.1f %9.1f %6.1f %6lld %11.2f %11.2f %10.3f %8.3f %8s %10s\n",
+          label.c_str(), range.c_str(), result.ready[static_cast<size_t>(i)].device.c_str(),
+          100 * rc.busy_s / t, 100 * rc.recv_wait_s / t, 100 * rc.send_s / t,
+          100 * rc.allreduce_s / t, static_cast<long long>(rc.peak_stash),
+          worker ? static_cast<double>(r.bytes_sent) / 1e6 : 0.0,
+          worker ? static_cast<double>(r.bytes_received) / 1e6 : 0.0,
+          (rc.busy_s - rc.step_s) / micro * 1e3, rc.compute_cpu_s / micro * 1e3, all_cpu.c_str(),
+          predicted_text.c_str());
+    };
+    print(row, c, true);
+    for (size_t k = 0; k < r.tensor_ranks.size(); ++k)
+      print(row + "/t" + std::to_string(k + 1), r.tensor_ranks[k], false);
     busy += c.busy_s;
     span = std::max(span, t);
   }

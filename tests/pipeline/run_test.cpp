@@ -447,13 +447,15 @@ TEST(RunTest, ATensorSplitStageTrainsAsOneDeviceAndResumesBitwise) {
   const Reference want = singleDevice(train, batch, m);
   const std::string dir = ::testing::TempDir() + "/run_tensor";
   struct Config {
-    const char *partition, *schedule, *said;
+    const char *partition, *schedule, *said, *last_row;
   } configs[] = {
       {"[[0, 2], {layers: [2, 6], tensor: 2, tensor_shares: [1, 3]}]", "1f1b",
        "stage 1: 2 tensor ranks (feature shares 1 : 3): 2 relu whole, 3 linear column, 4 relu "
-       "slice, 5 linear row"},
+       "slice, 5 linear row",
+       "\n1/t1   [2, 6)"},
       {"[{layers: [0, 4], tensor: 3}, [4, 6]]", "gpipe",
-       "stage 0: 3 tensor ranks (feature shares 1 : 1 : 1): 0 flatten whole, 1 linear column"},
+       "stage 0: 3 tensor ranks (feature shares 1 : 1 : 1): 0 flatten whole, 1 linear column",
+       "\n0/t2   [0, 4)"},
   };
   auto job = [&](const std::string& name, const Config& c) {
     std::ostringstream body;
@@ -468,6 +470,8 @@ TEST(RunTest, ATensorSplitStageTrainsAsOneDeviceAndResumesBitwise) {
     RunProcess run(job("tensor", c));
     ASSERT_EQ(run.wait(120s), 0) << c.partition << "\n" << run.output();
     EXPECT_NE(run.output().find(c.said), std::string::npos) << run.output();
+    // The stage table has a row per tensor rank.
+    EXPECT_NE(run.output().find(c.last_row), std::string::npos) << run.output();
     const ModelFile saved = readModelFile(dir + "/tensor.tdm");
     ASSERT_EQ(saved.params.size(), want.weights.size()) << c.partition;
     for (const HostTensor& t : saved.params) {

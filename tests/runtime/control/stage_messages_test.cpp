@@ -205,6 +205,9 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   report.start_rss_bytes = 50 << 20;
   report.peak_rss_bytes = 90 << 20;
   report.peak_tensor_bytes = 17 << 20;
+  StageReport split_report = report;
+  split_report.tensor_ranks = {{1.25, 0.1, 1.1, 0.2, 0.0, 0.0, 3, 40, 320},
+                               {1.5, 0.1, 1.2, 0.3, 0.0, 0.0, 2, 40, 320}};
   const Assign plain;
   Assign zero_bubble = sampleAssign();
   zero_bubble.train.schedule = ScheduleKind::kZeroBubbleH1;
@@ -240,6 +243,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       EpochDone{1, 0.4, 10, 3000, 0.45, 0.88},
       InferDone{100, 0.4, 0.9, 0.2},
       report,
+      split_report,
       Failed{"stage 1 failed"},
       Checkpointed{300, std::string(64, 'd'), 4096, {}},
       Checkpointed{300, std::string(64, 'd'), 4096, {0.6, 0.3, 0.1}},
@@ -392,6 +396,14 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
                                {"'stage report'", "a span's type 9"});
   r.spans = {{ActionType::kForward, 0, 2, 1}};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); }, {"ends before it starts"});
+  r.spans.clear();
+  r.tensor_ranks = {{1, 0, 1, 0, 0, 0, 1, 1, 1}, {1, 0, -1, 0, 0, 0, 1, 1, 1}};
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); },
+                               {"a tensor rank's counters", "compute_cpu_s"});
+  r.tensor_ranks = {{1, 0, 1, 0, 0, 0, 1, -4, 1}};
+  expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); },
+                               {"a tensor rank's counters", "microbatches"});
+  r.tensor_ranks.clear();
   r.spans.clear();
   r.model_hash = "xyz";
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(r)); },
