@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/layers/tensor_split.h"
 #include "core/spin.h"
+#include "core/train/tensor_parallel.h"
 
 namespace tandem {
 
@@ -109,6 +110,8 @@ TensorStage::TensorStage(std::vector<Rank> parts, StageRange range, Link* prev, 
     trainers_.push_back(
         std::make_unique<StageTrainer>(*rank.model, range, p, n, rank.optimizer, options));
     if (r > 0) threads_.push_back(std::make_unique<JobThread>(waitBeforeSleeping(ranks())));
+    resync_ =
+        resync_ || rank.model->backend().info().name != ranks_.front().model->backend().info().name;
   }
 }
 
@@ -122,14 +125,22 @@ EpochReport TensorStage::trainEpoch(const Dataset* data, int64_t samples, int64_
     const auto rank = static_cast<size_t>(r);
     CollectiveOptions o;
     o.timeout = timeout_;
-    // Every rank waits while rank 0 reports a step: none has begun the next one.
+    const Rank& part = ranks_[rank];
     auto each_step = [&, r, rank](const StepReport& s) {
+      if (resync_) {  // unlike devices: rank 0's replicated parameters for all
+        RootOptions ro;
+        ro.timeout = timeout_;
+        ro.tag = tags_[rank];
+        tags_[rank] += part.model->params().size() + 1;
+        broadcastReplicated(*part.model, *part.group, ro);
+      }
       if (!progress) return;
+      // Every rank waits while rank 0 reports a step: none has begun the next one.
       o.tag = tags_[rank]++;
-      barrier(*ranks_[rank].group, o);
+      barrier(*part.group, o);
       if (r == 0) progress(s);
       o.tag = tags_[rank]++;
-      barrier(*ranks_[rank].group, o);
+      barrier(*part.group, o);
     };
     const EpochReport mine =
         trainers_[rank]->trainEpoch(data, samples, epoch, each_step, first_step);

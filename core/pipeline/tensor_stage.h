@@ -8,6 +8,8 @@
 //
 // Every rank runs the same schedule over the same microbatches, so the ranks' receives
 // and collectives come in the same order on each, which is what matches their tags.
+// Ranks on unlike devices (a CPU and an OpenCL device) end each training step with rank
+// 0's replicated parameters broadcast to the others, as TensorParallelTrainer's do.
 #pragma once
 
 #include <functional>
@@ -67,6 +69,9 @@ class TensorStage {
                       const EvalStream& stream = {});
   void resumeAt(int64_t steps);
   int64_t stepsTaken() const { return trainers_.front()->stepsTaken(); }
+  // Whether each step ends with rank 0's replicated parameters sent to the others (the
+  // ranks' devices are not all alike; TensorParallelTrainer::resyncs).
+  bool resyncs() const { return resync_; }
   StageExecutor& executor(int rank = 0) {
     return trainers_.at(static_cast<size_t>(rank))->executor();
   }
@@ -78,6 +83,7 @@ class TensorStage {
   std::vector<std::unique_ptr<RankLink>> prev_, next_;
   std::vector<std::unique_ptr<StageTrainer>> trainers_;
   std::chrono::milliseconds timeout_;
+  bool resync_ = false;
   std::vector<std::unique_ptr<JobThread>> threads_;  // ranks 1.. (rank 0: the caller's)
 };
 

@@ -52,15 +52,18 @@ namespace {
 constexpr uint64_t kResyncTag = uint64_t{1} << 41;
 }  // namespace
 
-void TensorParallelTrainer::resync(int r) {
-  Model& m = *models_[static_cast<size_t>(r)];
-  RootOptions o;
-  o.tag = kResyncTag;
+void broadcastReplicated(Model& m, Group& group, RootOptions o) {
   for (Param* p : m.params()) {
     ++o.tag;
     if (!p->slice && p->value.dtype() == DType::kF32)
-      broadcastTensor(m.backend(), p->value, *groups_[static_cast<size_t>(r)], o);
+      broadcastTensor(m.backend(), p->value, group, o);
   }
+}
+
+void TensorParallelTrainer::resync(int r) {
+  RootOptions o;
+  o.tag = kResyncTag;
+  broadcastReplicated(*models_[static_cast<size_t>(r)], *groups_[static_cast<size_t>(r)], o);
 }
 
 void TensorParallelTrainer::startFrom(const Model& whole) {

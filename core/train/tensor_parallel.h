@@ -49,6 +49,12 @@ TensorParts mergeTensorParts(const ModelSpec& spec, const std::vector<LayerRange
 std::vector<std::pair<std::string, Tensor>> partOfState(
     const Model& part, const std::vector<std::pair<std::string, Tensor>>& whole);
 
+// Sets `m`'s replicated parameters (those without a Param::slice; f32) to rank 0's of
+// `group`, one broadcast each, tagged from o.tag + 1 on: ranks on unlike devices compute
+// the layers after an all-reduce with their own kernels, so their copies would otherwise
+// drift apart by rounding.
+void broadcastReplicated(Model& m, Group& group, RootOptions o);
+
 class TensorParallelTrainer {
  public:
   // One rank per backend and group (groups[r] is rank r of one group of backends.size()

@@ -87,10 +87,12 @@ struct StageSlice {
   std::string device = "cpu";  // "cpu", "opencl:0"
   int32_t threads = 1;
   // Tensor parallelism: the stage's layers split over this many ranks in its worker's
-  // process, each on a backend of `device` with `threads` threads (core/pipeline/
+  // process, each on a backend (`tensor_devices`, else `device`) with `threads` threads (core/pipeline/
   // tensor_stage.h), by `tensor_shares` (one per rank; empty: equal).
   int32_t tensor = 1;
   std::vector<double> tensor_shares = {};
+  // Each rank's backend ("cpu", "opencl:0"; rank 0's is `device`); empty: `device` for all.
+  std::vector<std::string> tensor_devices = {};
   bool operator==(const StageSlice&) const = default;
 };
 

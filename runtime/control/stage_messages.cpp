@@ -98,6 +98,16 @@ Assign readAssign(const fb::Assign* a) {
       slice.tensor_shares.size() != static_cast<size_t>(slice.tensor))
     bad(m, std::to_string(slice.tensor_shares.size()) + " tensor shares for " +
                std::to_string(slice.tensor) + " tensor ranks");
+  if (const auto* devices = a->tensor_devices()) {
+    if (devices->size() != static_cast<flatbuffers::uoffset_t>(slice.tensor))
+      bad(m, std::to_string(devices->size()) + " tensor devices for " +
+                 std::to_string(slice.tensor) + " tensor ranks");
+    for (const flatbuffers::String* d : *devices)
+      slice.tensor_devices.push_back(text(m, "tensor device", d, kMaxNameBytes));
+    if (slice.tensor_devices.front() != slice.device)
+      bad(m, "tensor rank 0's device '" + slice.tensor_devices.front() + "' is not the stage's '" +
+                 slice.device + "'");
+  }
   if (slice.tensor > 1 && (generates || interleaved || out.replicas > 1))
     bad(m, "a tensor-split stage cannot generate, be interleaved or have replicas");
   out.train = readTrain(m, a->train());
@@ -322,17 +332,26 @@ flatbuffers::Offset<void> build(B& b, const Assign& m) {
   auto chunks =
       bounds.empty() ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>() : b.CreateVector(bounds);
   checkCount(name, "tensor_shares", m.slice.tensor_shares.size(), kMaxReplicaShares);
+  checkCount(name, "tensor_devices", m.slice.tensor_devices.size(),
+             static_cast<size_t>(kMaxTensorRanks));
+  for (const std::string& d : m.slice.tensor_devices)
+    checkText(name, "tensor device", d, kMaxNameBytes);
+  auto tensor_devices =
+      m.slice.tensor_devices.empty()
+          ? flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>>()
+          : b.CreateVectorOfStrings(m.slice.tensor_devices);
   auto tensor_shares = m.slice.tensor_shares.empty()
                            ? flatbuffers::Offset<flatbuffers::Vector<double>>()
                            : b.CreateVector(m.slice.tensor_shares);
-  return fb::CreateAssign(
-             b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
-             m.next_replicas, static_cast<int64_t>(m.slice.layers.begin),
-             static_cast<int64_t>(m.slice.layers.end), device, m.slice.threads, train, data, wire,
-             m.mode == RunMode::kInfer, m.record_spans, m.save, host, transport, weights_hash,
-             m.weights_bytes, m.encrypt, m.checkpoint.every_steps, m.checkpoint.start_step,
-             m.checkpoint.restore_optimizer, m.infer_from, m.request_rate,
-             m.mode == RunMode::kGenerate, m.in_flight, chunks, m.slice.tensor, tensor_shares)
+  return fb::CreateAssign(b, job, spec, m.stage, m.stages, m.replica, m.replicas, m.prev_replicas,
+                          m.next_replicas, static_cast<int64_t>(m.slice.layers.begin),
+                          static_cast<int64_t>(m.slice.layers.end), device, m.slice.threads, train,
+                          data, wire, m.mode == RunMode::kInfer, m.record_spans, m.save, host,
+                          transport, weights_hash, m.weights_bytes, m.encrypt,
+                          m.checkpoint.every_steps, m.checkpoint.start_step,
+                          m.checkpoint.restore_optimizer, m.infer_from, m.request_rate,
+                          m.mode == RunMode::kGenerate, m.in_flight, chunks, m.slice.tensor,
+                          tensor_shares, tensor_devices)
       .Union();
 }
 

@@ -128,6 +128,7 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
     // assigned: assigning a YAML::Node overwrites the node it refers to.)
     int64_t replicas = 1, tensor = 1;
     std::vector<double> shares, tensor_shares;
+    std::vector<std::string> tensor_devices;
     // A list of shares under `key`, one per replica (tensor rank).
     const auto sharesOf = [&](const YAML::Node& list, const std::string& key, const char* per,
                               std::vector<double>& out) {
@@ -152,12 +153,20 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
           sharesOf(kv.second, key, "replica", shares);
         } else if (key == "tensor") {
           tensor_node = kv.second;
-          if (kv.second.IsSequence())
-            r.fail(kv.second,
-                   "tensor ranks run in the stage's process, on its device: give "
-                   "their count ('tensor: 2'); ranks on other devices or nodes are "
-                   "not supported yet");
-          tensor = r.positive(kv.second, key);
+          if (kv.second.IsSequence()) {  // each rank's backend: [cpu, opencl:0]
+            for (const YAML::Node& d : kv.second) {
+              const auto name = r.get<std::string>(d, key, "a backend of the stage's node");
+              if (name != "cpu" && name.rfind("opencl:", 0) != 0)
+                r.fail(d, "tensor rank '" + name +
+                              "' is not a backend of the stage's node "
+                              "(cpu, opencl:N): ranks on other nodes are not supported yet");
+              tensor_devices.push_back(name);
+            }
+            tensor = static_cast<int64_t>(tensor_devices.size());
+            if (tensor == 0) r.fail(kv.second, "'tensor' lists no backend");
+          } else {
+            tensor = r.positive(kv.second, key);
+          }
           if (tensor > kMaxTensorRanks) r.fail(kv.second, "'tensor' must be at most 64");
         } else if (key == "tensor_shares") {
           tensor_shares_node = kv.second;
@@ -192,7 +201,8 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
                           shares,
                           r.at(range),
                           static_cast<int>(tensor),
-                          tensor_shares});
+                          tensor_shares,
+                          tensor_devices});
   }
 }
 

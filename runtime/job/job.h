@@ -24,7 +24,8 @@
 //                                  # unequal ones with their shares of the work:
 //                                  # {layers: [4, 9], replicas: 2, shares: [3, 1]}
 //                                  # or split over tensor ranks in its process:
-//                                  # {layers: [4, 9], tensor: 2, tensor_shares: [3, 1]}
+//                                  # {layers: [4, 9], tensor: 2, tensor_shares: [3, 1]},
+//                                  # on the node's backends: tensor: [cpu, opencl:0]
 //                                  # or a plan file (`tandem partition --out`), or auto
 //   stages: 3                      # with `equal`
 //   cluster: ../clusters/local.yaml   # with `auto`: the devices to plan over
@@ -95,9 +96,11 @@ struct JobSpec {
     std::vector<double> shares;
     std::string where;  // "job.yaml:12:5"
     // Tensor parallelism: `tensor: N` splits the stage's layers over N ranks in its
-    // worker's process (StageSlice::tensor), by `tensor_shares` (empty: equal).
+    // worker's process (StageSlice::tensor), by `tensor_shares` (empty: equal);
+    // `tensor: [cpu, opencl:0]` names each rank's backend (rank 0's the stage's device).
     int tensor = 1;
     std::vector<double> tensor_shares = {};
+    std::vector<std::string> tensor_devices = {};
     bool operator==(const Range&) const = default;
   };
   std::vector<Range> ranges;

@@ -475,6 +475,8 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
         place.shares = range.shares;
         slice.tensor = range.tensor;
         slice.tensor_shares = range.tensor_shares;
+        slice.tensor_devices = range.tensor_devices;
+        if (!slice.tensor_devices.empty()) slice.device = slice.tensor_devices.front();
         if (range.tensor > 1) checkTensorSplit(model, slice, range.where);
       }
       out.push_back(std::move(place));

@@ -46,7 +46,10 @@ TensorRanks::TensorRanks(const ModelSpec& spec, const Assign& a, int threads, Mo
                           " tensor ranks: " + e.what());
   }
   for (int r = 1; r < ranks; ++r) {
-    backends_.push_back(makeBackend(a.slice.device, BackendOptions{threads}));
+    const std::string& device = a.slice.tensor_devices.empty()
+                                    ? a.slice.device
+                                    : a.slice.tensor_devices.at(static_cast<size_t>(r));
+    backends_.push_back(makeBackend(device, BackendOptions{threads}));
     models_.push_back(std::make_unique<Model>(spec));
     models_.back()->splitForTensor(begin, end, *groups_[static_cast<size_t>(r)], shares_);
     models_.back()->build(*backends_.back(), a.train.seed, layers_);

@@ -293,23 +293,27 @@ void printStages(const runtime::JobRun& jr, const runtime::RunResult& result, in
         predicted >= 0 ? std::to_string(predicted * 1e3).substr(0, 6) : "-";
     // A row: the worker's (a tensor-split stage's rank 0), then its other tensor ranks'
     // ("0/t1": their links' bytes are rank 0's, their CPU the worker's).
-    auto print = [&](const std::string& label, const StageCounters& rc, bool worker) {
+    auto print = [&](const std::string& label, const std::string& device, const StageCounters& rc,
+                     bool worker) {
       const double micro = static_cast<double>(std::max<int64_t>(1, rc.microbatches));
       const std::string all_cpu =
           worker ? fmt::format("{:.3f}", r.process_cpu_s / micro * 1e3) : "-";
       std::printf(
           "%-6s %-10s %-8s %7.1f %9.1f %9.1f %6.1f %6lld %11.2f %11.2f %10.3f %8.3f %8s %10s\n",
-          label.c_str(), range.c_str(), result.ready[static_cast<size_t>(i)].device.c_str(),
-          100 * rc.busy_s / t, 100 * rc.recv_wait_s / t, 100 * rc.send_s / t,
-          100 * rc.allreduce_s / t, static_cast<long long>(rc.peak_stash),
+          label.c_str(), range.c_str(), device.c_str(), 100 * rc.busy_s / t,
+          100 * rc.recv_wait_s / t, 100 * rc.send_s / t, 100 * rc.allreduce_s / t,
+          static_cast<long long>(rc.peak_stash),
           worker ? static_cast<double>(r.bytes_sent) / 1e6 : 0.0,
           worker ? static_cast<double>(r.bytes_received) / 1e6 : 0.0,
           (rc.busy_s - rc.step_s) / micro * 1e3, rc.compute_cpu_s / micro * 1e3, all_cpu.c_str(),
           predicted_text.c_str());
     };
-    print(row, c, true);
+    const std::string& device = result.ready[static_cast<size_t>(i)].device;
+    print(row, device, c, true);
     for (size_t k = 0; k < r.tensor_ranks.size(); ++k)
-      print(row + "/t" + std::to_string(k + 1), r.tensor_ranks[k], false);
+      print(row + "/t" + std::to_string(k + 1),
+            k + 1 < a.slice.tensor_devices.size() ? a.slice.tensor_devices[k + 1] : device,
+            r.tensor_ranks[k], false);
     busy += c.busy_s;
     span = std::max(span, t);
   }

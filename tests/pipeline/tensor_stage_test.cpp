@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/opencl/devices.h"
+#include "backends/registry.h"
 #include "core/model_spec.h"
 #include "core/train/tensor_parallel.h"
 #include "tests/test_util.h"
@@ -73,9 +75,12 @@ Result reference(const PipelineOptions& po, const Dataset& train, const Dataset&
   return r;
 }
 
-// The three stages, each a thread; stage 1 a TensorStage of `shares.size()` ranks.
+// The three stages, each a thread; stage 1 a TensorStage of `shares.size()` ranks, rank r
+// on devices[r] (default: every rank on the CPU).
 Result splitPipeline(const PipelineOptions& po, const Dataset& train, const Dataset& test,
-                     int epochs, const std::vector<double>& shares) {
+                     int epochs, const std::vector<double>& shares,
+                     std::vector<std::string> devices = {}) {
+  devices.resize(shares.size(), "cpu");
   transport::Context ctx;
   static int run = 0;
   const std::string id = std::to_string(run++);
@@ -133,7 +138,7 @@ Result splitPipeline(const PipelineOptions& po, const Dataset& train, const Data
     std::vector<std::unique_ptr<Optimizer>> optimizers;
     std::vector<TensorStage::Rank> parts;
     for (int r = 0; r < ranks; ++r) {
-      backends.push_back(std::make_unique<cpu::CpuBackend>(cpu::CpuOptions{1}));
+      backends.push_back(makeBackend(devices[static_cast<size_t>(r)], BackendOptions{1}));
       models.push_back(std::make_unique<Model>(spec));
       models.back()->splitForTensor(2, 5, *groups[static_cast<size_t>(r)], shares);
       models.back()->build(*backends.back(), po.seed, {kRanges[1]});
@@ -141,8 +146,8 @@ Result splitPipeline(const PipelineOptions& po, const Dataset& train, const Data
       parts.push_back(
           {models.back().get(), optimizers.back().get(), groups[static_cast<size_t>(r)].get()});
     }
-    // Rank 0 of the split stage starts from the whole layers' weights, as every rank does.
     TensorStage stage(parts, StageRange(1, 3, 2, 5), up[0].get(), down[1].get(), po);
+    EXPECT_EQ(stage.resyncs(), devices[0] != devices[1]);
     for (int e = 0; e < epochs; ++e)
       stage.trainEpoch(nullptr, train.size(), e, [&](const StepReport&) {
         ++result.progress_calls;
@@ -154,6 +159,14 @@ Result splitPipeline(const PipelineOptions& po, const Dataset& train, const Data
                   stage.executor(0).counters().microbatches);
       });
     stage.evaluate(nullptr, test.size(), 50);
+    for (int r = 1; r < ranks; ++r) {  // replicated parameters stay alike, whatever the devices
+      for (const Param* p : models[0]->params()) {
+        if (!p->slice) {
+          EXPECT_EQ(toHost(p->value), toHost(models[static_cast<size_t>(r)]->param(p->name).value))
+              << "rank " << r << ": " << p->name;
+        }
+      }
+    }
     std::vector<const Model*> ms;
     std::vector<const Optimizer*> os;
     for (int r = 0; r < ranks; ++r) {
@@ -212,6 +225,22 @@ TEST(TensorStageTest, ASplitMiddleStageTrainsAsOneDeviceAccumulates) {
       expectClose(got.weights, want.weights, 1e-4);
       expectClose(got.state, want.state, 1e-4);
     }
+  }
+}
+
+// A CPU rank and an OpenCL rank (each OpenCL device found; POCL in CI) share the stage:
+// each step ends with rank 0's replicated parameters sent to the other, and training
+// follows one device's to the kernels' rounding.
+TEST(TensorStageTest, ACpuAndAnOpenClRankShareTheStage) {
+  const Dataset train = testing::quadrants(96, 5), test = testing::quadrants(50, 6);
+  const PipelineOptions po = options(ScheduleKind::k1F1B);
+  const Result want = reference(po, train, test, 1);
+  for (const auto& d : opencl::listClDevices()) {
+    SCOPED_TRACE(d.label());
+    const Result got = splitPipeline(po, train, test, 1, {3, 1}, {"cpu", d.label()});
+    ASSERT_EQ(got.losses.size(), 1u);
+    EXPECT_NEAR(got.losses[0], want.losses[0], 1e-4 * (1 + want.losses[0]));
+    expectClose(got.weights, want.weights, 1e-3);
   }
 }
 

@@ -222,6 +222,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
   split.replicas = 1;
   split.slice.tensor = 3;
   split.slice.tensor_shares = {1, 2.5, 1};
+  split.slice.tensor_devices = {"opencl:0", "cpu", "opencl:1"};
   const std::vector<Message> all = {
       sampleAssign(),
       plain,
@@ -289,6 +290,20 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
          a.slice.tensor_shares = {1, -2};
        },
        "a tensor share is not in (0, 1e9]"},
+      {[](Assign& a) {
+         a.replica = 0;
+         a.replicas = 1;
+         a.slice.tensor = 2;
+         a.slice.tensor_devices = {"cpu"};
+       },
+       "1 tensor devices for 2 tensor ranks"},
+      {[](Assign& a) {
+         a.replica = 0;
+         a.replicas = 1;
+         a.slice.tensor = 2;
+         a.slice.tensor_devices = {"cpu", "opencl:0"};
+       },
+       "tensor rank 0's device 'cpu' is not the stage's 'opencl:0'"},
       {[](Assign& a) { a.slice.tensor = 2; },
        "a tensor-split stage cannot generate, be interleaved or have replicas"},
       {[](Assign& a) { a.wire.timeout_s = 0; }, "timeout_s 0"},

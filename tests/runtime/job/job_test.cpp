@@ -166,7 +166,10 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
       {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: 65}]\n",
        {"j.yaml:2:46", "'tensor' must be at most 64"}},
       {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: [n0/cpu, n1/cpu]}]\n",
-       {"j.yaml:2:46", "give their count", "not supported yet"}},
+       {"j.yaml:2:47", "tensor rank 'n0/cpu' is not a backend of the stage's node",
+        "not supported yet"}},
+      {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: []}]\n",
+       {"j.yaml:2:46", "'tensor' lists no backend"}},
       {"model: m.yaml\npartition: [[0, 2], {layers: [2, 4], tensor: 2, replicas: 2}]\n",
        {"j.yaml:2:46", "a tensor-split stage cannot have replicas"}},
       {"model: m.yaml\nschedule: interleaved\npartition: [[0, 1], {layers: [1, 2], tensor: 2}, "
@@ -272,6 +275,11 @@ TEST(JobTest, AStageMaySplitOverTensorRanks) {
   EXPECT_EQ(j.ranges[1].tensor, 3);
   EXPECT_EQ(j.ranges[1].tensor_shares, (std::vector<double>{1, 2, 1}));
   EXPECT_EQ(j.ranges[1].replicas, 1);
+  EXPECT_TRUE(j.ranges[1].tensor_devices.empty());
+  const JobSpec on = parseJobSpec(
+      "model: m.yaml\npartition: [{layers: [0, 4], tensor: [cpu, opencl:0]}]\n", "j.yaml");
+  EXPECT_EQ(on.ranges[0].tensor, 2);
+  EXPECT_EQ(on.ranges[0].tensor_devices, (std::vector<std::string>{"cpu", "opencl:0"}));
 }
 
 TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {

@@ -151,6 +151,16 @@ TEST(PlanningTest, TensorRanksReachTheWorkerOrAreRefusedNamingTheRange) {
   ASSERT_EQ(assigned.size(), 1u);
   EXPECT_EQ(assigned[0].slice.tensor, 2);
   EXPECT_EQ(assigned[0].slice.tensor_shares, (std::vector<double>{3, 1}));
+  EXPECT_TRUE(assigned[0].slice.tensor_devices.empty());
+  EXPECT_EQ(assigned[0].slice.device, "cpu");
+  // Named backends: rank 0's is the stage's device.
+  const JobSpec named = parseJobSpec(
+      "model: m.yaml\npartition: [{layers: [0, 3], tensor: [opencl:0, cpu]}]\n", "j.yaml");
+  const std::vector<Assign> on =
+      jobAssignments(named, jobStages(named, model), RunMode::kTrain, false, kSpec, "", 0);
+  EXPECT_EQ(on.at(0).slice.device, "opencl:0");
+  EXPECT_EQ(on.at(0).slice.tensor_devices, (std::vector<std::string>{"opencl:0", "cpu"}));
+  EXPECT_EQ(on.at(0).slice.tensor, 2);
   const JobSpec alone =
       parseJobSpec("model: m.yaml\npartition: [{layers: [0, 2], tensor: 2}, [2, 3]]\n", "j.yaml");
   testing::expectThrowWith<InvalidArgument>(
