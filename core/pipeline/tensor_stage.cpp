@@ -1,6 +1,6 @@
 #include "core/pipeline/tensor_stage.h"
 
-#include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/layers/tensor_split.h"
@@ -11,9 +11,6 @@ namespace tandem {
 
 namespace {
 
-// The stage's broadcasts and barriers are tagged from here on, apart from the split
-// layers' all-reduces (counted from 0) and a trainer's resync (2^41 on).
-constexpr uint64_t kStageTags = uint64_t{1} << 43;
 // What the header of a received tensor holds: its dtype, rank and up to kMaxDims dims.
 constexpr size_t kMaxDims = 8;
 constexpr float kExact = 16777216.0f;  // 2^24: integers up to it are exact in f32
@@ -66,28 +63,24 @@ Tensor RankLink::recv(const MessageTag& tag, Backend& backend) {
     broadcastTensor(backend, t, group_, o);
     return t;
   }
-  // i32 (labels, token ids): as f32 values, exact within ±2^24.
+  // i32 (labels, token ids, a decoder's headers and bit-cast activations): bit for bit
+  // through the f32 broadcast, which copies and never computes.
   std::vector<float> values(static_cast<size_t>(shape.numel()));
   if (link_) {
     const std::vector<int32_t> ints = toHostI32(t);
-    for (size_t i = 0; i < ints.size(); ++i) {
-      TANDEM_CHECK_MSG(std::abs(static_cast<float>(ints[i])) < kExact, Unsupported,
-                       "a tensor-split stage received the " << messageKindName(tag.kind) << " "
-                                                            << ints[i] << ", past 2^24");
-      values[i] = static_cast<float>(ints[i]);
-    }
+    std::memcpy(values.data(), ints.data(), ints.size() * sizeof(int32_t));
   }
   broadcast(group_, values, o);
   if (link_) return t;
   std::vector<int32_t> ints(values.size());
-  for (size_t i = 0; i < values.size(); ++i) ints[i] = static_cast<int32_t>(values[i]);
+  std::memcpy(ints.data(), values.data(), ints.size() * sizeof(int32_t));
   return toDeviceI32(backend, shape, ints);
 }
 
 TensorStage::TensorStage(std::vector<Rank> parts, StageRange range, Link* prev, Link* next,
                          const PipelineOptions& options)
     : ranks_(std::move(parts)),
-      tags_(ranks_.size(), kStageTags),
+      tags_(ranks_.size(), kTensorStageTags),
       timeout_(options.collective_timeout) {
   TANDEM_CHECK_MSG(!ranks_.empty(), InvalidArgument, "a tensor-split stage needs a rank");
   TANDEM_CHECK_MSG(options.replicas == nullptr || options.replicas->size() == 1, Unsupported,

@@ -22,11 +22,17 @@
 
 namespace tandem {
 
+// Where a tensor-split stage's broadcasts and barriers are tagged from (RankLink's
+// next_tag), apart from the split layers' all-reduces (counted from 0) and a trainer's
+// resync (2^41 on).
+inline constexpr uint64_t kTensorStageTags = uint64_t{1} << 43;
+
 // Rank r's side of one of a tensor-split stage's links. Rank 0's wraps the stage's link:
 // it receives, then broadcasts the tensor (its shape first) to the group; the others'
 // take it from the broadcast. Sends go out on rank 0's link and are dropped elsewhere
 // (every rank holds the same tensor). `next_tag` numbers the broadcasts, shared by a
-// rank's links; `timeout` bounds each. f32 and i32 tensors (i32 values within ±2^24).
+// rank's links; `timeout` bounds each. f32 and i32 tensors (i32 bit for bit: a decoder's
+// messages carry activations bit-cast into int32).
 class RankLink final : public Link {
  public:
   RankLink(Link* link, Group& group, uint64_t& next_tag, std::chrono::milliseconds timeout,

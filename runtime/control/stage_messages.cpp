@@ -108,8 +108,8 @@ Assign readAssign(const fb::Assign* a) {
       bad(m, "tensor rank 0's device '" + slice.tensor_devices.front() + "' is not the stage's '" +
                  slice.device + "'");
   }
-  if (slice.tensor > 1 && (generates || interleaved || out.replicas > 1))
-    bad(m, "a tensor-split stage cannot generate, be interleaved or have replicas");
+  if (slice.tensor > 1 && ((generates && out.stage == 0) || interleaved || out.replicas > 1))
+    bad(m, "a tensor-split stage cannot be a generation's first, be interleaved or have replicas");
   out.train = readTrain(m, a->train());
   out.data = readData(m, a->data());
   out.wire = readWire(m, a->wire());

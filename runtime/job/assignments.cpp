@@ -51,6 +51,10 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
   const std::vector<double> shares = microbatchShares(stages);
   for (int s = 0; s < p; ++s) {
     const StagePlacement& place = stages[static_cast<size_t>(s)];
+    TANDEM_CHECK_MSG(mode != RunMode::kGenerate || s > 0 || place.slice.tensor == 1, Unsupported,
+                     job.source << ": stage 0 of a generation run cannot be tensor-split (its "
+                                << "prompts and keep-alives follow the clock, not its ranks' "
+                                << "steps): split a later stage");
     for (int r = 0; r < place.replicas; ++r) {
       Assign a;
       a.job = job.source;

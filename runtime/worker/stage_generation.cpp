@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "core/pipeline/stage_decoder.h"
+#include "core/spin.h"
+#include "core/train/job_thread.h"
 
 namespace tandem::runtime {
 
@@ -17,13 +19,68 @@ constexpr size_t kMaxCancels = 4096;
 
 }  // namespace
 
+namespace {
+
+// A stage's decoder options from its assignment.
+DecoderOptions decoderOptions(const Assign& a) {
+  DecoderOptions o;
+  o.max_in_flight = a.in_flight;
+  o.keepalive = std::chrono::milliseconds(a.wire.timeout_s * 1000 / 4);
+  return o;
+}
+
+// The token a last stage chose, to the coordinator.
+TokenSink tokensTo(Channel& coordinator, const Assign& a) {
+  return [&coordinator, timeout = std::chrono::seconds(a.wire.timeout_s)](const ChosenToken& c) {
+    coordinator.send(Token{c.id, c.index, c.token, c.logits.at(static_cast<size_t>(c.token))},
+                     timeout);
+  };
+}
+
+}  // namespace
+
+void generateTensorStage(Channel& coordinator, const Assign& a,
+                         const std::vector<TensorStage::Rank>& ranks, Link* prev, Link* next) {
+  TANDEM_CHECK_MSG(a.stage > 0, Unsupported,
+                   "stage 0 of a generation run cannot be tensor-split: its prompts and "
+                   "keep-alives follow the clock, not its ranks' steps");
+  Link* feedback = a.stage == a.stages - 1 ? std::exchange(next, nullptr) : nullptr;
+  const std::chrono::milliseconds timeout(int64_t{a.wire.timeout_s} * 1000);
+  const size_t n = ranks.size();
+  std::vector<uint64_t> tags(n, kTensorStageTags);
+  std::vector<std::unique_ptr<RankLink>> links;
+  std::vector<std::unique_ptr<StageDecoder>> decoders;
+  std::vector<std::unique_ptr<JobThread>> threads;
+  for (size_t r = 0; r < n; ++r) {
+    auto wrap = [&](Link* link) -> Link* {
+      if (!link) return nullptr;
+      links.push_back(std::make_unique<RankLink>(r == 0 ? link : nullptr, *ranks[r].group, tags[r],
+                                                 timeout, link->peer()));
+      return links.back().get();
+    };
+    Link* p = wrap(prev);
+    Link* q = wrap(next);
+    Link* f = wrap(feedback);
+    decoders.push_back(std::make_unique<StageDecoder>(
+        *ranks[r].model, StageRange{a.stage, a.stages, a.slice.layers.begin, a.slice.layers.end}, p,
+        q, f, decoderOptions(a)));
+    if (r > 0)
+      threads.push_back(std::make_unique<JobThread>(waitBeforeSleeping(static_cast<int>(n))));
+  }
+  const TokenSink tokens = tokensTo(coordinator, a);
+  runOnEvery(threads, [&](int r) {
+    // Only rank 0's tokens go out (the others' are the same choice, or on unlike devices
+    // at a near tie their own: the first stage feeds back rank 0's).
+    decoders[static_cast<size_t>(r)]->serve({},
+                                            r == 0 ? tokens : TokenSink([](const ChosenToken&) {}));
+  });
+}
+
 void generateStage(Channel& coordinator, const Assign& a, Model& model, Link* prev, Link* next) {
   Link* feedback = nullptr;
   if (a.stages > 1 && a.stage == 0) feedback = std::exchange(prev, nullptr);
   if (a.stages > 1 && a.stage == a.stages - 1) feedback = std::exchange(next, nullptr);
-  DecoderOptions o;
-  o.max_in_flight = a.in_flight;
-  o.keepalive = std::chrono::milliseconds(a.wire.timeout_s * 1000 / 4);
+  const DecoderOptions o = decoderOptions(a);
   StageDecoder decoder(model,
                        StageRange{a.stage, a.stages, a.slice.layers.begin, a.slice.layers.end},
                        prev, next, feedback, o);
@@ -78,11 +135,7 @@ void generateStage(Channel& coordinator, const Assign& a, Model& model, Link* pr
     }
     return poll;
   };
-  const TokenSink tokens = [&](const ChosenToken& c) {
-    coordinator.send(Token{c.id, c.index, c.token, c.logits.at(static_cast<size_t>(c.token))},
-                     std::chrono::seconds(a.wire.timeout_s));
-  };
-  decoder.serve(prompts, tokens, cancelled);
+  decoder.serve(prompts, tokensTo(coordinator, a), cancelled);
 }
 
 }  // namespace tandem::runtime

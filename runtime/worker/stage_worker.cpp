@@ -547,7 +547,10 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
   StageSetup s(coordinator, a, run_key, o);
   if (a.mode == RunMode::kGenerate) {
     const auto t0 = Clock::now();
-    generateStage(coordinator, a, *s.model, s.prev.get(), s.next.get());
+    if (s.tensor)
+      generateTensorStage(coordinator, a, s.tensor->parts(), s.prev.get(), s.next.get());
+    else
+      generateStage(coordinator, a, *s.model, s.prev.get(), s.next.get());
     s.report.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
   } else {
     runStage(coordinator, a, s);

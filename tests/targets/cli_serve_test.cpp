@@ -266,6 +266,20 @@ TEST(CliServeTest, AHuggingFaceFolderGeneratesAndServesThroughItsTokenizer) {
   EXPECT_NE(j.out.find(std::to_string(ids.size()) + " prompt tokens, 8 new across 2 stages"),
             std::string::npos)
       << j.out;
+  // Its second stage split over 2 tensor ranks (key/value head groups, MLP features): the
+  // same text. Its first stage cannot be split, and is refused before anything starts.
+  std::ofstream(dir + "/split.yaml")
+      << "model: " << dir << "\npartition: [[0, 2], {layers: [2, 5], tensor: 2}]\n";
+  const CliRun t = run("generate " + dir + "/split.yaml --prompt '" + prompt + "' --tokens 8");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("\n" + prompt + want + "\n---\n"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("stage 1: 2 tensor ranks"), std::string::npos) << t.out;
+  std::ofstream(dir + "/first.yaml")
+      << "model: " << dir << "\npartition: [{layers: [0, 2], tensor: 2}, [2, 5]]\n";
+  const CliRun f = run("generate " + dir + "/first.yaml --prompt '" + prompt + "' --tokens 8");
+  EXPECT_NE(f.code, 0) << f.out;
+  EXPECT_NE(f.out.find("stage 0 of a generation run cannot be tensor-split"), std::string::npos)
+      << f.out;
 
   const std::string log = dir + "/serve.log";
   std::string script = startServer(dir + " --name hf", log);

@@ -305,7 +305,7 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
        },
        "tensor rank 0's device 'cpu' is not the stage's 'opencl:0'"},
       {[](Assign& a) { a.slice.tensor = 2; },
-       "a tensor-split stage cannot generate, be interleaved or have replicas"},
+       "a tensor-split stage cannot be a generation's first, be interleaved or have replicas"},
       {[](Assign& a) { a.wire.timeout_s = 0; }, "timeout_s 0"},
       {[](Assign& a) { a.wire.gradients = static_cast<WireCodec>(9); },
        "gradients codec 9 is not in [0, 3]"},
