@@ -158,4 +158,33 @@ void TensorStage::resumeAt(int64_t steps) {
   for (auto& t : trainers_) t->resumeAt(steps);
 }
 
+void onTensorDecoders(const std::vector<TensorRank>& ranks, StageRange range, Link* prev,
+                      Link* next, Link* feedback, const DecoderOptions& options,
+                      std::chrono::milliseconds timeout,
+                      const std::function<void(int, StageDecoder&)>& each) {
+  TANDEM_CHECK_MSG(!range.first(), Unsupported,
+                   "stage 0 of a generation cannot be tensor-split: it takes its requests and "
+                   "sends keep-alives by the clock, which its ranks would not see alike");
+  const size_t n = ranks.size();
+  std::vector<uint64_t> tags(n, kTensorStageTags);
+  std::vector<std::unique_ptr<RankLink>> links;
+  std::vector<std::unique_ptr<StageDecoder>> decoders;
+  std::vector<std::unique_ptr<JobThread>> threads;
+  for (size_t r = 0; r < n; ++r) {
+    auto wrap = [&](Link* link) -> Link* {
+      if (!link) return nullptr;
+      links.push_back(std::make_unique<RankLink>(r == 0 ? link : nullptr, *ranks[r].group, tags[r],
+                                                 timeout, link->peer()));
+      return links.back().get();
+    };
+    Link* p = wrap(prev);
+    Link* q = wrap(next);
+    Link* f = wrap(feedback);
+    decoders.push_back(std::make_unique<StageDecoder>(*ranks[r].model, range, p, q, f, options));
+    if (r > 0)
+      threads.push_back(std::make_unique<JobThread>(waitBeforeSleeping(static_cast<int>(n))));
+  }
+  runOnEvery(threads, [&](int r) { each(r, *decoders[static_cast<size_t>(r)]); });
+}
+
 }  // namespace tandem

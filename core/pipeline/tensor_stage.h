@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/comm/group.h"
+#include "core/pipeline/stage_decoder.h"
 #include "core/pipeline/stage_trainer.h"
 #include "core/train/job_thread.h"
 
@@ -49,15 +50,17 @@ class RankLink final : public Link {
   std::string peer_;
 };
 
+// One rank's parts: a model of the stage's layers made rank group->rank() of the tensor
+// group (Model::splitForTensor) and built, and its optimizer.
+struct TensorRank {
+  Model* model = nullptr;
+  Optimizer* optimizer = nullptr;  // null: evaluating or serving only
+  Group* group = nullptr;
+};
+
 class TensorStage {
  public:
-  // One rank's parts: a model of the stage's layers made rank group->rank() of the tensor
-  // group (Model::splitForTensor) and built, and its optimizer. ranks[r].group is rank r.
-  struct Rank {
-    Model* model = nullptr;
-    Optimizer* optimizer = nullptr;  // null: evaluating or serving only
-    Group* group = nullptr;
-  };
+  using Rank = TensorRank;  // ranks[r].group is rank r
   // `prev` and `next` as StageTrainer's (null at the ends); options.replicas must be
   // null (a tensor-split stage is not replicated). Collectives wait options.collective_timeout.
   TensorStage(std::vector<Rank> parts, StageRange range, Link* prev, Link* next,
@@ -92,5 +95,17 @@ class TensorStage {
   bool resync_ = false;
   std::vector<std::unique_ptr<JobThread>> threads_;  // ranks 1.. (rank 0: the caller's)
 };
+
+// A generation's stage after the first split over tensor ranks: a StageDecoder per rank
+// (ranks[r].model, built and split) over its RankLinks — prev, next and the last stage's
+// feedback link, rank 0's the given ones — each on its own thread, `each(rank, decoder)`
+// run on every rank at once (its serve or run; rank 0's on the caller's thread); returns
+// when all have, raising the first error. A stage after the first only answers its
+// messages, in order, so the ranks stay in step on rank 0's broadcasts; each keeps the
+// key/value cache of its own heads. (The first stage takes requests by the clock.)
+void onTensorDecoders(const std::vector<TensorRank>& ranks, StageRange range, Link* prev,
+                      Link* next, Link* feedback, const DecoderOptions& options,
+                      std::chrono::milliseconds timeout,
+                      const std::function<void(int, StageDecoder&)>& each);
 
 }  // namespace tandem

@@ -7,8 +7,6 @@
 
 #include "core/error.h"
 #include "core/pipeline/stage_decoder.h"
-#include "core/spin.h"
-#include "core/train/job_thread.h"
 
 namespace tandem::runtime {
 
@@ -40,40 +38,17 @@ TokenSink tokensTo(Channel& coordinator, const Assign& a) {
 }  // namespace
 
 void generateTensorStage(Channel& coordinator, const Assign& a,
-                         const std::vector<TensorStage::Rank>& ranks, Link* prev, Link* next) {
-  TANDEM_CHECK_MSG(a.stage > 0, Unsupported,
-                   "stage 0 of a generation run cannot be tensor-split: its prompts and "
-                   "keep-alives follow the clock, not its ranks' steps");
+                         const std::vector<TensorRank>& ranks, Link* prev, Link* next) {
   Link* feedback = a.stage == a.stages - 1 ? std::exchange(next, nullptr) : nullptr;
-  const std::chrono::milliseconds timeout(int64_t{a.wire.timeout_s} * 1000);
-  const size_t n = ranks.size();
-  std::vector<uint64_t> tags(n, kTensorStageTags);
-  std::vector<std::unique_ptr<RankLink>> links;
-  std::vector<std::unique_ptr<StageDecoder>> decoders;
-  std::vector<std::unique_ptr<JobThread>> threads;
-  for (size_t r = 0; r < n; ++r) {
-    auto wrap = [&](Link* link) -> Link* {
-      if (!link) return nullptr;
-      links.push_back(std::make_unique<RankLink>(r == 0 ? link : nullptr, *ranks[r].group, tags[r],
-                                                 timeout, link->peer()));
-      return links.back().get();
-    };
-    Link* p = wrap(prev);
-    Link* q = wrap(next);
-    Link* f = wrap(feedback);
-    decoders.push_back(std::make_unique<StageDecoder>(
-        *ranks[r].model, StageRange{a.stage, a.stages, a.slice.layers.begin, a.slice.layers.end}, p,
-        q, f, decoderOptions(a)));
-    if (r > 0)
-      threads.push_back(std::make_unique<JobThread>(waitBeforeSleeping(static_cast<int>(n))));
-  }
   const TokenSink tokens = tokensTo(coordinator, a);
-  runOnEvery(threads, [&](int r) {
-    // Only rank 0's tokens go out (the others' are the same choice, or on unlike devices
-    // at a near tie their own: the first stage feeds back rank 0's).
-    decoders[static_cast<size_t>(r)]->serve({},
-                                            r == 0 ? tokens : TokenSink([](const ChosenToken&) {}));
-  });
+  // Only rank 0's tokens go out (the others' are the same choice, or on unlike devices at a
+  // near tie their own: the first stage feeds back rank 0's).
+  onTensorDecoders(ranks, StageRange{a.stage, a.stages, a.slice.layers.begin, a.slice.layers.end},
+                   prev, next, feedback, decoderOptions(a),
+                   std::chrono::milliseconds(int64_t{a.wire.timeout_s} * 1000),
+                   [&](int r, StageDecoder& decoder) {
+                     decoder.serve({}, r == 0 ? tokens : TokenSink([](const ChosenToken&) {}));
+                   });
 }
 
 void generateStage(Channel& coordinator, const Assign& a, Model& model, Link* prev, Link* next) {

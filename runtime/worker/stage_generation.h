@@ -16,11 +16,10 @@ namespace tandem::runtime {
 
 void generateStage(Channel& coordinator, const Assign& a, Model& model, Link* prev, Link* next);
 
-// The same for a tensor-split stage after the first (core/pipeline/tensor_stage.h): a
-// decoder per rank on its own thread, in step on what rank 0 receives and broadcasts (a
-// stage after the first only answers its messages, in order); rank 0 sends on. Unsupported
-// for stage 0, whose prompts and keep-alives follow the clock.
+// The same for a tensor-split stage after the first (onTensorDecoders,
+// core/pipeline/tensor_stage.h): rank 0 sends on and reports the tokens. Unsupported for
+// stage 0, whose prompts and keep-alives follow the clock.
 void generateTensorStage(Channel& coordinator, const Assign& a,
-                         const std::vector<TensorStage::Rank>& ranks, Link* prev, Link* next);
+                         const std::vector<TensorRank>& ranks, Link* prev, Link* next);
 
 }  // namespace tandem::runtime

@@ -14,8 +14,10 @@
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "core/pipeline/stage_decoder.h"
+#include "core/pipeline/tensor_stage.h"
 #include "runtime/job/job.h"
 #include "tests/test_util.h"
+#include "transport/local_group.h"
 #include "transport/zmq_link.h"
 
 namespace tandem {
@@ -133,6 +135,69 @@ TEST(GenerationPipelineTest, SequencesInFlightMatchGeneratingEachAlone) {
         testing::expectCloseLogits(got[q].logits[i], want.logits[i],
                                    what + " token " + std::to_string(i));
       EXPECT_EQ(got[q].intervals_s.size(), static_cast<size_t>(requests[q].count - 1));
+    }
+  }
+}
+
+// Two stages, the second split over tensor ranks (onTensorDecoders: each rank's heads and
+// MLP features by `shares`, its own key/value cache): several sequences in flight, greedy
+// and sampled, give the tokens of generating each alone in one process, and the logits to
+// the all-reduces' rounding.
+TEST(GenerationPipelineTest, ATensorSplitStageGeneratesWhatOneProcessDoes) {
+  const std::vector<GenerationRequest> requests = {{bytes("the cat"), 9, {0.0f, 0, 1}},
+                                                   {bytes("a"), 5, {0.9f, 10, 3}},
+                                                   {bytes("once upon"), 12, {0.7f, 0, 4}}};
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model whole(parseModelSpec(kGpt));
+  whole.build(be, 7);
+  for (const std::vector<double>& shares : std::vector<std::vector<double>>{{1, 1}, {1, 3}}) {
+    transport::Context ctx;
+    static int run = 0;
+    const std::string id = "tgen" + std::to_string(run++);
+    Pair link = linkPair(ctx, id), feedback = linkPair(ctx, id + "-feedback");
+    std::vector<Generation> got;
+    std::exception_ptr first_error;
+    std::thread first([&] {
+      try {
+        cpu::CpuBackend b0(cpu::CpuOptions{1});
+        Model m(parseModelSpec(kGpt));
+        m.build(b0, 7, 0, 3);
+        StageDecoder stage(m, StageRange{0, 2, 0, 3}, nullptr, link.a.get(), feedback.b.get(), {});
+        stage.run(requests);
+      } catch (...) {
+        first_error = std::current_exception();
+      }
+    });
+    const auto ranks = static_cast<int>(shares.size());
+    auto groups = transport::makeLocalGroup(ranks);
+    std::vector<std::unique_ptr<cpu::CpuBackend>> backends;
+    std::vector<std::unique_ptr<Model>> models;
+    std::vector<TensorRank> parts;
+    for (int r = 0; r < ranks; ++r) {
+      backends.push_back(std::make_unique<cpu::CpuBackend>(cpu::CpuOptions{1}));
+      models.push_back(std::make_unique<Model>(parseModelSpec(kGpt)));
+      models.back()->splitForTensor(3, 7, *groups[static_cast<size_t>(r)], shares);
+      models.back()->build(*backends.back(), 7, 3, 7);
+      parts.push_back({models.back().get(), nullptr, groups[static_cast<size_t>(r)].get()});
+    }
+    EXPECT_NO_THROW(onTensorDecoders(parts, StageRange{1, 2, 3, 7}, link.b.get(), nullptr,
+                                     feedback.a.get(), {}, 20s, [&](int r, StageDecoder& stage) {
+                                       std::vector<Generation> g = stage.run(requests);
+                                       if (r == 0) got = std::move(g);
+                                     }));
+    first.join();
+    if (first_error) std::rethrow_exception(first_error);
+    ASSERT_EQ(got.size(), requests.size());
+    for (size_t q = 0; q < requests.size(); ++q) {
+      const std::string what =
+          "shares " + std::to_string(shares[1]) + " sequence " + std::to_string(q);
+      const Generation alone =
+          generate(whole, requests[q].prompt, requests[q].count, requests[q].sampling, true);
+      EXPECT_EQ(got[q].tokens, alone.tokens) << what;
+      ASSERT_EQ(got[q].logits.size(), alone.logits.size()) << what;
+      for (size_t i = 0; i < alone.logits.size(); ++i)
+        testing::expectCloseLogits(got[q].logits[i], alone.logits[i],
+                                   what + " token " + std::to_string(i));
     }
   }
 }
