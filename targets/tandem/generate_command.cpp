@@ -308,7 +308,8 @@ void runGenerate(const GenerateArgs& a) {
     TANDEM_CHECK_MSG(!a.no_cache, InvalidArgument,
                      "--no-cache is for a model file; a job's stages always keep their cache");
     TANDEM_CHECK_MSG(a.tensor == 1 && a.shares.empty(), InvalidArgument,
-                     "--tensor and --shares are for a model file; a job places its stages");
+                     "--tensor and --shares are for a model file; a job splits a stage in its "
+                     "partition: {layers: [b, e], tensor: N}");
     generateWithJob(a);
     return;
   }
