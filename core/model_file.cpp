@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -313,6 +314,21 @@ std::unique_ptr<Optimizer> loadOptimizer(const ModelFile& file, Backend& backend
     state.emplace_back(h.name, toDevice(backend, h.shape, h.data));
   opt->restore(state, file.optimizer->steps);
   return opt;
+}
+
+void restoreOptimizerState(Optimizer& optimizer, const Model& model, const ModelFile& file,
+                           const std::string& who) {
+  if (!file.optimizer)
+    throw FormatError(who + ": the starting weights carry no optimizer state to resume from");
+  std::set<std::string> mine;
+  for (const Param* p : model.params()) mine.insert(p->name);
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (const HostTensor& t : file.optimizer->tensors) {
+    const size_t dot = t.name.rfind('.');
+    if (dot != std::string::npos && mine.count(t.name.substr(0, dot)))
+      state.push_back({t.name, toDevice(model.backend(), t.shape, t.data)});
+  }
+  optimizer.restore(state, file.optimizer->steps);
 }
 
 }  // namespace tandem

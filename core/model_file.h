@@ -69,5 +69,10 @@ std::unique_ptr<Model> loadModel(const ModelFile& file, Backend& backend);
 void loadWeights(Model& model, const ModelFile& file, bool exact);
 // The optimizer as saved; InvalidArgument if the file holds no optimizer state.
 std::unique_ptr<Optimizer> loadOptimizer(const ModelFile& file, Backend& backend);
+// Restores into `optimizer` the file's state for `model`'s built parameters, on the model's
+// backend (a pipeline stage's from a whole model's checkpoint). FormatError naming `who`
+// when the file holds no optimizer state.
+void restoreOptimizerState(Optimizer& optimizer, const Model& model, const ModelFile& file,
+                           const std::string& who);
 
 }  // namespace tandem

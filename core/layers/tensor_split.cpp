@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <span>
 #include <sstream>
 
 #include "core/error.h"
@@ -64,33 +66,34 @@ TensorPart blockPart(Group& group, const std::vector<double>& shares, int64_t un
   return part;
 }
 
-void allreduceTensor(Backend& backend, const Tensor& t, Group& group, const AllreduceOptions& o) {
+namespace {
+
+// Runs `collective` on `t`'s values (f32; `what` names it for the error): in place where
+// the backend computes in host memory (the group reads and writes it), else on a
+// downloaded copy that is uploaded back.
+void onHostValues(Backend& backend, const Tensor& t, const char* what,
+                  const std::function<void(std::span<float>)>& collective) {
   TANDEM_CHECK_MSG(t.dtype() == DType::kF32, InvalidArgument,
-                   "a tensor all-reduce takes f32, got " << dtypeName(t.dtype()));
+                   "a tensor " << what << " takes f32, got " << dtypeName(t.dtype()));
   const auto n = static_cast<size_t>(t.numel());
   if (const void* host = backend.hostData(t)) {
-    // The backend computes in host memory: sum in place (the group reads and writes it).
-    allreduce(group, {static_cast<float*>(const_cast<void*>(host)), n}, o);
+    collective({static_cast<float*>(const_cast<void*>(host)), n});
     return;
   }
   std::vector<float> buffer(n);
   backend.download(t, buffer.data());
-  allreduce(group, buffer, o);
+  collective(buffer);
   backend.upload(t, buffer.data());
 }
 
+}  // namespace
+
+void allreduceTensor(Backend& backend, const Tensor& t, Group& group, const AllreduceOptions& o) {
+  onHostValues(backend, t, "all-reduce", [&](std::span<float> v) { allreduce(group, v, o); });
+}
+
 void broadcastTensor(Backend& backend, const Tensor& t, Group& group, const RootOptions& o) {
-  TANDEM_CHECK_MSG(t.dtype() == DType::kF32, InvalidArgument,
-                   "a tensor broadcast takes f32, got " << dtypeName(t.dtype()));
-  const auto n = static_cast<size_t>(t.numel());
-  if (const void* host = backend.hostData(t)) {
-    broadcast(group, {static_cast<float*>(const_cast<void*>(host)), n}, o);
-    return;
-  }
-  std::vector<float> buffer(n);
-  backend.download(t, buffer.data());
-  broadcast(group, buffer, o);
-  backend.upload(t, buffer.data());
+  onHostValues(backend, t, "broadcast", [&](std::span<float> v) { broadcast(group, v, o); });
 }
 
 void checkTensorPart(const TensorPart& part, int64_t features, const std::string& layer) {

@@ -15,6 +15,16 @@ namespace {
 constexpr size_t kMaxDims = 8;
 constexpr float kExact = 16777216.0f;  // 2^24: integers up to it are exact in f32
 
+// Rank r's side of `link` (null where the stage has none), kept in `keep`: rank 0's wraps
+// it, the others' take what rank 0 broadcasts.
+Link* rankSide(Link* link, size_t r, Group& group, uint64_t& next_tag,
+               std::chrono::milliseconds timeout, std::vector<std::unique_ptr<RankLink>>& keep) {
+  if (!link) return nullptr;
+  keep.push_back(
+      std::make_unique<RankLink>(r == 0 ? link : nullptr, group, next_tag, timeout, link->peer()));
+  return keep.back().get();
+}
+
 }  // namespace
 
 RankLink::RankLink(Link* link, Group& group, uint64_t& next_tag, std::chrono::milliseconds timeout,
@@ -92,14 +102,8 @@ TensorStage::TensorStage(std::vector<Rank> parts, StageRange range, Link* prev, 
                      InvalidArgument,
                      "stage " << range.stage << ": tensor rank " << r << " lacks its model or is "
                               << "not rank " << r << " of a group of " << ranks());
-    auto wrap = [&](Link* link, std::vector<std::unique_ptr<RankLink>>& out) -> Link* {
-      if (!link) return nullptr;
-      out.push_back(std::make_unique<RankLink>(r == 0 ? link : nullptr, *rank.group, tags_[r],
-                                               timeout_, link->peer()));
-      return out.back().get();
-    };
-    Link* p = wrap(prev, prev_);
-    Link* n = wrap(next, next_);
+    Link* p = rankSide(prev, r, *rank.group, tags_[r], timeout_, links_);
+    Link* n = rankSide(next, r, *rank.group, tags_[r], timeout_, links_);
     trainers_.push_back(
         std::make_unique<StageTrainer>(*rank.model, range, p, n, rank.optimizer, options));
     if (r > 0) threads_.push_back(std::make_unique<JobThread>(waitBeforeSleeping(ranks())));
@@ -171,15 +175,9 @@ void onTensorDecoders(const std::vector<TensorRank>& ranks, StageRange range, Li
   std::vector<std::unique_ptr<StageDecoder>> decoders;
   std::vector<std::unique_ptr<JobThread>> threads;
   for (size_t r = 0; r < n; ++r) {
-    auto wrap = [&](Link* link) -> Link* {
-      if (!link) return nullptr;
-      links.push_back(std::make_unique<RankLink>(r == 0 ? link : nullptr, *ranks[r].group, tags[r],
-                                                 timeout, link->peer()));
-      return links.back().get();
-    };
-    Link* p = wrap(prev);
-    Link* q = wrap(next);
-    Link* f = wrap(feedback);
+    Link* p = rankSide(prev, r, *ranks[r].group, tags[r], timeout, links);
+    Link* q = rankSide(next, r, *ranks[r].group, tags[r], timeout, links);
+    Link* f = rankSide(feedback, r, *ranks[r].group, tags[r], timeout, links);
     decoders.push_back(std::make_unique<StageDecoder>(*ranks[r].model, range, p, q, f, options));
     if (r > 0)
       threads.push_back(std::make_unique<JobThread>(waitBeforeSleeping(static_cast<int>(n))));

@@ -87,9 +87,10 @@ class TensorStage {
 
  private:
   std::vector<Rank> ranks_;
-  // Per rank: its broadcast tags (shared by its two links), its links, its trainer.
+  // Per rank: its broadcast tags (shared by its two links) and its trainer; every rank's
+  // links.
   std::vector<uint64_t> tags_;
-  std::vector<std::unique_ptr<RankLink>> prev_, next_;
+  std::vector<std::unique_ptr<RankLink>> links_;
   std::vector<std::unique_ptr<StageTrainer>> trainers_;
   std::chrono::milliseconds timeout_;
   bool resync_ = false;

@@ -14,7 +14,6 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include "backends/cpu/cpu_backend.h"
@@ -276,8 +275,7 @@ void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const Worker
     return;
   }
   loadWeights(*model, start_from, false);
-  if (a.checkpoint.restore_optimizer)
-    restoreOptimizer(*optimizer, *model, *backend, start_from, who);
+  if (a.checkpoint.restore_optimizer) restoreOptimizerState(*optimizer, *model, start_from, who);
 }
 
 void StageSetup::openLinks(const Assign& a, Ready& ready) {

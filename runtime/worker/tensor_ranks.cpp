@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <set>
-
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "core/error.h"
@@ -12,21 +10,6 @@
 #include "transport/local_group.h"
 
 namespace tandem::runtime {
-
-void restoreOptimizer(Optimizer& optimizer, const Model& model, Backend& backend,
-                      const ModelFile& file, const std::string& who) {
-  if (!file.optimizer)
-    throw FormatError(who + ": the starting weights carry no optimizer state to resume from");
-  std::set<std::string> mine;
-  for (const Param* p : model.params()) mine.insert(p->name);
-  std::vector<std::pair<std::string, Tensor>> state;
-  for (const HostTensor& t : file.optimizer->tensors) {
-    const size_t dot = t.name.rfind('.');
-    if (dot != std::string::npos && mine.count(t.name.substr(0, dot)))
-      state.push_back({t.name, toDevice(backend, t.shape, t.data)});
-  }
-  optimizer.restore(state, file.optimizer->steps);
-}
 
 TensorRanks::TensorRanks(const ModelSpec& spec, const Assign& a, int threads, Model& rank0,
                          const std::string& who)
@@ -69,7 +52,7 @@ void TensorRanks::startFrom(const ModelFile& file, bool restore_optimizer, const
   std::optional<Optimizer> whole_optimizer;
   if (restore_optimizer) {
     whole_optimizer.emplace(host, optimizer_options_);
-    restoreOptimizer(*whole_optimizer, whole, host, file, who);
+    restoreOptimizerState(*whole_optimizer, whole, file, who);
   }
   for (const TensorStage::Rank& r : parts()) {
     copyIntoPart(whole, *r.model);

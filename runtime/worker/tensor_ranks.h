@@ -18,11 +18,6 @@
 
 namespace tandem::runtime {
 
-// The optimizer's state for `model`'s parameters (on `backend`), from a model file of the
-// whole model (a checkpoint): FormatError naming `who` when the file has none.
-void restoreOptimizer(Optimizer& optimizer, const Model& model, Backend& backend,
-                      const ModelFile& file, const std::string& who);
-
 class TensorRanks {
  public:
   // Makes `rank0` (the worker's model of `spec`, not yet built) rank 0 of the stage's
