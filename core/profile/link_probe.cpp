@@ -42,6 +42,7 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
     if (r >= o.warmup) rtt.push_back(t);
   }
   const double busy_before = hostBusyCpuSeconds();
+  const double own_before = processCpuSeconds();
   for (int r = 0; r < o.warmup + o.repeats; ++r) {
     const double t = timeOnce([&] {
       for (int w = 0; w < o.window; ++w) link.send(out(n++), data);
@@ -50,9 +51,11 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
     if (r >= o.warmup) transfer.push_back(t);
   }
   const double busy_after = hostBusyCpuSeconds();
+  const double own_after = processCpuSeconds();
   roundTrip(toDevice(backend, {1}, std::vector<float>{kStop}));
   LinkMeasurement m;
   m.host_cpu_s = std::max(busy_after - busy_before, 0.0);
+  m.process_cpu_s = std::max(own_after - own_before, 0.0);
   m.data_bytes = static_cast<int64_t>(o.warmup + o.repeats) * o.window * o.message_bytes;
   m.round_trip = spreadOf(std::move(rtt));
   m.transfer = spreadOf(std::move(transfer));
@@ -65,20 +68,26 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
   return m;
 }
 
-double echoLink(Link& link, Backend& backend) {
-  double busy_from = -1;  // the host's busy CPU at the first data message
+EchoCpu echoLink(Link& link, Backend& backend) {
+  double busy_from = -1, own_from = 0;  // the host's busy CPU and ours at the first data message
   for (int64_t n = 0;; ++n) {
     const Tensor t = link.recv(out(n), backend);
     TANDEM_CHECK_MSG(t.dtype() == DType::kF32 && t.numel() > 0, FormatError,
                      "link probe: message " << n << " from " << link.peer()
                                             << " is not a probe's (an empty or non-f32 tensor)");
     if (t.numel() > 1) {
-      if (busy_from < 0) busy_from = hostBusyCpuSeconds();
+      if (busy_from < 0) {
+        busy_from = hostBusyCpuSeconds();
+        own_from = processCpuSeconds();
+      }
       continue;
     }
     link.send(back(n), t);
-    if (toHost(t)[0] == kStop)
-      return busy_from < 0 ? 0 : std::max(hostBusyCpuSeconds() - busy_from, 0.0);
+    if (toHost(t)[0] == kStop) {
+      if (busy_from < 0) return {};
+      return {std::max(hostBusyCpuSeconds() - busy_from, 0.0),
+              std::max(processCpuSeconds() - own_from, 0.0)};
+    }
   }
 }
 

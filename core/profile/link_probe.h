@@ -10,7 +10,10 @@
 // less one small round trip, so that a single message's latency is not counted as
 // transfer time. Each side also reads what its host's CPUs spent busy while the data
 // went (hostBusyCpuSeconds: the transport's threads, and the kernel's packet handling,
-// which on a slow or shaped link costs more per byte than on loopback).
+// which on a slow or shaped link costs more per byte than on loopback), and what its own
+// process spent (processCpuSeconds: every thread, and the packet handling that ran on
+// them) — what a CPU quota on that end is charged, read to the nanosecond where the
+// host's figure comes in 10 ms ticks.
 #pragma once
 
 #include <cstdint>
@@ -36,15 +39,21 @@ struct LinkMeasurement {
   // bytes those runs sent.
   double host_cpu_s = 0;
   int64_t data_bytes = 0;
+  double process_cpu_s = 0;  // this process's CPU seconds over the same runs
+};
+
+// What the echo side spent from the first data message to the stop (0, 0 without data).
+struct EchoCpu {
+  double host_cpu_s = 0;     // its host's busy CPU (hostBusyCpuSeconds)
+  double process_cpu_s = 0;  // its own process's (processCpuSeconds)
 };
 
 // The measuring side; ends by stopping the echo side. InvalidArgument for bad options;
 // Timeout (from the link) if the echo side does not answer.
 LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions& options);
 
-// The echo side: answers until stopped; returns its host's busy CPU seconds from the
-// first data message to the stop (0 without data). FormatError if a message is not a
-// probe's.
-double echoLink(Link& link, Backend& backend);
+// The echo side: answers until stopped; returns the CPU it and its host spent from the
+// first data message to the stop. FormatError if a message is not a probe's.
+EchoCpu echoLink(Link& link, Backend& backend);
 
 }  // namespace tandem

@@ -35,6 +35,7 @@ Spread spreadOf(std::vector<double> t) {
 SustainedRun runSustained(const std::function<void()>& pass, double window) {
   SustainedRun r;
   std::vector<double> ends;  // seconds from the start to each pass's end
+  const double cpu0 = processCpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
   do {
     pass();
@@ -42,6 +43,7 @@ SustainedRun runSustained(const std::function<void()>& pass, double window) {
     r.window_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ends.push_back(r.window_s);
   } while (r.window_s < window || r.passes < 2);
+  r.cpu_s = processCpuSeconds() - cpu0;
   r.pass_s = medianPartPass(ends, kSustainedParts);
   return r;
 }
@@ -107,15 +109,18 @@ LayerRunner::LayerRunner(Model& model, int64_t batch, uint64_t seed) : model_(mo
 void LayerRunner::forward(size_t i) {
   if (!runs_.at(i)) return;
   Stash stash;
-  model_.layer(i).forward(inputs_.at(i), stash, ForwardContext{true, 1});
+  Tensor y = model_.layer(i).forward(inputs_.at(i), stash, ForwardContext{true, 1});
   model_.backend().synchronize();
+  stashes_.at(i) = std::move(stash);
+  if (i + 1 < inputs_.size()) inputs_[i + 1] = std::move(y);
 }
 
 void LayerRunner::backward(size_t i) {
   if (!runs_.at(i) || !model_.layer(i).trains()) return;  // int8 weights: forward only
   Stash stash = stashes_.at(i);  // backward may consume its stash; keep the original
-  model_.layer(i).backward(grads_.at(i), stash, i > 0);
+  Tensor dx = model_.layer(i).backward(grads_.at(i), stash, i > 0);
   model_.backend().synchronize();
+  if (i > 0 && dx.defined()) grads_[i - 1] = std::move(dx);
 }
 
 int64_t LayerRunner::activationBytes(size_t i) const {

@@ -133,6 +133,7 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
         },
         sustainWindow(o.sustain_s, limit));
     su.pass_s = run.pass_s;
+    su.cpu_pass_s = run.cpu_s / run.passes;
     su.passes = run.passes;
     su.window_s = run.window_s;
   }
@@ -264,6 +265,7 @@ std::string profileToJson(const Profile& p) {
                          {"cpu_cores", su.cpu_cores},
                          {"quota_cores", su.quota_cores},
                          {"quota_period_s", su.quota_period_s}};
+      if (su.cpu_pass_s > 0) dj["sustained"]["cpu_pass_s"] = su.cpu_pass_s;
     }
   }
   json j = {{"schema", "tandem-profile"}, {"version", kProfileVersion}, {"devices", devices}};
@@ -375,10 +377,12 @@ DeviceProfile parseDevice(const Reader& r, int64_t version) {
     t.cpu_cores = su.num("cpu_cores");
     t.quota_cores = su.num("quota_cores");
     t.quota_period_s = su.num("quota_period_s");
+    if (su.has("cpu_pass_s")) t.cpu_pass_s = su.num("cpu_pass_s");
     if (!(t.pass_s > 0)) su.fail("pass_s", "is not positive");
     if (!(t.burst_pass_s > 0)) su.fail("burst_pass_s", "is not positive");
     if (!(t.window_s >= t.pass_s)) su.fail("window_s", "is shorter than one pass");
     if (t.passes < 1) su.fail("passes", "is not positive");
+    if (!(t.cpu_pass_s >= 0)) su.fail("cpu_pass_s", "is negative");
     if (!(t.cpu_cores >= 0) || !(t.quota_cores >= 0)) su.fail("", "has a negative core count");
     if (!(t.quota_period_s >= 0) || (t.quota_cores > 0) != (t.quota_period_s > 0))
       su.fail("quota_period_s", "does not go with quota_cores (both 0, or both positive)");

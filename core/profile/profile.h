@@ -64,6 +64,9 @@ struct Sustained {
   double cpu_cores = 0;    // cores the process could keep busy (its CPUs, its quota)
   double quota_cores = 0;  // its control groups' CPU quota in cores; 0: none
   double quota_period_s = 0;  // the quota's period; 0: none
+  // CPU seconds per pass over the window, the process's every thread (what the passes cost
+  // the quota); 0: not measured (profiles before it was).
+  double cpu_pass_s = 0;
   // pass_s / burst_pass_s; 1 when not measured.
   double scale() const;
   // What the partitioner multiplies a layer's median by: scale() under a CPU quota; without

@@ -96,7 +96,7 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const LinkRes
   checkText("link result", "host", m.host, kMaxNameBytes);
   return fb::CreateLinkResult(b, m.pair, b.CreateString(m.endpoint), m.bandwidth, m.latency_s,
                               m.rtt_median, m.rtt_min, m.rtt_max, m.rtt_repeats, m.host_cpu_s,
-                              m.data_bytes, b.CreateString(m.host))
+                              m.data_bytes, b.CreateString(m.host), m.process_cpu_s)
       .Union();
 }
 
@@ -321,11 +321,12 @@ Message readTaskMessage(const fb::Message* msg) {
                      r->rtt_repeats(),
                      r->host_cpu_s(),
                      r->data_bytes(),
-                     text(m, "host", r->host(), kMaxNameBytes)};
+                     text(m, "host", r->host(), kMaxNameBytes),
+                     r->process_cpu_s()};
       nonNegative(m, "pair", out.pair);
       nonNegative(m, "data_bytes", out.data_bytes);
-      for (double v :
-           {out.bandwidth, out.latency_s, out.rtt_median, out.rtt_min, out.rtt_max, out.host_cpu_s})
+      for (double v : {out.bandwidth, out.latency_s, out.rtt_median, out.rtt_min, out.rtt_max,
+                       out.host_cpu_s, out.process_cpu_s})
         if (!(v >= 0 && std::isfinite(v)))
           bad(m, "a measurement is not a finite, non-negative number");
       if (out.rtt_repeats < 0) bad(m, "rtt_repeats is negative");

@@ -27,7 +27,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{3, 5, 0};
+inline constexpr ProtocolVersion kProtocolVersion{3, 6, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -150,6 +150,9 @@ struct LinkResult {
   double host_cpu_s = 0;
   int64_t data_bytes = 0;
   std::string host = {};
+  // What the end's own process spent meanwhile (LinkMeasurement::process_cpu_s, EchoCpu):
+  // what a CPU quota there is charged. 0: before 3.6.
+  double process_cpu_s = 0;
   bool operator==(const LinkResult&) const = default;
 };
 

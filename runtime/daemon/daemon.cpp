@@ -265,7 +265,8 @@ struct Daemon::Impl {
                         static_cast<int32_t>(m.round_trip.repeats),
                         m.host_cpu_s,
                         m.data_bytes,
-                        hostBootId()};
+                        hostBootId(),
+                        m.process_cpu_s};
     };
     switch (t.kind) {
       case LinkTaskKind::kOpen: {
@@ -286,8 +287,9 @@ struct Daemon::Impl {
         checkPeerEndpoint(t.peer);
         link->connect(t.peer);
         if (t.kind == LinkTaskKind::kServe) {
-          const double cpu = echoLink(*link, *links.backend);
-          return channel.send(LinkResult{t.pair, "", 0, 0, 0, 0, 0, 0, cpu, 0, hostBootId()});
+          const EchoCpu cpu = echoLink(*link, *links.backend);
+          return channel.send(LinkResult{t.pair, "", 0, 0, 0, 0, 0, 0, cpu.host_cpu_s, 0,
+                                         hostBootId(), cpu.process_cpu_s});
         }
         return channel.send(result(measureLink(*link, *links.backend, probe)));
       }

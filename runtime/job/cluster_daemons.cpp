@@ -106,11 +106,19 @@ class Survey {
 
   LinkProfile measure(size_t from, size_t to, int64_t pair) {
     LinkResult m;
-    double cpu_s = 0;  // both ends' hosts, busy while the data went
-    if (from == to) {
+    // What the data cost both ends while it went: their processes' CPU (what a quota on
+    // each is charged, read to the nanosecond), or, from daemons before protocol 3.6, their
+    // hosts' busy CPU (10 ms ticks).
+    double cpu_s = 0;
+    const char* cpu_of = "processes'";
+    if (from == to) {  // one process holds both ends
       send(from, task(pair, LinkTaskKind::kLocal, from));
       m = result(from, pair);
-      cpu_s = m.host_cpu_s;
+      cpu_s = m.process_cpu_s;
+      if (!(cpu_s > 0)) {
+        cpu_s = m.host_cpu_s;
+        cpu_of = "host's";
+      }
     } else {
       send(from, task(pair, LinkTaskKind::kOpen, from));
       send(to, task(pair, LinkTaskKind::kOpen, to));
@@ -120,9 +128,13 @@ class Survey {
       send(from, task(pair, LinkTaskKind::kMeasure, from, to_end));
       m = result(from, pair);
       const LinkResult echo = result(to, pair);
-      // Two ends on one host (namespaces, containers) read the same CPUs: once.
-      const bool one_host = !m.host.empty() && m.host == echo.host;
-      cpu_s = m.host_cpu_s + (one_host ? 0 : echo.host_cpu_s);
+      cpu_s = m.process_cpu_s + echo.process_cpu_s;
+      if (!(m.process_cpu_s > 0 && echo.process_cpu_s > 0)) {
+        // Two ends on one host (namespaces, containers) read the same CPUs: once.
+        const bool one_host = !m.host.empty() && m.host == echo.host;
+        cpu_s = m.host_cpu_s + (one_host ? 0 : echo.host_cpu_s);
+        cpu_of = "hosts'";
+      }
     }
     const std::string &a = cluster_.nodes[from].name, &z = cluster_.nodes[to].name;
     LinkProfile l{a,
@@ -134,8 +146,9 @@ class Survey {
     if (!(l.bandwidth > 0))
       throw FormatError("node '" + a + "' measured bandwidth " + std::to_string(l.bandwidth) +
                         " to '" + z + "'");
-    spdlog::info("link {} -> {}: {:.1f} MB/s, latency {:.1f} us, host CPU {:.2f} us per KiB", a, z,
-                 l.bandwidth / 1e6, l.latency_s * 1e6, l.cpu_s_per_byte * 1024 * 1e6);
+    spdlog::info(
+        "link {} -> {}: {:.1f} MB/s, latency {:.1f} us, CPU {:.2f} us per KiB (both ends' {})", a,
+        z, l.bandwidth / 1e6, l.latency_s * 1e6, l.cpu_s_per_byte * 1024 * 1e6, cpu_of);
     return l;
   }
 

@@ -201,6 +201,8 @@ void shareFirst(const DeviceProfile& first, DeviceProfile& other) {
   other.sustained = first.sustained;
   other.sustained.burst_pass_s = burst;
   other.sustained.pass_s = first.sustained.pass_s > 0 ? burst * first.sustained.scale() : 0;
+  const Sustained& su = first.sustained;
+  other.sustained.cpu_pass_s = su.burst_pass_s > 0 ? su.cpu_pass_s * burst / su.burst_pass_s : 0;
   other.update = first.update;
   other.gemm = first.gemm;
 }

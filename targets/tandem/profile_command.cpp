@@ -87,6 +87,13 @@ void printDevice(const DeviceProfile& d, int64_t batch) {
         "medians: x%.2f; %.2f cores",
         su.pass_s * 1e3, su.window_s, su.passes, su.burst_pass_s * 1e3, su.scale(), su.cpu_cores);
     if (su.quota_cores > 0) std::printf(" (cgroup quota %.2f)", su.quota_cores);
+    // Under a quota the window's CPU per pass over the quota is the pass the quota allows:
+    // beside the wall time, it says whether the process got the quota in full.
+    if (su.cpu_pass_s > 0) {
+      std::printf("; %.4f ms of CPU per pass", su.cpu_pass_s * 1e3);
+      if (su.quota_cores > 0)
+        std::printf(", %.4f ms over the quota", su.cpu_pass_s / su.quota_cores * 1e3);
+    }
     std::printf("\n");
   }
 }

@@ -73,6 +73,7 @@ TEST(ProfileTest, EveryLayerIsMeasuredWithItsSizes) {
   EXPECT_DOUBLE_EQ(su.burst_pass_s, burst);
   EXPECT_DOUBLE_EQ(su.scale(), su.pass_s / su.burst_pass_s);
   EXPECT_GT(su.cpu_cores, 0);
+  EXPECT_GT(su.cpu_pass_s, 0);  // the process's CPU over the window, per pass
   // One optimizer update of every parameter, per kind.
   ASSERT_EQ(d.update.size(), 2u);
   for (const char* kind : {"sgd", "adamw"}) {
@@ -104,11 +105,42 @@ TEST(ProfileTest, ASustainedWindowSeesTheStallsThatMediansHide) {
   EXPECT_GE(r.window_s, 0.2);
   EXPECT_EQ(r.passes, calls);
   EXPECT_GT(r.pass_s, 1.5e-3);  // the sleeps alone add 1.5 ms per pass on average
+  EXPECT_GT(r.cpu_s, 0);  // the process's CPU over the window: the spinning
+  // Passes that only wait cost next to no CPU, however long they take (the bound leaves
+  // room for the process's other threads: OpenBLAS's spin for a while after it starts).
+  const SustainedRun waiting =
+      runSustained([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }, 0.3);
+  EXPECT_GE(waiting.window_s, 0.3);
+  EXPECT_LT(waiting.cpu_s, 0.5 * waiting.window_s);
   // At least two passes, however long the window.
   int slow = 0;
   const SustainedRun two = runSustained([&] { ++slow; }, 0);
   EXPECT_EQ(two.passes, 2);
   EXPECT_EQ(slow, 2);
+}
+
+TEST(ProfileTest, LayersRunInOrderChainAsAStagesPass) {
+  cpu::CpuBackend be;
+  Model model(parseModelSpec(testing::kTinyNet));
+  model.build(be, 1);
+  LayerRunner runner(model, 3, 7);
+  // Forward: what layer i wrote is what layer i + 1 reads next (conv2d -> relu).
+  const std::vector<float> before = toHost(runner.input(1));
+  runner.forward(0);
+  Stash stash;
+  const std::vector<float> out = toHost(model.layer(0).forward(runner.input(0), stash, {true, 1}));
+  EXPECT_EQ(toHost(runner.input(1)), out);
+  EXPECT_EQ(before, out);  // the weights do not change: every pass computes the same
+  // Backward: layer i's input gradient is what layer i - 1 reads (relu -> conv2d), not the
+  // random gradient it was given.
+  const std::vector<float> given = toHost(runner.outputGrad(0));
+  runner.forward(1);
+  runner.backward(1);
+  const std::vector<float> dx = toHost(runner.outputGrad(0));
+  EXPECT_NE(dx, given);
+  const std::vector<float> y = toHost(runner.input(1));
+  const std::vector<float> dy = toHost(runner.outputGrad(1));
+  for (size_t k = 0; k < dx.size(); ++k) EXPECT_EQ(dx[k], y[k] > 0 ? dy[k] : 0.0f) << k;
 }
 
 TEST(ProfileTest, TheWindowCrossesFortyQuotaPeriods) {
@@ -174,6 +206,7 @@ TEST(ProfileTest, JsonRoundTrips) {
   EXPECT_EQ(b.sustained.passes, a.sustained.passes);
   EXPECT_EQ(b.sustained.cpu_cores, a.sustained.cpu_cores);
   EXPECT_EQ(b.sustained.quota_cores, a.sustained.quota_cores);
+  EXPECT_EQ(b.sustained.cpu_pass_s, a.sustained.cpu_pass_s);
   EXPECT_TRUE(q.message_cpu.empty());
   p.message_cpu = {{4096, 8e-5, 1e-5}, {262144, 6e-4, 3e-5}};
   const Profile r = parseProfile(profileToJson(p), "mem");
@@ -339,6 +372,9 @@ TEST(ProfileTest, BadFilesNameTheField) {
                                {"devices[0].sustained.passes is not positive"});
   expectThrowWith<FormatError>([&] { parseProfile(edited("\"window_s\": ", "\"window_s\": 0, \"x\": "), "p"); },
                                {"devices[0].sustained.window_s is shorter than one pass"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"cpu_pass_s\": ", "\"cpu_pass_s\": -"), "p"); },
+      {"devices[0].sustained.cpu_pass_s is negative"});
   expectThrowWith<FormatError>(
       [&] { parseProfile(edited("\"sustained\": {", "\"sustained\": {\"y\": 1}, \"z\": {"), "p"); },
       {"devices[0].sustained.pass_s is missing"});

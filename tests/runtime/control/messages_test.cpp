@@ -145,6 +145,13 @@ TEST(MessagesTest, FieldsBeyondTheirLimitsAreRefusedNamingTheField) {
   });
   expectThrowWith<FormatError>([&] { decodeMessage(negative_bytes); },
                                {"'link result'", "data_bytes is negative"});
+  // Its process CPU (3.6) too.
+  const auto negative_process_cpu = raw([](B& b) {
+    return std::pair{fb::Body_LinkResult,
+                     fb::CreateLinkResult(b, 1, 0, 1e6, 0, 0, 0, 0, 1, 0.5, 8, 0, -0.25).Union()};
+  });
+  expectThrowWith<FormatError>([&] { decodeMessage(negative_process_cpu); },
+                               {"'link result'", "not a finite, non-negative number"});
   const auto nan_load = raw([](B& b) {
     return std::pair{fb::Body_NodeInfo,
                      fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, 50, std::nanf("")).Union()};
