@@ -210,6 +210,12 @@ double processCpuSeconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+double threadCpuSeconds() {
+  timespec t{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 std::optional<double> hostBusyFromStat(const std::string& text, double ticks_per_second) {
   // cpu  user nice system idle iowait irq softirq steal guest guest_nice
   std::istringstream first(text.substr(0, text.find('\n')));

@@ -54,6 +54,8 @@ std::optional<std::pair<double, double>> parseCpuMax(const std::string& text);
 
 // CPU seconds this process has used so far, every thread, user and system.
 double processCpuSeconds();
+// CPU seconds the calling thread has used so far.
+double threadCpuSeconds();
 
 // CPU seconds the whole host has spent busy since it booted, every CPU: user, system,
 // interrupts and softirqs (the kernel's packet processing, which lands on whatever task

@@ -1,10 +1,9 @@
 #include "core/pipeline/executor.h"
 
-#include <time.h>
-
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/host_limits.h"
 #include "core/loss.h"
 #include "core/train/microbatch.h"
 #include "core/train/trainer.h"
@@ -14,11 +13,6 @@ namespace tandem {
 namespace {
 double seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
-}
-double threadCpuSeconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 }  // namespace
 

@@ -1,6 +1,9 @@
 #include "core/profile/link_probe.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -10,10 +13,67 @@ namespace tandem {
 
 namespace {
 
-constexpr float kPing = 0.0f, kStop = 1.0f;
+constexpr float kPing = 0.0f, kStop = 1.0f, kLoadStart = 2.0f, kLoadEnd = 3.0f;
 
 MessageTag out(int64_t n) { return {MessageKind::kActivation, n}; }
 MessageTag back(int64_t n) { return {MessageKind::kGradient, n}; }
+
+// GEMMs back to back on a thread and a backend of their own until destroyed: a stage's
+// computation beside the link. On creation it times them alone (at least kAloneGemms and
+// kAloneSeconds of wall time: under a quota the thread also waits), so that what they
+// would have cost meanwhile is known; cost() is what the process spent since start()
+// beyond that.
+class LoadBeside {
+ public:
+  explicit LoadBeside(std::unique_ptr<Backend> backend)
+      : backend_(std::move(backend)), gemm_(*backend_, kGemmSize) {
+    thread_ = std::thread([this] {
+      while (!stop_.load(std::memory_order_relaxed)) {
+        gemm_.run();
+        cpu_.store(threadCpuSeconds(), std::memory_order_relaxed);
+        gemms_.fetch_add(1, std::memory_order_release);
+      }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    while (gemms_.load(std::memory_order_acquire) < 1) std::this_thread::yield();
+    const int64_t g0 = gemms_.load(std::memory_order_acquire);
+    const double c0 = cpu_.load(std::memory_order_relaxed);
+    while (gemms_.load(std::memory_order_acquire) < g0 + kAloneGemms ||
+           std::chrono::steady_clock::now() - t0 < kAloneSeconds)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const int64_t g1 = gemms_.load(std::memory_order_acquire);
+    gemm_cpu_s_ = (cpu_.load(std::memory_order_relaxed) - c0) / static_cast<double>(g1 - g0);
+  }
+  ~LoadBeside() {
+    stop_ = true;
+    thread_.join();
+  }
+  LoadBeside(const LoadBeside&) = delete;
+  LoadBeside& operator=(const LoadBeside&) = delete;
+
+  void start() {
+    process0_ = processCpuSeconds();
+    gemms0_ = gemms_.load(std::memory_order_acquire);
+  }
+  double cost() const {
+    const double process = processCpuSeconds() - process0_;
+    const auto gemms = static_cast<double>(gemms_.load(std::memory_order_acquire) - gemms0_);
+    return std::max(process - gemms * gemm_cpu_s_, 0.0);
+  }
+
+ private:
+  static constexpr int64_t kGemmSize = 256;  // 768 KiB of operands: a layer's working set
+  static constexpr int64_t kAloneGemms = 20;
+  static constexpr std::chrono::milliseconds kAloneSeconds{150};
+  std::unique_ptr<Backend> backend_;
+  GemmRunner gemm_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> gemms_{0};
+  std::atomic<double> cpu_{0};
+  double gemm_cpu_s_ = 0, process0_ = 0;
+  int64_t gemms0_ = 0;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -52,8 +112,21 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
   }
   const double busy_after = hostBusyCpuSeconds();
   const double own_after = processCpuSeconds();
-  roundTrip(toDevice(backend, {1}, std::vector<float>{kStop}));
   LinkMeasurement m;
+  if (o.load) {
+    LoadBeside load(o.load());
+    roundTrip(toDevice(backend, {1}, std::vector<float>{kLoadStart}));  // the echo's load too
+    load.start();
+    const int64_t messages = static_cast<int64_t>(o.window) * o.repeats;
+    for (int64_t k = 0; k < messages; ++k) {
+      link.send(out(n++), data);
+      roundTrip(ping);
+    }
+    m.loaded_cpu_s = load.cost();
+    m.loaded_bytes = messages * o.message_bytes;
+    roundTrip(toDevice(backend, {1}, std::vector<float>{kLoadEnd}));
+  }
+  roundTrip(toDevice(backend, {1}, std::vector<float>{kStop}));
   m.host_cpu_s = std::max(busy_after - busy_before, 0.0);
   m.process_cpu_s = std::max(own_after - own_before, 0.0);
   m.data_bytes = static_cast<int64_t>(o.warmup + o.repeats) * o.window * o.message_bytes;
@@ -68,8 +141,18 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
   return m;
 }
 
-EchoCpu echoLink(Link& link, Backend& backend) {
+EchoCpu echoLink(Link& link, Backend& backend,
+                 const std::function<std::unique_ptr<Backend>()>& make_load) {
   double busy_from = -1, own_from = 0;  // the host's busy CPU and ours at the first data message
+  EchoCpu cpu;
+  bool bandwidth_done = false;  // the loaded runs began: the bandwidth runs' CPU is read
+  auto readBandwidth = [&] {
+    if (bandwidth_done || busy_from < 0) return;
+    cpu.host_cpu_s = std::max(hostBusyCpuSeconds() - busy_from, 0.0);
+    cpu.process_cpu_s = std::max(processCpuSeconds() - own_from, 0.0);
+    bandwidth_done = true;
+  };
+  std::unique_ptr<LoadBeside> load;
   for (int64_t n = 0;; ++n) {
     const Tensor t = link.recv(out(n), backend);
     TANDEM_CHECK_MSG(t.dtype() == DType::kF32 && t.numel() > 0, FormatError,
@@ -82,11 +165,21 @@ EchoCpu echoLink(Link& link, Backend& backend) {
       }
       continue;
     }
+    const float what = toHost(t)[0];
+    if (what == kLoadStart) {
+      readBandwidth();
+      if (make_load) {  // timed alone before the answer: the data wait for it
+        load = std::make_unique<LoadBeside>(make_load());
+        load->start();
+      }
+    } else if (what == kLoadEnd && load) {
+      cpu.loaded_cpu_s = load->cost();
+      load.reset();
+    }
     link.send(back(n), t);
-    if (toHost(t)[0] == kStop) {
-      if (busy_from < 0) return {};
-      return {std::max(hostBusyCpuSeconds() - busy_from, 0.0),
-              std::max(processCpuSeconds() - own_from, 0.0)};
+    if (what == kStop) {
+      readBandwidth();
+      return cpu;
     }
   }
 }

@@ -14,9 +14,23 @@
 // process spent (processCpuSeconds: every thread, and the packet handling that ran on
 // them) — what a CPU quota on that end is charged, read to the nanosecond where the
 // host's figure comes in 10 ms ticks.
+//
+// A pipeline's messages arrive while the stages compute, and there they cost more than
+// on an idle node: the packets' handling lands on the computing thread, the transport's
+// threads wake into caches the computation filled, and under a CPU quota both take turns
+// at it. With a load (LinkProbeOptions::load, echoLink's `load`), after the bandwidth
+// runs each end computes beside the link — a GEMM loop on a backend of its own, on its
+// own thread — while `window` x `repeats` data messages go one at a time, each answered
+// by a ping as a pipeline's are spaced. What the messages cost that end is its process's
+// CPU over them less what the load's GEMMs would have cost alone (their CPU each, timed
+// just before with nothing on the link): what the transport's threads took and what the
+// computation lost to them. A ping holding 2 tells the echo side to start its load and
+// its timing alone (answered when that is done), one holding 3 that the data are over.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "core/comm/link.h"
 #include "core/profile/measure.h"
@@ -27,6 +41,8 @@ struct LinkProbeOptions {
   int64_t message_bytes = int64_t{4} << 20;  // each data message (a multiple of 4)
   int window = 4;                            // data messages per timed run
   int warmup = 2, repeats = 10;              // untimed, then timed runs of each kind
+  // Makes the loaded runs' backend (above); empty: no loaded runs.
+  std::function<std::unique_ptr<Backend>()> load;
 };
 
 struct LinkMeasurement {
@@ -40,12 +56,17 @@ struct LinkMeasurement {
   double host_cpu_s = 0;
   int64_t data_bytes = 0;
   double process_cpu_s = 0;  // this process's CPU seconds over the same runs
+  // What the loaded runs' messages cost this end (CPU seconds), and the bytes they sent;
+  // 0, 0 without a load.
+  double loaded_cpu_s = 0;
+  int64_t loaded_bytes = 0;
 };
 
 // What the echo side spent from the first data message to the stop (0, 0 without data).
 struct EchoCpu {
   double host_cpu_s = 0;     // its host's busy CPU (hostBusyCpuSeconds)
   double process_cpu_s = 0;  // its own process's (processCpuSeconds)
+  double loaded_cpu_s = 0;   // what the loaded runs' messages cost it (0: none were run)
 };
 
 // The measuring side; ends by stopping the echo side. InvalidArgument for bad options;
@@ -53,7 +74,11 @@ struct EchoCpu {
 LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions& options);
 
 // The echo side: answers until stopped; returns the CPU it and its host spent from the
-// first data message to the stop. FormatError if a message is not a probe's.
-EchoCpu echoLink(Link& link, Backend& backend);
+// first data message to the end of the bandwidth runs (the loaded runs' start, else the
+// stop), and what the loaded runs cost it when the measuring side ran them and `load`
+// makes their backend (else it answers their pings at once and computes nothing).
+// FormatError if a message is not a probe's.
+EchoCpu echoLink(Link& link, Backend& backend,
+                 const std::function<std::unique_ptr<Backend>()>& load = {});
 
 }  // namespace tandem

@@ -108,9 +108,11 @@ struct LinkProfile {
   double bandwidth = 0;  // bytes per second, one way
   double latency_s = 0;  // half the median round trip
   Spread round_trip;     // seconds
-  // The CPU its bytes cost the hosts at both ends together, per byte: what the hosts
-  // spent busy while the bandwidth runs went, over their bytes (a host both ends share
-  // counted once). 0: not measured (a daemon before protocol 3.2, or no tick passed).
+  // The CPU its bytes cost both ends together, per byte: what the ends' processes spent
+  // while the bandwidth runs went, over their bytes, or what its messages cost them
+  // beside a computation (the loaded runs, core/profile/link_probe.h) where that is
+  // higher; from daemons before protocol 3.6, the hosts' busy CPU over the bandwidth runs
+  // (a host both ends share counted once). 0: not measured (before 3.2, or no tick passed).
   double cpu_s_per_byte = 0;
 };
 

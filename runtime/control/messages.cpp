@@ -87,7 +87,7 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const LinkTas
   auto host = b.CreateString(m.bind_host);
   auto peer = b.CreateString(m.peer);
   return fb::CreateLinkTask(b, m.pair, static_cast<int8_t>(m.kind), host, peer, m.message_bytes,
-                            m.window, m.warmup, m.repeats)
+                            m.window, m.warmup, m.repeats, m.loaded)
       .Union();
 }
 
@@ -96,7 +96,8 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const LinkRes
   checkText("link result", "host", m.host, kMaxNameBytes);
   return fb::CreateLinkResult(b, m.pair, b.CreateString(m.endpoint), m.bandwidth, m.latency_s,
                               m.rtt_median, m.rtt_min, m.rtt_max, m.rtt_repeats, m.host_cpu_s,
-                              m.data_bytes, b.CreateString(m.host), m.process_cpu_s)
+                              m.data_bytes, b.CreateString(m.host), m.process_cpu_s, m.loaded_cpu_s,
+                              m.loaded_bytes)
       .Union();
 }
 
@@ -303,6 +304,7 @@ Message readTaskMessage(const fb::Message* msg) {
       out.window = t->window();
       out.warmup = t->warmup();
       out.repeats = t->repeats();
+      out.loaded = t->loaded();
       if (out.window < 1 || out.window > 1024 || out.warmup < 0 || out.warmup > 1000 ||
           out.repeats < 1 || out.repeats > 10000)
         bad(m, "window, warmup or repeats out of range");
@@ -322,11 +324,14 @@ Message readTaskMessage(const fb::Message* msg) {
                      r->host_cpu_s(),
                      r->data_bytes(),
                      text(m, "host", r->host(), kMaxNameBytes),
-                     r->process_cpu_s()};
+                     r->process_cpu_s(),
+                     r->loaded_cpu_s(),
+                     r->loaded_bytes()};
       nonNegative(m, "pair", out.pair);
       nonNegative(m, "data_bytes", out.data_bytes);
+      nonNegative(m, "loaded_bytes", out.loaded_bytes);
       for (double v : {out.bandwidth, out.latency_s, out.rtt_median, out.rtt_min, out.rtt_max,
-                       out.host_cpu_s, out.process_cpu_s})
+                       out.host_cpu_s, out.process_cpu_s, out.loaded_cpu_s})
         if (!(v >= 0 && std::isfinite(v)))
           bad(m, "a measurement is not a finite, non-negative number");
       if (out.rtt_repeats < 0) bad(m, "rtt_repeats is negative");

@@ -136,6 +136,8 @@ struct LinkTask {
   std::string bind_host = "127.0.0.1", peer;
   int64_t message_bytes = int64_t{4} << 20;
   int32_t window = 4, warmup = 2, repeats = 10;
+  // Loaded runs after the bandwidth runs (core/profile/link_probe.h), at both ends (3.6).
+  bool loaded = false;
   bool operator==(const LinkTask&) const = default;
 };
 
@@ -153,6 +155,10 @@ struct LinkResult {
   // What the end's own process spent meanwhile (LinkMeasurement::process_cpu_s, EchoCpu):
   // what a CPU quota there is charged. 0: before 3.6.
   double process_cpu_s = 0;
+  // What the loaded runs' messages cost the end while it computed, and the bytes the
+  // measuring end sent in them (LinkMeasurement::loaded_cpu_s): 0, 0 without them.
+  double loaded_cpu_s = 0;
+  int64_t loaded_bytes = 0;
   bool operator==(const LinkResult&) const = default;
 };
 

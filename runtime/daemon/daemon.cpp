@@ -253,7 +253,10 @@ struct Daemon::Impl {
       o.timeout = std::chrono::seconds(30);
       return o;
     };
-    const LinkProbeOptions probe{t.message_bytes, t.window, t.warmup, t.repeats};
+    // The loaded runs compute on a one-thread CPU backend beside the link, as a stage does.
+    std::function<std::unique_ptr<Backend>()> load;
+    if (t.loaded) load = [] { return makeBackend("cpu", BackendOptions{1}); };
+    const LinkProbeOptions probe{t.message_bytes, t.window, t.warmup, t.repeats, load};
     auto result = [&](const LinkMeasurement& m) {
       return LinkResult{t.pair,
                         "",
@@ -266,7 +269,9 @@ struct Daemon::Impl {
                         m.host_cpu_s,
                         m.data_bytes,
                         hostBootId(),
-                        m.process_cpu_s};
+                        m.process_cpu_s,
+                        m.loaded_cpu_s,
+                        m.loaded_bytes};
     };
     switch (t.kind) {
       case LinkTaskKind::kOpen: {
@@ -287,9 +292,9 @@ struct Daemon::Impl {
         checkPeerEndpoint(t.peer);
         link->connect(t.peer);
         if (t.kind == LinkTaskKind::kServe) {
-          const EchoCpu cpu = echoLink(*link, *links.backend);
+          const EchoCpu cpu = echoLink(*link, *links.backend, load);
           return channel.send(LinkResult{t.pair, "", 0, 0, 0, 0, 0, 0, cpu.host_cpu_s, 0,
-                                         hostBootId(), cpu.process_cpu_s});
+                                         hostBootId(), cpu.process_cpu_s, cpu.loaded_cpu_s});
         }
         return channel.send(result(measureLink(*link, *links.backend, probe)));
       }
@@ -300,12 +305,14 @@ struct Daemon::Impl {
         near.connect(far.endpoint());
         far.connect(near.endpoint());
         LinkMeasurement measured;
+        LinkProbeOptions local = probe;
+        local.load = {};  // one process holds both ends: neither end's cost is its own
         bothEnds(
             [&] {
               auto backend = makeBackend("cpu");
               echoLink(far, *backend);
             },
-            [&] { measured = measureLink(near, *links.backend, probe); });
+            [&] { measured = measureLink(near, *links.backend, local); });
         return channel.send(result(measured));
       }
     }

@@ -64,7 +64,10 @@ partitioner::Cluster localCluster(int devices, int threads);
 // ordered pairs of node indices to measure (from == to: within the node, two links of one
 // daemon), one after another. Error naming the node that failed or did not answer.
 struct LinkSurveyOptions {
-  LinkProbeOptions probe;
+  LinkProbeOptions probe;  // its `load` aside: the daemons make their own
+  // Whether each pair also runs loaded runs (core/profile/link_probe.h): the link's CPU
+  // per byte is then what its messages cost both ends while they compute, where higher.
+  bool loaded = true;
   std::chrono::seconds timeout{30};  // for each node's answer
 };
 LinkSet surveyLinks(const ClusterDaemons& daemons, std::vector<std::unique_ptr<Channel>>& sessions,

@@ -297,6 +297,9 @@ void addProfile(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   c->add_option("--link-repeats", a->survey.probe.repeats, "Timed runs per link and kind")
       ->check(CLI::Range(1, 10000));
+  c->add_flag(
+      "--link-unloaded", [a](int64_t) { a->survey.loaded = false; },
+      "No loaded runs: a link's CPU per byte is what its bandwidth runs cost idle ends");
   c->add_option("--key", a->key,
                 "Cluster key file for --links (default: the cluster file's `key`)");
   c->add_option("--link-timeout", a->link_timeout_s, "Seconds to wait for a node's answer")

@@ -390,9 +390,54 @@ TEST_P(LinkTest, ProbeMeasuresAndStopsTheEcho) {
   // never free (both ends share this test's process, so each reads both).
   EXPECT_GT(m.process_cpu_s, 0);
   EXPECT_GT(echo_cpu.process_cpu_s, 0);
+  // No load asked: no loaded runs.
+  EXPECT_EQ(m.loaded_bytes, 0);
+  EXPECT_EQ(m.loaded_cpu_s, 0);
+  EXPECT_EQ(echo_cpu.loaded_cpu_s, 0);
   // Every data message and ping was taken: 1 + 4 pings, 5 x (3 data + ping), the stop.
   EXPECT_EQ(p.b->stats().messages_received, 5u + 5 * 4 + 1);
   EXPECT_EQ(p.a->stats().messages_received, 5u + 5 + 1);
+  EXPECT_EQ(p.a->buffered(), 0u);
+  EXPECT_EQ(p.b->buffered(), 0u);
+}
+
+// With a load at both ends, window x repeats data messages go one at a time after the
+// bandwidth runs, each answered, between the pings that start and end the loaded runs;
+// each end says what they cost it (both ends share this process here, so each reads
+// both: only finite and non-negative can be held).
+TEST_P(LinkTest, ALoadedProbeRunsItsMessagesOneAtATimeBesideAComputation) {
+  LinkOptions o;
+  o.timeout = 10s;
+  Pair p = makePair(ctx_, GetParam(), o);
+  auto cpu = [] { return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>()); };
+  std::exception_ptr echo_error;
+  EchoCpu echo_cpu;
+  std::thread echo([&] {
+    try {
+      cpu::CpuBackend be;
+      echo_cpu = echoLink(*p.b, be, cpu);
+    } catch (...) {
+      echo_error = std::current_exception();
+    }
+  });
+  LinkProbeOptions probe;
+  probe.message_bytes = 64 << 10;
+  probe.window = 3;
+  probe.warmup = 1;
+  probe.repeats = 2;
+  probe.load = cpu;
+  const LinkMeasurement m = measureLink(*p.a, be_, probe);
+  echo.join();
+  ASSERT_FALSE(echo_error);
+  EXPECT_EQ(m.loaded_bytes, 3 * 2 * (64 << 10));
+  EXPECT_GE(m.loaded_cpu_s, 0);
+  EXPECT_GE(echo_cpu.loaded_cpu_s, 0);
+  EXPECT_TRUE(std::isfinite(m.loaded_cpu_s) && std::isfinite(echo_cpu.loaded_cpu_s));
+  // The bandwidth runs' CPU is the echo side's up to the loaded runs, not beyond.
+  EXPECT_GT(echo_cpu.process_cpu_s, 0);
+  // 1 + 2 pings, 3 x (3 data + ping); the start, 6 x (data + ping), the end; the stop.
+  EXPECT_EQ(p.b->stats().messages_received, 3u + 3 * 4 + 1 + 6 * 2 + 1 + 1);
+  EXPECT_EQ(p.a->stats().messages_received, 3u + 3 + 1 + 6 + 1 + 1);
   EXPECT_EQ(p.a->buffered(), 0u);
   EXPECT_EQ(p.b->buffered(), 0u);
 }

@@ -152,6 +152,20 @@ TEST(MessagesTest, FieldsBeyondTheirLimitsAreRefusedNamingTheField) {
   });
   expectThrowWith<FormatError>([&] { decodeMessage(negative_process_cpu); },
                                {"'link result'", "not a finite, non-negative number"});
+  const auto nan_loaded = raw([](B& b) {
+    return std::pair{
+        fb::Body_LinkResult,
+        fb::CreateLinkResult(b, 1, 0, 1e6, 0, 0, 0, 0, 1, 0.5, 8, 0, 0.25, std::nan("")).Union()};
+  });
+  expectThrowWith<FormatError>([&] { decodeMessage(nan_loaded); },
+                               {"'link result'", "not a finite, non-negative number"});
+  const auto negative_loaded_bytes = raw([](B& b) {
+    return std::pair{fb::Body_LinkResult,
+                     fb::CreateLinkResult(b, 1, 0, 1e6, 0, 0, 0, 0, 1, 0.5, 8, 0, 0.25, 0.5, -4)
+                         .Union()};
+  });
+  expectThrowWith<FormatError>([&] { decodeMessage(negative_loaded_bytes); },
+                               {"'link result'", "loaded_bytes is negative"});
   const auto nan_load = raw([](B& b) {
     return std::pair{fb::Body_NodeInfo,
                      fb::CreateNodeInfo(b, 0, 0, 0, 2, 100, 50, std::nanf("")).Union()};
