@@ -171,6 +171,32 @@ fb::Body bodyType(const Message& m) {
   return kTypes[m.index()];
 }
 
+LinkResult readLinkResult(const fb::LinkResult* r) {
+  const char* m = "link result";
+  LinkResult out{r->pair(),
+                 text(m, "endpoint", r->endpoint(), kMaxEndpointBytes),
+                 r->bandwidth(),
+                 r->latency_s(),
+                 r->rtt_median(),
+                 r->rtt_min(),
+                 r->rtt_max(),
+                 r->rtt_repeats(),
+                 r->host_cpu_s(),
+                 r->data_bytes(),
+                 text(m, "host", r->host(), kMaxNameBytes),
+                 r->process_cpu_s(),
+                 r->loaded_cpu_s(),
+                 r->loaded_bytes()};
+  nonNegative(m, "pair", out.pair);
+  nonNegative(m, "data_bytes", out.data_bytes);
+  nonNegative(m, "loaded_bytes", out.loaded_bytes);
+  for (double v : {out.bandwidth, out.latency_s, out.rtt_median, out.rtt_min, out.rtt_max,
+                   out.host_cpu_s, out.process_cpu_s, out.loaded_cpu_s})
+    if (!(v >= 0 && std::isfinite(v))) bad(m, "a measurement is not a finite, non-negative number");
+  if (out.rtt_repeats < 0) bad(m, "rtt_repeats is negative");
+  return out;
+}
+
 NodeInfo readNodeInfo(const fb::NodeInfo* n) {
   const char* m = "node info";
   NodeInfo out;
@@ -310,33 +336,8 @@ Message readTaskMessage(const fb::Message* msg) {
         bad(m, "window, warmup or repeats out of range");
       return out;
     }
-    case fb::Body_LinkResult: {
-      const fb::LinkResult* r = msg->body_as_LinkResult();
-      const char* m = "link result";
-      LinkResult out{r->pair(),
-                     text(m, "endpoint", r->endpoint(), kMaxEndpointBytes),
-                     r->bandwidth(),
-                     r->latency_s(),
-                     r->rtt_median(),
-                     r->rtt_min(),
-                     r->rtt_max(),
-                     r->rtt_repeats(),
-                     r->host_cpu_s(),
-                     r->data_bytes(),
-                     text(m, "host", r->host(), kMaxNameBytes),
-                     r->process_cpu_s(),
-                     r->loaded_cpu_s(),
-                     r->loaded_bytes()};
-      nonNegative(m, "pair", out.pair);
-      nonNegative(m, "data_bytes", out.data_bytes);
-      nonNegative(m, "loaded_bytes", out.loaded_bytes);
-      for (double v : {out.bandwidth, out.latency_s, out.rtt_median, out.rtt_min, out.rtt_max,
-                       out.host_cpu_s, out.process_cpu_s, out.loaded_cpu_s})
-        if (!(v >= 0 && std::isfinite(v)))
-          bad(m, "a measurement is not a finite, non-negative number");
-      if (out.rtt_repeats < 0) bad(m, "rtt_repeats is negative");
-      return out;
-    }
+    case fb::Body_LinkResult:
+      return readLinkResult(msg->body_as_LinkResult());
     case fb::Body_ProfileTask: {
       const fb::ProfileTask* t = msg->body_as_ProfileTask();
       const char* m = "profile task";

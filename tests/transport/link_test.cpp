@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
@@ -351,28 +352,38 @@ TEST(LinkOptionsTest, BadOptionsAreNamed) {
 // The link probe (`tandem profile --links`) over the real transport: it measures, stops
 // the echo side, and leaves nothing queued; bad options, a silent peer and a stray
 // message are errors.
+
+// The echo side of a probe on its own thread, with its own backend (and `load`, if any);
+// joined, it has returned only if the probe stopped it.
+struct Echo {
+  EchoCpu cpu{-1, -1};
+  std::exception_ptr error;
+  std::thread thread;
+  Echo(ZmqLink& link, std::function<std::unique_ptr<Backend>()> load = {})
+      : thread([this, &link, load] {
+          try {
+            cpu::CpuBackend be;
+            cpu = echoLink(link, be, load);
+          } catch (...) {
+            error = std::current_exception();
+          }
+        }) {}
+};
+
 TEST_P(LinkTest, ProbeMeasuresAndStopsTheEcho) {
   LinkOptions o;
   o.timeout = 5s;
   Pair p = makePair(ctx_, GetParam(), o);
-  std::exception_ptr echo_error;
-  EchoCpu echo_cpu{-1, -1};
-  std::thread echo([&] {
-    try {
-      cpu::CpuBackend be;
-      echo_cpu = echoLink(*p.b, be);
-    } catch (...) {
-      echo_error = std::current_exception();
-    }
-  });
+  Echo echo(*p.b);
   LinkProbeOptions probe;
   probe.message_bytes = 64 << 10;
   probe.window = 3;
   probe.warmup = 1;
   probe.repeats = 4;
   const LinkMeasurement m = measureLink(*p.a, be_, probe);
-  echo.join();  // returns only if the probe stopped it
-  EXPECT_FALSE(echo_error);
+  echo.thread.join();
+  EXPECT_FALSE(echo.error);
+  const EchoCpu& echo_cpu = echo.cpu;
   EXPECT_EQ(m.round_trip.repeats, 4);
   EXPECT_EQ(m.transfer.repeats, 4);
   EXPECT_GT(m.round_trip.min, 0);
@@ -410,16 +421,7 @@ TEST_P(LinkTest, ALoadedProbeRunsItsMessagesOneAtATimeBesideAComputation) {
   o.timeout = 10s;
   Pair p = makePair(ctx_, GetParam(), o);
   auto cpu = [] { return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>()); };
-  std::exception_ptr echo_error;
-  EchoCpu echo_cpu;
-  std::thread echo([&] {
-    try {
-      cpu::CpuBackend be;
-      echo_cpu = echoLink(*p.b, be, cpu);
-    } catch (...) {
-      echo_error = std::current_exception();
-    }
-  });
+  Echo echo(*p.b, cpu);
   LinkProbeOptions probe;
   probe.message_bytes = 64 << 10;
   probe.window = 3;
@@ -427,8 +429,9 @@ TEST_P(LinkTest, ALoadedProbeRunsItsMessagesOneAtATimeBesideAComputation) {
   probe.repeats = 2;
   probe.load = cpu;
   const LinkMeasurement m = measureLink(*p.a, be_, probe);
-  echo.join();
-  ASSERT_FALSE(echo_error);
+  echo.thread.join();
+  ASSERT_FALSE(echo.error);
+  const EchoCpu& echo_cpu = echo.cpu;
   EXPECT_EQ(m.loaded_bytes, 3 * 2 * (64 << 10));
   EXPECT_GE(m.loaded_cpu_s, 0);
   EXPECT_GE(echo_cpu.loaded_cpu_s, 0);
