@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,14 @@ class LoadBeside {
 
 }  // namespace
 
+int64_t loadedMessages(const LinkProbeOptions& o, double bandwidth) {
+  const int64_t most = static_cast<int64_t>(o.window) * o.repeats;
+  if (!(bandwidth > 0)) return std::min<int64_t>(most, kLeastLoadedMessages);
+  const double fit = kLoadedSeconds * bandwidth / static_cast<double>(o.message_bytes);
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(fit)),
+                             std::min<int64_t>(most, kLeastLoadedMessages), most);
+}
+
 LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions& o) {
   TANDEM_CHECK_MSG(o.message_bytes >= 8 && o.message_bytes % 4 == 0, InvalidArgument,
                    "link probe: message size " << o.message_bytes
@@ -113,20 +122,6 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
   const double busy_after = hostBusyCpuSeconds();
   const double own_after = processCpuSeconds();
   LinkMeasurement m;
-  if (o.load) {
-    LoadBeside load(o.load());
-    roundTrip(toDevice(backend, {1}, std::vector<float>{kLoadStart}));  // the echo's load too
-    load.start();
-    const int64_t messages = static_cast<int64_t>(o.window) * o.repeats;
-    for (int64_t k = 0; k < messages; ++k) {
-      link.send(out(n++), data);
-      roundTrip(ping);
-    }
-    m.loaded_cpu_s = load.cost();
-    m.loaded_bytes = messages * o.message_bytes;
-    roundTrip(toDevice(backend, {1}, std::vector<float>{kLoadEnd}));
-  }
-  roundTrip(toDevice(backend, {1}, std::vector<float>{kStop}));
   m.host_cpu_s = std::max(busy_after - busy_before, 0.0);
   m.process_cpu_s = std::max(own_after - own_before, 0.0);
   m.data_bytes = static_cast<int64_t>(o.warmup + o.repeats) * o.window * o.message_bytes;
@@ -138,6 +133,20 @@ LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions
   // noise still has a finite bandwidth.
   const double moving = std::max(m.transfer.median - m.round_trip.median, 0.1 * m.transfer.median);
   m.bandwidth = static_cast<double>(o.window) * static_cast<double>(o.message_bytes) / moving;
+  if (o.load) {
+    LoadBeside load(o.load());
+    roundTrip(toDevice(backend, {1}, std::vector<float>{kLoadStart}));  // the echo's load too
+    load.start();
+    const int64_t messages = loadedMessages(o, m.bandwidth);
+    for (int64_t k = 0; k < messages; ++k) {
+      link.send(out(n++), data);
+      roundTrip(ping);
+    }
+    m.loaded_cpu_s = load.cost();
+    m.loaded_bytes = messages * o.message_bytes;
+    roundTrip(toDevice(backend, {1}, std::vector<float>{kLoadEnd}));
+  }
+  roundTrip(toDevice(backend, {1}, std::vector<float>{kStop}));
   return m;
 }
 

@@ -20,12 +20,12 @@
 // threads wake into caches the computation filled, and under a CPU quota both take turns
 // at it. With a load (LinkProbeOptions::load, echoLink's `load`), after the bandwidth
 // runs each end computes beside the link — a GEMM loop on a backend of its own, on its
-// own thread — while `window` x `repeats` data messages go one at a time, each answered
-// by a ping as a pipeline's are spaced. What the messages cost that end is its process's
-// CPU over them less what the load's GEMMs would have cost alone (their CPU each, timed
-// just before with nothing on the link): what the transport's threads took and what the
-// computation lost to them. A ping holding 2 tells the echo side to start its load and
-// its timing alone (answered when that is done), one holding 3 that the data are over.
+// own thread — while `window` x `repeats` data messages (fewer on a slow link:
+// loadedMessages) go one at a time, each answered by a ping as a pipeline's are spaced. What the
+// messages cost that end is its process's CPU over them less what the load's GEMMs would have cost
+// alone (their CPU each, timed just before with nothing on the link): what the transport's threads
+// took and what the computation lost to them. A ping holding 2 tells the echo side to start its
+// load and its timing alone (answered when that is done), one holding 3 that the data are over.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +72,14 @@ struct EchoCpu {
 // The measuring side; ends by stopping the echo side. InvalidArgument for bad options;
 // Timeout (from the link) if the echo side does not answer.
 LinkMeasurement measureLink(Link& link, Backend& backend, const LinkProbeOptions& options);
+
+// How many messages the loaded runs send over a link of `bandwidth` (bytes per second,
+// as the bandwidth runs measured it): window x repeats, or fewer on a slow link — as
+// many as take kLoadedSeconds, at least kLeastLoadedMessages (a survey's task must end
+// within its timeout: 20 messages of 1 MiB take 17 s at 10 Mbit/s).
+inline constexpr double kLoadedSeconds = 0.5;
+inline constexpr int64_t kLeastLoadedMessages = 2;
+int64_t loadedMessages(const LinkProbeOptions& options, double bandwidth);
 
 // The echo side: answers until stopped; returns the CPU it and its host spent from the
 // first data message to the end of the bandwidth runs (the loaded runs' start, else the

@@ -201,7 +201,11 @@ std::vector<partitioner::Problem> measuredProblems(
     }
     if (!pairs.empty()) {
       LinkSurveyOptions lo;
-      lo.probe.message_bytes = int64_t{1} << 20;  // enough to see a link's rate, quickly
+      // 256 KiB, four to a timed run: enough to see a link's rate, quickly, and near the
+      // size of the activations whose CPU the loaded runs price (one at a time, a 1 MiB
+      // message streams and costs less per byte: 0.9-2.9e-8 s on lan-emulated's links
+      // against 2.7-5.0e-8 at 256 KiB), as scripts/plan-fidelity measures.
+      lo.probe.message_bytes = int64_t{256} << 10;
       lo.probe.repeats = 5;
       const LinkSet links = surveyLinks(daemons, sessions, pairs, lo);
       if (known_links) *known_links = links;

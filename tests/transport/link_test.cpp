@@ -445,6 +445,21 @@ TEST_P(LinkTest, ALoadedProbeRunsItsMessagesOneAtATimeBesideAComputation) {
   EXPECT_EQ(p.b->buffered(), 0u);
 }
 
+// The loaded runs send window x repeats messages, fewer on a slow link (as many as take
+// half a second), never fewer than two.
+TEST(LinkProbeTest, LoadedRunsFitTheirLinksSpeed) {
+  LinkProbeOptions o;
+  o.message_bytes = 1 << 20;
+  o.window = 4;
+  o.repeats = 5;
+  EXPECT_EQ(loadedMessages(o, 1e9), 20);    // a fast link: all of them
+  EXPECT_EQ(loadedMessages(o, 12e6), 6);    // 100 Mbit/s: 5.7 fit in 0.5 s
+  EXPECT_EQ(loadedMessages(o, 1.25e6), 2);  // 10 Mbit/s: the least
+  EXPECT_EQ(loadedMessages(o, 0), 2);       // not measured
+  o.window = o.repeats = 1;
+  EXPECT_EQ(loadedMessages(o, 1.25e6), 1);  // never more than window x repeats
+}
+
 TEST_P(LinkTest, ProbeErrors) {
   LinkOptions o;
   o.timeout = 200ms;
