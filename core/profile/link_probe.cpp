@@ -35,8 +35,10 @@ class LoadBeside {
         gemms_.fetch_add(1, std::memory_order_release);
       }
     });
+    // Waits sleep: under a quota a spinning wait would take the turns the GEMMs are timed in.
     const auto t0 = std::chrono::steady_clock::now();
-    while (gemms_.load(std::memory_order_acquire) < 1) std::this_thread::yield();
+    while (gemms_.load(std::memory_order_acquire) < 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const int64_t g0 = gemms_.load(std::memory_order_acquire);
     const double c0 = cpu_.load(std::memory_order_relaxed);
     while (gemms_.load(std::memory_order_acquire) < g0 + kAloneGemms ||

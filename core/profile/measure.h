@@ -59,8 +59,9 @@ double sustainWindow(double least, const CpuLimit& limit);
 // stage's pass does: a forward's output becomes the next layer's input and its stash the
 // one its backward reads, a backward's input gradient the gradient the layer before reads
 // — each layer finds what its neighbour just wrote in the caches (reading the stored
-// copies instead, a pass of mlp-deep at batch 16 took 6-28% more CPU than the run's
-// microbatch). The weights do not change, so every pass computes the same values.
+// copies instead, a pass of mlp-deep at batch 16 took 0.92-1.35x, mean 1.13x, the CPU of
+// a one-stage run's microbatch; chained 0.95-1.15x, mean 1.04x: docs/profile.md). The
+// weights do not change, so every pass computes the same values.
 class LayerRunner {
  public:
   LayerRunner(Model& model, int64_t batch, uint64_t seed = 1);

@@ -253,9 +253,11 @@ struct Daemon::Impl {
       o.timeout = std::chrono::seconds(30);
       return o;
     };
-    // The loaded runs compute on a one-thread CPU backend beside the link, as a stage does.
+    // The loaded runs compute on a one-thread CPU backend beside the link, as a stage does;
+    // never within the node, where one process holds both ends and neither cost is its own.
     std::function<std::unique_ptr<Backend>()> load;
-    if (t.loaded) load = [] { return makeBackend("cpu", BackendOptions{1}); };
+    if (t.loaded && t.kind != LinkTaskKind::kLocal)
+      load = [] { return makeBackend("cpu", BackendOptions{1}); };
     const LinkProbeOptions probe{t.message_bytes, t.window, t.warmup, t.repeats, load};
     auto result = [&](const LinkMeasurement& m) {
       return LinkResult{t.pair,
@@ -305,14 +307,12 @@ struct Daemon::Impl {
         near.connect(far.endpoint());
         far.connect(near.endpoint());
         LinkMeasurement measured;
-        LinkProbeOptions local = probe;
-        local.load = {};  // one process holds both ends: neither end's cost is its own
         bothEnds(
             [&] {
               auto backend = makeBackend("cpu");
               echoLink(far, *backend);
             },
-            [&] { measured = measureLink(near, *links.backend, local); });
+            [&] { measured = measureLink(near, *links.backend, probe); });
         return channel.send(result(measured));
       }
     }
