@@ -322,6 +322,8 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
         // What its backend lacks for the layer (serving needs the forward's ops only).
         const bool lacks = !lp.lacks.empty() && (training || !lp.forward_runs);
         d.lacks.push_back(lacks ? "lacks " + opUseNames(lp.lacks) : "");
+        if (lp.backward_no_input.repeats > 0)
+          d.first_backward_s = lp.backward_no_input.median * scale;
       }
       // The loss runs on the last stage, with the last layer; training pays for it.
       if (options.objective == Objective::kTrainThroughput)

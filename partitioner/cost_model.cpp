@@ -102,8 +102,8 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
       const DeviceCosts& r = devs[static_cast<size_t>(types_[t].devices.front())];
       if (r.node == devs[d].node && r.memory_bytes == devs[d].memory_bytes &&
           r.forward_s == devs[d].forward_s && r.backward_s == devs[d].backward_s &&
-          r.burst_ratio == devs[d].burst_ratio && r.burst_budget_s == devs[d].burst_budget_s &&
-          r.host_threads == devs[d].host_threads &&
+          r.first_backward_s == devs[d].first_backward_s && r.burst_ratio == devs[d].burst_ratio &&
+          r.burst_budget_s == devs[d].burst_budget_s && r.host_threads == devs[d].host_threads &&
           r.update_s_per_param_byte == devs[d].update_s_per_param_byte &&
           r.lacks == devs[d].lacks) {
         types_[t].devices.push_back(static_cast<int>(d));
@@ -116,8 +116,16 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
       types_.push_back({{static_cast<int>(d)}, devs[d].node, devs[d].memory_bytes});
     }
   }
+  first_param_ = n;
+  for (size_t l = 0; l < n && first_param_ == n; ++l)
+    if (problem_.layers[l].param_bytes > 0) first_param_ = l;
   for (const DeviceType& t : types_) {
     const DeviceCosts& d = devs[static_cast<size_t>(t.devices.front())];
+    const size_t p = first_param_;
+    first_backward_.push_back(p == n                    ? 0
+                              : p == 0                  ? d.backward_s[0]
+                              : d.first_backward_s >= 0 ? d.first_backward_s
+                                                        : 0.5 * d.backward_s[p]);
     std::vector<double> prefix(n + 1, 0), f(n + 1, 0), b(n + 1, 0), w(n + 1, 0);
     for (size_t l = 0; l < n; ++l) {
       prefix[l + 1] = prefix[l] + d.forward_s[l] + (training() ? d.backward_s[l] : 0);
@@ -196,10 +204,18 @@ std::string CostModel::lacking(int type, size_t begin, size_t end) const {
   return "";
 }
 
+double CostModel::firstSaving(int type, size_t end) const {
+  const auto& b = backward_prefix_[static_cast<size_t>(type)];
+  const size_t p = first_param_;
+  if (p == layers()) return 0;  // nothing to train: priced as its profile times it
+  if (end <= p) return b[end];
+  return b[p + 1] - first_backward_[static_cast<size_t>(type)];
+}
+
 double CostModel::compute(int type, size_t begin, size_t end) const {
   if (!runs(type, begin, end)) return std::numeric_limits<double>::infinity();
   const auto& p = time_prefix_[static_cast<size_t>(type)];
-  return p[end] - p[begin];
+  return p[end] - p[begin] - (begin == 0 && training() ? firstSaving(type, end) : 0);
 }
 
 double CostModel::forward(int type, size_t begin, size_t end) const {
@@ -209,11 +225,13 @@ double CostModel::forward(int type, size_t begin, size_t end) const {
 
 double CostModel::backward(int type, size_t begin, size_t end) const {
   const auto& p = backward_prefix_[static_cast<size_t>(type)];
-  return p[end] - p[begin];
+  return p[end] - p[begin] - (begin == 0 ? firstSaving(type, end) : 0);
 }
 
 double CostModel::weightGradient(int type, size_t begin, size_t end) const {
   const auto& p = weight_prefix_[static_cast<size_t>(type)];
+  if (begin == 0 && first_param_ < end)  // the first one's backward is all weight gradient
+    return p[end] - p[first_param_ + 1] + first_backward_[static_cast<size_t>(type)];
   return p[end] - p[begin];
 }
 

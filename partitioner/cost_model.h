@@ -73,7 +73,11 @@ class CostModel {
   // computes parameter gradients ("weight gradient", which stages after the first run
   // after sending the input's gradient on). Profiles time whole backwards; a layer with
   // parameters is taken to spend half of it on them (the weight GEMM is as large as the
-  // input's), a layer without none.
+  // input's), a layer without none. A range from layer 0 (the first stage) computes no
+  // input gradient below firstWhole(): the layers before it run no backward, and it runs
+  // its backward without the input gradient (DeviceCosts::first_backward_s), whole —
+  // Sequence::backward and backwardInput in core/layers/sequence.h. (A model without
+  // parameters, which trains nothing, is priced as its profile times it.)
   double forward(int type, size_t begin, size_t end) const;
   double backward(int type, size_t begin, size_t end) const;
   double weightGradient(int type, size_t begin, size_t end) const;
@@ -133,11 +137,17 @@ class CostModel {
   // What layers [begin, end) hold whatever the split: weights, and when training their
   // gradients and optimizer state. A lower bound on any stage's memory that holds them.
   int64_t stateBytes(size_t begin, size_t end) const;
+  // The model's first layer with parameters (layers() if none): the first stage's
+  // backward of layers [0, firstWhole()] is whole, with no input gradient.
+  size_t firstWhole() const { return first_param_; }
   // Bytes entering layer `layer` (the model input for layer 0).
   int64_t inputBytes(size_t layer) const;
 
  private:
   double linkTime(int64_t bytes, double ratio, int from_node, int to_node) const;
+  // What a range [0, end) saves of the backward prefix sums: the backward of the layers
+  // before firstWhole() and the first one's input gradient.
+  double firstSaving(int type, size_t end) const;
 
   Problem problem_;
   std::vector<DeviceType> types_;
@@ -146,6 +156,9 @@ class CostModel {
   // the forward, backward and weight-gradient parts.
   std::vector<std::vector<double>> time_prefix_, forward_prefix_, backward_prefix_, weight_prefix_;
   std::vector<int64_t> param_prefix_, stash_prefix_;
+  size_t first_param_ = 0;
+  // Per type, the first layer with parameters' backward without the input gradient.
+  std::vector<double> first_backward_;
   // Per type, prefix counts of the layers it cannot run.
   std::vector<std::vector<int>> lack_prefix_;
   // Sparse table of max(input + output + scratch bytes) over layer ranges (serving memory).

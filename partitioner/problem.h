@@ -61,6 +61,12 @@ struct DeviceCosts {
   // empty where it runs it; an empty list: it runs every layer. The search never places
   // a layer on a device that lacks one of its ops.
   std::vector<std::string> lacks = {};
+  // The model's first layer with parameters, as the first stage runs it: its backward
+  // without the input gradient, which nothing below it wants (the profile's
+  // backward_no_input_s, scaled like the layers). Negative: not measured, priced as the
+  // weight-gradient half of its backward_s (as CostModel::weightGradient prices it). The
+  // first layer's backward_s has no input gradient already (nothing to send it to).
+  double first_backward_s = -1;
 };
 
 // The CPU a message costs its node's cores (both ends together): fixed + per_byte * bytes

@@ -201,8 +201,9 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
       Chunk& h = x.chunks[static_cast<size_t>(c)];
       h.forward = cost.forward(t, ps.at.begin, ps.at.end) / k;
       const double whole = cost.backward(t, ps.at.begin, ps.at.end) / k;
-      // A first stage that splits runs its first layer whole in the backward.
-      const size_t split_from = s == 0 ? ps.at.begin + 1 : ps.at.begin;
+      // The first stage runs its first layers whole in the backward, through the first
+      // with parameters (CostModel::firstWhole).
+      const size_t split_from = ps.at.begin == 0 ? cost.firstWhole() + 1 : ps.at.begin;
       h.weight =
           splits && split_from < ps.at.end ? cost.weightGradient(t, split_from, ps.at.end) / k : 0;
       h.backward = whole - h.weight;

@@ -107,15 +107,19 @@ void checkStash(const Stash& stash, size_t begin, size_t end) {
 
 }  // namespace
 
+size_t Sequence::firstWithParams(size_t begin, size_t end) const {
+  for (size_t i = begin; i < end; ++i)
+    if (layers_[i]->paramCount() > 0) return i;
+  return end;
+}
+
 Tensor Sequence::backward(const Tensor& dy, Stash& stash, bool need_dx, size_t begin, size_t end,
                           const LayerDone& done) {
   checkStash(stash, begin, end);
   // Below the first layer with parameters nothing needs a gradient unless the caller
   // asked for the range's input gradient: e.g. a linear layer after a flatten must not
   // spend a GEMM on a dx that only the parameter-free flatten would consume.
-  size_t first_param = end;
-  for (size_t i = begin; i < end && first_param == end; ++i)
-    if (layers_[i]->paramCount() > 0) first_param = i;
+  const size_t first_param = firstWithParams(begin, end);
   const size_t stop = need_dx ? begin : first_param;
   Tensor g = dy;
   for (size_t i = end; i-- > stop;) {
@@ -134,19 +138,23 @@ Tensor Sequence::backwardInput(const Tensor& dy, Stash& stash, size_t begin, siz
                                bool need_dx) {
   checkStash(stash, begin, end);
   Tensor g = dy;
-  const size_t last = need_dx ? begin : begin + 1;  // the layers split in two
-  for (size_t i = end; i-- > last;) g = layers_[i]->backwardInput(g, stash.children[i - begin]);
+  // Without the input gradient the layers through the first with parameters run whole,
+  // as backward() runs them: it without its input gradient, those below it not at all.
+  const size_t first = need_dx ? end : firstWithParams(begin, end);
+  const size_t whole = need_dx ? begin : std::min(first + 1, end);
+  for (size_t i = end; i-- > whole;) g = layers_[i]->backwardInput(g, stash.children[i - begin]);
   if (need_dx) return g;
-  layers_[begin]->backward(g, stash.children[0], false);
-  stash.children[0].clear();
+  if (first < end) layers_[first]->backward(g, stash.children[first - begin], false);
+  for (size_t i = begin; i < whole; ++i) stash.children[i - begin].clear();
   return Tensor();
 }
 
 void Sequence::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done,
                                bool first_done) {
   checkStash(stash, begin, end);
+  const size_t whole = first_done ? std::min(firstWithParams(begin, end) + 1, end) : begin;
   for (size_t i = end; i-- > begin;) {
-    if (!(first_done && i == begin)) layers_[i]->backwardWeights(stash.children[i - begin]);
+    if (i >= whole) layers_[i]->backwardWeights(stash.children[i - begin]);
     stash.children[i - begin].clear();
     if (done) done(i);
   }

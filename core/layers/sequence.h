@@ -57,8 +57,9 @@ class Sequence {
   // backward(dy, stash, true, begin, end) in the two halves of Layer::backwardInput and
   // backwardWeights, layer by layer; backwardWeights frees the stash (and calls `done`).
   // need_dx false (the model's first layers, where nothing wants the input's gradient):
-  // layer `begin` runs its whole backward here without an input gradient (an empty tensor
-  // is returned), and backwardWeights(..., first_done = true) leaves it out.
+  // the layers through the first with parameters run here as backward() runs them (that
+  // one whole without its input gradient, those below it not at all; an empty tensor is
+  // returned), and backwardWeights(..., first_done = true) leaves them out.
   Tensor backwardInput(const Tensor& dy, Stash& stash, size_t begin, size_t end,
                        bool need_dx = true);
   void backwardWeights(Stash& stash, size_t begin, size_t end, const LayerDone& done = {},
@@ -78,6 +79,8 @@ class Sequence {
   int64_t workspaceBytes(int64_t batch) const;
 
  private:
+  // The first of layers [begin, end) with parameters; end if none has any.
+  size_t firstWithParams(size_t begin, size_t end) const;
   // One cost fact of every layer, summed.
   int64_t total(int64_t (Layer::*fact)() const) const;
 

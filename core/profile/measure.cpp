@@ -115,10 +115,10 @@ void LayerRunner::forward(size_t i) {
   if (i + 1 < inputs_.size()) inputs_[i + 1] = std::move(y);
 }
 
-void LayerRunner::backward(size_t i) {
+void LayerRunner::backward(size_t i, bool input_grad) {
   if (!runs_.at(i) || !model_.layer(i).trains()) return;  // int8 weights: forward only
   Stash stash = stashes_.at(i);  // backward may consume its stash; keep the original
-  Tensor dx = model_.layer(i).backward(grads_.at(i), stash, i > 0);
+  Tensor dx = model_.layer(i).backward(grads_.at(i), stash, i > 0 && input_grad);
   model_.backend().synchronize();
   if (i > 0 && dx.defined()) grads_[i - 1] = std::move(dx);
 }

@@ -74,8 +74,10 @@ class LayerRunner {
   // Layer i's forward on its stored input (training mode: dropout draws its mask).
   void forward(size_t i);
   // Layer i's backward from its stored stash, with the input gradient unless it is the
-  // first layer; gradients accumulate into the parameters' grad buffers.
-  void backward(size_t i);
+  // first layer or `input_grad` is false (as the first stage runs the model's first layer
+  // with parameters: nothing wants its input's gradient); gradients accumulate into the
+  // parameters' grad buffers.
+  void backward(size_t i, bool input_grad = true);
   // Bytes of layer i's output (the activation it passes on) and of its parameters.
   int64_t activationBytes(size_t i) const;
   int64_t paramBytes(size_t i) const;

@@ -1,6 +1,7 @@
 #include "core/profile/profile.h"
 
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -21,6 +22,52 @@ double Sustained::throttle() const {
   if (quota_cores > 0) return scale();
   return scale() > kThrottleNoise ? scale() : 1.0;
 }
+
+namespace {
+
+// What the timed passes measured: per layer its forwards and backwards, the loss, and the
+// first layer with parameters' backwards without the input gradient.
+struct PassTimes {
+  std::vector<std::vector<double>> forward, backward;
+  std::vector<double> loss, no_input;
+  size_t first_param = 0;
+};
+
+// `o.warmup` untimed and `o.repeats` timed whole training passes, each layer's run timed
+// alone; `loss` (if given) between the last forward and the first backward.
+PassTimes timePasses(LayerRunner& runner, const std::function<void()>& loss,
+                     const ProfileOptions& o) {
+  const size_t n = runner.size();
+  PassTimes t;
+  t.forward.resize(n);
+  t.backward.resize(n);
+  // The first stage runs the model's first layer with parameters without its input
+  // gradient: beyond layer 0 that layer is timed so too, in every other pass (the pass
+  // stays whole and chained; timing both in one pass would find the second hot).
+  t.first_param = n;
+  for (size_t i = 0; i < n && t.first_param == n; ++i)
+    if (runner.paramBytes(i) > 0) t.first_param = i;
+  const bool no_input = t.first_param > 0 && t.first_param < n && runner.runs(t.first_param);
+  for (int r = 0; r < o.warmup + o.repeats; ++r) {
+    const bool timed = r >= o.warmup;
+    for (size_t i = 0; i < n; ++i) {
+      const double s = timeOnce([&] { runner.forward(i); });
+      if (timed && runner.runs(i)) t.forward[i].push_back(s);
+    }
+    if (loss) {
+      const double s = timeOnce(loss);
+      if (timed) t.loss.push_back(s);
+    }
+    for (size_t i = n; i-- > 0;) {
+      const bool input_grad = !(no_input && i == t.first_param && timed && (r - o.warmup) % 2 == 1);
+      const double s = timeOnce([&] { runner.backward(i, input_grad); });
+      if (timed && runner.runs(i)) (input_grad ? t.backward[i] : t.no_input).push_back(s);
+    }
+  }
+  return t;
+}
+
+}  // namespace
 
 DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const ProfileOptions& o) {
   DeviceProfile out;
@@ -60,35 +107,21 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     labels = toDeviceI32(backend, {static_cast<int64_t>(ids.size())}, ids);
     dlogits = backend.empty(out_shape);
   }
-  std::vector<std::vector<double>> forward(n), backward(n);
-  std::vector<double> loss;
   auto lossRun = [&] {
     softmaxCrossEntropy(backend, logits, labels, 1.0f / static_cast<float>(o.batch), dlogits);
     backend.synchronize();
   };
-  for (int r = 0; r < o.warmup + o.repeats; ++r) {
-    const bool timed = r >= o.warmup;
-    for (size_t i = 0; i < n; ++i) {
-      const double t = timeOnce([&] { runner.forward(i); });
-      if (timed && runner.runs(i)) forward[i].push_back(t);
-    }
-    if (classifier) {
-      const double t = timeOnce(lossRun);
-      if (timed) loss.push_back(t);
-    }
-    for (size_t i = n; i-- > 0;) {
-      const double t = timeOnce([&] { runner.backward(i); });
-      if (timed && runner.runs(i)) backward[i].push_back(t);
-    }
-  }
+  PassTimes times = timePasses(runner, classifier ? lossRun : std::function<void()>(), o);
   for (size_t i = 0; i < n; ++i) {
     LayerProfile l;
     l.index = static_cast<int64_t>(i);
     l.type = model.layer(i).type();
     l.output = model.layer(i).outputShape().withBatch(o.batch);
     if (runner.runs(i)) {  // else not timed: zeros, no repeats
-      l.forward = spreadOf(std::move(forward[i]));
-      l.backward = spreadOf(std::move(backward[i]));
+      l.forward = spreadOf(std::move(times.forward[i]));
+      l.backward = spreadOf(std::move(times.backward[i]));
+      if (i == times.first_param && !times.no_input.empty())
+        l.backward_no_input = spreadOf(std::move(times.no_input));
     }
     l.activation_bytes = runner.activationBytes(i);
     l.param_bytes = runner.paramBytes(i);
@@ -98,7 +131,7 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     if (i + 1 == n && !loss_runs) l.lacks.push_back(loss_op);
     out.layers.push_back(std::move(l));
   }
-  if (classifier) out.loss = spreadOf(std::move(loss));
+  if (classifier) out.loss = spreadOf(std::move(times.loss));
   // The update after the pass left gradients in every parameter: zeroed and stepped as
   // the executor does once per training step (the optimizers' own defaults otherwise).
   const std::vector<const char*> kinds =
@@ -228,6 +261,8 @@ std::string profileToJson(const Profile& p) {
                         {"activation_bytes", l.activation_bytes},
                         {"param_bytes", l.param_bytes},
                         {"flops_per_sample", l.flops}});
+      if (l.backward_no_input.repeats > 0)
+        layers.back()["backward_no_input_s"] = spreadJson(l.backward_no_input);
       if (!l.lacks.empty()) {
         json lacks = json::array();
         for (const OpUse& u : l.lacks) lacks.push_back(opUseName(u));
@@ -337,6 +372,7 @@ DeviceProfile parseDevice(const Reader& r, int64_t version) {
     lp.output = l.shape("output");
     lp.forward = l.spread("forward_s");
     lp.backward = l.spread("backward_s");
+    if (l.has("backward_no_input_s")) lp.backward_no_input = l.spread("backward_no_input_s");
     lp.activation_bytes = l.integer("activation_bytes");
     lp.param_bytes = l.integer("param_bytes");
     lp.flops = l.integer("flops_per_sample");

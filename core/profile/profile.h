@@ -31,8 +31,13 @@ inline constexpr double kThrottleNoise = 1.5;
 struct LayerProfile {
   int64_t index = 0;
   std::string type;
-  Shape output;                  // with the batch dimension
-  Spread forward, backward;      // seconds
+  Shape output;              // with the batch dimension
+  Spread forward, backward;  // seconds
+  // On the model's first layer with parameters, where it is not layer 0: its backward
+  // without the input gradient, as the first stage runs it (nothing below it wants that
+  // gradient; for a linear layer about half its backward). No repeats elsewhere, and in
+  // profiles before it was measured (an optional field of version 6).
+  Spread backward_no_input;
   int64_t activation_bytes = 0;  // the layer's output at this batch size
   int64_t param_bytes = 0;
   int64_t flops = 0;  // forward, per sample
@@ -61,8 +66,8 @@ struct Sustained {
   double burst_pass_s = 0;  // the per-layer medians and the loss, summed
   double window_s = 0;      // how long the passes ran
   int passes = 0;
-  double cpu_cores = 0;    // cores the process could keep busy (its CPUs, its quota)
-  double quota_cores = 0;  // its control groups' CPU quota in cores; 0: none
+  double cpu_cores = 0;       // cores the process could keep busy (its CPUs, its quota)
+  double quota_cores = 0;     // its control groups' CPU quota in cores; 0: none
   double quota_period_s = 0;  // the quota's period; 0: none
   // CPU seconds per pass over the window, the process's every thread (what the passes cost
   // the quota); 0: not measured (profiles before it was).

@@ -15,6 +15,7 @@
 #include "core/model.h"
 #include "core/model_spec.h"
 #include "tests/core/grad_check.h"
+#include "tests/forwarding_backend.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -483,6 +484,48 @@ TEST(LayerTest, SplitBackwardEqualsBackwardBitwise) {
             << whole.spec().name << " " << p->name;
       }
     }
+  }
+}
+
+// The first stage (no input gradient wanted) splits its backward as it runs it whole: the
+// layers below the first with weights run no backward, and that one none for its input —
+// the same gradients, bitwise, and the same GEMMs, one fewer than with the input gradient.
+TEST(LayerTest, AFirstStagesSplitBackwardSkipsTheInputGradientAsTheWholeOneDoes) {
+  const std::vector<std::string> specs = {
+      "input: [2, 3, 3]\nlayers: [flatten, {linear: {out: 6}}, relu, {linear: {out: 3}}]\n",
+      "input: [2, 4, 4]\nlayers: [{maxpool2d: {kernel: 2}}, flatten, {linear: {out: 5}}, "
+      "sigmoid, {linear: {out: 2}}]\n",
+      "input: [7]\nlayers: [{linear: {out: 4}}, relu, {linear: {out: 2}}]\n"};
+  for (const std::string& text : specs) {
+    const ModelSpec spec = parseModelSpec(text);
+    cpu::CpuBackend inner;
+    testing::ForwardingBackend be(inner);
+    int gemms = 0;
+    be.beforeOp([&](Op op, int64_t) { gemms += op == Op::kGemm ? 1 : 0; });
+    Model whole(spec), split(spec);
+    whole.build(be, 4);
+    split.build(be, 4);
+    const Shape xs = whole.inputShape().withBatch(3);
+    const Tensor x = toDevice(be, xs, testing::randomVector(5, xs.numel()));
+    Stash a, b;
+    const Tensor y = whole.forward(x, a, {true, 9});
+    split.forward(x, b, {true, 9});
+    const Tensor dy = toDevice(be, y.shape(), testing::randomVector(6, y.shape().numel()));
+    Stash with_dx = a;
+    gemms = 0;
+    whole.backward(dy, with_dx, true);
+    const int with_input = gemms;
+    whole.zeroGrad();
+    gemms = 0;
+    EXPECT_FALSE(whole.backward(dy, a, false).defined());
+    const int whole_gemms = gemms;
+    gemms = 0;
+    EXPECT_FALSE(split.backwardInput(dy, b, 0, split.size(), false).defined());
+    split.backwardWeights(b, 0, split.size(), {}, true);
+    EXPECT_EQ(gemms, whole_gemms) << text;
+    EXPECT_EQ(whole_gemms, with_input - 1) << text;
+    for (const Param* p : whole.params())
+      ASSERT_EQ(toHost(p->grad), toHost(split.param(p->name).grad)) << text << " " << p->name;
   }
 }
 

@@ -105,7 +105,7 @@ TEST(ProfileTest, ASustainedWindowSeesTheStallsThatMediansHide) {
   EXPECT_GE(r.window_s, 0.2);
   EXPECT_EQ(r.passes, calls);
   EXPECT_GT(r.pass_s, 1.5e-3);  // the sleeps alone add 1.5 ms per pass on average
-  EXPECT_GT(r.cpu_s, 0);  // the process's CPU over the window: the spinning
+  EXPECT_GT(r.cpu_s, 0);        // the process's CPU over the window: the spinning
   // Passes that only wait cost next to no CPU, however long they take (the bound leaves
   // room for the process's other threads: OpenBLAS's spin for a while after it starts).
   const SustainedRun waiting =
@@ -177,6 +177,42 @@ LinkSet twoLinks() {
   s.links.push_back({"edge", "cloud", 1.25e8, 2e-4, {4e-4, 3e-4, 9e-4, 5}, 4.5e-8});
   s.links.push_back({"edge", "edge", 3e9, 2.5e-5, {5e-5, 4e-5, 7e-5, 5}, 0});
   return s;
+}
+
+TEST(ProfileTest, TheFirstLayerWithWeightsIsAlsoTimedWithoutItsInputGradient) {
+  // A linear layer after a flatten: the first stage runs its backward without the input
+  // gradient (nothing below it wants that), so every other timed pass times it so.
+  cpu::CpuBackend be;
+  ProfileOptions o;
+  o.batch = 4;
+  o.warmup = 1;
+  o.repeats = 4;
+  o.gemm_sizes = {16};
+  o.sustain_s = 0;
+  o.update = false;
+  const ModelSpec spec = parseModelSpec(
+      "name: flat\ninput: [2, 3, 3]\nlayers: [flatten, {linear: {out: 8}}, relu, "
+      "{linear: {out: 3}}]\n");
+  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, {}, std::nullopt};
+  p.devices.push_back(profileDevice(spec, be, o));
+  const std::vector<LayerProfile>& layers = p.devices[0].layers;
+  ASSERT_EQ(layers.size(), 4u);
+  EXPECT_EQ(layers[1].backward.repeats, 2);
+  EXPECT_EQ(layers[1].backward_no_input.repeats, 2);
+  EXPECT_GT(layers[1].backward_no_input.min, 0);
+  EXPECT_LE(layers[1].backward_no_input.median, layers[1].backward_no_input.max);
+  for (const size_t i : {size_t{0}, size_t{2}, size_t{3}}) {
+    EXPECT_EQ(layers[i].backward.repeats, 4) << i;
+    EXPECT_EQ(layers[i].backward_no_input.repeats, 0) << i;
+  }
+  const Profile q = parseProfile(profileToJson(p), "mem");
+  EXPECT_EQ(q.devices[0].layers[1].backward_no_input.median, layers[1].backward_no_input.median);
+  EXPECT_EQ(q.devices[0].layers[1].backward_no_input.repeats, 2);
+  EXPECT_EQ(q.devices[0].layers[2].backward_no_input.repeats, 0);
+  // A first layer with weights (the tiny net's convolution) has nothing to time so: its
+  // backward has no input gradient already.
+  for (const LayerProfile& l : tinyProfile().devices[0].layers)
+    EXPECT_EQ(l.backward_no_input.repeats, 0) << l.index;
 }
 
 TEST(ProfileTest, JsonRoundTrips) {
@@ -368,10 +404,12 @@ TEST(ProfileTest, BadFilesNameTheField) {
       {"profile field devices[0].batch is not positive"});
   expectThrowWith<FormatError>([&] { parseProfile(edited("\"pass_s\": ", "\"pass_s\": -"), "p"); },
                                {"profile field devices[0].sustained.pass_s is not positive"});
-  expectThrowWith<FormatError>([&] { parseProfile(edited("\"passes\": ", "\"passes\": 0, \"x\": "), "p"); },
-                               {"devices[0].sustained.passes is not positive"});
-  expectThrowWith<FormatError>([&] { parseProfile(edited("\"window_s\": ", "\"window_s\": 0, \"x\": "), "p"); },
-                               {"devices[0].sustained.window_s is shorter than one pass"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"passes\": ", "\"passes\": 0, \"x\": "), "p"); },
+      {"devices[0].sustained.passes is not positive"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(edited("\"window_s\": ", "\"window_s\": 0, \"x\": "), "p"); },
+      {"devices[0].sustained.window_s is shorter than one pass"});
   expectThrowWith<FormatError>(
       [&] { parseProfile(edited("\"cpu_pass_s\": ", "\"cpu_pass_s\": -"), "p"); },
       {"devices[0].sustained.cpu_pass_s is negative"});

@@ -295,6 +295,55 @@ TEST(SimulateTest, EachStageUpdatesItsParametersOncePerStep) {
   EXPECT_EQ(CostModel(problem).update(0, 0, 4), 0);
 }
 
+TEST(SimulateTest, TheFirstStageComputesNoInputGradientBelowItsFirstWeights) {
+  // flatten | linear | relu | linear, one device: 1 ms forward each; backward 0.1, 4, 1
+  // and 4 ms with the input gradient, the first linear 1.5 ms without it. A range from
+  // layer 0 runs no flatten backward and the first linear without its input gradient, as
+  // Sequence::backward does for the first stage; any other range runs them whole.
+  Problem problem = uniformProblem(4, 1, 0.001, 0.002);
+  problem.layers = {{"flatten", 0, 1000, 1000},
+                    {"linear", 1000, 1000, 1000},
+                    {"relu", 0, 1000, 1000},
+                    {"linear", 1000, 1000, 1000}};
+  DeviceCosts& d = problem.devices[0];
+  d.backward_s = {0.0001, 0.004, 0.001, 0.004};
+  d.first_backward_s = 0.0015;
+  const CostModel cost(problem);
+  EXPECT_EQ(cost.firstWhole(), 1u);
+  EXPECT_NEAR(cost.compute(0, 0, 4), 0.004 + 0.0015 + 0.001 + 0.004, 1e-15);
+  EXPECT_NEAR(cost.compute(0, 1, 4), 0.003 + 0.009, 1e-15);
+  EXPECT_NEAR(cost.compute(0, 0, 1), 0.001, 1e-15);  // the flatten's forward only
+  EXPECT_NEAR(cost.compute(0, 0, 2), 0.002 + 0.0015, 1e-15);
+  EXPECT_NEAR(cost.backward(0, 0, 4), 0.0015 + 0.001 + 0.004, 1e-15);
+  // Of that backward the first linear's is all weight gradient; the second's half.
+  EXPECT_NEAR(cost.weightGradient(0, 0, 4), 0.0015 + 0.002, 1e-15);
+  EXPECT_NEAR(cost.weightGradient(0, 1, 4), 0.002 + 0.002, 1e-15);
+  // One stage, 4 microbatches: each its forward and that backward, under every schedule
+  // (zero-bubble's weight-gradient work is the same work, later).
+  problem.options.microbatches = 4;
+  for (const ScheduleKind kind :
+       {ScheduleKind::k1F1B, ScheduleKind::kGPipe, ScheduleKind::kZeroBubbleH1}) {
+    problem.options.schedule = kind;
+    const CostModel c(problem);
+    EXPECT_NEAR(predictStep(c, evenPlan(c, 1)).step_s, 4 * 0.0105, 1e-12) << scheduleName(kind);
+  }
+  // Not measured: the first linear's backward without its input gradient is priced as its
+  // weight-gradient half.
+  d.first_backward_s = -1;
+  EXPECT_NEAR(CostModel(problem).compute(0, 0, 4), 0.004 + 0.002 + 0.001 + 0.004, 1e-15);
+  // A first layer with weights has no input gradient in its profile already.
+  problem.layers[0].param_bytes = 1000;
+  const CostModel first(problem);
+  EXPECT_EQ(first.firstWhole(), 0u);
+  EXPECT_NEAR(first.compute(0, 0, 4), 0.004 + 0.0091, 1e-15);
+  // A model without parameters trains nothing: priced as its profile times it.
+  for (LayerBytes& l : problem.layers) l.param_bytes = 0;
+  EXPECT_NEAR(CostModel(problem).compute(0, 0, 4), 0.004 + 0.0091, 1e-15);
+  // Serving runs no backward at all.
+  problem.options.objective = Objective::kInferThroughput;
+  EXPECT_NEAR(CostModel(problem).compute(0, 0, 4), 0.004, 1e-15);
+}
+
 // Across microbatch counts and schedules: the fewest devices within the selection margin of
 // the fastest candidate, the fastest of those; what does not fit is never picked.
 TEST(SelectTest, AcrossOptionsFewerDevicesWinWithinTheMargin) {

@@ -212,6 +212,34 @@ TEST(PipelineTest, BitwiseEqualToSingleDeviceAccumulation) {
   }
 }
 
+// A first stage whose first layers hold no weights (a flatten before the first linear
+// layer) runs them, and that layer without its input gradient, whole in its zero-bubble
+// backward: still bitwise single-device accumulation.
+TEST(PipelineTest, AFlattenedFirstStageSplitsItsBackwardBitwise) {
+  const char* spec = R"(name: flat
+input: [1, 8, 8]
+layers:
+  - flatten
+  - linear: {out: 16}
+  - relu
+  - linear: {out: 12}
+  - relu
+  - linear: {out: 4}
+)";
+  const Dataset d = testing::quadrants(72, 1);
+  for (const int64_t m : {2, 4}) {
+    const PipelineOptions o = sweepOptions(ScheduleKind::kZeroBubbleH1, m);
+    const Weights want = reference(o, d, 1, spec);
+    for (const int p : {2, 3}) {
+      const PipelineRun got =
+          pipeline(p, o, d, 1, transport::Codec::kRaw, nullptr, {}, nullptr, spec);
+      ASSERT_EQ(got.weights.size(), want.size());
+      for (const auto& [name, w] : want)
+        ASSERT_EQ(got.weights.at(name), w) << name << " p=" << p << " m=" << m;
+    }
+  }
+}
+
 // Interleaved 1F1B: each of p stages holds v chunks of the equal split into p v ranges,
 // the last stage's chunks passing on to the first's over a ring link. The weights are
 // bitwise single-device accumulation's for every p, v and microbatch count (one that
