@@ -17,6 +17,17 @@ namespace {
 
 using testing::expectThrowWith;
 
+// Batch 4, one warm-up pass, `repeats` timed, one small GEMM, a `sustain_s` window.
+ProfileOptions quickOptions(int repeats, double sustain_s) {
+  ProfileOptions o;
+  o.batch = 4;
+  o.warmup = 1;
+  o.repeats = repeats;
+  o.gemm_sizes = {16};
+  o.sustain_s = sustain_s;
+  return o;
+}
+
 Profile tinyProfile() {
   cpu::CpuBackend be;
   ProfileOptions o;
@@ -183,12 +194,7 @@ TEST(ProfileTest, TheFirstLayerWithWeightsIsAlsoTimedWithoutItsInputGradient) {
   // A linear layer after a flatten: the first stage runs its backward without the input
   // gradient (nothing below it wants that), so every other timed pass times it so.
   cpu::CpuBackend be;
-  ProfileOptions o;
-  o.batch = 4;
-  o.warmup = 1;
-  o.repeats = 4;
-  o.gemm_sizes = {16};
-  o.sustain_s = 0;
+  ProfileOptions o = quickOptions(4, 0);
   o.update = false;
   const ModelSpec spec = parseModelSpec(
       "name: flat\ninput: [2, 3, 3]\nlayers: [flatten, {linear: {out: 8}}, relu, "
@@ -337,12 +343,7 @@ TEST(ProfileTest, ADeviceLackingOpsSaysWhichLayersItCannotRun) {
   const OpUse gelu_back{Op::kActivationBackward, DType::kF32};
   const OpUse loss{Op::kSoftmaxCrossEntropy, DType::kF32};
   testing::ForwardingBackend be(cpu, {gelu_back, loss, {Op::kAdamwStep, DType::kF32}});
-  ProfileOptions o;
-  o.batch = 4;
-  o.warmup = 1;
-  o.repeats = 2;
-  o.gemm_sizes = {16};
-  o.sustain_s = 0.05;
+  const ProfileOptions o = quickOptions(2, 0.05);
   const ModelSpec spec = parseModelSpec(testing::kTinyNet);
   Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, {}, std::nullopt};
   p.devices.push_back(profileDevice(spec, be, o));
