@@ -200,8 +200,14 @@ Problem modelProblem(const Model& model, const CostOptions& options) {
 
 namespace {
 
+// A measured link's costs; a sender's part not measured is half.
+LinkCosts linkCosts(const LinkProfile& l) {
+  return {l.bandwidth, l.latency_s, l.cpu_s_per_byte, l.sender_share > 0 ? l.sender_share : 0.5};
+}
+
 // The line through a node's smallest and largest measured messages (a single point: a
 // fixed cost), never negative.
+
 MessageCpuCost messageCpuCost(const std::vector<MessageCpu>& points) {
   const MessageCpu &a = points.front(), &z = points.back();
   MessageCpuCost c;
@@ -248,11 +254,10 @@ std::vector<std::vector<LinkCosts>> linkCosts(const Cluster& cluster,
                        cluster.measured << ": a link from '" << l.from << "' to '" << l.to
                                         << "', but the cluster " << cluster.source
                                         << " has no node '" << (a < nodes ? l.to : l.from) << "'");
-      links[z][a] = LinkCosts{l.bandwidth, l.latency_s, l.cpu_s_per_byte};
+      links[z][a] = linkCosts(l);  // the sender's part is the sending role's, either way
     }
     for (const LinkProfile& l : it->second.links->links)
-      links[nodeIndex(l.from)][nodeIndex(l.to)] =
-          LinkCosts{l.bandwidth, l.latency_s, l.cpu_s_per_byte};
+      links[nodeIndex(l.from)][nodeIndex(l.to)] = linkCosts(l);
   }
   for (const ClusterLink& l : cluster.between) {
     const size_t a = nodeIndex(l.from), z = nodeIndex(l.to);

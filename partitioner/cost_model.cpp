@@ -46,6 +46,10 @@ void validate(const Problem& p) {
       TANDEM_CHECK_MSG(l.cpu_s_per_byte >= 0 && std::isfinite(l.cpu_s_per_byte), InvalidArgument,
                        "link " << p.node_names[a] << " -> " << p.node_names[b] << " costs "
                                << l.cpu_s_per_byte << " s of CPU per byte");
+      TANDEM_CHECK_MSG(l.sender_share >= 0 && l.sender_share <= 1, InvalidArgument,
+                       "link " << p.node_names[a] << " -> " << p.node_names[b]
+                               << " charges its sender " << l.sender_share
+                               << " of its CPU (a share in [0, 1])");
     }
   }
   for (const DeviceCosts& d : p.devices) {
@@ -253,6 +257,18 @@ double CostModel::messageCpu(int node, int from_node, int to_node, double bytes)
           : problem_.links[static_cast<size_t>(from_node)][static_cast<size_t>(to_node)]
                 .cpu_s_per_byte;
   return own.fixed_s + std::max(own.per_byte_s, link) * bytes;
+}
+
+double CostModel::messageCpuAtEnd(int node, int from_node, int to_node, double bytes) const {
+  const auto& m = problem_.node_message_cpu;
+  const MessageCpuCost own = m.empty() ? MessageCpuCost{} : m[static_cast<size_t>(node)];
+  double link = 0;
+  if (from_node != to_node) {
+    const LinkCosts& l =
+        problem_.links[static_cast<size_t>(from_node)][static_cast<size_t>(to_node)];
+    link = (node == from_node ? l.sender_share : 1 - l.sender_share) * l.cpu_s_per_byte;
+  }
+  return 0.5 * own.fixed_s + std::max(0.5 * own.per_byte_s, link) * bytes;
 }
 
 double CostModel::sendTime(int node, double bytes) const {

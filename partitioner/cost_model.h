@@ -119,6 +119,10 @@ class CostModel {
   // its cost per byte, or the link's measured cost per byte where that is higher (a
   // slow or shaped link's packets cost the hosts more than loopback's). 0: not known.
   double messageCpu(int node, int from_node, int to_node, double bytes) const;
+  // What node `node`'s own end of that message costs it: half its fixed cost and of its
+  // own cost per byte, or its end's part of the link's (LinkCosts::sender_share for the
+  // sender, the rest for the receiver) where that is higher.
+  double messageCpuAtEnd(int node, int from_node, int to_node, double bytes) const;
   // Wall seconds a stage's thread on node `node` spends sending a message of `bytes`
   // (MessageCpuCost::send; 0: not known).
   double sendTime(int node, double bytes) const;

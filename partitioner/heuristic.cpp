@@ -63,8 +63,7 @@ class SplitSolver {
             cand = latency ? st + ln + after : std::max({st, ln, after});
           }
           // The memory check last: it costs the most.
-          if (cand >= best ||
-              cost_.memory(i, j, to_end, s.replicas, static_cast<int>(p)) > memory)
+          if (cand >= best || cost_.memory(i, j, to_end, s.replicas, static_cast<int>(p)) > memory)
             continue;
           best = cand;
           arg = j;

@@ -86,6 +86,8 @@ struct LinkCosts {
   // The CPU its bytes cost both ends' hosts, per byte (LinkProfile::cpu_s_per_byte; 0:
   // not measured): CostModel::messageCpu.
   double cpu_s_per_byte = 0;
+  // Of that, the sending end's part (LinkProfile::sender_share; half where not measured).
+  double sender_share = 0.5;
 };
 
 // A codec a link may carry tensors in: its name ("fp16") and the wire bytes per fp32 byte

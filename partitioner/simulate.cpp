@@ -276,9 +276,9 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
   if (chunks == 1 && schedule == ScheduleKind::kInterleaved1F1B) schedule = ScheduleKind::k1F1B;
   const int64_t m = o.microbatches;
   std::vector<Stage> st = planStages(cost, plan, p, m, schedule);
-  // The messages' CPU on each node per step (CostModel::messageCpu): each link between
-  // chunks carries m activations and m gradients, half of a message's cost charged to
-  // either end's node.
+  // The messages' CPU on each node per step (CostModel::messageCpuAtEnd): each link
+  // between chunks carries m activations and m gradients, each end's node charged for its
+  // own end of each.
   std::vector<double> messages(cost.problem().node_names.size(), 0);
   for (int v = 0; v + 1 < n; ++v) {
     const Stage& x = st[static_cast<size_t>(v % p)];
@@ -289,8 +289,8 @@ StepPrediction predictStep(const CostModel& cost, const Plan& plan, ScheduleKind
     const double forward = x.chunks[static_cast<size_t>(v / p)].out_bytes;
     const double backward = y.chunks[static_cast<size_t>((v + 1) / p)].in_bytes;
     for (const auto& [bytes, from, to] : {std::tuple{forward, a, z}, std::tuple{backward, z, a}}) {
-      messages[static_cast<size_t>(a)] += 0.5 * mb * cost.messageCpu(a, from, to, bytes);
-      messages[static_cast<size_t>(z)] += 0.5 * mb * cost.messageCpu(z, from, to, bytes);
+      messages[static_cast<size_t>(a)] += mb * cost.messageCpuAtEnd(a, from, to, bytes);
+      messages[static_cast<size_t>(z)] += mb * cost.messageCpuAtEnd(z, from, to, bytes);
     }
   }
   // Stages on one node's host devices share its cores, with the messages' CPU there: when

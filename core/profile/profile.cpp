@@ -329,6 +329,7 @@ std::string profileToJson(const Profile& p) {
                   {"latency_s", l.latency_s},
                   {"round_trip_s", spreadJson(l.round_trip)}};
       if (l.cpu_s_per_byte > 0) one["cpu_s_per_byte"] = l.cpu_s_per_byte;
+      if (l.sender_share > 0) one["sender_share"] = l.sender_share;
       links.push_back(std::move(one));
     }
     j["links"] = {{"transport", p.links->transport},
@@ -444,6 +445,11 @@ LinkSet parseLinks(const Reader& l) {
       lp.cpu_s_per_byte = m.num("cpu_s_per_byte");
       if (!(lp.cpu_s_per_byte >= 0 && std::isfinite(lp.cpu_s_per_byte)))
         m.fail("cpu_s_per_byte", "is not a finite, non-negative number");
+    }
+    if (m.has("sender_share")) {
+      lp.sender_share = m.num("sender_share");
+      if (!(lp.sender_share > 0 && lp.sender_share < 1))
+        m.fail("sender_share", "is not between 0 and 1");
     }
     for (const LinkProfile& other : set.links)
       if (other.from == lp.from && other.to == lp.to) m.fail("", "measures a link twice");

@@ -119,6 +119,10 @@ struct LinkProfile {
   // higher; from daemons before protocol 3.6, the hosts' busy CPU over the bandwidth runs
   // (a host both ends share counted once). 0: not measured (before 3.2, or no tick passed).
   double cpu_s_per_byte = 0;
+  // Of that CPU, the part the sending end (`from`: the data went from it to `to`) spent,
+  // in (0, 1), from the same runs; 0: not known (the hosts' figure, or profiles before it),
+  // taken as half. A quota node is charged for its own end of each message.
+  double sender_share = 0;
 };
 
 // What a message costs a node's CPU: sent and received over the transport the stages use,

@@ -97,6 +97,11 @@ partitioner::Cluster localCluster(int devices, int threads) {
 
 namespace {
 
+// The sending end's part of what both ends spent; 0 (not known) unless both spent some.
+double senderShare(double from_s, double to_s) {
+  return from_s > 0 && to_s > 0 ? from_s / (from_s + to_s) : 0;
+}
+
 // The tasks of one survey, over the sessions to its nodes.
 class Survey {
  public:
@@ -112,7 +117,9 @@ class Survey {
     double cpu_s = 0;
     const char* cpu_of = "processes'";
     double loaded_s = 0;  // per byte, over the loaded runs (0: none)
-    if (from == to) {     // one process holds both ends
+    // Each end's part, of the idle runs and of the loaded ones (0, 0: not known).
+    double idle_from = 0, idle_to = 0, loaded_from = 0, loaded_to = 0;
+    if (from == to) {  // one process holds both ends
       send(from, task(pair, LinkTaskKind::kLocal, from));
       m = result(from, pair);
       cpu_s = m.process_cpu_s;
@@ -133,7 +140,12 @@ class Survey {
                      ? (m.loaded_cpu_s + echo.loaded_cpu_s) / static_cast<double>(m.loaded_bytes)
                      : 0;
       cpu_s = m.process_cpu_s + echo.process_cpu_s;
+      idle_from = m.process_cpu_s;
+      idle_to = echo.process_cpu_s;
+      loaded_from = m.loaded_cpu_s;
+      loaded_to = echo.loaded_cpu_s;
       if (!(m.process_cpu_s > 0 && echo.process_cpu_s > 0)) {
+        idle_from = idle_to = 0;
         // Two ends on one host (namespaces, containers) read the same CPUs: once.
         const bool one_host = !m.host.empty() && m.host == echo.host;
         cpu_s = m.host_cpu_s + (one_host ? 0 : echo.host_cpu_s);
@@ -156,7 +168,15 @@ class Survey {
         a, z, l.bandwidth / 1e6, l.latency_s * 1e6, l.cpu_s_per_byte * 1024 * 1e6, cpu_of,
         loaded_s * 1024 * 1e6);
     // Messages arrive while stages compute: where they cost more there, that is their cost.
+    // The measuring end sent the data: its part of whichever figure is taken is the
+    // sender's.
+    const bool loaded = loaded_s > l.cpu_s_per_byte;
     l.cpu_s_per_byte = std::max(l.cpu_s_per_byte, loaded_s);
+    l.sender_share = senderShare(loaded ? loaded_from : idle_from, loaded ? loaded_to : idle_to);
+    if (l.sender_share > 0)
+      spdlog::info(
+          "link {} -> {}: the sender {} spends {:.0f}% of its CPU, the receiver {} {:.0f}%", a, z,
+          a, 100 * l.sender_share, z, 100 * (1 - l.sender_share));
     return l;
   }
 

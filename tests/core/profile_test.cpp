@@ -185,7 +185,7 @@ TEST(ProfileTest, TheSustainedFigureIsTheMedianPart) {
 
 LinkSet twoLinks() {
   LinkSet s{"tcp", 1 << 20, 1, 5, {}};
-  s.links.push_back({"edge", "cloud", 1.25e8, 2e-4, {4e-4, 3e-4, 9e-4, 5}, 4.5e-8});
+  s.links.push_back({"edge", "cloud", 1.25e8, 2e-4, {4e-4, 3e-4, 9e-4, 5}, 4.5e-8, 0.75});
   s.links.push_back({"edge", "edge", 3e9, 2.5e-5, {5e-5, 4e-5, 7e-5, 5}, 0});
   return s;
 }
@@ -293,11 +293,18 @@ TEST(ProfileTest, LinksRoundTripWithOrWithoutDevices) {
     EXPECT_EQ(l.latency_s, 2e-4);
     EXPECT_EQ(l.round_trip.max, 9e-4);
     EXPECT_EQ(l.cpu_s_per_byte, 4.5e-8);
+    EXPECT_EQ(l.sender_share, 0.75);
     EXPECT_EQ(q.links->links[1].to, "edge");
     EXPECT_EQ(q.links->links[1].cpu_s_per_byte, 0);  // not measured: not written
+    EXPECT_EQ(q.links->links[1].sender_share, 0);
   }
   const std::string text = profileToJson(p);
   EXPECT_EQ(text.find("cpu_s_per_byte"), text.rfind("cpu_s_per_byte")) << text;
+  EXPECT_EQ(text.find("sender_share"), text.rfind("sender_share")) << text;
+  std::string whole = text;
+  whole.replace(whole.find("0.75"), 4, "1.00");
+  expectThrowWith<FormatError>([&] { parseProfile(whole, "l.json"); },
+                               {"l.json", "links.measured[0].sender_share", "not between 0 and 1"});
   std::string negative = text;
   negative.replace(negative.find("4.5e-08"), 7, "-1e-08");
   expectThrowWith<FormatError>(

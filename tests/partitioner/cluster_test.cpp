@@ -146,12 +146,12 @@ TEST(ClusterTest, ADeviceIsPricedAtWhatItSustains) {
   CostOptions o;
   o.microbatch_size = 4;
   const Problem p = makeProblem(model, c, {{"p.json", quota}}, "p.json", o);
-  EXPECT_DOUBLE_EQ(p.devices[0].forward_s[1], 4.5 * 2e-3);   // edge/cpu
+  EXPECT_DOUBLE_EQ(p.devices[0].forward_s[1], 4.5 * 2e-3);  // edge/cpu
   EXPECT_DOUBLE_EQ(p.devices[0].backward_s[0], 4.5 * 2e-3);
   EXPECT_DOUBLE_EQ(p.devices[0].burst_ratio, 1 / 4.5);
   EXPECT_DOUBLE_EQ(p.devices[0].burst_budget_s, 0.1 / 4.5);
   EXPECT_DOUBLE_EQ(p.devices[1].forward_s[1], 2e-3);  // cloud/gpu
-  EXPECT_EQ(p.devices[1].burst_ratio, 1);                    // no quota: no bursts
+  EXPECT_EQ(p.devices[1].burst_ratio, 1);             // no quota: no bursts
   EXPECT_EQ(p.devices[1].burst_budget_s, 0);
   // Without a quota, a device that sustains much less than its medians is throttled.
   steady.pass_s = 0.02;
@@ -159,8 +159,8 @@ TEST(ClusterTest, ADeviceIsPricedAtWhatItSustains) {
   EXPECT_DOUBLE_EQ(hot.devices[1].forward_s[1], 2 * 2e-3);
   EXPECT_EQ(hot.devices[1].burst_ratio, 1);  // no quota: it does not burst back
   // A profile without the sustained measurement (before version 3) is taken as it is.
-  const Problem old = makeProblem(model, c, {{"p.json", profileFor(model, {"cpu", "opencl:0"})}},
-                                  "p.json", o);
+  const Problem old =
+      makeProblem(model, c, {{"p.json", profileFor(model, {"cpu", "opencl:0"})}}, "p.json", o);
   EXPECT_DOUBLE_EQ(old.devices[0].forward_s[1], 2e-3);
   EXPECT_EQ(old.devices[0].burst_ratio, 1);
   EXPECT_EQ(old.devices[0].update_s_per_param_byte, 0);  // nor the update (version 4)
@@ -205,7 +205,7 @@ TEST(ClusterTest, MeasuredLinksFillTheMatrixUnderListedOnes) {
   links.links->links = {{"edge", "edge", 2e9, 1e-5, {}},
                         {"cloud", "edge", 3e8, 4e-4, {}},   // listed in the file: ignored
                         {"cloud", "cloud", 7e9, 2e-5, {}},  // only one way: both ways
-                        {"edge", "cloud", 4e8, 5e-4, {}, 3e-9}};
+                        {"edge", "cloud", 4e8, 5e-4, {}, 3e-9, 0.7}};
   std::map<std::string, Profile> profiles = {{"p.json", profileFor(model, {"cpu", "opencl:0"})},
                                              {"dir/links.json", links}};
   CostOptions o;
@@ -231,6 +231,9 @@ TEST(ClusterTest, MeasuredLinksFillTheMatrixUnderListedOnes) {
   // With the CPU its bytes cost the hosts, where the daemons measured it.
   EXPECT_DOUBLE_EQ(q.links[0][1].cpu_s_per_byte, 3e-9);
   EXPECT_DOUBLE_EQ(q.links[1][0].cpu_s_per_byte, 0);
+  // And the sender's part of it, where measured (else half).
+  EXPECT_DOUBLE_EQ(q.links[0][1].sender_share, 0.7);
+  EXPECT_DOUBLE_EQ(q.links[1][0].sender_share, 0.5);
 
   // A profile without links, and links naming nodes the cluster lacks, are refused.
   profiles["links.json"] = profileFor(model, {"cpu"});

@@ -255,6 +255,30 @@ TEST(SimulateTest, MessagesCostTheirNodesCoresWhereTheyAreShort) {
   const CostModel cheap(problem);
   EXPECT_NEAR(predictStep(cheap, evenPlan(cheap, 2)).step_s, with, 1e-12);
   problem.links[0][1].cpu_s_per_byte = problem.links[1][0].cpu_s_per_byte = 6e-6;
+  // Each end is charged its own part of a link's cost (LinkCosts::sender_share), half
+  // each where not measured. Where the quarter-core node's ends cost it 20% of each
+  // message, its step shrinks; where they cost it 80%, it grows.
+  const CostModel halves(problem);
+  EXPECT_NEAR(halves.messageCpuAtEnd(0, 0, 1, 1000), 0.5 * halves.messageCpu(0, 0, 1, 1000), 1e-15);
+  const double halved = predictStep(halves, evenPlan(halves, 2)).step_s;
+  problem.links[0][1].sender_share = 0.2;  // node 0 sends the activations
+  problem.links[1][0].sender_share = 0.8;  // node 1 sends the gradients
+  const CostModel light(problem);
+  EXPECT_NEAR(light.messageCpuAtEnd(0, 0, 1, 1000), 0.001 + 0.2 * 0.006, 1e-15);
+  EXPECT_NEAR(light.messageCpuAtEnd(1, 0, 1, 1000), 0.001 + 0.8 * 0.006, 1e-15);
+  EXPECT_NEAR(light.messageCpuAtEnd(0, 1, 0, 1000), 0.001 + 0.2 * 0.006, 1e-15);
+  EXPECT_LT(predictStep(light, evenPlan(light, 2)).step_s, halved * 0.9);
+  problem.links[0][1].sender_share = 0.8;
+  problem.links[1][0].sender_share = 0.2;
+  const CostModel heavy(problem);
+  EXPECT_GT(predictStep(heavy, evenPlan(heavy, 2)).step_s, halved * 1.1);
+  // An end's part never goes below its half of the node's own cost per byte (1e-6).
+  problem.links[0][1].sender_share = 0.1;
+  EXPECT_NEAR(CostModel(problem).messageCpuAtEnd(0, 0, 1, 1000), 0.001 + 0.001, 1e-15);
+  problem.links[0][1].sender_share = 1.5;
+  testing::expectThrowWith<InvalidArgument>([&] { CostModel bad(problem); },
+                                            {"link n0 -> n1", "charges its sender 1.5"});
+  problem.links[0][1].sender_share = problem.links[1][0].sender_share = 0.5;
   // With cores to spare on both nodes, messages cost the step nothing.
   problem.node_cores = {4, 4};
   const CostModel spare(problem);

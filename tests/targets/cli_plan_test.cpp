@@ -542,8 +542,11 @@ TEST(CliTest, ProfileLinksMeasuresEveryPairOfNodes) {
   const std::string check =
       "python3 -c \"import json, jsonschema; p = json.load(open('" + links +
       "')); jsonschema.validate(p, json.load(open('" TANDEM_SOURCE_DIR
-      "/docs/profile.schema.json'))); assert len(p['links']['measured']) == 4\" 2>&1";
+      "/docs/profile.schema.json'))); m = p['links']['measured']; assert len(m) == 4; "
+      "assert all(0 < l['sender_share'] < 1 for l in m if l['from'] != l['to'])\" 2>&1";
   EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  // Each pair says what its sending end spent of the CPU its bytes cost.
+  EXPECT_NE(r.out.find("link edge -> cloud: the sender edge spends"), std::string::npos) << r.out;
 
   const std::string profile = dir + "cli_links_profile.json";
   ASSERT_EQ(run("profile --model " + kModels + "mlp.yaml --batch 8 --repeats 1 --warmup 0 --out " +
