@@ -169,6 +169,10 @@ void Model::backwardWeights(Stash& stash, size_t begin, size_t end, const LayerD
   layers_.backwardWeights(stash, begin, end, done, first_done);
 }
 
+size_t Model::firstWithParams(size_t begin, size_t end) const {
+  return layers_.firstWithParams(begin, std::min(end, size()));
+}
+
 int64_t Model::paramCount(size_t begin, size_t end) const {
   int64_t n = 0;
   for (size_t i = begin; i < std::min(end, size()); ++i) n += layers_.layer(i).paramCount();

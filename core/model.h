@@ -88,6 +88,9 @@ class Model {
                     size_t end = kEnd);
 
   int64_t paramCount(size_t begin = 0, size_t end = kEnd) const;
+  // The first layer of [begin, end) with parameters (Sequence::firstWithParams): the
+  // first stage's backward runs none below it and it without its input gradient.
+  size_t firstWithParams(size_t begin = 0, size_t end = kEnd) const;
   // Unsupported, naming the model and the layer, if a layer of [begin, end) does not train
   // (int8 weights: Layer::trains).
   void requireTrainable(size_t begin = 0, size_t end = kEnd) const;

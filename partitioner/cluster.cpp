@@ -207,7 +207,6 @@ LinkCosts linkCosts(const LinkProfile& l) {
 
 // The line through a node's smallest and largest measured messages (a single point: a
 // fixed cost), never negative.
-
 MessageCpuCost messageCpuCost(const std::vector<MessageCpu>& points) {
   const MessageCpu &a = points.front(), &z = points.back();
   MessageCpuCost c;

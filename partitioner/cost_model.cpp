@@ -248,9 +248,13 @@ double CostModel::nodeCores(int node) const {
   return c.empty() ? 0 : c[static_cast<size_t>(node)];
 }
 
-double CostModel::messageCpu(int node, int from_node, int to_node, double bytes) const {
+MessageCpuCost CostModel::ownMessageCpu(int node) const {
   const auto& m = problem_.node_message_cpu;
-  const MessageCpuCost own = m.empty() ? MessageCpuCost{} : m[static_cast<size_t>(node)];
+  return m.empty() ? MessageCpuCost{} : m[static_cast<size_t>(node)];
+}
+
+double CostModel::messageCpu(int node, int from_node, int to_node, double bytes) const {
+  const MessageCpuCost own = ownMessageCpu(node);
   const double link =
       from_node == to_node
           ? 0
@@ -260,8 +264,7 @@ double CostModel::messageCpu(int node, int from_node, int to_node, double bytes)
 }
 
 double CostModel::messageCpuAtEnd(int node, int from_node, int to_node, double bytes) const {
-  const auto& m = problem_.node_message_cpu;
-  const MessageCpuCost own = m.empty() ? MessageCpuCost{} : m[static_cast<size_t>(node)];
+  const MessageCpuCost own = ownMessageCpu(node);
   double link = 0;
   if (from_node != to_node) {
     const LinkCosts& l =
@@ -271,10 +274,7 @@ double CostModel::messageCpuAtEnd(int node, int from_node, int to_node, double b
   return 0.5 * own.fixed_s + std::max(0.5 * own.per_byte_s, link) * bytes;
 }
 
-double CostModel::sendTime(int node, double bytes) const {
-  const auto& m = problem_.node_message_cpu;
-  return m.empty() ? 0 : m[static_cast<size_t>(node)].send(bytes);
-}
+double CostModel::sendTime(int node, double bytes) const { return ownMessageCpu(node).send(bytes); }
 
 const LinkCosts& CostModel::linkCosts(int from, int to) const {
   const int a = types_[static_cast<size_t>(from)].node, b = types_[static_cast<size_t>(to)].node;

@@ -149,6 +149,8 @@ class CostModel {
 
  private:
   double linkTime(int64_t bytes, double ratio, int from_node, int to_node) const;
+  // Node `node`'s measured message cost (zeros when not measured).
+  MessageCpuCost ownMessageCpu(int node) const;
   // What a range [0, end) saves of the backward prefix sums: the backward of the layers
   // before firstWhole() and the first one's input gradient.
   double firstSaving(int type, size_t end) const;

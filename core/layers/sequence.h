@@ -77,10 +77,11 @@ class Sequence {
   int64_t flops() const { return total(&Layer::flops); }
   int64_t stashBytes() const { return total(&Layer::stashBytes); }
   int64_t workspaceBytes(int64_t batch) const;
+  // The first of layers [begin, end) with parameters; end if none has any. Without the
+  // input gradient, backward() runs no layer below it and it without its own.
+  size_t firstWithParams(size_t begin, size_t end) const;
 
  private:
-  // The first of layers [begin, end) with parameters; end if none has any.
-  size_t firstWithParams(size_t begin, size_t end) const;
   // One cost fact of every layer, summed.
   int64_t total(int64_t (Layer::*fact)() const) const;
 

@@ -25,17 +25,16 @@ double Sustained::throttle() const {
 
 namespace {
 
-// What the timed passes measured: per layer its forwards and backwards, the loss, and the
-// first layer with parameters' backwards without the input gradient.
+// What the timed passes measured: per layer its forwards and backwards, the loss, and
+// layer `first_param`'s backwards without the input gradient.
 struct PassTimes {
   std::vector<std::vector<double>> forward, backward;
   std::vector<double> loss, no_input;
-  size_t first_param = 0;
 };
 
 // `o.warmup` untimed and `o.repeats` timed whole training passes, each layer's run timed
 // alone; `loss` (if given) between the last forward and the first backward.
-PassTimes timePasses(LayerRunner& runner, const std::function<void()>& loss,
+PassTimes timePasses(LayerRunner& runner, size_t first_param, const std::function<void()>& loss,
                      const ProfileOptions& o) {
   const size_t n = runner.size();
   PassTimes t;
@@ -44,10 +43,7 @@ PassTimes timePasses(LayerRunner& runner, const std::function<void()>& loss,
   // The first stage runs the model's first layer with parameters without its input
   // gradient: beyond layer 0 that layer is timed so too, in every other pass (the pass
   // stays whole and chained; timing both in one pass would find the second hot).
-  t.first_param = n;
-  for (size_t i = 0; i < n && t.first_param == n; ++i)
-    if (runner.paramBytes(i) > 0) t.first_param = i;
-  const bool no_input = t.first_param > 0 && t.first_param < n && runner.runs(t.first_param);
+  const bool no_input = first_param > 0 && first_param < n && runner.runs(first_param);
   for (int r = 0; r < o.warmup + o.repeats; ++r) {
     const bool timed = r >= o.warmup;
     for (size_t i = 0; i < n; ++i) {
@@ -59,7 +55,7 @@ PassTimes timePasses(LayerRunner& runner, const std::function<void()>& loss,
       if (timed) t.loss.push_back(s);
     }
     for (size_t i = n; i-- > 0;) {
-      const bool input_grad = !(no_input && i == t.first_param && timed && (r - o.warmup) % 2 == 1);
+      const bool input_grad = !(no_input && i == first_param && timed && (r - o.warmup) % 2 == 1);
       const double s = timeOnce([&] { runner.backward(i, input_grad); });
       if (timed && runner.runs(i)) (input_grad ? t.backward[i] : t.no_input).push_back(s);
     }
@@ -111,7 +107,9 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     softmaxCrossEntropy(backend, logits, labels, 1.0f / static_cast<float>(o.batch), dlogits);
     backend.synchronize();
   };
-  PassTimes times = timePasses(runner, classifier ? lossRun : std::function<void()>(), o);
+  const size_t first_param = model.firstWithParams();
+  PassTimes times =
+      timePasses(runner, first_param, classifier ? lossRun : std::function<void()>(), o);
   for (size_t i = 0; i < n; ++i) {
     LayerProfile l;
     l.index = static_cast<int64_t>(i);
@@ -120,7 +118,7 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     if (runner.runs(i)) {  // else not timed: zeros, no repeats
       l.forward = spreadOf(std::move(times.forward[i]));
       l.backward = spreadOf(std::move(times.backward[i]));
-      if (i == times.first_param && !times.no_input.empty())
+      if (i == first_param && !times.no_input.empty())
         l.backward_no_input = spreadOf(std::move(times.no_input));
     }
     l.activation_bytes = runner.activationBytes(i);
