@@ -217,7 +217,8 @@ TEST(ProfileTest, TheFirstLayerWithWeightsIsAlsoTimedWithoutItsInputGradient) {
   EXPECT_EQ(q.devices[0].layers[2].backward_no_input.repeats, 0);
   // A first layer with weights (the tiny net's convolution) has nothing to time so: its
   // backward has no input gradient already.
-  for (const LayerProfile& l : tinyProfile().devices[0].layers)
+  const Profile tiny = tinyProfile();  // kept: a range over a temporary's member dangles
+  for (const LayerProfile& l : tiny.devices[0].layers)
     EXPECT_EQ(l.backward_no_input.repeats, 0) << l.index;
 }
 
