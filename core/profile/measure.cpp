@@ -152,6 +152,63 @@ BackgroundLoad::~BackgroundLoad() {
   for (std::thread& t : threads_) t.join();
 }
 
+namespace {
+
+// The positions of a decode state tree, depth first: what rewind() sets back.
+void positionsOf(const DecodeState& s, std::vector<int64_t>& out) {
+  out.push_back(s.position);
+  for (const DecodeState& c : s.children) positionsOf(c, out);
+}
+
+void rewind(DecodeState& s, const std::vector<int64_t>& positions, size_t& at) {
+  s.position = positions.at(at++);
+  for (DecodeState& c : s.children) rewind(c, positions, at);
+}
+
+}  // namespace
+
+std::optional<std::vector<std::vector<double>>> timeDecode(Model& model, int64_t context,
+                                                           int64_t sequences, int warmup,
+                                                           int repeats) {
+  TANDEM_CHECK_MSG(sequences >= 1 && repeats >= 1 && warmup >= 0, InvalidArgument,
+                   "timing decoding needs sequences and repeats >= 1 and warm-up >= 0, got "
+                       << sequences << ", " << repeats << " and " << warmup);
+  const size_t n = model.size();
+  const Shape& input = model.layer(0).inputShape();
+  if (n == 0 || model.layer(0).inputDType() != DType::kI32 || input.rank() != 1 || context < 1 ||
+      context >= input[0])
+    return std::nullopt;
+  Backend& be = model.backend();
+  std::vector<DecodeState> states(static_cast<size_t>(sequences));
+  std::vector<int32_t> prompt(static_cast<size_t>(context));
+  for (size_t k = 0; k < prompt.size(); ++k) prompt[k] = static_cast<int32_t>(k % 7);
+  try {  // each sequence's cache filled with the context's tokens, as a prefill leaves it
+    for (DecodeState& s : states) model.decode(toDeviceI32(be, {1, context}, prompt), s);
+  } catch (const Unsupported&) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> positions;
+  for (const DecodeState& s : states) positionsOf(s, positions);
+  const Tensor tokens =
+      toDeviceI32(be, {sequences, 1}, std::vector<int32_t>(static_cast<size_t>(sequences), 3));
+  std::vector<std::vector<double>> times(n);
+  std::vector<DecodeState*> layer_states(states.size());
+  for (int pass = 0; pass < warmup + repeats; ++pass) {
+    size_t at = 0;
+    for (DecodeState& s : states) rewind(s, positions, at);
+    Tensor h = tokens;
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t b = 0; b < states.size(); ++b) layer_states[b] = &states[b].children.at(i);
+      const double s = timeOnce([&] {
+        h = model.layer(i).decodeEach(h, layer_states);
+        be.synchronize();
+      });
+      if (pass >= warmup) times[i].push_back(s);
+    }
+  }
+  return times;
+}
+
 GemmRunner::GemmRunner(Backend& backend, int64_t n) : backend_(backend), n_(n) {
   a_ = toDevice(backend, {n, n}, randomValues(n * n, 1));
   b_ = toDevice(backend, {n, n}, randomValues(n * n, 2));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -108,6 +109,17 @@ class BackgroundLoad {
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
 };
+
+// A language model's decoding timed layer by layer: one new token (Layer::decodeEach) for
+// `sequences` sequences at once, each with `context` tokens already in its key/value
+// cache, every layer in order (each reads the output the layer before it just wrote), the
+// caches rewound to `context` before each pass so that every pass decodes the same
+// position. Seconds per layer and pass: `warmup` passes untimed, then `repeats`.
+// nullopt when the model does not decode token by token (its input is not token ids, or a
+// layer cannot: Layer::decode throws Unsupported) or the context holds no second token.
+std::optional<std::vector<std::vector<double>>> timeDecode(Model& model, int64_t context,
+                                                           int64_t sequences, int warmup,
+                                                           int repeats);
 
 // A square n x n x n sgemm with its operands, on one backend.
 class GemmRunner {

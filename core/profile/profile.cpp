@@ -63,6 +63,25 @@ PassTimes timePasses(LayerRunner& runner, size_t first_param, const std::functio
   return t;
 }
 
+// A language model's decoding per layer (LayerProfile::decode), where it decodes on this
+// backend: its layers' forwards all run there and they decode token by token.
+void timeDecoding(Model& model, const ProfileOptions& o, DeviceProfile& out) {
+  for (const LayerProfile& l : out.layers)
+    if (!l.forward_runs) return;
+  const Shape& input = model.layer(0).inputShape();
+  const int64_t context = input.rank() == 1 ? input[0] / 2 : 0;
+  const auto one = timeDecode(model, context, 1, o.warmup, o.repeats);
+  if (!one) return;
+  const auto batch = timeDecode(model, context, o.decode_batch, o.warmup, o.repeats);
+  if (!batch) return;
+  for (size_t i = 0; i < out.layers.size(); ++i) {
+    out.layers[i].decode = spreadOf((*one)[i]);
+    out.layers[i].decode_batch = spreadOf((*batch)[i]);
+  }
+  out.decode_context = context;
+  out.decode_batch = o.decode_batch;
+}
+
 }  // namespace
 
 DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const ProfileOptions& o) {
@@ -130,6 +149,7 @@ DeviceProfile profileDevice(const ModelSpec& spec, Backend& backend, const Profi
     out.layers.push_back(std::move(l));
   }
   if (classifier) out.loss = spreadOf(std::move(times.loss));
+  if (o.decode) timeDecoding(model, o, out);
   // The update after the pass left gradients in every parameter: zeroed and stepped as
   // the executor does once per training step (the optimizers' own defaults otherwise).
   const std::vector<const char*> kinds =
@@ -261,6 +281,10 @@ std::string profileToJson(const Profile& p) {
                         {"flops_per_sample", l.flops}});
       if (l.backward_no_input.repeats > 0)
         layers.back()["backward_no_input_s"] = spreadJson(l.backward_no_input);
+      if (d.decodes()) {
+        layers.back()["decode_s"] = spreadJson(l.decode);
+        layers.back()["decode_batch_s"] = spreadJson(l.decode_batch);
+      }
       if (!l.lacks.empty()) {
         json lacks = json::array();
         for (const OpUse& u : l.lacks) lacks.push_back(opUseName(u));
@@ -283,6 +307,7 @@ std::string profileToJson(const Profile& p) {
                                          {"gemm", gemm},
                                          {"layers", layers}});
     if (d.batch > 0) dj["batch"] = d.batch;
+    if (d.decodes()) dj["decode"] = {{"context", d.decode_context}, {"batch", d.decode_batch}};
     if (d.loss.repeats > 0) dj["loss_s"] = spreadJson(d.loss);
     if (!d.update.empty()) {
       json update = json::object();
@@ -387,6 +412,23 @@ DeviceProfile parseDevice(const Reader& r, int64_t version) {
       lp.forward_runs = l.boolean("forward_runs");
     }
     d.layers.push_back(std::move(lp));
+  }
+  if (version > 5 && r.has("decode")) {
+    const Reader de = r.child(r.at("decode", json::value_t::object), ".decode");
+    d.decode_context = de.integer("context");
+    d.decode_batch = de.integer("batch");
+    if (d.decode_context < 1) de.fail("context", "is not positive");
+    if (d.decode_batch < 1) de.fail("batch", "is not positive");
+  }
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const Reader l = r.child(layers[li], ".layers[" + std::to_string(li) + "]");
+    LayerProfile& lp = d.layers[li];
+    if (d.decodes()) {
+      lp.decode = l.spread("decode_s");
+      lp.decode_batch = l.spread("decode_batch_s");
+    } else if (l.has("decode_s") || l.has("decode_batch_s")) {
+      l.fail("decode_s", "is given without the device's \"decode\" (context and batch)");
+    }
   }
   if (version > 4 && r.has("batch")) {
     d.batch = r.integer("batch");

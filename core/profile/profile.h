@@ -48,6 +48,12 @@ struct LayerProfile {
   // runs the layer.
   std::vector<OpUse> lacks;
   bool forward_runs = true;
+  // Optional within version 6: a language model's decoding of one new token through this
+  // layer (Layer::decodeEach) for one sequence, and for DeviceProfile::decode_batch
+  // sequences at once, each with DeviceProfile::decode_context tokens in its cache, timed
+  // in order through the layers (timeDecode, measure.h). No repeats: not measured (a
+  // model that does not decode token by token, profiles before it was measured).
+  Spread decode, decode_batch;
 };
 
 struct GemmPoint {
@@ -105,6 +111,10 @@ struct DeviceProfile {
   int64_t batch = 0;
   // The batch the layers were measured at: `batch`, or else the profile's.
   int64_t batchIn(const Profile& p) const;
+  // Where its layers' decoding was timed (LayerProfile::decode): the tokens each
+  // sequence's cache held and the sequences of decode_batch; 0: not measured.
+  int64_t decode_context = 0, decode_batch = 0;
+  bool decodes() const { return decode_batch > 0; }
 };
 
 // One measured link: from == to is within a node (two processes there).
@@ -172,6 +182,10 @@ struct ProfileOptions {
   // Whether the optimizers' update is timed (DeviceProfile::update); it does not depend
   // on the batch, so one measurement serves a model's profiles at several batches.
   bool update = true;
+  // Whether a language model's decoding is timed (LayerProfile::decode), at half its
+  // context for one sequence and for `decode_batch` at once.
+  bool decode = true;
+  int64_t decode_batch = 4;
 };
 
 // Measures `spec` on `backend` (builds its own copy of the model there).

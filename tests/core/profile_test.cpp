@@ -28,6 +28,19 @@ ProfileOptions quickOptions(int repeats, double sustain_s) {
   return o;
 }
 
+// The CPU's profile of the model `spec_text` under quickOptions(repeats, 0), without the
+// optimizers' update (and without its decoding where `decode` is false).
+Profile quickProfile(const std::string& spec_text, int repeats, bool decode = true) {
+  cpu::CpuBackend be;
+  ProfileOptions o = quickOptions(repeats, 0);
+  o.update = false;
+  o.decode = decode;
+  const ModelSpec spec = parseModelSpec(spec_text);
+  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, {}, std::nullopt};
+  p.devices.push_back(profileDevice(spec, be, o));
+  return p;
+}
+
 Profile tinyProfile() {
   cpu::CpuBackend be;
   ProfileOptions o;
@@ -193,14 +206,10 @@ LinkSet twoLinks() {
 TEST(ProfileTest, TheFirstLayerWithWeightsIsAlsoTimedWithoutItsInputGradient) {
   // A linear layer after a flatten: the first stage runs its backward without the input
   // gradient (nothing below it wants that), so every other timed pass times it so.
-  cpu::CpuBackend be;
-  ProfileOptions o = quickOptions(4, 0);
-  o.update = false;
-  const ModelSpec spec = parseModelSpec(
+  const Profile p = quickProfile(
       "name: flat\ninput: [2, 3, 3]\nlayers: [flatten, {linear: {out: 8}}, relu, "
-      "{linear: {out: 3}}]\n");
-  Profile p{spec.name, spec.input, o.batch, o.warmup, o.repeats, 0, {}, {}, std::nullopt};
-  p.devices.push_back(profileDevice(spec, be, o));
+      "{linear: {out: 3}}]\n",
+      4);
   const std::vector<LayerProfile>& layers = p.devices[0].layers;
   ASSERT_EQ(layers.size(), 4u);
   EXPECT_EQ(layers[1].backward.repeats, 2);
@@ -220,6 +229,65 @@ TEST(ProfileTest, TheFirstLayerWithWeightsIsAlsoTimedWithoutItsInputGradient) {
   const Profile tiny = tinyProfile();  // kept: a range over a temporary's member dangles
   for (const LayerProfile& l : tiny.devices[0].layers)
     EXPECT_EQ(l.backward_no_input.repeats, 0) << l.index;
+}
+
+TEST(ProfileTest, ALanguageModelsDecodingIsTimedPerLayer) {
+  // A token of one sequence and of decode_batch at once, at half the context, through
+  // every layer; the larger batch costs more than one sequence's token and less than that
+  // many of them one after another only where the weights are read once (not asserted:
+  // a timing), so only that both are timed and ordered as a spread.
+  const std::string lm =
+      "name: lm\ninput: [16]\nlayers:\n  - embedding: {vocab: 32, dim: 16}\n"
+      "  - positional: {context: 16}\n  - transformer: {heads: 2, mlp: 32}\n"
+      "  - layernorm\n  - linear: {out: 32}\n";
+  const Profile p = quickProfile(lm, 3);
+  const DeviceProfile& d = p.devices[0];
+  EXPECT_EQ(d.decode_context, 8);
+  EXPECT_EQ(d.decode_batch, 4);
+  ASSERT_EQ(d.layers.size(), 5u);
+  for (const LayerProfile& l : d.layers) {
+    EXPECT_EQ(l.decode.repeats, 3) << l.index;
+    EXPECT_EQ(l.decode_batch.repeats, 3) << l.index;
+    EXPECT_GT(l.decode.min, 0) << l.index;
+    EXPECT_LE(l.decode_batch.min, l.decode_batch.median) << l.index;
+  }
+  const Profile q = parseProfile(profileToJson(p), "mem");
+  EXPECT_EQ(q.devices[0].decode_context, 8);
+  EXPECT_EQ(q.devices[0].decode_batch, 4);
+  EXPECT_EQ(q.devices[0].layers[2].decode.median, d.layers[2].decode.median);
+  EXPECT_EQ(q.devices[0].layers[2].decode_batch.median, d.layers[2].decode_batch.median);
+  // A model that does not decode token by token (the tiny CNN) has no decoding times;
+  // a profile saying so reads back without them.
+  const Profile tiny = tinyProfile();
+  EXPECT_FALSE(tiny.devices[0].decodes());
+  for (const LayerProfile& l : tiny.devices[0].layers) EXPECT_EQ(l.decode.repeats, 0);
+  EXPECT_FALSE(parseProfile(profileToJson(tiny), "mem").devices[0].decodes());
+  // Asked not to (ProfileOptions::decode), it does not time them.
+  EXPECT_FALSE(quickProfile(lm, 1, false).devices[0].decodes());
+}
+
+TEST(ProfileTest, DecodingTimesWithoutWhereTheyWereTimedAreRefused) {
+  const Profile p = quickProfile(
+      "name: lm\ninput: [8]\nlayers:\n  - embedding: {vocab: 16, dim: 8}\n  - linear: {out: 16}\n",
+      2);
+  ASSERT_TRUE(p.devices[0].decodes());
+  const std::string text = profileToJson(p);
+  auto without = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) t.replace(at, from.size(), to);
+    return t;
+  };
+  expectThrowWith<FormatError>(
+      [&] { (void)parseProfile(without("\"decode\": {", "\"decoded\": {"), "p.json"); },
+      {"p.json: profile field devices[0].layers[0].decode_s is given without the device's"});
+  expectThrowWith<FormatError>(
+      [&] { (void)parseProfile(without("\"decode_batch_s\"", "\"decode_batch_x\""), "p.json"); },
+      {"profile field devices[0].layers[0].decode_batch_s is missing"});
+  expectThrowWith<FormatError>(
+      [&] { (void)parseProfile(without("\"context\": 4", "\"context\": 0"), "p.json"); },
+      {"profile field devices[0].decode.context is not positive"});
 }
 
 TEST(ProfileTest, JsonRoundTrips) {
