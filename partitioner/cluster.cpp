@@ -328,7 +328,13 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
         d.lacks.push_back(lacks ? "lacks " + opUseNames(lp.lacks) : "");
         if (lp.backward_no_input.repeats > 0)
           d.first_backward_s = lp.backward_no_input.median * scale;
+        // Decoding a token does not depend on the batch: only on what the device sustains.
+        if (dp.decodes()) {
+          d.decode_s.push_back(lp.decode.median * dp.sustained.throttle());
+          d.decode_batch_s.push_back(lp.decode_batch.median * dp.sustained.throttle());
+        }
       }
+      if (dp.decodes()) d.decode_batch = dp.decode_batch;
       // The loss runs on the last stage, with the last layer; training pays for it.
       if (options.objective == Objective::kTrainThroughput)
         d.forward_s.back() += dp.loss.median * scale;

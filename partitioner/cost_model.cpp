@@ -66,6 +66,13 @@ void validate(const Problem& p) {
     TANDEM_CHECK_MSG(d.lacks.empty() || d.lacks.size() == layers, InvalidArgument,
                      "device " << d.name << " says what it lacks for " << d.lacks.size()
                                << " layers, the model has " << layers);
+    const bool decodes = !d.decode_s.empty();
+    TANDEM_CHECK_MSG(!decodes || (d.decode_s.size() == layers &&
+                                  d.decode_batch_s.size() == layers && d.decode_batch >= 1),
+                     InvalidArgument,
+                     "device " << d.name << " has decoding times for " << d.decode_s.size()
+                               << " and " << d.decode_batch_s.size() << " layers at "
+                               << d.decode_batch << " sequences, the model has " << layers);
     TANDEM_CHECK_MSG(d.update_s_per_param_byte >= 0, InvalidArgument,
                      "device " << d.name << " has a negative update time");
     TANDEM_CHECK_MSG(d.host_threads >= 0, InvalidArgument,
@@ -109,7 +116,8 @@ CostModel::CostModel(Problem problem) : problem_(std::move(problem)) {
           r.first_backward_s == devs[d].first_backward_s && r.burst_ratio == devs[d].burst_ratio &&
           r.burst_budget_s == devs[d].burst_budget_s && r.host_threads == devs[d].host_threads &&
           r.update_s_per_param_byte == devs[d].update_s_per_param_byte &&
-          r.lacks == devs[d].lacks) {
+          r.lacks == devs[d].lacks && r.decode_s == devs[d].decode_s &&
+          r.decode_batch_s == devs[d].decode_batch_s) {
         types_[t].devices.push_back(static_cast<int>(d));
         type_of_[d] = static_cast<int>(t);
         break;

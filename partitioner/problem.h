@@ -67,6 +67,11 @@ struct DeviceCosts {
   // weight-gradient half of its backward_s (as CostModel::weightGradient prices it). The
   // first layer's backward_s has no input gradient already (nothing to send it to).
   double first_backward_s = -1;
+  // Per layer, a language model's decoding of one token (generation.h): for one sequence
+  // and for `decode_batch` sequences at once (the profile's decode_s and decode_batch_s,
+  // scaled like the layers by what the device sustains). Empty: not measured.
+  std::vector<double> decode_s = {}, decode_batch_s = {};
+  int64_t decode_batch = 0;
 };
 
 // The CPU a message costs its node's cores (both ends together): fixed + per_byte * bytes

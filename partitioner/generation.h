@@ -1,0 +1,79 @@
+// Generation across stages (`tandem generate JOB.yaml`, `tandem serve JOB.yaml`): what a
+// token costs a plan, and the plan of fewest stages within the selection margin of the
+// fastest, so that splitting a model is chosen only where it is predicted faster than
+// one device by more than the cost model's error.
+//
+// How the stages run (core/pipeline/stage_decoder.h): one stage alone decodes the
+// `in_flight` sequences as one batch, a step advancing each by a token (Layer::decodeEach:
+// one pass over the weights); over several stages every sequence travels alone, one
+// message per step, stage s decoding its token and sending the activation on, the last
+// one choosing the token and sending it back to stage 0. Each token is also reported to
+// the coordinator. So, per token:
+//   decode(d, [b, e), k)  = sum over the layers of the profile's decode time at k
+//                           sequences at once (DeviceCosts::decode_s at 1, decode_batch_s
+//                           at decode_batch: the line through them)
+//   one stage             = k sequences / (decode(d, all, k) + k x report)
+//   several stages        = the least of
+//                           k / (sum of decode(d_s, stage s, 1) + every hop's trip)
+//                           (each sequence's token goes round the ring: p hops)
+//                           1 / (the busiest stage's decode(d_s, stage s, 1) + its ends
+//                           of its messages' CPU)
+//                           node cores / (the node's stages' busy time x threads)
+//                           (stages sharing a node's cores)
+//   a hop's trip          = its node pair's link latency + bytes / bandwidth + the
+//                           message's CPU at both ends (CostModel::messageCpu)
+//   report                = the last stage's end of a message to the coordinator
+// What it leaves out: the prefill of each prompt (a request's first token), the caches'
+// memory (a stage's memory is its weights and one token's working set, as serving's),
+// and the ZeroMQ I/O threads' wake-ups beyond the measured message CPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "partitioner/plan.h"
+
+namespace tandem::partitioner {
+
+struct GenerationOptions {
+  int64_t in_flight = 8;  // sequences decoding at once
+  // Per layer, the bytes of its output for one token (what a stage ending there sends).
+  std::vector<int64_t> token_bytes;
+};
+
+// A plan's predicted generation.
+struct GenerationCost {
+  double tokens_per_s = 0;  // every sequence in flight together
+  double token_s = 0;       // one sequence's time from one of its tokens to the next
+  std::string paced_by;     // "stage 1 decode", "the ring", "node a's cores"
+};
+
+// Seconds device `device` takes to decode one token of `sequences` sequences at once
+// through layers [begin, end). InvalidArgument naming the device when its profile has no
+// decoding times.
+double decodeSeconds(const CostModel& cost, int device, size_t begin, size_t end,
+                     int64_t sequences);
+
+// `stages`: one device each, covering the layers in order.
+GenerationCost priceGeneration(const CostModel& cost, const std::vector<Assignment>& stages,
+                               const GenerationOptions& o);
+
+// A generation plan and what its choice weighed.
+struct GenerationPlan {
+  Plan plan;  // priced by evaluate() (memory: serving's); samples_per_s is tokens_per_s
+  GenerationCost predicted;
+  // The fastest plan on one device, and the fastest of several stages (tokens_per_s 0:
+  // none fits or the cluster has one device), for the run to print beside the choice.
+  GenerationCost best_single, best_split;
+  std::vector<Assignment> best_split_stages;
+};
+
+// Every device alone, and every sequence of 2 to 4 devices (at most 4096 sequences) with
+// the layers cut where its busiest stage is least busy (a dynamic programme over the
+// cuts), each priced by priceGeneration; a plan that does not fit in memory or puts a
+// layer on a device that lacks its ops is not taken. The plan of fewest stages within
+// kSelectionMargin of the most tokens per second. InvalidArgument if nothing fits.
+GenerationPlan planGeneration(const CostModel& cost, const GenerationOptions& o);
+
+}  // namespace tandem::partitioner
