@@ -181,7 +181,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
   if (!fork || job_.auto_partition)
     daemons_ = std::make_unique<ClusterDaemons>(cluster_, options_.key, options_.tandemd);
   if (job_.auto_partition) {
-    planned_ = planJob(job_, model, *daemons_);
+    planned_ = plan(job_, model);
     // What the planner chose stays for the whole run: a re-plan after a lost node keeps
     // the microbatch count (and so the sums) the run started with.
     job_.train.microbatches = planned_->microbatches;
@@ -189,6 +189,18 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     job_.chunks = planned_->chunks;
     job_.microbatches_auto = job_.schedule_auto = false;
     place(model);
+  } else if (generates() && daemons_ && stages_.size() > 1) {
+    std::vector<LayerRange> ranges;
+    std::vector<int> nodes;
+    std::vector<std::string> backends;
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      if (stages_[s].slice.tensor > 1 || stages_[s].replicas > 1 || s >= node_of_.size()) return;
+      ranges.push_back(stages_[s].slice.layers);
+      nodes.push_back(node_of_[s]);
+      backends.push_back(stages_[s].slice.device);
+    }
+    warnSlowGenerationSplit(job_, model, model_spec_, *daemons_, options_.in_flight, ranges, nodes,
+                            backends);
   }
 }
 
@@ -351,7 +363,7 @@ void JobRun::replace() {
   weights_ = resume_weights_;
   start_step_ = resume_step_;
   if (job_.auto_partition) {
-    planned_ = planJob(job_, model, *daemons_);
+    planned_ = plan(job_, model);
     // Interleaved stages whose survivors are one device run it with 1F1B.
     job_.train.schedule = planned_->schedule;
     job_.chunks = planned_->chunks;
@@ -359,6 +371,11 @@ void JobRun::replace() {
     replanOwnRanges(model);
   }
   place(model);
+}
+
+PlannedJob JobRun::plan(const JobSpec& job, const Model& model) const {
+  return generates() ? planGenerationJob(job, model, model_spec_, *daemons_, options_.in_flight)
+                     : planJob(job, model, model_spec_, *daemons_);
 }
 
 void JobRun::replanOwnRanges(const Model& model) {
@@ -376,7 +393,7 @@ void JobRun::replanOwnRanges(const Model& model) {
                             (cluster_.nodes.size() == 1 ? "" : "s") + " left (" +
                             nodeList(cluster_) + ")";
   try {
-    planned_ = planJob(j, model, *daemons_);
+    planned_ = plan(j, model);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument("the " + nodes + " cannot hold the job's stages: " + e.what());
   }

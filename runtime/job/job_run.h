@@ -138,6 +138,9 @@ class JobRun {
   // cluster back, its own ranges again. InvalidArgument naming the nodes and the memory
   // when they cannot hold the model.
   void replanOwnRanges(const Model& model);
+  // `partition: auto` over the daemons: planGenerationJob for a generation run (per token),
+  // else planJob.
+  PlannedJob plan(const JobSpec& job, const Model& model) const;
   // One model file of the whole model and its optimizer state from the stages' slices
   // (by slot; empty for the slots that send none).
   std::vector<uint8_t> merge(const std::vector<std::vector<uint8_t>>& slices) const;

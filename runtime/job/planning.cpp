@@ -290,8 +290,8 @@ bool prefersInterleaved(double interleaved_samples_per_s, double other_samples_p
   return interleaved_samples_per_s > other_samples_per_s * (1 + partitioner::kSelectionMargin);
 }
 
-PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons) {
-  const std::string spec = readFile(job.model, "model spec");
+PlannedJob planJob(const JobSpec& job, const Model& model, const std::string& spec,
+                   const ClusterDaemons& daemons) {
   const std::vector<int64_t> counts = job.microbatches_auto ? microbatchCandidates(job.train.batch)
                                                             : std::vector{job.train.microbatches};
   const std::vector<ScheduleKind> kinds =

@@ -89,7 +89,28 @@ struct PlannedJob {
   int chunks = 1;  // interleaved: model chunks per stage (the plan's stages are chunks)
   std::vector<PlanCandidate> candidates;  // every one priced, when the job let it choose
 };
-PlannedJob planJob(const JobSpec& job, const Model& model, const ClusterDaemons& daemons);
+// `spec`: the model's spec text (a Hugging Face folder's, made from its config).
+PlannedJob planJob(const JobSpec& job, const Model& model, const std::string& spec,
+                   const ClusterDaemons& daemons);
+
+// `partition: auto` for a generation run (`tandem generate JOB.yaml`, `tandem serve
+// JOB.yaml`): the daemons' profiles priced per token with `in_flight` sequences
+// (partitioner::planGeneration) — one device unless a split is predicted faster by more
+// than the selection margin. Logs the choice with its prediction beside the best single
+// device's and the best split's.
+PlannedJob planGenerationJob(const JobSpec& job, const Model& model, const std::string& spec,
+                             const ClusterDaemons& daemons, int in_flight);
+// A generation job's own split (its ranges or plan file), stage s's layers `ranges[s]` on
+// backend `backends[s]` of the cluster's node `nodes[s]`: priced per token beside the
+// best single device (planGenerationJob's candidates), with a warning when the split is
+// predicted slower. The split is run as it is either way; where the daemons cannot
+// profile, or a stage's device is not in the cluster's profiles, nothing is said.
+void warnSlowGenerationSplit(const JobSpec& job, const Model& model, const std::string& spec,
+                             const ClusterDaemons& daemons, int in_flight,
+                             const std::vector<LayerRange>& ranges, const std::vector<int>& nodes,
+                             const std::vector<std::string>& backends);
+// Per layer of a language model, the bytes of its output for one token (fp32).
+std::vector<int64_t> tokenBytes(const Model& model);
 
 // Whether planJob takes the fastest interleaved candidate over the fastest other one: only
 // when it is predicted faster by more than kSelectionMargin, since it sends each

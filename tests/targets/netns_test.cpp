@@ -229,9 +229,11 @@ TEST(NetnsTest, ACapturedClusterRunCarriesNoPlaintextWeightsOrActivations) {
 
 // A GPT across the namespaced hosts: `partition: auto` plans its blocks over the three
 // daemons from their own profiles (each sees the layers and their activation sizes) and
-// trains it on text; then `tandem generate` serves prompts from that job's stages on the
-// daemons — each stage's KV cache on its host, the tokens back across the shaped links —
-// and answers each prompt with the text one process generates from the saved model.
+// trains it on text; then `tandem generate` serves prompts from its weights on stages of
+// a split of its own across the three daemons — each stage's KV cache on its host, the
+// tokens back across the shaped links — and from the training job itself, whose
+// `partition: auto` plans generation per token (for so small a model one device); each
+// answers every prompt with the text one process generates from the saved model.
 TEST(NetnsTest, AGptPlannedAcrossNamespacedDaemonsTrainsThenGeneratesAsOneProcess) {
   std::string why;
   if (!canMakeNamespaces(why)) GTEST_SKIP() << why;
@@ -260,15 +262,24 @@ TEST(NetnsTest, AGptPlannedAcrossNamespacedDaemonsTrainsThenGeneratesAsOneProces
   const std::string prompts = "printf 'line 3: the\\nline 7\\n' | ";
   const Ran here = sh(prompts + kCli + " generate " + c.dir() + "/gpt.tdm --serve --tokens 10");
   ASSERT_EQ(here.code, 0) << here.out;
-  const Ran there =
+  const std::string split = c.dir() + "/gpt-split.yaml";
+  std::ofstream(split)
+      << "model: gpt.yaml\nweights: gpt.tdm\npartition: [[0, 3], [3, 4], [4, 7]]\n";
+  const Ran across =
+      sh(prompts + c.tandem("generate " + split + " --serve --tokens 10 --cluster " + c.cluster()));
+  ASSERT_EQ(across.code, 0) << across.out;
+  EXPECT_NE(across.out.find("served 2 prompts across 3 stages"), std::string::npos) << across.out;
+  const Ran planned =
       sh(prompts + c.tandem("generate " + j + " --serve --tokens 10 --cluster " + c.cluster()));
-  ASSERT_EQ(there.code, 0) << there.out;
-  EXPECT_NE(there.out.find("served 2 prompts across "), std::string::npos) << there.out;
-  for (const std::string p : {"line 3: the", "line 7"}) {
-    const std::string text = tandem::testing::servedText(here.out, p);
-    ASSERT_FALSE(text.empty()) << p << "\n" << here.out;
-    EXPECT_NE(there.out.find(text), std::string::npos) << text << "\n" << there.out;
-  }
+  ASSERT_EQ(planned.code, 0) << planned.out;
+  EXPECT_NE(planned.out.find("partition: auto: generation over "), std::string::npos)
+      << planned.out;
+  for (const Ran* there : {&across, &planned})
+    for (const std::string p : {"line 3: the", "line 7"}) {
+      const std::string text = tandem::testing::servedText(here.out, p);
+      ASSERT_FALSE(text.empty()) << p << "\n" << here.out;
+      EXPECT_NE(there->out.find(text), std::string::npos) << text << "\n" << there->out;
+    }
 }
 
 // A node lost mid-run — its daemon killed, its link cut, or blackholed (it drops what it

@@ -407,6 +407,14 @@ TEST(TandemdTest, AJobOnTwoDaemonsGeneratesTheTextOneProcessDoes) {
   const std::string job = dir + "/gen.yaml";
   std::ofstream(job) << "model: gpt.yaml\nweights: gpt.tdm\npartition: [[0, 3], [3, 6]]\n";
   const std::string prompts = "printf 'the cat\\nonce upon a time, far away\\nq\\n' | ";
+  // Each answer line, whatever the order: the same text as the one process's.
+  auto sameText = [](const Ran& here, const Ran& there) {
+    for (const std::string p : {"the cat", "q"}) {
+      const std::string text = tandem::testing::servedText(here.out, p);
+      ASSERT_FALSE(text.empty()) << p << "\n" << here.out;
+      EXPECT_NE(there.out.find(text), std::string::npos) << text << "\n" << there.out;
+    }
+  };
   for (const std::string sampling :
        {"", " --temperature 0.9 --top-k 30 --seed 4", " --temperature 1.2 --top-p 0.8 --seed 6"}) {
     const std::string opts = " --serve --tokens 8" + sampling;
@@ -417,17 +425,30 @@ TEST(TandemdTest, AJobOnTwoDaemonsGeneratesTheTextOneProcessDoes) {
     ASSERT_EQ(there.code, 0) << there.out;
     EXPECT_NE(there.out.find("served 2 prompts across 2 stages: 16 tokens"), std::string::npos)
         << there.out;
-    // Each answer line, whatever the order: the same text as the one process's.
-    for (const std::string p : {"the cat", "q"}) {
-      const std::string text = tandem::testing::servedText(here.out, p);
-      ASSERT_FALSE(text.empty()) << p << "\n" << here.out;
-      EXPECT_NE(there.out.find(text), std::string::npos) << text << "\n" << there.out;
-    }
+    sameText(here, there);
     EXPECT_NE(there.out.find("\"error\":\"a prompt of 26 tokens and 8 new ones exceed the context "
                              "of 24"),
               std::string::npos)
         << there.out;
   }
+  // The job's own split is priced per token beside the best single device (and warned
+  // about when slower); `partition: auto` plans generation per token: whichever number of
+  // stages it takes, the same text.
+  const Ran priced =
+      run(prompts + kCli + " generate " + job + " --serve --tokens 8 --cluster " + nodes.cluster);
+  ASSERT_EQ(priced.code, 0) << priced.out;
+  EXPECT_NE(priced.out.find("partition: the job's 2 stages predicted "), std::string::npos)
+      << priced.out;
+  std::ofstream(dir + "/auto.yaml") << "model: gpt.yaml\nweights: gpt.tdm\npartition: auto\n";
+  const Ran here = run(prompts + kCli + " generate " + dir + "/gpt.tdm --serve --tokens 8");
+  const Ran planned = run(prompts + kCli + " generate " + dir +
+                          "/auto.yaml --serve --tokens 8 --in-flight 2 --cluster " + nodes.cluster);
+  ASSERT_EQ(planned.code, 0) << planned.out;
+  EXPECT_NE(planned.out.find("partition: auto: generation over "), std::string::npos)
+      << planned.out;
+  EXPECT_NE(planned.out.find("tokens/s with 2 sequences in flight (paced by "), std::string::npos)
+      << planned.out;
+  sameText(here, planned);
   EXPECT_NE(nodes.a.log().find("started worker 0"), std::string::npos) << nodes.a.log();
   EXPECT_NE(nodes.b.log().find("started worker 1"), std::string::npos) << nodes.b.log();
   std::ofstream(dir + "/replicated.yaml")
