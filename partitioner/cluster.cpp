@@ -332,6 +332,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
         if (dp.decodes()) {
           d.decode_s.push_back(lp.decode.median * dp.sustained.throttle());
           d.decode_batch_s.push_back(lp.decode_batch.median * dp.sustained.throttle());
+          d.cache_bytes.push_back(lp.cache_bytes);
         }
       }
       if (dp.decodes()) d.decode_batch = dp.decode_batch;

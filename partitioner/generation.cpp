@@ -85,6 +85,24 @@ std::vector<Assignment> balancedCuts(const CostModel& cost, const std::vector<in
   return out;
 }
 
+// `plan` (evaluate()'s) with each stage's memory holding the caches of `in_flight`
+// sequences as well; `infeasible` names the first device they do not fit on.
+Plan withCaches(const CostModel& cost, Plan plan, int64_t in_flight) {
+  for (PlanStage& st : plan.stages) {
+    const int dev = st.at.devices.front();
+    const DeviceCosts& d = cost.problem().devices[static_cast<size_t>(dev)];
+    int64_t cache = 0;
+    for (size_t l = st.at.begin; l < st.at.end && l < d.cache_bytes.size(); ++l)
+      cache += d.cache_bytes[l];
+    st.memory_bytes += in_flight * cache;
+    if (st.memory_bytes > d.memory_bytes && plan.infeasible.empty())
+      plan.infeasible = d.name + " needs " + std::to_string(st.memory_bytes) +
+                        " bytes with the caches of " + std::to_string(in_flight) +
+                        " sequences, and has " + std::to_string(d.memory_bytes);
+  }
+  return plan;
+}
+
 // Every sequence of `length` distinct devices of `count`, in order, passed to `each`.
 template <typename F>
 void sequences(int count, size_t length, std::vector<int>& at, std::vector<bool>& used,
@@ -191,7 +209,7 @@ GenerationPlan planGeneration(const CostModel& cost, const GenerationOptions& o)
     if (stages.empty()) return;
     for (const Assignment& a : stages)
       if (!cost.runs(cost.typeOf(a.devices.front()), a.begin, a.end)) return;
-    if (!fits(evaluate(cost, stages, "generation"))) return;
+    if (!fits(withCaches(cost, evaluate(cost, stages, "generation"), o.in_flight))) return;
     const GenerationCost c = priceGeneration(cost, stages, o);
     GenerationCost& best = stages.size() == 1 ? out.best_single : out.best_split;
     if (c.tokens_per_s > best.tokens_per_s) {

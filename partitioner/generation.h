@@ -23,9 +23,11 @@
 //   a hop's trip          = its node pair's link latency + bytes / bandwidth + the
 //                           message's CPU at both ends (CostModel::messageCpu)
 //   report                = the last stage's end of a message to the coordinator
-// What it leaves out: the prefill of each prompt (a request's first token), the caches'
-// memory (a stage's memory is its weights and one token's working set, as serving's),
-// and the ZeroMQ I/O threads' wake-ups beyond the measured message CPU.
+// A stage's memory is serving's (its weights and one token's working set) plus the
+// key/value caches of the sequences in flight (DeviceCosts::cache_bytes, for the whole
+// context). What it leaves out: the prefill of each prompt (a request's first token), two
+// stages on one host sharing its memory bandwidth, and the ZeroMQ I/O threads' wake-ups
+// beyond the measured message CPU.
 #pragma once
 
 #include <cstdint>
@@ -71,8 +73,9 @@ struct GenerationPlan {
 
 // Every device alone, and every sequence of 2 to 4 devices (at most 4096 sequences) with
 // the layers cut where its busiest stage is least busy (a dynamic programme over the
-// cuts), each priced by priceGeneration; a plan that does not fit in memory or puts a
-// layer on a device that lacks its ops is not taken. The plan of fewest stages within
+// cuts), each priced by priceGeneration; a plan that does not fit in memory (with the
+// caches of `in_flight` sequences) or puts a layer on a device that lacks its ops is not
+// taken. The plan of fewest stages within
 // kSelectionMargin of the most tokens per second. InvalidArgument if nothing fits.
 GenerationPlan planGeneration(const CostModel& cost, const GenerationOptions& o);
 

@@ -72,6 +72,9 @@ struct DeviceCosts {
   // scaled like the layers by what the device sustains). Empty: not measured.
   std::vector<double> decode_s = {}, decode_batch_s = {};
   int64_t decode_batch = 0;
+  // With them, per layer: the bytes one sequence's key/value cache holds there (for the
+  // whole context), which every sequence in flight holds on the stage.
+  std::vector<int64_t> cache_bytes = {};
 };
 
 // The CPU a message costs its node's cores (both ends together): fixed + per_byte * bytes

@@ -165,11 +165,17 @@ void rewind(DecodeState& s, const std::vector<int64_t>& positions, size_t& at) {
   for (DecodeState& c : s.children) rewind(c, positions, at);
 }
 
+int64_t stateBytes(const DecodeState& s) {
+  int64_t bytes = 0;
+  for (const Tensor& t : s.cache) bytes += t.bytes();
+  for (const DecodeState& c : s.children) bytes += stateBytes(c);
+  return bytes;
+}
+
 }  // namespace
 
-std::optional<std::vector<std::vector<double>>> timeDecode(Model& model, int64_t context,
-                                                           int64_t sequences, int warmup,
-                                                           int repeats) {
+std::optional<DecodeTimes> timeDecode(Model& model, int64_t context, int64_t sequences, int warmup,
+                                      int repeats) {
   TANDEM_CHECK_MSG(sequences >= 1 && repeats >= 1 && warmup >= 0, InvalidArgument,
                    "timing decoding needs sequences and repeats >= 1 and warm-up >= 0, got "
                        << sequences << ", " << repeats << " and " << warmup);
@@ -187,11 +193,14 @@ std::optional<std::vector<std::vector<double>>> timeDecode(Model& model, int64_t
   } catch (const Unsupported&) {
     return std::nullopt;
   }
+  DecodeTimes out;
+  for (size_t i = 0; i < n; ++i) out.cache_bytes.push_back(stateBytes(states[0].children.at(i)));
   std::vector<int64_t> positions;
   for (const DecodeState& s : states) positionsOf(s, positions);
   const Tensor tokens =
       toDeviceI32(be, {sequences, 1}, std::vector<int32_t>(static_cast<size_t>(sequences), 3));
-  std::vector<std::vector<double>> times(n);
+  std::vector<std::vector<double>>& times = out.seconds;
+  times.resize(n);
   std::vector<DecodeState*> layer_states(states.size());
   for (int pass = 0; pass < warmup + repeats; ++pass) {
     size_t at = 0;
@@ -206,7 +215,7 @@ std::optional<std::vector<std::vector<double>>> timeDecode(Model& model, int64_t
       if (pass >= warmup) times[i].push_back(s);
     }
   }
-  return times;
+  return out;
 }
 
 GemmRunner::GemmRunner(Backend& backend, int64_t n) : backend_(backend), n_(n) {

@@ -114,12 +114,17 @@ class BackgroundLoad {
 // `sequences` sequences at once, each with `context` tokens already in its key/value
 // cache, every layer in order (each reads the output the layer before it just wrote), the
 // caches rewound to `context` before each pass so that every pass decodes the same
-// position. Seconds per layer and pass: `warmup` passes untimed, then `repeats`.
-// nullopt when the model does not decode token by token (its input is not token ids, or a
-// layer cannot: Layer::decode throws Unsupported) or the context holds no second token.
-std::optional<std::vector<std::vector<double>>> timeDecode(Model& model, int64_t context,
-                                                           int64_t sequences, int warmup,
-                                                           int repeats);
+// position. Seconds per layer and pass (`warmup` passes untimed, then `repeats`), and
+// per layer the bytes one sequence's decoding state holds there (its key/value cache,
+// allocated for the whole context). nullopt when the model does not decode token by token
+// (its input is not token ids, or a layer cannot: Layer::decode throws Unsupported) or
+// the context holds no second token.
+struct DecodeTimes {
+  std::vector<std::vector<double>> seconds;
+  std::vector<int64_t> cache_bytes;
+};
+std::optional<DecodeTimes> timeDecode(Model& model, int64_t context, int64_t sequences, int warmup,
+                                      int repeats);
 
 // A square n x n x n sgemm with its operands, on one backend.
 class GemmRunner {

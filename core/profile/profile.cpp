@@ -75,8 +75,9 @@ void timeDecoding(Model& model, const ProfileOptions& o, DeviceProfile& out) {
   const auto batch = timeDecode(model, context, o.decode_batch, o.warmup, o.repeats);
   if (!batch) return;
   for (size_t i = 0; i < out.layers.size(); ++i) {
-    out.layers[i].decode = spreadOf((*one)[i]);
-    out.layers[i].decode_batch = spreadOf((*batch)[i]);
+    out.layers[i].decode = spreadOf(one->seconds[i]);
+    out.layers[i].decode_batch = spreadOf(batch->seconds[i]);
+    out.layers[i].cache_bytes = one->cache_bytes[i];
   }
   out.decode_context = context;
   out.decode_batch = o.decode_batch;
@@ -284,6 +285,7 @@ std::string profileToJson(const Profile& p) {
       if (d.decodes()) {
         layers.back()["decode_s"] = spreadJson(l.decode);
         layers.back()["decode_batch_s"] = spreadJson(l.decode_batch);
+        layers.back()["cache_bytes"] = l.cache_bytes;
       }
       if (!l.lacks.empty()) {
         json lacks = json::array();
@@ -426,6 +428,7 @@ DeviceProfile parseDevice(const Reader& r, int64_t version) {
     if (d.decodes()) {
       lp.decode = l.spread("decode_s");
       lp.decode_batch = l.spread("decode_batch_s");
+      lp.cache_bytes = l.integer("cache_bytes");
     } else if (l.has("decode_s") || l.has("decode_batch_s")) {
       l.fail("decode_s", "is given without the device's \"decode\" (context and batch)");
     }

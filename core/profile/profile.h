@@ -54,6 +54,9 @@ struct LayerProfile {
   // in order through the layers (timeDecode, measure.h). No repeats: not measured (a
   // model that does not decode token by token, profiles before it was measured).
   Spread decode, decode_batch;
+  // With them: the bytes one sequence's decoding state holds in this layer (its key/value
+  // cache, allocated for the whole context; 0 for a layer without one).
+  int64_t cache_bytes = 0;
 };
 
 struct GemmPoint {

@@ -25,13 +25,14 @@ namespace tandem::runtime {
 namespace {
 
 // Everything a device's measurement depends on, hashed: the cache file's name.
+// ("cache 5": profiles that time a language model's decoding; older ones lack it.)
 // The CPU the node grants (its quota) is part of it: a node whose quota changed measures
 // anew.
 std::string cacheKey(const ProfileTask& task, int64_t batch, int64_t least, const ProfileDevice& d,
                      const CpuLimit& cpu) {
   char cores[32];
   std::snprintf(cores, sizeof cores, "%.3f", cpu.cores());
-  const std::string what = "tandem profile cache 4\n" + buildName() + "\n" + d.backend + "\n" +
+  const std::string what = "tandem profile cache 5\n" + buildName() + "\n" + d.backend + "\n" +
                            std::to_string(d.threads) + "\n" + std::to_string(d.load) + "\n" +
                            cores + "\n" + std::to_string(batch) + " " + std::to_string(least) +
                            " " + std::to_string(task.warmup) + " " + std::to_string(task.repeats) +

@@ -162,7 +162,8 @@ class JobGeneration {
     jo.tandemd = tandemdProgram();
     jo.mode = runtime::RunMode::kGenerate;
     jo.prompts = &prompts_;
-    jo.in_flight = a.in_flight;
+    // One prompt (--prompt) is one sequence in flight, which is what its plan is priced for.
+    jo.in_flight = a.serve ? a.in_flight : 1;
     // Everything is checked and placed here, before any worker starts.
     run_ = std::make_unique<runtime::JobRun>(std::move(job), jo);
     shape_ = textShape(Model(parseModelSpec(run_->modelSpec(), run_->job().model)));

@@ -251,7 +251,12 @@ TEST(ProfileTest, ALanguageModelsDecodingIsTimedPerLayer) {
     EXPECT_GT(l.decode.min, 0) << l.index;
     EXPECT_LE(l.decode_batch.min, l.decode_batch.median) << l.index;
   }
+  // The transformer's cache: keys and values, 16 wide, for the context of 16 tokens.
+  EXPECT_EQ(d.layers[2].cache_bytes, 2 * 16 * 16 * 4);
+  for (const size_t i : {size_t{0}, size_t{1}, size_t{3}, size_t{4}})
+    EXPECT_EQ(d.layers[i].cache_bytes, 0) << i;
   const Profile q = parseProfile(profileToJson(p), "mem");
+  EXPECT_EQ(q.devices[0].layers[2].cache_bytes, d.layers[2].cache_bytes);
   EXPECT_EQ(q.devices[0].decode_context, 8);
   EXPECT_EQ(q.devices[0].decode_batch, 4);
   EXPECT_EQ(q.devices[0].layers[2].decode.median, d.layers[2].decode.median);

@@ -36,6 +36,7 @@ Problem decodingProblem(size_t layers, int devices, double one, double four, dou
     c.decode_s.assign(layers, one);
     c.decode_batch_s.assign(layers, four);
     c.decode_batch = 4;
+    c.cache_bytes.assign(layers, 0);
     c.host_threads = 1;
     p.devices.push_back(c);
   }
@@ -156,6 +157,19 @@ TEST(GenerationTest, CutsGiveTheSlowerDeviceFewerLayersAndSkipWhatCannotHoldThem
   const GenerationPlan g = planGeneration(tight, optionsFor(8, 1));
   EXPECT_GE(g.plan.stages.size(), 2u);
   EXPECT_EQ(g.best_single.tokens_per_s, 0);
+  // The sequences' caches count: 10 kB a layer each, so one device holds the model and
+  // one sequence's caches with room for no more, and 8 in flight need two devices.
+  p = decodingProblem(8, 2, 0.001, 0.0025, 0.005);
+  const int64_t whole = evaluate(CostModel(p), {{0, 8, {0}}}, "whole").stages[0].memory_bytes;
+  p.devices[0].memory_bytes = p.devices[1].memory_bytes = whole + 8 * 10000;
+  for (DeviceCosts& d : p.devices) d.cache_bytes.assign(8, 10000);
+  const CostModel caches(p);
+  EXPECT_EQ(planGeneration(caches, optionsFor(8, 1)).plan.stages.size(), 1u);
+  const GenerationPlan eight = planGeneration(caches, optionsFor(8, 8));
+  ASSERT_EQ(eight.plan.stages.size(), 2u);
+  EXPECT_EQ(eight.best_single.tokens_per_s, 0);
+  for (const PlanStage& st : eight.plan.stages)
+    EXPECT_GE(st.memory_bytes, 8 * 10000 * static_cast<int64_t>(st.at.end - st.at.begin));
   p = decodingProblem(8, 1, 0.001, 0.0025, 0);
   p.devices[0].memory_bytes = half;
   const CostModel none(std::move(p));
