@@ -42,6 +42,8 @@ Engine::Engine(PipelineServe serve, EngineOptions options)
   TANDEM_CHECK_MSG(options.in_flight >= 1 && options.max_queue >= 0, InvalidArgument,
                    "in flight " << options.in_flight << " and queue " << options.max_queue
                                 << ": need at least 1 in flight and a queue of 0 or more");
+  TANDEM_CHECK_MSG(options.deadline.count() >= 0, InvalidArgument,
+                   "a negative deadline (" << options.deadline.count() << " ms)");
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -79,12 +81,17 @@ std::optional<std::string> Engine::failure() const {
   return failure_;
 }
 
+bool Engine::overdue(const Ticket& t) const {
+  return options_.deadline.count() > 0 && Ticket::Clock::now() - t.submitted() > options_.deadline;
+}
+
 RequestPoll Engine::poll(std::chrono::milliseconds wait) {
   std::unique_lock lock(mu_);
   RequestPoll p;
   for (;;) {
-    // Requests cancelled while they waited leave the queue here.
-    while (!queue_.empty() && queue_.front()->cancelled()) {
+    // Requests cancelled while they waited, or past the deadline (the oldest first: every
+    // request has the same), leave the queue here.
+    while (!queue_.empty() && (queue_.front()->cancelled() || overdue(*queue_.front()))) {
       queue_.front()->end();
       queue_.pop_front();
       --queued_;
@@ -121,7 +128,7 @@ void Engine::loop() {
   };
   const CancelCheck cancelled = [this](int64_t id) {
     auto it = live_.find(id);
-    const bool stop = it == live_.end() || it->second->cancelled() || [&] {
+    const bool stop = it == live_.end() || it->second->cancelled() || overdue(*it->second) || [&] {
       std::lock_guard lock(mu_);
       return stopping_;
     }();

@@ -3,7 +3,8 @@
 // `max_queue` more waiting; a request beyond those is refused (the server answers 429).
 // Each request is a Ticket its HTTP session reads tokens from as they come and may
 // cancel (its client left, a stop string came): a cancelled sequence leaves the pipeline
-// at its next token and frees its caches (core/pipeline/stage_decoder.h).
+// at its next token and frees its caches (core/pipeline/stage_decoder.h). So does one
+// past the engine's deadline.
 //
 // The engine's own thread runs the pipeline; tokens reach a ticket under its lock and its
 // `wake` is called (from that thread) so the session can take them.
@@ -74,6 +75,10 @@ using PipelineServe =
 struct EngineOptions {
   int in_flight = 8;   // sequences decoding at once (the pipeline's limit, told here)
   int max_queue = 32;  // requests waiting beyond those
+  // How long a request may take from its submission to its last token; past it the
+  // sequence ends where it is (waiting, or at its next token), its ticket ended without
+  // an error, as a length-capped answer (0: no deadline).
+  std::chrono::milliseconds deadline{0};
 };
 
 class Engine {
@@ -97,6 +102,8 @@ class Engine {
 
  private:
   RequestPoll poll(std::chrono::milliseconds wait);
+  // Whether `t` is past the deadline (EngineOptions::deadline).
+  bool overdue(const Ticket& t) const;
   void loop();
 
   PipelineServe serve_;

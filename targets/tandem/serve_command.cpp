@@ -40,7 +40,7 @@ struct ServeArgs {
   bool insecure_no_auth = false;
   int threads = 1, in_flight = 8, max_queue = 32;
   size_t max_body = 1 << 20;
-  double request_timeout_s = 30;
+  double request_timeout_s = 30, deadline_s = 0;
   std::string cluster, key, weights;  // a job file's
 };
 
@@ -194,8 +194,10 @@ void runServe(const ServeArgs& a) {
   options.codec = served.codec;
   options.keys = keys;
   options.created = served.created;
-  auto engine = std::make_unique<serve::Engine>(served.pipeline,
-                                                serve::EngineOptions{a.in_flight, a.max_queue});
+  auto engine = std::make_unique<serve::Engine>(
+      served.pipeline,
+      serve::EngineOptions{a.in_flight, a.max_queue,
+                           milliseconds(static_cast<int64_t>(a.deadline_s * 1e3))});
   serve::Api api(*engine, options);
   serve::HttpLimits limits;
   limits.max_body = a.max_body;
@@ -249,6 +251,10 @@ void addServe(CLI::App& app) {
   c->add_option("--request-timeout", a->request_timeout_s,
                 "Seconds a client may take to send a whole request (408 beyond)")
       ->check(CLI::Range(0.1, 3600.0));
+  c->add_option("--deadline", a->deadline_s,
+                "Seconds a request may take from its arrival to its last token; past it the "
+                "answer ends there, finish_reason 'length' (0: none)")
+      ->check(CLI::Range(0.0, 86400.0));
   c->add_option("--device", a->device, "Device to run on");
   c->add_option("--threads", a->threads, "CPU threads")->check(CLI::Range(1, 1024));
   c->add_option("--cluster", a->cluster,

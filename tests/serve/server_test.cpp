@@ -359,6 +359,44 @@ TEST(ServeTest, AFullServerAnswers429AndALeavingClientFreesItsPlace) {
   EXPECT_EQ(json::parse(next.body)["choices"][0]["text"], "aaa");
 }
 
+TEST(ServeTest, ARequestPastItsDeadlineEndsWhereItIsAsALengthCappedAnswer) {
+  // One place, 20 ms a token, a deadline of 200 ms: a request of 100 tokens (2 s) ends
+  // after a few, whole or streamed, with finish_reason "length" and its usage; one that
+  // waited behind it past the deadline ends with no tokens; the server goes on.
+  std::atomic<int> cancelled{0};
+  ApiOptions o;
+  o.model = {"slow", 1000};
+  Served s(slowPipeline(1, 20ms, &cancelled), {1, 4, 200ms}, o);
+  Reply first, queued;
+  std::thread behind([&] {
+    std::this_thread::sleep_for(50ms);
+    queued = request(s.port(), "POST", "/v1/completions", R"({"prompt": "y", "max_tokens": 100})");
+  });
+  first = request(s.port(), "POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 100})");
+  behind.join();
+  for (const Reply* r : {&first, &queued}) {
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length") << r->body;
+    const std::string text = j["choices"][0]["text"];
+    EXPECT_LT(text.size(), 100u) << r->body;
+    EXPECT_EQ(j["usage"]["completion_tokens"], static_cast<int64_t>(text.size())) << r->body;
+  }
+  const std::string streamed = request(s.port(), "POST", "/v1/completions",
+                                       R"({"prompt": "x", "max_tokens": 100, "stream": true})")
+                                   .body;
+  EXPECT_NE(streamed.find(R"("finish_reason":"length")"), std::string::npos) << streamed;
+  EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << streamed;
+  size_t streamed_text = 0;  // the chunks' text
+  for (size_t at = streamed.find("data: {"); at != std::string::npos;
+       at = streamed.find("data: {", at + 1)) {
+    const json chunk = json::parse(streamed.substr(at + 6, streamed.find('\n', at) - at - 6));
+    streamed_text += chunk["choices"][0]["text"].get<std::string>().size();
+  }
+  EXPECT_LT(streamed_text, 100u) << streamed;
+  EXPECT_THROW(Engine(slowPipeline(1, 1ms, &cancelled), {1, 0, -1ms}), InvalidArgument);
+}
+
 TEST(ServeTest, KeysAreAskedOnEveryRouteButHealth) {
   std::atomic<int> cancelled{0};
   ApiOptions o;
