@@ -197,8 +197,17 @@ GenerationCost priceGeneration(const CostModel& cost, const std::vector<Assignme
 }
 
 GenerationPlan planGeneration(const CostModel& cost, const GenerationOptions& o) {
-  const int devices = static_cast<int>(cost.problem().devices.size());
   const size_t n = cost.layers();
+  // The devices whose profiles time decoding (a device whose backend cannot decode the
+  // model, an OpenCL device lacking an op, has none): only they are priced.
+  std::vector<int> timed;
+  for (size_t d = 0; d < cost.problem().devices.size(); ++d)
+    if (cost.problem().devices[d].decode_batch >= 1) timed.push_back(static_cast<int>(d));
+  TANDEM_CHECK_MSG(!timed.empty(), InvalidArgument,
+                   "generation: no device has decoding times in its profile (a profile of a "
+                   "language model by this version of tandem measures them; "
+                       << cost.problem().devices.front().name << "'s has none)");
+  const int devices = static_cast<int>(timed.size());
   GenerationPlan out;
   struct Priced {
     std::vector<Assignment> stages;
@@ -218,13 +227,16 @@ GenerationPlan planGeneration(const CostModel& cost, const GenerationOptions& o)
     }
     fitting.push_back({stages, c});
   };
-  for (int d = 0; d < devices; ++d) consider({{0, n, {d}}});
+  for (const int d : timed) consider({{0, n, {d}}});
   for (size_t p = 2; p <= std::min<size_t>({kMostStages, n, static_cast<size_t>(devices)}); ++p) {
     if (sequenceCount(devices, p) > static_cast<double>(kMostSequences)) break;
     std::vector<int> at;
     std::vector<bool> used(static_cast<size_t>(devices), false);
-    sequences(devices, p, at, used,
-              [&](const std::vector<int>& seq) { consider(balancedCuts(cost, seq)); });
+    sequences(devices, p, at, used, [&](const std::vector<int>& seq) {
+      std::vector<int> chosen;
+      for (const int i : seq) chosen.push_back(timed[static_cast<size_t>(i)]);
+      consider(balancedCuts(cost, chosen));
+    });
   }
   TANDEM_CHECK_MSG(!fitting.empty(), InvalidArgument,
                    "generation: no device, nor any split over up to "

@@ -71,12 +71,14 @@ struct GenerationPlan {
   std::vector<Assignment> best_split_stages;
 };
 
-// Every device alone, and every sequence of 2 to 4 devices (at most 4096 sequences) with
+// Every device whose profile times decoding (the others are left out), alone, and every
+// sequence of 2 to 4 of them (at most 4096 sequences) with
 // the layers cut where its busiest stage is least busy (a dynamic programme over the
 // cuts), each priced by priceGeneration; a plan that does not fit in memory (with the
 // caches of `in_flight` sequences) or puts a layer on a device that lacks its ops is not
 // taken. The plan of fewest stages within
-// kSelectionMargin of the most tokens per second. InvalidArgument if nothing fits.
+// kSelectionMargin of the most tokens per second. InvalidArgument if nothing fits, or no
+// device has decoding times.
 GenerationPlan planGeneration(const CostModel& cost, const GenerationOptions& o);
 
 }  // namespace tandem::partitioner

@@ -177,5 +177,27 @@ TEST(GenerationTest, CutsGiveTheSlowerDeviceFewerLayersAndSkipWhatCannotHoldThem
                                    {"generation: no device, nor any split"});
 }
 
+TEST(GenerationTest, DevicesWithoutDecodingTimesAreLeftOut) {
+  // Device 1 (an OpenCL device that cannot decode the model, say) has no decoding times:
+  // the plan is device 0's alone, and with no device timed the error says so.
+  Problem p = decodingProblem(8, 2, 0.001, 0.004, 0);
+  p.devices[1].decode_s.clear();
+  p.devices[1].decode_batch_s.clear();
+  p.devices[1].cache_bytes.clear();
+  p.devices[1].decode_batch = 0;
+  const GenerationPlan g = planGeneration(CostModel(p), optionsFor(8, 16));
+  ASSERT_EQ(g.plan.stages.size(), 1u);
+  EXPECT_EQ(g.plan.stages[0].at.devices, std::vector<int>{0});
+  EXPECT_EQ(g.best_split.tokens_per_s, 0);
+  Problem none = decodingProblem(8, 1, 0.001, 0.004, 0);
+  none.devices[0].decode_s.clear();
+  none.devices[0].decode_batch_s.clear();
+  none.devices[0].cache_bytes.clear();
+  none.devices[0].decode_batch = 0;
+  expectThrowWith<InvalidArgument>(
+      [&] { (void)planGeneration(CostModel(none), optionsFor(8, 1)); },
+      {"generation: no device has decoding times in its profile", "n0/cpu0's has none"});
+}
+
 }  // namespace
 }  // namespace tandem::partitioner
