@@ -162,7 +162,24 @@ LlamaConfig parseLlamaConfig(std::string_view json, const std::string& label) {
   if (sliding && root.contains("sliding_window") && !root["sliding_window"].is_null())
     throw Unsupported(label + ": a sliding attention window (" + root["sliding_window"].dump() +
                       ") is not supported");
+  c.eos_ids = parseEosIds(json, label, c.vocab);
   return c;
+}
+
+std::vector<int64_t> parseEosIds(std::string_view json, const std::string& label, int64_t vocab) {
+  const Json root = Json::parse(json, nullptr, false);
+  if (root.is_discarded() || !root.is_object()) throw FormatError(label + ": not a JSON object");
+  std::vector<int64_t> out;
+  if (!root.contains("eos_token_id") || root["eos_token_id"].is_null()) return out;
+  const Json& v = root["eos_token_id"];
+  const Json ids = v.is_array() ? v : Json::array({v});
+  for (const Json& id : ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+      badField(label, "eos_token_id",
+               "holds " + id.dump() + ", not a token id in [0, " + std::to_string(vocab) + ")");
+    out.push_back(id.get<int64_t>());
+  }
+  return out;
 }
 
 std::string llamaConfigJson(const LlamaConfig& c, const std::string& torch_dtype) {
@@ -196,6 +213,8 @@ std::string llamaConfigJson(const LlamaConfig& c, const std::string& torch_dtype
     j["rope_scaling"] = s;
   }
   j["tie_word_embeddings"] = c.tie_embeddings;
+  if (c.eos_ids.size() == 1) j["eos_token_id"] = c.eos_ids.front();
+  if (c.eos_ids.size() > 1) j["eos_token_id"] = c.eos_ids;
   if (c.model_type != "qwen2") j["attention_bias"] = c.out_bias;
   if (c.model_type == "mistral") j["sliding_window"] = nullptr;
   j["torch_dtype"] = torch_dtype;
@@ -289,6 +308,16 @@ ModelFile importLlama(const std::string& dir, int64_t context) {
   }
   file.metadata["imported_from"] = std::string("huggingface");
   file.metadata["model_type"] = c.model_type;
+  // The tokens that end a text (hf/text_codec.h): generation_config.json's, else config.json's.
+  std::vector<int64_t> eos = c.eos_ids;
+  const std::string generation_path = dir + "/generation_config.json";
+  struct stat gst {};
+  if (::stat(generation_path.c_str(), &gst) == 0) {
+    const std::string text = readFile(generation_path, "generation config");
+    if (Json::parse(text, nullptr, false).contains("eos_token_id"))
+      eos = parseEosIds(text, generation_path, c.vocab);
+  }
+  if (!eos.empty()) file.metadata["eos_token_ids"] = eos;
   // The folder's tokenizer goes with the model when tandem reads it (hf/text_codec.h).
   const std::string tokenizer_path = dir + "/tokenizer.json";
   struct stat st {};
@@ -314,6 +343,8 @@ void exportLlama(const ModelFile& file, const std::string& dir, const std::strin
   if (const auto it = file.metadata.find("model_type"); it != file.metadata.end())
     if (const auto* s = std::get_if<std::string>(&it->second)) c.model_type = *s;
   c.tie_embeddings = false;  // the head is its own tensor here, whatever it was imported from
+  if (const auto it = file.metadata.find("eos_token_ids"); it != file.metadata.end())
+    if (const auto* ids = std::get_if<std::vector<int64_t>>(&it->second)) c.eos_ids = *ids;
   std::map<std::string, const HostTensor*> by_name;
   for (const HostTensor& t : file.params) by_name[t.name] = &t;
   std::vector<TensorData> out;

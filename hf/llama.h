@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/layers/rope.h"
 #include "core/model_file.h"
@@ -24,7 +25,15 @@ struct LlamaConfig {
   RopeSpec rope;  // theta (default 10000) and scaling
   bool tie_embeddings = false;
   bool qkv_bias = false, out_bias = false;  // Llama's attention_bias sets both; Qwen2 the first
+  // eos_token_id (an id, a list of them, or absent/null: none): the tokens that end a
+  // generated text. generation_config.json's, where the folder has one, is taken over it
+  // (as transformers' generate does).
+  std::vector<int64_t> eos_ids;
 };
+
+// The end-of-text ids of `field` in a JSON object (an id or a list of them; absent or
+// null: none), each in [0, vocab); FormatError "<label>: field 'eos_token_id' ..." else.
+std::vector<int64_t> parseEosIds(std::string_view json, const std::string& label, int64_t vocab);
 
 // config.json's text; FormatError "<label>: field '<name>' ..." for a missing or bad
 // field, Unsupported for a model this importer does not express (another architecture,

@@ -1,12 +1,46 @@
 #include "hf/text_codec.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "core/error.h"
 
 namespace tandem::hf {
 
-TextCodec TextCodec::forModel(const ModelFile& file, int64_t vocab) {
-  const auto it = file.metadata.find("tokenizer");
+namespace {
+
+// The model file's "eos_token_ids" (none when absent); FormatError if it is not a list of
+// ids in [0, vocab) (vocab 0: not checked).
+std::vector<int32_t> endTokensOf(const ModelFile& file, int64_t vocab) {
+  const auto it = file.metadata.find("eos_token_ids");
   if (it == file.metadata.end()) return {};
+  const auto* ids = std::get_if<std::vector<int64_t>>(&it->second);
+  TANDEM_CHECK_MSG(
+      ids != nullptr, FormatError,
+      "model '" << file.spec.name << "': metadata 'eos_token_ids' is not a list of ids");
+  std::vector<int32_t> out;
+  for (const int64_t id : *ids) {
+    TANDEM_CHECK_MSG(
+        id >= 0 && id <= std::numeric_limits<int32_t>::max() && (vocab == 0 || id < vocab),
+        FormatError,
+        "model '" << file.spec.name << "': end-of-text id " << id << " is outside its vocab of "
+                  << vocab);
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+}  // namespace
+
+bool TextCodec::ends(int32_t id) const {
+  return std::find(end_tokens_.begin(), end_tokens_.end(), id) != end_tokens_.end();
+}
+
+TextCodec TextCodec::forModel(const ModelFile& file, int64_t vocab) {
+  TextCodec bytes;
+  bytes.setEndTokens(endTokensOf(file, vocab));
+  const auto it = file.metadata.find("tokenizer");
+  if (it == file.metadata.end()) return bytes;
   const auto* json = std::get_if<std::string>(&it->second);
   TANDEM_CHECK_MSG(json != nullptr, FormatError,
                    "model '" << file.spec.name << "': metadata 'tokenizer' is not text");
@@ -15,7 +49,9 @@ TextCodec TextCodec::forModel(const ModelFile& file, int64_t vocab) {
   TANDEM_CHECK_MSG(vocab == 0 || tokenizer->vocabSize() <= vocab, InvalidArgument,
                    "model '" << file.spec.name << "': its tokenizer has " << tokenizer->vocabSize()
                              << " tokens, its output " << vocab);
-  return TextCodec(std::move(tokenizer));
+  TextCodec codec(std::move(tokenizer));
+  codec.setEndTokens(bytes.endTokens());
+  return codec;
 }
 
 std::vector<int32_t> TextCodec::encode(std::string_view text) const {

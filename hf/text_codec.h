@@ -36,9 +36,16 @@ class TextCodec {
   std::string tokenText(int32_t id) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   bool isBytes() const { return tokenizer_ == nullptr; }
+  // The ids that end a generated text (the model file's metadata "eos_token_ids", from a
+  // Hugging Face folder's eos_token_id): a server's answer stops at one, as at a stop
+  // string. None for tandem's byte models.
+  bool ends(int32_t id) const;
+  const std::vector<int32_t>& endTokens() const { return end_tokens_; }
+  void setEndTokens(std::vector<int32_t> ids) { end_tokens_ = std::move(ids); }
 
  private:
   std::shared_ptr<const Tokenizer> tokenizer_;
+  std::vector<int32_t> end_tokens_;
 };
 
 }  // namespace tandem::hf

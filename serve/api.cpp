@@ -238,10 +238,11 @@ net::awaitable<Api::Generated> Api::generated(const CompletionRequest& r, Connec
   }
   TextStream text(r.stop);
   double last_at = 0;
+  bool end_token = false;  // the model's end-of-text token came: the text ends as at a stop
   for (;;) {
     const Ticket::Taken t = ticket.take();
     std::string piece;
-    for (size_t i = 0; i < t.tokens.size() && !text.stopped(); ++i) {
+    for (size_t i = 0; i < t.tokens.size() && !text.stopped() && !end_token; ++i) {
       if (g.tokens == 0) {
         metrics_.firstToken(t.at_s[i]);
       } else {
@@ -249,11 +250,14 @@ net::awaitable<Api::Generated> Api::generated(const CompletionRequest& r, Connec
       }
       last_at = t.at_s[i];
       ++g.tokens;
+      end_token = options_.codec.ends(t.tokens[i]);  // counted, but not text
+      if (end_token) break;
       for (const char byte : options_.codec.tokenText(t.tokens[i])) piece += text.push(byte);
     }
-    const bool done = text.stopped() || t.ended;
-    if (text.stopped()) ticket.cancel();
-    if (t.ended && !text.stopped()) {
+    const bool done = text.stopped() || end_token || t.ended;
+    if (text.stopped() || end_token) ticket.cancel();
+    if (end_token && !text.stopped()) piece += text.finish();
+    if (t.ended && !text.stopped() && !end_token) {
       g.failure = t.error;
       piece += text.finish();
     }
@@ -275,7 +279,7 @@ net::awaitable<Api::Generated> Api::generated(const CompletionRequest& r, Connec
       co_return g;
     }
   }
-  g.finish = text.stopped() ? Finish::kStop : Finish::kLength;
+  g.finish = text.stopped() || end_token ? Finish::kStop : Finish::kLength;
   co_return g;
 }
 

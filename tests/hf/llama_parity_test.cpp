@@ -8,6 +8,8 @@
 // largest error per model and device. Export and re-import give back the same model.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +23,7 @@
 #include "core/generate.h"
 #include "hf/llama.h"
 #include "hf/safetensors.h"
+#include "hf/text_codec.h"
 #include "tests/test_util.h"
 
 namespace tandem::hf {
@@ -191,6 +194,52 @@ TEST(LlamaImportTest, ConfigsAndWeightsThatDoNotFitAreNamed) {
   testing::expectThrowWith<InvalidArgument>([&] { importLlama(dir); }, {"has no tensor"});
   testing::expectThrowWith<InvalidArgument>([&] { importLlama(kFixtures + "llama-gqa", 65); },
                                             {"a context of 65 tokens", "64"});
+}
+
+TEST(LlamaImportTest, EndOfTextIdsComeWithTheModelAndGoBackOut) {
+  // config.json's eos_token_id (an id or a list), generation_config.json's over it; kept
+  // in the model file, read by its text codec, written back on export.
+  const std::string good = readFile(kFixtures + "llama-gqa/config.json", "config");
+  auto j = nlohmann::json::parse(good);
+  const int64_t vocab = j["vocab_size"];
+  EXPECT_TRUE(parseLlamaConfig(good, "c.json").eos_ids.empty());
+  j["eos_token_id"] = 2;
+  EXPECT_EQ(parseLlamaConfig(j.dump(), "c.json").eos_ids, std::vector<int64_t>{2});
+  j["eos_token_id"] = {3, 5};
+  EXPECT_EQ(parseLlamaConfig(j.dump(), "c.json").eos_ids, (std::vector<int64_t>{3, 5}));
+  j["eos_token_id"] = nullptr;
+  EXPECT_TRUE(parseLlamaConfig(j.dump(), "c.json").eos_ids.empty());
+  j["eos_token_id"] = vocab;
+  testing::expectThrowWith<FormatError>(
+      [&] { parseLlamaConfig(j.dump(), "c.json"); },
+      {"c.json", "'eos_token_id' holds " + std::to_string(vocab), "not a token id"});
+  j["eos_token_id"] = "2";
+  testing::expectThrowWith<FormatError>([&] { parseLlamaConfig(j.dump(), "c.json"); },
+                                        {"'eos_token_id' holds \"2\""});
+
+  const std::string dir = testing::freshDir("llama-eos");
+  j["eos_token_id"] = 2;
+  std::ofstream(dir + "/config.json") << j.dump();
+  std::filesystem::copy_file(kFixtures + "llama-gqa/model.safetensors", dir + "/model.safetensors");
+  ModelFile file = importLlama(dir, 16);
+  EXPECT_EQ(std::get<std::vector<int64_t>>(file.metadata.at("eos_token_ids")),
+            std::vector<int64_t>{2});
+  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [4, 7]})";
+  file = importLlama(dir, 16);
+  EXPECT_EQ(std::get<std::vector<int64_t>>(file.metadata.at("eos_token_ids")),
+            (std::vector<int64_t>{4, 7}));
+  const TextCodec codec = TextCodec::forModel(file, vocab);
+  EXPECT_TRUE(codec.ends(4) && codec.ends(7));
+  EXPECT_FALSE(codec.ends(2));
+  const std::string out = testing::freshDir("llama-eos-export");
+  exportLlama(file, out);
+  EXPECT_EQ(parseLlamaConfig(readFile(out + "/config.json", "config"), "c.json").eos_ids,
+            (std::vector<int64_t>{4, 7}));
+  // Ids the model cannot produce, in the file's metadata, are refused when read.
+  file.metadata["eos_token_ids"] = std::vector<int64_t>{vocab};
+  testing::expectThrowWith<FormatError>([&] { (void)TextCodec::forModel(file, vocab); },
+                                        {"end-of-text id " + std::to_string(vocab)});
+  EXPECT_FALSE(TextCodec().ends(0));
 }
 
 }  // namespace

@@ -359,6 +359,36 @@ TEST(ServeTest, AFullServerAnswers429AndALeavingClientFreesItsPlace) {
   EXPECT_EQ(json::parse(next.body)["choices"][0]["text"], "aaa");
 }
 
+TEST(ServeTest, TheModelsEndOfTextTokenEndsTheAnswerAsAStopDoes) {
+  // The codec's end token (a Hugging Face model's eos_token_id; here ',' of a byte model):
+  // the text ends before it, finish_reason "stop", the token counted, the sequence ended.
+  std::atomic<int> cancelled{0};
+  ApiOptions o;
+  o.model = {"pattern", 1000};
+  o.codec.setEndTokens({','});
+  Served s(slowPipeline(2, 1ms, &cancelled, "hello world, hello moon\n"), {2, 4}, o);
+  Reply r = request(s.port(), "POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 40})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], "hello world");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  r = request(s.port(), "POST", "/v1/chat/completions",
+              R"({"messages": [{"role": "user", "content": "hi"}], "stream": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string text;
+  const std::vector<std::string> e = events(r.body);
+  for (size_t i = 0; i + 1 < e.size(); ++i) {
+    const json chunk = json::parse(e[i]);
+    const json& c = chunk["choices"][0];
+    if (c.contains("delta") && c["delta"].contains("content")) text += c["delta"]["content"];
+  }
+  EXPECT_EQ(text, "hello world");
+  EXPECT_EQ(json::parse(e[e.size() - 2])["choices"][0]["finish_reason"], "stop") << r.body;
+  for (int i = 0; i < 250 && cancelled < 2; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(cancelled, 2);  // both sequences left the pipeline at the end token
+}
+
 TEST(ServeTest, ARequestPastItsDeadlineEndsWhereItIsAsALengthCappedAnswer) {
   // One place, 20 ms a token, a deadline of 200 ms: a request of 100 tokens (2 s) ends
   // after a few, whole or streamed, with finish_reason "length" and its usage; one that
@@ -387,13 +417,11 @@ TEST(ServeTest, ARequestPastItsDeadlineEndsWhereItIsAsALengthCappedAnswer) {
                                    .body;
   EXPECT_NE(streamed.find(R"("finish_reason":"length")"), std::string::npos) << streamed;
   EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << streamed;
-  size_t streamed_text = 0;  // the chunks' text
-  for (size_t at = streamed.find("data: {"); at != std::string::npos;
-       at = streamed.find("data: {", at + 1)) {
-    const json chunk = json::parse(streamed.substr(at + 6, streamed.find('\n', at) - at - 6));
-    streamed_text += chunk["choices"][0]["text"].get<std::string>().size();
-  }
-  EXPECT_LT(streamed_text, 100u) << streamed;
+  std::string streamed_text;
+  const std::vector<std::string> e = events(streamed);
+  for (size_t i = 0; i + 1 < e.size(); ++i)
+    streamed_text += json::parse(e[i])["choices"][0]["text"];
+  EXPECT_LT(streamed_text.size(), 100u) << streamed;
   EXPECT_THROW(Engine(slowPipeline(1, 1ms, &cancelled), {1, 0, -1ms}), InvalidArgument);
 }
 
