@@ -190,18 +190,24 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
     job_.microbatches_auto = job_.schedule_auto = false;
     place(model);
   } else if (generates() && daemons_ && stages_.size() > 1) {
-    std::vector<LayerRange> ranges;
-    std::vector<int> nodes;
-    std::vector<std::string> backends;
-    for (size_t s = 0; s < stages_.size(); ++s) {
-      if (stages_[s].slice.tensor > 1 || stages_[s].replicas > 1 || s >= node_of_.size()) return;
-      ranges.push_back(stages_[s].slice.layers);
-      nodes.push_back(node_of_[s]);
-      backends.push_back(stages_[s].slice.device);
-    }
-    warnSlowGenerationSplit(job_, model, model_spec_, *daemons_, options_.in_flight, ranges, nodes,
-                            backends);
+    priceOwnSplit(model);
   }
+}
+
+void JobRun::priceOwnSplit(const Model& model) const {
+  std::vector<LayerRange> ranges;
+  std::vector<int> nodes;
+  std::vector<std::string> backends;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    // Tensor-split and replicated stages are not priced per token (generation refuses the
+    // latter anyway).
+    if (stages_[s].slice.tensor > 1 || stages_[s].replicas > 1 || s >= node_of_.size()) return;
+    ranges.push_back(stages_[s].slice.layers);
+    nodes.push_back(node_of_[s]);
+    backends.push_back(stages_[s].slice.device);
+  }
+  warnSlowGenerationSplit(job_, model, model_spec_, *daemons_, options_.in_flight, ranges, nodes,
+                          backends);
 }
 
 void JobRun::resolveTransport() {

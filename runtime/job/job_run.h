@@ -141,6 +141,9 @@ class JobRun {
   // `partition: auto` over the daemons: planGenerationJob for a generation run (per token),
   // else planJob.
   PlannedJob plan(const JobSpec& job, const Model& model) const;
+  // A generation job's own split (not `partition: auto`), priced per token beside one
+  // device: warnSlowGenerationSplit.
+  void priceOwnSplit(const Model& model) const;
   // One model file of the whole model and its optimizer state from the stages' slices
   // (by slot; empty for the slots that send none).
   std::vector<uint8_t> merge(const std::vector<std::vector<uint8_t>>& slices) const;
