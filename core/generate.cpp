@@ -81,7 +81,8 @@ void checkRequest(const TextShape& shape, const std::vector<int32_t>& prompt, in
 Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t count,
                     const SamplingOptions& o, bool cache,
                     const std::function<void(int32_t)>& on_token,
-                    const std::function<int32_t(int32_t)>& agree) {
+                    const std::function<int32_t(int32_t)>& agree,
+                    const std::vector<int32_t>& end_tokens) {
   const TextShape shape = textShape(model);
   checkRequest(shape, prompt, count);
   const int64_t vocab = shape.vocab;
@@ -120,6 +121,7 @@ Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t co
     g.tokens.push_back(token);
     g.logits.push_back(std::move(row));
     if (on_token) on_token(token);
+    if (std::find(end_tokens.begin(), end_tokens.end(), token) != end_tokens.end()) break;
   }
   return g;
 }

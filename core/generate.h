@@ -54,9 +54,12 @@ struct Generation {
 // `on_token` (may be empty) hears each token as it is chosen. `agree` (may be empty) turns
 // each choice into the token fed back and reported: a tensor rank's, rank 0's choice
 // broadcast, so ranks whose logits differ by their devices' rounding still decode one text.
+// A token among `end_tokens` (the model's end of text: hf::TextCodec::endTokens) is the
+// last: generation stops after it, with fewer than `count` tokens.
 Generation generate(Model& model, const std::vector<int32_t>& prompt, int64_t count,
                     const SamplingOptions& o, bool cache = true,
                     const std::function<void(int32_t)>& on_token = {},
-                    const std::function<int32_t(int32_t)>& agree = {});
+                    const std::function<int32_t(int32_t)>& agree = {},
+                    const std::vector<int32_t>& end_tokens = {});
 
 }  // namespace tandem

@@ -41,7 +41,8 @@ TensorParallelGenerator::~TensorParallelGenerator() = default;
 
 Generation TensorParallelGenerator::generate(const std::vector<int32_t>& prompt, int64_t count,
                                              const SamplingOptions& o, bool cache,
-                                             const std::function<void(int32_t)>& on_token) {
+                                             const std::function<void(int32_t)>& on_token,
+                                             const std::vector<int32_t>& end_tokens) {
   // Rank 0's choice, on every rank (exact as a float: ids below 2^24).
   auto agree = [this](int rank) {
     return [this, rank](int32_t chosen) {
@@ -55,9 +56,9 @@ Generation TensorParallelGenerator::generate(const std::vector<int32_t>& prompt,
   Generation out;
   runOnEvery(threads_, [&](int r) {
     if (r == 0) {
-      out = tandem::generate(model(0), prompt, count, o, cache, on_token, agree(0));
+      out = tandem::generate(model(0), prompt, count, o, cache, on_token, agree(0), end_tokens);
     } else {
-      tandem::generate(model(r), prompt, count, o, cache, {}, agree(r));
+      tandem::generate(model(r), prompt, count, o, cache, {}, agree(r), end_tokens);
     }
   });
   return out;

@@ -33,9 +33,11 @@ class TensorParallelGenerator {
   const std::vector<TensorRole>& roles() const { return roles_; }
   const std::vector<double>& shares() const { return shares_; }
 
-  // generate() on every rank at once; rank 0's tokens (on_token hears them as chosen).
+  // generate() on every rank at once; rank 0's tokens (on_token hears them as chosen). Every
+  // rank decodes the agreed tokens, so all stop at the same end token.
   Generation generate(const std::vector<int32_t>& prompt, int64_t count, const SamplingOptions& o,
-                      bool cache = true, const std::function<void(int32_t)>& on_token = {});
+                      bool cache = true, const std::function<void(int32_t)>& on_token = {},
+                      const std::vector<int32_t>& end_tokens = {});
 
  private:
   std::vector<double> shares_;

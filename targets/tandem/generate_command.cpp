@@ -206,6 +206,7 @@ class JobGeneration {
       const auto now = Clock::now();
       std::unique_lock lock(mu_);
       Request& r = requests_.at(static_cast<size_t>(t.id));
+      if (r.ended) return;  // (tokens of a sequence cancelled at its end token, on their way)
       if (t.index == 0) {
         r.g.first_token_s =
             std::chrono::duration<double>(now - std::max(r.pushed, *wired_)).count();
@@ -217,9 +218,13 @@ class JobGeneration {
       ++generated_;
       first_ = std::min(first_, std::max(r.pushed, *wired_));
       last_ = now;
+      // The model's end-of-text token ends the text, as in one process: the stages drop it.
+      const bool at_end = codec_.ends(t.token);
+      r.ended = at_end || static_cast<int64_t>(r.g.tokens.size()) == a_.tokens;
       lock.unlock();
+      if (at_end && static_cast<int64_t>(r.g.tokens.size()) < a_.tokens) prompts_.cancel(t.id);
       if (token) token(t.id, t.token);
-      if (static_cast<int64_t>(r.g.tokens.size()) == a_.tokens && done) done(r.prompt, r.g);
+      if (r.ended && done) done(r.prompt, r.g);
     };
     run_->run(cb, &g_interrupt);
   }
@@ -237,6 +242,7 @@ class JobGeneration {
     std::string prompt;
     Clock::time_point pushed, last{};
     Generation g;
+    bool ended = false;  // every token came, or the end-of-text token
   };
   const GenerateArgs& a_;
   runtime::PromptQueue prompts_;
@@ -344,8 +350,9 @@ void runGenerate(const GenerateArgs& a) {
                  describe(Sequence(model->spec().layers), ranks->roles()));
   }
   auto run = [&](const std::vector<int32_t>& prompt, const std::function<void(int32_t)>& on) {
-    return ranks ? ranks->generate(prompt, a.tokens, a.sampling, !a.no_cache, on)
-                 : generate(*model, prompt, a.tokens, a.sampling, !a.no_cache, on);
+    const std::vector<int32_t>& ends = codec.endTokens();  // a Hugging Face model's end of text
+    return ranks ? ranks->generate(prompt, a.tokens, a.sampling, !a.no_cache, on, ends)
+                 : generate(*model, prompt, a.tokens, a.sampling, !a.no_cache, on, {}, ends);
   };
   const std::string how = std::string(a.no_cache ? " (no cache)" : "") +
                           (ranks ? " over " + std::to_string(a.tensor) + " tensor ranks" : "");

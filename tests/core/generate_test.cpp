@@ -109,6 +109,27 @@ TEST(DecodeTest, AgreedTokensAreTheOnesFedBack) {
   EXPECT_EQ(chosen[1], after.tokens[0]);
 }
 
+TEST(DecodeTest, GenerationStopsAfterAnEndToken) {
+  // With the agreed tokens 5, 6, 7, ... and 7 an end token, the third token is the last;
+  // the tokens and logits before it are those of a run without end tokens.
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model m(parseModelSpec(kTwoBlocks));
+  m.build(be, 4);
+  const std::vector<int32_t> prompt = tokens(3, 2);
+  int32_t next = 5;
+  auto counting = [&](int32_t) { return next++; };
+  const Generation whole = generate(m, prompt, 6, {}, true, {}, counting);
+  next = 5;
+  std::vector<int32_t> heard;
+  const Generation ended =
+      generate(m, prompt, 6, {}, true, [&](int32_t t) { heard.push_back(t); }, counting, {9, 7});
+  EXPECT_EQ(whole.tokens, (std::vector<int32_t>{5, 6, 7, 8, 9, 10}));
+  EXPECT_EQ(ended.tokens, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(heard, ended.tokens);
+  ASSERT_EQ(ended.logits.size(), 3u);
+  EXPECT_EQ(ended.logits[2], whole.logits[2]);
+}
+
 // One token of each of several sequences at different positions, decoded as one batch
 // (Model::decodeEach), gives each sequence's row of decoding it alone: the same products
 // per row, so to the BLAS's rounding of a B-row product against a 1-row one; and the

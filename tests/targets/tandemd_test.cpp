@@ -25,6 +25,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/endpoint.h"
+#include "core/generate.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
 #include "runtime/control/cluster_key.h"
@@ -464,6 +465,37 @@ TEST(TandemdTest, AJobOnTwoDaemonsGeneratesTheTextOneProcessDoes) {
   EXPECT_EQ(untrained.code, 1) << untrained.out;
   EXPECT_NE(untrained.out.find("names no trained weights to generate with"), std::string::npos)
       << untrained.out;
+
+  // The model's end-of-text token (metadata eos_token_ids, as an import from a Hugging Face
+  // folder keeps it), chosen as the first greedy token of "the cat" from its third on that
+  // did not come before: one process and the job's stages both stop after it.
+  size_t last = 0;
+  {
+    tandem::cpu::CpuBackend be;
+    const tandem::ModelFile file = tandem::readModelFile(dir + "/gpt.tdm");
+    const auto m = tandem::loadModel(file, be);
+    const std::string cat = "the cat";
+    const tandem::Generation g =
+        tandem::generate(*m, std::vector<int32_t>(cat.begin(), cat.end()), 8, {});
+    // (Before the eighth: a stop at the last token would look like no stop at all.)
+    last = 2;
+    while (last < 7 && std::find(g.tokens.begin(), g.tokens.begin() + static_cast<long>(last),
+                                 g.tokens[last]) != g.tokens.begin() + static_cast<long>(last))
+      ++last;
+    if (last == 7) last = 0;
+    tandem::saveModel(dir + "/gpt-eos.tdm", *m, nullptr,
+                      {{"eos_token_ids", std::vector<int64_t>{g.tokens[last]}}});
+  }
+  std::ofstream(dir + "/eos.yaml")
+      << "model: gpt.yaml\nweights: gpt-eos.tdm\npartition: [[0, 3], [3, 6]]\n";
+  const std::string ended = "7 prompt tokens, " + std::to_string(last + 1) + " new";
+  const Ran alone = run(kCli + " generate " + dir + "/gpt-eos.tdm --prompt 'the cat' --tokens 8");
+  ASSERT_EQ(alone.code, 0) << alone.out;
+  EXPECT_NE(alone.out.find(ended + ":"), std::string::npos) << ended << "\n" << alone.out;
+  const Ran staged = run(kCli + " generate " + dir + "/eos.yaml --prompt 'the cat' --tokens 8" +
+                         " --cluster " + nodes.cluster);
+  ASSERT_EQ(staged.code, 0) << staged.out;
+  EXPECT_NE(staged.out.find(ended + " across 2 stages"), std::string::npos) << staged.out;
 }
 
 // A Hugging Face Llama folder (tests/data/llama/llama-gqa: grouped-query attention, rotary
