@@ -7,6 +7,11 @@
 //   tcp link sending in place (sendInPlace: ZeroMQ reads the tensor's own memory; not the
 //                   executor's path) vs the copying send, to show what the copy costs
 //   64-byte round trip over a tcp link vs a bare ZeroMQ REQ/REP round trip
+//   socket links (transport/socket_link.h, the stage links' transport), sealed as a run's
+//                   tcp links are and in the clear, vs the plain socket pair and vs the
+//                   CurveZMQ link they replace; and their 64-byte and 32 KiB round trips
+//                   vs the CurveZMQ link's, with the process's CPU per message in each
+//                   row (what a stage on a small node pays per message besides its work)
 // Throughput runs send a batch of messages per iteration and wait for the receiver's
 // acknowledgement, so bytes still queued are never counted. The ratio table at the end
 // divides our rate by the reference's (> 1: faster). The references' loopback
@@ -14,15 +19,19 @@
 // (LinkOptions::local_congestion), so both sides of a ratio run under the same one.
 #include <benchmark/benchmark.h>
 
+#include <time.h>
+
 #include <cstring>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "benchmarks/ratio_reporter.h"
 #include "core/error.h"
 #include "transport/local_tcp.h"
+#include "transport/socket_link.h"
 #include "transport/tcp/socket.h"
 #include "transport/zmq_link.h"
 
@@ -67,35 +76,66 @@ LinkPair makeLinks(Context& ctx_a, Context& ctx_b, const std::string& kind) {
   return p;
 }
 
-// `in_place`: sendInPlace instead of the executor's send.
-void linkThroughput(benchmark::State& state, const std::string& kind, bool in_place = false) {
+// Batches of `bytes` messages from a to b, each batch acknowledged; `in_place`
+// (ZmqLink only): sendInPlace instead of the executor's send.
+template <typename L>
+void throughput(benchmark::State& state, L& a, L& b, bool in_place = false) {
   const int64_t bytes = state.range(0), batch = batchFor(bytes);
-  Context ctx_a, ctx_b;
   cpu::CpuBackend be;
-  LinkPair p = makeLinks(ctx_a, kind == "inproc" ? ctx_a : ctx_b, kind);
   const Tensor t = be.zeros({bytes / 4});
   std::thread receiver([&] {  // receives batches and acknowledges each; a 1-value message stops it
     cpu::CpuBackend rbe;
     for (int64_t mb = 0;; ++mb) {
-      const Tensor r = p.b->recv({MessageKind::kActivation, mb}, rbe);
+      const Tensor r = b.recv({MessageKind::kActivation, mb}, rbe);
       if (r.numel() == 1) break;
-      if ((mb + 1) % batch == 0) p.b->send({MessageKind::kCollective, mb}, rbe.zeros({1}));
+      if ((mb + 1) % batch == 0) b.send({MessageKind::kCollective, mb}, rbe.zeros({1}));
     }
   });
   int64_t mb = 0;
   for (auto _ : state) {
     for (int64_t i = 0; i < batch; ++i) {
-      if (in_place) {
-        p.a->sendInPlace({MessageKind::kActivation, mb++}, t);
-      } else {
-        p.a->send({MessageKind::kActivation, mb++}, t);
+      if constexpr (std::is_same_v<L, ZmqLink>) {
+        if (in_place) {
+          a.sendInPlace({MessageKind::kActivation, mb++}, t);
+          continue;
+        }
       }
+      a.send({MessageKind::kActivation, mb++}, t);
     }
-    p.a->recv({MessageKind::kCollective, mb - 1}, be);
+    a.recv({MessageKind::kCollective, mb - 1}, be);
   }
-  p.a->send({MessageKind::kActivation, mb}, be.zeros({1}));
+  a.send({MessageKind::kActivation, mb}, be.zeros({1}));
   receiver.join();
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * batch * bytes);
+}
+
+void linkThroughput(benchmark::State& state, const std::string& kind, bool in_place = false) {
+  Context ctx_a, ctx_b;
+  LinkPair p = makeLinks(ctx_a, kind == "inproc" ? ctx_a : ctx_b, kind);
+  throughput(state, *p.a, *p.b, in_place);
+}
+
+// Two socket links over loopback, sealed with one key (as a run's tcp stage links are)
+// or in the clear.
+std::pair<std::unique_ptr<SocketLink>, std::unique_ptr<SocketLink>> socketLinks(bool sealed) {
+  LinkOptions o;
+  o.timeout = 60s;
+  o.bind = "tcp://127.0.0.1:*";
+  std::optional<LinkKey> key;
+  if (sealed) key = LinkKey{7, 1, 2, 3};
+  auto a = std::make_unique<SocketLink>(o, key), b = std::make_unique<SocketLink>(o, key);
+  a->connect(b->endpoint());
+  b->connect(a->endpoint());
+  return {std::move(a), std::move(b)};
+}
+
+void BM_SocketLink(benchmark::State& state) {
+  auto [a, b] = socketLinks(false);
+  throughput(state, *a, *b);
+}
+void BM_SocketLinkSealed(benchmark::State& state) {
+  auto [a, b] = socketLinks(true);
+  throughput(state, *a, *b);
 }
 
 void BM_TcpLink(benchmark::State& state) { linkThroughput(state, "tcp"); }
@@ -166,28 +206,58 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * batch * bytes);
 }
 
-void BM_TcpLinkRoundTrip(benchmark::State& state) {
-  Context ctx_a, ctx_b;
+double processCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Round trips of `range(0)` bytes a -> b -> a; counter cpu_us: the process's CPU (both
+// ends, every thread: ZeroMQ's I/O threads too) per message.
+template <typename L>
+void roundTrips(benchmark::State& state, L& a, L& b) {
+  const int64_t values = state.range(0) / 4;
   cpu::CpuBackend be;
-  LinkPair p = makeLinks(ctx_a, ctx_b, "tcp");
-  const Tensor t = be.zeros({16});  // 64 bytes
+  const Tensor t = be.zeros({values});
   std::thread echo([&] {
     cpu::CpuBackend ebe;
     for (int64_t mb = 0;; ++mb) {
-      const Tensor r = p.b->recv({MessageKind::kActivation, mb}, ebe);
-      if (r.numel() != 16) break;
-      p.b->send({MessageKind::kGradient, mb}, r);
+      const Tensor r = b.recv({MessageKind::kActivation, mb}, ebe);
+      if (r.numel() != values) break;
+      b.send({MessageKind::kGradient, mb}, r);
     }
   });
   int64_t mb = 0;
+  const double cpu0 = processCpuSeconds();
   for (auto _ : state) {
-    p.a->send({MessageKind::kActivation, mb}, t);
-    p.a->recv({MessageKind::kGradient, mb}, be);
+    a.send({MessageKind::kActivation, mb}, t);
+    a.recv({MessageKind::kGradient, mb}, be);
     ++mb;
   }
-  p.a->send({MessageKind::kActivation, mb}, be.zeros({1}));
+  const double cpu = processCpuSeconds() - cpu0;
+  a.send({MessageKind::kActivation, mb}, be.zeros({values + 1}));
   echo.join();
+  state.counters["cpu_us"] = 1e6 * cpu / (2.0 * static_cast<double>(std::max<int64_t>(mb, 1)));
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+
+void BM_TcpLinkRoundTrip(benchmark::State& state) {
+  Context ctx_a, ctx_b;
+  LinkPair p = makeLinks(ctx_a, ctx_b, "tcp");
+  roundTrips(state, *p.a, *p.b);
+}
+void BM_TcpLinkCurveRoundTrip(benchmark::State& state) {
+  Context ctx_a, ctx_b;
+  LinkPair p = makeLinks(ctx_a, ctx_b, "tcp+curve");
+  roundTrips(state, *p.a, *p.b);
+}
+void BM_SocketLinkRoundTrip(benchmark::State& state) {
+  auto [a, b] = socketLinks(false);
+  roundTrips(state, *a, *b);
+}
+void BM_SocketLinkSealedRoundTrip(benchmark::State& state) {
+  auto [a, b] = socketLinks(true);
+  roundTrips(state, *a, *b);
 }
 
 void BM_ZmqReqRepRoundTrip(benchmark::State& state) {
@@ -222,7 +292,13 @@ BENCHMARK(BM_TcpLinkInPlace) SIZES;
 BENCHMARK(BM_PlainTcpSocket) SIZES;
 BENCHMARK(BM_InprocLink) SIZES;
 BENCHMARK(BM_Memcpy) SIZES;
-BENCHMARK(BM_TcpLinkRoundTrip)->UseRealTime();
+BENCHMARK(BM_SocketLink) SIZES;
+BENCHMARK(BM_SocketLinkSealed) SIZES;
+#define TRIPS ->Arg(64)->Arg(32 << 10)->UseRealTime()
+BENCHMARK(BM_TcpLinkRoundTrip) TRIPS;
+BENCHMARK(BM_TcpLinkCurveRoundTrip) TRIPS;
+BENCHMARK(BM_SocketLinkRoundTrip) TRIPS;
+BENCHMARK(BM_SocketLinkSealedRoundTrip) TRIPS;
 BENCHMARK(BM_ZmqReqRepRoundTrip)->UseRealTime();
 
 }  // namespace
@@ -234,7 +310,8 @@ int main(int argc, char** argv) {
       "conditions: ours and every reference in this one process: loopback tcp with %s "
       "congestion control on both, glibc malloc keeping freed blocks "
       "(transport::keepFreedMemory) for both; our links send as the executor does "
-      "(ZmqLink::send: one copy into a pooled buffer), except the in-place row\n",
+      "(ZmqLink::send: one copy into a pooled buffer; SocketLink::send: from the tensor's "
+      "memory, or sealed into a pooled buffer), except the in-place row\n",
       tandem::transport::kLinkCongestion.c_str());
   return tandem::bench::runWithRatios(
       argc, argv,
@@ -242,5 +319,11 @@ int main(int argc, char** argv) {
        {"BM_TcpLinkCurve/", "BM_TcpLink/", "CurveZMQ tcp link vs tcp link"},
        {"BM_InprocLink/", "BM_Memcpy/", "inproc link vs memcpy"},
        {"BM_TcpLinkInPlace/", "BM_TcpLink/", "tcp in place vs the executor's copying send"},
-       {"BM_TcpLinkRoundTrip", "BM_ZmqReqRepRoundTrip", "64 B round trip vs ZMQ REQ/REP"}});
+       {"BM_TcpLinkRoundTrip/64/", "BM_ZmqReqRepRoundTrip/", "64 B round trip vs ZMQ REQ/REP"},
+       {"BM_SocketLink/", "BM_PlainTcpSocket/", "socket link vs plain TCP socket"},
+       {"BM_SocketLinkSealed/", "BM_TcpLinkCurve/", "sealed socket link vs CurveZMQ tcp link"},
+       {"BM_SocketLinkSealedRoundTrip/", "BM_TcpLinkCurveRoundTrip/",
+        "sealed socket link round trip vs CurveZMQ link's"},
+       {"BM_SocketLinkRoundTrip/", "BM_TcpLinkRoundTrip/",
+        "socket link round trip vs tcp link's"}});
 }

@@ -26,10 +26,6 @@ struct InFlight {
   std::weak_ptr<void> pool;
 };
 
-constexpr size_t kPooledBuffers = 8;
-// Raw payloads at least this large become the received tensor's memory without a copy.
-constexpr size_t kAdoptMinBytes = 16384;
-
 }  // namespace
 
 ZmqLink::ZmqLink(Context& context, LinkOptions options)
@@ -141,62 +137,19 @@ void ZmqLink::connect(const std::string& endpoint) {
   options_.connect = endpoint;
 }
 
-std::unique_ptr<std::vector<uint8_t>> ZmqLink::takeBuffer() {
-  std::lock_guard<std::mutex> lock(buffers_->mutex);
-  if (buffers_->free.empty()) return std::make_unique<std::vector<uint8_t>>();
-  auto b = std::move(buffers_->free.back());
-  buffers_->free.pop_back();
-  return b;
-}
-
-std::string ZmqLink::describe(const MessageTag& tag) const {
-  // Appends rather than "(" + std::string(...): GCC 12 at -O3 warns falsely (-Wrestrict)
-  // on a literal plus a temporary string.
-  std::string s(1, '(');
-  s.append(messageKindName(tag.kind))
-      .append(", microbatch ")
-      .append(std::to_string(tag.microbatch));
-  return s.append(1, ')');
-}
-
 void ZmqLink::send(const MessageTag& tag, const Tensor& t) {
   TANDEM_CHECK_MSG(!options_.connect.empty(), InvalidArgument,
                    "link bound at '" << endpoint_ << "' has no peer to send to");
   WireHeader h;
-  auto payload = takeBuffer();
-  if (t.dtype() == DType::kF32 && options_.codec != Codec::kRaw) {
-    // A host tensor is encoded where it lies; device memory is staged on the host first.
-    std::vector<float> staged;
-    const auto* host = static_cast<const float*>(t.backend().hostData(t));
-    if (!host) {
-      staged = toHost(t);
-      host = staged.data();
-    }
-    const std::span<const float> values(host, static_cast<size_t>(t.numel()));
-    Encoded e;
-    e.payload = std::move(*payload);  // encode into the pooled buffer's memory
-    if (options_.error_feedback && tag.kind == MessageKind::kGradient) {
-      feedback_[tag.kind].encode(options_.codec, values, e, options_.int8_block);
-    } else {
-      encode(options_.codec, values, e, options_.int8_block);
-    }
-    h.codec = options_.codec;
-    h.block = e.block;
-    h.scales = std::move(e.scales);
-    *payload = std::move(e.payload);
-  } else {
-    payload->resize(t.bytes());
-    if (t.bytes()) t.backend().download(t, payload->data());
-  }
+  auto payload = buffers_->take();
+  encodePayload(options_, feedback_, tag, t, h, *payload);
   // Zero copy of the payload buffer: ZeroMQ sends from it and calls back when done, from
   // its I/O thread, possibly after this link is gone (then the buffer is simply freed).
   auto* flight = new InFlight{std::move(payload), buffers_};
   auto done = [](void*, void* hint) {
     std::unique_ptr<InFlight> f(static_cast<InFlight*>(hint));
-    if (auto pool = std::static_pointer_cast<BufferPool>(f->pool.lock())) {
-      std::lock_guard<std::mutex> lock(pool->mutex);
-      if (pool->free.size() < kPooledBuffers) pool->free.push_back(std::move(f->bytes));
-    }
+    if (auto pool = std::static_pointer_cast<BufferPool>(f->pool.lock()))
+      pool->give(std::move(f->bytes));
   };
   zmq::message_t body(flight->bytes->data(), flight->bytes->size(), done, flight);
   sendFrames(tag, t, h, body);
@@ -219,16 +172,7 @@ void ZmqLink::sendInPlace(const MessageTag& tag, const Tensor& t) {
 void ZmqLink::sendFrames(const MessageTag& tag, const Tensor& t, WireHeader& h,
                          zmq::message_t& body) {
   tuneNewConnections();
-  h.job = options_.job;
-  h.src_stage = options_.stage;
-  h.dst_stage = options_.peer_stage;
-  h.microbatch = tag.microbatch;
-  h.kind = tag.kind;
-  h.dtype = t.dtype();
-  h.shape = t.shape();
-  h.payload_bytes = body.size();
-  if (options_.checksum)
-    h.checksum = payloadChecksum({static_cast<const uint8_t*>(body.data()), body.size()});
+  addressHeader(options_, tag, t, {static_cast<const uint8_t*>(body.data()), body.size()}, h);
   const std::vector<uint8_t> header = encodeHeader(h);
   zmq::message_t head(header.data(), header.size());
   const size_t wire_bytes = body.size();
@@ -239,8 +183,9 @@ void ZmqLink::sendFrames(const MessageTag& tag, const Tensor& t, WireHeader& h,
                     push_.send(body, zmq::send_flags::none).has_value();
   stats_.send_blocked_s += seconds(Clock::now() - t0);
   if (!sent)
-    throw Timeout("link: sending " + describe(tag) + " to '" + options_.connect + "' blocked for " +
-                  std::to_string(options_.timeout.count()) + " ms (is the peer receiving?)");
+    throw Timeout("link: sending " + describeTag(tag) + " to '" + options_.connect +
+                  "' blocked for " + std::to_string(options_.timeout.count()) +
+                  " ms (is the peer receiving?)");
   ++stats_.messages_sent;
   stats_.bytes_sent_raw += t.bytes();
   stats_.bytes_sent_wire += wire_bytes;
@@ -287,7 +232,7 @@ bool ZmqLink::receiveOne(Clock::time_point deadline) {
   if (stash_.size() >= options_.max_buffered_messages ||
       stash_bytes_ + body.size() > options_.max_buffered_bytes) {
     throw Error("link '" + endpoint_ + "': receive buffer full (" + std::to_string(stash_.size()) +
-                " messages, " + std::to_string(stash_bytes_) + " bytes) with " + describe(tag) +
+                " messages, " + std::to_string(stash_bytes_) + " bytes) with " + describeTag(tag) +
                 " arriving from '" + options_.connect +
                 "'; the peer sends messages that are not asked for");
   }
@@ -321,30 +266,8 @@ Tensor ZmqLink::decodeInto(Pending& p, Backend& backend) {
   const size_t wire_bytes = p.payload.size();
   Tensor t = adoptPayload(p, backend);
   if (!t.defined()) {
-    t = backend.empty(h.shape, h.dtype);
-    const std::span<const uint8_t> bytes(static_cast<const uint8_t*>(p.payload.data()),
-                                         p.payload.size());
-    if (h.codec == Codec::kRaw) {
-      if (t.bytes()) backend.upload(t, bytes.data());
-    } else {
-      // Codecs read 2-byte values in place; a frame ZeroMQ placed at an odd offset is
-      // copied to aligned memory first.
-      std::vector<uint8_t> aligned;
-      std::span<const uint8_t> in = bytes;
-      if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) != 0) {
-        aligned.assign(bytes.begin(), bytes.end());
-        in = aligned;
-      }
-      const auto n = static_cast<size_t>(h.shape.numel());
-      // A fresh host tensor is decoded into directly; device memory via a host copy.
-      if (auto* host = static_cast<float*>(const_cast<void*>(backend.hostData(t)))) {
-        decode(h.codec, in, h.scales, h.block, {host, n});
-      } else {
-        std::vector<float> values(n);
-        decode(h.codec, in, h.scales, h.block, values);
-        backend.upload(t, values.data());
-      }
-    }
+    t = decodePayload(h, {static_cast<const uint8_t*>(p.payload.data()), p.payload.size()},
+                      backend);
   }
   ++stats_.messages_received;
   stats_.bytes_received_raw += t.bytes();
@@ -363,8 +286,9 @@ Tensor ZmqLink::recv(const MessageTag& tag, Backend& backend) {
       return decodeInto(p, backend);
     }
     if (!receiveOne(deadline))
-      throw Timeout("link '" + endpoint_ + "': no " + describe(tag) + " from '" + options_.connect +
-                    "' within " + std::to_string(options_.timeout.count()) + " ms");
+      throw Timeout("link '" + endpoint_ + "': no " + describeTag(tag) + " from '" +
+                    options_.connect + "' within " + std::to_string(options_.timeout.count()) +
+                    " ms");
   }
 }
 

@@ -25,51 +25,11 @@
 #include <zmq.hpp>
 
 #include "core/comm/link.h"
-#include "transport/codec.h"
 #include "transport/context.h"
 #include "transport/curve.h"
-#include "transport/wire.h"
+#include "transport/link_message.h"
 
 namespace tandem::transport {
-
-struct LinkOptions {
-  std::string bind;             // where this side receives, e.g. "tcp://127.0.0.1:*" (any port)
-  std::string connect;          // the peer's receive endpoint; may be given later with connect()
-  Codec codec = Codec::kRaw;    // for f32 tensors sent; other dtypes always go raw
-  bool error_feedback = false;  // for gradients under a lossy codec
-  uint32_t int8_block = kDefaultInt8Block;
-  bool checksum = false;
-  std::chrono::milliseconds timeout{30000};  // every blocking send and recv
-  std::chrono::milliseconds linger{2000};    // how long close waits to deliver queued sends
-  int send_hwm = 16, recv_hwm = 16;          // messages ZeroMQ queues per direction
-  size_t max_buffered_messages = 64;         // held by recv for other tags
-  uint64_t max_buffered_bytes = uint64_t{1} << 30;
-  WireLimits limits;
-  // CurveZMQ: both set = the link is encrypted and only the peer's key may connect.
-  // Unsupported is raised if this libzmq has no CURVE.
-  std::string curve_secret_key_file;       // this side's secret key (Z85)
-  std::string curve_peer_public_key_file;  // the peer's public key (Z85)
-  // The same two keys given as Z85 text instead of files (both set, or neither).
-  std::string curve_secret_key, curve_peer_public_key;
-  uint64_t job = 0;
-  int32_t stage = 0, peer_stage = 0;
-  // TCP congestion control of this side's sending connections whose peer is on this
-  // machine (chooseLocalCongestion, local_tcp.h): this one, else reno, else the system's;
-  // "" keeps the system's. Applied when the connection is made (seen through a ZeroMQ
-  // socket monitor) and taken up at the next send; connections to other machines keep
-  // the system's.
-  std::string local_congestion = "cubic";
-};
-
-struct LinkStats {
-  uint64_t messages_sent = 0, messages_received = 0;
-  uint64_t bytes_sent_raw = 0, bytes_sent_wire = 0;  // tensor bytes / payload bytes
-  uint64_t bytes_received_raw = 0, bytes_received_wire = 0;
-  uint64_t received_in_place = 0;  // messages whose buffer became the tensor, uncopied
-  uint64_t rejects = 0;
-  std::string last_reject;  // why the latest rejected message was refused
-  double send_blocked_s = 0, recv_blocked_s = 0;
-};
 
 class ZmqLink final : public Link {
  public:
@@ -113,21 +73,13 @@ class ZmqLink final : public Link {
   // The payload as a tensor without a copy, if the backend can adopt host memory and the
   // message is raw and aligned; otherwise undefined, leaving `p` as it was.
   Tensor adoptPayload(Pending& p, Backend& backend);
-  std::string describe(const MessageTag& tag) const;
   // Sets options_.local_congestion on the sending socket's connections made since the
   // last call (the monitor's "connected" events carry their descriptors).
   void tuneNewConnections();
 
-  // Payload buffers ZeroMQ has finished with, kept for the next sends so large messages
-  // do not fault in fresh pages every time. Returned from ZeroMQ's I/O thread.
-  struct BufferPool {
-    std::mutex mutex;
-    std::vector<std::unique_ptr<std::vector<uint8_t>>> free;  // guarded by mutex
-  };
-  std::unique_ptr<std::vector<uint8_t>> takeBuffer();
-
   LinkOptions options_;
-  // Shared with the free callbacks of messages still in flight, which may outlive the link.
+  // Payload buffers ZeroMQ has finished with (returned from its I/O thread), shared with
+  // the free callbacks of messages still in flight, which may outlive the link.
   std::shared_ptr<BufferPool> buffers_ = std::make_shared<BufferPool>();
   zmq::socket_t push_, pull_;
   zmq::socket_t connections_;  // push_'s monitor, when local_congestion applies

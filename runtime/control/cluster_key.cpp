@@ -112,6 +112,15 @@ DataPlaneKeys dataPlaneKeys(const ClusterKey& key) {
   return {pz, sz};
 }
 
+std::array<uint8_t, 32> dataPlaneLinkKey(const ClusterKey& key) {
+  initSodium();
+  static constexpr std::string_view kLabel = "tandem stage links 1";
+  std::array<uint8_t, 32> out{};
+  crypto_generichash(out.data(), out.size(), reinterpret_cast<const uint8_t*>(kLabel.data()),
+                     kLabel.size(), key.bytes.data(), key.bytes.size());
+  return out;
+}
+
 Mac handshakeProof(const ClusterKey& key, Side side, const Hello& client, const Hello& server) {
   initSodium();
   static_assert(crypto_auth_hmacsha512256_BYTES == kMacBytes);

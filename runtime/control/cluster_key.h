@@ -40,6 +40,10 @@ struct DataPlaneKeys {
 };
 DataPlaneKeys dataPlaneKeys(const ClusterKey& key);
 
+// The key that seals a run's stage links (transport/socket_link.h), derived from the
+// run's key under a label of its own.
+std::array<uint8_t, 32> dataPlaneLinkKey(const ClusterKey& key);
+
 // Which side of a handshake: the one that connected (client) or accepted (server).
 enum class Side { kClient, kServer };
 

@@ -26,7 +26,7 @@
 #include "runtime/node/node_profile.h"
 #include "runtime/node/weight_cache.h"
 #include "runtime/worker/launcher.h"
-#include "transport/zmq_link.h"
+#include "transport/socket_link.h"
 
 namespace tandem::runtime {
 
@@ -235,17 +235,16 @@ struct Daemon::Impl {
 
   // The links a connection opened to measure (link tasks), by pair.
   struct Links {
-    std::unique_ptr<transport::Context> ctx;
     std::unique_ptr<Backend> backend;
-    std::map<int64_t, std::unique_ptr<transport::ZmqLink>> open;
+    std::map<int64_t, std::unique_ptr<transport::SocketLink>> open;
   };
 
   // Runs one link task (core/profile/link_probe.h) and answers it.
   void linkTask(Channel& channel, const LinkTask& t, Links& links) {
-    if (!links.ctx) {
-      links.ctx = std::make_unique<transport::Context>();
-      links.backend = makeBackend("cpu");
-    }
+    if (!links.backend) links.backend = makeBackend("cpu");
+    // Sealed as a run's tcp links are, so that what is measured is what a run pays; the
+    // key is the one both daemons hold, the cluster's.
+    const transport::LinkKey key = dataPlaneLinkKey(options.key);
     auto options = [&] {
       checkBindHost(t.bind_host);
       transport::LinkOptions o;
@@ -279,7 +278,7 @@ struct Daemon::Impl {
       case LinkTaskKind::kOpen: {
         if (links.open.size() >= kMaxOpenLinks)
           throw InvalidArgument("at most " + std::to_string(kMaxOpenLinks) + " links open");
-        auto link = std::make_unique<transport::ZmqLink>(*links.ctx, options());
+        auto link = std::make_unique<transport::SocketLink>(options(), key);
         const std::string endpoint = link->endpoint();
         links.open[t.pair] = std::move(link);
         return channel.send(LinkResult{t.pair, endpoint, 0, 0, 0, 0, 0, 0});
@@ -289,7 +288,7 @@ struct Daemon::Impl {
         const auto it = links.open.find(t.pair);
         if (it == links.open.end())
           throw InvalidArgument("pair " + std::to_string(t.pair) + " was never opened");
-        std::unique_ptr<transport::ZmqLink> link = std::move(it->second);
+        std::unique_ptr<transport::SocketLink> link = std::move(it->second);
         links.open.erase(it);
         checkPeerEndpoint(t.peer);
         link->connect(t.peer);
@@ -303,7 +302,7 @@ struct Daemon::Impl {
       case LinkTaskKind::kLocal: {
         // Both ends on this node: the echo side on a thread of its own with its own
         // backend (one thread drives a link, and a backend).
-        transport::ZmqLink near(*links.ctx, options()), far(*links.ctx, options());
+        transport::SocketLink near(options(), key), far(options(), key);
         near.connect(far.endpoint());
         far.connect(near.endpoint());
         LinkMeasurement measured;

@@ -60,7 +60,7 @@ partitioner::Cluster localCluster(int devices, int threads);
 
 // Link measurement between nodes with the real transport: each node's daemon opens
 // links where that node's stages would (its `host`) and measures against another node
-// (core/profile/link_probe.h) over a ZmqLink, told by `link task`s. `pairs` lists the
+// (core/profile/link_probe.h) over a SocketLink, told by `link task`s. `pairs` lists the
 // ordered pairs of node indices to measure (from == to: within the node, two links of one
 // daemon), one after another. Error naming the node that failed or did not answer.
 struct LinkSurveyOptions {

@@ -18,21 +18,22 @@
 #include "runtime/control/cluster_key.h"
 #include "runtime/control/files.h"
 #include "runtime/node/node_info.h"
-#include "transport/zmq_link.h"
+#include "transport/socket_link.h"
 
 namespace tandem::runtime {
 
 namespace {
 
 // Everything a device's measurement depends on, hashed: the cache file's name.
-// ("cache 5": profiles that time a language model's decoding; older ones lack it.)
+// ("cache 6": message CPU measured over socket links; "cache 5": profiles that time a
+// language model's decoding.)
 // The CPU the node grants (its quota) is part of it: a node whose quota changed measures
 // anew.
 std::string cacheKey(const ProfileTask& task, int64_t batch, int64_t least, const ProfileDevice& d,
                      const CpuLimit& cpu) {
   char cores[32];
   std::snprintf(cores, sizeof cores, "%.3f", cpu.cores());
-  const std::string what = "tandem profile cache 5\n" + buildName() + "\n" + d.backend + "\n" +
+  const std::string what = "tandem profile cache 6\n" + buildName() + "\n" + d.backend + "\n" +
                            std::to_string(d.threads) + "\n" + std::to_string(d.load) + "\n" +
                            cores + "\n" + std::to_string(batch) + " " + std::to_string(least) +
                            " " + std::to_string(task.warmup) + " " + std::to_string(task.repeats) +
@@ -117,14 +118,11 @@ constexpr int kMessageWarmup = 10, kMessageRounds = 100;
 // the timed round trips, per message; and the wall time of the send call on the sending
 // thread, per message (what a stage's thread spends sending instead of computing).
 std::vector<MessageCpu> measureMessageCpu() {
-  transport::Context context;
   transport::LinkOptions o;
   o.bind = "tcp://127.0.0.1:*";
   o.timeout = std::chrono::seconds(30);
-  const DataPlaneKeys keys = dataPlaneKeys(generateClusterKey());
-  o.curve_secret_key = keys.secret_key;
-  o.curve_peer_public_key = keys.public_key;
-  transport::ZmqLink near(context, o), far(context, o);
+  const transport::LinkKey key = dataPlaneLinkKey(generateClusterKey());
+  transport::SocketLink near(o, key), far(o, key);
   near.connect(far.endpoint());
   far.connect(near.endpoint());
   auto backend = makeBackend("cpu");

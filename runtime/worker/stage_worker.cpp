@@ -29,11 +29,10 @@
 #include "runtime/node/link_rules.h"
 #include "runtime/node/node_info.h"
 #include "runtime/node/weight_cache.h"
+#include "runtime/worker/replica_group.h"
 #include "runtime/worker/stage_generation.h"
 #include "runtime/worker/tensor_ranks.h"
-#include "transport/socket_group.h"
-#include "transport/zmq_group.h"
-#include "transport/zmq_link.h"
+#include "transport/socket_link.h"
 
 namespace tandem::runtime {
 
@@ -179,13 +178,15 @@ class StageSetup {
   // the run activations.
   std::optional<PrivateSocketDir> socket_dir;
   transport::Context ctx;
-  // Encrypted links: every link of the run holds the key pair derived from the run's
-  // key, so each admits exactly the run's other workers.
+  // Encrypted runs: the stages' links are sealed with the link key derived from the run's
+  // key, and a replica group's ZeroMQ links hold the key pair derived from it, so each
+  // admits exactly the run's other workers.
   DataPlaneKeys curve;
+  std::optional<transport::LinkKey> link_key;
   // One link to each replica of each neighbouring stage: the previous stage's carry
   // gradients out, the next stage's activations. (Generating or interleaved, the first
   // stage's prev is the last stage, and the last's next the first.)
-  std::vector<std::unique_ptr<transport::ZmqLink>> prev_links, next_links;
+  std::vector<std::unique_ptr<transport::SocketLink>> prev_links, next_links;
   std::unique_ptr<ReplicaLinks> prev, next;
   // A replicated stage's group (replicaGroup), kept like the links until the run is over;
   // `group_host` is where an encrypted group receives.
@@ -225,7 +226,7 @@ class StageSetup {
   void readData(const Assign& a, const WorkerOptions& o, Ready& ready);
   std::unique_ptr<ReplicaLinks> connect(const Assign& a, const char* side,
                                         const std::vector<std::string>& endpoints,
-                                        std::vector<std::unique_ptr<transport::ZmqLink>>& links);
+                                        std::vector<std::unique_ptr<transport::SocketLink>>& links);
 };
 
 StageSetup::StageSetup(Channel& coordinator, const Assign& a, const ClusterKey& run_key,
@@ -233,6 +234,7 @@ StageSetup::StageSetup(Channel& coordinator, const Assign& a, const ClusterKey& 
     : who("stage " + std::to_string(a.stage) +
           (a.replicas > 1 ? " replica " + std::to_string(a.replica) : "")),
       curve(a.encrypt ? dataPlaneKeys(run_key) : DataPlaneKeys{}) {
+  if (a.encrypt) link_key = dataPlaneLinkKey(run_key);
   buildLayers(coordinator, a, o);
   Ready ready;
   openLinks(a, ready);
@@ -293,18 +295,16 @@ void StageSetup::openLinks(const Assign& a, Ready& ready) {
     lo.timeout = std::chrono::seconds(a.wire.timeout_s);
     lo.stage = a.stage;
     lo.peer_stage = peer;
-    lo.curve_secret_key = curve.secret_key;
-    lo.curve_peer_public_key = curve.public_key;
     return lo;
   };
   for (int i = 0; i < a.prev_replicas; ++i) {
-    prev_links.push_back(std::make_unique<transport::ZmqLink>(
-        ctx, linkOptions(a.wire.gradients, (a.stage + a.stages - 1) % a.stages)));
+    prev_links.push_back(std::make_unique<transport::SocketLink>(
+        linkOptions(a.wire.gradients, (a.stage + a.stages - 1) % a.stages), link_key));
     ready.prev.push_back(prev_links.back()->endpoint());
   }
   for (int j = 0; j < a.next_replicas; ++j) {
-    next_links.push_back(std::make_unique<transport::ZmqLink>(
-        ctx, linkOptions(a.wire.activations, (a.stage + 1) % a.stages)));
+    next_links.push_back(std::make_unique<transport::SocketLink>(
+        linkOptions(a.wire.activations, (a.stage + 1) % a.stages), link_key));
     ready.next.push_back(next_links.back()->endpoint());
   }
 }
@@ -336,7 +336,7 @@ void StageSetup::readData(const Assign& a, const WorkerOptions& o, Ready& ready)
 
 std::unique_ptr<ReplicaLinks> StageSetup::connect(
     const Assign& a, const char* side, const std::vector<std::string>& endpoints,
-    std::vector<std::unique_ptr<transport::ZmqLink>>& links) {
+    std::vector<std::unique_ptr<transport::SocketLink>>& links) {
   if (endpoints.size() != links.size())
     throw FormatError(who + ": the start message lists " + std::to_string(endpoints.size()) + " '" +
                       side + "' endpoints, not " + std::to_string(links.size()));
@@ -347,43 +347,6 @@ std::unique_ptr<ReplicaLinks> StageSetup::connect(
     out.push_back(links[i].get());
   }
   return out.empty() ? nullptr : std::make_unique<ReplicaLinks>(out);
-}
-
-// The stage's replicas sum their gradients over a group of their own; they find each
-// other through the coordinator. On encrypted runs the group's links are ZeroMQ's with
-// the run's CurveZMQ keys, like the stages' links; otherwise plain sockets (faster,
-// docs/collectives.md). Both sum in the same order. Null for a stage of one replica.
-std::unique_ptr<Group> replicaGroup(Channel& coordinator, const Assign& a, StageSetup& s) {
-  if (a.replicas == 1) return nullptr;
-  auto exchange = [&](const std::string& mine) {
-    coordinator.send(GroupAddress{mine});
-    GroupAddresses all = expect<GroupAddresses>(coordinator, std::chrono::seconds(a.wire.timeout_s),
-                                                "the group's addresses");
-    if (all.addresses.size() != static_cast<size_t>(a.replicas))
-      throw FormatError(s.who + ": " + std::to_string(all.addresses.size()) +
-                        " group addresses for " + std::to_string(a.replicas) + " replicas");
-    return all.addresses;
-  };
-  auto common = [&](auto& go) {  // what the two kinds of group options share
-    go.rank = a.replica;
-    go.size = a.replicas;
-    go.transport = a.transport;
-    go.host = a.bind_host;
-    if (s.socket_dir) go.ipc_dir = s.socket_dir->path();
-    go.group_id = static_cast<uint64_t>(a.stage);  // a stage's replicas are one group
-  };
-  if (a.encrypt) {
-    transport::ZmqGroupOptions go;
-    common(go);
-    go.link_timeout = std::chrono::seconds(a.wire.timeout_s);
-    go.curve_secret_key = s.curve.secret_key;
-    go.curve_public_key = s.curve.public_key;
-    return transport::makeZmqGroup(s.ctx, s.group_host, go, exchange);
-  }
-  transport::SocketGroupOptions go;
-  common(go);
-  go.connect_timeout = std::chrono::seconds(a.wire.timeout_s);
-  return transport::makeSocketGroup(go, exchange);
 }
 
 // An inference stream: every replica of the last stage answers its own requests as they
@@ -514,7 +477,17 @@ void runMode(Channel& coordinator, const Assign& a, StageSetup& s, Stage& traine
 // A training or inference stage: the executor over the stage's links (and its replicas'
 // group), the mode's body, then what the report says of the executor.
 void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
-  s.group = replicaGroup(coordinator, a, s);
+  s.group = replicaGroup(
+      a, {s.ctx, s.group_host, s.curve, s.socket_dir ? s.socket_dir->path() : ""},
+      [&](const std::string& mine) {
+        coordinator.send(GroupAddress{mine});
+        GroupAddresses all = expect<GroupAddresses>(
+            coordinator, std::chrono::seconds(a.wire.timeout_s), "the group's addresses");
+        if (all.addresses.size() != static_cast<size_t>(a.replicas))
+          throw FormatError(s.who + ": " + std::to_string(all.addresses.size()) +
+                            " group addresses for " + std::to_string(a.replicas) + " replicas");
+        return all.addresses;
+      });
   PipelineOptions po;
   po.schedule = a.train.schedule;
   po.microbatches = a.train.microbatches;
@@ -541,8 +514,19 @@ void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
   }
 }
 
-void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const WorkerOptions& o) {
-  StageSetup s(coordinator, a, run_key, o);
+// Tells the coordinator why the stage failed, and closes the channel; false if it could
+// not (the coordinator is gone too).
+bool reportFailure(Channel& coordinator, const std::string& what) noexcept {
+  try {
+    coordinator.send(Failed{what}, 2s);
+    coordinator.close(2s);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+void runSetUp(Channel& coordinator, const Assign& a, StageSetup& s) {
   if (a.mode == RunMode::kGenerate) {
     const auto t0 = Clock::now();
     if (s.tensor)
@@ -558,19 +542,31 @@ void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const
   awaitRunEnd(coordinator, std::chrono::seconds(a.wire.timeout_s));
 }
 
+// `reported`: set when a failure has been told to the coordinator already.
+void run(Channel& coordinator, const Assign& a, const ClusterKey& run_key, const WorkerOptions& o,
+         bool& reported) {
+  StageSetup s(coordinator, a, run_key, o);
+  try {
+    runSetUp(coordinator, a, s);
+  } catch (const std::exception& e) {
+    // Reported while the links are still open: the neighbours see them close (and fail
+    // of it) only after the coordinator has heard the cause.
+    reported = reportFailure(coordinator, e.what());
+    throw;
+  }
+}
+
 }  // namespace
 
 void runStageWorker(Channel& coordinator, const ClusterKey& run_key, const WorkerOptions& o,
                     std::chrono::milliseconds wait) {
+  bool reported = false;
   try {
     const Assign a = expect<Assign>(coordinator, wait, "assignment");
-    run(coordinator, a, run_key, o);
+    run(coordinator, a, run_key, o, reported);
   } catch (const std::exception& e) {
-    try {
-      coordinator.send(Failed{e.what()}, 2s);
-      coordinator.close(2s);
-    } catch (const Error&) {  // the coordinator is gone too; the caller still learns why
-    }
+    // (If the coordinator is gone too, the caller still learns why.)
+    if (!reported) reportFailure(coordinator, e.what());
     throw;
   }
 }

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,7 +20,6 @@
 #include <set>
 #include <sstream>
 #include <thread>
-#include <zmq.hpp>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/data/dataset.h"
@@ -30,6 +30,8 @@
 #include "core/train/trainer.h"
 #include "tests/process_util.h"
 #include "tests/profile_util.h"
+#include "transport/link_seal.h"
+#include "transport/tcp/socket.h"
 #include "transport/wire.h"
 
 extern char** environ;
@@ -528,9 +530,10 @@ std::vector<int> listeningPorts(pid_t pid) {
 
 // A local run over tcp: any process on the machine can connect to its workers' links.
 // One that pushes well-formed activations and gradients (for every microbatch the run
-// will send, of a shape no stage takes) into every port the workers listen on, from their
-// start to their end, gets nothing in: the links admit only the run's workers (encrypted
-// with the run's key), and the run saves bitwise what the undisturbed run saves. (200
+// will send, of a shape no stage takes, behind a hello naming a link of the run) into
+// every port the workers listen on, from their start to their end, gets nothing in: the
+// links admit only the run's workers (sealed with the run's key), and the run saves
+// bitwise what the undisturbed run saves. (200
 // steps: long enough, on a loaded machine, for the workers' ports to be found while they
 // run; with 50, a full ctest once ended a run before its second worker's port was seen.)
 TEST(RunTest, ALocalRunsLinksOverTcpAdmitOnlyItsWorkers) {
@@ -548,17 +551,34 @@ TEST(RunTest, ALocalRunsLinksOverTcpAdmitOnlyItsWorkers) {
   const std::string want = readFile(model, "the saved model");
   ASSERT_FALSE(want.empty());
   std::filesystem::remove(model);
-  // What the intruder sends: header and payload frames, as a link does.
-  std::vector<std::pair<std::vector<uint8_t>, std::vector<float>>> messages;
-  for (int64_t tag = 0; tag < 260; ++tag)
-    for (const MessageKind kind : {MessageKind::kActivation, MessageKind::kGradient}) {
-      transport::WireHeader h;
-      h.kind = kind;
-      h.microbatch = tag;
-      h.shape = Shape{8, 3};
-      h.payload_bytes = 8 * 3 * sizeof(float);
-      messages.emplace_back(transport::encodeHeader(h), std::vector<float>(24, 1e30f));
-    }
+  // What the intruder sends on each connection: a hello in the clear naming a link of the
+  // run (stage 0 to 1, or 1 to 0) and the port it connects to, then well-formed messages,
+  // as a socket link in the clear would.
+  auto stream = [](int port, int32_t from, int32_t to) {
+    const transport::HelloBytes hello = transport::writeHello(
+        {false, from, to, 0, "tcp://127.0.0.1:" + std::to_string(port)}, std::nullopt);
+    std::vector<uint8_t> out(hello.begin(), hello.end());
+    for (int64_t tag = 0; tag < 260; ++tag)
+      for (const MessageKind kind : {MessageKind::kActivation, MessageKind::kGradient}) {
+        transport::WireHeader h;
+        h.src_stage = from;
+        h.dst_stage = to;
+        h.kind = kind;
+        h.microbatch = tag;
+        h.shape = Shape{8, 3};
+        h.payload_bytes = 8 * 3 * sizeof(float);
+        const std::vector<uint8_t> header = transport::encodeHeader(h);
+        uint8_t prefix[16] = {};
+        transport::putLittle(prefix, header.size(), 4);
+        transport::putLittle(prefix + 8, h.payload_bytes, 8);
+        out.insert(out.end(), prefix, prefix + 16);
+        out.insert(out.end(), header.begin(), header.end());
+        const std::vector<float> payload(24, 1e30f);
+        const auto* bytes = reinterpret_cast<const uint8_t*>(payload.data());
+        out.insert(out.end(), bytes, bytes + h.payload_bytes);
+      }
+    return out;
+  };
 
   RunProcess run(job);
   std::vector<pid_t> workers;
@@ -567,8 +587,7 @@ TEST(RunTest, ALocalRunsLinksOverTcpAdmitOnlyItsWorkers) {
     ASSERT_TRUE(line && line->find("pid ") != std::string::npos) << run.output();
     workers.push_back(static_cast<pid_t>(std::stol(line->substr(line->find("pid ") + 4))));
   }
-  zmq::context_t ctx;
-  std::vector<zmq::socket_t> intruders;
+  std::vector<transport::tcp::Socket> intruders;
   std::set<int> reached;
   const auto until = Clock::now() + 60s;
   while (Clock::now() < until &&
@@ -576,13 +595,15 @@ TEST(RunTest, ALocalRunsLinksOverTcpAdmitOnlyItsWorkers) {
     for (pid_t w : workers)
       for (int port : listeningPorts(w)) {
         if (!reached.insert(port).second) continue;
-        zmq::socket_t& push = intruders.emplace_back(ctx, zmq::socket_type::push);
-        push.set(zmq::sockopt::linger, 0);
-        push.connect("tcp://127.0.0.1:" + std::to_string(port));
-        for (const auto& [header, payload] : messages) {
-          (void)push.send(zmq::buffer(header),
-                          zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-          (void)push.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+        for (const auto& [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
+          try {
+            transport::tcp::Socket& s = intruders.emplace_back(transport::tcp::connectTo(
+                transport::tcp::Address::resolve("127.0.0.1", std::to_string(port), false), {},
+                Clock::now() + 1s, "intruder", false));
+            const std::vector<uint8_t> bytes = stream(port, from, to);
+            (void)::send(s.get(), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+          } catch (const Error&) {  // the port closed meanwhile
+          }
         }
       }
     std::this_thread::sleep_for(5ms);

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/profile/link_probe.h"
 #include "tests/test_util.h"
+#include "tests/transport/link_checks.h"
 #include "tests/transport/tcp_probe.h"
 
 namespace tandem::transport {
@@ -61,72 +62,17 @@ class LinkTest : public ::testing::TestWithParam<std::string> {
 INSTANTIATE_TEST_SUITE_P(Endpoints, LinkTest, ::testing::Values("inproc", "ipc", "tcp"));
 
 TEST_P(LinkTest, EveryDtypeCodecAndShapeRoundTrips) {
-  for (Codec codec : {Codec::kRaw, Codec::kF16, Codec::kBF16, Codec::kI8}) {
-    LinkOptions o;
-    o.codec = codec;
-    o.checksum = codec == Codec::kBF16;
-    o.timeout = 5s;
+  testing::checkEveryDtypeCodecAndShape<ZmqLink>([&](const LinkOptions& o) {
     Pair p = makePair(ctx_, GetParam(), o);
-    int64_t mb = 0;
-    // {80, 100} is large enough to be received in place when raw.
-    for (const Shape& s :
-         {Shape{0}, Shape{1}, Shape{7, 13}, Shape{127, 3}, Shape{2, 3, 4, 5}, Shape{80, 100}}) {
-      const auto v = testing::randomVector(static_cast<uint64_t>(mb) + 1, s.numel(), -3, 3);
-      p.a->send({MessageKind::kActivation, mb}, toDevice(be_, s, v));
-      std::vector<int32_t> ids(static_cast<size_t>(s.numel()));
-      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 7 - 3);
-      p.a->send({MessageKind::kLabel, mb}, toDeviceI32(be_, s, ids));
-
-      const Tensor got = p.b->recv({MessageKind::kActivation, mb}, be_);
-      ASSERT_EQ(got.shape(), s);
-      const auto g = toHost(got);
-      for (size_t i = 0; i < v.size(); ++i) {
-        const float tol = codec == Codec::kRaw    ? 0.0f
-                          : codec == Codec::kF16  ? 3 * std::ldexp(1.0f, -11)
-                          : codec == Codec::kBF16 ? 3 * std::ldexp(1.0f, -8)
-                                                  : 3.0f / 254 * 1.001f;
-        ASSERT_NEAR(g[i], v[i], tol) << codecName(codec) << " " << s;
-      }
-      EXPECT_EQ(toHostI32(p.b->recv({MessageKind::kLabel, mb}, be_)), ids);  // i32 always raw
-      ++mb;
-    }
-    EXPECT_EQ(p.a->stats().messages_sent, 12u);
-    EXPECT_EQ(p.b->stats().messages_received, 12u);
-    EXPECT_EQ(p.b->stats().rejects, 0u);
-    // The 8000-value labels always, the activations when raw.
-    EXPECT_EQ(p.b->stats().received_in_place, codec == Codec::kRaw ? 2u : 1u);
-    // 8593 f32 values and 8593 i32 labels were sent; labels always travel raw.
-    const uint64_t f32_wire = encodedBytes(codec, DType::kF32, 8593);
-    EXPECT_EQ(p.a->stats().bytes_sent_raw, 2u * 8593 * 4);
-    EXPECT_EQ(p.a->stats().bytes_sent_wire, f32_wire + 8593 * 4);
-    EXPECT_EQ(p.b->stats().bytes_received_wire, p.a->stats().bytes_sent_wire);
-  }
+    return std::pair{std::move(p.a), std::move(p.b)};
+  });
 }
 
 TEST_P(LinkTest, MessagesAreMatchedByTagWhateverTheirOrder) {
   LinkOptions o;
   o.timeout = 5s;
   Pair p = makePair(ctx_, GetParam(), o);
-  std::vector<MessageTag> tags;
-  for (int64_t mb = 0; mb < 6; ++mb)
-    for (MessageKind k : {MessageKind::kActivation, MessageKind::kGradient})
-      tags.push_back({k, mb});
-  std::vector<MessageTag> shuffled = tags;
-  Rng rng(3);
-  for (size_t i = shuffled.size() - 1; i > 0; --i)
-    std::swap(shuffled[i], shuffled[rng.below(i + 1)]);
-  for (const MessageTag& t : shuffled)
-    p.b->send(t,
-              toDevice(be_, {2}, {static_cast<float>(t.microbatch), static_cast<float>(t.kind)}));
-  for (const MessageTag& t : tags) {
-    const auto v = toHost(p.a->recv(t, be_));
-    EXPECT_EQ(v,
-              (std::vector<float>{static_cast<float>(t.microbatch), static_cast<float>(t.kind)}));
-  }
-  EXPECT_EQ(p.a->buffered(), 0u);
-  // The other direction works on the same pair.
-  p.a->send({MessageKind::kGradient, 9}, toDevice(be_, {1}, {4.5f}));
-  EXPECT_EQ(toHost(p.b->recv({MessageKind::kGradient, 9}, be_)), std::vector<float>{4.5f});
+  testing::checkMatchedByTagWhateverTheirOrder(*p.a, *p.b);
 }
 
 TEST_P(LinkTest, InPlaceSendsKeepTheTensorAliveUntilSent) {

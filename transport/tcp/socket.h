@@ -1,7 +1,7 @@
 // Plain stream sockets, owned: the one place tandem opens, binds, connects and accepts
-// a TCP or Unix-domain socket by hand (the socket group, the benchmarks' raw-socket
-// peers and the transport tests all go through here). ZeroMQ and Boost.Asio own their
-// sockets themselves.
+// a TCP or Unix-domain socket by hand (the socket links, the socket group, the
+// benchmarks' raw-socket peers and the transport tests all go through here). ZeroMQ and
+// Boost.Asio own their sockets themselves.
 //
 // Every blocking step takes a deadline on the steady clock: a step that cannot finish
 // by then returns false (or raises Timeout where it says so); a failing system call
