@@ -225,6 +225,32 @@ TEST(SocketLinkHostileTest, StrangersAreTurnedAwayAndThePeerIsStillAdmitted) {
   EXPECT_EQ(b->stats().rejects, 4u);
 }
 
+// More silent connections than the link holds unheard (8): the oldest are dropped, each
+// counted, and the peer that says its hello is still admitted.
+TEST(SocketLinkHostileTest, AFloodOfSilentConnectionsDoesNotLockThePeerOut) {
+  auto b = listening(10s);
+  const std::string at = b->endpoint();
+  std::vector<float> got;
+  std::thread receiver([&] {  // accepting all the while: more than the backlog can connect
+    cpu::CpuBackend rbe;
+    got = toHost(b->recv({MessageKind::kActivation, 0}, rbe));
+  });
+  std::vector<std::unique_ptr<Raw>> silent;
+  for (int i = 0; i < 12; ++i) silent.push_back(std::make_unique<Raw>(at, nullptr));
+  LinkOptions o;
+  o.bind = "tcp://127.0.0.1:*";
+  o.peer_stage = 1;
+  SocketLink a(o, keyOf(1));
+  a.connect(at);
+  cpu::CpuBackend be;
+  a.send({MessageKind::kActivation, 0}, toDevice(be, {1}, {3.0f}));
+  receiver.join();
+  EXPECT_EQ(got, std::vector<float>{3.0f});
+  EXPECT_EQ(b->stats().rejects, 5u);  // 13 connections, 8 held: the 5 oldest dropped
+  EXPECT_NE(b->stats().last_reject.find("closed unheard"), std::string::npos)
+      << b->stats().last_reject;
+}
+
 // Each case: a hello that proves the key, then a message that does not hold.
 TEST(SocketLinkHostileTest, AlteredReplayedOrOversizedMessagesEndTheLink) {
   cpu::CpuBackend be;
