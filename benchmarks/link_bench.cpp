@@ -311,7 +311,10 @@ int main(int argc, char** argv) {
       "congestion control on both, glibc malloc keeping freed blocks "
       "(transport::keepFreedMemory) for both; our links send as the executor does "
       "(ZmqLink::send: one copy into a pooled buffer; SocketLink::send: from the tensor's "
-      "memory, or sealed into a pooled buffer), except the in-place row\n",
+      "memory, or sealed into a pooled buffer), except the in-place row; every tcp "
+      "connection, ours, the socket links' and the plain socket pair's, has TCP_NODELAY; "
+      "sealed rows use ChaCha20-Poly1305 (socket links) or CurveZMQ (ZeroMQ links), each "
+      "link's own cipher, with one key for both ends; no row has a separate warm-up\n",
       tandem::transport::kLinkCongestion.c_str());
   return tandem::bench::runWithRatios(
       argc, argv,

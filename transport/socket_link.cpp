@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/endpoint.h"
 #include "core/error.h"
 #include "transport/local_tcp.h"
 #include "transport/tcp/socket.h"
@@ -25,13 +26,6 @@ constexpr size_t kMaxCandidates = 8;  // accepted connections not yet heard
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-int millisLeft(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-}
-
-bool wouldBlock(int e) { return e == EAGAIN || e == EWOULDBLOCK || e == EINTR; }
-
 // An endpoint: "tcp://HOST:PORT" (HOST in brackets for an IPv6 address; PORT "*" for any
 // when binding) or "ipc://PATH".
 struct Where {
@@ -43,16 +37,17 @@ struct Where {
 Where parseWhere(const std::string& e, bool passive) {
   Where w;
   if (e.starts_with("tcp://")) {
-    const std::string rest = e.substr(6);
-    const size_t colon = rest.rfind(':');
-    TANDEM_CHECK_MSG(colon != std::string::npos && colon > 0 && colon + 1 < rest.size(),
-                     InvalidArgument, "link: '" << e << "' is not tcp://HOST:PORT");
+    std::string rest = e.substr(6);
+    if (passive && rest.ends_with(":*")) rest.replace(rest.size() - 1, 1, "0");
+    Endpoint where;
+    try {
+      where = parseEndpoint(rest, passive);
+    } catch (const InvalidArgument& bad) {
+      throw InvalidArgument("link: '" + e + "' is not tcp://HOST:PORT: " + bad.what());
+    }
     w.tcp = true;
-    w.host = rest.substr(0, colon);
-    if (w.host.size() > 2 && w.host.front() == '[' && w.host.back() == ']')
-      w.host = w.host.substr(1, w.host.size() - 2);
-    const std::string port = rest.substr(colon + 1);
-    w.address = tcp::Address::resolve(w.host, port == "*" ? "0" : port, passive);
+    w.host = where.host;
+    w.address = tcp::Address::resolve(w.host, std::to_string(where.port), passive);
   } else if (e.starts_with("ipc://") && e.size() > 6) {
     w.path = e.substr(6);
     w.address = tcp::Address::unixPath(w.path);
@@ -140,7 +135,7 @@ struct SocketLink::Impl {
       for (const Candidate& c : candidates) fds[n++] = {c.socket.get(), POLLIN, 0};
     }
     if (n == 0) return {};
-    const int k = ::poll(fds.data(), n, millisLeft(deadline));
+    const int k = ::poll(fds.data(), n, tcp::msLeft(deadline));
     if (k < 0 && errno != EINTR) throw IoError(name() + ": poll: " + std::strerror(errno));
     if (k <= 0) return {};
     Ready r;
@@ -182,7 +177,7 @@ struct SocketLink::Impl {
           if (why.empty()) return admit(std::move(c));
         } else if (k == 0) {
           why = "a connection closed before its hello";
-        } else if (!wouldBlock(errno)) {
+        } else if (!tcp::wouldBlock(errno)) {
           why = std::string("a connection failed before its hello: ") + std::strerror(errno);
         }
         break;
@@ -230,7 +225,7 @@ struct SocketLink::Impl {
           return false;
         }
         if (k < 0) {
-          if (wouldBlock(errno)) return false;
+          if (tcp::wouldBlock(errno)) return false;
           end("receiving from '" + o.connect + "' failed: " + std::strerror(errno));
           return false;
         }
@@ -363,7 +358,7 @@ struct SocketLink::Impl {
         }
         continue;
       }
-      if (!wouldBlock(errno))
+      if (!tcp::wouldBlock(errno))
         throw IoError(name() + ": sending " + describeTag(tag) + " to '" + o.connect +
                       "' failed: " + std::strerror(errno));
       // Waiting for room, it takes in what the peer sends while the receive buffer has
@@ -481,9 +476,7 @@ SocketLink::SocketLink(LinkOptions options, std::optional<LinkKey> key)
   const Where w = parseWhere(l.o.bind, true);
   l.listener.emplace(w.address, "link at '" + l.o.bind + "'", 8);
   if (w.tcp) {
-    const bool v6 = w.host.find(':') != std::string::npos;
-    l.endpoint =
-        "tcp://" + (v6 ? "[" + w.host + "]" : w.host) + ":" + std::to_string(l.listener->port());
+    l.endpoint = "tcp://" + Endpoint{w.host, static_cast<uint16_t>(l.listener->port())}.str();
   } else {
     l.endpoint = "ipc://" + w.path;
   }

@@ -21,14 +21,6 @@ namespace {
 
 std::string systemError(int error = errno) { return std::strerror(error); }
 
-int msLeft(Clock::time_point deadline) {
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<int64_t>(left, 0, INT_MAX));
-}
-
-bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
-
 Address addressOf(int fd, bool peer) {
   Address a;
   socklen_t length = sizeof(a.storage);
@@ -40,6 +32,14 @@ Address addressOf(int fd, bool peer) {
 }
 
 }  // namespace
+
+int msLeft(Clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, INT_MAX));
+}
+
+bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
 
 Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
@@ -99,9 +99,9 @@ Address Address::loopback(int family) {
 Address Address::unixPath(const std::string& path) {
   Address a;
   auto* un = reinterpret_cast<sockaddr_un*>(&a.storage);
-  TANDEM_CHECK_MSG(path.size() < sizeof(un->sun_path), InvalidArgument,
-                   "the socket path '" << path << "' is longer than " << sizeof(un->sun_path) - 1
-                                       << " bytes");
+  TANDEM_CHECK_MSG(
+      path.size() < sizeof(un->sun_path), InvalidArgument,
+      "the socket path '" << path << "' is longer than " << sizeof(un->sun_path) - 1 << " bytes");
   un->sun_family = AF_UNIX;
   std::memcpy(un->sun_path, path.c_str(), path.size() + 1);
   const bool abstract = !path.empty() && path[0] == '@';
@@ -196,9 +196,9 @@ Listener::Listener(const Address& where, const std::string& where_name, int back
       ::unlink(unlink_path_.c_str());
     }
   }
-  TANDEM_CHECK_MSG(
-      ::bind(socket_.get(), where.get(), where.length) == 0 && ::listen(socket_.get(), backlog) == 0,
-      IoError, "cannot listen on " << where_name << ": " << systemError());
+  TANDEM_CHECK_MSG(::bind(socket_.get(), where.get(), where.length) == 0 &&
+                       ::listen(socket_.get(), backlog) == 0,
+                   IoError, "cannot listen on " << where_name << ": " << systemError());
   bound_ = where.family == AF_UNIX ? where : localAddress(socket_.get());
 }
 

@@ -82,6 +82,11 @@ Socket openSocket(int family, const SocketOptions& options = {});
 void setNoDelay(int fd);
 void setNonBlocking(int fd);
 
+// Milliseconds from now to the deadline, for poll (0 once it has passed).
+int msLeft(Clock::time_point deadline);
+// A non-blocking call's errno that means "not now, try again" (EAGAIN, EINTR).
+bool wouldBlock(int error);
+
 // Waits until `fd` is ready for `events` (POLLIN, POLLOUT); false once the deadline has
 // passed. Signals do not end the wait.
 bool waitFor(int fd, short events, Clock::time_point deadline);
@@ -128,7 +133,6 @@ Socket connectTo(const Address& there, const SocketOptions& options, Clock::time
 // `options` say otherwise. nullopt where the family has no loopback (IPv6 off); IoError
 // for any other failure.
 std::optional<std::pair<Socket, Socket>> loopbackPair(int family = AF_INET,
-                                                      const SocketOptions& options = {
-                                                          0, false});
+                                                      const SocketOptions& options = {0, false});
 
 }  // namespace tandem::transport::tcp
