@@ -20,11 +20,15 @@
 // one's tokens_per_s, `speedup` (int8 over f32) and `weight_bytes_ratio` (the issue's
 // goals: >= 1.5x and about 0.25x plus scales).
 //
-// BM_PipelinedGenerate: 4 sequences of 128 tokens in flight through 2 stages (threads of
-// one thread each, inproc links, the feedback link from the last stage to the first;
-// core/pipeline/stage_decoder.h) against one single-threaded process generating the same
-// 4 one after another; counter `vs_one_process` is the ratio of tokens/s (ideal: 2, the
-// stages' count, when each stage has a core).
+// BM_PipelinedGenerate/sequences:N/wide:W: N sequences of 128 tokens (of gpt-mini's shape,
+// or with wide:1 of benchmarks/generate_job.py's 10.7 M model) in flight through 2 stages
+// (threads of one thread each, inproc links, the feedback link from the last stage to the
+// first; core/pipeline/stage_decoder.h: they travel as 2 batches of N / 2, each stage
+// decoding a batch in one pass over its weights) against one single-threaded process
+// decoding the same N as one batch (StageDecoder alone, as `tandem serve` runs a model),
+// and against one sequence through the same 2 stages. Counters: each one's tokens/s,
+// `vs_one_process` (goal >= 1 when each stage has a core; ideal 2, the stages' count)
+// and `vs_one_sequence` (the serving issue's goal: >= 1.8x at 4 in flight).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -51,6 +55,23 @@ layers:
   - transformer: {heads: 4, mlp: 512}
   - transformer: {heads: 4, mlp: 512}
   - transformer: {heads: 4, mlp: 512}
+  - layernorm
+  - linear: {out: 256}
+)";
+
+// benchmarks/generate_job.py's wider GPT (10.7 M parameters, a few ms a token) with room
+// for a 16-token prompt and 128 new tokens.
+constexpr const char* kWide160 = R"(name: gpt-wide-160
+input: [160]
+layers:
+  - embedding: {vocab: 256, dim: 384}
+  - positional: {context: 160}
+  - transformer: {heads: 6, mlp: 1536}
+  - transformer: {heads: 6, mlp: 1536}
+  - transformer: {heads: 6, mlp: 1536}
+  - transformer: {heads: 6, mlp: 1536}
+  - transformer: {heads: 6, mlp: 1536}
+  - transformer: {heads: 6, mlp: 1536}
   - layernorm
   - linear: {out: 256}
 )";
@@ -162,7 +183,7 @@ std::vector<int32_t> promptOf(const char* text) {
 }
 
 // Seconds to generate `requests` through 2 stage threads of one thread each.
-double pipelinedSeconds(const std::vector<GenerationRequest>& requests, int run) {
+double pipelinedSeconds(const char* yaml, const std::vector<GenerationRequest>& requests, int run) {
   using namespace std::chrono_literals;
   transport::Context ctx;
   auto pair = [&](const std::string& name) {
@@ -177,7 +198,7 @@ double pipelinedSeconds(const std::vector<GenerationRequest>& requests, int run)
     return std::make_pair(std::move(la), std::move(lb));
   };
   auto forward = pair("fwd" + std::to_string(run)), back = pair("back" + std::to_string(run));
-  const ModelSpec spec = parseModelSpec(kGpt640, "benchmark");
+  const ModelSpec spec = parseModelSpec(yaml, "benchmark");
   const size_t cut = Model(spec).size() / 2;  // embedding, positional, 2 blocks | the rest
   const auto t0 = std::chrono::steady_clock::now();
   auto stage = [&](int s) {
@@ -196,29 +217,51 @@ double pipelinedSeconds(const std::vector<GenerationRequest>& requests, int run)
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void BM_PipelinedGenerate(benchmark::State& state) {
-  std::vector<GenerationRequest> requests;
-  for (const char* p :
-       {"The cat sat on t", "Once upon a time", "A computer is a ", "The meaning of l"})
-    requests.push_back({promptOf(p), 128, SamplingOptions{}});
+// Seconds to generate `requests` in one single-threaded process, all in flight as one
+// batch (StageDecoder alone, as `tandem serve` runs a model).
+double batchedSeconds(const char* yaml, const std::vector<GenerationRequest>& requests) {
   cpu::CpuBackend backend(cpu::CpuOptions{1});
-  Model model(parseModelSpec(kGpt640, "benchmark"));
+  Model model(parseModelSpec(yaml, "benchmark"));
   model.build(backend, 1);
-  double pipelined = 0, alone = 0;
-  int run = 0;
-  for (auto _ : state) {
-    pipelined += pipelinedSeconds(requests, run++);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (const GenerationRequest& r : requests) generate(model, r.prompt, r.count, r.sampling);
-    alone += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  const double tokens = 4.0 * 128 * static_cast<double>(state.iterations());
-  state.counters["pipelined_tokens_per_s"] = tokens / pipelined;
-  state.counters["one_process_tokens_per_s"] = tokens / alone;
-  state.counters["vs_one_process"] = alone / pipelined;
+  DecoderOptions o;
+  o.max_in_flight = static_cast<int>(requests.size());
+  StageDecoder d(model, StageRange{0, 1, 0, model.size()}, nullptr, nullptr, nullptr, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  d.run(requests);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-BENCHMARK(BM_PipelinedGenerate)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+void BM_PipelinedGenerate(benchmark::State& state) {
+  const auto sequences = static_cast<size_t>(state.range(0));
+  const char* yaml = state.range(1) == 0 ? kGpt640 : kWide160;
+  const char* prompts[] = {"The cat sat on t", "Once upon a time", "A computer is a ",
+                           "The meaning of l"};
+  std::vector<GenerationRequest> requests;
+  for (size_t q = 0; q < sequences; ++q)
+    requests.push_back({promptOf(prompts[q % 4]), 128, SamplingOptions{}});
+  const std::vector<GenerationRequest> one(requests.begin(), requests.begin() + 1);
+  double pipelined = 0, batched = 0, single = 0;
+  int run = 0;
+  for (auto _ : state) {
+    pipelined += pipelinedSeconds(yaml, requests, run++);
+    batched += batchedSeconds(yaml, requests);
+    single += pipelinedSeconds(yaml, one, run++);
+  }
+  const double it = static_cast<double>(state.iterations());
+  const double tokens = static_cast<double>(sequences) * 128 * it;
+  state.counters["pipelined_tokens_per_s"] = tokens / pipelined;
+  state.counters["one_process_tokens_per_s"] = tokens / batched;
+  state.counters["one_sequence_tokens_per_s"] = 128 * it / single;
+  state.counters["vs_one_process"] = batched / pipelined;
+  state.counters["vs_one_sequence"] = (tokens / pipelined) / (128 * it / single);
+}
+
+BENCHMARK(BM_PipelinedGenerate)
+    ->ArgNames({"sequences", "wide"})
+    ->ArgsProduct({{4, 8}, {0, 1}})
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 BENCHMARK(BM_Generate)
     ->ArgNames({"tokens", "cache", "threads"})

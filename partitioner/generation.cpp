@@ -31,10 +31,11 @@ double trip(const CostModel& cost, int from, int to, double bytes) {
          cost.messageCpuAtEnd(to, from, to, bytes);
 }
 
-// Stage s's busy time per token of one sequence: its decode and its ends of the messages
-// it receives and sends (the last stage sends the token back and reports it).
+// Stage s's busy time for one pass of a batch of `rows` sequences: its decode and its
+// ends of the message it receives and the one it sends (the last stage sends the batch's
+// tokens back and reports each).
 double busy(const CostModel& cost, const std::vector<Assignment>& stages, size_t s,
-            const GenerationOptions& o) {
+            const GenerationOptions& o, int64_t rows) {
   const size_t p = stages.size();
   const Assignment& a = stages[s];
   const int dev = a.devices.front(), node = nodeOf(cost, dev);
@@ -43,17 +44,20 @@ double busy(const CostModel& cost, const std::vector<Assignment>& stages, size_t
   const int prev_node = nodeOf(cost, prev.devices.front());
   const int next_node = nodeOf(cost, next.devices.front());
   const bool last = s + 1 == p;
-  const double in_bytes = s == 0 ? 4.0 : tokenBytes(o, a.begin);
-  const double out_bytes = last ? 4.0 : tokenBytes(o, a.end);
-  double t = decodeSeconds(cost, dev, a.begin, a.end, 1);
+  const double r = static_cast<double>(rows);
+  const double in_bytes = r * (s == 0 ? 4.0 : tokenBytes(o, a.begin));
+  const double out_bytes = r * (last ? 4.0 : tokenBytes(o, a.end));
+  double t = decodeSeconds(cost, dev, a.begin, a.end, rows);
   t += cost.messageCpuAtEnd(node, prev_node, node, in_bytes);
   t += cost.messageCpuAtEnd(node, node, next_node, out_bytes);
-  if (last) t += cost.messageCpuAtEnd(node, node, node, 4.0);  // the report
+  if (last) t += r * cost.messageCpuAtEnd(node, node, node, 4.0);  // the reports
   return t;
 }
 
-// The cuts of `devices` (a sequence, one stage each) where the busiest stage is least busy.
-std::vector<Assignment> balancedCuts(const CostModel& cost, const std::vector<int>& devices) {
+// The cuts of `devices` (a sequence, one stage each) where the busiest stage is least busy
+// decoding its batches of `rows` sequences.
+std::vector<Assignment> balancedCuts(const CostModel& cost, const std::vector<int>& devices,
+                                     int64_t rows) {
   const size_t n = cost.layers(), p = devices.size();
   if (p > n) return {};
   // best[s][e]: the least busiest stage of stages 0..s-1 over layers [0, e).
@@ -66,7 +70,7 @@ std::vector<Assignment> balancedCuts(const CostModel& cost, const std::vector<in
     for (size_t e = s; e <= n - (p - s); ++e) {
       for (size_t b = s - 1; b < e; ++b) {
         if (best[s - 1][b] == kInf || !cost.runs(type, b, e)) continue;
-        const double here = decodeSeconds(cost, dev, b, e, 1);
+        const double here = decodeSeconds(cost, dev, b, e, rows);
         const double worst = std::max(best[s - 1][b], here);
         if (worst < best[s][e]) {
           best[s][e] = worst;
@@ -165,6 +169,9 @@ GenerationCost priceGeneration(const CostModel& cost, const std::vector<Assignme
     return c;
   }
   const size_t p = stages.size();
+  // Stage 0 keeps about one batch per stage travelling (core/pipeline/stage_decoder.h).
+  const int64_t rows = (o.in_flight + static_cast<int64_t>(p) - 1) / static_cast<int64_t>(p);
+  const double r = static_cast<double>(rows);
   double ring = 0, busiest = 0;
   size_t busiest_stage = 0;
   std::map<int, double> node_work;  // core-seconds per token on each node
@@ -172,9 +179,9 @@ GenerationCost priceGeneration(const CostModel& cost, const std::vector<Assignme
     const Assignment& a = stages[s];
     const int dev = a.devices.front(), node = nodeOf(cost, dev);
     const int next_node = nodeOf(cost, stages[(s + 1) % p].devices.front());
-    ring += decodeSeconds(cost, dev, a.begin, a.end, 1) +
-            trip(cost, node, next_node, s + 1 == p ? 4.0 : tokenBytes(o, a.end));
-    const double b = busy(cost, stages, s, o);
+    ring += decodeSeconds(cost, dev, a.begin, a.end, rows) +
+            trip(cost, node, next_node, r * (s + 1 == p ? 4.0 : tokenBytes(o, a.end)));
+    const double b = busy(cost, stages, s, o, rows) / r;  // per token
     if (b > busiest) busiest = b, busiest_stage = s;
     const DeviceCosts& d = cost.problem().devices[static_cast<size_t>(dev)];
     node_work[node] += b * std::max(1.0, d.host_threads);
@@ -235,7 +242,8 @@ GenerationPlan planGeneration(const CostModel& cost, const GenerationOptions& o)
     sequences(devices, p, at, used, [&](const std::vector<int>& seq) {
       std::vector<int> chosen;
       for (const int i : seq) chosen.push_back(timed[static_cast<size_t>(i)]);
-      consider(balancedCuts(cost, chosen));
+      consider(balancedCuts(cost, chosen,
+                            (o.in_flight + static_cast<int64_t>(p) - 1) / static_cast<int64_t>(p)));
     });
   }
   TANDEM_CHECK_MSG(!fitting.empty(), InvalidArgument,

@@ -5,22 +5,23 @@
 //
 // How the stages run (core/pipeline/stage_decoder.h): one stage alone decodes the
 // `in_flight` sequences as one batch, a step advancing each by a token (Layer::decodeEach:
-// one pass over the weights); over several stages every sequence travels alone, one
-// message per step, stage s decoding its token and sending the activation on, the last
-// one choosing the token and sending it back to stage 0. Each token is also reported to
-// the coordinator. So, per token:
+// one pass over the weights); over p stages they travel as about p batches of
+// b = ceil(in_flight / p) sequences, one message per batch and step, stage s decoding the
+// batch's tokens at once and sending the activations on, the last one choosing the tokens
+// and sending them back to stage 0 together. Each token is also reported to the
+// coordinator. So, per token:
 //   decode(d, [b, e), k)  = sum over the layers of the profile's decode time at k
 //                           sequences at once (DeviceCosts::decode_s at 1, decode_batch_s
 //                           at decode_batch: the line through them)
 //   one stage             = k sequences / (decode(d, all, k) + k x report)
 //   several stages        = the least of
-//                           k / (sum of decode(d_s, stage s, 1) + every hop's trip)
-//                           (each sequence's token goes round the ring: p hops)
-//                           1 / (the busiest stage's decode(d_s, stage s, 1) + its ends
-//                           of its messages' CPU)
+//                           k / (sum of decode(d_s, stage s, b) + every hop's trip)
+//                           (each batch's tokens go round the ring: p hops)
+//                           b / (the busiest stage's decode(d_s, stage s, b) + its ends
+//                           of its messages' CPU, b reports at the last)
 //                           node cores / (the node's stages' busy time x threads)
 //                           (stages sharing a node's cores)
-//   a hop's trip          = its node pair's link latency + bytes / bandwidth + the
+//   a hop's trip          = its node pair's link latency + b x bytes / bandwidth + the
 //                           message's CPU at both ends (CostModel::messageCpu)
 //   report                = the last stage's end of a message to the coordinator
 // A stage's memory is serving's (its weights and one token's working set) plus the

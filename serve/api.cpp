@@ -127,7 +127,9 @@ std::optional<Plain> Api::route(const Request& req, const std::string& route) co
                  errorOf(401, "invalid_request_error",
                          "a valid API key is needed: send 'Authorization: Bearer KEY'")};
   if (route == "/metrics")
-    return Plain{http::status::ok, metrics_.text(engine_.queued(), engine_.running()),
+    return Plain{http::status::ok,
+                 metrics_.text(engine_.queued(), engine_.running()) +
+                     (options_.stages ? options_.stages->text() : std::string()),
                  "text/plain; version=0.0.4"};
   if (route == "/v1/models")
     return Plain{http::status::ok, modelsBody(options_.model, options_.created)};

@@ -37,10 +37,11 @@ struct Plain {
 
 struct ApiOptions {
   ServedModel model;
-  int64_t vocab = 256;            // tokens the model takes (a prompt's ids must be below)
-  hf::TextCodec codec;            // text <-> ids: the model's tokenizer, or bytes
-  std::vector<std::string> keys;  // empty: no key asked
-  int64_t created = 0;            // the model's time, for /v1/models (Unix seconds)
+  int64_t vocab = 256;                 // tokens the model takes (a prompt's ids must be below)
+  hf::TextCodec codec;                 // text <-> ids: the model's tokenizer, or bytes
+  std::vector<std::string> keys;       // empty: no key asked
+  int64_t created = 0;                 // the model's time, for /v1/models (Unix seconds)
+  const StageLoads* stages = nullptr;  // the pipeline's stages' loads, for /metrics
 };
 
 class Api {

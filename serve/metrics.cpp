@@ -100,4 +100,43 @@ std::string Metrics::text(int queued, int running) const {
   return out;
 }
 
+void StageLoads::report(int stage, double busy_s, double elapsed_s) {
+  std::lock_guard lock(mu_);
+  auto [it, fresh] = stages_.try_emplace(stage);
+  Load& l = it->second;
+  double busy = busy_s, span = elapsed_s;
+  if (!fresh && elapsed_s > l.elapsed_s) {
+    busy -= l.busy_s;
+    span -= l.elapsed_s;
+  }
+  if (span > 0) l.share = std::clamp(busy / span, 0.0, 1.0);
+  l.busy_s = busy_s;
+  l.elapsed_s = elapsed_s;
+}
+
+double StageLoads::share(int stage) const {
+  std::lock_guard lock(mu_);
+  const auto it = stages_.find(stage);
+  return it == stages_.end() ? -1 : it->second.share;
+}
+
+std::string StageLoads::text() const {
+  std::lock_guard lock(mu_);
+  std::string out =
+      "# HELP tandem_stage_busy_share Share of its last report's interval (about a second) each "
+      "pipeline stage spent running its layers.\n"
+      "# TYPE tandem_stage_busy_share gauge\n";
+  for (const auto& [stage, l] : stages_)
+    out += "tandem_stage_busy_share{stage=\"" + std::to_string(stage) + "\"} " + number(l.share) +
+           "\n";
+  out +=
+      "# HELP tandem_stage_busy_seconds_total Seconds each pipeline stage spent running its layers "
+      "since it began serving.\n"
+      "# TYPE tandem_stage_busy_seconds_total counter\n";
+  for (const auto& [stage, l] : stages_)
+    out += "tandem_stage_busy_seconds_total{stage=\"" + std::to_string(stage) + "\"} " +
+           number(l.busy_s) + "\n";
+  return out;
+}
+
 }  // namespace tandem::serve

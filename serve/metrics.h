@@ -43,4 +43,26 @@ class Metrics {
   Histogram first_token_, inter_token_;
 };
 
+// What each stage of the pipeline reports of its work (core/pipeline/stage_decoder.h's
+// DecoderStats, a job's stages through the coordinator's StageBusy): the share of the last
+// report's interval (about a second) it spent running its layers, and its busy seconds.
+// Thread-safe.
+class StageLoads {
+ public:
+  // Stage `stage` was busy `busy_s` of the `elapsed_s` since it began serving. A report
+  // not after the stage's last (the stage begun anew) starts it over.
+  void report(int stage, double busy_s, double elapsed_s);
+  // Its lines: tandem_stage_busy_share{stage="S"} and tandem_stage_busy_seconds_total.
+  std::string text() const;
+  // Stage `stage`'s last share (-1 if it has not reported).
+  double share(int stage) const;
+
+ private:
+  struct Load {
+    double busy_s = 0, elapsed_s = 0, share = 0;
+  };
+  mutable std::mutex mu_;
+  std::map<int, Load> stages_;
+};
+
 }  // namespace tandem::serve

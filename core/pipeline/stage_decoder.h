@@ -3,22 +3,26 @@
 // in flight so that every stage has work while the others run.
 //
 // Stage 0 admits requests from its source as they come (up to max_in_flight sequences
-// at once) and decides the order of the work: step n (0, 1, 2, ... over all sequences)
-// is a sequence's prompt or the token chosen for it at its step before. Every step
-// travels as one message (activation, n): a small header — which sequence, which round,
-// and, at its first, the sampling options — then the activation's float bits, all as
-// int32 (so the message goes raw: the link's codec does not apply to generation); the
-// other stages run the steps in the order they arrive. The last stage chooses each token
-// (core/generate.h's chooseToken, a seeded Rng per sequence), hands it to its sink and, unless it
-// was the sequence's last, sends it back to stage 0 as (token, n) over the feedback link. Each
-// sequence is computed exactly as generating it alone in one process: the tokens and
-// logits are bitwise those of generate() (tests/pipeline/generation_test.cpp).
+// at once) and decides the order of the work. Every step message n (0, 1, 2, ...)
+// advances one or more sequences: a new sequence's prompt alone, or one token of each of
+// a batch of sequences, the tokens the last stage chose for them at their steps before.
+// Its header says, per sequence, which one, which round and (at its first) the sampling
+// options; then come the activations, all as int32 (so the message goes raw: the link's
+// codec does not apply to generation). Every stage runs a batch as one pass over its
+// layers (Model::decodeEach: one read of the weights for all its rows), the steps in the
+// order they arrive. The last stage chooses each token (core/generate.h's chooseToken, a
+// seeded Rng per sequence), hands it to its sink and, for the sequences that go on, sends
+// the batch's tokens back to stage 0 as one (token, n) message over the feedback link.
+// Stage 0 keeps about one batch per stage travelling, of equal size, so that every stage
+// has one to run while the others run theirs: a batch that comes back smaller than that
+// (a new sequence, or one thinned by sequences that ended) waits for the next and joins
+// it. Each sequence is computed exactly as generating it alone in one process: the tokens
+// and logits are bitwise those of generate() on the CPU backend, where a B-row GEMM rounds
+// each row as a 1-row one (tests/pipeline/generation_test.cpp).
 //
-// One stage alone (no links) decodes the sequences in flight as one batch: each pass
-// over the layers (Model::decodeEach) advances every sequence by a token, so the weights
-// are read once per step for all of them; a new request is prefilled alone and joins the
-// next step. Its rows are the same products as decoding each sequence alone, and on the
-// CPU backend here bitwise the same (a B-row GEMM rounds each row as a 1-row one).
+// One stage alone (no links) decodes the sequences in flight as one batch the same way:
+// each pass over the layers advances every sequence by a token; a new request is
+// prefilled alone and joins the next step.
 //
 // A sequence may be cancelled (CancelCheck): stage 0 asks as each of its tokens comes
 // back, when none of its steps is in flight, and sends a cancel header down the stages,
@@ -69,9 +73,22 @@ using TokenSink = std::function<void(const ChosenToken&)>;
 // every stage, and no more of its tokens come.
 using CancelCheck = std::function<bool(int64_t id)>;
 
+// What a stage has run so far.
+struct DecoderStats {
+  int64_t steps = 0;     // passes over its layers (each one sequence's step, or a batch's)
+  int64_t rows = 0;      // sequence steps in them
+  double busy_s = 0;     // time spent running its layers and choosing tokens, not waiting
+  double elapsed_s = 0;  // since serve() began (as of the last report, or serve's end)
+};
+
 struct DecoderOptions {
   int max_in_flight = 8;  // sequences stage 0 keeps going at once
   std::chrono::milliseconds keepalive{5000};
+  // Called with the stats about every `report_every` while serving (between steps, and
+  // as keep-alives pass while idle), as the stage runs out of work after some, and once
+  // as serve() ends; may be empty.
+  std::function<void(const DecoderStats&)> report;
+  std::chrono::milliseconds report_every{1000};
 };
 
 class StageDecoder {
@@ -96,6 +113,9 @@ class StageDecoder {
   // empty list. Every stage must be given the same requests (only stage 0 reads them).
   std::vector<Generation> run(const std::vector<GenerationRequest>& requests);
 
+  // Read on the thread that serves (or after serve returns).
+  const DecoderStats& stats() const { return stats_; }
+
  private:
   struct Sequence;
   void serveFirst(const RequestSource& source, const TokenSink& sink, const CancelCheck& cancelled);
@@ -106,16 +126,23 @@ class StageDecoder {
   // InvalidArgument, naming the request, for one that does not fit the model or whose id
   // is `in_flight` already.
   void checkAdmission(const GenerationRequest& r, bool in_flight) const;
-  // Runs one step of `s` on input `x` and passes it on (or, at the last stage, chooses
-  // its token); `header` is the step's header.
-  void step(Sequence& s, const Tensor& x, int64_t n, const std::vector<int32_t>& header,
-            const TokenSink& sink);
+  // options_.report with the stats, if one is due: report_every since the last, or
+  // `idle` (nothing in flight here) with steps run since the last.
+  void maybeReport(bool idle = false);
+  // Runs one step of `seqs` on input `x` (one sequence's [1, tokens, ...], or one token
+  // of each, [B, 1, ...], decoded as one batch) and passes it on as one message, or at
+  // the last stage chooses their tokens; `heads` are their headers.
+  void step(const std::vector<Sequence*>& seqs, const Tensor& x, int64_t n,
+            std::vector<std::vector<int32_t>> heads, const TokenSink& sink);
 
   Model& model_;
   StageRange range_;
   Link *prev_, *next_, *feedback_;
   DecoderOptions options_;
   TextShape shape_;
+  DecoderStats stats_;
+  std::chrono::steady_clock::time_point began_, reported_;
+  int64_t reported_steps_ = 0;
 };
 
 }  // namespace tandem

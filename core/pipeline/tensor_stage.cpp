@@ -178,7 +178,9 @@ void onTensorDecoders(const std::vector<TensorRank>& ranks, StageRange range, Li
     Link* p = rankSide(prev, r, *ranks[r].group, tags[r], timeout, links);
     Link* q = rankSide(next, r, *ranks[r].group, tags[r], timeout, links);
     Link* f = rankSide(feedback, r, *ranks[r].group, tags[r], timeout, links);
-    decoders.push_back(std::make_unique<StageDecoder>(*ranks[r].model, range, p, q, f, options));
+    DecoderOptions o = options;
+    if (r > 0) o.report = {};  // the stage's stats: rank 0's
+    decoders.push_back(std::make_unique<StageDecoder>(*ranks[r].model, range, p, q, f, o));
     if (r > 0)
       threads.push_back(std::make_unique<JobThread>(waitBeforeSleeping(static_cast<int>(n))));
   }

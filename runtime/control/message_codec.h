@@ -108,7 +108,11 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Prompt&
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const PromptsDone& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const CancelPrompt& m);
 flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Token& m);
+flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const StageBusy& m);
 // The message of a stage worker's body type; FormatError naming the field at fault.
 Message readStageMessage(const fb::Message* msg);
+// What serving and generation send: answers, prompts, tokens, cancels, stage loads
+// (serving_messages.cpp).
+Message readServingMessage(const fb::Message* msg);
 
 }  // namespace tandem::runtime::detail

@@ -158,15 +158,15 @@ flatbuffers::Offset<void> build(flatbuffers::FlatBufferBuilder& b, const Profile
 
 fb::Body bodyType(const Message& m) {
   static constexpr fb::Body kTypes[] = {
-      fb::Body_Hello,          fb::Body_Proof,       fb::Body_Refused,     fb::Body_NodeInfo,
-      fb::Body_Ping,           fb::Body_Pong,        fb::Body_Leave,       fb::Body_Error,
-      fb::Body_Launch,         fb::Body_Launched,    fb::Body_WorkerEnded, fb::Body_LinkTask,
-      fb::Body_LinkResult,     fb::Body_WorkerHello, fb::Body_Assign,      fb::Body_WeightsRequest,
-      fb::Body_WeightsChunk,   fb::Body_Ready,       fb::Body_Start,       fb::Body_GroupAddress,
-      fb::Body_GroupAddresses, fb::Body_Progress,    fb::Body_EpochDone,   fb::Body_InferDone,
-      fb::Body_StageReport,    fb::Body_Failed,      fb::Body_ProfileTask, fb::Body_ProfileResult,
-      fb::Body_Checkpointed,   fb::Body_Answer,      fb::Body_Prompt,      fb::Body_PromptsDone,
-      fb::Body_Token,          fb::Body_CancelPrompt};
+      fb::Body_Hello,          fb::Body_Proof,        fb::Body_Refused,     fb::Body_NodeInfo,
+      fb::Body_Ping,           fb::Body_Pong,         fb::Body_Leave,       fb::Body_Error,
+      fb::Body_Launch,         fb::Body_Launched,     fb::Body_WorkerEnded, fb::Body_LinkTask,
+      fb::Body_LinkResult,     fb::Body_WorkerHello,  fb::Body_Assign,      fb::Body_WeightsRequest,
+      fb::Body_WeightsChunk,   fb::Body_Ready,        fb::Body_Start,       fb::Body_GroupAddress,
+      fb::Body_GroupAddresses, fb::Body_Progress,     fb::Body_EpochDone,   fb::Body_InferDone,
+      fb::Body_StageReport,    fb::Body_Failed,       fb::Body_ProfileTask, fb::Body_ProfileResult,
+      fb::Body_Checkpointed,   fb::Body_Answer,       fb::Body_Prompt,      fb::Body_PromptsDone,
+      fb::Body_Token,          fb::Body_CancelPrompt, fb::Body_StageBusy};
   static_assert(std::size(kTypes) == std::variant_size_v<Message>);
   return kTypes[m.index()];
 }
@@ -293,7 +293,7 @@ const char* messageName(const Message& m) {
                                            "stage report",    "failed",        "profile task",
                                            "profile result",  "checkpointed",  "answer",
                                            "prompt",          "prompts done",  "token",
-                                           "cancel prompt"};
+                                           "cancel prompt",   "stage busy"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -508,6 +508,7 @@ Message decodeMessage(std::span<const uint8_t> bytes) {
     case fb::Body_PromptsDone:
     case fb::Body_Token:
     case fb::Body_CancelPrompt:
+    case fb::Body_StageBusy:
       return readStageMessage(msg);
     default:
       throw FormatError("bad control message: unknown body type " +

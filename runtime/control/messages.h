@@ -27,7 +27,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{3, 6, 0};
+inline constexpr ProtocolVersion kProtocolVersion{3, 7, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;
@@ -398,6 +398,12 @@ struct Token {
   }
 };
 
+struct StageBusy {
+  int64_t steps = 0, rows = 0;
+  double busy_s = 0, elapsed_s = 0;
+  bool operator==(const StageBusy&) const = default;
+};
+
 struct Failed {
   std::string message;
   bool operator==(const Failed&) const = default;
@@ -421,7 +427,7 @@ using Message =
                  WorkerEnded, LinkTask, LinkResult, WorkerHello, Assign, WeightsRequest,
                  WeightsChunk, Ready, Start, GroupAddress, GroupAddresses, Progress, EpochDone,
                  InferDone, StageReport, Failed, ProfileTask, ProfileResult, Checkpointed, Answer,
-                 Prompt, PromptsDone, Token, CancelPrompt>;
+                 Prompt, PromptsDone, Token, CancelPrompt, StageBusy>;
 
 // "hello", "proof", ... for messages.
 const char* messageName(const Message& m);

@@ -284,6 +284,11 @@ class Run {
         answered(slot, *an);
       } else if (const auto* t = std::get_if<Token>(&m)) {
         generated(slot, *t);
+      } else if (const auto* b = std::get_if<StageBusy>(&m)) {
+        const Assign& a = assignments_[static_cast<size_t>(slot)];
+        if (a.mode != RunMode::kGenerate)
+          fail(slot, "sent 'stage busy', not being a generation stage");
+        if (callbacks_.stage_busy) callbacks_.stage_busy(a.stage, *b);
       } else if (const auto* f = std::get_if<Failed>(&m)) {
         fail(slot, "failed: " + f->message);
       } else {

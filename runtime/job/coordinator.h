@@ -89,6 +89,9 @@ struct RunCallbacks {
   // Generation: each token as the last stage sends it (checked to belong to a prompt in
   // flight, in order within it).
   std::function<void(const Token&)> token;
+  // Generation: what stage `stage` has run so far (sent by each about once a second;
+  // rank 0's for a tensor-split stage).
+  std::function<void(int stage, const StageBusy&)> stage_busy;
   // Every stage's slice (a model file) after `step` training steps, by slot (empty for the
   // replicas beyond the first, which hold the same): workers with checkpoint.every_steps.
   // `shares`: how replicas of the whole model cut each batch from the step on, once

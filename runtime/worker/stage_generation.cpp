@@ -19,11 +19,16 @@ constexpr size_t kMaxCancels = 4096;
 
 namespace {
 
-// A stage's decoder options from its assignment.
-DecoderOptions decoderOptions(const Assign& a) {
+// A stage's decoder options from its assignment: its stats go to the coordinator about
+// once a second (StageBusy).
+DecoderOptions decoderOptions(Channel& coordinator, const Assign& a) {
   DecoderOptions o;
   o.max_in_flight = a.in_flight;
   o.keepalive = std::chrono::milliseconds(a.wire.timeout_s * 1000 / 4);
+  o.report = [&coordinator,
+              timeout = std::chrono::seconds(a.wire.timeout_s)](const DecoderStats& s) {
+    coordinator.send(StageBusy{s.steps, s.rows, s.busy_s, s.elapsed_s}, timeout);
+  };
   return o;
 }
 
@@ -44,7 +49,7 @@ void generateTensorStage(Channel& coordinator, const Assign& a,
   // Only rank 0's tokens go out (the others' are the same choice, or on unlike devices at a
   // near tie their own: the first stage feeds back rank 0's).
   onTensorDecoders(ranks, StageRange{a.stage, a.stages, a.slice.layers.begin, a.slice.layers.end},
-                   prev, next, feedback, decoderOptions(a),
+                   prev, next, feedback, decoderOptions(coordinator, a),
                    std::chrono::milliseconds(int64_t{a.wire.timeout_s} * 1000),
                    [&](int r, StageDecoder& decoder) {
                      decoder.serve({}, r == 0 ? tokens : TokenSink([](const ChosenToken&) {}));
@@ -55,7 +60,7 @@ void generateStage(Channel& coordinator, const Assign& a, Model& model, Link* pr
   Link* feedback = nullptr;
   if (a.stages > 1 && a.stage == 0) feedback = std::exchange(prev, nullptr);
   if (a.stages > 1 && a.stage == a.stages - 1) feedback = std::exchange(next, nullptr);
-  const DecoderOptions o = decoderOptions(a);
+  const DecoderOptions o = decoderOptions(coordinator, a);
   StageDecoder decoder(model,
                        StageRange{a.stage, a.stages, a.slice.layers.begin, a.slice.layers.end},
                        prev, next, feedback, o);

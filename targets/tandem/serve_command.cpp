@@ -52,6 +52,8 @@ struct Served {
   TextShape shape;
   hf::TextCodec codec;  // the model's tokenizer, or bytes
   int64_t created = 0;
+  // What each stage reports of its work, for /metrics (set before the pipeline runs).
+  std::unique_ptr<serve::StageLoads> loads = std::make_unique<serve::StageLoads>();
   // A model in this process:
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
@@ -70,10 +72,12 @@ void modelPipeline(const ServeArgs& a, Served& s) {
   s.codec = hf::TextCodec::forModel(file, s.shape.vocab);
   Model& m = *s.model;
   const int in_flight = a.in_flight;
-  s.pipeline = [&m, in_flight](const RequestSource& source, const TokenSink& sink,
-                               const CancelCheck& cancelled) {
+  serve::StageLoads& loads = *s.loads;
+  s.pipeline = [&m, &loads, in_flight](const RequestSource& source, const TokenSink& sink,
+                                       const CancelCheck& cancelled) {
     DecoderOptions o;
     o.max_in_flight = in_flight;
+    o.report = [&loads](const DecoderStats& st) { loads.report(0, st.busy_s, st.elapsed_s); };
     StageDecoder stage(m, StageRange{0, 1, 0, m.size()}, nullptr, nullptr, nullptr, o);
     stage.serve(source, sink, cancelled);
   };
@@ -109,8 +113,9 @@ void jobPipeline(const ServeArgs& a, Served& s) {
   s.codec = runtime::textCodecOf(s.run->job().model, s.run->job().weights, s.shape.vocab);
   runtime::JobRun& run = *s.run;
   runtime::PromptQueue& prompts = *s.prompts;
-  s.pipeline = [&run, &prompts](const RequestSource& source, const TokenSink& sink,
-                                const CancelCheck& cancelled) {
+  serve::StageLoads& loads = *s.loads;
+  s.pipeline = [&run, &prompts, &loads](const RequestSource& source, const TokenSink& sink,
+                                        const CancelCheck& cancelled) {
     std::mutex mu;
     std::map<int64_t, int64_t> counts;  // new tokens, by request id
     std::atomic<bool> stop{false};
@@ -133,6 +138,9 @@ void jobPipeline(const ServeArgs& a, Served& s) {
     });
     static const std::vector<float> kNoLogits;
     runtime::RunCallbacks cb;
+    cb.stage_busy = [&loads](int stage, const runtime::StageBusy& b) {
+      loads.report(stage, b.busy_s, b.elapsed_s);
+    };
     cb.token = [&](const runtime::Token& t) {
       int64_t count = 0;
       {
@@ -194,6 +202,7 @@ void runServe(const ServeArgs& a) {
   options.codec = served.codec;
   options.keys = keys;
   options.created = served.created;
+  options.stages = served.loads.get();
   auto engine = std::make_unique<serve::Engine>(
       served.pipeline,
       serve::EngineOptions{a.in_flight, a.max_queue,

@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
                          Answer{8, 2, 2, {1, 2, 3, 4}, 0.5, 1},
                          Prompt{2, {104, 105}, 8, 0.7f, 5, 3},
                          PromptsDone{},
-                         Token{2, 1, 101, 1.5f}};
+                         Token{2, 1, 101, 1.5f},
+                         StageBusy{12, 40, 0.25, 1.0}};
   int n = 0;
   for (const Message& m : all) {
     const auto bytes = encodeMessage(m);

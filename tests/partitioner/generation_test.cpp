@@ -77,28 +77,40 @@ TEST(GenerationTest, OneStageDecodesItsSequencesAsOneBatch) {
 }
 
 TEST(GenerationTest, StagesArePacedByTheBusiestOrByTheRing) {
-  // Two stages of 2 layers (2 ms a token each), messages free of CPU.
-  // Far apart (10 ms each way): a token's ring is 2 + 10 + 2 + 10 ms (and the bytes'
-  // 1 us each way); with 2 sequences in flight the ring paces, with 16 the stages do.
+  // Two stages of 2 layers, messages free of CPU; a layer decodes k sequences at once in
+  // 1 + (k - 1) x 0.5 ms. Far apart (10 ms each way), 2 sequences travel as batches of
+  // one: a token's ring is 2 + 10 + 2 + 10 ms (and the bytes' 1 us and 4 ns).
   const CostModel far(decodingProblem(4, 2, 0.001, 0.0025, 0.010));
   const std::vector<Assignment> halves = {{0, 2, {0}}, {2, 4, {1}}};
   const double ring = 0.004 + 2 * 0.010 + 1e-6 + 4e-9;
   const GenerationCost two = priceGeneration(far, halves, optionsFor(4, 2));
   EXPECT_NEAR(two.tokens_per_s, 2 / ring, 1e-6);
   EXPECT_EQ(two.paced_by, "the ring");
+  // 16 in flight travel as 2 batches of 8: a stage's pass over a batch is 2 x 4.5 ms, a
+  // batch's ring 9 + 10 + 9 + 10 ms and 8 x the bytes: 16 tokens a ring.
   const GenerationCost many = priceGeneration(far, halves, optionsFor(4, 16));
-  EXPECT_NEAR(many.tokens_per_s, 1 / 0.002, 1e-6);
-  EXPECT_EQ(many.paced_by, "stage 0 decode");
-  // Each message costs each end half of 0.2 ms: a stage receives one and sends one (the
-  // last also reports the token), so stage 1 is busy 2 + 0.1 + 0.1 + 0.1 ms.
-  const CostModel costly(decodingProblem(4, 2, 0.001, 0.0025, 0.010, 0.0002));
-  const GenerationCost paid = priceGeneration(costly, halves, optionsFor(4, 16));
-  EXPECT_NEAR(paid.tokens_per_s, 1 / 0.0023, 1e-6);
+  EXPECT_NEAR(many.tokens_per_s, 16 / (0.038 + 8e-6 + 32e-9), 1e-6);
+  EXPECT_EQ(many.paced_by, "the ring");
+  // Near (no latency), cut 3 | 1: stage 0's pass of 8 takes 13.5 ms, the ring 18, so
+  // stage 0 paces at 8 tokens a pass.
+  const CostModel near(decodingProblem(4, 2, 0.001, 0.0025, 0));
+  const GenerationCost uneven =
+      priceGeneration(near, {{0, 3, {0}}, {3, 4, {1}}}, optionsFor(4, 16));
+  EXPECT_NEAR(uneven.tokens_per_s, 8 / 0.0135, 1e-6);
+  EXPECT_EQ(uneven.paced_by, "stage 0 decode");
+  // Each message costs each end half of 0.2 ms; cut 1 | 3: stage 1 receives a batch and
+  // sends its tokens back (0.1 ms each) and reports its 8 tokens (0.1 ms each), so its
+  // pass is 13.5 + 0.2 + 0.8 ms.
+  const CostModel costly(decodingProblem(4, 2, 0.001, 0.0025, 0, 0.0002));
+  const GenerationCost paid =
+      priceGeneration(costly, {{0, 1, {0}}, {1, 4, {1}}}, optionsFor(4, 16));
+  EXPECT_NEAR(paid.tokens_per_s, 8 / 0.0145, 1e-6);
   EXPECT_EQ(paid.paced_by, "stage 1 decode");
-  // Both stages on one node of one core: it does both stages' work for every token.
+  // Both stages on one node of one core: it does both stages' work for every token,
+  // 2 x 9 ms for 8 tokens.
   const CostModel shared(decodingProblem(4, 2, 0.001, 0.0025, 0, 0, true, 1));
   const GenerationCost one_core = priceGeneration(shared, halves, optionsFor(4, 16));
-  EXPECT_NEAR(one_core.tokens_per_s, 1 / 0.004, 1e-6);
+  EXPECT_NEAR(one_core.tokens_per_s, 8 / 0.018, 1e-6);
   EXPECT_EQ(one_core.paced_by, "node n0's cores");
 }
 
@@ -113,23 +125,25 @@ TEST(GenerationTest, OneDeviceUnlessASplitBeatsItByTheMargin) {
     EXPECT_NEAR(g.plan.samples_per_s, 125, 1e-9);
     EXPECT_LT(g.best_split.tokens_per_s, g.best_single.tokens_per_s);
   }
-  // Near (no latency, free messages) with 16 in flight: one device takes 8 x (1 + 15 x
-  // 0.5) ms a step of 16 (235 tokens/s); two stages of 4 layers 1 / 4 ms each: 250, not
-  // beyond the margin; but decoding many at once gains nothing (four at once cost four
-  // times one), so two stages give 2x.
+  // Decoding many at once is cheap (four at once cost 1.5 x one): with 16 in flight one
+  // device takes 8 x 3.5 ms a step of 16 (571 tokens/s); two stages of 4 layers, 5 ms
+  // apart, pass a batch of 8 in 4 x 2.17 ms and its ring takes 2 x 8.67 + 10 ms (585):
+  // not beyond the margin, so one device.
   {
-    const CostModel cost(decodingProblem(8, 2, 0.001, 0.0025, 0));
+    const CostModel cost(decodingProblem(8, 2, 0.001, 0.0015, 0.005));
     const GenerationPlan g = planGeneration(cost, optionsFor(8, 16));
     EXPECT_EQ(g.plan.stages.size(), 1u);
-    EXPECT_NEAR(g.best_split.tokens_per_s, 250, 1e-6);
+    EXPECT_NEAR(g.best_single.tokens_per_s, 16 / 0.028, 1e-6);
+    EXPECT_NEAR(g.best_split.tokens_per_s, 16 / (2 * 0.026 / 3 + 0.010 + 8e-6 + 32e-9), 1e-6);
   }
+  // Near (no latency) the same split's ring is 17.3 ms: 923 tokens/s, the plan splits.
   {
-    const CostModel cost(decodingProblem(8, 2, 0.001, 0.004, 0));
+    const CostModel cost(decodingProblem(8, 2, 0.001, 0.0015, 0));
     const GenerationPlan g = planGeneration(cost, optionsFor(8, 16));
     ASSERT_EQ(g.plan.stages.size(), 2u);
     EXPECT_EQ(g.plan.stages[0].at.end, 4u);
-    EXPECT_NEAR(g.predicted.tokens_per_s, 250, 1e-6);
-    EXPECT_NEAR(g.best_single.tokens_per_s, 125, 1e-6);
+    EXPECT_NEAR(g.predicted.tokens_per_s, 16 / (2 * 0.026 / 3 + 8e-6 + 32e-9), 1e-6);
+    EXPECT_NEAR(g.best_single.tokens_per_s, 16 / 0.028, 1e-6);
     EXPECT_EQ(g.plan.bottleneck, g.predicted.paced_by);
   }
 }

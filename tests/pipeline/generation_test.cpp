@@ -4,6 +4,7 @@
 // logits of generating each alone in one process with the key/value cache.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -334,6 +335,147 @@ TEST(GenerationPipelineTest, ACancelledSequenceEndsOnEveryStageAndFreesItsPlace)
                                                 want.logits.begin() + static_cast<long>(n)))
           << what << " request " << r.id;
     }
+  }
+}
+
+TEST(GenerationPipelineTest, SequencesInFlightTravelTheStagesAsBatchesAndStayExact) {
+  // Eight sequences of unequal length, greedy and sampled, all in flight on 2 and 3
+  // stages, one of them cancelled at its third token: every stage runs them in batches
+  // (about 8 / p rows a pass once the prompts are in: far fewer passes than rows), and
+  // every sequence is bitwise what generating it alone gives.
+  std::vector<GenerationRequest> requests;
+  for (int q = 0; q < 8; ++q)
+    requests.push_back({bytes(std::string("seq ") + static_cast<char>('a' + q)),
+                        8 + q % 4,
+                        {q % 2 == 0 ? 0.0f : 0.8f, q % 3 == 0 ? 0 : 7, static_cast<uint64_t>(q)},
+                        100 + q});
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model whole(parseModelSpec(kGpt));
+  whole.build(be, 7);
+  int64_t rows = 0;
+  for (const GenerationRequest& r : requests) rows += r.count;
+  const int64_t cancelled_id = 103, cancelled_at = 3;
+  for (const int p : {2, 3}) {
+    size_t next = 0;
+    RequestSource source = [&](std::chrono::milliseconds) {
+      RequestPoll poll;
+      poll.ended = next == requests.size();
+      if (!poll.ended) poll.request = requests[next++];
+      return poll;
+    };
+    int asked = 0;
+    CancelCheck cancel = [&](int64_t id) { return id == cancelled_id && ++asked == cancelled_at; };
+    std::map<int64_t, Generation> got;
+    std::mutex mu;
+    std::vector<DecoderStats> stats(static_cast<size_t>(p));
+    // Each stage's reports (its thread's own slot): at least the one as serve ends.
+    std::vector<std::vector<DecoderStats>> reports(static_cast<size_t>(p));
+    DecoderOptions o;
+    static thread_local size_t stage_of_thread = 0;
+    o.report = [&](const DecoderStats& st) {
+      std::lock_guard lock(mu);
+      reports[stage_of_thread].push_back(st);
+    };
+    onStages(p, o, 20s, [&](int s, StageDecoder& stage) {
+      stage_of_thread = static_cast<size_t>(s);
+      stage.serve(
+          source,
+          [&](const ChosenToken& c) {
+            got[c.id].tokens.push_back(c.token);
+            got[c.id].logits.push_back(c.logits);
+          },
+          cancel);
+      std::lock_guard lock(mu);
+      stats[static_cast<size_t>(s)] = stage.stats();
+    });
+    const std::string what = "p=" + std::to_string(p);
+    const int64_t want_rows = rows - (requests[3].count - cancelled_at);
+    for (int s = 0; s < p; ++s) {
+      const DecoderStats& st = stats[static_cast<size_t>(s)];
+      EXPECT_EQ(st.rows, want_rows) << what << " stage " << s;
+      // 8 prompts alone, then batches of about 8 / p (fewer as sequences end): more than
+      // 4 / p rows a pass on average (one, unbatched).
+      EXPECT_LT(st.steps * 4, st.rows * p)
+          << what << " stage " << s << ": " << st.steps << " passes";
+      EXPECT_GT(st.busy_s, 0) << what << " stage " << s;
+      const auto& r = reports[static_cast<size_t>(s)];
+      ASSERT_FALSE(r.empty()) << what << " stage " << s;
+      EXPECT_EQ(r.back().steps, st.steps) << what << " stage " << s;
+      EXPECT_EQ(r.back().rows, st.rows) << what << " stage " << s;
+      EXPECT_LE(r.back().busy_s, r.back().elapsed_s) << what << " stage " << s;
+    }
+    ASSERT_EQ(got.size(), requests.size()) << what;
+    for (const GenerationRequest& r : requests) {
+      const Generation want = generate(whole, r.prompt, r.count, r.sampling);
+      const auto n = static_cast<long>(r.id == cancelled_id ? cancelled_at : r.count);
+      EXPECT_EQ(got[r.id].tokens,
+                std::vector<int32_t>(want.tokens.begin(), want.tokens.begin() + n))
+          << what << " request " << r.id;
+      EXPECT_EQ(got[r.id].logits,
+                std::vector<std::vector<float>>(want.logits.begin(), want.logits.begin() + n))
+          << what << " request " << r.id;
+    }
+  }
+}
+
+TEST(GenerationPipelineTest, AStepMessageThatBreaksTheProtocolIsRefusedNamingWhat) {
+  // A middle stage (1 of 3) handed hand-made step messages: each breach of the protocol
+  // is a FormatError naming the step, the peer and what is wrong.
+  Model spec(parseModelSpec(kGpt));
+  const auto ranges = runtime::equalStageRanges(spec.size(), 3);
+  const auto [begin, end] = ranges[1];
+  const int64_t width = 16, fields = 10;
+  auto head = [&](int32_t op, int32_t id, int32_t round, int32_t length) {
+    std::vector<int32_t> h(static_cast<size_t>(fields), 0);
+    h[0] = op;
+    h[1] = id;
+    h[2] = round;
+    h[3] = 4;                             // count
+    h[7] = std::bit_cast<int32_t>(0.0f);  // temperature
+    h[8] = std::bit_cast<int32_t>(1.0f);  // top-p
+    h[9] = length;
+    return h;
+  };
+  auto message = [&](const std::vector<std::vector<int32_t>>& heads, int64_t values) {
+    std::vector<int32_t> m{static_cast<int32_t>(heads.size())};
+    for (const auto& h : heads) m.insert(m.end(), h.begin(), h.end());
+    m.resize(m.size() + static_cast<size_t>(values), std::bit_cast<int32_t>(0.25f));
+    return m;
+  };
+  auto counted = [](std::vector<int32_t> m, int32_t count) {  // another entry count
+    m[0] = count;
+    return m;
+  };
+  struct Case {
+    std::vector<int32_t> message;
+    std::string what;
+  };
+  const std::vector<Case> cases = {
+      {{0}, "not an entry count, headers of 10"},
+      {counted(message({head(0, 1, 0, 1)}, width), 5000), "an entry count of 5000"},
+      {message({head(0, 1, 0, 2), head(0, 2, 0, 2)}, 4 * width), "of 2 tokens in a step of 2"},
+      {message({head(0, 1, 0, 1), head(0, 1, 0, 1)}, 2 * width), "sequence 1 twice in one step"},
+      {message({head(0, 1, 0, 1), head(2, 0, 0, 0)}, 2 * width), "operation 2 in a batch of steps"},
+      {message({head(1, 0, 0, 0)}, width), "a control header with an activation"},
+      {message({head(0, 1, 0, 1), head(0, 2, 0, 1)}, 2 * width + 1),
+       "an activation of 33 values for 2"},
+      {message({head(0, 1, 3, 1)}, width), "sequence 1 round 3 is not in flight"},
+      {message({head(3, 9, 0, 0)}, 0), "cancels sequence 9, which is not in flight"},
+      {message({head(7, 0, 0, 0)}, 0), "unknown operation 7"},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    transport::Context ctx;
+    const std::string id = "bad-step-" + std::to_string(c);
+    Pair in = linkPair(ctx, id + "-in", 5s), out = linkPair(ctx, id + "-out", 5s);
+    cpu::CpuBackend be(cpu::CpuOptions{1});
+    Model m(parseModelSpec(kGpt));
+    m.build(be, 7, begin, end);
+    StageDecoder stage(m, StageRange{1, 3, begin, end}, in.b.get(), out.a.get(), nullptr);
+    const std::vector<int32_t>& msg = cases[c].message;
+    in.a->send({MessageKind::kActivation, 0},
+               toDeviceI32(be, {static_cast<int64_t>(msg.size())}, msg));
+    testing::expectThrowWith<FormatError>([&] { stage.serve({}, {}); },
+                                          {"step 0 from", cases[c].what});
   }
 }
 

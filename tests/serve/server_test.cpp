@@ -39,12 +39,15 @@ layers:
   - linear: {out: 256}
 )";
 
-// The one-stage pipeline over `model` (as `tandem serve` runs it).
-PipelineServe onePipeline(Model& model, int in_flight) {
-  return [&model, in_flight](const RequestSource& source, const TokenSink& sink,
-                             const CancelCheck& cancelled) {
+// The one-stage pipeline over `model` (as `tandem serve` runs it), its stats reported to
+// `loads` if given.
+PipelineServe onePipeline(Model& model, int in_flight, StageLoads* loads = nullptr) {
+  return [&model, in_flight, loads](const RequestSource& source, const TokenSink& sink,
+                                    const CancelCheck& cancelled) {
     DecoderOptions o;
     o.max_in_flight = in_flight;
+    if (loads)
+      o.report = [loads](const DecoderStats& st) { loads->report(0, st.busy_s, st.elapsed_s); };
     StageDecoder stage(model, StageRange{0, 1, 0, model.size()}, nullptr, nullptr, nullptr, o);
     stage.serve(source, sink, cancelled);
   };
@@ -221,7 +224,10 @@ TEST(ServeTest, CompletionsAndChatGiveTheTextGenerateGives) {
   whole.build(be, 5);
   Model served(parseModelSpec(kGpt));
   served.build(be, 5);
-  Served s(onePipeline(served, 4), {4, 8}, gptOptions(served));
+  StageLoads loads;
+  ApiOptions options = gptOptions(served);
+  options.stages = &loads;
+  Served s(onePipeline(served, 4, &loads), {4, 8}, options);
   const Generation want = generate(whole, bytes("The cat"), 12, SamplingOptions{});
   Reply r = request(s.port(), "POST", "/v1/completions",
                     R"({"prompt": "The cat", "max_tokens": 12, "temperature": 0})");
@@ -273,6 +279,37 @@ TEST(ServeTest, CompletionsAndChatGiveTheTextGenerateGives) {
       << r.body;
   EXPECT_NE(r.body.find("tandem_time_to_first_token_seconds_count 4"), std::string::npos) << r.body;
   EXPECT_NE(r.body.find("tandem_generated_tokens_total 40"), std::string::npos) << r.body;
+  // The stage reported its work as it ran out of it: a share in [0, 1] and busy seconds.
+  EXPECT_NE(
+      r.body.find("# TYPE tandem_stage_busy_share gauge\ntandem_stage_busy_share{stage=\"0\"} "),
+      std::string::npos)
+      << r.body;
+  EXPECT_GE(loads.share(0), 0);
+  EXPECT_LE(loads.share(0), 1);
+  const auto at = r.body.find("tandem_stage_busy_seconds_total{stage=\"0\"} ");
+  ASSERT_NE(at, std::string::npos) << r.body;
+  EXPECT_GT(std::stod(r.body.substr(at + 43)), 0) << r.body;
+}
+
+TEST(ServeTest, StageLoadsGiveEachStagesShareOfItsLastInterval) {
+  StageLoads loads;
+  EXPECT_EQ(loads.share(1), -1);
+  loads.report(1, 0.5, 1.0);  // half of its first second
+  EXPECT_DOUBLE_EQ(loads.share(1), 0.5);
+  loads.report(1, 1.4, 2.0);  // 0.9 of the next
+  EXPECT_DOUBLE_EQ(loads.share(1), 0.9);
+  loads.report(0, 0.0, 2.0);
+  EXPECT_DOUBLE_EQ(loads.share(0), 0);
+  loads.report(1, 0.25, 1.0);  // begun anew (a re-placed stage): over its own time
+  EXPECT_DOUBLE_EQ(loads.share(1), 0.25);
+  const std::string text = loads.text();
+  EXPECT_NE(
+      text.find(
+          "tandem_stage_busy_share{stage=\"0\"} 0\ntandem_stage_busy_share{stage=\"1\"} 0.25\n"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tandem_stage_busy_seconds_total{stage=\"1\"} 0.25\n"), std::string::npos)
+      << text;
 }
 
 TEST(ServeTest, AStopStringEndsTheTextWhereItBeginsAndTheSequenceWithIt) {

@@ -161,11 +161,26 @@ TEST(CliServeTest, AJobsStagesServeTheTextOneProcessGives) {
     script += "-d '{\"prompt\": \"The\", \"max_tokens\": 12, \"temperature\": 0, \"stream\": ";
     script += std::string(stream) + "}'\necho; echo '---'\n";
   }
+  // Each stage reports its work as it runs out of it: /metrics shows both (asked for at
+  // most 10 s, as the reports come from the workers through the coordinator).
+  script +=
+      "for i in $(seq 40); do m=$(curl -s --max-time 5 http://127.0.0.1:$port/metrics); "
+      "case \"$m\" in *'busy_seconds_total{stage=\"1\"}'*) break;; esac; sleep 0.25; done\n"
+      "echo \"$m\" | grep '^tandem_stage_busy'; echo '---'\n";
   script += "kill -TERM $pid; wait $pid; echo \"exit $?\"; cat " + log + "\n";
   std::ofstream(dir + "/run.sh") << script;
   const CliRun r = runCommand("bash " + dir + "/run.sh");
   ASSERT_NE(r.out.find("exit 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(context 40 tokens, 2 stages)"), std::string::npos) << r.out;
+  for (const char* stage : {"0", "1"}) {
+    const std::string share = std::string("tandem_stage_busy_share{stage=\"") + stage + "\"} ";
+    EXPECT_NE(r.out.find(share), std::string::npos) << r.out;
+    const std::string total =
+        std::string("tandem_stage_busy_seconds_total{stage=\"") + stage + "\"} ";
+    const auto at = r.out.find(total);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_GT(std::stod(r.out.substr(at + total.size())), 0) << r.out;
+  }
   std::istringstream lines(r.out);
   std::string whole, line, streamed;
   std::getline(lines, whole);

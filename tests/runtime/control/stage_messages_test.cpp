@@ -241,8 +241,7 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       LinkTask{5, LinkTaskKind::kServe, "10.0.0.2", "tcp://x:1", 65536, 4, 1, 3, true},
       LinkResult{5, "tcp://10.0.0.2:4000", 1e9, 1e-5, 2e-5, 1e-5, 3e-5, 3, 0.25, 1 << 20, "b0a1",
                  0.125},
-      LinkResult{5, "", 1e9, 1e-5, 2e-5, 1e-5, 3e-5, 3, 0.25, 1 << 20, "b0a1", 0.125, 0.5,
-                 3 << 20},
+      LinkResult{5, "", 1e9, 1e-5, 2e-5, 1e-5, 3e-5, 3, 0.25, 1 << 20, "b0a1", 0.125, 0.5, 3 << 20},
       GroupAddresses{{"x", "y"}},
       Progress{0, 3, 10, 0.5, 100, 1},
       EpochDone{1, 0.4, 10, 3000, 0.45, 0.88},
@@ -258,7 +257,8 @@ TEST(MessagesTest, EveryStageWorkerMessageSurvivesARoundTrip) {
       Prompt{3, {104, 105}, 20, 0.8f, 40, uint64_t{1} << 40, 0.9f},
       PromptsDone{},
       CancelPrompt{int64_t{1} << 40},
-      Token{3, 19, 255, std::nanf("")}};
+      Token{3, 19, 255, std::nanf("")},
+      StageBusy{40, 130, 0.75, 1.5}};
   for (const Message& m : all) {
     const Message back = decodeMessage(encodeMessage(m));
     EXPECT_EQ(back.index(), m.index()) << messageName(m);
@@ -530,6 +530,16 @@ TEST(MessagesTest, AnAssignmentThatCannotBeRunIsRefusedNamingTheField) {
         decodeMessage(encodeMessage(Token{0, 1, -5, 0}));
       },
       {"'token'", "token -5"});
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(StageBusy{10, 4, 0.5, 1}));
+      },
+      {"'stage busy'", "rows 4 is not in [10,"});
+  expectThrowWith<FormatError>(
+      [] {
+        decodeMessage(encodeMessage(StageBusy{1, 1, std::nan(""), 1}));
+      },
+      {"'stage busy'", "busy_s nan is not a finite, non-negative number"});
   LinkTask odd{1, LinkTaskKind::kOpen, "h", "", 6, 1, 0, 1};
   expectThrowWith<FormatError>([&] { decodeMessage(encodeMessage(odd)); },
                                {"'link task'", "message_bytes 6 is not a multiple of 4"});
