@@ -65,7 +65,7 @@ std::vector<int32_t> stepMessage(const std::vector<std::vector<int32_t>>& heads,
   for (const auto& h : heads) m.insert(m.end(), h.begin(), h.end());
   const size_t at = m.size();
   m.resize(at + values.size());
-  std::memcpy(m.data() + at, values.data(), values.size() * sizeof(float));
+  if (!values.empty()) std::memcpy(m.data() + at, values.data(), values.size() * sizeof(float));
   return m;
 }
 
