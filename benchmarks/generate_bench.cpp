@@ -254,6 +254,12 @@ void BM_PipelinedGenerate(benchmark::State& state) {
   state.counters["one_sequence_tokens_per_s"] = 128 * it / single;
   state.counters["vs_one_process"] = batched / pipelined;
   state.counters["vs_one_sequence"] = (tokens / pipelined) / (128 * it / single);
+  state.SetLabel(
+      "all three: CPU backend, 1 thread per stage or process, greedy, 128 new tokens each, "
+      "timed from the first request to the last token, no separate warm-up, alternated in "
+      "each iteration; stages: threads of this process over inproc ZeroMQ links (the "
+      "product's StageDecoder, not its worker processes: benchmarks/generate_job.py runs "
+      "those); one process: StageDecoder alone, all sequences as one batch");
 }
 
 BENCHMARK(BM_PipelinedGenerate)
