@@ -290,6 +290,15 @@ TEST(GenerationPipelineTest, AStreamOfRequestsIsServedAsTheyComeAndEachIsExact) 
   }
 }
 
+// A sink keeping each request's tokens and logits in `got` (only the last stage's is
+// called).
+TokenSink collectInto(std::map<int64_t, Generation>& got) {
+  return [&got](const ChosenToken& c) {
+    got[c.id].tokens.push_back(c.token);
+    got[c.id].logits.push_back(c.logits);
+  };
+}
+
 TEST(GenerationPipelineTest, ACancelledSequenceEndsOnEveryStageAndFreesItsPlace) {
   // One sequence in flight at most: request 51 is cancelled as its second token comes
   // back to stage 0, so it yields two tokens, and 52 then takes its place; the others
@@ -313,15 +322,8 @@ TEST(GenerationPipelineTest, ACancelledSequenceEndsOnEveryStageAndFreesItsPlace)
     std::map<int64_t, Generation> got;
     DecoderOptions o;
     o.max_in_flight = 1;
-    onStages(p, o, 20s, [&](int, StageDecoder& stage) {
-      stage.serve(
-          source,
-          [&](const ChosenToken& c) {
-            got[c.id].tokens.push_back(c.token);
-            got[c.id].logits.push_back(c.logits);
-          },
-          cancel);
-    });
+    onStages(p, o, 20s,
+             [&](int, StageDecoder& stage) { stage.serve(source, collectInto(got), cancel); });
     const std::string what = "p=" + std::to_string(p);
     ASSERT_EQ(got.size(), 3u) << what;
     for (const GenerationRequest& r : requests) {
@@ -378,13 +380,7 @@ TEST(GenerationPipelineTest, SequencesInFlightTravelTheStagesAsBatchesAndStayExa
     };
     onStages(p, o, 20s, [&](int s, StageDecoder& stage) {
       stage_of_thread = static_cast<size_t>(s);
-      stage.serve(
-          source,
-          [&](const ChosenToken& c) {
-            got[c.id].tokens.push_back(c.token);
-            got[c.id].logits.push_back(c.logits);
-          },
-          cancel);
+      stage.serve(source, collectInto(got), cancel);
       std::lock_guard lock(mu);
       stats[static_cast<size_t>(s)] = stage.stats();
     });
