@@ -25,7 +25,9 @@ struct SamplingOptions {
 };
 
 // The next token from one position's logits; InvalidArgument for a negative temperature
-// or top_k, or a top_p outside (0, 1]. Draws from `rng` only when temperature > 0.
+// or top_k, or a top_p outside (0, 1]. Draws from `rng` only when temperature > 0, and
+// then one number (Rng::next) exactly: after n sampled tokens a sequence's generator is
+// Rng(Rng::seedAfter(seed, n)), which is how a sequence resumes elsewhere.
 int32_t chooseToken(const std::vector<float>& logits, const SamplingOptions& o, Rng& rng);
 
 // What generation needs of a model: [T] token ids in, [T, vocab] logits out, and an

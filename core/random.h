@@ -31,9 +31,13 @@ inline uint64_t combineSeeds(uint64_t a, uint64_t b) {
 // Sequential generator (a SplitMix64 stream), enough for initialisation and shuffling.
 class Rng {
  public:
+  static constexpr uint64_t kStep = 0x9e3779b97f4a7c15ull;
   explicit Rng(uint64_t seed) : state_(seed) {}
+  // The seed whose generator draws what Rng(seed) draws after `draws` calls of next():
+  // a stream taken up where it was (a sampled sequence resumed on other workers).
+  static uint64_t seedAfter(uint64_t seed, uint64_t draws) { return seed + draws * kStep; }
   uint64_t next() {
-    state_ += 0x9e3779b97f4a7c15ull;
+    state_ += kStep;
     return mix64(state_);
   }
   // Uniform in [0, 1) with 24 bits of mantissa.

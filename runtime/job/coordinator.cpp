@@ -33,7 +33,7 @@ class Mailbox {
   };
 
   // Items of slot -1 are the prompts of `prompts`, if given.
-  explicit Mailbox(std::vector<std::unique_ptr<Channel>>& channels, PromptQueue* prompts) {
+  explicit Mailbox(std::vector<std::unique_ptr<Channel>>& channels, PromptSource* prompts) {
     for (size_t i = 0; i < channels.size(); ++i)
       pumps_.emplace_back([this, i, c = channels[i].get()] { pump(static_cast<int>(i), *c); });
     if (prompts) pumps_.emplace_back([this, prompts] { pumpPrompts(*prompts); });
@@ -87,7 +87,7 @@ class Mailbox {
     }
   }
 
-  void pumpPrompts(PromptQueue& prompts) {
+  void pumpPrompts(PromptSource& prompts) {
     while (!stop_) {
       std::optional<Message> m = prompts.pop(100ms);
       if (!m) continue;

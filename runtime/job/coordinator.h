@@ -56,19 +56,28 @@ std::unique_ptr<Launcher> daemonLauncher(const std::vector<DaemonNode>& nodes,
                                          std::chrono::milliseconds timeout,
                                          const std::vector<WorkerNeeds>& needs = {});
 
-// Generation: the prompts a run's stage 0 serves, pushed by the caller as they come (from
-// any thread) and closed after the last. The coordinator passes them on in order once
-// the stages are wired.
-class PromptQueue {
+// Generation: where a run's stage 0 gets its prompts and cancels from, in order (read by
+// one thread of the coordinator's).
+class PromptSource {
+ public:
+  virtual ~PromptSource() = default;
+  // The next prompt or cancel, or PromptsDone once there are no more; nullopt if `wait`
+  // passes first.
+  virtual std::optional<Message> pop(std::chrono::milliseconds wait) = 0;
+};
+
+// The prompts a run's stage 0 serves, pushed by the caller as they come (from any thread)
+// and closed after the last. The coordinator passes them on in order once the stages are
+// wired.
+class PromptQueue : public PromptSource {
  public:
   void push(Prompt p);
   // Request `id`'s client has gone: its sequence ends on every stage (CancelPrompt), in
   // order after its prompt. Its remaining tokens do not come.
   void cancel(int64_t id);
   void close();
-  // The next prompt or cancel, or PromptsDone once closed and empty; nullopt if `wait`
-  // passes first.
-  std::optional<Message> pop(std::chrono::milliseconds wait);
+  // PromptsDone once closed and empty.
+  std::optional<Message> pop(std::chrono::milliseconds wait) override;
 
  private:
   std::mutex mu_;
@@ -111,7 +120,7 @@ struct RunOptions {
   // seen within 200 ms, every worker is stopped and coordinate() raises Interrupted.
   const std::atomic<int>* interrupt = nullptr;
   // Generation: where the prompts come from (assignments with `generate`).
-  PromptQueue* prompts = nullptr;
+  PromptSource* prompts = nullptr;
 };
 
 // A run ended by a worker killed by a signal or lost with its node — not by an error the

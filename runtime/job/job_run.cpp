@@ -110,6 +110,7 @@ JobRun::JobRun(JobSpec job, JobRunOptions options)
   const bool serving = options_.mode != RunMode::kTrain;
   TANDEM_CHECK_MSG(!generates() || options_.prompts, InvalidArgument,
                    "a generation run needs a queue of prompts");
+  if (generates()) ledger_ = std::make_unique<GenerationLedger>(*options_.prompts);
   if (!job_.save.empty() && !serving) prepareSave(job_.save);
   // Read once: placed, shipped, merged. An ONNX model's weights start the run unless the
   // job names others.
@@ -287,7 +288,7 @@ JobRun::~JobRun() = default;
 RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt) {
   resume_weights_ = weights_;
   resume_step_ = start_step_;
-  const bool recovers = (job_.checkpoint.every_steps > 0 || infers()) && !generates() &&
+  const bool recovers = (job_.checkpoint.every_steps > 0 || infers() || generates()) &&
                         options_.fork.empty() && job_.max_restarts > 0;
   for (int restarts = 0;;) {
     try {
@@ -305,16 +306,20 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
       const std::string lost =
           cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(e.slot)))).name;
       spdlog::warn("{}", e.what());
-      const std::string from =
-          infers() ? "the stream from sample " + std::to_string(streamResumesAt()) + " (" +
-                         std::to_string(totals_.requests) + " requests answered)"
-          : resume_step_ > 0 ? "step " + std::to_string(resume_step_)
-                             : "the start";
+      std::string from = infers()
+                             ? "the stream from sample " + std::to_string(streamResumesAt()) +
+                                   " (" + std::to_string(totals_.requests) + " requests answered)"
+                         : resume_step_ > 0 ? "from step " + std::to_string(resume_step_)
+                                            : "from the start";
+      if (generates()) {
+        const int64_t n = ledger_->resume();
+        from = std::to_string(n) + " sequence" + (n == 1 ? "" : "s") +
+               " in flight (each prefilled again from its prompt and the tokens it has)";
+      }
       spdlog::warn(
           "recovering ({} of {} restarts): node '{}' is left out; resuming {} on the {} nodes "
           "left",
-          restarts, job_.max_restarts, lost, (infers() ? "" : "from ") + from,
-          cluster_.nodes.size() - 1);
+          restarts, job_.max_restarts, lost, from, cluster_.nodes.size() - 1);
       leaveOut(e.slot);
       changed_at_ = t0;
       change_ = "the loss was seen";
@@ -476,7 +481,7 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
   // alive, and every channel has heartbeats.)
   if (!generates()) ro.silence = std::chrono::seconds(2 * job_.wire.timeout_s + 30);
   ro.interrupt = interrupt;
-  ro.prompts = options_.prompts;
+  ro.prompts = ledger_.get();
   if (weights_) ro.weights[assignments_.front().weights_hash] = weights_;
   std::unique_ptr<Launcher> launcher;
   if (!options_.fork.empty()) {
@@ -508,7 +513,11 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
         "{:.3f} s",
         what, since(*changed_at_, now), change_, since(*changed_at_, launched),
         since(launched, started), weights_ ? static_cast<double>(weights_->size()) / 1e6 : 0.0,
-        since(started, wired), infers() ? "request" : "step", since(wired, now));
+        since(started, wired),
+        infers()      ? "request"
+        : generates() ? "token"
+                      : "step",
+        since(wired, now));
   };
   cb.started = [&](int slot, int64_t pid) {
     if (++starts == assignments_.size()) started = Clock::now();
@@ -522,6 +531,13 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
     firstAgain("training");
     if (callbacks.progress) callbacks.progress(p);
   };
+  if (generates()) {
+    cb.token = [&](const Token& t) {
+      firstAgain("generating");
+      const Token numbered = ledger_->answered(t);
+      if (callbacks.token) callbacks.token(numbered);
+    };
+  }
   if (infers()) {
     cb.answer = [&](const Answer& a) {
       firstAgain("answering");

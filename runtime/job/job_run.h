@@ -19,6 +19,7 @@
 #include "runtime/job/checkpoint.h"
 #include "runtime/job/cluster_daemons.h"
 #include "runtime/job/coordinator.h"
+#include "runtime/job/generation_ledger.h"
 #include "runtime/job/job.h"
 #include "runtime/job/planning.h"
 
@@ -35,8 +36,7 @@ struct JobRunOptions {
   std::vector<std::string> fork;
   // Train; stream the test set forward (infer); or generate: the stages decode text from
   // the job's weights, stage 0 taking the prompts of `prompts`, with `in_flight`
-  // sequences at once, one worker per stage, and no recovery after a loss (the run ends
-  // with the error).
+  // sequences at once, one worker per stage.
   RunMode mode = RunMode::kTrain;
   bool spans = false;  // the workers record spans (timelines, inference latencies)
   // Continue from the newest usable checkpoint in this folder (checkpoint.h): its weights
@@ -45,7 +45,7 @@ struct JobRunOptions {
   // Inference: requests (microbatches) per second fed into the stream (0: as fast as the
   // pipeline takes them).
   double request_rate = 0;
-  PromptQueue* prompts = nullptr;
+  PromptSource* prompts = nullptr;
   int in_flight = 8;
 };
 
@@ -94,7 +94,9 @@ class JobRun {
   // off: WorkerLost): then up to `max_restarts` times the node is left out, the stages
   // are placed on the nodes left (re-planned for `partition: auto`), and the run resumes
   // on the same path — training from the newest checkpoint (or its start), a stream from
-  // the batch of its first unanswered request. assignments(), stages() and the result
+  // the batch of its first unanswered request, generation with every sequence in flight
+  // prefilled again from its prompt and the tokens it was answered (GenerationLedger:
+  // `callbacks.token` hears one stream per request, numbered on across the pause). assignments(), stages() and the result
   // are then the last placement's. A stream's answers reach `callbacks.answer` in stream
   // order, each request once (one answered again after a recovery is dropped); the run
   // fails if any request of the stream was left unanswered.
@@ -193,6 +195,8 @@ class JobRun {
   int64_t next_answer_ = 0;
   std::map<int64_t, Answer> ahead_;
   StreamTotals totals_;
+  // Generation: the prompts passed on and the tokens answered, to resume from.
+  std::unique_ptr<GenerationLedger> ledger_;
   std::unique_ptr<ClusterDaemons> daemons_;
   std::optional<PlannedJob> planned_;
   std::vector<StagePlacement> stages_;

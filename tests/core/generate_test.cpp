@@ -109,6 +109,37 @@ TEST(DecodeTest, AgreedTokensAreTheOnesFedBack) {
   EXPECT_EQ(chosen[1], after.tokens[0]);
 }
 
+// What a sequence resumed elsewhere after a loss does (runtime GenerationLedger): its
+// prompt and the tokens it had, prefilled, with the sampler's seed advanced past the draws
+// made (chooseToken draws once per sampled token), give the tokens it would have chosen.
+TEST(DecodeTest, ASequenceResumedFromItsTokensWithTheSeedAdvancedChoosesTheSameTokens) {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  Model m(parseModelSpec(kTwoBlocks));
+  m.build(be, 4);
+  const std::vector<int32_t> prompt = tokens(3, 2);
+  for (const SamplingOptions o :
+       {SamplingOptions{}, SamplingOptions{0.9f, 0, 5}, SamplingOptions{1.3f, 40, 11, 0.9f}}) {
+    const Generation whole = generate(m, prompt, 8, o);
+    ASSERT_EQ(whole.tokens.size(), 8u);
+    for (const size_t n : {size_t{1}, size_t{5}}) {
+      std::vector<int32_t> had = prompt;
+      had.insert(had.end(), whole.tokens.begin(), whole.tokens.begin() + static_cast<long>(n));
+      SamplingOptions resumed = o;
+      if (o.temperature > 0) resumed.seed = Rng::seedAfter(o.seed, n);
+      const Generation rest = generate(m, had, static_cast<int64_t>(8 - n), resumed);
+      EXPECT_EQ(rest.tokens, std::vector<int32_t>(whole.tokens.begin() + static_cast<long>(n),
+                                                  whole.tokens.end()))
+          << "temperature " << o.temperature << ", resumed after " << n;
+    }
+    if (o.temperature > 0) {  // and the seed as it was would draw another stream
+      std::vector<int32_t> had = prompt;
+      had.insert(had.end(), whole.tokens.begin(), whole.tokens.begin() + 1);
+      EXPECT_NE(generate(m, had, 7, o).tokens,
+                std::vector<int32_t>(whole.tokens.begin() + 1, whole.tokens.end()));
+    }
+  }
+}
+
 TEST(DecodeTest, GenerationStopsAfterAnEndToken) {
   // With the agreed tokens 5, 6, 7, ... and 7 an end token, the third token is the last;
   // the tokens and logits before it are those of a run without end tokens.
