@@ -244,6 +244,9 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
     fewRowsF32(pool_, ap, bp, alpha, beta, cp, m, n, k);
     return;
   }
+  if (!trans_a && !trans_b && m < kFewRows && lda == k && ldb == n &&
+      fewRowsNnF32(pool_, ap, bp, alpha, beta, cp, m, n, k))
+    return;
   // OpenBLAS runs single-threaded (see the constructor); a large product is split into
   // one block of C per pool thread along its longer side, in multiples of 16.
   const int parts = static_cast<int>(

@@ -187,7 +187,88 @@ void panelColumns(const RowProblem<int8_t>& p, int64_t p0, int64_t p1) {
   }
 }
 
+#if TANDEM_X86
+// Few rows times a matrix as it lies (x [m, k] times w [k, n], as attention's weights
+// times a cache's values): each output one chain of fused multiply-adds over t = 0..k-1,
+// whatever the block it is computed in. Columns [j0, j1) of rows [r0, r0 + R), J vectors
+// of 8 columns each: every w row's vectors loaded once per block and multiplied into the
+// R rows' broadcast entries.
+template <int R, int J>
+__attribute__((target("avx2,fma"))) void axpyBlock(const float* x, const float* w, float* y,
+                                                   int64_t k, int64_t n, int64_t r0, int64_t j,
+                                                   float alpha, float beta) {
+  __m256 acc[R][J];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < J; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < k; ++t) {
+    __m256 wv[J];
+    for (int v = 0; v < J; ++v) wv[v] = _mm256_loadu_ps(w + t * n + j + 8 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_set1_ps(x[(r0 + r) * k + t]);
+      for (int v = 0; v < J; ++v) acc[r][v] = _mm256_fmadd_ps(xb, wv[v], acc[r][v]);
+    }
+  }
+  // alpha * sum, or alpha * sum + beta * y fused, as axpyOne does it.
+  const __m256 a = _mm256_set1_ps(alpha), b = _mm256_set1_ps(beta);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < J; ++v) {
+      float* out = y + (r0 + r) * n + j + 8 * v;
+      _mm256_storeu_ps(out, beta == 0.0f ? _mm256_mul_ps(a, acc[r][v])
+                                         : _mm256_fmadd_ps(a, acc[r][v],
+                                                           _mm256_mul_ps(b, _mm256_loadu_ps(out))));
+    }
+}
+
+// One output as axpyBlock computes each lane: the same fused chain, one column.
+__attribute__((target("avx2,fma"))) void axpyOne(const float* x, const float* w, float* y,
+                                                 int64_t k, int64_t n, int64_t r, int64_t j,
+                                                 float alpha, float beta) {
+  float acc = 0;
+  for (int64_t t = 0; t < k; ++t) acc = __builtin_fmaf(x[r * k + t], w[t * n + j], acc);
+  float& out = y[r * n + j];
+  out = beta == 0.0f ? alpha * acc : __builtin_fmaf(alpha, acc, beta * out);
+}
+
+// Columns [c0, c1) of every row: 16 columns (two vectors) by four rows at a time, then
+// the rows left, then 8 columns, then single columns.
+void axpyColumns(const float* x, const float* w, float* y, int64_t m, int64_t k, int64_t n,
+                 int64_t c0, int64_t c1, float alpha, float beta) {
+  int64_t j = c0;
+  auto rows = [&](auto block4, auto block1) {
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) block4(r);
+    for (; r < m; ++r) block1(r);
+  };
+  for (; j + 16 <= c1; j += 16)
+    rows([&](int64_t r) { axpyBlock<4, 2>(x, w, y, k, n, r, j, alpha, beta); },
+         [&](int64_t r) { axpyBlock<1, 2>(x, w, y, k, n, r, j, alpha, beta); });
+  for (; j + 8 <= c1; j += 8)
+    rows([&](int64_t r) { axpyBlock<4, 1>(x, w, y, k, n, r, j, alpha, beta); },
+         [&](int64_t r) { axpyBlock<1, 1>(x, w, y, k, n, r, j, alpha, beta); });
+  for (; j < c1; ++j)
+    for (int64_t r = 0; r < m; ++r) axpyOne(x, w, y, k, n, r, j, alpha, beta);
+}
+#endif
+
 }  // namespace
+
+bool fewRowsNnF32(ThreadPool& pool, const float* x, const float* w, float alpha, float beta,
+                  float* y, int64_t m, int64_t n, int64_t k) {
+#if TANDEM_X86
+  if (!hasFma()) return false;
+  // Blocks of 16 columns shared out (a block's sums are the same on any thread), at
+  // least ~64 K multiply-adds a share.
+  const int64_t blocks = (n + 15) / 16;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, m * k * 16));
+  pool.parallelFor(blocks, grain, [&](int64_t b0, int64_t b1) {
+    axpyColumns(x, w, y, m, k, n, b0 * 16, std::min(n, b1 * 16), alpha, beta);
+  });
+  return true;
+#else
+  (void)pool, (void)x, (void)w, (void)alpha, (void)beta, (void)y, (void)m, (void)n, (void)k;
+  return false;
+#endif
+}
 
 void fewRowsF32(ThreadPool& pool, const float* x, const float* w, float alpha, float beta, float* y,
                 int64_t m, int64_t n, int64_t k) {

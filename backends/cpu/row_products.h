@@ -22,4 +22,13 @@ constexpr int64_t kFewRows = 16;
 void fewRowsF32(ThreadPool& pool, const float* x, const float* w, float alpha, float beta, float* y,
                 int64_t m, int64_t n, int64_t k);
 
+// y = alpha * x w + beta * y, m < kFewRows, w as it lies ([k, n]; x and y as above): each
+// output one chain of fused multiply-adds over k in order, alike in every row count and on
+// any thread, as a sequence decoding beside others needs of attention's weights times its
+// cached values (m = the query heads of a group; sgemm would pack the values each call,
+// which cost more than the product). false (nothing done) on a CPU without AVX2 and FMA,
+// where sgemm does it.
+bool fewRowsNnF32(ThreadPool& pool, const float* x, const float* w, float alpha, float beta,
+                  float* y, int64_t m, int64_t n, int64_t k);
+
 }  // namespace tandem::cpu

@@ -75,6 +75,45 @@ TEST_P(CpuOpsTest, BatchedGemmIsTheGemmOfEachBlock) {
                                             {"batched gemm needs 3-D tensors with one batch"});
 }
 
+// Few rows times a matrix as it lies (attention's weights times a cache's values while
+// decoding): every row is the product of that row alone, bitwise, on 1 and 3 threads, with
+// and without beta, at column counts that hit the 16- and 8-column blocks and the single
+// columns after them, and near the naive sum.
+TEST(CpuFewRowsTest, FewRowsTimesAMatrixAreEachRowAloneBitwiseOnAnyThreads) {
+  cpu::CpuBackend one{cpu::CpuOptions{1}}, three{cpu::CpuOptions{3}};
+  for (const int64_t m : {1, 3, 4, 6, 15})
+    for (const int64_t n : {1, 7, 8, 29, 64, 200})
+      for (const int64_t k : {1, 13, 300})
+        for (const float beta : {0.0f, 1.5f}) {
+          const auto a = randomVector(30, m * k), b = randomVector(31, k * n),
+                     c0 = randomVector(32, m * n);
+          const std::string at = std::to_string(m) + "x" + std::to_string(k) + " times " +
+                                 std::to_string(k) + "x" + std::to_string(n) + ", beta " +
+                                 std::to_string(beta);
+          Tensor c1 = toDevice(one, {m, n}, c0), c3 = toDevice(three, {m, n}, c0);
+          one.gemm(false, false, 0.5f, toDevice(one, {m, k}, a), toDevice(one, {k, n}, b), beta,
+                   c1);
+          three.gemm(false, false, 0.5f, toDevice(three, {m, k}, a), toDevice(three, {k, n}, b),
+                     beta, c3);
+          const auto got = toHost(c1);
+          ASSERT_EQ(got, toHost(c3)) << at << ": 1 and 3 threads";
+          for (int64_t r = 0; r < m; ++r) {
+            Tensor row = toDevice(one, {1, n}, {c0.begin() + r * n, c0.begin() + (r + 1) * n});
+            one.gemm(false, false, 0.5f,
+                     toDevice(one, {1, k}, {a.begin() + r * k, a.begin() + (r + 1) * k}),
+                     toDevice(one, {k, n}, b), beta, row);
+            const auto alone = toHost(row);
+            for (int64_t j = 0; j < n; ++j) {
+              ASSERT_EQ(got[r * n + j], alone[j]) << at << ": row " << r << " alone, column " << j;
+              double s = 0;
+              for (int64_t t = 0; t < k; ++t) s += static_cast<double>(a[r * k + t]) * b[t * n + j];
+              const double want = 0.5 * s + beta * c0[r * n + j];
+              ASSERT_NEAR(got[r * n + j], want, 1e-4 * (1 + std::abs(want))) << at;
+            }
+          }
+        }
+}
+
 TEST_P(CpuOpsTest, GemmRejectsMismatchedShapes) {
   const int64_t n = GetParam();
   Tensor a = one_.zeros({n, n + 1}), b = one_.zeros({n, n}), c = one_.zeros({n, n});
