@@ -1,7 +1,8 @@
 // `tandem serve` over HTTP beside its engine alone, measured in the same run:
 //
-//   for 1, 8 and 32 concurrent streams of `--tokens` greedy tokens each on gpt-mini
-//   (examples/models/gpt-mini.yaml, random weights, one CPU thread), the time to first
+//   for 1, 8 and 32 concurrent streams of `--tokens` greedy tokens each on `--model` (a
+//   model spec; examples/models/gpt-mini.yaml by default, examples/models/gpt-wide.yaml
+//   the 10.7 M one; random weights, one CPU thread), the time to first
 //   token and the decoding time per token (a stream's last token's time less its first's,
 //   over its tokens less one) at p50 and p99 over the streams, and the aggregate tokens/s:
 //     engine  requests submitted to serve::Engine directly, times from its tickets;
@@ -161,14 +162,18 @@ double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
 
 int run(int argc, char** argv) {
   const char* usage =
-      "serve_bench [--rounds=N] [--tokens=N]: tandem serve over HTTP beside its engine alone\n";
+      "serve_bench [--rounds N] [--tokens N] [--model SPEC.yaml]: tandem serve over HTTP "
+      "beside its engine alone\n";
   int rounds = 5;
   int64_t tokens = 32;
+  std::string spec = std::string(TANDEM_SOURCE_DIR) + "/examples/models/gpt-mini.yaml";
   for (const auto& [k, v] : bench::optionPairs("serve_bench", argc, argv, usage)) {
     if (k == "--rounds") {
       rounds = static_cast<int>(bench::wholeNumber("serve_bench", k, v, 1, 100));
     } else if (k == "--tokens") {
       tokens = bench::wholeNumber("serve_bench", k, v, 2, 96);
+    } else if (k == "--model") {
+      spec = std::string(v);
     } else {
       std::fprintf(stderr, "serve_bench: unknown option %.*s\n%s", static_cast<int>(k.size()),
                    k.data(), usage);
@@ -176,8 +181,15 @@ int run(int argc, char** argv) {
     }
   }
   cpu::CpuBackend be(cpu::CpuOptions{1});
-  Model model(loadModelSpec(std::string(TANDEM_SOURCE_DIR) + "/examples/models/gpt-mini.yaml"));
+  Model model(loadModelSpec(spec));
   model.build(be, 1);
+  const TextShape shape = textShape(model);
+  if (shape.context < tokens + 16) {
+    std::fprintf(stderr, "serve_bench: %s's context of %lld tokens holds no prompt and %lld new\n",
+                 shape.model.c_str(), static_cast<long long>(shape.context),
+                 static_cast<long long>(tokens));
+    return 2;
+  }
   constexpr int kMost = 32;
   serve::Engine engine(
       [&model](const RequestSource& source, const TokenSink& sink, const CancelCheck& cancelled) {
@@ -188,8 +200,8 @@ int run(int argc, char** argv) {
       },
       serve::EngineOptions{kMost, kMost});
   serve::ApiOptions ao;
-  ao.model = {"gpt-mini", textShape(model).context};
-  ao.vocab = textShape(model).vocab;
+  ao.model = {shape.model, shape.context};
+  ao.vocab = shape.vocab;
   serve::Api api(engine, ao);
   serve::HttpServer server("127.0.0.1", 0, {}, [&api](serve::Request& r, serve::Connection& c) {
     return api.handle(r, c);
@@ -197,14 +209,18 @@ int run(int argc, char** argv) {
   std::thread io([&server] { server.run(); });
   engineRun(engine, 8, tokens);  // warm-up (allocations, caches), not counted
   httpRun(server.port(), 8, tokens);
-  std::printf("gpt-mini, 1 CPU thread, %lld greedy tokens per stream, %d rounds (medians)\n",
-              static_cast<long long>(tokens), rounds);
+  std::printf(
+      "%s (%.1f M parameters), 1 CPU thread, %lld greedy tokens per stream, %d rounds "
+      "(medians)\n",
+      shape.model.c_str(), static_cast<double>(model.paramCount()) / 1e6,
+      static_cast<long long>(tokens), rounds);
   std::printf(
       "both paths: the same engine, model and thread in this process, alternated, each "
       "warmed up once;\nhttp: loopback TCP (default socket settings), clients on this "
       "machine's cores too\n");
   std::printf("%7s %6s %12s %12s %14s %14s %10s\n", "streams", "path", "first p50 ms",
               "first p99 ms", "ms/token p50", "ms/token p99", "tokens/s");
+  std::vector<std::pair<double, double>> aggregate;  // engine, http tokens/s at 1, 8, 32
   for (const int n : {1, 8, 32}) {
     std::vector<Figures> e, h;
     for (int r = 0; r < rounds; ++r) {
@@ -230,7 +246,12 @@ int run(int argc, char** argv) {
                 hm[2] * 1e3, hm[3] * 1e3, hm[4]);
     std::printf("%7d %6s %12.3f %12.3f %14.3f %14.3f %10.3f\n", n, "ratio", hm[0] / em[0],
                 hm[1] / em[1], hm[2] / em[2], hm[3] / em[3], hm[4] / em[4]);
+    aggregate.emplace_back(em[4], hm[4]);
   }
+  // What batching the sequences in flight gives: one pass over the weights per step.
+  for (size_t i = 1; i < aggregate.size(); ++i)
+    std::printf("%d streams / 1 stream, tokens/s: engine %.2fx, http %.2fx\n", i == 1 ? 8 : 32,
+                aggregate[i].first / aggregate[0].first, aggregate[i].second / aggregate[0].second);
   server.stop();
   io.join();
   return 0;
