@@ -60,6 +60,22 @@ std::vector<int32_t> TextCodec::encode(std::string_view text) const {
           reinterpret_cast<const unsigned char*>(text.data()) + text.size()};
 }
 
+std::vector<int32_t> TextCodec::encodeText(std::string_view text) const {
+  if (tokenizer_) return tokenizer_->encode(text, false);
+  return encode(text);
+}
+
+TextTokens TextCodec::textTokens(int64_t vocab, const std::string& name) const {
+  TextTokens t;
+  if (!tokenizer_) return t;
+  t.encode = [tokenizer = tokenizer_](std::string_view text) {
+    return tokenizer->encode(text, false);
+  };
+  t.vocab = vocab;
+  t.name = "the tokenizer of '" + name + "'";
+  return t;
+}
+
 std::string TextCodec::tokenText(int32_t id) const {
   if (tokenizer_) {  // a head wider than the tokenizer (padded, as Qwen2's) has rows of no text
     if (id >= tokenizer_->vocabSize()) return "";

@@ -2,7 +2,8 @@
 // or the byte-level BPE of the tokenizer.json the model came with (tokenizer.h). A model
 // imported from a Hugging Face folder keeps the folder's tokenizer.json in its model file
 // (metadata "tokenizer"), so `tandem generate`, `tandem serve` and a job's coordinator
-// tokenize as the folder does; every other model reads and writes bytes.
+// tokenize as the folder does, and text data to train and evaluate on becomes its
+// tokens; every other model reads and writes bytes.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/data/dataset.h"
 #include "core/model_file.h"
 #include "hf/tokenizer.h"
 
@@ -30,6 +32,12 @@ class TextCodec {
   // A prompt's ids: its bytes, or its BPE tokens with the template's special tokens
   // (Llama 3's BOS) around them.
   std::vector<int32_t> encode(std::string_view text) const;
+  // A corpus's ids (text data to train or evaluate on): its bytes, or its BPE tokens
+  // without the template's special tokens.
+  std::vector<int32_t> encodeText(std::string_view text) const;
+  // Text data as this codec makes tokens of it (loadText) for a model of `vocab` outputs:
+  // bytes (an empty encoder) or its tokenizer's ids, named in messages as `name`'s.
+  TextTokens textTokens(int64_t vocab, const std::string& name) const;
   // One generated token's text: its byte, or its BPE bytes (possibly part of a UTF-8
   // character: tokens decode one by one to what their sequence decodes to); nothing for a
   // special token or an id beyond the tokenizer (a padded head's rows).

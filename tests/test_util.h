@@ -175,7 +175,7 @@ inline Dataset phrases(int64_t n, int64_t context, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) {
     const auto start = static_cast<size_t>(rng.below(text.size()));
     for (int64_t j = 0; j < context; ++j) {
-      d.images.push_back(static_cast<uint8_t>(text[(start + j) % text.size()]));
+      d.ids.push_back(static_cast<unsigned char>(text[(start + j) % text.size()]));
       d.labels.push_back(static_cast<unsigned char>(text[(start + j + 1) % text.size()]));
     }
   }

@@ -58,14 +58,15 @@ Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit,
 }
 
 Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit,
-                    int64_t context, uint64_t seed, const DataAccess& access) {
+                    int64_t context, uint64_t seed, const DataAccess& access,
+                    const TextTokens& tokens) {
   if (name == "fashion-mnist")
     return loadFashionMnist(dir.empty() ? kFashionMnistDir : dir, train, limit, access);
   if (name.rfind("text:", 0) == 0) {
     TANDEM_CHECK_MSG(name.size() > 5, InvalidArgument, "'text:' needs a file or folder: text:PATH");
     TANDEM_CHECK_MSG(context > 0, InvalidArgument,
                      "text data needs a model whose input is [T] token ids (the context)");
-    return loadText(name.substr(5), context, train, seed, limit, access);
+    return loadText(name.substr(5), context, train, seed, limit, access, tokens);
   }
   throw InvalidArgument("unknown dataset '" + name + "' (known: fashion-mnist, text:PATH)");
 }
@@ -98,6 +99,10 @@ void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t be
                  std::vector<float>& x, std::vector<int32_t>& y) {
   checkBatch(d, order, begin, count);
   const int64_t sample = d.sample_shape.numel();
+  const size_t held = d.tokens ? d.ids.size() : d.images.size();
+  TANDEM_CHECK_MSG(static_cast<int64_t>(held) == d.size() * sample, InvalidArgument,
+                   "dataset '" << d.name << "' holds " << held << (d.tokens ? " ids" : " bytes")
+                               << " for " << d.size() << " samples of " << sample);
   const int64_t per = d.labels_per_sample;
   x.resize(static_cast<size_t>(count * sample));
   y.resize(static_cast<size_t>(count * per));
@@ -105,9 +110,14 @@ void gatherBatch(const Dataset& d, const std::vector<int64_t>& order, int64_t be
   const float shift = d.tokens ? 0.0f : d.mean / d.stddev;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t idx = order[static_cast<size_t>(begin + i)];
-    const uint8_t* src = d.images.data() + idx * sample;
     float* dst = x.data() + i * sample;
-    for (int64_t j = 0; j < sample; ++j) dst[j] = static_cast<float>(src[j]) * scale - shift;
+    if (d.tokens) {
+      const int32_t* src = d.ids.data() + idx * sample;
+      for (int64_t j = 0; j < sample; ++j) dst[j] = static_cast<float>(src[j]);
+    } else {
+      const uint8_t* src = d.images.data() + idx * sample;
+      for (int64_t j = 0; j < sample; ++j) dst[j] = static_cast<float>(src[j]) * scale - shift;
+    }
     std::copy_n(d.labels.begin() + idx * per, per, y.begin() + i * per);
   }
 }

@@ -1,12 +1,15 @@
 // In-memory labelled datasets, batching and seeded shuffling.
 //
-// Samples stay as bytes: images (a 60,000-image Fashion-MNIST train set is 47 MB instead
-// of 188 MB as floats), normalised per batch: x = (byte / 255 - mean) / stddev; or tokens
-// (text, a byte per token), given to the model as their ids with one label per token.
+// Images stay as bytes (a 60,000-image Fashion-MNIST train set is 47 MB instead of 188 MB
+// as floats), normalised per batch: x = (byte / 255 - mean) / stddev; tokens (text: its
+// bytes, or a tokenizer's ids) are given to the model as their ids, with one label per
+// token.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/data/data_access.h"
@@ -17,12 +20,13 @@ namespace tandem {
 struct Dataset {
   std::string name;
   Shape sample_shape;           // e.g. [1, 28, 28]; [T] for tokens
-  std::vector<uint8_t> images;  // size() * sample_shape.numel() bytes
+  std::vector<uint8_t> images;  // size() * sample_shape.numel() bytes (not for tokens)
+  std::vector<int32_t> ids;     // tokens: size() * sample_shape.numel() ids in [0, classes)
   // size() * labels_per_sample labels in [0, classes): one per image, one per token (the
   // next one) for text.
   std::vector<int32_t> labels;
   int64_t labels_per_sample = 1;
-  bool tokens = false;  // samples are token ids (x = the byte), not normalised pixels
+  bool tokens = false;  // samples are token ids (`ids`), not normalised pixels
   int64_t classes = 0;
   float mean = 0.0f, stddev = 1.0f;
   int64_t size() const { return static_cast<int64_t>(labels.size()) / labels_per_sample; }
@@ -41,12 +45,21 @@ inline constexpr const char* kFashionMnistPackage = "dataset-fashion-mnist";
 Dataset loadFashionMnist(const std::string& dir, bool train, int64_t limit = 0,
                          const DataAccess& access = {});
 
+// How text data becomes tokens: a language model's tokenizer (the ids of a piece of text,
+// in [0, vocab)), or bytes when `encode` is empty.
+struct TextTokens {
+  std::function<std::vector<int32_t>(std::string_view)> encode;
+  int64_t vocab = 256;
+  std::string name = "bytes";  // for messages: "bytes", "the tokenizer of 'DIR'"
+};
+
 // Loads a dataset by name: "fashion-mnist" (from `dir`, empty for the Debian package's),
 // or "text:PATH" (loadText; `context` is the model's sequence length, `seed` draws the
-// training windows); unknown names raise InvalidArgument. Files are read only where
-// `access` allows (data_access.h).
+// training windows, `tokens` the model's tokenizer, if it has one); unknown names raise
+// InvalidArgument. Files are read only where `access` allows (data_access.h).
 Dataset loadDataset(const std::string& name, const std::string& dir, bool train, int64_t limit = 0,
-                    int64_t context = 0, uint64_t seed = 0, const DataAccess& access = {});
+                    int64_t context = 0, uint64_t seed = 0, const DataAccess& access = {},
+                    const TextTokens& tokens = {});
 
 // The sample order of one epoch: identity without shuffling, else a Fisher-Yates
 // permutation from (seed, epoch) that is the same on every platform.

@@ -92,18 +92,42 @@ std::string readCorpus(const std::string& path, const DataAccess& access) {
 }  // namespace
 
 Dataset loadText(const std::string& path, int64_t context, bool train, uint64_t seed, int64_t limit,
-                 const DataAccess& access) {
+                 const DataAccess& access, const TextTokens& tokens) {
   TANDEM_CHECK_MSG(context > 0, InvalidArgument,
                    "text data: the context must be positive, got " << context);
   const std::string text = readCorpus(path, access);
   const auto len = static_cast<int64_t>(text.size());
-  const int64_t cut = len - len / 10;
-  TANDEM_CHECK_MSG(len / 10 >= context + 1, FormatError,
+  int64_t cut = len - len / 10;
+  // A tokenizer takes whole characters (bytes are tokens whatever they are).
+  while (tokens.encode && cut > 0 && cut < len &&
+         (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80)
+    --cut;
+  // (The held-out part is checked on either load, as a tokenizer's ids are no more than
+  // the bytes they come from.)
+  TANDEM_CHECK_MSG(len - cut >= context + 1, FormatError,
                    "'" << path << "' holds " << len << " bytes: too little for a context of "
                        << context << " (the held-out last 10% needs at least " << context + 1
                        << ")");
-  const char* base = text.data() + (train ? 0 : cut);
-  const int64_t span = train ? cut : len - cut;
+  const std::string_view part =
+      train ? std::string_view(text).substr(0, cut) : std::string_view(text).substr(cut);
+  std::vector<int32_t> ids;
+  if (tokens.encode) {
+    ids = tokens.encode(part);
+    for (size_t i = 0; i < ids.size(); ++i)
+      TANDEM_CHECK_MSG(ids[i] >= 0 && ids[i] < tokens.vocab, InvalidArgument,
+                       "text data '" << path << "': " << tokens.name << " gave id " << ids[i]
+                                     << " (token " << i << "), outside the model's vocab of "
+                                     << tokens.vocab);
+  } else {
+    ids.assign(reinterpret_cast<const unsigned char*>(part.data()),
+               reinterpret_cast<const unsigned char*>(part.data()) + part.size());
+  }
+  const auto span = static_cast<int64_t>(ids.size());
+  TANDEM_CHECK_MSG(
+      span >= context + 1, FormatError,
+      "'" << path << "' holds " << len << " bytes: too little for a context of " << context
+          << " (its " << (train ? "training first 90%" : "held-out last 10%") << " is " << span
+          << " tokens of " << tokens.name << ", and needs at least " << context + 1 << ")");
   int64_t count = (span - 1) / context;
   if (limit > 0) count = std::min(count, limit);
 
@@ -112,19 +136,16 @@ Dataset loadText(const std::string& path, int64_t context, bool train, uint64_t 
   d.sample_shape = Shape{context};
   d.labels_per_sample = context;
   d.tokens = true;
-  d.classes = 256;
-  d.images.resize(static_cast<size_t>(count * context));
+  d.classes = tokens.encode ? tokens.vocab : 256;
+  d.ids.resize(static_cast<size_t>(count * context));
   d.labels.resize(static_cast<size_t>(count * context));
   Rng rng(seed);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t start =
         train ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(span - context)))
               : i * context;
-    for (int64_t j = 0; j < context; ++j) {
-      d.images[static_cast<size_t>(i * context + j)] = static_cast<uint8_t>(base[start + j]);
-      d.labels[static_cast<size_t>(i * context + j)] =
-          static_cast<unsigned char>(base[start + j + 1]);
-    }
+    std::copy_n(ids.begin() + start, context, d.ids.begin() + i * context);
+    std::copy_n(ids.begin() + start + 1, context, d.labels.begin() + i * context);
   }
   return d;
 }

@@ -24,6 +24,7 @@
 #include "core/model_spec.h"
 #include "core/pipeline/stage_decoder.h"
 #include "core/pipeline/stage_trainer.h"
+#include "hf/text_codec.h"
 #include "runtime/control/handshake.h"
 #include "runtime/node/chunks.h"
 #include "runtime/node/link_rules.h"
@@ -193,6 +194,9 @@ class StageSetup {
   cpu::CpuBackend group_host{cpu::CpuOptions{1}};
   std::unique_ptr<Group> group;
   Dataset train, test;  // the first stage's
+  // How text data becomes tokens: the tokenizer the starting weights' model file keeps (a
+  // Hugging Face import's), else bytes.
+  TextTokens text_tokens;
   Start start;
 
   // The stage's slice (weights and optimizer state) as a model file's bytes: its model's,
@@ -272,6 +276,10 @@ void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const Worker
   if (a.weights_hash.empty()) return;
   const ModelFile start_from =
       parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
+  const Shape in = model->inputShape(), out = model->outputShape();
+  if (a.stage == 0 && a.data.name.rfind("text:", 0) == 0 && in.rank() == 1 && out.rank() == 2)
+    text_tokens =
+        hf::TextCodec::forModel(start_from, out[1]).textTokens(out[1], start_from.spec.name);
   if (tensor) {
     tensor->startFrom(start_from, a.checkpoint.restore_optimizer, who);
     return;
@@ -323,9 +331,9 @@ void StageSetup::readData(const Assign& a, const WorkerOptions& o, Ready& ready)
   const bool infers = a.mode == RunMode::kInfer;
   if (!infers)
     train = loadDataset(a.data.name, a.data.dir, true, a.data.train_limit, context, a.train.seed,
-                        o.data);
-  test =
-      loadDataset(a.data.name, a.data.dir, false, a.data.test_limit, context, a.train.seed, o.data);
+                        o.data, text_tokens);
+  test = loadDataset(a.data.name, a.data.dir, false, a.data.test_limit, context, a.train.seed,
+                     o.data, text_tokens);
   checkClassifier(*model, test);
   TANDEM_CHECK_MSG(!infers || !test.tokens, Unsupported,
                    "serving a language model's held-out text as a stream is not supported: "

@@ -35,7 +35,8 @@ void addEval(CLI::App& app) {
     auto model = loadModel(file, *backend);
     const Shape input = model->inputShape();
     const Dataset test =
-        loadDataset(a->data, a->data_dir, false, a->limit, input.rank() == 1 ? input[0] : 0);
+        loadDataset(a->data, a->data_dir, false, a->limit, input.rank() == 1 ? input[0] : 0, 0, {},
+                    runtime::textTokensOf(file, *model, a->data, a->file));
     const EvalResult r = evaluate(*model, test, a->batch);
     std::printf("%lld samples: test loss %.4f\n", static_cast<long long>(r.samples), r.loss);
     if (test.tokens) std::printf("test perplexity: %.2f\n", std::exp(r.loss));

@@ -80,6 +80,10 @@ std::vector<std::string> replicaDevices(const TrainArgs& a) {
 // The trainer of each mode behind one face: one device, data-parallel replicas, or tensor
 // ranks; the backends outlive it.
 struct Training {
+  // What the starting weights' model file said of itself (a Hugging Face import's
+  // tokenizer and end-of-text ids, an ONNX model's output activation), saved on with the
+  // trained model.
+  std::map<std::string, AttrValue> carried;
   std::unique_ptr<Model> single;
   std::unique_ptr<Optimizer> single_opt;
   std::unique_ptr<Trainer> trainer;
@@ -96,7 +100,8 @@ struct Training {
   EvalResult evaluate(const Dataset& data, int64_t batch) {
     return tensor ? tensor->evaluate(data, batch) : tandem::evaluate(model(), data, batch);
   }
-  void save(const std::string& path, const std::map<std::string, AttrValue>& meta) {
+  void save(const std::string& path, std::map<std::string, AttrValue> meta) {
+    meta.insert(carried.begin(), carried.end());  // (the training's own keys win)
     if (!tensor) {
       saveModel(path, model(), single ? single_opt.get() : &parallel->optimizer(0), meta);
       return;
@@ -117,8 +122,11 @@ Training makeTraining(const TrainArgs& a, const ModelSpec& spec,
   if (ranks == 1) {
     t.single = std::make_unique<Model>(spec);
     t.single->build(*backends[0], a.seed);
-    if (weights)  // a model file's or ONNX model's: training continues from them
-      loadWeights(*t.single, parseModelFile(*weights, a.model), true);
+    if (weights) {  // a model file's or ONNX model's: training continues from them
+      const ModelFile from = parseModelFile(*weights, a.model);
+      loadWeights(*t.single, from, true);
+      t.carried = from.metadata;
+    }
     t.single_opt = std::make_unique<Optimizer>(*backends[0], a.opt);
     t.trainer =
         std::make_unique<Trainer>(*t.single, *t.single_opt, TrainOptions{a.batch, a.seed, true});
@@ -141,7 +149,9 @@ Training makeTraining(const TrainArgs& a, const ModelSpec& spec,
       auto host = makeBackend("cpu");
       Model whole(spec);
       whole.build(*host, a.seed);
-      loadWeights(whole, parseModelFile(*weights, a.model), true);
+      const ModelFile from = parseModelFile(*weights, a.model);
+      loadWeights(whole, from, true);
+      t.carried = from.metadata;
       t.tensor->startFrom(whole);
     }
     return t;
@@ -193,8 +203,13 @@ void runTrain(TrainArgs a) {
   }
   const Shape input = unbuilt.inputShape();  // text data: windows of the context [T]
   const int64_t context = input.rank() == 1 ? input[0] : 0;
-  const Dataset train = loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed);
-  const Dataset test = loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed);
+  // Text data as the model's tokenizer makes tokens of it (a Hugging Face folder's, or
+  // the one a model file keeps), else its bytes.
+  const TextTokens tokens = runtime::textTokensOf(a.model, unbuilt, a.data);
+  const Dataset train =
+      loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed, {}, tokens);
+  const Dataset test =
+      loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed, {}, tokens);
   Training t = makeTraining(a, spec, source.weights, backends, shares);
   std::string where;
   for (const std::string& d : devices) where += (where.empty() ? "" : ", ") + d;

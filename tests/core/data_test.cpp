@@ -157,7 +157,7 @@ TEST(TextDataTest, WindowsAreLabelledWithTheNextByte) {
   EXPECT_EQ(held.size(), (100 - 1) / 8);
   for (const Dataset* d : {&train, &held}) {
     for (int64_t i = 0; i < d->size(); ++i) {
-      const std::string window(d->images.begin() + i * 8, d->images.begin() + i * 8 + 8);
+      const std::string window(d->ids.begin() + i * 8, d->ids.begin() + i * 8 + 8);
       const size_t at = d == &train ? text.find(window) : 900 + static_cast<size_t>(i) * 8;
       ASSERT_EQ(text.substr(at, 8), window) << "sample " << i;
       ASSERT_LT(at + 8, d == &train ? 900u : 1000u) << "a window's label crosses its split";
@@ -166,9 +166,9 @@ TEST(TextDataTest, WindowsAreLabelledWithTheNextByte) {
     }
   }
   // The windows' starts come from the seed; held-out data is the same for every seed.
-  EXPECT_EQ(loadText(path, 8, true, 3).images, train.images);
-  EXPECT_NE(loadText(path, 8, true, 4).images, train.images);
-  EXPECT_EQ(loadText(path, 8, false, 4).images, held.images);
+  EXPECT_EQ(loadText(path, 8, true, 3).ids, train.ids);
+  EXPECT_NE(loadText(path, 8, true, 4).ids, train.ids);
+  EXPECT_EQ(loadText(path, 8, false, 4).ids, held.ids);
   EXPECT_EQ(loadText(path, 8, true, 3, 5).size(), 5);
   // The batch a model sees: the ids as numbers, unnormalised, and a label per token.
   std::vector<float> x;
@@ -176,8 +176,64 @@ TEST(TextDataTest, WindowsAreLabelledWithTheNextByte) {
   gatherBatch(held, {1, 0}, 0, 2, x, y);
   ASSERT_EQ(x.size(), 16u);
   ASSERT_EQ(y.size(), 16u);
-  EXPECT_EQ(x[0], static_cast<float>(held.images[8]));
+  EXPECT_EQ(x[0], static_cast<float>(held.ids[8]));
   EXPECT_EQ(y[8], held.labels[0]);
+}
+
+// With a tokenizer: each part (the first 90%, the last 10%, cut at a character's start)
+// becomes the tokenizer's ids, windows of them labelled with the next id, in the model's
+// vocab; an id outside it is refused, named.
+TEST(TextDataTest, ATokenizersIdsMakeTheWindowsAndTheirLabels) {
+  // 899 ASCII bytes, then 'é' (2 bytes) across the 90% mark, then ASCII: 1000 bytes.
+  const std::string text = textOf(899) + "\xc3\xa9" + textOf(99);
+  const std::string path = writeFile("accented.txt", bytesOf(text), false);
+  std::vector<std::string> parts;
+  TextTokens tokens;
+  tokens.vocab = 1000;
+  tokens.name = "the test's tokenizer";
+  // Two bytes a token (the last alone), ids 300 and up: not bytes.
+  tokens.encode = [&](std::string_view part) {
+    parts.emplace_back(part);
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < part.size(); i += 2)
+      ids.push_back(300 + static_cast<unsigned char>(part[i]) % 7 * 10 +
+                    (i + 1 < part.size() ? static_cast<unsigned char>(part[i + 1]) % 10 : 0));
+    return ids;
+  };
+  const Dataset train = loadText(path, 8, true, 3, 0, {}, tokens);
+  const Dataset held = loadText(path, 8, false, 3, 0, {}, tokens);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0], text.substr(0, 899)) << "the cut moves back to the character's start";
+  EXPECT_EQ(parts[1], text.substr(899));
+  EXPECT_EQ(train.outputShape(), (Shape{8, 1000}));
+  const std::vector<int32_t> ids0 = tokens.encode(parts[0]), ids1 = tokens.encode(parts[1]);
+  EXPECT_EQ(train.size(), (static_cast<int64_t>(ids0.size()) - 1) / 8);
+  EXPECT_EQ(held.size(), (static_cast<int64_t>(ids1.size()) - 1) / 8);
+  for (int64_t i = 0; i < held.size(); ++i)
+    for (int64_t j = 0; j < 8; ++j) {
+      ASSERT_EQ(held.ids[static_cast<size_t>(i * 8 + j)], ids1[static_cast<size_t>(i * 8 + j)]);
+      ASSERT_EQ(held.labels[static_cast<size_t>(i * 8 + j)],
+                ids1[static_cast<size_t>(i * 8 + j + 1)]);
+    }
+  // Every training window is a run of the first part's ids, labelled with the next.
+  for (int64_t i = 0; i < train.size(); ++i) {
+    const auto first = train.ids.begin() + i * 8;
+    const auto at = std::search(ids0.begin(), ids0.end(), first, first + 8);
+    ASSERT_NE(at, ids0.end()) << "window " << i;
+    EXPECT_EQ(train.labels[static_cast<size_t>(i * 8 + 7)], *(at + 8)) << "window " << i;
+  }
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  gatherBatch(held, {0}, 0, 1, x, y);
+  EXPECT_EQ(x[3], static_cast<float>(ids1[3]));  // an id past a byte's range, as it is
+  tokens.vocab = 350;
+  expectThrowWith<InvalidArgument>(
+      [&] { loadText(path, 8, false, 3, 0, {}, tokens); },
+      {"the test's tokenizer gave id", "outside the model's vocab of 350"});
+  tokens.vocab = 1000;
+  expectThrowWith<FormatError>(
+      [&] { loadText(path, 60, false, 3, 0, {}, tokens); },
+      {"too little for a context of 60", "51 tokens of the test's tokenizer"});
 }
 
 TEST(TextDataTest, WhatIsNotTextIsRefusedWithWhereAndWhy) {
@@ -185,8 +241,8 @@ TEST(TextDataTest, WhatIsNotTextIsRefusedWithWhereAndWhy) {
   EXPECT_EQ(firstNonTextByte("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82"), -1);
   EXPECT_EQ(firstNonTextByte(std::string("ab\0c", 4)), 2);
   EXPECT_EQ(firstNonTextByte("ab\xff"), 2);
-  EXPECT_EQ(firstNonTextByte("ab\xc3"), 2);          // cut short
-  EXPECT_EQ(firstNonTextByte("\xc0\xaf"), 0);        // overlong
+  EXPECT_EQ(firstNonTextByte("ab\xc3"), 2);         // cut short
+  EXPECT_EQ(firstNonTextByte("\xc0\xaf"), 0);       // overlong
   EXPECT_EQ(firstNonTextByte("x\xed\xa0\x80"), 1);  // a surrogate
   const std::string binary = writeFile("binary.bin", {'a', 'b', 0, 'c'}, false);
   expectThrowWith<FormatError>([&] { loadText(binary, 4, true, 1); },
@@ -212,7 +268,7 @@ TEST(TextDataTest, AFolderReadsItsTextFilesInNameOrder) {
   const Dataset held = loadText(dir, 10, false, 1);
   const std::string all = a + b;
   const size_t cut = all.size() - all.size() / 10;
-  EXPECT_EQ(std::string(held.images.begin(), held.images.begin() + 10), all.substr(cut, 10));
+  EXPECT_EQ(std::string(held.ids.begin(), held.ids.begin() + 10), all.substr(cut, 10));
   const std::string empty = testing::freshDir("binaries");
   std::ofstream(empty + "/x.dat", std::ios::binary).write("\0\1", 2);
   expectThrowWith<FormatError>([&] { loadText(empty, 4, true, 1); }, {"holds no text file"});

@@ -221,8 +221,9 @@ TEST(CliServeTest, WhatCannotBeServedSafelyIsRefusedBeforeListening) {
 // BOS template, Llama 3's pattern) and random weights: `tandem generate DIR` and `tandem
 // serve DIR` read prompts and write text through the tokenizer — the text and the prompt's
 // token count of generating in-process from the same folder.
-TEST(CliServeTest, AHuggingFaceFolderGeneratesAndServesThroughItsTokenizer) {
-  const std::string dir = freshDir("cli-hf");
+// A Llama-architecture Hugging Face folder in `dir`: a tiny config (GQA, untied head,
+// vocab 700), the Llama 3 tokenizer.json fixture, random F32 weights.
+void writeTinyLlamaFolder(const std::string& dir) {
   std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "hidden_size": 32,
     "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
     "num_hidden_layers": 2, "vocab_size": 700, "max_position_embeddings": 64,
@@ -257,6 +258,11 @@ TEST(CliServeTest, AHuggingFaceFolderGeneratesAndServesThroughItsTokenizer) {
     add(l + "mlp.down_proj.weight", {32, 48});
   }
   hf::writeSafetensors(dir + "/model.safetensors", tensors);
+}
+
+TEST(CliServeTest, AHuggingFaceFolderGeneratesAndServesThroughItsTokenizer) {
+  const std::string dir = freshDir("cli-hf");
+  writeTinyLlamaFolder(dir);
   // In-process: the folder's model and tokenizer, greedy.
   const ModelFile file = hf::importLlama(dir);
   cpu::CpuBackend be;
@@ -311,6 +317,50 @@ TEST(CliServeTest, AHuggingFaceFolderGeneratesAndServesThroughItsTokenizer) {
       << r.out;
   EXPECT_EQ(answer["usage"]["prompt_tokens"], ids.size()) << r.out;
   EXPECT_EQ(answer["usage"]["completion_tokens"], 8) << r.out;
+}
+
+// Text data for a model that brings a tokenizer becomes the tokenizer's ids: a Hugging
+// Face folder trains on a corpus in windows of its BPE tokens (as many as the tokenizer
+// gives, not one a byte), the model file it saves keeps the tokenizer for `eval`, and a
+// job's first stage reads the text the same way.
+TEST(CliServeTest, AHuggingFaceFolderTrainsAndEvaluatesOnTextInItsTokenizersIds) {
+  const std::string dir = freshDir("cli-hf-text");
+  writeTinyLlamaFolder(dir);
+  std::string corpus;
+  for (int i = 0; corpus.size() < 6000; ++i)
+    corpus += "The quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
+  std::ofstream(dir + "/corpus.txt") << corpus;
+  const hf::TextCodec codec = hf::TextCodec::forModel(hf::importLlama(dir), 700);
+  const size_t cut = corpus.size() - corpus.size() / 10;
+  const auto windows = [&](const std::string& part) {
+    return (static_cast<int64_t>(codec.encodeText(part).size()) - 1) / 64;  // context 64
+  };
+  const int64_t train = windows(corpus.substr(0, cut)), held = windows(corpus.substr(cut));
+  ASSERT_GT(train, 0);
+  ASSERT_GT(held, 0);
+  ASSERT_LT(train, static_cast<int64_t>(cut) / 64 / 2) << "BPE merges bytes";
+  const CliRun t = run("train --model " + dir + " --data text:" + dir +
+                       "/corpus.txt --batch 4 --no-progress --save " + dir + "/tuned.tdm");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("text data: the tokenizer of '" + dir + "' (vocab 700)"), std::string::npos)
+      << t.out;
+  EXPECT_NE(
+      t.out.find(std::to_string(train) + " train / " + std::to_string(held) + " test samples"),
+      std::string::npos)
+      << t.out;
+  const CliRun e = run("eval " + dir + "/tuned.tdm --data text:" + dir + "/corpus.txt");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("text data: the tokenizer of '" + dir + "/tuned.tdm'"), std::string::npos)
+      << e.out;
+  EXPECT_NE(e.out.find(std::to_string(held) + " samples: test loss"), std::string::npos) << e.out;
+  // A job's stages: the first reads the text through the tokenizer its weights carry.
+  std::ofstream(dir + "/job.yaml")
+      << "model: " << dir << "\ndata: text:" << dir << "/corpus.txt\nbatch: 4\nmicrobatches: 2\n"
+      << "partition: [[0, 2], [2, 5]]\n";
+  const CliRun j = run("run " + dir + "/job.yaml");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const std::string steps = std::to_string((train + 3) / 4);  // batch 4
+  EXPECT_NE(j.out.find("epoch 1/1 step " + steps + "/" + steps + " "), std::string::npos) << j.out;
 }
 
 }  // namespace
