@@ -217,7 +217,8 @@ int run(int argc, char** argv) {
   std::printf(
       "both paths: the same engine, model and thread in this process, alternated, each "
       "warmed up once;\nhttp: loopback TCP (default socket settings), clients on this "
-      "machine's cores too\n");
+      "machine's cores too;\nN streams / 1 stream: one path's aggregate tokens/s over its own "
+      "at 1 stream, in this run\n");
   std::printf("%7s %6s %12s %12s %14s %14s %10s\n", "streams", "path", "first p50 ms",
               "first p99 ms", "ms/token p50", "ms/token p99", "tokens/s");
   std::vector<std::pair<double, double>> aggregate;  // engine, http tokens/s at 1, 8, 32

@@ -65,17 +65,6 @@ std::vector<int32_t> TextCodec::encodeText(std::string_view text) const {
   return encode(text);
 }
 
-TextTokens TextCodec::textTokens(int64_t vocab, const std::string& name) const {
-  TextTokens t;
-  if (!tokenizer_) return t;
-  t.encode = [tokenizer = tokenizer_](std::string_view text) {
-    return tokenizer->encode(text, false);
-  };
-  t.vocab = vocab;
-  t.name = "the tokenizer of '" + name + "'";
-  return t;
-}
-
 std::string TextCodec::tokenText(int32_t id) const {
   if (tokenizer_) {  // a head wider than the tokenizer (padded, as Qwen2's) has rows of no text
     if (id >= tokenizer_->vocabSize()) return "";
@@ -90,6 +79,19 @@ std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) out += tokenText(id);
   return out;
+}
+
+TextTokens textTokensFor(const ModelFile& file, const Model& model, const std::string& data,
+                         const std::string& name) {
+  const Shape in = model.inputShape(), out = model.outputShape();
+  if (data.rfind("text:", 0) != 0 || in.rank() != 1 || out.rank() != 2) return {};
+  const TextCodec codec = TextCodec::forModel(file, out[1]);
+  if (codec.isBytes()) return {};
+  TextTokens t;
+  t.encode = [codec](std::string_view text) { return codec.encodeText(text); };
+  t.vocab = out[1];
+  t.name = "the tokenizer of '" + name + "'";
+  return t;
 }
 
 }  // namespace tandem::hf

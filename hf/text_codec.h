@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/data/dataset.h"
+#include "core/model.h"
 #include "core/model_file.h"
 #include "hf/tokenizer.h"
 
@@ -35,9 +36,6 @@ class TextCodec {
   // A corpus's ids (text data to train or evaluate on): its bytes, or its BPE tokens
   // without the template's special tokens.
   std::vector<int32_t> encodeText(std::string_view text) const;
-  // Text data as this codec makes tokens of it (loadText) for a model of `vocab` outputs:
-  // bytes (an empty encoder) or its tokenizer's ids, named in messages as `name`'s.
-  TextTokens textTokens(int64_t vocab, const std::string& name) const;
   // One generated token's text: its byte, or its BPE bytes (possibly part of a UTF-8
   // character: tokens decode one by one to what their sequence decodes to); nothing for a
   // special token or an id beyond the tokenizer (a padded head's rows).
@@ -55,5 +53,12 @@ class TextCodec {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::vector<int32_t> end_tokens_;
 };
+
+// How text data `data` becomes tokens for `model` (loadText): for text data (text:PATH)
+// and a language model ([T] ids in, [T, V] logits out) whose model file `file` keeps a
+// tokenizer, that tokenizer's ids (encodeText), named in messages as `name`'s; otherwise
+// bytes (an empty encoder). InvalidArgument as forModel, when its ids do not fit V.
+TextTokens textTokensFor(const ModelFile& file, const Model& model, const std::string& data,
+                         const std::string& name);
 
 }  // namespace tandem::hf

@@ -306,16 +306,15 @@ RunResult JobRun::run(const RunCallbacks& callbacks, const std::atomic<int>* int
       const std::string lost =
           cluster_.nodes.at(static_cast<size_t>(node_of_.at(static_cast<size_t>(e.slot)))).name;
       spdlog::warn("{}", e.what());
-      std::string from = infers()
-                             ? "the stream from sample " + std::to_string(streamResumesAt()) +
-                                   " (" + std::to_string(totals_.requests) + " requests answered)"
-                         : resume_step_ > 0 ? "from step " + std::to_string(resume_step_)
-                                            : "from the start";
-      if (generates()) {
-        const int64_t n = ledger_->resume();
-        from = std::to_string(n) + " sequence" + (n == 1 ? "" : "s") +
-               " in flight (each prefilled again from its prompt and the tokens it has)";
-      }
+      const int64_t resumed = generates() ? ledger_->resume() : 0;
+      const std::string from =
+          generates() ? std::to_string(resumed) + " sequence" + (resumed == 1 ? "" : "s") +
+                            " in flight (each prefilled again from its prompt and the tokens "
+                            "it has)"
+          : infers() ? "the stream from sample " + std::to_string(streamResumesAt()) + " (" +
+                           std::to_string(totals_.requests) + " requests answered)"
+          : resume_step_ > 0 ? "from step " + std::to_string(resume_step_)
+                             : "from the start";
       spdlog::warn(
           "recovering ({} of {} restarts): node '{}' is left out; resuming {} on the {} nodes "
           "left",

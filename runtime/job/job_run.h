@@ -96,10 +96,10 @@ class JobRun {
   // on the same path — training from the newest checkpoint (or its start), a stream from
   // the batch of its first unanswered request, generation with every sequence in flight
   // prefilled again from its prompt and the tokens it was answered (GenerationLedger:
-  // `callbacks.token` hears one stream per request, numbered on across the pause). assignments(), stages() and the result
-  // are then the last placement's. A stream's answers reach `callbacks.answer` in stream
-  // order, each request once (one answered again after a recovery is dropped); the run
-  // fails if any request of the stream was left unanswered.
+  // `callbacks.token` hears one stream per request, numbered on across the pause).
+  // assignments(), stages() and the result are then the last placement's. A stream's answers reach
+  // `callbacks.answer` in stream order, each request once (one answered again after a recovery is
+  // dropped); the run fails if any request of the stream was left unanswered.
   RunResult run(const RunCallbacks& callbacks, const std::atomic<int>* interrupt = nullptr);
   // An inference stream's answers handed on so far.
   const StreamTotals& streamTotals() const { return totals_; }

@@ -101,32 +101,11 @@ hf::TextCodec textCodecOf(const std::string& model, const std::string& weights, 
   return hf::TextCodec::forModel(tokenizer_only, vocab);
 }
 
-namespace {
-
-// The vocab of a language model that text data is for; 0 otherwise.
-int64_t textVocab(const Model& model, const std::string& data) {
-  const Shape in = model.inputShape(), out = model.outputShape();
-  return data.rfind("text:", 0) == 0 && in.rank() == 1 && out.rank() == 2 ? out[1] : 0;
-}
-
-TextTokens logged(const hf::TextCodec& codec, int64_t vocab, const std::string& name) {
-  if (codec.isBytes()) return {};
-  TextTokens tokens = codec.textTokens(vocab, name);
-  spdlog::info("text data: {} (vocab {})", tokens.name, vocab);
-  return tokens;
-}
-
-}  // namespace
-
-TextTokens textTokensOf(const std::string& path, const Model& model, const std::string& data) {
-  const int64_t vocab = textVocab(model, data);
-  return vocab > 0 ? logged(textCodecOf(path, "", vocab), vocab, path) : TextTokens{};
-}
-
 TextTokens textTokensOf(const ModelFile& file, const Model& model, const std::string& data,
                         const std::string& name) {
-  const int64_t vocab = textVocab(model, data);
-  return vocab > 0 ? logged(hf::TextCodec::forModel(file, vocab), vocab, name) : TextTokens{};
+  TextTokens tokens = hf::textTokensFor(file, model, data, name);
+  if (tokens.encode) spdlog::info("text data: {} (vocab {})", tokens.name, tokens.vocab);
+  return tokens;
 }
 
 }  // namespace tandem::runtime

@@ -53,11 +53,8 @@ ModelFile readModelOrOnnx(const std::string& path);
 // model's head width, which the tokenizer's ids must fit.
 hf::TextCodec textCodecOf(const std::string& model, const std::string& weights, int64_t vocab);
 
-// How `data` becomes tokens for `model` (read from `path`, as textCodecOf reads it): for
-// text data (text:PATH) and a language model whose path brings a tokenizer, its ids (the
-// choice logged); otherwise bytes.
-TextTokens textTokensOf(const std::string& path, const Model& model, const std::string& data);
-// The same from a model file already read (its metadata's tokenizer), named `name`.
+// How `data` becomes tokens for `model` (hf::textTokensFor, from the tokenizer the model
+// file `file` keeps), the tokenizer's use logged.
 TextTokens textTokensOf(const ModelFile& file, const Model& model, const std::string& data,
                         const std::string& name);
 

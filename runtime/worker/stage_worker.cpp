@@ -276,10 +276,8 @@ void StageSetup::buildLayers(Channel& coordinator, const Assign& a, const Worker
   if (a.weights_hash.empty()) return;
   const ModelFile start_from =
       parseModelFile(startingWeights(coordinator, a, o, report), who + "'s starting weights");
-  const Shape in = model->inputShape(), out = model->outputShape();
-  if (a.stage == 0 && a.data.name.rfind("text:", 0) == 0 && in.rank() == 1 && out.rank() == 2)
-    text_tokens =
-        hf::TextCodec::forModel(start_from, out[1]).textTokens(out[1], start_from.spec.name);
+  if (a.stage == 0)
+    text_tokens = hf::textTokensFor(start_from, *model, a.data.name, start_from.spec.name);
   if (tensor) {
     tensor->startFrom(start_from, a.checkpoint.restore_optimizer, who);
     return;

@@ -203,14 +203,16 @@ void runTrain(TrainArgs a) {
   }
   const Shape input = unbuilt.inputShape();  // text data: windows of the context [T]
   const int64_t context = input.rank() == 1 ? input[0] : 0;
+  Training t = makeTraining(a, spec, source.weights, backends, shares);
   // Text data as the model's tokenizer makes tokens of it (a Hugging Face folder's, or
-  // the one a model file keeps), else its bytes.
-  const TextTokens tokens = runtime::textTokensOf(a.model, unbuilt, a.data);
+  // the one a model file keeps: what the starting weights carried), else its bytes.
+  ModelFile carried;
+  carried.metadata = t.carried;
+  const TextTokens tokens = runtime::textTokensOf(carried, unbuilt, a.data, a.model);
   const Dataset train =
       loadDataset(a.data, a.data_dir, true, a.train_limit, context, a.seed, {}, tokens);
   const Dataset test =
       loadDataset(a.data, a.data_dir, false, a.test_limit, context, a.seed, {}, tokens);
-  Training t = makeTraining(a, spec, source.weights, backends, shares);
   std::string where;
   for (const std::string& d : devices) where += (where.empty() ? "" : ", ") + d;
   const std::string axis =
