@@ -21,7 +21,9 @@
 #include "tests/test_util.h"
 #include "transport/local_group.h"
 
-namespace tandem {
+// Its own namespace: tensor_split_test.cpp has helpers of the same names (Pass, run,
+// runSplit ...), and the tests' unity build may compile both as one source.
+namespace tandem::split_blocks_test {
 namespace {
 
 using testing::expectThrowWith;
@@ -313,4 +315,4 @@ TEST(TensorSplitBlocksTest, RefusesWhatItCannotSplit) {
 }
 
 }  // namespace
-}  // namespace tandem
+}  // namespace tandem::split_blocks_test

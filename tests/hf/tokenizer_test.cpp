@@ -21,23 +21,24 @@
 namespace tandem::hf {
 namespace {
 
-const std::string kFixtures = TANDEM_SOURCE_DIR "/tests/data/tokenizer/";
+const std::string kTokenizerFixtures = TANDEM_SOURCE_DIR "/tests/data/tokenizer/";
 
 class TokenizerTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TokenizerTest, EncodesAndDecodesAsTransformersJsDid) {
-  const Tokenizer t = Tokenizer::load(kFixtures + GetParam() + ".json");
-  const auto reference =
-      nlohmann::json::parse(readFile(kFixtures + "expected-" + GetParam() + ".json", "fixture"));
+  const Tokenizer t = Tokenizer::load(kTokenizerFixtures + GetParam() + ".json");
+  const auto reference = nlohmann::json::parse(
+      readFile(kTokenizerFixtures + "expected-" + GetParam() + ".json", "fixture"));
   ASSERT_EQ(reference.size(),
-            nlohmann::json::parse(readFile(kFixtures + "texts.json", "fixture")).size());
+            nlohmann::json::parse(readFile(kTokenizerFixtures + "texts.json", "fixture")).size());
   expectLikeReference(t, reference);
 }
 
 // Every text that NFC leaves alone, and every byte string, comes back from decode(encode).
 TEST_P(TokenizerTest, DecodingGivesBackTheText) {
-  const Tokenizer t = Tokenizer::load(kFixtures + GetParam() + ".json");
-  for (const auto& text : nlohmann::json::parse(readFile(kFixtures + "texts.json", "fixture"))) {
+  const Tokenizer t = Tokenizer::load(kTokenizerFixtures + GetParam() + ".json");
+  for (const auto& text :
+       nlohmann::json::parse(readFile(kTokenizerFixtures + "texts.json", "fixture"))) {
     const auto s = text.get<std::string>();
     if (GetParam() == "qwen2" && s.find("e\xcc\x81") != std::string::npos) continue;  // NFC
     EXPECT_EQ(t.decode(t.encode(s)), s);
@@ -57,7 +58,7 @@ TEST_P(TokenizerTest, DecodingGivesBackTheText) {
 INSTANTIATE_TEST_SUITE_P(Forms, TokenizerTest, ::testing::Values("gpt2", "llama3", "qwen2"));
 
 TEST(TokenizerFileTest, SpecialTokensAndTheTemplate) {
-  const Tokenizer t = Tokenizer::load(kFixtures + "llama3.json");
+  const Tokenizer t = Tokenizer::load(kTokenizerFixtures + "llama3.json");
   const auto bos = t.tokenId("<|begin_of_text|>");
   ASSERT_TRUE(bos.has_value());
   EXPECT_TRUE(t.isSpecial(*bos));
@@ -68,7 +69,7 @@ TEST(TokenizerFileTest, SpecialTokensAndTheTemplate) {
 }
 
 TEST(TokenizerFileTest, WhatItDoesNotImplementIsNamed) {
-  const auto base = nlohmann::json::parse(readFile(kFixtures + "gpt2.json", "fixture"));
+  const auto base = nlohmann::json::parse(readFile(kTokenizerFixtures + "gpt2.json", "fixture"));
   const auto refused = [&](const std::function<void(nlohmann::json&)>& edit,
                            const std::vector<std::string>& parts) {
     nlohmann::json j = base;
@@ -126,10 +127,10 @@ TEST(TextCodecTest, BytesOrTheModelsTokenizer) {
 
   ModelFile file;
   file.spec.name = "m";
-  file.metadata["tokenizer"] = readFile(kFixtures + "llama3.json", "fixture");
+  file.metadata["tokenizer"] = readFile(kTokenizerFixtures + "llama3.json", "fixture");
   const TextCodec codec = TextCodec::forModel(file, 700);
   ASSERT_FALSE(codec.isBytes());
-  const Tokenizer t = Tokenizer::load(kFixtures + "llama3.json");
+  const Tokenizer t = Tokenizer::load(kTokenizerFixtures + "llama3.json");
   const std::string text = "Schöne Grüße 🙂 und 12345";
   const std::vector<int32_t> ids = codec.encode(text);
   EXPECT_EQ(ids, t.encode(text, true));

@@ -68,18 +68,18 @@ std::vector<float> reference(const std::vector<std::vector<float>>& in, ReduceOp
   return out;
 }
 
-struct Shape {
+struct GroupShape {
   int world;
   size_t count;
 };
 
-class GroupTest : public ::testing::TestWithParam<std::tuple<std::string, Shape>> {};
+class GroupTest : public ::testing::TestWithParam<std::tuple<std::string, GroupShape>> {};
 
-const Shape kShapes[] = {{1, 0}, {1, 1}, {1, 7}, {1, 1000}, {1, 1048577},
-                         {2, 0}, {2, 1}, {2, 7}, {2, 1000}, {2, 1048577},
-                         {3, 0}, {3, 1}, {3, 7}, {3, 1000}, {3, 1048577},
-                         {4, 0}, {4, 1}, {4, 7}, {4, 1000}, {4, 1048577},
-                         {7, 0}, {7, 1}, {7, 7}, {7, 1000}, {7, 1048577}};
+const GroupShape kShapes[] = {{1, 0}, {1, 1}, {1, 7}, {1, 1000}, {1, 1048577},
+                              {2, 0}, {2, 1}, {2, 7}, {2, 1000}, {2, 1048577},
+                              {3, 0}, {3, 1}, {3, 7}, {3, 1000}, {3, 1048577},
+                              {4, 0}, {4, 1}, {4, 7}, {4, 1000}, {4, 1048577},
+                              {7, 0}, {7, 1}, {7, 7}, {7, 1000}, {7, 1048577}};
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndCounts, GroupTest,
                          ::testing::Combine(::testing::Values("local", "tcp", "tcp-fp16", "socket",
@@ -88,7 +88,7 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndCounts, GroupTest,
                          [](const auto& info) {
                            std::string kind = std::get<0>(info.param);
                            std::replace(kind.begin(), kind.end(), '-', '_');
-                           const Shape s = std::get<1>(info.param);
+                           const GroupShape s = std::get<1>(info.param);
                            return kind + "_world" + std::to_string(s.world) + "_count" +
                                   std::to_string(s.count);
                          });

@@ -98,7 +98,8 @@ std::vector<uint8_t> moveOffAlignment(std::vector<uint8_t> bytes, const std::vec
   std::vector<uint8_t> vector(4 + values.size() * 8, 0);
   const auto length = static_cast<uint32_t>(values.size());
   std::memcpy(vector.data(), &length, 4);
-  std::memcpy(vector.data() + 4, values.data(), values.size() * 8);
+  const auto* from = reinterpret_cast<const uint8_t*>(values.data());
+  std::copy(from, from + values.size() * 8, vector.begin() + 4);
   const auto found = std::search(bytes.begin(), bytes.end(), vector.begin(), vector.end());
   EXPECT_NE(found, bytes.end());
   const auto at = static_cast<uint32_t>(found - bytes.begin());
