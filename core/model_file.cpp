@@ -1,5 +1,6 @@
 #include "core/model_file.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -45,18 +46,131 @@ Offset<fb::Layer> writeLayer(FlatBufferBuilder& b, const LayerSpec& spec) {
   return fb::CreateLayer(b, type, attrs, b.CreateVector(children));
 }
 
+// A tensor's table, its `bytes` bytes written in place by `write` (no copy of them on the
+// way), 4-aligned so that f32 values can be written as floats.
+Offset<fb::TensorData> writeTensorWith(FlatBufferBuilder& b, const std::string& name,
+                                       const Shape& shape, fb::DType dtype, size_t bytes,
+                                       const std::function<void(uint8_t*)>& write) {
+  auto n = b.CreateString(name);
+  auto dims = b.CreateVector(shape.dims());
+  b.ForceVectorAlignment(bytes, 1, alignof(float));
+  uint8_t* data = nullptr;
+  const flatbuffers::uoffset_t at = b.CreateUninitializedVector(bytes, 1, &data);
+  TANDEM_CHECK_MSG(bytes == 0 || reinterpret_cast<uintptr_t>(data) % alignof(float) == 0, Error,
+                   "tensor '" << name << "' is not 4-aligned in the model file's buffer");
+  if (bytes) write(data);
+  return fb::CreateTensorData(b, n, dims, dtype, Offset<flatbuffers::Vector<uint8_t>>(at));
+}
+
 // f32 or i8 (int8 weights); parameters hold no other dtype.
 Offset<fb::TensorData> writeTensor(FlatBufferBuilder& b, const std::string& name, const Tensor& t) {
   TANDEM_CHECK_MSG(t.dtype() == DType::kF32 || t.dtype() == DType::kI8, InvalidArgument,
                    "parameter '" << name << "' is " << dtypeName(t.dtype())
                                  << "; model files hold f32 and i8 tensors");
-  std::vector<uint8_t> host(t.bytes());
-  t.backend().download(t, host.data());
-  auto n = b.CreateString(name);
-  auto shape = b.CreateVector(t.shape().dims());
-  auto data = b.CreateVector(host);
-  return fb::CreateTensorData(b, n, shape, t.dtype() == DType::kI8 ? fb::DType_I8 : fb::DType_F32,
-                              data);
+  return writeTensorWith(b, name, t.shape(), t.dtype() == DType::kI8 ? fb::DType_I8 : fb::DType_F32,
+                         t.bytes(), [&](uint8_t* data) { t.backend().download(t, data); });
+}
+
+// A builder with room for every tensor's bytes from the start: one that grows by doubling
+// copies a large model's weights again at each step (page faults a large import pays
+// for). FlatBuffers' offsets are 32-bit: a model file holds less than 2 GiB.
+FlatBufferBuilder builderFor(const std::string& model, size_t tensor_bytes, size_t tensors) {
+  const size_t bytes = (size_t{1} << 16) + tensor_bytes + 64 * tensors;
+  TANDEM_CHECK_MSG(bytes < FLATBUFFERS_MAX_BUFFER_SIZE, InvalidArgument,
+                   "model '" << model << "' needs " << bytes
+                             << " bytes; a model file holds less than 2 GiB (FlatBuffers' "
+                                "32-bit offsets)");
+  return FlatBufferBuilder(bytes);
+}
+
+// The model's root table around its layers and the tensors written so far.
+void finishModel(FlatBufferBuilder& b, const ModelSpec& spec,
+                 const std::vector<Offset<fb::Layer>>& layers,
+                 const std::vector<Offset<fb::TensorData>>& params, Offset<fb::OptimizerState> opt,
+                 const std::map<std::string, AttrValue>& metadata) {
+  auto name = b.CreateString(spec.name);
+  auto input = b.CreateVector(spec.input.dims());
+  auto layer_vec = b.CreateVector(layers);
+  auto param_vec = b.CreateVector(params);
+  auto meta = writeAttrs(b, metadata);
+  auto root = fb::CreateModel(b, kModelFormatVersion, name, input, layer_vec, param_vec, opt, meta);
+  fb::FinishModelBuffer(b, root);
+}
+
+std::vector<Offset<fb::Layer>> writeLayers(FlatBufferBuilder& b, const ModelSpec& spec) {
+  std::vector<Offset<fb::Layer>> layers;
+  for (const auto& l : spec.layers) layers.push_back(writeLayer(b, l));
+  return layers;
+}
+
+// A built model's buffer (what serializeModel returns a copy of and saveModel writes).
+flatbuffers::DetachedBuffer buildModel(const Model& model, const Optimizer* optimizer,
+                                       const std::map<std::string, AttrValue>& metadata) {
+  size_t bytes = 0, tensors = 0;
+  for (const Param* p : model.params()) bytes += p->value.bytes(), ++tensors;
+  if (optimizer)
+    for (const auto& [name, t] : optimizer->state()) bytes += t.bytes(), ++tensors;
+  const ModelSpec spec = model.spec();
+  FlatBufferBuilder b = builderFor(spec.name, bytes, tensors);
+  const std::vector<Offset<fb::Layer>> layers = writeLayers(b, spec);
+  std::vector<Offset<fb::TensorData>> params;
+  for (const Param* p : model.params()) params.push_back(writeTensor(b, p->name, p->value));
+  Offset<fb::OptimizerState> opt = 0;
+  if (optimizer) {
+    const OptimizerOptions& o = optimizer->options();
+    std::map<std::string, AttrValue> hyper = {{"lr", double{o.lr}},
+                                              {"momentum", double{o.momentum}},
+                                              {"weight_decay", double{o.weight_decay}},
+                                              {"beta1", double{o.beta1}},
+                                              {"beta2", double{o.beta2}},
+                                              {"eps", double{o.eps}},
+                                              {"nesterov", int64_t{o.nesterov ? 1 : 0}},
+                                              {"lr_schedule", o.lr_schedule},
+                                              {"warmup_steps", o.warmup_steps},
+                                              {"decay_steps", o.decay_steps},
+                                              {"decay_factor", double{o.decay_factor}},
+                                              {"min_lr", double{o.min_lr}}};
+    std::vector<Offset<fb::TensorData>> tensors;
+    for (const auto& [name, t] : optimizer->state()) tensors.push_back(writeTensor(b, name, t));
+    auto kind = b.CreateString(o.kind);
+    auto h = writeAttrs(b, hyper);
+    opt = fb::CreateOptimizerState(b, kind, h, optimizer->steps(), b.CreateVector(tensors));
+  }
+  finishModel(b, spec, layers, params, opt, metadata);
+  return b.Release();
+}
+
+// A model file's buffer from parameter fills (serializeModelFile, writeModelFile).
+flatbuffers::DetachedBuffer buildModelFile(const ModelSpec& spec,
+                                           const std::vector<ParamFill>& params,
+                                           const std::map<std::string, AttrValue>& metadata) {
+  const Model model(spec);  // checks the spec, and is what its layers hold
+  size_t bytes = 0;
+  int64_t values = 0;
+  for (const ParamFill& p : params) {
+    values += p.shape.numel();
+    bytes += static_cast<size_t>(p.shape.numel()) * sizeof(float);
+  }
+  TANDEM_CHECK_MSG(values == model.paramCount(), InvalidArgument,
+                   "model '" << spec.name << "': " << params.size() << " parameters of " << values
+                             << " values given; its layers hold " << model.paramCount());
+  const ModelSpec written = model.spec();
+  FlatBufferBuilder b = builderFor(written.name, bytes, params.size());
+  const std::vector<Offset<fb::Layer>> layers = writeLayers(b, written);
+  std::vector<Offset<fb::TensorData>> tensors;
+  for (const ParamFill& p : params) {
+    const auto n = static_cast<size_t>(p.shape.numel());
+    tensors.push_back(
+        writeTensorWith(b, p.name, p.shape, fb::DType_F32, n * sizeof(float), [&](uint8_t* data) {
+          p.fill({reinterpret_cast<float*>(data), n});
+        }));
+  }
+  finishModel(b, written, layers, tensors, 0, metadata);
+  return b.Release();
+}
+
+std::vector<uint8_t> copyOf(const flatbuffers::DetachedBuffer& buffer) {
+  return {buffer.data(), buffer.data() + buffer.size()};
 }
 
 // ---- reading ----
@@ -173,52 +287,25 @@ OptimizerOptions optionsFrom(const std::string& kind, const std::map<std::string
 
 std::vector<uint8_t> serializeModel(const Model& model, const Optimizer* optimizer,
                                     const std::map<std::string, AttrValue>& metadata) {
-  // Room for every tensor's bytes from the start: a builder that grows by doubling copies
-  // a large model's weights again at each step (page faults a large import pays for).
-  size_t bytes = size_t{1} << 16;
-  for (const Param* p : model.params()) bytes += p->value.bytes() + 64;
-  if (optimizer)
-    for (const auto& [name, t] : optimizer->state()) bytes += t.bytes() + 64;
-  FlatBufferBuilder b(bytes);
-  const ModelSpec spec = model.spec();
-  std::vector<Offset<fb::Layer>> layers;
-  for (const auto& l : spec.layers) layers.push_back(writeLayer(b, l));
-  std::vector<Offset<fb::TensorData>> params;
-  for (const Param* p : model.params()) params.push_back(writeTensor(b, p->name, p->value));
-  Offset<fb::OptimizerState> opt = 0;
-  if (optimizer) {
-    const OptimizerOptions& o = optimizer->options();
-    std::map<std::string, AttrValue> hyper = {{"lr", double{o.lr}},
-                                              {"momentum", double{o.momentum}},
-                                              {"weight_decay", double{o.weight_decay}},
-                                              {"beta1", double{o.beta1}},
-                                              {"beta2", double{o.beta2}},
-                                              {"eps", double{o.eps}},
-                                              {"nesterov", int64_t{o.nesterov ? 1 : 0}},
-                                              {"lr_schedule", o.lr_schedule},
-                                              {"warmup_steps", o.warmup_steps},
-                                              {"decay_steps", o.decay_steps},
-                                              {"decay_factor", double{o.decay_factor}},
-                                              {"min_lr", double{o.min_lr}}};
-    std::vector<Offset<fb::TensorData>> tensors;
-    for (const auto& [name, t] : optimizer->state()) tensors.push_back(writeTensor(b, name, t));
-    auto kind = b.CreateString(o.kind);
-    auto h = writeAttrs(b, hyper);
-    opt = fb::CreateOptimizerState(b, kind, h, optimizer->steps(), b.CreateVector(tensors));
-  }
-  auto name = b.CreateString(spec.name);
-  auto input = b.CreateVector(spec.input.dims());
-  auto layer_vec = b.CreateVector(layers);
-  auto param_vec = b.CreateVector(params);
-  auto meta = writeAttrs(b, metadata);
-  auto root = fb::CreateModel(b, kModelFormatVersion, name, input, layer_vec, param_vec, opt, meta);
-  fb::FinishModelBuffer(b, root);
-  return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
+  return copyOf(buildModel(model, optimizer, metadata));
 }
 
 void saveModel(const std::string& path, const Model& model, const Optimizer* optimizer,
                const std::map<std::string, AttrValue>& metadata) {
-  writeFileAtomically(path, serializeModel(model, optimizer, metadata), "model file");
+  const flatbuffers::DetachedBuffer buffer = buildModel(model, optimizer, metadata);
+  writeFileAtomically(path, {buffer.data(), buffer.size()}, "model file");
+}
+
+std::vector<uint8_t> serializeModelFile(const ModelSpec& spec, const std::vector<ParamFill>& params,
+                                        const std::map<std::string, AttrValue>& metadata) {
+  return copyOf(buildModelFile(spec, params, metadata));
+}
+
+void writeModelFile(const std::string& path, const ModelSpec& spec,
+                    const std::vector<ParamFill>& params,
+                    const std::map<std::string, AttrValue>& metadata) {
+  const flatbuffers::DetachedBuffer buffer = buildModelFile(spec, params, metadata);
+  writeFileAtomically(path, {buffer.data(), buffer.size()}, "model file");
 }
 
 ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,6 +57,27 @@ std::vector<uint8_t> serializeModel(const Model& model, const Optimizer* optimiz
 // half-written model behind.
 void saveModel(const std::string& path, const Model& model, const Optimizer* optimizer,
                const std::map<std::string, AttrValue>& metadata = {});
+
+// A parameter whose f32 values a writer asks for once, straight into the file's buffer:
+// `fill` writes the shape's numel values into the span it is given. An importer writes a
+// model file this way without building the model or holding its weights twice.
+struct ParamFill {
+  std::string name;
+  Shape shape;
+  std::function<void(std::span<float>)> fill;
+};
+
+// A model file of `spec` with these parameters (in the order the built model lists them)
+// and metadata: the bytes serializeModel() writes for that model built and loaded with
+// them. The spec must make a model (InvalidArgument naming what is wrong) and the
+// parameters hold the number of values its layers do (InvalidArgument otherwise: a name or
+// shape the layers disagree with is caught where the file is loaded).
+std::vector<uint8_t> serializeModelFile(const ModelSpec& spec, const std::vector<ParamFill>& params,
+                                        const std::map<std::string, AttrValue>& metadata);
+// ... written atomically to `path` from the buffer it is built in (no copy of it).
+void writeModelFile(const std::string& path, const ModelSpec& spec,
+                    const std::vector<ParamFill>& params,
+                    const std::map<std::string, AttrValue>& metadata);
 
 // Verifies and decodes; every defect raises FormatError naming `source` and the defect.
 ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source);

@@ -115,6 +115,39 @@ std::string shapeText(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+// What a model file imported from `dir` records: where it came from, the tokens that end a
+// text (hf/text_codec.h; generation_config.json's, else config.json's) and the folder's
+// tokenizer when tandem reads it (a note naming why not otherwise).
+std::map<std::string, AttrValue> importMetadata(const std::string& dir, const LlamaConfig& c) {
+  std::map<std::string, AttrValue> metadata;
+  metadata["imported_from"] = std::string("huggingface");
+  metadata["model_type"] = c.model_type;
+  std::vector<int64_t> eos = c.eos_ids;
+  const std::string generation_path = dir + "/generation_config.json";
+  struct stat gst {};
+  if (::stat(generation_path.c_str(), &gst) == 0) {
+    const std::string text = readFile(generation_path, "generation config");
+    if (Json::parse(text, nullptr, false).contains("eos_token_id"))
+      eos = parseEosIds(text, generation_path, c.vocab);
+  }
+  if (!eos.empty()) metadata["eos_token_ids"] = eos;
+  const std::string tokenizer_path = dir + "/tokenizer.json";
+  struct stat st {};
+  if (::stat(tokenizer_path.c_str(), &st) == 0) {
+    std::string json = readFile(tokenizer_path, "tokenizer");
+    try {
+      const Tokenizer tokenizer = Tokenizer::parse(json, tokenizer_path);
+      TANDEM_CHECK_MSG(tokenizer.vocabSize() <= c.vocab, FormatError,
+                       tokenizer_path << " has " << tokenizer.vocabSize()
+                                      << " tokens; the model's vocab_size is " << c.vocab);
+      metadata["tokenizer"] = std::move(json);
+    } catch (const Unsupported& e) {
+      metadata["tokenizer_note"] = std::string(e.what()) + ": prompts and text are bytes";
+    }
+  }
+  return metadata;
+}
+
 }  // namespace
 
 LlamaConfig parseLlamaConfig(std::string_view json, const std::string& label) {
@@ -272,66 +305,61 @@ LlamaConfig llamaConfigOf(const ModelSpec& spec) {
   return c;
 }
 
-ModelFile importLlama(const std::string& dir, int64_t context) {
+LlamaImport planLlamaImport(const std::string& dir, int64_t context) {
   const std::string config_path = dir + "/config.json";
   const LlamaConfig c = parseLlamaConfig(readFile(config_path, "model config"), config_path);
   if (context == 0) context = std::min<int64_t>(c.max_positions, 4096);
   TANDEM_CHECK_MSG(context > 0 && context <= c.max_positions, InvalidArgument,
                    "a context of " << context << " tokens is outside the model's "
                                    << c.max_positions << " (max_position_embeddings)");
-  SafetensorsFolder weights(dir);
+  auto weights = std::make_shared<SafetensorsFolder>(dir);
   std::string name =
       dir.substr(dir.find_last_of('/') == std::string::npos ? 0 : dir.find_last_of('/') + 1);
   if (name.empty()) name = c.model_type;
-  ModelFile file;
-  file.spec = llamaModelSpec(c, context, name);
+  LlamaImport out;
+  out.weights = weights;
+  out.spec = llamaModelSpec(c, context, name);
   for (const ParamSource& p : paramSources(c)) {
-    HostTensor t{p.name, Shape(p.shape), {}};
     const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 0;
+    int64_t rows = 0;
     for (const std::string& tensor : p.tensors) {
-      const TensorEntry& e = weights.entry(tensor);
+      const TensorEntry& e = weights->entry(tensor);
       const bool fits = cols == 0 ? e.shape.size() == 1 : e.shape.size() == 2 && e.shape[1] == cols;
-      const int64_t rows_left = (cols ? p.shape[0] : p.shape[0]) -
-                                static_cast<int64_t>(t.data.size()) / (cols ? cols : 1);
-      if (!fits || e.shape[0] > rows_left || (p.tensors.size() == 1 && e.shape[0] != p.shape[0]))
+      if (!fits || e.shape[0] > p.shape[0] - rows ||
+          (p.tensors.size() == 1 && e.shape[0] != p.shape[0]))
         throw FormatError(
             dir + ": tensor '" + tensor + "' is " + shapeText(e.shape) + "; config.json implies " +
             (p.tensors.size() == 1 ? shapeText(p.shape) : "rows of " + std::to_string(cols)));
-      const std::vector<float> values = weights.floats(tensor);
-      t.data.insert(t.data.end(), values.begin(), values.end());
+      rows += e.shape[0];
     }
-    if (static_cast<int64_t>(t.data.size()) != t.shape.numel())
+    if (rows != p.shape[0])
       throw FormatError(dir + ": tensors " + p.tensors.front() + "... hold " +
-                        std::to_string(t.data.size()) + " values; config.json implies " +
+                        std::to_string(rows * (cols ? cols : 1)) + " values; config.json implies " +
                         shapeText(p.shape));
+    // The parameter's rows are its tensors' in order, each widened straight into place.
+    auto fill = [weights, tensors = p.tensors](std::span<float> values) {
+      size_t at = 0;
+      for (const std::string& tensor : tensors) {
+        const auto n = static_cast<size_t>(weights->entry(tensor).numel());
+        weights->readFloats(tensor, values.subspan(at, n));
+        at += n;
+      }
+    };
+    out.params.push_back({p.name, Shape(p.shape), std::move(fill)});
+  }
+  out.metadata = importMetadata(dir, c);
+  return out;
+}
+
+ModelFile importLlama(const std::string& dir, int64_t context) {
+  const LlamaImport plan = planLlamaImport(dir, context);
+  ModelFile file;
+  file.spec = plan.spec;
+  file.metadata = plan.metadata;
+  for (const ParamFill& p : plan.params) {
+    HostTensor t{p.name, p.shape, std::vector<float>(static_cast<size_t>(p.shape.numel()))};
+    p.fill(t.data);
     file.params.push_back(std::move(t));
-  }
-  file.metadata["imported_from"] = std::string("huggingface");
-  file.metadata["model_type"] = c.model_type;
-  // The tokens that end a text (hf/text_codec.h): generation_config.json's, else config.json's.
-  std::vector<int64_t> eos = c.eos_ids;
-  const std::string generation_path = dir + "/generation_config.json";
-  struct stat gst {};
-  if (::stat(generation_path.c_str(), &gst) == 0) {
-    const std::string text = readFile(generation_path, "generation config");
-    if (Json::parse(text, nullptr, false).contains("eos_token_id"))
-      eos = parseEosIds(text, generation_path, c.vocab);
-  }
-  if (!eos.empty()) file.metadata["eos_token_ids"] = eos;
-  // The folder's tokenizer goes with the model when tandem reads it (hf/text_codec.h).
-  const std::string tokenizer_path = dir + "/tokenizer.json";
-  struct stat st {};
-  if (::stat(tokenizer_path.c_str(), &st) == 0) {
-    std::string json = readFile(tokenizer_path, "tokenizer");
-    try {
-      const Tokenizer tokenizer = Tokenizer::parse(json, tokenizer_path);
-      TANDEM_CHECK_MSG(tokenizer.vocabSize() <= c.vocab, FormatError,
-                       tokenizer_path << " has " << tokenizer.vocabSize()
-                                      << " tokens; the model's vocab_size is " << c.vocab);
-      file.metadata["tokenizer"] = std::move(json);
-    } catch (const Unsupported& e) {
-      file.metadata["tokenizer_note"] = std::string(e.what()) + ": prompts and text are bytes";
-    }
   }
   return file;
 }

@@ -210,24 +210,37 @@ std::vector<float> SafetensorsFile::floats(const TensorEntry& entry) const {
   return widenToFloat(bytes(entry), entry.dtype, path() + ": tensor '" + entry.name + "'");
 }
 
+void SafetensorsFile::readFloats(const TensorEntry& entry, std::span<float> out) const {
+  widenInto(bytes(entry), entry.dtype, path() + ": tensor '" + entry.name + "'", out);
+}
+
 std::vector<float> widenToFloat(std::span<const uint8_t> bytes, std::string_view dtype,
                                 const std::string& what) {
   const size_t size = safetensorsDTypeSize(dtype);
   std::vector<float> out(size == 0 ? 0 : bytes.size() / size);
-  if (dtype == "F32") {
-    if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  } else if (dtype == "F16" || dtype == "BF16") {
-    const bool half = dtype == "F16";
-    for (size_t i = 0; i < out.size(); ++i) {
-      uint16_t v = 0;
-      std::memcpy(&v, bytes.data() + 2 * i, 2);
-      out[i] = half ? halfToFloat(v) : bfloat16ToFloat(v);
-    }
-  } else {
+  widenInto(bytes, dtype, what, out);
+  return out;
+}
+
+void widenInto(std::span<const uint8_t> bytes, std::string_view dtype, const std::string& what,
+               std::span<float> out) {
+  if (dtype != "F32" && dtype != "F16" && dtype != "BF16")
     throw InvalidArgument(what + " is " + std::string(dtype) +
                           "; weights are read from F32, F16 or BF16");
+  const size_t size = safetensorsDTypeSize(dtype);
+  TANDEM_CHECK_MSG(
+      bytes.size() == out.size() * size, InvalidArgument,
+      what << ": " << bytes.size() << " bytes of " << dtype << " into " << out.size() << " values");
+  if (dtype == "F32") {
+    if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * 4);
+    return;
   }
-  return out;
+  const bool half = dtype == "F16";
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint16_t v = 0;
+    std::memcpy(&v, bytes.data() + 2 * i, 2);
+    out[i] = half ? halfToFloat(v) : bfloat16ToFloat(v);
+  }
 }
 
 std::vector<uint8_t> encodeSafetensors(const std::vector<TensorData>& tensors,
@@ -333,6 +346,11 @@ const TensorEntry& SafetensorsFolder::entry(const std::string& name) {
 std::vector<float> SafetensorsFolder::floats(const std::string& name) {
   const TensorEntry& e = entry(name);
   return shardOf(name).floats(e);
+}
+
+void SafetensorsFolder::readFloats(const std::string& name, std::span<float> out) {
+  const TensorEntry& e = entry(name);
+  shardOf(name).readFloats(e, out);
 }
 
 size_t SafetensorsFolder::mappedShards() const {

@@ -75,6 +75,8 @@ class SafetensorsFile {
   // The tensor as f32 values: F32, F16 and BF16 (exactly widened); InvalidArgument naming
   // the tensor and its dtype for any other.
   std::vector<float> floats(const TensorEntry& entry) const;
+  // ... written into `out`, which holds exactly its numel values (InvalidArgument else).
+  void readFloats(const TensorEntry& entry, std::span<float> out) const;
   const std::string& path() const { return file_.path(); }
 
  private:
@@ -82,9 +84,14 @@ class SafetensorsFile {
   Layout layout_;
 };
 
-// The f32 values of `count` elements of dtype F32, F16 or BF16 at `bytes`.
+// The f32 values of the elements of dtype F32, F16 or BF16 at `bytes`; InvalidArgument
+// naming `what` for another dtype.
 std::vector<float> widenToFloat(std::span<const uint8_t> bytes, std::string_view dtype,
                                 const std::string& what);
+// ... written into `out`, which holds as many values as `bytes` does elements
+// (InvalidArgument naming `what` else).
+void widenInto(std::span<const uint8_t> bytes, std::string_view dtype, const std::string& what,
+               std::span<float> out);
 
 // A tensor to write: its bytes in `dtype` (little-endian), numel * size of them.
 struct TensorData {
@@ -117,6 +124,7 @@ class SafetensorsFolder {
   // it is missing.
   const TensorEntry& entry(const std::string& name);
   std::vector<float> floats(const std::string& name);
+  void readFloats(const std::string& name, std::span<float> out);
   // Shards mapped so far.
   size_t mappedShards() const;
 

@@ -51,7 +51,17 @@ ModelSource sourceOf(const ModelFile& file) {
 }  // namespace
 
 ModelSource readModelSource(const std::string& path) {
-  if (isHuggingFaceFolder(path)) return sourceOf(hf::importLlama(path));
+  if (isHuggingFaceFolder(path)) {
+    // Straight from the folder's map into the bytes shipped (planLlamaImport names and
+    // shapes what the layers hold; each stage's load checks them).
+    const hf::LlamaImport plan = hf::planLlamaImport(path);
+    ModelSource out;
+    out.weights = std::make_shared<const std::vector<uint8_t>>(
+        serializeModelFile(plan.spec, plan.params, plan.metadata));
+    out.spec = plan.spec;
+    out.spec_yaml = modelSpecYaml(plan.spec);
+    return out;
+  }
   if (isModelFile(path)) return sourceOf(readModelFile(path));
   ModelSource out;
   if (!isOnnxModel(path)) {

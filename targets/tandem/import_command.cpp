@@ -71,11 +71,20 @@ void addImport(CLI::App& app) {
     checkWritable(a->out, "model file");
     const std::unique_ptr<Backend> device = a->device.empty() ? nullptr : makeBackend(a->device);
     const bool folder = isDirectory(a->model);
-    const ModelFile file =
-        folder ? hf::importLlama(a->model, a->context) : importOnnxFile(a->model, device.get());
-    cpu::CpuBackend be(cpu::CpuOptions{1});
-    const std::unique_ptr<Model> model = loadModel(file, device ? *device : be);
-    saveModel(a->out, *model, nullptr, file.metadata);
+    std::unique_ptr<Model> model;
+    if (folder && !device) {
+      // Straight from the folder's map into the file: the model is not built (planLlamaImport
+      // names and shapes what its layers hold; loading the file checks them again).
+      const hf::LlamaImport plan = hf::planLlamaImport(a->model, a->context);
+      writeModelFile(a->out, plan.spec, plan.params, plan.metadata);
+      model = std::make_unique<Model>(plan.spec);
+    } else {
+      const ModelFile file =
+          folder ? hf::importLlama(a->model, a->context) : importOnnxFile(a->model, device.get());
+      cpu::CpuBackend be(cpu::CpuOptions{1});
+      model = loadModel(file, device ? *device : be);
+      saveModel(a->out, *model, nullptr, file.metadata);
+    }
     std::printf("imported %s: %zu layers, %lld parameters, input %s, output %s; wrote %s\n",
                 a->model.c_str(), model->size(), static_cast<long long>(model->paramCount()),
                 model->inputShape().str().c_str(), model->outputShape().str().c_str(),

@@ -9,6 +9,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/model_spec.h"
 #include "core/train/trainer.h"
 #include "tests/test_util.h"
@@ -137,6 +138,34 @@ TEST_F(ModelFileTest, WeightsThatDoNotFitTheModelAreNamed) {
   f = parseModelFile(bytes_, "mem");
   f.spec.layers[0].type = "bogus";
   expectThrowWith<FormatError>([&] { loadModel(f, be_); }, {"invalid model", "bogus"});
+}
+
+// An importer's path (serializeModelFile, writeModelFile: parameters filled in place, the
+// model never built) writes bitwise the bytes of the model built and loaded with them.
+TEST_F(ModelFileTest, FilledParametersWriteTheBytesOfTheBuiltModel) {
+  const std::map<std::string, AttrValue> meta = {{"note", std::string("filled")}};
+  std::vector<ParamFill> fills;
+  for (const Param* p : model_->params())
+    fills.push_back({p->name, p->value.shape(), [p](std::span<float> out) {
+                       p->value.backend().download(p->value, out.data());
+                     }});
+  const std::vector<uint8_t> built = serializeModel(*model_, nullptr, meta);
+  EXPECT_EQ(serializeModelFile(model_->spec(), fills, meta), built);
+  const std::string path = ::testing::TempDir() + "/filled.tdm";
+  writeModelFile(path, model_->spec(), fills, meta);
+  EXPECT_EQ(readFile(path, "model file"), std::string(built.begin(), built.end()));
+  std::remove(path.c_str());
+
+  // A parameter short, or a spec that makes no model, is refused before anything is written.
+  std::vector<ParamFill> short_one(fills.begin(), fills.end() - 1);
+  expectThrowWith<InvalidArgument>(
+      [&] { writeModelFile(path, model_->spec(), short_one, meta); },
+      {"model 'resnet-mini'", std::to_string(short_one.size()) + " parameters",
+       "its layers hold " + std::to_string(model_->paramCount())});
+  ModelSpec bogus = model_->spec();
+  bogus.layers[0].type = "bogus";
+  expectThrowWith<InvalidArgument>([&] { writeModelFile(path, bogus, fills, meta); }, {"bogus"});
+  EXPECT_FALSE(std::ifstream(path).good());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/opencl/devices.h"
 #include "backends/registry.h"
 #include "core/error.h"
@@ -132,6 +133,21 @@ TEST(LlamaImportTest, ExportThenImportGivesTheSameModel) {
     SafetensorsFolder weights(out);
     EXPECT_TRUE(weights.contains("lm_head.weight"));
     EXPECT_TRUE(weights.contains("model.layers.0.self_attn.k_proj.weight"));
+  }
+}
+
+// `tandem import` and `model: DIR` write the folder's model without building it: the bytes
+// are those of the model built and loaded with importLlama's file (every name, shape and
+// order the layers' own), for an untied f32 model and a tied bf16 one with biases.
+TEST(LlamaImportTest, ImportWithoutBuildingWritesTheBytesOfTheLoadedModel) {
+  for (const char* fixture : {"llama-gqa", "qwen2-tied"}) {
+    SCOPED_TRACE(fixture);
+    const LlamaImport plan = planLlamaImport(kFixtures + fixture, 16);
+    const ModelFile file = importLlama(kFixtures + fixture, 16);
+    cpu::CpuBackend be;
+    const std::unique_ptr<Model> model = loadModel(file, be);
+    EXPECT_EQ(serializeModelFile(plan.spec, plan.params, plan.metadata),
+              serializeModel(*model, nullptr, file.metadata));
   }
 }
 
