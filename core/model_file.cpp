@@ -1,5 +1,6 @@
 #include "core/model_file.h"
 
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -103,6 +104,48 @@ std::vector<Offset<fb::Layer>> writeLayers(FlatBufferBuilder& b, const ModelSpec
   return layers;
 }
 
+// The optimizer's settings, step count and (already written) state tensors.
+Offset<fb::OptimizerState> writeOptimizer(FlatBufferBuilder& b, const OptimizerOptions& o,
+                                          int64_t steps,
+                                          const std::vector<Offset<fb::TensorData>>& tensors) {
+  const std::map<std::string, AttrValue> hyper = {{"lr", double{o.lr}},
+                                                  {"momentum", double{o.momentum}},
+                                                  {"weight_decay", double{o.weight_decay}},
+                                                  {"beta1", double{o.beta1}},
+                                                  {"beta2", double{o.beta2}},
+                                                  {"eps", double{o.eps}},
+                                                  {"nesterov", int64_t{o.nesterov ? 1 : 0}},
+                                                  {"lr_schedule", o.lr_schedule},
+                                                  {"warmup_steps", o.warmup_steps},
+                                                  {"decay_steps", o.decay_steps},
+                                                  {"decay_factor", double{o.decay_factor}},
+                                                  {"min_lr", double{o.min_lr}}};
+  auto kind = b.CreateString(o.kind);
+  auto h = writeAttrs(b, hyper);
+  return fb::CreateOptimizerState(b, kind, h, steps, b.CreateVector(tensors));
+}
+
+// A tensor read from a file, written back as it is (f32 or i8).
+Offset<fb::TensorData> writeHostTensor(FlatBufferBuilder& b, const HostTensor& t) {
+  const bool i8 = t.dtype == DType::kI8;
+  const void* from = i8 ? static_cast<const void*>(t.i8.data()) : t.data.data();
+  const size_t bytes = i8 ? t.i8.size() : t.data.size() * sizeof(float);
+  return writeTensorWith(b, t.name, t.shape, i8 ? fb::DType_I8 : fb::DType_F32, bytes,
+                         [&](uint8_t* out) { std::memcpy(out, from, bytes); });
+}
+
+// Whether a parameter (or its optimizer state, "<param>.<slot>") belongs to a layer in
+// `ranges`: layer i's are named "i.<...>" (Model::build). A name of no layer is kept.
+bool ofLayers(const std::string& name, const std::vector<LayerRange>& ranges) {
+  size_t layer = 0;
+  const char* end = name.data() + name.size();
+  const auto [at, error] = std::from_chars(name.data(), end, layer);
+  if (error != std::errc() || at == end || *at != '.') return true;
+  for (const LayerRange& r : ranges)
+    if (layer >= r.begin && layer < r.end) return true;
+  return false;
+}
+
 // A built model's buffer (what serializeModel returns a copy of and saveModel writes).
 flatbuffers::DetachedBuffer buildModel(const Model& model, const Optimizer* optimizer,
                                        const std::map<std::string, AttrValue>& metadata) {
@@ -117,24 +160,9 @@ flatbuffers::DetachedBuffer buildModel(const Model& model, const Optimizer* opti
   for (const Param* p : model.params()) params.push_back(writeTensor(b, p->name, p->value));
   Offset<fb::OptimizerState> opt = 0;
   if (optimizer) {
-    const OptimizerOptions& o = optimizer->options();
-    std::map<std::string, AttrValue> hyper = {{"lr", double{o.lr}},
-                                              {"momentum", double{o.momentum}},
-                                              {"weight_decay", double{o.weight_decay}},
-                                              {"beta1", double{o.beta1}},
-                                              {"beta2", double{o.beta2}},
-                                              {"eps", double{o.eps}},
-                                              {"nesterov", int64_t{o.nesterov ? 1 : 0}},
-                                              {"lr_schedule", o.lr_schedule},
-                                              {"warmup_steps", o.warmup_steps},
-                                              {"decay_steps", o.decay_steps},
-                                              {"decay_factor", double{o.decay_factor}},
-                                              {"min_lr", double{o.min_lr}}};
     std::vector<Offset<fb::TensorData>> tensors;
     for (const auto& [name, t] : optimizer->state()) tensors.push_back(writeTensor(b, name, t));
-    auto kind = b.CreateString(o.kind);
-    auto h = writeAttrs(b, hyper);
-    opt = fb::CreateOptimizerState(b, kind, h, optimizer->steps(), b.CreateVector(tensors));
+    opt = writeOptimizer(b, optimizer->options(), optimizer->steps(), tensors);
   }
   finishModel(b, spec, layers, params, opt, metadata);
   return b.Release();
@@ -166,6 +194,30 @@ flatbuffers::DetachedBuffer buildModelFile(const ModelSpec& spec,
         }));
   }
   finishModel(b, written, layers, tensors, 0, metadata);
+  return b.Release();
+}
+
+// A file's buffer with only the tensors of layers in `ranges` (sliceModelFile).
+flatbuffers::DetachedBuffer buildSlice(const ModelFile& file,
+                                       const std::vector<LayerRange>& ranges) {
+  std::vector<const HostTensor*> params, state;
+  size_t bytes = 0;
+  for (const HostTensor& t : file.params)
+    if (ofLayers(t.name, ranges)) params.push_back(&t), bytes += t.data.size() * 4 + t.i8.size();
+  if (file.optimizer)
+    for (const HostTensor& t : file.optimizer->tensors)
+      if (ofLayers(t.name, ranges)) state.push_back(&t), bytes += t.data.size() * 4;
+  FlatBufferBuilder b = builderFor(file.spec.name, bytes, params.size() + state.size());
+  const std::vector<Offset<fb::Layer>> layers = writeLayers(b, file.spec);
+  std::vector<Offset<fb::TensorData>> written;
+  for (const HostTensor* t : params) written.push_back(writeHostTensor(b, *t));
+  Offset<fb::OptimizerState> opt = 0;
+  if (file.optimizer) {
+    std::vector<Offset<fb::TensorData>> tensors;
+    for (const HostTensor* t : state) tensors.push_back(writeHostTensor(b, *t));
+    opt = writeOptimizer(b, file.optimizer->options, file.optimizer->steps, tensors);
+  }
+  finishModel(b, file.spec, layers, written, opt, file.metadata);
   return b.Release();
 }
 
@@ -306,6 +358,10 @@ void writeModelFile(const std::string& path, const ModelSpec& spec,
                     const std::map<std::string, AttrValue>& metadata) {
   const flatbuffers::DetachedBuffer buffer = buildModelFile(spec, params, metadata);
   writeFileAtomically(path, {buffer.data(), buffer.size()}, "model file");
+}
+
+std::vector<uint8_t> sliceModelFile(const ModelFile& file, const std::vector<LayerRange>& ranges) {
+  return copyOf(buildSlice(file, ranges));
 }
 
 ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source) {

@@ -1,7 +1,10 @@
 // The workers' assignments from the job and its stages' placement (planning.h).
+#include <map>
 #include <optional>
 
 #include "core/error.h"
+#include "core/model_file.h"
+#include "runtime/control/files.h"
 #include "runtime/job/planning.h"
 
 namespace tandem::runtime {
@@ -99,6 +102,36 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
     }
   }
   return out;
+}
+
+std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> stageWeights(
+    std::vector<Assign>& assignments, const std::shared_ptr<const std::vector<uint8_t>>& whole,
+    size_t layers) {
+  std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> files;
+  std::optional<ModelFile> parsed;  // read when a worker holds fewer than every layer
+  // Each file made so far, by the layers it holds (a stage's replicas share one), as its hash.
+  std::map<std::vector<std::pair<size_t, size_t>>, std::string> made;
+  for (Assign& a : assignments) {
+    const std::vector<LayerRange> ranges =
+        a.slice.chunks.empty() ? std::vector<LayerRange>{a.slice.layers} : a.slice.chunks;
+    const bool every = ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end >= layers;
+    std::vector<std::pair<size_t, size_t>> key;
+    if (!every)
+      for (const LayerRange& r : ranges) key.emplace_back(r.begin, r.end);
+    auto it = made.find(key);
+    if (it == made.end()) {
+      std::shared_ptr<const std::vector<uint8_t>> bytes = whole;
+      if (!every) {
+        if (!parsed) parsed = parseModelFile(*whole, "the starting weights");
+        bytes = std::make_shared<const std::vector<uint8_t>>(sliceModelFile(*parsed, ranges));
+      }
+      it = made.emplace(key, contentHash(*bytes)).first;
+      files.emplace(it->second, bytes);
+    }
+    a.weights_hash = it->second;
+    a.weights_bytes = static_cast<int64_t>(files.at(it->second)->size());
+  }
+  return files;
 }
 
 }  // namespace tandem::runtime

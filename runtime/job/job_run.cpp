@@ -228,9 +228,9 @@ void JobRun::resolveTransport() {
 void JobRun::place(const Model& model) {
   stages_ = jobStages(job_, model, planned_ ? &planned_->stages : nullptr);
   const bool serving = options_.mode != RunMode::kTrain;
-  assignments_ = jobAssignments(job_, stages_, options_.mode, options_.spans, model_spec_,
-                                weights_ ? contentHash(*weights_) : "",
-                                weights_ ? static_cast<int64_t>(weights_->size()) : 0);
+  assignments_ = jobAssignments(job_, stages_, options_.mode, options_.spans, model_spec_, "", 0);
+  stage_weights_.clear();
+  if (weights_) stage_weights_ = stageWeights(assignments_, weights_, model.size());
   if (generates()) {
     TANDEM_CHECK_MSG(job_.chunks == 1, InvalidArgument,
                      job_.source << ": generation runs one model chunk per stage, not "
@@ -481,7 +481,7 @@ RunResult JobRun::runOnce(const RunCallbacks& callbacks, const std::atomic<int>*
   if (!generates()) ro.silence = std::chrono::seconds(2 * job_.wire.timeout_s + 30);
   ro.interrupt = interrupt;
   ro.prompts = ledger_.get();
-  if (weights_) ro.weights[assignments_.front().weights_hash] = weights_;
+  ro.weights = stage_weights_;
   std::unique_ptr<Launcher> launcher;
   if (!options_.fork.empty()) {
     launcher =

@@ -163,6 +163,8 @@ class JobRun {
   partitioner::Cluster cluster_;
   bool local_ = false;  // no node has an address: the nodes are this machine
   std::shared_ptr<const std::vector<uint8_t>> weights_;
+  // ... and each placed worker's part of them, by hash (stageWeights).
+  std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> stage_weights_;
   std::string output_;      // outputActivation()
   std::string model_spec_;  // the model spec's text
   int64_t start_step_ = 0;

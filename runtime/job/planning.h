@@ -161,6 +161,15 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
                                    RunMode mode, bool spans, const std::string& spec,
                                    const std::string& weights_hash, int64_t weights_bytes);
 
+// Each worker's starting weights: of `whole` (a model file's bytes, of a model of `layers`
+// layers), the slice with only its stage's layers' tensors (sliceModelFile) — the file
+// itself for a worker of every layer — named in its weights_hash and weights_bytes, so a
+// node receives only its stages' weights. Returns the files by hash: what the workers may
+// ask for.
+std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> stageWeights(
+    std::vector<Assign>& assignments, const std::shared_ptr<const std::vector<uint8_t>>& whole,
+    size_t layers);
+
 // The memory each stage's worker needs, as the partitioner prices it (weights, and when
 // training their gradients and optimizer state, the activations the schedule keeps in
 // flight, transport buffers), one entry per stage, for one replica of it (of unequal

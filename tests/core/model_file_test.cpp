@@ -168,5 +168,46 @@ TEST_F(ModelFileTest, FilledParametersWriteTheBytesOfTheBuiltModel) {
   EXPECT_FALSE(std::ifstream(path).good());
 }
 
+// A pipeline stage's part of a file: only its layers' parameters and their optimizer state,
+// the spec, metadata and optimizer settings whole; a stage built over those layers loads it,
+// and the parts of a split hold every tensor once.
+TEST_F(ModelFileTest, AStagesSliceHoldsOnlyItsLayersTensors) {
+  const ModelFile whole = parseModelFile(bytes_, "mem");
+  const size_t cut = 3;
+  const std::vector<std::vector<LayerRange>> parts = {{{0, cut}}, {{cut, model_->size()}}};
+  std::map<std::string, std::vector<float>> seen;
+  for (const std::vector<LayerRange>& ranges : parts) {
+    const std::vector<uint8_t> bytes = sliceModelFile(whole, ranges);
+    const ModelFile part = parseModelFile(bytes, "slice");
+    EXPECT_EQ(modelSpecYaml(part.spec), modelSpecYaml(whole.spec));
+    EXPECT_EQ(part.metadata, whole.metadata);
+    ASSERT_TRUE(part.optimizer.has_value());
+    EXPECT_EQ(part.optimizer->steps, whole.optimizer->steps);
+    EXPECT_EQ(part.optimizer->options.kind, "adamw");
+    EXPECT_FALSE(part.params.empty());
+    for (const HostTensor& t : part.params) {
+      const size_t layer = std::stoul(t.name.substr(0, t.name.find('.')));
+      EXPECT_TRUE(layer >= ranges[0].begin && layer < ranges[0].end) << t.name;
+      EXPECT_TRUE(seen.emplace(t.name, t.data).second) << t.name;
+    }
+    for (const HostTensor& t : part.optimizer->tensors) {
+      const size_t layer = std::stoul(t.name.substr(0, t.name.find('.')));
+      EXPECT_TRUE(layer >= ranges[0].begin && layer < ranges[0].end) << t.name;
+    }
+    Model stage(part.spec);
+    stage.build(be_, 9, ranges);
+    loadWeights(stage, part, false);
+    Optimizer opt(be_, part.optimizer->options);
+    restoreOptimizerState(opt, stage, part, "stage");
+    for (const Param* p : stage.params()) {
+      std::vector<float> v(static_cast<size_t>(p->value.numel()));
+      be_.download(p->value, v.data());
+      EXPECT_EQ(v, seen.at(p->name)) << p->name;
+    }
+  }
+  ASSERT_EQ(seen.size(), whole.params.size());
+  for (const HostTensor& t : whole.params) EXPECT_EQ(seen.at(t.name), t.data) << t.name;
+}
+
 }  // namespace
 }  // namespace tandem

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -583,10 +584,18 @@ TEST(TandemdTest, ADaemonKilledMidRunEndsTheRunNamingTheNode) {
   EXPECT_EQ(r.code, 0) << r.out;
 }
 
-// Serving weights: the first run ships them to each node, the second finds them in the
-// nodes' caches and ships nothing; a corrupted cache file is found, discarded and
-// fetched again.
-TEST(TandemdTest, WeightsAreShippedOnceAndThenFoundInTheNodesCaches) {
+// The regular files in `dir`.
+std::vector<std::string> filesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_regular_file()) out.push_back(e.path().string());
+  return out;
+}
+
+// Serving weights: the first run ships each node only its stage's part of them, the
+// second finds them in the nodes' caches and ships nothing; a corrupted cache file is
+// found, discarded and fetched again.
+TEST(TandemdTest, EachNodeIsShippedItsStagesWeightsOnceAndThenFindsThemInItsCache) {
   const std::string dir = tandem::testing::freshDir("cluster-weights");
   TwoNodes nodes(dir);
   ASSERT_TRUE(nodes.made);
@@ -594,12 +603,28 @@ TEST(TandemdTest, WeightsAreShippedOnceAndThenFoundInTheNodesCaches) {
       run(kCli + " run " +
           writeJob(dir, "train", "epochs: 1\ntrain_limit: 320\ntest_limit: 100\nsave: m.tdm\n"));
   ASSERT_EQ(r.code, 0) << r.out;
-  const auto size = std::filesystem::file_size(dir + "/m.tdm");
+  const tandem::ModelFile whole = tandem::readModelFile(dir + "/m.tdm");
   const std::string serve = writeJob(dir, "serve", "test_limit: 200\nweights: m.tdm\n");
   const std::string infer = kCli + " infer " + serve + " --cluster " + nodes.cluster;
   r = run(infer);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("weights: " + std::to_string(2 * size) + " bytes shipped to 2 of 2 workers"),
+  // Each node holds a part: the two hold every tensor of the file once, bitwise, and are
+  // what was shipped.
+  const std::vector<std::string> a_files = filesIn(dir + "/a-cache"),
+                                 b_files = filesIn(dir + "/b-cache");
+  ASSERT_EQ(a_files.size(), 1u);
+  ASSERT_EQ(b_files.size(), 1u);
+  std::map<std::string, std::vector<float>> held;
+  for (const std::string& f : {a_files[0], b_files[0]})
+    for (const tandem::HostTensor& t : tandem::readModelFile(f).params)
+      EXPECT_TRUE(held.emplace(t.name, t.data).second) << t.name << " is on both nodes";
+  ASSERT_EQ(held.size(), whole.params.size());
+  for (const tandem::HostTensor& t : whole.params) EXPECT_EQ(held[t.name], t.data) << t.name;
+  const auto a_size = std::filesystem::file_size(a_files[0]),
+             b_size = std::filesystem::file_size(b_files[0]);
+  EXPECT_LT(std::max(a_size, b_size), std::filesystem::file_size(dir + "/m.tdm"));
+  EXPECT_NE(r.out.find("weights: " + std::to_string(a_size + b_size) +
+                       " bytes shipped to 2 of 2 workers"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("found cached by 0"), std::string::npos) << r.out;
@@ -613,41 +638,44 @@ TEST(TandemdTest, WeightsAreShippedOnceAndThenFoundInTheNodesCaches) {
   const Ran asked = run(kCli + " nodes --cluster " + nodes.cluster);
   EXPECT_NE(asked.out.find("cached models: 1"), std::string::npos) << asked.out;
   // One byte of node b's copy changes: it is found out and fetched again.
-  for (const auto& e : std::filesystem::directory_iterator(dir + "/b-cache")) {
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(size / 2));
+  {
+    std::fstream f(b_files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(b_size / 2));
     f.put('\x7f');
   }
   r = run(infer);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("weights: " + std::to_string(size) + " bytes shipped to 1 of 2 workers"),
+  EXPECT_NE(r.out.find("weights: " + std::to_string(b_size) + " bytes shipped to 1 of 2 workers"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("failed verification and were fetched again"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.substr(r.out.rfind("test accuracy: "), 21), accuracy);
 }
 
-// Three workers of one node start from the same weights: the first fetches them into the
-// node's cache, the others wait their turn and find them there.
-TEST(TandemdTest, TheWorkersOfOneNodeFetchTheirWeightsOnce) {
+// Three workers of one node start from weights: stage 1's two replicas from the same
+// part of them, which the first fetches into the node's cache while the other waits its
+// turn and finds it there; stage 0 fetches its own part.
+TEST(TandemdTest, TheWorkersOfOneNodeFetchEachPartOfTheWeightsOnce) {
   const std::string dir = tandem::testing::freshDir("one-fetch");
   ASSERT_EQ(
       run(kCli + " train --model " + TANDEM_SOURCE_DIR +
           "/examples/models/mlp.yaml --train-limit 64 --test-limit 16 --save " + dir + "/w.tdm")
           .code,
       0);
-  const auto size = std::filesystem::file_size(dir + "/w.tdm");
-  std::ofstream(dir + "/serve.yaml")
+  std::ofstream(dir + "/train.yaml")
       << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\nbatch: 32\n"
-      << "partition: equal\nstages: 3\ntest_limit: 100\n"
-      << "weights: w.tdm\n";
+      << "partition: [[0, 2], {layers: [2, 6], replicas: 2}]\nepochs: 1\ntrain_limit: 64\n"
+      << "test_limit: 32\nweights: w.tdm\n";
   // A cache of its own for this run's local daemon.
-  const Ran r = run("XDG_CACHE_HOME=" + dir + "/xdg " + kCli + " infer " + dir + "/serve.yaml");
+  const Ran r = run("XDG_CACHE_HOME=" + dir + "/xdg " + kCli + " run " + dir + "/train.yaml");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("weights: " + std::to_string(size) + " bytes shipped to 1 of 3 workers"),
+  const std::vector<std::string> parts = filesIn(dir + "/xdg/tandem/weights");
+  ASSERT_EQ(parts.size(), 2u) << r.out;
+  const auto shipped = std::filesystem::file_size(parts[0]) + std::filesystem::file_size(parts[1]);
+  EXPECT_NE(r.out.find("weights: " + std::to_string(shipped) + " bytes shipped to 2 of 3 workers"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("found cached by 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("found cached by 1"), std::string::npos) << r.out;
 }
 
 }  // namespace

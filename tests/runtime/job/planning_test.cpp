@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include "backends/cpu/cpu_backend.h"
+#include "core/model_file.h"
 #include "core/model_spec.h"
 #include "partitioner/search.h"
+#include "runtime/control/files.h"
 #include "runtime/job/job.h"
 #include "runtime/node/node_profile.h"
 #include "tests/test_util.h"
@@ -142,6 +145,44 @@ TEST(PlanningTest, UnequalReplicasSharesReachEveryWorker) {
 
 // A stage's tensor ranks reach its worker; a range that does not split that many ways is
 // refused before anything starts, naming the job file's line and why.
+// Each worker is sent its stage's part of the starting weights: a stage's replicas one part
+// between them, a worker of every layer the file itself, each named by its hash and size.
+TEST(PlanningTest, EachWorkerStartsFromItsStagesPartOfTheWeights) {
+  cpu::CpuBackend be;
+  Model model(parseModelSpec(kSpec));
+  model.build(be, 3);
+  const auto whole =
+      std::make_shared<const std::vector<uint8_t>>(serializeModel(model, nullptr, {}));
+  const JobSpec job =
+      parseJobSpec("model: m.yaml\npartition: [[0, 1], {layers: [1, 3], replicas: 2}]\n", "j.yaml");
+  std::vector<Assign> assigned =
+      jobAssignments(job, jobStages(job, model), RunMode::kTrain, false, kSpec, "", 0);
+  const auto files = stageWeights(assigned, whole, model.size());
+  ASSERT_EQ(assigned.size(), 3u);
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(assigned[1].weights_hash, assigned[2].weights_hash);
+  EXPECT_NE(assigned[0].weights_hash, assigned[1].weights_hash);
+  for (const Assign& a : assigned) {
+    const std::vector<uint8_t>& part = *files.at(a.weights_hash);
+    EXPECT_EQ(contentHash(part), a.weights_hash);
+    EXPECT_EQ(a.weights_bytes, static_cast<int64_t>(part.size()));
+    std::vector<std::string> names;
+    for (const HostTensor& t : parseModelFile(part, "part").params) names.push_back(t.name);
+    const std::vector<std::string> want = a.stage == 0
+                                              ? std::vector<std::string>{"0.weight", "0.bias"}
+                                              : std::vector<std::string>{"2.weight", "2.bias"};
+    EXPECT_EQ(names, want) << "stage " << a.stage;
+  }
+  const JobSpec replicas =
+      parseJobSpec("model: m.yaml\npartition: [{layers: [0, 3], replicas: 2}]\n", "j.yaml");
+  assigned =
+      jobAssignments(replicas, jobStages(replicas, model), RunMode::kTrain, false, kSpec, "", 0);
+  const auto same = stageWeights(assigned, whole, model.size());
+  ASSERT_EQ(same.size(), 1u);
+  EXPECT_EQ(same.begin()->second, whole);
+  for (const Assign& a : assigned) EXPECT_EQ(a.weights_hash, contentHash(*whole));
+}
+
 TEST(PlanningTest, TensorRanksReachTheWorkerOrAreRefusedNamingTheRange) {
   const Model model(parseModelSpec(kSpec));  // linear 4, relu, linear 4
   const JobSpec job = parseJobSpec(
