@@ -360,11 +360,12 @@ void writeModelFile(const std::string& path, const ModelSpec& spec,
   writeFileAtomically(path, {buffer.data(), buffer.size()}, "model file");
 }
 
-std::vector<uint8_t> sliceModelFile(const ModelFile& file, const std::vector<LayerRange>& ranges) {
-  return copyOf(buildSlice(file, ranges));
-}
+namespace {
 
-ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source) {
+// parseModelFile, its tensors' values copied only where `keep(name)` says so (the others
+// left out).
+ModelFile parseKeeping(std::span<const uint8_t> bytes, const std::string& source,
+                       const std::function<bool(const std::string&)>& keep) {
   if (bytes.size() < 8) bad(source, "only " + std::to_string(bytes.size()) + " bytes long");
   if (!fb::ModelBufferHasIdentifier(bytes.data()))
     bad(source, "not a tandem model file (missing the 'TDM1' identifier)");
@@ -384,7 +385,8 @@ ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& sour
   for (const fb::Layer* l : *m->layers())
     f.spec.layers.push_back(readLayer(source, *l, std::to_string(i++)));
   if (m->params())
-    for (const fb::TensorData* t : *m->params()) f.params.push_back(readTensor(source, *t));
+    for (const fb::TensorData* t : *m->params())
+      if (keep(t->name()->str())) f.params.push_back(readTensor(source, *t));
   if (const fb::OptimizerState* o = m->optimizer()) {
     OptimizerSnapshot snap;
     snap.options = optionsFrom(o->kind()->str(), readAttrs(source, o->hyper()));
@@ -397,6 +399,7 @@ ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& sour
     if (snap.steps < 0) bad(source, "optimizer step count is negative");
     if (o->tensors())
       for (const fb::TensorData* t : *o->tensors()) {
+        if (!keep(t->name()->str())) continue;
         snap.tensors.push_back(readTensor(source, *t));
         if (snap.tensors.back().dtype != DType::kF32)
           bad(source, "optimizer tensor '" + snap.tensors.back().name + "' is not f32");
@@ -405,6 +408,20 @@ ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& sour
   }
   f.metadata = readAttrs(source, m->metadata());
   return f;
+}
+
+}  // namespace
+
+ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source) {
+  return parseKeeping(bytes, source, [](const std::string&) { return true; });
+}
+
+std::vector<uint8_t> sliceModelFile(std::span<const uint8_t> bytes,
+                                    const std::vector<LayerRange>& ranges,
+                                    const std::string& source) {
+  const ModelFile part =
+      parseKeeping(bytes, source, [&](const std::string& name) { return ofLayers(name, ranges); });
+  return copyOf(buildSlice(part, ranges));
 }
 
 ModelFile readModelFile(const std::string& path) {

@@ -79,11 +79,14 @@ void writeModelFile(const std::string& path, const ModelSpec& spec,
                     const std::vector<ParamFill>& params,
                     const std::map<std::string, AttrValue>& metadata);
 
-// The file with only the parameters of the layers in `ranges`, and their optimizer state:
-// what a pipeline stage over those layers loads (loadWeights(model, file, false)), with the
-// file's spec, metadata and optimizer settings. Layer i's parameters are named "i.<...>"
-// (Model::build); a tensor named otherwise is kept.
-std::vector<uint8_t> sliceModelFile(const ModelFile& file, const std::vector<LayerRange>& ranges);
+// The model file `bytes` with only the parameters of the layers in `ranges`, and their
+// optimizer state: what a pipeline stage over those layers loads (loadWeights(model, file,
+// false)), with the file's spec, metadata and optimizer settings. Layer i's parameters are
+// named "i.<...>" (Model::build); a tensor named otherwise is kept. The other layers'
+// values are never copied. FormatError naming `source` as parseModelFile raises it.
+std::vector<uint8_t> sliceModelFile(std::span<const uint8_t> bytes,
+                                    const std::vector<LayerRange>& ranges,
+                                    const std::string& source);
 
 // Verifies and decodes; every defect raises FormatError naming `source` and the defect.
 ModelFile parseModelFile(std::span<const uint8_t> bytes, const std::string& source);

@@ -108,7 +108,6 @@ std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> stageWeights(
     std::vector<Assign>& assignments, const std::shared_ptr<const std::vector<uint8_t>>& whole,
     size_t layers) {
   std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> files;
-  std::optional<ModelFile> parsed;  // read when a worker holds fewer than every layer
   // Each file made so far, by the layers it holds (a stage's replicas share one), as its hash.
   std::map<std::vector<std::pair<size_t, size_t>>, std::string> made;
   for (Assign& a : assignments) {
@@ -121,10 +120,9 @@ std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> stageWeights(
     auto it = made.find(key);
     if (it == made.end()) {
       std::shared_ptr<const std::vector<uint8_t>> bytes = whole;
-      if (!every) {
-        if (!parsed) parsed = parseModelFile(*whole, "the starting weights");
-        bytes = std::make_shared<const std::vector<uint8_t>>(sliceModelFile(*parsed, ranges));
-      }
+      if (!every)
+        bytes = std::make_shared<const std::vector<uint8_t>>(
+            sliceModelFile(*whole, ranges, "the starting weights"));
       it = made.emplace(key, contentHash(*bytes)).first;
       files.emplace(it->second, bytes);
     }

@@ -177,7 +177,7 @@ TEST_F(ModelFileTest, AStagesSliceHoldsOnlyItsLayersTensors) {
   const std::vector<std::vector<LayerRange>> parts = {{{0, cut}}, {{cut, model_->size()}}};
   std::map<std::string, std::vector<float>> seen;
   for (const std::vector<LayerRange>& ranges : parts) {
-    const std::vector<uint8_t> bytes = sliceModelFile(whole, ranges);
+    const std::vector<uint8_t> bytes = sliceModelFile(bytes_, ranges, "mem");
     const ModelFile part = parseModelFile(bytes, "slice");
     EXPECT_EQ(modelSpecYaml(part.spec), modelSpecYaml(whole.spec));
     EXPECT_EQ(part.metadata, whole.metadata);
