@@ -197,24 +197,22 @@ flatbuffers::DetachedBuffer buildModelFile(const ModelSpec& spec,
   return b.Release();
 }
 
-// A file's buffer with only the tensors of layers in `ranges` (sliceModelFile).
-flatbuffers::DetachedBuffer buildSlice(const ModelFile& file,
-                                       const std::vector<LayerRange>& ranges) {
-  std::vector<const HostTensor*> params, state;
+// A decoded file's buffer again, every tensor it holds written back as it is (a stage's
+// part, sliceModelFile).
+flatbuffers::DetachedBuffer buildFromFile(const ModelFile& file) {
+  const std::vector<HostTensor> none;
+  const std::vector<HostTensor>& state = file.optimizer ? file.optimizer->tensors : none;
   size_t bytes = 0;
-  for (const HostTensor& t : file.params)
-    if (ofLayers(t.name, ranges)) params.push_back(&t), bytes += t.data.size() * 4 + t.i8.size();
-  if (file.optimizer)
-    for (const HostTensor& t : file.optimizer->tensors)
-      if (ofLayers(t.name, ranges)) state.push_back(&t), bytes += t.data.size() * 4;
-  FlatBufferBuilder b = builderFor(file.spec.name, bytes, params.size() + state.size());
+  for (const HostTensor& t : file.params) bytes += t.data.size() * 4 + t.i8.size();
+  for (const HostTensor& t : state) bytes += t.data.size() * 4;
+  FlatBufferBuilder b = builderFor(file.spec.name, bytes, file.params.size() + state.size());
   const std::vector<Offset<fb::Layer>> layers = writeLayers(b, file.spec);
   std::vector<Offset<fb::TensorData>> written;
-  for (const HostTensor* t : params) written.push_back(writeHostTensor(b, *t));
+  for (const HostTensor& t : file.params) written.push_back(writeHostTensor(b, t));
   Offset<fb::OptimizerState> opt = 0;
   if (file.optimizer) {
     std::vector<Offset<fb::TensorData>> tensors;
-    for (const HostTensor* t : state) tensors.push_back(writeHostTensor(b, *t));
+    for (const HostTensor& t : state) tensors.push_back(writeHostTensor(b, t));
     opt = writeOptimizer(b, file.optimizer->options, file.optimizer->steps, tensors);
   }
   finishModel(b, file.spec, layers, written, opt, file.metadata);
@@ -421,7 +419,7 @@ std::vector<uint8_t> sliceModelFile(std::span<const uint8_t> bytes,
                                     const std::string& source) {
   const ModelFile part =
       parseKeeping(bytes, source, [&](const std::string& name) { return ofLayers(name, ranges); });
-  return copyOf(buildSlice(part, ranges));
+  return copyOf(buildFromFile(part));
 }
 
 ModelFile readModelFile(const std::string& path) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
@@ -317,7 +318,6 @@ LlamaImport planLlamaImport(const std::string& dir, int64_t context) {
       dir.substr(dir.find_last_of('/') == std::string::npos ? 0 : dir.find_last_of('/') + 1);
   if (name.empty()) name = c.model_type;
   LlamaImport out;
-  out.weights = weights;
   out.spec = llamaModelSpec(c, context, name);
   for (const ParamSource& p : paramSources(c)) {
     const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 0;

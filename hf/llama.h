@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,18 +49,15 @@ ModelSpec llamaModelSpec(const LlamaConfig& config, int64_t context, const std::
 // A model spec's config back (InvalidArgument if its layers are not that form).
 LlamaConfig llamaConfigOf(const ModelSpec& spec);
 
-class SafetensorsFolder;
-
 // What importing DIR writes: the model, each parameter filled from the folder's tensors
 // (every tensor's shape checked against config.json before any value is read: FormatError
 // naming the tensor), and the metadata importLlama's file carries. The fills read the
-// folder's mapped files, which `weights` keeps open. writeModelFile(path, spec, params,
+// folder's mapped files, which they keep open. writeModelFile(path, spec, params,
 // metadata) writes it without holding the weights twice (what `tandem import` does).
 struct LlamaImport {
   ModelSpec spec;
   std::vector<ParamFill> params;
   std::map<std::string, AttrValue> metadata;
-  std::shared_ptr<SafetensorsFolder> weights;
 };
 LlamaImport planLlamaImport(const std::string& dir, int64_t context = 0);
 
