@@ -1,5 +1,6 @@
 #include "core/model_file.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -168,10 +169,21 @@ flatbuffers::DetachedBuffer buildModel(const Model& model, const Optimizer* opti
   return b.Release();
 }
 
-// A model file's buffer from parameter fills (serializeModelFile, writeModelFile).
+// A parameter left out of a model file's buffer, to be copied into the file from its
+// extents: where its bytes begin, counted from the buffer's end (FlatBuffers builds back
+// to front, so this holds from the tensor's writing to the finished buffer).
+struct Deferred {
+  size_t from_end = 0;
+  const ParamFill* param = nullptr;
+};
+
+// A model file's buffer from parameter fills (serializeModelFile, writeModelFile). With
+// `deferred`, a parameter with extents is not written: its bytes in the buffer are left
+// as allocated (never touched, so never paged in) and where they are is recorded.
 flatbuffers::DetachedBuffer buildModelFile(const ModelSpec& spec,
                                            const std::vector<ParamFill>& params,
-                                           const std::map<std::string, AttrValue>& metadata) {
+                                           const std::map<std::string, AttrValue>& metadata,
+                                           std::vector<Deferred>* deferred) {
   const Model model(spec);  // checks the spec, and is what its layers hold
   size_t bytes = 0;
   int64_t values = 0;
@@ -188,9 +200,21 @@ flatbuffers::DetachedBuffer buildModelFile(const ModelSpec& spec,
   std::vector<Offset<fb::TensorData>> tensors;
   for (const ParamFill& p : params) {
     const auto n = static_cast<size_t>(p.shape.numel());
+    const bool copied = deferred != nullptr && !p.extents.empty();
+    if (copied) {
+      uint64_t from_extents = 0;
+      for (const FileExtent& e : p.extents) from_extents += e.bytes;
+      TANDEM_CHECK_MSG(from_extents == n * sizeof(float), InvalidArgument,
+                       "parameter '" << p.name << "': its extents hold " << from_extents
+                                     << " bytes, its " << n << " values " << n * sizeof(float));
+    }
     tensors.push_back(
         writeTensorWith(b, p.name, p.shape, fb::DType_F32, n * sizeof(float), [&](uint8_t* data) {
-          p.fill({reinterpret_cast<float*>(data), n});
+          if (copied)
+            deferred->push_back(
+                {b.GetSize() - static_cast<size_t>(data - b.GetCurrentBufferPointer()), &p});
+          else
+            p.fill({reinterpret_cast<float*>(data), n});
         }));
   }
   finishModel(b, written, layers, tensors, 0, metadata);
@@ -348,14 +372,29 @@ void saveModel(const std::string& path, const Model& model, const Optimizer* opt
 
 std::vector<uint8_t> serializeModelFile(const ModelSpec& spec, const std::vector<ParamFill>& params,
                                         const std::map<std::string, AttrValue>& metadata) {
-  return copyOf(buildModelFile(spec, params, metadata));
+  return copyOf(buildModelFile(spec, params, metadata, nullptr));
 }
 
 void writeModelFile(const std::string& path, const ModelSpec& spec,
                     const std::vector<ParamFill>& params,
                     const std::map<std::string, AttrValue>& metadata) {
-  const flatbuffers::DetachedBuffer buffer = buildModelFile(spec, params, metadata);
-  writeFileAtomically(path, {buffer.data(), buffer.size()}, "model file");
+  std::vector<Deferred> deferred;
+  const flatbuffers::DetachedBuffer buffer = buildModelFile(spec, params, metadata, &deferred);
+  // The buffer's bytes up to each copied parameter, then the parameter from its extents,
+  // in the file's order.
+  std::sort(deferred.begin(), deferred.end(),
+            [](const Deferred& a, const Deferred& b) { return a.from_end > b.from_end; });
+  AtomicFileWriter out(path, "model file");
+  size_t at = 0;
+  for (const Deferred& d : deferred) {
+    const size_t begin = buffer.size() - d.from_end;
+    out.write({buffer.data() + at, begin - at});
+    for (const FileExtent& e : d.param->extents)
+      out.copy(e, "the file of parameter '" + d.param->name + "'");
+    at = begin + static_cast<size_t>(d.param->shape.numel()) * sizeof(float);
+  }
+  out.write({buffer.data() + at, buffer.size() - at});
+  out.commit();
 }
 
 namespace {

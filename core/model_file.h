@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/file.h"
 #include "core/model.h"
 #include "core/optimizer.h"
 
@@ -61,10 +62,14 @@ void saveModel(const std::string& path, const Model& model, const Optimizer* opt
 // A parameter whose f32 values a writer asks for once, straight into the file's buffer:
 // `fill` writes the shape's numel values into the span it is given. An importer writes a
 // model file this way without building the model or holding its weights twice.
+// `extents`, where given, hold those values already as a model file stores them (f32 in
+// the host's byte order, one after another, the extents in order; `fill` still gives
+// them): writeModelFile copies them file to file instead of asking `fill`.
 struct ParamFill {
   std::string name;
   Shape shape;
   std::function<void(std::span<float>)> fill;
+  std::vector<FileExtent> extents;
 };
 
 // A model file of `spec` with these parameters (in the order the built model lists them)
@@ -74,7 +79,10 @@ struct ParamFill {
 // shape the layers disagree with is caught where the file is loaded).
 std::vector<uint8_t> serializeModelFile(const ModelSpec& spec, const std::vector<ParamFill>& params,
                                         const std::map<std::string, AttrValue>& metadata);
-// ... written atomically to `path` from the buffer it is built in (no copy of it).
+// ... written atomically to `path` from the buffer it is built in (no copy of it), the
+// parameters with extents copied from their files into place (InvalidArgument naming one
+// whose extents hold other than its values' bytes; IoError naming it when they cannot be
+// read).
 void writeModelFile(const std::string& path, const ModelSpec& spec,
                     const std::vector<ParamFill>& params,
                     const std::map<std::string, AttrValue>& metadata);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -345,7 +346,13 @@ LlamaImport planLlamaImport(const std::string& dir, int64_t context) {
         at += n;
       }
     };
-    out.params.push_back({p.name, Shape(p.shape), std::move(fill)});
+    // f32 tensors are stored as the model file holds them: the writer copies their bytes.
+    std::vector<FileExtent> extents;
+    for (const std::string& tensor : p.tensors)
+      if (std::endian::native == std::endian::little && weights->entry(tensor).dtype == "F32")
+        extents.push_back(weights->extent(tensor));
+    if (extents.size() != p.tensors.size()) extents.clear();
+    out.params.push_back({p.name, Shape(p.shape), std::move(fill), std::move(extents)});
   }
   out.metadata = importMetadata(dir, c);
   return out;

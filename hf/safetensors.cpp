@@ -186,11 +186,12 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     }
     data_ = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);
+  fd_ = fd;
 }
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  ::close(fd_);
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path)
@@ -208,6 +209,10 @@ std::span<const uint8_t> SafetensorsFile::bytes(const TensorEntry& entry) const 
 
 std::vector<float> SafetensorsFile::floats(const TensorEntry& entry) const {
   return widenToFloat(bytes(entry), entry.dtype, path() + ": tensor '" + entry.name + "'");
+}
+
+FileExtent SafetensorsFile::extent(const TensorEntry& entry) const {
+  return {file_.fd(), layout_.data_start + entry.begin, entry.end - entry.begin};
 }
 
 void SafetensorsFile::readFloats(const TensorEntry& entry, std::span<float> out) const {
@@ -351,6 +356,11 @@ std::vector<float> SafetensorsFolder::floats(const std::string& name) {
 void SafetensorsFolder::readFloats(const std::string& name, std::span<float> out) {
   const TensorEntry& e = entry(name);
   shardOf(name).readFloats(e, out);
+}
+
+FileExtent SafetensorsFolder::extent(const std::string& name) {
+  const TensorEntry& e = entry(name);
+  return shardOf(name).extent(e);
 }
 
 size_t SafetensorsFolder::mappedShards() const {

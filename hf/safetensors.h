@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/file.h"
+
 namespace tandem::hf {
 
 // One tensor's entry. dtype is the file's name for it ("F32", "BF16", "I64", ...).
@@ -55,11 +57,14 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
+  // The file, open for reading while the mapping lives (its bytes copied file to file).
+  int fd() const { return fd_; }
 
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  int fd_ = -1;
 };
 
 // One safetensors file, mapped and checked.
@@ -77,6 +82,8 @@ class SafetensorsFile {
   std::vector<float> floats(const TensorEntry& entry) const;
   // ... written into `out`, which holds exactly its numel values (InvalidArgument else).
   void readFloats(const TensorEntry& entry, std::span<float> out) const;
+  // Where the tensor's bytes are in the file (valid while this file lives).
+  FileExtent extent(const TensorEntry& entry) const;
   const std::string& path() const { return file_.path(); }
 
  private:
@@ -125,6 +132,8 @@ class SafetensorsFolder {
   const TensorEntry& entry(const std::string& name);
   std::vector<float> floats(const std::string& name);
   void readFloats(const std::string& name, std::span<float> out);
+  // Where the tensor's bytes are in its shard (valid while this folder lives).
+  FileExtent extent(const std::string& name);
   // Shards mapped so far.
   size_t mappedShards() const;
 

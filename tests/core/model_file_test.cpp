@@ -2,8 +2,11 @@
 // corrupted and random inputs give FormatError naming the defect, never a crash.
 #include "core/model_file.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -146,9 +149,11 @@ TEST_F(ModelFileTest, FilledParametersWriteTheBytesOfTheBuiltModel) {
   const std::map<std::string, AttrValue> meta = {{"note", std::string("filled")}};
   std::vector<ParamFill> fills;
   for (const Param* p : model_->params())
-    fills.push_back({p->name, p->value.shape(), [p](std::span<float> out) {
-                       p->value.backend().download(p->value, out.data());
-                     }});
+    fills.push_back(
+        {p->name,
+         p->value.shape(),
+         [p](std::span<float> out) { p->value.backend().download(p->value, out.data()); },
+         {}});
   const std::vector<uint8_t> built = serializeModel(*model_, nullptr, meta);
   EXPECT_EQ(serializeModelFile(model_->spec(), fills, meta), built);
   const std::string path = ::testing::TempDir() + "/filled.tdm";
@@ -166,6 +171,57 @@ TEST_F(ModelFileTest, FilledParametersWriteTheBytesOfTheBuiltModel) {
   bogus.layers[0].type = "bogus";
   expectThrowWith<InvalidArgument>([&] { writeModelFile(path, bogus, fills, meta); }, {"bogus"});
   EXPECT_FALSE(std::ifstream(path).good());
+}
+
+// A parameter with extents is copied into the file from them (copy_file_range) and its fill
+// never asked: fills that write zeros beside extents that hold the values still give the
+// built model's bytes; extents of the wrong size are refused naming the parameter.
+TEST_F(ModelFileTest, ParametersWithExtentsAreCopiedFromTheirFiles) {
+  const std::string dir = testing::freshDir("model_file_extents");
+  std::vector<uint8_t> store(3, 0xAB);  // the values start at an odd offset
+  std::vector<ParamFill> fills;
+  std::vector<std::pair<uint64_t, uint64_t>> where;
+  for (const Param* p : model_->params()) {
+    std::vector<float> v(static_cast<size_t>(p->value.numel()));
+    p->value.backend().download(p->value, v.data());
+    where.emplace_back(store.size(), v.size() * sizeof(float));
+    const auto* b = reinterpret_cast<const uint8_t*>(v.data());
+    store.insert(store.end(), b, b + v.size() * sizeof(float));
+  }
+  writeFileAtomically(dir + "/store.bin", store, "test file");
+  const int fd = ::open((dir + "/store.bin").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  size_t i = 0;
+  for (const Param* p : model_->params()) {
+    // Every other parameter from its extents, split in two where it has two values or more.
+    std::vector<FileExtent> extents;
+    const auto [at, bytes] = where[i];
+    if (i++ % 2 == 0) {
+      const uint64_t half = bytes / 8 * 4;
+      extents = {{fd, at, half}, {fd, at + half, bytes - half}};
+    }
+    const bool copied = !extents.empty();
+    fills.push_back({p->name, p->value.shape(),
+                     [p, copied](std::span<float> out) {
+                       if (copied)
+                         std::fill(out.begin(), out.end(), 0.0f);
+                       else
+                         p->value.backend().download(p->value, out.data());
+                     },
+                     std::move(extents)});
+  }
+  const std::vector<uint8_t> built = serializeModel(*model_, nullptr, {});
+  const std::string path = dir + "/copied.tdm";
+  writeModelFile(path, model_->spec(), fills, {});
+  EXPECT_EQ(readFile(path, "model file"), std::string(built.begin(), built.end()));
+  EXPECT_NE(serializeModelFile(model_->spec(), fills, {}), built) << "it asks the fills";
+
+  fills[0].extents.back().bytes += 4;
+  expectThrowWith<InvalidArgument>(
+      [&] { writeModelFile(dir + "/wrong.tdm", model_->spec(), fills, {}); },
+      {"parameter '" + fills[0].name + "'", "extents hold"});
+  EXPECT_FALSE(std::ifstream(dir + "/wrong.tdm").good());
+  ::close(fd);
 }
 
 // A pipeline stage's part of a file: only its layers' parameters and their optimizer state,

@@ -146,8 +146,16 @@ TEST(LlamaImportTest, ImportWithoutBuildingWritesTheBytesOfTheLoadedModel) {
     const ModelFile file = importLlama(kFixtures + fixture, 16);
     cpu::CpuBackend be;
     const std::unique_ptr<Model> model = loadModel(file, be);
-    EXPECT_EQ(serializeModelFile(plan.spec, plan.params, plan.metadata),
-              serializeModel(*model, nullptr, file.metadata));
+    const std::vector<uint8_t> built = serializeModel(*model, nullptr, file.metadata);
+    EXPECT_EQ(serializeModelFile(plan.spec, plan.params, plan.metadata), built);
+    // What `tandem import` writes: f32 tensors copied from the safetensors file, others
+    // widened; the same bytes.
+    const bool f32 = std::string(fixture) == "llama-gqa";
+    for (const ParamFill& p : plan.params)
+      EXPECT_EQ(p.extents.empty(), !f32) << p.name << " is copied only from f32 tensors";
+    const std::string path = testing::freshDir("llama_import_write") + "/model.tdm";
+    writeModelFile(path, plan.spec, plan.params, plan.metadata);
+    EXPECT_EQ(readFile(path, "model file"), std::string(built.begin(), built.end()));
   }
 }
 
