@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/layers/attention.h"
 #include "core/layers/branches.h"
+#include "core/layers/channels.h"
 #include "core/layers/conv2d.h"
 #include "core/layers/elementwise.h"
 #include "core/layers/gate.h"
@@ -17,11 +18,11 @@ namespace tandem {
 
 const std::vector<std::string>& layerTypes() {
   static const std::vector<std::string> kTypes = {
-      "linear",    "conv2d",    "maxpool2d",  "avgpool2d", "globalavgpool", "relu",
-      "gelu",      "tanh",      "sigmoid",    "flatten",   "dropout",       "layernorm",
-      "embedding", "residual",  "positional", "attention", "transformer",   "silu",
-      "rmsnorm",   "swiglu",    "llama",      "relu6",     "hardsigmoid",   "hardswish",
-      "gate",      "batchnorm", "identity"};
+      "linear",    "conv2d",    "maxpool2d",  "avgpool2d", "globalavgpool",  "relu",
+      "gelu",      "tanh",      "sigmoid",    "flatten",   "dropout",        "layernorm",
+      "embedding", "residual",  "positional", "attention", "transformer",    "silu",
+      "rmsnorm",   "swiglu",    "llama",      "relu6",     "hardsigmoid",    "hardswish",
+      "gate",      "batchnorm", "identity",   "slice",     "channel_shuffle"};
   return kTypes;
 }
 
@@ -44,6 +45,8 @@ std::unique_ptr<Layer> makeLayer(const LayerSpec& spec) {
   if (t == "hardswish") return std::make_unique<ActivationLayer>(Activation::kHardSwish, spec);
   if (t == "flatten") return std::make_unique<Flatten>(spec);
   if (t == "identity") return std::make_unique<Identity>(spec);
+  if (t == "slice") return std::make_unique<ChannelSlice>(spec);
+  if (t == "channel_shuffle") return std::make_unique<ChannelShuffle>(spec);
   if (t == "dropout") return std::make_unique<Dropout>(spec);
   if (t == "layernorm") return std::make_unique<LayerNorm>(spec);
   if (t == "rmsnorm") return std::make_unique<RmsNorm>(spec);

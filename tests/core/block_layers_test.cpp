@@ -223,6 +223,76 @@ TEST(LayerGradTest, ConcatOfBranches) {
   EXPECT_EQ(dense.layer().params()[0]->name, "1.0.weight");
 }
 
+// ShuffleNet's rearrangements: a slice of the channels (its input gradient zero outside
+// them) and the channel shuffle (a permutation; its backward the inverse one), on [C, H, W]
+// and [D] samples.
+TEST(LayerGradTest, ChannelSliceAndShuffle) {
+  GradCheck slice("slice: {begin: 1, end: 4}", {2, 5, 2, 3});
+  slice.run(testing::randomVector(27, 2 * 5 * 2 * 3));
+  EXPECT_EQ(slice.layer().outputShape(), (Shape{3, 2, 3}));
+  GradCheck features("slice: {begin: 0, end: 2}", {3, 7});
+  features.run(testing::randomVector(28, 3 * 7));
+  GradCheck shuffle("channel_shuffle: {groups: 3}", {2, 6, 2, 2});
+  shuffle.run(testing::randomVector(29, 2 * 6 * 2 * 2));
+  EXPECT_EQ(shuffle.layer().outputShape(), (Shape{6, 2, 2}));
+  GradCheck flat("channel_shuffle: {groups: 2}", {3, 4});
+  flat.run(testing::randomVector(30, 3 * 4));
+}
+
+// The values themselves: output channel k * G + g is input channel g * K + k; a slice is
+// its channels; each sample of a batch alike.
+TEST(LayerTest, ChannelShuffleAndSliceMoveTheRightChannels) {
+  cpu::CpuBackend be(cpu::CpuOptions{1});
+  const auto run = [&](const std::string& yaml, const Shape& input) {
+    auto layer = makeLayer(parseModelSpec("input: [1]\nlayers:\n  - " + yaml + "\n").layers.at(0));
+    layer->setup(input.dropFirst());
+    Rng rng(1);
+    layer->build(be, rng);
+    std::vector<float> x(static_cast<size_t>(input.numel()));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+    Stash stash;
+    return toHost(layer->forward(toDevice(be, input, x), stash, ForwardContext{}));
+  };
+  // Two samples of 6 channels of 2 values: channel c holds 2c, 2c + 1 (+ 12 in sample 1);
+  // the output's channels are the input's in `order`.
+  const auto channels = [](std::initializer_list<int> order) {
+    std::vector<float> v;
+    for (const int sample : {0, 1})
+      for (const int c : order)
+        for (const int i : {0, 1}) v.push_back(static_cast<float>(12 * sample + 2 * c + i));
+    return v;
+  };
+  EXPECT_EQ(run("channel_shuffle: {groups: 2}", {2, 6, 1, 2}), channels({0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(run("channel_shuffle: {groups: 3}", {2, 6, 1, 2}), channels({0, 2, 4, 1, 3, 5}));
+  EXPECT_EQ(run("channel_shuffle: {groups: 1}", {1, 4, 2}),
+            (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(run("slice: {begin: 1, end: 3}", {2, 4, 2}),
+            (std::vector<float>{2, 3, 4, 5, 10, 11, 12, 13}));
+}
+
+TEST(LayerTest, ChannelSliceAndShuffleRefuseWhatTheirInputCannotGive) {
+  auto layer = [](const std::string& yaml) {
+    return makeLayer(parseModelSpec("input: [1]\nlayers:\n  - " + yaml + "\n").layers.at(0));
+  };
+  testing::expectThrowWith<InvalidArgument>([&] { layer("slice: {begin: 2, end: 2}"); },
+                                            {"slice: channels [2, 2)", "non-empty range"});
+  testing::expectThrowWith<InvalidArgument>([&] { layer("slice: {begin: -1, end: 2}"); },
+                                            {"slice: channels [-1, 2)"});
+  testing::expectThrowWith<InvalidArgument>([&] { layer("slice: {begin: 0}"); }, {"'end'"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        layer("slice: {begin: 2, end: 6}")->setup({4, 3});
+      },
+      {"slice: channels [2, 6) of an input [4, 3] of 4"});
+  testing::expectThrowWith<InvalidArgument>([&] { layer("channel_shuffle: {groups: 0}"); },
+                                            {"'groups' is 0"});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        layer("channel_shuffle: {groups: 4}")->setup({6, 2, 2});
+      },
+      {"channel_shuffle: 4 groups do not divide the 6 channels of [6, 2, 2]"});
+}
+
 TEST(LayerTest, ConcatRefusesBranchesThatDoNotMeet) {
   auto layer = [](const std::string& yaml) {
     return makeLayer(parseModelSpec("input: [1]\nlayers:\n  - " + yaml + "\n").layers.at(0));

@@ -101,6 +101,8 @@ INSTANTIATE_TEST_SUITE_P(
              "{out: 1, kernel: 3, padding: 1}}, relu]}}]}",
              {2, 3, 4, 5}},
         Case{"chain: {layers: [{linear: {out: 4}}, tanh]}", {3, 6}},
+        Case{"slice: {begin: 1, end: 3}", {2, 4, 3, 2}},
+        Case{"channel_shuffle: {groups: 2}", {2, 4, 3, 2}},
         Case{"maxpool2d: {kernel: 3, stride: 2, ceil: true}", {2, 2, 8, 8}},
         Case{"attention: {heads: 2}", {2, 5, 8}},
         Case{"attention: {heads: 1, causal: false}", {2, 4, 6}},
