@@ -230,6 +230,39 @@ class Exporter {
     return std::nullopt;
   }
 
+  // slice (a Slice of axis 1) and channel_shuffle (as torchvision writes it: a Reshape of
+  // the channels to [G, K], a Transpose of the two, a Reshape back; 0 keeps the batch);
+  // nullopt for other types.
+  std::optional<std::string> rearranging(const Layer& l, const std::string& t, const std::string& x,
+                                         const std::string& name) {
+    const LayerSpec s = l.spec();
+    if (t == "slice") {
+      node("Slice",
+           {x, int64s(name + ".starts", {1}, {std::get<int64_t>(s.attrs.at("begin"))}),
+            int64s(name + ".ends", {1}, {std::get<int64_t>(s.attrs.at("end"))}),
+            int64s(name + ".axes", {1}, {1})},
+           name, name);
+      return name;
+    }
+    if (t != "channel_shuffle") return std::nullopt;
+    const int64_t groups = std::get<int64_t>(s.attrs.at("groups"));
+    const std::vector<int64_t> sample = l.inputShape().dims();
+    std::vector<int64_t> split{0, groups, sample[0] / groups}, back{0};
+    std::vector<int64_t> perm{0, 2, 1};
+    for (size_t i = 0; i < sample.size(); ++i) {
+      if (i > 0) split.push_back(sample[i]), perm.push_back(static_cast<int64_t>(i) + 2);
+      back.push_back(sample[i]);
+    }
+    node("Reshape",
+         {x, int64s(name + ".groups_shape", {static_cast<int64_t>(split.size())}, split)},
+         name + ".groups", name + ".groups");
+    ints(node("Transpose", {name + ".groups"}, name + ".swapped", name + ".swapped"), "perm", perm);
+    node("Reshape",
+         {name + ".swapped", int64s(name + ".shape", {static_cast<int64_t>(back.size())}, back)},
+         name, name);
+    return name;
+  }
+
   // layernorm and batchnorm (its inference form, with the running statistics; ONNX's
   // momentum weighs the old running value, tandem's the new batch's).
   std::optional<std::string> normalization(const LayerSpec& s, const std::vector<Param*>& ps,
@@ -368,6 +401,7 @@ class Exporter {
       return name;
     }
     if (std::optional<std::string> y = branching(l, t, x, name)) return *y;
+    if (std::optional<std::string> y = rearranging(l, t, x, name)) return *y;
     if (t == "residual") return residual(dynamic_cast<const Residual&>(l), ps, x, name);
     throw InvalidArgument("layer " + name + " (" + t + "): no ONNX export for this layer type");
   }

@@ -72,7 +72,8 @@ std::optional<std::string> Importer::attention(const std::string& v, int mm) {
   const onnx::NodeProto& split = node(rs);
   if (split.input_size() != 2 || !constants_.count(split.input(1))) return std::nullopt;
   const std::vector<int64_t> to = int64s(split, split.input(1));
-  if (to.size() != 5 || to[2] != 3 || to[3] <= 0 || to[3] * to[4] != d ||
+  // (d divided, not the heads multiplied: a hostile file's sizes overflow a product)
+  if (to.size() != 5 || to[2] != 3 || to[3] <= 0 || d % to[3] != 0 || d / to[3] != to[4] ||
       !(to[1] == 0 || to[1] == t))
     return std::nullopt;
   const int64_t heads = to[3], hs = to[4];

@@ -32,8 +32,14 @@ ImportedModel Importer::run() {
       taken_[static_cast<size_t>(i)] = true;
       continue;
     }
+    // Shape arithmetic is folded where a Reshape or a Slice reads it, never walked.
+    if (shapeArithmetic(node)) {
+      shape_values_.insert(node.output(0));
+      taken_[static_cast<size_t>(i)] = true;
+      continue;
+    }
     for (const std::string& in : node.input())
-      if (!in.empty() && !constants_.count(in)) {
+      if (!in.empty() && !constants_.count(in) && !shape_values_.count(in)) {
         std::vector<int>& c = consumers_[in];
         if (c.empty() || c.back() != i) c.push_back(i);
       }
@@ -57,6 +63,7 @@ ImportedModel Importer::run() {
 
 std::string Importer::walk(std::string v) {
   for (;;) {
+    seen_shapes_[v] = shape_;
     const std::vector<int> next = live(v);
     if (next.empty()) return v;
     if (ids_ && node(next[0]).op_type() != "Gather")
@@ -100,7 +107,8 @@ std::string Importer::single(int i, const std::string& v) {
                      (node.input_size() ? node.input(0) : std::string()) +
                      "', not the previous node's output '" + v + "'");
   for (int k = 1; k < node.input_size(); ++k)
-    if (!node.input(k).empty() && !constants_.count(node.input(k)))
+    if (!node.input(k).empty() && !constants_.count(node.input(k)) &&
+        !shape_values_.count(node.input(k)))
       refuse(node, "its input '" + node.input(k) +
                        "' is computed, not an initializer: a branch tandem's layer list "
                        "cannot express");
@@ -134,7 +142,11 @@ std::string Importer::single(int i, const std::string& v) {
                        ": tandem flattens each sample (axis 1) only");
     flatten(node);
   } else if (op == "Reshape") {
-    reshape(node);
+    return reshape(node);
+  } else if (op == "Slice") {
+    channels(node);
+  } else if (op == "ReduceMean") {
+    spatialMean(node);
   } else if (op == "Dropout") {
     double p = attrFloat(node, "ratio", 0.5);
     if (node.input_size() > 1 && !node.input(1).empty()) p = scalar(node, node.input(1));

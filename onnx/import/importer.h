@@ -12,8 +12,10 @@
 #include <cstdint>
 #include <deque>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -261,10 +263,51 @@ class Importer {
 
   void flatten(const onnx::NodeProto& node);
 
+  // A ReduceMean over H and W of [N, C, H, W] (torch's x.mean([2, 3]), with or without
+  // the kept dimensions): a globalavgpool.
+  void spatialMean(const onnx::NodeProto& node);
+
   // A constant int64 vector (a shape, pads).
   std::vector<int64_t> int64s(const onnx::NodeProto& node, const std::string& name) const;
 
-  void reshape(const onnx::NodeProto& node);
+  // A Reshape: of each sample to one dimension (flatten), or of its channels into groups
+  // that a Transpose and a Reshape shuffle (channelShuffle); the value made.
+  std::string reshape(const onnx::NodeProto& node);
+
+  // --- shape arithmetic (shapes.cpp) --------------------------------------------------
+
+  // The batch dimension in a folded shape: the model leaves it open.
+  static constexpr int64_t kBatch = std::numeric_limits<int64_t>::min();
+
+  // A shape's integers as they are computed: a list, or a scalar (one value).
+  struct Folded {
+    std::vector<int64_t> values;
+    bool scalar = false;
+  };
+
+  // Whether `n` computes from the shape of a value: a Shape, or Gather, Unsqueeze, Squeeze,
+  // Concat, Add, Sub, Mul, Div, Cast or Slice of such values and integer constants (as
+  // PyTorch exports `x.size()` with a dynamic batch). Such nodes are never walked; a Reshape or a
+  // Slice that reads one folds it (shapeInts).
+  bool shapeArithmetic(const onnx::NodeProto& n) const;
+
+  // The integers of `name`: a constant int64 list (int64s), or shape arithmetic folded
+  // with the shapes the walk has seen — kBatch for the batch; what cannot be folded is
+  // refused naming its node.
+  std::vector<int64_t> shapeInts(const onnx::NodeProto& reader, const std::string& name);
+  Folded fold(const onnx::NodeProto& reader, const std::string& name, int depth);
+  // A constant int64 or int32 scalar or list.
+  Folded constFolded(const onnx::NodeProto& reader, const std::string& name) const;
+
+  // A Slice of each sample's channels (axis 1, step 1; torch's chunk): a `slice` layer.
+  void channels(const onnx::NodeProto& node);
+
+  // A Reshape to [batch, G, K, rest...] of a [G * K, rest...] sample, the Transpose of G
+  // and K, and the Reshape back, as torchvision's ShuffleNet writes its channel shuffle: a
+  // `channel_shuffle` layer, the value made. nullopt when `to` is not such a split; a split
+  // not followed by that Transpose and Reshape is refused naming the node.
+  std::optional<std::string> channelShuffle(const onnx::NodeProto& node,
+                                            const std::vector<int64_t>& to);
 
   const onnx::ModelProto& m_;
   std::string source_;
@@ -272,6 +315,9 @@ class Importer {
   std::deque<onnx::TensorProto> owned_;                // Constant nodes' tensors (stable addresses)
   std::map<std::string, std::vector<int>> consumers_;  // value -> the nodes reading it
   std::map<std::string, int> producer_;                // value -> the node making it
+  std::set<std::string> shape_values_;                 // made by shape arithmetic
+  std::map<std::string, Folded> folded_;               // shape arithmetic folded so far
+  std::map<std::string, Shape> seen_shapes_;           // per sample, of values walked
   std::vector<bool> taken_;                            // per node: imported (or folded)
   ImportedModel out_;
   std::vector<LayerSpec>* layers_ = nullptr;  // where layers go: the model's or a block's

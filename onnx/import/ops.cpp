@@ -1,8 +1,9 @@
 // The operators that map one to one (or with a neighbour folded in) onto tandem's
 // layers: Gemm/MatMul, Conv, pooling, Pad, Flatten, Reshape, Gather, LayerNormalization,
-// BatchNormalization.
+// BatchNormalization, ReduceMean over H and W.
 #include "onnx/import/importer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -311,14 +312,17 @@ void Importer::flatten(const onnx::NodeProto& node) {
   shape_ = Shape{shape_.numel()};
 }
 
-void Importer::reshape(const onnx::NodeProto& node) {
-  if (node.input_size() < 2) refuse(node, "it has no shape input");
-  const std::vector<int64_t> to = int64s(node, node.input(1));
-  const int64_t n = shape_.numel();
-  const bool to_2d = to.size() == 2 && (to[0] == -1 || to[0] == 0 || to[0] >= 1) &&
-                     (to[1] == n || (to[1] == -1 && to[0] != -1));
-  if (!to_2d) refuse(node, "only a reshape of each sample to one dimension (flatten) is supported");
-  flatten(node);
+void Importer::spatialMean(const onnx::NodeProto& node) {
+  requireRank(node, 3);
+  std::vector<int64_t> axes = attrInts(node, "axes");
+  if (node.input_size() > 1 && !node.input(1).empty()) axes = int64s(node, node.input(1));
+  for (int64_t& a : axes)
+    if (a < 0) a += 4;
+  std::sort(axes.begin(), axes.end());
+  if (axes != std::vector<int64_t>{2, 3})
+    refuse(node, "only a mean over the two spatial axes (2, 3) is supported");
+  add({"globalavgpool", {}, {}, where(node)});
+  shape_ = Shape{shape_[0]};
 }
 
 }  // namespace tandem::onnx_io

@@ -1,6 +1,7 @@
 // Writes a seed corpus for onnx_import_fuzz into the directory given as the only
 // argument: small models of every layer type tandem exports (so every import path has a
-// valid start), each as `tandem export` writes it.
+// valid start), each as `tandem export` writes it, and the PyTorch exports of the parity
+// fixtures (tests/data/onnx-parity: the patterns and shape arithmetic PyTorch writes).
 #include <onnx/onnx_pb.h>
 
 #include <cstdio>
@@ -40,7 +41,10 @@ int main(int argc, char** argv) {
       "input: [2, 4, 4]\nlayers: [batchnorm, {concat: {layers: [identity, {chain: {layers: "
       "[batchnorm, relu, {conv2d: {out: 2, kernel: 3, padding: 1}}]}}]}}, {residual: {proj_norm: "
       "true, layers: [{conv2d: {out: 3, kernel: 3, stride: 2, padding: 1}}]}}, flatten, "
-      "{batchnorm: {momentum: 0.05}}]\n"};
+      "{batchnorm: {momentum: 0.05}}]\n",
+      "input: [4, 2, 2]\nlayers: [{concat: {layers: [{slice: {begin: 0, end: 2}}, {chain: "
+      "{layers: [{slice: {begin: 2, end: 4}}, relu]}}]}}, {channel_shuffle: {groups: 2}}, "
+      "flatten]\n"};
   int n = 0;
   for (const char* yaml : specs) {
     cpu::CpuBackend be(cpu::CpuOptions{1});
@@ -50,6 +54,16 @@ int main(int argc, char** argv) {
     const std::string path = std::string(argv[1]) + "/seed-" + std::to_string(n++) + ".onnx";
     std::ofstream out(path, std::ios::binary);
     onnx_io::exportOnnx(parseModelFile(bytes, "seed")).SerializeToOstream(&out);
+  }
+  for (const char* fixture :
+       {"mlp", "cnn", "rescnn", "gpt", "mobile", "bncnn", "dense", "shuffle"}) {
+    const std::string from = std::string(TANDEM_SOURCE_DIR) + "/tests/data/onnx-parity/" + fixture;
+    std::ifstream in(from + ".onnx", std::ios::binary);
+    std::ofstream out(std::string(argv[1]) + "/torch-" + fixture + ".onnx", std::ios::binary);
+    if (!(out << in.rdbuf())) {
+      std::fprintf(stderr, "cannot copy %s.onnx\n", from.c_str());
+      return 1;
+    }
   }
   return 0;
 }

@@ -18,7 +18,7 @@ void expectSameLayers(const std::vector<LayerSpec>& a, const std::vector<LayerSp
 }
 
 TEST(OnnxExportTest, EveryLayerTypeExportsAndImportsBackBitwise) {
-  for (const char* yaml : {kCnnYaml, kMlpYaml, kLmYaml, kGptYaml, kMobileYaml}) {
+  for (const char* yaml : {kCnnYaml, kMlpYaml, kLmYaml, kGptYaml, kMobileYaml, kShuffleYaml}) {
     const ModelFile file = savedModel(yaml);
     SCOPED_TRACE(file.spec.name);
     onnx::ModelProto m = exportOnnx(file);

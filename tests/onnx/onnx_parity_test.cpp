@@ -166,7 +166,7 @@ TEST(OnnxParityTest, PyTorchsModelsMatchForwardGradientsAndTrainingOnEveryDevice
   std::printf("PyTorch parity (largest |ours - torch| / (1 + |torch|)):\n");
   std::printf("%-8s %-10s %10s %10s %10s %10s %10s %10s %10s\n", "model", "device", "forward",
               "loss", "input grad", "grads", "after K", "bn start", "bn after");
-  for (const char* model : {"mlp", "cnn", "rescnn", "gpt", "mobile", "bncnn", "dense"})
+  for (const char* model : {"mlp", "cnn", "rescnn", "gpt", "mobile", "bncnn", "dense", "shuffle"})
     for (const std::string& device : devices) {
       SCOPED_TRACE(std::string(model) + " on " + device);
       const Errors e = compare(model, device);

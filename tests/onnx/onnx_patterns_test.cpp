@@ -1,6 +1,8 @@
 // The importer's patterns of several nodes (onnx/import/): PyTorch's LayerNorm and GELU
 // as primitive operators, a GPT's attention, positional embedding and transformer blocks,
 // and attention patterns that are not tandem's, refused naming the node.
+#include <limits>
+
 #include "tests/onnx/onnx_test_util.h"
 
 namespace tandem::onnx_io {
@@ -107,6 +109,83 @@ TEST(OnnxImportTest, PyTorchsGptImportsAsTransformerBlocks) {
   EXPECT_EQ(std::get<int64_t>(imported.spec.layers[1].attrs.at("context")), 6);
 }
 
+// The ShuffleNet stage PyTorch 1.13 exports (tests/data/onnx-parity/shuffle.onnx): its
+// shapes computed from Shape nodes at run time (a dynamic batch), folded; chunk's Slices
+// become `slice` branches of a `concat`, each view-transpose-view a `channel_shuffle`, the
+// mean over H and W a globalavgpool. Spoiled, the arithmetic or the pattern is refused
+// naming its node.
+TEST(OnnxImportTest, PyTorchsShapeArithmeticFoldsAndBrokenShapesAreRefusedNamingTheNode) {
+  onnx::ModelProto good;
+  ASSERT_TRUE(good.ParseFromString(
+      slurp(std::string(TANDEM_SOURCE_DIR) + "/tests/data/onnx-parity/shuffle.onnx")));
+  const ImportedModel imported = importOnnx(good, "shuffle.onnx");
+  std::vector<std::string> types;
+  for (const LayerSpec& l : imported.spec.layers) types.push_back(l.type);
+  EXPECT_EQ(types, (std::vector<std::string>{
+                       "conv2d", "batchnorm", "relu", "concat", "channel_shuffle", "concat",
+                       "channel_shuffle", "concat", "channel_shuffle", "globalavgpool", "linear"}));
+  ASSERT_EQ(types.size(), 11u);
+  const LayerSpec& unit = imported.spec.layers[5];  // x1, branch(x2) of its halves
+  ASSERT_EQ(unit.children.size(), 2u);
+  EXPECT_EQ(unit.children[0].type, "slice");
+  EXPECT_TRUE(unit.children[0].attrs ==
+              (std::map<std::string, AttrValue>{{"begin", int64_t{0}}, {"end", int64_t{4}}}));
+  EXPECT_EQ(unit.children[1].children.at(0).type, "slice");
+  EXPECT_TRUE(unit.children[1].children.at(0).attrs ==
+              (std::map<std::string, AttrValue>{{"begin", int64_t{4}}, {"end", int64_t{8}}}));
+  EXPECT_TRUE(imported.spec.layers[4].attrs ==
+              (std::map<std::string, AttrValue>{{"groups", int64_t{2}}}));
+
+  // The first node of `op` whose input `k` a Constant makes: that Constant's tensor.
+  const auto constantOf = [](onnx::GraphProto& g, const std::string& op, int k,
+                             const std::function<bool(const onnx::NodeProto&)>& which) {
+    for (const onnx::NodeProto& n : g.node())
+      if (n.op_type() == op && n.input_size() > k && which(n))
+        for (onnx::NodeProto& c : *g.mutable_node())
+          if (c.op_type() == "Constant" && c.output(0) == n.input(k))
+            return c.mutable_attribute(0)->mutable_t();
+    ADD_FAILURE() << "no " << op << " reading a Constant";
+    return static_cast<onnx::TensorProto*>(nullptr);
+  };
+  const auto setInts = [](onnx::TensorProto* t, int64_t v) {
+    if (t == nullptr) return;
+    t->clear_int64_data();
+    t->set_raw_data(std::string(reinterpret_cast<const char*>(&v), sizeof v));
+  };
+  const auto any = [](const onnx::NodeProto&) { return true; };
+  const auto refused = [&](const std::function<void(onnx::GraphProto&)>& spoil,
+                           const std::vector<std::string>& what) {
+    onnx::ModelProto m = good;
+    spoil(*m.mutable_graph());
+    testing::expectThrowWith<InvalidArgument>([&] { importOnnx(m, "spoiled.onnx"); }, what);
+  };
+  // The channels divided by 0 where the shuffle's groups are computed.
+  refused([&](onnx::GraphProto& g) { setInts(constantOf(g, "Div", 1, any), 0); },
+          {"spoiled.onnx: node '", "(Div)", "it divides 8 by 0"});
+  // A dimension past the shape's end.
+  refused([&](onnx::GraphProto& g) { setInts(constantOf(g, "Gather", 1, any), 9); },
+          {"(Gather)", "index 9 is outside the list of 4"});
+  // chunk's Slice along H instead of the channels.
+  refused(
+      [&](onnx::GraphProto& g) {
+        setInts(
+            constantOf(g, "Slice", 3, [](const onnx::NodeProto& n) { return n.input_size() == 4; }),
+            2);
+      },
+      {"(Slice)", "only a slice of the channels (axis 1)"});
+  // A transpose that moves nothing after the split into groups.
+  refused(
+      [&](onnx::GraphProto& g) {
+        for (onnx::NodeProto& n : *g.mutable_node())
+          if (n.op_type() == "Transpose") {
+            n.mutable_attribute(0)->clear_ints();
+            for (const int64_t a : {0, 1, 2, 3, 4}) n.mutable_attribute(0)->add_ints(a);
+            break;
+          }
+      },
+      {"(Transpose)", "only the transpose of the channels' two group axes"});
+}
+
 // An attention pattern that tandem's layer would compute otherwise is refused at the node
 // where it departs: a mask that is not the causal one, a transpose of other axes, a scale
 // that is not 1/sqrt(head size).
@@ -138,6 +217,17 @@ TEST(OnnxImportTest, AnAttentionPatternThatIsNotTandemsIsRefusedNamingTheNode) {
   });
   testing::expectThrowWith<InvalidArgument>([&] { importOnnx(scale, "scale.onnx"); },
                                             {"node '2.0.1.qk' (MatMul)", "Div by sqrt(4)"});
+  // Heads and head size whose product overflows (the fuzz target's find: once multiplied):
+  // not the pattern, so its Reshape is refused as one.
+  const onnx::ModelProto heads = spoiled([](onnx::GraphProto& g) {
+    for (auto& t : *g.mutable_initializer())
+      if (t.name() == "2.0.1.split_shape") {
+        const int64_t to[5] = {0, 0, 3, int64_t{1} << 42, std::numeric_limits<int64_t>::max() - 1};
+        t.set_raw_data(to, sizeof to);
+      }
+  });
+  testing::expectThrowWith<InvalidArgument>([&] { importOnnx(heads, "heads.onnx"); },
+                                            {"node '2.0.1.split' (Reshape)"});
 }
 
 TEST(OnnxImportTest, PyTorchsLayerNormAndGeluPatternsImportAsTheLayers) {

@@ -394,6 +394,20 @@ TEST(OnnxImportTest, HostileFilesAreRefusedWithClearErrors) {
     testing::expectThrowWith<InvalidArgument>([&] { importOnnx(m, "m.onnx"); },
                                               {"node 'Flatten_f' (Reshape)"});
   }
+  // ... and a split of the channels into groups whose sizes overflow their product (once
+  // multiplied).
+  m = smallCnn();
+  onnx::NodeProto* split = m.mutable_graph()->mutable_node(3);
+  split->set_op_type("Reshape");
+  split->add_input("to");
+  onnx::TensorProto* to = m.mutable_graph()->add_initializer();
+  to->set_name("to");
+  to->set_data_type(onnx::TensorProto::INT64);
+  to->add_dims(5);
+  for (const int64_t d : {int64_t{0}, int64_t{1} << 40, int64_t{1} << 40, int64_t{3}, int64_t{3}})
+    to->add_int64_data(d);
+  testing::expectThrowWith<InvalidArgument>([&] { importOnnx(m, "m.onnx"); },
+                                            {"node 'Flatten_f' (Reshape)", "(flatten)"});
 }
 
 // A Pad of zeros before a MaxPool is not its padding (which is -inf): refused, naming it.

@@ -150,6 +150,25 @@ layers:
   - linear: {out: 4}
 )";
 
+// ShuffleNet's units: two branches joined then shuffled, and a unit that passes its
+// input's first half on beside a branch of the second (slices of the channels).
+inline const char* const kShuffleYaml = R"(name: shuffle
+input: [3, 8, 8]
+layers:
+  - concat:
+      layers:
+        - conv2d: {out: 4, kernel: 3, stride: 2, padding: 1}
+        - chain: {layers: [{conv2d: {out: 4, kernel: 1, stride: 2}}, relu]}
+  - channel_shuffle: {groups: 2}
+  - concat:
+      layers:
+        - slice: {begin: 0, end: 4}
+        - chain: {layers: [{slice: {begin: 4, end: 8}}, {conv2d: {out: 4, kernel: 3, padding: 1, groups: 4}}, relu]}
+  - channel_shuffle: {groups: 4}
+  - globalavgpool
+  - linear: {out: 3}
+)";
+
 inline const char* const kMlpYaml = R"(name: mlp
 input: [20]
 layers:

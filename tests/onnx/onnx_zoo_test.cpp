@@ -158,6 +158,9 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
   EXPECT_TRUE(imported.count("efficientnet_b0"));
   EXPECT_TRUE(imported.count("squeezenet1_1"));  // fire modules' concats, ceil-mode pooling
   EXPECT_TRUE(imported.count("densenet121"));    // dense blocks, batch norms after the joins
+  // chunk's slices, channel shuffles, shapes folded from Shape nodes; and as it trains.
+  EXPECT_TRUE(imported.count("shufflenet_v2_x0_5"));
+  EXPECT_TRUE(trained.count("shufflenet_v2_x0_5"));
 }
 
 }  // namespace
