@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/registry.h"
 #include "core/error.h"
 #include "core/model_file.h"
 #include "core/model_spec.h"
@@ -55,12 +56,13 @@ inline std::vector<float> floats(const onnx::TensorProto& t) {
   return {t.float_data().begin(), t.float_data().end()};
 }
 
-// The imported model, built on the CPU with its imported weights, run forward (inference)
-// on the batch `x`.
+// The imported model, built on `device` (backends/registry.h's name) with its imported
+// weights, run forward (inference) on the batch `x`.
 // (Integer ids, int64 in ONNX, go in as tandem's int32.)
 inline std::vector<float> forward(const ImportedModel& imported, const onnx::TensorProto& x,
-                                  bool training = false) {
-  cpu::CpuBackend be(cpu::CpuOptions{1});
+                                  bool training = false, const std::string& device = "cpu") {
+  const std::unique_ptr<Backend> owned = makeBackend(device, BackendOptions{1});
+  Backend& be = *owned;
   const std::unique_ptr<Model> model = loadModel(toModelFile(imported), be);
   const Shape shape(std::vector<int64_t>(x.dims().begin(), x.dims().end()));
   Stash stash;

@@ -1,8 +1,9 @@
 // torchvision's models (issue 48's zoo) as PyTorch exports them, batch-norm statistics
 // perturbed so that their folding matters (scripts/torchvision-zoo, which needs
-// torchvision: skipped without it, as in CI): each one tandem expresses imports and its
-// output matches PyTorch's eval output; each other is refused naming a node. Prints
-// every model's error or refusal.
+// torchvision: skipped without it, as in CI): each one tandem expresses imports, its
+// output matches PyTorch's eval output on the CPU and every OpenCL device, and it exports
+// back to a graph ONNX's checker accepts that imports as the same model; each other is
+// refused naming a node. Prints every model's error or refusal.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,8 +17,10 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/opencl/devices.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "core/model_spec.h"
 #include "tests/onnx/onnx_test_util.h"
 #include "tests/test_util.h"
 
@@ -102,6 +105,8 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
   const std::string script = std::string(TANDEM_SOURCE_DIR) + "/scripts/torchvision-zoo";
   ASSERT_EQ(std::system((script + " " + dir + " > " + dir + "/export.log 2>&1").c_str()), 0)
       << readFile(dir + "/export.log", "export log");
+  std::vector<std::string> devices = {"cpu"};
+  for (const auto& d : opencl::listClDevices()) devices.push_back(d.label());
   std::ifstream list(dir + "/models.txt");
   std::string name;
   int64_t h = 0, w = 0;
@@ -121,15 +126,30 @@ TEST(OnnxZooTest, TorchvisionModelsImportAndMatchPyTorchOrAreRefusedNamed) {
     x.set_data_type(onnx::TensorProto::FLOAT);
     for (const int64_t d : {int64_t{1}, int64_t{3}, h, w}) x.add_dims(d);
     for (const float v : floatsIn(dir + "/" + name + ".input.bin")) x.add_float_data(v);
-    const std::vector<float> got = test::forward(m, x);
     const std::vector<float> want = floatsIn(dir + "/" + name + ".output.bin");
-    ASSERT_EQ(got.size(), want.size());
-    double err = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-      err = std::max(err, std::fabs(double(got[i]) - want[i]) / (1.0 + std::fabs(double(want[i]))));
-    std::printf("  %-20s %zu layers, error %.2g\n", name.c_str(), m.spec.layers.size(), err);
-    EXPECT_LE(err, 1e-4);
+    for (const std::string& device : devices) {
+      const std::vector<float> got = test::forward(m, x, false, device);
+      ASSERT_EQ(got.size(), want.size()) << device;
+      const double err = largestError(got.data(), want.data(), got.size());
+      std::printf("  %-20s %zu layers, error %.2g (%s)\n", name.c_str(), m.spec.layers.size(), err,
+                  device.c_str());
+      EXPECT_LE(err, 1e-4) << device;
+    }
     imported.insert(name);
+    // Exported, checked by ONNX's checker, imported again: the same layers and bitwise the
+    // same weights.
+    const ModelFile file = toModelFile(m);
+    const onnx::ModelProto out = exportOnnx(file);
+    EXPECT_NO_THROW(onnx::checker::check_model(out));
+    const ModelFile back = toModelFile(importOnnx(out, name + ".exported.onnx"));
+    EXPECT_EQ(modelSpecYaml(Model(back.spec).spec()), modelSpecYaml(Model(file.spec).spec()));
+    EXPECT_EQ(back.params.size(), file.params.size());
+    size_t same = 0;
+    for (size_t i = 0; i < std::min(back.params.size(), file.params.size()); ++i)
+      same += back.params[i].name == file.params[i].name &&
+              back.params[i].shape == file.params[i].shape &&
+              back.params[i].data == file.params[i].data;
+    EXPECT_EQ(same, file.params.size()) << "parameters back bitwise";
     try {
       const StepErrors step = trainingStep(dir + "/" + name, h, w);
       std::printf(
