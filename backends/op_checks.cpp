@@ -46,6 +46,18 @@ int64_t checkPool(const Tensor& input, const Tensor& pooled, const Window2d& g,
   return n;
 }
 
+int64_t checkDepthwise(const Tensor& x, const Tensor& w, const Tensor& y, const Window2d& g,
+                       std::string_view device, const char* op) {
+  const int64_t n = checkPool(x, y, g, device, op);
+  TANDEM_CHECK_MSG(w.numel() == g.channels * g.kernel_h * g.kernel_w, InvalidArgument,
+                   device << " " << op << ": weight " << w.shape() << " holds " << w.numel()
+                          << " values, expected [" << g.channels << ", 1, " << g.kernel_h << ", "
+                          << g.kernel_w << "]");
+  TANDEM_CHECK_MSG(x.dtype() == DType::kF32 && w.dtype() == DType::kF32 && y.dtype() == DType::kF32,
+                   InvalidArgument, device << " " << op << ": f32 tensors only");
+  return n;
+}
+
 void checkColumns(const Tensor& col, const Tensor& images, const Window2d& g,
                   std::string_view device, const char* op) {
   const int64_t rows = g.channels * g.kernel_h * g.kernel_w;

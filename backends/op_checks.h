@@ -40,6 +40,10 @@ struct ConvDims {
 };
 ConvDims checkConv(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
                    const Window2d& g, std::string_view device, const char* op);
+// A depthwise convolution's tensors: x [n, C, H, W] matching the window, w of C*kh*kw
+// values, y [n, C, OH, OW]. Returns n.
+int64_t checkDepthwise(const Tensor& x, const Tensor& w, const Tensor& y, const Window2d& g,
+                       std::string_view device, const char* op);
 // argmax has the shape of the pooled tensor y (max pooling and its backward).
 void checkArgmax(const Tensor& argmax, const Tensor& y, std::string_view device, const char* op);
 

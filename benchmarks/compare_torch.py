@@ -29,7 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = [("MlpWide_b256", "mlp-wide:256", "MLP 784-1024-1024-10, batch 256"),
          ("Cnn_b128", "cnn:128", "CNN (examples/models/cnn.yaml), batch 128"),
          ("GptMini_b16", "gpt-mini:16", "GPT (examples/models/gpt-mini.yaml), batch 16"),
-         ("Resnet18_b32", "resnet18:32", "resnet18 (resnet18.yaml), batch 32")]
+         ("Resnet18_b32", "resnet18:32", "resnet18 (resnet18.yaml), batch 32"),
+         ("MobilenetV2_b32", "mobilenet_v2:32", "mobilenet_v2 (mobilenet_v2.yaml), batch 32")]
 
 
 def ours(build, threads, cases):

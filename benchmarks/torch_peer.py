@@ -46,6 +46,15 @@ def resnet18():
     return model
 
 
+def mobilenet_v2():
+    """torchvision's mobilenet_v2 for 1x28x28 images and 10 classes:
+    examples/models/mobilenet_v2.yaml."""
+    import torchvision
+    model = torchvision.models.mobilenet_v2(num_classes=10)
+    model.features[0][0] = nn.Conv2d(1, 32, 3, stride=2, padding=1, bias=False)
+    return model
+
+
 class Block(nn.Module):
     """tandem's transformer block: x + attn(ln1(x)); x + fc2(gelu(fc1(ln2(x)))), causal."""
 
@@ -158,7 +167,8 @@ def bench_llama(count):
             "first_token_ms": 1e3 * (times[0] - t0)}
 
 
-MODELS = {"mlp-wide": mlp_wide, "mlp": mlp, "cnn": cnn, "gpt-mini": Gpt, "resnet18": resnet18}
+MODELS = {"mlp-wide": mlp_wide, "mlp": mlp, "cnn": cnn, "gpt-mini": Gpt, "resnet18": resnet18,
+          "mobilenet_v2": mobilenet_v2}
 TOKENS = {"gpt-mini": (256, 128)}  # language models: vocab, context
 
 

@@ -95,12 +95,20 @@ void BM_TrainStep_GptMini_b16(benchmark::State& state) {
 void BM_TrainStep_Resnet18_b32(benchmark::State& state) {
   runStep(state, readFile(TANDEM_SOURCE_DIR "/examples/models/resnet18.yaml"), 32);
 }
+void BM_TrainStep_MobilenetV2_b32(benchmark::State& state) {
+  runStep(state, readFile(TANDEM_SOURCE_DIR "/examples/models/mobilenet_v2.yaml"), 32);
+}
 
 BENCHMARK(BM_TrainStep_MlpWide_b256)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TrainStep_Cnn_b128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TrainStep_Mlp_b128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TrainStep_GptMini_b16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TrainStep_Resnet18_b32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TrainStep_MobilenetV2_b32)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_Sgemm1024)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

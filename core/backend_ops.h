@@ -95,6 +95,19 @@
                                                        const Window2d& g, const Tensor& dw,    \
                                                        const Tensor& db),                      \
     (x, dy, g, dw, db))                                                                        \
+  /* --- depthwise convolution: x [n, C, H, W] (C = g.channels), w [C, 1, kh, kw] (C*kh*kw   \
+     values): channel c of y [n, C, OH, OW] is the cross-correlation of x's channel c with   \
+     w's, each output's taps summed from 0 in (ki, kj) order; no bias (addBias after). */   \
+  X(DepthwiseConv2d, void, depthwiseConv2d, (const Tensor& x, const Tensor& w,                 \
+                                             const Window2d& g, const Tensor& y),              \
+    (x, w, g, y))                                                                              \
+  /* dx [n, C, H, W] (overwritten) = its input gradient for dy [n, C, OH, OW]. */              \
+  X(DepthwiseConv2dBackwardData, void, depthwiseConv2dBackwardData,                            \
+    (const Tensor& dy, const Tensor& w, const Window2d& g, const Tensor& dx), (dy, w, g, dx))  \
+  /* dw += its weight gradient, summed sample by sample in the batch's order (each sample's   \
+     share over its outputs in order), whatever the threads. */                             \
+  X(DepthwiseConv2dBackwardWeight, void, depthwiseConv2dBackwardWeight,                        \
+    (const Tensor& x, const Tensor& dy, const Window2d& g, const Tensor& dw), (x, dy, g, dw))  \
   /* --- pooling over [N, C, H, W] --- */                                                      \
   /* argmax (i32) holds, per output, the flat index inside its input plane. */                 \
   X(MaxPool, void, maxPool, (const Tensor& x, const Window2d& g, const Tensor& y,              \

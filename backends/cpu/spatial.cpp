@@ -281,4 +281,121 @@ void CpuBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const Tens
   });
 }
 
+namespace {
+
+// The outputs ox whose tap kj reads inside the row: 0 <= ox * stride - pad + kj < width
+// (so input column ox * stride + kj - pad is never negative for ox >= lo).
+std::pair<int64_t, int64_t> tapSpan(int64_t kj, int64_t stride, int64_t pad, int64_t width,
+                                    int64_t outs) {
+  const int64_t t = pad - kj, u = width - 1 + pad - kj;
+  const int64_t lo = t <= 0 ? 0 : (t + stride - 1) / stride;
+  const int64_t hi = u < 0 ? 0 : std::min(outs, u / stride + 1);
+  return {lo, std::max(lo, hi)};
+}
+
+}  // namespace
+
+// One (sample, channel) plane per task: each output row accumulates its taps in (ki, kj)
+// order, a tap's outputs at once (contiguous for stride 1, so vectorised).
+void CpuBackend::depthwiseConv2d(const Tensor& x, const Tensor& w, const Window2d& g,
+                                 const Tensor& y) {
+  const int64_t n = backends::checkDepthwise(x, w, y, g, "cpu", "depthwiseConv2d");
+  const float* xp = f32(x);
+  const float* wp = f32(w);
+  float* yp = f32(y);
+  const int64_t ow = g.outWidth(), outs = g.outHeight() * ow, plane = g.height * g.width;
+  const int64_t taps = g.kernel_h * g.kernel_w, sw = g.stride_w;
+  pool_.parallelFor(n * g.channels, 4, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const float* in = xp + p * plane;
+      const float* wk = wp + (p % g.channels) * taps;
+      float* out = yp + p * outs;
+      std::fill(out, out + outs, 0.0f);
+      for (int64_t oy = 0; oy < g.outHeight(); ++oy) {
+        float* row = out + oy * ow;
+        for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+          const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+          if (iy < 0 || iy >= g.height) continue;
+          const float* src = in + iy * g.width;
+          for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+            const auto [lo, hi] = tapSpan(kj, sw, g.pad_w, g.width, ow);
+            const float v = wk[ki * g.kernel_w + kj];
+            const int64_t shift = kj - g.pad_w;
+            if (sw == 1)
+              for (int64_t ox = lo; ox < hi; ++ox) row[ox] += v * src[ox + shift];
+            else
+              for (int64_t ox = lo; ox < hi; ++ox) row[ox] += v * src[ox * sw + shift];
+          }
+        }
+      }
+    }
+  });
+}
+
+// The adjoint, plane by plane: each output's gradient scattered to the inputs its taps
+// read, in (oy, ki, kj, ox) order.
+void CpuBackend::depthwiseConv2dBackwardData(const Tensor& dy, const Tensor& w, const Window2d& g,
+                                             const Tensor& dx) {
+  const int64_t n = backends::checkDepthwise(dx, w, dy, g, "cpu", "depthwiseConv2dBackwardData");
+  const float* gy = f32(dy);
+  const float* wp = f32(w);
+  float* gx = f32(dx);
+  const int64_t ow = g.outWidth(), outs = g.outHeight() * ow, plane = g.height * g.width;
+  const int64_t taps = g.kernel_h * g.kernel_w, sw = g.stride_w;
+  pool_.parallelFor(n * g.channels, 4, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      float* din = gx + p * plane;
+      const float* wk = wp + (p % g.channels) * taps;
+      std::fill(din, din + plane, 0.0f);
+      for (int64_t oy = 0; oy < g.outHeight(); ++oy) {
+        const float* grow = gy + p * outs + oy * ow;
+        for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+          const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+          if (iy < 0 || iy >= g.height) continue;
+          float* dst = din + iy * g.width;
+          for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+            const auto [lo, hi] = tapSpan(kj, sw, g.pad_w, g.width, ow);
+            const float v = wk[ki * g.kernel_w + kj];
+            const int64_t shift = kj - g.pad_w;
+            for (int64_t ox = lo; ox < hi; ++ox) dst[ox * sw + shift] += v * grow[ox];
+          }
+        }
+      }
+    }
+  });
+}
+
+// Channel by channel: each sample's share of a tap (its outputs in order) added to dw in
+// the batch's order.
+void CpuBackend::depthwiseConv2dBackwardWeight(const Tensor& x, const Tensor& dy, const Window2d& g,
+                                               const Tensor& dw) {
+  const int64_t n = backends::checkDepthwise(x, dw, dy, g, "cpu", "depthwiseConv2dBackwardWeight");
+  const float* xp = f32(x);
+  const float* gy = f32(dy);
+  float* gw = f32(dw);
+  const int64_t oh = g.outHeight(), ow = g.outWidth(), plane = g.height * g.width;
+  const int64_t taps = g.kernel_h * g.kernel_w, sw = g.stride_w, c = g.channels;
+  pool_.parallelFor(c, 1, [&](int64_t b, int64_t e) {
+    for (int64_t ch = b; ch < e; ++ch)
+      for (int64_t s = 0; s < n; ++s) {
+        const float* in = xp + (s * c + ch) * plane;
+        const float* grad = gy + (s * c + ch) * oh * ow;
+        for (int64_t ki = 0; ki < g.kernel_h; ++ki)
+          for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+            const auto [lo, hi] = tapSpan(kj, sw, g.pad_w, g.width, ow);
+            float share = 0.0f;
+            for (int64_t oy = 0; oy < oh; ++oy) {
+              const int64_t iy = oy * g.stride_h - g.pad_h + ki;
+              if (iy < 0 || iy >= g.height) continue;
+              const float* src = in + iy * g.width;
+              const float* grow = grad + oy * ow;
+              const int64_t shift = kj - g.pad_w;
+              for (int64_t ox = lo; ox < hi; ++ox) share += src[ox * sw + shift] * grow[ox];
+            }
+            gw[ch * taps + ki * g.kernel_w + kj] += share;
+          }
+      }
+  });
+}
+
 }  // namespace tandem::cpu

@@ -208,6 +208,28 @@ void OpenClBackend::avgPoolBackward(const Tensor& dy, const Window2d& g, const T
   launch("avg_pool_backward_f32", items(dx.numel()), dy, dx, static_cast<cl_long>(n), g);
 }
 
+// --- depthwise convolution: direct kernels (kernels/spatial.cl) ---
+
+void OpenClBackend::depthwiseConv2d(const Tensor& x, const Tensor& w, const Window2d& g,
+                                    const Tensor& y) {
+  const int64_t n = backends::checkDepthwise(x, w, y, g, label_, "depthwiseConv2d");
+  launch("depthwise_conv2d_f32", items(y.numel()), x, w, y, static_cast<cl_long>(n), g);
+}
+
+void OpenClBackend::depthwiseConv2dBackwardData(const Tensor& dy, const Tensor& w,
+                                                const Window2d& g, const Tensor& dx) {
+  const int64_t n = backends::checkDepthwise(dx, w, dy, g, label_, "depthwiseConv2dBackwardData");
+  launch("depthwise_conv2d_backward_data_f32", items(dx.numel()), dy, w, dx,
+         static_cast<cl_long>(n), g);
+}
+
+void OpenClBackend::depthwiseConv2dBackwardWeight(const Tensor& x, const Tensor& dy,
+                                                  const Window2d& g, const Tensor& dw) {
+  const int64_t n = backends::checkDepthwise(x, dw, dy, g, label_, "depthwiseConv2dBackwardWeight");
+  launch("depthwise_conv2d_backward_weight_f32", items(dw.numel()), x, dy, dw,
+         static_cast<cl_long>(n), g);
+}
+
 // --- batch normalisation ---
 
 size_t OpenClBackend::channelGroup(const char* kernel_name, int64_t values) {

@@ -118,6 +118,13 @@ Tensor Conv2d::forward(const Tensor& x, Stash& stash, const ForwardContext&) {
     stash.saved = {x};
     return y;
   }
+  if (depthwise()) {
+    Tensor y = backend_->empty({n, out_channels_, oh, ow});
+    backend_->depthwiseConv2d(x, weight_.value, g_, y);
+    if (bias_) backend_->addBias(y, b_.value);
+    stash.saved = {x};
+    return y;
+  }
   const int64_t og = out_channels_ / groups_;
   Tensor xt = byGroup(x);
   Tensor yt = backend_->empty({groups_, n, og, oh, ow});
@@ -137,6 +144,14 @@ Tensor Conv2d::backward(const Tensor& dy, Stash& stash, bool need_dx) {
     Tensor dx = backend_->empty(x.shape());
     backend_->conv2dBackwardData(dy, weight_.value, g_, dx);
     if (column()) allreducePart(*backend_, dx, *part_, 1);  // every output channel's share
+    return dx;
+  }
+  if (depthwise()) {
+    backend_->depthwiseConv2dBackwardWeight(x, dy, g_, weight_.grad);
+    if (bias_) backend_->biasGrad(dy, b_.grad);
+    if (!need_dx) return Tensor();
+    Tensor dx = backend_->empty(x.shape());
+    backend_->depthwiseConv2dBackwardData(dy, weight_.value, g_, dx);
     return dx;
   }
   const int64_t n = dy.shape()[0], og = out_channels_ / groups_;
@@ -161,8 +176,10 @@ int64_t Conv2d::workspaceBytes(int64_t batch) const {
   // a tile of at most 256 KiB per thread, or, where they group samples, the same chunk's
   // columns and outputs (beside at most 2 MiB of packed panels per thread, outside the
   // tensors).
-  // Grouped: one group's convolution at a time, beside the regrouped input, output and
-  // gradients (the input's stays in the stash).
+  // Depthwise: the kernels read and write the tensors in place. Grouped: one group's
+  // convolution at a time, beside the regrouped input, output and gradients (the input's
+  // stays in the stash).
+  if (depthwise()) return 0;
   const int64_t ohw = g_.outHeight() * g_.outWidth(), og = outs() / groups_;
   const int64_t c = convColumnChunk(gg_, og, batch);
   const int64_t k = gg_.channels * g_.kernel_h * g_.kernel_w;
@@ -198,6 +215,15 @@ LayerSpec Conv2d::spec() const {
 }
 
 std::vector<OpUse> Conv2d::ops(bool training) const {
+  if (depthwise())
+    return bias_ ? f32Ops(training, {Op::kDepthwiseConv2d, Op::kAddBias},
+                          {Op::kDepthwiseConv2dBackwardData, Op::kDepthwiseConv2dBackwardWeight,
+                           Op::kBiasGrad})
+                 : f32Ops(training, {Op::kDepthwiseConv2d},
+                          {Op::kDepthwiseConv2dBackwardData, Op::kDepthwiseConv2dBackwardWeight});
+  if (groups_ > 1)  // each group's convolution, the channels regrouped before and after
+    return f32Ops(training, {Op::kConv2d, Op::kTranspose01},
+                  {Op::kConv2dBackwardData, Op::kConv2dBackwardWeight, Op::kTranspose01});
   return f32Ops(training, {Op::kConv2d}, {Op::kConv2dBackwardData, Op::kConv2dBackwardWeight});
 }
 

@@ -41,6 +41,11 @@ class Conv2d final : public Layer, public TensorSplittable {
 
  private:
   // Grouped: x [n, C, H, W] as [G, n, C/G, H, W], and back.
+  // One group per channel, one output channel each (MobileNet's, EfficientNet's): the
+  // backend's depthwise kernels, not a convolution per group.
+  bool depthwise() const {
+    return groups_ > 1 && groups_ == in_channels_ && groups_ == out_channels_;
+  }
   Tensor byGroup(const Tensor& x) const;
   Tensor bySample(const Tensor& t, int64_t channels) const;
 

@@ -124,6 +124,10 @@ TEST(LayerTest, AProjectionTakesTheStrideThatMapsOddSizes) {
   EXPECT_EQ(layer->setup(Shape{2, 7, 7}), (Shape{4, 4, 4}));
   const Model resnet18(loadModelSpec(TANDEM_SOURCE_DIR "/examples/models/resnet18.yaml"));
   EXPECT_EQ(resnet18.paramCount(), 11175370);
+  // torchvision's mobilenet_v2 with the same stem and classes holds 2,236,106 too.
+  const Model mobilenet(loadModelSpec(TANDEM_SOURCE_DIR "/examples/models/mobilenet_v2.yaml"));
+  EXPECT_EQ(mobilenet.paramCount(), 2236106);
+  EXPECT_EQ(mobilenet.outputShape(), (Shape{10}));
 }
 
 // ResNet's downsample as it trains: the projection, then a batch norm on the batch's

@@ -146,6 +146,79 @@ __kernel void avg_pool_backward_f32(__global const float* dy, ulong dy_off, __gl
   dx[dx_off + k] = s;
 }
 
+// --- depthwise convolution: w [C, kh, kw]; the CPU reference's order of sums ---
+
+// One item per output: its taps in (ki, kj) order, from 0.
+__kernel void depthwise_conv2d_f32(__global const float* x, ulong x_off, __global const float* w,
+                                   ulong w_off, __global float* y, ulong y_off, long n, WINDOW) {
+  const long k = get_global_id(0);
+  if (k >= n * channels * out_h * out_w) return;
+  const long ox = k % out_w, oy = (k / out_w) % out_h, plane_idx = k / (out_w * out_h);
+  __global const float* in = x + x_off + plane_idx * height * width;
+  __global const float* wk = w + w_off + (plane_idx % channels) * kh * kw;
+  float s = 0.0f;
+  for (long ki = 0; ki < kh; ++ki) {
+    const long iy = oy * stride_h - pad_h + ki;
+    if (iy < 0 || iy >= height) continue;
+    for (long kj = 0; kj < kw; ++kj) {
+      const long ix = ox * stride_w - pad_w + kj;
+      if (ix >= 0 && ix < width) s += wk[ki * kw + kj] * in[iy * width + ix];
+    }
+  }
+  y[y_off + k] = s;
+}
+
+// One item per input pixel, gathering in the order the reference scatters: outputs oy
+// ascending, then taps kj ascending.
+__kernel void depthwise_conv2d_backward_data_f32(__global const float* dy, ulong dy_off,
+                                                 __global const float* w, ulong w_off,
+                                                 __global float* dx, ulong dx_off, long n,
+                                                 WINDOW) {
+  const long k = get_global_id(0);
+  if (k >= n * channels * height * width) return;
+  const long ix = k % width, iy = (k / width) % height, plane_idx = k / (width * height);
+  __global const float* g = dy + dy_off + plane_idx * out_h * out_w;
+  __global const float* wk = w + w_off + (plane_idx % channels) * kh * kw;
+  float s = 0.0f;
+  for (long oy = 0; oy < out_h; ++oy) {
+    const long ki = iy + pad_h - oy * stride_h;
+    if (ki < 0 || ki >= kh) continue;
+    for (long kj = 0; kj < kw; ++kj) {
+      const long t = ix + pad_w - kj;
+      if (t < 0 || t % stride_w != 0 || t / stride_w >= out_w) continue;
+      s += wk[ki * kw + kj] * g[oy * out_w + t / stride_w];
+    }
+  }
+  dx[dx_off + k] = s;
+}
+
+// One item per weight (channel, tap): each sample's share over its outputs in order,
+// added in the batch's order.
+__kernel void depthwise_conv2d_backward_weight_f32(__global const float* x, ulong x_off,
+                                                   __global const float* dy, ulong dy_off,
+                                                   __global float* dw, ulong dw_off, long n,
+                                                   WINDOW) {
+  const long k = get_global_id(0);
+  if (k >= channels * kh * kw) return;
+  const long kj = k % kw, ki = (k / kw) % kh, ch = k / (kw * kh);
+  float d = dw[dw_off + k];
+  for (long smp = 0; smp < n; ++smp) {
+    __global const float* in = x + x_off + (smp * channels + ch) * height * width;
+    __global const float* g = dy + dy_off + (smp * channels + ch) * out_h * out_w;
+    float share = 0.0f;
+    for (long oy = 0; oy < out_h; ++oy) {
+      const long iy = oy * stride_h - pad_h + ki;
+      if (iy < 0 || iy >= height) continue;
+      for (long ox = 0; ox < out_w; ++ox) {
+        const long ix = ox * stride_w - pad_w + kj;
+        if (ix >= 0 && ix < width) share += in[iy * width + ix] * g[oy * out_w + ox];
+      }
+    }
+    d += share;
+  }
+  dw[dw_off + k] = d;
+}
+
 // --- batch normalisation: x viewed as [samples, c, r] ---
 
 // The reduction of bias_grad_f32 over one channel's values, in a work-group per channel:

@@ -1,5 +1,5 @@
-// im2col/col2im, transpose01 and pooling against naive loops, over odd sizes, strides and
-// paddings.
+// im2col/col2im, transpose01, pooling and depthwise convolution against naive loops, over
+// odd sizes, strides and paddings.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,7 +31,9 @@ INSTANTIATE_TEST_SUITE_P(
     Windows, SpatialTest,
     ::testing::Values(WindowCase{1, 1, 1, 1, 1, 1, 1, 0}, WindowCase{2, 3, 7, 7, 3, 3, 1, 1},
                       WindowCase{3, 2, 13, 7, 3, 2, 2, 1}, WindowCase{1, 5, 13, 13, 2, 2, 2, 0},
-                      WindowCase{3, 4, 8, 10, 2, 2, 2, 0}, WindowCase{2, 1, 127, 3, 3, 3, 1, 1}));
+                      WindowCase{3, 4, 8, 10, 2, 2, 2, 0}, WindowCase{2, 1, 127, 3, 3, 3, 1, 1},
+                      WindowCase{4, 13, 7, 9, 3, 3, 2, 1}, WindowCase{2, 7, 13, 1, 1, 1, 1, 0},
+                      WindowCase{3, 6, 5, 6, 5, 5, 1, 2}));
 
 TEST_P(SpatialTest, Im2colMatchesNaiveGather) {
   const Window2d g = window();
@@ -70,6 +72,71 @@ TEST_P(SpatialTest, Col2imIsTheAdjointOfIm2col) {
   be_.col2im(c, g, cx);
   const double lhs = be_.dot(ix, c), rhs = be_.dot(x, cx);
   EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(lhs)));
+}
+
+// Depthwise convolution (w [C, kh, kw]) and both gradients against sums in double; the
+// same bits whatever the threads, and a weight gradient accumulated over two halves of a
+// batch the same as over the whole batch in one call (sample by sample).
+TEST_P(SpatialTest, DepthwiseConvolutionMatchesNaiveSums) {
+  const Window2d g = window();
+  const int64_t n = GetParam().n, c = g.channels, oh = g.outHeight(), ow = g.outWidth();
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const Shape xs{n, c, g.height, g.width}, ys{n, c, oh, ow};
+  const auto x = randomVector(11, xs.numel()), w = randomVector(12, c * taps),
+             dy = randomVector(13, ys.numel());
+  std::vector<double> y(static_cast<size_t>(ys.numel())), dx(static_cast<size_t>(xs.numel())),
+      dw(static_cast<size_t>(c * taps));
+  std::vector<double> y_abs(y.size()), dx_abs(dx.size()), dw_abs(dw.size());
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < ow; ++ox)
+          for (int64_t ki = 0; ki < g.kernel_h; ++ki)
+            for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+              const int64_t iy = oy * g.stride_h - g.pad_h + ki,
+                            ix = ox * g.stride_w - g.pad_w + kj;
+              if (iy < 0 || iy >= g.height || ix < 0 || ix >= g.width) continue;
+              const auto xi = static_cast<size_t>(((s * c + ch) * g.height + iy) * g.width + ix);
+              const auto yi = static_cast<size_t>(((s * c + ch) * oh + oy) * ow + ox);
+              const auto wi = static_cast<size_t>(ch * taps + ki * g.kernel_w + kj);
+              y[yi] += double(w[wi]) * x[xi], y_abs[yi] += std::fabs(double(w[wi]) * x[xi]);
+              dx[xi] += double(w[wi]) * dy[yi], dx_abs[xi] += std::fabs(double(w[wi]) * dy[yi]);
+              dw[wi] += double(x[xi]) * dy[yi], dw_abs[wi] += std::fabs(double(x[xi]) * dy[yi]);
+            }
+  const auto expectNear = [](const std::vector<float>& got, const std::vector<double>& want,
+                             const std::vector<double>& scale, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5 * (1 + scale[i])) << what << " " << i;
+  };
+  const auto run = [&](cpu::CpuBackend& be) {
+    Tensor xt = toDevice(be, xs, x), wt = toDevice(be, {c, 1, g.kernel_h, g.kernel_w}, w);
+    Tensor dyt = toDevice(be, ys, dy);
+    Tensor yt = be.empty(ys), dxt = be.empty(xs), dwt = be.zeros({c, 1, g.kernel_h, g.kernel_w});
+    be.depthwiseConv2d(xt, wt, g, yt);
+    be.depthwiseConv2dBackwardData(dyt, wt, g, dxt);
+    be.depthwiseConv2dBackwardWeight(xt, dyt, g, dwt);
+    return std::vector<std::vector<float>>{toHost(yt), toHost(dxt), toHost(dwt)};
+  };
+  const auto got = run(be_);
+  expectNear(got[0], y, y_abs, "output");
+  expectNear(got[1], dx, dx_abs, "input gradient");
+  expectNear(got[2], dw, dw_abs, "weight gradient");
+  cpu::CpuBackend one(cpu::CpuOptions{1});
+  EXPECT_TRUE(run(one) == got) << "1 thread against 3";
+  if (n > 1) {  // the batch's halves into one gradient
+    const int64_t half = n / 2;
+    Tensor xt = toDevice(be_, xs, x), dyt = toDevice(be_, ys, dy);
+    Tensor dwt = be_.zeros({c, 1, g.kernel_h, g.kernel_w});
+    be_.depthwiseConv2dBackwardWeight(xt.slice(0, half), dyt.slice(0, half), g, dwt);
+    be_.depthwiseConv2dBackwardWeight(xt.slice(half, n - half), dyt.slice(half, n - half), g, dwt);
+    EXPECT_TRUE(toHost(dwt) == got[2]) << "halves against the whole batch";
+  }
+  // A weight that does not fit is refused, naming the op.
+  Tensor bad = be_.empty({c + 1, 1, g.kernel_h, g.kernel_w});
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { be_.depthwiseConv2d(toDevice(be_, xs, x), bad, g, be_.empty(ys)); },
+      {"cpu depthwiseConv2d: weight"});
 }
 
 TEST_P(SpatialTest, PoolingMatchesNaive) {

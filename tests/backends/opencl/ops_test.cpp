@@ -144,6 +144,27 @@ OpCase poolCase(const char* name, int64_t k, int64_t stride, int64_t pad, bool c
           1e-6};
 }
 
+// Depthwise convolution and both gradients; the kernels sum in the reference's order, so
+// only the devices' own rounding may differ.
+OpCase depthwiseCase(const char* name, int64_t k, int64_t stride, int64_t pad) {
+  return {name,
+          [=](Backend& be, int64_t n) {
+            const Window2d g = window(n, k, stride, pad);
+            const Shape xs{2, g.channels, g.height, g.width};
+            const Shape ys{2, g.channels, g.outHeight(), g.outWidth()}, ws{g.channels, 1, k, k};
+            Tensor x = toDevice(be, xs, randomVector(8, xs.numel()));
+            Tensor w = toDevice(be, ws, randomVector(9, ws.numel()));
+            Tensor dy = toDevice(be, ys, randomVector(10, ys.numel()));
+            Tensor y = be.empty(ys), dx = be.empty(xs);
+            Tensor dw = toDevice(be, ws, randomVector(11, ws.numel()));  // (accumulated into)
+            be.depthwiseConv2d(x, w, g, y);
+            be.depthwiseConv2dBackwardData(dy, w, g, dx);
+            be.depthwiseConv2dBackwardWeight(x, dy, g, dw);
+            return Outputs{toHost(y), toHost(dx), toHost(dw)};
+          },
+          1e-5};
+}
+
 OpCase sgdCase(const char* name, float momentum, bool nesterov) {
   return {name,
           [=](Backend& be, int64_t n) {
@@ -276,6 +297,9 @@ std::vector<OpCase> cases() {
       poolCase("pool_2x2", 2, 2, 0),
       poolCase("pool_3x3_stride2_pad1", 3, 2, 1),
       poolCase("maxpool_3x3_stride2_ceil", 3, 2, 0, true),
+      depthwiseCase("depthwise_3x3_pad1", 3, 1, 1),
+      depthwiseCase("depthwise_3x3_stride2", 3, 2, 1),
+      depthwiseCase("depthwise_5x5_stride3", 5, 3, 2),
       poolCase("maxpool_2x2_ceil", 2, 2, 0, true),
       {"layer_norm",
        [](Backend& be, int64_t n) {
