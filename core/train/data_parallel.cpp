@@ -33,6 +33,34 @@ std::vector<double> sharesFromProfile(const Profile& profile, const Model& model
   return shares;
 }
 
+std::vector<int> stateOwners(const std::vector<int64_t>& bytes, size_t replicas,
+                             const std::vector<double>& shares) {
+  TANDEM_CHECK_MSG(replicas > 0, InvalidArgument, "optimizer state shared by no replica");
+  TANDEM_CHECK_MSG(shares.empty() || shares.size() == replicas, InvalidArgument,
+                   shares.size() << " state shares for " << replicas << " replicas");
+  for (const double s : shares)
+    TANDEM_CHECK_MSG(s > 0 && std::isfinite(s), InvalidArgument,
+                     "state share " << s << " is not a positive number");
+  std::vector<size_t> order(bytes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
+  std::vector<double> load(replicas, 0.0);
+  std::vector<int> owner(bytes.size(), 0);
+  for (const size_t i : order) {
+    size_t best = 0;
+    double fill = 0;
+    for (size_t r = 0; r < replicas; ++r) {
+      const double room = shares.empty() ? 1.0 : shares[r];
+      const double f = (load[r] + static_cast<double>(bytes[i])) / room;
+      if (r == 0 || f < fill) best = r, fill = f;
+    }
+    owner[i] = static_cast<int>(best);
+    load[best] += static_cast<double>(bytes[i]);
+  }
+  return owner;
+}
+
 struct DataParallelTrainer::Replica {
   Replica(const ModelSpec& spec, Backend& be, Group& g, const OptimizerOptions& o,
           std::chrono::microseconds spin)
@@ -63,6 +91,13 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
   TANDEM_CHECK_MSG(options.bucket_bytes >= 4, InvalidArgument,
                    "bucket size " << options.bucket_bytes << " bytes is below one gradient");
   shareBatch(options.batch, backends.size(), options.shares);  // checks the shares
+  TANDEM_CHECK_MSG(options.zero == 0 || options.zero == 1, InvalidArgument,
+                   "ZeRO stage " << options.zero
+                                 << ": 0 (every replica keeps the optimizer state) or 1 (each "
+                                    "parameter's on one replica) are implemented");
+  TANDEM_CHECK_MSG(options.zero == 0 || backends.size() > 1, InvalidArgument,
+                   "ZeRO stage " << options.zero << " shards the optimizer state over "
+                                 << "replicas: it needs two or more, not " << backends.size());
   // Every replica must cut the same buckets: reduce in place only if all hold host memory.
   bool host_memory = true;
   for (Backend* be : backends) host_memory = host_memory && be->hostData(be->empty({1})) != nullptr;
@@ -87,6 +122,10 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
         std::make_unique<GradientBuckets>(rep->model, 0, rep->model.size(), *groups[r], bo);
     replicas_.push_back(std::move(rep));
   }
+  std::vector<int64_t> bytes;
+  for (const Param* p : replicas_[0]->model.params()) bytes.push_back(p->value.bytes());
+  owners_ = options.zero == 1 ? stateOwners(bytes, replicas_.size(), options.state_shares)
+                              : std::vector<int>(bytes.size(), 0);
 }
 
 DataParallelTrainer::~DataParallelTrainer() = default;
@@ -94,6 +133,52 @@ DataParallelTrainer::~DataParallelTrainer() = default;
 Model& DataParallelTrainer::model(size_t replica) { return replicas_.at(replica)->model; }
 Optimizer& DataParallelTrainer::optimizer(size_t replica) {
   return replicas_.at(replica)->optimizer;
+}
+
+int64_t DataParallelTrainer::stateBytes(size_t replica) const {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : replicas_.at(replica)->optimizer.state()) bytes += t.bytes();
+  return bytes;
+}
+
+std::unique_ptr<Optimizer> DataParallelTrainer::mergedOptimizer() const {
+  const Replica& first = *replicas_[0];
+  auto merged = std::make_unique<Optimizer>(first.backend, first.optimizer.options());
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (const auto& rep : replicas_) {
+    for (auto& entry : rep->optimizer.state()) state.push_back(std::move(entry));
+    if (options_.zero == 0) break;  // (every replica holds the same)
+  }
+  merged->restore(state, first.optimizer.steps());
+  return merged;
+}
+
+void DataParallelTrainer::stepOwned(Replica& rep, size_t r) {
+  const std::vector<Param*> params = rep.model.params();
+  std::vector<Param*> owned;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (owners_[i] == static_cast<int>(r)) owned.push_back(params[i]);
+  rep.optimizer.step(owned);
+  std::vector<float> values;
+  RootOptions ro;
+  ro.timeout = options_.timeout;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = *params[i];
+    if (!p.grad.defined() || p.value.dtype() != DType::kF32) continue;  // (it did not move)
+    const auto n = static_cast<size_t>(p.value.numel());
+    const bool own = owners_[i] == static_cast<int>(r);
+    ro.root = owners_[i];
+    ro.tag = i;
+    // Host memory (a CPU replica) is broadcast where it lies, as the gradient buckets sum it.
+    if (const void* host = rep.backend.hostData(p.value)) {
+      rep.group.broadcast({const_cast<float*>(static_cast<const float*>(host)), n}, ro);
+      continue;
+    }
+    values.resize(n);
+    if (own) rep.backend.download(p.value, values.data());
+    rep.group.broadcast(values, ro);
+    if (!own) rep.backend.upload(p.value, values.data());
+  }
 }
 
 double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t n) {
@@ -165,7 +250,10 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
         buckets.abandon();
         throw;
       }
-      rep.optimizer.step(model.params());
+      if (options_.zero == 0)
+        rep.optimizer.step(model.params());
+      else
+        stepOwned(rep, r);
     };
     // Replica 0 computes on the caller's thread (one hand-over fewer per step).
     if (r == 0) {

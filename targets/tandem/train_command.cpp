@@ -36,6 +36,7 @@ struct TrainArgs {
   bool no_progress = false;
   // Data parallel: replicas, their devices (one, or one per replica) and batch shares.
   int replicas = 1;
+  int zero = 0;  // ZeRO stage of the replicas' optimizer state
   std::vector<std::string> devices;
   std::vector<double> shares;
   std::string profile;  // shares from this profile's device speeds instead
@@ -51,6 +52,10 @@ std::vector<std::string> replicaDevices(const TrainArgs& a) {
   TANDEM_CHECK_MSG(a.tensor == 1 || a.replicas == 1, InvalidArgument,
                    "--tensor " << a.tensor << " with --replicas " << a.replicas
                                << ": one node trains on one parallel axis at a time");
+  TANDEM_CHECK_MSG(a.zero == 0 || a.replicas > 1, InvalidArgument,
+                   "--zero " << a.zero
+                             << " shards the optimizer state over data-parallel replicas: give "
+                                "--replicas 2 or more");
   const bool tensor = a.tensor > 1;
   const std::string axis = tensor ? "--tensor" : "--replicas";
   const std::string rank = tensor ? "tensor rank" : "replica";
@@ -103,7 +108,12 @@ struct Training {
   void save(const std::string& path, std::map<std::string, AttrValue> meta) {
     meta.insert(carried.begin(), carried.end());  // (the training's own keys win)
     if (!tensor) {
-      saveModel(path, model(), single ? single_opt.get() : &parallel->optimizer(0), meta);
+      if (single) {
+        saveModel(path, model(), single_opt.get(), meta);
+        return;
+      }
+      const std::unique_ptr<Optimizer> state = parallel->mergedOptimizer();  // every shard's
+      saveModel(path, model(), state.get(), meta);
       return;
     }
     // The whole model assembled from the ranks' slices, on the host.
@@ -161,6 +171,7 @@ Training makeTraining(const TrainArgs& a, const ModelSpec& spec,
   o.seed = a.seed;
   o.shares = shares;
   o.bucket_bytes = static_cast<size_t>(std::max(a.bucket_mib, 1e-6) * (1 << 20));
+  o.zero = a.zero;
   t.parallel = std::make_unique<DataParallelTrainer>(spec, be, g, a.opt, o);
   return t;
 }
@@ -242,6 +253,12 @@ void runTrain(TrainArgs a) {
         r.seconds, r.samples_per_s);
     std::fflush(stdout);
   }
+  if (t.parallel) {  // where the optimizer state lives (ZeRO 1: a shard on each)
+    std::string each;
+    for (size_t r = 0; r < t.parallel->replicas(); ++r)
+      each += fmt::format("{}{:.2f}", r ? ", " : "", t.parallel->stateBytes(r) / 1048576.0);
+    std::printf("optimizer state per replica (ZeRO %d): %s MiB\n", a.zero, each.c_str());
+  }
   std::printf("test accuracy: %.4f\n", last.accuracy);
   std::fflush(stdout);
   if (!a.save.empty()) {
@@ -299,6 +316,10 @@ void addTrain(CLI::App& app) {
                 "Data-parallel replicas (threads sharing memory), each on --device or on its "
                 "entry of --devices")
       ->check(CLI::Range(1, 64));
+  c->add_option("--zero", args->zero,
+                "ZeRO stage of the replicas' optimizer state: 0 (each keeps all) or 1 (each "
+                "parameter's on one replica, which steps it and broadcasts it)")
+      ->check(CLI::Range(0, 3));
   c->add_option("--tensor", args->tensor,
                 "Tensor-parallel ranks (threads sharing memory), each on --device or on its "
                 "entry of --devices, each holding its share of every linear pair's features "

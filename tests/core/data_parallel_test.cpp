@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/opencl/devices.h"
@@ -338,6 +340,24 @@ TEST(DataParallelTest, ACpuAndAnOpenClReplicaTrainTogether) {
     for (size_t i = 0; i < a.size(); ++i)
       ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::abs(a[i]))) << dp.model(0).params()[p]->name;
   }
+  // ZeRO 1 across them: each parameter stepped on its owner's device and sent to the other
+  // (downloaded, broadcast, uploaded), so the two hold the same bits, near the above.
+  o.zero = 1;
+  std::vector<std::unique_ptr<Group>> zgroups = transport::makeLocalGroup(2);
+  DataParallelTrainer zero(parseModelSpec(kNoDropout), {cpu.get(), gpu.get()},
+                           {zgroups[0].get(), zgroups[1].get()}, OptimizerOptions{}, o);
+  for (int64_t step = 0; step < 3; ++step) {
+    batchOf(data, step * o.batch, o.batch, x, y);
+    EXPECT_TRUE(std::isfinite(zero.step(x.data(), y.data(), o.batch)));
+  }
+  expectSameWeights(zero.model(0), zero.model(1), "ZeRO 1 across a CPU and an OpenCL replica");
+  for (size_t p = 0; p < dp.model(0).params().size(); ++p) {
+    const std::vector<float> a = toHost(dp.model(0).params()[p]->value);
+    const std::vector<float> b = toHost(zero.model(1).params()[p]->value);
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::abs(a[i]))) << zero.model(0).params()[p]->name;
+  }
+  EXPECT_GT(zero.stateBytes(1), 0) << "the OpenCL replica owns a shard";
 }
 
 // A batch smaller than the replicas: the idle replica adds zeros and keeps up.
@@ -362,6 +382,93 @@ TEST(DataParallelTest, AReplicaWithoutSamplesKeepsInStep) {
                                 {groups[1].get(), groups[0].get()}, OptimizerOptions{}, o);
       },
       {"replica 0 was given rank 1 of 2"});
+}
+
+// ZeRO stage 1: each parameter's optimizer state on its owner alone, which steps it and
+// broadcasts it. The weights after several steps are bitwise those of plain replicas, and
+// the state, merged from the replicas' shards, bitwise theirs; each replica holds exactly
+// the state of the parameters it owns — for AdamW and SGD with momentum, 2 and 3 replicas,
+// equal and unequal room for the state.
+TEST(DataParallelTest, ZeroStageOneShardsTheOptimizerStateAndTrainsBitwiseAsPlainReplicas) {
+  const Dataset data = testing::quadrants(200, 3);
+  for (const char* kind : {"adamw", "sgd"})
+    for (size_t replicas : {size_t{2}, size_t{3}})
+      for (const bool unequal : {false, true}) {
+        SCOPED_TRACE(std::string(kind) + ", " + std::to_string(replicas) + " replicas" +
+                     (unequal ? ", unequal room" : ""));
+        DataParallelOptions o;
+        o.batch = 30;
+        o.seed = 5;
+        o.bucket_bytes = 512;
+        OptimizerOptions opt;
+        opt.kind = kind;
+        opt.lr = 0.02f;
+        opt.weight_decay = 0.01f;
+        Replicas plain = makeReplicas(testing::kTinyNet, replicas, o, opt);
+        o.zero = 1;
+        if (unequal)
+          o.state_shares = replicas == 2 ? std::vector<double>{3, 1} : std::vector<double>{1, 2, 1};
+        Replicas sharded = makeReplicas(testing::kTinyNet, replicas, o, opt);
+        std::vector<float> x;
+        std::vector<int32_t> y;
+        for (int64_t step = 0; step < 3; ++step) {
+          batchOf(data, step * o.batch, o.batch, x, y);
+          EXPECT_EQ(plain.trainer->step(x.data(), y.data(), o.batch),
+                    sharded.trainer->step(x.data(), y.data(), o.batch));
+        }
+        for (size_t r = 0; r < replicas; ++r)
+          expectSameWeights(sharded.trainer->model(r), plain.trainer->model(0),
+                            "replica " + std::to_string(r));
+        // The merged shards are the plain replicas' state; each shard is its owner's.
+        const auto want = plain.trainer->optimizer(0).state();
+        std::map<std::string, std::vector<float>> merged;
+        for (const auto& [name, t] : sharded.trainer->mergedOptimizer()->state())
+          merged[name] = toHost(t);
+        ASSERT_EQ(merged.size(), want.size());
+        for (const auto& [name, t] : want) EXPECT_TRUE(merged.at(name) == toHost(t)) << name;
+        const std::vector<Param*> params = sharded.trainer->model(0).params();
+        const std::vector<int>& owners = sharded.trainer->owners();
+        ASSERT_EQ(owners.size(), params.size());
+        int64_t total = 0;
+        std::set<int> holding;
+        for (size_t r = 0; r < replicas; ++r) {
+          std::set<std::string> held, owned;
+          for (const auto& [name, t] : sharded.trainer->optimizer(r).state())
+            held.insert(name.substr(0, name.rfind('.')));
+          for (size_t i = 0; i < params.size(); ++i)
+            if (owners[i] == static_cast<int>(r)) owned.insert(params[i]->name);
+          EXPECT_EQ(held, owned) << "replica " << r;
+          total += sharded.trainer->stateBytes(r);
+          if (!held.empty()) holding.insert(static_cast<int>(r));
+        }
+        EXPECT_EQ(total, plain.trainer->stateBytes(0));
+        EXPECT_EQ(holding.size(), replicas) << "every replica holds a shard";
+        EXPECT_EQ(sharded.trainer->mergedOptimizer()->steps(), 3);
+      }
+}
+
+// Owners, largest parameter first, each to the replica its room leaves least full.
+TEST(DataParallelTest, StateOwnersFollowEachReplicasRoom) {
+  EXPECT_EQ(stateOwners({100, 60, 40, 10}, 2, {}), (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_EQ(stateOwners({100, 60, 40, 10}, 2, {3, 1}), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(stateOwners({5, 5, 5}, 3, {}), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(stateOwners({}, 2, {}), std::vector<int>{});
+  expectThrowWith<InvalidArgument>(
+      [] {
+        stateOwners({1}, 2, {1, 0});
+      },
+      {"state share 0 is not a positive number"});
+  expectThrowWith<InvalidArgument>([] { stateOwners({1}, 2, {1}); },
+                                   {"1 state shares for 2 replicas"});
+  // A stage not implemented, or sharding without replicas to share with, is refused up front.
+  DataParallelOptions o;
+  o.batch = 4;
+  o.zero = 2;
+  expectThrowWith<InvalidArgument>([&] { makeReplicas(kNoDropout, 2, o, OptimizerOptions{}); },
+                                   {"ZeRO stage 2", "0 (every replica keeps"});
+  o.zero = 1;
+  expectThrowWith<InvalidArgument>([&] { makeReplicas(kNoDropout, 1, o, OptimizerOptions{}); },
+                                   {"ZeRO stage 1 shards the optimizer state", "not 1"});
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "backends/cpu/blas_core.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/opencl/devices.h"
+#include "core/file.h"
 #include "core/model_file.h"
 #include "tests/process_util.h"
 #include "tests/targets/cli_util.h"
@@ -176,6 +177,39 @@ TEST(CliTest, TrainWithReplicas) {
                            "--train-limit 10 --profile " + profile);
   EXPECT_EQ(other.code, 1);
   EXPECT_NE(other.out.find("profiles model 'mlp', not 'cnn'"), std::string::npos) << other.out;
+}
+
+// ZeRO stage 1 from the command line: the optimizer state sharded over the replicas (each
+// replica's share printed), the saved model file — weights and the merged optimizer state
+// — byte for byte the plain replicas'; a stage without replicas, or one not implemented,
+// refused.
+TEST(CliTest, TrainWithShardedOptimizerStateSavesThePlainReplicasFile) {
+  const std::string dir = tandem::testing::freshDir("cli_zero");
+  std::string saved[2];
+  for (const int zero : {0, 1}) {
+    saved[zero] = dir + "/zero" + std::to_string(zero) + ".tdm";
+    const CliRun t = run("train --model " + kModels +
+                         "mlp.yaml --epochs 1 --batch 64 --replicas 2 --optimizer adamw "
+                         "--train-limit 1000 --test-limit 200 --no-progress --zero " +
+                         std::to_string(zero) + " --save " + saved[zero]);
+    ASSERT_EQ(t.code, 0) << t.out;
+    EXPECT_NE(t.out.find("optimizer state per replica (ZeRO " + std::to_string(zero) + "): "),
+              std::string::npos)
+        << t.out;
+  }
+  EXPECT_EQ(tandem::readFile(saved[0], "model file"), tandem::readFile(saved[1], "model file"));
+  const tandem::ModelFile file = tandem::readModelFile(saved[1]);
+  ASSERT_TRUE(file.optimizer.has_value());
+  EXPECT_EQ(file.optimizer->tensors.size(), 2 * file.params.size()) << "adamw's m and v, merged";
+  const CliRun alone = run("train --model " + kModels + "mlp.yaml --zero 1 --train-limit 10");
+  EXPECT_EQ(alone.code, 1);
+  EXPECT_NE(alone.out.find("--zero 1 shards the optimizer state over data-parallel replicas"),
+            std::string::npos)
+      << alone.out;
+  const CliRun two =
+      run("train --model " + kModels + "mlp.yaml --replicas 2 --zero 2 --train-limit 10");
+  EXPECT_EQ(two.code, 1);
+  EXPECT_NE(two.out.find("ZeRO stage 2: 0 (every replica keeps"), std::string::npos) << two.out;
 }
 
 // Train loss as the epoch line prints it.
