@@ -3,7 +3,9 @@
 // (each single-threaded, one process, the in-process group), then the ceiling two could
 // reach here (two independent trainers on half batches at once), alternated; samples/s
 // of each and the ratios to one replica (the collectives issue's target: >= 1.7;
-// PyTorch DDP with gloo reached 1.24 here). Options: kUsage below, or --help.
+// PyTorch DDP with gloo reached 1.24 here), and two replicas with their optimizer state
+// sharded (ZeRO stage 1) against two plain ones (issue 47's goal: <= 1.05x the time).
+// Options: kUsage below, or --help.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -29,8 +31,8 @@ namespace {
 constexpr std::string_view kUsage =
     "data_parallel_bench [--steps N (timed steps per run; 200)] [--rounds R (runs of each, "
     "alternated; the median is shown; 3)]\n"
-    "Samples/s of one single-threaded replica, two in one process and two independent trainers "
-    "(the ceiling), MLP on Fashion-MNIST, batch 64, 256 and 1024.\n";
+    "Samples/s of one single-threaded replica, two in one process, two with ZeRO stage 1 and two "
+    "independent trainers (the ceiling), MLP on Fashion-MNIST, batch 64, 256 and 1024.\n";
 
 // Seconds for `steps` steps of `batch` samples in the data's shuffled order (epoch
 // `epoch`), after 5 untimed ones (pools, pages); step(order, begin) trains on samples
@@ -56,7 +58,7 @@ void gatheredStep(Trainer& trainer, const Dataset& data, const std::vector<int64
 }
 
 double samplesPerSecond(const ModelSpec& spec, const Dataset& data, int replicas, int64_t batch,
-                        int steps) {
+                        int steps, int zero = 0) {
   std::vector<std::unique_ptr<cpu::CpuBackend>> backends;
   std::vector<Backend*> be;
   std::vector<Group*> groups;
@@ -68,6 +70,7 @@ double samplesPerSecond(const ModelSpec& spec, const Dataset& data, int replicas
   }
   DataParallelOptions o;
   o.batch = batch;
+  o.zero = zero;
   // One replica is the plain single-device trainer, without the replicas' threads.
   std::unique_ptr<DataParallelTrainer> parallel;
   std::unique_ptr<Model> model;
@@ -143,21 +146,24 @@ int main(int argc, char** argv) {
   std::printf(
       "CPU replicas reduce each parameter's gradient on their own compute thread as backward "
       "produces it: no communication thread, no overlap of the reduction with backward\n");
-  std::printf("%6s %14s %14s %8s %16s %8s\n", "batch", "1 (Trainer)", "2 replicas", "ratio",
-              "2 independent", "ceiling");
+  std::printf("%6s %14s %14s %8s %16s %8s %14s %10s\n", "batch", "1 (Trainer)", "2 replicas",
+              "ratio", "2 independent", "ceiling", "2, ZeRO 1", "time x");
   for (int64_t batch : {64, 256, 1024}) {
-    std::vector<double> one, two, pair;
+    std::vector<double> one, two, pair, zero;
     for (int r = 0; r < rounds; ++r) {
       one.push_back(samplesPerSecond(spec, data, 1, batch, steps));
       two.push_back(samplesPerSecond(spec, data, 2, batch, steps));
       pair.push_back(independentPairSamplesPerSecond(spec, data, batch, steps));
+      zero.push_back(samplesPerSecond(spec, data, 2, batch, steps, 1));
     }
-    const double a = spreadOf(one).median, b = spreadOf(two).median, c = spreadOf(pair).median;
-    std::printf("%6lld %12.0f/s %12.0f/s %8.2f %14.0f/s %8.2f\n", static_cast<long long>(batch), a,
-                b, b / a, c, c / a);
+    const double a = spreadOf(one).median, b = spreadOf(two).median, c = spreadOf(pair).median,
+                 z = spreadOf(zero).median;
+    std::printf("%6lld %12.0f/s %12.0f/s %8.2f %14.0f/s %8.2f %12.0f/s %10.2f\n",
+                static_cast<long long>(batch), a, b, b / a, c, c / a, z, b / z);
   }
   std::printf(
       "samples/s; ratio = 2 replicas / 1 replica (target >= 1.7); ceiling = 2 independent "
-      "trainers on half batches at once, no communication / 1 replica\n");
+      "trainers on half batches at once, no communication / 1 replica; time x = a step's time "
+      "with ZeRO 1 over the plain replicas' (target <= 1.05)\n");
   return 0;
 }
