@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <map>
 #include <utility>
 
 #include "core/error.h"
@@ -33,32 +34,52 @@ std::vector<double> sharesFromProfile(const Profile& profile, const Model& model
   return shares;
 }
 
-std::vector<int> stateOwners(const std::vector<int64_t>& bytes, size_t replicas,
-                             const std::vector<double>& shares) {
+std::vector<StateShard> stateShards(const std::vector<int64_t>& rows,
+                                    const std::vector<int64_t>& row_bytes, size_t replicas,
+                                    const std::vector<double>& shares) {
   TANDEM_CHECK_MSG(replicas > 0, InvalidArgument, "optimizer state shared by no replica");
+  TANDEM_CHECK_MSG(rows.size() == row_bytes.size(), InvalidArgument,
+                   rows.size() << " row counts for " << row_bytes.size() << " row sizes");
   TANDEM_CHECK_MSG(shares.empty() || shares.size() == replicas, InvalidArgument,
                    shares.size() << " state shares for " << replicas << " replicas");
   for (const double s : shares)
     TANDEM_CHECK_MSG(s > 0 && std::isfinite(s), InvalidArgument,
                      "state share " << s << " is not a positive number");
-  std::vector<size_t> order(bytes.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
-  std::vector<double> load(replicas, 0.0);
-  std::vector<int> owner(bytes.size(), 0);
-  for (const size_t i : order) {
-    size_t best = 0;
-    double fill = 0;
-    for (size_t r = 0; r < replicas; ++r) {
-      const double room = shares.empty() ? 1.0 : shares[r];
-      const double f = (load[r] + static_cast<double>(bytes[i])) / room;
-      if (r == 0 || f < fill) best = r, fill = f;
-    }
-    owner[i] = static_cast<int>(best);
-    load[best] += static_cast<double>(bytes[i]);
+  double total = 0, room = 0;
+  for (size_t i = 0; i < rows.size(); ++i)
+    total += static_cast<double>(rows[i]) * static_cast<double>(row_bytes[i]);
+  for (size_t r = 0; r < replicas; ++r) room += shares.empty() ? 1.0 : shares[r];
+  // Replica r's run ends where the bytes before it reach its cumulative share of `total`.
+  std::vector<double> ends;
+  double cumulative = 0;
+  for (size_t r = 0; r + 1 < replicas; ++r) {
+    cumulative += shares.empty() ? 1.0 : shares[r];
+    ends.push_back(total * cumulative / room);
   }
-  return owner;
+  std::vector<StateShard> out;
+  size_t owner = 0;
+  double before = 0;  // bytes of the rows before parameter i
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto w = static_cast<double>(row_bytes[i]);
+    if (rows[i] <= 0 || w <= 0) continue;  // (no values: no state)
+    const double after = before + w * static_cast<double>(rows[i]);
+    int64_t begin = 0;
+    // Each run that ends inside this parameter ends at the row boundary nearest its end.
+    while (owner < ends.size() && ends[owner] < after) {
+      const auto cut =
+          std::clamp<int64_t>(std::llround((ends[owner] - before) / w), begin, rows[i]);
+      if (cut == rows[i]) break;  // at this parameter's end: the next parameter starts the next run
+      if (cut > begin) out.push_back({i, begin, cut, static_cast<int>(owner)});
+      begin = cut;
+      ++owner;
+    }
+    out.push_back({i, begin, rows[i], static_cast<int>(owner)});
+    if (owner < ends.size() && ends[owner] <= after &&
+        std::llround((ends[owner] - before) / w) >= rows[i])
+      ++owner;
+    before = after;
+  }
+  return out;
 }
 
 struct DataParallelTrainer::Replica {
@@ -93,8 +114,8 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
   shareBatch(options.batch, backends.size(), options.shares);  // checks the shares
   TANDEM_CHECK_MSG(options.zero == 0 || options.zero == 1, InvalidArgument,
                    "ZeRO stage " << options.zero
-                                 << ": 0 (every replica keeps the optimizer state) or 1 (each "
-                                    "parameter's on one replica) are implemented");
+                                 << ": 0 (every replica keeps the optimizer state) or 1 (a shard "
+                                    "of it on each) are implemented");
   TANDEM_CHECK_MSG(options.zero == 0 || backends.size() > 1, InvalidArgument,
                    "ZeRO stage " << options.zero << " shards the optimizer state over "
                                  << "replicas: it needs two or more, not " << backends.size());
@@ -122,10 +143,18 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
         std::make_unique<GradientBuckets>(rep->model, 0, rep->model.size(), *groups[r], bo);
     replicas_.push_back(std::move(rep));
   }
-  std::vector<int64_t> bytes;
-  for (const Param* p : replicas_[0]->model.params()) bytes.push_back(p->value.bytes());
-  owners_ = options.zero == 1 ? stateOwners(bytes, replicas_.size(), options.state_shares)
-                              : std::vector<int>(bytes.size(), 0);
+  if (options.zero == 1) {
+    std::vector<int64_t> rows, row_bytes;
+    for (const Param* p : replicas_[0]->model.params()) {
+      const bool whole = p->value.shape().rank() == 0 || !p->grad.defined() ||
+                         p->value.dtype() != DType::kF32;  // (no state, or no rows to cut)
+      rows.push_back(whole ? 1 : p->value.shape()[0]);
+      row_bytes.push_back(p->grad.defined() ? static_cast<int64_t>(p->value.bytes()) /
+                                                  std::max<int64_t>(1, rows.back())
+                                            : 0);
+    }
+    shards_ = stateShards(rows, row_bytes, replicas_.size(), options.state_shares);
+  }
 }
 
 DataParallelTrainer::~DataParallelTrainer() = default;
@@ -141,13 +170,50 @@ int64_t DataParallelTrainer::stateBytes(size_t replica) const {
   return bytes;
 }
 
+namespace {
+
+// The rows [begin, end) of parameter p as a parameter of their own (the same name: a
+// replica's optimizer keys its shard's state by it); the whole parameter when they are all.
+Param rowsOf(const Param& p, int64_t begin, int64_t end) {
+  if (begin == 0 && (p.value.shape().rank() == 0 || end == p.value.shape()[0])) return p;
+  Param part;
+  part.name = p.name;
+  part.value = p.value.slice(begin, end - begin);
+  part.grad = p.grad.slice(begin, end - begin);
+  return part;
+}
+
+}  // namespace
+
 std::unique_ptr<Optimizer> DataParallelTrainer::mergedOptimizer() const {
   const Replica& first = *replicas_[0];
   auto merged = std::make_unique<Optimizer>(first.backend, first.optimizer.options());
   std::vector<std::pair<std::string, Tensor>> state;
-  for (const auto& rep : replicas_) {
-    for (auto& entry : rep->optimizer.state()) state.push_back(std::move(entry));
-    if (options_.zero == 0) break;  // (every replica holds the same)
+  if (options_.zero == 0) {
+    state = first.optimizer.state();  // (every replica holds the same)
+  } else {
+    // Each parameter's slots assembled on replica 0's backend from its shards' rows.
+    std::vector<std::map<std::string, Tensor>> held(replicas_.size());
+    for (size_t r = 0; r < replicas_.size(); ++r)
+      for (auto& [key, t] : replicas_[r]->optimizer.state()) held[r][key] = t;
+    const std::vector<Param*> params = first.model.params();
+    std::map<std::string, Tensor> whole;
+    std::vector<float> rows;
+    for (const StateShard& s : shards_) {
+      const Param& p = *params[s.param];
+      for (const auto& [key, t] : held[static_cast<size_t>(s.owner)]) {
+        if (key.compare(0, p.name.size() + 1, p.name + ".") != 0 ||
+            key.find('.', p.name.size() + 1) != std::string::npos)
+          continue;  // another parameter's
+        auto [at, fresh] = whole.try_emplace(key);
+        if (fresh) at->second = first.backend.empty(p.value.shape());
+        rows.resize(static_cast<size_t>(t.numel()));
+        t.backend().download(t, rows.data());
+        const Tensor into = rowsOf(Param{p.name, at->second, at->second, {}}, s.begin, s.end).value;
+        first.backend.upload(into, rows.data());
+      }
+    }
+    for (auto& [key, t] : whole) state.emplace_back(key, t);
   }
   merged->restore(state, first.optimizer.steps());
   return merged;
@@ -155,29 +221,31 @@ std::unique_ptr<Optimizer> DataParallelTrainer::mergedOptimizer() const {
 
 void DataParallelTrainer::stepOwned(Replica& rep, size_t r) {
   const std::vector<Param*> params = rep.model.params();
+  std::vector<Param> mine;
+  for (const StateShard& s : shards_)
+    if (s.owner == static_cast<int>(r)) mine.push_back(rowsOf(*params[s.param], s.begin, s.end));
   std::vector<Param*> owned;
-  for (size_t i = 0; i < params.size(); ++i)
-    if (owners_[i] == static_cast<int>(r)) owned.push_back(params[i]);
+  for (Param& p : mine) owned.push_back(&p);
   rep.optimizer.step(owned);
   std::vector<float> values;
   RootOptions ro;
   ro.timeout = options_.timeout;
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = *params[i];
-    if (!p.grad.defined() || p.value.dtype() != DType::kF32) continue;  // (it did not move)
-    const auto n = static_cast<size_t>(p.value.numel());
-    const bool own = owners_[i] == static_cast<int>(r);
-    ro.root = owners_[i];
-    ro.tag = i;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    const StateShard& s = shards_[k];
+    const Tensor v = rowsOf(*params[s.param], s.begin, s.end).value;
+    const auto n = static_cast<size_t>(v.numel());
+    const bool own = s.owner == static_cast<int>(r);
+    ro.root = s.owner;
+    ro.tag = k;
     // Host memory (a CPU replica) is broadcast where it lies, as the gradient buckets sum it.
-    if (const void* host = rep.backend.hostData(p.value)) {
+    if (const void* host = rep.backend.hostData(v)) {
       rep.group.broadcast({const_cast<float*>(static_cast<const float*>(host)), n}, ro);
       continue;
     }
     values.resize(n);
-    if (own) rep.backend.download(p.value, values.data());
+    if (own) rep.backend.download(v, values.data());
     rep.group.broadcast(values, ro);
-    if (!own) rep.backend.upload(p.value, values.data());
+    if (!own) rep.backend.upload(v, values.data());
   }
 }
 

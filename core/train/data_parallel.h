@@ -19,8 +19,8 @@
 // With equal shares on CPU replicas and the in-process group, the weights are bitwise
 // those of one device computing the R microbatches' gradients apart and adding them in
 // replica order (tests/core/data_parallel_test.cpp), and the replicas stay identical.
-// With `zero` 1 each parameter's optimizer state lives on one replica only (about 1/R of
-// it on each, or as `state_shares` say), the weights bitwise the same.
+// With `zero` 1 each row's optimizer state lives on one replica only (about 1/R of it on
+// each, or as `state_shares` say), the weights bitwise the same.
 #pragma once
 
 #include <cstdint>
@@ -49,22 +49,33 @@ struct DataParallelOptions {
   size_t bucket_bytes = size_t{1} << 20;     // gradient bytes per allreduce
   std::chrono::milliseconds timeout{60000};  // each bucket's allreduce
   // ZeRO stage (`tandem train --zero`): 0, every replica keeps every parameter's optimizer
-  // state and steps it; 1, each parameter's state is kept by one replica, its owner, which
-  // alone steps it after the gradients are summed and then broadcasts its new values to
-  // the others (parameters whole, as PyTorch's ZeroRedundancyOptimizer shards them). The
-  // weights are bitwise those of stage 0: the same update of the same summed gradient.
+  // state and steps it; 1, the state is cut into one shard per replica (stateShards),
+  // whose rows only that replica steps after the gradients are summed and then broadcasts
+  // to the others. The weights are bitwise those of stage 0: each value's update is the
+  // same of the same summed gradient.
   int zero = 0;
-  // Per replica, its relative room for optimizer state (e.g. each device's memory): the
-  // owners are chosen so that each replica's share of the state's bytes follows it. Empty:
-  // equal.
+  // Per replica, its relative room for optimizer state (e.g. each device's memory): each
+  // replica's shard of the state's bytes follows it. Empty: equal.
   std::vector<double> state_shares;
 };
 
-// The owner of each parameter (by index, of `bytes` each) among replicas of relative room
-// `shares` (empty: equal): largest first, each to the replica whose share would be least
-// full with it (ties to the lower rank). InvalidArgument for a share that is not positive.
-std::vector<int> stateOwners(const std::vector<int64_t>& bytes, size_t replicas,
-                             const std::vector<double>& shares);
+// A run of rows [begin, end) of parameter `param` (dimension 0; a 1-d parameter's values)
+// whose optimizer state replica `owner` keeps.
+struct StateShard {
+  size_t param = 0;
+  int64_t begin = 0, end = 0;
+  int owner = 0;
+  bool operator==(const StateShard&) const = default;
+};
+
+// The parameters' rows, in order (parameter i has rows[i] rows of row_bytes[i] bytes),
+// cut into one contiguous run per replica in rank order, each run as near its share of
+// all the bytes (`shares`, relative; empty: equal) as whole rows allow, as DeepSpeed cuts
+// its flat buffer; the runs' pieces in parameter order, none empty. InvalidArgument for a
+// share that is not positive or a count that does not match.
+std::vector<StateShard> stateShards(const std::vector<int64_t>& rows,
+                                    const std::vector<int64_t>& row_bytes, size_t replicas,
+                                    const std::vector<double>& shares);
 
 // Shares for replicas on `devices` (backend names: "cpu", "opencl:0") in proportion to
 // each device's training speed in `profile` (`tandem profile` of this model): one over
@@ -98,11 +109,11 @@ class DataParallelTrainer {
 
   size_t replicas() const { return replicas_.size(); }
   Model& model(size_t replica);
-  // The replica's optimizer: with `zero` 1 it holds only the state of the parameters the
-  // replica owns.
+  // The replica's optimizer: with `zero` 1 it holds only the state of its shard's rows
+  // (under the parameters' names, shaped as those rows).
   Optimizer& optimizer(size_t replica);
-  // Each parameter's owner (zero 1; every one replica 0's otherwise).
-  const std::vector<int>& owners() const { return owners_; }
+  // The state's shards (zero 1; empty otherwise).
+  const std::vector<StateShard>& shards() const { return shards_; }
   // Bytes of optimizer state the replica holds.
   int64_t stateBytes(size_t replica) const;
   // An optimizer holding every replica's state (its tensors shared with theirs), what a
@@ -116,12 +127,12 @@ class DataParallelTrainer {
   using Share = std::function<std::pair<const float*, const int32_t*>(size_t r, int64_t first,
                                                                       int64_t count)>;
   double run(int64_t n, const Share& share);
-  // Stage 1: replica r steps the parameters it owns, then every parameter's owner
-  // broadcasts its values to the others (in parameter order, on every replica's thread).
+  // Stage 1: replica r steps the rows of its shard, then every shard's owner broadcasts
+  // them to the others (in shard order, on every replica's thread).
   void stepOwned(Replica& rep, size_t r);
   std::vector<std::unique_ptr<Replica>> replicas_;
   DataParallelOptions options_;
-  std::vector<int> owners_;
+  std::vector<StateShard> shards_;
   int64_t global_step_ = 0;
 };
 

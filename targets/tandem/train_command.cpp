@@ -317,8 +317,8 @@ void addTrain(CLI::App& app) {
                 "entry of --devices")
       ->check(CLI::Range(1, 64));
   c->add_option("--zero", args->zero,
-                "ZeRO stage of the replicas' optimizer state: 0 (each keeps all) or 1 (each "
-                "parameter's on one replica, which steps it and broadcasts it)")
+                "ZeRO stage of the replicas' optimizer state: 0 (each keeps all) or 1 (a shard "
+                "on each, whose rows it steps and broadcasts)")
       ->check(CLI::Range(0, 3));
   c->add_option("--tensor", args->tensor,
                 "Tensor-parallel ranks (threads sharing memory), each on --device or on its "

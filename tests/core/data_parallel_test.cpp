@@ -357,7 +357,7 @@ TEST(DataParallelTest, ACpuAndAnOpenClReplicaTrainTogether) {
     for (size_t i = 0; i < a.size(); ++i)
       ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::abs(a[i]))) << zero.model(0).params()[p]->name;
   }
-  EXPECT_GT(zero.stateBytes(1), 0) << "the OpenCL replica owns a shard";
+  EXPECT_GT(zero.stateBytes(1), 0) << "the OpenCL replica holds a shard";
 }
 
 // A batch smaller than the replicas: the idle replica adds zeros and keeps up.
@@ -426,39 +426,69 @@ TEST(DataParallelTest, ZeroStageOneShardsTheOptimizerStateAndTrainsBitwiseAsPlai
           merged[name] = toHost(t);
         ASSERT_EQ(merged.size(), want.size());
         for (const auto& [name, t] : want) EXPECT_TRUE(merged.at(name) == toHost(t)) << name;
+        // The shards tile every parameter's rows; each replica holds the state of its own
+        // shards' parameters, its bytes within a row of its share of all.
         const std::vector<Param*> params = sharded.trainer->model(0).params();
-        const std::vector<int>& owners = sharded.trainer->owners();
-        ASSERT_EQ(owners.size(), params.size());
-        int64_t total = 0;
-        std::set<int> holding;
+        std::vector<int64_t> covered(params.size(), 0);
+        std::vector<std::set<std::string>> owned(replicas);
+        int64_t widest = 0;
+        for (const StateShard& sh : sharded.trainer->shards()) {
+          ASSERT_LT(sh.param, params.size());
+          EXPECT_EQ(sh.begin, covered[sh.param]) << params[sh.param]->name;
+          covered[sh.param] = sh.end;
+          owned[static_cast<size_t>(sh.owner)].insert(params[sh.param]->name);
+          const Shape& shape = params[sh.param]->value.shape();
+          widest = std::max(widest, static_cast<int64_t>(params[sh.param]->value.bytes()) /
+                                        (shape.rank() ? shape[0] : 1));
+        }
+        for (size_t i = 0; i < params.size(); ++i)
+          EXPECT_EQ(covered[i], params[i]->value.shape()[0]) << params[i]->name;
+        const int64_t total = plain.trainer->stateBytes(0);
+        const int64_t slots = std::string(kind) == "adamw" ? 2 : 1;
+        double room = 0;
+        for (size_t r = 0; r < replicas; ++r) room += unequal ? o.state_shares[r] : 1.0;
+        int64_t sum = 0;
         for (size_t r = 0; r < replicas; ++r) {
-          std::set<std::string> held, owned;
+          std::set<std::string> held;
           for (const auto& [name, t] : sharded.trainer->optimizer(r).state())
             held.insert(name.substr(0, name.rfind('.')));
-          for (size_t i = 0; i < params.size(); ++i)
-            if (owners[i] == static_cast<int>(r)) owned.insert(params[i]->name);
-          EXPECT_EQ(held, owned) << "replica " << r;
-          total += sharded.trainer->stateBytes(r);
-          if (!held.empty()) holding.insert(static_cast<int>(r));
+          EXPECT_EQ(held, owned[r]) << "replica " << r;
+          const int64_t bytes = sharded.trainer->stateBytes(r);
+          const double want =
+              static_cast<double>(total) * (unequal ? o.state_shares[r] : 1.0) / room;
+          EXPECT_LE(std::abs(static_cast<double>(bytes) - want),
+                    static_cast<double>(slots * widest))
+              << "replica " << r << " holds " << bytes << " of " << total;
+          sum += bytes;
         }
-        EXPECT_EQ(total, plain.trainer->stateBytes(0));
-        EXPECT_EQ(holding.size(), replicas) << "every replica holds a shard";
+        EXPECT_EQ(sum, total);
         EXPECT_EQ(sharded.trainer->mergedOptimizer()->steps(), 3);
       }
 }
 
-// Owners, largest parameter first, each to the replica its room leaves least full.
-TEST(DataParallelTest, StateOwnersFollowEachReplicasRoom) {
-  EXPECT_EQ(stateOwners({100, 60, 40, 10}, 2, {}), (std::vector<int>{0, 1, 1, 0}));
-  EXPECT_EQ(stateOwners({100, 60, 40, 10}, 2, {3, 1}), (std::vector<int>{0, 0, 1, 1}));
-  EXPECT_EQ(stateOwners({5, 5, 5}, 3, {}), (std::vector<int>{0, 1, 2}));
-  EXPECT_EQ(stateOwners({}, 2, {}), std::vector<int>{});
+// The rows cut into one run per replica, each run as near its share of the bytes as whole
+// rows allow, a run's pieces in parameter order.
+TEST(DataParallelTest, StateShardsCutTheRowsByEachReplicasRoom) {
+  using S = StateShard;
+  // 3 parameters of 4, 2 and 2 rows of 10 bytes (80 in all): 40 each, cut inside the first.
+  EXPECT_EQ(stateShards({4, 2, 2}, {10, 10, 10}, 2, {}),
+            (std::vector<S>{{0, 0, 4, 0}, {1, 0, 2, 1}, {2, 0, 2, 1}}));
+  EXPECT_EQ(stateShards({8}, {10}, 2, {}), (std::vector<S>{{0, 0, 4, 0}, {0, 4, 8, 1}}));
+  EXPECT_EQ(stateShards({8}, {10}, 2, {3, 1}), (std::vector<S>{{0, 0, 6, 0}, {0, 6, 8, 1}}));
+  EXPECT_EQ(stateShards({9}, {1}, 3, {}),
+            (std::vector<S>{{0, 0, 3, 0}, {0, 3, 6, 1}, {0, 6, 9, 2}}));
+  // A run ending on a parameter's end; a parameter without state (no bytes) is left out.
+  EXPECT_EQ(stateShards({2, 1, 2}, {10, 0, 10}, 2, {}),
+            (std::vector<S>{{0, 0, 2, 0}, {2, 0, 2, 1}}));
+  // More replicas than rows: some hold nothing.
+  EXPECT_EQ(stateShards({1}, {4}, 3, {}), (std::vector<S>{{0, 0, 1, 1}}));
+  EXPECT_EQ(stateShards({}, {}, 2, {}), std::vector<S>{});
   expectThrowWith<InvalidArgument>(
       [] {
-        stateOwners({1}, 2, {1, 0});
+        stateShards({1}, {4}, 2, {1, 0});
       },
       {"state share 0 is not a positive number"});
-  expectThrowWith<InvalidArgument>([] { stateOwners({1}, 2, {1}); },
+  expectThrowWith<InvalidArgument>([] { stateShards({1}, {4}, 2, {1}); },
                                    {"1 state shares for 2 replicas"});
   // A stage not implemented, or sharding without replicas to share with, is refused up front.
   DataParallelOptions o;
