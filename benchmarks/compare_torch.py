@@ -125,8 +125,9 @@ def main():
         cases = [c for c in CASES if c[1].split(":")[0] in want]
         if len(cases) != len(want):
             p.error("--cases: unknown case in %r" % a.cases)
-    print("conditions, both sides: the same models (resnet18: torchvision's, its stem taking "
-          "1 channel, batch norms on the batch's statistics on both sides), batches and random "
+    print("conditions, both sides: the same models (resnet18 and mobilenet_v2: torchvision's, "
+          "their stems taking 1 channel, batch norms on the batch's statistics and mobilenet_v2's "
+          "dropout 0.2 on both sides), batches and random "
           "data, one training step (upload, zero grads, forward, cross-entropy, backward, SGD "
           "with momentum), the CPU threads in the table (torch: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads, "
           "OMP_WAIT_POLICY=PASSIVE: its OpenMP threads sleep at once, "

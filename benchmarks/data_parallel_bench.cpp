@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
   std::printf(
       "samples/s; ratio = 2 replicas / 1 replica (target >= 1.7); ceiling = 2 independent "
       "trainers on half batches at once, no communication / 1 replica; time x = a step's time "
-      "with ZeRO 1 over the plain replicas' (target <= 1.05)\n");
+      "with ZeRO 1 over the plain replicas' (target <= 1.05); every column: single-threaded "
+      "replicas or trainers, the in-process group, SGD with momentum, 5 untimed steps first\n");
   return 0;
 }

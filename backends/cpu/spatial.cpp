@@ -333,7 +333,8 @@ void CpuBackend::depthwiseConv2d(const Tensor& x, const Tensor& w, const Window2
 }
 
 // The adjoint, plane by plane: each output's gradient scattered to the inputs its taps
-// read, in (oy, ki, kj, ox) order.
+// read, in (oy, ki, kj, ox) order. (Its loops are the forward's written out again: the
+// two sharing them through a callback made mobilenet_v2's step 8% slower.)
 void CpuBackend::depthwiseConv2dBackwardData(const Tensor& dy, const Tensor& w, const Window2d& g,
                                              const Tensor& dx) {
   const int64_t n = backends::checkDepthwise(dx, w, dy, g, "cpu", "depthwiseConv2dBackwardData");

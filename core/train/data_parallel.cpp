@@ -63,20 +63,18 @@ std::vector<StateShard> stateShards(const std::vector<int64_t>& rows,
     const auto w = static_cast<double>(row_bytes[i]);
     if (rows[i] <= 0 || w <= 0) continue;  // (no values: no state)
     const double after = before + w * static_cast<double>(rows[i]);
-    int64_t begin = 0;
-    // Each run that ends inside this parameter ends at the row boundary nearest its end.
-    while (owner < ends.size() && ends[owner] < after) {
-      const auto cut =
-          std::clamp<int64_t>(std::llround((ends[owner] - before) / w), begin, rows[i]);
-      if (cut == rows[i]) break;  // at this parameter's end: the next parameter starts the next run
+    // The current run ends at the row boundary nearest its end: inside this parameter (the
+    // next run goes on from there), at or before its start (nothing of it here), or past
+    // its end (it takes the rest and goes on into the next parameter).
+    for (int64_t begin = 0; begin < rows[i];) {
+      const bool last = owner == ends.size();
+      const int64_t end_row = last ? rows[i] : std::llround((ends[owner] - before) / w);
+      const int64_t cut = std::clamp<int64_t>(end_row, begin, rows[i]);
       if (cut > begin) out.push_back({i, begin, cut, static_cast<int>(owner)});
       begin = cut;
+      if (last || end_row > rows[i]) break;
       ++owner;
     }
-    out.push_back({i, begin, rows[i], static_cast<int>(owner)});
-    if (owner < ends.size() && ends[owner] <= after &&
-        std::llround((ends[owner] - before) / w) >= rows[i])
-      ++owner;
     before = after;
   }
   return out;

@@ -108,12 +108,9 @@ struct Training {
   void save(const std::string& path, std::map<std::string, AttrValue> meta) {
     meta.insert(carried.begin(), carried.end());  // (the training's own keys win)
     if (!tensor) {
-      if (single) {
-        saveModel(path, model(), single_opt.get(), meta);
-        return;
-      }
-      const std::unique_ptr<Optimizer> state = parallel->mergedOptimizer();  // every shard's
-      saveModel(path, model(), state.get(), meta);
+      // (replicas: every shard's state merged; replica 0's own when not sharded)
+      const std::unique_ptr<Optimizer> merged = parallel ? parallel->mergedOptimizer() : nullptr;
+      saveModel(path, model(), single ? single_opt.get() : merged.get(), meta);
       return;
     }
     // The whole model assembled from the ranks' slices, on the host.
