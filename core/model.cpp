@@ -72,6 +72,14 @@ std::vector<TensorRole> Model::splitForTensor(size_t begin, size_t end, Group& g
   return roles;
 }
 
+std::vector<TensorRole> Model::tensorRoles(size_t begin, size_t end) const {
+  return findTensorSplit(layers_, begin, end);
+}
+
+int Model::tensorAllreduces(const std::vector<TensorRole>& roles) const {
+  return tandem::tensorAllreduces(layers_, roles);
+}
+
 void Model::requireBuilt(size_t begin, size_t end) const {
   TANDEM_CHECK_MSG(backend_ != nullptr, InvalidArgument, "model '" << name_ << "' is not built");
   for (const LayerRange& r : built_)

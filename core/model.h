@@ -54,6 +54,11 @@ class Model {
   // the rest whole; the shapes inferred again. Returns each layer's role.
   std::vector<TensorRole> splitForTensor(size_t begin, size_t end, Group& group,
                                          const std::vector<double>& shares);
+  // What a tensor split of layers [begin, end) would make of each (findTensorSplit: all
+  // whole when nothing splits), and the all-reduces one forward over such roles runs once
+  // split (tensorAllreduces): what the partitioner prices a split stage by.
+  std::vector<TensorRole> tensorRoles(size_t begin, size_t end) const;
+  int tensorAllreduces(const std::vector<TensorRole>& roles) const;
   bool built() const { return backend_ != nullptr; }
   Backend& backend() const;
   // The built layers' parameters.

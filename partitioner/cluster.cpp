@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "core/endpoint.h"
 #include "core/error.h"
@@ -185,6 +187,11 @@ std::vector<std::string> profilePaths(const Cluster& c, const std::string& defau
   return {paths.begin(), paths.end()};
 }
 
+static_assert(static_cast<int>(TensorKind::kColumn) == TensorRole::kColumn &&
+              static_cast<int>(TensorKind::kRow) == TensorRole::kRow &&
+              static_cast<int>(TensorKind::kSlice) == TensorRole::kSlice &&
+              static_cast<int>(TensorKind::kBlock) == TensorRole::kBlock);
+
 Problem modelProblem(const Model& model, const CostOptions& options) {
   Problem p;
   p.options = options;
@@ -193,8 +200,18 @@ Problem modelProblem(const Model& model, const CostOptions& options) {
     const Layer& layer = model.layer(l);
     p.layers.push_back({layer.type(), layer.paramBytes(), layer.outputBytes() * b,
                         layer.stashBytes() * b, layer.workspaceBytes(b)});
+    const std::vector<TensorRole> own = model.tensorRoles(l, l + 1);
+    if (own.front().kind == TensorRole::kBlock)
+      p.layers.back().tensor_allreduces = model.tensorAllreduces(own);
   }
   p.input_bytes = model.inputShape().numel() * 4 * b;
+  // What a split from each first layer makes of the layers after it (tensor_roles).
+  for (size_t first = 0; first < model.size(); ++first) {
+    std::vector<TensorKind> kinds;
+    for (const TensorRole& r : model.tensorRoles(first, model.size()))
+      kinds.push_back(static_cast<TensorKind>(r.kind));
+    p.tensor_roles.push_back(std::move(kinds));
+  }
   return p;
 }
 
@@ -205,18 +222,28 @@ LinkCosts linkCosts(const LinkProfile& l) {
   return {l.bandwidth, l.latency_s, l.cpu_s_per_byte, l.sender_share > 0 ? l.sender_share : 0.5};
 }
 
-// The line through a node's smallest and largest measured messages (a single point: a
-// fixed cost), never negative.
+// The line through two points (bytes, seconds) — one point: a fixed cost —, never negative:
+// {fixed, per byte}.
+std::pair<double, double> lineThrough(int64_t a_bytes, double a_s, int64_t z_bytes, double z_s) {
+  const double per_byte =
+      z_bytes > a_bytes ? std::max(0.0, (z_s - a_s) / static_cast<double>(z_bytes - a_bytes)) : 0;
+  return {std::max(0.0, a_s - per_byte * static_cast<double>(a_bytes)), per_byte};
+}
+
+// The line through a node's smallest and largest measured messages.
 MessageCpuCost messageCpuCost(const std::vector<MessageCpu>& points) {
   const MessageCpu &a = points.front(), &z = points.back();
   MessageCpuCost c;
-  if (z.bytes > a.bytes)
-    c.per_byte_s = std::max(0.0, (z.cpu_s - a.cpu_s) / static_cast<double>(z.bytes - a.bytes));
-  c.fixed_s = std::max(0.0, a.cpu_s - c.per_byte_s * static_cast<double>(a.bytes));
-  if (z.bytes > a.bytes)
-    c.send_per_byte_s =
-        std::max(0.0, (z.send_s - a.send_s) / static_cast<double>(z.bytes - a.bytes));
-  c.send_fixed_s = std::max(0.0, a.send_s - c.send_per_byte_s * static_cast<double>(a.bytes));
+  std::tie(c.fixed_s, c.per_byte_s) = lineThrough(a.bytes, a.cpu_s, z.bytes, z.cpu_s);
+  std::tie(c.send_fixed_s, c.send_per_byte_s) = lineThrough(a.bytes, a.send_s, z.bytes, z.send_s);
+  return c;
+}
+
+// The line through a node's smallest and largest measured all-reduces.
+GroupAllreduceCost groupAllreduceCost(const std::vector<GroupAllreduce>& points) {
+  const GroupAllreduce &a = points.front(), &z = points.back();
+  GroupAllreduceCost c;
+  std::tie(c.fixed_s, c.per_byte_s) = lineThrough(a.bytes, a.seconds, z.bytes, z.seconds);
   return c;
 }
 
@@ -290,6 +317,7 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
 
   p.node_cores.assign(nodes, 0);
   p.node_message_cpu.assign(nodes, {});
+  p.node_group_allreduce.assign(nodes, {});
   int64_t param_bytes = 0;  // the model's, which a profile's update_s updated
   for (const LayerBytes& l : p.layers) param_bytes += l.param_bytes;
   for (size_t ni = 0; ni < nodes; ++ni) {
@@ -365,6 +393,8 @@ Problem makeProblem(const Model& model, const Cluster& cluster,
         d.host_threads = dp.device.kind == "cpu" ? cd.threads : dp.device.compute_units;
       p.node_cores[ni] = std::max(p.node_cores[ni], su.cpu_cores);
       if (!prof.message_cpu.empty()) p.node_message_cpu[ni] = messageCpuCost(prof.message_cpu);
+      if (!prof.group_allreduce.empty())
+        p.node_group_allreduce[ni] = groupAllreduceCost(prof.group_allreduce);
       p.devices.push_back(std::move(d));
     }
   }

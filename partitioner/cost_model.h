@@ -31,6 +31,24 @@
 //     over the stage's layers: a CNN's widest activation, twice)
 //   + transport buffers: `transport_buffers` messages per direction on each link.
 // Serving: weights + the largest layer input + output (+ its scratch) + transport buffers.
+//
+// A tensor-split stage (Assignment::tensor): layers [b, e) over k ranks of one type on one
+// node, threads of one process, each with 1/k of every split layer's features
+// (core/layers/tensor_split.h; what splits: Problem::tensor_roles). Per rank and
+// microbatch:
+//   forward   = whole layers' forward + split layers' forward / k
+//               + one group all-reduce of each row layer's output and, per block,
+//               tensor_allreduces of its output
+//   backward  = the same of the backward, the all-reduces of each column layer's input
+//               gradient (none where the first stage computes none) and the blocks'
+//   update    = the whole layers' and 1 / k of the split layers' parameters
+//   memory    = as one device, less (1 - 1/k) of the split layers' weights, gradients and
+//               optimizer state (their stash is priced whole: a column part keeps its
+//               whole input)
+//   all-reduce of B bytes = the node's measured line fixed + per_byte * B at 2 ranks, the
+//               fixed part (the ranks' meetings) times k - 1 for k ranks; not measured:
+//               the ring above over the node's `local` link.
+// The ranks run at once; the shares are equal, so the slowest rank is any one.
 #pragma once
 
 #include <cstdint>
@@ -67,7 +85,10 @@ class CostModel {
   // "layer 3 (linear): lacks gemm on i8" for the first layer of [begin, end) it cannot
   // run; "" when it runs them all.
   std::string lacking(int type, size_t begin, size_t end) const;
-  double compute(int type, size_t begin, size_t end) const;
+  // `tensor` > 1 in these: the stage tensor-split over that many ranks of `type` (above);
+  // infinite where nothing in [begin, end) splits or a layer has fewer features than ranks
+  // is not known here (the run refuses it: checkTensorSplit).
+  double compute(int type, size_t begin, size_t end, int tensor = 1) const;
   // The parts of compute, one microbatch on one device: the layers' forward (with the
   // loss on the last layer), their whole backward, and of that backward the share that
   // computes parameter gradients ("weight gradient", which stages after the first run
@@ -78,9 +99,22 @@ class CostModel {
   // its backward without the input gradient (DeviceCosts::first_backward_s), whole —
   // Sequence::backward and backwardInput in core/layers/sequence.h. (A model without
   // parameters, which trains nothing, is priced as its profile times it.)
-  double forward(int type, size_t begin, size_t end) const;
-  double backward(int type, size_t begin, size_t end) const;
-  double weightGradient(int type, size_t begin, size_t end) const;
+  double forward(int type, size_t begin, size_t end, int tensor = 1) const;
+  double backward(int type, size_t begin, size_t end, int tensor = 1) const;
+  double weightGradient(int type, size_t begin, size_t end, int tensor = 1) const;
+  // Of that, what a schedule that splits the backward runs after sending the input's
+  // gradient on: all of it, but the first stage runs its first layers whole in the
+  // backward, through the first with parameters (firstWhole()).
+  double deferredWeightGradient(int type, size_t begin, size_t end, int tensor = 1) const;
+  // What a tensor split of [begin, end) makes of each of its layers: Problem::tensor_roles
+  // from `begin`, a pair whose row layer lies at or past `end` whole; all whole when the
+  // problem has no roles.
+  std::vector<TensorKind> tensorRoles(size_t begin, size_t end) const;
+  bool tensorSplits(size_t begin, size_t end) const;
+  // One all-reduce of `bytes` among `ranks` ranks of a tensor group on node `node`.
+  double groupAllreduce(int node, double bytes, int ranks) const;
+  // A tensor-split stage's all-reduces per microbatch: its forward's and its backward's.
+  double tensorAllreduce(int type, size_t begin, size_t end, int tensor) const;
   double allreduce(int type, size_t begin, size_t end, int replicas) const;
   // Unequal replicas (`types` one per replica, `shares` their shares of the work): a round
   // of R microbatches, one per replica, each of R x share / sum(shares) times the mean
@@ -102,12 +136,12 @@ class CostModel {
   // each one's speed on [begin, end).
   std::vector<double> balancedShares(const std::vector<int>& types, size_t begin, size_t end) const;
   // The optimizer's update of layers [begin, end) once per step (0 when not training).
-  double update(int type, size_t begin, size_t end) const;
+  double update(int type, size_t begin, size_t end, int tensor = 1) const;
   // Replicas on `types` each update their copy; the step waits for the slowest.
   double update(const std::vector<int>& types, size_t begin, size_t end) const;
   // Unequal replicas' microbatch sizes over the mean: R x share / sum(shares) each.
   static std::vector<double> replicaSizes(const std::vector<double>& shares);
-  double stage(int type, size_t begin, size_t end, int replicas) const;
+  double stage(int type, size_t begin, size_t end, int replicas, int tensor = 1) const;
   // The link carrying layer end-1's output from type `from` to type `to`.
   double link(size_t end, int from, int to) const;
   // The same with these codecs' ratios on the link.
@@ -135,8 +169,9 @@ class CostModel {
   // of the plan's (ZB-H1's depth, min(m, stages); 0 where the search does not know it yet:
   // then m, which no plan exceeds).
   // `scale`: the stage's microbatches are that times the mean size (an unequal replica's).
+  // `tensor` > 1: one rank's of a stage tensor-split over that many.
   int64_t memory(size_t begin, size_t end, int stages_to_end, int replicas, int stages = 0,
-                 double scale = 1) const;
+                 double scale = 1, int tensor = 1) const;
   int64_t paramBytes(size_t begin, size_t end) const;
   // What layers [begin, end) hold whatever the split: weights, and when training their
   // gradients and optimizer state. A lower bound on any stage's memory that holds them.
@@ -148,6 +183,17 @@ class CostModel {
   int64_t inputBytes(size_t layer) const;
 
  private:
+  // A tensor-split stage's per-rank parts (see above); `forward` and `backward` with their
+  // all-reduces (`allreduce_forward`, `allreduce_backward`), `split_params` the split
+  // layers' parameter bytes.
+  struct TensorParts {
+    double forward = 0, backward = 0, weight = 0;
+    double allreduce_forward = 0, allreduce_backward = 0;
+    double first_weight = 0;  // of `weight`, the first stage's first layer with parameters'
+    int64_t split_params = 0;
+    bool splits = false;
+  };
+  TensorParts tensorParts(int type, size_t begin, size_t end, int tensor) const;
   double linkTime(int64_t bytes, double ratio, int from_node, int to_node) const;
   // Node `node`'s measured message cost (zeros when not measured).
   MessageCpuCost ownMessageCpu(int node) const;

@@ -45,6 +45,19 @@ void checkStages(const CostModel& cost, const std::vector<Assignment>& stages,
     }
     TANDEM_CHECK_MSG(chunks == 1 || a.devices.size() == 1, InvalidArgument,
                      algorithm << ": interleaved stages cannot have replicas (stage " << s << ")");
+    if (a.tensor) {
+      TANDEM_CHECK_MSG(a.devices.size() >= 2 && a.shares.empty() && chunks == 1 && cost.training(),
+                       InvalidArgument,
+                       algorithm << ": stage " << s
+                                 << " is tensor-split: 2 ranks or more, no shares, not "
+                                    "interleaved, for training");
+      for (int d : a.devices)
+        TANDEM_CHECK_MSG(d >= 0 && static_cast<size_t>(d) < problem.devices.size() &&
+                             cost.typeOf(d) == cost.typeOf(a.devices.front()),
+                         InvalidArgument,
+                         algorithm << ": stage " << s << " is tensor-split over devices of "
+                                   << "different kinds or nodes (its ranks take equal shares)");
+    }
     TANDEM_CHECK_MSG(a.shares.empty() || a.shares.size() == a.devices.size(), InvalidArgument,
                      algorithm << ": stage " << s << " has " << a.shares.size() << " shares for "
                                << a.devices.size() << " replicas");
@@ -128,7 +141,9 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
   for (int s = 0; s < n; ++s) {
     const Assignment& a = stages[static_cast<size_t>(s)];
     const int t = cost.typeOf(a.devices.front());
-    const int k = static_cast<int>(a.devices.size());
+    // A tensor-split stage's devices are its ranks, one worker; else its replicas.
+    const int ranks = a.tensor ? static_cast<int>(a.devices.size()) : 1;
+    const int k = a.tensor ? 1 : static_cast<int>(a.devices.size());
     PlanStage st;
     st.at = a;
     st.next = s + 1 < n && !links.empty() ? links[static_cast<size_t>(s)] : fixed;
@@ -142,15 +157,19 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
           !why.empty() && plan.infeasible.empty())
         plan.infeasible = "stage " + std::to_string(s) + " " + why;
     } else {
-      st.compute_s = cost.stage(t, a.begin, a.end, k);
+      st.compute_s = cost.stage(t, a.begin, a.end, k, ranks);
       st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
-      if (cost.training()) st.update_s = cost.update(t, a.begin, a.end);
-      st.memory_bytes = cost.memory(a.begin, a.end, held, k, p);
+      if (cost.training()) st.update_s = cost.update(t, a.begin, a.end, ranks);
+      if (a.tensor) st.tensor_allreduce_s = cost.tensorAllreduce(t, a.begin, a.end, ranks);
+      st.memory_bytes = cost.memory(a.begin, a.end, held, k, p, 1, ranks);
       if (const std::string lacks = cost.lacking(t, a.begin, a.end);
           !lacks.empty() && plan.infeasible.empty())
         plan.infeasible = "stage " + std::to_string(s) + " runs on " +
                           problem.devices[static_cast<size_t>(a.devices.front())].name +
                           ", which cannot run " + lacks;
+      if (a.tensor && !cost.tensorSplits(a.begin, a.end) && plan.infeasible.empty())
+        plan.infeasible = "stage " + std::to_string(s) + " (layers [" + std::to_string(a.begin) +
+                          ", " + std::to_string(a.end) + ")) holds nothing to tensor-split";
     }
     if (s + 1 < n)
       st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()),
@@ -240,6 +259,7 @@ std::vector<PlanStageSpec> planStageSpecs(const CostModel& cost, const Plan& pla
     }
     spec.threads = first.threads;
     spec.shares = st.at.shares;
+    spec.tensor = st.at.tensor;
     spec.compute_s = st.compute_s;
     spec.allreduce_s = st.allreduce_s;
     spec.update_s = st.update_s;
@@ -293,6 +313,8 @@ std::string planToYaml(const CostModel& cost, const Plan& plan) {
         os << (r ? ", " : "") << number(spec.shares[r]);
       os << "]";
     }
+    if (spec.tensor)
+      os << "\n    tensor: true\n    tensor_allreduce_s: " << number(st.tensor_allreduce_s);
     if (!spec.activation_codec.empty())
       os << "\n    codec: {activations: " << spec.activation_codec
          << ", gradients: " << spec.gradient_codec << "}";
@@ -387,12 +409,15 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
         spec.allreduce_s = r.nonNegative(v, key);
       } else if (key == "update_s") {
         spec.update_s = r.nonNegative(v, key);
-      } else if (key == "link_s" || key == "memory_bytes") {
+      } else if (key == "tensor") {
+        spec.tensor = r.get<bool>(v, key, "true or false");
+      } else if (key == "link_s" || key == "memory_bytes" || key == "tensor_allreduce_s") {
         r.nonNegative(v, key);
       } else {
         r.fail(kv.first, "unknown stage key '" + key +
                              "' (expected layers, devices, backend, backends, threads, shares, "
-                             "codec, compute_s, allreduce_s, update_s, link_s or memory_bytes)");
+                             "tensor, codec, compute_s, allreduce_s, update_s, link_s, "
+                             "tensor_allreduce_s or memory_bytes)");
       }
     }
     if (!have_layers) r.fail(st, "the stage has no 'layers'");
@@ -402,6 +427,8 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
       r.fail(backends, "'backends' lists " + std::to_string(spec.backends.size()) +
                            " devices for the stage's " + std::to_string(spec.devices.size()) +
                            " replicas");
+    if (spec.tensor && (spec.devices.size() < 2 || !spec.shares.empty()))
+      r.fail(st, "a tensor-split stage names its 2 ranks or more in 'devices', without 'shares'");
     if (!spec.shares.empty() && spec.shares.size() != spec.devices.size())
       r.fail(shares, "'shares' lists " + std::to_string(spec.shares.size()) +
                          " shares for the stage's " + std::to_string(spec.devices.size()) +

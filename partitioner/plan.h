@@ -20,6 +20,8 @@
 //     - {layers: [3, 9], devices: [local/gpu0, local/gpu1], backend: opencl:0,
 //        backends: [opencl:0, opencl:1], ...}     # replicas: each on its own device
 //        codec: {activations: fp16, gradients: fp32}  # its link to the next stage
+//     - {layers: [9, 12], devices: [local/cpu0, local/cpu1], tensor: true,
+//        tensor_allreduce_s: 0.0004, ...}   # one stage split over 2 tensor ranks
 // Reading takes the layer ranges, device names, backends and threads; the predicted
 // figures are informational.
 #pragma once
@@ -43,6 +45,11 @@ struct Assignment {
   // cuts each batch so that replica r's microbatches are in proportion to its share
   // (TrainSettings::microbatch_shares).
   std::vector<double> shares = {};
+  // Tensor parallelism: `devices` are the ranks of one tensor group (2 or more devices of
+  // one type on one node, in one process), each holding an equal share of every split
+  // layer's features (cost_model.h); no `shares`. A run splits the stage's layers over
+  // them (StageSlice::tensor).
+  bool tensor = false;
 };
 
 // The codecs of one link's two directions: activations on to the next stage, gradients
@@ -55,11 +62,13 @@ struct LinkCodec {
 
 struct PlanStage {
   Assignment at;
-  LinkCodec next;            // the link to the next stage (the last stage's is unused)
-  double compute_s = 0;      // per microbatch, with the replicas' allreduce and update share
-  double allreduce_s = 0;    // per step
-  double update_s = 0;       // per step: the optimizer's update of the stage's parameters
-  double link_s = 0;         // to the next stage, per microbatch (0 for the last)
+  LinkCodec next;          // the link to the next stage (the last stage's is unused)
+  double compute_s = 0;    // per microbatch, with the replicas' allreduce and update share
+  double allreduce_s = 0;  // per step
+  double update_s = 0;     // per step: the optimizer's update of the stage's parameters
+  double link_s = 0;       // to the next stage, per microbatch (0 for the last)
+  // A tensor-split stage: its ranks' all-reduces per microbatch (part of compute_s).
+  double tensor_allreduce_s = 0;
   int64_t memory_bytes = 0;  // per device
 };
 
@@ -87,6 +96,13 @@ struct Plan {
   std::string infeasible;         // empty when every device's memory suffices
   std::vector<LeftOut> left_out;  // set by choosePlan
 };
+
+// Whether a stage of the plan is tensor-split (Assignment::tensor).
+inline bool splitsTensors(const Plan& p) {
+  for (const PlanStage& s : p.stages)
+    if (s.at.tensor) return true;
+  return false;
+}
 
 // A plan with stages whose devices all have the memory it needs.
 inline bool fits(const Plan& p) { return !p.stages.empty() && p.infeasible.empty(); }
@@ -121,6 +137,9 @@ struct PlanStageSpec {
   std::string backend;
   std::vector<std::string> backends;  // per replica, in devices' order (empty: `backend`)
   std::vector<double> shares;  // unequal replicas: each one's share of the work (empty: equal)
+  // `tensor: true`: `devices` are one worker's tensor ranks (Assignment::tensor), on one
+  // node; `backends` each rank's.
+  bool tensor = false;
   int threads = 1;
   double compute_s = -1;   // the predicted compute per microbatch, if the plan has it
   double allreduce_s = 0;  // a replicated stage's predicted allreduce per step

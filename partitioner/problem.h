@@ -28,6 +28,20 @@ struct LayerBytes {
   // Scratch its forward or backward holds beside its input and output, one microbatch
   // (Layer::workspaceBytes).
   int64_t workspace_bytes = 0;
+  // A block that splits inside itself (attention, SwiGLU, transformer, llama, residual):
+  // the all-reduces its forward runs once tensor-split, as many in its backward, each of
+  // about its output (TensorSplitBlock::tensorAllreduces); 0 for other layers.
+  int tensor_allreduces = 0;
+};
+
+// What a tensor split makes of a layer (TensorRole::Kind, core/layers/tensor_split.h).
+enum class TensorKind : uint8_t { kWhole, kColumn, kRow, kSlice, kBlock };
+
+// An all-reduce among a tensor group's ranks in one process: fixed_s + per_byte_s * bytes
+// for 2 ranks (the line through a profile's GroupAllreduce points).
+struct GroupAllreduceCost {
+  double fixed_s = 0, per_byte_s = 0;
+  bool measured() const { return fixed_s > 0 || per_byte_s > 0; }
 };
 
 struct DeviceCosts {
@@ -125,7 +139,10 @@ struct CostOptions {
   std::vector<CodecChoice> codecs;
   int transport_buffers = 2;  // messages each link may queue per direction
   int max_replicas = 1;       // > 1: a stage may be replicated over devices of one type
-  int source = -1;            // latency: the device the input arrives at (-1: any)
+  // > 1 (training): a stage may be tensor-split over up to this many devices of one type
+  // on one node, its ranks threads of the stage's process (Assignment::tensor).
+  int max_tensor = 1;
+  int source = -1;  // latency: the device the input arrives at (-1: any)
 };
 
 struct Problem {
@@ -141,6 +158,14 @@ struct Problem {
   // to the sender's node and half to the receiver's, where the cores are known
   // (simulate.h). Empty: not measured.
   std::vector<MessageCpuCost> node_message_cpu;
+  // Per node: a tensor group's all-reduce there (Profile::group_allreduce). Empty or not
+  // measured: priced at the node's `local` link (links[node][node]).
+  std::vector<GroupAllreduceCost> node_group_allreduce;
+  // Tensor parallelism: per first layer b, what a split of layers [b, L) makes of each
+  // (findTensorSplit), tensor_roles[b][i - b] for layer i. A stage [b, e) takes these with
+  // a pair whose row layer lies at or past e whole (CostModel::tensorRoles). Empty: nothing
+  // splits (a problem made by hand without them).
+  std::vector<std::vector<TensorKind>> tensor_roles;
   CostOptions options;
 };
 

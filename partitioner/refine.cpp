@@ -69,6 +69,7 @@ Plan refineByStep(const CostModel& cost, const Plan& plan) {
       std::vector<Assignment> trial = stages;
       std::swap(trial[c - 1].devices, trial[c].devices);
       std::swap(trial[c - 1].shares, trial[c].shares);
+      std::swap(trial[c - 1].tensor, trial[c].tensor);
       moved = take(trial) || moved;
     }
   }

@@ -185,10 +185,13 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     const PlanStage& first = plan.stages[static_cast<size_t>(s)];
     // Unequal replicas (shares) run at the pace of the one whose part of a round is
     // slowest, on its node; equal ones share each microbatch k ways.
+    // A tensor-split stage runs each microbatch on all its ranks at once, each its part.
     const std::vector<int> types = cost.typesOf(first.at.devices);
+    const int ranks = first.at.tensor ? static_cast<int>(types.size()) : 1;
     const CostModel::Pace pace =
-        first.at.shares.empty() ? CostModel::Pace{0, 1 / static_cast<double>(types.size())}
-                                : cost.pace(types, first.at.shares, first.at.begin, first.at.end);
+        first.at.tensor           ? CostModel::Pace{0, 1}
+        : first.at.shares.empty() ? CostModel::Pace{0, 1 / static_cast<double>(types.size())}
+                                  : cost.pace(types, first.at.shares, first.at.begin, first.at.end);
     const int t = types[static_cast<size_t>(pace.replica)];
     const double k = 1 / pace.factor;
     const std::vector<Action> one = stageActions(schedule, s, p, m, chunks);
@@ -199,15 +202,13 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     for (int c = 0; c < chunks; ++c) {
       const PlanStage& ps = plan.stages[static_cast<size_t>(c * p + s)];
       Chunk& h = x.chunks[static_cast<size_t>(c)];
-      h.forward = cost.forward(t, ps.at.begin, ps.at.end) / k;
-      const double whole = cost.backward(t, ps.at.begin, ps.at.end) / k;
-      // The first stage runs its first layers whole in the backward, through the first
-      // with parameters (CostModel::firstWhole).
-      const size_t split_from = ps.at.begin == 0 ? cost.firstWhole() + 1 : ps.at.begin;
-      h.weight =
-          splits && split_from < ps.at.end ? cost.weightGradient(t, split_from, ps.at.end) / k : 0;
+      h.forward = cost.forward(t, ps.at.begin, ps.at.end, ranks) / k;
+      const double whole = cost.backward(t, ps.at.begin, ps.at.end, ranks) / k;
+      h.weight = splits ? cost.deferredWeightGradient(t, ps.at.begin, ps.at.end, ranks) / k : 0;
       h.backward = whole - h.weight;
-      if (ps.at.shares.empty()) {
+      if (ps.at.tensor) {
+        x.update += cost.update(t, ps.at.begin, ps.at.end, ranks);
+      } else if (ps.at.shares.empty()) {
         x.step += cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
         x.update += cost.update(t, ps.at.begin, ps.at.end);
       } else {  // every replica updates its copy; the step waits for the slowest
@@ -223,7 +224,14 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     // Its times are what it sustains on the node (under a CPU quota, at the quota's rate):
     // computing, it keeps at most the node's cores busy, however many threads it has.
     const double cores = cost.nodeCores(d.node);
-    x.threads = cores > 0 ? std::min(d.host_threads, cores) : d.host_threads;
+    // A tensor-split stage's ranks compute at once, each its own device's threads (each
+    // profiled alone there): two one-thread ranks on one core take twice their times. A
+    // CPU profiled with neighbours beside it (host_threads 0) has them in its times, but
+    // not its own stage's other ranks: they count its threads.
+    const double rank_threads =
+        ranks > 1 && d.host_threads == 0 && d.backend == "cpu" ? d.threads : d.host_threads;
+    x.threads = ranks > 1 ? (cores > 0 ? std::min(rank_threads, cores) : rank_threads) * ranks
+                          : (cores > 0 ? std::min(d.host_threads, cores) : d.host_threads);
     for (int step = 0; step < kSteps; ++step)
       for (Action a : one) {
         a.microbatch += step * m;

@@ -57,6 +57,7 @@ class Attention final : public Layer, public TensorSplitBlock {
   const RopeSpec& rope() const { return rope_; }
   bool tensorSplits() const override { return !format_.int8; }
   void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) override;
+  int tensorAllreduces() const override { return 1; }  // the output's (row-parallel) sum
 
  protected:
   Shape infer(const Shape& input) override;

@@ -39,6 +39,7 @@ class SwiGlu final : public Layer, public TensorSplitBlock {
   LayerSpec spec() const override;
   bool tensorSplits() const override { return !format_.int8; }
   void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) override;
+  int tensorAllreduces() const override { return 1; }  // the output's (row-parallel) sum
 
  protected:
   Shape infer(const Shape& input) override;

@@ -67,6 +67,10 @@ bool Residual::tensorSplits() const {
   return body_.size() > 0 && splitsAny(findTensorSplit(body_, 0, body_.size()));
 }
 
+int Residual::tensorAllreduces() const {
+  return tandem::tensorAllreduces(body_, findTensorSplit(body_, 0, body_.size()));
+}
+
 void Residual::splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) {
   next_tag =
       applyTensorSplit(body_, findTensorSplit(body_, 0, body_.size()), group, shares, next_tag);

@@ -45,6 +45,7 @@ class Residual final : public Layer, public TensorSplitBlock {
   bool projectionHasNorm() const { return proj_norm_; }
   bool tensorSplits() const override;
   void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) override;
+  int tensorAllreduces() const override;
 
  protected:
   Shape infer(const Shape& input) override;

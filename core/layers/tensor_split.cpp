@@ -225,6 +225,16 @@ bool splitsAny(const std::vector<TensorRole>& roles) {
                      [](const TensorRole& r) { return r.kind != TensorRole::kWhole; });
 }
 
+int tensorAllreduces(const Sequence& layers, const std::vector<TensorRole>& roles) {
+  int n = 0;
+  for (const TensorRole& r : roles) {
+    if (r.kind == TensorRole::kRow) ++n;
+    if (r.kind == TensorRole::kBlock)
+      n += dynamic_cast<const TensorSplitBlock&>(layers.layer(r.layer)).tensorAllreduces();
+  }
+  return n;
+}
+
 std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, size_t end) {
   std::vector<TensorRole> roles = findTensorSplit(layers, begin, end);
   TANDEM_CHECK_MSG(splitsAny(roles), InvalidArgument,

@@ -109,6 +109,9 @@ class TensorSplitBlock {
   // setup), its all-reduces tagged from next_tag on (advanced past them: the same on every
   // rank). InvalidArgument, naming the layer, if it has fewer units than ranks.
   virtual void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) = 0;
+  // The all-reduces one forward runs once split (one backward runs as many), each of about
+  // the layer's output: what the partitioner prices a split stage's communication by.
+  virtual int tensorAllreduces() const = 0;
 };
 
 // Sets `t` (f32, on `backend`) to the root's on every rank of the group, in place.
@@ -128,6 +131,9 @@ std::vector<TensorRole> planTensorSplit(const Sequence& layers, size_t begin, si
 // The same roles, all whole when nothing splits (no error).
 std::vector<TensorRole> findTensorSplit(const Sequence& layers, size_t begin, size_t end);
 bool splitsAny(const std::vector<TensorRole>& roles);
+// The all-reduces one forward over `roles` runs once split (a pair's row part's, and each
+// block's own); one backward runs as many (a pair's column part's input gradient).
+int tensorAllreduces(const Sequence& layers, const std::vector<TensorRole>& roles);
 // "1 linear column, 2 relu slice, 3 linear row, 4 linear whole, 5 transformer split".
 std::string describe(const Sequence& layers, const std::vector<TensorRole>& roles);
 

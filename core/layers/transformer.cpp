@@ -30,6 +30,10 @@ uint64_t ComposedBlock::applySplit(const Split& split) {
                           split.shares, split.first_tag);
 }
 
+int ComposedBlock::tensorAllreduces() const {
+  return tandem::tensorAllreduces(body_, findTensorSplit(body_, 0, body_.size()));
+}
+
 void ComposedBlock::splitTensor(Group& group, const std::vector<double>& shares,
                                 uint64_t& next_tag) {
   split_ = Split{&group, shares, next_tag};

@@ -44,6 +44,7 @@ class ComposedBlock : public Layer, public TensorSplitBlock {
   const Sequence& body() const { return body_; }
   bool tensorSplits() const override;
   void splitTensor(Group& group, const std::vector<double>& shares, uint64_t& next_tag) override;
+  int tensorAllreduces() const override;
 
  protected:
   // Checks [T, width] input and sets the body up on it.

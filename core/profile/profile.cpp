@@ -345,6 +345,12 @@ std::string profileToJson(const Profile& p) {
                            : json{{"bytes", m.bytes}, {"cpu_s", m.cpu_s}});
     j["message_cpu"] = points;
   }
+  if (!p.group_allreduce.empty()) {
+    json points = json::array();
+    for (const GroupAllreduce& g : p.group_allreduce)
+      points.push_back(json{{"ranks", g.ranks}, {"bytes", g.bytes}, {"seconds", g.seconds}});
+    j["group_allreduce"] = points;
+  }
   if (p.links) {
     json links = json::array();
     for (const LinkProfile& l : p.links->links) {
@@ -545,6 +551,20 @@ Profile parseProfile(const std::string& text, const std::string& where) {
       if (!p.message_cpu.empty() && point.bytes <= p.message_cpu.back().bytes)
         m.fail("bytes", "is not larger than the point before");
       p.message_cpu.push_back(point);
+    }
+  }
+  if (version > 5 && top.has("group_allreduce")) {
+    const json& points = top.array("group_allreduce");
+    for (size_t i = 0; i < points.size(); ++i) {
+      const Reader g = top.child(points[i], "group_allreduce[" + std::to_string(i) + "]");
+      const int64_t ranks = g.integer("ranks");
+      if (ranks < 2 || ranks > 64) g.fail("ranks", "is not 2 to 64");
+      const GroupAllreduce point{static_cast<int>(ranks), g.integer("bytes"), g.num("seconds")};
+      if (point.bytes < 4) g.fail("bytes", "is below one f32");
+      if (!(point.seconds > 0)) g.fail("seconds", "is not positive");
+      if (!p.group_allreduce.empty() && point.bytes <= p.group_allreduce.back().bytes)
+        g.fail("bytes", "is not larger than the point before");
+      p.group_allreduce.push_back(point);
     }
   }
   if (version > 1 && top.has("links")) {

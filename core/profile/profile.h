@@ -151,6 +151,15 @@ struct MessageCpu {
   double send_s = 0;
 };
 
+// What an all-reduce costs the ranks of a tensor group in one process (the in-process group,
+// transport/local_group.h): `ranks` threads each summing a buffer of `bytes` f32 bytes with
+// the others, all arriving together; median wall seconds per all-reduce.
+struct GroupAllreduce {
+  int ranks = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
 struct LinkSet {
   std::string transport;      // "tcp"
   int64_t message_bytes = 0;  // each data message of the bandwidth runs
@@ -171,6 +180,11 @@ struct Profile {
   // not measured (`tandem profile` without daemons, earlier versions).
   std::vector<MessageCpu> message_cpu;
   std::optional<LinkSet> links;
+  // Optional within version 6, measured by a node's daemon and `tandem profile`: at a few
+  // sizes, ascending.
+  // Empty: not measured (the partitioner prices a tensor group's all-reduces at the
+  // node's `local` link then).
+  std::vector<GroupAllreduce> group_allreduce = {};
 };
 
 struct ProfileOptions {

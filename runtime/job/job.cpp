@@ -210,14 +210,22 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
 constexpr const char* kJobKeys =
     "model, data, data_dir, train_limit, test_limit, epochs, batch, microbatches, schedule, "
     "chunks, recompute, seed, threads, optimizer, codec, transport, timeout_s, partition, "
-    "stages, cluster, profile, max_replicas, rebalance_steps, baseline, save, weights, "
+    "stages, cluster, profile, max_replicas, max_tensor, rebalance_steps, baseline, save, "
+    "weights, "
     "checkpoint, max_restarts or rejoin_after_s";
 
 // Where the settings that other settings constrain were given, if they were.
 struct Given {
-  std::optional<YAML::Node> partition, stages, max_replicas, microbatches, baseline, schedule,
-      chunks;
+  std::optional<YAML::Node> partition, stages, max_replicas, max_tensor, microbatches, baseline,
+      schedule, chunks;
 };
+
+// `max_replicas:`, `max_tensor:`: 1 to 64 (kMaxTensorRanks, the most of either a stage has).
+int atMost64(const YamlReader& r, const YAML::Node& v, const std::string& key) {
+  const int64_t n = r.positive(v, key);
+  if (n > kMaxTensorRanks) r.fail(v, "'" + key + "' must be at most 64");
+  return static_cast<int>(n);
+}
 
 // `rebalance_steps:`, 0 to kMaxRebalanceSteps.
 int64_t rebalanceSteps(const YamlReader& r, const YAML::Node& v) {
@@ -255,6 +263,10 @@ void checkTogether(const YamlReader& r, const YAML::Node& root, const Given& giv
     r.fail(*given.max_replicas,
            "'max_replicas' is for 'partition: auto'; give replicas in the "
            "partition ({layers: [b, e], replicas: N}) or the plan");
+  if (given.max_tensor && !job.auto_partition)
+    r.fail(*given.max_tensor,
+           "'max_tensor' is for 'partition: auto'; give tensor ranks in the partition "
+           "({layers: [b, e], tensor: N}) or the plan");
   if (!planned && job.ranges.empty() && job.stages == 0)
     r.fail(*given.partition, "'partition: equal' needs 'stages: N'");
   // Interleaved: each of the stages holds `chunks` of the model's ranges.
@@ -392,9 +404,11 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.wire.timeout_s = r.positive(v, key);
     } else if (key == "rebalance_steps") {
       job.train.rebalance_steps = rebalanceSteps(r, v);
+    } else if (key == "max_tensor") {
+      job.max_tensor = atMost64(r, v, key);
+      given.max_tensor = v;
     } else if (key == "max_replicas") {
-      job.max_replicas = static_cast<int>(r.positive(v, key));
-      if (job.max_replicas > 64) r.fail(v, "'max_replicas' must be at most 64");
+      job.max_replicas = atMost64(r, v, key);
       given.max_replicas = v;
     } else if (key == "baseline") {
       job.baseline = r.get<std::string>(v, key, "a baseline's name");

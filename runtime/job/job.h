@@ -32,6 +32,8 @@
 //   profile: ../../out/profile.json   # with `auto`: their measured profile (optional:
 //                                     # else the nodes' daemons measure them)
 //   max_replicas: 2                # with `auto`: a stage may get data-parallel replicas
+//   max_tensor: 4                  # with `auto`: a stage may be split over up to this many
+//                                  # tensor ranks, devices of one node (default 4; 1: never)
 //   baseline: equal-layers         # with `auto`: run this baseline split over the same
 //                                  # measured cluster instead (equal-layers, equal-params,
 //                                  # memory-proportional), to compare with the search's
@@ -57,6 +59,8 @@ namespace tandem::runtime {
 // about 35 steps/s) 200 steps is about 6 s of work lost per failure; what writing them
 // costs: scripts/checkpoint-figures (docs/pipeline.md, Checkpoints).
 inline constexpr int64_t kDefaultCheckpointSteps = 200;
+// `max_tensor:` when a job with `partition: auto` gives none.
+inline constexpr int kDefaultMaxTensor = 4;
 
 struct JobSpec {
   std::string source;  // the job file, for messages
@@ -112,6 +116,8 @@ struct JobSpec {
   bool auto_partition = false;
   std::string cluster, profile;
   int max_replicas = 1;  // `partition: auto`: the most replicas the partitioner may give a stage
+  // `partition: auto`: the most tensor ranks it may split a stage over (1: layer-wise only).
+  int max_tensor = kDefaultMaxTensor;
   std::string baseline;  // `partition: auto`: place this baseline split instead (empty: search)
   std::string partition_where;  // "job.yaml:12:12", for messages
   std::string save;             // a model file to write at the end (resolved like `model`)

@@ -59,6 +59,8 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   o.schedule = job.train.schedule;
   o.microbatches = job.train.microbatches;
   o.max_replicas = job.max_replicas;
+  // Interleaved stages hold one device each: no tensor ranks there.
+  o.max_tensor = job.train.schedule == ScheduleKind::kInterleaved1F1B ? 1 : job.max_tensor;
   // Microbatch sizes differ by one when the batch does not divide: the largest is priced.
   o.microbatch_size = (job.train.batch + job.train.microbatches - 1) / job.train.microbatches;
   o.recompute = job.train.recompute;
@@ -385,6 +387,12 @@ PlannedJob planJob(const JobSpec& job, const Model& model, const std::string& sp
   out.chunks = chosen.chunks;
   if (!choosing) out.candidates.clear();
   const partitioner::CostModel& cost = *chosen.cost;
+  if (partitioner::splitsTensors(out.searched)) {
+    partitioner::Problem layers = cost.problem();
+    layers.options.max_tensor = 1;
+    out.layer_only = partitioner::choosePlan(partitioner::CostModel(std::move(layers)));
+    out.layer_only.algorithm = "layer-only " + out.layer_only.algorithm;
+  }
   out.baselines = partitioner::baselinePlans(cost);
   out.plan = out.searched;
   if (!job.baseline.empty()) {
@@ -539,10 +547,30 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     place.slice.device = s.backend;
     place.slice.threads = s.threads;
     place.predicted_compute_s = one;
-    place.replicas = replicas;
-    place.replica_backends = s.backends;
-    place.replica_devices = s.devices;
-    place.shares = s.shares;
+    if (s.tensor) {
+      // One worker whose ranks are the plan's devices (one node), each on its backend; its
+      // compute per microbatch is the whole stage's, all ranks at once.
+      TANDEM_CHECK_MSG(chunks == 1, InvalidArgument,
+                       s.where << ": a tensor-split stage cannot be interleaved");
+      place.predicted_compute_s =
+          s.compute_s < 0 ? -1
+                          : s.compute_s - s.update_s / static_cast<double>(job.train.microbatches);
+      place.slice.tensor = replicas;
+      place.slice.tensor_devices =
+          s.backends.empty() ? std::vector<std::string>(s.devices.size(), s.backend) : s.backends;
+      place.replica_devices = {s.devices.front()};
+      auto node = [](const std::string& d) { return d.substr(0, d.find('/')); };
+      for (const std::string& d : s.devices)
+        TANDEM_CHECK_MSG(node(d) == node(s.devices.front()), InvalidArgument,
+                         s.where << ": a tensor-split stage's ranks are on one node, not "
+                                 << s.devices.front() << " and " << d);
+      checkTensorSplit(model, place.slice, s.where);
+    } else {
+      place.replicas = replicas;
+      place.replica_backends = s.backends;
+      place.replica_devices = s.devices;
+      place.shares = s.shares;
+    }
     // The link to the next stage: the codecs of its last chunk's (its first chunk's on an
     // interleaved plan, which lists the others' links after it).
     if (!s.activation_codec.empty())

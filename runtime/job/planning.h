@@ -82,6 +82,9 @@ struct PlannedJob {
   partitioner::Plan plan;
   std::vector<partitioner::PlanStageSpec> stages;  // the plan's, as a plan file states them
   partitioner::Plan searched;
+  // When the search's plan tensor-splits a stage: the best plan without (max_tensor 1),
+  // planned the same way on the same cost model, to print beside it; else no stages.
+  partitioner::Plan layer_only;
   std::vector<partitioner::Plan> baselines;
   std::vector<std::string> devices;  // the cost model's devices ("node/device"), which plans index
   int64_t microbatches = 0;

@@ -18,6 +18,7 @@
 #include "runtime/control/cluster_key.h"
 #include "runtime/control/files.h"
 #include "runtime/node/node_info.h"
+#include "transport/local_group.h"
 #include "transport/socket_link.h"
 
 namespace tandem::runtime {
@@ -363,10 +364,50 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
       message_cpu.front().cpu_s * 1e6, message_cpu.front().bytes >> 10,
       message_cpu.back().cpu_s * 1e6, message_cpu.back().bytes >> 10,
       message_cpu.front().send_s * 1e6, message_cpu.back().send_s * 1e6);
-  for (Profile& p : profiles) p.message_cpu = message_cpu;
+  const std::vector<GroupAllreduce> group = measureGroupAllreduce();
+  spdlog::info(
+      "an all-reduce of 2 ranks in one process takes {:.1f} us at {} KiB, {:.1f} us at {} KiB",
+      group.front().seconds * 1e6, group.front().bytes >> 10, group.back().seconds * 1e6,
+      group.back().bytes >> 10);
+  for (Profile& p : profiles) {
+    p.message_cpu = message_cpu;
+    p.group_allreduce = group;
+  }
   result.profile = profileToJson(profiles[0]);
   for (size_t k = 1; k < profiles.size(); ++k) result.more.push_back(profileToJson(profiles[k]));
   return result;
+}
+
+namespace {
+constexpr int64_t kGroupSizes[] = {int64_t{4} << 10, int64_t{64} << 10, int64_t{1} << 20};
+constexpr int kGroupWarmup = 5, kGroupRounds = 30;
+}  // namespace
+
+std::vector<GroupAllreduce> measureGroupAllreduce() {
+  std::vector<GroupAllreduce> out;
+  for (const int64_t bytes : kGroupSizes) {
+    auto groups = transport::makeLocalGroup(2);
+    std::vector<double> times;
+    auto rank = [&](int r) {
+      std::vector<float> data(static_cast<size_t>(bytes / 4), 1.0f);
+      AllreduceOptions o;
+      o.timeout = std::chrono::seconds(30);
+      for (int k = 0; k < kGroupWarmup + kGroupRounds; ++k) {
+        o.tag = static_cast<uint64_t>(2 * k);
+        groups[static_cast<size_t>(r)]->barrier(o);
+        const auto t0 = std::chrono::steady_clock::now();
+        o.tag = static_cast<uint64_t>(2 * k + 1);
+        groups[static_cast<size_t>(r)]->allreduce(data, o);
+        if (r == 0 && k >= kGroupWarmup)
+          times.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    };
+    bothEnds([&] { rank(1); }, [&] { rank(0); });
+    std::nth_element(times.begin(), times.begin() + kGroupRounds / 2, times.end());
+    out.push_back({2, bytes, times[kGroupRounds / 2]});
+  }
+  return out;
 }
 
 ProfileTask nodeProfileTask(const partitioner::ClusterNode& node, const std::string& model_spec,

@@ -53,6 +53,13 @@ ProfileResult profileHere(const ProfileTask& task, const std::string& cache_dir)
 // rethrows near's error, else far's.
 void bothEnds(const std::function<void()>& far, const std::function<void()>& near);
 
+// A tensor group's all-reduce in this process (Profile::group_allreduce): two ranks on
+// the in-process group, threads as a tensor-split stage's ranks are, each summing its
+// buffer of 4 KiB, 64 KiB and 1 MiB with the other's; the median wall time per
+// all-reduce, rank 0's, over 30 rounds that both ranks enter together (a barrier of their
+// own before each), after 5 of warm-up.
+std::vector<GroupAllreduce> measureGroupAllreduce();
+
 // What node `node` of `cluster` measures of `model_spec` at `batch`: each of its devices
 // (one entry per backend and thread count) that `measure` accepts, each alone on the
 // node (load 0): what stages co-located on its cores cost each other is the step

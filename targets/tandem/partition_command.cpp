@@ -38,7 +38,8 @@ struct PartitionArgs {
   float momentum = 0.9f;
   bool recompute = false;
   int max_replicas = 1;
-  int chunks = 2;  // --schedule interleaved: model chunks per stage
+  int max_tensor = runtime::kDefaultMaxTensor;  // as a job's `max_tensor:`
+  int chunks = 2;                               // --schedule interleaved: model chunks per stage
 };
 
 // A plan file's split (its stages' layers and devices, by name) priced on `cost`: its
@@ -66,7 +67,7 @@ partitioner::Plan givenPlan(const partitioner::CostModel& cost, const std::strin
     links.push_back(std::move(l));
   }
   for (const partitioner::PlanStageSpec& s : specs) {
-    partitioner::Assignment a{s.begin, s.end, {}};
+    partitioner::Assignment a{s.begin, s.end, {}, s.shares, s.tensor};
     for (const std::string& name : s.devices) {
       int found = -1;
       for (size_t d = 0; d < devices.size(); ++d)
@@ -88,9 +89,13 @@ void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan
               "link codecs (activations/gradients)");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const partitioner::PlanStage& st = plan.stages[s];
+    // Replicas "a,b"; tensor ranks "a+b".
     std::string names;
     for (int d : st.at.devices)
-      names += (names.empty() ? "" : ",") + devices[static_cast<size_t>(d)].name;
+      names += (names.empty()  ? ""
+                : st.at.tensor ? "+"
+                               : ",") +
+               devices[static_cast<size_t>(d)].name;
     const std::string range =
         "[" + std::to_string(st.at.begin) + ", " + std::to_string(st.at.end) + ")";
     const std::string codecs =
@@ -101,6 +106,20 @@ void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan
                 static_cast<double>(devices[static_cast<size_t>(st.at.devices[0])].memory_bytes) /
                     (1 << 20),
                 codecs.c_str());
+  }
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const partitioner::PlanStage& st = plan.stages[s];
+    if (!st.at.tensor) continue;
+    static const char* const kind[] = {"whole", "column", "row", "slice", "split"};
+    const std::vector<partitioner::TensorKind> roles = cost.tensorRoles(st.at.begin, st.at.end);
+    std::string what;
+    for (size_t i = 0; i < roles.size(); ++i)
+      what += (i ? ", " : "") + std::to_string(st.at.begin + i) + " " +
+              cost.problem().layers[st.at.begin + i].type + " " +
+              kind[static_cast<size_t>(roles[i])];
+    std::printf(
+        "stage %zu: %zu tensor ranks (equal shares), all-reduces %.3f ms per microbatch: %s\n", s,
+        st.at.devices.size(), st.tensor_allreduce_s * 1e3, what.c_str());
   }
 }
 
@@ -139,6 +158,7 @@ partitioner::CostOptions costOptions(const PartitionArgs& a, ScheduleKind kind) 
     o.codecs = c.codecs;
   }
   o.max_replicas = a.max_replicas;
+  o.max_tensor = kind == ScheduleKind::kInterleaved1F1B ? 1 : a.max_tensor;
   return o;
 }
 
@@ -218,7 +238,23 @@ void runPartition(const PartitionArgs& a) {
   for (const partitioner::LeftOut& l : plan.left_out)
     std::printf("  %s: %s\n", cost.problem().devices[static_cast<size_t>(l.device)].name.c_str(),
                 l.reason.c_str());
-  std::printf("planning took %.1f ms\n\n", planning_s * 1e3);
+  std::printf("planning took %.1f ms\n", planning_s * 1e3);
+  if (a.evaluate.empty() && a.baseline.empty() && partitioner::splitsTensors(plan)) {
+    // The choice beside the best plan that splits no layer.
+    partitioner::Problem layers = cost.problem();
+    layers.options.max_tensor = 1;
+    const partitioner::CostModel layer_cost(std::move(layers));
+    const partitioner::Plan layer_only = partitioner::choosePlan(layer_cost, so);
+    std::printf("\nthe best layer-only plan (no tensor split), %s:\n",
+                layer_only.algorithm.c_str());
+    printPlan(layer_cost, layer_only);
+    std::printf(
+        "predicted: %.3f ms per microbatch (%s), a step %.3f ms, %.0f samples/s; "
+        "the tensor-split plan's speedup %.2fx\n",
+        layer_only.seconds * 1e3, layer_only.bottleneck.c_str(), layer_only.step_s * 1e3,
+        layer_only.samples_per_s, time(layer_only) / time(plan));
+  }
+  std::printf("\n");
   std::printf("%-20s %14s %12s %12s %16s\n", "baseline", "ms/microbatch", "step ms", "samples/s",
               "plan's speedup");
   for (const partitioner::Plan& b : baselines) {
@@ -272,6 +308,10 @@ void addPartition(CLI::App& app) {
   c->add_option("--gradient-codec", a->gradient_codec, "Gradients on the wire (or auto)")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8", "auto"}));
   c->add_option("--max-replicas", a->max_replicas, "Replicas a stage may have (data parallel)")
+      ->check(CLI::Range(1, 64));
+  c->add_option("--max-tensor", a->max_tensor,
+                "Tensor ranks a stage may be split over, devices of one node (1: layer-wise "
+                "only)")
       ->check(CLI::Range(1, 64));
   c->add_option("--source", a->source, "latency: the device (node/device) the input arrives at");
   c->add_option("--algorithm", a->algorithm, "auto, exact or heuristic")

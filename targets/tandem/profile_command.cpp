@@ -141,6 +141,17 @@ void compare(const Profile& now, const Profile& before, const std::string& befor
   }
 }
 
+// What a tensor-split stage's ranks pay to meet on this host (the partitioner prices it),
+// said as it is measured.
+std::vector<GroupAllreduce> measureGroupAllreduce() {
+  std::vector<GroupAllreduce> g = runtime::measureGroupAllreduce();
+  std::printf(
+      "\nan all-reduce of 2 ranks in one process: %.1f us at %lld KiB, %.1f us at %lld KiB\n",
+      g.front().seconds * 1e6, static_cast<long long>(g.front().bytes >> 10),
+      g.back().seconds * 1e6, static_cast<long long>(g.back().bytes >> 10));
+  return g;
+}
+
 // The matrix as a table: bandwidth and latency per ordered pair of nodes.
 void printLinks(const LinkSet& set) {
   std::printf("\nlinks over %s (%lld-byte messages): bandwidth MB/s, latency us; row = from\n",
@@ -350,6 +361,7 @@ void addProfile(CLI::App& app) {
         p.devices.push_back(profileDevice(spec, *backend, a->options));
         printDevice(p.devices.back(), p.devices.back().batchIn(p));
       }
+      p.group_allreduce = measureGroupAllreduce();
     }
     if (a->links) {
       a->survey.timeout = std::chrono::seconds(a->link_timeout_s);

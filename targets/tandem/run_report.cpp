@@ -28,6 +28,7 @@ std::string stageRanges(const partitioner::Plan& plan, const std::vector<std::st
            std::to_string(st.at.end) + ")";
     for (size_t i = 0; i < st.at.devices.size(); ++i)
       out += (i ? "+" : " ") + devices.at(static_cast<size_t>(st.at.devices[i]));
+    if (st.at.tensor) out += " (tensor-split)";
   }
   return out;
 }
@@ -43,6 +44,7 @@ std::string pair(WireCodec activations, WireCodec gradients) {
 std::vector<const partitioner::Plan*> planAlternatives(const runtime::PlannedJob& planned) {
   std::vector<const partitioner::Plan*> out;
   if (planned.plan.algorithm != planned.searched.algorithm) out.push_back(&planned.searched);
+  if (!planned.layer_only.stages.empty()) out.push_back(&planned.layer_only);
   for (const partitioner::Plan& b : planned.baselines)
     if (b.algorithm != planned.plan.algorithm) out.push_back(&b);
   return out;

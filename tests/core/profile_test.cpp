@@ -331,6 +331,14 @@ TEST(ProfileTest, JsonRoundTrips) {
   EXPECT_EQ(r.message_cpu[1].cpu_s, 6e-4);
   EXPECT_EQ(r.message_cpu[0].send_s, 1e-5);
   EXPECT_EQ(r.message_cpu[1].send_s, 3e-5);
+  EXPECT_TRUE(r.group_allreduce.empty());
+  p.group_allreduce = {{2, 4096, 6e-6}, {2, 1 << 20, 2.1e-4}};
+  const Profile g = parseProfile(profileToJson(p), "mem");
+  ASSERT_EQ(g.group_allreduce.size(), 2u);
+  EXPECT_EQ(g.group_allreduce[1].ranks, 2);
+  EXPECT_EQ(g.group_allreduce[1].bytes, 1 << 20);
+  EXPECT_EQ(g.group_allreduce[1].seconds, 2.1e-4);
+  EXPECT_EQ(g.group_allreduce[0].seconds, 6e-6);
   ASSERT_EQ(b.update.size(), 2u);
   EXPECT_EQ(b.update.at("sgd").median, a.update.at("sgd").median);
   EXPECT_EQ(b.update.at("adamw").max, a.update.at("adamw").max);
@@ -547,6 +555,27 @@ TEST(ProfileTest, BadFilesNameTheField) {
   expectThrowWith<FormatError>(
       [&] { parseProfile(editedWith("\"message_cpu\": [", "\"message_cpu\": [7, "), "p"); },
       {"profile field message_cpu[0] is not an object"});
+  // A tensor group's all-reduces: each point's fields checked, ascending sizes.
+  Profile group = tinyProfile();
+  group.group_allreduce = {{2, 4096, 6e-6}, {2, 65536, 1.6e-5}};
+  const std::string with_group = profileToJson(group);
+  auto editedGroup = [&](const std::string& from, const std::string& to) {
+    const size_t at = with_group.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return std::string(with_group).replace(at, from.size(), to);
+  };
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedGroup("\"bytes\": 65536", "\"bytes\": 4096"), "p"); },
+      {"profile field group_allreduce[1].bytes is not larger than the point before"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedGroup("\"ranks\": 2", "\"ranks\": 1"), "p"); },
+      {"profile field group_allreduce[0].ranks is not 2 to 64"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedGroup("\"seconds\": 1.6e-05", "\"seconds\": 0"), "p"); },
+      {"profile field group_allreduce[1].seconds is not positive"});
+  expectThrowWith<FormatError>(
+      [&] { parseProfile(editedGroup("\"bytes\": 4096", "\"bytes\": 2"), "p"); },
+      {"profile field group_allreduce[0].bytes is below one f32"});
   // Links: each field named with its place in the list.
   Profile linked = tinyProfile();
   linked.links = twoLinks();

@@ -137,6 +137,42 @@ TEST(CliTest, PartitionWritesAPlanThatRunRuns) {
   EXPECT_NE(mlp.out.find("profiles model 'cnn'"), std::string::npos) << mlp.out;
 }
 
+// A plan's tensor-split stage (`tensor: true`): `tandem partition --evaluate` prices it and
+// names what each of its layers becomes, `tandem run` runs it as one worker over its ranks
+// (a row per rank); with `--max-tensor 1` the search splits nothing.
+TEST(CliTest, APlansTensorSplitStageIsPricedAndRuns) {
+  const std::string dir = tandem::testing::freshDir("cli-tensor-plan");
+  const std::string profile = dir + "/profile.json", plan = dir + "/plan.yaml";
+  const std::string cluster = std::string(TANDEM_SOURCE_DIR) + "/examples/clusters/local.yaml";
+  ASSERT_EQ(run("profile --model " + kModels + "cnn.yaml --batch 8 --repeats 2 --warmup 1 --out " +
+                profile)
+                .code,
+            0);
+  std::ofstream(plan) << "stages:\n"
+                      << "  - {layers: [0, 6], devices: [local/cpu0, local/cpu1], backend: cpu,"
+                      << " tensor: true}\n"
+                      << "  - {layers: [6, 10], devices: [local/cpu2], backend: cpu}\n";
+  const std::string common = "partition --model " + kModels + "cnn.yaml --cluster " + cluster +
+                             " --profile " + profile + " --batch 32 --microbatches 4";
+  const CliRun e = run(common + " --evaluate " + plan);
+  ASSERT_EQ(e.code, 0) << e.out;
+  for (const char* s : {"local/cpu0+local/cpu1", "stage 0: 2 tensor ranks (equal shares)",
+                        "0 conv2d column, 1 relu slice, 2 maxpool2d slice, 3 conv2d row, 4 relu "
+                        "whole, 5 maxpool2d whole"})
+    EXPECT_NE(e.out.find(s), std::string::npos) << s << "\n" << e.out;
+  const CliRun layers = run(common + " --max-tensor 1");
+  ASSERT_EQ(layers.code, 0) << layers.out;
+  EXPECT_EQ(layers.out.find("tensor ranks"), std::string::npos) << layers.out;
+  const std::string job = dir + "/job.yaml";
+  std::ofstream(job) << "model: " << kModels << "cnn.yaml\ntrain_limit: 256\ntest_limit: 64\n"
+                     << "batch: 32\nmicrobatches: 4\npartition: " << plan << "\n";
+  const CliRun r = run("run " + job);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"stage 0: 2 tensor ranks (feature shares 1 : 1)", "\n0/t1   [0, 6)",
+                        "layers [6, 10) on cpu"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
 // partition: auto without a profile: each node's daemon (tandemd processes started here
 // for a cluster without addresses) profiles the model on its devices, and the links the
 // cluster file does not state are measured; the second run finds the profiles cached.
@@ -443,6 +479,8 @@ TEST(CliTest, RunReportsThePlansPredictionPerStage) {
     for (std::string field; f >> field;) fields.push_back(field);
     ASSERT_GE(fields.size(), 7u) << line;
     const std::string &stage = fields[0], &from = fields[1], &to = fields[2];
+    // A tensor-split stage's other ranks ("0/t1") follow its row: not stages.
+    if (stage.find('/') != std::string::npos) continue;
     const size_t n = fields.size();
     const double wall = std::stod(fields[n - 4]), cpu = std::stod(fields[n - 3]),
                  all_cpu = std::stod(fields[n - 2]), predicted = std::stod(fields[n - 1]);

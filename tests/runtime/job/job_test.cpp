@@ -145,6 +145,10 @@ TEST(JobTest, MalformedFilesNameTheKeyAndLine) {
        {"j.yaml:4:15", "'max_replicas' is for 'partition: auto'"}},
       {"model: m.yaml\npartition: auto\ncluster: c.yaml\nmax_replicas: 0\n",
        {"j.yaml:4:15", "positive"}},
+      {"model: m.yaml\npartition: equal\nstages: 2\nmax_tensor: 2\n",
+       {"j.yaml:4:13", "'max_tensor' is for 'partition: auto'", "{layers: [b, e], tensor: N}"}},
+      {"model: m.yaml\npartition: auto\ncluster: c.yaml\nmax_tensor: 65\n",
+       {"j.yaml:4:13", "'max_tensor' must be at most 64"}},
       {"model: m.yaml\npartition: equal\nstages: 2\nbaseline: equal-layers\n",
        {"j.yaml:4:11", "'baseline' is for 'partition: auto'"}},
       {"model: m.yaml\npartition: auto\ncluster: c.yaml\nbaseline: equal\n",
@@ -215,6 +219,10 @@ TEST(JobTest, PartitionMayBeAPlanFileOrAuto) {
       "jobs/j.yaml");
   EXPECT_TRUE(a.auto_partition);
   EXPECT_EQ(a.max_replicas, 3);
+  EXPECT_EQ(a.max_tensor, kDefaultMaxTensor);  // the planner may split a stage unless told
+  EXPECT_EQ(
+      parseJobSpec("model: m.yaml\npartition: auto\ncluster: c.yaml\nmax_tensor: 1\n").max_tensor,
+      1);
   EXPECT_EQ(a.baseline, "memory-proportional");
   EXPECT_EQ(a.cluster, "jobs/c.yaml");
   EXPECT_EQ(a.profile, "jobs/p.json");

@@ -214,6 +214,43 @@ TEST(PlanningTest, TensorRanksReachTheWorkerOrAreRefusedNamingTheRange) {
       {"j.yaml:2:22", "cannot split over 5 tensor ranks", "fewer than the 5 ranks"});
 }
 
+// A plan's tensor-split stage (`tensor: true`, partitioner::Assignment::tensor) is one worker
+// whose ranks are the plan's devices, each on its backend; its node is the devices'. A
+// split the model cannot make, or ranks on two nodes, are refused naming the plan's line.
+TEST(PlanningTest, APlansTensorSplitStageIsOneWorkerOverItsRanks) {
+  const Model model(parseModelSpec(kSpec));
+  const JobSpec job = parseJobSpec("model: m.yaml\npartition: p.yaml\n", "j.yaml");
+  const std::vector<partitioner::PlanStageSpec> planned = partitioner::parsePlan(
+      "stages:\n"
+      "  - {layers: [0, 3], devices: [a/cpu0, a/gpu], backend: cpu, backends: [cpu, opencl:0],\n"
+      "     tensor: true, compute_s: 0.004, update_s: 0.002}\n",
+      "p.yaml");
+  const auto stages = jobStages(job, model, &planned);
+  ASSERT_EQ(stages.size(), 1u);
+  EXPECT_EQ(stages[0].replicas, 1);
+  EXPECT_EQ(stages[0].slice.tensor, 2);
+  EXPECT_EQ(stages[0].slice.tensor_devices, (std::vector<std::string>{"cpu", "opencl:0"}));
+  EXPECT_EQ(stages[0].replica_devices, (std::vector<std::string>{"a/cpu0"}));
+  // The compute per microbatch, without the update spread over the job's 4 microbatches.
+  EXPECT_NEAR(stages[0].predicted_compute_s, 0.004 - 0.002 / 4, 1e-12);
+  const std::vector<Assign> assigned =
+      jobAssignments(job, stages, RunMode::kTrain, false, kSpec, "", 0);
+  ASSERT_EQ(assigned.size(), 1u);
+  EXPECT_EQ(assigned[0].slice.tensor, 2);
+  const std::vector<partitioner::PlanStageSpec> split_nodes = partitioner::parsePlan(
+      "stages:\n  - {layers: [0, 3], devices: [a/cpu, b/cpu], backend: cpu, tensor: true}\n",
+      "p.yaml");
+  testing::expectThrowWith<InvalidArgument>([&] { jobStages(job, model, &split_nodes); },
+                                            {"p.yaml:2:5", "ranks are on one node"});
+  const std::vector<partitioner::PlanStageSpec> no_pair = partitioner::parsePlan(
+      "stages:\n  - {layers: [0, 2], devices: [a/cpu, a/cpu1], backend: cpu, tensor: true}\n"
+      "  - {layers: [2, 3], devices: [a/cpu2], backend: cpu}\n",
+      "p.yaml");
+  testing::expectThrowWith<InvalidArgument>(
+      [&] { jobStages(job, model, &no_pair); },
+      {"p.yaml:2:5", "cannot split over 2 tensor ranks", "hold no pair"});
+}
+
 // `schedule: auto` takes interleaved stages only when they are predicted faster than the
 // best other plan by more than the selection margin (15%).
 TEST(PlanningTest, InterleavedStagesMustBeatTheOthersByTheSelectionMargin) {
