@@ -217,7 +217,10 @@ int64_t CostModel::paramBytes(size_t begin, size_t end) const {
 }
 
 int64_t CostModel::stateBytes(size_t begin, size_t end) const {
-  const int64_t w = paramBytes(begin, end);
+  return stateBytesOf(paramBytes(begin, end));
+}
+
+int64_t CostModel::stateBytesOf(int64_t w) const {
   if (!training()) return w;
   return 2 * w + static_cast<int64_t>(static_cast<double>(w) * options().optimizer_state_per_param);
 }
@@ -246,110 +249,29 @@ double CostModel::firstSaving(int type, size_t end) const {
 double CostModel::compute(int type, size_t begin, size_t end, int tensor) const {
   if (!runs(type, begin, end)) return std::numeric_limits<double>::infinity();
   if (tensor > 1) {
-    const TensorParts t = tensorParts(type, begin, end, tensor);
+    const TensorStage t = equalTensor(type, begin, end, tensor);
     if (!t.splits) return std::numeric_limits<double>::infinity();
-    return t.forward + (training() ? t.backward : 0);
+    return t.compute(training());
   }
   const auto& p = time_prefix_[static_cast<size_t>(type)];
   return p[end] - p[begin] - (begin == 0 && training() ? firstSaving(type, end) : 0);
 }
 
 double CostModel::forward(int type, size_t begin, size_t end, int tensor) const {
-  if (tensor > 1) return tensorParts(type, begin, end, tensor).forward;
+  if (tensor > 1) return equalTensor(type, begin, end, tensor).forward;
   const auto& p = forward_prefix_[static_cast<size_t>(type)];
   return p[end] - p[begin];
 }
 
 double CostModel::backward(int type, size_t begin, size_t end, int tensor) const {
-  if (tensor > 1) return tensorParts(type, begin, end, tensor).backward;
+  if (tensor > 1) return equalTensor(type, begin, end, tensor).backward;
   const auto& p = backward_prefix_[static_cast<size_t>(type)];
   return p[end] - p[begin] - (begin == 0 ? firstSaving(type, end) : 0);
 }
 
-std::vector<TensorKind> CostModel::tensorRoles(size_t begin, size_t end) const {
-  const auto& all = problem_.tensor_roles;
-  if (all.empty()) return std::vector<TensorKind>(end - begin, TensorKind::kWhole);
-  const std::vector<TensorKind>& from = all[begin];
-  std::vector<TensorKind> roles(from.begin(), from.begin() + static_cast<ptrdiff_t>(end - begin));
-  // A pair whose row layer lies past the range stays whole, with what lies between.
-  for (size_t i = 0; i < roles.size(); ++i) {
-    if (roles[i] != TensorKind::kColumn) continue;
-    size_t j = i + 1;
-    while (j < from.size() && from[j] != TensorKind::kRow) ++j;
-    if (j < roles.size()) {
-      i = j;
-      continue;
-    }
-    for (size_t k = i; k < roles.size(); ++k) roles[k] = TensorKind::kWhole;
-    break;
-  }
-  return roles;
-}
-
-bool CostModel::tensorSplits(size_t begin, size_t end) const {
-  const std::vector<TensorKind> roles = tensorRoles(begin, end);
-  return std::any_of(roles.begin(), roles.end(),
-                     [](TensorKind k) { return k != TensorKind::kWhole; });
-}
-
-double CostModel::groupAllreduce(int node, double bytes, int ranks) const {
-  const auto& m = problem_.node_group_allreduce;
-  const double k = ranks;
-  if (!m.empty() && m[static_cast<size_t>(node)].measured()) {
-    const GroupAllreduceCost& g = m[static_cast<size_t>(node)];
-    return g.fixed_s * (k - 1) + g.per_byte_s * bytes;
-  }
-  const LinkCosts& l = problem_.links[static_cast<size_t>(node)][static_cast<size_t>(node)];
-  return 2 * (k - 1) / k * bytes / l.bandwidth + 2 * (k - 1) * l.latency_s;
-}
-
-CostModel::TensorParts CostModel::tensorParts(int type, size_t begin, size_t end,
-                                              int tensor) const {
-  const DeviceCosts& d = deviceOf(type);
-  const int node = types_[static_cast<size_t>(type)].node;
-  const std::vector<TensorKind> roles = tensorRoles(begin, end);
-  // The first stage runs no backward below its first layer with parameters and that one
-  // without the input gradient (CostModel::backward).
-  const bool first = begin == 0 && first_param_ < layers();
-  const double first_backward = first_backward_[static_cast<size_t>(type)];
-  TensorParts t;
-  for (size_t l = begin; l < end; ++l) {
-    const TensorKind kind = roles[l - begin];
-    const LayerBytes& bytes = problem_.layers[l];
-    const bool split = kind != TensorKind::kWhole;
-    const double share = split ? 1.0 / tensor : 1.0;
-    const bool below = first && l < first_param_, lowest = first && l == first_param_;
-    const double back = below ? 0 : lowest ? first_backward : d.backward_s[l];
-    t.forward += d.forward_s[l] * share;
-    t.backward += back * share;
-    t.weight += (lowest ? first_backward : bytes.param_bytes > 0 ? 0.5 * back : 0) * share;
-    if (lowest) t.first_weight = first_backward * share;
-    const bool input_gradient = !(below || lowest);
-    const auto out = static_cast<double>(bytes.output_bytes);
-    if (kind == TensorKind::kRow) t.allreduce_forward += groupAllreduce(node, out, tensor);
-    if (kind == TensorKind::kColumn && input_gradient)
-      t.allreduce_backward += groupAllreduce(node, static_cast<double>(inputBytes(l)), tensor);
-    if (kind == TensorKind::kBlock) {
-      const double each = bytes.tensor_allreduces * groupAllreduce(node, out, tensor);
-      t.allreduce_forward += each;
-      if (input_gradient) t.allreduce_backward += each;
-    }
-    if (split) t.split_params += bytes.param_bytes;
-    t.splits = t.splits || split;
-  }
-  t.forward += t.allreduce_forward;
-  t.backward += t.allreduce_backward;
-  return t;
-}
-
-double CostModel::tensorAllreduce(int type, size_t begin, size_t end, int tensor) const {
-  const TensorParts t = tensorParts(type, begin, end, tensor);
-  return t.allreduce_forward + (training() ? t.allreduce_backward : 0);
-}
-
 double CostModel::deferredWeightGradient(int type, size_t begin, size_t end, int tensor) const {
   if (tensor > 1) {
-    const TensorParts t = tensorParts(type, begin, end, tensor);
+    const TensorStage t = equalTensor(type, begin, end, tensor);
     return t.weight - t.first_weight;
   }
   const size_t from = begin == 0 ? first_param_ + 1 : begin;
@@ -357,7 +279,7 @@ double CostModel::deferredWeightGradient(int type, size_t begin, size_t end, int
 }
 
 double CostModel::weightGradient(int type, size_t begin, size_t end, int tensor) const {
-  if (tensor > 1) return tensorParts(type, begin, end, tensor).weight;
+  if (tensor > 1) return equalTensor(type, begin, end, tensor).weight;
   const auto& p = weight_prefix_[static_cast<size_t>(type)];
   if (begin == 0 && first_param_ < end)  // the first one's backward is all weight gradient
     return p[end] - p[first_param_ + 1] + first_backward_[static_cast<size_t>(type)];
@@ -482,11 +404,8 @@ std::vector<double> CostModel::balancedShares(const std::vector<int>& types, siz
 
 double CostModel::update(int type, size_t begin, size_t end, int tensor) const {
   if (!training()) return 0;
-  double bytes = static_cast<double>(paramBytes(begin, end));
-  if (tensor > 1)
-    bytes -= (1 - 1.0 / tensor) *
-             static_cast<double>(tensorParts(type, begin, end, tensor).split_params);
-  return bytes * deviceOf(type).update_s_per_param_byte;
+  if (tensor > 1) return equalTensor(type, begin, end, tensor).update;
+  return static_cast<double>(paramBytes(begin, end)) * deviceOf(type).update_s_per_param_byte;
 }
 
 double CostModel::update(const std::vector<int>& types, size_t begin, size_t end) const {
@@ -533,10 +452,8 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
     // One rank's: as one device's, less the parts of the split layers' state it leaves to
     // the other ranks.
     const int64_t whole = memory(begin, end, stages_to_end, replicas, stages, scale);
-    const int64_t split = tensorParts(0, begin, end, tensor).split_params;
-    const double state =
-        static_cast<double>(split) * (training() ? 2 + options().optimizer_state_per_param : 1.0);
-    return whole - static_cast<int64_t>(state * (1 - 1.0 / tensor));
+    const auto split = static_cast<double>(equalTensor(0, begin, end, tensor).split_state);
+    return whole - static_cast<int64_t>(split * (1 - 1.0 / tensor));
   }
   const CostOptions& o = options();
   const int64_t in = inputBytes(begin);

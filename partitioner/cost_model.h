@@ -32,23 +32,23 @@
 //   + transport buffers: `transport_buffers` messages per direction on each link.
 // Serving: weights + the largest layer input + output (+ its scratch) + transport buffers.
 //
-// A tensor-split stage (Assignment::tensor): layers [b, e) over k ranks of one type on one
-// node, threads of one process, each with 1/k of every split layer's features
-// (core/layers/tensor_split.h; what splits: Problem::tensor_roles). Per rank and
-// microbatch:
-//   forward   = whole layers' forward + split layers' forward / k
+// A tensor-split stage (Assignment::tensor): layers [b, e) over k ranks on one node,
+// threads of one process, rank r with its share f_r of every split layer's features (1/k
+// each on devices of one type; by speed on unequal ones: CostModel::balancedTensorShares)
+// (core/layers/tensor_split.h; what splits: Problem::tensor_roles). Per microbatch, each
+// layer taking its slowest rank's part (the ranks meet at every all-reduce):
+//   forward   = whole layers' forward + split layers' forward x f_r
 //               + one group all-reduce of each row layer's output and, per block,
 //               tensor_allreduces of its output
 //   backward  = the same of the backward, the all-reduces of each column layer's input
 //               gradient (none where the first stage computes none) and the blocks'
-//   update    = the whole layers' and 1 / k of the split layers' parameters
-//   memory    = as one device, less (1 - 1/k) of the split layers' weights, gradients and
-//               optimizer state (their stash is priced whole: a column part keeps its
-//               whole input)
+//   update    = the whole layers' and f_r of the split layers' parameters, the slowest rank's
+//   memory    = rank r's: as one device, less (1 - f_r) of the split layers' weights,
+//               gradients and optimizer state (their stash is priced whole: a column part
+//               keeps its whole input), against its own device
 //   all-reduce of B bytes = the node's measured line fixed + per_byte * B at 2 ranks, the
 //               fixed part (the ranks' meetings) times k - 1 for k ranks; not measured:
 //               the ring above over the node's `local` link.
-// The ranks run at once; the shares are equal, so the slowest rank is any one.
 #pragma once
 
 #include <cstdint>
@@ -113,8 +113,27 @@ class CostModel {
   bool tensorSplits(size_t begin, size_t end) const;
   // One all-reduce of `bytes` among `ranks` ranks of a tensor group on node `node`.
   double groupAllreduce(int node, double bytes, int ranks) const;
-  // A tensor-split stage's all-reduces per microbatch: its forward's and its backward's.
+  // A tensor-split stage of layers [begin, end) over ranks on devices of `types` (one per
+  // rank, all on one node), each with its `shares` of every split layer's features (one
+  // per rank; empty: equal), per microbatch as above; `forward` and `backward` include
+  // their all-reduces.
+  struct TensorStage {
+    double forward = 0, backward = 0, weight = 0;
+    double first_weight = 0;  // of `weight`, the first stage's first layer with parameters'
+    double allreduce_forward = 0, allreduce_backward = 0;
+    double update = 0;        // once a step, the slowest rank's (0 when not serving)
+    int64_t split_state = 0;  // the split layers' weights, with gradients and state training
+    bool splits = false;      // something in the range splits
+    double compute(bool training) const { return forward + (training ? backward : 0); }
+  };
+  TensorStage tensorStage(const std::vector<int>& types, const std::vector<double>& shares,
+                          size_t begin, size_t end) const;
+  // A tensor-split stage's all-reduces per microbatch (equal ranks): forward's and backward's.
   double tensorAllreduce(int type, size_t begin, size_t end, int tensor) const;
+  // Shares that make every rank's part of [begin, end)'s split layers take equal time: in
+  // proportion to each one's speed on them, the fastest's 1.
+  std::vector<double> balancedTensorShares(const std::vector<int>& types, size_t begin,
+                                           size_t end) const;
   double allreduce(int type, size_t begin, size_t end, int replicas) const;
   // Unequal replicas (`types` one per replica, `shares` their shares of the work): a round
   // of R microbatches, one per replica, each of R x share / sum(shares) times the mean
@@ -176,6 +195,8 @@ class CostModel {
   // What layers [begin, end) hold whatever the split: weights, and when training their
   // gradients and optimizer state. A lower bound on any stage's memory that holds them.
   int64_t stateBytes(size_t begin, size_t end) const;
+  // The same of `param_bytes` of weights.
+  int64_t stateBytesOf(int64_t param_bytes) const;
   // The model's first layer with parameters (layers() if none): the first stage's
   // backward of layers [0, firstWhole()] is whole, with no input gradient.
   size_t firstWhole() const { return first_param_; }
@@ -183,17 +204,8 @@ class CostModel {
   int64_t inputBytes(size_t layer) const;
 
  private:
-  // A tensor-split stage's per-rank parts (see above); `forward` and `backward` with their
-  // all-reduces (`allreduce_forward`, `allreduce_backward`), `split_params` the split
-  // layers' parameter bytes.
-  struct TensorParts {
-    double forward = 0, backward = 0, weight = 0;
-    double allreduce_forward = 0, allreduce_backward = 0;
-    double first_weight = 0;  // of `weight`, the first stage's first layer with parameters'
-    int64_t split_params = 0;
-    bool splits = false;
-  };
-  TensorParts tensorParts(int type, size_t begin, size_t end, int tensor) const;
+  // tensorStage over `tensor` equal ranks of `type`.
+  TensorStage equalTensor(int type, size_t begin, size_t end, int tensor) const;
   double linkTime(int64_t bytes, double ratio, int from_node, int to_node) const;
   // Node `node`'s measured message cost (zeros when not measured).
   MessageCpuCost ownMessageCpu(int node) const;

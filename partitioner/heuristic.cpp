@@ -13,8 +13,10 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// A stage: its type and devices of it, replicas or (`tensor`) one worker's tensor ranks.
 struct Slot {
   int type = 0, replicas = 1;
+  bool tensor = false;
   bool operator==(const Slot&) const = default;
 };
 using Sequence = std::vector<Slot>;
@@ -52,9 +54,16 @@ class SplitSolver {
         const std::vector<double>* links =
             q1 + 1 < p ? &linkRow(s.type, seq[q1 + 1].type) : nullptr;
         for (size_t j = i + 1; j <= j_hi; ++j) {
-          const double st = cost_.stage(s.type, i, j, s.replicas);
           const double limit = std::min(best, bound - head);
-          if (st >= limit) break;
+          // Longer stages only cost more; a tensor-split one at least its compute on one
+          // device over its ranks (a range that completes a pair may split and cost less).
+          if (s.tensor && cost_.compute(s.type, i, j) / s.replicas >= limit) break;
+          const double st = s.tensor ? cost_.stage(s.type, i, j, 1, s.replicas)
+                                     : cost_.stage(s.type, i, j, s.replicas);
+          if (st >= limit) {
+            if (s.tensor) continue;
+            break;
+          }
           if (j < j_lo) continue;
           double cand = st;
           if (j < L) {
@@ -63,7 +72,9 @@ class SplitSolver {
             cand = latency ? st + ln + after : std::max({st, ln, after});
           }
           // The memory check last: it costs the most.
-          if (cand >= best || cost_.memory(i, j, to_end, s.replicas, static_cast<int>(p)) > memory)
+          if (cand >= best ||
+              (s.tensor ? cost_.memory(i, j, to_end, 1, static_cast<int>(p), 1, s.replicas)
+                        : cost_.memory(i, j, to_end, s.replicas, static_cast<int>(p))) > memory)
             continue;
           best = cand;
           arg = j;
@@ -118,6 +129,8 @@ class LocalSearch {
     std::stable_sort(by_speed_.begin(), by_speed_.end(),
                      [&](int a, int b) { return cost.compute(a, 0, L) < cost.compute(b, 0, L); });
     replicate_ = cost.options().max_replicas > 1 && cost.training();
+    tensor_ =
+        cost.options().max_tensor > 1 && cost.training() && !cost.problem().tensor_roles.empty();
   }
 
   Plan run() {
@@ -161,6 +174,7 @@ class LocalSearch {
       const auto& devs = cost_.types()[static_cast<size_t>(best_[q].type)].devices;
       for (int k = 0; k < best_[q].replicas; ++k)
         a.devices.push_back(devs[next[static_cast<size_t>(best_[q].type)]++]);
+      a.tensor = best_[q].tensor;
       begin = a.end;
       stages.push_back(std::move(a));
     }
@@ -229,21 +243,44 @@ class LocalSearch {
         s.insert(s.begin() + static_cast<std::ptrdiff_t>(a), Slot{t, 1});
         if (consider(s)) return true;
       }
-    if (replicate_)
-      for (size_t a = 0; a < p; ++a)
-        for (int delta : {1, -1}) {
-          Sequence s = base;
-          s[a].replicas += delta;
-          if (s[a].replicas < 1 || s[a].replicas > cost_.options().max_replicas) continue;
-          if (consider(s)) return true;
-        }
+    // A device more or fewer for a stage (a replica, or a tensor rank), and a stage made
+    // tensor-split over 2 or more devices, or made whole again.
+    for (size_t a = 0; a < p; ++a)
+      for (int delta : {1, -1}) {
+        Sequence s = base;
+        s[a].replicas += delta;
+        const int most = s[a].tensor ? cost_.options().max_tensor : cost_.options().max_replicas;
+        if (!(s[a].tensor ? tensor_ : replicate_) || s[a].replicas < (s[a].tensor ? 2 : 1) ||
+            s[a].replicas > most)
+          continue;
+        if (consider(s)) return true;
+      }
+    for (size_t a = 0; a < p && tensor_; ++a) {
+      Sequence s = base;
+      s[a].tensor = !s[a].tensor;
+      s[a].replicas = s[a].tensor ? std::max(2, s[a].replicas) : 1;
+      if (s[a].replicas > cost_.options().max_tensor) continue;
+      if (consider(s)) return true;
+    }
+    // A stage tensor-split over its devices and another stage's of its type, that stage
+    // dropped (with every device in use, a split needs one freed).
+    for (size_t a = 0; a < p && tensor_; ++a)
+      for (size_t b = 0; b < p; ++b) {
+        if (b == a || base[b].type != base[a].type || base[b].tensor) continue;
+        Sequence s = base;
+        s[a].replicas += base[b].replicas;
+        s[a].tensor = true;
+        if (s[a].replicas > cost_.options().max_tensor) continue;
+        s.erase(s.begin() + static_cast<std::ptrdiff_t>(b));
+        if (consider(s)) return true;
+      }
     return false;
   }
 
   const CostModel& cost_;
   SplitSolver solver_;
   int max_passes_;
-  bool replicate_ = false;
+  bool replicate_ = false, tensor_ = false;
   std::vector<int> available_, by_speed_;
   Sequence best_;
   double best_value_ = kInf;

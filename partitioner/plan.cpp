@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -46,17 +48,25 @@ void checkStages(const CostModel& cost, const std::vector<Assignment>& stages,
     TANDEM_CHECK_MSG(chunks == 1 || a.devices.size() == 1, InvalidArgument,
                      algorithm << ": interleaved stages cannot have replicas (stage " << s << ")");
     if (a.tensor) {
-      TANDEM_CHECK_MSG(a.devices.size() >= 2 && a.shares.empty() && chunks == 1 && cost.training(),
-                       InvalidArgument,
+      TANDEM_CHECK_MSG(a.devices.size() >= 2 && chunks == 1 && cost.training(), InvalidArgument,
                        algorithm << ": stage " << s
-                                 << " is tensor-split: 2 ranks or more, no shares, not "
-                                    "interleaved, for training");
+                                 << " is tensor-split: 2 ranks or more, not interleaved, for "
+                                    "training");
       for (int d : a.devices)
         TANDEM_CHECK_MSG(d >= 0 && static_cast<size_t>(d) < problem.devices.size() &&
-                             cost.typeOf(d) == cost.typeOf(a.devices.front()),
+                             problem.devices[static_cast<size_t>(d)].node ==
+                                 problem.devices[static_cast<size_t>(a.devices.front())].node,
                          InvalidArgument,
-                         algorithm << ": stage " << s << " is tensor-split over devices of "
-                                   << "different kinds or nodes (its ranks take equal shares)");
+                         algorithm << ": stage " << s
+                                   << " is tensor-split over devices of two nodes (its "
+                                   << "ranks are threads of one process)");
+      TANDEM_CHECK_MSG(
+          !a.shares.empty() ||
+              std::all_of(a.devices.begin(), a.devices.end(),
+                          [&](int d) { return cost.typeOf(d) == cost.typeOf(a.devices.front()); }),
+          InvalidArgument,
+          algorithm << ": stage " << s << " is tensor-split over devices of "
+                    << "different kinds without shares");
     }
     TANDEM_CHECK_MSG(a.shares.empty() || a.shares.size() == a.devices.size(), InvalidArgument,
                      algorithm << ": stage " << s << " has " << a.shares.size() << " shares for "
@@ -85,6 +95,29 @@ void checkStages(const CostModel& cost, const std::vector<Assignment>& stages,
       algorithm << ": " << links.size() << " link codecs for " << stages.size() << " stages");
 }
 
+// Each of a stage's devices (its replicas or tensor ranks, `what` each) needing need(r)
+// bytes: the stage's memory the most of them, and "" when each fits and runs the stage's
+// layers, else what the first that does not is short of.
+std::string checkEachDevice(const CostModel& cost, const Assignment& a, const char* what,
+                            const std::function<int64_t(size_t)>& need, PlanStage& st) {
+  std::ostringstream short_of;
+  for (size_t r = 0; r < a.devices.size(); ++r) {
+    const int type = cost.typeOf(a.devices[r]);
+    const int64_t bytes = need(r);
+    st.memory_bytes = std::max(st.memory_bytes, bytes);
+    const int64_t have = cost.types()[static_cast<size_t>(type)].memory_bytes;
+    const std::string& name = cost.problem().devices[static_cast<size_t>(a.devices[r])].name;
+    const std::string lacks = cost.lacking(type, a.begin, a.end);
+    if (!short_of.str().empty()) continue;
+    if (bytes > have)
+      short_of << what << " " << r << " (layers [" << a.begin << ", " << a.end << ")) needs "
+               << bytes << " bytes on " << name << ", which has " << have;
+    else if (!lacks.empty())
+      short_of << what << " " << r << " runs on " << name << ", which cannot run " << lacks;
+  }
+  return short_of.str();
+}
+
 // An unequal replicated stage (Assignment::shares) priced: its compute per microbatch (the
 // slowest replica's part of a round, with the ring allreduce and the slowest update
 // spread over the microbatches), and each replica's memory at its own microbatch size,
@@ -100,21 +133,40 @@ std::string priceUnequal(const CostModel& cost, const Assignment& a, int held, i
       (st.allreduce_s + st.update_s) / static_cast<double>(cost.options().microbatches);
   const std::vector<double> sizes = CostModel::replicaSizes(a.shares);
   const auto k = static_cast<int>(types.size());
-  std::ostringstream short_of;
-  for (size_t r = 0; r < types.size(); ++r) {
-    const int64_t need = cost.memory(a.begin, a.end, held, k, stages, sizes[r]);
-    st.memory_bytes = std::max(st.memory_bytes, need);
-    const int64_t have = cost.types()[static_cast<size_t>(types[r])].memory_bytes;
-    const std::string& name = cost.problem().devices[static_cast<size_t>(a.devices[r])].name;
-    const std::string lacks = cost.lacking(types[r], a.begin, a.end);
-    if (!short_of.str().empty()) continue;
-    if (need > have)
-      short_of << "replica " << r << " (layers [" << a.begin << ", " << a.end << ")) needs " << need
-               << " bytes on " << name << ", which has " << have;
-    else if (!lacks.empty())
-      short_of << "replica " << r << " runs on " << name << ", which cannot run " << lacks;
-  }
-  return short_of.str();
+  return checkEachDevice(
+      cost, a, "replica",
+      [&](size_t r) { return cost.memory(a.begin, a.end, held, k, stages, sizes[r]); }, st);
+}
+
+// A tensor-split stage (Assignment::tensor) priced: its ranks' compute per microbatch (each
+// layer its slowest rank's part, the group's all-reduces within), the slowest rank's update
+// spread over the microbatches, and each rank's memory against its own device ("" when all
+// fit and run their layers, else what is short).
+std::string priceTensor(const CostModel& cost, const Assignment& a, int held, int stages,
+                        PlanStage& st) {
+  const std::vector<int> types = cost.typesOf(a.devices);
+  const CostModel::TensorStage t = cost.tensorStage(types, a.shares, a.begin, a.end);
+  const bool runs =
+      std::all_of(types.begin(), types.end(), [&](int u) { return cost.runs(u, a.begin, a.end); });
+  st.update_s = t.update;
+  st.tensor_allreduce_s = t.allreduce_forward + (cost.training() ? t.allreduce_backward : 0);
+  st.compute_s = runs && t.splits ? t.compute(cost.training()) +
+                                        t.update / static_cast<double>(cost.options().microbatches)
+                                  : std::numeric_limits<double>::infinity();
+  if (!t.splits)
+    return "(layers [" + std::to_string(a.begin) + ", " + std::to_string(a.end) +
+           ")) holds nothing to tensor-split";
+  double total = 0;
+  for (const double x : a.shares) total += x;
+  return checkEachDevice(
+      cost, a, "rank",
+      [&](size_t r) {
+        const double part =
+            a.shares.empty() ? 1.0 / static_cast<double>(types.size()) : a.shares[r] / total;
+        return cost.memory(a.begin, a.end, held, 1, stages) -
+               static_cast<int64_t>(static_cast<double>(t.split_state) * (1 - part));
+      },
+      st);
 }
 
 }  // namespace
@@ -141,9 +193,7 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
   for (int s = 0; s < n; ++s) {
     const Assignment& a = stages[static_cast<size_t>(s)];
     const int t = cost.typeOf(a.devices.front());
-    // A tensor-split stage's devices are its ranks, one worker; else its replicas.
-    const int ranks = a.tensor ? static_cast<int>(a.devices.size()) : 1;
-    const int k = a.tensor ? 1 : static_cast<int>(a.devices.size());
+    const int k = static_cast<int>(a.devices.size());
     PlanStage st;
     st.at = a;
     st.next = s + 1 < n && !links.empty() ? links[static_cast<size_t>(s)] : fixed;
@@ -152,24 +202,23 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
                          ? p - s
                          : static_cast<int>(std::min<int64_t>(interleavedWarmup(at, p, chunks) + 1,
                                                               o.microbatches * chunks));
-    if (!a.shares.empty()) {
-      if (const std::string why = priceUnequal(cost, a, held, p, st);
+    // A tensor-split stage (one worker over its ranks) or unequal replicas are priced per
+    // device; equal replicas as their type.
+    if (a.tensor || !a.shares.empty()) {
+      if (const std::string why =
+              a.tensor ? priceTensor(cost, a, held, p, st) : priceUnequal(cost, a, held, p, st);
           !why.empty() && plan.infeasible.empty())
         plan.infeasible = "stage " + std::to_string(s) + " " + why;
     } else {
-      st.compute_s = cost.stage(t, a.begin, a.end, k, ranks);
+      st.compute_s = cost.stage(t, a.begin, a.end, k);
       st.allreduce_s = cost.allreduce(t, a.begin, a.end, k);
-      if (cost.training()) st.update_s = cost.update(t, a.begin, a.end, ranks);
-      if (a.tensor) st.tensor_allreduce_s = cost.tensorAllreduce(t, a.begin, a.end, ranks);
-      st.memory_bytes = cost.memory(a.begin, a.end, held, k, p, 1, ranks);
+      if (cost.training()) st.update_s = cost.update(t, a.begin, a.end);
+      st.memory_bytes = cost.memory(a.begin, a.end, held, k, p);
       if (const std::string lacks = cost.lacking(t, a.begin, a.end);
           !lacks.empty() && plan.infeasible.empty())
         plan.infeasible = "stage " + std::to_string(s) + " runs on " +
                           problem.devices[static_cast<size_t>(a.devices.front())].name +
                           ", which cannot run " + lacks;
-      if (a.tensor && !cost.tensorSplits(a.begin, a.end) && plan.infeasible.empty())
-        plan.infeasible = "stage " + std::to_string(s) + " (layers [" + std::to_string(a.begin) +
-                          ", " + std::to_string(a.end) + ")) holds nothing to tensor-split";
     }
     if (s + 1 < n)
       st.link_s = cost.link(a.end, t, cost.typeOf(stages[s + 1].devices.front()),
@@ -184,7 +233,8 @@ Plan evaluate(const CostModel& cost, const std::vector<Assignment>& stages,
     const Assignment& a = stages[static_cast<size_t>(s)];
     const int t = cost.typeOf(a.devices.front());
     const int64_t have = cost.types()[static_cast<size_t>(t)].memory_bytes;
-    if (a.shares.empty() && memory[static_cast<size_t>(s)] > have && plan.infeasible.empty()) {
+    if (a.shares.empty() && !a.tensor && memory[static_cast<size_t>(s)] > have &&
+        plan.infeasible.empty()) {
       std::ostringstream os;
       os << "stage " << s << " (layers [" << a.begin << ", "
          << stages[static_cast<size_t>(s + (chunks - 1) * p)].end << ")"
@@ -427,8 +477,8 @@ std::vector<PlanStageSpec> parsePlan(const std::string& yaml_text, const std::st
       r.fail(backends, "'backends' lists " + std::to_string(spec.backends.size()) +
                            " devices for the stage's " + std::to_string(spec.devices.size()) +
                            " replicas");
-    if (spec.tensor && (spec.devices.size() < 2 || !spec.shares.empty()))
-      r.fail(st, "a tensor-split stage names its 2 ranks or more in 'devices', without 'shares'");
+    if (spec.tensor && spec.devices.size() < 2)
+      r.fail(st, "a tensor-split stage names its 2 ranks or more in 'devices'");
     if (!spec.shares.empty() && spec.shares.size() != spec.devices.size())
       r.fail(shares, "'shares' lists " + std::to_string(spec.shares.size()) +
                          " shares for the stage's " + std::to_string(spec.devices.size()) +

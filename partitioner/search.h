@@ -5,7 +5,9 @@
 //   the next stage's end, replica count and the type after it. Devices of one type are
 //   interchangeable, so counting them per type loses nothing (PipeEdge); knowing how many
 //   stages remain gives each stage its 1F1B stash depth. Every contiguous split, device
-//   order and replication is covered, so the result is optimal under the cost model.
+//   order, replication and tensor split over devices of one type (CostOptions::max_tensor:
+//   a stage on k devices is k replicas or k tensor ranks) is covered, so the result is
+//   optimal under the cost model.
 //   Time O(L^2 * T^2 * C * R * K) with L layers, T types, C = prod(n_t + 1) count
 //   vectors, R = D (devices) when replicating else 1, K = max replicas; memory
 //   O(L * T * C * R). A heuristic plan's objective bounds the search: a stage already
@@ -14,7 +16,8 @@
 // heuristicPlan — for a fixed sequence of (type, replicas) the best split is a smaller
 //   DP over (stage, first layer), O(p * L * span). A local search over sequences
 //   (swap neighbours, change a stage's type, drop or insert a stage, add or remove a
-//   replica), started from the fastest devices in speed and in node order, keeps the
+//   replica or tensor rank, make a stage tensor-split or whole, split a stage over its
+//   devices and another stage's of its type, dropping that one), started from the fastest devices in speed and in node order, keeps the
 //   first improvement until none is left or `max_passes` is reached.
 //
 // The throughput objectives minimise the slowest stage or link; kInferLatency minimises

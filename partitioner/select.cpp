@@ -249,6 +249,39 @@ Plan unequalReplicas(const CostModel& cost, const std::string& algorithm,
   return best;
 }
 
+// The whole model as one tensor-split stage (Assignment::tensor) over devices of one node
+// of different kinds (a CPU and an OpenCL device: sets of one kind are the exact search's),
+// each set of 2 to max_tensor of them (clusters of up to 12 devices) with shares that
+// balance their speeds on the split layers (CostModel::balancedTensorShares): the fastest
+// that fits; no stages when none is priced.
+Plan unequalTensor(const CostModel& cost, const std::string& algorithm) {
+  const Problem& problem = cost.problem();
+  const size_t n = problem.devices.size();
+  Plan best;
+  if (n < 2 || n > kMaxUnequalDevices || cost.options().max_tensor < 2 ||
+      !cost.tensorSplits(0, cost.layers()))
+    return best;
+  for (uint32_t set = 1; set < (uint32_t{1} << n); ++set) {
+    const int size = std::popcount(set);
+    if (size < 2 || size > cost.options().max_tensor) continue;
+    Assignment a{0, cost.layers(), {}, {}, true};
+    for (size_t d = 0; d < n; ++d)
+      if (set & (uint32_t{1} << d)) a.devices.push_back(static_cast<int>(d));
+    const std::vector<int> types = cost.typesOf(a.devices);
+    const bool one_node = std::all_of(a.devices.begin(), a.devices.end(), [&](int d) {
+      return problem.devices[static_cast<size_t>(d)].node ==
+             problem.devices[static_cast<size_t>(a.devices.front())].node;
+    });
+    const bool kinds =
+        std::any_of(types.begin(), types.end(), [&](int t) { return t != types[0]; });
+    if (!one_node || !kinds) continue;
+    a.shares = cost.balancedTensorShares(types, 0, cost.layers());
+    const Plan plan = evaluate(cost, {a}, algorithm + " + unequal tensor ranks");
+    if (shorterStep(plan, best)) best = plan;
+  }
+  return best;
+}
+
 Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   if (!cost.training()) return bestPlan(cost, o);
   // The search's algorithm names the plans priced beside its split (one device, replicas).
@@ -320,16 +353,19 @@ Plan selectDevices(const CostModel& cost, const SearchOptions& o) {
   priced(best_alone);
   if (devicesOf(best).size() > 1 ? withinMargin(best_alone) : shorterStep(best_alone, best))
     best = best_alone;
-  // Unequal replicas of the whole model: taken when faster than the plan so far, by more
-  // than the margin where they use more devices.
+  // Unequal replicas of the whole model, and the whole model split over unequal tensor
+  // ranks: each taken when faster than the plan so far, by more than the margin where it
+  // uses more devices.
+  auto consider = [&](const Plan& other) {
+    if (!fits(other)) return;
+    priced(other);
+    const bool more = devicesOf(other).size() > devicesOf(best).size();
+    if (more ? other.step_s * (1 + kSelectionMargin) < best.step_s : shorterStep(other, best))
+      best = other;
+  };
   std::map<int, Plan> replicas_with;
-  const Plan replicas = unequalReplicas(cost, found.algorithm, replicas_with);
-  if (fits(replicas)) {
-    priced(replicas);
-    const bool more = devicesOf(replicas).size() > devicesOf(best).size();
-    if (more ? replicas.step_s * (1 + kSelectionMargin) < best.step_s : shorterStep(replicas, best))
-      best = replicas;
-  }
+  consider(unequalReplicas(cost, found.algorithm, replicas_with));
+  consider(unequalTensor(cost, found.algorithm));
   const std::set<int> used = devicesOf(best), searched_used = devicesOf(searched);
   for (size_t d = 0; d < n; ++d) {
     const int i = static_cast<int>(d);

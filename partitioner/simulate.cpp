@@ -187,7 +187,6 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     // slowest, on its node; equal ones share each microbatch k ways.
     // A tensor-split stage runs each microbatch on all its ranks at once, each its part.
     const std::vector<int> types = cost.typesOf(first.at.devices);
-    const int ranks = first.at.tensor ? static_cast<int>(types.size()) : 1;
     const CostModel::Pace pace =
         first.at.tensor           ? CostModel::Pace{0, 1}
         : first.at.shares.empty() ? CostModel::Pace{0, 1 / static_cast<double>(types.size())}
@@ -202,13 +201,20 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     for (int c = 0; c < chunks; ++c) {
       const PlanStage& ps = plan.stages[static_cast<size_t>(c * p + s)];
       Chunk& h = x.chunks[static_cast<size_t>(c)];
-      h.forward = cost.forward(t, ps.at.begin, ps.at.end, ranks) / k;
-      const double whole = cost.backward(t, ps.at.begin, ps.at.end, ranks) / k;
-      h.weight = splits ? cost.deferredWeightGradient(t, ps.at.begin, ps.at.end, ranks) / k : 0;
+      if (ps.at.tensor) {  // interleaved stages are never split: one chunk
+        const CostModel::TensorStage ts =
+            cost.tensorStage(types, ps.at.shares, ps.at.begin, ps.at.end);
+        h.forward = ts.forward;
+        h.weight = splits ? ts.weight - ts.first_weight : 0;
+        h.backward = ts.backward - h.weight;
+        x.update += ts.update;
+        continue;
+      }
+      h.forward = cost.forward(t, ps.at.begin, ps.at.end) / k;
+      const double whole = cost.backward(t, ps.at.begin, ps.at.end) / k;
+      h.weight = splits ? cost.deferredWeightGradient(t, ps.at.begin, ps.at.end) / k : 0;
       h.backward = whole - h.weight;
-      if (ps.at.tensor) {
-        x.update += cost.update(t, ps.at.begin, ps.at.end, ranks);
-      } else if (ps.at.shares.empty()) {
+      if (ps.at.shares.empty()) {
         x.step += cost.allreduce(t, ps.at.begin, ps.at.end, static_cast<int>(ps.at.devices.size()));
         x.update += cost.update(t, ps.at.begin, ps.at.end);
       } else {  // every replica updates its copy; the step waits for the slowest
@@ -228,10 +234,14 @@ std::vector<Stage> planStages(const CostModel& cost, const Plan& plan, int p, in
     // profiled alone there): two one-thread ranks on one core take twice their times. A
     // CPU profiled with neighbours beside it (host_threads 0) has them in its times, but
     // not its own stage's other ranks: they count its threads.
-    const double rank_threads =
-        ranks > 1 && d.host_threads == 0 && d.backend == "cpu" ? d.threads : d.host_threads;
-    x.threads = ranks > 1 ? (cores > 0 ? std::min(rank_threads, cores) : rank_threads) * ranks
-                          : (cores > 0 ? std::min(d.host_threads, cores) : d.host_threads);
+    auto threads = [&](const DeviceCosts& r) {
+      const double own =
+          first.at.tensor && r.host_threads == 0 && r.backend == "cpu" ? r.threads : r.host_threads;
+      return cores > 0 ? std::min(own, cores) : own;
+    };
+    x.threads = 0;
+    for (const int u : first.at.tensor ? types : std::vector<int>{t})
+      x.threads += threads(cost.deviceOf(u));
     for (int step = 0; step < kSteps; ++step)
       for (Action a : one) {
         a.microbatch += step * m;

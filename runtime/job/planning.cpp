@@ -556,6 +556,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
           s.compute_s < 0 ? -1
                           : s.compute_s - s.update_s / static_cast<double>(job.train.microbatches);
       place.slice.tensor = replicas;
+      place.slice.tensor_shares = s.shares;
       place.slice.tensor_devices =
           s.backends.empty() ? std::vector<std::string>(s.devices.size(), s.backend) : s.backends;
       place.replica_devices = {s.devices.front()};

@@ -117,9 +117,17 @@ void printPlan(const partitioner::CostModel& cost, const partitioner::Plan& plan
       what += (i ? ", " : "") + std::to_string(st.at.begin + i) + " " +
               cost.problem().layers[st.at.begin + i].type + " " +
               kind[static_cast<size_t>(roles[i])];
-    std::printf(
-        "stage %zu: %zu tensor ranks (equal shares), all-reduces %.3f ms per microbatch: %s\n", s,
-        st.at.devices.size(), st.tensor_allreduce_s * 1e3, what.c_str());
+    std::string shares = "equal shares";
+    if (!st.at.shares.empty()) {
+      shares = "feature shares";
+      for (size_t r = 0; r < st.at.shares.size(); ++r) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%s%.3g", r ? " : " : " ", st.at.shares[r]);
+        shares += buf;
+      }
+    }
+    std::printf("stage %zu: %zu tensor ranks (%s), all-reduces %.3f ms per microbatch: %s\n", s,
+                st.at.devices.size(), shares.c_str(), st.tensor_allreduce_s * 1e3, what.c_str());
   }
 }
 

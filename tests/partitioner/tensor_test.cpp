@@ -137,6 +137,10 @@ TEST(TensorPlanTest, TheSearchSplitsTheBottleneckPairAndKeepsOutCostlyAllreduces
   EXPECT_TRUE(plan.stages[0].at.tensor);
   EXPECT_EQ(plan.stages[0].at.devices.size(), 2u);
   EXPECT_NEAR(plan.seconds, cost.stage(0, 0, 4, 1, 2), 1e-12);
+  // The heuristic's local search finds it too (a stage made tensor-split).
+  const Plan heuristic = heuristicPlan(cost);
+  EXPECT_TRUE(splitsTensors(heuristic)) << planToYaml(cost, heuristic);
+  EXPECT_NEAR(heuristic.seconds, plan.seconds, 1e-12);
   // Layer-wise only: two stages, the row layer's the bottleneck.
   Problem layers = pairProblem(times);
   layers.options.max_tensor = 1;
@@ -151,6 +155,7 @@ TEST(TensorPlanTest, TheSearchSplitsTheBottleneckPairAndKeepsOutCostlyAllreduces
   Problem costly = pairProblem(times);
   costly.node_group_allreduce = {GroupAllreduceCost{0.1, 0}};
   EXPECT_FALSE(splitsTensors(exactPlan(CostModel(costly))));
+  EXPECT_FALSE(splitsTensors(heuristicPlan(CostModel(costly))));
   EXPECT_FALSE(splitsTensors(choosePlan(CostModel(costly))));
   // A problem without the model's roles (made by hand) splits nothing.
   Problem bare = pairProblem(times);
@@ -178,11 +183,25 @@ TEST(TensorPlanTest, BadSplitsAreRefusedOrNamedAndPlanFilesCarryThem) {
         evaluate(cost, {{0, 4, {0}, {}, true}}, "test");
       },
       {"stage 0 is tensor-split: 2 ranks or more"});
+  Problem two_nodes = pairProblem({0.004, 0.001, 0.004, 0.002});
+  two_nodes.node_names = {"n", "m"};
+  two_nodes.devices[1].node = 1;
+  two_nodes.links = {{LinkCosts{1e9, 5e-5}, LinkCosts{1e8, 1e-4}},
+                     {LinkCosts{1e8, 1e-4}, LinkCosts{1e9, 5e-5}}};
+  two_nodes.node_cores = {2, 2};
+  two_nodes.node_group_allreduce.assign(2, GroupAllreduceCost{1e-4, 1e-8});
   tandem::testing::expectThrowWith<InvalidArgument>(
       [&] {
-        evaluate(cost, {{0, 4, {0, 1}, {1, 1}, true}}, "test");
+        evaluate(CostModel(two_nodes), {{0, 4, {0, 1}, {}, true}}, "test");
       },
-      {"no shares"});
+      {"stage 0 is tensor-split over devices of two nodes"});
+  Problem kinds = pairProblem({0.004, 0.001, 0.004, 0.002});
+  kinds.devices[1].forward_s[0] *= 2;
+  tandem::testing::expectThrowWith<InvalidArgument>(
+      [&] {
+        evaluate(CostModel(kinds), {{0, 4, {0, 1}, {}, true}}, "test");
+      },
+      {"tensor-split over devices of different kinds without shares"});
   const Plan nothing = evaluate(cost, {{0, 3, {0}}, {3, 4, {1, 2}, {}, true}}, "test");
   EXPECT_EQ(nothing.infeasible, "stage 1 (layers [3, 4)) holds nothing to tensor-split");
   // A plan file says which stage is split over which ranks, and reads back so.
@@ -203,12 +222,73 @@ TEST(TensorPlanTest, BadSplitsAreRefusedOrNamedAndPlanFilesCarryThem) {
                   "p.yaml");
       },
       {"p.yaml:2:5", "a tensor-split stage names its 2 ranks or more in 'devices'"});
+  // Unequal ranks' shares are the plan's too.
+  const Plan unequal = evaluate(cost, {{0, 3, {0, 1}, {1, 0.5}, true}, {3, 4, {2}}}, "test");
+  const std::vector<PlanStageSpec> read = parsePlan(planToYaml(cost, unequal), "plan.yaml");
+  EXPECT_EQ(read[0].shares, (std::vector<double>{1, 0.5}));
+  EXPECT_TRUE(read[0].tensor);
   tandem::testing::expectThrowWith<InvalidArgument>(
       [&] {
         parsePlan("stages:\n  - {layers: [0, 4], devices: [n/cpu0], backend: cpu, tensor: 3}\n",
                   "p.yaml");
       },
       {"p.yaml:2:63", "'tensor' must be true or false"});
+}
+
+// kPairNet on a fast CPU and a device `slow` times slower of one node (another kind).
+Problem unequalProblem(double slow, const std::vector<double>& forward) {
+  Problem p = pairProblem(forward);
+  for (double& f : p.devices[1].forward_s) f *= slow;
+  for (double& b : p.devices[1].backward_s) b *= slow;
+  p.devices[1].name = "n/gpu";
+  p.devices[1].backend = "opencl:0";
+  return p;
+}
+
+TEST(TensorPlanTest, UnequalRanksTakeSharesByTheirSpeedAndEachLayerItsSlowestPart) {
+  const std::vector<double> times = {0.004, 0.001, 0.004, 0.002};
+  const CostModel cost(unequalProblem(3, times));
+  ASSERT_NE(cost.typeOf(0), cost.typeOf(1));
+  const std::vector<int> types = {cost.typeOf(0), cost.typeOf(1)};
+  // In proportion to their speed: the slow device takes a quarter of each split layer.
+  const std::vector<double> shares = cost.balancedTensorShares(types, 0, 4);
+  ASSERT_EQ(shares.size(), 2u);
+  EXPECT_DOUBLE_EQ(shares[0], 1);
+  EXPECT_NEAR(shares[1], 1.0 / 3, 1e-12);
+  const CostModel::TensorStage t = cost.tensorStage(types, shares, 0, 4);
+  auto allreduce = [](double bytes) { return 1e-4 + 1e-8 * bytes; };
+  // Split layers: 3/4 on the fast rank, 1/4 at 3 times the time on the slow: 3/4 of the
+  // fast device's time each. The last layer, whole on both: the slow device's.
+  EXPECT_NEAR(t.forward, 0.75 * (0.004 + 0.001 + 0.004) + 3 * 0.002 + allreduce(512), 1e-12);
+  EXPECT_NEAR(t.backward, 0.75 * (0.008 + 0.002 + 0.008) + 3 * 0.004, 1e-12);
+  // Each rank's memory against its own device: the fast one holds 3/4 of the split state.
+  const Plan plan = evaluate(cost, {{0, 4, {0, 1}, shares, true}}, "test");
+  ASSERT_TRUE(plan.infeasible.empty()) << plan.infeasible;
+  EXPECT_EQ(plan.stages[0].memory_bytes,
+            cost.memory(0, 4, 1, 1, 1) - static_cast<int64_t>(t.split_state * 0.25));
+  EXPECT_NEAR(plan.stages[0].compute_s, t.compute(true) + t.update / 4, 1e-12);
+  Problem small = unequalProblem(3, times);
+  small.devices[0].memory_bytes = plan.stages[0].memory_bytes - 1;
+  EXPECT_NE(evaluate(CostModel(small), {{0, 4, {0, 1}, shares, true}}, "test")
+                .infeasible.find("rank 0 (layers [0, 4)) needs"),
+            std::string::npos);
+}
+
+TEST(TensorPlanTest, TheWholeModelIsSplitOverUnequalRanksWhenThatBeatsTheMargin) {
+  // Mostly split layers: a device 2x slower takes a third, the step about 2/3 of the fast
+  // device's alone (beyond the 15% margin); one 10x slower would save under a tenth.
+  const std::vector<double> times = {0.010, 0.0001, 0.010, 0.0001};
+  const Plan gained = choosePlan(CostModel(unequalProblem(2, times)));
+  ASSERT_EQ(gained.stages.size(), 1u);
+  EXPECT_TRUE(gained.stages[0].at.tensor);
+  EXPECT_EQ(gained.stages[0].at.devices.size(), 2u);
+  EXPECT_NEAR(gained.stages[0].at.shares[1], 0.5, 1e-9);
+  EXPECT_NE(gained.algorithm.find("unequal tensor ranks"), std::string::npos) << gained.algorithm;
+  const Plan kept = choosePlan(CostModel(unequalProblem(10, times)));
+  EXPECT_FALSE(splitsTensors(kept)) << kept.algorithm;
+  Problem no_tensor = unequalProblem(2, times);
+  no_tensor.options.max_tensor = 1;
+  EXPECT_FALSE(splitsTensors(choosePlan(CostModel(no_tensor))));
 }
 
 }  // namespace

@@ -223,13 +223,15 @@ TEST(PlanningTest, APlansTensorSplitStageIsOneWorkerOverItsRanks) {
   const std::vector<partitioner::PlanStageSpec> planned = partitioner::parsePlan(
       "stages:\n"
       "  - {layers: [0, 3], devices: [a/cpu0, a/gpu], backend: cpu, backends: [cpu, opencl:0],\n"
-      "     tensor: true, compute_s: 0.004, update_s: 0.002}\n",
+      "     tensor: true, shares: [1, 3], compute_s: 0.004, update_s: 0.002}\n",
       "p.yaml");
   const auto stages = jobStages(job, model, &planned);
   ASSERT_EQ(stages.size(), 1u);
   EXPECT_EQ(stages[0].replicas, 1);
   EXPECT_EQ(stages[0].slice.tensor, 2);
   EXPECT_EQ(stages[0].slice.tensor_devices, (std::vector<std::string>{"cpu", "opencl:0"}));
+  EXPECT_EQ(stages[0].slice.tensor_shares, (std::vector<double>{1, 3}));
+  EXPECT_TRUE(stages[0].shares.empty());  // not replicas' shares
   EXPECT_EQ(stages[0].replica_devices, (std::vector<std::string>{"a/cpu0"}));
   // The compute per microbatch, without the update spread over the job's 4 microbatches.
   EXPECT_NEAR(stages[0].predicted_compute_s, 0.004 - 0.002 / 4, 1e-12);
