@@ -133,7 +133,7 @@ class Exact {
         const double limit = std::min(best.value, bound_);
         // Longer stages only cost more; a tensor-split one at least its compute on one
         // device over its ranks (a range that completes a pair may split and cost less).
-        if (tensor ? cost_.compute(u, i, j) / k >= limit : false) break;
+        if (tensor && cost_.compute(u, i, j) / k >= limit) break;
         const double st = tensor ? cost_.stage(u, i, j, 1, k) : cost_.stage(u, i, j, k);
         if (!tensor && st >= limit) break;
         if (st >= limit) continue;

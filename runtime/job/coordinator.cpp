@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -63,6 +64,27 @@ class Mailbox {
       if (const auto* f = std::get_if<Failed>(&*item->message)) return f->message;
     }
     return std::nullopt;
+  }
+
+  // The first other worker's `failed` message within `timeout` that is not itself a
+  // consequence (failedOnAPeer), with its slot; other items are dropped: the run is ending.
+  std::optional<std::pair<int, std::string>> causeBeside(int slot,
+                                                         std::chrono::milliseconds timeout) {
+    const auto until = Clock::now() + timeout;
+    while (Clock::now() < until) {
+      const auto item =
+          next(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now() + 1ms));
+      if (!item || item->slot == slot || item->slot < 0 || !item->message) continue;
+      if (const auto* f = std::get_if<Failed>(&*item->message); f && !failedOnAPeer(f->message))
+        return std::pair{item->slot, f->message};
+    }
+    return std::nullopt;
+  }
+
+  // Whether a worker's failure says a link's peer closed the connection: what a stage whose
+  // neighbour failed first reports, often before the neighbour's own report is read.
+  static bool failedOnAPeer(const std::string& message) {
+    return message.find("closed the connection") != std::string::npos;
   }
 
  private:
@@ -290,6 +312,12 @@ class Run {
           fail(slot, "sent 'stage busy', not being a generation stage");
         if (callbacks_.stage_busy) callbacks_.stage_busy(a.stage, *b);
       } else if (const auto* f = std::get_if<Failed>(&m)) {
+        // A worker whose link's peer went away reports after, or before, that peer's own
+        // failure: the peer's is the cause, named first when it arrives within a second.
+        if (Mailbox::failedOnAPeer(f->message))
+          if (const auto cause = mailbox_->causeBeside(slot, 1s))
+            fail(cause->first, "failed: " + cause->second + "; then " +
+                                   names_[static_cast<size_t>(slot)] + " failed: " + f->message);
         fail(slot, "failed: " + f->message);
       } else {
         fail(slot, std::string("sent an unexpected '") + messageName(m) + "' message");
