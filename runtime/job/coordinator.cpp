@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "runtime/control/listener.h"
+#include "runtime/job/mailbox.h"
 #include "runtime/node/chunks.h"
 #include "runtime/node/node_info.h"
 
@@ -22,113 +23,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-// Every worker's channel read by a thread of its own into one queue, so the coordinator
-// waits on all of them at once.
-class Mailbox {
- public:
-  struct Item {
-    int slot;
-    std::optional<Message> message;  // empty: the channel failed, `error` says why
-    std::string error;
-  };
-
-  // Items of slot -1 are the prompts of `prompts`, if given.
-  explicit Mailbox(std::vector<std::unique_ptr<Channel>>& channels, PromptSource* prompts) {
-    for (size_t i = 0; i < channels.size(); ++i)
-      pumps_.emplace_back([this, i, c = channels[i].get()] { pump(static_cast<int>(i), *c); });
-    if (prompts) pumps_.emplace_back([this, prompts] { pumpPrompts(*prompts); });
-  }
-  ~Mailbox() {
-    stop_ = true;
-    for (std::thread& t : pumps_) t.join();
-  }
-  std::optional<Item> next(std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
-    Item item = std::move(items_.front());
-    items_.pop_front();
-    return item;
-  }
-
-  // What worker `slot` said when it failed, if it says so within `timeout`: the channel
-  // to a worker that fails breaks as it goes, and a send may see that before its
-  // `failed` message is read. Other workers' items are dropped: the run is ending.
-  std::optional<std::string> failureOf(int slot, std::chrono::milliseconds timeout) {
-    const auto until = Clock::now() + timeout;
-    while (Clock::now() < until) {
-      const auto item =
-          next(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now() + 1ms));
-      if (!item || item->slot != slot) continue;
-      if (!item->message) return std::nullopt;  // it went without saying why
-      if (const auto* f = std::get_if<Failed>(&*item->message)) return f->message;
-    }
-    return std::nullopt;
-  }
-
-  // The first other worker's `failed` message within `timeout` that is not itself a
-  // consequence (failedOnAPeer), with its slot; other items are dropped: the run is ending.
-  std::optional<std::pair<int, std::string>> causeBeside(int slot,
-                                                         std::chrono::milliseconds timeout) {
-    const auto until = Clock::now() + timeout;
-    while (Clock::now() < until) {
-      const auto item =
-          next(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now() + 1ms));
-      if (!item || item->slot == slot || item->slot < 0 || !item->message) continue;
-      if (const auto* f = std::get_if<Failed>(&*item->message); f && !failedOnAPeer(f->message))
-        return std::pair{item->slot, f->message};
-    }
-    return std::nullopt;
-  }
-
-  // Whether a worker's failure says a link's peer closed the connection: what a stage whose
-  // neighbour failed first reports, often before the neighbour's own report is read.
-  static bool failedOnAPeer(const std::string& message) {
-    return message.find("closed the connection") != std::string::npos;
-  }
-
- private:
-  void pump(int slot, Channel& c) {
-    while (!stop_) {
-      Item item{slot, std::nullopt, ""};
-      try {
-        item.message = c.recv(100ms);
-        if (!item.message) continue;
-      } catch (const FormatError& e) {
-        item.error = std::string("sent a bad message: ") + e.what();
-      } catch (const Error& e) {
-        item.error = std::string("lost its connection: ") + e.what();
-      }
-      const bool last = !item.error.empty();
-      {
-        std::lock_guard lock(mu_);
-        items_.push_back(std::move(item));
-      }
-      cv_.notify_one();
-      if (last) return;
-    }
-  }
-
-  void pumpPrompts(PromptSource& prompts) {
-    while (!stop_) {
-      std::optional<Message> m = prompts.pop(100ms);
-      if (!m) continue;
-      const bool last = std::holds_alternative<PromptsDone>(*m);
-      {
-        std::lock_guard lock(mu_);
-        items_.push_back(Item{-1, std::move(m), ""});
-      }
-      cv_.notify_one();
-      if (last) return;
-    }
-  }
-
-  std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> items_;
-  std::vector<std::thread> pumps_;
-};
 
 class Run {
  public:
