@@ -12,6 +12,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -251,6 +252,14 @@ void writeAbcCluster(const std::string& dir, const std::string& a, const std::st
                                    << "  - {name: c, address: '" << c << "', devices: [{}]}\n";
 }
 
+// DIR/c.yaml: local nodes a-TAG, b-TAG and c-TAG of one device each (this machine's
+// daemons, named so that a test can kill one).
+void writeTaggedNodes(const std::string& dir, const std::string& tag) {
+  std::ofstream(dir + "/c.yaml") << "nodes:\n  - {name: a-" << tag << ", devices: [{}]}\n"
+                                 << "  - {name: b-" << tag << ", devices: [{}]}\n"
+                                 << "  - {name: c-" << tag << ", devices: [{}]}\n";
+}
+
 // What `job` saves at `saved` when nothing goes wrong ("" if the run failed).
 std::string uninterrupted(const std::string& job, const std::string& saved) {
   const Ran r = run(kCli + " run " + job);
@@ -261,9 +270,7 @@ std::string uninterrupted(const std::string& job, const std::string& saved) {
 TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
   const std::string dir = tandem::testing::freshDir("recover");
   const std::string tag = std::to_string(getpid());
-  std::ofstream(dir + "/c.yaml") << "nodes:\n  - {name: a-" << tag << ", devices: [{}]}\n"
-                                 << "  - {name: b-" << tag << ", devices: [{}]}\n"
-                                 << "  - {name: c-" << tag << ", devices: [{}]}\n";
+  writeTaggedNodes(dir, tag);
   auto job = [&](const std::string& name, const std::string& extra) {
     return threeStageJob(dir, name, "mlp", "epochs: 2\ntrain_limit: 1280\n", "c.yaml", extra);
   };
@@ -300,6 +307,55 @@ TEST(TandemdTest, ARunThatLosesANodeRecoversOnTheOthersBitwise) {
         << run.output();
     EXPECT_NE(run.output().find("the newest checkpoint is "), std::string::npos) << run.output();
   }
+  for (const char* node : {"a-", "b-", "c-"})
+    EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
+}
+
+// The last epoch's test loss a run printed ("... test loss 0.4321, ..."), or -1.
+double lastTestLoss(const std::string& out) {
+  const size_t at = out.rfind("test loss ");
+  return at == std::string::npos ? -1 : std::atof(out.c_str() + at + 10);
+}
+
+// Losing the node of a tensor-split stage (its ranks are one worker there): the run leaves
+// the node out, re-plans the layers over the nodes left, resumes from the checkpoint the
+// split stage wrote (its ranks' slices merged) and ends. Not bitwise the uninterrupted
+// run: the split's all-reduces round the sums its way (docs/tensor-parallel.md), and the
+// re-plan splits nothing; its test loss is within 2% of that run's.
+TEST(TandemdTest, ARunThatLosesATensorSplitStagesNodeRecoversOnTheOthers) {
+  const std::string dir = tandem::testing::freshDir("recover-tensor");
+  const std::string tag = std::to_string(getpid());
+  writeTaggedNodes(dir, tag);
+  auto job = [&](const std::string& name, const std::string& extra) {
+    std::ofstream(dir + "/" + name + ".yaml")
+        << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
+        << "batch: 32\nmicrobatches: 4\nseed: 3\ntest_limit: 256\nepochs: 2\ntrain_limit: 1280\n"
+        << "partition: [[0, 1], {layers: [1, 4], tensor: 2}, [4, 6]]\ncluster: c.yaml\n"
+        << "save: out/" << name << ".tdm\n"
+        << extra;
+    return dir + "/" + name + ".yaml";
+  };
+  const Ran whole = run(kCli + " run " + job("whole", ""));
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_NE(whole.out.find("stage 1: 2 tensor ranks (feature shares 1 : 1)"), std::string::npos)
+      << whole.out;
+  const double want = lastTestLoss(whole.out);
+  ASSERT_GT(want, 0) << whole.out;
+  Background lossy(
+      "exec " + kCli + " run " + job("lossy", "checkpoint: {every_steps: 3, dir: ck}\n"),
+      dir + "/lossy.log");
+  ASSERT_TRUE(lossy.waitFor("checkpoint at step 6:", 60s)) << lossy.output();
+  ASSERT_TRUE(killTheOneProcessWith("--name b-" + tag)) << "node b's tandemd";
+  EXPECT_EQ(lossy.wait(60s), 0) << lossy.output();
+  const std::string out = lossy.output();
+  for (const std::string& s :
+       {"was lost with node 'b-" + tag + "'",
+        "recovering (1 of 3 restarts): node 'b-" + tag + "' is left out; resuming from step ",
+        std::string("training again ")})
+    EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+  const double got = lastTestLoss(out);
+  EXPECT_NEAR(got, want, 0.02 * want) << out;
+  EXPECT_FALSE(slurp(dir + "/out/lossy.tdm").empty());
   for (const char* node : {"a-", "b-", "c-"})
     EXPECT_TRUE(processesWith("--name " + std::string(node) + tag).empty()) << node;
 }
@@ -421,9 +477,7 @@ TEST(TandemdTest, ALostNodeThatComesBackRejoinsAtACheckpointAndAgainLaterBitwise
 TEST(TandemdTest, AStreamThatLosesAStageAnswersEveryRequestOnceAsWithoutTheLoss) {
   const std::string dir = tandem::testing::freshDir("recover-infer");
   const std::string tag = std::to_string(getpid());
-  std::ofstream(dir + "/c.yaml") << "nodes:\n  - {name: a-" << tag << ", devices: [{}]}\n"
-                                 << "  - {name: b-" << tag << ", devices: [{}]}\n"
-                                 << "  - {name: c-" << tag << ", devices: [{}]}\n";
+  writeTaggedNodes(dir, tag);
   std::ofstream(dir + "/serve.yaml")
       << "model: " << TANDEM_SOURCE_DIR << "/examples/models/mlp.yaml\n"
       << "batch: 32\nmicrobatches: 4\nseed: 3\ntest_limit: 2000\n"
