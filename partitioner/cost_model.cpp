@@ -463,8 +463,11 @@ int64_t CostModel::memory(size_t begin, size_t end, int stages_to_end, int repli
   if (begin > 0) transport += in;
   if (end < layers()) transport += out;
   transport *= o.transport_buffers * directions;
-  const int64_t state = stateBytes(begin, end);  // the weights alone when serving
+  int64_t state = stateBytes(begin, end);  // the weights alone when serving
   if (!training()) return state + rangeMax(working_max_, begin, end) + transport;
+  if (o.zero > 0 && replicas > 1)  // each replica keeps its shard of the optimizer state
+    state -= static_cast<int64_t>(static_cast<double>(paramBytes(begin, end)) *
+                                  o.optimizer_state_per_param * (1 - 1.0 / replicas));
   const int64_t activations = stash_prefix_[end] - stash_prefix_[begin];
   const int64_t depth =
       o.schedule == ScheduleKind::kGPipe ? o.microbatches

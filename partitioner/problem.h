@@ -127,7 +127,11 @@ struct CostOptions {
   int64_t microbatch_size = 16;          // samples in one microbatch
   bool recompute = false;                // stash only each stage's input, recompute in backward
   double optimizer_state_per_param = 1;  // bytes of optimizer state per parameter byte
-  std::string optimizer = "sgd";         // whose update the profiles' update_s prices
+  // Replicated stages' ZeRO stage (a job's `zero:`): from 1 each replica holds 1/R of the
+  // optimizer state. (Stage 2's gradients live whole through a pipeline step's backwards,
+  // so its peak is stage 1's.)
+  int zero = 0;
+  std::string optimizer = "sgd";  // whose update the profiles' update_s prices
   // Bytes on the wire per fp32 byte, after the link's codec (fp16: 0.5), and the codecs'
   // names, for every link unless chosen per link.
   double activation_ratio = 1, gradient_ratio = 1;

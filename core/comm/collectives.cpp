@@ -96,6 +96,39 @@ class Call {
     reduceInto(out, src, 0, data.size(), op);
   }
 
+  // The root of a reduce that is part of an allreduce's buffer (ReduceOptions::
+  // allreduce_count): each element of `data` (the buffer's from allreduce_offset) as the
+  // ring reduces it — slice j from rank j + 1 around to rank j, this rank's own `data`
+  // among them — or in rank order where that allreduce would run direct.
+  void reduceAsAllreduce(std::span<float> data, const std::vector<std::vector<float>>& got,
+                         const ReduceOptions& o) const {
+    const size_t whole = o.allreduce_count;
+    const bool direct =
+        o.algorithm == AllreduceAlgorithm::kDirect ||
+        (o.algorithm == AllreduceAlgorithm::kAuto && whole * sizeof(float) <= o.small_bytes);
+    if (direct) {
+      reduceInRankOrder(data, data, got, o.op);
+      return;
+    }
+    std::vector<float> acc;
+    for (int j = 0; j < size_; ++j) {
+      const Slice ring = sliceOf(whole, size_, j);
+      const size_t lo = std::max(ring.begin, o.allreduce_offset);
+      const size_t hi = std::min(ring.end, o.allreduce_offset + data.size());
+      if (lo >= hi) continue;
+      const size_t at = lo - o.allreduce_offset, n = hi - lo;
+      auto from = [&](int q) {
+        return q == rank_ ? std::span<const float>(data.subspan(at, n))
+                          : std::span<const float>(got[static_cast<size_t>(q)]).subspan(at, n);
+      };
+      const std::span<const float> first = from(mod(j + 1));
+      acc.assign(first.begin(), first.end());
+      for (int k = 2; k <= size_; ++k) accumulate(acc, from(mod(j + k)), o.op);
+      finishReduce(acc, o.op, size_);
+      std::copy(acc.begin(), acc.end(), data.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+  }
+
   // After it, this rank's slice holds the reduction (steps 0 .. n-2). With `in_place`
   // (allreduce, whose all-gather overwrites the rest) the partial sums are kept in the
   // other slices of `data`, each sent on from where it was summed; else the rest of
@@ -112,13 +145,13 @@ class Call {
         partial.resize(in.size());
         sum = partial;
       }
-      shift(s,
-            in_place || s == 0 ? data.subspan(out.begin, out.size())
-                               : std::span<const float>(carry),
-            {0, in.size(), {}, [&](size_t at, std::span<const float> got) {
-               // The partial sum from the left first, then this rank's: one order per slice.
-               combine(sum.subspan(at, got.size()), got, mine.subspan(at, got.size()), op);
-             }});
+      shift(
+          s,
+          in_place || s == 0 ? data.subspan(out.begin, out.size()) : std::span<const float>(carry),
+          {0, in.size(), {}, [&](size_t at, std::span<const float> got) {
+             // The partial sum from the left first, then this rank's: one order per slice.
+             combine(sum.subspan(at, got.size()), got, mine.subspan(at, got.size()), op);
+           }});
       if (!in_place) std::swap(carry, partial);
     }
     const Slice own = sliceOf(data.size(), size_, rank_);
@@ -207,6 +240,14 @@ void reduce(Pairs& p, std::span<float> data, const ReduceOptions& o) {
     return;
   }
   const std::vector<std::vector<float>> got = c.fromEveryone({}, data.size());
+  if (o.allreduce_count > 0) {
+    TANDEM_CHECK_MSG(o.allreduce_offset + data.size() <= o.allreduce_count, InvalidArgument,
+                     c.name() << ": elements [" << o.allreduce_offset << ", "
+                              << o.allreduce_offset + data.size() << ") of an allreduce of "
+                              << o.allreduce_count);
+    c.reduceAsAllreduce(data, got, o);
+    return;
+  }
   c.reduceInRankOrder(data, data, got, o.op);
 }
 

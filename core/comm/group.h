@@ -7,8 +7,11 @@
 // Every rank of a group calls the same collectives in the same order with the same tag
 // and element count; a mismatch is an InvalidArgument naming the ranks. A rank that does
 // not arrive within the timeout makes the others raise Timeout naming it. Data are fp32
-// on the host. Reductions add in rank order (((r0 + r1) + r2) + ...) on every rank, so
-// results are deterministic and bitwise identical across ranks and runs.
+// on the host. Reductions add in one fixed order on every rank, so results are
+// deterministic and bitwise identical across ranks and runs: rank order
+// (((r0 + r1) + r2) + ...), but for the ring allreduce of the groups over links, which
+// adds slice j around the ring from rank j + 1 to rank j (a reduce can be told to follow
+// it: ReduceOptions::allreduce_count).
 //
 // Slices: reduce-scatter and all-gather cut `count` elements into size() contiguous
 // slices, rank r owning slice(count, size, r) (the first count % size slices one longer).
@@ -47,6 +50,13 @@ struct AllreduceOptions : CollectiveOptions {
 struct ReduceOptions : CollectiveOptions {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
+  // A part of an allreduce's buffer (allreduce_count > 0 elements, `algorithm` and
+  // `small_bytes` as its AllreduceOptions): the elements reduce in the order that
+  // allreduce reduces the ones at allreduce_offset, so that reducing each part of a buffer
+  // into its owner gives the owner the allreduce's bits (ZeRO's gradients). 0: rank order.
+  size_t allreduce_count = 0, allreduce_offset = 0;
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  size_t small_bytes = size_t{64} << 10;
 };
 
 struct RootOptions : CollectiveOptions {

@@ -63,8 +63,28 @@ StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* n
                    "stage " << range.stage << ": a link to the next stage is needed exactly "
                             << "when the stage is not the last"
                             << (v > 1 ? " or holds several chunks" : ""));
+  TANDEM_CHECK_MSG(
+      options.zero >= 0 && options.zero <= 2, InvalidArgument,
+      "stage " << range.stage << ": ZeRO stage " << options.zero
+               << (options.zero == 3 ? " would gather the stage's parameters for every "
+                                       "microbatch: a pipeline stage's replicas shard 1 (the "
+                                       "optimizer state) or 2 (and the summed gradients)"
+                                     : ": 0, 1 or 2"));
+  TANDEM_CHECK_MSG(options.zero == 0 || replicated(), InvalidArgument,
+                   "stage " << range.stage << ": ZeRO stage " << options.zero
+                            << " shards the training state over the stage's replicas, and it "
+                               "has none");
   if (replicated() && optimizer != nullptr) {
+    if (options.zero > 0) {
+      shards_ = modelStateShards(model, static_cast<size_t>(options.replicas->size()), {});
+      // A whole state restored (a checkpoint's) keeps only this replica's rows.
+      if (!optimizer->state().empty())
+        optimizer->restore(
+            stateOfShards(optimizer->state(), model, shards_, options.replicas->rank()),
+            optimizer->steps());
+    }
     BucketOptions bo;
+    if (options.zero == 2) bo.shards = shards_;
     bo.bucket_bytes = options.bucket_bytes;
     bo.timeout = options.collective_timeout;
     // A device's buckets are summed on a communication thread while the device runs
@@ -75,6 +95,36 @@ StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* n
     buckets_ =
         std::make_unique<GradientBuckets>(model, range.begin, range.end, *options.replicas, bo);
   }
+}
+
+void StageExecutor::optimizerStep() {
+  if (shards_.empty()) {
+    optimizer_->step(model_.params());
+    return;
+  }
+  // Sharded: this replica's rows (at ZeRO 2 the buckets hold their sums), then every
+  // replica's rows to the others.
+  std::vector<Param> mine;
+  if (options_.zero == 2) {
+    mine = buckets_->ownedParams();
+  } else {
+    for (const StateShard& s : shards_)
+      if (s.owner == options_.replicas->rank()) mine.push_back(shardRows(model_.params(), s));
+  }
+  std::vector<Param*> owned;
+  for (Param& p : mine) owned.push_back(&p);
+  optimizer_->step(owned);
+  shareSteppedRows(model_, *options_.replicas, shards_, collectives_, options_.collective_timeout);
+  collectives_ += shards_.size();
+}
+
+std::vector<std::pair<std::string, Tensor>> StageExecutor::gatherOptimizerState() {
+  TANDEM_CHECK_MSG(sharded() && optimizer_ != nullptr, InvalidArgument,
+                   "stage " << range_.stage << ": its optimizer state is not sharded");
+  auto whole = gatherShardedState(*optimizer_, model_, *options_.replicas, shards_, collectives_,
+                                  options_.collective_timeout);
+  collectives_ += shards_.size() * stateSlots(optimizer_->options()).size();
+  return whole;
 }
 
 void StageExecutor::record(ActionType type, int64_t k, Clock::time_point t0, double& counter) {
@@ -131,8 +181,8 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
                                      const std::function<MicrobatchInput(int64_t)>& input,
                                      const std::function<void(int64_t)>& before_input) {
   const auto [m, split] = checkActions(actions, info);
-  // With replicas, this replica's last action that makes weight gradients reports them
-  // layer by layer, so that each gradient bucket leaves as soon as it is final.
+  // With replicas, the last action making weight gradients reports them layer by layer,
+  // each bucket leaving once final (ZeRO 2: the gradients given up are zeros again first).
   const Action* last_gradient = nullptr;
   const bool buckets = info.training && buckets_;
   if (buckets) {
@@ -141,10 +191,11 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
           a.type == (split[0] ? ActionType::kWeightGradient : ActionType::kBackward))
         last_gradient = &a;
     buckets_->start(collectives_);
-    collectives_ += buckets_->size();
+    collectives_ += buckets_->tags();
   }
   const LayerDone layer_done = [this](size_t l) { buckets_->layerDone(l); };
   if (info.training) model_.zeroGrad();
+  for (size_t l = range_.begin; buckets && l < range_.end; ++l) buckets_->layerStarts(l);
   const double busy0 = counters_.busy_s, optimizer0 = counters_.step_s;
   const double summed0 = buckets ? buckets_->callerSumSeconds() : 0;
   StepResult result;
@@ -224,7 +275,7 @@ StepResult StageExecutor::runActions(const std::vector<Action>& actions, const S
           buckets_->finish();
           counters_.allreduce_s += seconds(Clock::now() - w0);
         }
-        optimizer_->step(model_.params());
+        optimizerStep();
         {
           const double before = counters_.busy_s;
           record(a.type, 0, t0, counters_.busy_s);

@@ -44,6 +44,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/comm/group.h"
@@ -84,6 +86,12 @@ struct ExecutorOptions {
   Group* replicas = nullptr;
   std::chrono::milliseconds collective_timeout{60000};
   size_t bucket_bytes = size_t{1} << 20;  // replicas: gradient bytes per allreduce
+  // Replicas that train: the ZeRO stage of their training state (state_shards.h): 0, every
+  // replica keeps all of it; 1, each keeps and steps its own rows' optimizer state and
+  // then broadcasts those rows; 2, and each run of the summed gradients is reduced into
+  // its owner alone, the gradients living from the step's first backward to their
+  // reduce. (Stage 3 would gather a stage's parameters for every microbatch: refused.)
+  int zero = 0;
 };
 
 // A microbatch as the first stage feeds it in.
@@ -191,6 +199,11 @@ class StageExecutor {
 
   const StageCounters& counters() const { return counters_; }
   const std::vector<Span>& spans() const { return spans_; }
+  // A sharded stage (zero > 0): the whole optimizer state, on replica 0, from the rows
+  // every replica keeps (gatherShardedState; elsewhere empty). Every replica calls it at
+  // the same point between steps.
+  std::vector<std::pair<std::string, Tensor>> gatherOptimizerState();
+  bool sharded() const { return !shards_.empty(); }
 
  private:
   // What a microbatch holds on this stage between its actions.
@@ -235,6 +248,9 @@ class StageExecutor {
   // settings this stage cannot run.
   std::pair<int64_t, std::vector<bool>> checkActions(const std::vector<Action>& actions,
                                                      const StepInfo& info) const;
+  // The step's update: every parameter's, or a sharded replica's rows and then the
+  // broadcasts of every replica's.
+  void optimizerStep();
   // `compute_s`: this replica's compute time this step, summed into result.replica_seconds
   // (negative: not asked for).
   void allreduceResult(StepResult& result, double compute_s);
@@ -250,6 +266,7 @@ class StageExecutor {
   int64_t tag_base_ = 0;                      // global number of this step's microbatch 0
   uint64_t collectives_ = 0;                  // tags of the replicas' collectives
   std::unique_ptr<GradientBuckets> buckets_;  // replicas that train
+  std::vector<StateShard> shards_;            // zero > 0: the rows each replica keeps
   StageCounters counters_;
   std::vector<Span> spans_;
 };

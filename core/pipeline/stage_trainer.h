@@ -42,6 +42,7 @@ struct PipelineOptions {
   int64_t rebalance_steps = 0;
   std::chrono::milliseconds collective_timeout{60000};
   size_t bucket_bytes = size_t{1} << 20;  // replicas: gradient bytes per allreduce
+  int zero = 0;  // replicas: ZeRO stage of their training state (ExecutorOptions::zero)
 };
 
 // One request's answer in an evaluation stream (StageTrainer::evaluate): a microbatch

@@ -13,6 +13,7 @@
 #include "core/train/gradient_buckets.h"
 #include "core/train/job_thread.h"
 #include "core/train/microbatch.h"
+#include "core/train/parameter_shards.h"
 
 namespace tandem {
 
@@ -34,52 +35,6 @@ std::vector<double> sharesFromProfile(const Profile& profile, const Model& model
   return shares;
 }
 
-std::vector<StateShard> stateShards(const std::vector<int64_t>& rows,
-                                    const std::vector<int64_t>& row_bytes, size_t replicas,
-                                    const std::vector<double>& shares) {
-  TANDEM_CHECK_MSG(replicas > 0, InvalidArgument, "optimizer state shared by no replica");
-  TANDEM_CHECK_MSG(rows.size() == row_bytes.size(), InvalidArgument,
-                   rows.size() << " row counts for " << row_bytes.size() << " row sizes");
-  TANDEM_CHECK_MSG(shares.empty() || shares.size() == replicas, InvalidArgument,
-                   shares.size() << " state shares for " << replicas << " replicas");
-  for (const double s : shares)
-    TANDEM_CHECK_MSG(s > 0 && std::isfinite(s), InvalidArgument,
-                     "state share " << s << " is not a positive number");
-  double total = 0, room = 0;
-  for (size_t i = 0; i < rows.size(); ++i)
-    total += static_cast<double>(rows[i]) * static_cast<double>(row_bytes[i]);
-  for (size_t r = 0; r < replicas; ++r) room += shares.empty() ? 1.0 : shares[r];
-  // Replica r's run ends where the bytes before it reach its cumulative share of `total`.
-  std::vector<double> ends;
-  double cumulative = 0;
-  for (size_t r = 0; r + 1 < replicas; ++r) {
-    cumulative += shares.empty() ? 1.0 : shares[r];
-    ends.push_back(total * cumulative / room);
-  }
-  std::vector<StateShard> out;
-  size_t owner = 0;
-  double before = 0;  // bytes of the rows before parameter i
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto w = static_cast<double>(row_bytes[i]);
-    if (rows[i] <= 0 || w <= 0) continue;  // (no values: no state)
-    const double after = before + w * static_cast<double>(rows[i]);
-    // The current run ends at the row boundary nearest its end: inside this parameter (the
-    // next run goes on from there), at or before its start (nothing of it here), or past
-    // its end (it takes the rest and goes on into the next parameter).
-    for (int64_t begin = 0; begin < rows[i];) {
-      const bool last = owner == ends.size();
-      const int64_t end_row = last ? rows[i] : std::llround((ends[owner] - before) / w);
-      const int64_t cut = std::clamp<int64_t>(end_row, begin, rows[i]);
-      if (cut > begin) out.push_back({i, begin, cut, static_cast<int>(owner)});
-      begin = cut;
-      if (last || end_row > rows[i]) break;
-      ++owner;
-    }
-    before = after;
-  }
-  return out;
-}
-
 struct DataParallelTrainer::Replica {
   Replica(const ModelSpec& spec, Backend& be, Group& g, const OptimizerOptions& o,
           std::chrono::microseconds spin)
@@ -90,6 +45,7 @@ struct DataParallelTrainer::Replica {
   Model model;
   Optimizer optimizer;
   std::unique_ptr<GradientBuckets> buckets;
+  std::unique_ptr<ParameterShards> values;  // ZeRO 3
   JobThread compute;
   double loss_sum = 0;
   std::vector<float> x;  // this replica's share of the batch, when it gathers it
@@ -110,14 +66,14 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
   TANDEM_CHECK_MSG(options.bucket_bytes >= 4, InvalidArgument,
                    "bucket size " << options.bucket_bytes << " bytes is below one gradient");
   shareBatch(options.batch, backends.size(), options.shares);  // checks the shares
-  TANDEM_CHECK_MSG(options.zero == 0 || options.zero == 1, InvalidArgument,
+  TANDEM_CHECK_MSG(options.zero >= 0 && options.zero <= 3, InvalidArgument,
                    "ZeRO stage " << options.zero
-                                 << ": 0 (every replica keeps the optimizer state) or 1 (a shard "
-                                    "of it on each) are implemented");
+                                 << ": 0 (every replica keeps the optimizer state), 1 (a shard "
+                                    "of it on each), 2 (and of the summed gradients) or 3 (and "
+                                    "of the parameters)");
   TANDEM_CHECK_MSG(options.zero == 0 || backends.size() > 1, InvalidArgument,
                    "ZeRO stage " << options.zero << " shards the optimizer state over "
                                  << "replicas: it needs two or more, not " << backends.size());
-  // Every replica must cut the same buckets: reduce in place only if all hold host memory.
   bool host_memory = true;
   for (Backend* be : backends) host_memory = host_memory && be->hostData(be->empty({1})) != nullptr;
   for (size_t r = 0; r < backends.size(); ++r) {
@@ -129,35 +85,56 @@ DataParallelTrainer::DataParallelTrainer(const ModelSpec& spec,
     auto rep = std::make_unique<Replica>(spec, *backends[r], *groups[r], optimizer,
                                          waitBeforeSleeping(static_cast<int>(backends.size())));
     rep->model.build(*backends[r], options.seed);
+    replicas_.push_back(std::move(rep));
+  }
+  if (options.zero > 0)
+    shards_ = modelStateShards(replicas_[0]->model, replicas_.size(), options.state_shares);
+  for (size_t r = 0; r < replicas_.size(); ++r) {
     // Every replica must cut the same buckets: in place (one per parameter, summed where
     // it lies on the compute thread) only if all hold host memory; else copied to the
-    // host and summed on a communication thread while the device runs backward.
+    // host and summed on a communication thread while the device runs backward. At ZeRO
+    // stage 2 each run of rows is reduced into its owner alone.
     BucketOptions bo;
     bo.bucket_bytes = options.bucket_bytes;
     bo.timeout = options.timeout;
     bo.in_place = host_memory;
     bo.comm_thread = !host_memory;
-    rep->buckets =
-        std::make_unique<GradientBuckets>(rep->model, 0, rep->model.size(), *groups[r], bo);
-    replicas_.push_back(std::move(rep));
-  }
-  if (options.zero == 1) {
-    std::vector<int64_t> rows, row_bytes;
-    for (const Param* p : replicas_[0]->model.params()) {
-      const bool whole = p->value.shape().rank() == 0 || !p->grad.defined() ||
-                         p->value.dtype() != DType::kF32;  // (no state, or no rows to cut)
-      rows.push_back(whole ? 1 : p->value.shape()[0]);
-      row_bytes.push_back(p->grad.defined() ? static_cast<int64_t>(p->value.bytes()) /
-                                                  std::max<int64_t>(1, rows.back())
-                                            : 0);
-    }
-    shards_ = stateShards(rows, row_bytes, replicas_.size(), options.state_shares);
+    if (options.zero >= 2) bo.shards = shards_;
+    Model& model = replicas_[r]->model;
+    replicas_[r]->buckets =
+        std::make_unique<GradientBuckets>(model, 0, model.size(), *groups[r], bo);
+    if (options.zero == 3)
+      replicas_[r]->values =
+          std::make_unique<ParameterShards>(model, *groups[r], shards_, options.timeout);
   }
 }
 
 DataParallelTrainer::~DataParallelTrainer() = default;
 
-Model& DataParallelTrainer::model(size_t replica) { return replicas_.at(replica)->model; }
+Model& DataParallelTrainer::model(size_t replica) {
+  Replica& rep = *replicas_.at(replica);
+  if (rep.values) rep.values->makeWhole(parameterShards());
+  return rep.model;
+}
+
+std::vector<const ParameterShards*> DataParallelTrainer::parameterShards() const {
+  std::vector<const ParameterShards*> all;
+  for (const auto& rep : replicas_) all.push_back(rep->values.get());
+  return all;
+}
+
+int64_t DataParallelTrainer::parameterBytes(size_t replica) const {
+  const Replica& rep = *replicas_.at(replica);
+  if (rep.values) return rep.values->keptBytes();
+  int64_t bytes = 0;
+  for (const Param* p : rep.model.params()) bytes += static_cast<int64_t>(p->value.bytes());
+  return bytes;
+}
+
+int64_t DataParallelTrainer::peakParameterBytes(size_t replica) const {
+  const Replica& rep = *replicas_.at(replica);
+  return rep.values ? rep.values->peakParameterBytes() : parameterBytes(replica);
+}
 Optimizer& DataParallelTrainer::optimizer(size_t replica) {
   return replicas_.at(replica)->optimizer;
 }
@@ -168,23 +145,18 @@ int64_t DataParallelTrainer::stateBytes(size_t replica) const {
   return bytes;
 }
 
-namespace {
-
-// The rows [begin, end) of parameter p as a parameter of their own (the same name: a
-// replica's optimizer keys its shard's state by it); the whole parameter when they are all.
-Param rowsOf(const Param& p, int64_t begin, int64_t end) {
-  if (begin == 0 && (p.value.shape().rank() == 0 || end == p.value.shape()[0])) return p;
-  Param part;
-  part.name = p.name;
-  part.value = p.value.slice(begin, end - begin);
-  part.grad = p.grad.slice(begin, end - begin);
-  return part;
+int64_t DataParallelTrainer::peakGradientBytes(size_t replica) const {
+  return replicas_.at(replica)->buckets->peakGradientBytes();
 }
 
-}  // namespace
+int64_t DataParallelTrainer::gradientBytes(size_t replica) const {
+  return replicas_.at(replica)->buckets->gradientBytes();
+}
 
 std::unique_ptr<Optimizer> DataParallelTrainer::mergedOptimizer() const {
   const Replica& first = *replicas_[0];
+  // (ZeRO 3: replica 0's parameters whole first, whose shapes the merged state takes.)
+  if (first.values) replicas_[0]->values->makeWhole(parameterShards());
   auto merged = std::make_unique<Optimizer>(first.backend, first.optimizer.options());
   std::vector<std::pair<std::string, Tensor>> state;
   if (options_.zero == 0) {
@@ -207,7 +179,8 @@ std::unique_ptr<Optimizer> DataParallelTrainer::mergedOptimizer() const {
         if (fresh) at->second = first.backend.empty(p.value.shape());
         rows.resize(static_cast<size_t>(t.numel()));
         t.backend().download(t, rows.data());
-        const Tensor into = rowsOf(Param{p.name, at->second, at->second, {}}, s.begin, s.end).value;
+        const Tensor into =
+            wholeParam(params, s) ? at->second : at->second.slice(s.begin, s.end - s.begin);
         first.backend.upload(into, rows.data());
       }
     }
@@ -218,33 +191,23 @@ std::unique_ptr<Optimizer> DataParallelTrainer::mergedOptimizer() const {
 }
 
 void DataParallelTrainer::stepOwned(Replica& rep, size_t r) {
-  const std::vector<Param*> params = rep.model.params();
+  // Stages 2 and 3: the buckets hold this replica's rows' sums (and no other gradient);
+  // at stage 3 its rows' values are the masters, which the next gathers make whole again.
   std::vector<Param> mine;
-  for (const StateShard& s : shards_)
-    if (s.owner == static_cast<int>(r)) mine.push_back(rowsOf(*params[s.param], s.begin, s.end));
+  if (options_.zero >= 2) {
+    mine = rep.buckets->ownedParams();
+  } else {
+    for (const StateShard& s : shards_)
+      if (s.owner == static_cast<int>(r)) mine.push_back(shardRows(rep.model.params(), s));
+  }
+  if (options_.zero == 3) {
+    const std::vector<Param> values = rep.values->owned();
+    for (size_t k = 0; k < mine.size(); ++k) mine[k].value = values[k].value;
+  }
   std::vector<Param*> owned;
   for (Param& p : mine) owned.push_back(&p);
   rep.optimizer.step(owned);
-  std::vector<float> values;
-  RootOptions ro;
-  ro.timeout = options_.timeout;
-  for (size_t k = 0; k < shards_.size(); ++k) {
-    const StateShard& s = shards_[k];
-    const Tensor v = rowsOf(*params[s.param], s.begin, s.end).value;
-    const auto n = static_cast<size_t>(v.numel());
-    const bool own = s.owner == static_cast<int>(r);
-    ro.root = s.owner;
-    ro.tag = k;
-    // Host memory (a CPU replica) is broadcast where it lies, as the gradient buckets sum it.
-    if (const void* host = rep.backend.hostData(v)) {
-      rep.group.broadcast({const_cast<float*>(static_cast<const float*>(host)), n}, ro);
-      continue;
-    }
-    values.resize(n);
-    if (own) rep.backend.download(v, values.data());
-    rep.group.broadcast(values, ro);
-    if (!own) rep.backend.upload(v, values.data());
-  }
+  if (options_.zero < 3) shareSteppedRows(rep.model, rep.group, shards_, 0, options_.timeout);
 }
 
 double DataParallelTrainer::step(const float* x, const int32_t* labels, int64_t n) {
@@ -268,6 +231,57 @@ double DataParallelTrainer::step(const Dataset& data, const std::vector<int64_t>
   });
 }
 
+void DataParallelTrainer::replicaStep(Replica& rep, size_t r, int64_t n, const float* x,
+                                      const int32_t* labels, int64_t count, uint64_t global_step) {
+  Backend& be = rep.backend;
+  Model& model = rep.model;
+  GradientBuckets& buckets = *rep.buckets;
+  ParameterShards* values = rep.values.get();  // ZeRO 3; else null
+  const size_t L = model.size();
+  model.zeroGrad();
+  buckets.start(0);
+  try {
+    // Layer by layer, as one forward would (each layer seeds from its index). A replica
+    // without samples this step computes nothing but takes part in every collective:
+    // its gradients are zeros.
+    std::vector<Stash> stashes(L);
+    const ForwardContext ctx{true, microbatchSeed(options_.seed, static_cast<int64_t>(global_step),
+                                                  static_cast<int64_t>(r))};
+    Tensor h, g;
+    if (count > 0) h = uploadSamples(be, model, x, count);
+    for (size_t l = 0; l < L; ++l) {
+      if (values) values->gather(l);
+      if (count > 0) h = model.forward(h, stashes[l], ctx, l, l + 1);
+      if (values) values->release(l);
+    }
+    if (count > 0) {
+      const int64_t per_label = labelsPerSample(model);
+      Tensor y = be.empty({count * per_label}, DType::kI32);
+      be.upload(y, labels);
+      g = be.empty(h.shape());
+      rep.loss_sum = softmaxCrossEntropy(be, h, y, 1.0f / static_cast<float>(n * per_label), g) /
+                     static_cast<double>(per_label);
+    }
+    size_t first_param = L;
+    for (size_t l = 0; l < L && first_param == L; ++l)
+      if (model.layer(l).paramCount() > 0) first_param = l;
+    for (size_t l = L; l-- > 0;) {
+      if (values) values->gather(l);
+      if (count > 0 && l >= first_param) {
+        buckets.layerStarts(l);
+        g = model.backward(g, stashes[l], l > first_param, l, l + 1);
+      }
+      stashes[l].clear();
+      buckets.layerDone(l);
+      if (values) values->release(l);
+    }
+    buckets.finish();
+  } catch (...) {
+    buckets.abandon();
+    throw;
+  }
+}
+
 double DataParallelTrainer::run(int64_t n, const Share& share) {
   const std::vector<int64_t> counts = shareBatch(n, replicas_.size(), options_.shares);
   const uint64_t global_step = static_cast<uint64_t>(global_step_);
@@ -279,45 +293,11 @@ double DataParallelTrainer::run(int64_t n, const Share& share) {
     offset += count;
     rep.loss_sum = 0;
     auto compute = [this, &rep, &share, n, count, first, global_step, r] {
-      Backend& be = rep.backend;
-      Model& model = rep.model;
-      GradientBuckets& buckets = *rep.buckets;
-      const size_t L = model.size();
-      model.zeroGrad();
-      buckets.start(0);
-      try {
-        if (count > 0) {
-          const auto [x, labels] = share(r, first, count);
-          const int64_t per_label = labelsPerSample(model);
-          Tensor h = uploadSamples(be, model, x, count);
-          Tensor y = be.empty({count * per_label}, DType::kI32);
-          be.upload(y, labels);
-          // Layer by layer, as one forward would (each layer seeds from its index).
-          const ForwardContext ctx{true,
-                                   microbatchSeed(options_.seed, static_cast<int64_t>(global_step),
-                                                  static_cast<int64_t>(r))};
-          std::vector<Stash> stashes(L);
-          for (size_t l = 0; l < L; ++l) h = model.forward(h, stashes[l], ctx, l, l + 1);
-          Tensor g = be.empty(h.shape());
-          rep.loss_sum =
-              softmaxCrossEntropy(be, h, y, 1.0f / static_cast<float>(n * per_label), g) /
-              static_cast<double>(per_label);
-          size_t first_param = L;
-          for (size_t l = 0; l < L && first_param == L; ++l)
-            if (model.layer(l).paramCount() > 0) first_param = l;
-          for (size_t l = L; l-- > 0;) {
-            if (l >= first_param) g = model.backward(g, stashes[l], l > first_param, l, l + 1);
-            stashes[l].clear();
-            buckets.layerDone(l);
-          }
-        }  // else zeros: this replica had no samples; finish() sends its buckets as they are
-        buckets.finish();
-      } catch (...) {
-        buckets.abandon();
-        throw;
-      }
+      const std::pair<const float*, const int32_t*> samples =
+          count > 0 ? share(r, first, count) : std::pair<const float*, const int32_t*>{};
+      replicaStep(rep, r, n, samples.first, samples.second, count, global_step);
       if (options_.zero == 0)
-        rep.optimizer.step(model.params());
+        rep.optimizer.step(rep.model.params());
       else
         stepOwned(rep, r);
     };

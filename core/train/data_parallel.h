@@ -20,7 +20,8 @@
 // those of one device computing the R microbatches' gradients apart and adding them in
 // replica order (tests/core/data_parallel_test.cpp), and the replicas stay identical.
 // With `zero` 1 each row's optimizer state lives on one replica only (about 1/R of it on
-// each, or as `state_shares` say), the weights bitwise the same.
+// each, or as `state_shares` say), with `zero` 2 its summed gradient too, the weights
+// bitwise the same.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,8 @@
 #include "core/optimizer.h"
 #include "core/profile/profile.h"
 #include "core/train/microbatch.h"
+#include "core/train/parameter_shards.h"
+#include "core/train/state_shards.h"
 #include "core/train/trainer.h"
 
 namespace tandem {
@@ -51,31 +54,17 @@ struct DataParallelOptions {
   // ZeRO stage (`tandem train --zero`): 0, every replica keeps every parameter's optimizer
   // state and steps it; 1, the state is cut into one shard per replica (stateShards),
   // whose rows only that replica steps after the gradients are summed and then broadcasts
-  // to the others. The weights are bitwise those of stage 0: each value's update is the
-  // same of the same summed gradient.
+  // to the others; 2, the summed gradients too: each run of rows is reduced into its owner
+  // alone (GradientBuckets), which keeps that sum and no other gradient after backward;
+  // 3, the parameters too: a replica keeps its rows' values, and each layer's are made
+  // whole before its forward and its backward and given up after (ParameterShards).
+  // The weights are bitwise those of stage 0: each value's update is the same of the same
+  // summed gradient, summed in the same order.
   int zero = 0;
   // Per replica, its relative room for optimizer state (e.g. each device's memory): each
   // replica's shard of the state's bytes follows it. Empty: equal.
   std::vector<double> state_shares;
 };
-
-// A run of rows [begin, end) of parameter `param` (dimension 0; a 1-d parameter's values)
-// whose optimizer state replica `owner` keeps.
-struct StateShard {
-  size_t param = 0;
-  int64_t begin = 0, end = 0;
-  int owner = 0;
-  bool operator==(const StateShard&) const = default;
-};
-
-// The parameters' rows, in order (parameter i has rows[i] rows of row_bytes[i] bytes),
-// cut into one contiguous run per replica in rank order, each run as near its share of
-// all the bytes (`shares`, relative; empty: equal) as whole rows allow, as DeepSpeed cuts
-// its flat buffer; the runs' pieces in parameter order, none empty. InvalidArgument for a
-// share that is not positive or a count that does not match.
-std::vector<StateShard> stateShards(const std::vector<int64_t>& rows,
-                                    const std::vector<int64_t>& row_bytes, size_t replicas,
-                                    const std::vector<double>& shares);
 
 // Shares for replicas on `devices` (backend names: "cpu", "opencl:0") in proportion to
 // each device's training speed in `profile` (`tandem profile` of this model): one over
@@ -108,14 +97,24 @@ class DataParallelTrainer {
                          const std::function<void(const StepReport&)>& progress);
 
   size_t replicas() const { return replicas_.size(); }
+  // The replica's model; at ZeRO 3 made whole first from the replicas' shards (until its
+  // next step gives up what is not its own), for evaluating or saving it.
   Model& model(size_t replica);
   // The replica's optimizer: with `zero` 1 it holds only the state of its shard's rows
   // (under the parameters' names, shaped as those rows).
   Optimizer& optimizer(size_t replica);
-  // The state's shards (zero 1; empty otherwise).
+  // The state's shards (zero 1 and 2; empty otherwise).
   const std::vector<StateShard>& shards() const { return shards_; }
   // Bytes of optimizer state the replica holds.
   int64_t stateBytes(size_t replica) const;
+  // Bytes of gradient the replica holds now (between steps: zero 2 its shard's sums
+  // only), and the most it held at once (GradientBuckets::peakGradientBytes).
+  int64_t gradientBytes(size_t replica) const;
+  int64_t peakGradientBytes(size_t replica) const;
+  // Bytes of parameter values the replica keeps between steps and the most it held at
+  // once: every parameter's but at ZeRO 3 (ParameterShards::keptBytes).
+  int64_t parameterBytes(size_t replica) const;
+  int64_t peakParameterBytes(size_t replica) const;
   // An optimizer holding every replica's state (its tensors shared with theirs), what a
   // saved model file takes: replica 0's own at stage 0.
   std::unique_ptr<Optimizer> mergedOptimizer() const;
@@ -127,8 +126,13 @@ class DataParallelTrainer {
   using Share = std::function<std::pair<const float*, const int32_t*>(size_t r, int64_t first,
                                                                       int64_t count)>;
   double run(int64_t n, const Share& share);
-  // Stage 1: replica r steps the rows of its shard, then every shard's owner broadcasts
-  // them to the others (in shard order, on every replica's thread).
+  // Replica r's forward and backward of its `count` samples (x and labels; none: it adds
+  // zeros), its gradients summed with the others' (its loss in rep.loss_sum).
+  void replicaStep(Replica& rep, size_t r, int64_t n, const float* x, const int32_t* labels,
+                   int64_t count, uint64_t global_step);
+  std::vector<const ParameterShards*> parameterShards() const;
+  // Stages 1 and 2: replica r steps the rows of its shard, then every shard's owner
+  // broadcasts them to the others (in shard order, on every replica's thread).
   void stepOwned(Replica& rep, size_t r);
   std::vector<std::unique_ptr<Replica>> replicas_;
   DataParallelOptions options_;

@@ -41,6 +41,10 @@ struct TrainSettings {
   // rebalance_steps); 0: they stay as planned. A job's `rebalance_steps` (default
   // kDefaultRebalanceSteps), sent only to such replicas.
   int64_t rebalance_steps = 0;
+  // A replicated stage's ZeRO stage (a job's `zero:`; ExecutorOptions::zero): 0, each
+  // replica keeps its whole training state; 1, the optimizer state sharded over the
+  // stage's replicas; 2, and the summed gradients. Stages without replicas ignore it.
+  int zero = 0;
   bool operator==(const TrainSettings&) const = default;
 };
 
@@ -87,8 +91,8 @@ struct StageSlice {
   std::string device = "cpu";  // "cpu", "opencl:0"
   int32_t threads = 1;
   // Tensor parallelism: the stage's layers split over this many ranks in its worker's
-  // process, each on a backend (`tensor_devices`, else `device`) with `threads` threads (core/pipeline/
-  // tensor_stage.h), by `tensor_shares` (one per rank; empty: equal).
+  // process, each on a backend (`tensor_devices`, else `device`) with `threads` threads
+  // (core/pipeline/ tensor_stage.h), by `tensor_shares` (one per rank; empty: equal).
   int32_t tensor = 1;
   std::vector<double> tensor_shares = {};
   // Each rank's backend ("cpu", "opencl:0"; rank 0's is `device`); empty: `device` for all.

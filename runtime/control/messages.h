@@ -27,7 +27,7 @@ struct ProtocolVersion {
   std::string str() const;
   bool operator==(const ProtocolVersion&) const = default;
 };
-inline constexpr ProtocolVersion kProtocolVersion{3, 7, 0};
+inline constexpr ProtocolVersion kProtocolVersion{3, 8, 0};
 
 // Field limits, enforced on decode (and on encode, so we never send what a peer refuses).
 inline constexpr size_t kNonceBytes = 32;

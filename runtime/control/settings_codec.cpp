@@ -49,6 +49,8 @@ TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
   out.microbatch_shares = readShares(m, "microbatch share", t->microbatch_shares());
   out.rebalance_steps = t->rebalance_steps();
   range(m, "rebalance_steps", out.rebalance_steps, 0, kMaxRebalanceSteps);
+  range(m, "zero", t->zero(), 0, 2);
+  out.zero = t->zero();
   OptimizerOptions& o = out.optimizer;
   if (const fb::OptimizerSettings* f = t->optimizer()) {
     o.kind = text(m, "optimizer kind", f->kind(), 16);
@@ -116,7 +118,7 @@ flatbuffers::Offset<fb::TrainSettings> buildTrain(B& b, const TrainSettings& t) 
                               << kMaxReplicaShares << ")");
   return fb::CreateTrainSettings(b, t.epochs, t.batch, t.microbatches, schedule, t.recompute,
                                  t.seed, optimizer, b.CreateVector(t.microbatch_shares),
-                                 t.rebalance_steps);
+                                 t.rebalance_steps, static_cast<int8_t>(t.zero));
 }
 
 flatbuffers::Offset<fb::DataSettings> buildData(B& b, const DataSettings& d) {

@@ -210,8 +210,8 @@ void parsePartition(const YamlReader& r, const YAML::Node& node, JobSpec& job,
 constexpr const char* kJobKeys =
     "model, data, data_dir, train_limit, test_limit, epochs, batch, microbatches, schedule, "
     "chunks, recompute, seed, threads, optimizer, codec, transport, timeout_s, partition, "
-    "stages, cluster, profile, max_replicas, max_tensor, rebalance_steps, baseline, save, "
-    "weights, "
+    "stages, cluster, profile, max_replicas, max_tensor, rebalance_steps, zero, baseline, "
+    "save, weights, "
     "checkpoint, max_restarts or rejoin_after_s";
 
 // Where the settings that other settings constrain were given, if they were.
@@ -233,6 +233,28 @@ int64_t rebalanceSteps(const YamlReader& r, const YAML::Node& v) {
   if (steps < 0 || steps > kMaxRebalanceSteps)
     r.fail(v, "'rebalance_steps' must be from 0 to " + std::to_string(kMaxRebalanceSteps));
   return steps;
+}
+
+// `zero:`, a replicated stage's ZeRO stage: 0, 1 or 2.
+int zeroStage(const YamlReader& r, const YAML::Node& v) {
+  const int64_t stage = r.get<int64_t>(v, "zero", "a ZeRO stage: 0, 1 or 2");
+  if (stage == 3)
+    r.fail(v,
+           "'zero: 3' would gather a stage's parameters for every microbatch: a job's "
+           "replicated stages shard 1 (the optimizer state) or 2 (and the summed gradients); "
+           "`tandem train --replicas N --zero 3` shards the parameters of replicas of a whole "
+           "model");
+  if (stage < 0 || stage > 2) r.fail(v, "'zero' must be 0, 1 or 2, not " + std::to_string(stage));
+  return static_cast<int>(stage);
+}
+
+// `baseline:`, a split placed for comparison.
+std::string baselineName(const YamlReader& r, const YAML::Node& v) {
+  const auto name = r.get<std::string>(v, "baseline", "a baseline's name");
+  if (name != "equal-layers" && name != "equal-params" && name != "memory-proportional")
+    r.fail(v, "unknown baseline '" + name +
+                  "' (expected equal-layers, equal-params or memory-proportional)");
+  return name;
 }
 
 // `schedule:` other than auto: a schedule that trains.
@@ -404,6 +426,9 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.wire.timeout_s = r.positive(v, key);
     } else if (key == "rebalance_steps") {
       job.train.rebalance_steps = rebalanceSteps(r, v);
+    } else if (key == "zero") {
+      job.train.zero = zeroStage(r, v);
+      job.zero_where = r.at(v);
     } else if (key == "max_tensor") {
       job.max_tensor = atMost64(r, v, key);
       given.max_tensor = v;
@@ -411,11 +436,7 @@ JobSpec parseJobSpec(const std::string& yaml_text, const std::string& source) {
       job.max_replicas = atMost64(r, v, key);
       given.max_replicas = v;
     } else if (key == "baseline") {
-      job.baseline = r.get<std::string>(v, key, "a baseline's name");
-      if (job.baseline != "equal-layers" && job.baseline != "equal-params" &&
-          job.baseline != "memory-proportional")
-        r.fail(v, "unknown baseline '" + job.baseline +
-                      "' (expected equal-layers, equal-params or memory-proportional)");
+      job.baseline = baselineName(r, v);
       given.baseline = v;
     } else if (key == "partition") {
       given.partition = v;

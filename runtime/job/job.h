@@ -89,6 +89,7 @@ struct JobSpec {
   // they admit only the run's workers (docs/runtime.md, Security).
   std::string transport;
   std::string transport_where;  // "job.yaml:7:12" where the job sets it, for messages
+  std::string zero_where;       // where the job sets `zero:` (train.zero), for messages
   // Either explicit layer ranges [begin, end) or, when empty, `stages` equal parts. Each
   // with the replicas of its stage (1: none) and where the file gives it, for messages.
   struct Range {

@@ -67,6 +67,7 @@ partitioner::CostOptions jobCostOptions(const JobSpec& job) {
   o.optimizer_state_per_param =
       optimizerStatePerParam(job.train.optimizer.kind, job.train.optimizer.momentum);
   o.optimizer = job.train.optimizer.kind;
+  o.zero = job.train.zero;
   // A codec of "auto": each link's is chosen (chooseCodecs), from fp32 up.
   o.choose_activation_codec = job.activations_auto;
   o.choose_gradient_codec = job.gradients_auto;
@@ -286,6 +287,16 @@ Choice pickFlat(std::vector<Choice>& flats) {
   return flats.empty() ? Choice{} : std::move(flats.front());
 }
 
+// A job's `zero:` shards its replicated stages' training state: without any, refused.
+void checkShardedStages(const JobSpec& job, const std::vector<StagePlacement>& stages) {
+  if (job.train.zero == 0) return;
+  for (const StagePlacement& s : stages)
+    if (s.replicas > 1) return;
+  throw InvalidArgument(job.zero_where + ": 'zero: " + std::to_string(job.train.zero) +
+                        "' shards the training state over a stage's replicas, and no stage " +
+                        (job.auto_partition ? "of the plan " : "") +
+                        "has replicas (give a stage replicas, or leave 'zero' out)");
+}
 }  // namespace
 
 bool prefersInterleaved(double interleaved_samples_per_s, double other_samples_per_s) {
@@ -493,6 +504,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
       }
       out.push_back(std::move(place));
     }
+    checkShardedStages(job, out);
     return out;
   }
   int plan_chunks = job.chunks;  // a plan file's own
@@ -579,6 +591,7 @@ std::vector<StagePlacement> jobStages(const JobSpec& job, const Model& model,
     if (!s.gradient_codec.empty()) place.next_gradient_codec = parseWireCodec(s.gradient_codec);
     out.push_back(std::move(place));
   }
+  checkShardedStages(job, out);
   return out;
 }
 

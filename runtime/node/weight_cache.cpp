@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sodium.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -97,6 +98,17 @@ std::vector<std::string> WeightCache::hashes() const {
     if (e.is_regular_file() && isContentHash(e.path().filename().string()))
       out.push_back(e.path().filename().string());
   return out;
+}
+
+FolderLock::FolderLock(const std::string& dir)
+    : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+  if (fd_ >= 0)
+    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 }  // namespace tandem::runtime

@@ -38,4 +38,18 @@ class WeightCache {
 // The default folder: $XDG_CACHE_HOME/tandem/weights, else ~/.cache/tandem/weights.
 std::string defaultWeightCacheDir();
 
+// An exclusive lock on a folder (flock), held while it lives: the workers of one node
+// take turns at its weight cache, so the first fetches and stores and the others find
+// the weights there — one fetch per node, however many of its workers start from them.
+class FolderLock {
+ public:
+  explicit FolderLock(const std::string& dir);
+  ~FolderLock();
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_;
+};
+
 }  // namespace tandem::runtime

@@ -2,14 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -63,27 +60,6 @@ T expect(Channel& c, std::chrono::milliseconds timeout, const char* what) {
                     " was due");
 }
 
-// An exclusive lock on a folder (flock), held while it lives: the workers of one node
-// take turns at its weight cache, so the first fetches and stores and the others find
-// the weights there — one fetch per node, however many of its workers start from them.
-class FolderLock {
- public:
-  explicit FolderLock(const std::string& dir)
-      : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
-    if (fd_ >= 0)
-      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-      }
-  }
-  ~FolderLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock
-  }
-  FolderLock(const FolderLock&) = delete;
-  FolderLock& operator=(const FolderLock&) = delete;
-
- private:
-  int fd_;
-};
-
 // The starting weights of `a`: from the cache, else from the coordinator (then cached).
 std::vector<uint8_t> startingWeights(Channel& coordinator, const Assign& a, const WorkerOptions& o,
                                      StageReport& report) {
@@ -117,6 +93,11 @@ std::vector<double> checkpointShares(const Assign& a, const StageTrainer& traine
   return {};
 }
 std::vector<double> checkpointShares(const Assign&, const TensorStage&) { return {}; }
+
+// Whether the stage's replicas shard its training state (ZeRO; a tensor-split stage is
+// not replicated).
+bool sharded(StageTrainer& trainer) { return trainer.executor().sharded(); }
+bool sharded(TensorStage&) { return false; }
 
 // The stage's counters now: its executor's, or each tensor rank's (rank 0 first).
 std::vector<StageCounters> rankCounters(StageTrainer& trainer) {
@@ -200,14 +181,22 @@ class StageSetup {
   Start start;
 
   // The stage's slice (weights and optimizer state) as a model file's bytes: its model's,
-  // or a tensor-split stage's ranks' merged.
-  std::vector<uint8_t> sliceBytes() const {
-    return tensor ? tensor->mergedSlice() : serializeModel(*model, &*optimizer, {});
+  // a tensor-split stage's ranks' merged, or a sharded stage's (ZeRO) with the state
+  // gathered from every replica — a collective each replica calls; replica 0's bytes.
+  std::vector<uint8_t> sliceBytes(StageTrainer& trainer) const {
+    if (!trainer.executor().sharded()) return serializeModel(*model, &*optimizer, {});
+    const auto whole = trainer.executor().gatherOptimizerState();
+    Optimizer merged(*backend, optimizer->options());
+    merged.restore(whole, optimizer->steps());
+    return serializeModel(*model, &merged, {});
   }
+  std::vector<uint8_t> sliceBytes(TensorStage&) const { return tensor->mergedSlice(); }
   // Sends the slice at a checkpoint after `steps` steps: chunks, then `checkpointed`.
-  void sendCheckpoint(Channel& coordinator, const Assign& a, int64_t steps,
+  template <typename Stage>
+  void sendCheckpoint(Channel& coordinator, const Assign& a, Stage& trainer, int64_t steps,
                       std::vector<double> shares) const {
-    const std::vector<uint8_t> slice = sliceBytes();
+    const std::vector<uint8_t> slice = sliceBytes(trainer);
+    if (!sendsCheckpoints(a)) return;  // (a sharded stage's other replicas: they gave theirs)
     const std::string hash = contentHash(slice);
     const std::chrono::seconds timeout(a.wire.timeout_s);
     sendChunks(coordinator, hash, slice, timeout);
@@ -396,8 +385,10 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, Stage& trainer,
                             std::to_string(steps_per_epoch) + " steps");
     trainer.resumeAt(a.checkpoint.start_step);
   }
-  // Replica 0 of each stage sends its slice every checkpoint.every_steps steps.
-  const bool checkpoints = sendsCheckpoints(a);
+  // Replica 0 of each stage sends its slice every checkpoint.every_steps steps; the other
+  // replicas of a sharded stage give it their rows' state then.
+  const bool checkpoints =
+      sendsCheckpoints(a) || (a.checkpoint.every_steps > 0 && sharded(trainer));
   std::vector<double> step_times;  // from one step's end to the next's, within an epoch
   StageCounters& training = s.report.counters;  // the epochs, without the evaluations
   for (int64_t e = first_epoch; e < a.train.epochs; ++e) {
@@ -409,7 +400,8 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, Stage& trainer,
         step_times.push_back(std::chrono::duration<double>(now - *last_step).count());
       last_step = now;
       if (checkpoints && trainer.stepsTaken() % a.checkpoint.every_steps == 0)
-        s.sendCheckpoint(coordinator, a, trainer.stepsTaken(), checkpointShares(a, trainer));
+        s.sendCheckpoint(coordinator, a, trainer, trainer.stepsTaken(),
+                         checkpointShares(a, trainer));
       if (!reports || (Clock::now() - sent < 250ms && r.step < r.steps)) return;
       sent = Clock::now();
       coordinator.send(Progress{r.epoch, r.step, r.steps, r.loss, r.samples_per_s, r.elapsed_s});
@@ -472,8 +464,10 @@ void runMode(Channel& coordinator, const Assign& a, StageSetup& s, Stage& traine
       span.end_s += shift;
     }
   }
-  if (a.save && a.mode == RunMode::kTrain) {  // the trained slice goes first, in chunks
-    const std::vector<uint8_t> slice = s.sliceBytes();
+  // The trained slice goes first, in chunks (a sharded stage's replicas all gather it).
+  if ((a.save || sharded(trainer)) && a.mode == RunMode::kTrain) {
+    const std::vector<uint8_t> slice = s.sliceBytes(trainer);
+    if (!a.save) return;
     s.report.model_hash = contentHash(slice);
     s.report.model_bytes = static_cast<int64_t>(slice.size());
     sendChunks(coordinator, s.report.model_hash, slice, std::chrono::seconds(a.wire.timeout_s));
@@ -510,6 +504,7 @@ void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
                             << "its batches for " << po.microbatch_shares.size());
   po.rebalance_steps = a.train.rebalance_steps;
   po.collective_timeout = std::chrono::seconds(a.wire.timeout_s);
+  if (a.replicas > 1 && a.mode == RunMode::kTrain) po.zero = a.train.zero;
   const StageRange range = StageRange::interleaved(a.stage, a.stages, s.chunks);
   if (s.tensor) {
     TensorStage stage(s.tensor->parts(), range, s.prev.get(), s.next.get(), po);

@@ -54,7 +54,7 @@ std::vector<std::string> replicaDevices(const TrainArgs& a) {
                                << ": one node trains on one parallel axis at a time");
   TANDEM_CHECK_MSG(a.zero == 0 || a.replicas > 1, InvalidArgument,
                    "--zero " << a.zero
-                             << " shards the optimizer state over data-parallel replicas: give "
+                             << " shards the training state over data-parallel replicas: give "
                                 "--replicas 2 or more");
   const bool tensor = a.tensor > 1;
   const std::string axis = tensor ? "--tensor" : "--replicas";
@@ -250,11 +250,19 @@ void runTrain(TrainArgs a) {
         r.seconds, r.samples_per_s);
     std::fflush(stdout);
   }
-  if (t.parallel) {  // where the optimizer state lives (ZeRO 1: a shard on each)
-    std::string each;
-    for (size_t r = 0; r < t.parallel->replicas(); ++r)
-      each += fmt::format("{}{:.2f}", r ? ", " : "", t.parallel->stateBytes(r) / 1048576.0);
-    std::printf("optimizer state per replica (ZeRO %d): %s MiB\n", a.zero, each.c_str());
+  if (t.parallel) {  // where the training state lives (ZeRO 1 and 2: a shard on each)
+    std::string state, grads, params;
+    for (size_t r = 0; r < t.parallel->replicas(); ++r) {
+      const char* comma = r ? ", " : "";
+      state += fmt::format("{}{:.2f}", comma, t.parallel->stateBytes(r) / 1048576.0);
+      grads += fmt::format("{}{:.2f} ({:.2f})", comma, t.parallel->gradientBytes(r) / 1048576.0,
+                           t.parallel->peakGradientBytes(r) / 1048576.0);
+      params += fmt::format("{}{:.2f} ({:.2f})", comma, t.parallel->parameterBytes(r) / 1048576.0,
+                            t.parallel->peakParameterBytes(r) / 1048576.0);
+    }
+    std::printf("optimizer state per replica (ZeRO %d): %s MiB\n", a.zero, state.c_str());
+    std::printf("gradients per replica between steps (most at once): %s MiB\n", grads.c_str());
+    std::printf("parameters per replica between steps (most at once): %s MiB\n", params.c_str());
   }
   std::printf("test accuracy: %.4f\n", last.accuracy);
   std::fflush(stdout);
@@ -314,8 +322,10 @@ void addTrain(CLI::App& app) {
                 "entry of --devices")
       ->check(CLI::Range(1, 64));
   c->add_option("--zero", args->zero,
-                "ZeRO stage of the replicas' optimizer state: 0 (each keeps all) or 1 (a shard "
-                "on each, whose rows it steps and broadcasts)")
+                "ZeRO stage of the replicas' training state: 0 (each keeps all), 1 (a shard of "
+                "the optimizer state on each, whose rows it steps and broadcasts) or 2 (and "
+                "of the summed gradients) or 3 (and of the parameters, each layer's gathered "
+                "before its forward and its backward)")
       ->check(CLI::Range(0, 3));
   c->add_option("--tensor", args->tensor,
                 "Tensor-parallel ranks (threads sharing memory), each on --device or on its "

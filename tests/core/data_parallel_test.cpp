@@ -340,24 +340,46 @@ TEST(DataParallelTest, ACpuAndAnOpenClReplicaTrainTogether) {
     for (size_t i = 0; i < a.size(); ++i)
       ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::abs(a[i]))) << dp.model(0).params()[p]->name;
   }
-  // ZeRO 1 across them: each parameter stepped on its owner's device and sent to the other
+  // ZeRO across them, each stage trained 3 steps on its own group: the CPU replica and
+  // the OpenCL one.
+  std::vector<std::vector<std::unique_ptr<Group>>> groups_of;
+  auto sharded = [&](int stage) {
+    o.zero = stage;
+    groups_of.push_back(transport::makeLocalGroup(2));
+    auto t = std::make_unique<DataParallelTrainer>(
+        parseModelSpec(kNoDropout), std::vector<Backend*>{cpu.get(), gpu.get()},
+        std::vector<Group*>{groups_of.back()[0].get(), groups_of.back()[1].get()},
+        OptimizerOptions{}, o);
+    for (int64_t step = 0; step < 3; ++step) {
+      batchOf(data, step * o.batch, o.batch, x, y);
+      EXPECT_TRUE(std::isfinite(t->step(x.data(), y.data(), o.batch)));
+    }
+    return t;
+  };
+  // ZeRO 1: each parameter stepped on its owner's device and sent to the other
   // (downloaded, broadcast, uploaded), so the two hold the same bits, near the above.
-  o.zero = 1;
-  std::vector<std::unique_ptr<Group>> zgroups = transport::makeLocalGroup(2);
-  DataParallelTrainer zero(parseModelSpec(kNoDropout), {cpu.get(), gpu.get()},
-                           {zgroups[0].get(), zgroups[1].get()}, OptimizerOptions{}, o);
-  for (int64_t step = 0; step < 3; ++step) {
-    batchOf(data, step * o.batch, o.batch, x, y);
-    EXPECT_TRUE(std::isfinite(zero.step(x.data(), y.data(), o.batch)));
-  }
-  expectSameWeights(zero.model(0), zero.model(1), "ZeRO 1 across a CPU and an OpenCL replica");
+  const auto zero = sharded(1);
+  expectSameWeights(zero->model(0), zero->model(1), "ZeRO 1 across a CPU and an OpenCL replica");
   for (size_t p = 0; p < dp.model(0).params().size(); ++p) {
     const std::vector<float> a = toHost(dp.model(0).params()[p]->value);
-    const std::vector<float> b = toHost(zero.model(1).params()[p]->value);
+    const std::vector<float> b = toHost(zero->model(1).params()[p]->value);
     for (size_t i = 0; i < a.size(); ++i)
-      ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::abs(a[i]))) << zero.model(0).params()[p]->name;
+      ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::abs(a[i]))) << zero->model(0).params()[p]->name;
   }
-  EXPECT_GT(zero.stateBytes(1), 0) << "the OpenCL replica holds a shard";
+  EXPECT_GT(zero->stateBytes(1), 0) << "the OpenCL replica holds a shard";
+  // ZeRO 2: the gradients reduced into their owners through the host copies, each
+  // replica's own rows' sums uploaded back; ZeRO 3: each layer's values gathered through
+  // the host before its forward and backward. The same bits as ZeRO 1's.
+  const auto two = sharded(2);
+  EXPECT_LT(two->gradientBytes(1), zero->gradientBytes(1)) << "the OpenCL replica's shard only";
+  const auto three = sharded(3);
+  EXPECT_LT(three->parameterBytes(1), zero->parameterBytes(1)) << "the OpenCL replica's only";
+  for (size_t r = 0; r < 2; ++r) {
+    expectSameWeights(two->model(r), zero->model(r),
+                      "ZeRO 2 against 1, replica " + std::to_string(r));
+    expectSameWeights(three->model(r), zero->model(r),
+                      "ZeRO 3 against 1, replica " + std::to_string(r));
+  }
 }
 
 // A batch smaller than the replicas: the idle replica adds zeros and keeps up.
@@ -373,6 +395,18 @@ TEST(DataParallelTest, AReplicaWithoutSamplesKeepsInStep) {
   const EpochReport r = dp.trainer->trainEpoch(data, 0, {});
   EXPECT_GT(r.samples_per_s, 0);
   expectSameWeights(dp.trainer->model(0), dp.trainer->model(2), "replicas 0 and 2");
+  // Sharded, the idle replica still takes part in every reduce and gather, its share of
+  // the rows stepped as the plain replicas step them.
+  for (const int stage : {1, 2, 3}) {
+    DataParallelOptions z = o;
+    z.zero = stage;
+    Replicas sharded = makeReplicas(kNoDropout, 3, z, OptimizerOptions{});
+    sharded.trainer->step(x.data(), y.data(), 2);
+    sharded.trainer->trainEpoch(data, 0, {});
+    for (size_t k = 0; k < 3; ++k)
+      expectSameWeights(sharded.trainer->model(k), dp.trainer->model(0),
+                        "ZeRO " + std::to_string(stage) + ", replica " + std::to_string(k));
+  }
   // Wrong wiring is refused up front.
   std::vector<std::unique_ptr<Group>> groups = transport::makeLocalGroup(2);
   cpu::CpuBackend a, b;
@@ -384,86 +418,177 @@ TEST(DataParallelTest, AReplicaWithoutSamplesKeepsInStep) {
       {"replica 0 was given rank 1 of 2"});
 }
 
-// ZeRO stage 1: each parameter's optimizer state on its owner alone, which steps it and
-// broadcasts it. The weights after several steps are bitwise those of plain replicas, and
-// the state, merged from the replicas' shards, bitwise theirs; each replica holds exactly
-// the state of the parameters it owns — for AdamW and SGD with momentum, 2 and 3 replicas,
-// equal and unequal room for the state.
-TEST(DataParallelTest, ZeroStageOneShardsTheOptimizerStateAndTrainsBitwiseAsPlainReplicas) {
+// ZeRO stages 1 to 3: each parameter's optimizer state (stage 2: and its summed gradient;
+// 3: and its values) on its owner alone, which steps it (and at stages 1 and 2 broadcasts
+// it; at 3 each layer is gathered before use). The weights after several steps are
+// bitwise those of plain replicas, and the state, merged from the replicas' shards,
+// bitwise theirs; each replica holds exactly the state of the parameters it owns, and
+// between steps exactly its rows' gradients (stage 2 on) and values (stage 3) — for AdamW
+// and SGD with momentum, 2 and 3 replicas, equal and unequal room for the state.
+TEST(DataParallelTest, ZeroStagesShardTheStateAndTrainBitwiseAsPlainReplicas) {
   const Dataset data = testing::quadrants(200, 3);
-  for (const char* kind : {"adamw", "sgd"})
-    for (size_t replicas : {size_t{2}, size_t{3}})
-      for (const bool unequal : {false, true}) {
-        SCOPED_TRACE(std::string(kind) + ", " + std::to_string(replicas) + " replicas" +
-                     (unequal ? ", unequal room" : ""));
-        DataParallelOptions o;
-        o.batch = 30;
-        o.seed = 5;
-        o.bucket_bytes = 512;
-        OptimizerOptions opt;
-        opt.kind = kind;
-        opt.lr = 0.02f;
-        opt.weight_decay = 0.01f;
-        Replicas plain = makeReplicas(testing::kTinyNet, replicas, o, opt);
-        o.zero = 1;
-        if (unequal)
-          o.state_shares = replicas == 2 ? std::vector<double>{3, 1} : std::vector<double>{1, 2, 1};
-        Replicas sharded = makeReplicas(testing::kTinyNet, replicas, o, opt);
-        std::vector<float> x;
-        std::vector<int32_t> y;
-        for (int64_t step = 0; step < 3; ++step) {
-          batchOf(data, step * o.batch, o.batch, x, y);
-          EXPECT_EQ(plain.trainer->step(x.data(), y.data(), o.batch),
-                    sharded.trainer->step(x.data(), y.data(), o.batch));
+  for (const int stage : {1, 2, 3})
+    for (const char* kind : {"adamw", "sgd"})
+      for (size_t replicas : {size_t{2}, size_t{3}})
+        for (const bool unequal : {false, true}) {
+          SCOPED_TRACE("ZeRO " + std::to_string(stage) + ", " + kind + ", " +
+                       std::to_string(replicas) + " replicas" + (unequal ? ", unequal room" : ""));
+          DataParallelOptions o;
+          o.batch = 30;
+          o.seed = 5;
+          o.bucket_bytes = 512;
+          OptimizerOptions opt;
+          opt.kind = kind;
+          opt.lr = 0.02f;
+          opt.weight_decay = 0.01f;
+          Replicas plain = makeReplicas(testing::kTinyNet, replicas, o, opt);
+          o.zero = stage;
+          if (unequal)
+            o.state_shares =
+                replicas == 2 ? std::vector<double>{3, 1} : std::vector<double>{1, 2, 1};
+          Replicas sharded = makeReplicas(testing::kTinyNet, replicas, o, opt);
+          std::vector<float> x;
+          std::vector<int32_t> y;
+          for (int64_t step = 0; step < 3; ++step) {
+            batchOf(data, step * o.batch, o.batch, x, y);
+            EXPECT_EQ(plain.trainer->step(x.data(), y.data(), o.batch),
+                      sharded.trainer->step(x.data(), y.data(), o.batch));
+          }
+          for (size_t r = 0; r < replicas; ++r)
+            expectSameWeights(sharded.trainer->model(r), plain.trainer->model(0),
+                              "replica " + std::to_string(r));
+          // The merged shards are the plain replicas' state; each shard is its owner's.
+          const auto want = plain.trainer->optimizer(0).state();
+          std::map<std::string, std::vector<float>> merged;
+          for (const auto& [name, t] : sharded.trainer->mergedOptimizer()->state())
+            merged[name] = toHost(t);
+          ASSERT_EQ(merged.size(), want.size());
+          for (const auto& [name, t] : want) EXPECT_TRUE(merged.at(name) == toHost(t)) << name;
+          // The shards tile every parameter's rows; each replica holds the state of its own
+          // shards' parameters, its bytes within a row of its share of all.
+          const std::vector<Param*> params = sharded.trainer->model(0).params();
+          std::vector<int64_t> covered(params.size(), 0);
+          std::vector<std::set<std::string>> owned(replicas);
+          int64_t widest = 0;
+          for (const StateShard& sh : sharded.trainer->shards()) {
+            ASSERT_LT(sh.param, params.size());
+            EXPECT_EQ(sh.begin, covered[sh.param]) << params[sh.param]->name;
+            covered[sh.param] = sh.end;
+            owned[static_cast<size_t>(sh.owner)].insert(params[sh.param]->name);
+            const Shape& shape = params[sh.param]->value.shape();
+            widest = std::max(widest, static_cast<int64_t>(params[sh.param]->value.bytes()) /
+                                          (shape.rank() ? shape[0] : 1));
+          }
+          for (size_t i = 0; i < params.size(); ++i)
+            EXPECT_EQ(covered[i], params[i]->value.shape()[0]) << params[i]->name;
+          const int64_t total = plain.trainer->stateBytes(0);
+          const int64_t slots = std::string(kind) == "adamw" ? 2 : 1;
+          double room = 0;
+          for (size_t r = 0; r < replicas; ++r) room += unequal ? o.state_shares[r] : 1.0;
+          int64_t sum = 0;
+          for (size_t r = 0; r < replicas; ++r) {
+            std::set<std::string> held;
+            for (const auto& [name, t] : sharded.trainer->optimizer(r).state())
+              held.insert(name.substr(0, name.rfind('.')));
+            EXPECT_EQ(held, owned[r]) << "replica " << r;
+            const int64_t bytes = sharded.trainer->stateBytes(r);
+            const double want =
+                static_cast<double>(total) * (unequal ? o.state_shares[r] : 1.0) / room;
+            EXPECT_LE(std::abs(static_cast<double>(bytes) - want),
+                      static_cast<double>(slots * widest))
+                << "replica " << r << " holds " << bytes << " of " << total;
+            sum += bytes;
+          }
+          EXPECT_EQ(sum, total);
+          EXPECT_EQ(sharded.trainer->mergedOptimizer()->steps(), 3);
+          // Between steps a replica keeps gradients (values): plain, every one; stage 2 (3)
+          // on, its own rows' (whole parameters' and parts') only, the replicas' together
+          // one model's.
+          const int64_t grads = plain.trainer->gradientBytes(0);
+          const int64_t values = plain.trainer->parameterBytes(0);
+          EXPECT_EQ(grads, values) << "every parameter of the tiny net trains";
+          int64_t held = 0, held_values = 0;
+          for (size_t r = 0; r < replicas; ++r) {
+            int64_t mine = 0;
+            for (const StateShard& sh : sharded.trainer->shards())
+              if (sh.owner == static_cast<int>(r))
+                mine += static_cast<int64_t>(shardRows(params, sh).value.bytes());
+            const int64_t bytes = sharded.trainer->gradientBytes(r);
+            EXPECT_EQ(bytes, stage >= 2 ? mine : grads) << "replica " << r;
+            EXPECT_EQ(sharded.trainer->parameterBytes(r), stage == 3 ? mine : values)
+                << "replica " << r;
+            held += bytes;
+            held_values += sharded.trainer->parameterBytes(r);
+          }
+          if (stage >= 2) {
+            EXPECT_EQ(held, grads);
+          }
+          if (stage == 3) {
+            EXPECT_EQ(held_values, values);
+          }
         }
-        for (size_t r = 0; r < replicas; ++r)
-          expectSameWeights(sharded.trainer->model(r), plain.trainer->model(0),
-                            "replica " + std::to_string(r));
-        // The merged shards are the plain replicas' state; each shard is its owner's.
-        const auto want = plain.trainer->optimizer(0).state();
-        std::map<std::string, std::vector<float>> merged;
-        for (const auto& [name, t] : sharded.trainer->mergedOptimizer()->state())
-          merged[name] = toHost(t);
-        ASSERT_EQ(merged.size(), want.size());
-        for (const auto& [name, t] : want) EXPECT_TRUE(merged.at(name) == toHost(t)) << name;
-        // The shards tile every parameter's rows; each replica holds the state of its own
-        // shards' parameters, its bytes within a row of its share of all.
-        const std::vector<Param*> params = sharded.trainer->model(0).params();
-        std::vector<int64_t> covered(params.size(), 0);
-        std::vector<std::set<std::string>> owned(replicas);
-        int64_t widest = 0;
-        for (const StateShard& sh : sharded.trainer->shards()) {
-          ASSERT_LT(sh.param, params.size());
-          EXPECT_EQ(sh.begin, covered[sh.param]) << params[sh.param]->name;
-          covered[sh.param] = sh.end;
-          owned[static_cast<size_t>(sh.owner)].insert(params[sh.param]->name);
-          const Shape& shape = params[sh.param]->value.shape();
-          widest = std::max(widest, static_cast<int64_t>(params[sh.param]->value.bytes()) /
-                                        (shape.rank() ? shape[0] : 1));
-        }
-        for (size_t i = 0; i < params.size(); ++i)
-          EXPECT_EQ(covered[i], params[i]->value.shape()[0]) << params[i]->name;
-        const int64_t total = plain.trainer->stateBytes(0);
-        const int64_t slots = std::string(kind) == "adamw" ? 2 : 1;
-        double room = 0;
-        for (size_t r = 0; r < replicas; ++r) room += unequal ? o.state_shares[r] : 1.0;
-        int64_t sum = 0;
-        for (size_t r = 0; r < replicas; ++r) {
-          std::set<std::string> held;
-          for (const auto& [name, t] : sharded.trainer->optimizer(r).state())
-            held.insert(name.substr(0, name.rfind('.')));
-          EXPECT_EQ(held, owned[r]) << "replica " << r;
-          const int64_t bytes = sharded.trainer->stateBytes(r);
-          const double want =
-              static_cast<double>(total) * (unequal ? o.state_shares[r] : 1.0) / room;
-          EXPECT_LE(std::abs(static_cast<double>(bytes) - want),
-                    static_cast<double>(slots * widest))
-              << "replica " << r << " holds " << bytes << " of " << total;
-          sum += bytes;
-        }
-        EXPECT_EQ(sum, total);
-        EXPECT_EQ(sharded.trainer->mergedOptimizer()->steps(), 3);
+}
+
+// ZeRO 2 and 3's memory: layer by layer, a replica holds its own rows' gradient sums (and
+// at stage 3 values) and, for the layer it computes, that layer's whole until it is done,
+// so its most at once is about 1/N of the model's plus a layer's; a plain replica holds
+// all of them all the time. The CPU backend's own count of live bytes agrees. Six 96-wide
+// layers over 2 and 3 replicas.
+TEST(DataParallelTest, ZeroStagesTwoAndThreeHoldTheirShardsAndOneLayerMore) {
+  std::string spec = "name: deep\ninput: [96]\nlayers:\n";
+  for (int l = 0; l < 6; ++l) spec += "  - linear: {out: 96}\n  - relu\n";
+  spec += "  - linear: {out: 4}\n";
+  std::vector<float> x(96 * 24);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) / 17.0f - 0.5f;
+  std::vector<int32_t> y(24);
+  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>(i % 4);
+  for (const int stage : {2, 3})
+    for (size_t replicas : {size_t{2}, size_t{3}}) {
+      SCOPED_TRACE("ZeRO " + std::to_string(stage) + ", " + std::to_string(replicas) + " replicas");
+      DataParallelOptions o;
+      o.batch = 24;
+      OptimizerOptions opt;
+      opt.kind = "sgd";
+      opt.momentum = 0;  // (no optimizer state: the bytes below are values and gradients)
+      Replicas plain = makeReplicas(spec, replicas, o, opt);
+      o.zero = stage;
+      Replicas sharded = makeReplicas(spec, replicas, o, opt);
+      const int64_t layer = (96 * 96 + 96) * 4;  // the largest layer's bytes
+      for (int step = 0; step < 2; ++step) {
+        plain.trainer->step(x.data(), y.data(), o.batch);
+        sharded.trainer->step(x.data(), y.data(), o.batch);
       }
+      const int64_t grads = plain.trainer->gradientBytes(0);
+      const int64_t values = plain.trainer->parameterBytes(0);
+      EXPECT_EQ(plain.trainer->peakGradientBytes(0), grads);
+      const auto n = static_cast<int64_t>(replicas);
+      for (size_t r = 0; r < replicas; ++r) {
+        const int64_t peak = sharded.trainer->peakGradientBytes(r);
+        EXPECT_LE(peak, grads / n + 2 * layer) << "replica " << r;
+        EXPECT_LT(peak, grads) << "replica " << r;
+        const int64_t peak_values = sharded.trainer->peakParameterBytes(r);
+        if (stage == 3) {
+          EXPECT_LE(peak_values, values / n + 2 * layer) << "replica " << r;
+          EXPECT_LT(peak_values, values) << "replica " << r;
+        } else {
+          EXPECT_EQ(peak_values, values) << "replica " << r;
+        }
+      }
+      // What the backends hold once the steps are done: the sharded replica less the
+      // gradients (and values) it gave up, to the CPU backend's rounding of each buffer
+      // (to 64 bytes) of the shards' rows.
+      const auto buffers = static_cast<int64_t>(plain.trainer->model(0).params().size());
+      for (size_t r = 0; r < replicas; ++r) {
+        const int64_t given_up =
+            grads - sharded.trainer->gradientBytes(r) + values - sharded.trainer->parameterBytes(r);
+        const int64_t fell =
+            plain.backends[r]->memoryUse().live - sharded.backends[r]->memoryUse().live;
+        EXPECT_LE(std::abs(fell - given_up), 2 * 64 * buffers)
+            << "replica " << r << ": " << fell << " bytes fewer, " << given_up << " given up";
+        EXPECT_GT(fell, grads / 3) << "replica " << r;
+      }
+      expectSameWeights(sharded.trainer->model(0), plain.trainer->model(0), "sharded");
+    }
 }
 
 // The rows cut into one run per replica, each run as near its share of the bytes as whole
@@ -493,9 +618,10 @@ TEST(DataParallelTest, StateShardsCutTheRowsByEachReplicasRoom) {
   // A stage not implemented, or sharding without replicas to share with, is refused up front.
   DataParallelOptions o;
   o.batch = 4;
-  o.zero = 2;
-  expectThrowWith<InvalidArgument>([&] { makeReplicas(kNoDropout, 2, o, OptimizerOptions{}); },
-                                   {"ZeRO stage 2", "0 (every replica keeps"});
+  o.zero = 4;
+  expectThrowWith<InvalidArgument>(
+      [&] { makeReplicas(kNoDropout, 2, o, OptimizerOptions{}); },
+      {"ZeRO stage 4", "0 (every replica keeps", "3 (and of the parameters)"});
   o.zero = 1;
   expectThrowWith<InvalidArgument>([&] { makeReplicas(kNoDropout, 1, o, OptimizerOptions{}); },
                                    {"ZeRO stage 1 shards the optimizer state", "not 1"});

@@ -85,8 +85,8 @@ void expectSummed(Model& m) {
   size_t i = 0;
   for (Param* p : m.params()) {
     for (float x : toHost(p->grad)) {
-      const float want = 1.0f + static_cast<float>(i) / 1000.0f + 2.0f +
-                         static_cast<float>(i) / 1000.0f;
+      const float want =
+          1.0f + static_cast<float>(i) / 1000.0f + 2.0f + static_cast<float>(i) / 1000.0f;
       ASSERT_FLOAT_EQ(x, want) << p->name << ", gradient " << i;
       ++i;
     }
@@ -125,7 +125,8 @@ TEST(GradientBucketsTest, ABucketIsSummedAsSoonAsItsLayersAreDone) {
           } else {
             EXPECT_TRUE(group.begun(tag)) << "layerDone did not sum the ready bucket";
           }
-          EXPECT_FALSE(group.begun(tag + buckets.size() - 1)) << "the first layer's bucket left early";
+          EXPECT_FALSE(group.begun(tag + buckets.size() - 1))
+              << "the first layer's bucket left early";
           for (size_t l = m.size() - 1; l-- > 0;) buckets.layerDone(l);
           buckets.finish();
           expectSummed(m);
@@ -162,7 +163,7 @@ TEST(GradientBucketsTest, AStageSumsItsOwnLayers) {
   Model m(parseModelSpec(testing::kTinyNet));
   m.build(be, 1, 5, 9);  // the linear, gelu, layernorm, linear
   auto local = transport::makeLocalGroup(1);
-  GradientBuckets buckets(m, 5, 9, *local[0], BucketOptions{4, 1000ms, false, false});
+  GradientBuckets buckets(m, 5, 9, *local[0], BucketOptions{4, 1000ms, false, false, {}});
   EXPECT_EQ(buckets.size(), 3u);
   testing::expectThrowWith<InvalidArgument>(
       [&] { GradientBuckets(m, 5, 10, *local[0], BucketOptions{}); },

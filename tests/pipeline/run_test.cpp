@@ -504,6 +504,56 @@ TEST(RunTest, ATensorSplitStageTrainsAsOneDeviceAndResumesBitwise) {
   EXPECT_TRUE(readFile(dir + "/resumed.tdm", "model") == uninterrupted) << "not bitwise";
 }
 
+// A replicated stage whose replicas shard their training state (`zero: 1`: the AdamW
+// state; `zero: 2`: and the summed gradients) trains bitwise as plain replicas: the saved
+// model — weights and the optimizer state gathered from the shards — is byte for byte the
+// plain run's, for 2 and 3 replicas. A run resumed from a sharded checkpoint ends bitwise
+// where the uninterrupted one did, and one resumed into another replica count and level
+// ends where the plain run resumed into that count does.
+TEST(RunTest, ShardedReplicatedStagesSaveThePlainRunsFileAndResume) {
+  const std::string dir = ::testing::TempDir() + "/run_zero";
+  std::filesystem::remove_all(dir);
+  auto job = [&](const std::string& name, int zero, int replicas) {
+    std::ostringstream body;
+    body << "train_limit: 320\ntest_limit: 100\nepochs: 1\nbatch: 32\nmicrobatches: 4\n"
+         << "schedule: 1f1b\noptimizer: {kind: adamw, lr: 0.002}\n"
+         << "partition: [[0, 2], {layers: [2, 6], replicas: " << replicas << "}]\nzero: " << zero
+         << "\nseed: 3\nsave: " << dir << "/" << name << ".tdm\ncheckpoint: {every_steps: 3, "
+         << "keep: 3, dir: " << dir << "/ck-" << name << "}\n";
+    return writeJob("run_zero_" + name, body.str());
+  };
+  auto saved = [&](const std::string& name) {
+    return readFile(dir + "/" + name + ".tdm", "model");
+  };
+  for (const int replicas : {2, 3})
+    for (const int zero : {0, 1, 2}) {
+      const std::string name = "r" + std::to_string(replicas) + "z" + std::to_string(zero);
+      RunProcess run(job(name, zero, replicas));
+      ASSERT_EQ(run.wait(120s), 0) << name << "\n" << run.output();
+      if (zero > 0) {
+        EXPECT_TRUE(saved(name) == saved("r" + std::to_string(replicas) + "z0")) << name;
+      }
+    }
+  const ModelFile file = readModelFile(dir + "/r2z2.tdm");
+  ASSERT_TRUE(file.optimizer.has_value());
+  EXPECT_EQ(file.optimizer->tensors.size(), 2 * file.params.size()) << "adamw's m and v, whole";
+  // From the 2-replica ZeRO 2 run's checkpoint at step 6 (of 10): as it was, and into 3
+  // replicas at ZeRO 1 beside 3 plain ones.
+  std::filesystem::copy(dir + "/ck-r2z2", dir + "/from6");
+  std::filesystem::remove(dir + "/from6/step-000000000009.json");
+  struct Resume {
+    const char* name;
+    int zero, replicas;
+  } resumes[] = {{"again", 2, 2}, {"into3z1", 1, 3}, {"into3z0", 0, 3}};
+  for (const Resume& r : resumes) {
+    RunProcess resumed(job(r.name, r.zero, r.replicas), {"--resume", dir + "/from6"});
+    ASSERT_EQ(resumed.wait(120s), 0) << r.name << "\n" << resumed.output();
+    EXPECT_NE(resumed.output().find("(step 6)"), std::string::npos) << resumed.output();
+  }
+  EXPECT_TRUE(saved("again") == saved("r2z2")) << "not bitwise";
+  EXPECT_TRUE(saved("into3z1") == saved("into3z0")) << "not bitwise";
+}
+
 // The tcp ports a process listens on (its sockets in LISTEN, from /proc).
 std::vector<int> listeningPorts(pid_t pid) {
   std::set<std::string> sockets;

@@ -185,8 +185,8 @@ TEST(CliTest, TrainWithReplicas) {
 // refused.
 TEST(CliTest, TrainWithShardedOptimizerStateSavesThePlainReplicasFile) {
   const std::string dir = tandem::testing::freshDir("cli_zero");
-  std::string saved[2];
-  for (const int zero : {0, 1}) {
+  std::string saved[4];
+  for (const int zero : {0, 1, 2, 3}) {
     saved[zero] = dir + "/zero" + std::to_string(zero) + ".tdm";
     const CliRun t = run("train --model " + kModels +
                          "mlp.yaml --epochs 1 --batch 64 --replicas 2 --optimizer adamw "
@@ -196,20 +196,32 @@ TEST(CliTest, TrainWithShardedOptimizerStateSavesThePlainReplicasFile) {
     EXPECT_NE(t.out.find("optimizer state per replica (ZeRO " + std::to_string(zero) + "): "),
               std::string::npos)
         << t.out;
+    // mlp.yaml's 235,146 gradients (0.90 MiB): whole on each plain replica all the time,
+    // about a half each between steps at stage 2.
+    const char* grads =
+        zero >= 2 ? "gradients per replica between steps (most at once): 0.45 ("
+                  : "gradients per replica between steps (most at once): 0.90 (0.90), 0.90 (0.90)";
+    EXPECT_NE(t.out.find(grads), std::string::npos) << t.out;
+    const char* values =
+        zero == 3 ? "parameters per replica between steps (most at once): 0.45 ("
+                  : "parameters per replica between steps (most at once): 0.90 (0.90), 0.90 (0.90)";
+    EXPECT_NE(t.out.find(values), std::string::npos) << t.out;
   }
   EXPECT_EQ(tandem::readFile(saved[0], "model file"), tandem::readFile(saved[1], "model file"));
+  EXPECT_EQ(tandem::readFile(saved[0], "model file"), tandem::readFile(saved[2], "model file"));
+  EXPECT_EQ(tandem::readFile(saved[0], "model file"), tandem::readFile(saved[3], "model file"));
   const tandem::ModelFile file = tandem::readModelFile(saved[1]);
   ASSERT_TRUE(file.optimizer.has_value());
   EXPECT_EQ(file.optimizer->tensors.size(), 2 * file.params.size()) << "adamw's m and v, merged";
   const CliRun alone = run("train --model " + kModels + "mlp.yaml --zero 1 --train-limit 10");
   EXPECT_EQ(alone.code, 1);
-  EXPECT_NE(alone.out.find("--zero 1 shards the optimizer state over data-parallel replicas"),
+  EXPECT_NE(alone.out.find("--zero 1 shards the training state over data-parallel replicas"),
             std::string::npos)
       << alone.out;
-  const CliRun two =
-      run("train --model " + kModels + "mlp.yaml --replicas 2 --zero 2 --train-limit 10");
-  EXPECT_EQ(two.code, 1);
-  EXPECT_NE(two.out.find("ZeRO stage 2: 0 (every replica keeps"), std::string::npos) << two.out;
+  const CliRun four =
+      run("train --model " + kModels + "mlp.yaml --replicas 2 --zero 4 --train-limit 10");
+  EXPECT_EQ(four.code, 2) << "a usage error";
+  EXPECT_NE(four.out.find("--zero: Value 4 not in range"), std::string::npos) << four.out;
 }
 
 // Train loss as the epoch line prints it.

@@ -185,6 +185,62 @@ TEST_P(GroupTest, RootedCollectivesMatchTheReference) {
   expectNoErrors(onRanks(groups, [&](int, Group& g) { barrier(g); }));
 }
 
+// A reduce told it is part of an allreduce's buffer (ReduceOptions::allreduce_count)
+// gives its root that part of the allreduce's bits — ZeRO's gradients reduced into their
+// owners are the plain replicas' sums: arbitrary floats, parts across the ring's slices,
+// each into another root, direct and ring, 3 and 4 ranks, in-process and over links.
+TEST(GroupDeterminismTest, AReduceOfAPartOfAnAllreduceGivesItsBits) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (const int world : {3, 4})
+    for (const size_t count : {size_t{1001}, size_t{100003}})  // direct, ring (kAuto)
+      for (const std::string kind : {"local", "tcp", "socket"}) {
+        SCOPED_TRACE(kind + ", " + std::to_string(world) + " ranks, " + std::to_string(count));
+        std::vector<std::vector<float>> in(static_cast<size_t>(world), std::vector<float>(count));
+        for (auto& v : in)
+          for (float& x : v) x = dist(rng) * 1e3f;
+        Ranks groups = makeRanks(kind, world);
+        std::vector<std::vector<float>> summed = in;
+        expectNoErrors(onRanks(groups, [&](int r, Group& g) { allreduce(g, summed[r]); }));
+        // Four parts, the middle ones crossing slices of the ring.
+        const size_t cuts[] = {0, count / 5, count / 2 + 3, count - 7, count};
+        std::vector<std::vector<float>> data = in;
+        expectNoErrors(onRanks(groups, [&](int r, Group& g) {
+          for (size_t k = 0; k + 1 < std::size(cuts); ++k) {
+            ReduceOptions o;
+            o.tag = 20 + k;
+            o.root = static_cast<int>(k) % world;
+            o.allreduce_count = count;
+            o.allreduce_offset = cuts[k];
+            reduce(g, std::span<float>(data[r]).subspan(cuts[k], cuts[k + 1] - cuts[k]), o);
+          }
+        }));
+        for (size_t k = 0; k + 1 < std::size(cuts); ++k) {
+          const int root = static_cast<int>(k) % world;
+          for (size_t i = cuts[k]; i < cuts[k + 1]; ++i)
+            ASSERT_EQ(std::memcmp(&data[root][i], &summed[0][i], sizeof(float)), 0)
+                << "part " << k << " element " << i;
+        }
+      }
+  // A part that does not lie inside the allreduce it names is refused.
+  Ranks two = makeRanks("tcp", 2);
+  std::vector<std::vector<float>> data(2, std::vector<float>(10, 1.0f));
+  const std::vector<std::exception_ptr> errors = onRanks(two, [&](int r, Group& g) {
+    ReduceOptions o;
+    o.allreduce_count = 12;
+    o.allreduce_offset = 5;
+    reduce(g, data[r], o);
+  });
+  ASSERT_TRUE(errors[0] != nullptr);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("elements [5, 15) of an allreduce of 12"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Arbitrary floats (sums round): every rank gets the same bits, on every run. The
 // in-process group and the direct algorithm add in rank order (the reference's bits);
 // the ring adds each slice around the ring, another fixed order.

@@ -315,6 +315,44 @@ TEST(JobTest, RangesMustCoverTheModelOnceInOrder) {
 // Interleaved: the partition's ranges (equal ones cut stages x chunks) go to the stages in
 // turn, stage s holding ranges s, s + stages, ...; the first and the last stage are
 // linked both ways (the ring the chunks go round), and each worker is told its chunks.
+// `zero:` reaches every worker's train settings; its stage is 0 to 2 (3 is refused,
+// naming why), and a job whose stages have no replicas to shard over is refused naming
+// the key. Stage 1 prices each replica's share of the optimizer state.
+TEST(JobTest, ZeroShardsTheReplicatedStagesState) {
+  const Model m(
+      parseModelSpec("input: [4]\nlayers:\n  - linear: {out: 64}\n  - relu\n  - linear: {out: 64}\n"
+                     "  - relu\n  - linear: {out: 2}\n"));
+  const char* replicated =
+      "model: m.yaml\npartition: [[0, 2], {layers: [2, 5], replicas: 2}]\n"
+      "optimizer: {kind: adamw}\nzero: ";
+  const JobSpec plain = parseJobSpec(std::string(replicated) + "0\n", "j.yaml");
+  const JobSpec two = parseJobSpec(std::string(replicated) + "2\n", "j.yaml");
+  EXPECT_EQ(two.train.zero, 2);
+  const std::vector<StagePlacement> stages = jobStages(two, m);
+  const std::vector<Assign> as = jobAssignments(two, stages, RunMode::kTrain, false, "spec", "", 0);
+  ASSERT_EQ(as.size(), 3u);
+  for (const Assign& a : as) EXPECT_EQ(a.train.zero, 2) << "stage " << a.stage;
+  const JobSpec one = parseJobSpec(std::string(replicated) + "1\n", "j.yaml");
+  const int64_t whole = stageMemory(plain, m, jobStages(plain, m), RunMode::kTrain)[1];
+  const int64_t sharded = stageMemory(one, m, jobStages(one, m), RunMode::kTrain)[1];
+  // Stage 1's layers hold 64 * 64 + 64 + 64 * 2 + 2 parameters; AdamW's two slots each.
+  EXPECT_EQ(whole - sharded, (64 * 64 + 64 + 64 * 2 + 2) * 4 * 2 / 2);
+  expectThrowWith<InvalidArgument>(
+      [&] { parseJobSpec(std::string(replicated) + "3\n", "j.yaml"); },
+      {"j.yaml:4:7", "'zero: 3' would gather a stage's parameters for every microbatch",
+       "tandem train --replicas N --zero 3"});
+  expectThrowWith<InvalidArgument>([&] { parseJobSpec(std::string(replicated) + "5\n", "j.yaml"); },
+                                   {"j.yaml:4:7", "'zero' must be 0, 1 or 2, not 5"});
+  expectThrowWith<InvalidArgument>(
+      [&] { parseJobSpec(std::string(replicated) + "one\n", "j.yaml"); }, {"j.yaml:4:7", "zero"});
+  const JobSpec alone =
+      parseJobSpec("model: m.yaml\npartition: equal\nstages: 2\nzero: 1\n", "j.yaml");
+  expectThrowWith<InvalidArgument>(
+      [&] { jobStages(alone, m); },
+      {"j.yaml:4:7", "'zero: 1' shards the training state over a stage's replicas",
+       "no stage has replicas"});
+}
+
 TEST(JobTest, InterleavedStagesHoldEveryStagesthRange) {
   const Model m(parseModelSpec(
       "input: [4]\nlayers:\n  - linear: {out: 4}\n  - relu\n  - linear: {out: 4}\n  - relu\n"
