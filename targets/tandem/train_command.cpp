@@ -36,7 +36,8 @@ struct TrainArgs {
   bool no_progress = false;
   // Data parallel: replicas, their devices (one, or one per replica) and batch shares.
   int replicas = 1;
-  int zero = 0;  // ZeRO stage of the replicas' optimizer state
+  int zero = 0;                      // ZeRO stage of the replicas' optimizer state
+  std::vector<double> state_shares;  // each replica's room for its shard (empty: equal)
   std::vector<std::string> devices;
   std::vector<double> shares;
   std::string profile;  // shares from this profile's device speeds instead
@@ -56,6 +57,13 @@ std::vector<std::string> replicaDevices(const TrainArgs& a) {
                    "--zero " << a.zero
                              << " shards the training state over data-parallel replicas: give "
                                 "--replicas 2 or more");
+  TANDEM_CHECK_MSG(a.state_shares.empty() || a.zero > 0, InvalidArgument,
+                   "--state-shares sizes the replicas' shards of the training state: give "
+                   "--zero 1, 2 or 3 too");
+  TANDEM_CHECK_MSG(a.state_shares.empty() || static_cast<int>(a.state_shares.size()) == a.replicas,
+                   InvalidArgument,
+                   "--state-shares gives " << a.state_shares.size() << " shares for " << a.replicas
+                                           << " replicas");
   const bool tensor = a.tensor > 1;
   const std::string axis = tensor ? "--tensor" : "--replicas";
   const std::string rank = tensor ? "tensor rank" : "replica";
@@ -169,6 +177,7 @@ Training makeTraining(const TrainArgs& a, const ModelSpec& spec,
   o.shares = shares;
   o.bucket_bytes = static_cast<size_t>(std::max(a.bucket_mib, 1e-6) * (1 << 20));
   o.zero = a.zero;
+  o.state_shares = a.state_shares;
   t.parallel = std::make_unique<DataParallelTrainer>(spec, be, g, a.opt, o);
   return t;
 }
@@ -327,6 +336,10 @@ void addTrain(CLI::App& app) {
                 "of the summed gradients) or 3 (and of the parameters, each layer's gathered "
                 "before its forward and its backward)")
       ->check(CLI::Range(0, 3));
+  c->add_option("--state-shares", args->state_shares,
+                "Comma-separated relative room per replica for its shard of the training state "
+                "(e.g. each device's memory; default: equal), with --zero")
+      ->delimiter(',');
   c->add_option("--tensor", args->tensor,
                 "Tensor-parallel ranks (threads sharing memory), each on --device or on its "
                 "entry of --devices, each holding its share of every linear pair's features "

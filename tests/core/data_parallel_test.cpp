@@ -202,6 +202,22 @@ TEST(DataParallelTest, AGptOnTextMatchesOneDeviceWithinRounding) {
   Optimizer ref_opt(be, opt);
   Trainer one(ref, ref_opt, TrainOptions{o.batch, o.seed, false, 2});
   trainBesideOneDevice(*dp.trainer, one, ref, data, o.batch, 4);
+  // Its layers (embedding, attention, norms, the head) on sharded state, 3 replicas:
+  // bitwise the plain replicas at every ZeRO stage.
+  Replicas plain = makeReplicas(testing::kTinyGpt, 3, o, opt);
+  std::vector<std::unique_ptr<Replicas>> sharded;
+  for (const int stage : {1, 2, 3}) {
+    o.zero = stage;
+    sharded.push_back(std::make_unique<Replicas>(makeReplicas(testing::kTinyGpt, 3, o, opt)));
+  }
+  const std::vector<int64_t> order = epochOrder(data.size(), false, o.seed, 0);
+  for (int64_t step = 0; step < 3; ++step) {
+    const double loss = plain.trainer->step(data, order, step * o.batch, o.batch);
+    for (auto& r : sharded) EXPECT_EQ(r->trainer->step(data, order, step * o.batch, o.batch), loss);
+  }
+  for (size_t k = 0; k < sharded.size(); ++k)
+    expectSameWeights(sharded[k]->trainer->model(2), plain.trainer->model(2),
+                      "the GPT at ZeRO " + std::to_string(k + 1));
 }
 
 // The replicas gather their own shares (trainEpoch's steps): the same weights, bitwise,

@@ -218,6 +218,27 @@ TEST(CliTest, TrainWithShardedOptimizerStateSavesThePlainReplicasFile) {
   EXPECT_NE(alone.out.find("--zero 1 shards the training state over data-parallel replicas"),
             std::string::npos)
       << alone.out;
+  // Unequal room: replica 0's shards three times replica 1's, the same file again.
+  const CliRun unequal = run("train --model " + kModels +
+                             "mlp.yaml --epochs 1 --batch 64 --replicas 2 --optimizer adamw "
+                             "--train-limit 1000 --test-limit 200 --no-progress --zero 3 "
+                             "--state-shares 3,1 --save " +
+                             dir + "/unequal.tdm");
+  ASSERT_EQ(unequal.code, 0) << unequal.out;
+  EXPECT_NE(unequal.out.find("optimizer state per replica (ZeRO 3): 1.35, 0.45 MiB"),
+            std::string::npos)
+      << unequal.out;
+  EXPECT_EQ(tandem::readFile(saved[0], "model file"),
+            tandem::readFile(dir + "/unequal.tdm", "model file"));
+  for (const auto& [args, says] :
+       {std::pair<std::string, std::string>{"--replicas 2 --state-shares 1,1",
+                                            "--state-shares sizes the replicas' shards"},
+        {"--replicas 2 --zero 1 --state-shares 1,2,3", "--state-shares gives 3 shares for 2"},
+        {"--replicas 2 --zero 1 --state-shares 1,0", "state share 0 is not a positive number"}}) {
+    const CliRun bad = run("train --model " + kModels + "mlp.yaml --train-limit 10 " + args);
+    EXPECT_EQ(bad.code, 1) << args;
+    EXPECT_NE(bad.out.find(says), std::string::npos) << args << "\n" << bad.out;
+  }
   const CliRun four =
       run("train --model " + kModels + "mlp.yaml --replicas 2 --zero 4 --train-limit 10");
   EXPECT_EQ(four.code, 2) << "a usage error";
