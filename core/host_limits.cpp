@@ -1,6 +1,7 @@
 #include "core/host_limits.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -208,6 +209,11 @@ double processCpuSeconds() {
   timespec t{};
   if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return 0;
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+int64_t peakRssBytes() {
+  rusage u{};
+  return getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) * 1024 : 0;
 }
 
 double threadCpuSeconds() {

@@ -56,6 +56,8 @@ std::optional<std::pair<double, double>> parseCpuMax(const std::string& text);
 double processCpuSeconds();
 // CPU seconds the calling thread has used so far.
 double threadCpuSeconds();
+// The most resident memory this process has held so far (getrusage), bytes; 0 unknown.
+int64_t peakRssBytes();
 
 // CPU seconds the whole host has spent busy since it booted, every CPU: user, system,
 // interrupts and softirqs (the kernel's packet processing, which lands on whatever task

@@ -76,7 +76,8 @@ StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* n
                                "has none");
   if (replicated() && optimizer != nullptr) {
     if (options.zero > 0) {
-      shards_ = modelStateShards(model, static_cast<size_t>(options.replicas->size()), {});
+      shards_ = modelStateShards(model, static_cast<size_t>(options.replicas->size()),
+                                 options.state_shares);
       // A whole state restored (a checkpoint's) keeps only this replica's rows.
       if (!optimizer->state().empty())
         optimizer->restore(
@@ -95,6 +96,14 @@ StageExecutor::StageExecutor(Model& model, StageRange range, Link* prev, Link* n
     buckets_ =
         std::make_unique<GradientBuckets>(model, range.begin, range.end, *options.replicas, bo);
   }
+}
+
+int64_t StageExecutor::peakGradientBytes() const {
+  if (buckets_) return buckets_->peakGradientBytes();
+  int64_t bytes = 0;
+  for (const Param* p : model_.params())
+    if (p->grad.defined()) bytes += static_cast<int64_t>(p->grad.bytes());
+  return bytes;
 }
 
 void StageExecutor::optimizerStep() {

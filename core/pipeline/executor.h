@@ -92,6 +92,7 @@ struct ExecutorOptions {
   // its owner alone, the gradients living from the step's first backward to their
   // reduce. (Stage 3 would gather a stage's parameters for every microbatch: refused.)
   int zero = 0;
+  std::vector<double> state_shares;  // zero > 0: each replica's room (stateShards); empty: equal
 };
 
 // A microbatch as the first stage feeds it in.
@@ -204,6 +205,9 @@ class StageExecutor {
   // the same point between steps.
   std::vector<std::pair<std::string, Tensor>> gatherOptimizerState();
   bool sharded() const { return !shards_.empty(); }
+  // The most gradient bytes this stage held at once while training: its buckets' count
+  // (GradientBuckets::peakGradientBytes) where it has replicas, else its gradients'.
+  int64_t peakGradientBytes() const;
 
  private:
   // What a microbatch holds on this stage between its actions.

@@ -28,10 +28,10 @@ StageTrainer::StageTrainer(Model& model, StageRange range, Link* prev, Link* nex
     : model_(model),
       range_(range),
       options_(trainerOptions(options, range)),
-      executor_(
-          model, range, prev, next, optimizer,
-          ExecutorOptions{options.recompute, options.seed, options.record_spans, options.replicas,
-                          options.collective_timeout, options.bucket_bytes, options.zero}) {
+      executor_(model, range, prev, next, optimizer,
+                ExecutorOptions{options.recompute, options.seed, options.record_spans,
+                                options.replicas, options.collective_timeout, options.bucket_bytes,
+                                options.zero, options.state_shares}) {
   TANDEM_CHECK_MSG(options.batch > 0, InvalidArgument,
                    "batch size " << options.batch << " must be positive");
   TANDEM_CHECK_MSG(options.microbatches > 0, InvalidArgument,

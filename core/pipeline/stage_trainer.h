@@ -43,6 +43,7 @@ struct PipelineOptions {
   std::chrono::milliseconds collective_timeout{60000};
   size_t bucket_bytes = size_t{1} << 20;  // replicas: gradient bytes per allreduce
   int zero = 0;  // replicas: ZeRO stage of their training state (ExecutorOptions::zero)
+  std::vector<double> state_shares;  // ... and each replica's room for its shards
 };
 
 // One request's answer in an evaluation stream (StageTrainer::evaluate): a microbatch

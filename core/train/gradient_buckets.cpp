@@ -85,10 +85,10 @@ void GradientBuckets::cutPieces(const std::vector<StateShard>& shards) {
     if (s.owner != group_.rank()) continue;
     if (wholeParam(all, s)) {
       kept_[s.param] = true;
-      owned_.push_back({all[s.param], s, {}});
+      owned_.push_back({all[s.param], s, true, {}, {}});
     } else {
       const Tensor rows = all[s.param]->value.slice(s.begin, s.end - s.begin);
-      owned_.push_back({all[s.param], s, backend_.zeros(rows.shape())});
+      owned_.push_back({all[s.param], s, false, rows.shape(), {}});
     }
   }
   uint64_t tag = 0;
@@ -116,7 +116,7 @@ void GradientBuckets::cutPieces(const std::vector<StateShard>& shards) {
             "gradient buckets: the shards of '" << p.name << "' do not tile its rows in order");
         covered += piece.count;
         for (size_t k = 0; k < owned_.size(); ++k)
-          if (owned_[k].shard == s && owned_[k].grad.defined()) piece.owned = k;
+          if (owned_[k].shard == s && !owned_[k].whole) piece.owned = k;
         bucket.pieces.push_back(piece);
       }
       TANDEM_CHECK_MSG(covered == numel, InvalidArgument,
@@ -131,8 +131,8 @@ void GradientBuckets::cutPieces(const std::vector<StateShard>& shards) {
 std::vector<Param> GradientBuckets::ownedParams() const {
   std::vector<Param> out;
   for (const Owned& o : owned_) {
-    if (!o.grad.defined()) {
-      out.push_back(*o.param);  // a whole parameter: its own gradient
+    if (o.whole) {
+      out.push_back(*o.param);  // its own gradient
       continue;
     }
     Param part;
@@ -181,8 +181,14 @@ void GradientBuckets::release(Bucket& bucket) {
 
 GradientBuckets::~GradientBuckets() { abandon(); }
 
+Tensor& GradientBuckets::sumOf(Owned& part) {
+  if (!part.grad.defined()) part.grad = backend_.empty(part.rows);
+  return part.grad;
+}
+
 void GradientBuckets::start(uint64_t tag) {
-  if (running_) abandon();  // the last step failed before its finish
+  if (running_) abandon();                    // the last step failed before its finish
+  for (Owned& o : owned_) o.grad = Tensor{};  // (the last step's sums: its update took them)
   tag_ = tag;
   next_ = 0;
   handed_ = 0;
@@ -220,9 +226,10 @@ void GradientBuckets::finish() {
     for (const Piece& piece : bucket.pieces) {
       if (piece.owner != group_.rank()) continue;
       const Tensor& into =
-          piece.owned != SIZE_MAX ? owned_[piece.owned].grad : bucket.params[piece.param]->grad;
+          piece.owned != SIZE_MAX ? sumOf(owned_[piece.owned]) : bucket.params[piece.param]->grad;
       backend_.upload(into, bucket.host.data() + piece.offset);
     }
+    notePeak();
     std::vector<float>().swap(bucket.host);
   }
 }
@@ -304,10 +311,11 @@ void GradientBuckets::sum(size_t b) {
   // gradients this rank does not keep given up.
   for (const Piece& piece : bucket.pieces) {
     if (piece.owned == SIZE_MAX) continue;
-    const Owned& mine = owned_[piece.owned];
+    Owned& mine = owned_[piece.owned];
     backend_.copy(
         bucket.params[piece.param]->grad.slice(piece.row_begin, mine.shard.end - mine.shard.begin),
-        mine.grad);
+        sumOf(mine));
+    notePeak();
   }
   release(bucket);
 }

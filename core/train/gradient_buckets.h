@@ -112,13 +112,17 @@ class GradientBuckets {
     std::span<float> in_place;    // or one parameter's gradient itself, from hand-over
     std::vector<Piece> pieces;    // sharded
   };
-  // Sharded: one of this rank's shards; `grad` its rows' sum where the shard is part of a
-  // parameter (a whole parameter's own gradient is kept instead).
+  // Sharded: one of this rank's shards. Part of a parameter: `grad` its rows' sum, made at
+  // the reduce and given up when the next step starts (its optimizer step has taken it);
+  // a whole parameter's own gradient is kept instead.
   struct Owned {
     Param* param = nullptr;
     StateShard shard;
+    bool whole = false;
+    Shape rows;  // a part's shape
     Tensor grad;
   };
+  Tensor& sumOf(Owned& part);  // a part's buffer, made if the step has none yet
 
   std::span<float> values(Bucket& bucket);
   void cutPieces(const std::vector<StateShard>& shards);

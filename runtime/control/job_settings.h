@@ -45,6 +45,9 @@ struct TrainSettings {
   // replica keeps its whole training state; 1, the optimizer state sharded over the
   // stage's replicas; 2, and the summed gradients. Stages without replicas ignore it.
   int zero = 0;
+  // A sharded stage's replicas' room for their shards (relative, one per replica; the run
+  // sets them from the cluster file's device memory); empty: equal.
+  std::vector<double> state_shares;
   bool operator==(const TrainSettings&) const = default;
 };
 

@@ -354,6 +354,9 @@ struct StageReport {
   int64_t start_rss_bytes = 0, peak_rss_bytes = 0;
   // The most its backend held for live tensors (Backend::memoryUse); -1: not counted.
   int64_t peak_tensor_bytes = -1;
+  // Training: its parameters' values, the most gradient bytes it held at once and its
+  // optimizer state at the end (a sharded replica's shards); -1: not counted.
+  int64_t weight_bytes = -1, gradient_peak_bytes = -1, state_bytes = -1;
   // The worker's CPU time over the training epochs, every thread (compute, the links' I/O,
   // the control channel): beside counters.compute_cpu_s, what a stage costs its node
   // beyond its layers' work (a CPU quota pays for all of it).

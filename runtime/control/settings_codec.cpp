@@ -51,6 +51,7 @@ TrainSettings readTrain(const char* m, const fb::TrainSettings* t) {
   range(m, "rebalance_steps", out.rebalance_steps, 0, kMaxRebalanceSteps);
   range(m, "zero", t->zero(), 0, 2);
   out.zero = t->zero();
+  out.state_shares = readShares(m, "state share", t->state_shares());
   OptimizerOptions& o = out.optimizer;
   if (const fb::OptimizerSettings* f = t->optimizer()) {
     o.kind = text(m, "optimizer kind", f->kind(), 16);
@@ -113,12 +114,16 @@ flatbuffers::Offset<fb::TrainSettings> buildTrain(B& b, const TrainSettings& t) 
                           : t.schedule == ScheduleKind::k1F1B         ? 1
                           : t.schedule == ScheduleKind::kZeroBubbleH1 ? 2
                                                                       : 3;
+  TANDEM_CHECK_MSG(
+      t.state_shares.size() <= kMaxReplicaShares, InvalidArgument,
+      "assign: " << t.state_shares.size() << " state shares (at most " << kMaxReplicaShares << ")");
   TANDEM_CHECK_MSG(t.microbatch_shares.size() <= kMaxReplicaShares, InvalidArgument,
                    "assign: " << t.microbatch_shares.size() << " microbatch shares (at most "
                               << kMaxReplicaShares << ")");
   return fb::CreateTrainSettings(b, t.epochs, t.batch, t.microbatches, schedule, t.recompute,
                                  t.seed, optimizer, b.CreateVector(t.microbatch_shares),
-                                 t.rebalance_steps, static_cast<int8_t>(t.zero));
+                                 t.rebalance_steps, static_cast<int8_t>(t.zero),
+                                 b.CreateVector(t.state_shares));
 }
 
 flatbuffers::Offset<fb::DataSettings> buildData(B& b, const DataSettings& d) {

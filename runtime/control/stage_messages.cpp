@@ -236,6 +236,13 @@ StageReport readReport(const fb::StageReport* r) {
   out.process_cpu_s = r->process_cpu_s();
   finiteNonNegative(m, "process_cpu_s", out.process_cpu_s);
   range(m, "peak_tensor_bytes", out.peak_tensor_bytes, -1, std::numeric_limits<int64_t>::max());
+  out.weight_bytes = r->weight_bytes();
+  out.gradient_peak_bytes = r->gradient_peak_bytes();
+  out.state_bytes = r->state_bytes();
+  for (const auto& [field, v] : {std::pair<const char*, int64_t>{"weight_bytes", out.weight_bytes},
+                                 {"gradient_peak_bytes", out.gradient_peak_bytes},
+                                 {"state_bytes", out.state_bytes}})
+    range(m, field, v, -1, std::numeric_limits<int64_t>::max());
   return out;
 }
 
@@ -362,7 +369,8 @@ flatbuffers::Offset<void> build(B& b, const StageReport& m) {
                                m.bytes_received, span_vector, m.weights_shipped, m.weights_ship_s,
                                m.weights_cached, m.weights_corrupted, model_hash, m.model_bytes,
                                m.step_mean_s, m.steps_timed, m.start_rss_bytes, m.peak_rss_bytes,
-                               m.peak_tensor_bytes, m.process_cpu_s, c.samples, tensor_ranks)
+                               m.peak_tensor_bytes, m.process_cpu_s, c.samples, tensor_ranks,
+                               m.weight_bytes, m.gradient_peak_bytes, m.state_bytes)
       .Union();
 }
 

@@ -1,4 +1,5 @@
 // The workers' assignments from the job and its stages' placement (planning.h).
+#include <algorithm>
 #include <map>
 #include <optional>
 
@@ -102,6 +103,30 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
     }
   }
   return out;
+}
+
+void shardStateByMemory(std::vector<Assign>& assignments, const partitioner::Cluster& cluster,
+                        const std::vector<int>& node_of) {
+  std::map<int, std::vector<double>> memory;  // by stage, its replicas' (0: not declared)
+  for (size_t i = 0; i < assignments.size(); ++i) {
+    const Assign& a = assignments[i];
+    if (a.train.zero == 0 || a.replicas < 2) continue;
+    std::vector<double>& m = memory[a.stage];
+    m.resize(static_cast<size_t>(a.replicas), 0.0);
+    for (const partitioner::ClusterDevice& d :
+         cluster.nodes.at(static_cast<size_t>(node_of.at(i))).devices)
+      if (d.backend == a.slice.device) {
+        m[static_cast<size_t>(a.replica)] = static_cast<double>(d.memory_bytes);
+        break;
+      }
+  }
+  for (auto& [stage, m] : memory) {
+    const double most = *std::max_element(m.begin(), m.end());
+    const bool declared = std::all_of(m.begin(), m.end(), [](double b) { return b > 0; });
+    for (double& b : m) b /= most;
+    for (Assign& a : assignments)
+      if (a.stage == stage) a.train.state_shares = declared ? m : std::vector<double>{};
+  }
 }
 
 std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> stageWeights(

@@ -273,6 +273,7 @@ void JobRun::place(const Model& model) {
   node_of_ = nodeOfSlot(cluster_, assignments_, stages_);
   for (size_t i = 0; i < assignments_.size(); ++i)
     assignments_[i].bind_host = cluster_.nodes[static_cast<size_t>(node_of_[i])].host;
+  shardStateByMemory(assignments_, cluster_, node_of_);
   carryShares();
   // Each worker's device and what it will hold, checked against its node's devices and
   // free memory before any worker starts.

@@ -164,6 +164,13 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
                                    RunMode mode, bool spans, const std::string& spec,
                                    const std::string& weights_hash, int64_t weights_bytes);
 
+// The replicas of each sharded stage (a job's `zero:`) get their room for their shards
+// (TrainSettings::state_shares) from the memory the cluster file declares for the device
+// each runs on (`node_of`: each slot's node), relative to the largest; equal where a
+// replica's device declares none.
+void shardStateByMemory(std::vector<Assign>& assignments, const partitioner::Cluster& cluster,
+                        const std::vector<int>& node_of);
+
 // Each worker's starting weights: of `whole` (a model file's bytes, of a model of `layers`
 // layers), the slice with only its stage's layers' tensors (sliceModelFile) — the file
 // itself for a worker of every layer — named in its weights_hash and weights_bytes, so a

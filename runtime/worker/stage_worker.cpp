@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "backends/cpu/cpu_backend.h"
@@ -35,12 +35,6 @@
 namespace tandem::runtime {
 
 namespace {
-
-// The most resident memory this process has held so far.
-int64_t peakRssBytes() {
-  rusage u{};
-  return getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) * 1024 : 0;
-}
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -94,8 +88,7 @@ std::vector<double> checkpointShares(const Assign& a, const StageTrainer& traine
 }
 std::vector<double> checkpointShares(const Assign&, const TensorStage&) { return {}; }
 
-// Whether the stage's replicas shard its training state (ZeRO; a tensor-split stage is
-// not replicated).
+// Whether the stage's replicas shard its training state (a tensor-split stage has none).
 bool sharded(StageTrainer& trainer) { return trainer.executor().sharded(); }
 bool sharded(TensorStage&) { return false; }
 
@@ -180,9 +173,8 @@ class StageSetup {
   TextTokens text_tokens;
   Start start;
 
-  // The stage's slice (weights and optimizer state) as a model file's bytes: its model's,
-  // a tensor-split stage's ranks' merged, or a sharded stage's (ZeRO) with the state
-  // gathered from every replica — a collective each replica calls; replica 0's bytes.
+  // The stage's slice (weights, optimizer state) as model file bytes: its model's, a tensor
+  // split's ranks' merged, a sharded stage's with the state gathered (every replica calls).
   std::vector<uint8_t> sliceBytes(StageTrainer& trainer) const {
     if (!trainer.executor().sharded()) return serializeModel(*model, &*optimizer, {});
     const auto whole = trainer.executor().gatherOptimizerState();
@@ -344,6 +336,16 @@ std::unique_ptr<ReplicaLinks> StageSetup::connect(
   return out.empty() ? nullptr : std::make_unique<ReplicaLinks>(out);
 }
 
+// A training stage's weights, most gradients at once and optimizer state, into its report.
+void countState(StageSetup& s, const StageExecutor& executor) {
+  StageReport& r = s.report;
+  r.weight_bytes = r.state_bytes = 0;
+  for (const Param* p : s.model->params()) r.weight_bytes += static_cast<int64_t>(p->value.bytes());
+  for (const auto& [key, t] : s.optimizer->state())
+    r.state_bytes += static_cast<int64_t>(t.bytes());
+  r.gradient_peak_bytes = executor.peakGradientBytes();
+}
+
 // An inference stream: every replica of the last stage answers its own requests as they
 // come out; the first stage's replicas share the request rate.
 // (`Stage`: a StageTrainer, or a TensorStage of a tensor-split stage.)
@@ -385,8 +387,8 @@ void train(Channel& coordinator, const Assign& a, StageSetup& s, Stage& trainer,
                             std::to_string(steps_per_epoch) + " steps");
     trainer.resumeAt(a.checkpoint.start_step);
   }
-  // Replica 0 of each stage sends its slice every checkpoint.every_steps steps; the other
-  // replicas of a sharded stage give it their rows' state then.
+  // Replica 0 of each stage sends its slice every checkpoint.every_steps steps (a sharded
+  // stage's other replicas give it their rows' state then).
   const bool checkpoints =
       sendsCheckpoints(a) || (a.checkpoint.every_steps > 0 && sharded(trainer));
   std::vector<double> step_times;  // from one step's end to the next's, within an epoch
@@ -449,6 +451,8 @@ void runMode(Channel& coordinator, const Assign& a, StageSetup& s, Stage& traine
     s.report.tensor_ranks[rank - 1].peak_stash = ranks[rank].peak_stash;
   s.report.peak_rss_bytes = peakRssBytes();
   s.report.peak_tensor_bytes = s.backend->memoryUse().peak;
+  if constexpr (std::is_same_v<Stage, StageTrainer>)
+    if (a.mode == RunMode::kTrain) countState(s, trainer.executor());
   if (s.tensor && s.report.peak_tensor_bytes >= 0) {
     const int64_t others = s.tensor->peakTensorBytes();
     s.report.peak_tensor_bytes = others < 0 ? -1 : s.report.peak_tensor_bytes + others;
@@ -504,7 +508,10 @@ void runStage(Channel& coordinator, const Assign& a, StageSetup& s) {
                             << "its batches for " << po.microbatch_shares.size());
   po.rebalance_steps = a.train.rebalance_steps;
   po.collective_timeout = std::chrono::seconds(a.wire.timeout_s);
-  if (a.replicas > 1 && a.mode == RunMode::kTrain) po.zero = a.train.zero;
+  if (a.replicas > 1 && a.mode == RunMode::kTrain) {
+    po.zero = a.train.zero;
+    po.state_shares = a.train.state_shares;
+  }
   const StageRange range = StageRange::interleaved(a.stage, a.stages, s.chunks);
   if (s.tensor) {
     TensorStage stage(s.tensor->parts(), range, s.prev.get(), s.next.get(), po);

@@ -367,6 +367,26 @@ void printMemory(const runtime::JobRun& jr, const runtime::RunResult& result,
                 static_cast<double>(r.peak_rss_bytes) / (1 << 20));
   }
   std::printf("\n");
+  // What a training worker's state holds: a sharded replica's (ZeRO) are its shards.
+  const bool counted =
+      std::any_of(result.reports.begin(), result.reports.end(),
+                  [](const runtime::StageReport& r) { return r.state_bytes >= 0; });
+  if (mode != runtime::RunMode::kTrain || !counted) return;
+  std::printf("training state MiB per worker: weights / gradients at most / optimizer state%s:",
+              job.train.zero > 0 ? fmt::format(" (zero: {})", job.train.zero).c_str() : "");
+  auto mib = [](int64_t bytes) {
+    return bytes < 0 ? std::string("-")
+                     : fmt::format("{:.2f}", static_cast<double>(bytes) / (1 << 20));
+  };
+  for (int i = 0; i < n; ++i) {
+    const runtime::Assign& a = as[static_cast<size_t>(i)];
+    const runtime::StageReport& r = result.reports[static_cast<size_t>(i)];
+    std::printf(" %d%s %s/%s/%s", a.stage,
+                a.replicas > 1 ? ("." + std::to_string(a.replica)).c_str() : "",
+                mib(r.weight_bytes).c_str(), mib(r.gradient_peak_bytes).c_str(),
+                mib(r.state_bytes).c_str());
+  }
+  std::printf("\n");
 }
 
 }  // namespace tandem::cli

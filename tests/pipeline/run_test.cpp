@@ -504,6 +504,21 @@ TEST(RunTest, ATensorSplitStageTrainsAsOneDeviceAndResumesBitwise) {
   EXPECT_TRUE(readFile(dir + "/resumed.tdm", "model") == uninterrupted) << "not bitwise";
 }
 
+// Worker `who`'s ("1.0": stage 1's replica 0) optimizer state, MiB, from a training run's
+// "training state" line; -1 if it has none.
+double stateMiB(const std::string& out, const std::string& who) {
+  const size_t line = out.find("training state MiB per worker");
+  if (line == std::string::npos) return -1;
+  const std::string text = out.substr(line, out.find('\n', line) - line);
+  const size_t at = text.find(" " + who + " ");
+  if (at == std::string::npos) return -1;
+  std::istringstream in(text.substr(at + who.size() + 2));  // "weights/gradients/state"
+  double weights = 0, gradients = 0, state = -1;
+  char slash = 0;
+  in >> weights >> slash >> gradients >> slash >> state;
+  return state;
+}
+
 // A replicated stage whose replicas shard their training state (`zero: 1`: the AdamW
 // state; `zero: 2`: and the summed gradients) trains bitwise as plain replicas: the saved
 // model — weights and the optimizer state gathered from the shards — is byte for byte the
@@ -525,12 +540,27 @@ TEST(RunTest, ShardedReplicatedStagesSaveThePlainRunsFileAndResume) {
   auto saved = [&](const std::string& name) {
     return readFile(dir + "/" + name + ".tdm", "model");
   };
+  double whole = 0;  // the stage's optimizer state, MiB
   for (const int replicas : {2, 3})
     for (const int zero : {0, 1, 2}) {
       const std::string name = "r" + std::to_string(replicas) + "z" + std::to_string(zero);
       RunProcess run(job(name, zero, replicas));
       ASSERT_EQ(run.wait(120s), 0) << name << "\n" << run.output();
-      if (zero > 0) {
+      // The stage's replicas hold the whole state each, or its shards: together the
+      // whole (to the line's rounding of each to 0.01 MiB).
+      double held = 0;
+      for (int r = 0; r < replicas; ++r) {
+        const double mine = stateMiB(run.output(), "1." + std::to_string(r));
+        ASSERT_GE(mine, 0) << run.output();
+        held += mine;
+        if (zero > 0) {
+          EXPECT_LT(mine, whole * 0.6) << name << " replica " << r;
+        }
+      }
+      if (zero == 0) {
+        whole = held / replicas;
+      } else {
+        EXPECT_NEAR(held, whole, 0.01 * replicas) << name;
         EXPECT_TRUE(saved(name) == saved("r" + std::to_string(replicas) + "z0")) << name;
       }
     }

@@ -143,6 +143,41 @@ TEST(PlanningTest, UnequalReplicasSharesReachEveryWorker) {
                                             {"stages 0 and 1 both give their replicas shares"});
 }
 
+// A sharded stage's replicas get room for their shards in proportion to the memory their
+// devices declare in the cluster file (relative to the largest); equal where one declares
+// none; an unsharded job's, or a stage without replicas, none.
+TEST(PlanningTest, ShardedReplicasRoomFollowsTheirDevicesMemory) {
+  const Model model(parseModelSpec(kSpec));
+  partitioner::Cluster cluster;
+  for (const auto& [name, memory] : {std::pair<const char*, int64_t>{"big", int64_t{6} << 30},
+                                     {"small", int64_t{2} << 30},
+                                     {"unknown", 0}}) {
+    partitioner::ClusterNode node;
+    node.name = name;
+    partitioner::ClusterDevice cpu;
+    cpu.memory_bytes = memory;
+    node.devices.push_back(cpu);
+    cluster.nodes.push_back(node);
+  }
+  const JobSpec job = parseJobSpec(
+      "model: m.yaml\npartition: [[0, 1], {layers: [1, 3], replicas: 2}]\nzero: 1\n", "j.yaml");
+  std::vector<Assign> as =
+      jobAssignments(job, jobStages(job, model), RunMode::kTrain, false, kSpec, "", 0);
+  ASSERT_EQ(as.size(), 3u);
+  shardStateByMemory(as, cluster, {2, 0, 1});  // stage 1's replicas on big and small
+  EXPECT_TRUE(as[0].train.state_shares.empty()) << "stage 0 has no replicas";
+  for (size_t i = 1; i < 3; ++i)
+    EXPECT_EQ(as[i].train.state_shares, (std::vector<double>{1.0, 1.0 / 3})) << "slot " << i;
+  shardStateByMemory(as, cluster, {0, 0, 2});  // one replica's device declares no memory
+  for (size_t i = 1; i < 3; ++i) EXPECT_TRUE(as[i].train.state_shares.empty()) << "slot " << i;
+  const JobSpec plain =
+      parseJobSpec("model: m.yaml\npartition: [[0, 1], {layers: [1, 3], replicas: 2}]\n", "j.yaml");
+  std::vector<Assign> unsharded =
+      jobAssignments(plain, jobStages(plain, model), RunMode::kTrain, false, kSpec, "", 0);
+  shardStateByMemory(unsharded, cluster, {2, 0, 1});
+  for (const Assign& a : unsharded) EXPECT_TRUE(a.train.state_shares.empty());
+}
+
 // A stage's tensor ranks reach its worker; a range that does not split that many ways is
 // refused before anything starts, naming the job file's line and why.
 // Each worker is sent its stage's part of the starting weights: a stage's replicas one part
