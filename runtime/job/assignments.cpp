@@ -1,5 +1,6 @@
 // The workers' assignments from the job and its stages' placement (planning.h).
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -127,6 +128,16 @@ void shardStateByMemory(std::vector<Assign>& assignments, const partitioner::Clu
     for (Assign& a : assignments)
       if (a.stage == stage) a.train.state_shares = declared ? m : std::vector<double>{};
   }
+}
+
+int64_t replicaMemory(int64_t stage_bytes, int64_t state_bytes, const std::vector<double>& shares,
+                      int replica) {
+  if (shares.empty()) return stage_bytes;
+  double total = 0;
+  for (const double s : shares) total += s;
+  const double state = static_cast<double>(state_bytes);
+  return stage_bytes + std::llround(state * shares.at(static_cast<size_t>(replica)) / total -
+                                    state / static_cast<double>(shares.size()));
 }
 
 std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> stageWeights(

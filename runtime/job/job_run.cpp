@@ -279,9 +279,17 @@ void JobRun::place(const Model& model) {
   // free memory before any worker starts.
   const std::vector<int64_t> stage_bytes = stageMemory(job_, model, stages_, options_.mode);
   needs_.clear();
-  for (size_t i = 0; i < assignments_.size(); ++i)
-    needs_.push_back({stage_bytes[static_cast<size_t>(assignments_[i].stage)],
-                      assignments_[i].slice.device, names_[i]});
+  const double state_per_param =  // (f32 parameters: bytes of state per parameter / 4)
+      optimizerStatePerParam(job_.train.optimizer.kind, job_.train.optimizer.momentum);
+  for (size_t i = 0; i < assignments_.size(); ++i) {
+    const Assign& a = assignments_[i];
+    const auto state = static_cast<int64_t>(
+        4 * state_per_param *
+        static_cast<double>(model.paramCount(a.slice.layers.begin, a.slice.layers.end)));
+    needs_.push_back({replicaMemory(stage_bytes[static_cast<size_t>(a.stage)], state,
+                                    a.train.state_shares, a.replica),
+                      a.slice.device, names_[i]});
+  }
 }
 
 JobRun::~JobRun() = default;

@@ -170,6 +170,11 @@ std::vector<Assign> jobAssignments(const JobSpec& job, const std::vector<StagePl
 // replica's device declares none.
 void shardStateByMemory(std::vector<Assign>& assignments, const partitioner::Cluster& cluster,
                         const std::vector<int>& node_of);
+// What replica `replica` of a sharded stage holds: `stage_bytes` (stageMemory's, which
+// prices each replica's equal part of the stage's `state_bytes` of optimizer state) with
+// its part as its share of `shares` instead; `stage_bytes` where the shares are empty.
+int64_t replicaMemory(int64_t stage_bytes, int64_t state_bytes, const std::vector<double>& shares,
+                      int replica);
 
 // Each worker's starting weights: of `whole` (a model file's bytes, of a model of `layers`
 // layers), the slice with only its stage's layers' tensors (sliceModelFile) — the file

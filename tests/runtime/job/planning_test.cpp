@@ -176,6 +176,11 @@ TEST(PlanningTest, ShardedReplicasRoomFollowsTheirDevicesMemory) {
       jobAssignments(plain, jobStages(plain, model), RunMode::kTrain, false, kSpec, "", 0);
   shardStateByMemory(unsharded, cluster, {2, 0, 1});
   for (const Assign& a : unsharded) EXPECT_TRUE(a.train.state_shares.empty());
+  // What each replica is checked to hold: the stage's figure, priced with equal parts of
+  // its 600 bytes of state, with its own part instead (3 : 1 of 600).
+  EXPECT_EQ(replicaMemory(1000, 600, {3, 1}, 0), 1000 - 300 + 450);
+  EXPECT_EQ(replicaMemory(1000, 600, {3, 1}, 1), 1000 - 300 + 150);
+  EXPECT_EQ(replicaMemory(1000, 600, {}, 1), 1000);
 }
 
 // A stage's tensor ranks reach its worker; a range that does not split that many ways is
