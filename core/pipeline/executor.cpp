@@ -117,8 +117,7 @@ void StageExecutor::optimizerStep() {
   if (options_.zero == 2) {
     mine = buckets_->ownedParams();
   } else {
-    for (const StateShard& s : shards_)
-      if (s.owner == options_.replicas->rank()) mine.push_back(shardRows(model_.params(), s));
+    mine = ownedRows(model_.params(), shards_, options_.replicas->rank());
   }
   std::vector<Param*> owned;
   for (Param& p : mine) owned.push_back(&p);

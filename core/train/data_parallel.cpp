@@ -172,15 +172,12 @@ std::unique_ptr<Optimizer> DataParallelTrainer::mergedOptimizer() const {
     for (const StateShard& s : shards_) {
       const Param& p = *params[s.param];
       for (const auto& [key, t] : held[static_cast<size_t>(s.owner)]) {
-        if (key.compare(0, p.name.size() + 1, p.name + ".") != 0 ||
-            key.find('.', p.name.size() + 1) != std::string::npos)
-          continue;  // another parameter's
+        if (!isSlotOf(key, p.name)) continue;  // another parameter's
         auto [at, fresh] = whole.try_emplace(key);
         if (fresh) at->second = first.backend.empty(p.value.shape());
         rows.resize(static_cast<size_t>(t.numel()));
         t.backend().download(t, rows.data());
-        const Tensor into =
-            wholeParam(params, s) ? at->second : at->second.slice(s.begin, s.end - s.begin);
+        const Tensor into = shardOf(at->second, params, s);
         first.backend.upload(into, rows.data());
       }
     }
@@ -197,8 +194,7 @@ void DataParallelTrainer::stepOwned(Replica& rep, size_t r) {
   if (options_.zero >= 2) {
     mine = rep.buckets->ownedParams();
   } else {
-    for (const StateShard& s : shards_)
-      if (s.owner == static_cast<int>(r)) mine.push_back(shardRows(rep.model.params(), s));
+    mine = ownedRows(rep.model.params(), shards_, static_cast<int>(r));
   }
   if (options_.zero == 3) {
     const std::vector<Param> values = rep.values->owned();

@@ -59,7 +59,7 @@ void ParameterShards::gather(size_t layer) {
     const Tensor whole = shapedLike(index);
     for (const StateShard& s : shards_) {
       if (s.param != index) continue;
-      const Tensor rows = wholeParam(all, s) ? whole : whole.slice(s.begin, s.end - s.begin);
+      const Tensor rows = shardOf(whole, all, s);
       if (s.owner == group_.rank() && !kept_[index])
         for (const Mine& m : mine_)
           if (m.shard == s) backend_.copy(m.master, rows);
@@ -82,7 +82,7 @@ void ParameterShards::makeWhole(const std::vector<const ParameterShards*>& owner
   for (const StateShard& s : shards_) {
     const ParameterShards& owner = *owners.at(static_cast<size_t>(s.owner));
     const Tensor whole = shapedLike(s.param);
-    const Tensor rows = wholeParam(all, s) ? whole : whole.slice(s.begin, s.end - s.begin);
+    const Tensor rows = shardOf(whole, all, s);
     Tensor from;
     if (owner.kept_[s.param]) {
       from = owner.model_.params()[s.param]->value;

@@ -74,6 +74,18 @@ bool wholeParam(const std::vector<Param*>& params, const StateShard& shard) {
   return shard.begin == 0 && (!rowed || shard.end == p.value.shape()[0]);
 }
 
+Tensor shardOf(const Tensor& t, const std::vector<Param*>& params, const StateShard& shard) {
+  return wholeParam(params, shard) ? t : t.slice(shard.begin, shard.end - shard.begin);
+}
+
+std::vector<Param> ownedRows(const std::vector<Param*>& params,
+                             const std::vector<StateShard>& shards, int rank) {
+  std::vector<Param> out;
+  for (const StateShard& s : shards)
+    if (s.owner == rank) out.push_back(shardRows(params, s));
+  return out;
+}
+
 Param shardRows(const std::vector<Param*>& params, const StateShard& shard) {
   const Param& p = *params.at(shard.param);
   if (wholeParam(params, shard)) return p;
@@ -110,6 +122,11 @@ void broadcastTensor(Backend& backend, Group& group, const Tensor& t, const Root
   if (own) backend.download(t, scratch.data());
   group.broadcast(scratch, o);
   if (!own) backend.upload(t, scratch.data());
+}
+
+bool isSlotOf(const std::string& key, const std::string& param) {
+  return key.size() > param.size() + 1 && key.compare(0, param.size() + 1, param + ".") == 0 &&
+         key.find('.', param.size() + 1) == std::string::npos;
 }
 
 std::vector<std::string> stateSlots(const OptimizerOptions& options) {
@@ -152,8 +169,7 @@ std::vector<std::pair<std::string, Tensor>> gatherShardedState(
       if (!root) continue;
       auto [into, fresh] = whole.try_emplace(key);
       if (fresh) into->second = be.zeros(shape);
-      const Tensor part =
-          wholeParam(params, s) ? into->second : into->second.slice(s.begin, s.end - s.begin);
+      const Tensor part = shardOf(into->second, params, s);
       be.upload(part, rows.data());
     }
   }
@@ -170,12 +186,10 @@ std::vector<std::pair<std::string, Tensor>> stateOfShards(
     if (s.owner != rank) continue;
     const std::string& name = params.at(s.param)->name;
     for (const auto& [key, t] : whole) {
-      if (key.size() <= name.size() + 1 || key.compare(0, name.size() + 1, name + ".") != 0 ||
-          key.find('.', name.size() + 1) != std::string::npos)
-        continue;  // another parameter's
+      if (!isSlotOf(key, name)) continue;  // another parameter's
       TANDEM_CHECK_MSG(t.shape() == params[s.param]->value.shape(), InvalidArgument,
                        "optimizer state '" << key << "' is not shaped as its parameter");
-      const Tensor rows = wholeParam(params, s) ? t : t.slice(s.begin, s.end - s.begin);
+      const Tensor rows = shardOf(t, params, s);
       Tensor copy = t.backend().empty(rows.shape(), rows.dtype());
       t.backend().copy(rows, copy);
       out.emplace_back(key, copy);

@@ -46,6 +46,12 @@ std::vector<StateShard> modelStateShards(const Model& model, size_t replicas,
 Param shardRows(const std::vector<Param*>& params, const StateShard& shard);
 // Whether `shard` holds every row of its parameter.
 bool wholeParam(const std::vector<Param*>& params, const StateShard& shard);
+// The shard's rows of `t`, a tensor shaped as its parameter (a view; `t` itself when the
+// shard holds every row).
+Tensor shardOf(const Tensor& t, const std::vector<Param*>& params, const StateShard& shard);
+// Rank `rank`'s shards, in order, as parameters of their own (shardRows).
+std::vector<Param> ownedRows(const std::vector<Param*>& params,
+                             const std::vector<StateShard>& shards, int rank);
 
 // `t`'s values (on `backend`) broadcast from o.root to the group: host memory where it
 // lies, device memory through `scratch` on the host.
@@ -71,6 +77,8 @@ std::vector<std::pair<std::string, Tensor>> gatherShardedState(
 std::vector<std::pair<std::string, Tensor>> stateOfShards(
     const std::vector<std::pair<std::string, Tensor>>& whole, const Model& model,
     const std::vector<StateShard>& shards, int rank);
+// Whether `key` ("3.weight.m") names a slot of parameter `param` ("3.weight").
+bool isSlotOf(const std::string& key, const std::string& param);
 // The slot suffixes of an optimizer's state ("m", "v"; "velocity"; none).
 std::vector<std::string> stateSlots(const OptimizerOptions& options);
 
